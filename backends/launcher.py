@@ -1,0 +1,212 @@
+"""Start and stop a real ``tritonserver`` with UnifiedServe's model repository.
+
+The binary comes from ``/opt/tritonserver`` when it exists (NGC images), otherwise from the
+``nvidia-pytriton`` wheel (tritonserver 2.51): its ``tritonserver`` folder is copied once to a
+writable place, and the Python-backend stub that matches the running interpreter is put next to the
+backend (../shared/docs/triton.md, "Getting a real tritonserver without Docker").
+
+Usage: ``python -m backends.launcher [--http-port 8000] [--grpc-port 8001] [--metrics-port 8002]``;
+Ctrl-C stops the server. Tests use :class:`TritonServer` as a context manager.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from backends.shared_tensor import RUN_DIR_ENV
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+NGC_SERVER = Path("/opt/tritonserver")
+CACHE = Path(os.environ.get("UNIFIEDSERVE_CACHE", Path.home() / ".cache" / "unifiedserve"))
+
+
+@dataclass(frozen=True)
+class ServerPorts:
+    """Ports bound on ``address``: HTTP (KServe + generate_stream), gRPC, Prometheus metrics."""
+
+    http: int = 8000
+    grpc: int = 8001
+    metrics: int = 8002
+    address: str = "127.0.0.1"
+
+
+def _wheel_server() -> tuple[Path, Path, dict[str, str]]:
+    """(tritonserver binary, backend directory, extra environment) built from the pip wheel."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("pytriton")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("no tritonserver: install nvidia-pytriton==0.7.0 or run in an NGC tritonserver image")
+    package = Path(list(spec.submodule_search_locations)[0])
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    target = CACHE / f"tritonserver-py{version}"
+    stub = target / "backends" / "python" / "triton_python_backend_stub"
+    if not stub.exists():
+        tmp = Path(tempfile.mkdtemp(dir=CACHE.parent if CACHE.parent.exists() else None))
+        shutil.copytree(package / "tritonserver", tmp / "server", symlinks=True)
+        source_stub = tmp / "server" / "python_backend_stubs" / version / "triton_python_backend_stub"
+        if not source_stub.exists():
+            raise RuntimeError(f"the nvidia-pytriton wheel has no Python-backend stub for Python {version}")
+        shutil.copy2(source_stub, tmp / "server" / "backends" / "python" / "triton_python_backend_stub")
+        (tmp / "server" / "backends" / "python" / "triton_python_backend_stub").chmod(0o755)
+        (tmp / "server" / "bin" / "tritonserver").chmod(0o755)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(target, ignore_errors=True)
+        (tmp / "server").rename(target)
+        shutil.rmtree(tmp, ignore_errors=True)
+    libs = [str(package.parent / "nvidia_pytriton.libs"), sysconfig.get_config_var("LIBDIR") or ""]
+    env = {
+        "LD_LIBRARY_PATH": ":".join([*libs, os.environ.get("LD_LIBRARY_PATH", "")]).strip(":"),
+        # The stub finds its site-packages through the `python3` first on PATH.
+        "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
+    }
+    return target / "bin" / "tritonserver", target / "backends", env
+
+
+def _server_binary() -> tuple[Path, Path, dict[str, str]]:
+    if (NGC_SERVER / "bin" / "tritonserver").exists():
+        return NGC_SERVER / "bin" / "tritonserver", NGC_SERVER / "backends", {}
+    return _wheel_server()
+
+
+def _tritonserver_running() -> bool:
+    for status in Path("/proc").glob("[0-9]*/comm"):
+        try:
+            if status.read_text().strip() == "tritonserver":
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def remove_stale_shared_memory() -> list[Path]:
+    """Remove Python-backend shm regions and UnifiedServe pools left by a crashed server.
+
+    Only when no tritonserver runs on this machine: a live server's regions are never touched.
+    Returns the removed paths.
+    """
+    if _tritonserver_running():
+        return []
+    stale = [*Path("/dev/shm").glob("triton_python_backend_shm_region_*"), *Path("/dev/shm").glob("unifiedserve-*")]
+    for path in stale:
+        path.unlink(missing_ok=True)
+    return stale
+
+
+@dataclass
+class TritonServer:
+    """A tritonserver process serving ``model_repository`` (a context manager).
+
+    ``start()`` returns once the server reports ready; raises RuntimeError (with the log's tail) when
+    it exits or is not ready within ``ready_timeout_s`` seconds.
+    """
+
+    model_repository: Path = REPO_ROOT / "model_repository"
+    ports: ServerPorts = field(default_factory=ServerPorts)
+    ready_timeout_s: float = 300.0
+    log_path: Path | None = None
+    extra_env: dict[str, str] = field(default_factory=dict)
+    process: subprocess.Popen | None = None
+    run_dir: Path | None = None
+
+    def start(self) -> "TritonServer":
+        binary, backends, env = _server_binary()
+        remove_stale_shared_memory()
+        self.run_dir = Path(tempfile.mkdtemp(prefix="unifiedserve-run-"))
+        self.log_path = self.log_path or self.run_dir / "tritonserver.log"
+        environment = {**os.environ, **env, **self.extra_env, RUN_DIR_ENV: str(self.run_dir)}
+        environment["PYTHONPATH"] = str(REPO_ROOT)  # for the helpers we start; the stub ignores it
+        p = self.ports
+        command = [
+            str(binary),
+            f"--model-repository={self.model_repository}",
+            f"--backend-directory={backends}",
+            f"--http-address={p.address}", f"--http-port={p.http}",
+            f"--grpc-address={p.address}", f"--grpc-port={p.grpc}",
+            f"--metrics-address={p.address}", f"--metrics-port={p.metrics}",
+            "--backend-config=python,shm-default-byte-size=16777216",
+            "--exit-timeout-secs=20",
+        ]
+        log = open(self.log_path, "wb")
+        self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=environment,
+                                        cwd=str(REPO_ROOT), start_new_session=True)
+        self._wait_ready()
+        return self
+
+    def _wait_ready(self) -> None:
+        url = f"http://{self.ports.address}:{self.ports.http}/v2/health/ready"
+        deadline = time.monotonic() + self.ready_timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"tritonserver exited with {self.process.returncode}:\n{self.log_tail()}")
+            try:
+                if urllib.request.urlopen(url, timeout=2).status == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.5)
+        self.stop()
+        raise RuntimeError(f"tritonserver not ready within {self.ready_timeout_s} s:\n{self.log_tail()}")
+
+    def log_tail(self, chars: int = 6000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except (OSError, AttributeError):
+            return ""
+
+    def stop(self) -> None:
+        """SIGINT, then SIGKILL of the whole process group after 40 s; removes the run directory."""
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGINT)
+            try:
+                self.process.wait(timeout=40)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        if self.run_dir is not None:
+            for pool in Path("/dev/shm").glob(f"unifiedserve-{self.run_dir.name}-*"):
+                pool.unlink(missing_ok=True)
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+
+    def __enter__(self) -> "TritonServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model-repository", type=Path, default=REPO_ROOT / "model_repository")
+    parser.add_argument("--address", default="127.0.0.1", help="0.0.0.0 to serve other machines")
+    parser.add_argument("--http-port", type=int, default=8000)
+    parser.add_argument("--grpc-port", type=int, default=8001)
+    parser.add_argument("--metrics-port", type=int, default=8002)
+    args = parser.parse_args(argv)
+    ports = ServerPorts(args.http_port, args.grpc_port, args.metrics_port, args.address)
+    server = TritonServer(args.model_repository.resolve(), ports)
+    server.start()
+    print(f"tritonserver ready: gRPC {args.address}:{args.grpc_port}, HTTP {args.address}:{args.http_port}, "
+          f"log {server.log_path}", flush=True)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops it like Ctrl-C
+    try:
+        server.process.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+    return server.process.returncode or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,101 @@
+"""Builds the transformers Qwen2.5-VL model: seeded dummy weights from a preset, or a local checkpoint."""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+from transformers import AutoConfig, PreTrainedTokenizerBase, Qwen2_5_VLForConditionalGeneration
+
+from backends.runtime.presets import PRESETS, build_config
+from backends.runtime.tokenizer import load_tokenizer
+
+LOAD_FORMATS = ("dummy", "auto")
+DTYPES = ("auto", "float32", "float16", "bfloat16")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What to load.
+
+    * ``load_format="dummy"``: random weights seeded by ``seed``; the architecture is ``preset``, or the
+      checkpoint's config when ``model_path`` is given. Identical bits in every process on the same kind
+      of device (CPU and CUDA draw different numbers).
+    * ``load_format="auto"``: the weights of the checkpoint directory ``model_path`` (no downloads).
+    * ``dtype``: a torch dtype name, or ``"auto"`` for the preset's (``qwen2_5_vl_7b``: bfloat16) or the
+      checkpoint's.
+    * ``device``: a torch device string, e.g. ``"cpu"`` or ``"cuda:0"``.
+
+    Raises ValueError for an unknown format, preset or dtype, a bad device, or ``auto`` without a path.
+    """
+
+    preset: str = "tiny"
+    model_path: str | None = None
+    load_format: str = "dummy"
+    dtype: str = "float32"
+    seed: int = 0
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        if self.load_format not in LOAD_FORMATS:
+            raise ValueError(f"load_format must be one of {LOAD_FORMATS}, got {self.load_format!r}")
+        if self.load_format == "auto" and not self.model_path:
+            raise ValueError("load_format 'auto' needs model_path (a local checkpoint directory)")
+        if self.model_path is None and self.preset not in PRESETS:
+            raise ValueError(f"unknown preset {self.preset!r}; choose one of {sorted(PRESETS)}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        torch.device(self.device)  # raises RuntimeError for a malformed string
+        if not isinstance(self.seed, int):
+            raise ValueError(f"seed must be an int, got {self.seed!r}")
+
+    @classmethod
+    def from_parameters(cls, params: dict[str, str], device: str = "cpu") -> "ModelSpec":
+        """Spec from Triton model parameters (string values).
+
+        Reads the keys ``preset``, ``model_path``, ``load_format``, ``dtype`` and ``seed``; other keys are
+        left to their owners, and empty strings mean "default". Raises ValueError for a non-integer seed
+        and whatever ``__post_init__`` rejects.
+        """
+        names = {f.name for f in fields(cls)} - {"device"}
+        values: dict[str, object] = {k: v for k, v in params.items() if k in names and v != ""}
+        if "seed" in values:
+            try:
+                values["seed"] = int(values["seed"])
+            except ValueError:
+                raise ValueError(f"parameter seed must be an integer, got {values['seed']!r}") from None
+        return cls(**values, device=device)
+
+
+def _torch_dtype(name: str, default: torch.dtype) -> torch.dtype:
+    return default if name == "auto" else getattr(torch, name)
+
+
+def load_model(spec: ModelSpec) -> tuple[Qwen2_5_VLForConditionalGeneration, PreTrainedTokenizerBase]:
+    """The model (eval mode, on ``spec.device``, in the spec's dtype) and its tokenizer.
+
+    Vision tower and language model use the ``sdpa`` attention of transformers; a ModelRunner later
+    routes the language model's attention through the paged KV cache. Raises OSError when
+    ``model_path`` lacks a config, weights or tokenizer.
+    """
+    tokenizer = load_tokenizer(spec.model_path)
+    device = torch.device(spec.device)
+    if spec.load_format == "auto":
+        config = AutoConfig.from_pretrained(spec.model_path, local_files_only=True)
+        model = Qwen2_5_VLForConditionalGeneration.from_pretrained(
+            spec.model_path, local_files_only=True, attn_implementation="sdpa",
+            dtype=_torch_dtype(spec.dtype, config.dtype or torch.float32),
+        ).to(device)
+        return model.eval(), tokenizer
+
+    if spec.model_path is not None:
+        config = AutoConfig.from_pretrained(spec.model_path, local_files_only=True)
+    else:
+        config = build_config(spec.preset, tokenizer)
+    dtype = _torch_dtype(spec.dtype, config.dtype or torch.float32)
+    # Initialise straight on the device (a 7B model in fp32 on the CPU would take minutes and 30 GB), from
+    # a private RNG stream so that the caller's global RNG state is left as it was.
+    fork_devices = [device.index or 0] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=fork_devices, device_type=device.type), device:
+        torch.manual_seed(spec.seed)
+        model = Qwen2_5_VLForConditionalGeneration._from_config(config, dtype=dtype, attn_implementation="sdpa")
+    return model.eval(), tokenizer

@@ -1,0 +1,168 @@
+"""Runs the transformers Qwen2.5-VL model on the paged KV pool: vision encoding, chunked prefill, batched decode.
+
+Everything model-specific is the library's: the vision tower, embeddings, decoder layers (norms,
+projections, M-RoPE via the rotary module and ``apply_rotary_pos_emb``, MLP), final norm and
+``lm_head``. The one thing replaced is the attention function of the language model's layers: it is
+switched to :data:`PAGED_ATTENTION`, registered with transformers' ``AttentionInterface``, which hands
+q/k/v to the step's :class:`AttentionBackend` found in the forward context. A ragged batch of
+sequences runs as one packed sequence of batch size 1: every op but attention is per token.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import AttentionInterface, Qwen2_5_VLForConditionalGeneration
+
+from backends.runtime.attention.base import AttentionBackend, AttentionMetadata
+from backends.runtime.context import ForwardContext, forward_context, get_forward_context
+
+PAGED_ATTENTION = "unifiedserve_paged"
+
+
+def _paged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                     attention_mask: torch.Tensor | None, scaling: float | None = None, **kwargs: object
+                     ) -> tuple[torch.Tensor, None]:
+    """transformers attention-function signature: q ``[1, heads, T, d]``, k/v ``[1, kv_heads, T, d]`` in,
+    ``[1, T, heads, d]`` out. The causal mask is the backend's business, so ``attention_mask`` is unused."""
+    head_dim = query.shape[-1]
+    if scaling is not None and abs(scaling - head_dim**-0.5) > 1e-9:
+        raise ValueError(f"paged attention supports softmax scale 1/sqrt(head_dim) only, got {scaling}")
+    context = get_forward_context()
+    q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))
+    out = context.backend.forward(module.layer_idx, q, k, v, context.kv_cache)
+    return out.unsqueeze(0), None
+
+
+AttentionInterface.register(PAGED_ATTENTION, _paged_attention)
+
+
+@dataclass(frozen=True)
+class PrefillChunk:
+    """``n`` prompt tokens of one sequence, stored at KV indices ``num_cached .. num_cached + n - 1``.
+
+    ``embeds``: ``[n, hidden]`` (text embeddings with visual embeddings at the pad positions);
+    ``positions``: int64 ``[3, n]`` M-RoPE positions (``mrope.mrope_positions``); ``block_table``: the
+    sequence's KV pages (at least ``ceil((num_cached + n) / page_size)``); ``want_logits``: return the
+    logits of the chunk's last token (the prompt's last chunk).
+    """
+
+    embeds: torch.Tensor
+    positions: torch.Tensor
+    num_cached: int
+    block_table: list[int]
+    want_logits: bool
+
+
+@dataclass(frozen=True)
+class DecodeSeq:
+    """One generated token of one sequence: its id, M-RoPE ``position`` (the same on all three axes:
+    token index + the prompt's delta), and KV index ``num_cached``."""
+
+    token_id: int
+    position: int
+    num_cached: int
+    block_table: list[int]
+
+
+class ModelRunner:
+    """Executes encode / prefill / decode steps; decides nothing (the orchestrator plans the steps).
+
+    Takes over ``model``'s language-model attention (``generate()`` on the same model then raises);
+    ``kv_cache`` is the pool ``[layers, 2, pages, page_size, kv_heads, head_dim]`` on the model's device
+    in the model's dtype (ValueError otherwise). No method records autograd. ``encode``/``embed`` return ordinary tensors, which
+    the caller may write into (visual embeddings into a prompt's embeddings); ``prefill``/``decode`` run
+    under ``torch.inference_mode`` and return inference tensors, read-only outside that mode.
+    """
+
+    def __init__(self, model: Qwen2_5_VLForConditionalGeneration, kv_cache: torch.Tensor, page_size: int,
+                 backend: AttentionBackend) -> None:
+        text = model.config.text_config
+        head_dim = text.hidden_size // text.num_attention_heads
+        expected = (text.num_hidden_layers, 2, page_size, text.num_key_value_heads, head_dim)
+        got = (kv_cache.shape[0], kv_cache.shape[1], *kv_cache.shape[3:])
+        if kv_cache.dim() != 6 or got != expected:
+            raise ValueError(f"kv_cache shape {tuple(kv_cache.shape)} does not fit the model: want "
+                             f"[{expected[0]}, 2, pages, {page_size}, {expected[3]}, {expected[4]}]")
+        if kv_cache.dtype != model.dtype or kv_cache.device != model.device:
+            raise ValueError(f"kv_cache is {kv_cache.dtype} on {kv_cache.device}, the model {model.dtype} on {model.device}")
+        self.model = model
+        self.kv_cache = kv_cache
+        self.page_size = page_size
+        self.backend = backend
+        self.device = model.device
+        self.dtype = model.dtype
+        self._visual = model.model.visual
+        self._language_model = model.model.language_model
+        self._language_model.set_attn_implementation(PAGED_ATTENTION)
+
+    # no_grad rather than inference_mode: callers write the result into place, which inference tensors forbid.
+    @torch.no_grad()
+    def encode(self, pixel_values: torch.Tensor, grid_thw: tuple[int, int, int]) -> torch.Tensor:
+        """Visual embeddings of one image, one temporal-patch group ``(1, h, w)`` or a whole video.
+
+        ``pixel_values``: float ``[t*h*w, C*temporal_patch*patch*patch]`` (1176 for Qwen2.5-VL) patch rows in
+        the processor's order. Returns ``[t*h*w / merge**2, hidden]`` in the model dtype. The vision tower
+        attends within each temporal patch, so encoding a video group by group gives the same result.
+        Raises ValueError when the row count does not match ``grid_thw``.
+        """
+        t, h, w = grid_thw
+        merge = self._visual.spatial_merge_size
+        if pixel_values.dim() != 2 or pixel_values.shape[0] != t * h * w or h % merge or w % merge:
+            raise ValueError(f"pixel_values {tuple(pixel_values.shape)} do not fit grid_thw {grid_thw} "
+                             f"(need t*h*w rows and h, w divisible by {merge})")
+        grid = torch.tensor([grid_thw], dtype=torch.long, device=self.device)
+        out = self._visual(pixel_values.to(self.device, self.dtype), grid_thw=grid)
+        return out.pooler_output
+
+    @torch.no_grad()
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Token embeddings: int64 ``[n]`` -> ``[n, hidden]`` in the model dtype, on the model device."""
+        return self._language_model.embed_tokens(input_ids.to(self.device))
+
+    @torch.inference_mode()
+    def prefill(self, chunks: list[PrefillChunk]) -> torch.Tensor:
+        """Run prompt chunks of several sequences as one ragged batch, writing their KV.
+
+        Returns float32 ``[number of chunks with want_logits, vocab]``, in chunk order. Raises
+        ValueError for an empty list or chunks whose shapes disagree.
+        """
+        if not chunks:
+            raise ValueError("prefill needs at least one chunk")
+        for chunk in chunks:
+            n = chunk.embeds.shape[0]
+            if chunk.positions.shape != (3, n):
+                raise ValueError(f"chunk positions {tuple(chunk.positions.shape)} do not match {n} tokens")
+        metadata = AttentionMetadata.build(
+            [c.embeds.shape[0] for c in chunks], [c.num_cached for c in chunks], [c.block_table for c in chunks],
+            self.page_size, self.device)
+        embeds = torch.cat([c.embeds for c in chunks]).to(self.device, self.dtype)
+        positions = torch.cat([c.positions for c in chunks], dim=1).to(self.device)
+        hidden = self._forward(embeds, positions, metadata)
+        last = metadata.cu_seqlens_q[1:].to(self.device, torch.long) - 1
+        wanted = torch.tensor([c.want_logits for c in chunks], device=self.device)
+        return self.model.lm_head(hidden[last[wanted]]).float()
+
+    @torch.inference_mode()
+    def decode(self, seqs: list[DecodeSeq]) -> torch.Tensor:
+        """One token for each sequence; returns float32 logits ``[len(seqs), vocab]``.
+
+        Raises ValueError for an empty list.
+        """
+        if not seqs:
+            raise ValueError("decode needs at least one sequence")
+        metadata = AttentionMetadata.build(
+            [1] * len(seqs), [s.num_cached for s in seqs], [s.block_table for s in seqs], self.page_size, self.device)
+        embeds = self.embed(torch.tensor([s.token_id for s in seqs], dtype=torch.long))
+        positions = torch.tensor([s.position for s in seqs], dtype=torch.long, device=self.device).expand(3, -1)
+        return self.model.lm_head(self._forward(embeds, positions, metadata)).float()
+
+    def _forward(self, embeds: torch.Tensor, positions: torch.Tensor, metadata: AttentionMetadata) -> torch.Tensor:
+        """Decoder layers and final norm over packed tokens: ``[T, hidden]``, positions ``[3, T]`` -> ``[T, hidden]``."""
+        self.backend.plan(metadata)
+        hidden = embeds.unsqueeze(0)
+        position_embeddings = self._language_model.rotary_emb(hidden, positions.unsqueeze(1))
+        with forward_context(ForwardContext(self.backend, self.kv_cache, metadata)):
+            for layer in self._language_model.layers:
+                hidden = layer(hidden, attention_mask=None, position_embeddings=position_embeddings)
+        return self._language_model.norm(hidden)[0]

@@ -1,0 +1,137 @@
+"""The decode stage: a continuous-batching loop over every running sequence, in its own thread.
+
+The worker owns the KV pool (allocated once, published for encode_prefill to map). The orchestrator
+admits a sequence after its prefill (block table, first token, M-RoPE delta, sampling), and reads
+ONE message per decode step carrying the new tokens of all running sequences (design.md, "Per-token
+traffic"). Commands reach the loop through a queue, so ``execute()`` never blocks (invariant 1).
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from backends import shared_tensor
+from backends.runtime.attention.torch_backend import TorchAttentionBackend
+from backends.runtime.kv_cache import KVCacheLayout
+from backends.runtime.loader import ModelSpec, load_model
+from backends.runtime.model_runner import DecodeSeq, ModelRunner
+from backends.runtime.sampler import SamplingParams, sample
+from backends.runtime.stopping import finish_reason
+from backends.runtime.tokenizer import eos_token_ids
+
+log = logging.getLogger(__name__)
+
+# (seq_ids, token_ids, finish_reasons): one decode step's output for all sequences ("" = running).
+StepSink = Callable[[list[str], list[int], list[str]], None]
+
+
+@dataclass
+class RunningSeq:
+    """A sequence in the decode batch. ``num_cached`` tokens are in the KV pool; ``last_token`` is not yet."""
+
+    seq_id: str
+    block_table: list[int]
+    num_cached: int
+    last_token: int
+    mrope_delta: int
+    num_generated: int
+    max_tokens: int
+    sampling: SamplingParams
+
+    @classmethod
+    def from_admit(cls, payload: dict) -> "RunningSeq":
+        """From the orchestrator's admit message (see orchestrator/stages.py)."""
+        s = payload["sampling"]
+        sampling = SamplingParams(temperature=s["temperature"], top_p=s["top_p"], top_k=s["top_k"], seed=s["seed"],
+                                  min_tokens=s["min_tokens"], ignore_eos=s["ignore_eos"])
+        return cls(payload["seq_id"], list(payload["block_table"]), int(payload["num_cached"]),
+                   int(payload["last_token"]), int(payload["mrope_delta"]), int(payload["num_generated"]),
+                   int(payload["max_tokens"]), sampling)
+
+
+class DecodeWorker:
+    """Owns the KV pool and runs the decode loop thread.
+
+    ``kv_pages`` KV pages of ``page_size`` tokens; at most ``max_batch`` sequences per step.
+    """
+
+    def __init__(self, spec: ModelSpec, device: torch.device, kv_pages: int, page_size: int, max_batch: int):
+        model, tokenizer = load_model(spec)
+        layout = KVCacheLayout.from_config(model.config, num_pages=kv_pages, page_size=page_size, dtype=model.dtype)
+        self.pool = shared_tensor.create("kv_pool", layout.shape, layout.dtype, device)
+        self.runner = ModelRunner(model, self.pool.tensor, page_size, TorchAttentionBackend())
+        self.eos_ids = eos_token_ids(tokenizer)
+        self.max_batch = max_batch
+        self.running: dict[str, RunningSeq] = {}
+        self.commands: queue.Queue = queue.Queue()
+        self.sink: StepSink | None = None
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._loop, name="decode-loop", daemon=True)
+        self.thread.start()
+
+    # Called from execute(): enqueue only.
+    def attach(self, sink: StepSink) -> None:
+        self.commands.put(("attach", sink, None))
+
+    def admit(self, payload: dict) -> None:
+        self.commands.put(("admit", RunningSeq.from_admit(payload), None))
+
+    def abort(self, seq_id: str, done: Callable[[], None]) -> None:
+        """Drop ``seq_id``; ``done()`` runs on the loop thread once it no longer touches its KV pages."""
+        self.commands.put(("abort", seq_id, done))
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        self.commands.put(("stop", None, None))
+        self.thread.join(timeout=10)
+        self.pool.release()
+
+    def _apply(self, command) -> None:
+        kind, value, done = command
+        if kind == "attach":
+            self.sink = value
+        elif kind == "admit":
+            self.running[value.seq_id] = value
+        elif kind == "abort":
+            self.running.pop(value, None)
+            done()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            # Idle: block until a command arrives; busy: drain what is there and step.
+            block = not self.running or self.sink is None
+            try:
+                self._apply(self.commands.get(block=block, timeout=None if block else 0))
+                continue
+            except queue.Empty:
+                pass
+            try:
+                self._step()
+            except Exception:  # a failed step must not kill the loop: end the batch, keep serving
+                log.exception("decode step failed")
+                failed = list(self.running)
+                self.running.clear()
+                self.sink(failed, [-1] * len(failed), ["error"] * len(failed))
+
+    def _step(self) -> None:
+        batch = list(self.running.values())[: self.max_batch]
+        logits = self.runner.decode([
+            DecodeSeq(s.last_token, s.num_cached + s.mrope_delta, s.num_cached, s.block_table) for s in batch
+        ])
+        tokens = sample(logits, [s.sampling for s in batch], [s.num_generated for s in batch], self.eos_ids)
+        reasons = []
+        for seq, token in zip(batch, tokens):
+            seq.num_cached += 1
+            seq.last_token = token
+            seq.num_generated += 1
+            reason = finish_reason(token, seq.num_generated, seq.max_tokens, seq.sampling.min_tokens,
+                                   seq.sampling.ignore_eos, self.eos_ids)
+            reasons.append(reason or "")
+            if reason:
+                del self.running[seq.seq_id]
+        self.sink([s.seq_id for s in batch], tokens, reasons)

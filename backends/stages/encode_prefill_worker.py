@@ -1,0 +1,114 @@
+"""The encode+prefill stage: executes one scheduler step plan from the orchestrator.
+
+A plan (JSON, built by orchestrator/stages.py) has four parts, run in this order:
+* ``new``: prompts seen for the first time: token ids, media grids; the worker embeds the text and
+  computes M-RoPE positions once (transformers' ``get_rope_index``) and keeps them per request;
+* ``encode``: whole temporal-patch groups: patches are read from the shared patch pool pages, run
+  through the vision encoder, and their embeddings placed at the group's visual-token rows;
+* ``prefill``: prompt chunks ``[start, end)`` written into the shared KV pool (block tables given);
+  the chunk that ends a prompt yields its first sampled token;
+* ``release``: requests that ended (finished, failed or cancelled) whose state is dropped.
+The runtime decides nothing: what runs in a step is the orchestrator's scheduler's call.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from backends import shared_tensor
+from backends.runtime.attention.torch_backend import TorchAttentionBackend
+from backends.runtime.loader import ModelSpec, load_model
+from backends.runtime.model_runner import ModelRunner, PrefillChunk
+from backends.runtime.mrope import mrope_positions
+from backends.runtime.sampler import SamplingParams, sample
+from backends.runtime.tokenizer import eos_token_ids
+from flashcodec.patch_pool import read_group
+
+
+@dataclass
+class PromptState:
+    """A prompt being prefilled: ``embeds`` [L, hidden] (visual rows filled as groups are encoded),
+    ``positions`` [3, L] int64 M-RoPE positions, ``mrope_delta`` for the decode positions."""
+
+    embeds: torch.Tensor
+    positions: torch.Tensor
+    mrope_delta: int
+    sampling: SamplingParams
+
+
+class EncodePrefillWorker:
+    """Maps the KV pool (owner: decode) and the patch pool (owner: flashcodec) lazily, on first use."""
+
+    def __init__(self, spec: ModelSpec, device: torch.device):
+        self.model, tokenizer = load_model(spec)
+        self.device = device
+        self.eos_ids = eos_token_ids(tokenizer)
+        self.prompts: dict[str, PromptState] = {}
+        self._runner: ModelRunner | None = None
+        self._patches: torch.Tensor | None = None
+
+    @property
+    def runner(self) -> ModelRunner:
+        if self._runner is None:
+            kv = shared_tensor.open_("kv_pool").tensor  # [layers, 2, pages, page_size, kv_heads, head_dim]
+            self._runner = ModelRunner(self.model, kv, kv.shape[3], TorchAttentionBackend())
+        return self._runner
+
+    @property
+    def patch_pool(self) -> torch.Tensor:
+        if self._patches is None:
+            self._patches = shared_tensor.open_("patch_pool").tensor
+        return self._patches
+
+    def execute(self, plan: dict) -> dict:
+        """Run one step plan; returns ``{"first_tokens": [{"req", "token", "mrope_delta"}]}``."""
+        for item in plan.get("new", []):
+            self._register(item)
+        for work in plan.get("encode", []):
+            self._encode(work)
+        first_tokens = self._prefill(plan.get("prefill", []))
+        for req_id in plan.get("release", []):
+            self.prompts.pop(req_id, None)
+        return {"first_tokens": first_tokens}
+
+    def _register(self, item: dict) -> None:
+        ids = item["input_ids"]
+        media = item["media"]
+        positions, delta = mrope_positions(
+            self.model.config, ids,
+            image_grid_thw=[tuple(m["grid_thw"]) for m in media if m["kind"] == "image"],
+            video_grid_thw=[tuple(m["grid_thw"]) for m in media if m["kind"] == "video"],
+            second_per_grid_ts=[m["second_per_grid_t"] for m in media if m["kind"] == "video"])
+        embeds = self.runner.embed(torch.tensor(ids, dtype=torch.long, device=self.device))
+        s = item["sampling"]
+        sampling = SamplingParams(temperature=s["temperature"], top_p=s["top_p"], top_k=s["top_k"], seed=s["seed"],
+                                  min_tokens=s["min_tokens"], ignore_eos=s["ignore_eos"])
+        self.prompts[item["req"]] = PromptState(embeds, positions.to(self.device), int(delta), sampling)
+
+    def _encode(self, work: dict) -> None:
+        state = self.prompts[work["req"]]
+        patches = read_group(self.patch_pool, work["pages"], work["num_patches"]).to(self.device)
+        embeds = self.runner.encode(patches, tuple(work["grid_thw"]))
+        start = work["token_offset"]
+        state.embeds[start:start + embeds.shape[0]] = embeds.to(state.embeds.dtype)
+
+    def _prefill(self, works: list[dict]) -> list[dict]:
+        if not works:
+            return []
+        chunks = []
+        for w in works:
+            state = self.prompts[w["req"]]
+            start, end = w["start"], w["end"]
+            chunks.append(PrefillChunk(state.embeds[start:end], state.positions[:, start:end], start,
+                                       w["block_table"], want_logits=w["is_last"]))
+        logits = self.runner.prefill(chunks)
+        last = [w for w in works if w["is_last"]]
+        if not last:
+            return []
+        tokens = sample(logits, [self.prompts[w["req"]].sampling for w in last], [0] * len(last), self.eos_ids)
+        out = []
+        for w, token in zip(last, tokens):
+            out.append({"req": w["req"], "token": int(token), "mrope_delta": self.prompts[w["req"]].mrope_delta})
+            del self.prompts[w["req"]]  # prefill done: the embeddings are no longer needed
+        return out

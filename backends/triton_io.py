@@ -1,0 +1,74 @@
+"""Reading and writing Triton Python-backend tensors (used by every model.py and stage).
+
+``triton_python_backend_utils`` exists only inside the backend stub, so it is imported lazily.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+
+def pb():
+    """The ``triton_python_backend_utils`` module (only importable inside the Python-backend stub)."""
+    import triton_python_backend_utils
+
+    return triton_python_backend_utils
+
+
+def parameters(args: dict) -> dict[str, str]:
+    """The model's config.pbtxt ``parameters`` as {key: string_value}."""
+    config = json.loads(args["model_config"])
+    return {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+
+
+def _array(request, name: str):
+    tensor = pb().get_input_tensor_by_name(request, name)
+    return None if tensor is None else tensor.as_numpy()
+
+
+def bytes_list(request, name: str) -> list[bytes]:
+    """All elements of a BYTES input as bytes ([] when absent)."""
+    array = _array(request, name)
+    if array is None:
+        return []
+    return [x if isinstance(x, bytes) else str(x).encode() for x in np.ravel(array)]
+
+
+def string(request, name: str) -> str | None:
+    """The first element of a BYTES input decoded as UTF-8 (None when absent).
+
+    Raises UnicodeDecodeError on invalid UTF-8 (callers turn it into INVALID_ARG).
+    """
+    values = bytes_list(request, name)
+    return values[0].decode("utf-8") if values else None
+
+
+def boolean(request, name: str, default: bool) -> bool:
+    array = _array(request, name)
+    return default if array is None or array.size == 0 else bool(np.ravel(array)[0])
+
+
+def ints(request, name: str) -> list[int]:
+    array = _array(request, name)
+    return [] if array is None else [int(x) for x in np.ravel(array)]
+
+
+def str_tensor(name: str, values: list[str] | list[bytes]):
+    data = np.array([v.encode() if isinstance(v, str) else v for v in values], dtype=np.object_)
+    return pb().Tensor(name, data)
+
+
+def json_tensor(name: str, value) -> object:
+    return str_tensor(name, [json.dumps(value)])
+
+
+def int_tensor(name: str, values: list[int], dtype=np.int64):
+    return pb().Tensor(name, np.asarray(values, dtype=dtype))
+
+
+def error(message: str, invalid_argument: bool = True):
+    """An InferenceResponse carrying a TritonError (INVALID_ARG for bad input, INTERNAL otherwise)."""
+    p = pb()
+    code = p.TritonError.INVALID_ARG if invalid_argument else p.TritonError.INTERNAL
+    return p.InferenceResponse(error=p.TritonError(message, code))

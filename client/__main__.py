@@ -1,0 +1,114 @@
+"""Ask UnifiedServe one question and stream the answer to stdout.
+
+    python -m client [--url 127.0.0.1:8001] [--http 127.0.0.1:8000]
+                     [--video FILE | --video-url PATH] [--image FILE]... [--image-url PATH]...
+                     [--max-tokens N] [--temperature T] [--top-p P] [--top-k K] [--seed S]
+                     [--fps F] [--max-pixels P] [--no-stream] [--timeout S] "question"
+
+gRPC by default; ``--http`` uses generate_stream (SSE), which carries paths only (--video-url,
+--image-url). After the answer one line goes to stderr:
+``TTFT 123.4 ms, mean TBT 5.6 ms, N output tokens, finish_reason=stop``.
+Exit code 0 on success, 1 with the server's message on stderr on an error, 2 on bad arguments.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from client.api import DEFAULT_GRPC_URL, DEFAULT_MODEL, Client, GenerationResult, ServerError
+from client.http_stream import generate_stream_http
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m client", description=__doc__.splitlines()[0])
+    p.add_argument("question")
+    p.add_argument("--url", default=DEFAULT_GRPC_URL, help="gRPC host:port (default %(default)s)")
+    p.add_argument("--http", metavar="HOST:PORT", help="use HTTP generate_stream at HOST:PORT instead of gRPC")
+    p.add_argument("--model", default=DEFAULT_MODEL)
+    media = p.add_mutually_exclusive_group()
+    media.add_argument("--video", type=Path, metavar="FILE", help="send this video file's bytes")
+    media.add_argument("--video-url", metavar="PATH", help="a video path (or file:// URL) the server may read")
+    p.add_argument("--image", type=Path, action="append", default=[], metavar="FILE",
+                   help="send this image file's bytes (repeat for several images)")
+    p.add_argument("--image-url", action="append", default=[], metavar="PATH", help="repeatable")
+    p.add_argument("--max-tokens", type=int)
+    p.add_argument("--min-tokens", type=int)
+    p.add_argument("--temperature", type=float)
+    p.add_argument("--top-p", type=float)
+    p.add_argument("--top-k", type=int)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--ignore-eos", action="store_true")
+    p.add_argument("--fps", type=float, help="video frames sampled per second")
+    p.add_argument("--max-pixels", type=int, help="pixel budget per frame or image")
+    p.add_argument("--no-stream", action="store_true", help="ask for the whole text in one response")
+    p.add_argument("--timeout", type=float, default=600.0, metavar="S")
+    return p
+
+
+def sampling_from_args(args: argparse.Namespace) -> dict:
+    """The sampling_parameters JSON object: only the options the user gave."""
+    keys = ("max_tokens", "min_tokens", "temperature", "top_p", "top_k", "seed", "fps", "max_pixels")
+    sampling = {k: getattr(args, k) for k in keys if getattr(args, k) is not None}
+    if args.ignore_eos:
+        sampling["ignore_eos"] = True
+    return sampling
+
+
+def summary_line(r: GenerationResult) -> str:
+    ttft = "n/a" if r.ttft_ms is None else f"{r.ttft_ms:.1f} ms"
+    tbt = "n/a" if r.mean_tbt_ms is None else f"{r.mean_tbt_ms:.1f} ms"
+    n = "?" if r.num_output_tokens is None else r.num_output_tokens
+    return f"TTFT {ttft}, mean TBT {tbt}, {n} output tokens, finish_reason={r.finish_reason}"
+
+
+class _Printer:
+    """Writes each text delta to stdout at once; remembers whether anything was written."""
+
+    def __init__(self):
+        self.wrote = False
+
+    def __call__(self, s: str) -> None:
+        sys.stdout.write(s)
+        sys.stdout.flush()
+        self.wrote = True
+
+    def end_line(self) -> None:
+        if self.wrote:
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    sampling = sampling_from_args(args)
+    printer = _Printer()
+    try:
+        if args.http:
+            if args.video or args.image:
+                parser.error("--http cannot carry file bytes: use --video-url / --image-url")
+            if args.no_stream:
+                parser.error("--http always streams (generate_stream)")
+            result = generate_stream_http(
+                args.question, url=args.http, model=args.model, video_url=args.video_url,
+                image_url=args.image_url or None, sampling=sampling, timeout_s=args.timeout, on_text=printer)
+        else:
+            video = args.video.read_bytes() if args.video else None
+            images = [f.read_bytes() for f in args.image] or None
+            with Client(args.url, args.model) as client:
+                result = client.generate(
+                    args.question, video=video, image=images, video_url=args.video_url,
+                    image_url=args.image_url or None, sampling=sampling, stream=not args.no_stream,
+                    on_text=printer, timeout_s=args.timeout)
+    except (ServerError, TimeoutError, OSError) as e:
+        printer.end_line()
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    printer.end_line()
+    print(summary_line(result), file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

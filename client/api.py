@@ -1,0 +1,322 @@
+"""Python API for UnifiedServe's decoupled ``orchestrator`` model over gRPC streaming.
+
+One :meth:`Client.generate` call is one request on a gRPC bidirectional stream
+(``tritonclient.grpc``: ``start_stream`` / ``async_stream_infer`` / ``stop_stream``). Responses are
+read until the one that carries the ``triton_final_response`` parameter, which Triton adds when the
+stream is opened with ``enable_empty_final_response=True``.
+
+Times are wall-clock milliseconds from just before the request is sent: TTFT is the arrival of the
+first response with text or token ids, TBT the gaps between consecutive such responses.
+
+The response pieces (:class:`ResponsePiece`) and the timing (:class:`_Collector`) are shared with
+``client.http_stream``, so both transports report the same :class:`GenerationResult`.
+"""
+from __future__ import annotations
+
+import codecs
+import json
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
+
+DEFAULT_MODEL = "orchestrator"
+DEFAULT_GRPC_URL = "127.0.0.1:8001"
+CANCELLED = "cancelled"  # finish_reason when the client stopped the stream itself
+
+
+class ServerError(RuntimeError):
+    """The server (or the transport to it) answered with an error; ``str(e)`` is its message."""
+
+
+@dataclass
+class GenerationResult:
+    """One finished (or client-cancelled) generation.
+
+    ``num_output_tokens`` is the server's count (the last value it sent); when the server sends none,
+    ``len(token_ids)`` if ids were returned, else ``None``. ``finish_reason`` is the server's
+    ("stop", "length", "abort"), ``"cancelled"`` when the client cancelled, ``None`` if never sent.
+    """
+
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    num_input_tokens: int | None = None
+    num_output_tokens: int | None = None
+    finish_reason: str | None = None
+    ttft_ms: float | None = None
+    tbt_ms: list[float] = field(default_factory=list)
+    num_responses: int = 0  # responses that carried text or token ids
+
+    @property
+    def mean_tbt_ms(self) -> float | None:
+        """Mean gap between consecutive text/token responses (ms); ``None`` with fewer than two."""
+        return sum(self.tbt_ms) / len(self.tbt_ms) if self.tbt_ms else None
+
+
+@dataclass(frozen=True)
+class ResponsePiece:
+    """What one response carried; absent outputs are ``None`` (``text`` is raw UTF-8 bytes)."""
+
+    text: bytes = b""
+    token_ids: tuple[int, ...] = ()
+    num_input_tokens: int | None = None
+    num_output_tokens: int | None = None
+    finish_reason: str | None = None
+    final: bool = False
+
+    @property
+    def has_output(self) -> bool:
+        return bool(self.text) or bool(self.token_ids)
+
+
+class _Collector:
+    """Accumulates pieces into a :class:`GenerationResult`; ``t0`` and arrival times in seconds."""
+
+    def __init__(self, t0: float, on_text: Callable[[str], None] | None = None):
+        self.t0 = t0
+        self.on_text = on_text
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._text: list[str] = []
+        self._last: float | None = None
+        self.result = GenerationResult()
+
+    def add(self, t: float, piece: ResponsePiece) -> None:
+        r = self.result
+        if piece.text:
+            # A delta may end inside a multi-byte character; the decoder keeps the tail for the next.
+            s = self._decoder.decode(piece.text)
+            if s:
+                self._text.append(s)
+                if self.on_text is not None:
+                    self.on_text(s)
+        r.token_ids.extend(piece.token_ids)
+        if piece.num_input_tokens is not None:
+            r.num_input_tokens = piece.num_input_tokens
+        if piece.num_output_tokens is not None:
+            r.num_output_tokens = piece.num_output_tokens
+        if piece.finish_reason is not None:
+            r.finish_reason = piece.finish_reason
+        if piece.has_output:
+            r.num_responses += 1
+            if self._last is None:
+                r.ttft_ms = (t - self.t0) * 1e3
+            else:
+                r.tbt_ms.append((t - self._last) * 1e3)
+            self._last = t
+
+    def finish(self, cancelled: bool = False) -> GenerationResult:
+        tail = self._decoder.decode(b"", final=True)
+        if tail:
+            self._text.append(tail)
+            if self.on_text is not None:
+                self.on_text(tail)
+        r = self.result
+        r.text = "".join(self._text)
+        if r.num_output_tokens is None and r.token_ids:
+            r.num_output_tokens = len(r.token_ids)
+        if cancelled:
+            r.finish_reason = CANCELLED
+        return r
+
+
+def _as_list(x: bytes | str | Sequence | None) -> list:
+    if x is None:
+        return []
+    if isinstance(x, (bytes, bytearray, str)):
+        return [x]
+    return list(x)
+
+
+def _bytes_tensor(items: list) -> np.ndarray:
+    """1-D object array of ``bytes`` (str items are UTF-8 encoded), as Triton's BYTES wants."""
+    out = np.empty(len(items), dtype=object)
+    for i, x in enumerate(items):
+        if isinstance(x, str):
+            x = x.encode()
+        elif not isinstance(x, (bytes, bytearray)):
+            raise TypeError(f"expected bytes or str, got {type(x).__name__}")
+        out[i] = bytes(x)
+    return out
+
+
+def request_tensors(
+    text: str,
+    *,
+    video: bytes | None = None,
+    image: bytes | Sequence[bytes] | None = None,
+    video_url: str | Sequence[str] | None = None,
+    image_url: str | Sequence[str] | None = None,
+    sampling: dict | None = None,
+    stream: bool = True,
+    return_output_ids: bool = False,
+) -> list[tuple[str, np.ndarray, str]]:
+    """The request's input tensors as ``(name, array, triton_dtype)``.
+
+    ``text_input`` BYTES [1], ``sampling_parameters`` BYTES [1] (JSON; ``{}`` when None),
+    ``stream`` BOOL [1]; media only when given: ``video`` BYTES [1] (the file's bytes), ``image``
+    BYTES [n], ``video_url`` / ``image_url`` BYTES [n]; ``return_output_ids`` BOOL [1] only when
+    True, so servers without that optional input still accept the request.
+    Raises TypeError for a non-str ``text`` or non-bytes media.
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"text must be str, got {type(text).__name__}")
+    tensors = [
+        ("text_input", _bytes_tensor([text]), "BYTES"),
+        ("sampling_parameters", _bytes_tensor([json.dumps(sampling or {})]), "BYTES"),
+        ("stream", np.array([bool(stream)], dtype=bool), "BOOL"),
+    ]
+    if video is not None:
+        if not isinstance(video, (bytes, bytearray)):
+            raise TypeError("video must be the file's bytes; use video_url for a path")
+        tensors.append(("video", _bytes_tensor([video]), "BYTES"))
+    for name, value in (("image", image), ("video_url", video_url), ("image_url", image_url)):
+        items = _as_list(value)
+        if name == "image" and any(isinstance(x, str) for x in items):
+            raise TypeError("image must be the files' bytes; use image_url for paths")
+        if items:
+            tensors.append((name, _bytes_tensor(items), "BYTES"))
+    if return_output_ids:
+        tensors.append(("return_output_ids", np.array([True], dtype=bool), "BOOL"))
+    return tensors
+
+
+def grpc_inputs(tensors: list[tuple[str, np.ndarray, str]]) -> list[grpcclient.InferInput]:
+    inputs = []
+    for name, array, dtype in tensors:
+        t = grpcclient.InferInput(name, list(array.shape), dtype)
+        t.set_data_from_numpy(array)
+        inputs.append(t)
+    return inputs
+
+
+def _scalar(result: grpcclient.InferResult, name: str):
+    a = result.as_numpy(name)
+    return None if a is None or a.size == 0 else a.reshape(-1)[0]
+
+
+def piece_from_grpc(result: grpcclient.InferResult) -> ResponsePiece:
+    """Reads one streamed gRPC response (any subset of the orchestrator's outputs may be present)."""
+    params = result.get_response().parameters
+    final = "triton_final_response" in params and params["triton_final_response"].bool_param
+    text = result.as_numpy("text_output")
+    ids = result.as_numpy("output_ids")
+    n_in, n_out = _scalar(result, "num_input_tokens"), _scalar(result, "num_output_tokens")
+    reason = _scalar(result, "finish_reason")
+    return ResponsePiece(
+        text=b"".join(x if isinstance(x, bytes) else str(x).encode() for x in text.reshape(-1))
+        if text is not None else b"",
+        token_ids=tuple(int(i) for i in ids.reshape(-1)) if ids is not None else (),
+        num_input_tokens=None if n_in is None else int(n_in),
+        num_output_tokens=None if n_out is None else int(n_out),
+        finish_reason=None if reason is None else (reason.decode() if isinstance(reason, bytes) else str(reason)),
+        final=final,
+    )
+
+
+def _error_message(e: BaseException) -> str:
+    msg = e.message() if isinstance(e, InferenceServerException) else str(e)
+    return msg or repr(e)
+
+
+class Client:
+    """gRPC client of one model; one request at a time (calls are serialized by a lock).
+
+    For concurrent requests use one ``Client`` per thread: each holds one gRPC channel and one stream.
+    """
+
+    def __init__(self, url: str = DEFAULT_GRPC_URL, model: str = DEFAULT_MODEL):
+        self.url = url
+        self.model = model
+        self._grpc = grpcclient.InferenceServerClient(url)
+        self._lock = threading.Lock()
+
+    def wait_ready(self, timeout_s: float = 300.0) -> None:
+        """Returns once the server and the model report ready; raises TimeoutError otherwise."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                if self._grpc.is_server_ready() and self._grpc.is_model_ready(self.model):
+                    return
+            except InferenceServerException:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.model} at {self.url} not ready within {timeout_s} s")
+            time.sleep(0.5)
+
+    def generate(
+        self,
+        text: str,
+        *,
+        video: bytes | None = None,
+        image: bytes | Sequence[bytes] | None = None,
+        video_url: str | Sequence[str] | None = None,
+        image_url: str | Sequence[str] | None = None,
+        sampling: dict | None = None,
+        stream: bool = True,
+        return_output_ids: bool = False,
+        on_text: Callable[[str], None] | None = None,
+        timeout_s: float = 600.0,
+        request_id: str | None = None,
+        cancel_after_responses: int | None = None,
+    ) -> GenerationResult:
+        """Sends one request and collects its responses.
+
+        ``on_text`` is called with each decoded text delta as it arrives. With
+        ``cancel_after_responses=N`` the stream is stopped with ``cancel_requests=True`` after N
+        responses with text or token ids, and the partial result has ``finish_reason="cancelled"``.
+        Raises ServerError with the server's message on an error response (or a transport error),
+        TimeoutError when no final response comes within ``timeout_s`` seconds (the request is then
+        cancelled), TypeError for bad argument types.
+        """
+        inputs = grpc_inputs(request_tensors(
+            text, video=video, image=image, video_url=video_url, image_url=image_url,
+            sampling=sampling, stream=stream, return_output_ids=return_output_ids))
+        responses: queue.Queue = queue.Queue()
+        with self._lock:
+            self._grpc.start_stream(callback=lambda result, error: responses.put((result, error)))
+            cancel = True  # unless the final response arrives, leave nothing running on the server
+            try:
+                t0 = time.perf_counter()
+                self._grpc.async_stream_infer(self.model, inputs, request_id=request_id or "",
+                                              enable_empty_final_response=True)
+                collector = _Collector(t0, on_text)
+                deadline = t0 + timeout_s
+                while True:
+                    if cancel_after_responses is not None and collector.result.num_responses >= cancel_after_responses:
+                        return collector.finish(cancelled=True)
+                    try:
+                        result, error = responses.get(timeout=max(deadline - time.perf_counter(), 0.0))
+                    except queue.Empty:
+                        raise TimeoutError(f"no final response from {self.model} within {timeout_s} s") from None
+                    arrived = time.perf_counter()
+                    if error is not None:
+                        raise ServerError(_error_message(error))
+                    piece = piece_from_grpc(result)
+                    collector.add(arrived, piece)
+                    if piece.final:
+                        cancel = False
+                        return collector.finish()
+            except InferenceServerException as e:
+                # A broken stream (e.g. nothing listens at url) is reported to the callback; its
+                # message says what happened, the exception raised here only that the stream broke.
+                try:
+                    _, error = responses.get(timeout=1.0)
+                except queue.Empty:
+                    error = None
+                raise ServerError(_error_message(error if error is not None else e)) from e
+            finally:
+                self._grpc.stop_stream(cancel_requests=cancel)
+
+    def close(self) -> None:
+        self._grpc.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,122 @@
+"""Frame decoders: sampled frame indices in, upright RGB frames out.
+
+`FrameDecoder` is the contract a GPU decoder (NVDEC through PyNvVideoCodec) implements later; `CpuDecoder`
+is the PyAV/FFmpeg implementation.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator, Protocol, Sequence
+
+import av
+import numpy as np
+
+from flashcodec.errors import MediaError
+from flashcodec.probe import Source, open_container, read_packets
+
+
+class FrameDecoder(Protocol):
+    def decode(self, source: Source, frame_indices: Sequence[int]) -> Iterator[np.ndarray]:
+        """Yield one frame per entry of `frame_indices`, in that order.
+
+        `frame_indices`: presentation-order indices into the video (those of `VideoInfo.frame_pts_s`),
+        non-decreasing; a repeated index yields the same frame again. Each frame is an HxWx3 uint8 RGB array,
+        turned upright by the stream's display rotation (H, W = `VideoInfo.height`, `.width`). Damaged input:
+        a frame that cannot be decoded is replaced by the nearest decoded frame before it (after it if there is
+        none before); MediaError if no frame decodes. Raises ValueError for indices that are negative or not
+        non-decreasing, MediaError for indices past the last frame. Never blocks on input: work is bounded by
+        the number of packets.
+        """
+        ...
+
+
+def _to_rgb(frame: av.VideoFrame) -> np.ndarray:
+    rgb = frame.to_ndarray(format="rgb24")
+    clockwise = round(-frame.rotation / 90) % 4  # FFmpeg's display-matrix angle is counter-clockwise
+    return np.ascontiguousarray(np.rot90(rgb, k=-clockwise)) if clockwise else rgb
+
+
+def _needed_packets(packets: list[av.Packet], targets: set[int]) -> list[av.Packet]:
+    """The packets of every GOP that holds a target PTS, each preceded by its previous GOP, up to the last one.
+
+    The previous GOP is kept because an open GOP's leading B-frames reference it; other GOPs are skipped,
+    which is the CPU counterpart of seeking to the keyframe before each needed run.
+    """
+    gop_of, gop = [], 0
+    for packet in packets:
+        if packet.is_keyframe and gop_of:
+            gop += 1
+        gop_of.append(gop)
+    needed = {gop_of[i] for i, p in enumerate(packets) if p.pts in targets}
+    needed |= {g - 1 for g in needed}
+    last = max(i for i, g in enumerate(gop_of) if g in needed)
+    return [p for i, p in enumerate(packets[: last + 1]) if gop_of[i] in needed]
+
+
+@dataclass(frozen=True)
+class CpuDecoder:
+    """FrameDecoder on PyAV (FFmpeg's software decoders), `threads` FFmpeg threads (0: FFmpeg's choice).
+
+    Demuxes the file once to map indices to PTS (the sort order of `probe_video`), then decodes only the GOPs
+    that hold sampled frames and stops after the last one. Frames are matched to indices by PTS, so frames
+    lost to damage do not shift the rest. Packets without PTS are matched by output order instead.
+    """
+
+    threads: int = 0
+
+    def decode(self, source: Source, frame_indices: Sequence[int]) -> Iterator[np.ndarray]:
+        indices = list(frame_indices)
+        if not indices:
+            return
+        if indices[0] < 0 or any(b < a for a, b in zip(indices, indices[1:])):
+            raise ValueError(f"frame_indices must be non-negative and non-decreasing, got {indices[:8]}...")
+        with open_container(source) as container:
+            stream = container.streams.video[0]
+            stream.thread_type = "AUTO"
+            stream.codec_context.thread_count = self.threads
+            packets = read_packets(container)  # the packets probe_video counted
+            if indices[-1] >= len(packets):
+                raise MediaError(f"video: frame index {indices[-1]} is past the last frame ({len(packets)} frames)")
+            by_pts = all(p.pts is not None for p in packets)
+            if by_pts:
+                order = sorted(p.pts for p in packets)
+                targets = [order[i] for i in indices]
+                packets = _needed_packets(packets, set(targets))
+            else:
+                targets = indices
+            yield from self._match(stream, packets, targets, by_pts)
+
+    @staticmethod
+    def _frames(stream: av.video.stream.VideoStream, packets: list[av.Packet]) -> Iterator[av.VideoFrame]:
+        for packet in [*packets, None]:  # None flushes the decoder's reorder buffer
+            try:
+                yield from stream.codec_context.decode(packet)
+            except av.FFmpegError:
+                continue  # an undecodable packet: its frame is replaced in _match
+
+    def _match(self, stream, packets: list[av.Packet], targets: list[int], by_pts: bool) -> Iterator[np.ndarray]:
+        k, previous = 0, None
+        cache: list = [None, None]  # [frame, its RGB array]: a frame is converted once however often it is used
+
+        def rgb(frame: av.VideoFrame) -> np.ndarray:
+            if cache[0] is not frame:
+                cache[:] = [frame, _to_rgb(frame)]
+            return cache[1]
+
+        for position, frame in enumerate(self._frames(stream, packets)):
+            key = frame.pts if by_pts else position
+            if key is None:
+                continue
+            while k < len(targets) and targets[k] < key:  # that frame was lost: show its neighbour
+                yield rgb(previous if previous is not None else frame)
+                k += 1
+            while k < len(targets) and targets[k] == key:
+                yield rgb(frame)
+                k += 1
+            if k == len(targets):
+                return
+            previous = frame
+        if previous is None:
+            raise MediaError("video: corrupt: no frame could be decoded")
+        for _ in range(len(targets) - k):
+            yield rgb(previous)

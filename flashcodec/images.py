@@ -1,0 +1,54 @@
+"""Image bytes -> one 8-bit RGB Pillow image, before any geometry (case C2)."""
+from __future__ import annotations
+
+import io
+
+import numpy as np
+from PIL import Image, UnidentifiedImageError
+
+from flashcodec.errors import MediaError
+
+BACKGROUND = (255, 255, 255)  # transparent areas are composited over white, as qwen-vl-utils `to_rgb` does
+_SIXTEEN_BIT = {"I;16", "I;16L", "I;16B", "I;16N", "I"}
+
+
+def to_rgb(img: Image.Image) -> Image.Image:
+    """Convert any Pillow mode to 8-bit RGB.
+
+    * Alpha (RGBA, LA, PA, P or L with a transparent index): alpha over BACKGROUND, through `Image.paste` with the
+      alpha as mask, exactly qwen-vl-utils `to_rgb` for RGBA (transformers' `convert_to_rgb` would drop alpha).
+    * 16-bit greyscale (I;16*, and I, which Pillow uses for 16-bit PNG/TIFF): 0..65535 scaled to 0..255 (x >> 8);
+      Pillow's own conversion clips at 255 instead.
+    * Everything else (1, L, P, CMYK, YCbCr, LAB, HSV, ...): Pillow's `convert("RGB")`.
+    """
+    if img.mode == "RGB":
+        return img
+    if img.mode in _SIXTEEN_BIT:
+        grey = np.asarray(img).astype(np.int64) >> 8
+        return Image.fromarray(np.clip(grey, 0, 255).astype(np.uint8)).convert("RGB")  # 2-D uint8: mode L
+    if img.mode in ("RGBA", "LA", "PA", "La", "RGBa") or "transparency" in img.info:
+        rgba = img.convert("RGBA")
+        out = Image.new("RGB", rgba.size, BACKGROUND)
+        out.paste(rgba, mask=rgba.getchannel("A"))
+        return out
+    return img.convert("RGB")
+
+
+def load_image(data: bytes) -> Image.Image:
+    """Decode image bytes to an 8-bit RGB Pillow image (`to_rgb`).
+
+    Multi-frame files (animated GIF/WebP/PNG, multi-page TIFF): the first frame only. EXIF orientation is not
+    applied, as neither qwen-vl-utils nor transformers applies it. Raises MediaError if the bytes are not an
+    image Pillow can decode, are truncated, or exceed Pillow's decompression-bomb pixel limit.
+    """
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            img.seek(0)
+            img.load()
+            return to_rgb(img).copy()
+    except Image.DecompressionBombError as exc:
+        raise MediaError(f"image: too many pixels ({exc})") from exc
+    except UnidentifiedImageError as exc:
+        raise MediaError(f"image: not a decodable image ({exc})") from exc
+    except (OSError, SyntaxError, ValueError) as exc:
+        raise MediaError(f"image: truncated or corrupt ({exc})") from exc

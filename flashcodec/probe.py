@@ -1,0 +1,164 @@
+"""Media metadata before any pixel work: one demux pass for video (PyAV), the header for images (Pillow).
+
+Token counts, admission and frame sampling are decided from this alone (cases C3, C6, C7).
+"""
+from __future__ import annotations
+
+import io
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Union
+
+import av
+from PIL import Image, UnidentifiedImageError
+
+from flashcodec.errors import MediaError
+
+Source = Union[bytes, str, Path]  # the media file's bytes, or its path
+
+
+@dataclass(frozen=True)
+class VideoInfo:
+    """What a video is, from its container and one decoded frame.
+
+    `width`/`height` are as displayed (after `rotation`); `coded_width`/`coded_height` as stored in the stream.
+    `rotation` is clockwise degrees (0, 90, 180, 270) that turn stored frames upright. `fps` is the stream's
+    average frame rate (FFmpeg `avg_frame_rate`, what decord/torchcodec report to qwen-vl-utils). `num_frames`
+    counts complete video packets. `frame_pts_s` holds every frame's presentation time in seconds, sorted: frame
+    index i (presentation order) is shown at `frame_pts_s[i]`. `duration_s` runs from the first frame to the end
+    of the last one. Pixel aspect ratio is ignored, as qwen-vl-utils' readers do.
+    """
+
+    width: int
+    height: int
+    coded_width: int
+    coded_height: int
+    rotation: int
+    fps: float
+    num_frames: int
+    duration_s: float
+    codec: str
+    frame_pts_s: tuple[float, ...]
+    variable_frame_rate: bool
+
+
+@dataclass(frozen=True)
+class ImageInfo:
+    """An image's header: size in pixels, Pillow mode (e.g. "RGB", "P", "I;16") and format (e.g. "PNG")."""
+
+    width: int
+    height: int
+    mode: str
+    format: str
+
+
+def open_container(source: Source) -> av.container.InputContainer:
+    """Open `source` with PyAV. Raises MediaError if FFmpeg cannot read it or it is an image format."""
+    try:
+        container = av.open(io.BytesIO(source) if isinstance(source, bytes) else str(source), metadata_errors="ignore")
+    except av.FFmpegError as exc:
+        raise MediaError(f"video: not a decodable video file, or truncated before its index ({exc})") from exc
+    name = container.format.name
+    if name.endswith("_pipe") or name == "image2":
+        container.close()
+        raise MediaError(f"video: this is an image ({name}), not a video file")
+    if not container.streams.video:
+        container.close()
+        raise MediaError("video: the file has no video stream")
+    return container
+
+
+def read_packets(container: av.container.InputContainer) -> list[av.Packet]:
+    """The complete packets of the first video stream, in decode order (one demux pass, no decoding).
+
+    Empty and incomplete packets (a file cut short) are dropped; a container damaged part-way gives the packets
+    read before the damage.
+    """
+    packets = []
+    try:
+        for packet in container.demux(container.streams.video[0]):
+            if packet.size and not packet.is_corrupt:
+                packets.append(packet)
+    except av.FFmpegError:
+        pass  # damage: keep what was read; the caller decides whether that is enough
+    return packets
+
+
+def _first_frame(stream: av.video.stream.VideoStream, packets: list[av.Packet]) -> av.VideoFrame | None:
+    for packet in [*packets, None]:
+        try:
+            frames = stream.codec_context.decode(packet)
+        except av.FFmpegError:
+            continue
+        if frames:
+            return frames[0]
+    return None
+
+
+def _timing(stream: av.video.stream.VideoStream, packets: list[av.Packet]) -> tuple[list[float], float, float, bool]:
+    """(sorted PTS in s, average fps, duration in s, variable frame rate?) of a stream's complete packets."""
+    time_base = float(stream.time_base or 0)
+    rate = float(stream.average_rate or stream.guessed_rate or 0)
+    pts = sorted(p.pts * time_base for p in packets if p.pts is not None)
+    if len(pts) != len(packets):
+        if not rate:
+            raise MediaError("video: no timestamps and no frame rate")
+        pts = [i / rate for i in range(len(packets))]
+    deltas = [b - a for a, b in zip(pts, pts[1:])]
+    # the last frame lasts its packet's duration, else as long as the frame before it
+    last = max(packets, key=lambda p: p.pts if p.pts is not None else 0)
+    last_duration = (last.duration or 0) * time_base or (deltas[-1] if deltas else 1 / rate if rate else 0.0)
+    duration = pts[-1] - pts[0] + last_duration
+    fps = rate or (len(pts) / duration if duration > 0 else 0.0)
+    if fps <= 0:
+        raise MediaError("video: frame rate unknown")
+    # Timestamps rounded to the time base jitter by a tick or two; a real rate change moves more than 10%.
+    vfr = bool(deltas) and max(deltas) - min(deltas) > max(2 * time_base, 0.1 * statistics.median(deltas))
+    return pts, fps, duration, vfr
+
+
+def probe_video(source: Source) -> VideoInfo:
+    """Metadata of `source`'s first video stream from one demux pass.
+
+    Only the first frame is decoded: PyAV 16 exposes the display matrix (rotation) on frames only, and this
+    also proves the stream decodable. Only complete packets count (`read_packets`). Packets without
+    timestamps get `i / fps`. Raises MediaError for a file that is not a video, has no video stream, no
+    complete packet, no decodable frame, or no frame rate.
+    """
+    with open_container(source) as container:
+        stream = container.streams.video[0]
+        packets = read_packets(container)
+        if not packets:
+            raise MediaError("video: truncated or empty: no complete video packet")
+        frame = _first_frame(stream, packets[:64])
+        if frame is None:
+            raise MediaError(f"video: corrupt: no frame of the {stream.codec_context.name} stream decodes")
+        pts, fps, duration, vfr = _timing(stream, packets)
+        rotation = round(-frame.rotation / 90) * 90 % 360
+        turned = rotation in (90, 270)
+        return VideoInfo(
+            width=frame.height if turned else frame.width,
+            height=frame.width if turned else frame.height,
+            coded_width=frame.width,
+            coded_height=frame.height,
+            rotation=rotation,
+            fps=fps,
+            num_frames=len(pts),
+            duration_s=duration,
+            codec=stream.codec_context.name,
+            frame_pts_s=tuple(pts),
+            variable_frame_rate=vfr,
+        )
+
+
+def probe_image(data: bytes) -> ImageInfo:
+    """Size, mode and format from the image header (Pillow opens lazily: no pixel decode).
+
+    Raises MediaError if Pillow cannot identify the bytes or the image exceeds Pillow's decompression-bomb limit.
+    """
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            return ImageInfo(width=img.width, height=img.height, mode=img.mode, format=img.format or "")
+    except (UnidentifiedImageError, Image.DecompressionBombError, OSError, SyntaxError) as exc:
+        raise MediaError(f"image: not a decodable image ({exc})") from exc

@@ -1,0 +1,52 @@
+"""Triton adaptor for the decode stage (backends/stages/decode_worker.py).
+
+ops: "stream" (long-lived; one response per decode step with the tokens of all running sequences),
+"admit" (payload: a sequence after prefill; acknowledged at once), "abort" (payload: {"seq_id"};
+acknowledged once the loop has dropped it, so its KV pages may be reused).
+"""
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repo root; the stub ignores PYTHONPATH
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        from backends import triton_io
+        from backends.runtime.loader import ModelSpec
+        from backends.stages.decode_worker import DecodeWorker
+        from backends.stages.device import stage_device
+
+        self.io = triton_io
+        params = triton_io.parameters(args)
+        self.worker = DecodeWorker(
+            ModelSpec.from_parameters(params),
+            stage_device(params.get("device", "auto"), int(args.get("model_instance_device_id", 0))),
+            kv_pages=int(params["kv_pages"]), page_size=int(params["kv_page_size"]),
+            max_batch=int(params["max_batch"]))
+
+    def execute(self, requests):
+        io, pb = self.io, self.io.pb()
+        final = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        for request in requests:
+            sender = request.get_response_sender()
+            op = io.string(request, "op")
+            if op == "stream":
+                def sink(seq_ids, token_ids, reasons, sender=sender):
+                    sender.send(pb.InferenceResponse([io.str_tensor("seq_ids", seq_ids), io.int_tensor("token_ids", token_ids),
+                                                      io.str_tensor("finish_reasons", reasons)]))
+                sender.send(pb.InferenceResponse([]))  # tells the orchestrator the stream is attached
+                self.worker.attach(sink)
+            elif op == "admit":
+                self.worker.admit(json.loads(io.string(request, "payload")))
+                sender.send(pb.InferenceResponse([]), flags=final)
+            elif op == "abort":
+                seq_id = json.loads(io.string(request, "payload"))["seq_id"]
+                self.worker.abort(seq_id, lambda sender=sender: sender.send(flags=final))
+            else:
+                sender.send(io.error(f"decode: unknown op {op!r}"), flags=final)
+        return None
+
+    def finalize(self):
+        self.worker.shutdown()

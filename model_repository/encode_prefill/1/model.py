@@ -1,0 +1,34 @@
+"""Triton adaptor for the encode+prefill stage (backends/stages/encode_prefill_worker.py).
+
+Input ``plan`` (JSON step plan from the orchestrator's scheduler); output ``result`` (JSON).
+"""
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repo root; the stub ignores PYTHONPATH
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        from backends import triton_io
+        from backends.runtime.loader import ModelSpec
+        from backends.stages.device import stage_device
+        from backends.stages.encode_prefill_worker import EncodePrefillWorker
+
+        self.io = triton_io
+        params = triton_io.parameters(args)
+        self.worker = EncodePrefillWorker(
+            ModelSpec.from_parameters(params),
+            stage_device(params.get("device", "auto"), int(args.get("model_instance_device_id", 0))))
+
+    def execute(self, requests):
+        io, pb = self.io, self.io.pb()
+        responses = []
+        for request in requests:
+            try:
+                result = self.worker.execute(json.loads(io.string(request, "plan")))
+                responses.append(pb.InferenceResponse([io.json_tensor("result", result)]))
+            except Exception as exc:  # a failed step is reported to the orchestrator, the worker lives on
+                responses.append(io.error(f"encode_prefill: {type(exc).__name__}: {exc}", invalid_argument=False))
+        return responses

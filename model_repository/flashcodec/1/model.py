@@ -1,0 +1,54 @@
+"""Triton adaptor for FlashCodec (backends/stages/flashcodec_worker.py).
+
+op "decode": inputs request_id, media (file bytes, or a path when plan["path"] is set), plan (JSON:
+the sampling plan and the patch pages per group); streams one response per group (output ``group``)
+as soon as its patches are in the pool, then the final flag. op "abort": stop request_id's decode.
+"""
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repo root; the stub ignores PYTHONPATH
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        from backends import triton_io
+        from backends.stages.device import stage_device
+        from backends.stages.flashcodec_worker import FlashCodecWorker
+
+        self.io = triton_io
+        params = triton_io.parameters(args)
+        self.worker = FlashCodecWorker(
+            stage_device(params.get("device", "auto"), int(args.get("model_instance_device_id", 0))),
+            num_pages=int(params["patch_pages"]), page_size=int(params["patch_page_size"]),
+            threads=int(params["decode_threads"]))
+
+    def execute(self, requests):
+        io, pb = self.io, self.io.pb()
+        final = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        for request in requests:
+            sender = request.get_response_sender()
+            request_id, op = io.string(request, "request_id"), io.string(request, "op")
+            if op == "abort":
+                self.worker.abort(request_id)
+                sender.send(pb.InferenceResponse([]), flags=final)
+                continue
+            plan = json.loads(io.string(request, "plan"))
+            media = plan["path"] if plan.get("path") else io.bytes_list(request, "media")[0]
+
+            def on_group(index, sender=sender):
+                sender.send(pb.InferenceResponse([pb.Tensor("group", np.array([index], np.int32))]))
+
+            def on_done(error, sender=sender):
+                if error:
+                    sender.send(io.error(error))
+                sender.send(flags=final)
+
+            self.worker.submit(request_id, media, plan["media_plan"], plan["pages"], on_group, on_done)
+        return None
+
+    def finalize(self):
+        self.worker.shutdown()

@@ -1,0 +1,63 @@
+"""Token ids -> text deltas, holding back incomplete UTF-8 and possible stop-string prefixes.
+
+Byte-level BPE can split one character over several tokens; a delta is released only once it
+decodes without U+FFFD at its end (the approach of vLLM's incremental detokenizer, simplified to
+decoding a window of recent tokens).
+"""
+from __future__ import annotations
+
+WINDOW = 6  # tokens of left context: enough for any multi-token UTF-8 character
+
+
+class Detokenizer:
+    """Feed token ids with :meth:`add`; read ``text`` (everything released) and ``stopped``."""
+
+    def __init__(self, tokenizer, stop: tuple[str, ...] = ()):
+        self.tokenizer = tokenizer
+        self.stop = tuple(s for s in stop if s)
+        self.ids: list[int] = []
+        self.text = ""          # released text
+        self._decoded = ""      # all text decoded so far (released + held back)
+        self._offset = 0        # ids before this index are fully decoded into _decoded
+        self.stopped = False
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def add(self, token_ids: list[int]) -> str:
+        """Append tokens; returns the newly released text (may be ""). After a stop string matched,
+        ``stopped`` is True and the text ends before it."""
+        if self.stopped:
+            return ""
+        self.ids.extend(token_ids)
+        start = max(0, self._offset - WINDOW)
+        prefix = self._decode(self.ids[start:self._offset])
+        full = self._decode(self.ids[start:])
+        if full.endswith("\ufffd"):
+            return ""  # an incomplete character: wait for the next token
+        self._decoded += full[len(prefix):]
+        self._offset = len(self.ids)
+        return self._release()
+
+    def flush(self) -> str:
+        """At the end: release what was held back for a possible stop string."""
+        if self.stopped:
+            return ""
+        delta = self._decoded[len(self.text):]
+        self.text = self._decoded
+        return delta
+
+    def _release(self) -> str:
+        for s in self.stop:
+            at = self._decoded.find(s)
+            if at >= 0:
+                self.stopped = True
+                delta = self._decoded[len(self.text):at] if at > len(self.text) else ""
+                self.text = self._decoded[:at] if at > len(self.text) else self.text
+                return delta
+        # Hold back a tail that could still grow into a stop string.
+        hold = max((k for s in self.stop for k in range(1, len(s)) if self._decoded.endswith(s[:k])), default=0)
+        end = len(self._decoded) - hold
+        delta = self._decoded[len(self.text):end] if end > len(self.text) else ""
+        self.text += delta
+        return delta

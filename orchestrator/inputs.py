@@ -1,0 +1,137 @@
+"""Client inputs -> a validated request (no Triton, no torch: testable on its own).
+
+Names follow the vLLM backend's (../shared/docs/triton.md, "Conventions"): ``text_input``,
+``image``/``video`` (file bytes), ``image_url``/``video_url`` (a path or ``file://`` URL under an
+allowed folder, or a ``data:`` URL), ``sampling_parameters`` (JSON), ``stream``,
+``exclude_input_in_output``, ``return_output_ids``. Every problem raises
+:class:`~orchestrator.sampling_params.InvalidInput` with a message naming the input at fault.
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import os
+import urllib.parse
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from orchestrator.sampling_params import InvalidInput, RequestParams, parse_sampling_parameters
+
+
+@dataclass(frozen=True)
+class MediaInput:
+    """One image or video: file bytes, or a checked path (``path`` set, ``data`` empty)."""
+
+    kind: str  # "image" | "video"
+    data: bytes = b""
+    path: str | None = None
+
+    @property
+    def source(self) -> bytes | str:
+        return self.path if self.path is not None else self.data
+
+
+@dataclass(frozen=True)
+class RawRequest:
+    """The request's tensors as Python values (what backends/triton_io.py reads)."""
+
+    text_input: list[bytes]
+    image: list[bytes] = field(default_factory=list)
+    video: list[bytes] = field(default_factory=list)
+    image_url: list[bytes] = field(default_factory=list)
+    video_url: list[bytes] = field(default_factory=list)
+    sampling_parameters: list[bytes] = field(default_factory=list)
+    stream: bool = False
+    exclude_input_in_output: bool = False
+    return_output_ids: bool = False
+
+
+@dataclass(frozen=True)
+class ParsedRequest:
+    text: str
+    media: tuple[MediaInput, ...]  # images first, then videos (the order they take in the prompt)
+    params: RequestParams
+    stream: bool
+    exclude_input_in_output: bool
+    return_output_ids: bool
+
+
+@dataclass(frozen=True)
+class InputLimits:
+    """``allowed_media_dirs``: folders that ``*_url`` paths may name; ``max_media_bytes`` per item."""
+
+    allowed_media_dirs: tuple[Path, ...] = ()
+    max_media_bytes: int = 512 * 1024 * 1024
+
+    @classmethod
+    def from_parameters(cls, params: dict[str, str]) -> "InputLimits":
+        """From the orchestrator's model parameters plus the ``UNIFIEDSERVE_MEDIA_DIRS`` environment variable
+        (both comma- or colon-separated)."""
+        names = [*params.get("allowed_media_dirs", "").replace(":", ",").split(","),
+                 *os.environ.get("UNIFIEDSERVE_MEDIA_DIRS", "").replace(":", ",").split(",")]
+        dirs = tuple(Path(n).resolve() for n in names if n.strip())
+        return cls(dirs, int(params.get("max_media_bytes", cls.max_media_bytes)))
+
+
+def _resolve_url(kind: str, url: str, limits: InputLimits) -> MediaInput:
+    name = f"{kind}_url"
+    if url.startswith("data:"):
+        header, _, payload = url.partition(",")
+        if ";base64" not in header:
+            raise InvalidInput(f"{name}: only base64 data: URLs are supported")
+        try:
+            data = base64.b64decode(payload, validate=True)
+        except binascii.Error as exc:
+            raise InvalidInput(f"{name}: invalid base64 in data: URL ({exc})") from None
+        return _checked_bytes(kind, data, limits, name)
+    parsed = urllib.parse.urlparse(url)
+    if parsed.scheme in ("http", "https"):
+        raise InvalidInput(f"{name}: http(s) URLs are not fetched by this server; send the bytes in '{kind}', "
+                           "a data: URL, or a path under an allowed folder")
+    if parsed.scheme not in ("", "file"):
+        raise InvalidInput(f"{name}: unsupported URL scheme {parsed.scheme!r}")
+    path = Path(urllib.parse.unquote(parsed.path) if parsed.scheme == "file" else url).resolve()
+    if not any(path.is_relative_to(d) for d in limits.allowed_media_dirs):
+        raise InvalidInput(f"{name}: {url!r} is outside the allowed media folders "
+                           f"({', '.join(map(str, limits.allowed_media_dirs)) or 'none configured'})")
+    if not path.is_file():
+        raise InvalidInput(f"{name}: no such file {url!r}")
+    if path.stat().st_size > limits.max_media_bytes:
+        raise InvalidInput(f"{name}: file is {path.stat().st_size} bytes, over the limit of {limits.max_media_bytes}")
+    return MediaInput(kind, path=str(path))
+
+
+def _checked_bytes(kind: str, data: bytes, limits: InputLimits, name: str) -> MediaInput:
+    if not data:
+        raise InvalidInput(f"{name}: empty {kind} data")
+    if len(data) > limits.max_media_bytes:
+        raise InvalidInput(f"{name}: {len(data)} bytes, over the limit of {limits.max_media_bytes}")
+    return MediaInput(kind, data=data)
+
+
+def parse_request(raw: RawRequest, limits: InputLimits) -> ParsedRequest:
+    """Validate a request. Raises InvalidInput naming the input at fault."""
+    if len(raw.text_input) != 1:
+        raise InvalidInput(f"text_input: expected one string, got {len(raw.text_input)}")
+    try:
+        text = raw.text_input[0].decode("utf-8")
+    except UnicodeDecodeError:
+        raise InvalidInput("text_input: the prompt is not valid UTF-8") from None
+    if not text.strip():
+        raise InvalidInput("text_input: the prompt is empty")
+    if len(raw.sampling_parameters) > 1:
+        raise InvalidInput("sampling_parameters: expected one JSON string")
+    try:
+        sampling_text = raw.sampling_parameters[0].decode("utf-8") if raw.sampling_parameters else None
+    except UnicodeDecodeError:
+        raise InvalidInput("sampling_parameters: not valid UTF-8") from None
+    params = parse_sampling_parameters(sampling_text)
+    media: list[MediaInput] = []
+    for kind, blobs, urls in (("image", raw.image, raw.image_url), ("video", raw.video, raw.video_url)):
+        media += [_checked_bytes(kind, b, limits, kind) for b in blobs]
+        for url in urls:
+            try:
+                media.append(_resolve_url(kind, url.decode("utf-8"), limits))
+            except UnicodeDecodeError:
+                raise InvalidInput(f"{kind}_url: not valid UTF-8") from None
+    return ParsedRequest(text, tuple(media), params, raw.stream, raw.exclude_input_in_output, raw.return_output_ids)

@@ -1,0 +1,39 @@
+"""UnifiedServe's Prometheus metrics, served on Triton's metrics port next to Triton's own.
+
+Free-page gauges make leaks visible (design.md, invariant 2): at idle they equal the totals.
+"""
+from __future__ import annotations
+
+from backends import triton_io
+
+GAUGES = {
+    "unifiedserve_kv_pages_free": "KV pages not held by any request",
+    "unifiedserve_kv_pages_total": "KV pages in the pool",
+    "unifiedserve_patch_pages_free": "patch pages not held by any request",
+    "unifiedserve_patch_pages_total": "patch pages in the pool",
+    "unifiedserve_requests_running": "requests admitted and not finished",
+}
+COUNTERS = {
+    "unifiedserve_requests_finished": "requests that ended, by finish_reason",
+    "unifiedserve_scheduler_steps": "encode+prefill steps executed",
+}
+
+
+class Metrics:
+    """Creates the metric families once (the orchestrator's initialize) and updates them."""
+
+    def __init__(self):
+        pb = triton_io.pb()
+        self._gauges = {n: pb.MetricFamily(n, d, pb.MetricFamily.GAUGE).Metric() for n, d in GAUGES.items()}
+        self._counter_families = {n: pb.MetricFamily(n, d, pb.MetricFamily.COUNTER) for n, d in COUNTERS.items()}
+        self._counters: dict[tuple[str, str], object] = {}
+
+    def set(self, name: str, value: float) -> None:
+        self._gauges[name].set(value)
+
+    def increment(self, name: str, label: str = "", by: float = 1) -> None:
+        key = (name, label)
+        if key not in self._counters:
+            labels = {"finish_reason": label} if label else {}
+            self._counters[key] = self._counter_families[name].Metric(labels=labels)
+        self._counters[key].increment(by)

@@ -1,0 +1,76 @@
+"""The prompt: chat template, visual-token expansion, and where each temporal-patch group's tokens sit.
+
+The visual-token count of each item comes from metadata alone (flashcodec's probe + sampling plan),
+before any frame is decoded: a group of grid (1, h, w) patches becomes ``h*w / merge**2`` tokens
+(Qwen2.5-VL: ``merge_size`` 2, see ../shared/docs/video.md).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MERGE = 2  # spatial_merge_size of Qwen2.5-VL's vision tower
+
+
+@dataclass(frozen=True)
+class MediaLayout:
+    """One image or video in the prompt. ``grid_thw`` in patches; ``token_offset``: its first visual token."""
+
+    kind: str
+    grid_thw: tuple[int, int, int]
+    second_per_grid_t: float
+    token_offset: int
+
+    @property
+    def tokens_per_group(self) -> int:
+        return self.grid_thw[1] * self.grid_thw[2] // (MERGE * MERGE)
+
+    @property
+    def patches_per_group(self) -> int:
+        return self.grid_thw[1] * self.grid_thw[2]
+
+    @property
+    def num_groups(self) -> int:
+        """Temporal-patch groups (2 frames each; an image is one group)."""
+        return self.grid_thw[0]
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_groups * self.tokens_per_group
+
+
+@dataclass(frozen=True)
+class Prompt:
+    input_ids: tuple[int, ...]
+    media: tuple[MediaLayout, ...]
+
+    @property
+    def num_visual_tokens(self) -> int:
+        return sum(m.num_tokens for m in self.media)
+
+
+def build_prompt(tokenizer, text: str, media: list[tuple[str, tuple[int, int, int], float]]) -> Prompt:
+    """Apply the model's chat template to one user turn (images, then videos, then ``text``) and expand
+    each ``<|image_pad|>``/``<|video_pad|>`` to the item's visual-token count.
+
+    ``media``: (kind, grid_thw in patches, second_per_grid_t in seconds; 0 for images), in prompt order.
+    """
+    content = [{"type": kind} for kind, _, _ in media] + [{"type": "text", "text": text}]
+    templated = tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
+                                              add_generation_prompt=True)
+    ids = tokenizer.encode(templated, add_special_tokens=False)
+    pad_ids = {"image": tokenizer.convert_tokens_to_ids("<|image_pad|>"),
+               "video": tokenizer.convert_tokens_to_ids("<|video_pad|>")}
+    out: list[int] = []
+    layouts: list[MediaLayout] = []
+    pending = list(media)
+    for token in ids:
+        if pending and token == pad_ids[pending[0][0]]:
+            kind, grid, spg = pending.pop(0)
+            layout = MediaLayout(kind, tuple(grid), float(spg), len(out))
+            layouts.append(layout)
+            out.extend([token] * layout.num_tokens)
+        else:
+            out.append(token)
+    if pending:
+        raise RuntimeError(f"the chat template dropped {len(pending)} media placeholders")
+    return Prompt(tuple(out), tuple(layouts))

@@ -1,0 +1,169 @@
+"""Per-request parameters: the `sampling_parameters` JSON string that the Triton vLLM backend takes.
+
+Clients of that backend send every value as JSON, and genai-perf sends numbers as strings
+(`{"max_tokens": "256", "min_tokens": "256"}`), so numeric strings are accepted for numbers.
+Everything is checked here, at the orchestrator, and a bad value is answered with `InvalidInput`
+naming the key (design.md "Invariants" 3).
+"""
+
+import json
+import math
+from dataclasses import dataclass
+
+# Qwen2.5-VL's smallest and largest frame area (qwen_vl_utils MIN_PIXELS = 4*28*28, MAX_PIXELS = 16384*28*28).
+MIN_PIXELS = 4 * 28 * 28
+MAX_PIXELS = 16384 * 28 * 28
+MAX_FPS = 60.0
+_SEED_LIMIT = 2**63  # seeds go into an int64 generator seed
+_PREFIX = "sampling_parameters"
+
+
+class InvalidInput(ValueError):
+    """User input that the server rejects; the message names the offending input or key."""
+
+
+@dataclass(frozen=True)
+class RequestParams:
+    """Generation and media parameters of one request.
+
+    Attributes:
+        max_tokens: most tokens to generate (>= 1).
+        min_tokens: tokens generated before EOS and stop strings may end the output (0 .. max_tokens).
+        ignore_eos: keep generating after EOS until max_tokens.
+        temperature: softmax temperature (>= 0; 0 means greedy).
+        top_p: nucleus probability mass, in (0, 1].
+        top_k: keep the k most likely tokens; 0 is off (-1, vLLM's "off", is stored as 0).
+        seed: per-request sampling seed in [0, 2**63), or None.
+        stop: strings that end the output (not included in it).
+        fps: video frames sampled per second of video, in (0, 60].
+        max_pixels: largest area of a resized frame or image (pixels), in [4*28*28, 16384*28*28], or None
+            for the model's default.
+
+    Raises:
+        InvalidInput: a value is out of range (the message names the key).
+    """
+
+    max_tokens: int = 16
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    fps: float = 2.0
+    max_pixels: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_tokens <= 0:
+            _fail("max_tokens", "must be a positive integer", self.max_tokens)
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            _fail("min_tokens", f"must be in [0, max_tokens={self.max_tokens}]", self.min_tokens)
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            _fail("temperature", "must be a finite number >= 0", self.temperature)
+        if not 0 < self.top_p <= 1:
+            _fail("top_p", "must be in (0, 1]", self.top_p)
+        if self.top_k < -1:
+            _fail("top_k", "must be -1 or 0 (off) or a positive integer", self.top_k)
+        if self.top_k == -1:
+            object.__setattr__(self, "top_k", 0)  # one spelling of "off" downstream
+        if self.seed is not None and not 0 <= self.seed < _SEED_LIMIT:
+            _fail("seed", "must be in [0, 2**63)", self.seed)
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            _fail("stop", "must hold non-empty strings", self.stop)
+        if not 0 < self.fps <= MAX_FPS:
+            _fail("fps", f"must be in (0, {MAX_FPS:g}]", self.fps)
+        if self.max_pixels is not None and not MIN_PIXELS <= self.max_pixels <= MAX_PIXELS:
+            _fail("max_pixels", f"must be in [{MIN_PIXELS}, {MAX_PIXELS}]", self.max_pixels)
+
+
+def _fail(key: str, rule: str, value: object) -> None:
+    raise InvalidInput(f"{_PREFIX}: {key} {rule}, got {value!r}")
+
+
+def _as_int(key: str, value: object) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str):
+        try:
+            return int(value.strip())
+        except ValueError:
+            pass
+    raise InvalidInput(f"{_PREFIX}: {key} must be an integer, got {value!r}")
+
+
+def _as_float(key: str, value: object) -> float:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        number = float(value)
+    elif isinstance(value, str):
+        try:
+            number = float(value.strip())
+        except ValueError:
+            number = math.nan
+    else:
+        number = math.nan
+    if not math.isfinite(number):
+        raise InvalidInput(f"{_PREFIX}: {key} must be a finite number, got {value!r}")
+    return number
+
+
+def _as_bool(key: str, value: object) -> bool:
+    if isinstance(value, bool):
+        return value
+    # Strings are spelled out: the vLLM backend's bool("false") is True, a trap we do not copy.
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    raise InvalidInput(f"{_PREFIX}: {key} must be a boolean, got {value!r}")
+
+
+def _as_stop(key: str, value: object) -> tuple[str, ...]:
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, list) and all(isinstance(s, str) for s in value):
+        return tuple(value)
+    raise InvalidInput(f"{_PREFIX}: {key} must be a string or a list of strings, got {value!r}")
+
+
+def _as_optional_int(key: str, value: object) -> int | None:
+    return None if value is None else _as_int(key, value)
+
+
+_CONVERTERS = {
+    "max_tokens": _as_int,
+    "min_tokens": _as_int,
+    "ignore_eos": _as_bool,
+    "temperature": _as_float,
+    "top_p": _as_float,
+    "top_k": _as_int,
+    "seed": _as_optional_int,
+    "stop": _as_stop,
+    "fps": _as_float,
+    "max_pixels": _as_optional_int,
+}
+
+
+def parse_sampling_parameters(text: str | None) -> RequestParams:
+    """Parses the `sampling_parameters` input (a JSON object in a string).
+
+    None or an empty string gives the defaults. Integers are accepted for floats; integer-valued
+    floats for integers; numeric strings for both (genai-perf's form); "true"/"false" for booleans;
+    a string or a list of strings for `stop`; null for `seed` and `max_pixels`.
+
+    Raises:
+        InvalidInput: invalid JSON, not an object, an unknown key, a wrong type or an out-of-range
+            value; the message names the key.
+    """
+    if text is None or not text.strip():
+        return RequestParams()
+    try:
+        raw = json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise InvalidInput(f"{_PREFIX}: not valid JSON ({exc})") from None
+    if not isinstance(raw, dict):
+        raise InvalidInput(f"{_PREFIX}: must be a JSON object, got {type(raw).__name__}")
+    unknown = sorted(set(raw) - set(_CONVERTERS))
+    if unknown:
+        raise InvalidInput(f"{_PREFIX}: unknown key {unknown[0]!r} (known: {', '.join(_CONVERTERS)})")
+    return RequestParams(**{key: _CONVERTERS[key](key, value) for key, value in raw.items()})

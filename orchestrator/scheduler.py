@@ -1,0 +1,288 @@
+"""The budget scheduler of design.md "Scheduling": encode and prefill work for one step, pure Python.
+
+Each step the encode_prefill worker runs the plan's encode (whole temporal-patch groups, at most
+`encode_budget` patches) and then its prefill (prompt chunks, at most `prefill_budget` tokens), so a
+step is bounded and decode, in its own process, is never starved. One step is in flight at a time:
+`schedule()` hands out a plan, `complete()` applies it once the worker has run it.
+"""
+
+from collections import defaultdict, deque
+from dataclasses import dataclass
+
+from orchestrator.pages import PageAllocator
+from orchestrator.sequence import Group, Sequence
+from orchestrator.step_plan import EncodeWork, PrefillWork, StepPlan
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Budgets of one step (defaults: the paper's Qwen2.5-VL deployment).
+
+    Attributes:
+        encode_budget: vision-encoder input patches per step (before the 2x2 merge). A group larger
+            than this runs alone in a step.
+        prefill_budget: LLM prompt tokens per step.
+        max_share: fairness cap, in (0, 1]. While several sequences want a budget in a step, each
+            first gets at most `max_share` of it (for encode, a sequence's first group of the step is
+            exempt, as groups are not split); what is left then goes out again in FCFS order without
+            the cap, so a lone sequence may still use the whole budget. 1.0 is plain FCFS.
+        kv_page_size: tokens per KV page.
+
+    Raises:
+        ValueError: a budget or page size is not a positive integer, or max_share is not in (0, 1].
+    """
+
+    encode_budget: int = 10240
+    prefill_budget: int = 2048
+    max_share: float = 1.0
+    kv_page_size: int = 16
+
+    def __post_init__(self) -> None:
+        for name in ("encode_budget", "prefill_budget", "kv_page_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"SchedulerConfig.{name} must be a positive integer, got {value!r}")
+        if not 0 < self.max_share <= 1:
+            raise ValueError(f"SchedulerConfig.max_share must be in (0, 1], got {self.max_share!r}")
+
+
+@dataclass(frozen=True)
+class SchedulerStats:
+    """Gauges: sequences by state, and free/total pages of both pools (pages)."""
+
+    num_waiting: int
+    num_prefilling: int
+    num_prefilled: int
+    step_in_flight: bool
+    kv_pages_free: int
+    kv_pages_total: int
+    patch_pages_free: int
+    patch_pages_total: int
+
+
+class Scheduler:
+    """Admits sequences FCFS, grants their KV pages and plans encode + prefill steps.
+
+    Pages: KV pages for prompt_len + max_tokens are taken at admission and kept until `remove`
+    (decode uses them); patch pages are handed over by `group_ready` and returned once the group is
+    encoded or its sequence removed. Pages that the step in flight uses return when it completes.
+    """
+
+    def __init__(self, config: SchedulerConfig, kv_pages: PageAllocator, patch_pages: PageAllocator) -> None:
+        self.config = config
+        self._kv = kv_pages
+        self._patch = patch_pages
+        # Arrival order. Admission is FCFS, so the admitted sequences come first, in admission order.
+        self._seqs: dict[str, Sequence] = {}
+        self._in_flight: StepPlan | None = None
+        self._in_flight_seqs: dict[str, Sequence] = {}
+        self._deferred: list[tuple[PageAllocator, list[int]]] = []
+
+    def add(self, seq: Sequence) -> None:
+        """Queues a new sequence (waiting for KV pages; its ready groups may be encoded already).
+
+        Groups that already have `patch_pages` are handed over with it.
+
+        Raises:
+            ValueError: duplicate req_id, a sequence that is not new, or one needing more KV pages
+                than the pool has (it would block every later sequence forever).
+        """
+        if seq.req_id in self._seqs:
+            raise ValueError(f"{seq.req_id}: already scheduled")
+        if seq.block_table is not None or seq.num_computed_tokens or any(g.encoded for g in seq.groups):
+            raise ValueError(f"{seq.req_id}: not a new sequence")
+        need = self._kv_pages_needed(seq)
+        if need > self._kv.num_total:
+            raise ValueError(f"{seq.req_id}: needs {need} KV pages for {seq.prompt_len} + {seq.max_tokens} "
+                             f"tokens, the pool has {self._kv.num_total}")
+        self._seqs[seq.req_id] = seq
+
+    def group_ready(self, req_id: str, item: int, index: int, pages: list[int]) -> bool:
+        """The media stage reports group (item, index) of `req_id` ready in patch `pages`.
+
+        The scheduler owns the pages from here on. Returns False (and frees the pages) when the
+        request is no longer known: it was removed while its media was being decoded (so `add` a
+        sequence before its media stage starts).
+
+        Raises:
+            KeyError: no such group.
+            ValueError: the group was already reported, or `pages` is empty.
+        """
+        seq = self._seqs.get(req_id)
+        if seq is None:
+            self._patch.free(pages)
+            return False
+        group = seq.group(item, index)
+        if group.patch_pages is not None or group.encoded or not pages:
+            raise ValueError(f"{req_id}: group (item={item}, index={index}) reported twice or without pages")
+        group.patch_pages = list(pages)
+        return True
+
+    def schedule(self) -> StepPlan | None:
+        """Admits what fits and plans the next step; None when nothing can run now.
+
+        Raises:
+            RuntimeError: the previous plan has not been completed.
+        """
+        if self._in_flight is not None:
+            raise RuntimeError("a step is in flight: complete() it before scheduling the next")
+        self._admit()
+        encode = self._fill_encode()
+        prefill = self._fill_prefill(encode)
+        if not encode and not prefill:
+            return None
+        plan = StepPlan(tuple(encode), tuple(prefill))
+        self._in_flight = plan
+        self._in_flight_seqs = {w.req_id: self._seqs[w.req_id] for w in (*encode, *prefill)}
+        return plan
+
+    def complete(self, plan: StepPlan) -> list[str]:
+        """Applies the step in flight as executed: its groups are encoded (their patch pages freed)
+        and its chunks prefilled. Work of sequences removed meanwhile is ignored. After a failed step,
+        `remove` its requests and then complete it, which returns the pages it held.
+
+        Returns:
+            req_ids whose prefill finished in this step; they keep their KV pages until `remove`.
+
+        Raises:
+            ValueError: `plan` is not the step in flight.
+        """
+        if plan is not self._in_flight:
+            raise ValueError("complete() takes the plan that schedule() returned last, once")
+        for work in plan.encode:
+            seq = self._live(work.req_id)
+            if seq is not None:
+                group = seq.group(work.item, work.index)
+                self._patch.free(group.patch_pages)
+                group.patch_pages = None
+                group.encoded = True
+        finished = []
+        for work in plan.prefill:
+            seq = self._live(work.req_id)
+            if seq is not None:
+                assert seq.num_computed_tokens == work.start, "chunks of a sequence must be contiguous"
+                seq.num_computed_tokens = work.end
+                if seq.prefill_done:
+                    finished.append(seq.req_id)
+        for allocator, pages in self._deferred:
+            allocator.free(pages)
+        self._deferred.clear()
+        self._in_flight = None
+        self._in_flight_seqs = {}
+        return finished
+
+    def remove(self, req_id: str) -> None:
+        """Drops a sequence (finished, failed or cancelled) and returns its KV and patch pages.
+
+        Safe at any time and idempotent. Pages of a sequence that the step in flight uses return when
+        that step completes, as the worker may still read or write them; all others are free at once,
+        so the decode worker must have dropped the sequence (finished or aborted) before.
+        """
+        seq = self._seqs.pop(req_id, None)
+        if seq is None:
+            return
+        held = [(self._patch, g.patch_pages) for g in seq.groups if g.patch_pages is not None]
+        if seq.block_table is not None:
+            held.append((self._kv, seq.block_table))
+        for group in seq.groups:
+            group.patch_pages = None
+        seq.block_table = None
+        if self._in_flight_seqs.get(req_id) is seq:
+            self._deferred.extend(held)
+        else:
+            for allocator, pages in held:
+                allocator.free(pages)
+
+    def get(self, req_id: str) -> Sequence | None:
+        """The sequence `req_id` (e.g. its `block_table` for decode), or None once removed."""
+        return self._seqs.get(req_id)
+
+    def has_work(self) -> bool:
+        """Some sequence still needs encode or prefill (schedule() may still return None while it
+        waits for its media or for KV pages)."""
+        return any(not seq.prefill_done for seq in self._seqs.values())
+
+    def stats(self) -> SchedulerStats:
+        """Current gauges; free pages exclude pages held back for the step in flight."""
+        admitted = [seq for seq in self._seqs.values() if seq.block_table is not None]
+        prefilled = sum(seq.prefill_done for seq in admitted)
+        return SchedulerStats(
+            num_waiting=len(self._seqs) - len(admitted),
+            num_prefilling=len(admitted) - prefilled,
+            num_prefilled=prefilled,
+            step_in_flight=self._in_flight is not None,
+            kv_pages_free=self._kv.num_free,
+            kv_pages_total=self._kv.num_total,
+            patch_pages_free=self._patch.num_free,
+            patch_pages_total=self._patch.num_total,
+        )
+
+    def _live(self, req_id: str) -> Sequence | None:
+        """The sequence the step in flight planned for, unless it was removed (or replaced) since."""
+        seq = self._seqs.get(req_id)
+        return seq if seq is not None and self._in_flight_seqs.get(req_id) is seq else None
+
+    def _kv_pages_needed(self, seq: Sequence) -> int:
+        return -(-(seq.prompt_len + seq.max_tokens) // self.config.kv_page_size)
+
+    def _admit(self) -> None:
+        for seq in self._seqs.values():
+            if seq.block_table is not None:
+                continue
+            pages = self._kv.allocate(self._kv_pages_needed(seq))
+            if pages is None:
+                # FCFS: the sequences behind it wait too, so small ones cannot starve a large one.
+                return
+            seq.block_table = pages
+
+    def _fill_encode(self) -> list[EncodeWork]:
+        """Whole ready groups, prompt order within a sequence, sequences FCFS (waiting ones too: encoding
+        needs no KV pages, so it goes on while the KV pool is full)."""
+        budget = self.config.encode_budget
+        queues = [(seq, deque(g for g in seq.groups if g.patch_pages is not None)) for seq in self._seqs.values()]
+        taken: list[tuple[Sequence, Group]] = []
+        used = 0
+        seq_used: dict[str, int] = defaultdict(int)
+        for limit in (self.config.max_share * budget, budget):
+            for seq, queue in queues:
+                while queue:
+                    group = queue[0]
+                    if used == 0 and group.num_patches > budget:
+                        # Too big for any step: it runs alone, with nothing else encoded.
+                        return [_encode_work(seq, group)]
+                    mine = seq_used[seq.req_id]
+                    # A sequence's first group of the step is exempt from the share: groups are not split.
+                    over_share = mine > 0 and mine + group.num_patches > limit
+                    if used + group.num_patches > budget or over_share:
+                        break  # keep prompt order within the sequence
+                    queue.popleft()
+                    taken.append((seq, group))
+                    used += group.num_patches
+                    seq_used[seq.req_id] = mine + group.num_patches
+        return [_encode_work(seq, group) for seq, group in taken]
+
+    def _fill_prefill(self, encode: list[EncodeWork]) -> list[PrefillWork]:
+        """One chunk per admitted sequence, in admission order, of tokens whose embeddings are ready
+        (the worker runs the step's `encode` first)."""
+        encoding: dict[str, set[tuple[int, int]]] = defaultdict(set)
+        for work in encode:
+            encoding[work.req_id].add((work.item, work.index))
+        budget = self.config.prefill_budget
+        demand = [(seq, seq.ready_end(encoding.get(seq.req_id, ())))
+                  for seq in self._seqs.values() if seq.block_table is not None and not seq.prefill_done]
+        ends = {seq.req_id: seq.num_computed_tokens for seq, _ in demand}
+        used = 0
+        for limit in (max(1, int(self.config.max_share * budget)), budget):
+            for seq, ready_end in demand:
+                start, end = seq.num_computed_tokens, ends[seq.req_id]
+                n = min(ready_end - end, budget - used, limit - (end - start))
+                if n > 0:
+                    ends[seq.req_id] = end + n
+                    used += n
+        return [PrefillWork(seq.req_id, seq.num_computed_tokens, ends[seq.req_id], tuple(seq.block_table),
+                            ends[seq.req_id] == seq.prompt_len)
+                for seq, _ in demand if ends[seq.req_id] > seq.num_computed_tokens]
+
+
+def _encode_work(seq: Sequence, group: Group) -> EncodeWork:
+    return EncodeWork(seq.req_id, group.item, group.index, tuple(group.patch_pages), group.num_patches)

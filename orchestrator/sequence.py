@@ -1,0 +1,114 @@
+"""Per-request state that the scheduler keeps until the request finishes, fails or is cancelled.
+
+vLLM v1 style: there is no prefill or decode mode; `num_computed_tokens` catches up with `prompt_len`.
+"""
+
+from collections.abc import Container
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Group:
+    """One temporal-patch group of a media item (two video frames or one image); never split.
+
+    Attributes:
+        item: index of the media item in the request.
+        index: index of the group in its item.
+        token_offset: index in the prompt of the group's first visual token.
+        num_tokens: the group's LLM tokens (after the 2x2 merge).
+        num_patches: the group's vision-encoder input patches (before the merge).
+        patch_pages: patch-pool pages holding the patches: None until the media stage reports them
+            ready, and None again once the group is encoded (its pages are then returned).
+        encoded: the encoder has run on the group; its embeddings wait in the encode_prefill worker
+            until prefill covers its tokens.
+    """
+
+    item: int
+    index: int
+    token_offset: int
+    num_tokens: int
+    num_patches: int
+    patch_pages: list[int] | None = None
+    encoded: bool = False
+
+    @property
+    def key(self) -> tuple[int, int]:
+        """(item, index): the group's name within its request."""
+        return (self.item, self.index)
+
+    @property
+    def token_end(self) -> int:
+        """Index in the prompt just past the group's last visual token."""
+        return self.token_offset + self.num_tokens
+
+
+@dataclass
+class Sequence:
+    """One request's prompt as the scheduler sees it.
+
+    Attributes:
+        req_id: unique among the sequences a scheduler knows.
+        prompt_len: prompt tokens, visual tokens included (>= 1).
+        max_tokens: most tokens to generate (>= 1); its KV pages are reserved at admission.
+        groups: the media groups in prompt order (non-overlapping token ranges inside the prompt).
+        num_computed_tokens: prompt tokens already prefilled (their KV written).
+        block_table: KV pages granted at admission; None while waiting.
+
+    Raises:
+        ValueError: inconsistent sizes or group layout.
+    """
+
+    req_id: str
+    prompt_len: int
+    max_tokens: int
+    groups: list[Group] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    block_table: list[int] | None = None
+
+    def __post_init__(self) -> None:
+        if self.prompt_len < 1 or self.max_tokens < 1:
+            raise ValueError(f"{self.req_id}: prompt_len and max_tokens must be >= 1, "
+                             f"got {self.prompt_len} and {self.max_tokens}")
+        if not 0 <= self.num_computed_tokens <= self.prompt_len:
+            raise ValueError(f"{self.req_id}: num_computed_tokens {self.num_computed_tokens} outside the prompt")
+        end = 0
+        for group in self.groups:
+            if group.num_tokens < 1 or group.num_patches < 1:
+                raise ValueError(f"{self.req_id}: group {group.key} has no tokens or no patches")
+            if group.token_offset < end or group.token_end > self.prompt_len:
+                raise ValueError(f"{self.req_id}: group {group.key} at tokens [{group.token_offset}, "
+                                 f"{group.token_end}) overlaps its predecessor or leaves the prompt "
+                                 f"({self.prompt_len} tokens)")
+            end = group.token_end
+        if len({group.key for group in self.groups}) != len(self.groups):
+            raise ValueError(f"{self.req_id}: two groups share an (item, index)")
+
+    @property
+    def prefill_done(self) -> bool:
+        """Every prompt token has its KV written."""
+        return self.num_computed_tokens == self.prompt_len
+
+    def group(self, item: int, index: int) -> Group:
+        """The group named (item, index).
+
+        Raises:
+            KeyError: no such group.
+        """
+        for group in self.groups:
+            if group.key == (item, index):
+                return group
+        raise KeyError(f"{self.req_id}: no media group (item={item}, index={index})")
+
+    def ready_end(self, encoding: Container[tuple[int, int]] = ()) -> int:
+        """End (exclusive, tokens) of the prompt prefix whose embeddings are ready for prefill.
+
+        Text tokens are always ready; a group's visual tokens are ready once it is encoded or is in
+        `encoding` (the (item, index) keys encoded earlier in the same step).
+        """
+        for group in self.groups:
+            if group.token_end <= self.num_computed_tokens:
+                continue
+            if not group.encoded and group.key not in encoding:
+                assert group.token_offset >= self.num_computed_tokens, "prefilled a token of an unencoded group"
+                return group.token_offset
+        return self.prompt_len

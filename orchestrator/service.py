@@ -1,0 +1,320 @@
+"""The orchestrator: one asyncio loop that validates requests, owns the page tables, runs the budget
+scheduler step by step and drives the stages over BLS (design.md, "Processes and data flow").
+
+Per request: probe media (metadata only) -> prompt with its visual-token count -> grant patch pages
+-> flashcodec streams groups into them -> the scheduler's steps encode groups and prefill chunks ->
+first token -> the decode stage takes over -> tokens fan out from the one decode stream. Every page
+returns when the request finishes, fails or is cancelled (invariant 2).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from backends import shared_tensor
+from backends.runtime.stopping import finish_reason
+from backends.runtime.tokenizer import eos_token_ids, load_tokenizer
+from orchestrator import stages
+from orchestrator.detokenizer import Detokenizer
+from orchestrator.inputs import InputLimits, ParsedRequest
+from orchestrator.media import plan_media
+from orchestrator.pages import PageAllocator
+from orchestrator.prompt import Prompt, build_prompt
+from orchestrator.sampling_params import InvalidInput
+from orchestrator.scheduler import Scheduler, SchedulerConfig
+from orchestrator.sequence import Group, Sequence
+from orchestrator.step_plan import StepPlan
+
+log = logging.getLogger(__name__)
+CANCEL_POLL_S = 0.05
+
+
+@dataclass(frozen=True)
+class OrchestratorConfig:
+    """From the orchestrator's model parameters. ``max_model_len``: prompt + output tokens per request."""
+
+    scheduler: SchedulerConfig
+    limits: InputLimits
+    max_model_len: int
+    model_path: str | None
+
+    @classmethod
+    def from_parameters(cls, params: dict[str, str]) -> "OrchestratorConfig":
+        scheduler = SchedulerConfig(encode_budget=int(params.get("encode_budget", 10240)),
+                                    prefill_budget=int(params.get("prefill_budget", 2048)))
+        return cls(scheduler, InputLimits.from_parameters(params), int(params.get("max_model_len", 32768)),
+                   params.get("model_path") or None)
+
+
+@dataclass
+class Event:
+    """What reaches a request's handler: ``kind`` in token | error."""
+
+    kind: str
+    token: int = -1
+    reason: str = ""
+    message: str = ""
+    invalid_input: bool = False
+
+
+@dataclass
+class Active:
+    """One request in flight, as the orchestrator tracks it."""
+
+    req_id: str
+    parsed: ParsedRequest
+    prompt: Prompt
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    granted: dict[tuple[int, int], list[int]] = field(default_factory=dict)  # patch pages not yet handed over
+    media_tasks: list[asyncio.Task] = field(default_factory=list)
+    in_decode: bool = False
+    decode_done: bool = False
+    num_generated: int = 0
+    mrope_delta: int = 0
+
+
+class Orchestrator:
+    def __init__(self, config: OrchestratorConfig, metrics):
+        self.config = config
+        self.metrics = metrics
+        self.tokenizer = load_tokenizer(config.model_path)
+        self.eos_ids = eos_token_ids(self.tokenizer)
+        self.active: dict[str, Active] = {}
+        self.scheduler: Scheduler | None = None
+        self._registered: set[str] = set()
+        self._released: list[str] = []
+        self._wake = asyncio.Event()
+        self._pages_freed = asyncio.Event()
+        self._ready: asyncio.Future | None = None
+
+    # ---- start-up: BLS is not allowed in initialize, so the pools and loops start on first use ----
+    async def _start(self) -> None:
+        kv = await asyncio.to_thread(shared_tensor.describe, "kv_pool")        # [layers, 2, pages, page, h, d]
+        patch = await asyncio.to_thread(shared_tensor.describe, "patch_pool")  # [pages, page, 1176]
+        self.kv_page_size, self.patch_page_size = kv["shape"][3], patch["shape"][1]
+        config = SchedulerConfig(self.config.scheduler.encode_budget, self.config.scheduler.prefill_budget,
+                                 self.config.scheduler.max_share, self.kv_page_size)
+        self.kv_pages = PageAllocator(kv["shape"][2], "kv")
+        self.patch_pages = PageAllocator(patch["shape"][0], "patch")
+        self.scheduler = Scheduler(config, self.kv_pages, self.patch_pages)
+        attached = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(stages.decode_stream(self._on_decode_step, attached)),
+                       loop.create_task(self._step_loop())]
+        await asyncio.wait_for(attached.wait(), timeout=60)
+        self._update_gauges()
+
+    async def ensure_started(self) -> None:
+        if self._ready is None:
+            self._ready = asyncio.get_running_loop().create_task(self._start())
+        await asyncio.shield(self._ready)
+
+    def _update_gauges(self) -> None:
+        m = self.metrics
+        m.set("unifiedserve_kv_pages_free", self.kv_pages.num_free)
+        m.set("unifiedserve_kv_pages_total", self.kv_pages.num_total)
+        m.set("unifiedserve_patch_pages_free", self.patch_pages.num_free)
+        m.set("unifiedserve_patch_pages_total", self.patch_pages.num_total)
+        m.set("unifiedserve_requests_running", len(self.active))
+
+    # ---- admission -------------------------------------------------------------------------------
+    async def admit(self, parsed: ParsedRequest) -> Active:
+        """Plan media, build the prompt, check limits, grant patch pages, start media decoding.
+
+        Raises InvalidInput naming the problem (media, prompt length, pool size).
+        """
+        await self.ensure_started()
+        plans = [await asyncio.to_thread(plan_media, item, parsed.params) for item in parsed.media]
+        prompt = build_prompt(self.tokenizer, parsed.text,
+                              [(m.kind, p.grid_thw, getattr(p, "second_per_grid_t", 0.0))
+                               for m, p in zip(parsed.media, plans)])
+        total = len(prompt.input_ids) + parsed.params.max_tokens
+        if total > self.config.max_model_len:
+            raise InvalidInput(
+                f"prompt too long: {len(prompt.input_ids) - prompt.num_visual_tokens} text tokens + "
+                f"{prompt.num_visual_tokens} visual tokens + max_tokens {parsed.params.max_tokens} = {total} "
+                f"exceeds max_model_len {self.config.max_model_len} (lower fps or max_pixels)")
+        kv_needed = math.ceil(total / self.kv_page_size)
+        if kv_needed > self.kv_pages.num_total:
+            raise InvalidInput(f"request needs {kv_needed} KV pages, the pool has {self.kv_pages.num_total}")
+        per_group = [math.ceil(m.patches_per_group / self.patch_page_size) for m in prompt.media]
+        need = sum(n * m.num_groups for n, m in zip(per_group, prompt.media))
+        if need > self.patch_pages.num_total:
+            raise InvalidInput(f"media needs {need} patch pages, the pool has {self.patch_pages.num_total} "
+                               "(lower fps or max_pixels)")
+        req_id = uuid.uuid4().hex
+        active = Active(req_id, parsed, prompt)
+        while (pages := self.patch_pages.allocate(need)) is None:  # granted whole; they return as groups encode
+            self._pages_freed.clear()
+            await self._pages_freed.wait()
+        groups = []
+        for item, (layout, n) in enumerate(zip(prompt.media, per_group)):
+            for g in range(layout.num_groups):
+                active.granted[(item, g)], pages = pages[:n], pages[n:]
+                groups.append(Group(item, g, layout.token_offset + g * layout.tokens_per_group,
+                                    layout.tokens_per_group, layout.patches_per_group))
+        self.active[req_id] = active
+        self.scheduler.add(Sequence(req_id, len(prompt.input_ids), parsed.params.max_tokens, groups))
+        loop = asyncio.get_running_loop()
+        for item, (media, plan) in enumerate(zip(parsed.media, plans)):
+            active.media_tasks.append(loop.create_task(self._run_media(active, item, media, plan)))
+        self._update_gauges()
+        self._wake.set()
+        return active
+
+    async def _run_media(self, active: Active, item: int, media, plan) -> None:
+        from backends.stages.flashcodec_worker import plan_to_json
+
+        layout = active.prompt.media[item]
+        pages = [active.granted[(item, g)] for g in range(layout.num_groups)]
+
+        def on_group(index: int) -> None:
+            handed = active.granted.pop((item, index))
+            if self.scheduler.group_ready(active.req_id, item, index, handed):
+                self._wake.set()
+
+        body = {"media_plan": plan_to_json(plan), "pages": pages, "path": media.path}
+        try:
+            await stages.flashcodec_decode(active.req_id, media.source if media.path is None else b"", body, on_group)
+            if any(key[0] == item for key in active.granted):
+                raise stages.StageError(f"{media.kind}: decoding ended before all sampled frames were found",
+                                        invalid_input=True)
+        except stages.StageError as exc:
+            active.events.put_nowait(Event("error", message=str(exc), invalid_input=exc.invalid_input))
+
+    # ---- the scheduler loop ----------------------------------------------------------------------
+    async def _step_loop(self) -> None:
+        while True:
+            plan = self.scheduler.schedule()
+            if plan is None:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            try:
+                result = await stages.encode_prefill(self._plan_json(plan))
+            except stages.StageError as exc:
+                for req_id in {w.req_id for w in (*plan.encode, *plan.prefill)}:
+                    if req_id in self.active:
+                        self.active[req_id].events.put_nowait(Event("error", message=str(exc)))
+                    self.scheduler.remove(req_id)
+                self.scheduler.complete(plan)
+                continue
+            self.scheduler.complete(plan)
+            self.metrics.increment("unifiedserve_scheduler_steps")
+            self._pages_freed.set()
+            self._update_gauges()
+            for first in result["first_tokens"]:
+                active = self.active.get(first["req"])
+                if active is not None:
+                    active.events.put_nowait(Event("token", token=first["token"]))
+                    active.mrope_delta = first["mrope_delta"]
+
+    def _plan_json(self, plan: StepPlan) -> dict:
+        new = []
+        for req_id in dict.fromkeys(w.req_id for w in (*plan.encode, *plan.prefill)):
+            if req_id not in self._registered and req_id in self.active:
+                self._registered.add(req_id)
+                a = self.active[req_id]
+                new.append({"req": req_id, "input_ids": list(a.prompt.input_ids), "sampling": _sampling(a.parsed),
+                            "media": [{"kind": m.kind, "grid_thw": list(m.grid_thw),
+                                       "second_per_grid_t": m.second_per_grid_t} for m in a.prompt.media]})
+        encode = []
+        for w in plan.encode:
+            layout = self.active[w.req_id].prompt.media[w.item] if w.req_id in self.active else None
+            if layout is None:
+                continue
+            encode.append({"req": w.req_id, "pages": list(w.patch_pages), "num_patches": w.num_patches,
+                           "grid_thw": [1, layout.grid_thw[1], layout.grid_thw[2]],
+                           "token_offset": layout.token_offset + w.index * layout.tokens_per_group})
+        prefill = [{"req": w.req_id, "start": w.start, "end": w.end, "block_table": list(w.block_table),
+                    "is_last": w.is_last} for w in plan.prefill if w.req_id in self.active]
+        released, self._released = self._released, []
+        return {"new": new, "encode": encode, "prefill": prefill, "release": released}
+
+    def _on_decode_step(self, seq_ids: list[str], tokens: list[int], reasons: list[str]) -> None:
+        for seq_id, token, reason in zip(seq_ids, tokens, reasons):
+            active = self.active.get(seq_id)
+            if active is None:
+                continue
+            if reason == "error":
+                active.decode_done = True
+                active.events.put_nowait(Event("error", message="decode: the decode step failed"))
+            else:
+                active.decode_done = bool(reason)
+                active.events.put_nowait(Event("token", token=token, reason=reason))
+
+    # ---- per request -----------------------------------------------------------------------------
+    async def generate(self, active: Active, is_cancelled):
+        """Yield (text_delta, token_ids, finish_reason or None) as tokens arrive; the last item has a
+        finish_reason. ``is_cancelled()`` is polled; a cancelled request ends with reason "abort".
+
+        Raises InvalidInput / StageError when a stage fails on this request.
+        """
+        params = active.parsed.params
+        detok = Detokenizer(self.tokenizer, params.stop)
+        try:
+            while True:
+                try:
+                    event = await asyncio.wait_for(active.events.get(), CANCEL_POLL_S)
+                except asyncio.TimeoutError:
+                    if is_cancelled():
+                        yield "", [], "abort"
+                        return
+                    continue
+                if event.kind == "error":
+                    if event.invalid_input:
+                        raise InvalidInput(event.message)
+                    raise stages.StageError(event.message)
+                active.num_generated += 1
+                reason = event.reason or finish_reason(event.token, active.num_generated, params.max_tokens,
+                                                       params.min_tokens, params.ignore_eos, self.eos_ids)
+                delta = detok.add([event.token])
+                if detok.stopped:
+                    reason = "stop"
+                if reason:
+                    yield delta + detok.flush(), [event.token], reason
+                    return
+                if not active.in_decode:
+                    await self._admit_to_decode(active, event.token)
+                yield delta, [event.token], None
+        finally:
+            await self.release(active)
+
+    async def _admit_to_decode(self, active: Active, first_token: int) -> None:
+        payload = {"seq_id": active.req_id, "block_table": self.scheduler.get(active.req_id).block_table,
+                   "num_cached": len(active.prompt.input_ids),
+                   "last_token": first_token, "mrope_delta": active.mrope_delta, "num_generated": 1,
+                   "max_tokens": active.parsed.params.max_tokens, "sampling": _sampling(active.parsed)}
+        active.in_decode = True
+        await stages.decode_admit(payload)
+
+    async def release(self, active: Active) -> None:
+        """Stop every stage's work on the request, then return all its pages. Idempotent."""
+        if self.active.get(active.req_id) is not active:
+            return
+        if active.in_decode and not active.decode_done:
+            await stages.decode_abort(active.req_id)  # KV pages are reused only after decode drops them
+        if any(not t.done() for t in active.media_tasks):
+            await stages.flashcodec_abort(active.req_id)
+            await asyncio.gather(*active.media_tasks, return_exceptions=True)  # patch pages no longer written
+        del self.active[active.req_id]
+        self.scheduler.remove(active.req_id)
+        for pages in active.granted.values():
+            self.patch_pages.free(pages)
+        active.granted.clear()
+        if active.req_id in self._registered:
+            self._registered.discard(active.req_id)
+            self._released.append(active.req_id)
+        self._pages_freed.set()
+        self._update_gauges()
+        self._wake.set()
+
+
+def _sampling(parsed: ParsedRequest) -> dict:
+    p = parsed.params
+    return {"temperature": p.temperature, "top_p": p.top_p, "top_k": p.top_k, "seed": p.seed,
+            "min_tokens": p.min_tokens, "ignore_eos": p.ignore_eos}

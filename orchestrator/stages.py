@@ -1,0 +1,109 @@
+"""The orchestrator's BLS calls to the stages (only page indices and small JSON travel; no tensors).
+
+A decoupled BLS call returns a blocking iterator (Python backend 2.51), so each stream is pumped by
+its own thread into an asyncio queue: the orchestrator's event loop never blocks (invariant 1).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from typing import AsyncIterator, Callable
+
+import numpy as np
+
+from backends import triton_io
+
+
+class StageError(RuntimeError):
+    """A stage answered with an error; ``invalid_input`` when it blames the request (e.g. a bad video)."""
+
+    def __init__(self, message: str, invalid_input: bool = False):
+        super().__init__(message)
+        self.invalid_input = invalid_input
+
+
+def _request(model: str, inputs: dict[str, object], outputs: list[str]):
+    pb = triton_io.pb()
+    tensors = []
+    for name, value in inputs.items():
+        if isinstance(value, (bytes, str)):
+            tensors.append(triton_io.str_tensor(name, [value]))
+        else:
+            tensors.append(pb.Tensor(name, np.asarray(value)))
+    return pb.InferenceRequest(model_name=model, inputs=tensors, requested_output_names=outputs)
+
+
+async def _stream(model: str, inputs: dict[str, object], outputs: list[str]) -> AsyncIterator:
+    """Yield the responses of a decoupled BLS call as they come (errors raise StageError)."""
+    iterator = await _request(model, inputs, outputs).async_exec(decoupled=True)
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue = asyncio.Queue()
+
+    def pump():
+        try:
+            for response in iterator:
+                loop.call_soon_threadsafe(queue.put_nowait, response)
+        finally:
+            loop.call_soon_threadsafe(queue.put_nowait, None)
+
+    threading.Thread(target=pump, name=f"bls-{model}", daemon=True).start()
+    while (response := await queue.get()) is not None:
+        if response.has_error():
+            message = response.error().message()
+            raise StageError(message, invalid_input=message.startswith(("video", "image")))
+        yield response
+
+
+def _output(response, name: str):
+    tensor = triton_io.pb().get_output_tensor_by_name(response, name)
+    return None if tensor is None else tensor.as_numpy()
+
+
+async def flashcodec_decode(request_id: str, media: bytes | str, plan: dict,
+                            on_group: Callable[[int], None]) -> None:
+    """Decode one media item into the pages named in ``plan``; ``on_group(g)`` as each group is ready.
+    Returns when the stage's stream has ended (after that it no longer writes the pages)."""
+    inputs = {"request_id": request_id, "op": "decode", "plan": json.dumps(plan)}
+    if isinstance(media, bytes):
+        inputs["media"] = np.array([media], dtype=np.object_)
+    async for response in _stream("flashcodec", inputs, ["group"]):
+        group = _output(response, "group")
+        if group is not None:
+            on_group(int(group[0]))
+
+
+async def flashcodec_abort(request_id: str) -> None:
+    async for _ in _stream("flashcodec", {"request_id": request_id, "op": "abort"}, ["group"]):
+        pass
+
+
+async def encode_prefill(plan: dict) -> dict:
+    """Run one step plan; returns the stage's result JSON."""
+    response = await _request("encode_prefill", {"plan": json.dumps(plan)}, ["result"]).async_exec()
+    if response.has_error():
+        raise StageError(response.error().message())
+    return json.loads(_output(response, "result")[0])
+
+
+async def decode_admit(payload: dict) -> None:
+    async for _ in _stream("decode", {"op": "admit", "payload": json.dumps(payload)}, ["seq_ids"]):
+        pass
+
+
+async def decode_abort(seq_id: str) -> None:
+    """Returns once the decode loop has dropped ``seq_id`` (its KV pages may then be reused)."""
+    async for _ in _stream("decode", {"op": "abort", "payload": json.dumps({"seq_id": seq_id})}, ["seq_ids"]):
+        pass
+
+
+async def decode_stream(on_step: Callable[[list[str], list[int], list[str]], None],
+                        attached: asyncio.Event) -> None:
+    """The long-lived stream: ``on_step(seq_ids, token_ids, finish_reasons)`` once per decode step."""
+    async for response in _stream("decode", {"op": "stream"}, ["seq_ids", "token_ids", "finish_reasons"]):
+        attached.set()
+        seq_ids = _output(response, "seq_ids")
+        if seq_ids is None or seq_ids.size == 0:
+            continue
+        on_step([s.decode() for s in seq_ids], [int(t) for t in _output(response, "token_ids")],
+                [r.decode() for r in _output(response, "finish_reasons")])

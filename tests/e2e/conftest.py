@@ -1,0 +1,52 @@
+"""One real tritonserver for the end-to-end tests (the repo's model_repository, CPU, dummy tiny model)."""
+from __future__ import annotations
+
+import socket
+import urllib.request
+
+import pytest
+
+from backends.launcher import ServerPorts, TritonServer
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def media_dir(tmp_path_factory):
+    """The folder the server accepts video_url / image_url paths from."""
+    return tmp_path_factory.mktemp("media")
+
+
+@pytest.fixture(scope="session")
+def server(media_dir):
+    ports = ServerPorts(http=_free_port(), grpc=_free_port(), metrics=_free_port())
+    with TritonServer(ports=ports, extra_env={"UNIFIEDSERVE_MEDIA_DIRS": str(media_dir)}) as srv:
+        yield srv
+        log = srv.log_tail(20000)
+    for needle in ("Traceback", "Stub process", "unhealthy"):
+        assert needle not in log, f"the server log shows {needle!r}:\n{log}"
+
+
+@pytest.fixture(scope="session")
+def grpc_url(server):
+    return f"127.0.0.1:{server.ports.grpc}"
+
+
+@pytest.fixture(scope="session")
+def http_url(server):
+    return f"127.0.0.1:{server.ports.http}"
+
+
+def read_metrics(server) -> dict[str, float]:
+    """UnifiedServe's unlabelled gauges from the Prometheus endpoint."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{server.ports.metrics}/metrics", timeout=10).read().decode()
+    values = {}
+    for line in text.splitlines():
+        if line.startswith("unifiedserve_") and "{" not in line:
+            name, value = line.split()
+            values[name] = float(value)
+    return values

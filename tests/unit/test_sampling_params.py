@@ -1,0 +1,110 @@
+import json
+
+import pytest
+
+from orchestrator.sampling_params import InvalidInput, RequestParams, parse_sampling_parameters
+
+
+@pytest.mark.parametrize("text", [None, "", "  ", "{}"])
+def test_missing_or_empty_gives_defaults(text):
+    assert parse_sampling_parameters(text) == RequestParams()
+
+
+def test_all_keys():
+    params = parse_sampling_parameters(json.dumps({
+        "max_tokens": 64, "min_tokens": 8, "ignore_eos": True, "temperature": 0.7, "top_p": 0.9,
+        "top_k": 40, "seed": 1234, "stop": ["</s>", "\n\n"], "fps": 1.5, "max_pixels": 360 * 420,
+    }))
+    assert params == RequestParams(max_tokens=64, min_tokens=8, ignore_eos=True, temperature=0.7, top_p=0.9,
+                                   top_k=40, seed=1234, stop=("</s>", "\n\n"), fps=1.5, max_pixels=360 * 420)
+
+
+def test_genai_perf_sends_numbers_as_strings():
+    params = parse_sampling_parameters('{"max_tokens": "256", "min_tokens": "256"}')
+    assert params.max_tokens == 256 and params.min_tokens == 256
+
+
+def test_lenient_but_exact_conversions():
+    params = parse_sampling_parameters(
+        '{"temperature": 0, "top_p": "0.5", "max_tokens": 32.0, "ignore_eos": "false", "seed": null, '
+        '"max_pixels": null, "fps": 2}')
+    assert params.temperature == 0.0 and params.top_p == 0.5 and params.max_tokens == 32
+    assert params.ignore_eos is False and params.seed is None and params.max_pixels is None
+    assert isinstance(params.temperature, float) and isinstance(params.max_tokens, int)
+
+
+def test_top_k_minus_one_means_off():
+    assert parse_sampling_parameters('{"top_k": -1}').top_k == 0
+    assert RequestParams(top_k=-1).top_k == 0
+
+
+def test_stop_may_be_one_string():
+    assert parse_sampling_parameters('{"stop": "END"}').stop == ("END",)
+
+
+@pytest.mark.parametrize("raw, key", [
+    ({"max_tokens": 0}, "max_tokens"),
+    ({"max_tokens": -5}, "max_tokens"),
+    ({"max_tokens": 1.5}, "max_tokens"),
+    ({"max_tokens": "ten"}, "max_tokens"),
+    ({"max_tokens": True}, "max_tokens"),
+    ({"max_tokens": None}, "max_tokens"),
+    ({"max_tokens": [4]}, "max_tokens"),
+    ({"min_tokens": -1}, "min_tokens"),
+    ({"min_tokens": 20, "max_tokens": 10}, "min_tokens"),
+    ({"temperature": -0.1}, "temperature"),
+    ({"temperature": "hot"}, "temperature"),
+    ({"temperature": "nan"}, "temperature"),
+    ({"temperature": "inf"}, "temperature"),
+    ({"temperature": False}, "temperature"),
+    ({"top_p": 0}, "top_p"),
+    ({"top_p": 1.01}, "top_p"),
+    ({"top_k": -2}, "top_k"),
+    ({"top_k": 2.5}, "top_k"),
+    ({"seed": -1}, "seed"),
+    ({"seed": 2**63}, "seed"),
+    ({"seed": "x"}, "seed"),
+    ({"ignore_eos": 1}, "ignore_eos"),
+    ({"ignore_eos": "yes"}, "ignore_eos"),
+    ({"stop": 5}, "stop"),
+    ({"stop": ["a", 3]}, "stop"),
+    ({"stop": [""]}, "stop"),
+    ({"stop": {"a": 1}}, "stop"),
+    ({"fps": 0}, "fps"),
+    ({"fps": 61}, "fps"),
+    ({"fps": -2}, "fps"),
+    ({"max_pixels": 100}, "max_pixels"),
+    ({"max_pixels": 16384 * 28 * 28 + 1}, "max_pixels"),
+    ({"best_of": 2}, "best_of"),
+    ({"max_new_tokens": 2}, "max_new_tokens"),
+])
+def test_bad_values_are_rejected_naming_the_key(raw, key):
+    with pytest.raises(InvalidInput, match=f"sampling_parameters: .*{key}"):
+        parse_sampling_parameters(json.dumps(raw))
+
+
+def test_message_states_rule_and_value():
+    with pytest.raises(InvalidInput) as info:
+        parse_sampling_parameters('{"max_tokens": 0}')
+    assert str(info.value) == "sampling_parameters: max_tokens must be a positive integer, got 0"
+
+
+@pytest.mark.parametrize("text, words", [
+    ("{not json", "not valid JSON"),
+    ("[1, 2]", "must be a JSON object"),
+    ("42", "must be a JSON object"),
+    ('"max_tokens"', "must be a JSON object"),
+    ("[" * 100000, "not valid JSON"),
+])
+def test_malformed_json_is_rejected(text, words):
+    with pytest.raises(InvalidInput, match=words):
+        parse_sampling_parameters(text)
+
+
+def test_invalid_input_is_a_value_error():
+    assert issubclass(InvalidInput, ValueError)
+
+
+def test_request_params_are_frozen():
+    with pytest.raises(AttributeError):
+        RequestParams().max_tokens = 3

@@ -1,0 +1,243 @@
+import pytest
+
+from orchestrator.pages import PageAllocator
+from orchestrator.scheduler import Scheduler, SchedulerConfig, StepPlan
+from orchestrator.sequence import Group, Sequence
+
+
+def make(kv_pages=64, patch_pages=64, **config):
+    kv, patch = PageAllocator(kv_pages, "kv_pool"), PageAllocator(patch_pages, "patch_pool")
+    return Scheduler(SchedulerConfig(**config), kv, patch), kv, patch
+
+
+def step(sched):
+    plan = sched.schedule()
+    assert plan is not None
+    return plan, sched.complete(plan)
+
+
+def chunks(plan):
+    return [(w.req_id, w.start, w.end) for w in plan.prefill]
+
+
+def encoded(plan):
+    return [(w.req_id, w.item, w.index) for w in plan.encode]
+
+
+def video_seq(req_id, groups, text_before=10, text_after=5, max_tokens=8, tokens=16, patches=64):
+    """A prompt of text, `groups` groups of one video back to back, then text."""
+    layout = [Group(0, i, text_before + i * tokens, tokens, patches) for i in range(groups)]
+    return Sequence(req_id, text_before + groups * tokens + text_after, max_tokens, layout)
+
+
+def ready(sched, patch, seq):
+    for group in seq.groups:
+        sched.group_ready(seq.req_id, group.item, group.index, patch.allocate(1))
+
+
+def test_text_prompt_is_prefilled_in_budget_sized_chunks():
+    sched, kv, _ = make(kv_pages=400, prefill_budget=2048)
+    sched.add(Sequence("a", 5000, 100))
+    assert sched.stats().num_waiting == 1
+    plans = [step(sched) for _ in range(3)]
+    assert [chunks(p) for p, _ in plans] == [[("a", 0, 2048)], [("a", 2048, 4096)], [("a", 4096, 5000)]]
+    assert [w.is_last for p, _ in plans for w in p.prefill] == [False, False, True]
+    assert [f for _, f in plans] == [[], [], ["a"]]
+    assert sched.get("a").block_table == list(plans[-1][0].prefill[0].block_table)
+    assert plans[0][0].num_prefill_tokens == 2048
+    assert len(plans[0][0].prefill[0].block_table) == -(-5100 // 16) == 400 - kv.num_free
+    assert sched.schedule() is None and not sched.has_work()
+    sched.remove("a")
+    assert kv.num_free == 400 and sched.get("a") is None
+
+
+def test_prefill_stops_before_an_unencoded_group_and_resumes_once_it_is_encoded():
+    sched, kv, patch = make()
+    seq = video_seq("v", groups=2)  # text [0, 10), groups [10, 26) and [26, 42), text [42, 47)
+    sched.add(seq)
+    plan, _ = step(sched)
+    assert chunks(plan) == [("v", 0, 10)] and plan.encode == ()
+    assert sched.schedule() is None and sched.has_work()
+    sched.group_ready("v", 0, 1, patch.allocate(1))  # out of order: group 1 first
+    plan, _ = step(sched)
+    assert encoded(plan) == [("v", 0, 1)] and plan.prefill == ()
+    assert seq.groups[1].encoded and seq.groups[1].patch_pages is None and patch.num_free == 64
+    sched.group_ready("v", 0, 0, pages := patch.allocate(2))
+    plan, finished = step(sched)
+    # The group encoded in this step counts: the worker runs the encode before the prefill.
+    assert plan.encode[0].patch_pages == tuple(pages) and chunks(plan) == [("v", 10, 47)]
+    assert finished == ["v"] and patch.num_free == 64
+
+
+def test_prefill_chunks_may_split_a_group():
+    sched, _, patch = make(prefill_budget=16)
+    seq = video_seq("v", groups=1, text_before=10)
+    sched.add(seq)
+    ready(sched, patch, seq)
+    assert [chunks(step(sched)[0]) for _ in range(2)] == [[("v", 0, 16)], [("v", 16, 31)]]
+
+
+def test_encoding_goes_on_while_the_kv_pool_is_full():
+    sched, kv, patch = make(kv_pages=5, kv_page_size=16)
+    hog = Sequence("hog", 56, 24)  # 5 pages: the whole pool
+    sched.add(hog)
+    step(sched)
+    assert kv.num_free == 0
+    seq = video_seq("v", groups=3)
+    sched.add(seq)
+    ready(sched, patch, seq)
+    plan, _ = step(sched)
+    assert encoded(plan) == [("v", 0, 0), ("v", 0, 1), ("v", 0, 2)] and plan.prefill == ()
+    assert seq.block_table is None and sched.stats().num_waiting == 1
+    sched.remove("hog")
+    plan, finished = step(sched)
+    assert plan.encode == () and chunks(plan) == [("v", 0, seq.prompt_len)] and finished == ["v"]
+
+
+def test_admission_is_fcfs_and_blocks_the_queue_behind_a_large_request():
+    sched, kv, _ = make(kv_pages=10, kv_page_size=16)
+    for req_id, prompt_len in [("a", 100), ("big", 120), ("small", 10)]:
+        sched.add(Sequence(req_id, prompt_len, 10))  # 7, 9 and 2 pages
+    plan, _ = step(sched)
+    assert chunks(plan) == [("a", 0, 100)]
+    assert sched.stats().num_waiting == 2 and kv.num_free == 3  # "small" would fit but waits its turn
+    sched.remove("a")
+    assert chunks(step(sched)[0]) == [("big", 0, 120)]
+
+
+def test_a_group_larger_than_the_budget_runs_alone():
+    sched, _, patch = make(encode_budget=100)
+    small, huge = video_seq("small", 1, patches=60), video_seq("huge", 1, patches=250)
+    sched.add(small)
+    sched.add(huge)
+    ready(sched, patch, small)
+    ready(sched, patch, huge)
+    plan, _ = step(sched)
+    assert encoded(plan) == [("small", 0, 0)]  # the huge group waits: something is encoded already
+    plan, _ = step(sched)
+    assert encoded(plan) == [("huge", 0, 0)] and plan.num_encode_patches == 250
+
+
+def test_groups_fill_the_encode_budget_in_prompt_order_then_fcfs():
+    sched, _, patch = make(encode_budget=200)
+    a, b = video_seq("a", 3, patches=80), video_seq("b", 2, patches=40)
+    sched.add(a)
+    sched.add(b)
+    ready(sched, patch, a)
+    ready(sched, patch, b)
+    # a's third group does not fit; b's first one does (a's order is kept, b may use the rest).
+    assert encoded(step(sched)[0]) == [("a", 0, 0), ("a", 0, 1), ("b", 0, 0)]
+    assert encoded(step(sched)[0]) == [("a", 0, 2), ("b", 0, 1)]
+
+
+def test_max_share_splits_the_prefill_budget_and_gives_the_rest_back():
+    sched, _, _ = make(kv_pages=400, prefill_budget=100, max_share=0.5)
+    sched.add(Sequence("a", 1000, 1))
+    sched.add(Sequence("b", 1000, 1))
+    sched.add(Sequence("c", 1000, 1))
+    assert chunks(step(sched)[0]) == [("a", 0, 50), ("b", 0, 50)]
+    sched.remove("b")
+    sched.remove("c")
+    sched.add(Sequence("d", 10, 1))
+    # d takes what it needs; a, alone with demand left, takes the rest.
+    assert chunks(step(sched)[0]) == [("a", 50, 140), ("d", 0, 10)]
+    assert chunks(step(sched)[0]) == [("a", 140, 240)]
+
+
+def test_max_share_caps_encode_but_never_a_first_group():
+    sched, _, patch = make(encode_budget=100, max_share=0.3)
+    a, b = video_seq("a", 3, patches=40), video_seq("b", 3, patches=20)
+    sched.add(a)
+    sched.add(b)
+    ready(sched, patch, a)
+    ready(sched, patch, b)
+    # Pass 1: a's first group (40 > 30, exempt), b's first one (20); pass 2: the rest, FCFS.
+    assert encoded(step(sched)[0]) == [("a", 0, 0), ("b", 0, 0), ("a", 0, 1)]
+
+
+def test_remove_mid_flight_returns_the_pages_when_the_step_completes():
+    sched, kv, patch = make(prefill_budget=16)
+    seq = video_seq("v", groups=2)
+    sched.add(seq)
+    ready(sched, patch, seq)
+    plan = sched.schedule()
+    assert encoded(plan) == [("v", 0, 0), ("v", 0, 1)] and chunks(plan) == [("v", 0, 16)]
+    sched.remove("v")
+    sched.remove("v")
+    # The worker may still be reading those patches and writing that KV.
+    assert kv.num_free < 64 and patch.num_free == 62 and not sched.has_work()
+    assert sched.complete(plan) == []
+    assert kv.num_free == 64 and patch.num_free == 64 and sched.schedule() is None
+
+
+def test_remove_mid_prefill_returns_everything_at_once():
+    sched, kv, patch = make(prefill_budget=16)
+    seq = video_seq("v", groups=3)
+    sched.add(seq)
+    sched.group_ready("v", 0, 0, patch.allocate(2))
+    step(sched)
+    sched.group_ready("v", 0, 2, patch.allocate(3))
+    assert seq.num_computed_tokens == 16 and patch.num_free == 61
+    sched.remove("v")
+    assert kv.num_free == 64 and patch.num_free == 64
+    assert sched.group_ready("v", 0, 1, patch.allocate(4)) is False  # late report of a cancelled request
+    assert patch.num_free == 64
+
+
+def test_complete_ignores_a_request_replaced_mid_flight():
+    sched, kv, _ = make()
+    sched.add(Sequence("r", 40, 4))
+    plan = sched.schedule()
+    sched.remove("r")
+    sched.add(fresh := Sequence("r", 40, 4))
+    assert sched.complete(plan) == [] and fresh.num_computed_tokens == 0
+    assert chunks(step(sched)[0]) == [("r", 0, 40)]
+
+
+def test_one_step_in_flight_at_a_time():
+    sched, _, _ = make()
+    sched.add(Sequence("a", 40, 4))
+    plan = sched.schedule()
+    assert sched.stats().step_in_flight
+    with pytest.raises(RuntimeError):
+        sched.schedule()
+    with pytest.raises(ValueError):
+        sched.complete(StepPlan((), ()))
+    sched.complete(plan)
+    with pytest.raises(ValueError):
+        sched.complete(plan)
+
+
+def test_add_and_group_ready_reject_bad_input():
+    sched, _, patch = make(kv_pages=4, kv_page_size=16)
+    sched.add(video_seq("v", 1))
+    with pytest.raises(ValueError, match="already"):
+        sched.add(Sequence("v", 4, 4))
+    with pytest.raises(ValueError, match="KV pages"):
+        sched.add(Sequence("long", 60, 5))
+    with pytest.raises(ValueError, match="not a new"):
+        sched.add(Sequence("old", 4, 4, num_computed_tokens=2))
+    with pytest.raises(KeyError):
+        sched.group_ready("v", 0, 5, [0])
+    sched.group_ready("v", 0, 0, patch.allocate(1))
+    with pytest.raises(ValueError, match="twice"):
+        sched.group_ready("v", 0, 0, [1])
+
+
+@pytest.mark.parametrize("groups", [
+    [Group(0, 0, 5, 4, 16), Group(0, 1, 7, 4, 16)],  # overlap
+    [Group(0, 0, 18, 4, 16)],  # past the prompt
+    [Group(0, 0, 2, 0, 16)],  # no tokens
+    [Group(0, 0, 2, 4, 16), Group(0, 0, 8, 4, 16)],  # same name
+])
+def test_sequence_rejects_a_bad_group_layout(groups):
+    with pytest.raises(ValueError):
+        Sequence("s", 20, 4, groups)
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"encode_budget": 0}, {"prefill_budget": -1}, {"kv_page_size": 1.5}, {"max_share": 0}, {"max_share": 1.5},
+])
+def test_config_is_checked(kwargs):
+    with pytest.raises(ValueError):
+        SchedulerConfig(**kwargs)
