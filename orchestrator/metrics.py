@@ -24,7 +24,9 @@ class Metrics:
 
     def __init__(self):
         pb = triton_io.pb()
-        self._gauges = {n: pb.MetricFamily(n, d, pb.MetricFamily.GAUGE).Metric() for n, d in GAUGES.items()}
+        # A family must outlive its metrics, so both are kept.
+        self._gauge_families = {n: pb.MetricFamily(n, d, pb.MetricFamily.GAUGE) for n, d in GAUGES.items()}
+        self._gauges = {n: family.Metric() for n, family in self._gauge_families.items()}
         self._counter_families = {n: pb.MetricFamily(n, d, pb.MetricFamily.COUNTER) for n, d in COUNTERS.items()}
         self._counters: dict[tuple[str, str], object] = {}
 

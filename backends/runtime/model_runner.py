@@ -28,6 +28,8 @@ def _paged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
     head_dim = query.shape[-1]
     if scaling is not None and abs(scaling - head_dim**-0.5) > 1e-9:
         raise ValueError(f"paged attention supports softmax scale 1/sqrt(head_dim) only, got {scaling}")
+    if kwargs.get("sliding_window") is not None:
+        raise ValueError("paged attention has no sliding window (Qwen2.5-VL checkpoints set use_sliding_window=false)")
     context = get_forward_context()
     q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))
     out = context.backend.forward(module.layer_idx, q, k, v, context.kv_cache)
@@ -70,9 +72,10 @@ class ModelRunner:
 
     Takes over ``model``'s language-model attention (``generate()`` on the same model then raises);
     ``kv_cache`` is the pool ``[layers, 2, pages, page_size, kv_heads, head_dim]`` on the model's device
-    in the model's dtype (ValueError otherwise). No method records autograd. ``encode``/``embed`` return ordinary tensors, which
-    the caller may write into (visual embeddings into a prompt's embeddings); ``prefill``/``decode`` run
-    under ``torch.inference_mode`` and return inference tensors, read-only outside that mode.
+    in the model's dtype (ValueError otherwise). No method records autograd. ``encode``/``embed`` return
+    ordinary tensors, which the caller may write into (visual embeddings into a prompt's embeddings);
+    ``prefill``/``decode`` run under ``torch.inference_mode`` and return inference tensors, read-only
+    outside that mode.
     """
 
     def __init__(self, model: Qwen2_5_VLForConditionalGeneration, kv_cache: torch.Tensor, page_size: int,
@@ -85,7 +88,8 @@ class ModelRunner:
             raise ValueError(f"kv_cache shape {tuple(kv_cache.shape)} does not fit the model: want "
                              f"[{expected[0]}, 2, pages, {page_size}, {expected[3]}, {expected[4]}]")
         if kv_cache.dtype != model.dtype or kv_cache.device != model.device:
-            raise ValueError(f"kv_cache is {kv_cache.dtype} on {kv_cache.device}, the model {model.dtype} on {model.device}")
+            raise ValueError(f"kv_cache is {kv_cache.dtype} on {kv_cache.device}, "
+                             f"the model {model.dtype} on {model.device}")
         self.model = model
         self.kv_cache = kv_cache
         self.page_size = page_size
@@ -158,7 +162,7 @@ class ModelRunner:
         return self.model.lm_head(self._forward(embeds, positions, metadata)).float()
 
     def _forward(self, embeds: torch.Tensor, positions: torch.Tensor, metadata: AttentionMetadata) -> torch.Tensor:
-        """Decoder layers and final norm over packed tokens: ``[T, hidden]``, positions ``[3, T]`` -> ``[T, hidden]``."""
+        """Decoder layers and final norm: packed ``[T, hidden]`` and positions ``[3, T]`` -> ``[T, hidden]``."""
         self.backend.plan(metadata)
         hidden = embeds.unsqueeze(0)
         position_embeddings = self._language_model.rotary_emb(hidden, positions.unsqueeze(1))

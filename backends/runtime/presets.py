@@ -68,7 +68,8 @@ def build_config(preset: str, tokenizer: PreTrainedTokenizerBase) -> Qwen2_5_VLC
     if text["vocab_size"] is None:
         text["vocab_size"] = len(tokenizer)
     elif len(tokenizer) > text["vocab_size"]:
-        raise ValueError(f"tokenizer has {len(tokenizer)} tokens but preset {preset!r} has vocab_size {text['vocab_size']}")
+        raise ValueError(f"tokenizer has {len(tokenizer)} tokens but preset {preset!r} "
+                         f"has vocab_size {text['vocab_size']}")
     text.update(bos_token_id=ids["endoftext"], pad_token_id=ids["endoftext"], eos_token_id=ids["im_end"])
     return Qwen2_5_VLConfig(
         text_config=text,

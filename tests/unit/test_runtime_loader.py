@@ -106,7 +106,8 @@ def test_presets():
     assert tiny.video_token_id == special_token_ids(tokenizer)["video_pad"]
     assert sum(tiny.text_config.rope_parameters["mrope_section"]) == 64 // 4 // 2
     big = build_config("qwen2_5_vl_7b", tokenizer)
-    assert (big.text_config.hidden_size, big.text_config.num_hidden_layers, big.text_config.vocab_size) == (3584, 28, 152064)
+    text = big.text_config
+    assert (text.hidden_size, text.num_hidden_layers, text.vocab_size) == (3584, 28, 152064)
     assert big.vision_config.fullatt_block_indexes == [7, 15, 23, 31] and big.dtype == torch.bfloat16
     with pytest.raises(ValueError):
         build_config("nope", tokenizer)

@@ -103,9 +103,10 @@ class AttentionBackend(ABC):
                 kv_cache: torch.Tensor) -> torch.Tensor:
         """Write the new ``k``/``v`` into their slots of ``kv_cache[layer_idx]``, then attend.
 
-        ``q``: ``[T, num_qo_heads, head_dim]``; ``k``, ``v``: ``[T, num_kv_heads, head_dim]``, rotary
-        embeddings applied, pool dtype, model device, possibly non-contiguous views; ``kv_cache``: the whole pool ``[layers, 2, pages,
-        page_size, num_kv_heads, head_dim]``. ``num_qo_heads`` is a multiple of ``num_kv_heads`` (GQA:
-        query head ``h`` reads KV head ``h // (num_qo_heads // num_kv_heads)``). Returns
-        ``[T, num_qo_heads, head_dim]`` in ``q``'s dtype. Raises RuntimeError when called before ``plan``.
+        ``q``: ``[T, num_qo_heads, head_dim]``; ``k``, ``v``: ``[T, num_kv_heads, head_dim]``; rotary
+        embeddings applied, pool dtype, model device, possibly non-contiguous views. ``kv_cache``: the
+        whole pool ``[layers, 2, pages, page_size, num_kv_heads, head_dim]``. ``num_qo_heads`` is a
+        multiple of ``num_kv_heads`` (GQA: query head ``h`` reads KV head
+        ``h // (num_qo_heads // num_kv_heads)``). Returns ``[T, num_qo_heads, head_dim]`` in ``q``'s
+        dtype. Raises RuntimeError when called before ``plan``.
         """

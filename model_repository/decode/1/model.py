@@ -20,9 +20,9 @@ class TritonPythonModel:
 
         self.io = triton_io
         params = triton_io.parameters(args)
+        device = stage_device(params.get("device", "auto"), int(args.get("model_instance_device_id", 0)))
         self.worker = DecodeWorker(
-            ModelSpec.from_parameters(params),
-            stage_device(params.get("device", "auto"), int(args.get("model_instance_device_id", 0))),
+            ModelSpec.from_parameters(params, device=str(device)), device,
             kv_pages=int(params["kv_pages"]), page_size=int(params["kv_page_size"]),
             max_batch=int(params["max_batch"]))
 

@@ -18,9 +18,9 @@ class TritonPythonModel:
 
         self.io = triton_io
         params = triton_io.parameters(args)
+        device = stage_device(params.get("device", "auto"), int(args.get("model_instance_device_id", 0)))
         self.worker = EncodePrefillWorker(
-            ModelSpec.from_parameters(params),
-            stage_device(params.get("device", "auto"), int(args.get("model_instance_device_id", 0))))
+            ModelSpec.from_parameters(params, device=str(device)), device)
 
     def execute(self, requests):
         io, pb = self.io, self.io.pb()
