@@ -40,9 +40,14 @@ class Detokenizer:
         return self._release()
 
     def flush(self) -> str:
-        """At the end: release what was held back for a possible stop string."""
+        """At the end: release what was held back (a possible stop-string prefix, an incomplete character)."""
         if self.stopped:
             return ""
+        if self._offset < len(self.ids):  # an incomplete character at the very end: release it as U+FFFD
+            start = max(0, self._offset - WINDOW)
+            prefix = self._decode(self.ids[start:self._offset])
+            self._decoded += self._decode(self.ids[start:])[len(prefix):]
+            self._offset = len(self.ids)
         delta = self._decoded[len(self.text):]
         self.text = self._decoded
         return delta

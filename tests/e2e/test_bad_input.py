@@ -1,0 +1,90 @@
+"""Bad input gets an error naming the problem, and the server keeps serving (design.md, invariant 3)."""
+from __future__ import annotations
+
+import pytest
+
+from client.api import Client, ServerError
+from tests.media import make_image, make_video
+
+pytestmark = pytest.mark.e2e
+OK = {"max_tokens": 2, "temperature": 0}
+
+
+def _tiny_video(frames: int = 8) -> bytes:
+    return make_video(None, 64, 48, frames, 10)
+
+
+BAD = [
+    # (what, request kwargs, words the error must contain)
+    ("bytes that are not a video", dict(text="Describe.", video=b"\x00not a video" * 50), ["video"]),
+    ("an image that is not an image", dict(text="Describe.", image=b"GIF89a-broken"), ["image"]),
+    ("an empty prompt", dict(text="   "), ["text_input", "empty"]),
+    ("an unknown sampling key", dict(text="Hi", sampling={"max_tokens": 2, "no_such_key": 1}), ["no_such_key"]),
+    ("max_tokens 0", dict(text="Hi", sampling={"max_tokens": 0}), ["max_tokens"]),
+    ("max_tokens negative", dict(text="Hi", sampling={"max_tokens": -3}), ["max_tokens"]),
+    ("temperature negative", dict(text="Hi", sampling={"temperature": -1}), ["temperature"]),
+    ("a video_url outside the allowed folders", dict(text="Hi", video_url="/etc/passwd"), ["video_url", "allowed"]),
+    ("a video_url with ..", dict(text="Hi", video_url="/tmp/../etc/passwd"), ["video_url"]),
+    ("an http video_url", dict(text="Hi", video_url="http://example.com/a.mp4"), ["video_url", "http"]),
+    ("a prompt longer than max_model_len", dict(text="Hi", sampling={"max_tokens": 40000}), ["max_model_len"]),
+    ("an extreme aspect ratio", dict(text="Hi", image=make_image(20000, 50, "RGB", "PNG")), ["image", "aspect"]),
+]
+
+
+@pytest.mark.parametrize("what,kwargs,words", BAD, ids=[b[0] for b in BAD])
+def test_bad_input_is_named_and_the_next_request_succeeds(grpc_url, what, kwargs, words):
+    kwargs = dict(kwargs)
+    text = kwargs.pop("text")
+    with Client(grpc_url) as client:
+        with pytest.raises(ServerError) as error:
+            client.generate(text, sampling=kwargs.pop("sampling", OK), **kwargs)
+        message = str(error.value).lower()
+        assert all(w.lower() in message for w in words), f"{what}: {error.value}"
+        assert client.generate("Still there?", sampling=OK).finish_reason in ("length", "stop")
+
+
+def test_a_bad_request_does_not_disturb_a_good_one_running_beside_it(grpc_url):
+    import threading
+
+    results = {}
+
+    def good():
+        with Client(grpc_url) as client:
+            results["good"] = client.generate("Describe.", video=_tiny_video(), sampling={**OK, "max_tokens": 6})
+
+    thread = threading.Thread(target=good)
+    thread.start()
+    with Client(grpc_url) as client:
+        for _ in range(5):
+            with pytest.raises(ServerError):
+                client.generate("Describe.", video=b"\x00" * 4096, sampling=OK)
+    thread.join(timeout=300)
+    assert results["good"].num_output_tokens >= 1
+
+
+@pytest.mark.parametrize("frames", [1, 2, 3])
+def test_short_clips_are_answered(grpc_url, frames):
+    """Case C3: fewer frames than the sampler wants: sample what exists (the last repeated)."""
+    with Client(grpc_url) as client:
+        result = client.generate("Describe.", video=_tiny_video(frames), sampling=OK)
+    assert result.num_output_tokens >= 1
+
+
+@pytest.mark.parametrize("size", [(1, 1), (26, 28), (27, 1000)])
+def test_tiny_and_thin_images_are_resized_up(grpc_url, size):
+    """Case C1: sides under the 28-px merge unit are scaled up as the reference preprocessing does."""
+    with Client(grpc_url) as client:
+        result = client.generate("Describe.", image=make_image(*size, "RGB", "PNG"), sampling=OK)
+    assert result.num_output_tokens >= 1
+
+
+def test_truncated_video_gives_frames_or_a_clear_error(grpc_url):
+    """Case C4: an MP4 cut to 60% of its bytes."""
+    data = make_video(None, 128, 96, 60, 10)
+    with Client(grpc_url) as client:
+        try:
+            result = client.generate("Describe.", video=data[: int(len(data) * 0.6)], sampling=OK)
+            assert result.num_output_tokens >= 1
+        except ServerError as exc:
+            assert any(w in str(exc).lower() for w in ("truncated", "corrupt", "video")), str(exc)
+        assert client.generate("Still there?", sampling=OK).num_output_tokens >= 1

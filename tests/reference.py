@@ -1,0 +1,66 @@
+"""The reference the server is held to: transformers' own ``generate()`` on the same dummy weights and
+the same preprocessed inputs, plus the tie rule (../shared issue: tokens equal, except where the
+reference's two best logits at the first differing step are within 1e-4)."""
+from __future__ import annotations
+
+import torch
+
+from flashcodec.pipeline import image_group, iter_video_groups
+from orchestrator.inputs import MediaInput
+from orchestrator.media import plan_media
+from orchestrator.prompt import build_prompt
+from orchestrator.sampling_params import RequestParams
+
+TIE = 1e-4  # logits closer than this may be ordered either way by float rounding
+
+
+def reference_generate(model, input_ids: list[int], max_new_tokens: int, *, video=None, image=None):
+    """Greedy ``generate()`` without EOS; ``video``/``image``: (pixel rows [n, 1176] float32, grid_thw,
+    second_per_grid_t). Returns (token ids, per-step logits [vocab])."""
+    device = model.device
+    kwargs = {}
+    if video is not None:
+        pixels, grid, seconds = video
+        kwargs.update(pixel_values_videos=pixels.to(device), video_grid_thw=torch.tensor([grid], device=device),
+                      second_per_grid_ts=torch.tensor([seconds], device=device))
+    if image is not None:
+        pixels, grid, _ = image
+        kwargs.update(pixel_values=pixels.to(device), image_grid_thw=torch.tensor([grid], device=device))
+    ids = torch.tensor([input_ids], device=device)
+    # transformers 5.17 computes M-RoPE in generate() only when given each token's modality.
+    mm_types = (ids == model.config.image_token_id).int() + 2 * (ids == model.config.video_token_id).int()
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), mm_token_type_ids=mm_types, do_sample=False,
+                         max_new_tokens=max_new_tokens, min_new_tokens=0, eos_token_id=None, output_logits=True,
+                         return_dict_in_generate=True, **kwargs)
+    return out.sequences[0, len(input_ids):].tolist(), [logits[0].float() for logits in out.logits]
+
+
+def assert_same_or_tie(ours: list[int], theirs: list[int], ref_logits: list[torch.Tensor]) -> None:
+    """Equal ids; at the first difference the reference's top two logits must be a genuine tie."""
+    assert len(ours) == len(theirs), f"{len(ours)} tokens, reference {len(theirs)}"
+    for step, (a, b) in enumerate(zip(ours, theirs)):
+        if a != b:
+            top2 = ref_logits[step].topk(2).values
+            gap = float(top2[0] - top2[1])
+            assert gap < TIE, f"step {step}: ours {a}, reference {b}; the reference's top-2 gap {gap:.2e} is no tie"
+            return
+
+
+def server_request_reference(model, tokenizer, text: str, max_new_tokens: int, *, video: bytes | None = None,
+                             image: bytes | None = None, params: RequestParams = RequestParams()):
+    """What the server must produce for a request with at most one video or image: the same
+    preprocessing (flashcodec's plan and patches, the orchestrator's prompt), then ``reference_generate``."""
+    media, kwargs = [], {}
+    for kind, data in (("image", image), ("video", video)):
+        if data is None:
+            continue
+        plan = plan_media(MediaInput(kind, data=data), params)
+        if kind == "video":
+            pixels = torch.cat([patches for _, patches in iter_video_groups(data, plan)])
+            media.append((kind, plan.grid_thw, plan.second_per_grid_t))
+        else:
+            pixels = image_group(data, plan)
+            media.append((kind, plan.grid_thw, 0.0))
+        kwargs[kind] = (pixels, plan.grid_thw, media[-1][2])
+    prompt = build_prompt(tokenizer, text, media)
+    return reference_generate(model, list(prompt.input_ids), max_new_tokens, **kwargs)
