@@ -1,7 +1,9 @@
 """Triton adaptor for the orchestrator (orchestrator/service.py, orchestrator/frontend.py).
 
-Decoupled, one instance, ``async def execute``: each request becomes a task on the stub's event loop,
-so execute() returns at once and many requests are served concurrently.
+Decoupled, one instance, ``async def execute``: the stub runs each execute() as its own coroutine on
+its event loop, so many requests are served concurrently while each coroutine lasts its requests'
+lifetime. (Returning at once would trip a race in the 2.51 stub's bookkeeping of background futures,
+triton-inference-server/server#8537, logged as "Cannot remove future from background".)
 """
 import asyncio
 import sys
@@ -20,12 +22,7 @@ class TritonPythonModel:
         self.frontend = frontend
         config = OrchestratorConfig.from_parameters(triton_io.parameters(args))
         self.orchestrator = Orchestrator(config, Metrics())
-        self.tasks = set()
 
     async def execute(self, requests):
-        loop = asyncio.get_running_loop()
-        for request in requests:
-            task = loop.create_task(self.frontend.handle(self.orchestrator, request))
-            self.tasks.add(task)  # keep a reference until done
-            task.add_done_callback(self.tasks.discard)
+        await asyncio.gather(*(self.frontend.handle(self.orchestrator, request) for request in requests))
         return None
