@@ -1,0 +1,59 @@
+"""Prompt building (orchestrator/prompt.py) and incremental detokenization (orchestrator/detokenizer.py)."""
+from __future__ import annotations
+
+import pytest
+
+from backends.runtime.tokenizer import build_offline_tokenizer
+from orchestrator.detokenizer import Detokenizer
+from orchestrator.prompt import build_prompt
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_offline_tokenizer()
+
+
+def test_visual_tokens_expand_in_prompt_order(tokenizer):
+    prompt = build_prompt(tokenizer, "Compare them.", [("image", (1, 4, 6), 0.0), ("video", (3, 8, 4), 1.0)])
+    image_pad, video_pad = (tokenizer.convert_tokens_to_ids(t) for t in ("<|image_pad|>", "<|video_pad|>"))
+    image, video = prompt.media
+    assert (image.num_tokens, video.num_tokens, video.tokens_per_group, video.num_groups) == (6, 24, 8, 3)
+    ids = list(prompt.input_ids)
+    assert ids[image.token_offset:image.token_offset + 6] == [image_pad] * 6
+    assert ids[video.token_offset:video.token_offset + 24] == [video_pad] * 24
+    assert ids.count(image_pad) == 6 and ids.count(video_pad) == 24
+    assert image.token_offset < video.token_offset
+    assert prompt.num_visual_tokens == 30
+    assert "Compare them." in tokenizer.decode(ids)
+
+
+def test_text_only_prompt_uses_the_chat_template(tokenizer):
+    prompt = build_prompt(tokenizer, "Hello", [])
+    text = tokenizer.decode(prompt.input_ids)
+    assert text.startswith("<|im_start|>system") and text.endswith("<|im_start|>assistant\n")
+    assert prompt.media == ()
+
+
+def test_detokenizer_holds_back_split_characters(tokenizer):
+    ids = tokenizer.encode("héllo wörld ✓", add_special_tokens=False)
+    detok = Detokenizer(tokenizer)
+    pieces = [detok.add([i]) for i in ids] + [detok.flush()]
+    assert "".join(pieces) == "héllo wörld ✓"
+    assert all("\ufffd" not in p for p in pieces)
+
+
+def test_detokenizer_stops_before_a_stop_string(tokenizer):
+    ids = tokenizer.encode("one two STOP three", add_special_tokens=False)
+    detok = Detokenizer(tokenizer, stop=("STOP",))
+    out = ""
+    for i in ids:
+        out += detok.add([i])
+        if detok.stopped:
+            break
+    assert detok.stopped and out == "one two " and detok.flush() == ""
+
+
+def test_detokenizer_releases_a_held_stop_prefix_at_the_end(tokenizer):
+    detok = Detokenizer(tokenizer, stop=("STOP",))
+    out = "".join(detok.add([i]) for i in tokenizer.encode("abc ST", add_special_tokens=False))
+    assert out == "abc " and detok.flush() == "ST"
