@@ -116,6 +116,7 @@ class TritonServer:
     ready_timeout_s: float = 300.0
     log_path: Path | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
+    log_to_stdout: bool = False  # inherit stdout (containers: `docker logs`) instead of writing log_path
     process: subprocess.Popen | None = None
     run_dir: Path | None = None
 
@@ -137,7 +138,7 @@ class TritonServer:
             "--backend-config=python,shm-default-byte-size=16777216",
             "--exit-timeout-secs=20",
         ]
-        log = open(self.log_path, "wb")
+        log = None if self.log_to_stdout else open(self.log_path, "wb")
         self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=environment,
                                         cwd=str(REPO_ROOT), start_new_session=True)
         self._wait_ready()
@@ -192,12 +193,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--http-port", type=int, default=8000)
     parser.add_argument("--grpc-port", type=int, default=8001)
     parser.add_argument("--metrics-port", type=int, default=8002)
+    parser.add_argument("--log-stdout", action="store_true", help="server log to stdout instead of a file")
+    parser.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for the models to load")
     args = parser.parse_args(argv)
     ports = ServerPorts(args.http_port, args.grpc_port, args.metrics_port, args.address)
-    server = TritonServer(args.model_repository.resolve(), ports)
+    server = TritonServer(args.model_repository.resolve(), ports, ready_timeout_s=args.ready_timeout,
+                          log_to_stdout=args.log_stdout)
     server.start()
+    where = "stdout" if args.log_stdout else server.log_path
     print(f"tritonserver ready: gRPC {args.address}:{args.grpc_port}, HTTP {args.address}:{args.http_port}, "
-          f"log {server.log_path}", flush=True)
+          f"log {where}", flush=True)
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops it like Ctrl-C
     try:
         server.process.wait()
