@@ -66,6 +66,8 @@ class FlashCodecWorker:
                     if request_id in self.cancelled:
                         break
                 write_group(self.pool.tensor, pages[index], patches.to(self.pool.tensor.device))
+                if self.pool.tensor.is_cuda:  # another process reads the pages once it hears "ready"
+                    torch.cuda.current_stream(self.pool.tensor.device).synchronize()
                 on_group(index)
         except MediaError as exc:
             error = str(exc)

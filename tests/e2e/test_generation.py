@@ -5,6 +5,7 @@ import shutil
 import threading
 
 import pytest
+import torch
 
 from backends.runtime.loader import ModelSpec, load_model
 from client.api import Client
@@ -21,8 +22,9 @@ QUESTION = "What happens in this video?"
 
 @pytest.fixture(scope="module")
 def hf():
-    """The tiny dummy model the server runs (same spec: preset tiny, seed 0, float32), in this process."""
-    return load_model(ModelSpec())
+    """The tiny dummy model the server runs (same spec: preset tiny, seed 0, float32, and the same device:
+    the stages take the GPU when there is one), in this process."""
+    return load_model(ModelSpec(device="cuda:0" if torch.cuda.is_available() else "cpu"))
 
 
 @pytest.fixture(scope="module")
