@@ -72,7 +72,7 @@ class CpuDecoder:
             raise ValueError(f"frame_indices must be non-negative and non-decreasing, got {indices[:8]}...")
         with open_container(source) as container:
             stream = container.streams.video[0]
-            stream.thread_type = "AUTO"
+            stream.thread_type = "SLICE"  # frame threading can deadlock on close when decoding stops early (PyAV #1849)
             stream.codec_context.thread_count = self.threads
             packets = read_packets(container)  # the packets probe_video counted
             if indices[-1] >= len(packets):

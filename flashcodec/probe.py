@@ -27,7 +27,8 @@ class VideoInfo:
     average frame rate (FFmpeg `avg_frame_rate`, what decord/torchcodec report to qwen-vl-utils). `num_frames`
     counts complete video packets. `frame_pts_s` holds every frame's presentation time in seconds, sorted: frame
     index i (presentation order) is shown at `frame_pts_s[i]`. `duration_s` runs from the first frame to the end
-    of the last one. Pixel aspect ratio is ignored, as qwen-vl-utils' readers do.
+    of the last one. `codec` is FFmpeg's codec name ("h264", "hevc", "vp9", "av1"). Pixel aspect ratio is
+    ignored, as qwen-vl-utils' readers do.
     """
 
     width: int
@@ -131,9 +132,10 @@ def probe_video(source: Source) -> VideoInfo:
         packets = read_packets(container)
         if not packets:
             raise MediaError("video: truncated or empty: no complete video packet")
+        codec = stream.codec_context.codec.canonical_name
         frame = _first_frame(stream, packets[:64])
         if frame is None:
-            raise MediaError(f"video: corrupt: no frame of the {stream.codec_context.name} stream decodes")
+            raise MediaError(f"video: corrupt: no frame of the {codec} stream decodes")
         pts, fps, duration, vfr = _timing(stream, packets)
         rotation = round(-frame.rotation / 90) * 90 % 360
         turned = rotation in (90, 270)
@@ -146,7 +148,7 @@ def probe_video(source: Source) -> VideoInfo:
             fps=fps,
             num_frames=len(pts),
             duration_s=duration,
-            codec=stream.codec_context.name,
+            codec=codec,
             frame_pts_s=tuple(pts),
             variable_frame_rate=vfr,
         )
@@ -160,5 +162,7 @@ def probe_image(data: bytes) -> ImageInfo:
     try:
         with Image.open(io.BytesIO(data)) as img:
             return ImageInfo(width=img.width, height=img.height, mode=img.mode, format=img.format or "")
-    except (UnidentifiedImageError, Image.DecompressionBombError, OSError, SyntaxError) as exc:
+    except Image.DecompressionBombError as exc:
+        raise MediaError(f"image: too many pixels ({exc})") from exc
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
         raise MediaError(f"image: not a decodable image ({exc})") from exc

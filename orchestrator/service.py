@@ -185,6 +185,9 @@ class Orchestrator:
                                         invalid_input=True)
         except stages.StageError as exc:
             active.events.put_nowait(Event("error", message=str(exc), invalid_input=exc.invalid_input))
+        except Exception as exc:  # a bug here must fail this request, not leave it waiting forever
+            log.exception("media task failed for %s", active.req_id)
+            active.events.put_nowait(Event("error", message=f"internal error: {type(exc).__name__}: {exc}"))
 
     # ---- the scheduler loop ----------------------------------------------------------------------
     async def _step_loop(self) -> None:
@@ -196,7 +199,9 @@ class Orchestrator:
                 continue
             try:
                 result = await stages.encode_prefill(self._plan_json(plan))
-            except stages.StageError as exc:
+            except Exception as exc:  # the step failed: fail its requests, keep the loop (and the server) alive
+                if not isinstance(exc, stages.StageError):
+                    log.exception("scheduler step failed")
                 for req_id in {w.req_id for w in (*plan.encode, *plan.prefill)}:
                     if req_id in self.active:
                         self.active[req_id].events.put_nowait(Event("error", message=str(exc)))

@@ -87,7 +87,7 @@ def make_video(
             def mux(packets: list[av.Packet]) -> None:
                 for packet in packets:
                     if packet.pts is not None:
-                        packet.duration = duration[packet.pts]
+                        packet.duration = duration.get(packet.pts, packet.duration)
                     container.mux(packet)
 
             for i, t in enumerate(times):

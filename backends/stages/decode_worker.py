@@ -116,7 +116,10 @@ class DecodeWorker:
                 log.exception("decode step failed")
                 failed = list(self.running)
                 self.running.clear()
-                self.sink(failed, [-1] * len(failed), ["error"] * len(failed))
+                try:
+                    self.sink(failed, [-1] * len(failed), ["error"] * len(failed))
+                except Exception:
+                    log.exception("decode could not report the failed step")
 
     def _step(self) -> None:
         batch = list(self.running.values())[: self.max_batch]

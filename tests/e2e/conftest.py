@@ -1,8 +1,10 @@
 """One real tritonserver for the end-to-end tests (the repo's model_repository, CPU, dummy tiny model)."""
 from __future__ import annotations
 
+import os
 import socket
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -24,7 +26,10 @@ def media_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def server(media_dir):
     ports = ServerPorts(http=_free_port(), grpc=_free_port(), metrics=_free_port())
-    with TritonServer(ports=ports, extra_env={"UNIFIEDSERVE_MEDIA_DIRS": str(media_dir)}) as srv:
+    # UNIFIEDSERVE_TEST_SERVER_LOG keeps the server log after the run (bench/device_run.sh sets it).
+    log_path = os.environ.get("UNIFIEDSERVE_TEST_SERVER_LOG")
+    with TritonServer(ports=ports, extra_env={"UNIFIEDSERVE_MEDIA_DIRS": str(media_dir)},
+                      log_path=Path(log_path) if log_path else None) as srv:
         yield srv
         log = srv.log_tail(20000)
     for needle in ("Traceback", "Stub process", "unhealthy", "Cannot remove future"):

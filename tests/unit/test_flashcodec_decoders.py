@@ -38,9 +38,11 @@ def test_selected_frames_equal_a_sequential_decode(indices):
         np.testing.assert_array_equal(frame, all_frames(path)[index])
 
 
-@pytest.mark.parametrize("codec", ["libx265", "libvpx-vp9"])
-def test_other_codecs(codec):
-    data = make_video(None, 96, 64, 30, 25, codec=codec, gop=8, bframes=2)
+@pytest.mark.parametrize("codec, pix_fmt", [
+    ("libx265", "yuv420p"), ("libx265", "yuv420p10le"), ("libvpx-vp9", "yuv420p"), ("libsvtav1", "yuv420p"),
+])
+def test_other_codecs(codec, pix_fmt):
+    data = make_video(None, 96, 64, 30, 25, codec=codec, gop=8, bframes=2, pix_fmt=pix_fmt)
     frames = list(CpuDecoder().decode(data, [0, 9, 17, 29]))
     for index, frame in zip([0, 9, 17, 29], frames):
         np.testing.assert_array_equal(frame, all_frames(data)[index])

@@ -25,7 +25,9 @@ def test_real_clips(name, size, frames):
     assert list(info.frame_pts_s) == sorted(info.frame_pts_s) and info.frame_pts_s[1] == pytest.approx(0.04)
 
 
-@pytest.mark.parametrize("codec, name", [("libx264", "h264"), ("libx265", "hevc"), ("libvpx-vp9", "vp9")])
+@pytest.mark.parametrize("codec, name", [
+    ("libx264", "h264"), ("libx265", "hevc"), ("libvpx-vp9", "vp9"), ("libsvtav1", "av1"),
+])
 def test_codecs_and_bytes_or_path(tmp_path, codec, name):
     data = make_video(tmp_path / "v", 96, 64, 12, 24, codec=codec, bframes=2, gop=6)
     for source in (data, tmp_path / "v", str(tmp_path / "v")):

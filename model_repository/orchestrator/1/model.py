@@ -1,12 +1,14 @@
 """Triton adaptor for the orchestrator (orchestrator/service.py, orchestrator/frontend.py).
 
-Decoupled, one instance, ``async def execute``: the stub runs each execute() as its own coroutine on
-its event loop, so many requests are served concurrently while each coroutine lasts its requests'
-lifetime. (Returning at once would trip a race in the 2.51 stub's bookkeeping of background futures,
-triton-inference-server/server#8537, logged as "Cannot remove future from background".)
+Decoupled, one instance. Its asyncio loop runs in a thread of its own (as Triton's vLLM backend
+does): execute() hands each request to that loop and returns at once, so many requests are served
+concurrently and execute() never blocks. (The stub's own `async def execute` path was tried and
+dropped: its bookkeeping of background futures races when a coroutine ends quickly,
+triton-inference-server/server#8537.)
 """
 import asyncio
 import sys
+import threading
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repo root; the stub ignores PYTHONPATH
@@ -22,7 +24,18 @@ class TritonPythonModel:
         self.frontend = frontend
         config = OrchestratorConfig.from_parameters(triton_io.parameters(args))
         self.orchestrator = Orchestrator(config, Metrics())
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="orchestrator-loop", daemon=True)
+        self.thread.start()
+        self.pending = set()  # futures of requests in flight (asyncio keeps only weak references to tasks)
 
-    async def execute(self, requests):
-        await asyncio.gather(*(self.frontend.handle(self.orchestrator, request) for request in requests))
+    def execute(self, requests):
+        for request in requests:
+            future = asyncio.run_coroutine_threadsafe(self.frontend.handle(self.orchestrator, request), self.loop)
+            self.pending.add(future)
+            future.add_done_callback(self.pending.discard)
         return None
+
+    def finalize(self):
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
