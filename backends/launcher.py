@@ -168,6 +168,8 @@ class TritonServer:
     def stop(self) -> None:
         """SIGINT, then SIGKILL of the whole process group after 40 s; removes the run directory."""
         if self.process is not None and self.process.poll() is None:
+            if os.environ.get("UNIFIEDSERVE_DUMP_STACKS") == "1":
+                self._dump_stub_stacks()
             os.killpg(self.process.pid, signal.SIGINT)
             try:
                 self.process.wait(timeout=40)
@@ -178,6 +180,17 @@ class TritonServer:
             for pool in Path("/dev/shm").glob(f"unifiedserve-{self.run_dir.name}-*"):
                 pool.unlink(missing_ok=True)
             shutil.rmtree(self.run_dir, ignore_errors=True)
+
+    def _dump_stub_stacks(self) -> None:
+        """SIGUSR1 to this server's Python-backend stubs: each writes all its threads' stacks to the log."""
+        for comm in Path("/proc").glob("[0-9]*/comm"):
+            try:
+                pid = int(comm.parent.name)
+                if comm.read_text().strip().startswith("triton_python") and os.getpgid(pid) == self.process.pid:
+                    os.kill(pid, signal.SIGUSR1)
+            except (OSError, ValueError):
+                continue
+        time.sleep(2)
 
     def __enter__(self) -> "TritonServer":
         return self.start()

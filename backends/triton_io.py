@@ -4,7 +4,9 @@
 """
 from __future__ import annotations
 
+import faulthandler
 import json
+import signal
 
 import numpy as np
 
@@ -14,6 +16,13 @@ def pb():
     import triton_python_backend_utils
 
     return triton_python_backend_utils
+
+
+def enable_stack_dumps() -> None:
+    """Tracebacks of all threads to the server log on a crash, and on SIGUSR1 (what the launcher sends
+    to the stubs before stopping a server that hangs, when UNIFIEDSERVE_DUMP_STACKS=1)."""
+    faulthandler.enable()
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
 
 
 def parameters(args: dict) -> dict[str, str]:

@@ -29,8 +29,9 @@ run_tests() {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/device.txt"
   python3 -c "import torch, transformers, numpy; print('torch', torch.__version__, 'transformers', transformers.__version__, 'numpy', numpy.__version__)" | tee -a "$OUT/device.txt"
   set +e
-  UNIFIEDSERVE_TEST_SERVER_LOG="$OUT/tritonserver.log" python3 -m pytest -q --durations=20 \
-    tests/e2e tests/unit/test_runtime_vs_transformers.py tests/unit/test_shared_tensor.py 2>&1 | tee "$OUT/pytest_gpu.log"
+  UNIFIEDSERVE_TEST_SERVER_LOG="$OUT/tritonserver.log" UNIFIEDSERVE_DUMP_STACKS=1 python3 -m pytest -q \
+    --durations=20 ${PYTEST_ARGS:-tests/e2e tests/unit/test_runtime_vs_transformers.py tests/unit/test_shared_tensor.py} \
+    2>&1 | tee "$OUT/pytest_gpu.log"
   local rc=${PIPESTATUS[0]}
   set -e
   return "$rc"

@@ -50,7 +50,8 @@ def test_a_bad_request_does_not_disturb_a_good_one_running_beside_it(grpc_url):
 
     def good():
         with Client(grpc_url) as client:
-            results["good"] = client.generate("Describe.", video=_tiny_video(), sampling={**OK, "max_tokens": 6})
+            results["good"] = client.generate("Describe.", video=_tiny_video(), sampling={**OK, "max_tokens": 6},
+                                              timeout_s=120)
 
     thread = threading.Thread(target=good)
     thread.start()
@@ -58,7 +59,7 @@ def test_a_bad_request_does_not_disturb_a_good_one_running_beside_it(grpc_url):
         for _ in range(5):
             with pytest.raises(ServerError):
                 client.generate("Describe.", video=b"\x00" * 4096, sampling=OK)
-    thread.join(timeout=300)
+    thread.join(timeout=150)
     assert results["good"].num_output_tokens >= 1
 
 

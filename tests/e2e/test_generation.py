@@ -69,7 +69,8 @@ def test_concurrent_requests_equal_their_solo_results(grpc_url):
 
     def run(kwargs):
         with Client(grpc_url) as client:
-            return client.generate("Describe it.", sampling=GREEDY, return_output_ids=True, **kwargs).token_ids
+            return client.generate("Describe it.", sampling=GREEDY, return_output_ids=True, timeout_s=120,
+                                   **kwargs).token_ids
 
     solo = {name: run(kwargs) for name, kwargs in jobs.items()}
     together: dict[str, list[int]] = {}
@@ -77,7 +78,7 @@ def test_concurrent_requests_equal_their_solo_results(grpc_url):
     for t in threads:
         t.start()
     for t in threads:
-        t.join(timeout=300)
+        t.join(timeout=150)
     assert together == solo
 
 

@@ -19,6 +19,7 @@ class TritonPythonModel:
         from backends.stages.device import stage_device
 
         self.io = triton_io
+        triton_io.enable_stack_dumps()
         params = triton_io.parameters(args)
         device = stage_device(params.get("device", "auto"), int(args.get("model_instance_device_id", 0)))
         self.worker = DecodeWorker(

@@ -17,6 +17,7 @@ class TritonPythonModel:
         from backends.stages.encode_prefill_worker import EncodePrefillWorker
 
         self.io = triton_io
+        triton_io.enable_stack_dumps()
         params = triton_io.parameters(args)
         device = stage_device(params.get("device", "auto"), int(args.get("model_instance_device_id", 0)))
         self.worker = EncodePrefillWorker(

@@ -20,6 +20,7 @@ class TritonPythonModel:
         from backends.stages.flashcodec_worker import FlashCodecWorker
 
         self.io = triton_io
+        triton_io.enable_stack_dumps()
         params = triton_io.parameters(args)
         self.worker = FlashCodecWorker(
             stage_device(params.get("device", "auto"), int(args.get("model_instance_device_id", 0))),

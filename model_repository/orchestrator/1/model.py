@@ -22,6 +22,7 @@ class TritonPythonModel:
         from orchestrator.service import Orchestrator, OrchestratorConfig
 
         self.frontend = frontend
+        triton_io.enable_stack_dumps()
         config = OrchestratorConfig.from_parameters(triton_io.parameters(args))
         self.orchestrator = Orchestrator(config, Metrics())
         self.loop = asyncio.new_event_loop()
