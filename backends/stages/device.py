@@ -1,4 +1,4 @@
-"""Which device a stage runs on (its ``device`` model parameter)."""
+"""What every stage's ``initialize`` starts with: its parameters and the device it runs on."""
 from __future__ import annotations
 
 import torch
@@ -15,3 +15,13 @@ def stage_device(value: str, instance_device_id: int = 0) -> torch.device:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device={value!r} but this machine has no CUDA GPU")
     return device
+
+
+def stage_setup(args: dict) -> tuple[dict[str, str], torch.device]:
+    """For a stage's ``initialize(args)``: its config parameters and its device (``device`` parameter,
+    see :func:`stage_device`); also turns on stack dumps to the server log."""
+    from backends import triton_io
+
+    triton_io.enable_stack_dumps()
+    params = triton_io.parameters(args)
+    return params, stage_device(params.get("device", "auto"), int(args.get("model_instance_device_id", 0)))

@@ -81,10 +81,8 @@ class EncodePrefillWorker:
             video_grid_thw=[tuple(m["grid_thw"]) for m in media if m["kind"] == "video"],
             second_per_grid_ts=[m["second_per_grid_t"] for m in media if m["kind"] == "video"])
         embeds = self.runner.embed(torch.tensor(ids, dtype=torch.long, device=self.device))
-        s = item["sampling"]
-        sampling = SamplingParams(temperature=s["temperature"], top_p=s["top_p"], top_k=s["top_k"], seed=s["seed"],
-                                  min_tokens=s["min_tokens"], ignore_eos=s["ignore_eos"])
-        self.prompts[item["req"]] = PromptState(embeds, positions.to(self.device), int(delta), sampling)
+        self.prompts[item["req"]] = PromptState(embeds, positions.to(self.device), int(delta),
+                                                SamplingParams(**item["sampling"]))
 
     def _encode(self, work: dict) -> None:
         state = self.prompts[work["req"]]

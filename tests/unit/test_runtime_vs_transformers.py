@@ -11,11 +11,11 @@ from backends.runtime.kv_cache import KVCacheLayout, pages_needed
 from backends.runtime.loader import ModelSpec, load_model
 from backends.runtime.model_runner import DecodeSeq, ModelRunner, PrefillChunk
 from backends.runtime.mrope import mrope_positions
+from tests.reference import assert_same_or_tie, reference_generate
 
 PAGE_SIZE = 4
 CHUNK = 13
 NEW_TOKENS = 12
-TIE = 1e-4  # logits closer than this may be ordered either way by float rounding
 
 
 @pytest.fixture(scope="module")
@@ -46,20 +46,8 @@ def _prompt(tokenizer, config, kind: str, grid: tuple[int, int, int] | None) -> 
 
 
 def _reference_generate(model, ids, kind, pixels, grid, seconds):
-    device = model.device
-    kwargs = {}
-    if kind == "video":
-        kwargs = dict(pixel_values_videos=pixels, video_grid_thw=torch.tensor([grid], device=device),
-                      second_per_grid_ts=torch.tensor([seconds], device=device))
-    elif kind == "image":
-        kwargs = dict(pixel_values=pixels, image_grid_thw=torch.tensor([grid], device=device))
-    input_ids = torch.tensor([ids], device=device)
-    # transformers 5.17 computes M-RoPE in generate() only when given the modality of each token.
-    mm_types = (input_ids == model.config.image_token_id).int() + 2 * (input_ids == model.config.video_token_id).int()
-    out = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), mm_token_type_ids=mm_types,
-                         do_sample=False, max_new_tokens=NEW_TOKENS, min_new_tokens=0, eos_token_id=None,
-                         output_logits=True, return_dict_in_generate=True, **kwargs)
-    return out.sequences[0, len(ids):].tolist(), [logits[0] for logits in out.logits]
+    media = {kind: (pixels, grid, seconds)} if kind != "text" else {}
+    return reference_generate(model, ids, NEW_TOKENS, **media)
 
 
 def _our_generate(runner, ids, kind, pixels, grid, seconds, rng):
@@ -95,15 +83,12 @@ def _our_generate(runner, ids, kind, pixels, grid, seconds, rng):
 
 
 def _assert_same_or_tie(ours, theirs, our_logits, ref_logits):
-    """Equal token ids; the first difference, if any, must be a genuine tie of the reference's top two.
-    Up to that step the logits must agree too."""
+    """Equal token ids (or a genuine tie at the first difference), with the logits agreeing up to it."""
     for step, (a, b) in enumerate(zip(ours, theirs)):
         torch.testing.assert_close(our_logits[step], ref_logits[step].float(), rtol=1e-4, atol=1e-4)
         if a != b:
-            top2 = ref_logits[step].topk(2).values
-            assert float(top2[0] - top2[1]) < TIE, f"step {step}: ours {a}, reference {b}, not a tie"
-            return
-    assert ours == theirs
+            break
+    assert_same_or_tie(ours, theirs, ref_logits)
 
 
 @pytest.mark.parametrize("kind,grid,seconds", [

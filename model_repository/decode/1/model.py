@@ -16,12 +16,10 @@ class TritonPythonModel:
         from backends import triton_io
         from backends.runtime.loader import ModelSpec
         from backends.stages.decode_worker import DecodeWorker
-        from backends.stages.device import stage_device
+        from backends.stages.device import stage_setup
 
         self.io = triton_io
-        triton_io.enable_stack_dumps()
-        params = triton_io.parameters(args)
-        device = stage_device(params.get("device", "auto"), int(args.get("model_instance_device_id", 0)))
+        params, device = stage_setup(args)
         self.worker = DecodeWorker(
             ModelSpec.from_parameters(params, device=str(device)), device,
             kv_pages=int(params["kv_pages"]), page_size=int(params["kv_page_size"]),

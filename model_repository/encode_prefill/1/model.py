@@ -13,13 +13,11 @@ class TritonPythonModel:
     def initialize(self, args):
         from backends import triton_io
         from backends.runtime.loader import ModelSpec
-        from backends.stages.device import stage_device
+        from backends.stages.device import stage_setup
         from backends.stages.encode_prefill_worker import EncodePrefillWorker
 
         self.io = triton_io
-        triton_io.enable_stack_dumps()
-        params = triton_io.parameters(args)
-        device = stage_device(params.get("device", "auto"), int(args.get("model_instance_device_id", 0)))
+        params, device = stage_setup(args)
         self.worker = EncodePrefillWorker(
             ModelSpec.from_parameters(params, device=str(device)), device)
 

@@ -16,15 +16,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repo root; t
 class TritonPythonModel:
     def initialize(self, args):
         from backends import triton_io
-        from backends.stages.device import stage_device
+        from backends.stages.device import stage_setup
         from backends.stages.flashcodec_worker import FlashCodecWorker
 
         self.io = triton_io
-        triton_io.enable_stack_dumps()
-        params = triton_io.parameters(args)
+        params, device = stage_setup(args)
         self.worker = FlashCodecWorker(
-            stage_device(params.get("device", "auto"), int(args.get("model_instance_device_id", 0))),
-            num_pages=int(params["patch_pages"]), page_size=int(params["patch_page_size"]),
+            device, num_pages=int(params["patch_pages"]), page_size=int(params["patch_page_size"]),
             threads=int(params["decode_threads"]))
 
     def execute(self, requests):
