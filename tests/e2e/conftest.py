@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 import urllib.request
 from pathlib import Path
 
@@ -31,6 +32,10 @@ def server(media_dir):
     with TritonServer(ports=ports, extra_env={"UNIFIEDSERVE_MEDIA_DIRS": str(media_dir)},
                       log_path=Path(log_path) if log_path else None) as srv:
         yield srv
+        # No leaks: after the whole suite every KV and patch page is free again.
+        m = wait_for_idle_pools(srv)
+        assert m["unifiedserve_kv_pages_free"] == m["unifiedserve_kv_pages_total"], m
+        assert m["unifiedserve_patch_pages_free"] == m["unifiedserve_patch_pages_total"], m
         log = srv.log_tail(20000)
     for needle in ("Traceback", "Stub process", "unhealthy", "Cannot remove future"):
         assert needle not in log, f"the server log shows {needle!r}:\n{log}"
@@ -55,3 +60,16 @@ def read_metrics(server) -> dict[str, float]:
             name, value = line.split()
             values[name] = float(value)
     return values
+
+
+def wait_for_idle_pools(server, timeout_s: float = 60.0) -> dict[str, float]:
+    """Poll the free-page gauges until they equal the totals with no request running; returns the last reading."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        m = read_metrics(server)
+        idle = (m["unifiedserve_kv_pages_free"] == m["unifiedserve_kv_pages_total"]
+                and m["unifiedserve_patch_pages_free"] == m["unifiedserve_patch_pages_total"]
+                and m["unifiedserve_requests_running"] == 0)
+        if idle or time.monotonic() > deadline:
+            return m
+        time.sleep(0.2)

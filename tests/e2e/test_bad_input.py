@@ -89,3 +89,15 @@ def test_truncated_video_gives_frames_or_a_clear_error(grpc_url):
         except ServerError as exc:
             assert any(w in str(exc).lower() for w in ("truncated", "corrupt", "video")), str(exc)
         assert client.generate("Still there?", sampling=OK).num_output_tokens >= 1
+
+
+def test_too_many_visual_tokens_are_refused_from_metadata(grpc_url):
+    """Case C7: 20 s of 640x360 sampled at 30 fps is ~90k visual tokens: refused before any decoding,
+    with the text tokens, visual tokens and the limit in the message."""
+    video = make_video(None, 640, 360, 600, 30)
+    with Client(grpc_url) as client:
+        with pytest.raises(ServerError) as error:
+            client.generate("Describe.", video=video, sampling={**OK, "fps": 30})
+        message = str(error.value)
+        assert "visual tokens" in message and "text tokens" in message and "max_model_len" in message, message
+        assert client.generate("Still there?", sampling=OK).num_output_tokens >= 1

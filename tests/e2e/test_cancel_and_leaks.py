@@ -1,35 +1,20 @@
 """Cancelled requests stop generating and return their pages (case C8; design.md, invariant 2)."""
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from client.api import Client
-from tests.e2e.conftest import read_metrics
+from tests.e2e.conftest import wait_for_idle_pools
 from tests.media import make_video
 
 pytestmark = pytest.mark.e2e
 LONG = {"max_tokens": 2000, "ignore_eos": True, "temperature": 0}
 
 
-def wait_for_idle_pools(server, timeout_s: float = 60.0) -> dict[str, float]:
-    """Poll the free-page gauges until they equal the totals; returns the last reading."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        m = read_metrics(server)
-        idle = (m["unifiedserve_kv_pages_free"] == m["unifiedserve_kv_pages_total"]
-                and m["unifiedserve_patch_pages_free"] == m["unifiedserve_patch_pages_total"]
-                and m["unifiedserve_requests_running"] == 0)
-        if idle or time.monotonic() > deadline:
-            return m
-        time.sleep(0.2)
-
-
 def test_cancelled_stream_stops_and_returns_its_pages(server, grpc_url):
     video = make_video(None, 160, 112, 20, 10)
     with Client(grpc_url) as client:
-        for _ in range(10):
+        for _ in range(30):
             partial = client.generate("Describe.", video=video, sampling=LONG, cancel_after_responses=3)
             assert partial.finish_reason == "cancelled" and partial.num_responses >= 3
         m = wait_for_idle_pools(server)
@@ -50,3 +35,28 @@ def test_cancel_while_media_is_still_decoding(server, grpc_url):
         m = wait_for_idle_pools(server)
         assert m["unifiedserve_patch_pages_free"] == m["unifiedserve_patch_pages_total"], m
         assert client.generate("Next one.", sampling={"max_tokens": 2}).num_output_tokens == 2
+
+
+def test_http_client_going_away_mid_stream(server, http_url):
+    """Case C8 over HTTP: the client closes the SSE connection after the first events. Triton 2.51's HTTP
+    frontend does not turn a closed connection into a cancellation (gRPC does), so generation runs to
+    max_tokens; the server must stay up and every page must come back."""
+    import http.client
+    import json
+
+    host, port = http_url.split(":")
+    for _ in range(5):
+        conn = http.client.HTTPConnection(host, int(port), timeout=60)
+        sampling = {**LONG, "max_tokens": 300}
+        body = {"text_input": "Tell me everything.", "stream": True, "sampling_parameters": json.dumps(sampling)}
+        conn.request("POST", "/v2/models/orchestrator/generate_stream", json.dumps(body),
+                     {"Content-Type": "application/json"})
+        response = conn.getresponse()
+        assert response.status == 200
+        events = 0
+        while events < 3:
+            if response.readline().startswith(b"data:"):
+                events += 1
+        conn.close()
+    m = wait_for_idle_pools(server, timeout_s=120)
+    assert m["unifiedserve_kv_pages_free"] == m["unifiedserve_kv_pages_total"], m
