@@ -128,30 +128,37 @@ def probe_video(source: Source) -> VideoInfo:
     complete packet, no decodable frame, or no frame rate.
     """
     with open_container(source) as container:
-        stream = container.streams.video[0]
-        packets = read_packets(container)
-        if not packets:
-            raise MediaError("video: truncated or empty: no complete video packet")
-        codec = stream.codec_context.codec.canonical_name
-        frame = _first_frame(stream, packets[:64])
-        if frame is None:
-            raise MediaError(f"video: corrupt: no frame of the {codec} stream decodes")
-        pts, fps, duration, vfr = _timing(stream, packets)
-        rotation = round(-frame.rotation / 90) * 90 % 360
-        turned = rotation in (90, 270)
-        return VideoInfo(
-            width=frame.height if turned else frame.width,
-            height=frame.width if turned else frame.height,
-            coded_width=frame.width,
-            coded_height=frame.height,
-            rotation=rotation,
-            fps=fps,
-            num_frames=len(pts),
-            duration_s=duration,
-            codec=codec,
-            frame_pts_s=tuple(pts),
-            variable_frame_rate=vfr,
-        )
+        return info_from_packets(container.streams.video[0], read_packets(container))
+
+
+def info_from_packets(stream: av.video.stream.VideoStream, packets: list[av.Packet]) -> VideoInfo:
+    """`VideoInfo` of `stream` from its complete packets (`read_packets`), decoding only the first frame.
+
+    The body of `probe_video`, shared with `gop.analyse_bitstream` so that both read the file once.
+    Raises MediaError as `probe_video` does.
+    """
+    if not packets:
+        raise MediaError("video: truncated or empty: no complete video packet")
+    codec = stream.codec_context.codec.canonical_name
+    frame = _first_frame(stream, packets[:64])
+    if frame is None:
+        raise MediaError(f"video: corrupt: no frame of the {codec} stream decodes")
+    pts, fps, duration, vfr = _timing(stream, packets)
+    rotation = round(-frame.rotation / 90) * 90 % 360
+    turned = rotation in (90, 270)
+    return VideoInfo(
+        width=frame.height if turned else frame.width,
+        height=frame.width if turned else frame.height,
+        coded_width=frame.width,
+        coded_height=frame.height,
+        rotation=rotation,
+        fps=fps,
+        num_frames=len(pts),
+        duration_s=duration,
+        codec=codec,
+        frame_pts_s=tuple(pts),
+        variable_frame_rate=vfr,
+    )
 
 
 def probe_image(data: bytes) -> ImageInfo:

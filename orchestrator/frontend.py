@@ -7,6 +7,7 @@ and always the final flag, also after a cancellation or an error.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import numpy as np
@@ -45,28 +46,14 @@ def _response(text: str, ids: list[int], with_ids: bool, reason: str | None = No
 
 async def handle(orchestrator: Orchestrator, request) -> None:
     """Serve one client request to the end; never raises."""
-    pb = io.pb()
-    final = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+    final = io.pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL
     sender = request.get_response_sender()
     try:
         parsed = parse_request(read_request(request), orchestrator.config.limits)
         active = await orchestrator.admit(parsed)
-        texts, ids = [], []
-        async for delta, token_ids, reason in orchestrator.generate(active, sender.is_cancelled):
-            texts.append(delta)
-            ids += token_ids
-            if reason is not None:
-                orchestrator.metrics.increment("unifiedserve_requests_finished", reason)
-            if reason == "abort":
-                sender.send(flags=final)
-                return
-            counts = (len(active.prompt.input_ids), len(ids))
-            if parsed.stream:
-                sender.send(_response(delta, token_ids, parsed.return_output_ids, reason, counts),
-                            flags=final if reason else 0)
-            elif reason is not None:
-                text = "".join(texts) if parsed.exclude_input_in_output else parsed.text + "".join(texts)
-                sender.send(_response(text, ids, parsed.return_output_ids, reason, counts), flags=final)
+        # aclosing: leaving the loop early (cancellation) releases the request's pages now, not at GC.
+        async with contextlib.aclosing(orchestrator.generate(active, sender.is_cancelled)) as tokens:
+            await _send_tokens(orchestrator, parsed, active, tokens, sender)
     except InvalidInput as exc:
         sender.send(io.error(str(exc)), flags=final)
     except StageError as exc:
@@ -74,3 +61,23 @@ async def handle(orchestrator: Orchestrator, request) -> None:
     except Exception as exc:  # a bug must not leave the client hanging or kill the model
         log.exception("orchestrator: request failed")
         sender.send(io.error(f"internal error: {type(exc).__name__}: {exc}", invalid_argument=False), flags=final)
+
+
+async def _send_tokens(orchestrator: Orchestrator, parsed, active, tokens, sender) -> None:
+    final = io.pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL
+    texts, ids = [], []
+    async for delta, token_ids, reason in tokens:
+        texts.append(delta)
+        ids += token_ids
+        if reason is not None:
+            orchestrator.metrics.increment("unifiedserve_requests_finished", reason)
+        if reason == "abort":
+            sender.send(flags=final)
+            return
+        counts = (len(active.prompt.input_ids), len(ids))
+        if parsed.stream:
+            sender.send(_response(delta, token_ids, parsed.return_output_ids, reason, counts),
+                        flags=final if reason else 0)
+        elif reason is not None:
+            text = "".join(texts) if parsed.exclude_input_in_output else parsed.text + "".join(texts)
+            sender.send(_response(text, ids, parsed.return_output_ids, reason, counts), flags=final)
