@@ -1,11 +1,15 @@
 """Frame decoders: sampled frame indices in, upright RGB frames out.
 
-`FrameDecoder` is the contract a GPU decoder (NVDEC through PyNvVideoCodec) implements later; `CpuDecoder`
-is the PyAV/FFmpeg implementation.
+`FrameDecoder` is the contract; `CpuDecoder` decodes sequentially with PyAV/FFmpeg (the reference); the
+GOP-parallel decoders are `flashcodec.parallel` (CPU) and `flashcodec.nvdec`. `DecodePaths` counts which
+decoder path served each video.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
 from typing import Iterator, Protocol, Sequence
 
 import av
@@ -14,6 +18,8 @@ import numpy as np
 from flashcodec.errors import MediaError
 from flashcodec.probe import Source, open_container, read_packets
 
+log = logging.getLogger(__name__)
+
 
 class FrameDecoder(Protocol):
     def decode(self, source: Source, frame_indices: Sequence[int]) -> Iterator[np.ndarray]:
@@ -21,7 +27,8 @@ class FrameDecoder(Protocol):
 
         `frame_indices`: presentation-order indices into the video (those of `VideoInfo.frame_pts_s`),
         non-decreasing; a repeated index yields the same frame again. Each frame is an HxWx3 uint8 RGB array,
-        turned upright by the stream's display rotation (H, W = `VideoInfo.height`, `.width`). Damaged input:
+        turned upright by the stream's display rotation (H, W = `VideoInfo.height`, `.width`); a GPU decoder
+        yields 3xHxW uint8 torch tensors on its device instead (RGB planar). Damaged input:
         a frame that cannot be decoded is replaced by the nearest decoded frame before it (after it if there is
         none before); MediaError if no frame decodes. Raises ValueError for indices that are negative or not
         non-decreasing, MediaError for indices past the last frame. Never blocks on input: work is bounded by
@@ -30,7 +37,37 @@ class FrameDecoder(Protocol):
         ...
 
 
-def _to_rgb(frame: av.VideoFrame) -> np.ndarray:
+class DecodePaths:
+    """Thread-safe counts of videos per decode path: "nvdec", "cpu_parallel" or "cpu" (exposed as a metric).
+
+    `count(path, reason)` logs a fallback (with its reason) at INFO, the normal path at DEBUG.
+    """
+
+    def __init__(self) -> None:
+        self._counts: Counter[str] = Counter()
+        self._lock = threading.Lock()
+
+    def count(self, path: str, reason: str = "") -> None:
+        with self._lock:
+            self._counts[path] += 1
+        if reason:
+            log.info("video decoded on the %s path: %s", path, reason)
+        else:
+            log.debug("video decoded on the %s path", path)
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._counts)
+
+
+def check_indices(indices: Sequence[int]) -> None:
+    """Raise ValueError unless `indices` are non-negative and non-decreasing (the FrameDecoder contract)."""
+    if indices and (indices[0] < 0 or any(b < a for a, b in zip(indices, indices[1:]))):
+        raise ValueError(f"frame_indices must be non-negative and non-decreasing, got {list(indices[:8])}...")
+
+
+def upright_rgb(frame: av.VideoFrame) -> np.ndarray:
+    """A decoded frame as HxWx3 uint8 RGB, turned upright by its display rotation."""
     rgb = frame.to_ndarray(format="rgb24")
     clockwise = round(-frame.rotation / 90) % 4  # FFmpeg's display-matrix angle is counter-clockwise
     return np.ascontiguousarray(np.rot90(rgb, k=-clockwise)) if clockwise else rgb
@@ -63,13 +100,15 @@ class CpuDecoder:
     """
 
     threads: int = 0
+    paths: DecodePaths | None = field(default=None, compare=False)  # counts "cpu" per decoded video
 
     def decode(self, source: Source, frame_indices: Sequence[int]) -> Iterator[np.ndarray]:
         indices = list(frame_indices)
         if not indices:
             return
-        if indices[0] < 0 or any(b < a for a, b in zip(indices, indices[1:])):
-            raise ValueError(f"frame_indices must be non-negative and non-decreasing, got {indices[:8]}...")
+        check_indices(indices)
+        if self.paths is not None:
+            self.paths.count("cpu")
         with open_container(source) as container:
             stream = container.streams.video[0]
             stream.thread_type = "SLICE"  # frame threading can deadlock on close when decoding stops early (PyAV #1849)
@@ -100,7 +139,7 @@ class CpuDecoder:
 
         def rgb(frame: av.VideoFrame) -> np.ndarray:
             if cache[0] is not frame:
-                cache[:] = [frame, _to_rgb(frame)]
+                cache[:] = [frame, upright_rgb(frame)]
             return cache[1]
 
         for position, frame in enumerate(self._frames(stream, packets)):

@@ -3,6 +3,8 @@
 A GOP runs from a keyframe packet to the packet before the next keyframe, in decode order. It is *open* when a
 packet after its keyframe has a lower PTS than the keyframe: leading B-frames that are shown before the keyframe
 and reference the previous GOP (x264 `open-gop`, HEVC CRA); they decode correctly only after that GOP.
+A packet is *disposable* when no other picture references it (H.264 `nal_ref_idc` 0; HEVC sub-layer
+non-reference NAL types in a single-layer stream): a decoder may skip it unless that frame itself is wanted.
 """
 from __future__ import annotations
 
@@ -51,8 +53,10 @@ class BitstreamMap:
     "yuv420p", "yuv444p10le") and `bit_depth` (bits per luma sample) say what a hardware decoder must support.
     Per packet in decode order: `packet_pts`/`packet_dts` (ticks of `time_base`, None where the container has
     none), `packet_gop` (its GOP's index). `frame_packet[i]`: the decode-order packet of presentation index i
-    (the order of `info.frame_pts_s`). `exact_timestamps`: every packet has a PTS and no two share one, so frames
-    can be matched to packets by PTS; when False the GOP decoders fall back to a sequential decode.
+    (the order of `info.frame_pts_s`). `packet_disposable`: per packet, no other picture references it (read
+    from the NAL headers of MP4/MKV-style H.264 and HEVC; always False for other codecs and Annex B streams).
+    `exact_timestamps`: every packet has a PTS and no two share one, so frames can be matched to packets by
+    PTS; when False the GOP decoders fall back to a sequential decode.
     """
 
     info: VideoInfo
@@ -65,6 +69,7 @@ class BitstreamMap:
     packet_dts: tuple[int | None, ...]
     packet_gop: tuple[int, ...]
     frame_packet: tuple[int, ...]
+    packet_disposable: tuple[bool, ...]
     exact_timestamps: bool
 
     def gop_of_frame(self, frame: int) -> Gop:
@@ -77,6 +82,35 @@ def _presentation_order(pts: list[int | None]) -> list[int]:
     if any(p is None for p in pts):
         return list(range(len(pts)))
     return sorted(range(len(pts)), key=lambda i: (pts[i], i))
+
+
+def _nal_layout(context: av.codec.context.CodecContext) -> tuple[int, bool] | None:
+    """(NAL length-prefix size in bytes, HEVC?) of a length-prefixed H.264 (avcC) or single-layer HEVC (hvcC)
+    stream, from its extradata (ISO/IEC 14496-15); None when disposable pictures cannot be told."""
+    extra = context.extradata or b""
+    if context.name == "h264" and len(extra) > 4 and extra[0] == 1:
+        return (extra[4] & 3) + 1, False
+    # HEVC sub-layer non-reference pictures may be referenced from higher temporal layers: one layer only
+    if context.name == "hevc" and len(extra) > 22 and extra[0] == 1 and (extra[21] >> 3) & 7 == 1:
+        return (extra[21] & 3) + 1, True
+    return None
+
+
+def _disposable(data: memoryview, length_size: int, hevc: bool) -> bool:
+    """Whether the picture in this access unit (length-prefixed NAL units) is referenced by no other."""
+    pos = 0
+    while pos + length_size < len(data):
+        size = int.from_bytes(data[pos : pos + length_size], "big")
+        pos += length_size
+        if not size or pos + size > len(data):
+            return False
+        head = data[pos]
+        if hevc and head >> 1 & 0x3F < 32:  # the first VCL NAL: TRAIL_N, TSA_N, STSA_N, RADL_N, RASL_N, RSV_N
+            return head >> 1 & 0x3F <= 14 and head >> 1 & 1 == 0
+        if not hevc and head & 0x1F in (1, 5):  # the first slice: nal_ref_idc 0 means a non-reference picture
+            return head >> 5 == 0
+        pos += size
+    return False
 
 
 def _gops(packets: list[av.Packet], frame_of_packet: list[int], time_base: Fraction) -> list[Gop]:
@@ -126,6 +160,8 @@ def analyse_bitstream(source: Source) -> BitstreamMap:
             frame_of_packet[packet] = frame
         gops = _gops(packets, frame_of_packet, time_base)
         packet_gop = [g.index for g in gops for _ in range(g.num_frames)]
+        layout = _nal_layout(context)
+        disposable = [bool(layout) and not p.is_keyframe and _disposable(memoryview(p), *layout) for p in packets]
         fmt = context.format
         return BitstreamMap(
             info=info,
@@ -138,5 +174,6 @@ def analyse_bitstream(source: Source) -> BitstreamMap:
             packet_dts=tuple(p.dts for p in packets),
             packet_gop=tuple(packet_gop),
             frame_packet=tuple(order),
+            packet_disposable=tuple(disposable),
             exact_timestamps=None not in pts and len(set(pts)) == len(pts),
         )

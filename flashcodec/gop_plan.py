@@ -1,9 +1,11 @@
-"""Decode tasks from a GOP map and the sampled frames: which packets to decode, on how many decoders, in what order.
+"""Decode tasks from a GOP map and the sampled frames: which packets to decode, on how many decoders, in what
+order; and the frames of finished tasks back in order (`frames_in_order`).
 
 Pure Python on `gop.BitstreamMap` (no PyAV, no torch), shared by the GOP-parallel CPU decoder and NVDEC.
 
 * Only GOPs holding a sampled frame are decoded, each from its keyframe up to the packet (decode order) of its
-  last sampled frame; the rest of the GOP is never fed to a decoder.
+  last sampled frame; the rest of the GOP is never fed to a decoder, nor are disposable packets (pictures no
+  other picture references, `gop.BitstreamMap.packet_disposable`) that are not sampled themselves.
 * Open GOPs: a sampled *leading* frame (shown before its GOP's keyframe) references the previous GOP, so that
   GOP is decoded whole in the same task, straight into the next one (exact, at the cost of one more GOP).
   When no leading frame is sampled, decoding starts at the open GOP's keyframe and its leading frames, which
@@ -23,9 +25,11 @@ Pure Python on `gop.BitstreamMap` (no PyAV, no torch), shared by the GOP-paralle
 from __future__ import annotations
 
 import math
+from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Iterator, Sequence
 
+from flashcodec.errors import MediaError
 from flashcodec.gop import BitstreamMap
 
 MAX_GOP_SIZE = 256  # decoded packets (frames) per task or task part
@@ -33,10 +37,12 @@ MAX_GOP_SIZE = 256  # decoded packets (frames) per task or task part
 
 @dataclass(frozen=True)
 class Segment:
-    """Packets `first_packet` .. `last_packet` (decode order, inclusive) decoded in one run from a keyframe."""
+    """Packets `first_packet` .. `last_packet` (decode order, inclusive) read in one run from a keyframe; all
+    are decoded but `skip` (disposable, not sampled), which a decoder that can choose its packets leaves out."""
 
     first_packet: int
     last_packet: int
+    skip: frozenset[int] = frozenset()
 
     @property
     def num_packets(self) -> int:
@@ -55,7 +61,8 @@ class TaskPart:
 @dataclass(frozen=True)
 class DecodeTask:
     """Work for one decoder session: `segments` decoded in order (each starts at a GOP's keyframe; the decoder is
-    drained and reset between segments), returning `parts` in order. `cost`: packets decoded."""
+    drained and reset between segments), returning `parts` in order. `cost`: packets decoded, skipped ones not
+    counted; `num_packets`: packets read."""
 
     index: int
     segments: tuple[Segment, ...]
@@ -63,6 +70,10 @@ class DecodeTask:
 
     @property
     def cost(self) -> int:
+        return sum(s.num_packets - len(s.skip) for s in self.segments)
+
+    @property
+    def num_packets(self) -> int:
         return sum(s.num_packets for s in self.segments)
 
     @property
@@ -98,32 +109,50 @@ def _units(until: dict[int, int], linked: set[int]) -> list[list[int]]:
     return units
 
 
-def _segments(bmap: BitstreamMap, gops: list[int], until: dict[int, int]) -> tuple[Segment, ...]:
-    segments: list[Segment] = []
+def _segments(bmap: BitstreamMap, gops: list[int], until: dict[int, int], sampled: set[int]) -> tuple[Segment, ...]:
+    """Decode runs of `gops`; `sampled`: packets of sampled frames (never skipped)."""
+    runs: list[list[int]] = []
     for index in gops:
         first = bmap.gops[index].first_packet
-        if segments and segments[-1].last_packet + 1 == first:  # the previous GOP was decoded whole: go on
-            segments[-1] = Segment(segments[-1].first_packet, until[index])
+        if runs and runs[-1][1] + 1 == first:  # the previous GOP was decoded whole: go on
+            runs[-1][1] = until[index]
         else:
-            segments.append(Segment(first, until[index]))
-    return tuple(segments)
+            runs.append([first, until[index]])
+    disposable = bmap.packet_disposable
+    return tuple(
+        Segment(a, b, frozenset(p for p in range(a, b + 1) if disposable[p] and p not in sampled)) for a, b in runs)
+
+
+def _group(units: list[list[int]], cost: dict[int, int], limit: int) -> list[list[int]]:
+    """Pack consecutive units into groups of at most `limit` cost (a unit over it alone), first fit in order."""
+    groups: list[list[int]] = []
+    load = 0
+    for unit in units:
+        unit_cost = sum(cost[i] for i in unit)
+        if groups and load + unit_cost <= limit:
+            groups[-1].extend(unit)
+            load += unit_cost
+        else:
+            groups.append(list(unit))
+            load = unit_cost
+    return groups
 
 
 def _parts(bmap: BitstreamMap, segments: tuple[Segment, ...], frames: list[int], max_gop_size: int):
-    """Split a task's frames (presentation order) so each part needs at most `max_gop_size` decoded packets
-    beyond the previous part."""
-    offsets, done = {}, 0  # segment start packet -> decoded packets before it in this task
+    """Split a task's frames (presentation order) so each part needs at most `max_gop_size` packets read
+    beyond the previous part (skipped packets count: the bound holds for decoded ones a fortiori)."""
+    offsets, done = {}, 0  # segment start packet -> packets read before it in this task
     for segment in segments:
         offsets[segment.first_packet] = done
         done += segment.num_packets
 
-    def position(packet: int) -> int:  # decoded packets up to and including `packet`
+    def position(packet: int) -> int:  # packets read up to and including `packet`
         start = max(s for s in offsets if s <= packet)
         return offsets[start] + packet - start + 1
 
     parts: list[TaskPart] = []
     current: list[int] = []
-    reached, until = 0, -1  # decoded packets the previous parts need; last packet the current part needs
+    reached, until = 0, -1  # packets the previous parts need; last packet the current part needs
     for frame in frames:
         packet = bmap.frame_packet[frame]
         if current and position(max(until, packet)) - reached > max_gop_size:
@@ -151,27 +180,62 @@ def plan_gop_tasks(
     if targets and not 0 <= targets[0] <= targets[-1] < bmap.info.num_frames:
         raise ValueError(f"frame indices must be in [0, {bmap.info.num_frames}), got {targets[0]}..{targets[-1]}")
     until, linked = _needed_until(bmap, targets)
-    units = _units(until, linked)
-    cost = {index: last - bmap.gops[index].first_packet + 1 for index, last in until.items()}
-    total = sum(cost.values())
-    limit = max(1, min(max_gop_size, math.ceil(total / workers)))
-    groups: list[list[int]] = []
-    load = 0
-    for unit in units:
-        unit_cost = sum(cost[i] for i in unit)
-        if groups and load + unit_cost <= limit:
-            groups[-1].extend(unit)
-            load += unit_cost
-        else:
-            groups.append(list(unit))
-            load = unit_cost
+    sampled = {bmap.frame_packet[f] for f in targets}
+    fed = [not d for d in bmap.packet_disposable]
+    cost = {i: sum(fed[p] or p in sampled for p in range(bmap.gops[i].first_packet, end + 1))
+            for i, end in until.items()}
+    limit = max(1, min(max_gop_size, math.ceil(sum(cost.values()) / workers)))
+    groups = _group(_units(until, linked), cost, limit)
     frames_of = {index: [] for index in until}
     for frame in targets:
         frames_of[bmap.packet_gop[bmap.frame_packet[frame]]].append(frame)
     tasks = []
     for gops in groups:
-        segments = _segments(bmap, gops, until)
+        segments = _segments(bmap, gops, until, sampled)
         frames = sorted(f for index in gops for f in frames_of[index])
         tasks.append((frames[0], segments, _parts(bmap, segments, frames, max_gop_size)))
     tasks.sort(key=lambda t: t[0])
     return tuple(DecodeTask(i, segments, parts) for i, (_, segments, parts) in enumerate(tasks))
+
+
+def frames_in_order(
+    tasks: Sequence[DecodeTask],
+    frame_indices: Sequence[int],
+    submit: Callable[[DecodeTask], list[Future]],
+    window: int,
+) -> Iterator:
+    """Yield the frame of each entry of `frame_indices` in order, from `tasks` run by `submit`.
+
+    `submit(task)` starts a task and returns one Future per part, resolving to that part's frames in
+    `part.frames` order (None for a frame that did not decode). At most `window` tasks, counting the one being
+    read, are submitted at a time, which bounds the decoded frames held in memory. A frame that did not decode is
+    replaced by the nearest decoded frame before it (after it if there is none), as `CpuDecoder` does. On
+    exit (end, error, or the consumer closing the generator) the futures not yet started are cancelled.
+    Raises what a part's future raises, and MediaError if no frame decodes at all.
+    """
+    owner = {f: (task.index, p, k)
+             for task in tasks for p, part in enumerate(task.parts) for k, f in enumerate(part.frames)}
+    futures: dict[int, list[Future]] = {}
+    submitted, previous, waiting = 0, None, 0  # waiting: lost frames seen before any decoded one
+    try:
+        for frame in frame_indices:
+            t, p, k = owner[frame]
+            while submitted < min(len(tasks), t + window):
+                futures[submitted] = submit(tasks[submitted])
+                submitted += 1
+            for done in [i for i in futures if i < t]:
+                del futures[done]  # consumed: let its frames go
+            decoded = futures[t][p].result()[k]
+            if decoded is None and previous is None:
+                waiting += 1
+                continue
+            for _ in range(waiting):
+                yield decoded
+            waiting, previous = 0, decoded if decoded is not None else previous
+            yield previous
+        if waiting:
+            raise MediaError("video: corrupt: no frame could be decoded")
+    finally:
+        for parts in futures.values():
+            for future in parts:
+                future.cancel()

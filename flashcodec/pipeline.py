@@ -1,16 +1,29 @@
-"""Media -> patch rows, one temporal-patch group at a time: decode (decoders), resize + patchify (preprocess)."""
+"""Media -> patch rows, one temporal-patch group at a time: decode (decoders), resize + patchify (preprocess).
+
+`make_decoder` picks the video decoder for a stage: NVDEC on a GPU when PyNvVideoCodec works there, else the
+GOP-parallel CPU decoder, else the sequential CPU decoder.
+"""
 from __future__ import annotations
 
+import logging
+import os
+from dataclasses import dataclass
 from typing import Iterator
 
 import torch
 
-from flashcodec.decoders import CpuDecoder, FrameDecoder
+from flashcodec.decoders import CpuDecoder, DecodePaths, FrameDecoder
 from flashcodec.errors import MediaError
+from flashcodec.gop_plan import MAX_GOP_SIZE
+from flashcodec.gop_pool import PoolUnavailable
 from flashcodec.images import load_image
-from flashcodec.preprocess import image_patches, video_group_patches
+from flashcodec.nvdec import NvdecDecoder, NvdecUnavailable
+from flashcodec.parallel import ParallelCpuDecoder
+from flashcodec.preprocess import image_patches, normalize, patchify_group, resize_frames, video_group_patches
 from flashcodec.probe import Source
 from flashcodec.sampling import TEMPORAL_PATCH_SIZE, ImagePlan, VideoPlan
+
+log = logging.getLogger(__name__)
 
 
 def iter_video_groups(
@@ -18,16 +31,22 @@ def iter_video_groups(
 ) -> Iterator[tuple[int, torch.Tensor]]:
     """Yield `(group_index, patches)` for g = 0 .. plan.num_groups - 1 as soon as each group's 2 frames decode.
 
-    `patches`: float32 [plan.patches_per_group, 1176] (see `preprocess.video_group_patches`). Frames are those
-    of `plan.frame_indices`, decoded by `decoder` (default `CpuDecoder()`); memory is one group at a time.
-    Raises MediaError if the decoder does (undecodable file) or yields fewer frames than planned.
+    `patches`: float32 [plan.patches_per_group, 1176] (see `preprocess.video_group_patches`), on the device of
+    the decoder's frames: the CPU for numpy frames, the GPU for a GPU decoder's 3xHxW tensors (resized and
+    normalised there). Frames are those of `plan.frame_indices`, decoded by `decoder` (default `CpuDecoder()`);
+    memory is one group at a time. Raises MediaError if the decoder does (undecodable file) or yields fewer
+    frames than planned.
     """
     frames = (decoder or CpuDecoder()).decode(source, plan.frame_indices)
     for group in range(plan.num_groups):
         pair = [frame for _, frame in zip(range(TEMPORAL_PATCH_SIZE), frames)]
         if len(pair) < TEMPORAL_PATCH_SIZE:
             raise MediaError(f"video: truncated: group {group} of {plan.num_groups} has no frames")
-        yield group, video_group_patches(pair, plan.resized_height, plan.resized_width)
+        if isinstance(pair[0], torch.Tensor):
+            pixels = resize_frames(torch.stack(pair), plan.resized_height, plan.resized_width)
+            yield group, patchify_group(normalize(pixels))
+        else:
+            yield group, video_group_patches(pair, plan.resized_height, plan.resized_width)
 
 
 def image_group(data: bytes, plan: ImagePlan) -> torch.Tensor:
@@ -36,3 +55,53 @@ def image_group(data: bytes, plan: ImagePlan) -> torch.Tensor:
     Raises MediaError for bytes that do not decode to an image.
     """
     return image_patches(load_image(data), plan.resized_height, plan.resized_width)
+
+
+@dataclass(frozen=True)
+class DecoderChoice:
+    """The decoder a stage uses (`path`: "nvdec", "cpu_parallel" or "cpu") and `paths`, the per-video counts of
+    the path that really decoded (fallbacks included), to expose as a metric. `close()` stops its processes."""
+
+    decoder: FrameDecoder
+    path: str
+    paths: DecodePaths
+
+    def close(self) -> None:
+        close = getattr(self.decoder, "close", None)
+        if close is not None:
+            close()
+
+
+def make_decoder(
+    device: torch.device | str = "auto",
+    cpu_workers: int | None = None,
+    nvdec_sessions: int | None = None,
+    max_gop_size: int = MAX_GOP_SIZE,
+    part_timeout_s: float = 60.0,
+) -> DecoderChoice:
+    """The best video decoder available for `device` ("auto": the first GPU if there is one, else the CPU).
+
+    On a CUDA device: `nvdec.NvdecDecoder` with `nvdec_sessions` sessions (default one per NVDEC engine),
+    falling back per video to the CPU decoder below. CPU: `parallel.ParallelCpuDecoder` with `cpu_workers`
+    processes (default: the usable cores; 1 means the sequential `CpuDecoder`), or `CpuDecoder` when the
+    processes cannot start. Each step down is logged with its reason; the choice is logged at INFO.
+    """
+    paths = DecodePaths()
+    decoder: FrameDecoder = CpuDecoder(paths=paths)
+    path = "cpu"
+    workers = cpu_workers or len(os.sched_getaffinity(0))
+    if workers > 1:
+        try:
+            decoder = ParallelCpuDecoder(workers, max_gop_size, part_timeout_s, paths=paths)
+            path = "cpu_parallel"
+        except PoolUnavailable as exc:
+            log.warning("GOP-parallel CPU decoding unavailable, decoding sequentially: %s", exc)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu") if str(device) == "auto" else device
+    if torch.device(device).type == "cuda":
+        try:
+            decoder = NvdecDecoder(torch.device(device).index or 0, nvdec_sessions, max_gop_size, decoder, paths)
+            path = "nvdec"
+        except NvdecUnavailable as exc:
+            log.warning("NVDEC unavailable on %s, decoding on the CPU: %s", device, exc)
+    log.info("FlashCodec decodes video on the %s path", path)
+    return DecoderChoice(decoder, path, paths)

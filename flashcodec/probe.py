@@ -8,7 +8,7 @@ import io
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Union
+from typing import Iterator, Union
 
 import av
 from PIL import Image, UnidentifiedImageError
@@ -76,14 +76,17 @@ def read_packets(container: av.container.InputContainer) -> list[av.Packet]:
     Empty and incomplete packets (a file cut short) are dropped; a container damaged part-way gives the packets
     read before the damage.
     """
-    packets = []
+    return list(iter_packets(container))
+
+
+def iter_packets(container: av.container.InputContainer) -> Iterator[av.Packet]:
+    """`read_packets` one by one, from wherever the container is (after a seek, too)."""
     try:
         for packet in container.demux(container.streams.video[0]):
             if packet.size and not packet.is_corrupt:
-                packets.append(packet)
+                yield packet
     except av.FFmpegError:
-        pass  # damage: keep what was read; the caller decides whether that is enough
-    return packets
+        return  # damage: keep what was read; the caller decides whether that is enough
 
 
 def _first_frame(stream: av.video.stream.VideoStream, packets: list[av.Packet]) -> av.VideoFrame | None:

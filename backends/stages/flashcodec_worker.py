@@ -18,7 +18,7 @@ import torch
 from backends import shared_tensor
 from flashcodec.errors import MediaError
 from flashcodec.patch_pool import write_group
-from flashcodec.pipeline import image_group, iter_video_groups
+from flashcodec.pipeline import image_group, iter_video_groups, make_decoder
 from flashcodec.sampling import ImagePlan, VideoPlan
 
 log = logging.getLogger(__name__)
@@ -40,6 +40,8 @@ class FlashCodecWorker:
 
     def __init__(self, device: torch.device, num_pages: int, page_size: int, threads: int):
         self.pool = shared_tensor.create("patch_pool", (num_pages, page_size, PATCH_DIM), torch.float32, device)
+        # NVDEC on a GPU, else GOP-parallel PyAV processes, else sequential PyAV (logged, counted per video).
+        self.decoder = make_decoder(device)
         self.executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="flashcodec")
         self.cancelled: set[str] = set()
         self.lock = threading.Lock()
@@ -59,7 +61,7 @@ class FlashCodecWorker:
     def _run(self, request_id, media, plan, pages, on_group, on_done) -> None:
         error = None
         try:
-            groups = (iter_video_groups(media, plan) if isinstance(plan, VideoPlan)
+            groups = (iter_video_groups(media, plan, self.decoder.decoder) if isinstance(plan, VideoPlan)
                       else iter([(0, image_group(media, plan))]))
             for index, patches in groups:
                 with self.lock:
@@ -79,6 +81,11 @@ class FlashCodecWorker:
                 self.cancelled.discard(request_id)
             on_done(error)
 
+    def videos_per_path(self) -> dict[str, int]:
+        """Videos decoded so far per path ("nvdec", "cpu_parallel", "cpu"), for the metrics endpoint."""
+        return self.decoder.paths.snapshot()
+
     def shutdown(self) -> None:
         self.executor.shutdown(wait=False, cancel_futures=True)
+        self.decoder.close()
         self.pool.release()

@@ -6,6 +6,7 @@ as soon as its patches are in the pool, then the final flag. op "abort": stop re
 """
 import json
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +25,11 @@ class TritonPythonModel:
         self.worker = FlashCodecWorker(
             device, num_pages=int(params["patch_pages"]), page_size=int(params["patch_page_size"]),
             threads=int(params["decode_threads"]))
+        pb = triton_io.pb()
+        self.videos = pb.MetricFamily("unifiedserve_videos_decoded", "videos decoded, by decode path (nvdec, "
+                                      "cpu_parallel, cpu)", pb.MetricFamily.GAUGE)
+        self.video_metrics = {}
+        self.metrics_lock = threading.Lock()  # on_done runs on the decode threads
 
     def execute(self, requests):
         io, pb = self.io, self.io.pb()
@@ -45,9 +51,20 @@ class TritonPythonModel:
                 if error:
                     sender.send(io.error(error))
                 sender.send(flags=final)
+                self._update_metrics()
 
             self.worker.submit(request_id, media, plan["media_plan"], plan["pages"], on_group, on_done)
         return None
+
+    def _update_metrics(self):
+        with self.metrics_lock:
+            self._set_video_counts()
+
+    def _set_video_counts(self):
+        for path, count in self.worker.videos_per_path().items():
+            if path not in self.video_metrics:
+                self.video_metrics[path] = self.videos.Metric(labels={"path": path})
+            self.video_metrics[path].set(count)
 
     def finalize(self):
         self.worker.shutdown()

