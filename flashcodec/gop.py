@@ -177,3 +177,19 @@ def analyse_bitstream(source: Source) -> BitstreamMap:
             packet_disposable=tuple(disposable),
             exact_timestamps=None not in pts and len(set(pts)) == len(pts),
         )
+
+
+def map_for_indices(source: Source, frame_indices) -> tuple[list[int], "BitstreamMap | None"]:
+    """The checked frame indices and the GOP map a GOP decoder needs; the map is None when there is
+    nothing to decode. Raises ValueError for indices out of order, MediaError for one past the last frame."""
+    from flashcodec.decoders import check_indices
+    from flashcodec.errors import MediaError
+
+    indices = list(frame_indices)
+    check_indices(indices)
+    if not indices:
+        return indices, None
+    bmap = analyse_bitstream(source)
+    if indices[-1] >= bmap.info.num_frames:
+        raise MediaError(f"video: frame index {indices[-1]} is past the last frame ({bmap.info.num_frames} frames)")
+    return indices, bmap

@@ -19,9 +19,8 @@ from typing import Iterator, Sequence
 
 import torch
 
-from flashcodec.decoders import CpuDecoder, DecodePaths, FrameDecoder, check_indices
-from flashcodec.errors import MediaError
-from flashcodec.gop import BitstreamMap, analyse_bitstream
+from flashcodec.decoders import CpuDecoder, DecodePaths, FrameDecoder
+from flashcodec.gop import BitstreamMap, map_for_indices
 from flashcodec.gop_plan import MAX_GOP_SIZE, DecodeTask, frames_in_order, plan_gop_tasks
 from flashcodec.parallel import as_file
 from flashcodec.probe import Source
@@ -102,7 +101,7 @@ class NvdecDecoder:
         engines = (self._caps("h264", "yuv420p", 8) or {}).get("num_decoder_engines")
         self.sessions = sessions or engines or DEFAULT_SESSIONS
         self.max_gop_size, self.window = max_gop_size, window or 2 * self.sessions
-        self.fallback, self.paths = fallback or CpuDecoder(), paths
+        self.fallback, self.paths = fallback or CpuDecoder(), paths or DecodePaths()
         self._executor = ThreadPoolExecutor(self.sessions, thread_name_prefix="nvdec")
         self._local = threading.local()  # this thread's session: a SimpleDecoder and the path it is set to
         self._stats: dict[str, SessionStats] = {}
@@ -128,24 +127,16 @@ class NvdecDecoder:
         except Exception:  # an enum this build lacks, or the driver refusing the query: not supported
             return None
 
-    def _count(self, path: str, reason: str = "") -> None:
-        if self.paths is not None:
-            self.paths.count(path, reason)
-
     def decode(self, source: Source, frame_indices: Sequence[int]) -> Iterator[torch.Tensor]:
-        indices = list(frame_indices)
-        check_indices(indices)
-        if not indices:
+        indices, bmap = map_for_indices(source, frame_indices)
+        if bmap is None:
             return
-        bmap = analyse_bitstream(source)
-        if indices[-1] >= bmap.info.num_frames:
-            raise MediaError(f"video: frame index {indices[-1]} is past the last frame ({bmap.info.num_frames} frames)")
         caps = self._caps(bmap.info.codec, bmap.pix_fmt, bmap.bit_depth) if bmap.info.codec in CODECS else None
         reason = unsupported_reason(bmap, caps)
         if reason:
             yield from self._fall_back(source, indices, reason)
             return
-        self._count(self.path)
+        self.paths.count(self.path)
         tasks = plan_gop_tasks(bmap, indices, self.max_gop_size, self.sessions)
         done = 0
         with as_file(source) as path:

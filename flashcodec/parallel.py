@@ -9,9 +9,9 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from flashcodec.decoders import CpuDecoder, DecodePaths, check_indices
+from flashcodec.decoders import CpuDecoder, DecodePaths
 from flashcodec.errors import MediaError
-from flashcodec.gop import analyse_bitstream
+from flashcodec.gop import map_for_indices
 from flashcodec.gop_plan import MAX_GOP_SIZE, frames_in_order, plan_gop_tasks
 from flashcodec.gop_pool import WorkerPool
 from flashcodec.gop_reader import DemuxMismatch, GopJob
@@ -57,29 +57,21 @@ class ParallelCpuDecoder:
         self.workers = workers or len(os.sched_getaffinity(0))
         self.max_gop_size = max_gop_size
         self.window = window or 2 * self.workers
-        self.paths = paths
+        self.paths = paths or DecodePaths()
         self.pool = WorkerPool(self.workers, part_timeout_s)
 
     def close(self) -> None:
         self.pool.close()
 
-    def _count(self, path: str, reason: str = "") -> None:
-        if self.paths is not None:
-            self.paths.count(path, reason)
-
     def decode(self, source: Source, frame_indices: Sequence[int]) -> Iterator[np.ndarray]:
-        indices = list(frame_indices)
-        check_indices(indices)
-        if not indices:
+        indices, bmap = map_for_indices(source, frame_indices)
+        if bmap is None:
             return
-        bmap = analyse_bitstream(source)
-        if indices[-1] >= bmap.info.num_frames:
-            raise MediaError(f"video: frame index {indices[-1]} is past the last frame ({bmap.info.num_frames} frames)")
         if not bmap.exact_timestamps:
-            self._count("cpu", "packets without unique timestamps cannot be split into GOP tasks")
+            self.paths.count("cpu", "packets without unique timestamps cannot be split into GOP tasks")
             yield from CpuDecoder().decode(source, indices)
             return
-        self._count(self.path)
+        self.paths.count(self.path)
         tasks = plan_gop_tasks(bmap, indices, self.max_gop_size, self.workers)
         done = 0
         with as_file(source) as path:
@@ -89,5 +81,5 @@ class ParallelCpuDecoder:
                     yield frame
                     done += 1
             except DemuxMismatch as exc:
-                self._count("cpu", f"the demuxer disagreed with the GOP map ({exc})")
+                self.paths.count("cpu", f"the demuxer disagreed with the GOP map ({exc})")
                 yield from CpuDecoder().decode(source, indices[done:])
