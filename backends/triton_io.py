@@ -76,6 +76,17 @@ def int_tensor(name: str, values: list[int], dtype=np.int64):
     return pb().Tensor(name, np.asarray(values, dtype=dtype))
 
 
+def foreign(request) -> bool:
+    """True when ``request`` to an internal stage lacks the server's token (it did not come from the
+    orchestrator); answer it with :data:`INTERNAL_ONLY`."""
+    from backends.internal_token import internal_token
+
+    return string(request, "token") != internal_token()
+
+
+INTERNAL_ONLY = "this model is internal to UnifiedServe: send requests to the 'orchestrator' model"
+
+
 def error(message: str, invalid_argument: bool = True):
     """An InferenceResponse carrying a TritonError (INVALID_ARG for bad input, INTERNAL otherwise)."""
     p = pb()

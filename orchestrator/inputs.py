@@ -58,10 +58,12 @@ class ParsedRequest:
 
 @dataclass(frozen=True)
 class InputLimits:
-    """``allowed_media_dirs``: folders that ``*_url`` paths may name; ``max_media_bytes`` per item."""
+    """``allowed_media_dirs``: folders that ``*_url`` paths may name; ``max_media_bytes`` per item;
+    ``max_prompt_bytes`` for ``text_input``."""
 
     allowed_media_dirs: tuple[Path, ...] = ()
     max_media_bytes: int = 512 * 1024 * 1024
+    max_prompt_bytes: int = 1024 * 1024  # text_input; tokenizing tens of MB would stall every request
 
     @classmethod
     def from_parameters(cls, params: dict[str, str]) -> "InputLimits":
@@ -70,7 +72,8 @@ class InputLimits:
         names = [*params.get("allowed_media_dirs", "").replace(":", ",").split(","),
                  *os.environ.get("UNIFIEDSERVE_MEDIA_DIRS", "").replace(":", ",").split(",")]
         dirs = tuple(Path(n).resolve() for n in names if n.strip())
-        return cls(dirs, int(params.get("max_media_bytes", cls.max_media_bytes)))
+        return cls(dirs, int(params.get("max_media_bytes", cls.max_media_bytes)),
+                   int(params.get("max_prompt_bytes", cls.max_prompt_bytes)))
 
 
 def _resolve_url(kind: str, url: str, limits: InputLimits) -> MediaInput:
@@ -90,12 +93,19 @@ def _resolve_url(kind: str, url: str, limits: InputLimits) -> MediaInput:
                            "a data: URL, or a path under an allowed folder")
     if parsed.scheme not in ("", "file"):
         raise InvalidInput(f"{name}: unsupported URL scheme {parsed.scheme!r}")
-    path = Path(urllib.parse.unquote(parsed.path) if parsed.scheme == "file" else url).resolve()
+    try:
+        path = Path(urllib.parse.unquote(parsed.path) if parsed.scheme == "file" else url).resolve()
+    except (OSError, RuntimeError, ValueError) as exc:  # symlink loops, NUL bytes, over-long names
+        raise InvalidInput(f"{name}: not a usable path ({type(exc).__name__})") from None
     if not any(path.is_relative_to(d) for d in limits.allowed_media_dirs):
         raise InvalidInput(f"{name}: {url!r} is outside the allowed media folders "
                            f"({', '.join(map(str, limits.allowed_media_dirs)) or 'none configured'})")
-    if not path.is_file():
-        raise InvalidInput(f"{name}: no such file {url!r}")
+    try:
+        regular = path.is_file()
+    except (OSError, ValueError) as exc:
+        raise InvalidInput(f"{name}: not a usable path ({type(exc).__name__})") from None
+    if not regular:
+        raise InvalidInput(f"{name}: not a regular file: {url[:200]!r}")
     if path.stat().st_size > limits.max_media_bytes:
         raise InvalidInput(f"{name}: file is {path.stat().st_size} bytes, over the limit of {limits.max_media_bytes}")
     return MediaInput(kind, path=str(path))
@@ -113,6 +123,8 @@ def parse_request(raw: RawRequest, limits: InputLimits) -> ParsedRequest:
     """Validate a request. Raises InvalidInput naming the input at fault."""
     if len(raw.text_input) != 1:
         raise InvalidInput(f"text_input: expected one string, got {len(raw.text_input)}")
+    if len(raw.text_input[0]) > limits.max_prompt_bytes:
+        raise InvalidInput(f"text_input: {len(raw.text_input[0])} bytes, over the limit of {limits.max_prompt_bytes}")
     try:
         text = raw.text_input[0].decode("utf-8")
     except UnicodeDecodeError:

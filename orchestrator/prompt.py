@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 MERGE = 2  # spatial_merge_size of Qwen2.5-VL's vision tower
+USER_TEXT = "\x00unifiedserve-user-text\x00"  # stands for the user's text while the template is applied
 
 
 @dataclass(frozen=True)
@@ -54,10 +55,15 @@ def build_prompt(tokenizer, text: str, media: list[tuple[str, tuple[int, int, in
 
     ``media``: (kind, grid_thw in patches, second_per_grid_t in seconds; 0 for images), in prompt order.
     """
-    content = [{"type": kind} for kind, _, _ in media] + [{"type": "text", "text": text}]
+    content = [{"type": kind} for kind, _, _ in media] + [{"type": "text", "text": USER_TEXT}]
     templated = tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
                                               add_generation_prompt=True)
-    ids = tokenizer.encode(templated, add_special_tokens=False)
+    before, after = templated.split(USER_TEXT)
+    # The user's text is tokenized on its own with special-token strings split into plain text, so a
+    # prompt cannot inject "<|im_end|>" or a "<|video_pad|>" that no media backs.
+    ids = (tokenizer.encode(before, add_special_tokens=False)
+           + tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)
+           + tokenizer.encode(after, add_special_tokens=False))
     pad_ids = {"image": tokenizer.convert_tokens_to_ids("<|image_pad|>"),
                "video": tokenizer.convert_tokens_to_ids("<|video_pad|>")}
     out: list[int] = []

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 MIN_PIXELS = 4 * 28 * 28
 MAX_PIXELS = 16384 * 28 * 28
 MAX_FPS = 60.0
+MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 256
 _SEED_LIMIT = 2**63  # seeds go into an int64 generator seed
 _PREFIX = "sampling_parameters"
 
@@ -34,7 +36,7 @@ class RequestParams:
         top_p: nucleus probability mass, in (0, 1].
         top_k: keep the k most likely tokens; 0 is off (-1, vLLM's "off", is stored as 0).
         seed: per-request sampling seed in [0, 2**63), or None.
-        stop: strings that end the output (not included in it).
+        stop: strings that end the output (not included in it); at most 16, of at most 256 characters.
         fps: video frames sampled per second of video, in (0, 60].
         max_pixels: largest area of a resized frame or image (pixels), in [4*28*28, 16384*28*28], or None
             for the model's default.
@@ -71,6 +73,10 @@ class RequestParams:
             _fail("seed", "must be in [0, 2**63)", self.seed)
         if any(not isinstance(s, str) or not s for s in self.stop):
             _fail("stop", "must hold non-empty strings", self.stop)
+        # Every new token is matched against every stop string: bound the work one request can cause.
+        if len(self.stop) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_CHARS for s in self.stop):
+            _fail("stop", f"must hold at most {MAX_STOP_STRINGS} strings of at most {MAX_STOP_CHARS} characters",
+                  f"{len(self.stop)} strings, the longest {max(map(len, self.stop))} characters")
         if not 0 < self.fps <= MAX_FPS:
             _fail("fps", f"must be in (0, {MAX_FPS:g}]", self.fps)
         if self.max_pixels is not None and not MIN_PIXELS <= self.max_pixels <= MAX_PIXELS:

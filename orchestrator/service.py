@@ -129,9 +129,9 @@ class Orchestrator:
         """
         await self.ensure_started()
         plans = [await asyncio.to_thread(plan_media, item, parsed.params) for item in parsed.media]
-        prompt = build_prompt(self.tokenizer, parsed.text,
-                              [(m.kind, p.grid_thw, getattr(p, "second_per_grid_t", 0.0))
-                               for m, p in zip(parsed.media, plans)])
+        prompt = await asyncio.to_thread(build_prompt, self.tokenizer, parsed.text,
+                                         [(m.kind, p.grid_thw, getattr(p, "second_per_grid_t", 0.0))
+                                          for m, p in zip(parsed.media, plans)])
         total = len(prompt.input_ids) + parsed.params.max_tokens
         if total > self.config.max_model_len:
             raise InvalidInput(
@@ -262,13 +262,19 @@ class Orchestrator:
         params = active.parsed.params
         detok = Detokenizer(self.tokenizer, params.stop)
         try:
+            checked = time.monotonic()
             while True:
                 try:
                     event = await asyncio.wait_for(active.events.get(), CANCEL_POLL_S)
                 except asyncio.TimeoutError:
+                    event = None
+                # Poll by time, not only when idle: tokens can arrive faster than the poll period.
+                if time.monotonic() - checked >= CANCEL_POLL_S:
+                    checked = time.monotonic()
                     if is_cancelled():
                         yield "", [], "abort"
                         return
+                if event is None:
                     continue
                 if event.kind == "error":
                     if event.invalid_input:

@@ -13,6 +13,7 @@ from typing import AsyncIterator, Callable
 import numpy as np
 
 from backends import triton_io
+from backends.internal_token import internal_token
 
 
 class StageError(RuntimeError):
@@ -25,7 +26,7 @@ class StageError(RuntimeError):
 
 def _request(model: str, inputs: dict[str, object], outputs: list[str]):
     pb = triton_io.pb()
-    tensors = []
+    tensors = [triton_io.str_tensor("token", [internal_token()])]
     for name, value in inputs.items():
         if isinstance(value, (bytes, str)):
             tensors.append(triton_io.str_tensor(name, [value]))

@@ -61,8 +61,11 @@ class FlashCodecWorker:
     def _run(self, request_id, media, plan, pages, on_group, on_done) -> None:
         error = None
         try:
-            groups = (iter_video_groups(media, plan, self.decoder.decoder) if isinstance(plan, VideoPlan)
-                      else iter([(0, image_group(media, plan))]))
+            if isinstance(plan, VideoPlan):
+                groups = iter_video_groups(media, plan, self.decoder.decoder)
+            else:  # an image_url arrives as a path the orchestrator checked
+                data = media if isinstance(media, bytes) else open(media, "rb").read()
+                groups = iter([(0, image_group(data, plan))])
             for index, patches in groups:
                 with self.lock:
                     if request_id in self.cancelled:

@@ -101,3 +101,24 @@ def test_too_many_visual_tokens_are_refused_from_metadata(grpc_url):
         message = str(error.value)
         assert "visual tokens" in message and "text tokens" in message and "max_model_len" in message, message
         assert client.generate("Still there?", sampling=OK).num_output_tokens >= 1
+
+
+@pytest.mark.parametrize("model,body", [
+    ("decode", {"op": "stream", "token": "guess"}),
+    ("flashcodec", {"op": "abort", "request_id": "x", "token": "guess"}),
+])
+def test_internal_models_refuse_clients(http_url, grpc_url, model, body):
+    """The stages serve only the orchestrator: a client's `decode` stream must not take over the fan-out."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(f"http://{http_url}/v2/models/{model}/generate_stream", method="POST",
+                                     data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    try:
+        text = urllib.request.urlopen(request, timeout=30).read().decode()
+    except urllib.error.HTTPError as exc:
+        text = exc.read().decode()
+    assert "internal to UnifiedServe" in text, text
+    with Client(grpc_url) as client:
+        assert client.generate("Still there?", sampling=OK, timeout_s=60).num_output_tokens >= 1

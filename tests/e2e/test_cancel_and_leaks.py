@@ -60,3 +60,15 @@ def test_http_client_going_away_mid_stream(server, http_url):
         conn.close()
     m = wait_for_idle_pools(server, timeout_s=120)
     assert m["unifiedserve_kv_pages_free"] == m["unifiedserve_kv_pages_total"], m
+
+
+def test_a_lone_cancelled_request_stops_generating(server, grpc_url):
+    """Tokens arrive faster than the cancellation poll: the poll must still run (3000 tokens would take
+    far longer than the bound below)."""
+    import time
+
+    with Client(grpc_url) as client:
+        client.generate("Go on.", sampling={**LONG, "max_tokens": 3000}, cancel_after_responses=2)
+    started = time.monotonic()
+    m = wait_for_idle_pools(server, timeout_s=30)
+    assert m["unifiedserve_requests_running"] == 0 and time.monotonic() - started < 10, m

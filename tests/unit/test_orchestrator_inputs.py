@@ -58,7 +58,7 @@ def test_dotdot_cannot_escape_the_allowed_folder(limits, tmp_path):
 
 
 def test_missing_file_is_named(limits, tmp_path):
-    with pytest.raises(InvalidInput, match="no such file"):
+    with pytest.raises(InvalidInput, match="not a regular file"):
         parse_request(raw(video_url=[str(tmp_path / "nope.mp4").encode()]), limits)
 
 
@@ -67,3 +67,20 @@ def test_limits_from_parameters_and_environment(monkeypatch, tmp_path):
     limits = InputLimits.from_parameters({"allowed_media_dirs": "/srv/media,/data", "max_media_bytes": "5"})
     assert limits.max_media_bytes == 5
     assert tmp_path.resolve() in limits.allowed_media_dirs and len(limits.allowed_media_dirs) == 3
+
+
+@pytest.mark.parametrize("url", ["/x/\x00y", "/" + "a" * 5000])
+def test_unusable_paths_are_named(limits, url):
+    with pytest.raises(InvalidInput, match="video_url"):
+        parse_request(raw(video_url=[url.encode()]), limits)
+
+
+def test_symlink_loop_is_named(limits, tmp_path):
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    with pytest.raises(InvalidInput, match="video_url"):
+        parse_request(raw(video_url=[str(tmp_path / "loop").encode()]), limits)
+
+
+def test_prompt_size_is_capped(limits):
+    with pytest.raises(InvalidInput, match="text_input: .* over the limit"):
+        parse_request(raw(text_input=[b"a" * (limits.max_prompt_bytes + 1)]), limits)

@@ -108,3 +108,10 @@ def test_invalid_input_is_a_value_error():
 def test_request_params_are_frozen():
     with pytest.raises(AttributeError):
         RequestParams().max_tokens = 3
+
+
+def test_stop_strings_are_bounded():
+    with pytest.raises(InvalidInput, match="stop"):
+        parse_sampling_parameters('{"stop": ["%s"]}' % ("y" * 300000))
+    with pytest.raises(InvalidInput, match="stop"):
+        parse_sampling_parameters('{"stop": %s}' % str(["s%d" % i for i in range(17)]).replace("'", '"'))

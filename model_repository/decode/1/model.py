@@ -30,6 +30,9 @@ class TritonPythonModel:
         final = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         for request in requests:
             sender = request.get_response_sender()
+            if io.foreign(request):
+                sender.send(io.error(io.INTERNAL_ONLY), flags=final)
+                continue
             op = io.string(request, "op")
             if op == "stream":
                 def sink(seq_ids, token_ids, reasons, sender=sender):

@@ -25,6 +25,9 @@ class TritonPythonModel:
         io, pb = self.io, self.io.pb()
         responses = []
         for request in requests:
+            if io.foreign(request):
+                responses.append(io.error(io.INTERNAL_ONLY))
+                continue
             try:
                 result = self.worker.execute(json.loads(io.string(request, "plan")))
                 responses.append(pb.InferenceResponse([io.json_tensor("result", result)]))

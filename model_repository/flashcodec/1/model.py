@@ -36,6 +36,9 @@ class TritonPythonModel:
         final = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         for request in requests:
             sender = request.get_response_sender()
+            if io.foreign(request):
+                sender.send(io.error(io.INTERNAL_ONLY), flags=final)
+                continue
             request_id, op = io.string(request, "request_id"), io.string(request, "op")
             if op == "abort":
                 self.worker.abort(request_id)
