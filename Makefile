@@ -5,6 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+ARGS ?=
 
 .PHONY: venv demo test serve clean
 
@@ -20,13 +21,13 @@ $(STAMP): pyproject.toml requirements/cpu.txt Makefile
 venv: $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m client.demo
+	$(PY) -m client.demo $(ARGS)
 
 test: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 serve: $(STAMP)
-	$(PY) -m backends.launcher
+	$(PY) -m backends.launcher $(ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -124,7 +124,8 @@ class TritonServer:
         binary, backends, env = _server_binary()
         remove_stale_shared_memory()
         self.run_dir = Path(tempfile.mkdtemp(prefix="unifiedserve-run-"))
-        self.log_path = self.log_path or self.run_dir / "tritonserver.log"
+        # Beside the run directory, so that it outlives the server (the run directory is removed at stop).
+        self.log_path = self.log_path or self.run_dir.with_suffix(".log")
         environment = {**os.environ, **env, **self.extra_env, RUN_DIR_ENV: str(self.run_dir)}
         environment["PYTHONPATH"] = str(REPO_ROOT)  # for the helpers we start; the stub ignores it
         p = self.ports
@@ -216,7 +217,9 @@ def main(argv: list[str] | None = None) -> int:
     where = "stdout" if args.log_stdout else server.log_path
     print(f"tritonserver ready: gRPC {args.address}:{args.grpc_port}, HTTP {args.address}:{args.http_port}, "
           f"log {where}", flush=True)
-    signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops it like Ctrl-C
+    # SIGTERM stops it like Ctrl-C; SIGINT too when started in the background (where it is inherited as ignored).
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         server.process.wait()
     except KeyboardInterrupt:
