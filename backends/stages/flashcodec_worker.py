@@ -41,7 +41,7 @@ class FlashCodecWorker:
     def __init__(self, device: torch.device, num_pages: int, page_size: int, threads: int):
         self.pool = shared_tensor.create("patch_pool", (num_pages, page_size, PATCH_DIM), torch.float32, device)
         # NVDEC on a GPU, else GOP-parallel PyAV processes, else sequential PyAV (logged, counted per video).
-        self.decoder = make_decoder(device)
+        self.choice = make_decoder(device)
         self.executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="flashcodec")
         self.cancelled: set[str] = set()
         self.lock = threading.Lock()
@@ -62,7 +62,7 @@ class FlashCodecWorker:
         error = None
         try:
             if isinstance(plan, VideoPlan):
-                groups = iter_video_groups(media, plan, self.decoder.decoder)
+                groups = iter_video_groups(media, plan, self.choice.decoder)
             else:  # an image_url arrives as a path the orchestrator checked
                 data = media if isinstance(media, bytes) else open(media, "rb").read()
                 groups = iter([(0, image_group(data, plan))])
@@ -86,9 +86,9 @@ class FlashCodecWorker:
 
     def videos_per_path(self) -> dict[str, int]:
         """Videos decoded so far per path ("nvdec", "cpu_parallel", "cpu"), for the metrics endpoint."""
-        return self.decoder.paths.snapshot()
+        return self.choice.paths.snapshot()
 
     def shutdown(self) -> None:
         self.executor.shutdown(wait=False, cancel_futures=True)
-        self.decoder.close()
+        self.choice.close()
         self.pool.release()

