@@ -1,7 +1,10 @@
 """The orchestrator's BLS calls to the stages (only page indices and small JSON travel; no tensors).
 
-A decoupled BLS call returns a blocking iterator (Python backend 2.51), so each stream is pumped by
-its own thread into an asyncio queue: the orchestrator's event loop never blocks (invariant 1).
+Every call is the Python backend's synchronous ``exec()`` made on a worker thread, never ``async_exec()``:
+on the GPU machine the 2.51 stub crashed (segfault in a C++ thread, bench/results/device-2026-11-29) with
+several decoupled ``async_exec`` streams open in this decoupled model, which the backend documents as
+unsupported in older releases. A decoupled call's blocking response iterator is pumped by the same thread
+into an asyncio queue, so the orchestrator's event loop never blocks (invariant 1).
 """
 from __future__ import annotations
 
@@ -37,19 +40,22 @@ def _request(model: str, inputs: dict[str, object], outputs: list[str]):
 
 async def _stream(model: str, inputs: dict[str, object], outputs: list[str]) -> AsyncIterator:
     """Yield the responses of a decoupled BLS call as they come (errors raise StageError)."""
-    iterator = await _request(model, inputs, outputs).async_exec(decoupled=True)
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue = asyncio.Queue()
 
     def pump():
         try:
-            for response in iterator:
+            for response in _request(model, inputs, outputs).exec(decoupled=True):
                 loop.call_soon_threadsafe(queue.put_nowait, response)
+        except Exception as exc:  # the request could not be sent: surface it to the awaiting coroutine
+            loop.call_soon_threadsafe(queue.put_nowait, exc)
         finally:
             loop.call_soon_threadsafe(queue.put_nowait, None)
 
     threading.Thread(target=pump, name=f"bls-{model}", daemon=True).start()
     while (response := await queue.get()) is not None:
+        if isinstance(response, Exception):
+            raise StageError(f"{model}: {response}")
         if response.has_error():
             message = response.error().message()
             raise StageError(message, invalid_input=message.startswith(("video", "image")))
@@ -81,7 +87,7 @@ async def flashcodec_abort(request_id: str) -> None:
 
 async def encode_prefill(plan: dict) -> dict:
     """Run one step plan; returns the stage's result JSON."""
-    response = await _request("encode_prefill", {"plan": json.dumps(plan)}, ["result"]).async_exec()
+    response = await asyncio.to_thread(lambda: _request("encode_prefill", {"plan": json.dumps(plan)}, ["result"]).exec())
     if response.has_error():
         raise StageError(response.error().message())
     return json.loads(_output(response, "result")[0])
