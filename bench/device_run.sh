@@ -1,44 +1,100 @@
 #!/usr/bin/env bash
-# The project's one script for the H200 machine (../shared/docs/device.md). That machine starts bare
-# and takes at most 64 MiB per call, so the wheel bundles of ../shared/tools/device-wheels.sh travel
-# one per call, back to back:
-#   bash bench/device_run.sh install      # in each call, with one bundle carried (.devwheels/<bundle>)
-#   bash bench/device_run.sh test         # last call: GPU tests + the end-to-end suite on the GPU
-# Results (logs, JSON) go to $OUT (the device tool brings them back) or ./bench/results/device.
-set -euo pipefail
+# The project's one script for the H200 machine (../shared/docs/device.md). That machine starts bare and
+# takes at most 64 MiB per call, so the wheel bundles of ../shared/tools/device-wheels.sh (plus
+# .devwheels/scipy: scipy 1.13.1 for the stub, see below) travel one or two per call, back to back, and
+# each call names the steps it runs, in order:
+#   bash bench/device_run.sh install                      # with .devwheels/<bundle> carried
+#   bash bench/device_run.sh install runtime-tests runtime-bench    # with .devwheels/kernels carried
+#   bash bench/device_run.sh install nvdec                # with .devwheels/video carried (av installed before)
+#   bash bench/device_run.sh install e2e serve-bench      # with the triton and scipy bundles installed
+# Steps:
+#   install        the carried bundles: numpy/scipy wheels into $STUBSITE (only the Triton stub sees them:
+#                  the 2.51 stub needs numpy<2, and transformers' generation imports scikit-learn -> scipy,
+#                  whose build there wants numpy 2), everything else into $SITE (on PYTHONPATH);
+#                  a flashinfer JIT cache carried in .devcache/ is unpacked (saves minutes of nvcc)
+#   runtime-tests  flashinfer / CUDA-graph / vision-attention tests, the runtime against transformers;
+#                  packs the flashinfer JIT cache into $OUT for the next machine
+#   runtime-bench  bench/runtime_bench.py and bench/vision_bench.py
+#   nvdec          tests/gpu/test_nvdec.py and bench/flashcodec_bench.py
+#   e2e            the end-to-end suite through tritonserver on the GPU
+#   serve-bench    bench/serve_bench.py (7B preset through tritonserver)
+# Results (logs, JSON, plots) go to $OUT (the device tool brings them back) or ./bench/results/device.
+set -uo pipefail
 cd "$(dirname "$0")/.."
 SITE=/tmp/site
+STUBSITE=/tmp/stubsite
 OUT=${OUT:-bench/results/device}
 mkdir -p "$OUT"
+export FLASHINFER_WORKSPACE_BASE=/tmp/flashinfer_ws PYTHONUNBUFFERED=1
+export PYTHONPATH=$SITE STUB_SITE=$STUBSITE:$SITE NCCL_NVLS_ENABLE=0
+status=0
 
-install_bundles() {
-  for bundle in .devwheels/*/; do
-    ls "$bundle"*.whl >/dev/null 2>&1 || continue
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$bundle"*.whl
-    echo "installed $bundle"
+install() {
+  mkdir -p "$SITE" "$STUBSITE" "$FLASHINFER_WORKSPACE_BASE"
+  local wheel target
+  for wheel in .devwheels/*/*.whl; do
+    [ -e "$wheel" ] || continue
+    case "$(basename "$wheel")" in numpy-*|scipy-*) target=$STUBSITE ;; *) target=$SITE ;; esac
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$target" "$wheel" \
+      && echo "installed $(basename "$wheel") -> $target"
   done
-  # The tritonserver 2.51 stub ignores PYTHONPATH and needs numpy<2: this .pth line lets it see $SITE
-  # first (only where STUB_SITE is set), leaving every other program's numpy alone (triton.md).
+  # The stub ignores PYTHONPATH: this .pth line puts STUB_SITE's folders first where it is set (triton.md).
   local sp
   sp=$(python3 -c "import site; print(site.getsitepackages()[0])")
-  echo "import os, sys; p = os.environ.get('STUB_SITE'); p and sys.path.insert(0, p)" > "$sp/00-stub-site.pth"
+  echo "import os, sys; sys.path[0:0] = [p for p in os.environ.get('STUB_SITE', '').split(':') if p]" \
+    > "$sp/00-stub-site.pth"
+  if [ -f .devcache/flashinfer_cache.tar.gz ]; then
+    tar -xzf .devcache/flashinfer_cache.tar.gz -C "$FLASHINFER_WORKSPACE_BASE" && echo "flashinfer JIT cache unpacked"
+  fi
 }
 
-run_tests() {
-  export PYTHONPATH=$SITE STUB_SITE=$SITE PYTHONUNBUFFERED=1
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/device.txt"
-  python3 -c "import torch, transformers, numpy; print('torch', torch.__version__, 'transformers', transformers.__version__, 'numpy', numpy.__version__)" | tee -a "$OUT/device.txt"
-  set +e
-  UNIFIEDSERVE_TEST_SERVER_LOG="$OUT/tritonserver.log" UNIFIEDSERVE_DUMP_STACKS=1 python3 -m pytest -q \
-    --durations=20 ${PYTEST_ARGS:-tests/e2e tests/unit/test_runtime_vs_transformers.py tests/unit/test_shared_tensor.py} \
-    2>&1 | tee "$OUT/pytest_gpu.log"
-  local rc=${PIPESTATUS[0]}
-  set -e
-  return "$rc"
+describe_device() {
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/device.txt"
+  python3 -c "import torch, transformers, numpy; print('torch', torch.__version__, 'transformers', transformers.__version__, 'numpy', numpy.__version__)" >> "$OUT/device.txt" 2>&1
+  cat "$OUT/device.txt"
 }
 
-case "${1:-}" in
-  install) install_bundles ;;
-  test) install_bundles; run_tests ;;
-  *) echo "usage: $0 install|test" >&2; exit 2 ;;
-esac
+run_pytest() {  # log name, then pytest arguments
+  local log=$1; shift
+  python3 -m pytest -q --durations=15 "$@" 2>&1 | tee "$OUT/$log.log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+}
+
+runtime_tests() {
+  run_pytest runtime_tests tests/gpu/test_flashinfer_runtime.py tests/unit/test_vision_attention.py \
+    tests/unit/test_runtime_vs_transformers.py tests/unit/test_runtime_sampler.py
+  tar -czf "$OUT/flashinfer_cache.tar.gz" -C "$FLASHINFER_WORKSPACE_BASE" . && ls -la "$OUT/flashinfer_cache.tar.gz"
+}
+
+runtime_bench() {
+  python3 bench/runtime_bench.py --out "$OUT" 2>&1 | tee "$OUT/runtime_bench.log" || status=1
+  python3 bench/vision_bench.py --out "$OUT" 2>&1 | tee "$OUT/vision_bench.log" || status=1
+}
+
+nvdec() {
+  run_pytest nvdec_tests tests/gpu/test_nvdec.py
+  python3 bench/flashcodec_bench.py --out "$OUT" 2>&1 | tee "$OUT/flashcodec_bench.log" || status=1
+}
+
+e2e() {
+  UNIFIEDSERVE_TEST_SERVER_LOG="$OUT/tritonserver.log" UNIFIEDSERVE_DUMP_STACKS=1 run_pytest e2e_gpu tests/e2e
+}
+
+serve_bench() {
+  python3 bench/serve_bench.py --out "$OUT" 2>&1 | tee "$OUT/serve_bench.log" || status=1
+}
+
+[ $# -gt 0 ] || { echo "usage: $0 STEP... (install runtime-tests runtime-bench nvdec e2e serve-bench)" >&2; exit 2; }
+describe_device
+for step in "$@"; do
+  case "$step" in
+    install) install ;;
+    runtime-tests) runtime_tests ;;
+    runtime-bench) runtime_bench ;;
+    nvdec) nvdec ;;
+    e2e) e2e ;;
+    serve-bench) serve_bench ;;
+    *) echo "unknown step $step" >&2; exit 2 ;;
+  esac
+done
+exit $status

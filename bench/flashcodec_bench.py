@@ -19,11 +19,7 @@ memory, NVDEC per-session frames/s) and `<out>/flashcodec_bench.png`; `--decode-
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import os
-import platform
-import statistics
 import sys
 import threading
 import time
@@ -34,8 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import av  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from PIL import Image, ImageDraw  # noqa: E402
 
+from bench.common import bar_chart, header, write  # noqa: E402
 from flashcodec.decoders import CpuDecoder  # noqa: E402
 from flashcodec.gop import analyse_bitstream  # noqa: E402
 from flashcodec.parallel import ParallelCpuDecoder  # noqa: E402
@@ -190,10 +186,7 @@ def run(args) -> dict:
     media.mkdir(parents=True, exist_ok=True)
     videos = {k: v for k, v in (SMOKE if args.smoke else FULL).items() if not args.videos or k in args.videos}
     table = methods(device, args.smoke)
-    results = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor()
-               or platform.machine(), "cores": len(os.sched_getaffinity(0)),
-               "date": datetime.datetime.now().isoformat(timespec="seconds"), "versions": versions(),
-               "decode_only": args.decode_only, "load_average_at_start": os.getloadavg(),
+    results = {**header(device, ("av", "cv2", "PyNvVideoCodec")), "decode_only": args.decode_only, "load_average_at_start": os.getloadavg(),
                "methods": list(table), "videos": {}}
     for name, spec in videos.items():
         path = build_video(media, name, spec)
@@ -237,32 +230,11 @@ def session_rates(decoder) -> dict:
             "nvdec_busy_s": [s.busy_s for s in stats]}
 
 
-def versions() -> dict:
-    found = {"python": platform.python_version(), "torch": torch.__version__, "av": av.__version__,
-             "numpy": np.__version__}
-    for module in ("cv2", "PyNvVideoCodec"):
-        try:
-            found[module] = __import__(module).__version__
-        except Exception:
-            pass
-    return found
-
-
 def plot(results: dict, path: Path) -> None:
-    """Grouped horizontal bars: seconds per method for each video (PIL: no plotting library needed)."""
-    rows = [(v, m, r["best_s"]) for v, e in results["videos"].items() for m, r in e["methods"].items()]
-    if not rows:
-        return
-    scale = 600 / max(s for _, _, s in rows)
-    image = Image.new("RGB", (1000, 40 + 22 * len(rows)), "white")
-    draw = ImageDraw.Draw(image)
-    draw.text((10, 10), f"file -> sampled frames patchified, {results['device']} ({results['date']})", fill="black")
-    for k, (video, method, seconds) in enumerate(rows):
-        y = 40 + 22 * k
-        draw.text((10, y + 4), f"{video} {method}", fill="black")
-        draw.rectangle([340, y, 340 + max(1, seconds * scale), y + 16], fill=(70, 110, 180))
-        draw.text((346 + seconds * scale, y + 4), f"{seconds:.2f} s", fill="black")
-    image.save(path)
+    """Seconds per method for each video."""
+    rows = [(f"{v} {m}", r["best_s"], f"{r['best_s']:.2f} s")
+            for v, e in results["videos"].items() for m, r in e["methods"].items()]
+    bar_chart(f"file -> sampled frames patchified, {results['device']} ({results['date']})", rows, path)
 
 
 def main() -> None:
@@ -278,7 +250,7 @@ def main() -> None:
     results = run(args)
     out = Path(args.out)
     stem = "flashcodec_bench" + ("_decode_only" if args.decode_only else "")
-    (out / f"{stem}.json").write_text(json.dumps(results, indent=1))
+    write(out, stem, results)
     plot(results, out / f"{stem}.png")
     for video, entry in results["videos"].items():
         timed = entry["methods"]

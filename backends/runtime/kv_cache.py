@@ -5,6 +5,9 @@ second axis holds K, 1 holds V), allocated by its owner through ``backends.share
 block table lists its pages: token ``i`` lives in page ``block_table[i // page_size]``, slot
 ``i % page_size``. Per layer, ``pool[layer, 0]`` and ``pool[layer, 1]`` are flashinfer's "NHD" paged K
 and V caches ``[num_pages, page_size, num_kv_heads, head_dim]``.
+
+The pool's last page (:data:`RESERVED_KV_PAGES`) is never handed to a sequence: the padding rows of a
+CUDA-graph decode batch write their keys/values there (``scratch_page``).
 """
 from __future__ import annotations
 
@@ -14,6 +17,14 @@ from typing import Sequence
 
 import torch
 from transformers import PreTrainedConfig
+
+
+RESERVED_KV_PAGES = 1  # at the end of the pool; sequences get pages 0 .. num_pages - 2
+
+
+def scratch_page(num_pages: int) -> int:
+    """The reserved page of a pool of ``num_pages`` pages (its last one)."""
+    return num_pages - RESERVED_KV_PAGES
 
 
 @dataclass(frozen=True)

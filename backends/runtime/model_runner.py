@@ -10,12 +10,16 @@ sequences runs as one packed sequence of batch size 1: every op but attention is
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 from transformers import AttentionInterface, Qwen2_5_VLForConditionalGeneration
 
 from backends.runtime.attention.base import AttentionBackend, AttentionMetadata
 from backends.runtime.context import ForwardContext, forward_context, get_forward_context
+
+if TYPE_CHECKING:
+    from backends.runtime.cuda_graphs import DecodeGraphs
 
 PAGED_ATTENTION = "unifiedserve_paged"
 
@@ -94,11 +98,14 @@ class ModelRunner:
         self.kv_cache = kv_cache
         self.page_size = page_size
         self.backend = backend
+        self.graphs: DecodeGraphs | None = None
         self.device = model.device
         self.dtype = model.dtype
         self._visual = model.model.visual
         self._language_model = model.model.language_model
         self._language_model.set_attn_implementation(PAGED_ATTENTION)
+        from backends.runtime.attention.vision import use_varlen_vision_attention  # issue 4: windows in one pass
+        use_varlen_vision_attention(self._visual)
 
     # no_grad rather than inference_mode: callers write the result into place, which inference tensors forbid.
     @torch.no_grad()
@@ -151,22 +158,47 @@ class ModelRunner:
     def decode(self, seqs: list[DecodeSeq]) -> torch.Tensor:
         """One token for each sequence; returns float32 logits ``[len(seqs), vocab]``.
 
+        Runs a captured CUDA graph when :meth:`enable_cuda_graphs` was called and one fits the batch.
         Raises ValueError for an empty list.
         """
         if not seqs:
             raise ValueError("decode needs at least one sequence")
+        if self.graphs is not None and len(seqs) <= self.graphs.max_batch:
+            return self.graphs.run(seqs)
         metadata = AttentionMetadata.build(
             [1] * len(seqs), [s.num_cached for s in seqs], [s.block_table for s in seqs], self.page_size, self.device)
-        embeds = self.embed(torch.tensor([s.token_id for s in seqs], dtype=torch.long))
-        positions = torch.tensor([s.position for s in seqs], dtype=torch.long, device=self.device).expand(3, -1)
-        return self.model.lm_head(self._forward(embeds, positions, metadata)).float()
+        self.backend.plan(metadata)
+        token_ids = torch.tensor([s.token_id for s in seqs], dtype=torch.long, device=self.device)
+        positions = torch.tensor([s.position for s in seqs], dtype=torch.long, device=self.device)
+        return self.decode_logits(token_ids, positions, self.backend, metadata)
+
+    def enable_cuda_graphs(self, batch_sizes: Sequence[int]) -> None:
+        """Capture decode steps for these batch sizes (``backends.runtime.cuda_graphs``); larger batches
+        run eagerly. Needs the flashinfer backend on a CUDA device (ValueError otherwise)."""
+        from backends.runtime.cuda_graphs import DecodeGraphs
+
+        self.graphs = DecodeGraphs(self, batch_sizes)
+
+    def decode_logits(self, token_ids: torch.Tensor, positions: torch.Tensor, backend: AttentionBackend,
+                      metadata: AttentionMetadata) -> torch.Tensor:
+        """The body of a decode step after ``backend.plan(metadata)``: no host sync, so a CUDA graph can
+        capture it. ``token_ids``/``positions``: int64 ``[b]`` on the device (the position is the same on
+        the three M-RoPE axes). Returns float32 logits ``[b, vocab]``."""
+        embeds = self._language_model.embed_tokens(token_ids)
+        hidden = self._layers(embeds, positions.expand(3, -1), backend, metadata)
+        return self.model.lm_head(hidden).float()
 
     def _forward(self, embeds: torch.Tensor, positions: torch.Tensor, metadata: AttentionMetadata) -> torch.Tensor:
-        """Decoder layers and final norm: packed ``[T, hidden]`` and positions ``[3, T]`` -> ``[T, hidden]``."""
+        """Plan the step, then run the layers (see :meth:`_layers`)."""
         self.backend.plan(metadata)
+        return self._layers(embeds, positions, self.backend, metadata)
+
+    def _layers(self, embeds: torch.Tensor, positions: torch.Tensor, backend: AttentionBackend,
+                metadata: AttentionMetadata) -> torch.Tensor:
+        """Decoder layers and final norm: packed ``[T, hidden]`` and positions ``[3, T]`` -> ``[T, hidden]``."""
         hidden = embeds.unsqueeze(0)
         position_embeddings = self._language_model.rotary_emb(hidden, positions.unsqueeze(1))
-        with forward_context(ForwardContext(self.backend, self.kv_cache, metadata)):
+        with forward_context(ForwardContext(backend, self.kv_cache, metadata)):
             for layer in self._language_model.layers:
                 hidden = layer(hidden, attention_mask=None, position_embeddings=position_embeddings)
         return self._language_model.norm(hidden)[0]

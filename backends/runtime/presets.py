@@ -16,17 +16,19 @@ PRESETS: dict[str, dict[str, Any]] = {
     "tiny": {
         "dtype": "float32",
         "text_config": {
-            "vocab_size": None, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-            "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 32768,
+            # head_dim 64 (128 / 2 heads): the smallest flashinfer builds kernels for, so the GPU tests can
+            # compare its backend with torch's on this model; GQA group 2.
+            "vocab_size": None, "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
+            "num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 32768,
             "rms_norm_eps": 1e-6, "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0,
-                                                      "mrope_section": [2, 3, 3]},
+                                                      "mrope_section": [8, 12, 12]},
             # Random weights at the library's 0.02 give greedy steps whose top-2 logit gap is a few 1e-4
             # (about 2% of steps below 1e-3, median 0.07), close to float rounding; at 0.2 no gap below
             # 7e-3 was seen in 96 steps (median 0.4), so token-level comparisons with generate() hold.
             "initializer_range": 0.2,
         },
         "vision_config": {
-            "depth": 2, "hidden_size": 32, "num_heads": 2, "intermediate_size": 64, "out_hidden_size": 64,
+            "depth": 2, "hidden_size": 32, "num_heads": 2, "intermediate_size": 64, "out_hidden_size": 128,
             "patch_size": 14, "temporal_patch_size": 2, "spatial_merge_size": 2, "window_size": 112,
             "fullatt_block_indexes": [1], "tokens_per_second": 2, "in_channels": 3, "initializer_range": 0.2,
         },

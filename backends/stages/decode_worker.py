@@ -10,14 +10,16 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
 from backends import shared_tensor
-from backends.runtime.attention.torch_backend import TorchAttentionBackend
-from backends.runtime.kv_cache import KVCacheLayout
+from backends.runtime.attention import FlashInferAttentionBackend, make_backend
+from backends.runtime.cuda_graphs import batch_ladder
+from backends.runtime.kv_cache import RESERVED_KV_PAGES, KVCacheLayout
 from backends.runtime.loader import ModelSpec, load_model
 from backends.runtime.model_runner import DecodeSeq, ModelRunner
 from backends.runtime.sampler import SamplingParams, sample
@@ -28,6 +30,8 @@ log = logging.getLogger(__name__)
 
 # (seq_ids, token_ids, finish_reasons): one decode step's output for all sequences ("" = running).
 StepSink = Callable[[list[str], list[int], list[str]], None]
+# (sequences in the step, seconds from the step's start to its tokens on the host): one call per step.
+StepTimer = Callable[[int, float], None]
 
 
 @dataclass
@@ -54,15 +58,29 @@ class RunningSeq:
 class DecodeWorker:
     """Owns the KV pool and runs the decode loop thread.
 
-    ``kv_pages`` KV pages of ``page_size`` tokens; at most ``max_batch`` sequences per step.
+    ``kv_pages`` KV pages of ``page_size`` tokens for sequences (the pool has ``RESERVED_KV_PAGES`` more);
+    at most ``max_batch`` sequences per step. ``attention_backend``: see ``attention.make_backend``;
+    ``cuda_graphs``: ``"auto"`` (capture decode graphs for batch sizes up to ``max_batch`` when the backend
+    is flashinfer), ``"on"`` (the same, ValueError without flashinfer) or ``"off"``. ``on_step``: told each
+    step's batch size and time (forward + sampling), for the stage's metrics.
     """
 
-    def __init__(self, spec: ModelSpec, device: torch.device, kv_pages: int, page_size: int, max_batch: int):
+    def __init__(self, spec: ModelSpec, device: torch.device, kv_pages: int, page_size: int, max_batch: int,
+                 attention_backend: str = "auto", cuda_graphs: str = "auto", on_step: StepTimer | None = None):
+        if cuda_graphs not in ("auto", "on", "off"):
+            raise ValueError(f"cuda_graphs must be auto, on or off, got {cuda_graphs!r}")
         model, tokenizer = load_model(spec)
-        layout = KVCacheLayout.from_config(model.config, num_pages=kv_pages, page_size=page_size, dtype=model.dtype)
+        layout = KVCacheLayout.from_config(model.config, num_pages=kv_pages + RESERVED_KV_PAGES,
+                                           page_size=page_size, dtype=model.dtype)
         self.pool = shared_tensor.create("kv_pool", layout.shape, layout.dtype, device)
-        self.runner = ModelRunner(model, self.pool.tensor, page_size, TorchAttentionBackend())
+        backend = make_backend(attention_backend, model.config, page_size, model.dtype, device)
+        self.runner = ModelRunner(model, self.pool.tensor, page_size, backend)
+        if cuda_graphs == "on" or (cuda_graphs == "auto" and isinstance(backend, FlashInferAttentionBackend)):
+            self.runner.enable_cuda_graphs(batch_ladder(max_batch))
+        log.info("decode: %s attention, CUDA graphs %s", type(backend).__name__,
+                 "off" if self.runner.graphs is None else f"for batch sizes up to {max_batch}")
         self.eos_ids = eos_token_ids(tokenizer)
+        self.on_step = on_step
         self.max_batch = max_batch
         self.running: dict[str, RunningSeq] = {}
         self.commands: queue.Queue = queue.Queue()
@@ -120,10 +138,13 @@ class DecodeWorker:
 
     def _step(self) -> None:
         batch = list(self.running.values())[: self.max_batch]
+        start = time.perf_counter()
         logits = self.runner.decode([
             DecodeSeq(s.last_token, s.num_cached + s.mrope_delta, s.num_cached, s.block_table) for s in batch
         ])
         tokens = sample(logits, [s.sampling for s in batch], [s.num_generated for s in batch], self.eos_ids)
+        if self.on_step is not None:
+            self.on_step(len(batch), time.perf_counter() - start)
         reasons = []
         for seq, token in zip(batch, tokens):
             seq.num_cached += 1

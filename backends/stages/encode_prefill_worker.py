@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from backends import shared_tensor
-from backends.runtime.attention.torch_backend import TorchAttentionBackend
+from backends.runtime.attention import make_backend
 from backends.runtime.loader import ModelSpec, load_model
 from backends.runtime.model_runner import ModelRunner, PrefillChunk
 from backends.runtime.mrope import mrope_positions
@@ -38,11 +38,14 @@ class PromptState:
 
 
 class EncodePrefillWorker:
-    """Maps the KV pool (owner: decode) and the patch pool (owner: flashcodec) lazily, on first use."""
+    """Maps the KV pool (owner: decode) and the patch pool (owner: flashcodec) lazily, on first use.
 
-    def __init__(self, spec: ModelSpec, device: torch.device):
+    ``attention_backend``: the prefill attention (see ``attention.make_backend``)."""
+
+    def __init__(self, spec: ModelSpec, device: torch.device, attention_backend: str = "auto"):
         self.model, tokenizer = load_model(spec)
         self.device = device
+        self.attention_backend = attention_backend
         self.eos_ids = eos_token_ids(tokenizer)
         self.prompts: dict[str, PromptState] = {}
         self._runner: ModelRunner | None = None
@@ -52,7 +55,8 @@ class EncodePrefillWorker:
     def runner(self) -> ModelRunner:
         if self._runner is None:
             kv = shared_tensor.open_("kv_pool").tensor  # [layers, 2, pages, page_size, kv_heads, head_dim]
-            self._runner = ModelRunner(self.model, kv, kv.shape[3], TorchAttentionBackend())
+            backend = make_backend(self.attention_backend, self.model.config, kv.shape[3], self.model.dtype, self.device)
+            self._runner = ModelRunner(self.model, kv, kv.shape[3], backend)
         return self._runner
 
     @property

@@ -103,9 +103,9 @@ def test_slot_indices_follow_block_table():
 def test_layout_from_config():
     model, _ = load_model(ModelSpec())
     layout = KVCacheLayout.from_config(model.config, num_pages=10, page_size=16)
-    assert layout.shape == (2, 2, 10, 16, 2, 16)
+    assert layout.shape == (2, 2, 10, 16, 1, 64)
     assert layout.dtype == torch.float32
-    assert layout.page_bytes == 2 * 2 * 16 * 2 * 16 * 4
+    assert layout.page_bytes == 2 * 2 * 16 * 1 * 64 * 4
     with pytest.raises(ValueError):
         KVCacheLayout(2, 0, 16, 2, 16, torch.float32)
 

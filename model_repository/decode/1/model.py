@@ -20,10 +20,24 @@ class TritonPythonModel:
 
         self.io = triton_io
         params, device = stage_setup(args)
+        pb = triton_io.pb()
+        # Families must outlive their metrics, so both are kept.
+        self.metric_families = [pb.MetricFamily(name, text, pb.MetricFamily.COUNTER) for name, text in (
+            ("unifiedserve_decode_steps", "decode steps run"),
+            ("unifiedserve_decode_step_seconds", "seconds spent in decode steps (forward + sampling), summed"),
+            ("unifiedserve_decode_step_sequences", "sequences in decode steps, summed (mean batch = this / steps)"))]
+        steps, seconds, sequences = (family.Metric() for family in self.metric_families)
+
+        def on_step(batch, elapsed):
+            steps.increment(1)
+            seconds.increment(elapsed)
+            sequences.increment(batch)
+
         self.worker = DecodeWorker(
             ModelSpec.from_parameters(params, device=str(device)), device,
             kv_pages=int(params["kv_pages"]), page_size=int(params["kv_page_size"]),
-            max_batch=int(params["max_batch"]))
+            max_batch=int(params["max_batch"]), attention_backend=params.get("attention_backend", "auto"),
+            cuda_graphs=params.get("cuda_graphs", "auto"), on_step=on_step)
 
     def execute(self, requests):
         io, pb = self.io, self.io.pb()

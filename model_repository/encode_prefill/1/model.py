@@ -19,7 +19,8 @@ class TritonPythonModel:
         self.io = triton_io
         params, device = stage_setup(args)
         self.worker = EncodePrefillWorker(
-            ModelSpec.from_parameters(params, device=str(device)), device)
+            ModelSpec.from_parameters(params, device=str(device)), device,
+            attention_backend=params.get("attention_backend", "auto"))
 
     def execute(self, requests):
         io, pb = self.io, self.io.pb()

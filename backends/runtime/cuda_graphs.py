@@ -1,0 +1,114 @@
+"""CUDA graphs for decode steps at a ladder of batch sizes (the practice of vLLM and SGLang).
+
+A decode step of a 7B model launches hundreds of small kernels; replaying them as one captured graph
+removes the launch cost. One graph per batch size of the ladder; a batch of ``n`` sequences replays the
+smallest graph of ``B >= n`` rows, the ``B - n`` padding rows reading and writing only the pool's
+reserved scratch page (``kv_cache.scratch_page``). All graphs share one memory pool (captured largest
+first, torch's recommendation) and flashinfer's workspace.
+
+Per step, on the host: the paged layout is planned into the graph's fixed index buffers (flashinfer's
+``use_cuda_graph`` mode), token ids, positions and KV slots go through one pinned buffer and one
+asynchronous copy, then the graph replays. The step's only host sync is the caller's read of the
+sampled tokens.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Sequence
+
+import torch
+
+from backends.runtime.attention.base import AttentionMetadata
+from backends.runtime.attention.flashinfer_backend import FlashInferAttentionBackend
+from backends.runtime.kv_cache import scratch_page
+
+if TYPE_CHECKING:
+    from backends.runtime.model_runner import DecodeSeq, ModelRunner
+
+DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)
+
+
+def batch_ladder(max_batch: int) -> tuple[int, ...]:
+    """:data:`DEFAULT_BATCH_SIZES` up to ``max_batch``, with ``max_batch`` itself as the top rung."""
+    return tuple(sorted({b for b in DEFAULT_BATCH_SIZES if b < max_batch} | {max_batch}))
+
+
+@dataclass(frozen=True)
+class _Graph:
+    batch_size: int
+    graph: torch.cuda.CUDAGraph
+    backend: FlashInferAttentionBackend
+    inputs: torch.Tensor  # int64 [3, B] on the device: token ids, positions, KV slots
+    logits: torch.Tensor  # float32 [B, vocab] on the device, written by each replay
+
+
+class DecodeGraphs:
+    """Captured decode steps of ``runner`` for each size in ``batch_sizes``.
+
+    Raises ValueError when the runner's backend is not flashinfer (the torch backend plans with host
+    syncs and data-dependent shapes, which a graph cannot hold) or ``batch_sizes`` is empty.
+    """
+
+    def __init__(self, runner: ModelRunner, batch_sizes: Sequence[int]) -> None:
+        if not isinstance(runner.backend, FlashInferAttentionBackend):
+            raise ValueError("CUDA graphs need the flashinfer attention backend")
+        if not batch_sizes or min(batch_sizes) < 1:
+            raise ValueError(f"batch_sizes must be positive, got {list(batch_sizes)}")
+        self.runner = runner
+        self.scratch = scratch_page(runner.kv_cache.shape[2])
+        self.max_batch = max(batch_sizes)
+        self._staging = torch.zeros(3, self.max_batch, dtype=torch.int64, pin_memory=True)
+        self._staged = torch.cuda.Event()  # the last copy out of _staging has finished
+        self._pool = torch.cuda.graph_pool_handle()
+        self._graphs = {b: self._capture(b) for b in sorted(set(batch_sizes), reverse=True)}
+        self._sizes = sorted(self._graphs)
+
+    def _capture(self, batch_size: int) -> _Graph:
+        runner = self.runner
+        inputs = torch.zeros(3, batch_size, dtype=torch.int64, device=runner.device)
+        inputs[2].fill_(self.scratch * runner.page_size)
+        # Every sequence may hold pages; together they cannot hold more than the pool (plus padding rows).
+        backend = FlashInferAttentionBackend.for_cuda_graph(
+            runner.backend, batch_size, runner.kv_cache.shape[2] + batch_size, inputs[2])
+        metadata = self._metadata([], batch_size)
+        backend.plan(metadata)
+        with torch.inference_mode():
+            side = torch.cuda.Stream(runner.device)
+            side.wait_stream(torch.cuda.current_stream(runner.device))
+            with torch.cuda.stream(side):  # warm-up outside the graph (lazy inits, autotuning)
+                for _ in range(2):
+                    runner.decode_logits(inputs[0], inputs[1], backend, metadata)
+            torch.cuda.current_stream(runner.device).wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._pool):
+                logits = runner.decode_logits(inputs[0], inputs[1], backend, metadata)
+        return _Graph(batch_size, graph, backend, inputs, logits)
+
+    def _metadata(self, seqs: Sequence[DecodeSeq], batch_size: int) -> AttentionMetadata:
+        """Host-side layout of ``seqs`` padded to ``batch_size`` rows of one token in the scratch page."""
+        pad = batch_size - len(seqs)
+        return AttentionMetadata.build(
+            [1] * batch_size, [s.num_cached for s in seqs] + [0] * pad,
+            [s.block_table for s in seqs] + [[self.scratch]] * pad, self.runner.page_size, "cpu")
+
+    def run(self, seqs: Sequence[DecodeSeq]) -> torch.Tensor:
+        """Replay the smallest graph that holds ``seqs``; float32 logits ``[len(seqs), vocab]``, a view of
+        the graph's output buffer valid until the next replay of that size. Raises ValueError for more
+        than ``max_batch`` sequences."""
+        n = len(seqs)
+        if not 0 < n <= self.max_batch:
+            raise ValueError(f"{n} sequences; graphs hold 1 .. {self.max_batch}")
+        g = self._graphs[next(b for b in self._sizes if b >= n)]
+        metadata = self._metadata(seqs, g.batch_size)
+        g.backend.plan(metadata)
+        self._staged.synchronize()  # normally long done: the caller has read the last step's tokens
+        staging = self._staging[:, :g.batch_size]
+        staging[0, :n] = torch.tensor([s.token_id for s in seqs])
+        staging[1, :n] = torch.tensor([s.position for s in seqs])
+        staging[0, n:] = 0
+        staging[1, n:] = 0
+        staging[2] = metadata.slot_mapping
+        g.inputs.copy_(staging, non_blocking=True)
+        self._staged.record()
+        g.graph.replay()
+        return g.logits[:n]

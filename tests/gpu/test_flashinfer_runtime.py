@@ -1,0 +1,197 @@
+"""flashinfer attention and CUDA-graph decode against the torch reference backend, on the GPU.
+
+* the kernels on random paged layouts (shuffled pages, ragged chunks on cached prefixes, decode rows);
+* ``tiny`` in bf16: the whole runner with flashinfer against the runner with torch attention (logits
+  within 1e-2 relative error, greedy tokens equal except genuine ties);
+* CUDA graphs: replayed decode equals eager decode, padding rows touch only the scratch page;
+* ``qwen2_5_vl_7b`` in bf16: the first step's logits of a video+text prompt against transformers' own
+  forward on the same weights and inputs (relative error 1e-2; argmax equal unless a near tie).
+
+Run on the device: `python3 -m pytest -q tests/gpu/test_flashinfer_runtime.py` (skipped without CUDA or
+flashinfer).
+"""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from backends.runtime.attention import AttentionMetadata, FlashInferAttentionBackend, TorchAttentionBackend
+from backends.runtime.cuda_graphs import batch_ladder
+from backends.runtime.kv_cache import KVCacheLayout, pages_needed, scratch_page
+from backends.runtime.loader import ModelSpec, load_model
+from backends.runtime.model_runner import DecodeSeq, ModelRunner, PrefillChunk
+from backends.runtime.mrope import mrope_positions
+from tests.reference import reference_generate
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+DEVICE = torch.device("cuda:0")
+RTOL = 1e-2  # the issue's bound for bf16 kernels against the reference
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _flashinfer():
+    pytest.importorskip("flashinfer")
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    """||a - b|| / ||b|| in float32."""
+    a, b = a.float(), b.float()
+    return float((a - b).norm() / b.norm().clamp_min(1e-12))
+
+
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(28, 4, 128), (2, 1, 64)])
+def test_kernels_match_torch_on_random_paged_layouts(heads, kv_heads, head_dim):
+    rng = random.Random(0)
+    torch.manual_seed(0)
+    page_size, num_pages, layers = 16, 512, 2
+    cache = torch.randn(layers, 2, num_pages, page_size, kv_heads, head_dim, dtype=torch.bfloat16, device=DEVICE)
+    fi = FlashInferAttentionBackend(heads, kv_heads, head_dim, page_size, torch.bfloat16, DEVICE)
+    ref = TorchAttentionBackend()
+    pages = list(range(num_pages))
+    rng.shuffle(pages)
+    for new, cached in [([1] * 7, [0, 5, 16, 33, 100, 255, 700]),        # decode rows
+                        ([37, 1, 300, 16], [0, 90, 17, 512]),             # ragged chunks on cached prefixes
+                        ([1000], [0])]:                                   # one long first chunk
+        tables, at = [], 0
+        for n, c in zip(new, cached):
+            k = pages_needed(n + c, page_size)
+            tables.append(pages[at:at + k])
+            at += k
+        meta = AttentionMetadata.build(new, cached, tables, page_size, DEVICE)
+        total = sum(new)
+        q = torch.randn(total, heads, head_dim, dtype=torch.bfloat16, device=DEVICE)
+        k = torch.randn(total, kv_heads, head_dim, dtype=torch.bfloat16, device=DEVICE)
+        v = torch.randn(total, kv_heads, head_dim, dtype=torch.bfloat16, device=DEVICE)
+        outs = []
+        for backend in (ref, fi):
+            pool = cache.clone()
+            backend.plan(meta)
+            outs.append(backend.forward(1, q, k, v, pool))
+            if backend is fi:  # both wrote the same new keys/values
+                assert torch.equal(pool, expected_pool)
+            expected_pool = pool
+        assert rel_err(outs[1], outs[0]) < RTOL, (new, cached)
+
+
+def _runner(preset: str, backend: str, pages: int = 257, page_size: int = 16) -> ModelRunner:
+    model, _ = load_model(ModelSpec(preset=preset, dtype="bfloat16", device=str(DEVICE)))
+    layout = KVCacheLayout.from_config(model.config, num_pages=pages, page_size=page_size)
+    pool = torch.zeros(layout.shape, dtype=layout.dtype, device=DEVICE)
+    text = model.config.text_config
+    head_dim = text.hidden_size // text.num_attention_heads
+    attention = (TorchAttentionBackend() if backend == "torch" else FlashInferAttentionBackend(
+        text.num_attention_heads, text.num_key_value_heads, head_dim, page_size, model.dtype, DEVICE))
+    return ModelRunner(model, pool, page_size, attention)
+
+
+def _greedy(runner: ModelRunner, prompts: list[list[int]], steps: int) -> tuple[list[list[int]], list[torch.Tensor]]:
+    """Prefill all prompts as one ragged batch (in 2 chunks each), then decode them together."""
+    tables, at = [], 0
+    for ids in prompts:
+        k = pages_needed(len(ids) + steps, runner.page_size)
+        tables.append(list(range(at, at + k)))
+        at += k
+    half = [len(ids) // 2 for ids in prompts]
+    all_logits = []
+    for part in (0, 1):
+        chunks = []
+        for ids, h, table in zip(prompts, half, tables):
+            start, end = (0, h) if part == 0 else (h, len(ids))
+            embeds = runner.embed(torch.tensor(ids[start:end], device=DEVICE))
+            chunks.append(PrefillChunk(embeds, torch.arange(start, end, device=DEVICE).expand(3, -1), start, table,
+                                       want_logits=part == 1))
+        logits = runner.prefill(chunks)
+    tokens = [[int(t)] for t in logits.argmax(-1)]
+    all_logits.append(logits)
+    for step in range(1, steps):
+        seqs = [DecodeSeq(out[-1], len(ids) + step - 1, len(ids) + step - 1, table)
+                for ids, out, table in zip(prompts, tokens, tables)]
+        logits = runner.decode(seqs)
+        all_logits.append(logits)
+        for out, t in zip(tokens, logits.argmax(-1).tolist()):
+            out.append(t)
+    return tokens, all_logits
+
+
+def _assert_tokens_equal_or_tie(ours, ref, ref_logits, gap: float) -> None:
+    for row, (a, b) in enumerate(zip(ours, ref)):
+        for step, (x, y) in enumerate(zip(a, b)):
+            if x != y:
+                top2 = ref_logits[step][row].float().topk(2).values
+                assert float(top2[0] - top2[1]) <= gap, f"row {row} step {step}: {x} != {y}, not a tie"
+                break
+
+
+def test_tiny_bf16_flashinfer_matches_torch_backend():
+    rng = random.Random(1)
+    prompts = [[rng.randrange(3, 250) for _ in range(n)] for n in (5, 40, 130, 17)]
+    ref_tokens, ref_logits = _greedy(_runner("tiny", "torch"), prompts, 12)
+    fi_tokens, fi_logits = _greedy(_runner("tiny", "flashinfer"), prompts, 12)
+    for step, (a, b) in enumerate(zip(fi_logits, ref_logits)):
+        assert rel_err(a, b) < RTOL, step
+        if any(x[step] != y[step] for x, y in zip(fi_tokens, ref_tokens) if step < len(x)):
+            break
+    scale = float(ref_logits[0].abs().max())
+    _assert_tokens_equal_or_tie(fi_tokens, ref_tokens, ref_logits, gap=2 * RTOL * scale)
+
+
+def test_cuda_graph_decode_equals_eager_and_keeps_padding_in_the_scratch_page():
+    eager = _runner("tiny", "flashinfer")
+    graphs = _runner("tiny", "flashinfer")
+    graphs.enable_cuda_graphs(batch_ladder(8))
+    assert graphs.graphs is not None and graphs.graphs.max_batch == 8
+    rng = random.Random(2)
+    prompts = [[rng.randrange(3, 250) for _ in range(n)] for n in (9, 33, 70)]  # 3 rows -> the 4-row graph
+    scratch = scratch_page(graphs.kv_cache.shape[2])
+    before = graphs.kv_cache[:, :, :scratch].clone()
+    tokens_e, logits_e = _greedy(eager, prompts, 10)
+    tokens_g, logits_g = _greedy(graphs, prompts, 10)
+    assert tokens_g == tokens_e
+    for a, b in zip(logits_g, logits_e):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-3)
+    # The sequences' pages hold the same KV either way; no row wrote outside its pages or the scratch page.
+    torch.testing.assert_close(graphs.kv_cache[:, :, :scratch], eager.kv_cache[:, :, :scratch], rtol=0, atol=0)
+    assert not torch.equal(graphs.kv_cache[:, :, :scratch], before)
+
+
+def test_cuda_graph_runs_larger_batches_eagerly():
+    runner = _runner("tiny", "flashinfer")
+    runner.enable_cuda_graphs((1, 2))
+    seqs = [DecodeSeq(5, 0, 0, [i]) for i in range(3)]
+    assert runner.decode(seqs).shape[0] == 3  # above the ladder: eager path
+
+
+def test_qwen2_5_vl_7b_first_step_logits_match_transformers():
+    """The published 7B architecture (dummy bf16 weights): our runner (flashinfer attention, our vision
+    attention, group-wise encoding, paged prefill) against transformers' forward on the same model."""
+    model, tokenizer = load_model(ModelSpec(preset="qwen2_5_vl_7b", dtype="bfloat16", device=str(DEVICE)))
+    config = model.config
+    grid = (2, 16, 28)  # 4 frames of 224x392: 2 temporal-patch groups, 224 visual tokens
+    content = [{"type": "video"}, {"type": "text", "text": "What happens in this clip?"}]
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True)["input_ids"]
+    at = ids.index(config.video_token_id)
+    ids = ids[:at] + [config.video_token_id] * (grid[0] * grid[1] * grid[2] // 4) + ids[at + 1:]
+    torch.manual_seed(0)
+    pixels = torch.randn(grid[0] * grid[1] * grid[2], 1176, device=DEVICE)
+    _, (ref,) = reference_generate(model, ids, 1, video=(pixels, grid, 1.0))  # float32 [vocab]
+
+    layout = KVCacheLayout.from_config(config, num_pages=64, page_size=16)
+    runner = ModelRunner(model, torch.zeros(layout.shape, dtype=layout.dtype, device=DEVICE), 16,
+                         FlashInferAttentionBackend(28, 4, 128, 16, model.dtype, DEVICE))
+    embeds = runner.embed(torch.tensor(ids, device=DEVICE))
+    rows = grid[1] * grid[2]
+    visual = torch.cat([runner.encode(pixels[g * rows:(g + 1) * rows], (1, grid[1], grid[2])) for g in range(grid[0])])
+    embeds[torch.tensor(ids, device=DEVICE) == config.video_token_id] = visual
+    positions, _ = mrope_positions(config, ids, video_grid_thw=[grid], second_per_grid_ts=[1.0])
+    ours = runner.prefill([PrefillChunk(embeds, positions.to(DEVICE), 0, list(range(pages_needed(len(ids), 16))),
+                                        want_logits=True)])[0]
+    err = rel_err(ours, ref)
+    assert err < RTOL, err
+    top2 = ref.topk(2)
+    if float(top2.values[0] - top2.values[1]) > err * float(ref.abs().max()):
+        assert int(ours.argmax()) == int(top2.indices[0])
