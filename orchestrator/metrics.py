@@ -11,6 +11,8 @@ GAUGES = {
     "unifiedserve_kv_pages_total": "KV pages in the pool",
     "unifiedserve_patch_pages_free": "patch pages not held by any request",
     "unifiedserve_patch_pages_total": "patch pages in the pool",
+    "unifiedserve_patch_pages_peak_last_request": "most patch pages the last finished request with media held at "
+                                                  "once (taken as groups are decoded, returned as they are encoded)",
     "unifiedserve_requests_running": "requests admitted and not finished",
 }
 COUNTERS = {

@@ -1,10 +1,25 @@
-"""Free-list allocator for the pages of one shared pool (KV pages or patch pages).
+"""Free-list allocator for the pages of one pool, and what the scheduler needs of any pool (`PagePool`).
 
-The orchestrator owns the page tables (design.md "Ownership"): it holds one allocator per pool and
-grants pages; workers never allocate or free. Not thread-safe: the orchestrator runs one asyncio loop.
+KV pages: the orchestrator owns their page tables (design.md "Ownership") and grants them with a
+`PageAllocator`. Patch pages are taken by flashcodec when a group has been decoded, from a free list
+shared between processes (backends/shared_pages.py), which is a `PagePool` too: the scheduler returns
+them. `PageAllocator` is not thread-safe: the orchestrator runs one asyncio loop.
 """
 
 from collections.abc import Iterable
+from typing import Protocol
+
+
+class PagePool(Protocol):
+    """A pool's free list as the scheduler uses it: counts (pages) and `free` (ValueError on a double free)."""
+
+    @property
+    def num_free(self) -> int: ...
+
+    @property
+    def num_total(self) -> int: ...
+
+    def free(self, pages: Iterable[int]) -> None: ...
 
 
 class PageAllocator:

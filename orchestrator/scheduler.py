@@ -9,7 +9,7 @@ step is bounded and decode, in its own process, is never starved. One step is in
 from collections import defaultdict, deque
 from dataclasses import dataclass
 
-from orchestrator.pages import PageAllocator
+from orchestrator.pages import PageAllocator, PagePool
 from orchestrator.sequence import Group, Sequence
 from orchestrator.step_plan import EncodeWork, PrefillWork, StepPlan
 
@@ -64,11 +64,13 @@ class Scheduler:
     """Admits sequences FCFS, grants their KV pages and plans encode + prefill steps.
 
     Pages: KV pages for prompt_len + max_tokens are taken at admission and kept until `remove`
-    (decode uses them); patch pages are handed over by `group_ready` and returned once the group is
-    encoded or its sequence removed. Pages that the step in flight uses return when it completes.
+    (decode uses them). Patch pages are never reserved here: the media stage takes a group's pages
+    from the shared `patch_pages` free list once that group is decoded and hands them over by
+    `group_ready`; they return once the group is encoded or its sequence removed. Pages that the step
+    in flight uses return when it completes.
     """
 
-    def __init__(self, config: SchedulerConfig, kv_pages: PageAllocator, patch_pages: PageAllocator) -> None:
+    def __init__(self, config: SchedulerConfig, kv_pages: PageAllocator, patch_pages: PagePool) -> None:
         self.config = config
         self._kv = kv_pages
         self._patch = patch_pages
@@ -76,7 +78,7 @@ class Scheduler:
         self._seqs: dict[str, Sequence] = {}
         self._in_flight: StepPlan | None = None
         self._in_flight_seqs: dict[str, Sequence] = {}
-        self._deferred: list[tuple[PageAllocator, list[int]]] = []
+        self._deferred: list[tuple[PagePool, list[int]]] = []
 
     def add(self, seq: Sequence) -> None:
         """Queues a new sequence (waiting for KV pages; its ready groups may be encoded already).

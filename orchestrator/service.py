@@ -1,10 +1,11 @@
 """The orchestrator: one asyncio loop that validates requests, owns the page tables, runs the budget
 scheduler step by step and drives the stages over BLS (design.md, "Processes and data flow").
 
-Per request: probe media (metadata only) -> prompt with its visual-token count -> grant patch pages
--> flashcodec streams groups into them -> the scheduler's steps encode groups and prefill chunks ->
-first token -> the decode stage takes over -> tokens fan out from the one decode stream. Every page
-returns when the request finishes, fails or is cancelled (invariant 2).
+Per request: probe media (metadata only) -> prompt with its visual-token count -> flashcodec decodes
+and streams "group g ready in pages [...]", taking each group's patch pages from the shared free list
+only once the group is decoded -> the scheduler's steps encode groups (returning their pages) and
+prefill chunks -> first token -> the decode stage takes over -> tokens fan out from the one decode
+stream. Every page returns when the request finishes, fails or is cancelled (invariant 2).
 """
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from backends import shared_tensor
+from backends import shared_pages, shared_tensor
+from backends.runtime.kv_cache import RESERVED_KV_PAGES
 from backends.runtime.stopping import finish_reason
 from backends.stages.flashcodec_worker import plan_to_json
 from backends.runtime.tokenizer import eos_token_ids, load_tokenizer
@@ -70,8 +72,10 @@ class Active:
     parsed: ParsedRequest
     prompt: Prompt
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
-    granted: dict[tuple[int, int], list[int]] = field(default_factory=dict)  # patch pages not yet handed over
     media_tasks: list[asyncio.Task] = field(default_factory=list)
+    groups_reported: dict[int, int] = field(default_factory=dict)  # per media item
+    patch_pages_held: int = 0  # reported by flashcodec and not yet encoded (pages)
+    patch_pages_peak: int = 0  # the most it held at once (pages)
     in_decode: bool = False
     decode_done: bool = False
     num_generated: int = 0
@@ -89,7 +93,6 @@ class Orchestrator:
         self._registered: set[str] = set()
         self._released: list[str] = []
         self._wake = asyncio.Event()
-        self._pages_freed = asyncio.Event()
         self._ready: asyncio.Future | None = None
 
     # ---- start-up: BLS is not allowed in initialize, so the pools and loops start on first use ----
@@ -99,8 +102,12 @@ class Orchestrator:
         self.kv_page_size, self.patch_page_size = kv["shape"][3], patch["shape"][1]
         config = SchedulerConfig(self.config.scheduler.encode_budget, self.config.scheduler.prefill_budget,
                                  self.config.scheduler.max_share, self.kv_page_size)
-        self.kv_pages = PageAllocator(kv["shape"][2], "kv")
-        self.patch_pages = PageAllocator(patch["shape"][0], "patch")
+        # The pool's last page is the runtime's scratch page (CUDA-graph padding rows write there).
+        self.kv_pages = PageAllocator(kv["shape"][2] - RESERVED_KV_PAGES, "kv")
+        # Patch pages are taken by flashcodec as groups are decoded; this process returns them.
+        self.patch_pages = await asyncio.to_thread(shared_pages.SharedPageList.attach,
+                                                   shared_pages.path_for("patch_pool"))
+        assert self.patch_pages.num_total == patch["shape"][0], "patch pool and its free list disagree"
         self.scheduler = Scheduler(config, self.kv_pages, self.patch_pages)
         attached = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -124,7 +131,9 @@ class Orchestrator:
 
     # ---- admission -------------------------------------------------------------------------------
     async def admit(self, parsed: ParsedRequest) -> Active:
-        """Plan media, build the prompt, check limits, grant patch pages, start media decoding.
+        """Plan media, build the prompt, check limits, start media decoding. No patch page is reserved:
+        flashcodec takes each group's pages once it is decoded, so a media item needs only its largest
+        group to fit in the pool.
 
         Raises InvalidInput naming the problem (media, prompt length, pool size).
         """
@@ -142,22 +151,19 @@ class Orchestrator:
         kv_needed = math.ceil(total / self.kv_page_size)
         if kv_needed > self.kv_pages.num_total:
             raise InvalidInput(f"request needs {kv_needed} KV pages, the pool has {self.kv_pages.num_total}")
-        per_group = [math.ceil(m.patches_per_group / self.patch_page_size) for m in prompt.media]
-        need = sum(n * m.num_groups for n, m in zip(per_group, prompt.media))
-        if need > self.patch_pages.num_total:
-            raise InvalidInput(f"media needs {need} patch pages, the pool has {self.patch_pages.num_total} "
-                               "(lower fps or max_pixels)")
+        for item, m in enumerate(prompt.media):
+            # One group is never split, so it must fit in the pool at once (then waiting for pages cannot deadlock).
+            need = math.ceil(m.patches_per_group / self.patch_page_size)
+            if need > self.patch_pages.num_total:
+                raise InvalidInput(
+                    f"{m.kind} {item}: one temporal-patch group has {m.patches_per_group} patches, which need "
+                    f"{need} patch pages of {self.patch_page_size}; the patch pool has {self.patch_pages.num_total} "
+                    "pages (lower max_pixels)")
         req_id = uuid.uuid4().hex
         active = Active(req_id, parsed, prompt)
-        while (pages := self.patch_pages.allocate(need)) is None:  # granted whole; they return as groups encode
-            self._pages_freed.clear()
-            await self._pages_freed.wait()
-        groups = []
-        for item, (layout, n) in enumerate(zip(prompt.media, per_group)):
-            for g in range(layout.num_groups):
-                active.granted[(item, g)], pages = pages[:n], pages[n:]
-                groups.append(Group(item, g, layout.token_offset + g * layout.tokens_per_group,
-                                    layout.tokens_per_group, layout.patches_per_group))
+        groups = [Group(item, g, layout.token_offset + g * layout.tokens_per_group, layout.tokens_per_group,
+                        layout.patches_per_group)
+                  for item, layout in enumerate(prompt.media) for g in range(layout.num_groups)]
         self.active[req_id] = active
         self.scheduler.add(Sequence(req_id, len(prompt.input_ids), parsed.params.max_tokens, groups))
         loop = asyncio.get_running_loop()
@@ -169,17 +175,29 @@ class Orchestrator:
 
     async def _run_media(self, active: Active, item: int, media, plan) -> None:
         layout = active.prompt.media[item]
-        pages = [active.granted[(item, g)] for g in range(layout.num_groups)]
+        active.groups_reported[item] = 0
+        bad: list[str] = []
 
-        def on_group(index: int) -> None:
-            handed = active.granted.pop((item, index))
-            if self.scheduler.group_ready(active.req_id, item, index, handed):
+        def on_group(index: int, pages: list[int]) -> None:
+            # The pages are ours from here on: never raise, or the pages of later groups would be lost.
+            try:
+                fresh = self.scheduler.group_ready(active.req_id, item, index, pages)
+            except (KeyError, ValueError) as exc:
+                self.patch_pages.free(pages)
+                bad.append(str(exc))
+                return
+            if fresh:
+                active.groups_reported[item] += 1
+                active.patch_pages_held += len(pages)
+                active.patch_pages_peak = max(active.patch_pages_peak, active.patch_pages_held)
                 self._wake.set()
 
-        body = {"media_plan": plan_to_json(plan), "pages": pages, "path": media.path}
+        body = {"media_plan": plan_to_json(plan), "path": media.path}
         try:
             await stages.flashcodec_decode(active.req_id, media.source if media.path is None else b"", body, on_group)
-            if any(key[0] == item for key in active.granted):
+            if bad:
+                raise stages.StageError(f"flashcodec: {bad[0]}")
+            if active.groups_reported[item] < layout.num_groups and self.active.get(active.req_id) is active:
                 raise stages.StageError(f"{media.kind}: decoding ended before all sampled frames were found",
                                         invalid_input=True)
         except stages.StageError as exc:
@@ -209,7 +227,9 @@ class Orchestrator:
                 continue
             self.scheduler.complete(plan)
             self.metrics.increment("unifiedserve_scheduler_steps")
-            self._pages_freed.set()
+            for w in plan.encode:  # the scheduler returned these groups' patch pages
+                if w.req_id in self.active:
+                    self.active[w.req_id].patch_pages_held -= len(w.patch_pages)
             self._update_gauges()
             for first in result["first_tokens"]:
                 active = self.active.get(first["req"])
@@ -312,14 +332,12 @@ class Orchestrator:
             await stages.flashcodec_abort(active.req_id)
             await asyncio.gather(*active.media_tasks, return_exceptions=True)  # patch pages no longer written
         del self.active[active.req_id]
-        self.scheduler.remove(active.req_id)
-        for pages in active.granted.values():
-            self.patch_pages.free(pages)
-        active.granted.clear()
+        self.scheduler.remove(active.req_id)  # returns the patch pages of groups decoded but not yet encoded
+        if active.prompt.media:
+            self.metrics.set("unifiedserve_patch_pages_peak_last_request", active.patch_pages_peak)
         if active.req_id in self._registered:
             self._registered.discard(active.req_id)
             self._released.append(active.req_id)
-        self._pages_freed.set()
         self._update_gauges()
         self._wake.set()
 

@@ -68,16 +68,18 @@ def _output(response, name: str):
 
 
 async def flashcodec_decode(request_id: str, media: bytes | str, plan: dict,
-                            on_group: Callable[[int], None]) -> None:
-    """Decode one media item into the pages named in ``plan``; ``on_group(g)`` as each group is ready.
-    Returns when the stage's stream has ended (after that it no longer writes the pages)."""
+                            on_group: Callable[[int, list[int]], None]) -> None:
+    """Decode one media item by ``plan``; ``on_group(g, pages)`` as each group is ready in the patch
+    pages the stage took for it (from then on the caller's to free; ``on_group`` must not raise, or the
+    pages of later groups would be lost). Returns when the stage's stream has ended (after that it
+    neither takes nor writes pages for this call)."""
     inputs = {"request_id": request_id, "op": "decode", "plan": json.dumps(plan)}
     if isinstance(media, bytes):
         inputs["media"] = np.array([media], dtype=np.object_)
-    async for response in _stream("flashcodec", inputs, ["group"]):
+    async for response in _stream("flashcodec", inputs, ["group", "pages"]):
         group = _output(response, "group")
         if group is not None:
-            on_group(int(group[0]))
+            on_group(int(group[0]), [int(p) for p in _output(response, "pages")])
 
 
 async def flashcodec_abort(request_id: str) -> None:

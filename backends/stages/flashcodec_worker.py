@@ -1,9 +1,12 @@
 """The FlashCodec stage: media -> patches in the shared patch pool, streamed group by group.
 
-The worker owns the patch pool. Each request names the pages the orchestrator granted per
-temporal-patch group; the worker decodes (flashcodec.pipeline), writes each group's patch rows into
-its pages and reports "group g ready" at once, so encoding can start before the video is decoded.
-Decoding runs on a thread pool: ``execute()`` returns immediately (invariant 1).
+The worker owns the patch pool and its free list (backends/shared_pages.py), shared with the
+orchestrator. It decodes (flashcodec.pipeline) and, once a temporal-patch group has been decoded, takes
+that group's pages from the free list (waiting while the pool is full: back-pressure), writes the
+group's patch rows into them and reports "group g ready in pages [...]" at once, so encoding can start
+before the video is decoded; nothing is reserved ahead. Reported pages are the orchestrator's to
+return; pages of a group that is not reported (abort, error) go back here. Decoding runs on a thread
+pool: ``execute()`` returns immediately (invariant 1).
 """
 from __future__ import annotations
 
@@ -15,9 +18,9 @@ from typing import Callable
 
 import torch
 
-from backends import shared_tensor
+from backends import shared_pages, shared_tensor
 from flashcodec.errors import MediaError
-from flashcodec.patch_pool import write_group
+from flashcodec.patch_pool import pages_needed, write_group
 from flashcodec.pipeline import image_group, iter_video_groups, make_decoder
 from flashcodec.sampling import ImagePlan, VideoPlan
 
@@ -39,26 +42,38 @@ class FlashCodecWorker:
     """``num_pages`` patch pages of ``page_size`` patch rows (1176 float32 values each)."""
 
     def __init__(self, device: torch.device, num_pages: int, page_size: int, threads: int):
+        # The free list first: the orchestrator maps it once the pool itself is published.
+        self.free_pages = shared_pages.SharedPageList.create(shared_pages.path_for("patch_pool"), num_pages)
         self.pool = shared_tensor.create("patch_pool", (num_pages, page_size, PATCH_DIM), torch.float32, device)
+        self.page_size = page_size
         # NVDEC on a GPU, else GOP-parallel PyAV processes, else sequential PyAV (logged, counted per video).
         self.choice = make_decoder(device)
         self.executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="flashcodec")
         self.cancelled: set[str] = set()
+        self.running: dict[str, int] = {}  # media items being decoded per request
+        self.closing = False  # set at shutdown: no thread may wait for pages that nobody frees any more
         self.lock = threading.Lock()
 
-    def submit(self, request_id: str, media: bytes | str, plan: dict, pages: list[list[int]],
-               on_group: Callable[[int], None], on_done: Callable[[str | None], None]) -> None:
-        """Decode ``media`` (bytes, or a path the orchestrator checked) by ``plan`` into ``pages[g]`` for
-        group g; ``on_group(g)`` after each group is written; ``on_done(error_message_or_None)`` last."""
-        self.executor.submit(self._run, request_id, media, plan_from_json(plan), pages, on_group, on_done)
+    def submit(self, request_id: str, media: bytes | str, plan: dict,
+               on_group: Callable[[int, list[int]], None], on_done: Callable[[str | None], None]) -> None:
+        """Decode ``media`` (bytes, or a path the orchestrator checked) by ``plan``; ``on_group(g, pages)``
+        once group g is written into ``pages`` of the patch pool (from then on the caller's to free);
+        ``on_done(error_message_or_None)`` last."""
+        with self.lock:
+            self.running[request_id] = self.running.get(request_id, 0) + 1
+        self.executor.submit(self._run, request_id, media, plan_from_json(plan), on_group, on_done)
 
     def abort(self, request_id: str) -> None:
-        """Stop after the group being decoded; the stream then ends (the orchestrator waits for that
-        before it frees the request's patch pages)."""
+        """Stop after the group being decoded, also while waiting for pages; the stream then ends (the
+        orchestrator waits for that before it frees the request's patch pages)."""
         with self.lock:
             self.cancelled.add(request_id)
 
-    def _run(self, request_id, media, plan, pages, on_group, on_done) -> None:
+    def _is_cancelled(self, request_id: str) -> bool:
+        with self.lock:
+            return self.closing or request_id in self.cancelled
+
+    def _run(self, request_id, media, plan, on_group, on_done) -> None:
         error = None
         try:
             if isinstance(plan, VideoPlan):
@@ -67,13 +82,8 @@ class FlashCodecWorker:
                 data = media if isinstance(media, bytes) else open(media, "rb").read()
                 groups = iter([(0, image_group(data, plan))])
             for index, patches in groups:
-                with self.lock:
-                    if request_id in self.cancelled:
-                        break
-                write_group(self.pool.tensor, pages[index], patches.to(self.pool.tensor.device))
-                if self.pool.tensor.is_cuda:  # another process reads the pages once it hears "ready"
-                    torch.cuda.current_stream(self.pool.tensor.device).synchronize()
-                on_group(index)
+                if not self._write(request_id, index, patches, on_group):
+                    break
         except MediaError as exc:
             error = str(exc)
         except Exception as exc:  # never kill the worker: report and go on
@@ -81,14 +91,38 @@ class FlashCodecWorker:
             error = f"flashcodec: {type(exc).__name__}: {exc}"
         finally:
             with self.lock:
-                self.cancelled.discard(request_id)
+                self.running[request_id] -= 1
+                if not self.running[request_id]:  # the request's last item: its abort mark is spent
+                    del self.running[request_id]
+                    self.cancelled.discard(request_id)
             on_done(error)
+
+    def _write(self, request_id: str, index: int, patches: torch.Tensor, on_group) -> bool:
+        """Take the decoded group's pages, write it, report it; False when the request was aborted."""
+        if self._is_cancelled(request_id):
+            return False
+        need = pages_needed(patches.shape[0], self.page_size)
+        pages = self.free_pages.wait_allocate(need, lambda: self._is_cancelled(request_id))
+        if pages is None:
+            return False
+        try:
+            write_group(self.pool.tensor, pages, patches.to(self.pool.tensor.device))
+            if self.pool.tensor.is_cuda:  # another process reads the pages once it hears "ready"
+                torch.cuda.current_stream(self.pool.tensor.device).synchronize()
+            on_group(index, pages)
+        except BaseException:  # not reported, so nobody else will return them
+            self.free_pages.free(pages)
+            raise
+        return True
 
     def videos_per_path(self) -> dict[str, int]:
         """Videos decoded so far per path ("nvdec", "cpu_parallel", "cpu"), for the metrics endpoint."""
         return self.choice.paths.snapshot()
 
     def shutdown(self) -> None:
+        with self.lock:
+            self.closing = True
         self.executor.shutdown(wait=False, cancel_futures=True)
         self.choice.close()
         self.pool.release()
+        self.free_pages.close()

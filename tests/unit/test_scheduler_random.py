@@ -1,10 +1,15 @@
 """Property tests: random workloads (arrivals, media streaming in out of order, cancellations, also
-mid-step, decode holding KV pages) driven through the scheduler, checking every plan."""
+mid-step, decode holding KV pages) driven through the scheduler, checking every plan.
+
+As in the server, nothing reserves patch pages ahead: the simulated media stage takes a group's pages
+when it has "decoded" that group (and only if they are free: back-pressure), then reports it. Half the
+scenarios use the cross-process free list the server uses (backends/shared_pages.py)."""
 
 import random
 
 import pytest
 
+from backends.shared_pages import SharedPageList
 from orchestrator.pages import PageAllocator
 from orchestrator.scheduler import Scheduler, SchedulerConfig
 from orchestrator.sequence import Group, Sequence
@@ -86,7 +91,7 @@ def check_idle(sched, live):
             assert seq.prefill_done or demand_end(seq, set()) == seq.num_computed_tokens
 
 
-def run_scenario(seed):
+def run_scenario(seed, tmp_path):
     rng = random.Random(seed)
     config = SchedulerConfig(encode_budget=rng.choice([64, 256, 1000]), prefill_budget=rng.choice([16, 100, 512]),
                              max_share=rng.choice([1.0, 0.5, 0.3, 0.1]), kv_page_size=rng.choice([1, 4, 16]))
@@ -96,7 +101,12 @@ def run_scenario(seed):
     need_kv = max(-(-(s.prompt_len + s.max_tokens) // config.kv_page_size) for s in seqs.values())
     group_pages = [-(-g.num_patches // patch_page_size) for s in seqs.values() for g in s.groups]
     kv = PageAllocator(rng.randint(need_kv, 3 * need_kv), "kv_pool")
-    patch = PageAllocator(max(group_pages, default=1) + rng.randint(0, 20), "patch_pool")
+    # Any pool that holds the largest group works (the orchestrator rejects larger groups at admission).
+    num_patch_pages = max(group_pages, default=1) + rng.randint(0, 20)
+    if seed % 2:
+        patch = SharedPageList.create(tmp_path / f"patch_pool-{seed}.pages", num_patch_pages)
+    else:
+        patch = PageAllocator(num_patch_pages, "patch_pool")
     sched = Scheduler(config, kv, patch)
     arrival = {req_id: t for t, req_id in arrivals}
     live, pending, decoding, decoded = {}, [], {}, []
@@ -151,6 +161,6 @@ def run_scenario(seed):
 
 
 @pytest.mark.parametrize("block", range(10))
-def test_random_workloads_keep_the_invariants(block):
+def test_random_workloads_keep_the_invariants(block, tmp_path):
     for seed in range(block * 20, block * 20 + 20):
-        run_scenario(seed)
+        run_scenario(seed, tmp_path)

@@ -1,8 +1,9 @@
 """Triton adaptor for FlashCodec (backends/stages/flashcodec_worker.py).
 
 op "decode": inputs request_id, media (file bytes, or a path when plan["path"] is set), plan (JSON:
-the sampling plan and the patch pages per group); streams one response per group (output ``group``)
-as soon as its patches are in the pool, then the final flag. op "abort": stop request_id's decode.
+the sampling plan); streams one response per group (outputs ``group`` and ``pages``, the patch pages
+it took for the group once decoded) as soon as its patches are in the pool, then the final flag.
+op "abort": stop request_id's decode.
 """
 import json
 import sys
@@ -47,8 +48,9 @@ class TritonPythonModel:
             plan = json.loads(io.string(request, "plan"))
             media = plan["path"] if plan.get("path") else io.bytes_list(request, "media")[0]
 
-            def on_group(index, sender=sender):
-                sender.send(pb.InferenceResponse([pb.Tensor("group", np.array([index], np.int32))]))
+            def on_group(index, pages, sender=sender):
+                sender.send(pb.InferenceResponse([pb.Tensor("group", np.array([index], np.int32)),
+                                                  pb.Tensor("pages", np.array(pages, np.int32))]))
 
             def on_done(error, sender=sender):
                 if error:
@@ -56,7 +58,7 @@ class TritonPythonModel:
                 sender.send(flags=final)
                 self._update_metrics()
 
-            self.worker.submit(request_id, media, plan["media_plan"], plan["pages"], on_group, on_done)
+            self.worker.submit(request_id, media, plan["media_plan"], on_group, on_done)
         return None
 
     def _update_metrics(self):
