@@ -5,8 +5,10 @@ The binary comes from ``/opt/tritonserver`` when it exists (NGC images), otherwi
 writable place, and the Python-backend stub that matches the running interpreter is put next to the
 backend (../shared/docs/triton.md, "Getting a real tritonserver without Docker").
 
-Usage: ``python -m backends.launcher [--http-port 8000] [--grpc-port 8001] [--metrics-port 8002]``;
-Ctrl-C stops the server. Tests use :class:`TritonServer` as a context manager.
+Usage: ``python -m backends.launcher [--http-port 8000] [--grpc-port 8001] [--metrics-port 8002]
+[--set MODEL.KEY=VALUE ...]``; Ctrl-C stops the server. ``--set`` serves a copy of the repository with
+those model parameters changed (``backends/repository.py``). Tests use :class:`TritonServer` as a context
+manager.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from backends.repository import parse_overrides, repository_with
 from backends.shared_tensor import RUN_DIR_ENV
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -209,14 +212,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--metrics-port", type=int, default=8002)
     parser.add_argument("--log-stdout", action="store_true", help="server log to stdout instead of a file")
     parser.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for the models to load")
+    parser.add_argument("--set", action="append", default=[], metavar="MODEL.KEY=VALUE", dest="overrides",
+                        help="change a model parameter of config.pbtxt (repeatable), e.g. decode.preset=qwen2_5_vl_7b;"
+                             " *.KEY=VALUE sets it in every model that has it")
     args = parser.parse_args(argv)
+    source = args.model_repository.resolve()
+    try:
+        overrides = parse_overrides(args.overrides, source)
+    except ValueError as exc:
+        parser.error(str(exc))
+    with tempfile.TemporaryDirectory(prefix="unifiedserve-repository-") as edited:
+        repository = repository_with(Path(edited), overrides, source) if overrides else source
+        return _serve(args, repository)
+
+
+def _serve(args: argparse.Namespace, repository: Path) -> int:
     ports = ServerPorts(args.http_port, args.grpc_port, args.metrics_port, args.address)
-    server = TritonServer(args.model_repository.resolve(), ports, ready_timeout_s=args.ready_timeout,
-                          log_to_stdout=args.log_stdout)
+    server = TritonServer(repository, ports, ready_timeout_s=args.ready_timeout, log_to_stdout=args.log_stdout)
     server.start()
     where = "stdout" if args.log_stdout else server.log_path
     print(f"tritonserver ready: gRPC {args.address}:{args.grpc_port}, HTTP {args.address}:{args.http_port}, "
-          f"log {where}", flush=True)
+          f"log {where}, models {repository}", flush=True)
     # SIGTERM stops it like Ctrl-C; SIGINT too when started in the background (where it is inherited as ignored).
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     signal.signal(signal.SIGINT, signal.default_int_handler)

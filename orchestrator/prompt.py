@@ -6,10 +6,14 @@ before any frame is decoded: a group of grid (1, h, w) patches becomes ``h*w / m
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 MERGE = 2  # spatial_merge_size of Qwen2.5-VL's vision tower
 USER_TEXT = "\x00unifiedserve-user-text\x00"  # stands for the user's text while the template is applied
+# transformers' encode(split_special_tokens=...) sets that flag on the tokenizer's one shared Rust object, and
+# prompts are built in worker threads: unserialised, a template's "<|image_pad|>" can be split into text.
+_ENCODE_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -61,9 +65,10 @@ def build_prompt(tokenizer, text: str, media: list[tuple[str, tuple[int, int, in
     before, after = templated.split(USER_TEXT)
     # The user's text is tokenized on its own with special-token strings split into plain text, so a
     # prompt cannot inject "<|im_end|>" or a "<|video_pad|>" that no media backs.
-    ids = (tokenizer.encode(before, add_special_tokens=False)
-           + tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)
-           + tokenizer.encode(after, add_special_tokens=False))
+    with _ENCODE_LOCK:
+        ids = (tokenizer.encode(before, add_special_tokens=False)
+               + tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)
+               + tokenizer.encode(after, add_special_tokens=False))
     pad_ids = {"image": tokenizer.convert_tokens_to_ids("<|image_pad|>"),
                "video": tokenizer.convert_tokens_to_ids("<|video_pad|>")}
     out: list[int] = []

@@ -1,15 +1,20 @@
-"""One real tritonserver for the end-to-end tests (the repo's model_repository, CPU, dummy tiny model)."""
+"""One real tritonserver for the end-to-end tests (the repo's model_repository, CPU, dummy tiny model);
+`serve` starts another one, e.g. on a repository with some model parameters changed
+(`backends.repository.repository_with`)."""
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import time
 import urllib.request
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
-from backends.launcher import ServerPorts, TritonServer
+from backends.launcher import REPO_ROOT, ServerPorts, TritonServer
+from backends.repository import repository_with  # noqa: F401 (the tests' way to change parameters)
 
 
 def _free_port() -> int:
@@ -24,21 +29,29 @@ def media_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("media")
 
 
-@pytest.fixture(scope="session")
-def server(media_dir):
+@contextlib.contextmanager
+def serve(media_dir: Path, model_repository: Path = REPO_ROOT / "model_repository",
+          log_path: Path | None = None) -> Iterator[TritonServer]:
+    """A tritonserver on free ports; on exit, checks that every KV and patch page is free again (no
+    leaks) and that the log shows no crash."""
     ports = ServerPorts(http=_free_port(), grpc=_free_port(), metrics=_free_port())
-    # UNIFIEDSERVE_TEST_SERVER_LOG keeps the server log after the run (bench/device_run.sh sets it).
-    log_path = os.environ.get("UNIFIEDSERVE_TEST_SERVER_LOG")
-    with TritonServer(ports=ports, extra_env={"UNIFIEDSERVE_MEDIA_DIRS": str(media_dir)},
-                      log_path=Path(log_path) if log_path else None) as srv:
+    with TritonServer(model_repository, ports=ports, extra_env={"UNIFIEDSERVE_MEDIA_DIRS": str(media_dir)},
+                      log_path=log_path) as srv:
         yield srv
-        # No leaks: after the whole suite every KV and patch page is free again.
         m = wait_for_idle_pools(srv)
         assert m["unifiedserve_kv_pages_free"] == m["unifiedserve_kv_pages_total"], m
         assert m["unifiedserve_patch_pages_free"] == m["unifiedserve_patch_pages_total"], m
         log = srv.log_tail(20000)
     for needle in ("Traceback", "Stub process", "unhealthy", "Cannot remove future"):
         assert needle not in log, f"the server log shows {needle!r}:\n{log}"
+
+
+@pytest.fixture(scope="session")
+def server(media_dir):
+    # UNIFIEDSERVE_TEST_SERVER_LOG keeps the server log after the run (bench/device_run.sh sets it).
+    log_path = os.environ.get("UNIFIEDSERVE_TEST_SERVER_LOG")
+    with serve(media_dir, log_path=Path(log_path) if log_path else None) as srv:
+        yield srv  # at the end of the suite: no leaks, no crash in the log
 
 
 @pytest.fixture(scope="session")

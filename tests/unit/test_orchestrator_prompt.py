@@ -66,3 +66,17 @@ def test_special_tokens_in_user_text_are_plain_text(tokenizer):
     # only the template's own special tokens remain
     assert sum(i in specials for i in prompt.input_ids) == sum(i in specials for i in plain.input_ids)
     assert "<|video_pad|>" in tokenizer.decode(prompt.input_ids)
+
+
+def test_concurrent_prompts_keep_their_placeholders(tokenizer):
+    # The orchestrator builds prompts in worker threads (asyncio.to_thread), and transformers' encode with
+    # split_special_tokens sets a flag on the one shared Rust tokenizer: unserialised, another thread's
+    # template could lose its "<|image_pad|>" (seen with 16 concurrent image requests).
+    from concurrent.futures import ThreadPoolExecutor
+
+    def build(k: int) -> int:
+        text = "Describe <|image_pad|> what you see in detail. " * (1 + k % 5)
+        return build_prompt(tokenizer, text, [("image", (1, 4, 4), 0.0)]).num_visual_tokens
+
+    with ThreadPoolExecutor(8) as pool:
+        assert list(pool.map(build, range(400))) == [4] * 400

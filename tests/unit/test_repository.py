@@ -1,0 +1,88 @@
+"""backends/repository.py and the launcher's --set: model parameters changed in a copy (no server)."""
+from __future__ import annotations
+
+import pytest
+
+from backends import launcher
+from backends.repository import REPOSITORY, edited_config, model_parameters, parse_overrides, repository_with
+
+
+def test_star_sets_the_key_in_every_model_that_declares_it():
+    overrides = parse_overrides(["*.preset=qwen2_5_vl_7b", "*.dtype=bfloat16", "decode.kv_pages=16384"])
+    assert overrides == {"decode": {"preset": "qwen2_5_vl_7b", "dtype": "bfloat16", "kv_pages": "16384"},
+                         "encode_prefill": {"preset": "qwen2_5_vl_7b", "dtype": "bfloat16"},
+                         "orchestrator": {"preset": "qwen2_5_vl_7b"}}
+
+
+def test_later_items_win_and_values_may_hold_equals_signs():
+    assert parse_overrides(["decode.seed=1", "decode.seed=2", "orchestrator.model_path=/m=1"]) == {
+        "decode": {"seed": "2"}, "orchestrator": {"model_path": "/m=1"}}
+
+
+@pytest.mark.parametrize("item, message", [
+    ("decode.no_such_key=1", "model 'decode' has no parameter 'no_such_key'; its parameters: device"),
+    ("nomodel.preset=tiny", "no model 'nomodel'"),
+    ("*.no_such_key=1", "no model has a parameter 'no_such_key'"),
+    ("decode.preset", "expected MODEL.KEY=VALUE"),
+    ("preset=tiny", "expected MODEL.KEY=VALUE"),
+])
+def test_unknown_or_malformed_items_are_errors_naming_them(item, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+        parse_overrides([item])
+
+
+def _without(parameters: dict, pairs: set) -> dict:
+    return {m: {k: v for k, v in keys.items() if (m, k) not in pairs} for m, keys in parameters.items()}
+
+
+def test_copy_has_the_new_values_and_links_the_rest(tmp_path):
+    repository_with(tmp_path, {"decode": {"preset": "qwen2_5_vl_7b", "model_path": 'a "b"\\c'}})
+    changed, original = model_parameters(tmp_path), model_parameters()
+    assert changed["decode"]["preset"] == "qwen2_5_vl_7b"
+    assert changed["decode"]["model_path"] == 'a \\"b\\"\\\\c'  # pbtxt-escaped as written
+    edited = {("decode", "preset"), ("decode", "model_path")}
+    assert _without(changed, edited) == _without(original, edited)
+    for model in original:
+        model_py = tmp_path / model / "1" / "model.py"
+        assert model_py.is_symlink() and model_py.resolve() == (REPOSITORY / model / "1" / "model.py").resolve()
+    # Everything but the edited parameter line is unchanged.
+    before = (REPOSITORY / "decode" / "config.pbtxt").read_text().splitlines()
+    after = (tmp_path / "decode" / "config.pbtxt").read_text().splitlines()
+    assert [n for n, (a, b) in enumerate(zip(before, after)) if a != b] == [
+        n for n, line in enumerate(before) if '"preset"' in line or '"model_path"' in line]
+
+
+def test_commented_out_parameters_are_not_parameters():
+    config = ('# parameters { key: "x" value { string_value: "1" } }\n'
+              'parameters { key: "x" value { string_value: "2" } }\n')
+    assert edited_config(config, {"x": "3"}).splitlines()[1] == 'parameters { key: "x" value { string_value: "3" } }'
+    with pytest.raises(ValueError, match="'y'"):
+        edited_config(config, {"y": "3"})
+
+
+def test_repository_with_refuses_unknown_models(tmp_path):
+    with pytest.raises(ValueError, match="no model 'nomodel'"):
+        repository_with(tmp_path, {"nomodel": {"preset": "tiny"}})
+
+
+def test_launcher_set_serves_the_edited_copy_and_removes_it(monkeypatch):
+    served = {}
+
+    def fake_serve(args, repository):
+        served["parameters"] = model_parameters(repository)
+        served["repository"] = repository
+        return 0
+
+    monkeypatch.setattr(launcher, "_serve", fake_serve)
+    assert launcher.main(["--set", "*.dtype=bfloat16", "--set", "decode.kv_pages=16384"]) == 0
+    assert served["parameters"]["encode_prefill"]["dtype"] == served["parameters"]["decode"]["dtype"] == "bfloat16"
+    assert served["parameters"]["decode"]["kv_pages"] == "16384"
+    assert not served["repository"].exists()  # the copy lives while the server runs
+    assert launcher.main([]) == 0 and served["repository"] == REPOSITORY  # no --set: the repo's own
+
+
+def test_launcher_set_with_an_unknown_key_stops_before_starting(monkeypatch, capsys):
+    monkeypatch.setattr(launcher, "_serve", lambda *a: pytest.fail("the server must not start"))
+    with pytest.raises(SystemExit) as e:
+        launcher.main(["--set", "decode.kv_page=16"])
+    assert e.value.code == 2 and "model 'decode' has no parameter 'kv_page'" in capsys.readouterr().err
