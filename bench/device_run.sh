@@ -61,7 +61,7 @@ run_pytest() {  # log name, then pytest arguments
 }
 
 runtime_tests() {
-  run_pytest runtime_tests tests/gpu/test_flashinfer_runtime.py tests/unit/test_vision_attention.py \
+  run_pytest runtime_tests -rP tests/gpu/test_flashinfer_runtime.py tests/unit/test_vision_attention.py \
     tests/unit/test_runtime_vs_transformers.py tests/unit/test_runtime_sampler.py
   tar -czf "$OUT/flashinfer_cache.tar.gz" -C "$FLASHINFER_WORKSPACE_BASE" . && ls -la "$OUT/flashinfer_cache.tar.gz"
 }
@@ -73,7 +73,7 @@ runtime_bench() {
 
 nvdec() {
   run_pytest nvdec_tests tests/gpu/test_nvdec.py
-  python3 bench/flashcodec_bench.py --out "$OUT" 2>&1 | tee "$OUT/flashcodec_bench.log" || status=1
+  python3 bench/flashcodec_bench.py --out "$OUT" ${FLASHCODEC_ARGS:-} 2>&1 | tee "$OUT/flashcodec_bench.log" || status=1
 }
 
 e2e() {

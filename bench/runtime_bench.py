@@ -72,7 +72,7 @@ class Sizes:
 
 
 def make_runner(model, backend: str, pages: int) -> ModelRunner:
-    layout = KVCacheLayout.from_config(model.config, num_pages=pages + 1, page_size=PAGE)
+    layout = KVCacheLayout.from_config(model.config, num_pages=pages + 1, page_size=PAGE, dtype=model.dtype)
     pool = torch.zeros(layout.shape, dtype=layout.dtype, device=DEVICE)
     text = model.config.text_config
     attention = TorchAttentionBackend() if backend == "torch" else FlashInferAttentionBackend(

@@ -5,10 +5,6 @@ from __future__ import annotations
 
 import torch
 
-from flashcodec.pipeline import image_group, iter_video_groups
-from orchestrator.inputs import MediaInput
-from orchestrator.media import plan_media
-from orchestrator.prompt import build_prompt
 from orchestrator.sampling_params import RequestParams
 
 TIE = 1e-4  # logits closer than this may be ordered either way by float rounding
@@ -50,6 +46,12 @@ def server_request_reference(model, tokenizer, text: str, max_new_tokens: int, *
                              image: bytes | None = None, params: RequestParams = RequestParams()):
     """What the server must produce for a request with at most one video or image: the same
     preprocessing (flashcodec's plan and patches, the orchestrator's prompt), then ``reference_generate``."""
+    # Imported here so the runtime tests that only need reference_generate run without PyAV.
+    from flashcodec.pipeline import image_group, iter_video_groups
+    from orchestrator.inputs import MediaInput
+    from orchestrator.media import plan_media
+    from orchestrator.prompt import build_prompt
+
     media, kwargs = [], {}
     for kind, data in (("image", image), ("video", video)):
         if data is None:
