@@ -1,19 +1,27 @@
 """Token sampling with per-request parameters in one batch: greedy, temperature, top-k, top-p, seeds.
 
-A seeded draw is a pure function of ``(seed, num_generated)`` and the logits: the generator is seeded
-from both, so the prefill worker (first token) and the decode worker (the rest) continue one stream.
+The whole batch is a fixed number of tensor ops on the logits' device (CPU or CUDA), whatever its size;
+the one device->host sync is the ``.tolist()`` in ``sample``. A draw is the exponential race, i.e. the
+Gumbel-max trick in exponential form: ``argmax(probs / E)`` with ``E_i = -log U_i`` i.i.d. Exp(1) picks
+token ``i`` with probability ``probs[i] / sum(probs)`` exactly (Gumbel 1954; Maddison et al. 2014,
+"A* Sampling", section 2). ``U`` is not drawn from a generator's state but hashed from
+``(seed, num_generated, token id)`` (a counter-based RNG), so a seeded draw is a pure function of
+``(seed, num_generated)`` and the row's logits: the prefill worker (first token) and the decode worker
+(the rest) continue one stream, and no row depends on which others share its batch.
 """
 from __future__ import annotations
 
+import functools
 import math
+import random
 from dataclasses import dataclass
 
 import torch
 
-# Mixes num_generated into the seed (a large odd 64-bit constant, as in splitmix64) so that
-# neighbouring (seed, step) pairs give unrelated streams.
-_STEP_MIX = 0x9E3779B97F4A7C15
-_SEED_MASK = (1 << 63) - 1
+_M32 = (1 << 32) - 1
+_M64 = (1 << 64) - 1
+_GAMMA = 0x9E3779B97F4A7C15  # splitmix64's increment: 2**64 / golden ratio, odd
+_SYSTEM_RANDOM = random.SystemRandom()  # unseeded rows: the loader seeds torch's global RNG, so not that
 
 
 @dataclass(frozen=True)
@@ -23,7 +31,7 @@ class SamplingParams:
     * ``temperature``: 0 means greedy (argmax); otherwise logits are divided by it.
     * ``top_p``: keep the smallest set of most likely tokens whose probability reaches ``top_p`` (1 = off).
     * ``top_k``: keep the ``top_k`` most likely tokens (0 = off).
-    * ``seed``: makes the draw reproducible (``None``: the process's global RNG).
+    * ``seed``: makes the draw reproducible (``None``: a fresh random seed for every draw).
     * ``min_tokens``: eos ids are masked while fewer tokens than this have been generated.
     * ``ignore_eos``: eos does not end the request (the caller's rule; the sampler does not mask it).
     """
@@ -46,49 +54,136 @@ class SamplingParams:
             raise ValueError(f"min_tokens must be >= 0, got {self.min_tokens}")
 
 
-def _filtered_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """Probabilities ``[V]`` (float32) after temperature, top-k and top-p."""
-    logits = logits / params.temperature
-    if params.top_k and params.top_k < logits.numel():
-        kth = torch.topk(logits, params.top_k).values[-1]
-        logits = logits.masked_fill(logits < kth, -math.inf)
-    probs = torch.softmax(logits, dim=-1)
-    if params.top_p < 1:
-        sorted_probs, order = torch.sort(probs, descending=True)
-        # Drop a token when the tokens more likely than it already reach top_p; the top one always stays.
-        drop = (torch.cumsum(sorted_probs, dim=-1) - sorted_probs) >= params.top_p
-        probs = probs.scatter(0, order, sorted_probs.masked_fill(drop, 0.0))
-    return probs
+def _splitmix64(state: int) -> int:
+    """splitmix64's output function on a Python int (Steele, Lea & Flood 2014, "Fast splittable
+    pseudorandom number generators"; constants from Vigna's splitmix64.c)."""
+    z = state & _M64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+    return z ^ (z >> 31)
 
 
-def _generator(seed: int, num_generated: int, device: torch.device) -> torch.Generator:
-    generator = torch.Generator(device=device)
-    generator.manual_seed((seed * _STEP_MIX + num_generated) & _SEED_MASK)
-    return generator
+def _row_key(seed: int, num_generated: int) -> int:
+    """The 32-bit key of one draw: the top half of output number ``num_generated`` (from 0) of a splitmix64
+    generator seeded with ``seed``. Exact Python-int arithmetic, on the host."""
+    return _splitmix64(seed + (num_generated + 1) * _GAMMA) >> 32
+
+
+def _mul32(x, c: int):
+    """``x * c mod 2**32`` for ``0 <= x < 2**32``, on a Python int or an int64 tensor (in place).
+
+    No intermediate reaches 2**63, so int64 tensors never overflow and the result is exact on any device:
+    a 32-bit times a 31-bit number is below 2**63, and for ``c >= 2**31``, ``x * 2**31 = (x & 1) << 31``
+    (mod 2**32).
+    """
+    if c < 1 << 31:
+        x *= c
+    else:
+        odd = (x & 1) << 31
+        x *= c - (1 << 31)
+        x += odd
+    x &= _M32
+    return x
+
+
+def _lowbias32(x):
+    """The lowbias32 integer hash, a bijection of [0, 2**32) (C. Wellons, "Prospecting for Hash Functions",
+    2018, hash-prospector). Takes a Python int or an int64 tensor with values in [0, 2**32), which it
+    changes in place; shifts of non-negative values are logical, so no masking is needed after them."""
+    x ^= x >> 16
+    x = _mul32(x, 0x7FEB352D)
+    x ^= x >> 15
+    x = _mul32(x, 0x846CA68B)
+    x ^= x >> 16
+    return x
+
+
+@functools.lru_cache(maxsize=8)
+def _token_hash(vocab: int, device: torch.device) -> torch.Tensor:
+    """``lowbias32(token id)``, int64 ``[vocab]`` on ``device``: the first of the two hash rounds, shared by
+    all rows and calls."""
+    return _lowbias32(torch.arange(vocab, dtype=torch.int64, device=device))
+
+
+def _exponentials(keys: torch.Tensor, vocab: int) -> torch.Tensor:
+    """``E = -log U``, float32 ``[s, vocab]``, with ``U = uniform(lowbias32(lowbias32(token) ^ key))``.
+
+    ``keys``: int64 ``[s]`` in [0, 2**32). ``U = ((h >> 9) + 0.5) / 2**23`` lies in (0, 1) and is exact in
+    float32, so ``U`` is bit-identical on CPU and CUDA; ``log`` may differ there by an ulp.
+    """
+    h = _lowbias32(_token_hash(vocab, keys.device)[None, :] ^ keys[:, None])
+    return (h >> 9).float().add_(0.5).mul_(2.0 ** -23).log_().neg_()
+
+
+def _probs(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor, top_k: torch.Tensor,
+           filtered: bool) -> torch.Tensor:
+    """Probabilities after temperature, then top-k and top-p when ``filtered``: float32 ``[s, V]``, zero
+    outside the kept tokens and not renormalised (the race does not need it).
+
+    ``logits`` float32 ``[s, V]``; ``temperature`` float32 ``[s]`` (> 0); ``top_p`` float32 ``[s]``
+    (inf = off); ``top_k`` int64 ``[s]`` in [1, V] (V = off).
+    """
+    logits = logits / temperature[:, None]
+    if not filtered:
+        return logits.softmax(dim=-1)
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    # Ties with the k-th logit stay, as with a mask of `logits < kth`.
+    kth = sorted_logits.gather(1, (top_k - 1)[:, None])
+    sorted_probs = sorted_logits.masked_fill_(sorted_logits < kth, -math.inf).softmax(dim=-1)
+    # Drop a token when the tokens more likely than it already reach top_p; the top one always stays.
+    drop = (sorted_probs.cumsum(dim=-1) - sorted_probs) >= top_p[:, None]
+    return torch.empty_like(sorted_probs).scatter_(1, order, sorted_probs.masked_fill_(drop, 0.0))
+
+
+def _to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """One host->device copy that does not wait for the device (pinned memory on CUDA)."""
+    if device.type == "cuda":
+        host = host.pin_memory()
+    return host.to(device, non_blocking=True)
+
+
+def sample_tensor(logits: torch.Tensor, params: list[SamplingParams], num_generated: list[int],
+                  eos_ids: list[int]) -> torch.Tensor:
+    """One token id per row, int64 ``[b]`` on the logits' device, without a device->host sync.
+
+    ``logits``: floating ``[b, V]`` (read, not changed); ``params``/``num_generated``: per row,
+    ``num_generated`` being the tokens the request has generated before this one (0 for the first).
+    ``eos_ids`` are masked for rows with ``num_generated < min_tokens``. Greedy rows (temperature 0) take
+    the argmax (the first on ties); the others are drawn as the module docstring says, a seeded row's token
+    being a function of its seed, ``num_generated`` and logits row alone. The same inputs give the same
+    token on CPU and CUDA except where two float scores tie within rounding (softmax and log may differ by
+    an ulp between devices and kernels). Raises ValueError when the lengths disagree.
+    """
+    if not (logits.shape[0] == len(params) == len(num_generated)):
+        raise ValueError(f"{logits.shape[0]} logit rows, {len(params)} params, {len(num_generated)} counts")
+    device, vocab = logits.device, logits.shape[1]
+    logits = logits.float()
+    banned = [n < p.min_tokens for p, n in zip(params, num_generated)]
+    if any(banned) and eos_ids:
+        # Not `logits[rows, cols] = -inf`: that assignment waits for the device.
+        banned, cols = _to_device(torch.tensor(banned), device), _to_device(torch.tensor(eos_ids), device)
+        eos_logits = logits.index_select(1, cols).masked_fill_(banned[:, None], -math.inf)
+        logits = logits.index_copy(1, cols, eos_logits)
+    tokens = logits.argmax(dim=-1)
+    drawn = [i for i, p in enumerate(params) if p.temperature > 0]
+    if not drawn:
+        return tokens
+    # One row per drawn request: [row, temperature, top_p, top_k, key], all exact in float64.
+    table = []
+    for i in drawn:
+        p = params[i]
+        seed = p.seed if p.seed is not None else _SYSTEM_RANDOM.getrandbits(63)
+        table.append((i, p.temperature, p.top_p if p.top_p < 1 else math.inf,
+                      p.top_k if 0 < p.top_k < vocab else vocab, _row_key(seed, num_generated[i])))
+    filtered = any(t[2] < 1 or t[3] < vocab for t in table)
+    table = _to_device(torch.tensor(table, dtype=torch.float64), device)
+    rows, top_k, keys = table[:, 0].long(), table[:, 3].long(), table[:, 4].long()
+    probs = _probs(logits[rows], table[:, 1].float(), table[:, 2].float(), top_k, filtered)
+    return tokens.index_copy_(0, rows, probs.div_(_exponentials(keys, vocab)).argmax(dim=-1))
 
 
 def sample(logits: torch.Tensor, params: list[SamplingParams], num_generated: list[int],
            eos_ids: list[int]) -> list[int]:
-    """One token id per row.
-
-    ``logits``: float32 ``[b, V]``; ``params``/``num_generated``: per row, ``num_generated`` being the
-    tokens the request has generated before this one (0 for the first). ``eos_ids`` are masked for rows
-    with ``num_generated < min_tokens``. Raises ValueError when the lengths disagree.
-    """
-    if not (logits.shape[0] == len(params) == len(num_generated)):
-        raise ValueError(f"{logits.shape[0]} logit rows, {len(params)} params, {len(num_generated)} counts")
-    logits = logits.float()
-    masked_rows = [i for i, (p, n) in enumerate(zip(params, num_generated)) if n < p.min_tokens]
-    if masked_rows and eos_ids:
-        rows = torch.tensor(masked_rows, device=logits.device)[:, None]
-        logits = logits.index_put((rows, torch.tensor(eos_ids, device=logits.device)[None, :]),
-                                  torch.tensor(-math.inf, device=logits.device))
-    greedy = logits.argmax(dim=-1).tolist()  # one device sync for the whole batch
-    tokens = []
-    for row, p, n, best in zip(logits, params, num_generated, greedy):
-        if p.temperature == 0:
-            tokens.append(best)
-            continue
-        generator = _generator(p.seed, n, row.device) if p.seed is not None else None
-        tokens.append(int(torch.multinomial(_filtered_probs(row, p), 1, generator=generator)))
-    return tokens
+    """One token id per row, as ``sample_tensor`` (same arguments and errors), brought to the host with one
+    device->host sync."""
+    return sample_tensor(logits, params, num_generated, eos_ids).tolist()

@@ -1,13 +1,20 @@
-"""Sampler: greedy, top-k/top-p, seeded determinism, min_tokens, per-request parameters in one batch."""
+"""Sampler: greedy, top-k/top-p, seeded determinism, min_tokens, per-request parameters in one batch, batch
+independence, the drawn distribution, and the exact integer hash behind the draws."""
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
 
-from backends.runtime.sampler import SamplingParams, sample
+from backends.runtime.sampler import SamplingParams, _exponentials, _lowbias32, _probs, _row_key, sample
 
 VOCAB = 50
 EOS = [3, 7]
+M32 = (1 << 32) - 1
+# Chi-square critical values at p = 0.001 by degrees of freedom (scipy.stats.chi2.ppf(0.999, df)). The seeds
+# are fixed, so each test is deterministic; a correct sampler passes these with probability 0.999 per case.
+CHI2_999 = {1: 10.83, 2: 13.82, 3: 16.27, 4: 18.47}
 
 
 def _logits(batch: int = 4, seed: int = 0) -> torch.Tensor:
@@ -35,13 +42,14 @@ def test_tiny_top_p_equals_greedy():
 def test_top_k_restricts_to_top_tokens():
     logits = _logits(batch=1)
     top3 = set(logits[0].topk(3).indices.tolist())
-    drawn = {sample(logits, [SamplingParams(top_k=3, seed=s)], [0], EOS)[0] for s in range(200)}
-    assert drawn <= top3 and len(drawn) > 1
+    drawn = set(sample(logits.expand(200, -1), [SamplingParams(top_k=3, seed=s) for s in range(200)],
+                       [0] * 200, EOS))
+    assert drawn == top3
 
 
 def test_seeded_draw_is_a_function_of_seed_and_step():
     logits = _logits(batch=1)
-    flat = torch.zeros(1, VOCAB)  # uniform: the draw depends on the generator only
+    flat = torch.zeros(1, VOCAB)  # uniform: the draw depends on the random numbers only
     params = [SamplingParams(temperature=1.0, seed=1234)]
     stream = [sample(flat, params, [n], EOS)[0] for n in range(30)]
     torch.manual_seed(99)  # the global RNG does not matter
@@ -53,6 +61,17 @@ def test_seeded_draw_is_a_function_of_seed_and_step():
     # Step 7 drawn alone (e.g. in another process) equals step 7 of the stream.
     assert sample(flat, params, [7], EOS)[0] == stream[7]
     assert sample(logits, params, [3], EOS) == sample(logits.clone(), params, [3], EOS)
+    # The whole stream in one call (the steps as rows) is the same stream.
+    assert sample(flat.expand(30, -1), params * 30, list(range(30)), EOS) == stream
+
+
+def test_unseeded_draws_are_fresh():
+    flat = torch.zeros(64, VOCAB)
+    params = [SamplingParams(temperature=1.0)] * 64
+    torch.manual_seed(0)
+    first = sample(flat, params, [0] * 64, EOS)
+    torch.manual_seed(0)  # unseeded rows do not use torch's global RNG (the loader seeds it)
+    assert sample(flat, params, [0] * 64, EOS) != first
 
 
 def test_min_tokens_masks_eos():
@@ -65,6 +84,9 @@ def test_min_tokens_masks_eos():
     assert sample(logits, params, [2], EOS)[0] == EOS[0]
     sampled = sample(logits, [SamplingParams(temperature=1.0, min_tokens=1, seed=0)], [0], EOS)[0]
     assert sampled not in EOS
+    before = logits.clone()
+    sample(logits, params, [0], EOS)
+    assert torch.equal(logits, before)  # the caller's logits are not changed
 
 
 def test_per_request_parameters_in_one_batch():
@@ -78,6 +100,118 @@ def test_per_request_parameters_in_one_batch():
     without_eos[EOS] = float("-inf")
     assert tokens[1] == int(without_eos.argmax())
     assert tokens[2] == sample(logits[2:], params[2:], [4], EOS)[0]
+
+
+def test_seeded_row_does_not_depend_on_its_batch():
+    rows = 40
+    logits = _logits(batch=rows, seed=3) * 2
+    targets = [SamplingParams(temperature=0.5 + i % 3 * 0.4, top_k=[0, 5, 30][i % 3], top_p=[1.0, 0.9, 0.6][i % 3],
+                              seed=1000 + i, min_tokens=i % 2) for i in range(rows)]
+    steps = [i % 7 for i in range(rows)]
+    alone = [sample(logits[i:i + 1], [targets[i]], [steps[i]], EOS)[0] for i in range(rows)]
+    fillers = [SamplingParams(temperature=0), SamplingParams(temperature=1.0),  # greedy, unseeded
+               SamplingParams(temperature=1.3, top_k=2, seed=5), SamplingParams(temperature=0.9, top_p=0.3, seed=6),
+               SamplingParams(temperature=0, min_tokens=9)]
+    batch_logits, batch_params, batch_steps, where = [], [], [], []
+    for i in range(rows):  # each target between fillers, in a different place and company every time
+        for j in range(i % 4):
+            batch_logits.append(_logits(batch=1, seed=100 + i * 4 + j)[0])
+            batch_params.append(fillers[(i + j) % len(fillers)])
+            batch_steps.append(j)
+        where.append(len(batch_logits))
+        batch_logits.append(logits[i])
+        batch_params.append(targets[i])
+        batch_steps.append(steps[i])
+    tokens = sample(torch.stack(batch_logits), batch_params, batch_steps, EOS)
+    assert [tokens[w] for w in where] == alone
+    assert len(set(alone)) > 5
+
+
+def _chi_square(tokens: list[int], target: list[float]) -> float:
+    counts = [tokens.count(t) for t in range(len(target))]
+    for t, p in enumerate(target):
+        if p == 0:
+            assert counts[t] == 0, f"token {t} has probability 0 but was drawn {counts[t]} times"
+    n = len(tokens)
+    return sum((counts[t] - n * p) ** 2 / (n * p) for t, p in enumerate(target) if p > 0)
+
+
+PROBS = [0.4, 0.3, 0.15, 0.1, 0.05]
+
+
+@pytest.mark.parametrize("kwargs, target", [
+    ({}, PROBS),
+    ({"temperature": 2.0}, [math.sqrt(p) / sum(math.sqrt(q) for q in PROBS) for p in PROBS]),
+    ({"top_k": 2}, [0.4 / 0.7, 0.3 / 0.7, 0, 0, 0]),
+    # Exclusive cumulative sums 0, .4, .7, .85, .95: tokens from the 4th reach 0.8 already.
+    ({"top_p": 0.8}, [0.4 / 0.85, 0.3 / 0.85, 0.15 / 0.85, 0, 0]),
+    # Top-k first: the 3 kept renormalise to .47, .35, .18, so the third is past 0.75 (it would not be by .7).
+    ({"top_k": 3, "top_p": 0.75}, [0.4 / 0.7, 0.3 / 0.7, 0, 0, 0]),
+])
+def test_draws_follow_the_distribution(kwargs, target):
+    n = 4000
+    logits = torch.tensor(PROBS).log()[None, :].expand(n, -1)
+    # Many requests, one step each, in one batched call.
+    tokens = sample(logits, [SamplingParams(seed=7 * s + 1, **kwargs) for s in range(n)], [0] * n, [])
+    dof = sum(p > 0 for p in target) - 1
+    assert _chi_square(tokens, target) < CHI2_999[dof]
+    # One request over many steps (the decode worker's stream).
+    tokens = sample(logits, [SamplingParams(seed=42, **kwargs)] * n, list(range(n)), [])
+    assert _chi_square(tokens, target) < CHI2_999[dof]
+
+
+def _reference_probs(row: torch.Tensor, temperature: float, top_p: float, top_k: int) -> torch.Tensor:
+    """The per-row rule, written plainly: temperature, top-k mask, softmax, top-p mask."""
+    row = row / temperature
+    if 0 < top_k < row.numel():
+        row = row.masked_fill(row < torch.topk(row, top_k).values[-1], -math.inf)
+    probs = torch.softmax(row, dim=-1)
+    if top_p < 1:
+        sorted_probs, order = torch.sort(probs, descending=True)
+        drop = (torch.cumsum(sorted_probs, dim=-1) - sorted_probs) >= top_p
+        probs = probs.scatter(0, order, sorted_probs.masked_fill(drop, 0.0))
+    return probs
+
+
+def test_batched_masks_equal_a_per_row_reference():
+    rows = 64
+    logits = _logits(batch=rows, seed=5) * 3
+    gen = torch.Generator().manual_seed(1)
+    temperature = (torch.rand(rows, generator=gen) * 1.5 + 0.2).tolist()
+    top_p = [[1.0, 0.95, 0.5, 0.1, 1e-6][i % 5] for i in range(rows)]
+    top_k = [[0, 1, 3, 20, VOCAB, VOCAB + 5, 49][i % 7] for i in range(rows)]
+    probs = _probs(logits, torch.tensor(temperature), torch.tensor([p if p < 1 else math.inf for p in top_p]),
+                   torch.tensor([k if 0 < k < VOCAB else VOCAB for k in top_k]), filtered=True)
+    for i in range(rows):
+        expected = _reference_probs(logits[i], temperature[i], top_p[i], top_k[i])
+        assert torch.equal(probs[i] > 0, expected > 0), i
+        torch.testing.assert_close(probs[i], expected)
+
+
+def _lowbias32_reference(x: int) -> int:
+    x ^= x >> 16
+    x = (x * 0x7FEB352D) & M32
+    x ^= x >> 15
+    x = (x * 0x846CA68B) & M32
+    return x ^ (x >> 16)
+
+
+def test_hash_is_exact_integer_arithmetic():
+    # splitmix64 seeded with 0: its first outputs are 0xe220a8397b1dcdaf, 0x6e789e6aa1b965f4 (Vigna's
+    # splitmix64.c); a row key is the top half of output number num_generated.
+    assert _row_key(0, 0) == 0xE220A839 and _row_key(0, 1) == 0x6E789E6A
+    values = [0, 1, 2, 0xFFFF, 0x10000, 0x7FFFFFFF, 0x80000000, M32 - 1, M32]
+    values += torch.randint(0, 1 << 32, (2000,), generator=torch.Generator().manual_seed(0)).tolist()
+    hashed = _lowbias32(torch.tensor(values, dtype=torch.int64)).tolist()
+    assert hashed == [_lowbias32_reference(v) for v in values]
+    keys = [0, 1, M32, 0x12345678]
+    e = _exponentials(torch.tensor(keys), 300)
+    for row, key in enumerate(keys):
+        for token in (0, 1, 299):
+            h = _lowbias32_reference(_lowbias32_reference(token) ^ key)
+            u = ((h >> 9) + 0.5) / 2 ** 23  # exact in float32 and float64
+            assert torch.tensor(u, dtype=torch.float32).item() == u
+            assert e[row, token].item() == torch.tensor(u).log().neg().item()
 
 
 def test_invalid_parameters_raise():

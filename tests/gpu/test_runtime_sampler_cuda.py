@@ -1,0 +1,55 @@
+"""The sampler on CUDA: the same tokens as on the CPU for the same (seed, step, logits), and no device->host
+sync before the tokens are read.
+
+Run on the device: `python3 -m pytest -q -m gpu tests/gpu/test_runtime_sampler_cuda.py` (skipped without CUDA).
+"""
+import pytest
+import torch
+
+from backends.runtime.sampler import SamplingParams, _exponentials, _lowbias32, sample, sample_tensor
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+VOCAB = 151_936  # Qwen2.5-VL's
+EOS = [151_643, 151_645]
+
+
+def _batch(rows: int) -> tuple[torch.Tensor, list[SamplingParams], list[int]]:
+    logits = torch.randn(rows, VOCAB, generator=torch.Generator().manual_seed(0)) * 4
+    params = [SamplingParams(temperature=[0, 0.7, 1.0, 1.3][i % 4], top_k=[0, 50, 1, 0, 200][i % 5],
+                             top_p=[1.0, 0.9, 0.5][i % 3], seed=i, min_tokens=i % 2) for i in range(rows)]
+    return logits, params, [i % 3 for i in range(rows)]
+
+
+def test_cuda_tokens_equal_cpu_tokens():
+    logits, params, steps = _batch(256)
+    cpu = sample(logits, params, steps, EOS)
+    cuda = sample(logits.cuda(), params, steps, EOS)
+    # The hash is exact integer arithmetic (see the test below); the tokens could differ only where two
+    # float scores tie within an ulp, which these logits do not produce.
+    assert cuda == cpu
+
+
+def test_cuda_hash_equals_cpu_hash():
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randint(0, 1 << 32, (1 << 20,), generator=gen)
+    assert torch.equal(_lowbias32(x.cuda()).cpu(), _lowbias32(x.clone()))  # exact integer arithmetic
+    keys = torch.randint(0, 1 << 32, (16,), generator=gen)
+    # U is exact in float32 on both; only log may round differently.
+    torch.testing.assert_close(_exponentials(keys.cuda(), VOCAB).cpu(), _exponentials(keys, VOCAB), rtol=3e-7, atol=0)
+
+
+def test_no_sync_before_the_tokens_are_read():
+    logits, params, steps = _batch(64)
+    logits = logits.cuda()
+    sample_tensor(logits, params, steps, EOS)  # warm the caches (token hash, pinned memory)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        tokens = sample_tensor(logits, params, steps, EOS)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert tokens.device.type == "cuda" and tokens.dtype == torch.int64
+    assert tokens.tolist() == sample(logits.cpu(), params, steps, EOS)
