@@ -1,52 +1,63 @@
-"""Vision-encoder throughput (issue 4): Qwen2.5-VL-7B's vision tower, transformers' sdpa path vs our varlen attention.
+"""Vision-encoder throughput (issue 4): Qwen2.5-VL-7B's vision tower, transformers' sdpa path vs our speed-ups.
 
     python3 bench/vision_bench.py --out bench/results/vision-h200 [--repeats 10]     # needs a CUDA GPU
 
 The tower alone (``Qwen2_5_VisionTransformerPretrainedModel`` from the ``qwen2_5_vl_7b`` preset's vision
 config: 32 blocks, hidden 1280, 16 heads of 80, gated-SiLU MLP of 3420, windows of 8x8 patches, full
-attention in blocks 7, 15, 23, 31) in bfloat16 on cuda:0 with seeded dummy weights. One model, two attention
-implementations switched on its config: transformers' ``sdpa`` (one SDPA call per window or frame) and
-``backends.runtime.attention.vision`` (one call per layer, windows batched by length). Cases: a 120-frame
-448x252 video, grid_thw (60, 18, 32) = 34,560 patches, and 16 images of 1024x1024 (smart_resize: 1036x1036,
-grid (1, 74, 74)) = 87,616 patches in one call. Each: warm-up, then the median of ``--repeats`` forwards
-timed with CUDA events (grid_thw's host-side window arithmetic included, as in serving). Reports patches/s,
-the speed ratio, MFU against 790 TFLOP/s (dense bf16, the issue's figure) with the FLOPs of
-:func:`vision_flops`, peak memory, and how far the two outputs differ. Writes ``<out>/vision_bench.json``
-and, where matplotlib is importable, ``<out>/vision_bench.png``.
+attention in blocks 7, 15, 23, 31) in bfloat16 on cuda:0 with seeded dummy weights. One model, changed step
+by step, each variant adding to the one before (all cases run for one variant before the next is applied):
+* ``transformers_sdpa``: the baseline, one SDPA call per window or frame;
+* ``varlen``: ``backends.runtime.attention.vision`` (one call per layer, windows batched by length);
+* ``padded``: + ``vision_speed.pad_vision_mlp`` (MLP width 3420 -> 3424, 16-byte aligned bf16 rows);
+* ``compiled``: + ``vision_speed.compile_vision_blocks`` (``torch.compile(dynamic=True)`` of each block and
+  the merger, the attention a graph break), which ``ModelRunner`` does on CUDA.
+Cases: a 120-frame 448x252 video, grid_thw (60, 18, 32) = 34,560 patches; 16 images of 1024x1024
+(smart_resize: 1036x1036, grid (1, 74, 74)) = 87,616 patches in one call; and a mix of an image, a video
+and a small image (new grids: the compiled variant must not recompile for them). Each: one first forward
+timed on the host (the compiled variant's includes compilation), ``--warmup`` more, then the median of
+``--repeats`` forwards timed with CUDA events (grid_thw's host-side window arithmetic included, as in
+serving). Reports patches/s, MFU against 790 TFLOP/s (dense bf16, the issue's figure) with the FLOPs of
+:func:`vision_flops` (the real MLP width, not the padding), the speed-up and the largest difference from
+the baseline's output, peak memory, and the graphs dynamo compiled during the case. Writes
+``<out>/vision_bench.json`` (after every variant, so a failure keeps what ran) and ``vision_bench.png``.
 """
 from __future__ import annotations
 
 import argparse
 import datetime
-import json
-import platform
 import statistics
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
-import transformers  # noqa: E402
+from torch._dynamo.utils import counters  # noqa: E402
 from transformers import Qwen2_5_VLVisionConfig  # noqa: E402
 from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel  # noqa: E402
 from transformers.vision_utils import get_vision_cu_seqlens, get_vision_window_index  # noqa: E402
 
 from backends.runtime.attention.vision import use_varlen_vision_attention  # noqa: E402
 from backends.runtime.presets import PRESETS  # noqa: E402
+from backends.runtime.vision_speed import compile_vision_blocks, pad_vision_mlp  # noqa: E402
+from bench.common import H200_BF16_FLOPS, bar_chart, header, write  # noqa: E402
 
-PEAK_FLOPS = 790e12  # dense bf16 FLOP/s the issue measures MFU against
+PEAK_FLOPS = H200_BF16_FLOPS  # dense bf16 FLOP/s the issue measures MFU against
 CASES = {  # name: grid_thw rows
     "video_120f_448x252": [(60, 18, 32)],
     "images_16x1024x1024": [(1, 74, 74)] * 16,
+    "mixed_image_video_small": [(1, 36, 64), (4, 18, 32), (1, 20, 20)],
 }
-IMPLEMENTATIONS = ("transformers_sdpa", "varlen")
+VARIANTS = ("transformers_sdpa", "varlen", "padded", "compiled")
+BASELINE = "transformers_sdpa"
 
 
 def vision_flops(config: Qwen2_5_VLVisionConfig, grid_thw: list[tuple[int, int, int]]) -> dict[str, int]:
     """Matmul FLOPs of one tower forward over ``grid_thw`` (one multiply-add = 2 FLOPs), by part.
 
-    T patches, hidden D, MLP width I, merged width M = D * merge**2, output width O:
+    T patches, hidden D, MLP width I (the config's ``intermediate_size``: the real width, 3420 for the 7B, not
+    the padded one, whose zero features do no useful work), merged width M = D * merge**2, output width O:
     * patch embed: the Conv3d whose kernel equals its stride is a linear 1176 -> D: ``2*T*1176*D``;
     * per block: qkv ``2*T*D*3D``, output projection ``2*T*D*D``, gated-SiLU MLP (gate, up, down)
       ``2*T*3*D*I``, attention ``4*sum(L_i^2)*D`` over that block's segments L_i (QK^T and PV, each
@@ -91,107 +102,114 @@ def build_tower(device: torch.device, seed: int) -> Qwen2_5_VisionTransformerPre
     return tower.eval()
 
 
-def set_implementation(tower: Qwen2_5_VisionTransformerPretrainedModel, name: str) -> None:
-    if name == "varlen":
-        use_varlen_vision_attention(tower)
-    else:
+def apply_variant(tower: Qwen2_5_VisionTransformerPretrainedModel, name: str) -> None:
+    """Turn the tower into ``name`` from the variant before it in :data:`VARIANTS`."""
+    if name == "transformers_sdpa":
         tower.config._attn_implementation = "sdpa"
+    elif name == "varlen":
+        use_varlen_vision_attention(tower)
+    elif name == "padded":
+        pad_vision_mlp(tower)
+    elif name == "compiled":
+        compile_vision_blocks(tower)
 
 
 @torch.inference_mode()
-def time_forward(tower, pixels: torch.Tensor, grid: torch.Tensor, warmup: int, repeats: int
-                 ) -> tuple[list[float], torch.Tensor, int]:
-    """Milliseconds of each timed forward (CUDA events), the last output (merged rows), peak bytes allocated."""
+def time_forward(tower, pixels: torch.Tensor, grid: torch.Tensor, warmup: int, repeats: int) -> dict:
+    """Seconds of the first forward (host clock), milliseconds of each timed forward (CUDA events), the last
+    output (merged rows), peak bytes allocated, and the graphs dynamo compiled meanwhile."""
+    graphs = counters["stats"]["unique_graphs"]
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    tower(pixels, grid_thw=grid)
+    torch.cuda.synchronize()
+    first_s = time.perf_counter() - start
     for _ in range(warmup):
         tower(pixels, grid_thw=grid)
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     times, out = [], None
     for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
         out = tower(pixels, grid_thw=grid).pooler_output
         end.record()
         torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return times, out, torch.cuda.max_memory_allocated()
+        times.append(begin.elapsed_time(end))
+    return {"first_s": first_s, "times_ms": times, "out": out, "peak": torch.cuda.max_memory_allocated(),
+            "graphs": counters["stats"]["unique_graphs"] - graphs}
 
 
-def run(args: argparse.Namespace) -> dict:
-    device = torch.device("cuda", 0)
+def run(args: argparse.Namespace, out: Path, device: torch.device) -> dict:
     tower = build_tower(device, args.seed)
-    results = {"device": torch.cuda.get_device_name(device),
-               "date": datetime.datetime.now().isoformat(timespec="seconds"),
-               "versions": {"python": platform.python_version(), "torch": torch.__version__,
-                            "cuda": torch.version.cuda, "transformers": transformers.__version__},
-               "peak_flops": PEAK_FLOPS, "dtype": "bfloat16", "warmup": args.warmup, "repeats": args.repeats,
-               "baseline": "transformers_sdpa", "cases": {}}
+    results = header(device)
+    results["versions"]["cuda"] = torch.version.cuda
+    results.update(peak_flops=PEAK_FLOPS, dtype="bfloat16", warmup=args.warmup, repeats=args.repeats,
+                   baseline=BASELINE, variants=list(args.variants), cases={})
+    inputs, baseline = {}, {}
     for case in args.cases:
         grid_thw = CASES[case]
         grid = torch.tensor(grid_thw, device=device)
         generator = torch.Generator(device).manual_seed(args.seed)
         patches = int(grid.prod(-1).sum())
-        pixels = torch.randn(patches, 1176, device=device, generator=generator).to(torch.bfloat16)
-        flops = vision_flops(tower.config, grid_thw)
-        entry = {"grid_thw": grid_thw, "patches": patches, "flops": flops}
-        outputs = {}
-        for name in IMPLEMENTATIONS:
-            set_implementation(tower, name)
-            times, outputs[name], peak = time_forward(tower, pixels, grid, args.warmup, args.repeats)
-            median_s = statistics.median(times) / 1e3
-            entry[name] = {"median_ms": median_s * 1e3, "times_ms": times, "patches_per_s": patches / median_s,
-                           "tflops_per_s": flops["total"] / median_s / 1e12,
-                           "mfu": flops["total"] / median_s / PEAK_FLOPS, "peak_memory_gib": peak / 2**30}
-            print(f"{case} {name}: {entry[name]['median_ms']:.1f} ms, {entry[name]['patches_per_s']:,.0f} patches/s, "
-                  f"MFU {entry[name]['mfu']:.1%}", flush=True)
-        ours, theirs = outputs["varlen"].float(), outputs["transformers_sdpa"].float()
-        entry["speedup"] = entry["transformers_sdpa"]["median_ms"] / entry["varlen"]["median_ms"]
-        # Relative to the output's scale: elementwise ratios blow up at near-zero entries.
-        entry["max_abs_err"] = float((ours - theirs).abs().max())
-        entry["max_rel_err"] = entry["max_abs_err"] / float(theirs.abs().max())
-        print(f"{case}: speedup {entry['speedup']:.2f}x, "
-              f"max |ours - theirs| / max |theirs| = {entry['max_rel_err']:.2e}", flush=True)
-        results["cases"][case] = entry
-        del outputs, pixels
-        torch.cuda.empty_cache()
-    set_implementation(tower, "transformers_sdpa")
+        inputs[case] = (grid, torch.randn(patches, 1176, device=device, generator=generator).to(torch.bfloat16))
+        results["cases"][case] = {"grid_thw": grid_thw, "patches": patches,
+                                  "flops": vision_flops(tower.config, grid_thw)}
+    for name in args.variants:
+        try:
+            apply_variant(tower, name)
+            for case in args.cases:
+                entry, (grid, pixels) = results["cases"][case], inputs[case]
+                timed = time_forward(tower, pixels, grid, args.warmup, args.repeats)
+                median_s = statistics.median(timed["times_ms"]) / 1e3
+                row = {"median_ms": median_s * 1e3, "times_ms": timed["times_ms"],
+                       "patches_per_s": entry["patches"] / median_s,
+                       "tflops_per_s": entry["flops"]["total"] / median_s / 1e12,
+                       "mfu": entry["flops"]["total"] / median_s / PEAK_FLOPS,
+                       "peak_memory_gib": timed["peak"] / 2**30, "first_forward_s": timed["first_s"],
+                       "graphs_compiled": timed["graphs"]}
+                entry[name] = row
+                if name == BASELINE:
+                    baseline[case] = timed["out"]
+                if case in baseline:
+                    ours, theirs = timed["out"].float(), baseline[case].float()
+                    row["speedup"] = entry[BASELINE]["median_ms"] / row["median_ms"]
+                    # Relative to the output's scale: elementwise ratios blow up at near-zero entries.
+                    row["max_abs_err"] = float((ours - theirs).abs().max())
+                    row["max_rel_err"] = row["max_abs_err"] / float(theirs.abs().max())
+                print(f"{case} {name}: {row['median_ms']:.1f} ms, {row['patches_per_s']:,.0f} patches/s, "
+                      f"MFU {row['mfu']:.1%}, {row.get('speedup', float('nan')):.2f}x, "
+                      f"rel err {row.get('max_rel_err', float('nan')):.1e}, "
+                      f"first forward {row['first_forward_s']:.1f} s, {row['graphs_compiled']} graphs compiled",
+                      flush=True)
+                del timed
+        except Exception as error:  # keep the variants that ran; the error goes into the JSON
+            results.setdefault("errors", {})[name] = f"{type(error).__name__}: {error}"
+            print(f"{name} failed: {results['errors'][name]}", flush=True)
+        write(out, "vision_bench", results)
     return results
 
 
-def plot(results: dict, path: Path) -> bool:
-    """Bars of patches/s per case and implementation, MFU on top; False when matplotlib is missing."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
-    cases = list(results["cases"])
-    fig, ax = plt.subplots(figsize=(7, 4))
-    width = 0.38
-    for k, name in enumerate(IMPLEMENTATIONS):
-        xs = [i + (k - 0.5) * width for i in range(len(cases))]
-        rates = [results["cases"][c][name]["patches_per_s"] for c in cases]
-        bars = ax.bar(xs, rates, width, label=name)
-        for bar, case in zip(bars, cases):
-            ax.annotate(f"MFU {results['cases'][case][name]['mfu']:.0%}", (bar.get_x() + bar.get_width() / 2,
-                        bar.get_height()), ha="center", va="bottom", fontsize=8)
-    ax.set_xticks(range(len(cases)), cases)
-    ax.set_ylabel("patches / s")
-    ax.set_title(f"Qwen2.5-VL-7B vision tower, bf16, {results['device']}", fontsize=10)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return True
+def plot(results: dict, path: Path) -> None:
+    """One bar per case and variant: patches/s, with MFU and the speed-up over the baseline."""
+    rows = []
+    for case, entry in results["cases"].items():
+        for name in results["variants"]:
+            if name in entry:
+                row = entry[name]
+                rows.append((f"{case} {name}", row["patches_per_s"],
+                             f"{row['patches_per_s']:,.0f}/s  MFU {row['mfu']:.0%}  {row.get('speedup', 1):.2f}x"))
+    bar_chart(f"Qwen2.5-VL-7B vision tower, bf16, patches/s, {results['device']} ({results['date']})", rows, path)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", help="folder for vision_bench.json/.png (default bench/results/vision-<date>)")
-    parser.add_argument("--repeats", type=int, default=10, help="timed forwards per case and implementation")
-    parser.add_argument("--warmup", type=int, default=2, help="untimed forwards before them")
+    parser.add_argument("--repeats", type=int, default=10, help="timed forwards per case and variant")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed forwards after the first")
     parser.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES))
+    parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS),
+                        help="in this order; each adds to the ones before it")
     parser.add_argument("--seed", type=int, default=0, help="seed of the dummy weights and pixels")
     args = parser.parse_args()
     if args.repeats < 1 or args.warmup < 0:
@@ -200,11 +218,9 @@ def main() -> None:
         sys.exit("vision_bench.py needs a CUDA GPU: torch.cuda.is_available() is False here "
                  f"(torch {torch.__version__}, built for CUDA {torch.version.cuda})")
     out = Path(args.out or Path(__file__).parent / "results" / f"vision-{datetime.date.today().isoformat()}")
-    out.mkdir(parents=True, exist_ok=True)
-    results = run(args)
-    (out / "vision_bench.json").write_text(json.dumps(results, indent=1))
-    plotted = plot(results, out / "vision_bench.png")
-    print(f"wrote {out / 'vision_bench.json'}" + (" and vision_bench.png" if plotted else " (no matplotlib: no plot)"))
+    results = run(args, out, torch.device("cuda", 0))
+    plot(results, out / "vision_bench.png")
+    print(f"wrote {write(out, 'vision_bench', results)} and vision_bench.png")
 
 
 if __name__ == "__main__":

@@ -2,10 +2,12 @@
 
 Everything model-specific is the library's: the vision tower, embeddings, decoder layers (norms,
 projections, M-RoPE via the rotary module and ``apply_rotary_pos_emb``, MLP), final norm and
-``lm_head``. The one thing replaced is the attention function of the language model's layers: it is
-switched to :data:`PAGED_ATTENTION`, registered with transformers' ``AttentionInterface``, which hands
-q/k/v to the step's :class:`AttentionBackend` found in the forward context. A ragged batch of
-sequences runs as one packed sequence of batch size 1: every op but attention is per token.
+``lm_head``. Attention functions are replaced: the language model's layers are switched to
+:data:`PAGED_ATTENTION`, registered with transformers' ``AttentionInterface``, which hands q/k/v to the
+step's :class:`AttentionBackend` found in the forward context; the vision tower's to the varlen attention
+of ``attention/vision.py`` (all windows of a layer in one pass). The tower's MLP is zero-padded to an
+aligned width and, on CUDA, its blocks are compiled (``vision_speed.py``): same output, faster. A ragged
+batch of sequences runs as one packed sequence of batch size 1: every op but attention is per token.
 """
 from __future__ import annotations
 
@@ -74,7 +76,9 @@ class DecodeSeq:
 class ModelRunner:
     """Executes encode / prefill / decode steps; decides nothing (the orchestrator plans the steps).
 
-    Takes over ``model``'s language-model attention (``generate()`` on the same model then raises);
+    Takes over ``model``'s language-model attention (``generate()`` on the same model then raises) and
+    speeds up its vision tower in place, with the same output: varlen attention, padded MLP, and with
+    ``compile_vision`` on a CUDA model ``torch.compile``d blocks (compiled by the first ``encode``).
     ``kv_cache`` is the pool ``[layers, 2, pages, page_size, kv_heads, head_dim]`` on the model's device
     in the model's dtype (ValueError otherwise). No method records autograd. ``encode``/``embed`` return
     ordinary tensors, which the caller may write into (visual embeddings into a prompt's embeddings);
@@ -83,7 +87,7 @@ class ModelRunner:
     """
 
     def __init__(self, model: Qwen2_5_VLForConditionalGeneration, kv_cache: torch.Tensor, page_size: int,
-                 backend: AttentionBackend) -> None:
+                 backend: AttentionBackend, compile_vision: bool = True) -> None:
         text = model.config.text_config
         head_dim = text.hidden_size // text.num_attention_heads
         expected = (text.num_hidden_layers, 2, page_size, text.num_key_value_heads, head_dim)
@@ -105,7 +109,11 @@ class ModelRunner:
         self._language_model = model.model.language_model
         self._language_model.set_attn_implementation(PAGED_ATTENTION)
         from backends.runtime.attention.vision import use_varlen_vision_attention  # issue 4: windows in one pass
+        from backends.runtime.vision_speed import compile_vision_blocks, pad_vision_mlp
         use_varlen_vision_attention(self._visual)
+        pad_vision_mlp(self._visual)
+        if compile_vision and self.device.type == "cuda":
+            compile_vision_blocks(self._visual)
 
     # no_grad rather than inference_mode: callers write the result into place, which inference tensors forbid.
     @torch.no_grad()
@@ -164,7 +172,7 @@ class ModelRunner:
         if not seqs:
             raise ValueError("decode needs at least one sequence")
         if self.graphs is not None and len(seqs) <= self.graphs.max_batch:
-            return self.graphs.run(seqs)
+            return self.graphs.run(seqs).clone()  # the graph's buffer is overwritten by its next replay
         metadata = AttentionMetadata.build(
             [1] * len(seqs), [s.num_cached for s in seqs], [s.block_table for s in seqs], self.page_size, self.device)
         self.backend.plan(metadata)

@@ -73,6 +73,9 @@ def _plan(cu_seqlens: torch.Tensor, num_tokens: int, device: torch.device) -> _S
     return plan
 
 
+# Under torch.compile (backends.runtime.vision_speed compiles the blocks) this is a graph break: the plan's host
+# sync and the per-length batches have shapes that depend on cu_seqlens' values, which a graph cannot hold.
+@torch.compiler.disable
 def varlen_vision_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                             attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
                             cu_seq_lens_q: torch.Tensor | None = None, cu_seq_lens_k: torch.Tensor | None = None,
