@@ -26,7 +26,8 @@ STUBSITE=/tmp/stubsite
 OUT=${OUT:-bench/results/device}
 mkdir -p "$OUT"
 export FLASHINFER_WORKSPACE_BASE=/tmp/flashinfer_ws PYTHONUNBUFFERED=1
-export PYTHONPATH=$SITE STUB_SITE=$STUBSITE:$SITE NCCL_NVLS_ENABLE=0
+export PYTHONPATH=$SITE NCCL_NVLS_ENABLE=0
+STUB_PATH=$STUBSITE:$SITE  # given as STUB_SITE to tritonserver only: other programs keep the machine's numpy 2
 status=0
 
 install() {
@@ -77,11 +78,12 @@ nvdec() {
 }
 
 e2e() {
-  UNIFIEDSERVE_TEST_SERVER_LOG="$OUT/tritonserver.log" UNIFIEDSERVE_DUMP_STACKS=1 run_pytest e2e_gpu tests/e2e
+  STUB_SITE=$STUB_PATH UNIFIEDSERVE_TEST_SERVER_LOG="$OUT/tritonserver.log" UNIFIEDSERVE_DUMP_STACKS=1 \
+    run_pytest e2e_gpu tests/e2e
 }
 
 serve_bench() {
-  python3 bench/serve_bench.py --out "$OUT" 2>&1 | tee "$OUT/serve_bench.log" || status=1
+  STUB_SITE=$STUB_PATH python3 bench/serve_bench.py --out "$OUT" 2>&1 | tee "$OUT/serve_bench.log" || status=1
 }
 
 [ $# -gt 0 ] || { echo "usage: $0 STEP... (install runtime-tests runtime-bench nvdec e2e serve-bench)" >&2; exit 2; }

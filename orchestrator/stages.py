@@ -1,10 +1,10 @@
 """The orchestrator's BLS calls to the stages (only page indices and small JSON travel; no tensors).
 
-Every call is the Python backend's synchronous ``exec()`` made on a worker thread, never ``async_exec()``:
-on the GPU machine the 2.51 stub crashed (segfault in a C++ thread, bench/results/device-2026-11-29) with
-several decoupled ``async_exec`` streams open in this decoupled model, which the backend documents as
-unsupported in older releases. A decoupled call's blocking response iterator is pumped by the same thread
-into an asyncio queue, so the orchestrator's event loop never blocks (invariant 1).
+Every call is the Python backend's synchronous ``exec()`` made on a worker thread (supported in decoupled
+models), not ``async_exec()`` from this model's own event loop. A decoupled call's blocking response
+iterator is pumped by the same thread into an asyncio queue, so the orchestrator's event loop never
+blocks (invariant 1). Open bug, GPU machine only: under concurrent requests the 2.51 stub of this model
+has crashed in a C++ thread with either form of call (bench/results/device-2026-11-29, runs 3 and 4).
 """
 from __future__ import annotations
 
