@@ -3,7 +3,8 @@
     python3 bench/runtime_bench.py --out bench/results/runtime-h200
 
 * decode step (forward + sampling, the tokens read back) at batch 1, 8, 32, 64, 128, 256 with 4,096 tokens
-  of context each, for flashinfer with CUDA graphs, flashinfer eager, and the torch reference backend
+  of context each, for flashinfer with CUDA graphs (with and without the decoder layers compiled by
+  ``torch.compile``), flashinfer eager, and the torch reference backend
   (small batches only: it gathers the KV), against the memory floor: the bytes a step must read (all
   language-model weights but the input-embedding table, of which only the batch's rows are read, plus
   every sequence's KV) / 4.3 TB/s;
@@ -30,6 +31,7 @@ import torch  # noqa: E402
 from backends.runtime.attention import FlashInferAttentionBackend, TorchAttentionBackend  # noqa: E402
 from backends.runtime.cuda_graphs import batch_ladder  # noqa: E402
 from backends.runtime.kv_cache import KVCacheLayout, pages_needed  # noqa: E402
+from backends.runtime.lm_compile import compile_decoder_layers  # noqa: E402
 from backends.runtime.loader import ModelSpec, load_model  # noqa: E402
 from backends.runtime.model_runner import DecodeSeq, ModelRunner, PrefillChunk  # noqa: E402
 from backends.runtime.sampler import SamplingParams, sample  # noqa: E402
@@ -105,6 +107,18 @@ def bench_decode(model, sizes: Sizes, batches: list[int], context: int, repeats:
         rows.append(row)
         print(f"decode b={batch:4d} ctx={context}: graph {graph_ms:7.2f} ms, eager {eager_ms:7.2f} ms, "
               f"floor {floor:6.2f} ms ({graph_ms / floor:.2f}x)", flush=True)
+    # The same graphs with the decoder layers' small ops fused by torch.compile (backends/runtime/lm_compile.py).
+    start = time.perf_counter()
+    compile_decoder_layers(model.model.language_model)
+    runner.enable_cuda_graphs(batch_ladder(max(batches)))  # warm-up runs compile, then capture
+    compile_s = time.perf_counter() - start
+    for row in rows:
+        seqs = [DecodeSeq(7, context, context, list(range(i * per_seq, (i + 1) * per_seq))) for i in range(row["batch"])]
+        row["flashinfer_graph_compiled_ms"] = ms = cuda_time_ms(lambda: decode_step(runner, seqs), repeats)
+        row["compiled_vs_floor"] = ms / row["floor_ms"]
+        print(f"decode b={row['batch']:4d} compiled layers + graph {ms:7.2f} ms ({ms / row['floor_ms']:.2f}x floor)",
+              flush=True)
+    rows[0]["compile_and_capture_s"] = compile_s
     del runner
     gc.collect()
     torch.cuda.empty_cache()
@@ -190,6 +204,9 @@ def plot(results: dict, path: Path) -> None:
         rows.append((f"decode b={r['batch']} floor", r["floor_ms"], f"{r['floor_ms']:.2f} ms"))
         rows.append((f"decode b={r['batch']} flashinfer+graphs", r["flashinfer_graph_ms"],
                      f"{r['flashinfer_graph_ms']:.2f} ms ({r['graph_vs_floor']:.2f}x floor)"))
+        if "flashinfer_graph_compiled_ms" in r:
+            rows.append((f"decode b={r['batch']} + compiled layers", r["flashinfer_graph_compiled_ms"],
+                         f"{r['flashinfer_graph_compiled_ms']:.2f} ms ({r['compiled_vs_floor']:.2f}x floor)"))
     for b, base in results.get("generate_baseline", {}).items():
         ours = results["ours_on_baseline_shapes"][b]
         rows.append((f"step b={b} transformers generate()", base["step_ms"], f"{base['step_ms']:.1f} ms"))

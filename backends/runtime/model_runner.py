@@ -18,7 +18,10 @@ import torch
 from transformers import AttentionInterface, Qwen2_5_VLForConditionalGeneration
 
 from backends.runtime.attention.base import AttentionBackend, AttentionMetadata
+from backends.runtime.attention.vision import use_varlen_vision_attention
 from backends.runtime.context import ForwardContext, forward_context, get_forward_context
+from backends.runtime.lm_compile import compile_decoder_layers
+from backends.runtime.vision_speed import compile_vision_blocks, pad_vision_mlp
 
 if TYPE_CHECKING:
     from backends.runtime.cuda_graphs import DecodeGraphs
@@ -26,6 +29,7 @@ if TYPE_CHECKING:
 PAGED_ATTENTION = "unifiedserve_paged"
 
 
+@torch.compiler.disable  # host-side dispatch through the forward context: a graph break when layers are compiled
 def _paged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                      attention_mask: torch.Tensor | None, scaling: float | None = None, **kwargs: object
                      ) -> tuple[torch.Tensor, None]:
@@ -79,6 +83,8 @@ class ModelRunner:
     Takes over ``model``'s language-model attention (``generate()`` on the same model then raises) and
     speeds up its vision tower in place, with the same output: varlen attention, padded MLP, and with
     ``compile_vision`` on a CUDA model ``torch.compile``d blocks (compiled by the first ``encode``).
+    ``compile_language_model``: the decoder layers' small ops fused by ``torch.compile`` around the paged
+    attention call (``backends.runtime.lm_compile``; compiled by the first step of each shape).
     ``kv_cache`` is the pool ``[layers, 2, pages, page_size, kv_heads, head_dim]`` on the model's device
     in the model's dtype (ValueError otherwise). No method records autograd. ``encode``/``embed`` return
     ordinary tensors, which the caller may write into (visual embeddings into a prompt's embeddings);
@@ -87,7 +93,7 @@ class ModelRunner:
     """
 
     def __init__(self, model: Qwen2_5_VLForConditionalGeneration, kv_cache: torch.Tensor, page_size: int,
-                 backend: AttentionBackend, compile_vision: bool = True) -> None:
+                 backend: AttentionBackend, compile_vision: bool = True, compile_language_model: bool = False) -> None:
         text = model.config.text_config
         head_dim = text.hidden_size // text.num_attention_heads
         expected = (text.num_hidden_layers, 2, page_size, text.num_key_value_heads, head_dim)
@@ -108,12 +114,12 @@ class ModelRunner:
         self._visual = model.model.visual
         self._language_model = model.model.language_model
         self._language_model.set_attn_implementation(PAGED_ATTENTION)
-        from backends.runtime.attention.vision import use_varlen_vision_attention  # issue 4: windows in one pass
-        from backends.runtime.vision_speed import compile_vision_blocks, pad_vision_mlp
         use_varlen_vision_attention(self._visual)
         pad_vision_mlp(self._visual)
         if compile_vision and self.device.type == "cuda":
             compile_vision_blocks(self._visual)
+        if compile_language_model:
+            compile_decoder_layers(self._language_model)
 
     # no_grad rather than inference_mode: callers write the result into place, which inference tensors forbid.
     @torch.no_grad()
