@@ -13,8 +13,10 @@ its threads on all cores, and (smoke only) PyAV sequential. A full run takes abo
 host; `--videos` splits it across calls. Every method ends with the Qwen2.5-VL patches of all sampled
 frames on the device (`resize_frames` + `normalize` + `patchify_group`), synchronised. Writes
 `<out>/flashcodec_bench.json` (device, date, versions, per video and method: seconds, frames/s, peak GPU
-memory, NVDEC per-session frames/s) and `<out>/flashcodec_bench.png`; `--decode-only` times decoding alone
-(`flashcodec_bench_decode_only.*`).
+memory, NVDEC per-session frames/s, the decode paths that really ran and every fallback with its reason) and
+`<out>/flashcodec_bench.png`; `--decode-only` times decoding alone (`flashcodec_bench_decode_only.*`).
+A FlashCodec method whose videos went to another path (NVDEC falling back to the CPU) is not reported under
+its name but as `<method>_FELL_BACK_TO_<paths>`, and the run exits with status 1.
 """
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from bench.common import bar_chart, header, write  # noqa: E402
-from flashcodec.decoders import CpuDecoder  # noqa: E402
+from flashcodec.decoders import CpuDecoder, DecodePaths  # noqa: E402
 from flashcodec.gop import analyse_bitstream  # noqa: E402
 from flashcodec.parallel import ParallelCpuDecoder  # noqa: E402
 from flashcodec.preprocess import normalize, patchify_group, resize_frames  # noqa: E402
@@ -49,6 +51,9 @@ FULL = {  # name: (codec, width, height, bit rate, x26x preset, minutes)
 }
 SMOKE = {"h264_360p_1min": ("libx264", 640, 360, 1_000_000, "veryfast", 1)}
 BASE_FRAMES = 500  # two GOPs of 250 in the clip that is remuxed
+# the decode path each method must take for its name to stand; methods without DecodePaths run on one path
+EXPECTED_PATH = {"flashcodec_nvdec": "nvdec", "pyav_gop_parallel": "cpu_parallel", "pyav_sequential": "cpu"}
+FIXED_PATH = {"opencv": "opencv_cpu", "nvdec_one_session": "nvdec_simple_decoder"}
 
 
 def build_video(out: Path, name: str, spec: tuple) -> Path:
@@ -160,9 +165,10 @@ def methods(device: torch.device, smoke: bool) -> dict:
     NVDEC sessions are long-lived in a server, so their creation is left out of the timing (a warm-up run).
     PyAV sequential (one core) runs in the smoke test only: on a 10-minute 1080p video it takes minutes."""
     cores = len(os.sched_getaffinity(0))
-    found = {"pyav_gop_parallel": (lambda: ParallelCpuDecoder(cores), lambda d, p, i: d.decode(p, i), False)}
+    found = {"pyav_gop_parallel": (lambda: ParallelCpuDecoder(cores, paths=DecodePaths()),
+                                   lambda d, p, i: d.decode(p, i), False)}
     if smoke:
-        found["pyav_sequential"] = (lambda: CpuDecoder(), lambda d, p, i: d.decode(p, i), False)
+        found["pyav_sequential"] = (lambda: CpuDecoder(paths=DecodePaths()), lambda d, p, i: d.decode(p, i), False)
     try:
         import cv2
 
@@ -174,7 +180,11 @@ def methods(device: torch.device, smoke: bool) -> dict:
         from flashcodec.nvdec import NvdecDecoder
 
         gpu = device.index or 0
-        found["flashcodec_nvdec"] = (lambda: NvdecDecoder(gpu), lambda d, p, i: d.decode(p, i), True)
+        def flashcodec_nvdec():
+            paths = DecodePaths()  # shared with its CPU fallback, so a fallback shows as "cpu"
+            return NvdecDecoder(gpu, fallback=CpuDecoder(paths=paths), paths=paths)
+
+        found["flashcodec_nvdec"] = (flashcodec_nvdec, lambda d, p, i: d.decode(p, i), True)
         found["nvdec_one_session"] = (dict, lambda d, p, i: nvdec_one_session(d, p, i, gpu), True)
     return found
 
@@ -187,7 +197,7 @@ def run(args) -> dict:
     videos = {k: v for k, v in (SMOKE if args.smoke else FULL).items() if not args.videos or k in args.videos}
     table = methods(device, args.smoke)
     results = {**header(device, ("av", "cv2", "PyNvVideoCodec")), "decode_only": args.decode_only, "load_average_at_start": os.getloadavg(),
-               "methods": list(table), "videos": {}}
+               "methods": list(table), "fell_back": False, "videos": {}}
     for name, spec in videos.items():
         path = build_video(media, name, spec)
         info, bmap = probe_video(path), analyse_bitstream(path)
@@ -202,6 +212,7 @@ def run(args) -> dict:
                 continue
             decoder = make()
             try:
+                paths = getattr(decoder, "paths", None)
                 times = []
                 for _ in range(args.repeat + warm):
                     with PeakMemory(device) as memory:
@@ -210,16 +221,43 @@ def run(args) -> dict:
                         rows = patchify(frames(decoder, path, plan.frame_indices), plan, target)
                         times.append(time.perf_counter() - start)
                 assert rows == entry["patch_rows"], (method, rows)
+                used = paths.snapshot() if paths is not None else {FIXED_PATH[method]: len(times)}
+                label = checked_label(method, used)
                 times = times[warm:]
                 best = min(times)
-                entry["methods"][method] = {
+                entry["methods"][label] = {
                     "seconds": times, "best_s": best, "sampled_frames_per_s": len(plan.frame_indices) / best,
-                    "peak_gpu_bytes": memory.peak, **session_rates(decoder)}
-                print(f"{name:20s} {method:20s} {best:8.2f} s", flush=True)
+                    "peak_gpu_bytes": memory.peak, "decode_paths": used, **fallbacks(decoder),
+                    **session_rates(decoder)}
+                results["fell_back"] |= label != method
+                print(f"{name:20s} {label:20s} {best:8.2f} s  paths {used}", flush=True)
             finally:
                 if hasattr(decoder, "close"):
                     decoder.close()
     return results
+
+
+def checked_label(method: str, used: dict) -> str:
+    """`method`, or `<method>_FELL_BACK_TO_<paths>` when any video of its runs (warm-up included) was decoded on
+    a path other than the method's own (`used`: videos per path): a CPU fallback is never reported as NVDEC."""
+    expected = EXPECTED_PATH.get(method)
+    others = sorted(set(used) - {expected}) if expected else []
+    if not others and (not expected or used.get(expected)):
+        return method
+    label = f"{method}_FELL_BACK_TO_{'+'.join(others) or 'nothing'}"
+    print(f"WARNING: {method} did not decode on the {expected} path (paths {used}): reported as {label}",
+          file=sys.stderr, flush=True)
+    return label
+
+
+def fallbacks(decoder) -> dict:
+    """The decoder's fallbacks: per (path, reason) the videos, and the latest with their details (NVDEC)."""
+    paths = getattr(decoder, "paths", None)
+    counted = paths.fallbacks() if paths is not None else {}
+    if not counted:
+        return {}
+    return {"fallbacks": [{"path": p, "reason": r, "videos": n} for (p, r), n in counted.items()],
+            "fallback_details": [list(f) for f in getattr(decoder, "fallbacks", [])]}
 
 
 def session_rates(decoder) -> dict:
@@ -252,12 +290,16 @@ def main() -> None:
     stem = "flashcodec_bench" + ("_decode_only" if args.decode_only else "")
     write(out, stem, results)
     plot(results, out / f"{stem}.png")
+    if results["fell_back"]:
+        print("some FlashCodec method fell back to another decode path: see decode_paths and fallbacks in the JSON")
     for video, entry in results["videos"].items():
         timed = entry["methods"]
         base = "pyav_sequential" if "pyav_sequential" in timed else "nvdec_one_session"
         for method, r in timed.items():
             speedup = f" ({timed[base]['best_s'] / r['best_s']:.2f}x {base})" if base in timed else ""
             print(f"{video}: {method} {r['best_s']:.2f} s{speedup}")
+    if results["fell_back"]:
+        sys.exit(1)
 
 
 if __name__ == "__main__":

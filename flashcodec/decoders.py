@@ -2,7 +2,7 @@
 
 `FrameDecoder` is the contract; `CpuDecoder` decodes sequentially with PyAV/FFmpeg (the reference); the
 GOP-parallel decoders are `flashcodec.parallel` (CPU) and `flashcodec.nvdec`. `DecodePaths` counts which
-decoder path served each video.
+decoder path served each video, and why a video fell back to a slower one.
 """
 from __future__ import annotations
 
@@ -38,26 +38,42 @@ class FrameDecoder(Protocol):
 
 
 class DecodePaths:
-    """Thread-safe counts of videos per decode path: "nvdec", "cpu_parallel" or "cpu" (exposed as a metric).
+    """Thread-safe counts of videos per decode path ("nvdec", "cpu_parallel" or "cpu", exposed as a metric), and of
+    fallbacks: videos decoded on a slower path than the decoder chosen for them, per (path, reason).
 
-    `count(path, reason)` logs a fallback (with its reason) at INFO, the normal path at DEBUG.
+    `count(path)` counts the path that decoded a video (logged at DEBUG); `count(path, reason)` also records it
+    as a fallback to `path`. `fallback(path, reason, detail)` records a fallback without counting a path, for a
+    decoder that hands the video to another one which counts its own path. Every fallback is logged at WARNING
+    with its reason and `detail` (this video's specifics, not part of the counted key: keep `reason` a stable
+    phrase so the keys stay few).
     """
 
     def __init__(self) -> None:
         self._counts: Counter[str] = Counter()
+        self._fallbacks: Counter[tuple[str, str]] = Counter()
         self._lock = threading.Lock()
 
     def count(self, path: str, reason: str = "") -> None:
         with self._lock:
             self._counts[path] += 1
         if reason:
-            log.info("video decoded on the %s path: %s", path, reason)
+            self.fallback(path, reason)
         else:
             log.debug("video decoded on the %s path", path)
+
+    def fallback(self, path: str, reason: str, detail: str = "") -> None:
+        with self._lock:
+            self._fallbacks[(path, reason)] += 1
+        log.warning("video decoded on the %s path instead: %s%s", path, reason, f" ({detail})" if detail else "")
 
     def snapshot(self) -> dict[str, int]:
         with self._lock:
             return dict(self._counts)
+
+    def fallbacks(self) -> dict[tuple[str, str], int]:
+        """(path the video went to, reason) -> videos so far."""
+        with self._lock:
+            return dict(self._fallbacks)
 
 
 def check_indices(indices: Sequence[int]) -> None:

