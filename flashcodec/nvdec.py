@@ -1,14 +1,17 @@
-"""NVDEC decoding through PyNvVideoCodec 2.x: one video's GOP tasks on a pool of long-lived decoder sessions.
+"""NVDEC decoding through PyNvVideoCodec 2.x: one video's GOP tasks on the decoder sessions of one or more GPUs.
 
 Imports without PyNvVideoCodec or a GPU (the library is imported when a decoder is built). Each session is a
-`SimpleDecoder` (RGB planar output in GPU memory) owned by one thread; a free session takes the next GOP task
-(`gop_plan`) of any video, and frames stream back in order (`gop_plan.frames_in_order`). Each GOP is entered at
-its keyframe, so SimpleDecoder's seek lands on it and its frame count starts there. `unsupported_reason` sends
-to the CPU decoder given as `fallback`: streams NVDEC cannot take (codec, chroma format, bit depth or size
-outside `GetDecoderCaps`, e.g. 4:4:4 H.264 or AV1 on H100/H200), open GOPs and uneven frame timing (SimpleDecoder
-addresses frames by index); so do NVDEC errors, including a returned frame whose PTS is not the one asked for.
-Every fallback is logged at WARNING with its reason, kept in `NvdecDecoder.fallbacks` and counted per reason in
-`DecodePaths`; the video is counted under the path that decoded it.
+`SimpleDecoder` (RGB planar output in GPU memory) owned by one thread, and each thread is bound to one GPU for
+its life; all threads take GOP tasks (`gop_plan`) from one shared queue, so a free session on any GPU takes the
+next task of any video (FlashCodec's GOP i -> GPU i mod N, without its stalls behind a slow GPU), and frames
+stream back in order (`gop_plan.frames_in_order`) on one output device, peer-copied there from the GPU that
+decoded them. Each GOP is entered at its keyframe, so SimpleDecoder's seek lands on it and its frame count starts
+there. `unsupported_reason` sends to the CPU decoder given as `fallback`: streams NVDEC cannot take (codec,
+chroma format, bit depth or size outside `GetDecoderCaps` of any of the GPUs, e.g. 4:4:4 H.264 or AV1 on
+H100/H200), open GOPs and uneven frame timing (SimpleDecoder addresses frames by index); so do NVDEC errors,
+including a returned frame whose PTS is not the one asked for. Every fallback is logged at WARNING with its
+reason, kept in `NvdecDecoder.fallbacks` and counted per reason in `DecodePaths`; the video is counted under the
+path that decoded it.
 """
 from __future__ import annotations
 
@@ -31,6 +34,7 @@ from flashcodec.probe import Source, open_container
 
 log = logging.getLogger(__name__)
 DEFAULT_SESSIONS = 7  # NVDEC engines on an H100/H200 (A100: 5); one session keeps one engine busy
+FIRST_GPU = "first_gpu"  # NvdecDecoder's output_device by default: the first of its gpu_ids
 FALLBACKS_KEPT = 100  # NvdecDecoder.fallbacks: the latest videos sent to the CPU, with their reasons
 # Member names of PyNvVideoCodec's pybind11 enums (PyNvDecoder.cpp `ENUM_VALUE(cudaVideoChromaFormat, 420)`;
 # its samples compare `str(ChromaFormat())` with "cudaVideoChromaFormat.420"): not the C names' YUV420.
@@ -100,11 +104,39 @@ def _needs_scan(path: str) -> bool:
         return not container.streams.video[0].frames
 
 
+def load_pynvvideocodec(gpu_ids: Sequence[int]):
+    """The PyNvVideoCodec module, once every id in `gpu_ids` is a CUDA GPU of this process; else raises
+    NvdecUnavailable. The one place `NvdecDecoder` looks at the machine (CPU tests put a stand-in here)."""
+    try:
+        import PyNvVideoCodec as nvc
+    except Exception as exc:  # ImportError, or its CUDA libraries failing to load
+        raise NvdecUnavailable(f"PyNvVideoCodec: {type(exc).__name__}: {exc}") from exc
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    missing = [g for g in gpu_ids if not 0 <= g < count]
+    if missing:
+        raise NvdecUnavailable(f"no CUDA GPU {missing[0]} (this process sees {count})")
+    return nvc
+
+
+def interleave(sessions: dict[int, int]) -> tuple[int, ...]:
+    """The GPU of each session slot, from sessions per GPU: round robin while a GPU has sessions left
+    ({0: 2, 1: 3} -> (0, 1, 0, 1, 1)). With equal counts slot k is on GPU k mod N, and the first slots, whose
+    threads are made first (as tasks arrive), are on different GPUs, so even a short video uses them all."""
+    slots, left = [], dict(sessions)
+    while any(left.values()):
+        for gpu in sessions:
+            if left[gpu]:
+                slots.append(gpu)
+                left[gpu] -= 1
+    return tuple(slots)
+
+
 @dataclass(frozen=True)
 class SessionStats:
-    """One NVDEC session's work so far: tasks run, frames returned, packets its tasks cover (about the frames
-    NVDEC decoded), seconds busy (wall clock)."""
+    """One NVDEC session's work so far: the GPU it decodes on, tasks run, frames returned, packets its tasks cover
+    (about the frames NVDEC decoded), seconds busy (wall clock)."""
 
+    gpu: int
     tasks: int
     frames: int
     packets: int
@@ -112,40 +144,66 @@ class SessionStats:
 
 
 class NvdecDecoder:
-    """FrameDecoder on NVDEC: GOP tasks of each video spread over `sessions` long-lived sessions on GPU `gpu_id`.
+    """FrameDecoder on NVDEC: GOP tasks of each video spread over long-lived sessions on the GPUs `gpu_ids`.
 
-    Frames are 3xHxW uint8 RGB tensors on `cuda:gpu_id`, turned upright by the stream's rotation; the same
-    frames, count and size as `CpuDecoder`, with pixels within the colour-conversion tolerance of
-    tests/gpu/test_nvdec.py. `sessions` defaults to the GPU's NVDEC engine count (`GetDecoderCaps`), else 7.
+    `gpu_ids`: the GPUs that decode (an int: that GPU alone). `sessions_per_gpu`: sessions (threads) on each,
+    default each GPU's NVDEC engine count (`GetDecoderCaps`), else 7; `sessions` is their total. Thread k, in the
+    order threads are made, serves GPU `session_gpus[k]` (k mod N for equal counts) with its own session, and
+    every thread takes the next task from one shared queue. Tasks are planned for `sessions` decoders.
+    Frames are 3xHxW uint8 RGB tensors on `output_device` (default the first of `gpu_ids`: where the encoder
+    runs; None: left on the GPU that decoded each, CPU fallbacks on the first GPU), peer-copied there by the
+    decoding thread, which waits for the copy before handing the frames over. They are turned upright by the
+    stream's rotation: the same frames, count and size as `CpuDecoder`, with pixels within the
+    colour-conversion tolerance of tests/gpu/test_nvdec.py, whichever GPU decoded them.
     At most `window` tasks (default 2 per session) are decoded ahead of the consumer, which bounds GPU memory.
-    Videos NVDEC should not decode (`unsupported_reason`) go to `fallback` (default `CpuDecoder()`), as do the
-    rest of a video's frames when NVDEC fails on it; `fallbacks` holds the latest (source, reason) pairs and
-    `paths.fallbacks()` counts them per reason. Raises NvdecUnavailable when PyNvVideoCodec or the GPU is missing.
+    Videos NVDEC should not decode on every one of the GPUs (`unsupported_reason`) go to `fallback` (default
+    `CpuDecoder()`), as do the rest of a video's frames when NVDEC fails on it; `fallbacks` holds the latest
+    (source, reason) pairs and `paths.fallbacks()` counts them per reason. Raises NvdecUnavailable when
+    PyNvVideoCodec or a GPU is missing, ValueError for an empty or repeated `gpu_ids` or `sessions_per_gpu` < 1.
     """
 
     path = "nvdec"
 
-    def __init__(self, gpu_id: int = 0, sessions: int | None = None, max_gop_size: int = MAX_GOP_SIZE,
-                 fallback: FrameDecoder | None = None, paths: DecodePaths | None = None, window: int | None = None):
-        try:
-            import PyNvVideoCodec as nvc
-        except Exception as exc:  # ImportError, or its CUDA libraries failing to load
-            raise NvdecUnavailable(f"PyNvVideoCodec: {type(exc).__name__}: {exc}") from exc
-        if not torch.cuda.is_available() or gpu_id >= torch.cuda.device_count():
-            raise NvdecUnavailable(f"no CUDA GPU {gpu_id}")
-        self.nvc, self.gpu_id, self.device = nvc, gpu_id, torch.device("cuda", gpu_id)
+    def __init__(self, gpu_ids: int | Sequence[int] = 0, sessions_per_gpu: int | None = None,
+                 max_gop_size: int = MAX_GOP_SIZE, fallback: FrameDecoder | None = None,
+                 paths: DecodePaths | None = None, window: int | None = None,
+                 output_device: torch.device | str | None = FIRST_GPU):
+        ids = (gpu_ids,) if isinstance(gpu_ids, int) else tuple(gpu_ids)
+        if not ids or len(set(ids)) != len(ids) or (sessions_per_gpu is not None and sessions_per_gpu < 1):
+            raise ValueError(f"gpu_ids must be distinct and at least one, sessions_per_gpu >= 1; got {gpu_ids!r}, "
+                             f"{sessions_per_gpu!r}")
+        self.nvc, self.gpu_ids = load_pynvvideocodec(ids), ids
+        self.output_device = self._output(output_device)
         self._lock = threading.Lock()
-        self._caps_cache: dict[tuple[str, str, int], tuple[dict | None, str]] = {}
-        caps, error = self._caps("h264", "yuv420p", 8)
-        if error:
-            log.warning("NVDEC capability query failed on GPU %d: %s", gpu_id, error)
-        self.sessions = sessions or (caps or {}).get("num_decoder_engines") or DEFAULT_SESSIONS
+        self._caps_cache: dict[tuple[int, str, str, int], tuple[dict | None, str]] = {}
+        engines = {}
+        for gpu in ids:
+            caps, error = self._caps("h264", "yuv420p", 8, gpu)
+            if error:
+                log.warning("NVDEC capability query failed on GPU %d: %s", gpu, error)
+            engines[gpu] = sessions_per_gpu or (caps or {}).get("num_decoder_engines") or DEFAULT_SESSIONS
+        self.session_gpus = interleave(engines)
+        self.sessions = len(self.session_gpus)
         self.max_gop_size, self.window = max_gop_size, window or 2 * self.sessions
         self.fallback, self.paths = fallback or CpuDecoder(), paths or DecodePaths()
         self.fallbacks: deque[tuple[str, str]] = deque(maxlen=FALLBACKS_KEPT)
-        self._executor = ThreadPoolExecutor(self.sessions, thread_name_prefix="nvdec")
-        self._local = threading.local()  # this thread's sessions: need_scanned_stream_metadata -> (decoder, file)
+        self._threads = 0  # threads made so far: the next one serves session_gpus[_threads]
+        self._local = threading.local()  # this thread's GPU, and its sessions: need_scanned -> (decoder, file)
         self._stats: dict[str, SessionStats] = {}
+        # its one work queue is the shared queue: whichever session is free, on any GPU, takes the next task
+        self._executor = ThreadPoolExecutor(self.sessions, thread_name_prefix="nvdec", initializer=self._bind_thread)
+
+    def _output(self, output_device: torch.device | str | None) -> torch.device | None:
+        if output_device is None:
+            return None
+        if isinstance(output_device, str) and output_device == FIRST_GPU:
+            return torch.device("cuda", self.gpu_ids[0])
+        device = torch.device(output_device)
+        if device.type == "cuda":
+            device = torch.device("cuda", device.index or 0)
+            if device.index >= torch.cuda.device_count():
+                raise NvdecUnavailable(f"no CUDA GPU {device.index} to put the frames on")
+        return device
 
     def close(self) -> None:
         self._executor.shutdown(wait=True, cancel_futures=True)
@@ -158,18 +216,26 @@ class NvdecDecoder:
         with self._lock:
             return list(self._stats.values())
 
-    def _caps(self, codec: str, pix_fmt: str, bit_depth: int) -> tuple[dict | None, str]:
-        """(`GetDecoderCaps` answer, "") or (None, why the query failed); cached, since each query creates and
-        destroys a CUDA context (PyNvDecoder.cpp `PyNvDecoderCaps`)."""
-        key = (codec, _chroma(pix_fmt), bit_depth)
+    def _bind_thread(self) -> None:
+        """The executor's thread initializer: the k-th thread made serves GPU `session_gpus[k]` for its life."""
+        with self._lock:
+            k, self._threads = self._threads, self._threads + 1
+        self._local.gpu = self.session_gpus[k]
+        threading.current_thread().name = f"nvdec-gpu{self._local.gpu}-{k}"
+
+    def _caps(self, codec: str, pix_fmt: str, bit_depth: int, gpu: int | None = None) -> tuple[dict | None, str]:
+        """(`GetDecoderCaps` answer on `gpu`, default the first, "") or (None, why the query failed); cached, since
+        each query creates and destroys a CUDA context (PyNvDecoder.cpp `PyNvDecoderCaps`)."""
+        gpu = self.gpu_ids[0] if gpu is None else gpu
+        key = (gpu, codec, _chroma(pix_fmt), bit_depth)
         with self._lock:
             if key in self._caps_cache:
                 return self._caps_cache[key]
         nvc = self.nvc
         try:
             answer = (dict(nvc.GetDecoderCaps(
-                gpuid=self.gpu_id, codec=getattr(nvc.cudaVideoCodec, CODECS[codec]),
-                chromaformat=getattr(nvc.cudaVideoChromaFormat, CHROMA[key[1]]), bitdepth=bit_depth)), "")
+                gpuid=gpu, codec=getattr(nvc.cudaVideoCodec, CODECS[codec]),
+                chromaformat=getattr(nvc.cudaVideoChromaFormat, CHROMA[key[2]]), bitdepth=bit_depth)), "")
         except Exception as exc:  # an enum this build lacks, or the driver refusing the query
             answer = (None, f"{type(exc).__name__}: {exc}")
         with self._lock:
@@ -177,10 +243,15 @@ class NvdecDecoder:
         return answer
 
     def why_not(self, bmap: BitstreamMap) -> str:
-        """`unsupported_reason` for `bmap` on this GPU ("" when NVDEC should decode it)."""
+        """`unsupported_reason` for `bmap` on these GPUs ("" when NVDEC should decode it): the reason of the first
+        GPU that refuses it, since a session on any of them may get any of its tasks."""
         if bmap.info.codec not in CODECS:
             return unsupported_reason(bmap, None)
-        return unsupported_reason(bmap, *self._caps(bmap.info.codec, bmap.pix_fmt, bmap.bit_depth))
+        for gpu in self.gpu_ids:
+            reason = unsupported_reason(bmap, *self._caps(bmap.info.codec, bmap.pix_fmt, bmap.bit_depth, gpu))
+            if reason:
+                return reason
+        return ""
 
     def decode(self, source: Source, frame_indices: Sequence[int]) -> Iterator[torch.Tensor]:
         indices, bmap = map_for_indices(source, frame_indices)
@@ -203,12 +274,14 @@ class NvdecDecoder:
                 yield from self._fall_back(source, indices[done:], "NVDEC failed during decoding", str(exc))
 
     def _fall_back(self, source: Source, indices: list[int], reason: str, detail: str = "") -> Iterator[torch.Tensor]:
-        """`fallback`'s frames as tensors on this GPU (it counts its own path when it shares `paths`)."""
+        """`fallback`'s frames as tensors on the output device (else the first GPU); it counts its own path when it
+        shares `paths`."""
         name = f"<{len(source)} bytes>" if isinstance(source, bytes) else str(source)
         self.fallbacks.append((name, f"{reason}: {detail}" if detail else reason))
         self.paths.fallback(getattr(self.fallback, "path", "cpu"), reason, f"{detail}; {name}" if detail else name)
+        device = self.output_device or torch.device("cuda", self.gpu_ids[0])
         for frame in self.fallback.decode(source, indices):
-            yield torch.from_numpy(frame).permute(2, 0, 1).to(self.device, non_blocking=True)
+            yield torch.from_numpy(frame).permute(2, 0, 1).to(device, non_blocking=True)
 
     def _submit(self, path: str, scan: bool, bmap: BitstreamMap, task: DecodeTask) -> list[Future]:
         futures = [Future() for _ in task.parts]
@@ -216,20 +289,28 @@ class NvdecDecoder:
         return futures
 
     def _session(self, path: str, scan: bool):
-        """This thread's SimpleDecoder set to `path` (reconfigured when it held another file)."""
+        """This thread's SimpleDecoder, on this thread's GPU, set to `path` (reconfigured when it held another
+        file)."""
         sessions = getattr(self._local, "sessions", None)
         if sessions is None:
             sessions = self._local.sessions = {}
         decoder, held = sessions.pop(scan, (None, None))
         key = _file_key(path)
         if decoder is None:
-            decoder = self.nvc.SimpleDecoder(path, gpu_id=self.gpu_id, use_device_memory=True,
+            decoder = self.nvc.SimpleDecoder(path, gpu_id=self._local.gpu, use_device_memory=True,
                                              need_scanned_stream_metadata=scan,
                                              output_color_type=self.nvc.OutputColorType.RGBP)
         elif held != key:
             decoder.reconfigure_decoder(path)  # reuses the session's NVDEC decoder when the format allows
         sessions[scan] = (decoder, key)  # put back only once set up: a session that failed is rebuilt
         return decoder
+
+    def _hand_over(self, view: torch.Tensor, clockwise: int) -> torch.Tensor:
+        """A decoded frame (`view`: 3xHxW uint8 on the decoding GPU) as a tensor of its own, upright, on the output
+        device (else where it is); the peer copy is queued on the decoding GPU's stream: the caller waits for it."""
+        if clockwise:
+            view = torch.rot90(view, k=-clockwise, dims=(1, 2)).contiguous()  # new memory, on the decoding GPU
+        return view.to(self.output_device or view.device, non_blocking=True, copy=not clockwise)
 
     def _run(self, path: str, scan: bool, bmap: BitstreamMap, task: DecodeTask, futures: list[Future]) -> None:
         """One task on this thread's session: each part's frames into its future, in order."""
@@ -255,12 +336,11 @@ class NvdecDecoder:
                     if frame.getPTS() != expected:
                         raise NvdecError(f"NVDEC returned PTS {frame.getPTS()} for frame {index} (PTS {expected})")
                 by_index = dict(zip(asked, decoded))
-                out = []
-                for index in wanted:
-                    rgb = torch.from_dlpack(by_index[index]).clone()  # the session reuses its surfaces next call
-                    out.append(torch.rot90(rgb, k=-clockwise, dims=(1, 2)).contiguous() if clockwise else rgb)
-                if self.device.type == "cuda":
-                    torch.cuda.current_stream(self.device).synchronize()  # the consumer is another thread
+                views = [torch.from_dlpack(by_index[index]) for index in wanted]  # surfaces the next call reuses
+                out = [self._hand_over(view, clockwise) for view in views]
+                for device in {views[0].device, out[0].device}:  # the consumer is another thread
+                    if device.type == "cuda":
+                        torch.cuda.current_stream(device).synchronize()
                 frames += len(out)
                 future.set_result(out)
         except Exception as exc:
@@ -272,6 +352,7 @@ class NvdecDecoder:
         finally:
             name = threading.current_thread().name
             with self._lock:
-                old = self._stats.get(name, SessionStats(0, 0, 0, 0.0))
-                self._stats[name] = SessionStats(old.tasks + 1, old.frames + frames, old.packets + task.num_packets,
+                old = self._stats.get(name, SessionStats(self._local.gpu, 0, 0, 0, 0.0))
+                self._stats[name] = SessionStats(old.gpu, old.tasks + 1, old.frames + frames,
+                                                 old.packets + task.num_packets,
                                                  old.busy_s + time.perf_counter() - start)

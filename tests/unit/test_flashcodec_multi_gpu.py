@@ -1,0 +1,173 @@
+"""One video's GOP tasks on the NVDEC sessions of several GPUs, without a GPU: the real `NvdecDecoder` scheduling
+(threads bound to GPUs, one shared task queue, frames back in order on the output device) on the PyAV stand-in
+for SimpleDecoder of test_flashcodec_nvdec.py, where a GPU id is only a label and frames stay on the CPU."""
+import re
+import time
+
+import pytest
+import torch
+
+from flashcodec import nvdec
+from flashcodec.gop import analyse_bitstream
+from flashcodec.nvdec import NvdecDecoder, interleave
+from flashcodec.pipeline import make_decoder
+from tests.media import make_video
+from tests.unit.test_flashcodec_nvdec import (H200, UNSUPPORTED, FakeNvcWithDecoder, FakeSimpleDecoder,
+                                              assert_cpu_frames, fake_decoder)
+
+LONG = make_video(None, 64, 48, 600, 25, gop=10, bframes=2)  # 60 closed GOPs: 60 tasks of one GOP each
+SAMPLED = list(range(0, 600, 3))
+
+
+def per_gpu(decoder: NvdecDecoder, field: str = "tasks") -> dict[int, int]:
+    totals: dict[int, int] = {}
+    for stats in decoder.session_stats():
+        totals[stats.gpu] = totals.get(stats.gpu, 0) + getattr(stats, field)
+    return totals
+
+
+def test_session_slots_go_round_robin_over_the_gpus():
+    assert interleave({0: 2, 1: 2, 2: 2}) == (0, 1, 2, 0, 1, 2)  # thread k on GPU k mod N
+    assert interleave({0: 2, 1: 3}) == (0, 1, 0, 1, 1)
+    assert interleave({5: 1}) == (5,)
+
+
+def test_a_long_video_is_spread_over_every_gpu_and_equals_the_one_gpu_result(monkeypatch):
+    one = fake_decoder(monkeypatch, 0, max_gop_size=10)
+    try:
+        single = list(one.decode(LONG, SAMPLED))
+    finally:
+        one.close()
+    decoder = fake_decoder(monkeypatch, [0, 1, 2, 3], 2, max_gop_size=10, window=None)
+    try:
+        assert decoder.sessions == 8 and decoder.session_gpus == (0, 1, 2, 3, 0, 1, 2, 3) and decoder.window == 16
+        frames = list(decoder.decode(LONG, SAMPLED))
+        assert len(frames) == len(single) and all(torch.equal(a, b) for a, b in zip(frames, single))
+        assert_cpu_frames(frames, LONG, SAMPLED)
+        assert decoder.paths.snapshot() == {"nvdec": 1} and not decoder.paths.fallbacks()
+        tasks = per_gpu(decoder)
+        assert set(tasks) == {0, 1, 2, 3} and all(n > 0 for n in tasks.values()), tasks
+        assert sum(tasks.values()) == 60 and sum(per_gpu(decoder, "frames").values()) == len(SAMPLED)
+        assert len(decoder.session_stats()) == 8  # every session: 16 tasks queued at once, each opens its file
+        for session in FakeSimpleDecoder.made:  # each session on its thread's GPU, thread k on session_gpus[k]
+            gpu, k = map(int, re.fullmatch(r"nvdec-gpu(\d+)-(\d+)", session.thread).groups())
+            assert session.gpu_id == gpu == decoder.session_gpus[k]
+    finally:
+        decoder.close()
+
+
+def test_frames_left_where_they_were_decoded(monkeypatch):
+    decoder = fake_decoder(monkeypatch, [0, 1], 1, output_device=None)
+    try:
+        assert decoder.output_device is None
+        assert_cpu_frames(list(decoder.decode(LONG, [0, 299, 599])), LONG, [0, 299, 599])
+    finally:
+        decoder.close()
+
+
+class SlowGpu0(FakeSimpleDecoder):
+    """GPU 0 takes 50 ms per call: a GPU busy with other work."""
+
+    def get_batch_frames_by_index(self, indices):
+        if self.gpu_id == 0:
+            time.sleep(0.05)
+        return super().get_batch_frames_by_index(indices)
+
+
+class SlowGpu0Nvc(FakeNvcWithDecoder):
+    SimpleDecoder = SlowGpu0
+
+
+def test_a_free_session_on_any_gpu_takes_the_next_task(monkeypatch):
+    """One shared queue, not GOP i -> GPU i mod N (30 tasks each here): the fast GPU takes most of them."""
+    decoder = fake_decoder(monkeypatch, [0, 1], 1, nvc=SlowGpu0Nvc, max_gop_size=10, window=16)
+    try:
+        assert_cpu_frames(list(decoder.decode(LONG, SAMPLED)), LONG, SAMPLED)
+        tasks = per_gpu(decoder)
+        assert sum(tasks.values()) == 60 and tasks[1] >= 3 * tasks[0], tasks
+    finally:
+        decoder.close()
+
+
+class FailsOnGpu1(FakeSimpleDecoder):
+    def get_batch_frames_by_index(self, indices):
+        if self.gpu_id == 1:
+            raise RuntimeError("CUDA_ERROR_LAUNCH_FAILED")
+        return super().get_batch_frames_by_index(indices)
+
+
+class FailsOnGpu1Nvc(FakeNvcWithDecoder):
+    SimpleDecoder = FailsOnGpu1
+
+
+def test_an_nvdec_error_on_one_gpu_sends_the_rest_to_the_cpu(monkeypatch):
+    decoder = fake_decoder(monkeypatch, [0, 1], 1, nvc=FailsOnGpu1Nvc, max_gop_size=10)
+    try:
+        assert_cpu_frames(list(decoder.decode(LONG, SAMPLED)), LONG, SAMPLED)
+        assert decoder.paths.snapshot() == {"nvdec": 1, "cpu": 1}
+        assert decoder.paths.fallbacks() == {("cpu", "NVDEC failed during decoding"): 1}
+        assert "CUDA_ERROR_LAUNCH_FAILED" in decoder.fallbacks[-1][1]
+    finally:
+        decoder.close()
+
+
+class MixedNvc(FakeNvcWithDecoder):
+    """GPU 0 an H200; GPU 1 with 5 NVDEC engines and no VP9."""
+
+    def GetDecoderCaps(self, *, gpuid, codec, chromaformat, bitdepth):
+        caps = super().GetDecoderCaps(gpuid=gpuid, codec=codec, chromaformat=chromaformat, bitdepth=bitdepth)
+        if gpuid == 1:
+            caps = dict(UNSUPPORTED) if codec.name == "VP9" else {**caps, "num_decoder_engines": 5}
+        return caps
+
+
+def test_sessions_and_support_are_per_gpu(monkeypatch):
+    decoder = fake_decoder(monkeypatch, [0, 1], None, nvc=MixedNvc)
+    try:
+        assert decoder.session_gpus.count(0) == H200[("h264", "420", 8)]["num_decoder_engines"] == 7
+        assert decoder.session_gpus.count(1) == 5 and decoder.sessions == 12
+        vp9 = analyse_bitstream(make_video(None, 320, 240, 10, 25, codec="libvpx-vp9"))
+        assert decoder.why_not(vp9) == "this GPU's NVDEC does not decode vp9 yuv420p"  # any session may get a task
+        assert decoder.why_not(analyse_bitstream(LONG)) == ""
+    finally:
+        decoder.close()
+    alone = fake_decoder(monkeypatch, 0, None, nvc=MixedNvc)
+    try:
+        assert alone.why_not(vp9) == "" and alone.sessions == 7
+    finally:
+        alone.close()
+
+
+@pytest.mark.parametrize("gpu_ids", [[], [0, 0]])
+def test_bad_gpu_ids(monkeypatch, gpu_ids):
+    with pytest.raises(ValueError, match="gpu_ids"):
+        fake_decoder(monkeypatch, gpu_ids)
+
+
+def test_make_decoder_asks_for_all_gpus(monkeypatch):
+    """`gpus="all"`: every GPU, the output one first; frames for `device`. Built only (no CUDA to copy to)."""
+    monkeypatch.setattr(nvdec, "load_pynvvideocodec", lambda ids: FakeNvcWithDecoder())
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    for gpus, expected in [("all", (1, 0, 2, 3)), (None, (1,)), ([2, 3], (2, 3))]:
+        choice = make_decoder("cuda:1", cpu_workers=1, nvdec_sessions=2, gpus=gpus)
+        try:
+            assert choice.path == "nvdec" and choice.decoder.gpu_ids == expected
+            assert choice.decoder.output_device == torch.device("cuda", 1)
+            assert choice.decoder.sessions == 2 * len(expected)
+        finally:
+            choice.close()
+    with pytest.raises(ValueError, match="gpus"):
+        make_decoder("cuda:0", cpu_workers=1, gpus="every")
+    with pytest.raises(ValueError, match="gpu_ids"):
+        make_decoder("cuda:0", cpu_workers=1, gpus=[0, 0])
+
+
+def test_make_decoder_without_nvdec_decodes_on_the_cpu():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    choice = make_decoder("cuda:0", cpu_workers=1, gpus="all")
+    try:
+        assert choice.path == "cpu"
+    finally:
+        choice.close()
+
