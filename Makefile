@@ -1,6 +1,8 @@
 # Two commands do all the set-up on a fresh machine: `make demo` and `make test`.
-# Each creates/updates the virtual environment first (torch pinned, from this machine's disk, before
-# anything else can pull another torch in; numpy<2 for the tritonserver 2.51 Python backend).
+# Each creates the virtual environment first: torch pinned and installed before anything else can pull
+# another torch in (from pip's configured index or find-links), numpy<2 for the tritonserver 2.51 Python
+# backend. It is reused while $(STAMP) is newer than its prerequisites; to use an existing venv:
+# `touch <venv>/.installed` and `make test VENV=<venv>`.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed

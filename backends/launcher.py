@@ -13,6 +13,7 @@ manager.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import signal
@@ -20,11 +21,14 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import threading
 import time
+import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from backends import server_stop
 from backends.repository import parse_overrides, repository_with
 from backends.shared_tensor import RUN_DIR_ENV
 
@@ -146,6 +150,7 @@ class TritonServer:
         self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=environment,
                                         cwd=str(REPO_ROOT), start_new_session=True)
         self._wait_ready()
+        threading.Thread(target=self._announce_when_not_live, name="tritonserver-live", daemon=True).start()
         return self
 
     def _wait_ready(self) -> None:
@@ -163,17 +168,43 @@ class TritonServer:
         self.stop()
         raise RuntimeError(f"tritonserver not ready within {self.ready_timeout_s} s:\n{self.log_tail()}")
 
+    def _announce_when_not_live(self) -> None:
+        """A server stopped by a signal from elsewhere (not :meth:`stop`) closes its HTTP endpoint (2.51), or
+        answers "not live", before it unloads its models: tell them (``server_stop``), or their open streams
+        would hold them until the exit timeout. A slow answer under load is no stop."""
+        url = f"http://{self.ports.address}:{self.ports.http}/v2/health/live"
+        process, run_dir = self.process, self.run_dir
+        while process.poll() is None and run_dir.exists():
+            try:
+                urllib.request.urlopen(url, timeout=5)
+                stopping = False
+            except urllib.error.HTTPError:
+                stopping = True
+            except urllib.error.URLError as exc:
+                stopping = isinstance(exc.reason, ConnectionRefusedError)
+            except OSError:
+                stopping = False
+            if stopping and process.poll() is None:
+                with contextlib.suppress(OSError):
+                    server_stop.announce(run_dir)
+                return
+            time.sleep(0.5)
+
     def log_tail(self, chars: int = 6000) -> str:
         try:
             return self.log_path.read_text(errors="replace")[-chars:]
         except (OSError, AttributeError):
             return ""
 
-    def stop(self) -> None:
-        """SIGINT, then SIGKILL of the whole process group after 40 s; removes the run directory."""
+    def stop(self, drain_timeout_s: float = 10.0) -> None:
+        """Tell the models and let them drain (``server_stop``: requests in flight fail, streams end; at most
+        ``drain_timeout_s`` seconds), SIGINT, then SIGKILL of the whole process group after 40 s; removes the
+        run directory."""
         if self.process is not None and self.process.poll() is None:
             if os.environ.get("UNIFIEDSERVE_DUMP_STACKS") == "1":
                 self._dump_stub_stacks()
+            server_stop.announce(self.run_dir)
+            server_stop.wait_drained(self.run_dir, drain_timeout_s)
             os.killpg(self.process.pid, signal.SIGINT)
             try:
                 self.process.wait(timeout=40)

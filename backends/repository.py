@@ -4,12 +4,16 @@
 items into ``{model: {key: value}}``; :func:`repository_with` writes a copy of the repository with those
 values (the tests, ``python -m backends.launcher --set ...`` and ``bench/serve_bench.py`` use it).
 Only parameters that the repository already declares can be set: a misspelt model or key is an error
-before any server starts, not a silently ignored value.
+before any server starts, not a silently ignored value. So is a value the model could not load with, as
+far as the repository says: a parameter written as an integer takes an integer, and the sizes and counts
+(``triton_io.POSITIVE_INT_PARAMETERS``) one of at least 1.
 """
 from __future__ import annotations
 
 import re
 from pathlib import Path
+
+from backends.triton_io import int_value
 
 REPOSITORY = Path(__file__).resolve().parent.parent / "model_repository"
 
@@ -44,7 +48,8 @@ def parse_overrides(items: list[str], source: Path = REPOSITORY) -> dict[str, di
     ``source`` that declares it. Later items win over earlier ones.
 
     Raises ValueError, naming the item, for a malformed item, an unknown model, a key the model does not
-    declare, or a ``*`` key that no model declares (the message lists what exists).
+    declare, a ``*`` key that no model declares (the message lists what exists), or a value that
+    :func:`check_value` refuses.
     """
     declared = model_parameters(source)
     overrides: dict[str, dict[str, str]] = {}
@@ -66,8 +71,25 @@ def parse_overrides(items: list[str], source: Path = REPOSITORY) -> dict[str, di
         else:
             models = [model]
         for m in models:
+            try:
+                check_value(m, key, declared[m][key], value)
+            except ValueError as exc:
+                raise ValueError(f"--set {item!r}: {exc}") from None
             overrides.setdefault(m, {})[key] = value
     return overrides
+
+
+def check_value(model: str, key: str, current: str, value: str) -> None:
+    """Refuses ``value`` for ``model``'s parameter ``key`` when ``current`` (its value in config.pbtxt) is an
+    integer and ``value`` is not (empty included), or is below 1 for a size or count.
+
+    Raises ValueError naming MODEL.KEY and the value given.
+    """
+    try:
+        int(current)
+    except ValueError:
+        return  # not a number in the repository: its model checks it at load
+    int_value(key, value, f"{model}.{key}")
 
 
 def _quoted(value: str) -> str:

@@ -31,6 +31,45 @@ def parameters(args: dict) -> dict[str, str]:
     return {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
 
 
+# Sizes and counts among the models' parameters: below 1 none of them can work. backends/repository.py
+# checks the launcher's --set values with the same rule (int_value) before a server starts.
+POSITIVE_INT_PARAMETERS = frozenset({
+    "kv_pages", "kv_page_size", "max_batch",                          # decode
+    "patch_pages", "patch_page_size", "decode_threads",               # flashcodec
+    "encode_budget", "prefill_budget", "max_model_len", "max_media_bytes", "max_prompt_bytes",  # orchestrator
+})
+
+
+def int_value(key: str, value: str, name: str | None = None) -> int:
+    """A parameter's string ``value`` as an int; >= 1 when ``key`` is in POSITIVE_INT_PARAMETERS.
+
+    Raises ValueError naming ``name`` (default: "parameter KEY") and the value: empty, not an integer,
+    or a size below 1.
+    """
+    name = name or f"parameter {key}"
+    if not value.strip():
+        raise ValueError(f"{name} must be an integer, got an empty value")
+    try:
+        number = int(value)
+    except ValueError:
+        raise ValueError(f"{name} must be an integer, got {value!r}") from None
+    if key in POSITIVE_INT_PARAMETERS and number < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return number
+
+
+def int_parameter(params: dict[str, str], key: str, default: int | None = None) -> int:
+    """``params[key]`` (from :func:`parameters`) as an int (:func:`int_value`); ``default`` when absent.
+
+    Raises ValueError naming the parameter: absent without a default, or a bad value (see int_value).
+    """
+    if key not in params:
+        if default is None:
+            raise ValueError(f"parameter {key} is missing from config.pbtxt")
+        return default
+    return int_value(key, params[key])
+
+
 def _array(request, name: str):
     tensor = pb().get_input_tensor_by_name(request, name)
     return None if tensor is None else tensor.as_numpy()

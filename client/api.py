@@ -295,6 +295,11 @@ class Client:
                         raise TimeoutError(f"no final response from {self.model} within {timeout_s} s") from None
                     arrived = time.perf_counter()
                     if error is not None:
+                        # The orchestrator sends every error with the final flag, so the request is over: the
+                        # stream closes without cancelling it. (A cancellation of a request that Triton 2.51 has
+                        # just finished can leave its gRPC frontend waiting for a callback that never comes, and
+                        # the model then cannot unload until the server's exit timeout.)
+                        cancel = False
                         raise ServerError(_error_message(error))
                     piece = piece_from_grpc(result)
                     collector.add(arrived, piece)

@@ -6,7 +6,7 @@ import io
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from flashcodec.errors import MediaError
+from flashcodec.errors import NOT_AN_IMAGE, MediaError
 
 BACKGROUND = (255, 255, 255)  # transparent areas are composited over white, as qwen-vl-utils `to_rgb` does
 _SIXTEEN_BIT = {"I;16", "I;16L", "I;16B", "I;16N", "I"}
@@ -49,6 +49,6 @@ def load_image(data: bytes) -> Image.Image:
     except Image.DecompressionBombError as exc:
         raise MediaError(f"image: too many pixels ({exc})") from exc
     except UnidentifiedImageError as exc:
-        raise MediaError(f"image: not a decodable image ({exc})") from exc
+        raise MediaError(NOT_AN_IMAGE) from exc
     except (OSError, SyntaxError, ValueError) as exc:
         raise MediaError(f"image: truncated or corrupt ({exc})") from exc

@@ -13,7 +13,7 @@ from typing import Iterator, Union
 import av
 from PIL import Image, UnidentifiedImageError
 
-from flashcodec.errors import MediaError
+from flashcodec.errors import NOT_AN_IMAGE, MediaError
 
 Source = Union[bytes, str, Path]  # the media file's bytes, or its path
 
@@ -58,15 +58,20 @@ def open_container(source: Source) -> av.container.InputContainer:
     """Open `source` with PyAV. Raises MediaError if FFmpeg cannot read it or it is an image format."""
     try:
         container = av.open(io.BytesIO(source) if isinstance(source, bytes) else str(source), metadata_errors="ignore")
-    except av.FFmpegError as exc:
-        raise MediaError(f"video: not a decodable video file, or truncated before its index ({exc})") from exc
+    except av.FFmpegError as exc:  # strerror: FFmpeg's words without the errno and the "<none>" file name
+        raise MediaError("video: not a decodable video file, or truncated before its index "
+                         f"({exc.strerror or exc})") from exc
     name = container.format.name
     if name.endswith("_pipe") or name == "image2":
         container.close()
         raise MediaError(f"video: this is an image ({name}), not a video file")
     if not container.streams.video:
+        audio = bool(container.streams.audio)
         container.close()
-        raise MediaError("video: the file has no video stream")
+        if audio:
+            raise MediaError("video: the file has no video stream (audio only)")
+        # An MP4 cut inside its index (moov) opens with no stream, or a data stream without a codec.
+        raise MediaError("video: not a decodable video file, or truncated before its index (no video stream found)")
     return container
 
 
@@ -174,5 +179,7 @@ def probe_image(data: bytes) -> ImageInfo:
             return ImageInfo(width=img.width, height=img.height, mode=img.mode, format=img.format or "")
     except Image.DecompressionBombError as exc:
         raise MediaError(f"image: too many pixels ({exc})") from exc
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
+    except UnidentifiedImageError as exc:
+        raise MediaError(NOT_AN_IMAGE) from exc
+    except (OSError, SyntaxError, ValueError) as exc:
         raise MediaError(f"image: not a decodable image ({exc})") from exc

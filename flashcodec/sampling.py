@@ -159,8 +159,8 @@ def plan_video(
     A 1-frame clip (case C3, where qwen-vl-utils raises) gives that frame twice, as its frame-list path pads with
     the last frame. Per-frame pixel cap: `max(min(VIDEO_MAX_PIXELS, VIDEO_TOTAL_PIXELS / nframes * 2),
     int(min_pixels * 1.05))`, lowered (never raised) by `max_pixels`; `min_pixels` defaults to VIDEO_MIN_PIXELS.
-    Raises ValueError naming `fps`, `min_pixels` or `max_pixels` when invalid; MediaError for an aspect ratio
-    over 200 or a video without frames.
+    Raises ValueError naming `fps`, `min_pixels` or `max_pixels` when invalid (`max_pixels` below `min_pixels`
+    included); MediaError for an aspect ratio over 200 or a video without frames.
     """
     if isinstance(fps, bool) or not isinstance(fps, (int, float)) or not math.isfinite(fps) or fps <= 0:
         raise ValueError(f"fps must be a positive finite number, got {fps!r}")
@@ -180,6 +180,10 @@ def plan_video(
     nframes = len(indices)
     sampled_fps = nframes / total * video_fps
     min_px = VIDEO_MIN_PIXELS if min_pixels is None else min_pixels
+    if max_pixels is not None and max_pixels < min_px:
+        # Requests set max_pixels only, so the message is about max_pixels, not smart_resize's min <= max.
+        floor = "Qwen2.5-VL's per-frame minimum, 128*28*28" if min_pixels is None else "min_pixels"
+        raise ValueError(f"max_pixels must be at least {min_px} for a video ({floor}), got {max_pixels}")
     cap = max(min(VIDEO_MAX_PIXELS, VIDEO_TOTAL_PIXELS / nframes * FRAME_FACTOR), int(min_px * 1.05))
     max_px = cap if max_pixels is None else min(max_pixels, cap)
     try:

@@ -2,7 +2,10 @@
 
 Byte-level BPE can split one character over several tokens; a delta is released only once it
 decodes without U+FFFD at its end (the approach of vLLM's incremental detokenizer, simplified to
-decoding a window of recent tokens).
+decoding a window of recent tokens). Stop strings follow vLLM v1's ``IncrementalDetokenizer.update``:
+they are not looked for while at most ``min_tokens`` tokens are out, and afterwards only where they
+end in text that arrived later, so a stop string wholly inside the first ``min_tokens`` tokens' text
+never ends the output.
 """
 from __future__ import annotations
 
@@ -10,11 +13,17 @@ WINDOW = 6  # tokens of left context: enough for any multi-token UTF-8 character
 
 
 class Detokenizer:
-    """Feed token ids with :meth:`add`; read ``text`` (everything released) and ``stopped``."""
+    """Feed token ids with :meth:`add`; read ``text`` (everything released) and ``stopped``.
 
-    def __init__(self, tokenizer, stop: tuple[str, ...] = ()):
+    ``stop``: strings that end the output (not included in it); ``min_tokens``: tokens that must be out
+    before a stop string may end it (the request's ``min_tokens``, as for EOS).
+    """
+
+    def __init__(self, tokenizer, stop: tuple[str, ...] = (), min_tokens: int = 0):
         self.tokenizer = tokenizer
         self.stop = tuple(s for s in stop if s)
+        self.min_tokens = min_tokens
+        self._exempt = 0        # characters of _decoded produced within the first min_tokens tokens
         self.ids: list[int] = []
         self.text = ""          # released text
         self._decoded = ""      # all text decoded so far (released + held back)
@@ -37,6 +46,8 @@ class Detokenizer:
             return ""  # an incomplete character: wait for the next token
         self._decoded += full[len(prefix):]
         self._offset = len(self.ids)
+        if len(self.ids) <= self.min_tokens:
+            self._exempt = len(self._decoded)
         return self._release()
 
     def flush(self) -> str:
@@ -54,7 +65,8 @@ class Detokenizer:
 
     def _release(self) -> str:
         for s in self.stop:
-            at = self._decoded.find(s)
+            # A match must end after the exempt text (it may start inside it, as in vLLM).
+            at = self._decoded.find(s, max(0, self._exempt - len(s) + 1))
             if at >= 0:
                 self.stopped = True
                 delta = self._decoded[len(self.text):at] if at > len(self.text) else ""

@@ -15,16 +15,23 @@ import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from backends.triton_io import int_parameter
 from orchestrator.sampling_params import InvalidInput, RequestParams, parse_sampling_parameters
 
 
 @dataclass(frozen=True)
 class MediaInput:
-    """One image or video: file bytes, or a checked path (``path`` set, ``data`` empty)."""
+    """One image or video: file bytes, or a checked path (``path`` set, ``data`` empty). ``input``: the
+    request input it came from ("image", "video", "image_url", "video_url"), which errors name."""
 
     kind: str  # "image" | "video"
     data: bytes = b""
     path: str | None = None
+    input: str = ""
+
+    @property
+    def input_name(self) -> str:
+        return self.input or self.kind
 
     @property
     def source(self) -> bytes | str:
@@ -68,19 +75,22 @@ class InputLimits:
     @classmethod
     def from_parameters(cls, params: dict[str, str]) -> "InputLimits":
         """From the orchestrator's model parameters plus the ``UNIFIEDSERVE_MEDIA_DIRS`` environment variable
-        (both comma- or colon-separated)."""
+        (both comma- or colon-separated). Raises ValueError naming a parameter that is not a positive integer."""
         names = [*params.get("allowed_media_dirs", "").replace(":", ",").split(","),
                  *os.environ.get("UNIFIEDSERVE_MEDIA_DIRS", "").replace(":", ",").split(",")]
         dirs = tuple(Path(n).resolve() for n in names if n.strip())
-        return cls(dirs, int(params.get("max_media_bytes", cls.max_media_bytes)),
-                   int(params.get("max_prompt_bytes", cls.max_prompt_bytes)))
+        return cls(dirs, int_parameter(params, "max_media_bytes", cls.max_media_bytes),
+                   int_parameter(params, "max_prompt_bytes", cls.max_prompt_bytes))
 
 
 def _resolve_url(kind: str, url: str, limits: InputLimits) -> MediaInput:
     name = f"{kind}_url"
-    if url.startswith("data:"):
+    if not url.strip():
+        raise InvalidInput(f"{name}: empty URL (give a path under an allowed folder, a file:// or a data: URL)")
+    # Schemes and the base64 marker are case-insensitive (RFC 3986 3.1, RFC 2397 3).
+    if url[:5].lower() == "data:":
         header, _, payload = url.partition(",")
-        if ";base64" not in header:
+        if ";base64" not in header.lower():
             raise InvalidInput(f"{name}: only base64 data: URLs are supported")
         try:
             data = base64.b64decode(payload, validate=True)
@@ -108,7 +118,7 @@ def _resolve_url(kind: str, url: str, limits: InputLimits) -> MediaInput:
         raise InvalidInput(f"{name}: not a regular file: {url[:200]!r}")
     if path.stat().st_size > limits.max_media_bytes:
         raise InvalidInput(f"{name}: file is {path.stat().st_size} bytes, over the limit of {limits.max_media_bytes}")
-    return MediaInput(kind, path=str(path))
+    return MediaInput(kind, path=str(path), input=name)
 
 
 def _checked_bytes(kind: str, data: bytes, limits: InputLimits, name: str) -> MediaInput:
@@ -116,7 +126,7 @@ def _checked_bytes(kind: str, data: bytes, limits: InputLimits, name: str) -> Me
         raise InvalidInput(f"{name}: empty {kind} data")
     if len(data) > limits.max_media_bytes:
         raise InvalidInput(f"{name}: {len(data)} bytes, over the limit of {limits.max_media_bytes}")
-    return MediaInput(kind, data=data)
+    return MediaInput(kind, data=data, input=name)
 
 
 def parse_request(raw: RawRequest, limits: InputLimits) -> ParsedRequest:

@@ -11,7 +11,8 @@ from orchestrator.sampling_params import InvalidInput, RequestParams
 def plan_media(item: MediaInput, params: RequestParams) -> VideoPlan | ImagePlan:
     """Probe one item (a demux pass for video, the header for images) and plan its sampling and size.
 
-    Raises InvalidInput naming the item when it is not a decodable image/video or its size is out of range.
+    Raises InvalidInput naming the input the item came from (``image_url: not a decodable image ...``)
+    when it is not a decodable image/video, or naming the sampling parameter that is out of range for it.
     """
     try:
         if item.kind == "video":
@@ -19,6 +20,8 @@ def plan_media(item: MediaInput, params: RequestParams) -> VideoPlan | ImagePlan
         data = item.data if item.path is None else open(item.path, "rb").read()
         return plan_image(probe_image(data), max_pixels=params.max_pixels)
     except MediaError as exc:
-        raise InvalidInput(str(exc)) from None
-    except ValueError as exc:  # fps / max_pixels out of range for this item
-        raise InvalidInput(f"{item.kind}: {exc}") from None
+        # flashcodec names the media kind; the client needs the input it used ("image_url", not "image").
+        message = str(exc).removeprefix(f"{item.kind}: ")
+        raise InvalidInput(f"{item.input_name}: {message}") from None
+    except ValueError as exc:  # fps / max_pixels out of range for this item (the message names the key)
+        raise InvalidInput(f"sampling_parameters: {exc}") from None

@@ -33,11 +33,20 @@ class Metrics:
         self._counters: dict[tuple[str, str], object] = {}
 
     def set(self, name: str, value: float) -> None:
-        self._gauges[name].set(value)
+        if self._gauges:
+            self._gauges[name].set(value)
 
     def increment(self, name: str, label: str = "", by: float = 1) -> None:
+        if not self._counter_families:
+            return
         key = (name, label)
         if key not in self._counters:
             labels = {"finish_reason": label} if label else {}
             self._counters[key] = self._counter_families[name].Metric(labels=labels)
         self._counters[key].increment(by)
+
+    def close(self) -> None:
+        """For ``finalize``: drop every metric and family (later updates do nothing). Metrics still alive
+        when the stub exits crash it (triton-inference-server/server#8662)."""
+        self._counters, self._gauges = {}, {}
+        self._counter_families, self._gauge_families = {}, {}

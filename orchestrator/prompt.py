@@ -9,6 +9,8 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
+from orchestrator.sampling_params import InvalidInput
+
 MERGE = 2  # spatial_merge_size of Qwen2.5-VL's vision tower
 USER_TEXT = "\x00unifiedserve-user-text\x00"  # stands for the user's text while the template is applied
 # transformers' encode(split_special_tokens=...) sets that flag on the tokenizer's one shared Rust object, and
@@ -51,6 +53,25 @@ class Prompt:
     @property
     def num_visual_tokens(self) -> int:
         return sum(m.num_tokens for m in self.media)
+
+    def check_length(self, max_tokens: int, max_model_len: int) -> None:
+        """Refuses a request whose prompt plus ``max_tokens`` output tokens exceed ``max_model_len`` tokens.
+
+        Raises InvalidInput naming what to change: ``max_tokens`` (with the largest value that fits) when the
+        prompt leaves room for output, else the prompt (fps / max_pixels when it has visual tokens).
+        """
+        n, visual = len(self.input_ids), self.num_visual_tokens
+        if n + max_tokens <= max_model_len:
+            return
+        counts = f"{n - visual} text tokens + {visual} visual tokens"
+        fewer_visual = " (lower fps or max_pixels for fewer visual tokens)" if visual else ""
+        if n < max_model_len:
+            raise InvalidInput(
+                f"sampling_parameters: max_tokens {max_tokens} plus the prompt's {n} tokens ({counts}) exceeds "
+                f"max_model_len {max_model_len}: max_tokens can be at most {max_model_len - n}{fewer_visual}")
+        fix = "lower fps or max_pixels" if visual else "shorten text_input"
+        raise InvalidInput(f"prompt too long: its {n} tokens ({counts}) leave no room for output within "
+                           f"max_model_len {max_model_len} ({fix})")
 
 
 def build_prompt(tokenizer, text: str, media: list[tuple[str, tuple[int, int, int], float]]) -> Prompt:

@@ -6,6 +6,11 @@ and streams "group g ready in pages [...]", taking each group's patch pages from
 only once the group is decoded -> the scheduler's steps encode groups (returning their pages) and
 prefill chunks -> first token -> the decode stage takes over -> tokens fan out from the one decode
 stream. Every page returns when the request finishes, fails or is cancelled (invariant 2).
+
+When the server stops (backends/server_stop.py), ``stop_serving`` fails every request ("the server is
+shutting down"; Triton calls ``finalize`` only once every client stream has its final flag) and reports
+when the stages' streams have ended too (each stage ends its own); ``close`` (in ``finalize``) cancels
+the loops.
 """
 from __future__ import annotations
 
@@ -15,8 +20,9 @@ import math
 import time
 import uuid
 from dataclasses import dataclass, field
+from typing import Callable
 
-from backends import shared_pages, shared_tensor
+from backends import server_stop, shared_pages, shared_tensor
 from backends.runtime.kv_cache import RESERVED_KV_PAGES
 from backends.runtime.stopping import finish_reason
 from backends.stages.flashcodec_worker import plan_to_json
@@ -34,6 +40,7 @@ from orchestrator.step_plan import StepPlan
 
 log = logging.getLogger(__name__)
 CANCEL_POLL_S = 0.05
+SHUTTING_DOWN = "the server is shutting down"
 
 
 @dataclass(frozen=True)
@@ -94,6 +101,9 @@ class Orchestrator:
         self._released: list[str] = []
         self._wake = asyncio.Event()
         self._ready: asyncio.Future | None = None
+        self._tasks: list[asyncio.Task] = []
+        self.stopping = False  # the server is stopping: no new work, no BLS aborts
+        self.decode_ended: str | None = None  # why the decode stream has ended, once it has
 
     # ---- start-up: BLS is not allowed in initialize, so the pools and loops start on first use ----
     async def _start(self) -> None:
@@ -111,15 +121,60 @@ class Orchestrator:
         self.scheduler = Scheduler(config, self.kv_pages, self.patch_pages)
         attached = asyncio.Event()
         loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(stages.decode_stream(self._on_decode_step, attached)),
-                       loop.create_task(self._step_loop())]
+        self._tasks = [loop.create_task(self._follow_decode(attached)), loop.create_task(self._step_loop())]
         await asyncio.wait_for(attached.wait(), timeout=60)
+        if self.decode_ended:
+            raise stages.StageError(self.decode_ended)
         self._update_gauges()
 
     async def ensure_started(self) -> None:
         if self._ready is None:
             self._ready = asyncio.get_running_loop().create_task(self._start())
         await asyncio.shield(self._ready)
+
+    async def _follow_decode(self, attached: asyncio.Event) -> None:
+        try:
+            await stages.decode_stream(self._on_decode_step, attached)
+            self.decode_ended = SHUTTING_DOWN  # the decode stage ends its stream only when the server stops
+        except stages.StageError as exc:
+            self.decode_ended = SHUTTING_DOWN if self.stopping else str(exc)
+        finally:
+            attached.set()  # _start must not wait for a stream that has ended
+        for active in self.active.values():  # no more tokens will come
+            if active.in_decode and not active.decode_done:
+                active.decode_done = True
+                active.events.put_nowait(Event("error", message=self.decode_ended))
+
+    # ---- stopping (the server's stop watch, then finalize) -------------------------------------------
+    def stop_serving(self, on_drained: Callable[[], None]) -> None:
+        """The server is stopping: fail every request now (its client gets an error and the final flag)
+        and start nothing new. The stages end their own work, so no BLS abort is sent. ``on_drained()``
+        once no request, scheduler step or stage stream is left (backends/server_stop.py)."""
+        self.stopping = True
+        for active in self.active.values():
+            active.events.put_nowait(Event("error", message=SHUTTING_DOWN))
+        self._wake.set()
+        asyncio.get_running_loop().create_task(self._drain(on_drained))
+
+    async def _drain(self, on_drained: Callable[[], None]) -> None:
+        while self.active or not all(t.done() for t in self._tasks) or stages.PUMPS.busy():
+            await asyncio.sleep(0.02)
+        on_drained()
+
+    async def close(self, timeout_s: float = 10.0) -> None:
+        """For ``finalize``: cancel the loops and media tasks, wait for the stage calls made on threads.
+        (The decoupled BLS streams' threads are waited for by ``stages.PUMPS.join``.)"""
+        self.stopping = True
+        tasks = [*self._tasks, *(t for a in self.active.values() for t in a.media_tasks)]
+        if self._ready is not None:
+            tasks.append(self._ready)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        try:  # asyncio.to_thread calls (encode_prefill steps, probes)
+            await asyncio.wait_for(asyncio.get_running_loop().shutdown_default_executor(), timeout_s)
+        except asyncio.TimeoutError:
+            log.warning("orchestrator: stage calls still running at finalize")
 
     def _update_gauges(self) -> None:
         m = self.metrics
@@ -137,6 +192,8 @@ class Orchestrator:
 
         Raises InvalidInput naming the problem (media, prompt length, pool size).
         """
+        if self.stopping:
+            raise stages.StageError(SHUTTING_DOWN)
         await self.ensure_started()
         plans = [await asyncio.to_thread(plan_media, item, parsed.params) for item in parsed.media]
         prompt = await asyncio.to_thread(build_prompt, self.tokenizer, parsed.text,
@@ -159,6 +216,8 @@ class Orchestrator:
                     f"{m.kind} {item}: one temporal-patch group has {m.patches_per_group} patches, which need "
                     f"{need} patch pages of {self.patch_page_size}; the patch pool has {self.patch_pages.num_total} "
                     "pages (lower max_pixels)")
+        if self.stopping:  # stop_serving ran while this request was being planned
+            raise stages.StageError(SHUTTING_DOWN)
         req_id = uuid.uuid4().hex
         active = Active(req_id, parsed, prompt)
         groups = [Group(item, g, layout.token_offset + g * layout.tokens_per_group, layout.tokens_per_group,
@@ -198,6 +257,8 @@ class Orchestrator:
             if bad:
                 raise stages.StageError(f"flashcodec: {bad[0]}")
             if active.groups_reported[item] < layout.num_groups and self.active.get(active.req_id) is active:
+                if self.stopping or server_stop.announced():  # flashcodec ends its streams when the server stops
+                    raise stages.StageError(SHUTTING_DOWN)
                 raise stages.StageError(f"{media.kind}: decoding ended before all sampled frames were found",
                                         invalid_input=True)
         except stages.StageError as exc:
@@ -208,7 +269,7 @@ class Orchestrator:
 
     # ---- the scheduler loop ----------------------------------------------------------------------
     async def _step_loop(self) -> None:
-        while True:
+        while not self.stopping:
             plan = self.scheduler.schedule()
             if plan is None:
                 self._wake.clear()
@@ -319,6 +380,8 @@ class Orchestrator:
                    "num_cached": len(active.prompt.input_ids),
                    "last_token": first_token, "mrope_delta": active.mrope_delta, "num_generated": 1,
                    "max_tokens": active.parsed.params.max_tokens, "sampling": _sampling(active.parsed)}
+        if self.decode_ended:
+            raise stages.StageError(self.decode_ended)
         active.in_decode = True
         await stages.decode_admit(payload)
 
@@ -326,11 +389,12 @@ class Orchestrator:
         """Stop every stage's work on the request, then return all its pages. Idempotent."""
         if self.active.get(active.req_id) is not active:
             return
-        if active.in_decode and not active.decode_done:
-            await stages.decode_abort(active.req_id)  # KV pages are reused only after decode drops them
-        if any(not t.done() for t in active.media_tasks):
-            await stages.flashcodec_abort(active.req_id)
-            await asyncio.gather(*active.media_tasks, return_exceptions=True)  # patch pages no longer written
+        if not self.stopping:  # stopping: the stages end their work themselves, and no page is reused
+            if active.in_decode and not active.decode_done:
+                await stages.decode_abort(active.req_id)  # KV pages are reused only after decode drops them
+            if any(not t.done() for t in active.media_tasks):
+                await stages.flashcodec_abort(active.req_id)
+                await asyncio.gather(*active.media_tasks, return_exceptions=True)  # patch pages no longer written
         del self.active[active.req_id]
         self.scheduler.remove(active.req_id)  # returns the patch pages of groups decoded but not yet encoded
         if active.prompt.media:

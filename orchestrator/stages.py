@@ -11,12 +11,47 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 from typing import AsyncIterator, Callable
 
 import numpy as np
 
 from backends import triton_io
 from backends.internal_token import internal_token
+
+
+class _Pumps:
+    """The threads reading decoupled BLS streams, so that ``finalize()`` can wait for them: a thread still
+    inside a response iterator when the stub exits touches Triton objects that are gone."""
+
+    def __init__(self):
+        self._threads: set[threading.Thread] = set()
+        self._lock = threading.Lock()
+
+    def start(self, thread: threading.Thread) -> None:
+        with self._lock:
+            self._threads.add(thread)
+        thread.start()
+
+    def done(self, thread: threading.Thread) -> None:
+        with self._lock:
+            self._threads.discard(thread)
+
+    def busy(self) -> bool:
+        with self._lock:
+            return bool(self._threads)
+
+    def join(self, timeout_s: float) -> int:
+        """Wait up to ``timeout_s`` seconds for every stream to end; returns how many have not."""
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            threads = list(self._threads)
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        return sum(thread.is_alive() for thread in threads)
+
+
+PUMPS = _Pumps()
 
 
 class StageError(RuntimeError):
@@ -51,8 +86,10 @@ async def _stream(model: str, inputs: dict[str, object], outputs: list[str]) -> 
             loop.call_soon_threadsafe(queue.put_nowait, exc)
         finally:
             loop.call_soon_threadsafe(queue.put_nowait, None)
+            PUMPS.done(thread)
 
-    threading.Thread(target=pump, name=f"bls-{model}", daemon=True).start()
+    thread = threading.Thread(target=pump, name=f"bls-{model}", daemon=True)
+    PUMPS.start(thread)
     while (response := await queue.get()) is not None:
         if isinstance(response, Exception):
             raise StageError(f"{model}: {response}")

@@ -4,6 +4,8 @@ The worker owns the KV pool (allocated once, published for encode_prefill to map
 admits a sequence after its prefill (block table, first token, M-RoPE delta, sampling), and reads
 ONE message per decode step carrying the new tokens of all running sequences (design.md, "Per-token
 traffic"). Commands reach the loop through a queue, so ``execute()`` never blocks (invariant 1).
+When the server stops, the stream is ended (``end_stream``) before ``finalize``: Triton unloads the
+model only once that stream's sender has sent its final flag.
 """
 from __future__ import annotations
 
@@ -85,13 +87,20 @@ class DecodeWorker:
         self.running: dict[str, RunningSeq] = {}
         self.commands: queue.Queue = queue.Queue()
         self.sink: StepSink | None = None
+        self.end: Callable[[], None] | None = None  # ends the attached stream (sends its final flag)
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._loop, name="decode-loop", daemon=True)
         self.thread.start()
 
-    # Called from execute(): enqueue only.
-    def attach(self, sink: StepSink) -> None:
-        self.commands.put(("attach", sink, None))
+    # Called from execute() (or the server's stop watch): enqueue only.
+    def attach(self, sink: StepSink, end: Callable[[], None]) -> None:
+        """Send each step to ``sink`` from now on; ``end()`` (on the loop thread) closes that stream."""
+        self.commands.put(("attach", sink, end))
+
+    def end_stream(self) -> None:
+        """The server is stopping: drop every running sequence (its requests are failed by the orchestrator,
+        which sees the stream end) and end the stream, so that the model can unload."""
+        self.commands.put(("end", None, None))
 
     def admit(self, payload: dict) -> None:
         self.commands.put(("admit", RunningSeq.from_admit(payload), None))
@@ -101,22 +110,42 @@ class DecodeWorker:
         self.commands.put(("abort", seq_id, done))
 
     def shutdown(self) -> None:
+        """Stop the loop thread (after that no callback runs) and release the KV pool."""
         self._stop.set()
         self.commands.put(("stop", None, None))
         self.thread.join(timeout=10)
+        self.on_step = None
         self.pool.release()
 
     def _apply(self, command) -> None:
         kind, value, done = command
         if kind == "attach":
-            self.sink = value
+            self._end_stream()  # a stream replaced (a new orchestrator) is ended, not left open
+            self.sink, self.end = value, done
+        elif kind == "end":
+            self.running.clear()
+            self._end_stream()
         elif kind == "admit":
             self.running[value.seq_id] = value
         elif kind == "abort":
             self.running.pop(value, None)
             done()
 
+    def _end_stream(self) -> None:
+        end, self.sink, self.end = self.end, None, None
+        if end is not None:
+            try:
+                end()
+            except Exception:
+                log.exception("decode could not end its stream")
+
     def _loop(self) -> None:
+        try:
+            self._serve()
+        finally:
+            self._end_stream()  # never left open: it would keep the model from unloading
+
+    def _serve(self) -> None:
         while not self._stop.is_set():
             # Idle: block until a command arrives; busy: drain what is there and step.
             block = not self.running or self.sink is None

@@ -6,14 +6,15 @@ that group's pages from the free list (waiting while the pool is full: back-pres
 group's patch rows into them and reports "group g ready in pages [...]" at once, so encoding can start
 before the video is decoded; nothing is reserved ahead. Reported pages are the orchestrator's to
 return; pages of a group that is not reported (abort, error) go back here. Decoding runs on a thread
-pool: ``execute()`` returns immediately (invariant 1).
+pool: ``execute()`` returns immediately (invariant 1). When the server stops (``stop``), every decode
+ends after its current group as if aborted, so each stream gets its final flag and the model can unload.
 """
 from __future__ import annotations
 
 import dataclasses
 import logging
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Callable
 
 import torch
@@ -51,8 +52,9 @@ class FlashCodecWorker:
         self.executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="flashcodec")
         self.cancelled: set[str] = set()
         self.running: dict[str, int] = {}  # media items being decoded per request
-        self.closing = False  # set at shutdown: no thread may wait for pages that nobody frees any more
+        self.closing = False  # set at stop: no thread may wait for pages that nobody frees any more
         self.lock = threading.Lock()
+        self.futures: set[Future] = set()  # decodes submitted and not finished
 
     def submit(self, request_id: str, media: bytes | str, plan: dict,
                on_group: Callable[[int, list[int]], None], on_done: Callable[[str | None], None]) -> None:
@@ -61,7 +63,13 @@ class FlashCodecWorker:
         ``on_done(error_message_or_None)`` last."""
         with self.lock:
             self.running[request_id] = self.running.get(request_id, 0) + 1
-        self.executor.submit(self._run, request_id, media, plan_from_json(plan), on_group, on_done)
+            future = self.executor.submit(self._run, request_id, media, plan_from_json(plan), on_group, on_done)
+            self.futures.add(future)
+        future.add_done_callback(self._forget)
+
+    def _forget(self, future: Future) -> None:
+        with self.lock:
+            self.futures.discard(future)
 
     def abort(self, request_id: str) -> None:
         """Stop after the group being decoded, also while waiting for pages; the stream then ends (the
@@ -73,9 +81,19 @@ class FlashCodecWorker:
         with self.lock:
             return self.closing or request_id in self.cancelled
 
+    def stop(self) -> None:
+        """The server is stopping: every decode, running or queued, ends after its current group as if
+        aborted (its pages taken and not reported go back), so its stream is closed. No error is sent: the
+        orchestrator has failed the request itself, and a stream that ends with its final flag alone is the
+        path that 2.51's BLS handles best at a stop."""
+        with self.lock:
+            self.closing = True
+
     def _run(self, request_id, media, plan, on_group, on_done) -> None:
         error = None
         try:
+            if self.closing:
+                return
             if isinstance(plan, VideoPlan):
                 groups = iter_video_groups(media, plan, self.choice.decoder)
             else:  # an image_url arrives as a path the orchestrator checked
@@ -83,7 +101,7 @@ class FlashCodecWorker:
                 groups = iter([(0, image_group(data, plan))])
             for index, patches in groups:
                 if not self._write(request_id, index, patches, on_group):
-                    break
+                    break  # aborted, or the server is stopping: the stream just ends
         except MediaError as exc:
             error = str(exc)
         except Exception as exc:  # never kill the worker: report and go on
@@ -95,7 +113,10 @@ class FlashCodecWorker:
                 if not self.running[request_id]:  # the request's last item: its abort mark is spent
                     del self.running[request_id]
                     self.cancelled.discard(request_id)
-            on_done(error)
+            try:
+                on_done(error)
+            except Exception:  # the executor would drop it silently, and the stream would stay open
+                log.exception("flashcodec could not end the stream of %s", request_id)
 
     def _write(self, request_id: str, index: int, patches: torch.Tensor, on_group) -> bool:
         """Take the decoded group's pages, write it, report it; False when the request was aborted."""
@@ -119,9 +140,14 @@ class FlashCodecWorker:
         """Videos decoded so far per path ("nvdec", "cpu_parallel", "cpu"), for the metrics endpoint."""
         return self.choice.paths.snapshot()
 
-    def shutdown(self) -> None:
+    def shutdown(self, timeout_s: float = 10.0) -> None:
+        """Stop decoding and wait (up to ``timeout_s`` seconds) for the decode threads, so that no callback
+        runs after this returns; stop the decoder processes; release the pool and its free list."""
+        self.stop()
         with self.lock:
-            self.closing = True
+            futures = list(self.futures)
+        if wait(futures, timeout_s).not_done:
+            log.warning("flashcodec: decode threads still running at shutdown")
         self.executor.shutdown(wait=False, cancel_futures=True)
         self.choice.close()
         self.pool.release()

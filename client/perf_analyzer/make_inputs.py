@@ -1,6 +1,6 @@
 """Write a perf_analyzer ``--input-data`` JSON file for the ``orchestrator`` model.
 
-    python -m client.perf_analyzer.make_inputs --video clip.mp4 [clip2.mp4 ...] \\
+    python -m client.perf_analyzer.make_inputs --video clip.mp4 [clip2.mp4 ...] [--video clip3.mp4 ...] \\
         [--image a.jpg ...] [--text "Describe the video."] [--max-tokens 128] [--ignore-eos] \\
         [--fps 2] [--max-pixels 200704] [--no-stream] -o inputs.json
     python -m client.perf_analyzer.make_inputs --video-url /data/clip.mp4 ... -o inputs.json
@@ -84,10 +84,11 @@ def main(argv: list[str] | None = None) -> int:
                                 description=__doc__.splitlines()[0])
     p.add_argument("-o", "--output", type=Path, required=True)
     p.add_argument("--text", default="Describe this video in detail.")
-    p.add_argument("--video", type=Path, nargs="+", default=[], metavar="FILE")
-    p.add_argument("--image", type=Path, nargs="+", default=[], metavar="FILE")
-    p.add_argument("--video-url", nargs="+", default=[], metavar="PATH")
-    p.add_argument("--image-url", nargs="+", default=[], metavar="PATH")
+    # extend: "--video a.mp4 --video b.mp4" and "--video a.mp4 b.mp4" both give two entries
+    p.add_argument("--video", type=Path, nargs="+", action="extend", default=[], metavar="FILE")
+    p.add_argument("--image", type=Path, nargs="+", action="extend", default=[], metavar="FILE")
+    p.add_argument("--video-url", nargs="+", action="extend", default=[], metavar="PATH")
+    p.add_argument("--image-url", nargs="+", action="extend", default=[], metavar="PATH")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--min-tokens", type=int)
     p.add_argument("--ignore-eos", action="store_true", help="generate exactly max_tokens (fixed-length benchmarks)")

@@ -29,21 +29,49 @@ def media_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("media")
 
 
+CRASH_NEEDLES = ("Traceback", "Stub process", "unhealthy", "Cannot remove future", "Segmentation fault",
+                 "Non-graceful termination", "Exit timeout expired")
+STOP_LIMIT_S = 15.0  # a clean stop takes a few seconds; the server's exit timeout is 20 s
+
+
 @contextlib.contextmanager
 def serve(media_dir: Path, model_repository: Path = REPO_ROOT / "model_repository",
-          log_path: Path | None = None) -> Iterator[TritonServer]:
-    """A tritonserver on free ports; on exit, checks that every KV and patch page is free again (no
-    leaks) and that the log shows no crash."""
+          log_path: Path | None = None, idle_at_exit: bool = True) -> Iterator[TritonServer]:
+    """A tritonserver on free ports. On exit (unless the body raised): with ``idle_at_exit``, checks that
+    every KV and patch page is free again (no leaks); stops the server and checks that the stop was
+    prompt and that the whole log, shutdown included, shows no crash (:func:`assert_clean_stop`)."""
     ports = ServerPorts(http=_free_port(), grpc=_free_port(), metrics=_free_port())
-    with TritonServer(model_repository, ports=ports, extra_env={"UNIFIEDSERVE_MEDIA_DIRS": str(media_dir)},
-                      log_path=log_path) as srv:
+    srv = TritonServer(model_repository, ports=ports, extra_env={"UNIFIEDSERVE_MEDIA_DIRS": str(media_dir)},
+                       log_path=log_path).start()
+    try:
         yield srv
-        m = wait_for_idle_pools(srv)
-        assert m["unifiedserve_kv_pages_free"] == m["unifiedserve_kv_pages_total"], m
-        assert m["unifiedserve_patch_pages_free"] == m["unifiedserve_patch_pages_total"], m
-        log = srv.log_tail(20000)
-    for needle in ("Traceback", "Stub process", "unhealthy", "Cannot remove future"):
-        assert needle not in log, f"the server log shows {needle!r}:\n{log}"
+        if idle_at_exit:
+            m = wait_for_idle_pools(srv)
+            assert m["unifiedserve_kv_pages_free"] == m["unifiedserve_kv_pages_total"], m
+            assert m["unifiedserve_patch_pages_free"] == m["unifiedserve_patch_pages_total"], m
+            assert_clean_log(srv.log_tail(200_000))  # before the stop too, so a crash is not blamed on it
+    except BaseException:
+        srv.stop()
+        raise
+    assert_clean_stop(srv)
+
+
+def assert_clean_log(log: str) -> None:
+    for needle in CRASH_NEEDLES:
+        assert needle not in log, f"the server log shows {needle!r}:\n{log[-20000:]}"
+
+
+def assert_clean_stop(srv: TritonServer) -> float:
+    """Stop ``srv``; assert that it exited by itself within STOP_LIMIT_S seconds, every model unloaded (no
+    stub left holding a stream until the exit timeout) and nothing crashed. Returns the seconds taken."""
+    started = time.monotonic()
+    srv.stop()
+    seconds = time.monotonic() - started
+    log = srv.log_tail(200_000)
+    assert_clean_log(log)
+    assert srv.process.returncode == 0, f"tritonserver exited with {srv.process.returncode}:\n{log[-20000:]}"
+    assert seconds < STOP_LIMIT_S, f"the server took {seconds:.1f} s to stop:\n{log[-20000:]}"
+    return seconds
 
 
 @pytest.fixture(scope="session")

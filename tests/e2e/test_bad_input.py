@@ -28,6 +28,11 @@ BAD = [
     ("an http video_url", dict(text="Hi", video_url="http://example.com/a.mp4"), ["video_url", "http"]),
     ("a prompt longer than max_model_len", dict(text="Hi", sampling={"max_tokens": 40000}), ["max_model_len"]),
     ("an extreme aspect ratio", dict(text="Hi", image=make_image(20000, 50, "RGB", "PNG")), ["image", "aspect"]),
+    ("an empty video_url", dict(text="Hi", video_url=""), ["video_url: empty"]),
+    ("an empty image_url", dict(text="Hi", image_url=[""]), ["image_url: empty"]),
+    ("a video in image", dict(text="Hi", image=_tiny_video()), ["image: not a decodable image (JPEG, PNG"]),
+    ("max_pixels under a video's minimum", dict(text="Hi", video=_tiny_video(), sampling={**OK, "max_pixels": 100351}),
+     ["sampling_parameters: max_pixels must be at least 100352"]),
 ]
 
 
@@ -41,6 +46,14 @@ def test_bad_input_is_named_and_the_next_request_succeeds(grpc_url, what, kwargs
         message = str(error.value).lower()
         assert all(w.lower() in message for w in words), f"{what}: {error.value}"
         assert client.generate("Still there?", sampling=OK).finish_reason in ("length", "stop")
+
+
+def test_data_url_scheme_is_case_insensitive(grpc_url):
+    import base64
+
+    url = "DATA:image/png;BASE64," + base64.b64encode(make_image(64, 48, "RGB", "PNG")).decode()
+    with Client(grpc_url) as client:
+        assert client.generate("Describe.", image_url=url, sampling=OK).num_output_tokens >= 1
 
 
 def test_a_bad_request_does_not_disturb_a_good_one_running_beside_it(grpc_url):

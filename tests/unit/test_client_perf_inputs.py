@@ -55,3 +55,16 @@ def test_main_writes_the_file(tmp_path):
     (entry,) = data["data"]
     assert decode_bytes_input(entry["video"]) == [clip.read_bytes()]
     assert json.loads(entry["sampling_parameters"][0]) == {"max_tokens": 32, "fps": 2.0, "ignore_eos": True}
+
+
+def test_repeated_options_add_up(tmp_path):
+    clips = [tmp_path / f"{name}.mp4" for name in "abc"]
+    for n, clip in enumerate(clips):
+        clip.write_bytes(bytes([n]) * 10)
+    out = tmp_path / "inputs.json"
+    assert main(["--video", str(clips[0]), "--video", str(clips[1]), str(clips[2]),
+                 "--image-url", "/d/1.png", "--image-url", "/d/2.png", "--video-url", "/d/u.mp4", "-o", str(out)]) == 0
+    entries = json.loads(out.read_text())["data"]
+    assert [decode_bytes_input(e["video"]) for e in entries[:3]] == [[c.read_bytes()] for c in clips]
+    assert entries[3]["video_url"]["content"] == ["/d/u.mp4"] and len(entries) == 4
+    assert all(e["image_url"]["content"] == ["/d/1.png", "/d/2.png"] for e in entries)

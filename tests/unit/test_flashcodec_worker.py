@@ -66,3 +66,17 @@ def test_an_abort_stops_the_wait_for_pages(worker, video):
     assert worker.free_pages.num_free == 0  # the reported group's pages are the caller's to free
     worker.free_pages.free(pages)
     assert worker.free_pages.num_free == 3 and not worker.running and not worker.cancelled
+
+
+def test_a_server_stop_ends_every_decode(worker, video):
+    """A decode waiting for pages and one not yet started both end (the final callback, as after an
+    abort), so that their streams close and the model can unload; the pages they did not report go back."""
+    data, plan = video
+    groups, done = start(worker, data, plan)
+    _, pages = groups.get(timeout=30)
+    later_groups, later = start(worker, data, plan, request_id="r2")  # waits for pages behind r1
+    worker.stop()
+    assert done.get(timeout=10) is None and later.get(timeout=30) is None
+    assert groups.empty() and later_groups.empty()
+    worker.free_pages.free(pages)
+    assert worker.free_pages.num_free == 3 and not worker.running

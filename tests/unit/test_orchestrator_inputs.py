@@ -5,8 +5,11 @@ import base64
 
 import pytest
 
+from flashcodec.sampling import VIDEO_MIN_PIXELS
 from orchestrator.inputs import InputLimits, RawRequest, parse_request
-from orchestrator.sampling_params import InvalidInput
+from orchestrator.media import plan_media
+from orchestrator.sampling_params import InvalidInput, RequestParams
+from tests.media import make_image, make_video
 
 
 @pytest.fixture
@@ -45,6 +48,9 @@ def test_file_url_under_allowed_folder(limits, tmp_path):
     (dict(image_url=[b"data:image/png,abc"]), "only base64 data: URLs"),
     (dict(image_url=[b"data:image/png;base64,@@@"]), "invalid base64"),
     (dict(video_url=[b"ftp://host/v.mp4"]), "unsupported URL scheme"),
+    (dict(video_url=[b""]), "video_url: empty URL"),
+    (dict(image_url=[b"  "]), "image_url: empty URL"),
+    (dict(image_url=[b"DATA:image/png,abc"]), "image_url: only base64 data: URLs"),
     (dict(sampling_parameters=[b'{"max_tokens": 0}']), "max_tokens"),
 ])
 def test_bad_inputs_are_named(limits, kwargs, words):
@@ -84,3 +90,52 @@ def test_symlink_loop_is_named(limits, tmp_path):
 def test_prompt_size_is_capped(limits):
     with pytest.raises(InvalidInput, match="text_input: .* over the limit"):
         parse_request(raw(text_input=[b"a" * (limits.max_prompt_bytes + 1)]), limits)
+
+
+@pytest.mark.parametrize("prefix", ["DATA:image/png;BASE64,", "Data:image/png;Base64,", "data:image/png;base64,"])
+def test_data_url_scheme_and_base64_marker_are_case_insensitive(limits, prefix):
+    # RFC 3986 3.1 (schemes), RFC 2397 (the "base64" token)
+    url = prefix + base64.b64encode(b"png-bytes").decode()
+    assert parse_request(raw(image_url=[url.encode()]), limits).media[0].data == b"png-bytes"
+
+
+def test_uppercase_file_scheme_is_a_file_url(limits, tmp_path):
+    (tmp_path / "a.mp4").write_bytes(b"x")
+    parsed = parse_request(raw(video_url=[f"FILE://{tmp_path}/a.mp4".encode()]), limits)
+    assert parsed.media[0].path == str(tmp_path / "a.mp4")
+
+
+def test_limits_from_parameters_name_a_bad_size():
+    with pytest.raises(ValueError, match="parameter max_media_bytes must be a positive integer, got '0'"):
+        InputLimits.from_parameters({"max_media_bytes": "0"})
+
+
+def _media_error(limits, **kwargs) -> str:
+    parsed = parse_request(raw(**kwargs), limits)
+    with pytest.raises(InvalidInput) as e:
+        plan_media(parsed.media[0], parsed.params)
+    return str(e.value)
+
+
+def test_media_errors_name_the_input_the_item_came_from(tmp_path):
+    limits = InputLimits(allowed_media_dirs=(tmp_path.resolve(),))
+    video = make_video(tmp_path / "v.mp4", 96, 64, 4, 24, codec="libx264")
+    not_an_image = "not a decodable image (JPEG, PNG, WebP, ...)"
+    assert _media_error(limits, image_url=[str(tmp_path / "v.mp4").encode()]) == f"image_url: {not_an_image}"
+    data_url = "data:image/png;base64," + base64.b64encode(video).decode()
+    assert _media_error(limits, image_url=[data_url.encode()]) == f"image_url: {not_an_image}"
+    assert _media_error(limits, image=[video]) == f"image: {not_an_image}"
+    (tmp_path / "a.png").write_bytes(make_image(32, 32, "RGB", "PNG"))
+    assert _media_error(limits, video_url=[str(tmp_path / "a.png").encode()]).startswith("video_url: this is an image")
+
+
+def test_video_max_pixels_below_the_frame_minimum_is_a_sampling_parameters_error(tmp_path):
+    make_video(tmp_path / "v.mp4", 96, 64, 4, 24, codec="libx264")
+    sampling = f'{{"max_pixels": {VIDEO_MIN_PIXELS - 1}}}'.encode()
+    limits = InputLimits(allowed_media_dirs=(tmp_path.resolve(),))
+    assert _media_error(limits, video_url=[str(tmp_path / "v.mp4").encode()], sampling_parameters=[sampling]) == (
+        f"sampling_parameters: max_pixels must be at least {VIDEO_MIN_PIXELS} for a video (Qwen2.5-VL's per-frame "
+        f"minimum, 128*28*28), got {VIDEO_MIN_PIXELS - 1}")
+    # images accept it (their minimum is 4*28*28)
+    image = parse_request(raw(image=[make_image(64, 64, "RGB", "PNG")], sampling_parameters=[sampling]), limits)
+    assert plan_media(image.media[0], image.params).num_tokens > 0

@@ -6,6 +6,7 @@ import pytest
 from backends.runtime.tokenizer import build_offline_tokenizer
 from orchestrator.detokenizer import Detokenizer
 from orchestrator.prompt import build_prompt
+from orchestrator.sampling_params import InvalidInput
 
 
 @pytest.fixture(scope="module")
@@ -34,6 +35,29 @@ def test_text_only_prompt_uses_the_chat_template(tokenizer):
     assert prompt.media == ()
 
 
+def test_length_check_names_max_tokens_when_the_prompt_leaves_room(tokenizer):
+    text_only = build_prompt(tokenizer, "Hello", [])
+    n = len(text_only.input_ids)
+    text_only.check_length(100 - n, 100)  # fits exactly
+    with pytest.raises(InvalidInput) as e:
+        text_only.check_length(10**9, 100)
+    assert str(e.value) == (f"sampling_parameters: max_tokens 1000000000 plus the prompt's {n} tokens ({n} text "
+                            f"tokens + 0 visual tokens) exceeds max_model_len 100: max_tokens can be at most {100 - n}")
+    with_video = build_prompt(tokenizer, "Hello", [("video", (3, 8, 4), 1.0)])
+    with pytest.raises(InvalidInput, match=r"max_tokens can be at most \d+ \(lower fps or max_pixels"):
+        with_video.check_length(10**9, 100)
+
+
+def test_length_check_names_the_prompt_when_it_alone_is_too_long(tokenizer):
+    with_video = build_prompt(tokenizer, "Hello", [("video", (3, 8, 4), 1.0)])
+    with pytest.raises(InvalidInput, match=r"^prompt too long: its \d+ tokens \(\d+ text tokens \+ 24 visual "
+                                           r"tokens\) .*max_model_len 30 \(lower fps"):
+        with_video.check_length(1, 30)
+    text_only = build_prompt(tokenizer, "Hello " * 20, [])
+    with pytest.raises(InvalidInput, match=r"^prompt too long: .*\(shorten text_input\)$"):
+        text_only.check_length(1, 10)
+
+
 def test_detokenizer_holds_back_split_characters(tokenizer):
     ids = tokenizer.encode("héllo wörld ✓", add_special_tokens=False)
     detok = Detokenizer(tokenizer)
@@ -51,6 +75,36 @@ def test_detokenizer_stops_before_a_stop_string(tokenizer):
         if detok.stopped:
             break
     assert detok.stopped and out == "one two " and detok.flush() == ""
+
+
+def _run(detok, ids):
+    out = ""
+    for i in ids:
+        out += detok.add([i])
+        if detok.stopped:
+            break
+    return out
+
+
+def test_detokenizer_ignores_stop_strings_within_min_tokens(tokenizer):
+    # vLLM: stop strings cannot end the output before min_tokens tokens are out.
+    ids = tokenizer.encode("one STOP two STOP three", add_special_tokens=False)
+    first_stop = len(tokenizer.encode("one STOP", add_special_tokens=False))  # the token completing it
+    detok = Detokenizer(tokenizer, stop=("STOP",), min_tokens=first_stop)
+    assert _run(detok, ids) == "one STOP two " and detok.stopped
+    # one token fewer: that token is past min_tokens (as EOS: num_generated > min_tokens), so it stops there
+    detok = Detokenizer(tokenizer, stop=("STOP",), min_tokens=first_stop - 1)
+    assert _run(detok, ids) == "one " and detok.stopped
+    # every stop string within min_tokens: the output runs to the end, stop text included
+    detok = Detokenizer(tokenizer, stop=("STOP",), min_tokens=len(ids))
+    assert _run(detok, ids) + detok.flush() == "one STOP two STOP three" and not detok.stopped
+
+
+def test_detokenizer_stop_string_crossing_min_tokens_matches(tokenizer):
+    # vLLM searches the new text plus len(stop) - 1 characters before it: a match may start in exempt text.
+    ids = [tokenizer.convert_tokens_to_ids(t) for t in ("a", "M", "C", "b")]
+    detok = Detokenizer(tokenizer, stop=("MC",), min_tokens=2)
+    assert _run(detok, ids) == "a" and detok.stopped
 
 
 def test_detokenizer_releases_a_held_stop_prefix_at_the_end(tokenizer):

@@ -1,10 +1,13 @@
 """backends/repository.py and the launcher's --set: model parameters changed in a copy (no server)."""
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from backends import launcher
 from backends.repository import REPOSITORY, edited_config, model_parameters, parse_overrides, repository_with
+from backends.triton_io import POSITIVE_INT_PARAMETERS, int_parameter
 
 
 def test_star_sets_the_key_in_every_model_that_declares_it():
@@ -86,3 +89,44 @@ def test_launcher_set_with_an_unknown_key_stops_before_starting(monkeypatch, cap
     with pytest.raises(SystemExit) as e:
         launcher.main(["--set", "decode.kv_page=16"])
     assert e.value.code == 2 and "model 'decode' has no parameter 'kv_page'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("item, message", [
+    ("decode.kv_pages=abc", "decode.kv_pages must be an integer, got 'abc'"),
+    ("decode.kv_pages=", "decode.kv_pages must be an integer, got an empty value"),
+    ("decode.kv_pages=-5", "decode.kv_pages must be a positive integer, got '-5'"),
+    ("flashcodec.patch_pages=0", "flashcodec.patch_pages must be a positive integer, got '0'"),
+    ("orchestrator.max_model_len=1.5", "orchestrator.max_model_len must be an integer, got '1.5'"),
+    ("*.seed=x", "decode.seed must be an integer, got 'x'"),
+])
+def test_values_a_model_cannot_load_with_are_refused_before_start(item, message):
+    with pytest.raises(ValueError, match=re.escape(f"--set '{item}': {message}")):
+        parse_overrides([item])
+
+
+def test_integer_checks_follow_the_repository_and_leave_other_values_alone():
+    assert parse_overrides(["*.seed=-1", "decode.kv_pages=8", "orchestrator.allowed_media_dirs=",
+                            "decode.dtype=bfloat16"]) == {
+        "decode": {"seed": "-1", "kv_pages": "8", "dtype": "bfloat16"},
+        "encode_prefill": {"seed": "-1"}, "orchestrator": {"allowed_media_dirs": ""}}
+
+
+def test_every_size_or_count_in_the_repository_is_checked_for_positivity():
+    declared = {k: v for keys in model_parameters().values() for k, v in keys.items()}
+    sizes = {"kv_pages", "kv_page_size", "max_batch", "patch_pages", "patch_page_size", "decode_threads",
+             "encode_budget", "prefill_budget", "max_model_len", "max_media_bytes"}
+    assert sizes <= declared.keys() and sizes <= POSITIVE_INT_PARAMETERS
+
+
+@pytest.mark.parametrize("value, message", [
+    ("abc", "parameter kv_pages must be an integer, got 'abc'"),
+    ("", "parameter kv_pages must be an integer, got an empty value"),
+    ("0", "parameter kv_pages must be a positive integer, got '0'"),
+])
+def test_stages_read_integer_parameters_with_errors_naming_them(value, message):
+    with pytest.raises(ValueError, match=message):
+        int_parameter({"kv_pages": value}, "kv_pages")
+    with pytest.raises(ValueError, match="parameter kv_pages is missing"):
+        int_parameter({}, "kv_pages")
+    assert int_parameter({"kv_pages": " 16 "}, "kv_pages") == 16 and int_parameter({}, "kv_pages", 4) == 4
+    assert int_parameter({"seed": "-3"}, "seed") == -3

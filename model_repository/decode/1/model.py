@@ -15,6 +15,7 @@ class TritonPythonModel:
     def initialize(self, args):
         from backends import triton_io
         from backends.runtime.loader import ModelSpec
+        from backends.server_stop import StopWatch
         from backends.stages.decode_worker import DecodeWorker
         from backends.stages.device import stage_setup
 
@@ -38,6 +39,8 @@ class TritonPythonModel:
             kv_pages=int(params["kv_pages"]), page_size=int(params["kv_page_size"]),
             max_batch=int(params["max_batch"]), attention_backend=params.get("attention_backend", "auto"),
             cuda_graphs=params.get("cuda_graphs", "auto"), on_step=on_step)
+        # finalize() comes only once the stream below has its final flag: end it when the server stops.
+        self.watch = StopWatch(self.worker.end_stream)
 
     def execute(self, requests):
         io, pb = self.io, self.io.pb()
@@ -53,7 +56,7 @@ class TritonPythonModel:
                     sender.send(pb.InferenceResponse([io.str_tensor("seq_ids", seq_ids), io.int_tensor("token_ids", token_ids),
                                                       io.str_tensor("finish_reasons", reasons)]))
                 sender.send(pb.InferenceResponse([]))  # tells the orchestrator the stream is attached
-                self.worker.attach(sink)
+                self.worker.attach(sink, lambda sender=sender: sender.send(flags=final))
             elif op == "admit":
                 self.worker.admit(json.loads(io.string(request, "payload")))
                 sender.send(pb.InferenceResponse([]), flags=final)
@@ -65,4 +68,10 @@ class TritonPythonModel:
         return None
 
     def finalize(self):
+        from backends.server_stop import before_exit
+
+        self.watch.close()
         self.worker.shutdown()
+        # Metrics alive when the stub exits crash it (triton-inference-server/server#8662): drop them here.
+        self.metric_families = None
+        before_exit()

@@ -35,3 +35,8 @@ class TritonPythonModel:
             except Exception as exc:  # a failed step is reported to the orchestrator, the worker lives on
                 responses.append(io.error(f"encode_prefill: {type(exc).__name__}: {exc}", invalid_argument=False))
         return responses
+
+    def finalize(self):
+        from backends.server_stop import before_exit
+
+        before_exit()

@@ -18,6 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repo root; t
 class TritonPythonModel:
     def initialize(self, args):
         from backends import triton_io
+        from backends.server_stop import StopWatch
         from backends.stages.device import stage_setup
         from backends.stages.flashcodec_worker import FlashCodecWorker
 
@@ -31,6 +32,8 @@ class TritonPythonModel:
                                       "cpu_parallel, cpu)", pb.MetricFamily.GAUGE)
         self.video_metrics = {}
         self.metrics_lock = threading.Lock()  # on_done runs on the decode threads
+        # finalize() comes only once every decode stream has its final flag: end them when the server stops.
+        self.watch = StopWatch(self.worker.stop)
 
     def execute(self, requests):
         io, pb = self.io, self.io.pb()
@@ -53,10 +56,13 @@ class TritonPythonModel:
                                                   pb.Tensor("pages", np.array(pages, np.int32))]))
 
             def on_done(error, sender=sender):
-                if error:
-                    sender.send(io.error(error))
-                sender.send(flags=final)
-                self._update_metrics()
+                try:
+                    self._update_metrics()  # before the final flag: after it, finalize() may run
+                finally:
+                    if error:  # one message: the error carries the final flag
+                        sender.send(io.error(error), flags=final)
+                    else:
+                        sender.send(flags=final)
 
             self.worker.submit(request_id, media, plan["media_plan"], on_group, on_done)
         return None
@@ -72,4 +78,10 @@ class TritonPythonModel:
             self.video_metrics[path].set(count)
 
     def finalize(self):
+        from backends.server_stop import before_exit
+
+        self.watch.close()
         self.worker.shutdown()
+        with self.metrics_lock:  # metrics alive when the stub exits crash it (triton-inference-server/server#8662)
+            self.video_metrics, self.videos = {}, None
+        before_exit()

@@ -4,9 +4,13 @@ Decoupled, one instance. Its asyncio loop runs in a thread of its own (as Triton
 does): execute() hands each request to that loop and returns at once, so many requests are served
 concurrently and execute() never blocks. (The stub's own `async def execute` path was tried and
 dropped: its bookkeeping of background futures races when a coroutine ends quickly,
-triton-inference-server/server#8537.)
+triton-inference-server/server#8537.) When the server stops, the stop watch (backends/server_stop.py)
+fails the requests in flight, so that every client stream gets its final flag (Triton calls finalize()
+only after that), and says when no request or stage stream is left.
 """
 import asyncio
+import concurrent.futures
+import logging
 import sys
 import threading
 from pathlib import Path
@@ -16,19 +20,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repo root; t
 
 class TritonPythonModel:
     def initialize(self, args):
-        from backends import triton_io
-        from orchestrator import frontend
+        from backends import server_stop, triton_io
+        from orchestrator import frontend, stages
         from orchestrator.metrics import Metrics
         from orchestrator.service import Orchestrator, OrchestratorConfig
 
-        self.frontend = frontend
+        self.frontend, self.stages, self.server_stop = frontend, stages, server_stop
         triton_io.enable_stack_dumps()
         config = OrchestratorConfig.from_parameters(triton_io.parameters(args))
-        self.orchestrator = Orchestrator(config, Metrics())
+        self.metrics = Metrics()
+        self.orchestrator = Orchestrator(config, self.metrics)
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="orchestrator-loop", daemon=True)
         self.thread.start()
         self.pending = set()  # futures of requests in flight (asyncio keeps only weak references to tasks)
+        self.watch = server_stop.StopWatch(
+            lambda: self.loop.call_soon_threadsafe(self.orchestrator.stop_serving, server_stop.mark_drained))
 
     def execute(self, requests):
         for request in requests:
@@ -38,5 +45,18 @@ class TritonPythonModel:
         return None
 
     def finalize(self):
+        # Every client stream has its final flag (else Triton would not call this); nothing may touch Triton
+        # objects once this returns. Each wait is bounded: after a drained stop (launcher) none of them waits.
+        log = logging.getLogger(__name__)
+        self.watch.close()
+        concurrent.futures.wait(list(self.pending), timeout=5)  # handlers finishing after their final flag
+        try:
+            asyncio.run_coroutine_threadsafe(self.orchestrator.close(timeout_s=5), self.loop).result(timeout=10)
+        except Exception as exc:
+            log.warning("orchestrator: close failed: %r", exc)
+        if self.stages.PUMPS.join(timeout_s=5):  # the stages end their streams when the server stops
+            log.warning("orchestrator: BLS streams still open at finalize")
         self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(timeout=10)
+        self.thread.join(timeout=5)
+        self.metrics.close()
+        self.server_stop.before_exit()

@@ -1,0 +1,46 @@
+"""Stopping a server with requests in flight: every model unloads promptly (no stream left open until the
+exit timeout), nothing crashes, and each client gets an error or its final response, never a hang. The
+`serve` helper stops the server and checks the stop's duration and the whole log (tests/e2e/conftest.py);
+it does so for every server the e2e tests start, so an idle stop is covered there."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from client.api import Client, GenerationResult, ServerError
+from tests.e2e.conftest import serve
+from tests.media import make_video
+
+pytestmark = pytest.mark.e2e
+LONG = {"max_tokens": 20000, "ignore_eos": True, "temperature": 0}  # far more than fit before the stop
+
+
+def test_stop_with_a_stream_and_a_video_in_flight(media_dir):
+    video = make_video(None, 320, 240, 120, 30)
+    outcomes: dict[str, object] = {}
+    streaming = threading.Event()
+
+    def ask(name: str, url: str, **kwargs) -> None:
+        try:
+            with Client(url) as client:
+                outcomes[name] = client.generate("Tell me everything.", sampling=LONG, timeout_s=120, **kwargs)
+        except (ServerError, TimeoutError) as exc:
+            outcomes[name] = exc
+
+    with serve(media_dir, idle_at_exit=False) as srv:  # on exit: stopped within the limit, clean log
+        url = f"127.0.0.1:{srv.ports.grpc}"
+        asks = [threading.Thread(target=ask, args=("text", url), kwargs={"on_text": lambda _: streaming.set()}),
+                threading.Thread(target=ask, args=("video", url), kwargs={"video": video})]
+        asks[0].start()
+        assert streaming.wait(120), "the streaming request produced no token"
+        asks[1].start()
+        time.sleep(0.5)  # the video is being probed, decoded or encoded when the stop comes
+    for thread in asks:
+        thread.join(timeout=30)
+        assert not thread.is_alive(), "a client still waits after the server stopped"
+    for name, outcome in outcomes.items():
+        finished = isinstance(outcome, GenerationResult) and outcome.finish_reason is not None
+        assert finished or isinstance(outcome, ServerError), f"{name}: {outcome!r}"
+    assert isinstance(outcomes["text"], ServerError), outcomes["text"]  # 20000 tokens cannot have finished
