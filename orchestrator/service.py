@@ -23,10 +23,11 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from backends import server_stop, shared_pages, shared_tensor
+from backends.triton_io import int_parameter
 from backends.runtime.kv_cache import RESERVED_KV_PAGES
 from backends.runtime.stopping import finish_reason
-from backends.stages.flashcodec_worker import plan_to_json
 from backends.runtime.tokenizer import eos_token_ids, load_tokenizer
+from backends.stages.flashcodec_worker import plan_to_json
 from orchestrator import stages
 from orchestrator.detokenizer import Detokenizer
 from orchestrator.inputs import InputLimits, ParsedRequest
@@ -54,9 +55,9 @@ class OrchestratorConfig:
 
     @classmethod
     def from_parameters(cls, params: dict[str, str]) -> "OrchestratorConfig":
-        scheduler = SchedulerConfig(encode_budget=int(params.get("encode_budget", 10240)),
-                                    prefill_budget=int(params.get("prefill_budget", 2048)))
-        return cls(scheduler, InputLimits.from_parameters(params), int(params.get("max_model_len", 32768)),
+        scheduler = SchedulerConfig(encode_budget=int_parameter(params, "encode_budget", 10240),
+                                    prefill_budget=int_parameter(params, "prefill_budget", 2048))
+        return cls(scheduler, InputLimits.from_parameters(params), int_parameter(params, "max_model_len", 32768),
                    params.get("model_path") or None)
 
 
@@ -199,12 +200,8 @@ class Orchestrator:
         prompt = await asyncio.to_thread(build_prompt, self.tokenizer, parsed.text,
                                          [(m.kind, p.grid_thw, getattr(p, "second_per_grid_t", 0.0))
                                           for m, p in zip(parsed.media, plans)])
+        prompt.check_length(parsed.params.max_tokens, self.config.max_model_len)
         total = len(prompt.input_ids) + parsed.params.max_tokens
-        if total > self.config.max_model_len:
-            raise InvalidInput(
-                f"prompt too long: {len(prompt.input_ids) - prompt.num_visual_tokens} text tokens + "
-                f"{prompt.num_visual_tokens} visual tokens + max_tokens {parsed.params.max_tokens} = {total} "
-                f"exceeds max_model_len {self.config.max_model_len} (lower fps or max_pixels)")
         kv_needed = math.ceil(total / self.kv_page_size)
         if kv_needed > self.kv_pages.num_total:
             raise InvalidInput(f"request needs {kv_needed} KV pages, the pool has {self.kv_pages.num_total}")
@@ -340,7 +337,7 @@ class Orchestrator:
         Raises InvalidInput / StageError when a stage fails on this request.
         """
         params = active.parsed.params
-        detok = Detokenizer(self.tokenizer, params.stop)
+        detok = Detokenizer(self.tokenizer, params.stop, params.min_tokens)
         try:
             checked = time.monotonic()
             while True:

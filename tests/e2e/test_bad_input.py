@@ -27,6 +27,8 @@ BAD = [
     ("a video_url with ..", dict(text="Hi", video_url="/tmp/../etc/passwd"), ["video_url"]),
     ("an http video_url", dict(text="Hi", video_url="http://example.com/a.mp4"), ["video_url", "http"]),
     ("a prompt longer than max_model_len", dict(text="Hi", sampling={"max_tokens": 40000}), ["max_model_len"]),
+    ("max_tokens beyond max_model_len on a text prompt", dict(text="Hi", sampling={"max_tokens": 10**9}),
+     ["max_tokens can be at most"]),
     ("an extreme aspect ratio", dict(text="Hi", image=make_image(20000, 50, "RGB", "PNG")), ["image", "aspect"]),
     ("an empty video_url", dict(text="Hi", video_url=""), ["video_url: empty"]),
     ("an empty image_url", dict(text="Hi", image_url=[""]), ["image_url: empty"]),

@@ -97,3 +97,14 @@ def test_seeded_sampling_is_reproducible(grpc_url):
         other = client.generate("Tell me a story.", sampling={**sampling, "seed": 99}, return_output_ids=True).token_ids
     assert first == again and len(first) == 12
     assert other != first
+
+
+def test_min_tokens_holds_back_stop_strings(grpc_url):
+    """vLLM's rule: a stop string cannot end the output before min_tokens tokens (the dummy model writes
+    "MC" early in this reply, so without min_tokens the same request stops there)."""
+    sampling = {"max_tokens": 60, "temperature": 0, "ignore_eos": False, "stop": ["MC"]}
+    with Client(grpc_url) as client:
+        early = client.generate("Write a long story about a cat.", sampling=sampling)
+        held = client.generate("Write a long story about a cat.", sampling={**sampling, "min_tokens": 59})
+    assert early.finish_reason == "stop" and early.num_output_tokens < 59
+    assert held.num_output_tokens == 60 and held.finish_reason == "length"

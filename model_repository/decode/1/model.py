@@ -36,8 +36,10 @@ class TritonPythonModel:
 
         self.worker = DecodeWorker(
             ModelSpec.from_parameters(params, device=str(device)), device,
-            kv_pages=int(params["kv_pages"]), page_size=int(params["kv_page_size"]),
-            max_batch=int(params["max_batch"]), attention_backend=params.get("attention_backend", "auto"),
+            kv_pages=triton_io.int_parameter(params, "kv_pages"),
+            page_size=triton_io.int_parameter(params, "kv_page_size"),
+            max_batch=triton_io.int_parameter(params, "max_batch"),
+            attention_backend=params.get("attention_backend", "auto"),
             cuda_graphs=params.get("cuda_graphs", "auto"), on_step=on_step)
         # finalize() comes only once the stream below has its final flag: end it when the server stops.
         self.watch = StopWatch(self.worker.end_stream)

@@ -25,8 +25,9 @@ class TritonPythonModel:
         self.io = triton_io
         params, device = stage_setup(args)
         self.worker = FlashCodecWorker(
-            device, num_pages=int(params["patch_pages"]), page_size=int(params["patch_page_size"]),
-            threads=int(params["decode_threads"]))
+            device, num_pages=triton_io.int_parameter(params, "patch_pages"),
+            page_size=triton_io.int_parameter(params, "patch_page_size"),
+            threads=triton_io.int_parameter(params, "decode_threads"))
         pb = triton_io.pb()
         self.videos = pb.MetricFamily("unifiedserve_videos_decoded", "videos decoded, by decode path (nvdec, "
                                       "cpu_parallel, cpu)", pb.MetricFamily.GAUGE)
