@@ -17,6 +17,7 @@ import contextlib
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import sysconfig
@@ -45,6 +46,19 @@ class ServerPorts:
     grpc: int = 8001
     metrics: int = 8002
     address: str = "127.0.0.1"
+
+    def check_free(self) -> None:
+        """Raises RuntimeError naming the first port another process holds on ``address``."""
+        for name in ("http", "grpc", "metrics"):
+            port = getattr(self, name)
+            with socket.socket() as probe:
+                # As the server binds: a port left in TIME_WAIT by a stopped server is free, a listener's is not.
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    probe.bind((self.address, port))
+                except OSError as exc:
+                    raise RuntimeError(f"{name} port {self.address}:{port} is not free ({exc.strerror}): another "
+                                       f"server holds it; choose another with --{name}-port") from None
 
 
 def _wheel_server() -> tuple[Path, Path, dict[str, str]]:
@@ -128,6 +142,10 @@ class TritonServer:
     run_dir: Path | None = None
 
     def start(self) -> "TritonServer":
+        """Start and wait until ready. Raises RuntimeError when a port is taken (before starting: otherwise
+        another server's ready answer would pass for ours), when the server exits or is not ready in time;
+        an interrupt while waiting (Ctrl-C, or SIGTERM through main) stops the server before it propagates."""
+        self.ports.check_free()
         binary, backends, env = _server_binary()
         remove_stale_shared_memory()
         self.run_dir = Path(tempfile.mkdtemp(prefix="unifiedserve-run-"))
@@ -149,7 +167,11 @@ class TritonServer:
         log = None if self.log_to_stdout else open(self.log_path, "wb")
         self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=environment,
                                         cwd=str(REPO_ROOT), start_new_session=True)
-        self._wait_ready()
+        try:
+            self._wait_ready()
+        except BaseException:  # not ready, or interrupted: leave no server behind (it has its own session)
+            self.stop()
+            raise
         threading.Thread(target=self._announce_when_not_live, name="tritonserver-live", daemon=True).start()
         return self
 
@@ -165,7 +187,6 @@ class TritonServer:
             except OSError:
                 pass
             time.sleep(0.5)
-        self.stop()
         raise RuntimeError(f"tritonserver not ready within {self.ready_timeout_s} s:\n{self.log_tail()}")
 
     def _announce_when_not_live(self) -> None:
@@ -260,13 +281,22 @@ def main(argv: list[str] | None = None) -> int:
 def _serve(args: argparse.Namespace, repository: Path) -> int:
     ports = ServerPorts(args.http_port, args.grpc_port, args.metrics_port, args.address)
     server = TritonServer(repository, ports, ready_timeout_s=args.ready_timeout, log_to_stdout=args.log_stdout)
-    server.start()
+    # SIGTERM stops it like Ctrl-C, also while it starts; SIGINT too when started in the background (where it
+    # is inherited as ignored).
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        server.start()
+    except KeyboardInterrupt:
+        print("stopped while starting", file=sys.stderr)
+        return 130
+    except RuntimeError as exc:
+        log = f"\n(log: {server.log_path})" if server.process is not None and not args.log_stdout else ""
+        print(f"tritonserver did not start: {exc}{log}", file=sys.stderr)
+        return 1
     where = "stdout" if args.log_stdout else server.log_path
     print(f"tritonserver ready: gRPC {args.address}:{args.grpc_port}, HTTP {args.address}:{args.http_port}, "
           f"log {where}, models {repository}", flush=True)
-    # SIGTERM stops it like Ctrl-C; SIGINT too when started in the background (where it is inherited as ignored).
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         server.process.wait()
     except KeyboardInterrupt:

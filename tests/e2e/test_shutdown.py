@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -44,3 +45,34 @@ def test_stop_with_a_stream_and_a_video_in_flight(media_dir):
         finished = isinstance(outcome, GenerationResult) and outcome.finish_reason is not None
         assert finished or isinstance(outcome, ServerError), f"{name}: {outcome!r}"
     assert isinstance(outcomes["text"], ServerError), outcomes["text"]  # 20000 tokens cannot have finished
+
+
+def test_sigterm_while_starting_leaves_no_server():
+    """SIGTERM to the launcher before the models are ready stops the server it started (which runs in its
+    own session, so nothing else would)."""
+    import signal
+    import socket
+    import subprocess
+    import sys
+
+    ports = []
+    for _ in range(3):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            ports.append(s.getsockname()[1])
+    launcher = subprocess.Popen([sys.executable, "-m", "backends.launcher", "--http-port", str(ports[0]),
+                                 "--grpc-port", str(ports[1]), "--metrics-port", str(ports[2])],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(3)  # tritonserver is loading the models
+    launcher.send_signal(signal.SIGTERM)
+    _, err = launcher.communicate(timeout=90)
+    assert launcher.returncode == 130, err
+    flag = f"--http-port={ports[0]}".encode()
+    left = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if flag in cmdline.read_bytes().split(b"\0"):
+                left.append(cmdline.parent.name)
+        except OSError:  # the process ended while we looked
+            pass
+    assert not left, f"tritonserver left running: pids {left}"
