@@ -47,6 +47,16 @@ class ServerPorts:
     metrics: int = 8002
     address: str = "127.0.0.1"
 
+    @classmethod
+    def unused(cls, address: str = "127.0.0.1") -> "ServerPorts":
+        """Three ports the kernel reports free on ``address`` now (tests and benchmarks beside other servers)."""
+        def free_port() -> int:
+            with socket.socket() as probe:
+                probe.bind((address, 0))
+                return probe.getsockname()[1]
+
+        return cls(free_port(), free_port(), free_port(), address)
+
     def check_free(self) -> None:
         """Raises RuntimeError naming the first port another process holds on ``address``."""
         for name in ("http", "grpc", "metrics"):

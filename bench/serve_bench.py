@@ -29,7 +29,6 @@ when a request failed (its error is in the JSON).
 from __future__ import annotations
 
 import argparse
-import socket
 import sys
 import tempfile
 import threading
@@ -97,11 +96,6 @@ def build_media(media: Path, setup: Setup) -> tuple[Path, list[Path]]:
         images.append(path)
     return video, images
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def read_metrics(server: TritonServer) -> dict[str, float]:
@@ -196,7 +190,7 @@ def run(args: argparse.Namespace) -> dict:
     results = {**header(device, ("av", "tritonclient")), "smoke": args.smoke, "setup": asdict(setup),
                "server_overrides": items, "video": {"path": str(video), "bytes": video.stat().st_size},
                "images": [str(p) for p in images], "scenarios": {}}
-    ports = ServerPorts(http=_free_port(), grpc=_free_port(), metrics=_free_port())
+    ports = ServerPorts.unused()
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="serve-bench-repository-") as edited:
         repository = repository_with(Path(edited), parse_overrides(items))

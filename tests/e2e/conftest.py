@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import time
 import urllib.request
 from pathlib import Path
@@ -16,11 +15,6 @@ import pytest
 from backends.launcher import REPO_ROOT, ServerPorts, TritonServer
 from backends.repository import repository_with  # noqa: F401 (the tests' way to change parameters)
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="session")
@@ -40,7 +34,7 @@ def serve(media_dir: Path, model_repository: Path = REPO_ROOT / "model_repositor
     """A tritonserver on free ports. On exit (unless the body raised): with ``idle_at_exit``, checks that
     every KV and patch page is free again (no leaks); stops the server and checks that the stop was
     prompt and that the whole log, shutdown included, shows no crash (:func:`assert_clean_stop`)."""
-    ports = ServerPorts(http=_free_port(), grpc=_free_port(), metrics=_free_port())
+    ports = ServerPorts.unused()
     srv = TritonServer(model_repository, ports=ports, extra_env={"UNIFIEDSERVE_MEDIA_DIRS": str(media_dir)},
                        log_path=log_path).start()
     try:

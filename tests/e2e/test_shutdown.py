@@ -51,23 +51,20 @@ def test_sigterm_while_starting_leaves_no_server():
     """SIGTERM to the launcher before the models are ready stops the server it started (which runs in its
     own session, so nothing else would)."""
     import signal
-    import socket
     import subprocess
     import sys
 
-    ports = []
-    for _ in range(3):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            ports.append(s.getsockname()[1])
-    launcher = subprocess.Popen([sys.executable, "-m", "backends.launcher", "--http-port", str(ports[0]),
-                                 "--grpc-port", str(ports[1]), "--metrics-port", str(ports[2])],
+    from backends.launcher import ServerPorts
+
+    ports = ServerPorts.unused()
+    launcher = subprocess.Popen([sys.executable, "-m", "backends.launcher", "--http-port", str(ports.http),
+                                 "--grpc-port", str(ports.grpc), "--metrics-port", str(ports.metrics)],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     time.sleep(3)  # tritonserver is loading the models
     launcher.send_signal(signal.SIGTERM)
     _, err = launcher.communicate(timeout=90)
     assert launcher.returncode == 130, err
-    flag = f"--http-port={ports[0]}".encode()
+    flag = f"--http-port={ports.http}".encode()
     left = []
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         try:
