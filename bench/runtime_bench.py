@@ -28,9 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from backends.runtime.attention import FlashInferAttentionBackend, TorchAttentionBackend  # noqa: E402
+from backends.runtime.attention import make_backend  # noqa: E402
 from backends.runtime.cuda_graphs import batch_ladder  # noqa: E402
-from backends.runtime.kv_cache import KVCacheLayout, pages_needed  # noqa: E402
+from backends.runtime.kv_cache import KVCacheLayout, head_dim, pages_needed  # noqa: E402
 from backends.runtime.lm_compile import compile_decoder_layers  # noqa: E402
 from backends.runtime.loader import ModelSpec, load_model  # noqa: E402
 from backends.runtime.model_runner import DecodeSeq, ModelRunner, PrefillChunk  # noqa: E402
@@ -61,7 +61,7 @@ class Sizes:
         self.hidden = text.hidden_size
         self.layers = text.num_hidden_layers
         self.heads = text.num_attention_heads
-        self.head_dim = text.hidden_size // text.num_attention_heads
+        self.head_dim = head_dim(model.config)
         self.kv_token_bytes = 2 * self.layers * text.num_key_value_heads * self.head_dim * 2
 
     def decode_floor_ms(self, batch: int, context: int) -> float:
@@ -76,16 +76,17 @@ class Sizes:
 def make_runner(model, backend: str, pages: int) -> ModelRunner:
     layout = KVCacheLayout.from_config(model.config, num_pages=pages + 1, page_size=PAGE, dtype=model.dtype)
     pool = torch.zeros(layout.shape, dtype=layout.dtype, device=DEVICE)
-    text = model.config.text_config
-    attention = TorchAttentionBackend() if backend == "torch" else FlashInferAttentionBackend(
-        text.num_attention_heads, text.num_key_value_heads, text.hidden_size // text.num_attention_heads, PAGE,
-        model.dtype, DEVICE)
-    return ModelRunner(model, pool, PAGE, attention)
+    return ModelRunner(model, pool, PAGE, make_backend(backend, model.config, PAGE, model.dtype, DEVICE))
 
 
 def decode_step(runner: ModelRunner, seqs: list[DecodeSeq]) -> list[int]:
     logits = runner.decode(seqs)
     return sample(logits, [GREEDY] * len(seqs), [0] * len(seqs), [])
+
+
+def decode_batch(batch: int, context: int, per_seq: int) -> list[DecodeSeq]:
+    """``batch`` sequences of ``context`` cached tokens, sequence i in pages ``i*per_seq .. (i+1)*per_seq - 1``."""
+    return [DecodeSeq(7, context, context, list(range(i * per_seq, (i + 1) * per_seq))) for i in range(batch)]
 
 
 def bench_decode(model, sizes: Sizes, batches: list[int], context: int, repeats: int) -> list[dict]:
@@ -94,7 +95,7 @@ def bench_decode(model, sizes: Sizes, batches: list[int], context: int, repeats:
     runner = make_runner(model, "flashinfer", max(batches) * per_seq)
     runner.enable_cuda_graphs(batch_ladder(max(batches)))
     for batch in batches:
-        seqs = [DecodeSeq(7, context, context, list(range(i * per_seq, (i + 1) * per_seq))) for i in range(batch)]
+        seqs = decode_batch(batch, context, per_seq)
         graphs = runner.graphs
         graph_ms = cuda_time_ms(lambda: decode_step(runner, seqs), repeats)
         runner.graphs = None
@@ -113,7 +114,7 @@ def bench_decode(model, sizes: Sizes, batches: list[int], context: int, repeats:
     runner.enable_cuda_graphs(batch_ladder(max(batches)))  # warm-up runs compile, then capture
     compile_s = time.perf_counter() - start
     for row in rows:
-        seqs = [DecodeSeq(7, context, context, list(range(i * per_seq, (i + 1) * per_seq))) for i in range(row["batch"])]
+        seqs = decode_batch(row["batch"], context, per_seq)
         row["flashinfer_graph_compiled_ms"] = ms = cuda_time_ms(lambda: decode_step(runner, seqs), repeats)
         row["compiled_vs_floor"] = ms / row["floor_ms"]
         print(f"decode b={row['batch']:4d} compiled layers + graph {ms:7.2f} ms ({ms / row['floor_ms']:.2f}x floor)",
@@ -125,8 +126,7 @@ def bench_decode(model, sizes: Sizes, batches: list[int], context: int, repeats:
     ref = make_runner(model, "torch", 8 * per_seq)
     for row in rows:
         if row["batch"] <= 8:
-            seqs = [DecodeSeq(7, context, context, list(range(i * per_seq, (i + 1) * per_seq)))
-                    for i in range(row["batch"])]
+            seqs = decode_batch(row["batch"], context, per_seq)
             row["torch_backend_ms"] = cuda_time_ms(lambda: decode_step(ref, seqs), max(3, repeats // 4))
     del ref
     gc.collect()
@@ -187,11 +187,11 @@ def bench_ours_on_baseline_shapes(model, prompt_len: int, batches: tuple[int, ..
     runner.enable_cuda_graphs(batch_ladder(max(batches)))
     out = {}
     for batch in batches:
-        tables = [list(range(i * per_seq, (i + 1) * per_seq)) for i in range(batch)]
+        seqs = decode_batch(batch, prompt_len, per_seq)
         embeds = runner.embed(torch.randint(0, 150000, (prompt_len,), device=DEVICE))
-        chunk = PrefillChunk(embeds, torch.arange(prompt_len, device=DEVICE).expand(3, -1), 0, tables[0], True)
+        chunk = PrefillChunk(embeds, torch.arange(prompt_len, device=DEVICE).expand(3, -1), 0, seqs[0].block_table,
+                             True)
         ttft = cuda_time_ms(lambda: sample(runner.prefill([chunk]), [GREEDY], [0], []), repeats)
-        seqs = [DecodeSeq(7, prompt_len, prompt_len, t) for t in tables]
         step = cuda_time_ms(lambda: decode_step(runner, seqs), repeats)
         out[str(batch)] = {"prompt": prompt_len, "ttft_ms": ttft, "step_ms": step, "tokens_per_s": batch / step * 1e3}
         print(f"ours b={batch}: first token {ttft:.1f} ms, {step:.2f} ms/step", flush=True)

@@ -27,6 +27,12 @@ def scratch_page(num_pages: int) -> int:
     return num_pages - RESERVED_KV_PAGES
 
 
+def head_dim(model_config: PreTrainedConfig) -> int:
+    """Size of one attention head of the config's language model: its ``head_dim``, else hidden / heads."""
+    text = model_config.get_text_config()
+    return getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+
+
 @dataclass(frozen=True)
 class KVCacheLayout:
     """Shape and dtype of a KV pool. Raises ValueError for non-positive sizes."""
@@ -59,13 +65,12 @@ class KVCacheLayout:
                     dtype: torch.dtype | None = None) -> "KVCacheLayout":
         """Layout for a Qwen2.5-VL config (its ``text_config``); ``dtype`` defaults to the config's dtype."""
         text = model_config.get_text_config()
-        head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
         return cls(
             num_layers=text.num_hidden_layers,
             num_pages=num_pages,
             page_size=page_size,
             num_kv_heads=text.num_key_value_heads,
-            head_dim=head_dim,
+            head_dim=head_dim(model_config),
             dtype=dtype or model_config.dtype or torch.float32,
         )
 

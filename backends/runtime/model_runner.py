@@ -12,7 +12,7 @@ batch of sequences runs as one packed sequence of batch size 1: every op but att
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 import torch
 from transformers import AttentionInterface, Qwen2_5_VLForConditionalGeneration
@@ -20,11 +20,10 @@ from transformers import AttentionInterface, Qwen2_5_VLForConditionalGeneration
 from backends.runtime.attention.base import AttentionBackend, AttentionMetadata
 from backends.runtime.attention.vision import use_varlen_vision_attention
 from backends.runtime.context import ForwardContext, forward_context, get_forward_context
+from backends.runtime.cuda_graphs import DecodeGraphs
+from backends.runtime.kv_cache import head_dim
 from backends.runtime.lm_compile import compile_decoder_layers
 from backends.runtime.vision_speed import compile_vision_blocks, pad_vision_mlp
-
-if TYPE_CHECKING:
-    from backends.runtime.cuda_graphs import DecodeGraphs
 
 PAGED_ATTENTION = "unifiedserve_paged"
 
@@ -95,8 +94,7 @@ class ModelRunner:
     def __init__(self, model: Qwen2_5_VLForConditionalGeneration, kv_cache: torch.Tensor, page_size: int,
                  backend: AttentionBackend, compile_vision: bool = True, compile_language_model: bool = False) -> None:
         text = model.config.text_config
-        head_dim = text.hidden_size // text.num_attention_heads
-        expected = (text.num_hidden_layers, 2, page_size, text.num_key_value_heads, head_dim)
+        expected = (text.num_hidden_layers, 2, page_size, text.num_key_value_heads, head_dim(model.config))
         got = (kv_cache.shape[0], kv_cache.shape[1], *kv_cache.shape[3:])
         if kv_cache.dim() != 6 or got != expected:
             raise ValueError(f"kv_cache shape {tuple(kv_cache.shape)} does not fit the model: want "
@@ -189,8 +187,6 @@ class ModelRunner:
     def enable_cuda_graphs(self, batch_sizes: Sequence[int]) -> None:
         """Capture decode steps for these batch sizes (``backends.runtime.cuda_graphs``); larger batches
         run eagerly. Needs the flashinfer backend on a CUDA device (ValueError otherwise)."""
-        from backends.runtime.cuda_graphs import DecodeGraphs
-
         self.graphs = DecodeGraphs(self, batch_sizes)
 
     def decode_logits(self, token_ids: torch.Tensor, positions: torch.Tensor, backend: AttentionBackend,

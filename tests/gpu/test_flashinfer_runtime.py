@@ -17,7 +17,8 @@ import random
 import pytest
 import torch
 
-from backends.runtime.attention import AttentionMetadata, FlashInferAttentionBackend, TorchAttentionBackend
+from backends.runtime.attention import (AttentionMetadata, FlashInferAttentionBackend, TorchAttentionBackend,
+                                        make_backend)
 from backends.runtime.cuda_graphs import batch_ladder
 from backends.runtime.kv_cache import KVCacheLayout, pages_needed, scratch_page
 from backends.runtime.loader import ModelSpec, load_model
@@ -86,11 +87,7 @@ def _runner(preset: str, backend: str, dtype: torch.dtype = torch.bfloat16, page
     model = model.to(dtype)
     layout = KVCacheLayout.from_config(model.config, num_pages=pages, page_size=page_size, dtype=dtype)
     pool = torch.zeros(layout.shape, dtype=layout.dtype, device=DEVICE)
-    text = model.config.text_config
-    head_dim = text.hidden_size // text.num_attention_heads
-    attention = (TorchAttentionBackend() if backend == "torch" else FlashInferAttentionBackend(
-        text.num_attention_heads, text.num_key_value_heads, head_dim, page_size, model.dtype, DEVICE))
-    return ModelRunner(model, pool, page_size, attention)
+    return ModelRunner(model, pool, page_size, make_backend(backend, model.config, page_size, dtype, DEVICE))
 
 
 def _greedy(runner: ModelRunner, prompts: list[list[int]], steps: int) -> tuple[list[list[int]], list[torch.Tensor]]:
@@ -201,7 +198,7 @@ def test_qwen2_5_vl_7b_first_step_logits_match_transformers():
 
     layout = KVCacheLayout.from_config(config, num_pages=64, page_size=16, dtype=torch.bfloat16)
     runner = ModelRunner(model, torch.zeros(layout.shape, dtype=layout.dtype, device=DEVICE), 16,
-                         FlashInferAttentionBackend(28, 4, 128, 16, model.dtype, DEVICE))
+                         make_backend("flashinfer", config, 16, model.dtype, DEVICE))
     embeds = runner.embed(torch.tensor(ids, device=DEVICE))
     rows = grid[1] * grid[2]
     visual = torch.cat([runner.encode(pixels[g * rows:(g + 1) * rows], (1, grid[1], grid[2])) for g in range(grid[0])])

@@ -7,6 +7,7 @@ from transformers import PreTrainedConfig
 from backends.runtime.attention.base import AttentionBackend, AttentionMetadata
 from backends.runtime.attention.flashinfer_backend import FlashInferAttentionBackend, flashinfer_supports
 from backends.runtime.attention.torch_backend import TorchAttentionBackend
+from backends.runtime.kv_cache import head_dim
 
 BACKENDS = ("auto", "torch", "flashinfer")
 
@@ -24,9 +25,8 @@ def make_backend(name: str, model_config: PreTrainedConfig, page_size: int, dtyp
     """
     if name not in BACKENDS:
         raise ValueError(f"attention_backend must be one of {BACKENDS}, got {name!r}")
-    text = model_config.get_text_config()
-    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
-    if name == "torch" or (name == "auto" and flashinfer_supports(head_dim, dtype, device)):
+    text, size = model_config.get_text_config(), head_dim(model_config)
+    if name == "torch" or (name == "auto" and flashinfer_supports(size, dtype, device)):
         return TorchAttentionBackend()
-    return FlashInferAttentionBackend(text.num_attention_heads, text.num_key_value_heads, head_dim, page_size,
+    return FlashInferAttentionBackend(text.num_attention_heads, text.num_key_value_heads, size, page_size,
                                       dtype, device)
