@@ -30,8 +30,8 @@ def header(device: torch.device, extra_modules: tuple[str, ...] = ()) -> dict:
             "date": datetime.datetime.now().isoformat(timespec="seconds"), "versions": found}
 
 
-def cuda_time_ms(fn: Callable[[], object], repeats: int, warmup: int = 3) -> float:
-    """Median milliseconds of ``fn()`` over ``repeats`` runs, timed with CUDA events after ``warmup`` runs
+def cuda_times_ms(fn: Callable[[], object], repeats: int, warmup: int = 3) -> list[float]:
+    """Milliseconds of each of ``repeats`` runs of ``fn()``, timed with CUDA events after ``warmup`` runs
     (each run ends with a device sync, so host-side work inside ``fn`` counts too)."""
     for _ in range(warmup):
         fn()
@@ -44,7 +44,12 @@ def cuda_time_ms(fn: Callable[[], object], repeats: int, warmup: int = 3) -> flo
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    return times
+
+
+def cuda_time_ms(fn: Callable[[], object], repeats: int, warmup: int = 3) -> float:
+    """Median of :func:`cuda_times_ms` (milliseconds)."""
+    return statistics.median(cuda_times_ms(fn, repeats, warmup))
 
 
 def bar_chart(title: str, rows: list[tuple[str, float, str]], path: Path) -> None:

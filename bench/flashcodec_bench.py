@@ -196,7 +196,8 @@ def run(args) -> dict:
     media.mkdir(parents=True, exist_ok=True)
     videos = {k: v for k, v in (SMOKE if args.smoke else FULL).items() if not args.videos or k in args.videos}
     table = methods(device, args.smoke)
-    results = {**header(device, ("av", "cv2", "PyNvVideoCodec")), "decode_only": args.decode_only, "load_average_at_start": os.getloadavg(),
+    results = {**header(device, ("av", "cv2", "PyNvVideoCodec")), "decode_only": args.decode_only,
+               "load_average_at_start": os.getloadavg(),
                "methods": list(table), "fell_back": False, "videos": {}}
     for name, spec in videos.items():
         path = build_video(media, name, spec)

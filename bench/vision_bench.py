@@ -41,7 +41,7 @@ from transformers.vision_utils import get_vision_cu_seqlens, get_vision_window_i
 from backends.runtime.attention.vision import use_varlen_vision_attention  # noqa: E402
 from backends.runtime.presets import PRESETS  # noqa: E402
 from backends.runtime.vision_speed import compile_vision_blocks, pad_vision_mlp  # noqa: E402
-from bench.common import H200_BF16_FLOPS, bar_chart, header, write  # noqa: E402
+from bench.common import H200_BF16_FLOPS, bar_chart, cuda_times_ms, header, write  # noqa: E402
 
 PEAK_FLOPS = H200_BF16_FLOPS  # dense bf16 FLOP/s the issue measures MFU against
 CASES = {  # name: grid_thw rows
@@ -128,15 +128,9 @@ def time_forward(tower, pixels: torch.Tensor, grid: torch.Tensor, warmup: int, r
         tower(pixels, grid_thw=grid)
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
-    times, out = [], None
-    for _ in range(repeats):
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        begin.record()
-        out = tower(pixels, grid_thw=grid).pooler_output
-        end.record()
-        torch.cuda.synchronize()
-        times.append(begin.elapsed_time(end))
-    return {"first_s": first_s, "times_ms": times, "out": out, "peak": torch.cuda.max_memory_allocated(),
+    last: dict[str, torch.Tensor] = {}
+    times = cuda_times_ms(lambda: last.update(out=tower(pixels, grid_thw=grid).pooler_output), repeats, warmup=0)
+    return {"first_s": first_s, "times_ms": times, "out": last["out"], "peak": torch.cuda.max_memory_allocated(),
             "graphs": counters["stats"]["unique_graphs"] - graphs}
 
 

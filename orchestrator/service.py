@@ -23,11 +23,11 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from backends import server_stop, shared_pages, shared_tensor
-from backends.triton_io import int_parameter
 from backends.runtime.kv_cache import RESERVED_KV_PAGES
 from backends.runtime.stopping import finish_reason
 from backends.runtime.tokenizer import eos_token_ids, load_tokenizer
 from backends.stages.flashcodec_worker import plan_to_json
+from backends.triton_io import int_parameter
 from orchestrator import stages
 from orchestrator.detokenizer import Detokenizer
 from orchestrator.inputs import InputLimits, ParsedRequest

@@ -126,7 +126,8 @@ async def flashcodec_abort(request_id: str) -> None:
 
 async def encode_prefill(plan: dict) -> dict:
     """Run one step plan; returns the stage's result JSON."""
-    response = await asyncio.to_thread(lambda: _request("encode_prefill", {"plan": json.dumps(plan)}, ["result"]).exec())
+    request = _request("encode_prefill", {"plan": json.dumps(plan)}, ["result"])
+    response = await asyncio.to_thread(request.exec)
     if response.has_error():
         raise StageError(response.error().message())
     return json.loads(_output(response, "result")[0])

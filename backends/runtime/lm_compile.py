@@ -19,7 +19,8 @@ def compile_decoder_layers(language_model: nn.Module, dynamic: bool = True) -> N
     in place and lazily (the first call of each shape compiles). Raises TypeError when the module has no
     ``layers``/``norm`` (not a transformers decoder stack)."""
     if not isinstance(getattr(language_model, "layers", None), nn.ModuleList) or not hasattr(language_model, "norm"):
-        raise TypeError(f"expected a transformers decoder stack with .layers and .norm, got {type(language_model).__name__}")
+        raise TypeError("expected a transformers decoder stack with .layers and .norm, "
+                        f"got {type(language_model).__name__}")
     for layer in language_model.layers:
         layer.compile(dynamic=dynamic)
     language_model.norm.compile(dynamic=dynamic)

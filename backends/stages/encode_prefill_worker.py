@@ -55,7 +55,8 @@ class EncodePrefillWorker:
     def runner(self) -> ModelRunner:
         if self._runner is None:
             kv = shared_tensor.open_("kv_pool").tensor  # [layers, 2, pages, page_size, kv_heads, head_dim]
-            backend = make_backend(self.attention_backend, self.model.config, kv.shape[3], self.model.dtype, self.device)
+            backend = make_backend(self.attention_backend, self.model.config, kv.shape[3], self.model.dtype,
+                                   self.device)
             self._runner = ModelRunner(self.model, kv, kv.shape[3], backend)
         return self._runner
 
