@@ -49,13 +49,13 @@ class ServerPorts:
 
     @classmethod
     def unused(cls, address: str = "127.0.0.1") -> "ServerPorts":
-        """Three ports the kernel reports free on ``address`` now (tests and benchmarks beside other servers)."""
-        def free_port() -> int:
-            with socket.socket() as probe:
+        """Three distinct ports the kernel reports free on ``address`` now (tests and benchmarks beside other
+        servers); all three are held while picking, so none is handed out twice."""
+        with contextlib.ExitStack() as stack:
+            probes = [stack.enter_context(socket.socket()) for _ in range(3)]
+            for probe in probes:
                 probe.bind((address, 0))
-                return probe.getsockname()[1]
-
-        return cls(free_port(), free_port(), free_port(), address)
+            return cls(*(probe.getsockname()[1] for probe in probes), address)
 
     def check_free(self) -> None:
         """Raises RuntimeError naming the first port another process holds on ``address``."""
