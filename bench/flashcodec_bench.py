@@ -185,7 +185,7 @@ def methods(device: torch.device, smoke: bool) -> dict:
             return NvdecDecoder(gpu, fallback=CpuDecoder(paths=paths), paths=paths)
 
         found["flashcodec_nvdec"] = (flashcodec_nvdec, lambda d, p, i: d.decode(p, i), True)
-        found["nvdec_one_session"] = (dict, lambda d, p, i: nvdec_one_session(d, p, i, gpu), True)
+        found["nvdec_one_session"] = (dict, lambda d, p, i: nvdec_one_session(d, p, i, gpu), False)
     return found
 
 

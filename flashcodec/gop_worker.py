@@ -16,7 +16,7 @@ import sys
 import numpy as np
 
 from flashcodec.errors import MediaError
-from flashcodec.gop_reader import DemuxMismatch, GopReader
+from flashcodec.gop_reader import DemuxMismatch, ReaderCache
 
 READERS = 4  # open containers kept (concurrent requests interleave their tasks)
 
@@ -27,11 +27,11 @@ def serve(fd: int, threads: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and closes the pool
     conn, raw = multiprocessing.connection.Connection(fd), socket.socket(fileno=os.dup(fd))
     conn.send(("ready", tuple(sys.version_info[:2])))
-    readers: dict[tuple, GopReader] = {}
+    readers = ReaderCache(threads, READERS)
     while (message := receive(conn)) is not None:
         task_id, path, job = message
         try:
-            reader = _reader(readers, path, threads)
+            reader = readers.get(path)
             for part, frames in enumerate(reader.run(job)):
                 conn.send(("part", task_id, part, [None if f is None else f.shape for f in frames]))
                 for frame in frames:
@@ -40,8 +40,6 @@ def serve(fd: int, threads: int) -> None:
             conn.send(("done", task_id))
         except Exception as exc:  # report and stay alive for the next task
             conn.send(_error(task_id, exc))
-            for reader in readers.values():  # one may have stopped mid-segment: start the next job clean
-                reader.close()
             readers.clear()
 
 
@@ -51,29 +49,6 @@ def _error(task_id: int, exc: Exception) -> tuple:
     if isinstance(exc, DemuxMismatch):
         return "mismatch", task_id, str(exc)
     return "error", task_id, f"{type(exc).__name__}: {exc}"
-
-
-def _identity(path: str) -> tuple | None:
-    try:
-        stat = os.stat(path)
-    except OSError:
-        return None
-    return path, stat.st_mtime_ns, stat.st_size  # a path rewritten since is another file
-
-
-def _reader(readers: dict[tuple, GopReader], path: str, threads: int) -> GopReader:
-    """A reader of `path` from `readers` (most recent last) or a new one. Readers of files deleted or rewritten
-    since are closed: an open file kept in /dev/shm would hold its memory."""
-    for key in [k for k in readers if _identity(k[0]) != k]:
-        readers.pop(key).close()
-    key = _identity(path)
-    if key is None:
-        raise MediaError(f"video: the file {path} is gone")
-    reader = readers.pop(key, None) or GopReader(path, threads)
-    readers[key] = reader
-    if len(readers) > READERS:
-        readers.pop(next(iter(readers))).close()
-    return reader
 
 
 def receive(conn: multiprocessing.connection.Connection):

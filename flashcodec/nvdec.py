@@ -1,17 +1,19 @@
 """NVDEC decoding through PyNvVideoCodec 2.x: one video's GOP tasks on the decoder sessions of one or more GPUs.
 
 Imports without PyNvVideoCodec or a GPU (the library is imported when a decoder is built). Each session is a
-`SimpleDecoder` (RGB planar output in GPU memory) owned by one thread, and each thread is bound to one GPU for
-its life; all threads take GOP tasks (`gop_plan`) from one shared queue, so a free session on any GPU takes the
-next task of any video (FlashCodec's GOP i -> GPU i mod N, without its stalls behind a slow GPU), and frames
-stream back in order (`gop_plan.frames_in_order`) on one output device, peer-copied there from the GPU that
-decoded them. Each GOP is entered at its keyframe, so SimpleDecoder's seek lands on it and its frame count starts
-there. `unsupported_reason` sends to the CPU decoder given as `fallback`: streams NVDEC cannot take (codec,
-chroma format, bit depth or size outside `GetDecoderCaps` of any of the GPUs, e.g. 4:4:4 H.264 or AV1 on
-H100/H200), open GOPs and uneven frame timing (SimpleDecoder addresses frames by index); so do NVDEC errors,
-including a returned frame whose PTS is not the one asked for. Every fallback is logged at WARNING with its
-reason, kept in `NvdecDecoder.fallbacks` and counted per reason in `DecodePaths`; the video is counted under the
-path that decoded it.
+`CreateDecoder` session (RGB planar output in GPU memory) owned by one thread, and each thread is bound to one
+GPU for its life; all threads take GOP tasks (`gop_plan`) from one shared queue, so a free session on any GPU
+takes the next task of any video (FlashCodec's GOP i -> GPU i mod N, without its stalls behind a slow GPU), and
+frames stream back in order (`gop_plan.frames_in_order`) on one output device, peer-copied there from the GPU
+that decoded them. A task's packets are read with PyAV and fed one by one (`gop_reader.GopReader` with
+`nvdec_session.NvdecPackets`): from each GOP's keyframe up to its last sampled frame, leaving out disposable
+pictures that are not sampled, which NVDEC then never decodes (about half the frames of a B-frame stream).
+`unsupported_reason` sends to the CPU decoder given as `fallback`: streams NVDEC cannot take (codec, chroma
+format, bit depth or size outside `GetDecoderCaps` of any of the GPUs, e.g. 4:4:4 H.264 or AV1 on H100/H200)
+and packets without unique timestamps (frames are matched by PTS); so do NVDEC errors, including a sampled
+frame NVDEC never returned. Every fallback is logged at WARNING with its reason, kept in
+`NvdecDecoder.fallbacks` and counted per reason in `DecodePaths`; the video is counted under the path that
+decoded it.
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ import logging
 import os
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Iterator, Sequence
@@ -29,13 +31,16 @@ import torch
 from flashcodec.decoders import CpuDecoder, DecodePaths, FrameDecoder
 from flashcodec.gop import BitstreamMap, map_for_indices
 from flashcodec.gop_plan import MAX_GOP_SIZE, DecodeTask, frames_in_order, plan_gop_tasks
+from flashcodec.gop_reader import GopJob, ReaderCache
+from flashcodec.nvdec_session import NvdecPackets
 from flashcodec.parallel import as_file
-from flashcodec.probe import Source, open_container
+from flashcodec.probe import Source
 
 log = logging.getLogger(__name__)
 DEFAULT_SESSIONS = 7  # NVDEC engines on an H100/H200 (A100: 5); one session keeps one engine busy
 FIRST_GPU = "first_gpu"  # NvdecDecoder's output_device by default: the first of its gpu_ids
 FALLBACKS_KEPT = 100  # NvdecDecoder.fallbacks: the latest videos sent to the CPU, with their reasons
+FORMATS_KEPT = 2  # decoder sessions per thread, one per stream format (codec, size, pixel format)
 # Member names of PyNvVideoCodec's pybind11 enums (PyNvDecoder.cpp `ENUM_VALUE(cudaVideoChromaFormat, 420)`;
 # its samples compare `str(ChromaFormat())` with "cudaVideoChromaFormat.420"): not the C names' YUV420.
 CODECS = {"h264": "H264", "hevc": "HEVC", "vp9": "VP9", "av1": "AV1"}  # FFmpeg name -> cudaVideoCodec member
@@ -47,7 +52,7 @@ class NvdecUnavailable(RuntimeError):
 
 
 class NvdecError(RuntimeError):
-    """NVDEC failed on a stream, or returned a frame other than the one asked for; the video goes to the CPU."""
+    """NVDEC failed on a stream, or did not return a sampled frame; the rest of the video goes to the CPU."""
 
 
 def _chroma(pix_fmt: str) -> str:
@@ -80,28 +85,7 @@ def unsupported_reason(bmap: BitstreamMap, caps: dict | None, caps_error: str = 
             "height_max", 0)) or -(-w // 16) * -(-h // 16) > caps.get("mb_num_max", 1 << 31):
         return (f"{fmt} size outside this GPU's NVDEC limits ({caps.get('width_min', 0)}x{caps.get('height_min', 0)}"
                 f" to {caps['width_max']}x{caps.get('height_max', 0)}, {caps.get('mb_num_max')} macroblocks)")
-    if any(g.open for g in bmap.gops):
-        # after a seek SimpleDecoder drops the leading frames and counts from the keyframe's decode-order index,
-        # so every frame of an open GOP comes back shifted (PyNvVideoCodec SeekUtils::GetFramesByIdxList)
-        return "open GOPs (SimpleDecoder's frame indices are shifted after a seek into one)"
-    ticks = sorted(bmap.packet_pts)
-    steps = [b - a for a, b in zip(ticks, ticks[1:])] or [0]
-    if max(steps) - min(steps) > 1:  # one tick of rounding (30 fps in milliseconds) still rounds to the frame
-        return "frame timing is uneven (SimpleDecoder addresses frames by time x rate)"
     return ""
-
-
-def _file_key(path: str) -> tuple:
-    """What tells a file apart from an earlier one at the same path (a session must reopen a changed file)."""
-    st = os.stat(path)
-    return path, st.st_ino, st.st_size, st.st_mtime_ns
-
-
-def _needs_scan(path: str) -> bool:
-    """Whether the container states no frame count (WebM/MKV): SimpleDecoder must then count the packets
-    (`need_scanned_stream_metadata`), or it takes the file for an elementary stream and refuses it."""
-    with open_container(path) as container:
-        return not container.streams.video[0].frames
 
 
 def load_pynvvideocodec(gpu_ids: Sequence[int]):
@@ -133,8 +117,8 @@ def interleave(sessions: dict[int, int]) -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class SessionStats:
-    """One NVDEC session's work so far: the GPU it decodes on, tasks run, frames returned, packets its tasks cover
-    (about the frames NVDEC decoded), seconds busy (wall clock)."""
+    """One NVDEC session's work so far: the GPU it decodes on, tasks run, frames returned, packets fed to NVDEC
+    (the pictures it decoded), seconds busy (wall clock)."""
 
     gpu: int
     tasks: int
@@ -188,7 +172,7 @@ class NvdecDecoder:
         self.fallback, self.paths = fallback or CpuDecoder(), paths or DecodePaths()
         self.fallbacks: deque[tuple[str, str]] = deque(maxlen=FALLBACKS_KEPT)
         self._threads = 0  # threads made so far: the next one serves session_gpus[_threads]
-        self._local = threading.local()  # this thread's GPU, and its sessions: need_scanned -> (decoder, file)
+        self._local = threading.local()  # this thread's GPU, its decoder sessions by format, its open files
         self._stats: dict[str, SessionStats] = {}
         # its one work queue is the shared queue: whichever session is free, on any GPU, takes the next task
         self._executor = ThreadPoolExecutor(self.sessions, thread_name_prefix="nvdec", initializer=self._bind_thread)
@@ -265,9 +249,8 @@ class NvdecDecoder:
         tasks = plan_gop_tasks(bmap, indices, self.max_gop_size, self.sessions)
         done = 0
         with as_file(source) as path:
-            scan = _needs_scan(path)
             try:
-                for frame in frames_in_order(tasks, indices, lambda t: self._submit(path, scan, bmap, t), self.window):
+                for frame in frames_in_order(tasks, indices, lambda t: self._submit(path, bmap, t), self.window):
                     yield frame
                     done += 1
             except NvdecError as exc:
@@ -283,68 +266,51 @@ class NvdecDecoder:
         for frame in self.fallback.decode(source, indices):
             yield torch.from_numpy(frame).permute(2, 0, 1).to(device, non_blocking=True)
 
-    def _submit(self, path: str, scan: bool, bmap: BitstreamMap, task: DecodeTask) -> list[Future]:
+    def _submit(self, path: str, bmap: BitstreamMap, task: DecodeTask) -> list[Future]:
         futures = [Future() for _ in task.parts]
-        self._executor.submit(self._run, path, scan, bmap, task, futures)
+        self._executor.submit(self._run, path, bmap, task, futures)
         return futures
 
-    def _session(self, path: str, scan: bool):
-        """This thread's SimpleDecoder, on this thread's GPU, set to `path` (reconfigured when it held another
-        file)."""
-        sessions = getattr(self._local, "sessions", None)
-        if sessions is None:
-            sessions = self._local.sessions = {}
-        decoder, held = sessions.pop(scan, (None, None))
-        key = _file_key(path)
-        if decoder is None:
-            decoder = self.nvc.SimpleDecoder(path, gpu_id=self._local.gpu, use_device_memory=True,
-                                             need_scanned_stream_metadata=scan,
-                                             output_color_type=self.nvc.OutputColorType.RGBP)
-        elif held != key:
-            decoder.reconfigure_decoder(path)  # reuses the session's NVDEC decoder when the format allows
-        sessions[scan] = (decoder, key)  # put back only once set up: a session that failed is rebuilt
-        return decoder
+    def _session(self, bmap: BitstreamMap):
+        """This thread's decoder session for `bmap`'s stream format, on this thread's GPU; sessions are kept per
+        format (at most FORMATS_KEPT, least recently used dropped), so a thread alternating between two videos
+        does not rebuild its session each time."""
+        sessions = self._local.__dict__.setdefault("sessions", OrderedDict())
+        info = bmap.info
+        key = (info.codec, info.coded_width, info.coded_height, bmap.pix_fmt)
+        session = sessions.pop(key, None)
+        if session is None:
+            nvc = self.nvc
+            session = nvc.CreateDecoder(gpuid=self._local.gpu, codec=getattr(nvc.cudaVideoCodec, CODECS[info.codec]),
+                                        usedevicememory=True, outputColorType=nvc.OutputColorType.RGBP)
+        sessions[key] = session  # put back only once made: a session that failed is rebuilt
+        while len(sessions) > FORMATS_KEPT:
+            sessions.popitem(last=False)
+        return session
 
-    def _hand_over(self, view: torch.Tensor, clockwise: int) -> torch.Tensor:
-        """A decoded frame (`view`: 3xHxW uint8 on the decoding GPU) as a tensor of its own, upright, on the output
-        device (else where it is); the peer copy is queued on the decoding GPU's stream: the caller waits for it."""
-        if clockwise:
-            view = torch.rot90(view, k=-clockwise, dims=(1, 2)).contiguous()  # new memory, on the decoding GPU
-        return view.to(self.output_device or view.device, non_blocking=True, copy=not clockwise)
-
-    def _run(self, path: str, scan: bool, bmap: BitstreamMap, task: DecodeTask, futures: list[Future]) -> None:
+    def _run(self, path: str, bmap: BitstreamMap, task: DecodeTask, futures: list[Future]) -> None:
         """One task on this thread's session: each part's frames into its future, in order."""
         if not any([f.set_running_or_notify_cancel() for f in futures]):
             return  # its video's consumer has gone
-        start, frames, part = time.perf_counter(), 0, 0
-        clockwise = bmap.info.rotation // 90
-        entered: set[int] = set()  # keyframes (presentation indices) of the GOPs this task has started
+        start, frames, part, fed = time.perf_counter(), 0, 0, 0
+        readers = self._local.__dict__.setdefault("readers", ReaderCache())
         try:
-            decoder = self._session(path, scan)
-            if len(decoder) != bmap.info.num_frames:  # its indices would not be ours
-                raise NvdecError(f"SimpleDecoder counts {len(decoder)} frames, the GOP map {bmap.info.num_frames}")
-            for part, future in enumerate(futures):
-                wanted = task.parts[part].frames
-                keys = {bmap.gop_of_frame(f).key_frame for f in wanted} - entered
-                entered |= keys
-                asked = sorted(set(wanted) | keys)
-                decoded = list(decoder.get_batch_frames_by_index(asked))
-                if len(decoded) != len(asked):
-                    raise NvdecError(f"NVDEC returned {len(decoded)} of {len(asked)} frames")
-                for frame, index in zip(decoded, asked):
-                    expected = bmap.packet_pts[bmap.frame_packet[index]]
-                    if frame.getPTS() != expected:
-                        raise NvdecError(f"NVDEC returned PTS {frame.getPTS()} for frame {index} (PTS {expected})")
-                by_index = dict(zip(asked, decoded))
-                views = [torch.from_dlpack(by_index[index]) for index in wanted]  # surfaces the next call reuses
-                out = [self._hand_over(view, clockwise) for view in views]
-                for device in {views[0].device, out[0].device}:  # the consumer is another thread
-                    if device.type == "cuda":
-                        torch.cuda.current_stream(device).synchronize()
+            reader = readers.get(path)
+            packets = NvdecPackets(self.nvc, self._session(bmap), reader.stream, bmap.info.rotation // 90,
+                                   self.output_device)
+            for part, out in enumerate(reader.run(GopJob.of(bmap, task), packets)):
+                if any(frame is None for frame in out):
+                    raise NvdecError(f"NVDEC returned no frame for some of {task.parts[part].frames[:4]}...")
+                for stream_device in packets.decoded_on | {out[0].device}:  # the consumer is another thread
+                    if stream_device.type == "cuda":
+                        torch.cuda.current_stream(stream_device).synchronize()
                 frames += len(out)
-                future.set_result(out)
+                futures[part].set_result(out)
+            fed = packets.fed
         except Exception as exc:
-            getattr(self._local, "sessions", {}).pop(scan, None)  # in an unknown state: the next task builds anew
+            # in an unknown state: the next task builds anew
+            self._local.__dict__.pop("sessions", None)
+            readers.clear()
             error = exc if isinstance(exc, NvdecError) else NvdecError(f"NVDEC: {type(exc).__name__}: {exc}")
             for future in futures[part:]:
                 if not future.done():
@@ -353,6 +319,5 @@ class NvdecDecoder:
             name = threading.current_thread().name
             with self._lock:
                 old = self._stats.get(name, SessionStats(self._local.gpu, 0, 0, 0, 0.0))
-                self._stats[name] = SessionStats(old.gpu, old.tasks + 1, old.frames + frames,
-                                                 old.packets + task.num_packets,
+                self._stats[name] = SessionStats(old.gpu, old.tasks + 1, old.frames + frames, old.packets + fed,
                                                  old.busy_s + time.perf_counter() - start)

