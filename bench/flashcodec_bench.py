@@ -13,7 +13,8 @@ its threads on all cores, and (smoke only) PyAV sequential. A full run takes abo
 host; `--videos` splits it across calls. Every method ends with the Qwen2.5-VL patches of all sampled
 frames on the device (`resize_frames` + `normalize` + `patchify_group`), synchronised. Writes
 `<out>/flashcodec_bench.json` (device, date, versions, per video and method: seconds, frames/s, peak GPU
-memory, NVDEC per-session frames/s, the decode paths that really ran and every fallback with its reason) and
+memory a run takes and memory the decoder holds between runs (its sessions), NVDEC per-session frames/s, the
+decode paths that really ran and every fallback with its reason) and
 `<out>/flashcodec_bench.png`; `--decode-only` times decoding alone (`flashcodec_bench_decode_only.*`).
 A FlashCodec method whose videos went to another path (NVDEC falling back to the CPU) is not reported under
 its name but as `<method>_FELL_BACK_TO_<paths>`, and the run exits with status 1.
@@ -135,16 +136,27 @@ def nvdec_one_session(sessions: dict, path: Path, indices, gpu: int):
     return (frames[i] for i in indices)
 
 
+def device_memory_used(device: torch.device) -> int:
+    """Bytes in use on `device` by every allocator (NVDEC surfaces too), after torch's cache is emptied (blocks
+    torch keeps from earlier runs would otherwise hide what a run takes); 0 off the GPU."""
+    if device.type != "cuda":
+        return 0
+    torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()
+    free, total = torch.cuda.mem_get_info(device)
+    return total - free
+
+
 class PeakMemory:
-    """Peak device memory in use (bytes, all allocators: NVDEC surfaces too) while the block runs."""
+    """Peak device memory taken (bytes, all allocators: NVDEC surfaces too) while the block runs, above what was
+    in use when it started (`base`, measured with torch's cache emptied)."""
 
     def __init__(self, device: torch.device):
-        self.device, self.peak, self._stop = device, 0, threading.Event()
+        self.device, self.peak, self.base, self._stop = device, 0, 0, threading.Event()
 
     def __enter__(self):
         if self.device.type == "cuda":
-            free, total = torch.cuda.mem_get_info(self.device)
-            self.base = total - free
+            self.base = device_memory_used(self.device)
             self._thread = threading.Thread(target=self._poll, daemon=True)
             self._thread.start()
         return self
@@ -211,6 +223,7 @@ def run(args) -> dict:
         for method, (make, frames, warm) in table.items():
             if args.methods and method not in args.methods:
                 continue
+            idle = device_memory_used(device)
             decoder = make()
             try:
                 paths = getattr(decoder, "paths", None)
@@ -228,8 +241,8 @@ def run(args) -> dict:
                 best = min(times)
                 entry["methods"][label] = {
                     "seconds": times, "best_s": best, "sampled_frames_per_s": len(plan.frame_indices) / best,
-                    "peak_gpu_bytes": memory.peak, "decode_paths": used, **fallbacks(decoder),
-                    **session_rates(decoder)}
+                    "peak_gpu_bytes": memory.peak, "held_gpu_bytes": memory.base - idle, "decode_paths": used,
+                    **fallbacks(decoder), **session_rates(decoder)}
                 results["fell_back"] |= label != method
                 print(f"{name:20s} {label:20s} {best:8.2f} s  paths {used}", flush=True)
             finally:

@@ -1,24 +1,23 @@
 """NVDEC decoding through PyNvVideoCodec 2.x: one video's GOP tasks on the decoder sessions of one or more GPUs.
 
 Imports without PyNvVideoCodec or a GPU (the library is imported when a decoder is built). Each session is a
-`CreateDecoder` session (NV12/P016 output in GPU memory, made RGB by `nvdec_session.yuv_to_rgb`) owned by one thread, and each thread is bound to one
-GPU for its life; all threads take GOP tasks (`gop_plan`) from one shared queue, so a free session on any GPU
-takes the next task of any video (FlashCodec's GOP i -> GPU i mod N, without its stalls behind a slow GPU), and
-frames stream back in order (`gop_plan.frames_in_order`) on one output device, peer-copied there from the GPU
-that decoded them. A task's packets are read with PyAV and fed one by one (`gop_reader.GopReader` with
-`nvdec_session.NvdecPackets`): from each GOP's keyframe up to its last sampled frame, leaving out disposable
-pictures that are not sampled, which NVDEC then never decodes (about half the frames of a B-frame stream).
-`unsupported_reason` sends to the CPU decoder given as `fallback`: streams NVDEC cannot take (codec, chroma
-format, bit depth or size outside `GetDecoderCaps` of any of the GPUs, e.g. 4:4:4 H.264 or AV1 on H100/H200)
-and packets without unique timestamps (frames are matched by PTS); so do NVDEC errors, including a sampled
-frame NVDEC never returned. Every fallback is logged at WARNING with its reason, kept in
-`NvdecDecoder.fallbacks` and counted per reason in `DecodePaths`; the video is counted under the path that
-decoded it.
+`CreateDecoder` session (NV12/P016 output in GPU memory, made RGB by `nvdec_session.yuv_to_rgb`) owned by one
+thread, and each thread is bound to one GPU for its life; all threads take GOP tasks (`gop_plan`) from one shared
+queue, so a free session on any GPU takes the next task of any video (FlashCodec's GOP i -> GPU i mod N, without its
+stalls behind a slow GPU), and frames stream back in order (`gop_plan.frames_in_order`) on one output device,
+peer-copied there from the GPU that decoded them. A task's packets are read with PyAV and fed one by one
+(`gop_reader.GopReader` with `nvdec_session.NvdecPackets`): from each GOP's keyframe up to its last sampled frame,
+leaving out disposable pictures that are not sampled, which NVDEC then never decodes (about half the frames of a
+B-frame stream). `unsupported_reason` sends to the CPU decoder given as `fallback`: streams NVDEC cannot take
+(codec, chroma format, bit depth or size outside `GetDecoderCaps` of any of the GPUs, e.g. 4:4:4 H.264 or AV1 on
+H100/H200) and packets without unique timestamps (frames are matched by PTS); so do NVDEC errors, including a
+sampled frame NVDEC never returned. Every fallback is logged at WARNING with its reason, kept in
+`NvdecDecoder.fallbacks` and counted per reason in `DecodePaths`; the video is counted under the path that decoded
+it.
 """
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections import OrderedDict, deque

