@@ -40,7 +40,8 @@ class TritonPythonModel:
             page_size=triton_io.int_parameter(params, "kv_page_size"),
             max_batch=triton_io.int_parameter(params, "max_batch"),
             attention_backend=params.get("attention_backend", "auto"),
-            cuda_graphs=params.get("cuda_graphs", "auto"), on_step=on_step)
+            cuda_graphs=params.get("cuda_graphs", "auto"), on_step=on_step,
+            compile_layers=params.get("compile_layers", "auto"))
         # finalize() comes only once the stream below has its final flag: end it when the server stops.
         self.watch = StopWatch(self.worker.end_stream)
 
