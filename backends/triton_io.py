@@ -70,6 +70,23 @@ def int_parameter(params: dict[str, str], key: str, default: int | None = None) 
     return int_value(key, params[key])
 
 
+def gpus_value(key: str, value: str) -> str | list[int] | None:
+    """A GPU-set parameter: "own" (the instance's GPU alone) -> None, "all" -> "all" (every GPU the process sees,
+    its own first), "0,1" -> [0, 1]. Raises ValueError naming the parameter and the value."""
+    text = value.strip().lower()
+    if text in ("", "own"):
+        return None
+    if text == "all":
+        return "all"
+    try:
+        ids = [int(part) for part in text.split(",")]
+    except ValueError:
+        ids = []
+    if not ids or min(ids) < 0 or len(set(ids)) != len(ids):
+        raise ValueError(f'parameter {key} must be "own", "all" or distinct GPU ids like "0,1", got {value!r}')
+    return ids
+
+
 def _array(request, name: str):
     tensor = pb().get_input_tensor_by_name(request, name)
     return None if tensor is None else tensor.as_numpy()

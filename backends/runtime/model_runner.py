@@ -23,6 +23,7 @@ from backends.runtime.context import ForwardContext, forward_context, get_forwar
 from backends.runtime.cuda_graphs import DecodeGraphs
 from backends.runtime.kv_cache import head_dim
 from backends.runtime.lm_compile import compile_decoder_layers
+from backends.runtime.vision_parallel import VisionReplicas
 from backends.runtime.vision_speed import compile_vision_blocks, pad_vision_mlp
 
 PAGED_ATTENTION = "unifiedserve_paged"
@@ -84,6 +85,8 @@ class ModelRunner:
     ``compile_vision`` on a CUDA model ``torch.compile``d blocks (compiled by the first ``encode``).
     ``compile_language_model``: the decoder layers' small ops fused by ``torch.compile`` around the paged
     attention call (``backends.runtime.lm_compile``; compiled by the first step of each shape).
+    ``vision_devices``: more devices, each with a copy of the vision tower, over which :meth:`encode_many`
+    spreads a step's items (``backends.runtime.vision_parallel``: vision data parallel).
     ``kv_cache`` is the pool ``[layers, 2, pages, page_size, kv_heads, head_dim]`` on the model's device
     in the model's dtype (ValueError otherwise). No method records autograd. ``encode``/``embed`` return
     ordinary tensors, which the caller may write into (visual embeddings into a prompt's embeddings);
@@ -92,7 +95,8 @@ class ModelRunner:
     """
 
     def __init__(self, model: Qwen2_5_VLForConditionalGeneration, kv_cache: torch.Tensor, page_size: int,
-                 backend: AttentionBackend, compile_vision: bool = True, compile_language_model: bool = False) -> None:
+                 backend: AttentionBackend, compile_vision: bool = True, compile_language_model: bool = False,
+                 vision_devices: Sequence[torch.device] = ()) -> None:
         text = model.config.text_config
         expected = (text.num_hidden_layers, 2, page_size, text.num_key_value_heads, head_dim(model.config))
         got = (kv_cache.shape[0], kv_cache.shape[1], *kv_cache.shape[3:])
@@ -114,8 +118,13 @@ class ModelRunner:
         self._language_model.set_attn_implementation(PAGED_ATTENTION)
         use_varlen_vision_attention(self._visual)
         pad_vision_mlp(self._visual)
-        if compile_vision and self.device.type == "cuda":
-            compile_vision_blocks(self._visual)
+
+        def prepare(tower: torch.nn.Module) -> None:
+            if compile_vision and next(tower.parameters()).device.type == "cuda":
+                compile_vision_blocks(tower)
+
+        self.vision = VisionReplicas(self._visual, vision_devices, prepare, self._encode_on) if vision_devices else None
+        prepare(self._visual)
         if compile_language_model:
             compile_decoder_layers(self._language_model)
 
@@ -129,14 +138,33 @@ class ModelRunner:
         attends within each temporal patch, so encoding a video group by group gives the same result.
         Raises ValueError when the row count does not match ``grid_thw``.
         """
+        self._check_grid(pixel_values, grid_thw)
+        return self._encode_on(self._visual, pixel_values, grid_thw)
+
+    @torch.no_grad()
+    def encode_many(self, items: Sequence[tuple[torch.Tensor, tuple[int, int, int]]]) -> list[torch.Tensor]:
+        """:meth:`encode` of each ``(pixel_values, grid_thw)``, in order, on the model's device; spread over the
+        vision towers of ``vision_devices`` when there are any. Raises ValueError as :meth:`encode` does."""
+        for pixel_values, grid_thw in items:
+            self._check_grid(pixel_values, grid_thw)
+        if self.vision is None:
+            return [self._encode_on(self._visual, p, g) for p, g in items]
+        return self.vision.encode_many(items, self.device)
+
+    def _check_grid(self, pixel_values: torch.Tensor, grid_thw: tuple[int, int, int]) -> None:
         t, h, w = grid_thw
         merge = self._visual.spatial_merge_size
         if pixel_values.dim() != 2 or pixel_values.shape[0] != t * h * w or h % merge or w % merge:
             raise ValueError(f"pixel_values {tuple(pixel_values.shape)} do not fit grid_thw {grid_thw} "
                              f"(need t*h*w rows and h, w divisible by {merge})")
-        grid = torch.tensor([grid_thw], dtype=torch.long, device=self.device)
-        out = self._visual(pixel_values.to(self.device, self.dtype), grid_thw=grid)
-        return out.pooler_output
+
+    @torch.no_grad()
+    def _encode_on(self, tower: torch.nn.Module, pixel_values: torch.Tensor,
+                   grid_thw: tuple[int, int, int]) -> torch.Tensor:
+        """One item through ``tower``, on the tower's device."""
+        device = next(tower.parameters()).device
+        grid = torch.tensor([grid_thw], dtype=torch.long, device=device)
+        return tower(pixel_values.to(device, self.dtype), grid_thw=grid).pooler_output
 
     @torch.no_grad()
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:

@@ -17,6 +17,20 @@ def stage_device(value: str, instance_device_id: int = 0) -> torch.device:
     return device
 
 
+def helper_gpus(gpus: str | list[int] | None, own: torch.device) -> list[torch.device]:
+    """The GPUs besides ``own`` that a stage's helpers use, from a GPU-set parameter (``triton_io.gpus_value``):
+    None -> none; "all" -> every other GPU this process sees; ids -> those ids but ``own``'s. A CPU stage has
+    none. Raises ValueError for an id this process does not see."""
+    if gpus is None or own.type != "cuda":
+        return []
+    count = torch.cuda.device_count()
+    ids = range(count) if gpus == "all" else gpus
+    missing = [g for g in ids if not 0 <= g < count]
+    if missing:
+        raise ValueError(f"no CUDA GPU {missing[0]} (this process sees {count})")
+    return [torch.device("cuda", g) for g in ids if g != (own.index or 0)]
+
+
 def stage_setup(args: dict) -> tuple[dict[str, str], torch.device]:
     """For a stage's ``initialize(args)``: its config parameters and its device (``device`` parameter,
     see :func:`stage_device`); also turns on stack dumps to the server log."""

@@ -40,12 +40,15 @@ class PromptState:
 class EncodePrefillWorker:
     """Maps the KV pool (owner: decode) and the patch pool (owner: flashcodec) lazily, on first use.
 
-    ``attention_backend``: the prefill attention (see ``attention.make_backend``)."""
+    ``attention_backend``: the prefill attention (see ``attention.make_backend``); ``vision_devices``: more
+    devices with a copy of the vision tower, over which each step's encode work is spread (data parallel)."""
 
-    def __init__(self, spec: ModelSpec, device: torch.device, attention_backend: str = "auto"):
+    def __init__(self, spec: ModelSpec, device: torch.device, attention_backend: str = "auto",
+                 vision_devices: list[torch.device] | tuple = ()):
         self.model, tokenizer = load_model(spec)
         self.device = device
         self.attention_backend = attention_backend
+        self.vision_devices = list(vision_devices)
         self.eos_ids = eos_token_ids(tokenizer)
         self.prompts: dict[str, PromptState] = {}
         self._runner: ModelRunner | None = None
@@ -57,7 +60,7 @@ class EncodePrefillWorker:
             kv = shared_tensor.open_("kv_pool").tensor  # [layers, 2, pages, page_size, kv_heads, head_dim]
             backend = make_backend(self.attention_backend, self.model.config, kv.shape[3], self.model.dtype,
                                    self.device)
-            self._runner = ModelRunner(self.model, kv, kv.shape[3], backend)
+            self._runner = ModelRunner(self.model, kv, kv.shape[3], backend, vision_devices=self.vision_devices)
         return self._runner
 
     @property
@@ -70,8 +73,7 @@ class EncodePrefillWorker:
         """Run one step plan; returns ``{"first_tokens": [{"req", "token", "mrope_delta"}]}``."""
         for item in plan.get("new", []):
             self._register(item)
-        for work in plan.get("encode", []):
-            self._encode(work)
+        self._encode(plan.get("encode", []))
         first_tokens = self._prefill(plan.get("prefill", []))
         for req_id in plan.get("release", []):
             self.prompts.pop(req_id, None)
@@ -89,12 +91,14 @@ class EncodePrefillWorker:
         self.prompts[item["req"]] = PromptState(embeds, positions.to(self.device), int(delta),
                                                 SamplingParams(**item["sampling"]))
 
-    def _encode(self, work: dict) -> None:
-        state = self.prompts[work["req"]]
-        patches = read_group(self.patch_pool, work["pages"], work["num_patches"]).to(self.device)
-        embeds = self.runner.encode(patches, tuple(work["grid_thw"]))
-        start = work["token_offset"]
-        state.embeds[start:start + embeds.shape[0]] = embeds.to(state.embeds.dtype)
+    def _encode(self, works: list[dict]) -> None:
+        """The step's groups through the vision tower(s), each group's embeddings into its prompt's rows."""
+        if not works:
+            return
+        items = [(read_group(self.patch_pool, w["pages"], w["num_patches"]), tuple(w["grid_thw"])) for w in works]
+        for work, embeds in zip(works, self.runner.encode_many(items)):
+            state, start = self.prompts[work["req"]], work["token_offset"]
+            state.embeds[start:start + embeds.shape[0]] = embeds.to(state.embeds.dtype)
 
     def _prefill(self, works: list[dict]) -> list[dict]:
         if not works:

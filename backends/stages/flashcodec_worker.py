@@ -39,26 +39,9 @@ def plan_from_json(data: dict) -> VideoPlan | ImagePlan:
     return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k in fields})
 
 
-def parse_gpus(value: str) -> str | list[int] | None:
-    """The ``nvdec_gpus`` parameter: "own" (the stage's GPU alone) -> None, "all" -> "all" (every GPU this
-    process sees decodes, frames end on the stage's GPU), "0,1" -> [0, 1]. Raises ValueError naming the value."""
-    text = value.strip().lower()
-    if text in ("", "own"):
-        return None
-    if text == "all":
-        return "all"
-    try:
-        ids = [int(part) for part in text.split(",")]
-    except ValueError:
-        ids = []
-    if not ids or min(ids) < 0 or len(set(ids)) != len(ids):
-        raise ValueError(f'parameter nvdec_gpus must be "own", "all" or distinct GPU ids like "0,1", got {value!r}')
-    return ids
-
-
 class FlashCodecWorker:
     """``num_pages`` patch pages of ``page_size`` patch rows (1176 float32 values each). ``gpus``: the GPUs
-    whose NVDEC sessions decode each video (``parse_gpus``; default the stage's own GPU)."""
+    whose NVDEC sessions decode each video (``triton_io.gpus_value``; default the stage's own GPU)."""
 
     def __init__(self, device: torch.device, num_pages: int, page_size: int, threads: int,
                  gpus: str | list[int] | None = None):

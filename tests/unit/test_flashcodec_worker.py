@@ -82,11 +82,11 @@ def test_a_server_stop_ends_every_decode(worker, video):
     assert worker.free_pages.num_free == 3 and not worker.running
 
 
-def test_nvdec_gpus_parameter():
-    from backends.stages.flashcodec_worker import parse_gpus
+def test_gpu_set_parameters():
+    from backends.triton_io import gpus_value
 
-    assert parse_gpus("own") is None and parse_gpus("") is None and parse_gpus(" ALL ") == "all"
-    assert parse_gpus("1,0") == [1, 0]
+    assert gpus_value("nvdec_gpus", "own") is None and gpus_value("k", "") is None and gpus_value("k", " ALL ") == "all"
+    assert gpus_value("k", "1,0") == [1, 0]
     for bad in ("0,0", "-1", "gpu1", "1,,2"):
-        with pytest.raises(ValueError, match="nvdec_gpus"):
-            parse_gpus(bad)
+        with pytest.raises(ValueError, match="parameter nvdec_gpus must be"):
+            gpus_value("nvdec_gpus", bad)

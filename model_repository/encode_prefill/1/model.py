@@ -13,14 +13,15 @@ class TritonPythonModel:
     def initialize(self, args):
         from backends import triton_io
         from backends.runtime.loader import ModelSpec
-        from backends.stages.device import stage_setup
+        from backends.stages.device import helper_gpus, stage_setup
         from backends.stages.encode_prefill_worker import EncodePrefillWorker
 
         self.io = triton_io
         params, device = stage_setup(args)
         self.worker = EncodePrefillWorker(
             ModelSpec.from_parameters(params, device=str(device)), device,
-            attention_backend=params.get("attention_backend", "auto"))
+            attention_backend=params.get("attention_backend", "auto"),
+            vision_devices=helper_gpus(triton_io.gpus_value("vision_gpus", params.get("vision_gpus", "own")), device))
 
     def execute(self, requests):
         io, pb = self.io, self.io.pb()

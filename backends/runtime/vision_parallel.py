@@ -1,0 +1,87 @@
+"""Data-parallel vision encoding: one step's images and temporal-patch groups spread over copies of the vision
+tower on several devices (issue 5; the paper runs Qwen2.5-VL's small tower data parallel).
+
+Every item is encoded whole by one tower (the tower attends within an image or a temporal group, so an item
+never needs another device), and the items are dealt out largest first to the least loaded tower, load counted
+in patch rows. Each tower runs its items on its own thread, in order; the embeddings come back on the model's
+device in the order of the items. The copies are made from the prepared tower (varlen attention, padded MLP)
+and compiled the same way; a tower's first run is serialised with the others' first runs, since dynamo
+compiles on first use and is not meant to compile on several threads at once. Tensor parallelism for large
+towers (InternVL's 6B) is not built.
+"""
+from __future__ import annotations
+
+import copy
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, Sequence
+
+import torch
+from torch import nn
+
+Item = tuple[torch.Tensor, tuple[int, int, int]]  # pixel_values [t*h*w, 1176], grid_thw
+
+
+def deal(rows: Sequence[int], towers: int) -> list[list[int]]:
+    """Item indices per tower: largest first to the least loaded (patch rows), ties to the lowest tower.
+    Each tower's list is in item order."""
+    load, plan = [0] * towers, [[] for _ in range(towers)]
+    for item in sorted(range(len(rows)), key=lambda i: (-rows[i], i)):
+        tower = min(range(towers), key=lambda t: (load[t], t))
+        load[tower] += rows[item]
+        plan[tower].append(item)
+    return [sorted(items) for items in plan]
+
+
+class VisionReplicas:
+    """``visual`` (on the model's device) plus a copy on each of ``devices``.
+
+    ``prepare(tower)`` is applied to each copy once it is on its device (e.g. ``torch.compile`` of its blocks);
+    ``encode(tower, pixel_values, grid_thw)`` runs one item on one tower (on that tower's device) and returns
+    its embeddings ``[t*h*w / 4, hidden]``. Raises ValueError when a GPU would hold two towers.
+    """
+
+    def __init__(self, visual: nn.Module, devices: Sequence[torch.device], prepare: Callable[[nn.Module], None],
+                 encode: Callable[[nn.Module, torch.Tensor, tuple[int, int, int]], torch.Tensor]):
+        own = next(visual.parameters()).device
+        all_devices = [own, *(torch.device(d) for d in devices)]
+        gpus = [str(d) for d in all_devices if d.type == "cuda"]
+        if len(set(gpus)) != len(gpus):  # CPU towers may repeat: the CPU tests run two there
+            raise ValueError(f"one vision tower per GPU, got {[str(d) for d in all_devices]}")
+        self.devices = all_devices
+        self.towers = [visual] + [copy.deepcopy(visual).to(d) for d in all_devices[1:]]
+        for tower in self.towers[1:]:
+            prepare(tower)
+        self._encode = encode
+        self._executor = ThreadPoolExecutor(len(self.towers), thread_name_prefix="vision")
+        self._first_run = threading.Lock()
+        self._warm: set[int] = set()
+
+    def encode_many(self, items: Sequence[Item], out_device: torch.device) -> list[torch.Tensor]:
+        """Embeddings of each item (in order) on ``out_device``; items spread by :func:`deal`."""
+        plan = deal([int(p.shape[0]) for p, _ in items], len(self.towers))
+        futures = [self._executor.submit(self._run, t, [items[i] for i in indices], out_device)
+                   for t, indices in enumerate(plan) if indices]
+        results: list[torch.Tensor | None] = [None] * len(items)
+        for future, indices in zip(futures, [p for p in plan if p]):
+            for index, embeds in zip(indices, future.result()):
+                results[index] = embeds
+        return results
+
+    def _run(self, t: int, items: list[Item], out_device: torch.device) -> list[torch.Tensor]:
+        tower, device, out = self.towers[t], self.devices[t], []
+        for pixel_values, grid in items:
+            if t in self._warm:
+                embeds = self._encode(tower, pixel_values.to(device, non_blocking=True), grid)
+            else:
+                with self._first_run:
+                    embeds = self._encode(tower, pixel_values.to(device, non_blocking=True), grid)
+                    self._warm.add(t)
+            out.append(embeds.to(out_device, non_blocking=True))
+        for used in {device, torch.device(out_device)}:  # the caller reads these on another thread
+            if used.type == "cuda":
+                torch.cuda.current_stream(used).synchronize()
+        return out
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=True)
