@@ -5,14 +5,15 @@ Every item is encoded whole by one tower (the tower attends within an image or a
 never needs another device), and the items are dealt out largest first to the least loaded tower, load counted
 in patch rows. Each tower runs its items on its own thread, in order; the embeddings come back on the model's
 device in the order of the items. The copies are made from the prepared tower (varlen attention, padded MLP)
-and compiled the same way; a tower's first run is serialised with the others' first runs, since dynamo
-compiles on first use and is not meant to compile on several threads at once. Tensor parallelism for large
+and compiled the same way. The first call runs its items one after the other on the caller's thread: dynamo
+compiles on first use, and a thread compiling while another runs compiled code fails ("Detected that you are
+using FX to symbolically trace a dynamo-optimized function", H200, 2026-11-29); with dynamic shapes the later
+calls find compiled code. Tensor parallelism for large
 towers (InternVL's 6B) is not built.
 """
 from __future__ import annotations
 
 import copy
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Sequence
 
@@ -54,15 +55,20 @@ class VisionReplicas:
             prepare(tower)
         self._encode = encode
         self._executor = ThreadPoolExecutor(len(self.towers), thread_name_prefix="vision")
-        self._first_run = threading.Lock()
-        self._warm: set[int] = set()
+        self._warm = False  # every tower has run once (compiled)
 
     def encode_many(self, items: Sequence[Item], out_device: torch.device) -> list[torch.Tensor]:
         """Embeddings of each item (in order) on ``out_device``; items spread by :func:`deal`."""
         plan = deal([int(p.shape[0]) for p, _ in items], len(self.towers))
+        results: list[torch.Tensor | None] = [None] * len(items)
+        if not self._warm:  # every tower in turn, on this thread (one without items runs the first, to compile)
+            for t, indices in enumerate(plan):
+                for index, embeds in zip(indices, self._run(t, [items[i] for i in indices] or items[:1], out_device)):
+                    results[index] = embeds
+            self._warm = bool(items)
+            return results
         futures = [self._executor.submit(self._run, t, [items[i] for i in indices], out_device)
                    for t, indices in enumerate(plan) if indices]
-        results: list[torch.Tensor | None] = [None] * len(items)
         for future, indices in zip(futures, [p for p in plan if p]):
             for index, embeds in zip(indices, future.result()):
                 results[index] = embeds
@@ -71,12 +77,7 @@ class VisionReplicas:
     def _run(self, t: int, items: list[Item], out_device: torch.device) -> list[torch.Tensor]:
         tower, device, out = self.towers[t], self.devices[t], []
         for pixel_values, grid in items:
-            if t in self._warm:
-                embeds = self._encode(tower, pixel_values.to(device, non_blocking=True), grid)
-            else:
-                with self._first_run:
-                    embeds = self._encode(tower, pixel_values.to(device, non_blocking=True), grid)
-                    self._warm.add(t)
+            embeds = self._encode(tower, pixel_values.to(device, non_blocking=True), grid)
             out.append(embeds.to(out_device, non_blocking=True))
         for used in {device, torch.device(out_device)}:  # the caller reads these on another thread
             if used.type == "cuda":
