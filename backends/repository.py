@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from backends.replicas import REPLICATED_STAGES, replica_name
 from backends.triton_io import int_value
 
 REPOSITORY = Path(__file__).resolve().parent.parent / "model_repository"
@@ -116,22 +117,38 @@ def repository_with(target: Path, parameters: dict[str, dict[str, str]], source:
     """A copy of the model repository ``source`` in ``target`` (created; must not hold the models yet) with
     ``parameters[model][key]`` set in the models' config.pbtxt. Returns ``target``.
 
-    Other files are symbolic links to ``source``'s, so each model.py still finds the repo root through its
-    resolved path. Raises ValueError for a model not in ``source`` or a key its config does not declare.
+    When the orchestrator's ``replicas`` is N > 1, the copy also holds replicas 1 .. N-1 of the encode_prefill
+    and decode models (``backends/replicas.py``): the same configs and overrides under the names
+    ``<model>_r<k>``, with ``replica`` k. Other files are symbolic links to ``source``'s, so each model.py still
+    finds the repo root through its resolved path. Raises ValueError for a model not in ``source`` or a key its
+    config does not declare.
     """
     models = {d.name: d for d in _models(source)}
     unknown = sorted(set(parameters) - set(models))
     if unknown:
         raise ValueError(f"no model {', '.join(map(repr, unknown))} in {source}; models: {', '.join(models)}")
     for name, model_dir in models.items():
-        config = edited_config((model_dir / "config.pbtxt").read_text(), parameters.get(name, {}), name)
-        (target / name).mkdir(parents=True)
-        (target / name / "config.pbtxt").write_text(config)
-        for path in sorted(model_dir.rglob("*")):
-            copied = path == model_dir / "config.pbtxt"
-            if copied or not path.is_file() or "__pycache__" in path.parts:
-                continue
-            link = target / name / path.relative_to(model_dir)
-            link.parent.mkdir(parents=True, exist_ok=True)
-            link.symlink_to(path.resolve())
+        _write_model(target, model_dir, name, parameters.get(name, {}))
+    declared = model_parameters(source).get("orchestrator", {}).get("replicas", "1")
+    replicas = int(parameters.get("orchestrator", {}).get("replicas", declared))
+    for k in range(1, replicas):
+        for stage in REPLICATED_STAGES:
+            _write_model(target, models[stage], replica_name(stage, k), {**parameters.get(stage, {}), "replica": str(k)})
     return target
+
+
+def _write_model(target: Path, model_dir: Path, name: str, values: dict[str, str]) -> None:
+    """``model_dir`` as model ``name`` in ``target``: its config with ``values`` set (and ``name``), links to the
+    rest of its files."""
+    config = edited_config((model_dir / "config.pbtxt").read_text(), values, name)
+    config, renamed = re.subn(r'^name:\s*"[^"]*"', f'name: "{name}"', config, count=1, flags=re.MULTILINE)
+    if not renamed:
+        raise ValueError(f"{model_dir / 'config.pbtxt'} has no name line")
+    (target / name).mkdir(parents=True)
+    (target / name / "config.pbtxt").write_text(config)
+    for path in sorted(model_dir.rglob("*")):
+        if path == model_dir / "config.pbtxt" or not path.is_file() or "__pycache__" in path.parts:
+            continue
+        link = target / name / path.relative_to(model_dir)
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(path.resolve())

@@ -36,7 +36,7 @@ def parameters(args: dict) -> dict[str, str]:
 POSITIVE_INT_PARAMETERS = frozenset({
     "kv_pages", "kv_page_size", "max_batch",                          # decode
     "patch_pages", "patch_page_size", "decode_threads",               # flashcodec
-    "encode_budget", "prefill_budget", "max_model_len", "max_media_bytes", "max_prompt_bytes",  # orchestrator
+    "encode_budget", "prefill_budget", "max_model_len", "max_media_bytes", "max_prompt_bytes", "replicas",  # orch.
 })
 
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from backends import server_stop, shared_pages, shared_tensor
+from backends.replicas import replica_name
 from backends.runtime.kv_cache import RESERVED_KV_PAGES
 from backends.runtime.stopping import finish_reason
 from backends.runtime.tokenizer import eos_token_ids, load_tokenizer
@@ -34,6 +35,7 @@ from orchestrator.inputs import InputLimits, ParsedRequest
 from orchestrator.media import plan_media
 from orchestrator.pages import PageAllocator
 from orchestrator.prompt import Prompt, build_prompt
+from orchestrator.replica import Replica, choose
 from orchestrator.sampling_params import InvalidInput
 from orchestrator.scheduler import Scheduler, SchedulerConfig
 from orchestrator.sequence import Group, Sequence
@@ -46,19 +48,21 @@ SHUTTING_DOWN = "the server is shutting down"
 
 @dataclass(frozen=True)
 class OrchestratorConfig:
-    """From the orchestrator's model parameters. ``max_model_len``: prompt + output tokens per request."""
+    """From the orchestrator's model parameters. ``max_model_len``: prompt + output tokens per request;
+    ``replicas``: encode_prefill/decode replicas to drive (``backends/replicas.py``)."""
 
     scheduler: SchedulerConfig
     limits: InputLimits
     max_model_len: int
     model_path: str | None
+    replicas: int = 1
 
     @classmethod
     def from_parameters(cls, params: dict[str, str]) -> "OrchestratorConfig":
         scheduler = SchedulerConfig(encode_budget=int_parameter(params, "encode_budget", 10240),
                                     prefill_budget=int_parameter(params, "prefill_budget", 2048))
         return cls(scheduler, InputLimits.from_parameters(params), int_parameter(params, "max_model_len", 32768),
-                   params.get("model_path") or None)
+                   params.get("model_path") or None, int_parameter(params, "replicas", 1))
 
 
 @dataclass
@@ -79,6 +83,7 @@ class Active:
     req_id: str
     parsed: ParsedRequest
     prompt: Prompt
+    replica: Replica
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     media_tasks: list[asyncio.Task] = field(default_factory=list)
     groups_reported: dict[int, int] = field(default_factory=dict)  # per media item
@@ -97,35 +102,42 @@ class Orchestrator:
         self.tokenizer = load_tokenizer(config.model_path)
         self.eos_ids = eos_token_ids(self.tokenizer)
         self.active: dict[str, Active] = {}
-        self.scheduler: Scheduler | None = None
-        self._registered: set[str] = set()
-        self._released: list[str] = []
-        self._wake = asyncio.Event()
+        self.replicas: list[Replica] = []
         self._ready: asyncio.Future | None = None
         self._tasks: list[asyncio.Task] = []
         self.stopping = False  # the server is stopping: no new work, no BLS aborts
-        self.decode_ended: str | None = None  # why the decode stream has ended, once it has
 
     # ---- start-up: BLS is not allowed in initialize, so the pools and loops start on first use ----
     async def _start(self) -> None:
-        kv = await asyncio.to_thread(shared_tensor.describe, "kv_pool")        # [layers, 2, pages, page, h, d]
         patch = await asyncio.to_thread(shared_tensor.describe, "patch_pool")  # [pages, page, 1176]
-        self.kv_page_size, self.patch_page_size = kv["shape"][3], patch["shape"][1]
-        config = SchedulerConfig(self.config.scheduler.encode_budget, self.config.scheduler.prefill_budget,
-                                 self.config.scheduler.max_share, self.kv_page_size)
-        # The pool's last page is the runtime's scratch page (CUDA-graph padding rows write there).
-        self.kv_pages = PageAllocator(kv["shape"][2] - RESERVED_KV_PAGES, "kv")
+        self.patch_page_size = patch["shape"][1]
         # Patch pages are taken by flashcodec as groups are decoded; this process returns them.
         self.patch_pages = await asyncio.to_thread(shared_pages.SharedPageList.attach,
                                                    shared_pages.path_for("patch_pool"))
         assert self.patch_pages.num_total == patch["shape"][0], "patch pool and its free list disagree"
-        self.scheduler = Scheduler(config, self.kv_pages, self.patch_pages)
-        attached = asyncio.Event()
+        for index in range(self.config.replicas):
+            pool = replica_name("kv_pool", index)
+            try:
+                kv = await asyncio.to_thread(shared_tensor.describe, pool)  # [layers, 2, pages, page, h, d]
+            except TimeoutError as exc:
+                raise stages.StageError(f"replicas={self.config.replicas} but replica {index}'s KV pool {pool} "
+                                        "is not there: serve with the launcher, which writes the replicas' models "
+                                        f"({exc})") from exc
+            config = SchedulerConfig(self.config.scheduler.encode_budget, self.config.scheduler.prefill_budget,
+                                     self.config.scheduler.max_share, kv["shape"][3])
+            # The pool's last page is the runtime's scratch page (CUDA-graph padding rows write there).
+            kv_pages = PageAllocator(kv["shape"][2] - RESERVED_KV_PAGES, "kv")
+            self.replicas.append(Replica(index, kv_pages, Scheduler(config, kv_pages, self.patch_pages),
+                                         kv["shape"][3]))
         loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(self._follow_decode(attached)), loop.create_task(self._step_loop())]
-        await asyncio.wait_for(attached.wait(), timeout=60)
-        if self.decode_ended:
-            raise stages.StageError(self.decode_ended)
+        attached = [asyncio.Event() for _ in self.replicas]
+        for replica, event in zip(self.replicas, attached):
+            self._tasks += [loop.create_task(self._follow_decode(replica, event)),
+                            loop.create_task(self._step_loop(replica))]
+        await asyncio.wait_for(asyncio.gather(*(event.wait() for event in attached)), timeout=60)
+        for replica in self.replicas:
+            if replica.decode_ended:
+                raise stages.StageError(replica.decode_ended)
         self._update_gauges()
 
     async def ensure_started(self) -> None:
@@ -133,18 +145,18 @@ class Orchestrator:
             self._ready = asyncio.get_running_loop().create_task(self._start())
         await asyncio.shield(self._ready)
 
-    async def _follow_decode(self, attached: asyncio.Event) -> None:
+    async def _follow_decode(self, replica: Replica, attached: asyncio.Event) -> None:
         try:
-            await stages.decode_stream(self._on_decode_step, attached)
-            self.decode_ended = SHUTTING_DOWN  # the decode stage ends its stream only when the server stops
+            await stages.decode_stream(self._on_decode_step, attached, replica.decode)
+            replica.decode_ended = SHUTTING_DOWN  # the decode stage ends its stream only when the server stops
         except stages.StageError as exc:
-            self.decode_ended = SHUTTING_DOWN if self.stopping else str(exc)
+            replica.decode_ended = SHUTTING_DOWN if self.stopping else str(exc)
         finally:
             attached.set()  # _start must not wait for a stream that has ended
         for active in self.active.values():  # no more tokens will come
-            if active.in_decode and not active.decode_done:
+            if active.replica is replica and active.in_decode and not active.decode_done:
                 active.decode_done = True
-                active.events.put_nowait(Event("error", message=self.decode_ended))
+                active.events.put_nowait(Event("error", message=replica.decode_ended))
 
     # ---- stopping (the server's stop watch, then finalize) -------------------------------------------
     def stop_serving(self, on_drained: Callable[[], None]) -> None:
@@ -154,7 +166,8 @@ class Orchestrator:
         self.stopping = True
         for active in self.active.values():
             active.events.put_nowait(Event("error", message=SHUTTING_DOWN))
-        self._wake.set()
+        for replica in self.replicas:
+            replica.wake.set()
         asyncio.get_running_loop().create_task(self._drain(on_drained))
 
     async def _drain(self, on_drained: Callable[[], None]) -> None:
@@ -179,8 +192,8 @@ class Orchestrator:
 
     def _update_gauges(self) -> None:
         m = self.metrics
-        m.set("unifiedserve_kv_pages_free", self.kv_pages.num_free)
-        m.set("unifiedserve_kv_pages_total", self.kv_pages.num_total)
+        m.set("unifiedserve_kv_pages_free", sum(r.kv_pages.num_free for r in self.replicas))
+        m.set("unifiedserve_kv_pages_total", sum(r.kv_pages.num_total for r in self.replicas))
         m.set("unifiedserve_patch_pages_free", self.patch_pages.num_free)
         m.set("unifiedserve_patch_pages_total", self.patch_pages.num_total)
         m.set("unifiedserve_requests_running", len(self.active))
@@ -202,9 +215,10 @@ class Orchestrator:
                                           for m, p in zip(parsed.media, plans)])
         prompt.check_length(parsed.params.max_tokens, self.config.max_model_len)
         total = len(prompt.input_ids) + parsed.params.max_tokens
-        kv_needed = math.ceil(total / self.kv_page_size)
-        if kv_needed > self.kv_pages.num_total:
-            raise InvalidInput(f"request needs {kv_needed} KV pages, the pool has {self.kv_pages.num_total}")
+        kv_needed = max(math.ceil(total / r.kv_page_size) for r in self.replicas)
+        largest = max(r.kv_pages.num_total for r in self.replicas)
+        if kv_needed > largest:
+            raise InvalidInput(f"request needs {kv_needed} KV pages, the pool has {largest}")
         for item, m in enumerate(prompt.media):
             # One group is never split, so it must fit in the pool at once (then waiting for pages cannot deadlock).
             need = math.ceil(m.patches_per_group / self.patch_page_size)
@@ -215,18 +229,22 @@ class Orchestrator:
                     "pages (lower max_pixels)")
         if self.stopping:  # stop_serving ran while this request was being planned
             raise stages.StageError(SHUTTING_DOWN)
+        replica = choose(self.replicas, kv_needed)
+        if replica is None:  # every replica whose pool could hold it has lost its decode stream
+            raise stages.StageError(next(r.decode_ended for r in self.replicas if r.decode_ended))
         req_id = uuid.uuid4().hex
-        active = Active(req_id, parsed, prompt)
+        active = Active(req_id, parsed, prompt, replica)
+        replica.requests += 1
         groups = [Group(item, g, layout.token_offset + g * layout.tokens_per_group, layout.tokens_per_group,
                         layout.patches_per_group)
                   for item, layout in enumerate(prompt.media) for g in range(layout.num_groups)]
         self.active[req_id] = active
-        self.scheduler.add(Sequence(req_id, len(prompt.input_ids), parsed.params.max_tokens, groups))
+        replica.scheduler.add(Sequence(req_id, len(prompt.input_ids), parsed.params.max_tokens, groups))
         loop = asyncio.get_running_loop()
         for item, (media, plan) in enumerate(zip(parsed.media, plans)):
             active.media_tasks.append(loop.create_task(self._run_media(active, item, media, plan)))
         self._update_gauges()
-        self._wake.set()
+        replica.wake.set()
         return active
 
     async def _run_media(self, active: Active, item: int, media, plan) -> None:
@@ -237,7 +255,7 @@ class Orchestrator:
         def on_group(index: int, pages: list[int]) -> None:
             # The pages are ours from here on: never raise, or the pages of later groups would be lost.
             try:
-                fresh = self.scheduler.group_ready(active.req_id, item, index, pages)
+                fresh = active.replica.scheduler.group_ready(active.req_id, item, index, pages)
             except (KeyError, ValueError) as exc:
                 self.patch_pages.free(pages)
                 bad.append(str(exc))
@@ -246,7 +264,7 @@ class Orchestrator:
                 active.groups_reported[item] += 1
                 active.patch_pages_held += len(pages)
                 active.patch_pages_peak = max(active.patch_pages_peak, active.patch_pages_held)
-                self._wake.set()
+                active.replica.wake.set()
 
         body = {"media_plan": plan_to_json(plan), "path": media.path}
         try:
@@ -265,25 +283,26 @@ class Orchestrator:
             active.events.put_nowait(Event("error", message=f"internal error: {type(exc).__name__}: {exc}"))
 
     # ---- the scheduler loop ----------------------------------------------------------------------
-    async def _step_loop(self) -> None:
+    async def _step_loop(self, replica: Replica) -> None:
+        scheduler = replica.scheduler
         while not self.stopping:
-            plan = self.scheduler.schedule()
+            plan = scheduler.schedule()
             if plan is None:
-                self._wake.clear()
-                await self._wake.wait()
+                replica.wake.clear()
+                await replica.wake.wait()
                 continue
             try:
-                result = await stages.encode_prefill(self._plan_json(plan))
+                result = await stages.encode_prefill(self._plan_json(replica, plan), replica.encode_prefill)
             except Exception as exc:  # the step failed: fail its requests, keep the loop (and the server) alive
                 if not isinstance(exc, stages.StageError):
                     log.exception("scheduler step failed")
                 for req_id in {w.req_id for w in (*plan.encode, *plan.prefill)}:
                     if req_id in self.active:
                         self.active[req_id].events.put_nowait(Event("error", message=str(exc)))
-                    self.scheduler.remove(req_id)
-                self.scheduler.complete(plan)
+                    scheduler.remove(req_id)
+                scheduler.complete(plan)
                 continue
-            self.scheduler.complete(plan)
+            scheduler.complete(plan)
             self.metrics.increment("unifiedserve_scheduler_steps")
             for w in plan.encode:  # the scheduler returned these groups' patch pages
                 if w.req_id in self.active:
@@ -295,11 +314,11 @@ class Orchestrator:
                     active.events.put_nowait(Event("token", token=first["token"]))
                     active.mrope_delta = first["mrope_delta"]
 
-    def _plan_json(self, plan: StepPlan) -> dict:
+    def _plan_json(self, replica: Replica, plan: StepPlan) -> dict:
         new = []
         for req_id in dict.fromkeys(w.req_id for w in (*plan.encode, *plan.prefill)):
-            if req_id not in self._registered and req_id in self.active:
-                self._registered.add(req_id)
+            if req_id not in replica.registered and req_id in self.active:
+                replica.registered.add(req_id)
                 a = self.active[req_id]
                 new.append({"req": req_id, "input_ids": list(a.prompt.input_ids), "sampling": _sampling(a.parsed),
                             "media": [{"kind": m.kind, "grid_thw": list(m.grid_thw),
@@ -314,7 +333,7 @@ class Orchestrator:
                            "token_offset": layout.token_offset + w.index * layout.tokens_per_group})
         prefill = [{"req": w.req_id, "start": w.start, "end": w.end, "block_table": list(w.block_table),
                     "is_last": w.is_last} for w in plan.prefill if w.req_id in self.active]
-        released, self._released = self._released, []
+        released, replica.released = replica.released, []
         return {"new": new, "encode": encode, "prefill": prefill, "release": released}
 
     def _on_decode_step(self, seq_ids: list[str], tokens: list[int], reasons: list[str]) -> None:
@@ -373,34 +392,37 @@ class Orchestrator:
             await self.release(active)
 
     async def _admit_to_decode(self, active: Active, first_token: int) -> None:
-        payload = {"seq_id": active.req_id, "block_table": self.scheduler.get(active.req_id).block_table,
+        replica = active.replica
+        payload = {"seq_id": active.req_id, "block_table": replica.scheduler.get(active.req_id).block_table,
                    "num_cached": len(active.prompt.input_ids),
                    "last_token": first_token, "mrope_delta": active.mrope_delta, "num_generated": 1,
                    "max_tokens": active.parsed.params.max_tokens, "sampling": _sampling(active.parsed)}
-        if self.decode_ended:
-            raise stages.StageError(self.decode_ended)
+        if replica.decode_ended:
+            raise stages.StageError(replica.decode_ended)
         active.in_decode = True
-        await stages.decode_admit(payload)
+        await stages.decode_admit(payload, replica.decode)
 
     async def release(self, active: Active) -> None:
         """Stop every stage's work on the request, then return all its pages. Idempotent."""
         if self.active.get(active.req_id) is not active:
             return
+        replica = active.replica
         if not self.stopping:  # stopping: the stages end their work themselves, and no page is reused
             if active.in_decode and not active.decode_done:
-                await stages.decode_abort(active.req_id)  # KV pages are reused only after decode drops them
+                await stages.decode_abort(active.req_id, replica.decode)  # KV pages are reused once decode drops them
             if any(not t.done() for t in active.media_tasks):
                 await stages.flashcodec_abort(active.req_id)
                 await asyncio.gather(*active.media_tasks, return_exceptions=True)  # patch pages no longer written
         del self.active[active.req_id]
-        self.scheduler.remove(active.req_id)  # returns the patch pages of groups decoded but not yet encoded
+        replica.requests -= 1
+        replica.scheduler.remove(active.req_id)  # returns the patch pages of groups decoded but not yet encoded
         if active.prompt.media:
             self.metrics.set("unifiedserve_patch_pages_peak_last_request", active.patch_pages_peak)
-        if active.req_id in self._registered:
-            self._registered.discard(active.req_id)
-            self._released.append(active.req_id)
+        if active.req_id in replica.registered:
+            replica.registered.discard(active.req_id)
+            replica.released.append(active.req_id)
         self._update_gauges()
-        self._wake.set()
+        replica.wake.set()
 
 
 def _sampling(parsed: ParsedRequest) -> dict:

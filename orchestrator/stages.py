@@ -124,30 +124,30 @@ async def flashcodec_abort(request_id: str) -> None:
         pass
 
 
-async def encode_prefill(plan: dict) -> dict:
-    """Run one step plan; returns the stage's result JSON."""
-    request = _request("encode_prefill", {"plan": json.dumps(plan)}, ["result"])
+async def encode_prefill(plan: dict, model: str = "encode_prefill") -> dict:
+    """Run one step plan on ``model`` (a replica of the stage); returns the stage's result JSON."""
+    request = _request(model, {"plan": json.dumps(plan)}, ["result"])
     response = await asyncio.to_thread(request.exec)
     if response.has_error():
         raise StageError(response.error().message())
     return json.loads(_output(response, "result")[0])
 
 
-async def decode_admit(payload: dict) -> None:
-    async for _ in _stream("decode", {"op": "admit", "payload": json.dumps(payload)}, ["seq_ids"]):
+async def decode_admit(payload: dict, model: str = "decode") -> None:
+    async for _ in _stream(model, {"op": "admit", "payload": json.dumps(payload)}, ["seq_ids"]):
         pass
 
 
-async def decode_abort(seq_id: str) -> None:
-    """Returns once the decode loop has dropped ``seq_id`` (its KV pages may then be reused)."""
-    async for _ in _stream("decode", {"op": "abort", "payload": json.dumps({"seq_id": seq_id})}, ["seq_ids"]):
+async def decode_abort(seq_id: str, model: str = "decode") -> None:
+    """Returns once ``model``'s decode loop has dropped ``seq_id`` (its KV pages may then be reused)."""
+    async for _ in _stream(model, {"op": "abort", "payload": json.dumps({"seq_id": seq_id})}, ["seq_ids"]):
         pass
 
 
 async def decode_stream(on_step: Callable[[list[str], list[int], list[str]], None],
-                        attached: asyncio.Event) -> None:
-    """The long-lived stream: ``on_step(seq_ids, token_ids, finish_reasons)`` once per decode step."""
-    async for response in _stream("decode", {"op": "stream"}, ["seq_ids", "token_ids", "finish_reasons"]):
+                        attached: asyncio.Event, model: str = "decode") -> None:
+    """``model``'s long-lived stream: ``on_step(seq_ids, token_ids, finish_reasons)`` once per decode step."""
+    async for response in _stream(model, {"op": "stream"}, ["seq_ids", "token_ids", "finish_reasons"]):
         attached.set()
         seq_ids = _output(response, "seq_ids")
         if seq_ids is None or seq_ids.size == 0:

@@ -68,18 +68,19 @@ class DecodeWorker:
     graphs' warm-up at start): ``"auto"`` (with CUDA graphs: 5.78 vs 7.43 ms per step at batch 1 and 10.25 vs
     12.66 ms at batch 64, 4k context, on an H200: bench/results/runtime-h200-2026-11-29b), ``"on"`` or
     ``"off"``. ``on_step``: told each step's batch size and time (forward + sampling), for the stage's metrics.
+    ``kv_pool``: the shared pool's name (``backends.replicas``: one pool per replica).
     """
 
     def __init__(self, spec: ModelSpec, device: torch.device, kv_pages: int, page_size: int, max_batch: int,
                  attention_backend: str = "auto", cuda_graphs: str = "auto", on_step: StepTimer | None = None,
-                 compile_layers: str = "auto"):
+                 compile_layers: str = "auto", kv_pool: str = "kv_pool"):
         for name, value in (("cuda_graphs", cuda_graphs), ("compile_layers", compile_layers)):
             if value not in ("auto", "on", "off"):
                 raise ValueError(f"{name} must be auto, on or off, got {value!r}")
         model, tokenizer = load_model(spec)
         layout = KVCacheLayout.from_config(model.config, num_pages=kv_pages + RESERVED_KV_PAGES,
                                            page_size=page_size, dtype=model.dtype)
-        self.pool = shared_tensor.create("kv_pool", layout.shape, layout.dtype, device)
+        self.pool = shared_tensor.create(kv_pool, layout.shape, layout.dtype, device)
         backend = make_backend(attention_backend, model.config, page_size, model.dtype, device)
         graphs = cuda_graphs == "on" or (cuda_graphs == "auto" and isinstance(backend, FlashInferAttentionBackend))
         compiled = compile_layers == "on" or (compile_layers == "auto" and graphs)

@@ -4,13 +4,16 @@ from __future__ import annotations
 import torch
 
 
-def stage_device(value: str, instance_device_id: int = 0) -> torch.device:
-    """``"auto"``: the instance's CUDA GPU when there is one, else the CPU; ``"cpu"``/``"cuda:N"`` as given.
+def stage_device(value: str, instance_device_id: int = 0, replica: int = 0) -> torch.device:
+    """``"auto"``: the instance's CUDA GPU when there is one (replica k of a stage: GPU ``(id + k) mod GPUs``),
+    else the CPU; ``"cpu"``/``"cuda:N"`` as given.
 
     Raises ValueError for a CUDA device on a machine without one.
     """
     if value in ("", "auto"):
-        return torch.device(f"cuda:{instance_device_id}") if torch.cuda.is_available() else torch.device("cpu")
+        if not torch.cuda.is_available():
+            return torch.device("cpu")
+        return torch.device(f"cuda:{(instance_device_id + replica) % torch.cuda.device_count()}")
     device = torch.device(value)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device={value!r} but this machine has no CUDA GPU")
@@ -38,4 +41,5 @@ def stage_setup(args: dict) -> tuple[dict[str, str], torch.device]:
 
     triton_io.enable_stack_dumps()
     params = triton_io.parameters(args)
-    return params, stage_device(params.get("device", "auto"), int(args.get("model_instance_device_id", 0)))
+    replica = triton_io.int_parameter(params, "replica", 0)
+    return params, stage_device(params.get("device", "auto"), int(args.get("model_instance_device_id", 0)), replica)

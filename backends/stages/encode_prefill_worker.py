@@ -41,14 +41,16 @@ class EncodePrefillWorker:
     """Maps the KV pool (owner: decode) and the patch pool (owner: flashcodec) lazily, on first use.
 
     ``attention_backend``: the prefill attention (see ``attention.make_backend``); ``vision_devices``: more
-    devices with a copy of the vision tower, over which each step's encode work is spread (data parallel)."""
+    devices with a copy of the vision tower, over which each step's encode work is spread (data parallel);
+    ``kv_pool``: the name of the decode stage's pool to write (``backends.replicas``)."""
 
     def __init__(self, spec: ModelSpec, device: torch.device, attention_backend: str = "auto",
-                 vision_devices: list[torch.device] | tuple = ()):
+                 vision_devices: list[torch.device] | tuple = (), kv_pool: str = "kv_pool"):
         self.model, tokenizer = load_model(spec)
         self.device = device
         self.attention_backend = attention_backend
         self.vision_devices = list(vision_devices)
+        self.kv_pool = kv_pool
         self.eos_ids = eos_token_ids(tokenizer)
         self.prompts: dict[str, PromptState] = {}
         self._runner: ModelRunner | None = None
@@ -57,7 +59,7 @@ class EncodePrefillWorker:
     @property
     def runner(self) -> ModelRunner:
         if self._runner is None:
-            kv = shared_tensor.open_("kv_pool").tensor  # [layers, 2, pages, page_size, kv_heads, head_dim]
+            kv = shared_tensor.open_(self.kv_pool).tensor  # [layers, 2, pages, page_size, kv_heads, head_dim]
             backend = make_backend(self.attention_backend, self.model.config, kv.shape[3], self.model.dtype,
                                    self.device)
             self._runner = ModelRunner(self.model, kv, kv.shape[3], backend, vision_devices=self.vision_devices)

@@ -130,3 +130,20 @@ def test_stages_read_integer_parameters_with_errors_naming_them(value, message):
         int_parameter({}, "kv_pages")
     assert int_parameter({"kv_pages": " 16 "}, "kv_pages") == 16 and int_parameter({}, "kv_pages", 4) == 4
     assert int_parameter({"seed": "-3"}, "seed") == -3
+
+
+def test_replicas_are_written_as_named_copies(tmp_path):
+    repository_with(tmp_path, parse_overrides(["orchestrator.replicas=3", "decode.kv_pages=64"]))
+    params = model_parameters(tmp_path)
+    for k in (1, 2):
+        for stage in ("encode_prefill", "decode"):
+            name = f"{stage}_r{k}"
+            config = (tmp_path / name / "config.pbtxt").read_text()
+            assert re.search(rf'^name: "{name}"$', config, re.MULTILINE) and params[name]["replica"] == str(k)
+            assert (tmp_path / name / "1" / "model.py").resolve() == (REPOSITORY / stage / "1" / "model.py").resolve()
+        assert params[f"decode_r{k}"]["kv_pages"] == "64"  # the stage's overrides hold for every replica
+    assert params["decode"]["replica"] == "0" and not (tmp_path / "decode_r3").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [*model_parameters(), "decode_r1", "decode_r2", "encode_prefill_r1", "encode_prefill_r2"])
+    with pytest.raises(ValueError, match="orchestrator.replicas must be a positive integer"):
+        parse_overrides(["orchestrator.replicas=0"])

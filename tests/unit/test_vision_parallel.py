@@ -1,5 +1,5 @@
 """Vision data parallel (issue 5): a step's items dealt over vision towers give what one tower gives (CPU: two
-towers both on the CPU; the GPU case is tests/gpu/test_vision_parallel.py)."""
+towers both on the CPU; the GPU case is tests/gpu/test_vision_data_parallel.py)."""
 import pytest
 import torch
 

@@ -14,6 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repo root; t
 class TritonPythonModel:
     def initialize(self, args):
         from backends import triton_io
+        from backends.replicas import replica_name
         from backends.runtime.loader import ModelSpec
         from backends.server_stop import StopWatch
         from backends.stages.decode_worker import DecodeWorker
@@ -21,13 +22,15 @@ class TritonPythonModel:
 
         self.io = triton_io
         params, device = stage_setup(args)
+        replica = triton_io.int_parameter(params, "replica", 0)
         pb = triton_io.pb()
         # Families must outlive their metrics, so both are kept.
         self.metric_families = [pb.MetricFamily(name, text, pb.MetricFamily.COUNTER) for name, text in (
             ("unifiedserve_decode_steps", "decode steps run"),
             ("unifiedserve_decode_step_seconds", "seconds spent in decode steps (forward + sampling), summed"),
             ("unifiedserve_decode_step_sequences", "sequences in decode steps, summed (mean batch = this / steps)"))]
-        steps, seconds, sequences = (family.Metric() for family in self.metric_families)
+        # one family per name across the replicas' processes (Triton merges equal families), one series each
+        steps, seconds, sequences = (family.Metric(labels={"replica": str(replica)}) for family in self.metric_families)
 
         def on_step(batch, elapsed):
             steps.increment(1)
@@ -41,7 +44,7 @@ class TritonPythonModel:
             max_batch=triton_io.int_parameter(params, "max_batch"),
             attention_backend=params.get("attention_backend", "auto"),
             cuda_graphs=params.get("cuda_graphs", "auto"), on_step=on_step,
-            compile_layers=params.get("compile_layers", "auto"))
+            compile_layers=params.get("compile_layers", "auto"), kv_pool=replica_name("kv_pool", replica))
         # finalize() comes only once the stream below has its final flag: end it when the server stops.
         self.watch = StopWatch(self.worker.end_stream)
 

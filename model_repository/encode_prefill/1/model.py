@@ -12,6 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repo root; t
 class TritonPythonModel:
     def initialize(self, args):
         from backends import triton_io
+        from backends.replicas import replica_name
         from backends.runtime.loader import ModelSpec
         from backends.stages.device import helper_gpus, stage_setup
         from backends.stages.encode_prefill_worker import EncodePrefillWorker
@@ -21,7 +22,8 @@ class TritonPythonModel:
         self.worker = EncodePrefillWorker(
             ModelSpec.from_parameters(params, device=str(device)), device,
             attention_backend=params.get("attention_backend", "auto"),
-            vision_devices=helper_gpus(triton_io.gpus_value("vision_gpus", params.get("vision_gpus", "own")), device))
+            vision_devices=helper_gpus(triton_io.gpus_value("vision_gpus", params.get("vision_gpus", "own")), device),
+            kv_pool=replica_name("kv_pool", triton_io.int_parameter(params, "replica", 0)))
 
     def execute(self, requests):
         io, pb = self.io, self.io.pb()

