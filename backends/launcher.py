@@ -26,6 +26,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -150,6 +151,7 @@ class TritonServer:
     log_to_stdout: bool = False  # inherit stdout (containers: `docker logs`) instead of writing log_path
     process: subprocess.Popen | None = None
     run_dir: Path | None = None
+    ready_stubs: dict[int, str] = field(default_factory=dict)  # `stubs()` once ready: what `watch_stages` expects
 
     def start(self) -> "TritonServer":
         """Start and wait until ready. Raises RuntimeError when a port is taken (before starting: otherwise
@@ -179,6 +181,7 @@ class TritonServer:
                                         cwd=str(REPO_ROOT), start_new_session=True)
         try:
             self._wait_ready()
+            self.ready_stubs = self.stubs()
         except BaseException:  # not ready, or interrupted: leave no server behind (it has its own session)
             self.stop()
             raise
@@ -247,6 +250,23 @@ class TritonServer:
                 pool.unlink(missing_ok=True)
             shutil.rmtree(self.run_dir, ignore_errors=True)
 
+    def stubs(self) -> dict[int, str]:
+        """This server's Python-backend stub processes that are alive: pid -> model (the name of the folder of
+        the model.py it runs). A stub killed from outside stays a zombie of tritonserver, left out here."""
+        alive = {}
+        for comm in Path("/proc").glob("[0-9]*/comm"):
+            try:
+                pid = int(comm.parent.name)
+                if not comm.read_text().strip().startswith("triton_python") or os.getpgid(pid) != self.process.pid:
+                    continue
+                state = (comm.parent / "stat").read_text().rsplit(")", 1)[1].split()[0]
+                script = (comm.parent / "cmdline").read_bytes().split(b"\0")[1]  # <model>/<version>/model.py
+            except (OSError, ValueError, IndexError):  # gone, or exiting (its command line is empty by then)
+                continue
+            if state not in ("Z", "X"):
+                alive[pid] = Path(script.decode(errors="replace")).parent.parent.name
+        return alive
+
     def _dump_stub_stacks(self) -> None:
         """SIGUSR1 to this server's Python-backend stubs: each writes all its threads' stacks to the log."""
         for comm in Path("/proc").glob("[0-9]*/comm"):
@@ -288,6 +308,23 @@ def main(argv: list[str] | None = None) -> int:
         return _serve(args, repository)
 
 
+STAGE_DIED = 3  # the launcher's exit status when it stopped the server because a model's process died
+
+
+def watch_stages(server: TritonServer, period_s: float = 1.0) -> str | None:
+    """Wait while ``server`` runs; return why it must stop when a model's stub process that was there when it
+    became ready has died (killed, or out of memory), or None once the server has exited. Triton 2.51 keeps such a model READY and fails its requests
+    ("Stub process ... is not healthy") without restarting it, so the server is stopped instead, for a
+    supervisor (systemd, Kubernetes) to start a fresh one."""
+    expected = Counter(server.ready_stubs.values())
+    while server.process.poll() is None:
+        missing = expected - Counter(server.stubs().values())
+        if missing and server.process.poll() is None:
+            return f"the process of model {', '.join(sorted(missing))} has died"
+        time.sleep(period_s)
+    return None
+
+
 def _serve(args: argparse.Namespace, repository: Path) -> int:
     ports = ServerPorts(args.http_port, args.grpc_port, args.metrics_port, args.address)
     server = TritonServer(repository, ports, ready_timeout_s=args.ready_timeout, log_to_stdout=args.log_stdout)
@@ -307,13 +344,17 @@ def _serve(args: argparse.Namespace, repository: Path) -> int:
     where = "stdout" if args.log_stdout else server.log_path
     print(f"tritonserver ready: gRPC {args.address}:{args.grpc_port}, HTTP {args.address}:{args.http_port}, "
           f"log {where}, models {repository}", flush=True)
+    died = None
     try:
-        server.process.wait()
+        died = watch_stages(server)
+        if died:
+            print(f"{died}: stopping the server (exit status {STAGE_DIED}) for a supervisor to restart it",
+                  file=sys.stderr, flush=True)
     except KeyboardInterrupt:
         pass
     finally:
         server.stop()
-    return server.process.returncode or 0
+    return STAGE_DIED if died else server.process.returncode or 0
 
 
 if __name__ == "__main__":
