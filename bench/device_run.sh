@@ -16,8 +16,11 @@
 #                  packs the flashinfer JIT cache into $OUT for the next machine
 #   runtime-bench  bench/runtime_bench.py and bench/vision_bench.py
 #   nvdec          tests/gpu/test_nvdec.py and bench/flashcodec_bench.py
+#   multi-gpu      (two GPUs or more) NVDEC on every GPU and vision data parallel: their GPU tests, then
+#                  bench/flashcodec_multi_gpu_bench.py (with the video bundle installed)
 #   e2e            the end-to-end suite through tritonserver on the GPU
-#   serve-bench    bench/serve_bench.py (7B preset through tritonserver)
+#   serve-bench    bench/serve_bench.py (7B preset through tritonserver); SERVE_ARGS adds options, e.g.
+#                  SERVE_ARGS="--set orchestrator.replicas=2" for two replicas
 # Results (logs, JSON, plots) go to $OUT (the device tool brings them back) or ./bench/results/device.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -83,10 +86,17 @@ e2e() {
 }
 
 serve_bench() {
-  STUB_SITE=$STUB_PATH python3 bench/serve_bench.py --out "$OUT" 2>&1 | tee "$OUT/serve_bench.log" || status=1
+  STUB_SITE=$STUB_PATH python3 bench/serve_bench.py --out "$OUT" ${SERVE_ARGS:-} 2>&1 | tee "$OUT/serve_bench.log" \
+    || status=1
 }
 
-[ $# -gt 0 ] || { echo "usage: $0 STEP... (install runtime-tests runtime-bench nvdec e2e serve-bench)" >&2; exit 2; }
+multi_gpu() {
+  run_pytest multi_gpu_tests tests/gpu/test_nvdec_multi_gpu.py tests/gpu/test_vision_data_parallel.py
+  python3 bench/flashcodec_multi_gpu_bench.py --out "$OUT" 2>&1 | tee "$OUT/multi_gpu_bench.log" || status=1
+}
+
+[ $# -gt 0 ] || { echo "usage: $0 STEP... (install runtime-tests runtime-bench nvdec multi-gpu e2e serve-bench)" >&2
+  exit 2; }
 describe_device
 for step in "$@"; do
   case "$step" in
@@ -94,6 +104,7 @@ for step in "$@"; do
     runtime-tests) runtime_tests ;;
     runtime-bench) runtime_bench ;;
     nvdec) nvdec ;;
+    multi-gpu) multi_gpu ;;
     e2e) e2e ;;
     serve-bench) serve_bench ;;
     *) echo "unknown step $step" >&2; exit 2 ;;
