@@ -245,6 +245,10 @@ class TritonServer:
             except subprocess.TimeoutExpired:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait()
+        if self.process is not None:  # stubs still loading when the server exited outlive it: none may stay
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+            remove_stale_shared_memory()  # regions of stubs that died (Triton cannot remove them)
         if self.run_dir is not None:
             for pool in Path("/dev/shm").glob(f"unifiedserve-{self.run_dir.name}-*"):
                 pool.unlink(missing_ok=True)
@@ -298,14 +302,22 @@ def main(argv: list[str] | None = None) -> int:
                         help="change a model parameter of config.pbtxt (repeatable), e.g. decode.preset=qwen2_5_vl_7b;"
                              " *.KEY=VALUE sets it in every model that has it")
     args = parser.parse_args(argv)
+    # SIGTERM stops it like Ctrl-C, also while the repository copy is written or the server starts; SIGINT too
+    # when started in the background (where it is inherited as ignored).
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     source = args.model_repository.resolve()
     try:
         overrides = parse_overrides(args.overrides, source)
     except ValueError as exc:
         parser.error(str(exc))
-    with tempfile.TemporaryDirectory(prefix="unifiedserve-repository-") as edited:
-        repository = repository_with(Path(edited), overrides, source) if overrides else source
-        return _serve(args, repository)
+    try:
+        with tempfile.TemporaryDirectory(prefix="unifiedserve-repository-") as edited:
+            repository = repository_with(Path(edited), overrides, source) if overrides else source
+            return _serve(args, repository)
+    except KeyboardInterrupt:  # before the server started (it stops its own when interrupted while starting)
+        print("stopped before the server started", file=sys.stderr)
+        return 130
 
 
 STAGE_DIED = 3  # the launcher's exit status when it stopped the server because a model's process died
@@ -328,10 +340,6 @@ def watch_stages(server: TritonServer, period_s: float = 1.0) -> str | None:
 def _serve(args: argparse.Namespace, repository: Path) -> int:
     ports = ServerPorts(args.http_port, args.grpc_port, args.metrics_port, args.address)
     server = TritonServer(repository, ports, ready_timeout_s=args.ready_timeout, log_to_stdout=args.log_stdout)
-    # SIGTERM stops it like Ctrl-C, also while it starts; SIGINT too when started in the background (where it
-    # is inherited as ignored).
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         server.start()
     except KeyboardInterrupt:
@@ -353,7 +361,7 @@ def _serve(args: argparse.Namespace, repository: Path) -> int:
     except KeyboardInterrupt:
         pass
     finally:
-        server.stop()
+        server.stop(drain_timeout_s=2.0 if died else 10.0)  # with a stage gone, its requests cannot drain
     return STAGE_DIED if died else server.process.returncode or 0
 
 

@@ -33,6 +33,7 @@ def parameters(args: dict) -> dict[str, str]:
 
 # Sizes and counts among the models' parameters: below 1 none of them can work. backends/repository.py
 # checks the launcher's --set values with the same rule (int_value) before a server starts.
+UPPER_BOUNDS = {"replicas": 64}  # stage replicas: models written and loaded, a few GPUs' worth each
 POSITIVE_INT_PARAMETERS = frozenset({
     "kv_pages", "kv_page_size", "max_batch",                          # decode
     "patch_pages", "patch_page_size", "decode_threads",               # flashcodec
@@ -55,6 +56,8 @@ def int_value(key: str, value: str, name: str | None = None) -> int:
         raise ValueError(f"{name} must be an integer, got {value!r}") from None
     if key in POSITIVE_INT_PARAMETERS and number < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if key in UPPER_BOUNDS and number > UPPER_BOUNDS[key]:
+        raise ValueError(f"{name} must be at most {UPPER_BOUNDS[key]}, got {value!r}")
     return number
 
 

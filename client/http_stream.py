@@ -120,7 +120,8 @@ def generate_stream_http(
     """One streamed generation over HTTP/SSE; times in ms from just before the request is sent.
 
     ``url`` is ``host:port`` (an ``http://`` prefix is accepted). Raises ServerError with the
-    server's message on an error (event or HTTP status), TimeoutError when the stream has not
+    server's message on an error (event or HTTP status), or when the stream ends without its final
+    event (one with a finish reason: the connection dropped); TimeoutError when the stream has not
     ended within ``timeout_s`` seconds (checked per event and by the socket timeout).
     """
     base = url if url.startswith(("http://", "https://")) else f"http://{url}"
@@ -148,4 +149,7 @@ def generate_stream_http(
         if isinstance(e.reason, TimeoutError):
             raise TimeoutError(f"no data from {base} within {timeout_s} s") from None
         raise ServerError(f"cannot reach {base}: {e.reason}") from None
-    return collector.finish()
+    result = collector.finish()
+    if result.finish_reason is None:
+        raise ServerError(f"the stream from {base} ended before its final event ({result.num_responses} events)")
+    return result

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 
 import pytest
@@ -31,3 +32,24 @@ def test_a_dead_stage_is_noticed_and_named(tmp_path):
     finally:
         server.stop()
     assert STAGE_DIED == 3
+
+
+def test_a_server_stopped_while_its_models_load_leaves_no_process():
+    """Stubs still loading when tritonserver exits would outlive it (a user saw three keep running)."""
+    server = TritonServer(ports=ServerPorts.unused())
+    starting = threading.Thread(target=lambda: pytest.raises(RuntimeError, server.start), daemon=True)
+    starting.start()
+    deadline = time.monotonic() + 60
+    while not (server.process and server.stubs()) and time.monotonic() < deadline:
+        time.sleep(0.1)  # until the first stage process is up
+    assert server.stubs(), "no stage process started"
+    server.stop()
+    starting.join(timeout=60)
+    deadline = time.monotonic() + 10  # killed stubs are zombies until init reaps them
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(server.process.pid, 0)
+        except ProcessLookupError:
+            return  # nothing left in the server's process group
+        time.sleep(0.2)
+    pytest.fail("processes of the stopped server are still running")

@@ -116,3 +116,10 @@ def test_generate_stream_http_error_after_text(canned_server):
     _Canned.chunks = [b'data: {"text_output": "Hi"}\n\n', b'data: {"error": "decode worker died"}\n\n']
     with pytest.raises(ServerError, match="decode worker died"):
         generate_stream_http("Q", url=f"127.0.0.1:{canned_server.server_port}", timeout_s=10)
+
+
+def test_a_stream_cut_before_its_final_event_is_an_error(canned_server):
+    _Canned.status = 200
+    _Canned.chunks = [b'data: {"text_output": "Hi", "num_output_tokens": 1}\n\n']  # then the connection closes
+    with pytest.raises(ServerError, match="ended before its final event"):
+        generate_stream_http("Q", url=f"127.0.0.1:{canned_server.server_port}", timeout_s=10)

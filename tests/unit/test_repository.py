@@ -147,3 +147,5 @@ def test_replicas_are_written_as_named_copies(tmp_path):
         [*model_parameters(), "decode_r1", "decode_r2", "encode_prefill_r1", "encode_prefill_r2"])
     with pytest.raises(ValueError, match="orchestrator.replicas must be a positive integer"):
         parse_overrides(["orchestrator.replicas=0"])
+    with pytest.raises(ValueError, match="orchestrator.replicas must be at most 64, got '100000'"):
+        parse_overrides(["orchestrator.replicas=100000"])
