@@ -2,6 +2,7 @@
 requests without restarting it, so the launcher stops the server (exit status 3) for a supervisor to restart."""
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -37,7 +38,12 @@ def test_a_dead_stage_is_noticed_and_named(tmp_path):
 def test_a_server_stopped_while_its_models_load_leaves_no_process():
     """Stubs still loading when tritonserver exits would outlive it (a user saw three keep running)."""
     server = TritonServer(ports=ServerPorts.unused())
-    starting = threading.Thread(target=lambda: pytest.raises(RuntimeError, server.start), daemon=True)
+
+    def start() -> None:
+        with contextlib.suppress(RuntimeError):  # "exited" when the stop comes first; a start that wins is fine too
+            server.start()
+
+    starting = threading.Thread(target=start, daemon=True)
     starting.start()
     deadline = time.monotonic() + 60
     while not (server.process and server.stubs()) and time.monotonic() < deadline:
