@@ -273,13 +273,9 @@ class TritonServer:
 
     def _dump_stub_stacks(self) -> None:
         """SIGUSR1 to this server's Python-backend stubs: each writes all its threads' stacks to the log."""
-        for comm in Path("/proc").glob("[0-9]*/comm"):
-            try:
-                pid = int(comm.parent.name)
-                if comm.read_text().strip().startswith("triton_python") and os.getpgid(pid) == self.process.pid:
-                    os.kill(pid, signal.SIGUSR1)
-            except (OSError, ValueError):
-                continue
+        for pid in self.stubs():
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGUSR1)
         time.sleep(2)
 
     def __enter__(self) -> "TritonServer":
@@ -324,10 +320,10 @@ STAGE_DIED = 3  # the launcher's exit status when it stopped the server because 
 
 
 def watch_stages(server: TritonServer, period_s: float = 1.0) -> str | None:
-    """Wait while ``server`` runs; return why it must stop when a model's stub process that was there when it
-    became ready has died (killed, or out of memory), or None once the server has exited. Triton 2.51 keeps such a model READY and fails its requests
-    ("Stub process ... is not healthy") without restarting it, so the server is stopped instead, for a
-    supervisor (systemd, Kubernetes) to start a fresh one."""
+    """Wait while ``server`` runs; return why it must stop when a model's stub process that was there when it became
+    ready has died (killed, or out of memory), or None once the server has exited. Triton 2.51 keeps such a model
+    READY and fails its requests ("Stub process ... is not healthy") without restarting it, so the server is
+    stopped instead, for a supervisor (systemd, Kubernetes) to start a fresh one."""
     expected = Counter(server.ready_stubs.values())
     while server.process.poll() is None:
         missing = expected - Counter(server.stubs().values())

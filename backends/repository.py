@@ -133,7 +133,8 @@ def repository_with(target: Path, parameters: dict[str, dict[str, str]], source:
     replicas = int(parameters.get("orchestrator", {}).get("replicas", declared))
     for k in range(1, replicas):
         for stage in REPLICATED_STAGES:
-            _write_model(target, models[stage], replica_name(stage, k), {**parameters.get(stage, {}), "replica": str(k)})
+            values = {**parameters.get(stage, {}), "replica": str(k)}
+            _write_model(target, models[stage], replica_name(stage, k), values)
     return target
 
 

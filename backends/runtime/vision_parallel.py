@@ -76,9 +76,8 @@ class VisionReplicas:
 
     def _run(self, t: int, items: list[Item], out_device: torch.device) -> list[torch.Tensor]:
         tower, device, out = self.towers[t], self.devices[t], []
-        for pixel_values, grid in items:
-            embeds = self._encode(tower, pixel_values.to(device, non_blocking=True), grid)
-            out.append(embeds.to(out_device, non_blocking=True))
+        for pixel_values, grid in items:  # `encode` moves the patches to the tower's device
+            out.append(self._encode(tower, pixel_values, grid).to(out_device, non_blocking=True))
         for used in {device, torch.device(out_device)}:  # the caller reads these on another thread
             if used.type == "cuda":
                 torch.cuda.current_stream(used).synchronize()

@@ -27,7 +27,8 @@ class TritonPythonModel:
         self.worker = FlashCodecWorker(
             device, num_pages=triton_io.int_parameter(params, "patch_pages"),
             page_size=triton_io.int_parameter(params, "patch_page_size"),
-            threads=triton_io.int_parameter(params, "decode_threads"), gpus=triton_io.gpus_value("nvdec_gpus", params.get("nvdec_gpus", "own")))
+            threads=triton_io.int_parameter(params, "decode_threads"),
+            gpus=triton_io.gpus_value("nvdec_gpus", params.get("nvdec_gpus", "own")))
         pb = triton_io.pb()
         self.videos = pb.MetricFamily("unifiedserve_videos_decoded", "videos decoded, by decode path (nvdec, "
                                       "cpu_parallel, cpu)", pb.MetricFamily.GAUGE)
