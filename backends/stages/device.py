@@ -36,10 +36,15 @@ def helper_gpus(gpus: str | list[int] | None, own: torch.device) -> list[torch.d
 
 def stage_setup(args: dict) -> tuple[dict[str, str], torch.device]:
     """For a stage's ``initialize(args)``: its config parameters and its device (``device`` parameter,
-    see :func:`stage_device`); also turns on stack dumps to the server log."""
+    see :func:`stage_device`), made this process's current CUDA device when it is a GPU (CUDA-graph capture,
+    compiled kernels and flashinfer work on the current device's streams: a stage on GPU 1 capturing while
+    GPU 0 is current fails with cudaErrorStreamCaptureInvalidated); also turns on stack dumps to the server log."""
     from backends import triton_io
 
     triton_io.enable_stack_dumps()
     params = triton_io.parameters(args)
     replica = triton_io.int_parameter(params, "replica", 0)
-    return params, stage_device(params.get("device", "auto"), int(args.get("model_instance_device_id", 0)), replica)
+    device = stage_device(params.get("device", "auto"), int(args.get("model_instance_device_id", 0)), replica)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    return params, device
