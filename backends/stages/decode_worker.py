@@ -4,10 +4,10 @@ The worker owns the KV pool (allocated once, published for encode_prefill to map
 admits a sequence after its prefill (block table, first token, M-RoPE delta, sampling), and reads
 ONE message per decode step carrying the new tokens of all running sequences (design.md, "Per-token
 traffic"). Commands reach the loop through a queue, so ``execute()`` never blocks (invariant 1).
-The loop hands each step's message and metrics to a send thread and goes on to the next step: sending a
-response or bumping a metric is a round trip to the Triton process (about 0.6 ms per step at batch 1 on an
-H200, 10% of the step, when the loop did it itself: bench/results/serve-h200x2-2026-11-29), and it now
-overlaps the next step's GPU work. Messages leave in the order the loop made them.
+Sending a response is a round trip to the Triton process, so the loop hands each step's message to a send
+thread and goes on with the next step, whose GPU work hides the send; messages leave in the order they were
+made. (Sent between steps, with a metric update per step, the round trips cost 0.66 ms of a 6.2 ms batch-1
+step on an H200: bench/results/serve-h200x2-2026-11-29.)
 When the server stops, the stream is ended (``end_stream``) before ``finalize``: Triton unloads the
 model only once that stream's sender has sent its final flag.
 """
@@ -36,8 +36,9 @@ log = logging.getLogger(__name__)
 
 # (seq_ids, token_ids, finish_reasons): one decode step's output for all sequences ("" = running).
 StepSink = Callable[[list[str], list[int], list[str]], None]
-# (sequences in the step, seconds from the step's start to its tokens on the host): one call per step.
-StepTimer = Callable[[int, float], None]
+# (sequences in the step, seconds from the step's start to its tokens on the host, whether the batch is empty
+# after it): one call per step, before the step's message is sent.
+StepTimer = Callable[[int, float, bool], None]
 
 
 @dataclass
@@ -71,7 +72,9 @@ class DecodeWorker:
     decoder layers' small ops fused by ``torch.compile`` (``backends.runtime.lm_compile``; compiled by the
     graphs' warm-up at start): ``"auto"`` (with CUDA graphs: 5.78 vs 7.43 ms per step at batch 1 and 10.25 vs
     12.66 ms at batch 64, 4k context, on an H200: bench/results/runtime-h200-2026-11-29b), ``"on"`` or
-    ``"off"``. ``on_step``: told each step's batch size and time (forward + sampling), for the stage's metrics.
+    ``"off"``. ``on_step``: told each step's batch size and time (forward + sampling) and whether the batch is
+    empty after it, for the stage's metrics (a metric update is a round trip to the Triton process: the adaptor
+    sums them and sends them when the batch empties or a second has passed, not every step).
     ``kv_pool``: the shared pool's name (``backends.replicas``: one pool per replica).
     """
 
@@ -196,8 +199,7 @@ class DecodeWorker:
             DecodeSeq(s.last_token, s.num_cached + s.mrope_delta, s.num_cached, s.block_table) for s in batch
         ])
         tokens = sample(logits, [s.sampling for s in batch], [s.num_generated for s in batch], self.eos_ids)
-        if self.on_step is not None:
-            self._post(self.on_step, len(batch), time.perf_counter() - start)
+        elapsed = time.perf_counter() - start
         reasons = []
         for seq, token in zip(batch, tokens):
             seq.num_cached += 1
@@ -208,4 +210,6 @@ class DecodeWorker:
             reasons.append(reason or "")
             if reason:
                 del self.running[seq.seq_id]
+        if self.on_step is not None:
+            self.on_step(len(batch), elapsed, not self.running)
         self._post(self.sink, [s.seq_id for s in batch], tokens, reasons)

@@ -6,6 +6,7 @@ acknowledged once the loop has dropped it, so its KV pages may be reused).
 """
 import json
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repo root; the stub ignores PYTHONPATH
@@ -30,12 +31,18 @@ class TritonPythonModel:
             ("unifiedserve_decode_step_seconds", "seconds spent in decode steps (forward + sampling), summed"),
             ("unifiedserve_decode_step_sequences", "sequences in decode steps, summed (mean batch = this / steps)"))]
         # one family per name across the replicas' processes (Triton merges equal families), one series each
-        steps, seconds, sequences = (family.Metric(labels={"replica": str(replica)}) for family in self.metric_families)
+        series = [family.Metric(labels={"replica": str(replica)}) for family in self.metric_families]
+        # Each increment is a round trip to the Triton process, on the decode loop between two steps: the steps'
+        # sums are sent when the batch empties or a second has passed, so a scrape lags by at most a second.
+        pending, sent = [0, 0.0, 0], [time.monotonic()]
 
-        def on_step(batch, elapsed):
-            steps.increment(1)
-            seconds.increment(elapsed)
-            sequences.increment(batch)
+        def on_step(batch, elapsed, idle):
+            for k, value in enumerate((1, elapsed, batch)):
+                pending[k] += value
+            if idle or time.monotonic() - sent[0] >= 1.0:
+                for metric, value in zip(series, pending):
+                    metric.increment(value)
+                pending[:], sent[0] = [0, 0.0, 0], time.monotonic()
 
         self.worker = DecodeWorker(
             ModelSpec.from_parameters(params, device=str(device)), device,
