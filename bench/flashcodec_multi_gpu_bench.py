@@ -6,7 +6,8 @@ One 20-minute 1080p H.264 video (6 Mbit/s, GOP 250, 3 B-frames: `flashcodec_benc
 remuxed) is decoded by `NvdecDecoder` with its GOP tasks on the NVDEC sessions of the first N GPUs (one shared
 task queue), its Qwen2.5-VL sampled frames (fps 2, at most 768) arriving in order on GPU 0, where they are
 resized, normalised and patchified (`flashcodec_bench.patchify`), synchronised. N runs over 1, 2, 4, 8 and the
-machine's GPU count, up to that count. Sessions are long-lived in a server, so each N has a warm-up run that opens
+machine's GPU count, up to that count; each N > 1 twice: the GPUs past the first in helper processes
+(`helper_processes`, what the server does) and in threads of this process. Sessions are long-lived in a server, so each N has a warm-up run that opens
 them, left out of the timing. Parallel efficiency = t1 / (N * tN). Writes `<out>/flashcodec_multi_gpu_bench.json`
 (device, date, versions; per N: seconds, frames/s, efficiency, GOP tasks and busy seconds per GPU, peak memory
 on GPU 0, decode paths and fallbacks) and `.png`. A run where NVDEC fell back to the CPU is reported as
@@ -53,12 +54,14 @@ def per_gpu(decoder, field: str) -> dict[int, float]:
     return dict(sorted(totals.items()))
 
 
-def run_on(gpus: int, path: Path, plan, args) -> dict:
-    """Decode (and patchify) `plan`'s frames of `path` on GPUs 0 .. gpus - 1, output on GPU 0."""
+def run_on(gpus: int, path: Path, plan, args, helper_processes: bool) -> dict:
+    """Decode (and patchify) `plan`'s frames of `path` on GPUs 0 .. gpus - 1, output on GPU 0; GPUs past the
+    first in helper processes or in threads of this one."""
     from flashcodec.nvdec import NvdecDecoder
 
     paths = DecodePaths()  # shared with the CPU fallback, so that a fallback shows as "cpu"
-    decoder = NvdecDecoder(list(range(gpus)), args.sessions_per_gpu, fallback=CpuDecoder(paths=paths), paths=paths)
+    decoder = NvdecDecoder(list(range(gpus)), args.sessions_per_gpu, fallback=CpuDecoder(paths=paths), paths=paths,
+                           helper_processes=helper_processes)
     device, target = torch.device("cuda", 0), None if args.decode_only else torch.device("cuda", 0)
     try:
         patchify(decoder.decode(path, plan.frame_indices), plan, target)  # warm-up: every session opened
@@ -71,7 +74,8 @@ def run_on(gpus: int, path: Path, plan, args) -> dict:
                 times.append(time.perf_counter() - start)
             assert rows == plan.num_groups * plan.patches_per_group, rows
         best, used = min(times), paths.snapshot()
-        return {"gpus": gpus, "label": checked_label("flashcodec_nvdec", used), "sessions": decoder.sessions,
+        return {"gpus": gpus, "helper_processes": helper_processes and gpus > 1,
+                "label": checked_label("flashcodec_nvdec", used), "sessions": decoder.sessions,
                 "seconds": times, "best_s": best, "sampled_frames_per_s": len(plan.frame_indices) / best,
                 "peak_gpu0_bytes": memory.peak, "decode_paths": used,
                 "tasks_per_gpu": {g: n - tasks.get(g, 0) for g, n in per_gpu(decoder, "tasks").items()},
@@ -97,11 +101,12 @@ def run(args) -> dict:
                          "patch_rows": plan.num_groups * plan.patches_per_group},
                "fell_back": False, "runs": []}
     for gpus in gpu_counts(available, args.gpus):
-        entry = run_on(gpus, path, plan, args)
-        results["runs"].append(entry)
-        results["fell_back"] |= entry["label"] != "flashcodec_nvdec"
-        print(f"{gpus} GPU(s): {entry['best_s']:.2f} s, tasks per GPU {entry['tasks_per_gpu']}, "
-              f"paths {entry['decode_paths']}", flush=True)
+        for helpers in (True, False) if gpus > 1 else (False,):
+            entry = run_on(gpus, path, plan, args, helpers)
+            results["runs"].append(entry)
+            results["fell_back"] |= entry["label"] != "flashcodec_nvdec"
+            print(f"{gpus} GPU(s){' (helper processes)' if helpers else ''}: {entry['best_s']:.2f} s, tasks per GPU "
+                  f"{entry['tasks_per_gpu']}, paths {entry['decode_paths']}", flush=True)
     t1 = next((r["best_s"] for r in results["runs"] if r["gpus"] == 1), None)
     for entry in results["runs"]:
         entry["parallel_efficiency"] = t1 / (entry["gpus"] * entry["best_s"]) if t1 else None
@@ -115,7 +120,8 @@ def plot(results: dict, path: Path) -> None:
     """Seconds per GPU count, with the parallel efficiency."""
     rows = []
     for r in results["runs"]:
-        label = f"{r['gpus']} GPU(s)" + ("" if r["label"] == "flashcodec_nvdec" else f" {r['label']}")
+        label = f"{r['gpus']} GPU(s)" + (" helper processes" if r["helper_processes"] else "")
+        label += "" if r["label"] == "flashcodec_nvdec" else f" {r['label']}"
         efficiency = f", efficiency {r['parallel_efficiency']:.2f}" if r["parallel_efficiency"] is not None else ""
         rows.append((label, r["best_s"], f"{r['best_s']:.2f} s{efficiency}"))
     what = "decoded" if results["decode_only"] else "decoded + patchified"
@@ -150,7 +156,7 @@ def main() -> None:
     check_machine()
     results = run(args)
     for r in results["runs"]:
-        print(f"{r['gpus']} GPU(s): {r['best_s']:.2f} s, speedup {r['speedup'] or 0:.2f}x, "
+        print(f"{r['gpus']} GPU(s){' helper processes' if r['helper_processes'] else ''}: {r['best_s']:.2f} s, speedup {r['speedup'] or 0:.2f}x, "
               f"parallel efficiency {r['parallel_efficiency'] or 0:.2f}")
     if results["fell_back"]:
         print("NVDEC fell back to another decode path: see decode_paths and fallbacks in the JSON", file=sys.stderr)

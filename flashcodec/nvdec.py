@@ -31,6 +31,7 @@ from flashcodec.decoders import CpuDecoder, DecodePaths, FrameDecoder
 from flashcodec.gop import BitstreamMap, map_for_indices
 from flashcodec.gop_plan import MAX_GOP_SIZE, DecodeTask, frames_in_order, plan_gop_tasks
 from flashcodec.gop_reader import GopJob, ReaderCache
+from flashcodec.nvdec_remote import HelperError, NvdecHelper
 from flashcodec.nvdec_session import NvdecPackets
 from flashcodec.parallel import as_file
 from flashcodec.probe import Source
@@ -115,6 +116,23 @@ def interleave(sessions: dict[int, int]) -> tuple[int, ...]:
 
 
 @dataclass(frozen=True)
+class StreamFormat:
+    """What a session is made for and frames are turned by: FFmpeg codec name, coded size (pixels), pixel
+    format, display rotation (degrees clockwise)."""
+
+    codec: str
+    coded_width: int
+    coded_height: int
+    pix_fmt: str
+    rotation: int
+
+    @staticmethod
+    def of(bmap: BitstreamMap) -> StreamFormat:
+        info = bmap.info
+        return StreamFormat(info.codec, info.coded_width, info.coded_height, bmap.pix_fmt, info.rotation)
+
+
+@dataclass(frozen=True)
 class SessionStats:
     """One NVDEC session's work so far: the GPU it decodes on, tasks run, frames returned, packets fed to NVDEC
     (the pictures it decoded), seconds busy (wall clock)."""
@@ -133,6 +151,9 @@ class NvdecDecoder:
     default each GPU's NVDEC engine count (`GetDecoderCaps`), else 7; `sessions` is their total. Thread k, in the
     order threads are made, serves GPU `session_gpus[k]` (k mod N for equal counts) with its own session, and
     every thread takes the next task from one shared queue. Tasks are planned for `sessions` decoders.
+    `helper_processes`: every GPU but the first decodes in a helper process of its own (`nvdec_remote`), its
+    threads here passing it tasks (one process feeding several GPUs is bound by its GIL); a helper that cannot
+    start leaves its GPU to threads here (logged), one that dies is restarted for the next task.
     Frames are 3xHxW uint8 RGB tensors on `output_device` (default the first of `gpu_ids`: where the encoder
     runs; None: left on the GPU that decoded each, CPU fallbacks on the first GPU), peer-copied there by the
     decoding thread, which waits for the copy before handing the frames over. They are turned upright by the
@@ -150,7 +171,7 @@ class NvdecDecoder:
     def __init__(self, gpu_ids: int | Sequence[int] = 0, sessions_per_gpu: int | None = None,
                  max_gop_size: int = MAX_GOP_SIZE, fallback: FrameDecoder | None = None,
                  paths: DecodePaths | None = None, window: int | None = None,
-                 output_device: torch.device | str | None = FIRST_GPU):
+                 output_device: torch.device | str | None = FIRST_GPU, helper_processes: bool = False):
         ids = (gpu_ids,) if isinstance(gpu_ids, int) else tuple(gpu_ids)
         if not ids or len(set(ids)) != len(ids) or (sessions_per_gpu is not None and sessions_per_gpu < 1):
             raise ValueError(f"gpu_ids must be distinct and at least one, sessions_per_gpu >= 1; got {gpu_ids!r}, "
@@ -175,6 +196,16 @@ class NvdecDecoder:
         self._stats: dict[str, SessionStats] = {}
         # its one work queue is the shared queue: whichever session is free, on any GPU, takes the next task
         self._executor = ThreadPoolExecutor(self.sessions, thread_name_prefix="nvdec", initializer=self._bind_thread)
+        self._helpers: dict[int, NvdecHelper] = {}
+        for gpu in ids[1:] if helper_processes else ():
+            self._helpers[gpu] = self._start_helper(gpu, engines[gpu])
+
+    def _start_helper(self, gpu: int, sessions: int) -> NvdecHelper | None:
+        try:
+            return NvdecHelper(gpu, sessions, self.max_gop_size)
+        except HelperError as exc:
+            log.warning("%s; GPU %d decodes in this process", exc, gpu)
+            return None
 
     def _output(self, output_device: torch.device | str | None) -> torch.device | None:
         if output_device is None:
@@ -190,6 +221,9 @@ class NvdecDecoder:
 
     def close(self) -> None:
         self._executor.shutdown(wait=True, cancel_futures=True)
+        for helper in self._helpers.values():
+            if helper is not None:
+                helper.close()
         close = getattr(self.fallback, "close", None)
         if close is not None:
             close()
@@ -267,43 +301,77 @@ class NvdecDecoder:
 
     def _submit(self, path: str, bmap: BitstreamMap, task: DecodeTask) -> list[Future]:
         futures = [Future() for _ in task.parts]
-        self._executor.submit(self._run, path, bmap, task, futures)
+        self.run_job_later(path, StreamFormat.of(bmap), GopJob.of(bmap, task), futures)
         return futures
 
-    def _session(self, bmap: BitstreamMap):
-        """This thread's decoder session for `bmap`'s stream format, on this thread's GPU; sessions are kept per
+    def run_job_later(self, path: str, fmt: StreamFormat, job: GopJob, futures: list[Future]) -> Future:
+        """Queue `job` of the video file at `path` for the next free session: part p's frames go into
+        `futures[p]` (NvdecError when NVDEC failed). Returns a future of the packets fed to NVDEC."""
+        return self._executor.submit(self._run_task, path, fmt, job, futures)
+
+    def _session(self, fmt: StreamFormat):
+        """This thread's decoder session for stream format `fmt`, on this thread's GPU; sessions are kept per
         format (at most FORMATS_KEPT, least recently used dropped), so a thread alternating between two videos
         does not rebuild its session each time."""
         sessions = self._local.__dict__.setdefault("sessions", OrderedDict())
-        info = bmap.info
-        key = (info.codec, info.coded_width, info.coded_height, bmap.pix_fmt)
+        key = (fmt.codec, fmt.coded_width, fmt.coded_height, fmt.pix_fmt)
         session = sessions.pop(key, None)
         if session is None:
             nvc = self.nvc
-            session = nvc.CreateDecoder(gpuid=self._local.gpu, codec=getattr(nvc.cudaVideoCodec, CODECS[info.codec]),
+            session = nvc.CreateDecoder(gpuid=self._local.gpu, codec=getattr(nvc.cudaVideoCodec, CODECS[fmt.codec]),
                                         usedevicememory=True, outputColorType=nvc.OutputColorType.NATIVE)
         sessions[key] = session  # put back only once made: a session that failed is rebuilt
         while len(sessions) > FORMATS_KEPT:
             sessions.popitem(last=False)
         return session
 
-    def _run(self, path: str, bmap: BitstreamMap, task: DecodeTask, futures: list[Future]) -> None:
-        """One task on this thread's session: each part's frames into its future, in order."""
+    def _run_task(self, path: str, fmt: StreamFormat, job: GopJob, futures: list[Future]) -> int:
+        """One task on this thread's session, or its helper process's: each part's frames into its future, in
+        order. Returns the packets fed to NVDEC."""
         if not any([f.set_running_or_notify_cancel() for f in futures]):
-            return  # its video's consumer has gone
-        start, frames, part, fed = time.perf_counter(), 0, 0, 0
+            return 0  # its video's consumer has gone
+        start, fed, gpu = time.perf_counter(), 0, self._local.gpu
+        try:
+            helper = self._helper(gpu)
+            fed = self._decode(path, fmt, job, futures) if helper is None else helper.run(
+                path, fmt, job, futures, self.output_device)
+        except Exception as exc:  # from the helper (`_decode` settles its own failures)
+            for future in futures:
+                if not future.done():
+                    future.set_exception(NvdecError(f"NVDEC on GPU {gpu}: {type(exc).__name__}: {exc}"))
+        finally:
+            frames = sum(len(f.result()) for f in futures if f.done() and not f.cancelled() and f.exception() is None)
+            name = threading.current_thread().name
+            with self._lock:
+                old = self._stats.get(name, SessionStats(gpu, 0, 0, 0, 0.0))
+                self._stats[name] = SessionStats(old.gpu, old.tasks + 1, old.frames + frames, old.packets + fed,
+                                                 old.busy_s + time.perf_counter() - start)
+        return fed
+
+    def _helper(self, gpu: int) -> NvdecHelper | None:
+        """GPU `gpu`'s helper process (restarted once it has exited), None where this process decodes."""
+        helper = self._helpers.get(gpu)
+        if helper is None or helper.alive:
+            return helper
+        with self._lock:
+            if self._helpers[gpu] is helper:
+                helper.close()
+                self._helpers[gpu] = self._start_helper(gpu, self.session_gpus.count(gpu))
+            return self._helpers[gpu]
+
+    def _decode(self, path: str, fmt: StreamFormat, job: GopJob, futures: list[Future]) -> int:
+        """`_run_task` on this thread's own session; NVDEC errors fail the futures not yet set."""
+        part, fed = 0, 0
         readers = self._local.__dict__.setdefault("readers", ReaderCache())
         try:
             reader = readers.get(path)
-            packets = NvdecPackets(self.nvc, self._session(bmap), reader.stream, bmap.info.rotation // 90,
-                                   self.output_device)
-            for part, out in enumerate(reader.run(GopJob.of(bmap, task), packets)):
+            packets = NvdecPackets(self.nvc, self._session(fmt), reader.stream, fmt.rotation // 90, self.output_device)
+            for part, out in enumerate(reader.run(job, packets)):
                 if any(frame is None for frame in out):
-                    raise NvdecError(f"NVDEC returned no frame for some of {task.parts[part].frames[:4]}...")
+                    raise NvdecError(f"NVDEC returned no frame for some of {job.task.parts[part].frames[:4]}...")
                 for stream_device in packets.decoded_on | {out[0].device}:  # the consumer is another thread
                     if stream_device.type == "cuda":
                         torch.cuda.current_stream(stream_device).synchronize()
-                frames += len(out)
                 futures[part].set_result(out)
             fed = packets.fed
         except Exception as exc:
@@ -314,9 +382,4 @@ class NvdecDecoder:
             for future in futures[part:]:
                 if not future.done():
                     future.set_exception(error)
-        finally:
-            name = threading.current_thread().name
-            with self._lock:
-                old = self._stats.get(name, SessionStats(self._local.gpu, 0, 0, 0, 0.0))
-                self._stats[name] = SessionStats(old.gpu, old.tasks + 1, old.frames + frames, old.packets + fed,
-                                                 old.busy_s + time.perf_counter() - start)
+        return fed

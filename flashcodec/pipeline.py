@@ -79,13 +79,15 @@ def make_decoder(
     max_gop_size: int = MAX_GOP_SIZE,
     part_timeout_s: float = 60.0,
     gpus: Sequence[int] | str | None = None,
+    helper_processes: bool = True,
 ) -> DecoderChoice:
     """The best video decoder available for `device` ("auto": the first GPU if there is one, else the CPU).
 
     On a CUDA device: `nvdec.NvdecDecoder` with `nvdec_sessions` sessions per GPU (default one per NVDEC engine)
     on the GPUs `gpus`: None (default) `device`'s GPU alone; "all" every GPU this process sees (`device`'s first);
     or a list of GPU ids. Frames always end on `device` (where they are patchified and encoded), peer-copied
-    there from the GPU that decoded them. NVDEC falls back per video to the CPU decoder below. CPU:
+    there from the GPU that decoded them; `helper_processes`: GPUs besides `device`'s decode in helper processes
+    (`NvdecDecoder`'s option: one process feeding several GPUs is bound by its GIL). NVDEC falls back per video to the CPU decoder below. CPU:
     `parallel.ParallelCpuDecoder` with `cpu_workers` processes (default: the usable cores; 1 means the
     sequential `CpuDecoder`), or `CpuDecoder` when the processes cannot start. Each step down is logged with its
     reason; the choice is logged at INFO. Raises ValueError for `gpus` neither None, "all" nor distinct GPU ids.
@@ -111,7 +113,7 @@ def make_decoder(
                    tuple(int(g) for g in gpus))
         try:
             decoder = NvdecDecoder(gpu_ids, nvdec_sessions, max_gop_size, decoder, paths,
-                                   output_device=torch.device("cuda", index))
+                                   output_device=torch.device("cuda", index), helper_processes=helper_processes)
             path = "nvdec"
         except NvdecUnavailable as exc:
             log.warning("NVDEC unavailable on GPUs %s, decoding on the CPU: %s", list(gpu_ids), exc)

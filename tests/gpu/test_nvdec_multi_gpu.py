@@ -1,5 +1,5 @@
-"""One video on the NVDEC sessions of every GPU (`NvdecDecoder(gpu_ids=all)`) against the same video on GPU 0
-alone: the same frames, in order, on the output GPU (peer-copied there) or left where decoded; every GPU's
+"""One video on the NVDEC sessions of every GPU (`NvdecDecoder(gpu_ids=all)`, the GPUs past the first in threads
+of this process or in helper processes) against the same video on GPU 0 alone: the same frames, in order, on the output GPU (peer-copied there) or left where decoded; every GPU's
 sessions decoded some of them; NVDEC itself decoded (no CPU fallback).
 
 Run on a machine with two GPUs or more: `python3 -m pytest -q -s -m gpu tests/gpu/test_nvdec_multi_gpu.py`
@@ -80,10 +80,11 @@ def assert_every_gpu_worked(decoder, gpus):
     print(f"tasks per GPU {tasks}; sessions {decoder.sessions} ({decoder.session_gpus.count(gpus[0])} per GPU)")
 
 
+@pytest.mark.parametrize("helpers", [False, True], ids=["threads", "helper_processes"])
 @pytest.mark.parametrize("output", [0, 1], ids=["on_gpu0", "on_gpu1"])
-def test_every_gpu_gives_the_frames_of_one(video, one_gpu, output):
+def test_every_gpu_gives_the_frames_of_one(video, one_gpu, output, helpers):
     gpus = list(range(torch.cuda.device_count()))
-    decoder = nvdec_on(gpus, output_device=torch.device("cuda", output))
+    decoder = nvdec_on(gpus, output_device=torch.device("cuda", output), helper_processes=helpers)
     try:
         frames, devices, seconds = decode(decoder, video)
         assert devices == {torch.device("cuda", output)}
@@ -95,9 +96,10 @@ def test_every_gpu_gives_the_frames_of_one(video, one_gpu, output):
         decoder.close()
 
 
-def test_frames_left_on_the_gpu_that_decoded_them(video, one_gpu):
+@pytest.mark.parametrize("helpers", [False, True], ids=["threads", "helper_processes"])
+def test_frames_left_on_the_gpu_that_decoded_them(video, one_gpu, helpers):
     gpus = list(range(torch.cuda.device_count()))
-    decoder = nvdec_on(gpus, output_device=None)
+    decoder = nvdec_on(gpus, output_device=None, helper_processes=helpers)
     try:
         frames, devices, _ = decode(decoder, video)
         assert devices == {torch.device("cuda", g) for g in gpus}
@@ -117,3 +119,20 @@ def test_make_decoder_on_all_gpus(video, one_gpu):
         assert_every_gpu_worked(choice.decoder, list(choice.decoder.gpu_ids))
     finally:
         choice.close()
+
+
+def test_a_helper_that_dies_is_replaced(video, one_gpu):
+    gpus = list(range(torch.cuda.device_count()))
+    decoder = nvdec_on(gpus, output_device=torch.device("cuda", 0), helper_processes=True)
+    try:
+        list(decoder.decode(video, INDICES))
+        dead = decoder._helpers[1]
+        dead.process.kill()
+        dead.process.wait()
+        assert len(list(decoder.decode(video, INDICES))) == len(INDICES)  # what GPU 1 had left: on the CPU
+        frames = [f.cpu() for f in decoder.decode(video, INDICES)]
+        assert decoder._helpers[1] is not dead and decoder._helpers[1].alive
+        assert_same(frames, one_gpu[0])
+        assert_every_gpu_worked(decoder, gpus)
+    finally:
+        decoder.close()
