@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import shutil
 import threading
+import time
+import urllib.request
 
 import pytest
 import torch
@@ -108,3 +110,27 @@ def test_min_tokens_holds_back_stop_strings(grpc_url):
         held = client.generate("Write a long story about a cat.", sampling={**sampling, "min_tokens": 59})
     assert early.finish_reason == "stop" and early.num_output_tokens < 59
     assert held.num_output_tokens == 60 and held.finish_reason == "length"
+
+
+def videos_decoded(server) -> tuple[str, dict[str, float]]:
+    """The type line of unifiedserve_videos_decoded and its value per decode path."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{server.ports.metrics}/metrics", timeout=10).read().decode()
+    kind = next((line.split()[-1] for line in text.splitlines()
+                 if line.startswith("# TYPE unifiedserve_videos_decoded ")), "")
+    values = {line.split('path="')[1].split('"')[0]: float(line.split()[-1]) for line in text.splitlines()
+              if line.startswith("unifiedserve_videos_decoded{")}
+    return kind, values
+
+
+def test_each_video_counts_once_under_the_path_that_decoded_it(server, grpc_url, bunny):
+    _, before = videos_decoded(server)
+    with Client(grpc_url) as client:
+        client.generate(QUESTION, video=bunny, sampling={**GREEDY, "max_tokens": 1})
+    deadline = time.monotonic() + 10
+    while True:
+        kind, after = videos_decoded(server)
+        grown = {p: n - before.get(p, 0) for p, n in after.items() if n != before.get(p, 0)}
+        if grown or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert kind == "counter" and len(grown) == 1 and list(grown.values()) == [1], (before, after)

@@ -31,8 +31,8 @@ class TritonPythonModel:
             gpus=triton_io.gpus_value("nvdec_gpus", params.get("nvdec_gpus", "own")))
         pb = triton_io.pb()
         self.videos = pb.MetricFamily("unifiedserve_videos_decoded", "videos decoded, by decode path (nvdec, "
-                                      "cpu_parallel, cpu)", pb.MetricFamily.GAUGE)
-        self.video_metrics = {}
+                                      "cpu_parallel, cpu)", pb.MetricFamily.COUNTER)
+        self.video_metrics = {}  # path -> (its counter, the count it has been told)
         self.metrics_lock = threading.Lock()  # on_done runs on the decode threads
         # finalize() comes only once every decode stream has its final flag: end them when the server stops.
         self.watch = StopWatch(self.worker.stop)
@@ -75,9 +75,10 @@ class TritonPythonModel:
 
     def _set_video_counts(self):
         for path, count in self.worker.videos_per_path().items():
-            if path not in self.video_metrics:
-                self.video_metrics[path] = self.videos.Metric(labels={"path": path})
-            self.video_metrics[path].set(count)
+            metric, told = self.video_metrics.get(path) or (self.videos.Metric(labels={"path": path}), 0)
+            if count > told:
+                metric.increment(count - told)
+            self.video_metrics[path] = (metric, max(count, told))
 
     def finalize(self):
         from backends.server_stop import before_exit
