@@ -15,6 +15,12 @@ GAUGES = {
                                                   "once (taken as groups are decoded, returned as they are encoded)",
     "unifiedserve_requests_running": "requests admitted and not finished",
 }
+# per replica of encode_prefill + decode (label "replica"); the unlabelled gauges above are their sums
+REPLICA_GAUGES = {
+    "unifiedserve_replica_kv_pages_free": "KV pages of the replica's pool not held by any request",
+    "unifiedserve_replica_kv_pages_total": "KV pages in the replica's pool",
+    "unifiedserve_replica_requests": "requests on the replica (admitted, not yet released)",
+}
 COUNTERS = {
     "unifiedserve_requests_finished": "requests that ended, by finish_reason",
     "unifiedserve_scheduler_steps": "encode+prefill steps executed",
@@ -22,19 +28,24 @@ COUNTERS = {
 
 
 class Metrics:
-    """Creates the metric families once (the orchestrator's initialize) and updates them."""
+    """Creates the metric families once (the orchestrator's initialize, with its number of ``replicas``) and
+    updates them."""
 
-    def __init__(self):
+    def __init__(self, replicas: int = 1):
         pb = triton_io.pb()
         # A family must outlive its metrics, so both are kept.
-        self._gauge_families = {n: pb.MetricFamily(n, d, pb.MetricFamily.GAUGE) for n, d in GAUGES.items()}
-        self._gauges = {n: family.Metric() for n, family in self._gauge_families.items()}
+        self._gauge_families = {n: pb.MetricFamily(n, d, pb.MetricFamily.GAUGE)
+                                for n, d in {**GAUGES, **REPLICA_GAUGES}.items()}
+        self._gauges = {n: self._gauge_families[n].Metric() for n in GAUGES}
+        self._gauges.update({(n, k): self._gauge_families[n].Metric(labels={"replica": str(k)})
+                             for n in REPLICA_GAUGES for k in range(replicas)})
         self._counter_families = {n: pb.MetricFamily(n, d, pb.MetricFamily.COUNTER) for n, d in COUNTERS.items()}
         self._counters: dict[tuple[str, str], object] = {}
 
-    def set(self, name: str, value: float) -> None:
+    def set(self, name: str, value: float, replica: int | None = None) -> None:
+        """Set gauge ``name`` (of REPLICA_GAUGES: ``replica``'s series)."""
         if self._gauges:
-            self._gauges[name].set(value)
+            self._gauges[name if replica is None else (name, replica)].set(value)
 
     def increment(self, name: str, label: str = "", by: float = 1) -> None:
         if not self._counter_families:

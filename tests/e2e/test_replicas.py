@@ -4,6 +4,7 @@ replica gives (CPU here: both replicas on the CPU; on a GPU machine replica k ta
 from __future__ import annotations
 
 import threading
+import time
 import urllib.request
 
 import pytest
@@ -24,14 +25,15 @@ def two_replicas(media_dir, tmp_path_factory):
         yield srv  # on exit: every page of both KV pools back, no crash in the log
 
 
-def decode_steps_per_replica(server) -> dict[str, float]:
+def per_replica(server, name: str) -> dict[str, float]:
+    """Metric ``name``'s value per ``replica`` label."""
     text = urllib.request.urlopen(f"http://127.0.0.1:{server.ports.metrics}/metrics", timeout=10).read().decode()
-    steps = {}
+    values = {}
     for line in text.splitlines():
-        if line.startswith("unifiedserve_decode_steps{"):
+        if line.startswith(name + "{"):
             replica = line.split('replica="')[1].split('"')[0]
-            steps[replica] = float(line.split()[-1])
-    return steps
+            values[replica] = float(line.split()[-1])
+    return values
 
 
 def test_concurrent_requests_spread_over_the_replicas_and_equal_one_replica(server, two_replicas):
@@ -52,8 +54,13 @@ def test_concurrent_requests_spread_over_the_replicas_and_equal_one_replica(serv
     for thread in threads:
         thread.join(timeout=180)
     assert together == solo
-    steps = decode_steps_per_replica(two_replicas)
+    steps = per_replica(two_replicas, "unifiedserve_decode_steps")
     assert set(steps) == {"0", "1"} and all(n > 0 for n in steps.values()), steps  # both replicas decoded
     metrics = read_metrics(two_replicas)
     one = read_metrics(server)["unifiedserve_kv_pages_total"]
     assert metrics["unifiedserve_kv_pages_total"] == 2 * one  # two pools, counted together
+    assert per_replica(two_replicas, "unifiedserve_replica_kv_pages_total") == {"0": one, "1": one}
+    deadline = time.monotonic() + 10  # requests are released just after their last response
+    while per_replica(two_replicas, "unifiedserve_replica_requests") != {"0": 0, "1": 0}:
+        assert time.monotonic() < deadline, per_replica(two_replicas, "unifiedserve_replica_requests")
+        time.sleep(0.1)

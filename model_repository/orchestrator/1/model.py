@@ -28,7 +28,7 @@ class TritonPythonModel:
         self.frontend, self.stages, self.server_stop = frontend, stages, server_stop
         triton_io.enable_stack_dumps()
         config = OrchestratorConfig.from_parameters(triton_io.parameters(args))
-        self.metrics = Metrics()
+        self.metrics = Metrics(config.replicas)
         self.orchestrator = Orchestrator(config, self.metrics)
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="orchestrator-loop", daemon=True)
