@@ -21,7 +21,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict, deque
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
@@ -151,9 +151,10 @@ class NvdecDecoder:
     default each GPU's NVDEC engine count (`GetDecoderCaps`), else 7; `sessions` is their total. Thread k, in the
     order threads are made, serves GPU `session_gpus[k]` (k mod N for equal counts) with its own session, and
     every thread takes the next task from one shared queue. Tasks are planned for `sessions` decoders.
-    `helper_processes`: every GPU but the first decodes in a helper process of its own (`nvdec_remote`), its
-    threads here passing it tasks (one process feeding several GPUs is bound by its GIL); a helper that cannot
-    start leaves its GPU to threads here (logged), one that dies is restarted for the next task.
+    `helper_processes`: every GPU but the output device's (the first when frames stay where decoded) decodes in
+    a helper process of its own (`nvdec_remote`), its threads here passing it tasks (one process feeding several
+    GPUs is bound by its GIL); a helper that cannot start leaves its GPU to threads here (logged), one that dies
+    is restarted for the next task.
     Frames are 3xHxW uint8 RGB tensors on `output_device` (default the first of `gpu_ids`: where the encoder
     runs; None: left on the GPU that decoded each, CPU fallbacks on the first GPU), peer-copied there by the
     decoding thread, which waits for the copy before handing the frames over. They are turned upright by the
@@ -196,9 +197,14 @@ class NvdecDecoder:
         self._stats: dict[str, SessionStats] = {}
         # its one work queue is the shared queue: whichever session is free, on any GPU, takes the next task
         self._executor = ThreadPoolExecutor(self.sessions, thread_name_prefix="nvdec", initializer=self._bind_thread)
-        self._helpers: dict[int, NvdecHelper] = {}
-        for gpu in ids[1:] if helper_processes else ():
-            self._helpers[gpu] = self._start_helper(gpu, engines[gpu])
+        self._helpers: dict[int, NvdecHelper | None] = {}
+        self._restart_lock = threading.Lock()  # one helper restart at a time, outside `_lock`
+        self._closing = False
+        out = self.output_device
+        home = out.index if out is not None and out.type == "cuda" else ids[0]
+        for gpu in ids if helper_processes else ():
+            if gpu != home:  # the GPU frames end on decodes here: no copy between processes for its frames
+                self._helpers[gpu] = self._start_helper(gpu, engines[gpu])
 
     def _start_helper(self, gpu: int, sessions: int) -> NvdecHelper | None:
         try:
@@ -220,10 +226,12 @@ class NvdecDecoder:
         return device
 
     def close(self) -> None:
+        self._closing = True  # no helper restarts; closing the helpers first fails their tasks in flight at once
+        with self._restart_lock:
+            for helper in self._helpers.values():
+                if helper is not None:
+                    helper.close()
         self._executor.shutdown(wait=True, cancel_futures=True)
-        for helper in self._helpers.values():
-            if helper is not None:
-                helper.close()
         close = getattr(self.fallback, "close", None)
         if close is not None:
             close()
@@ -335,17 +343,21 @@ class NvdecDecoder:
             helper = self._helper(gpu)
             fed = self._decode(path, fmt, job, futures) if helper is None else helper.run(
                 path, fmt, job, futures, self.output_device)
+            why = "the helper process sent no frames for it"
         except Exception as exc:  # from the helper (`_decode` settles its own failures)
-            for future in futures:
-                if not future.done():
-                    future.set_exception(NvdecError(f"NVDEC on GPU {gpu}: {type(exc).__name__}: {exc}"))
-        finally:
-            frames = sum(len(f.result()) for f in futures if f.done() and not f.cancelled() and f.exception() is None)
-            name = threading.current_thread().name
-            with self._lock:
-                old = self._stats.get(name, SessionStats(gpu, 0, 0, 0, 0.0))
-                self._stats[name] = SessionStats(old.gpu, old.tasks + 1, old.frames + frames, old.packets + fed,
-                                                 old.busy_s + time.perf_counter() - start)
+            why = f"{type(exc).__name__}: {exc}"
+        for part, future in enumerate(futures):  # never left unsettled: its consumer waits on it
+            if not future.done():
+                try:
+                    future.set_exception(NvdecError(f"NVDEC on GPU {gpu}, part {part}: {why}"))
+                except InvalidStateError:
+                    pass
+        frames = sum(len(f.result()) for f in futures if not f.cancelled() and f.exception() is None)
+        name = threading.current_thread().name
+        with self._lock:
+            old = self._stats.get(name, SessionStats(gpu, 0, 0, 0, 0.0))
+            self._stats[name] = SessionStats(old.gpu, old.tasks + 1, old.frames + frames, old.packets + fed,
+                                             old.busy_s + time.perf_counter() - start)
         return fed
 
     def _helper(self, gpu: int) -> NvdecHelper | None:
@@ -353,7 +365,9 @@ class NvdecDecoder:
         helper = self._helpers.get(gpu)
         if helper is None or helper.alive:
             return helper
-        with self._lock:
+        with self._restart_lock:
+            if self._closing:
+                raise HelperError("the decoder is closing")
             if self._helpers[gpu] is helper:
                 helper.close()
                 self._helpers[gpu] = self._start_helper(gpu, self.session_gpus.count(gpu))

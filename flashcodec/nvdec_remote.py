@@ -23,7 +23,7 @@ import socket
 import subprocess
 import sys
 import threading
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from functools import partial
 
 import torch
@@ -35,7 +35,7 @@ from flashcodec.gop_worker import receive
 
 log = logging.getLogger(__name__)
 START_TIMEOUT_S = 120.0  # a helper imports torch and PyNvVideoCodec and queries its GPU
-TASK_TIMEOUT_S = 300.0  # a task whose helper says nothing for this long has its helper killed
+TASK_TIMEOUT_S = 300.0  # a task not over after this long has its helper killed (and the helper's other tasks fail)
 
 
 class HelperError(RuntimeError):
@@ -57,20 +57,25 @@ class NvdecHelper:
     """
 
     def __init__(self, gpu: int, sessions: int, max_gop_size: int):
-        self.gpu = gpu
+        self.gpu, self.process, self.conn, self._reader = gpu, None, None, None
+        self._lock, self._send_lock, self._tasks, self._next = threading.Lock(), threading.Lock(), {}, 0
+        self.alive = False
         parent, child = socket.socketpair()
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-        command = [python_executable(), "-m", "flashcodec.nvdec_remote", str(child.fileno()), str(gpu),
-                   str(sessions), str(max_gop_size)]
-        self.process = subprocess.Popen(command, pass_fds=[child.fileno()], env=env, stdin=subprocess.DEVNULL)
-        child.close()
-        self.conn = multiprocessing.connection.Connection(parent.detach())
-        answer = receive(self.conn) if self.conn.poll(START_TIMEOUT_S) else None
+        try:
+            env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+            command = [python_executable(), "-m", "flashcodec.nvdec_remote", str(child.fileno()), str(gpu),
+                       str(sessions), str(max_gop_size)]
+            self.process = subprocess.Popen(command, pass_fds=[child.fileno()], env=env, stdin=subprocess.DEVNULL)
+            self.conn = multiprocessing.connection.Connection(parent.detach())
+            answer = receive(self.conn) if self.conn.poll(START_TIMEOUT_S) else None
+        except Exception as exc:  # no interpreter, no process, an answer that does not unpickle
+            answer = f"{type(exc).__name__}: {exc}"
+        finally:
+            child.close()
+            parent.close()  # detached already when the connection was made
         if answer != ("ready", tuple(sys.version_info[:2])):
             self.close()
             raise HelperError(f"NVDEC helper for GPU {gpu} did not start: {answer!r}")
-        self._lock, self._tasks, self._next = threading.Lock(), {}, 0
-        self._send_lock = threading.Lock()
         self.alive = True
         self._reader = threading.Thread(target=self._read, name=f"nvdec-helper-gpu{gpu}", daemon=True)
         self._reader.start()
@@ -103,38 +108,41 @@ class NvdecHelper:
         return task.fed
 
     def _read(self) -> None:
-        while True:
-            try:
-                message = receive(self.conn)
-            except Exception:  # a message that does not unpickle (a CUDA IPC handle that will not open)
-                log.exception("NVDEC helper for GPU %d: unreadable message; stopping the helper", self.gpu)
-                self.process.kill()
-                message = None
-            if message is None:
-                break
-            kind, task_id = message[0], message[1]
+        """Settles tasks from the helper's messages; when the helper has gone (or this thread fails), marks it
+        dead and fails every task in flight, so that none waits for nothing."""
+        try:
+            while (message := receive(self.conn)) is not None:
+                self._on_message(message)
+                message = None  # lets the helper free the frames before the next message comes
+        except Exception:  # a message that does not unpickle (a CUDA IPC handle that will not open), a bug
+            log.exception("NVDEC helper for GPU %d: unreadable message; stopping the helper", self.gpu)
+            self.process.kill()
+        finally:
             with self._lock:
-                task = self._tasks.get(task_id)
-            if task is None:
-                continue
-            if kind == "part":
-                try:
-                    frames = self._own(message[3], task.output_device)
-                except Exception as exc:  # the task fails, the helper goes on
-                    task.error = task.error or f"frames from GPU {self.gpu}: {type(exc).__name__}: {exc}"
-                    continue
-                if not task.futures[message[2]].done():  # a consumer that has gone may have cancelled it
-                    task.futures[message[2]].set_result(frames)
-            elif kind == "error":
-                task.error = task.error or message[3]
-            else:  # "done"
-                task.fed = message[2]
-                task.done.set()
+                self.alive = False
+                for task in self._tasks.values():
+                    task.error = task.error or f"the NVDEC helper for GPU {self.gpu} exited"
+                    task.done.set()
+
+    def _on_message(self, message: tuple) -> None:
+        kind, task_id = message[0], message[1]
         with self._lock:
-            self.alive = False
-            for task in self._tasks.values():
-                task.error = task.error or f"the NVDEC helper for GPU {self.gpu} exited"
-                task.done.set()
+            task = self._tasks.get(task_id)
+        if task is None:
+            return
+        if kind == "part":
+            try:
+                frames = self._own(message[3], task.output_device)
+                task.futures[message[2]].set_result(frames)
+            except InvalidStateError:
+                pass  # cancelled by a consumer that has gone, or failed by a `run` that timed out
+            except Exception as exc:  # the task fails, the helper goes on
+                task.error = task.error or f"frames from GPU {self.gpu}: {type(exc).__name__}: {exc}"
+        elif kind == "error":
+            task.error = task.error or message[3]
+        else:  # "done"
+            task.fed = message[2]
+            task.done.set()
 
     def _own(self, frames: list[torch.Tensor], device: torch.device | None) -> list[torch.Tensor]:
         """Copies of the helper's frames in this process's memory, synchronised (the consumer is another thread)."""
@@ -146,17 +154,23 @@ class NvdecHelper:
         return copies
 
     def close(self) -> None:
-        try:
-            with getattr(self, "_send_lock", threading.Lock()):
-                self.conn.send(None)
-        except OSError:
-            pass
-        try:
-            self.process.wait(10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-        self.conn.close()
+        """Stop the helper (it finishes the tasks it has), then its reader; kill it after 10 s."""
+        if self.conn is not None:
+            try:
+                with self._send_lock:
+                    self.conn.send(None)
+            except OSError:
+                pass
+        if self.process is not None:
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        if self._reader is not None:
+            self._reader.join(10)  # it sees the end of the stream: never close the socket under it
+        if self.conn is not None:
+            self.conn.close()
 
 
 def serve(fd: int, gpu: int, sessions: int, max_gop_size: int) -> None:
@@ -180,9 +194,15 @@ def serve(fd: int, gpu: int, sessions: int, max_gop_size: int) -> None:
 
     def part_done(task_id: int, part: int, future: Future) -> None:
         if future.exception() is None:
-            send(("part", task_id, part, future.result()))
-        else:
-            send(("error", task_id, part, str(future.exception())))
+            try:
+                send(("part", task_id, part, future.result()))
+                return
+            except OSError:
+                return  # the parent is gone
+            except Exception as exc:  # frames that will not pickle as CUDA IPC handles
+                send(("error", task_id, part, f"frames not sent: {type(exc).__name__}: {exc}"))
+                return
+        send(("error", task_id, part, str(future.exception())))
 
     def task_done(task_id: int, future: Future) -> None:
         send(("done", task_id, future.result() if future.exception() is None else 0))

@@ -41,11 +41,14 @@ class Metrics:
                              for n in REPLICA_GAUGES for k in range(replicas)})
         self._counter_families = {n: pb.MetricFamily(n, d, pb.MetricFamily.COUNTER) for n, d in COUNTERS.items()}
         self._counters: dict[tuple[str, str], object] = {}
+        self._values: dict = {}  # the last value set per gauge: each set is a round trip to Triton, skip repeats
 
     def set(self, name: str, value: float, replica: int | None = None) -> None:
         """Set gauge ``name`` (of REPLICA_GAUGES: ``replica``'s series)."""
-        if self._gauges:
-            self._gauges[name if replica is None else (name, replica)].set(value)
+        key = name if replica is None else (name, replica)
+        if self._gauges and self._values.get(key) != value:
+            self._gauges[key].set(value)
+            self._values[key] = value
 
     def increment(self, name: str, label: str = "", by: float = 1) -> None:
         if not self._counter_families:

@@ -37,7 +37,8 @@ log = logging.getLogger(__name__)
 # (seq_ids, token_ids, finish_reasons): one decode step's output for all sequences ("" = running).
 StepSink = Callable[[list[str], list[int], list[str]], None]
 # (sequences in the step, seconds from the step's start to its tokens on the host, whether the batch is empty
-# after it): one call per step, before the step's message is sent.
+# after it): one call per step, on the send thread after the step's message; also (0, 0.0, idle) when the batch
+# may have emptied without a step (abort, end) and at shutdown.
 StepTimer = Callable[[int, float, bool], None]
 
 
@@ -73,8 +74,8 @@ class DecodeWorker:
     graphs' warm-up at start): ``"auto"`` (with CUDA graphs: 5.78 vs 7.43 ms per step at batch 1 and 10.25 vs
     12.66 ms at batch 64, 4k context, on an H200: bench/results/runtime-h200-2026-11-29b), ``"on"`` or
     ``"off"``. ``on_step``: told each step's batch size and time (forward + sampling) and whether the batch is
-    empty after it, for the stage's metrics (a metric update is a round trip to the Triton process: the adaptor
-    sums them and sends them when the batch empties or a second has passed, not every step).
+    empty after it (``StepTimer``), for the stage's metrics (a metric update is a round trip to the Triton
+    process: the adaptor sums them and sends them when the batch empties or a second has passed).
     ``kv_pool``: the shared pool's name (``backends.replicas``: one pool per replica).
     """
 
@@ -133,6 +134,9 @@ class DecodeWorker:
         self._stop.set()
         self.commands.put(("stop", None, None))
         self.thread.join(timeout=10)
+        if self.thread.is_alive():
+            log.warning("decode: the loop thread did not stop within 10 s")
+        self._told(0, 0.0)  # what the metrics have summed goes out before the model unloads
         self._outbox.put(None)
         self._sender.join(timeout=10)
         self.on_step = None
@@ -158,11 +162,13 @@ class DecodeWorker:
         elif kind == "end":
             self.running.clear()
             self._end_stream()
+            self._told(0, 0.0)
         elif kind == "admit":
             self.running[value.seq_id] = value
         elif kind == "abort":
             self.running.pop(value, None)
             done()
+            self._told(0, 0.0)
 
     def _end_stream(self) -> None:
         end, self.sink, self.end = self.end, None, None
@@ -210,6 +216,11 @@ class DecodeWorker:
             reasons.append(reason or "")
             if reason:
                 del self.running[seq.seq_id]
-        if self.on_step is not None:
-            self.on_step(len(batch), elapsed, not self.running)
         self._post(self.sink, [s.seq_id for s in batch], tokens, reasons)
+        self._told(len(batch), elapsed)
+
+    def _told(self, batch: int, elapsed: float) -> None:
+        """``on_step`` on the send thread, after the step's message (``batch`` 0: no step, the batch may have
+        emptied: a moment to send what the metrics have summed)."""
+        if self.on_step is not None:
+            self._post(self.on_step, batch, elapsed, not self.running)

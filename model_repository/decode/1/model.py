@@ -32,14 +32,15 @@ class TritonPythonModel:
             ("unifiedserve_decode_step_sequences", "sequences in decode steps, summed (mean batch = this / steps)"))]
         # one family per name across the replicas' processes (Triton merges equal families), one series each
         series = [family.Metric(labels={"replica": str(replica)}) for family in self.metric_families]
-        # Each increment is a round trip to the Triton process, on the decode loop between two steps: the steps'
-        # sums are sent when the batch empties or a second has passed, so a scrape lags by at most a second.
+        # Each increment is a round trip to the Triton process: the steps' sums are sent when the batch empties or
+        # a second has passed (and at shutdown), so a scrape lags by at most a second while requests run.
         pending, sent = [0, 0.0, 0], [time.monotonic()]
 
-        def on_step(batch, elapsed, idle):
-            for k, value in enumerate((1, elapsed, batch)):
-                pending[k] += value
-            if idle or time.monotonic() - sent[0] >= 1.0:
+        def on_step(batch, elapsed, idle):  # on the decode stage's send thread only
+            if batch:
+                for k, value in enumerate((1, elapsed, batch)):
+                    pending[k] += value
+            if pending[0] and (idle or time.monotonic() - sent[0] >= 1.0):
                 for metric, value in zip(series, pending):
                     metric.increment(value)
                 pending[:], sent[0] = [0, 0.0, 0], time.monotonic()
