@@ -66,13 +66,14 @@ class NvdecHelper:
             command = [python_executable(), "-m", "flashcodec.nvdec_remote", str(child.fileno()), str(gpu),
                        str(sessions), str(max_gop_size)]
             self.process = subprocess.Popen(command, pass_fds=[child.fileno()], env=env, stdin=subprocess.DEVNULL)
+            child.close()  # the helper's end only there: a helper that dies is seen at once, not at the timeout
             self.conn = multiprocessing.connection.Connection(parent.detach())
             answer = receive(self.conn) if self.conn.poll(START_TIMEOUT_S) else None
         except Exception as exc:  # no interpreter, no process, an answer that does not unpickle
             answer = f"{type(exc).__name__}: {exc}"
         finally:
             child.close()
-            parent.close()  # detached already when the connection was made
+            parent.close()  # both no-ops where done already (closed, detached into the connection)
         if answer != ("ready", tuple(sys.version_info[:2])):
             self.close()
             raise HelperError(f"NVDEC helper for GPU {gpu} did not start: {answer!r}")
@@ -83,7 +84,7 @@ class NvdecHelper:
     def run(self, path: str, fmt, job: GopJob, futures: list[Future], output_device: torch.device | None) -> int:
         """Decode `job` of the video at `path` (stream format `fmt`) in the helper: each part's frames into its
         future as soon as it arrives (on `output_device`, else on the helper's GPU). Returns the packets fed to
-        NVDEC. Raises HelperError when the helper failed a part, died or went silent for TASK_TIMEOUT_S s."""
+        NVDEC. Raises HelperError when the helper failed a part, died, or took over TASK_TIMEOUT_S s."""
         task = _Task(futures, output_device)
         with self._lock:
             if not self.alive:
