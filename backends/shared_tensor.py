@@ -67,14 +67,16 @@ def _publish(name: str, meta: dict, ipc: bytes | None = None) -> None:
     tmp.rename(directory / f"{name}.json")  # the JSON appears last: mappers wait for it
 
 
-def create(name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> SharedTensor:
-    """Allocate a zeroed pool of ``shape``/``dtype`` on ``device`` and publish its handle.
+def create(name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
+           extra: dict | None = None) -> SharedTensor:
+    """Allocate a zeroed pool of ``shape``/``dtype`` on ``device`` and publish its handle, with ``extra``
+    (JSON-serialisable) in its metadata (``describe``).
 
     Raises RuntimeError when no run directory is set.
     """
     directory = run_dir()
     directory.mkdir(parents=True, exist_ok=True)
-    meta = {"shape": list(shape), "dtype": _dtype_name(dtype), "device": str(device)}
+    meta = {**(extra or {}), "shape": list(shape), "dtype": _dtype_name(dtype), "device": str(device)}
     if device.type == "cuda":
         from torch.multiprocessing.reductions import reduce_tensor
 

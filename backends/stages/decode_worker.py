@@ -22,7 +22,7 @@ from typing import Callable
 
 import torch
 
-from backends import shared_tensor
+from backends import shared_tensor, shared_weights
 from backends.runtime.attention import FlashInferAttentionBackend, make_backend
 from backends.runtime.cuda_graphs import batch_ladder
 from backends.runtime.kv_cache import RESERVED_KV_PAGES, KVCacheLayout
@@ -76,16 +76,20 @@ class DecodeWorker:
     ``"off"``. ``on_step``: told each step's batch size and time (forward + sampling) and whether the batch is
     empty after it (``StepTimer``), for the stage's metrics (a metric update is a round trip to the Triton
     process: the adaptor sums them and sends them when the batch empties or a second has passed).
-    ``kv_pool``: the shared pool's name (``backends.replicas``: one pool per replica).
+    ``kv_pool``: the shared pool's name (``backends.replicas``: one pool per replica). ``lm_weights``: the name
+    under which the language model's weights are shared with encode_prefill (``backends.shared_weights``; None:
+    not shared).
     """
 
     def __init__(self, spec: ModelSpec, device: torch.device, kv_pages: int, page_size: int, max_batch: int,
                  attention_backend: str = "auto", cuda_graphs: str = "auto", on_step: StepTimer | None = None,
-                 compile_layers: str = "auto", kv_pool: str = "kv_pool"):
+                 compile_layers: str = "auto", kv_pool: str = "kv_pool", lm_weights: str | None = "lm_weights"):
         for name, value in (("cuda_graphs", cuda_graphs), ("compile_layers", compile_layers)):
             if value not in ("auto", "on", "off"):
                 raise ValueError(f"{name} must be auto, on or off, got {value!r}")
         model, tokenizer = load_model(spec)
+        # published before the KV pool, which encode_prefill waits for: by then it can find the weights too
+        self.weights = shared_weights.publish(model, lm_weights, device) if lm_weights else None
         layout = KVCacheLayout.from_config(model.config, num_pages=kv_pages + RESERVED_KV_PAGES,
                                            page_size=page_size, dtype=model.dtype)
         self.pool = shared_tensor.create(kv_pool, layout.shape, layout.dtype, device)
@@ -141,6 +145,8 @@ class DecodeWorker:
         self._sender.join(timeout=10)
         self.on_step = None
         self.pool.release()
+        if self.weights is not None:
+            self.weights.release()
 
     def _post(self, send: Callable, *args) -> None:
         """Run ``send(*args)`` on the send thread, after everything posted before it."""

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from backends import shared_tensor
+from backends import shared_tensor, shared_weights
 from backends.runtime.attention import make_backend
 from backends.runtime.loader import ModelSpec, load_model
 from backends.runtime.model_runner import ModelRunner, PrefillChunk
@@ -42,15 +42,19 @@ class EncodePrefillWorker:
 
     ``attention_backend``: the prefill attention (see ``attention.make_backend``); ``vision_devices``: more
     devices with a copy of the vision tower, over which each step's encode work is spread (data parallel);
-    ``kv_pool``: the name of the decode stage's pool to write (``backends.replicas``)."""
+    ``kv_pool``: the name of the decode stage's pool to write (``backends.replicas``); ``lm_weights``: the name
+    of the decode stage's shared language-model weights, used in place of this stage's own copy when published
+    (``backends.shared_weights``)."""
 
     def __init__(self, spec: ModelSpec, device: torch.device, attention_backend: str = "auto",
-                 vision_devices: list[torch.device] | tuple = (), kv_pool: str = "kv_pool"):
+                 vision_devices: list[torch.device] | tuple = (), kv_pool: str = "kv_pool",
+                 lm_weights: str = "lm_weights"):
         self.model, tokenizer = load_model(spec)
         self.device = device
         self.attention_backend = attention_backend
         self.vision_devices = list(vision_devices)
-        self.kv_pool = kv_pool
+        self.kv_pool, self.lm_weights = kv_pool, lm_weights
+        self._weights = None  # the shared weights once adopted (kept referenced)
         self.eos_ids = eos_token_ids(tokenizer)
         self.prompts: dict[str, PromptState] = {}
         self._runner: ModelRunner | None = None
@@ -60,6 +64,7 @@ class EncodePrefillWorker:
     def runner(self) -> ModelRunner:
         if self._runner is None:
             kv = shared_tensor.open_(self.kv_pool).tensor  # [layers, 2, pages, page_size, kv_heads, head_dim]
+            self._weights = shared_weights.adopt(self.model, self.lm_weights, self.device)  # before any forward
             backend = make_backend(self.attention_backend, self.model.config, kv.shape[3], self.model.dtype,
                                    self.device)
             self._runner = ModelRunner(self.model, kv, kv.shape[3], backend, vision_devices=self.vision_devices)

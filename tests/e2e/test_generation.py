@@ -5,6 +5,7 @@ import shutil
 import threading
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 import torch
@@ -134,3 +135,15 @@ def test_each_video_counts_once_under_the_path_that_decoded_it(server, grpc_url,
             break
         time.sleep(0.1)
     assert kind == "counter" and len(grown) == 1 and list(grown.values()) == [1], (before, after)
+
+
+def test_decode_and_encode_prefill_hold_one_copy_of_the_language_model(server, grpc_url):
+    """On the CPU the shared weights are a /dev/shm file (backends/shared_weights.py): after a request both stages
+    map it, so encode_prefill computes from the decode stage's copy."""
+    with Client(grpc_url) as client:
+        client.generate("Hello", sampling={**GREEDY, "max_tokens": 1})
+    mapping = {}
+    for pid, model in server.stubs().items():
+        maps = Path(f"/proc/{pid}/maps").read_text()
+        mapping[model] = any(line.rstrip().endswith("-lm_weights") for line in maps.splitlines())
+    assert mapping.get("decode") and mapping.get("encode_prefill") and not mapping.get("flashcodec"), mapping

@@ -12,6 +12,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repo root; the stub ignores PYTHONPATH
 
 
+def shared_weights_on(params: dict) -> bool:
+    """The ``share_weights`` parameter: on (default) or off. Raises ValueError for anything else."""
+    value = params.get("share_weights", "on")
+    if value not in ("on", "off"):
+        raise ValueError(f"share_weights must be on or off, got {value!r}")
+    return value == "on"
+
+
 class TritonPythonModel:
     def initialize(self, args):
         from backends import triton_io
@@ -52,7 +60,8 @@ class TritonPythonModel:
             max_batch=triton_io.int_parameter(params, "max_batch"),
             attention_backend=params.get("attention_backend", "auto"),
             cuda_graphs=params.get("cuda_graphs", "auto"), on_step=on_step,
-            compile_layers=params.get("compile_layers", "auto"), kv_pool=replica_name("kv_pool", replica))
+            compile_layers=params.get("compile_layers", "auto"), kv_pool=replica_name("kv_pool", replica),
+            lm_weights=replica_name("lm_weights", replica) if shared_weights_on(params) else None)
         # finalize() comes only once the stream below has its final flag: end it when the server stops.
         self.watch = StopWatch(self.worker.end_stream)
 

@@ -23,7 +23,8 @@ class TritonPythonModel:
             ModelSpec.from_parameters(params, device=str(device)), device,
             attention_backend=params.get("attention_backend", "auto"),
             vision_devices=helper_gpus(triton_io.gpus_value("vision_gpus", params.get("vision_gpus", "own")), device),
-            kv_pool=replica_name("kv_pool", triton_io.int_parameter(params, "replica", 0)))
+            kv_pool=replica_name("kv_pool", triton_io.int_parameter(params, "replica", 0)),
+            lm_weights=replica_name("lm_weights", triton_io.int_parameter(params, "replica", 0)))
 
     def execute(self, requests):
         io, pb = self.io, self.io.pb()
