@@ -81,7 +81,12 @@ def adopt(model: nn.Module, name: str, device: torch.device) -> shared_tensor.Sh
         log.warning("shared language-model weights %r not used (%s): this stage keeps its own copy", name,
                     why or "their size differs")
         return None
-    shared = shared_tensor.open_(name, timeout_s=0)
+    try:
+        shared = shared_tensor.open_(name, timeout_s=0)
+    except Exception as exc:  # a handle that will not map: serve from this stage's own copy rather than not at all
+        log.warning("shared language-model weights %r could not be mapped (%s: %s): this stage keeps its own copy",
+                    name, type(exc).__name__, exc)
+        return None
     _point_at(params, shared.tensor)
     if device.type == "cuda":
         torch.cuda.empty_cache()
