@@ -11,7 +11,6 @@ tensor; a stage whose model differs keeps its own copy (and says why).
 from __future__ import annotations
 
 import logging
-import math
 
 import torch
 from torch import nn
@@ -31,11 +30,11 @@ def _manifest(params: list[tuple[str, nn.Parameter]]) -> list[list]:
     return [[name, list(p.shape)] for name, p in params]
 
 
-def _point_at(params: list[tuple[str, nn.Parameter]], flat: torch.Tensor) -> None:
-    """Make each parameter a view of its slice of ``flat`` (in ``params`` order)."""
+def _slices(params: list[tuple[str, nn.Parameter]], flat: torch.Tensor):
+    """(parameter, its slice of ``flat`` shaped like it), in ``params`` order, back to back."""
     offset = 0
     for _, p in params:
-        p.data = flat[offset:offset + p.numel()].view(p.shape)
+        yield p, flat[offset:offset + p.numel()].view(p.shape)
         offset += p.numel()
 
 
@@ -50,12 +49,10 @@ def publish(model: nn.Module, name: str, device: torch.device) -> shared_tensor.
     dtype = dtypes.pop()
     total = sum(p.numel() for _, p in params)
     shared = shared_tensor.create(name, (total,), dtype, device, extra={"manifest": _manifest(params)})
-    offset = 0
     with torch.no_grad():
-        for _, p in params:
-            shared.tensor[offset:offset + p.numel()].copy_(p.reshape(-1))
-            offset += p.numel()
-    _point_at(params, shared.tensor)
+        for p, view in _slices(params, shared.tensor):
+            view.copy_(p)
+            p.data = view
     if device.type == "cuda":
         torch.cuda.empty_cache()  # the copies the parameters held before
     log.info("language-model weights shared as %r: %d parameters, %.2f GiB", name, total,
@@ -77,9 +74,8 @@ def adopt(model: nn.Module, name: str, device: torch.device) -> shared_tensor.Sh
     why = ("the models differ" if meta.get("manifest") != _manifest(params) else
            f"dtype {meta['dtype']} against {sorted(map(str, dtypes))}" if dtypes != {getattr(torch, meta["dtype"])} else
            f"device {meta['device']} against {device}" if torch.device(meta["device"]) != device else "")
-    if why or math.prod(meta["shape"]) != sum(p.numel() for _, p in params):
-        log.warning("shared language-model weights %r not used (%s): this stage keeps its own copy", name,
-                    why or "their size differs")
+    if why:  # equal manifests (names and shapes) mean equal sizes
+        log.warning("shared language-model weights %r not used (%s): this stage keeps its own copy", name, why)
         return None
     try:
         shared = shared_tensor.open_(name, timeout_s=0)
@@ -87,7 +83,8 @@ def adopt(model: nn.Module, name: str, device: torch.device) -> shared_tensor.Sh
         log.warning("shared language-model weights %r could not be mapped (%s: %s): this stage keeps its own copy",
                     name, type(exc).__name__, exc)
         return None
-    _point_at(params, shared.tensor)
+    for p, view in _slices(params, shared.tensor):
+        p.data = view
     if device.type == "cuda":
         torch.cuda.empty_cache()
     log.info("language-model weights mapped from %r: this stage's own copy let go", name)

@@ -87,7 +87,8 @@ def make_decoder(
     on the GPUs `gpus`: None (default) `device`'s GPU alone; "all" every GPU this process sees (`device`'s first);
     or a list of GPU ids. Frames always end on `device` (where they are patchified and encoded), peer-copied
     there from the GPU that decoded them; `helper_processes`: GPUs besides `device`'s decode in helper processes
-    (`NvdecDecoder`'s option: one process feeding several GPUs is bound by its GIL). NVDEC falls back per video to the CPU decoder below. CPU:
+    (`NvdecDecoder`'s option: one process feeding several GPUs is bound by its GIL). NVDEC falls back per video
+    to the CPU decoder below. CPU:
     `parallel.ParallelCpuDecoder` with `cpu_workers` processes (default: the usable cores; 1 means the
     sequential `CpuDecoder`), or `CpuDecoder` when the processes cannot start. Each step down is logged with its
     reason; the choice is logged at INFO. Raises ValueError for `gpus` neither None, "all" nor distinct GPU ids.

@@ -19,12 +19,12 @@ class TritonPythonModel:
 
         self.io = triton_io
         params, device = stage_setup(args)
+        replica = triton_io.int_parameter(params, "replica", 0)
         self.worker = EncodePrefillWorker(
             ModelSpec.from_parameters(params, device=str(device)), device,
             attention_backend=params.get("attention_backend", "auto"),
             vision_devices=helper_gpus(triton_io.gpus_value("vision_gpus", params.get("vision_gpus", "own")), device),
-            kv_pool=replica_name("kv_pool", triton_io.int_parameter(params, "replica", 0)),
-            lm_weights=replica_name("lm_weights", triton_io.int_parameter(params, "replica", 0)))
+            kv_pool=replica_name("kv_pool", replica), lm_weights=replica_name("lm_weights", replica))
 
     def execute(self, requests):
         io, pb = self.io, self.io.pb()
