@@ -116,16 +116,25 @@ def patchify(frames, plan, device: torch.device | None) -> int:
     return rows
 
 
-def opencv_frames(path: Path, indices):
+def opencv_sampled(capture, start: int, indices) -> list[np.ndarray]:
+    """The frames `indices` (sorted, all >= `start`) as RGB, from an OpenCV `capture` standing at frame `start`:
+    every frame up to the last of them is grabbed, the sampled ones retrieved (a repeated index repeats its
+    frame). Raises RuntimeError when the stream ends first."""
     import cv2
 
-    capture, wanted, index = cv2.VideoCapture(str(path)), set(indices), 0
-    frames = {}
-    while index <= indices[-1] and capture.grab():
+    wanted, frames = set(indices), {}
+    for index in range(start, indices[-1] + 1):
+        if not capture.grab():
+            raise RuntimeError(f"OpenCV stopped at frame {index}")
         if index in wanted:
             frames[index] = cv2.cvtColor(capture.retrieve()[1], cv2.COLOR_BGR2RGB)
-        index += 1
-    return (frames[i] for i in indices)
+    return [frames[i] for i in indices]
+
+
+def opencv_frames(path: Path, indices) -> list[np.ndarray]:
+    import cv2
+
+    return opencv_sampled(cv2.VideoCapture(str(path)), 0, indices)
 
 
 def pyav_threaded_frames(path: Path, indices, threads: int):
@@ -150,14 +159,9 @@ def opencv_part(job: tuple[str, int, list[int]]) -> list[np.ndarray]:
 
     path, start, indices = job
     cv2.setNumThreads(1)
-    capture, wanted, frames = cv2.VideoCapture(path), set(indices), []
+    capture = cv2.VideoCapture(path)
     capture.set(cv2.CAP_PROP_POS_FRAMES, start)
-    for index in range(start, indices[-1] + 1):
-        if not capture.grab():
-            raise RuntimeError(f"{path}: OpenCV stopped at frame {index}")
-        if index in wanted:
-            frames.append(cv2.cvtColor(capture.retrieve()[1], cv2.COLOR_BGR2RGB))
-    return frames
+    return opencv_sampled(capture, start, indices)
 
 
 def opencv_processes_frames(pool, path: Path, indices):
