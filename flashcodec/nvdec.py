@@ -32,7 +32,7 @@ from flashcodec.gop import BitstreamMap, map_for_indices
 from flashcodec.gop_plan import MAX_GOP_SIZE, DecodeTask, frames_in_order, plan_gop_tasks
 from flashcodec.gop_reader import GopJob, ReaderCache
 from flashcodec.nvdec_remote import HelperError, NvdecHelper
-from flashcodec.nvdec_session import NvdecPackets
+from flashcodec.nvdec_session import NvdecPackets, synchronize
 from flashcodec.parallel import as_file
 from flashcodec.probe import Source
 
@@ -383,9 +383,7 @@ class NvdecDecoder:
             for part, out in enumerate(reader.run(job, packets)):
                 if any(frame is None for frame in out):
                     raise NvdecError(f"NVDEC returned no frame for some of {job.task.parts[part].frames[:4]}...")
-                for stream_device in packets.decoded_on | {out[0].device}:  # the consumer is another thread
-                    if stream_device.type == "cuda":
-                        torch.cuda.current_stream(stream_device).synchronize()
+                synchronize(packets.decoded_on | {out[0].device})
                 futures[part].set_result(out)
             fed = packets.fed
         except Exception as exc:

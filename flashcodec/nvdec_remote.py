@@ -32,6 +32,7 @@ import torch.multiprocessing  # noqa: F401  (registers the CUDA tensor reduction
 from flashcodec.gop_pool import python_executable
 from flashcodec.gop_reader import GopJob
 from flashcodec.gop_worker import receive
+from flashcodec.nvdec_session import synchronize
 
 log = logging.getLogger(__name__)
 START_TIMEOUT_S = 120.0  # a helper imports torch and PyNvVideoCodec and queries its GPU
@@ -100,7 +101,8 @@ class NvdecHelper:
             if not task.done.wait(TASK_TIMEOUT_S):
                 self.process.kill()  # the reader sees the end and fails every task
                 task.done.wait(10)
-                raise HelperError(f"the NVDEC helper for GPU {self.gpu} said nothing for {TASK_TIMEOUT_S:.0f} s")
+                raise HelperError(f"the NVDEC helper for GPU {self.gpu} did not finish a task in "
+                                  f"{TASK_TIMEOUT_S:.0f} s")
         finally:
             with self._lock:
                 self._tasks.pop(task_id, None)
@@ -149,9 +151,7 @@ class NvdecHelper:
         """Copies of the helper's frames in this process's memory, synchronised (the consumer is another thread)."""
         target = device or torch.device("cuda", self.gpu)
         copies = [frame.to(target, non_blocking=True) if target != frame.device else frame.clone() for frame in frames]
-        for used in {target, torch.device("cuda", self.gpu)}:
-            if used.type == "cuda":
-                torch.cuda.current_stream(used).synchronize()
+        synchronize({target, torch.device("cuda", self.gpu)})
         return copies
 
     def close(self) -> None:
@@ -194,16 +194,15 @@ def serve(fd: int, gpu: int, sessions: int, max_gop_size: int) -> None:
     send(("ready", tuple(sys.version_info[:2])))
 
     def part_done(task_id: int, part: int, future: Future) -> None:
-        if future.exception() is None:
-            try:
-                send(("part", task_id, part, future.result()))
-                return
-            except OSError:
-                return  # the parent is gone
-            except Exception as exc:  # frames that will not pickle as CUDA IPC handles
-                send(("error", task_id, part, f"frames not sent: {type(exc).__name__}: {exc}"))
-                return
-        send(("error", task_id, part, str(future.exception())))
+        if future.exception() is not None:
+            send(("error", task_id, part, str(future.exception())))
+            return
+        try:
+            send(("part", task_id, part, future.result()))
+        except OSError:
+            pass  # the parent is gone
+        except Exception as exc:  # frames that will not pickle as CUDA IPC handles
+            send(("error", task_id, part, f"frames not sent: {type(exc).__name__}: {exc}"))
 
     def task_done(task_id: int, future: Future) -> None:
         send(("done", task_id, future.result() if future.exception() is None else 0))

@@ -86,6 +86,14 @@ def yuv_to_rgb(surface: torch.Tensor, colorspace: int = 2, full_range: bool = Fa
     return rgb.round_().clamp_(0, 255).to(torch.uint8)
 
 
+def synchronize(devices) -> None:
+    """Wait for the current stream of each CUDA device in `devices` (others are skipped): frames handed to a
+    consumer on another thread must be finished there."""
+    for device in devices:
+        if device.type == "cuda":
+            torch.cuda.current_stream(device).synchronize()
+
+
 class NvdecPackets:
     """PacketDecoder on `session` (a PyNvVideoCodec decoder made with `usedevicememory=True` and
     `outputColorType=NATIVE`) for packets of `stream`.
