@@ -1,6 +1,7 @@
-"""A per-server secret that the orchestrator sends with every BLS request to the stages, so that clients
-cannot call the internal models (flashcodec, encode_prefill, decode) directly: Triton 2.51 serves every
-loaded model to every client, and one stray `decode` "stream" call would take over the token fan-out.
+"""A per-server secret, so that clients cannot drive the internal stages: the orchestrator sends it with
+every BLS request to encode_prefill (Triton 2.51 serves every loaded model to every client), and it is the
+key of the stage links to decode and flashcodec (backends/stage_link.py), where one stray "stream" call
+would take over the token fan-out.
 """
 from __future__ import annotations
 

@@ -117,11 +117,6 @@ def boolean(request, name: str, default: bool) -> bool:
     return default if array is None or array.size == 0 else bool(np.ravel(array)[0])
 
 
-def ints(request, name: str) -> list[int]:
-    array = _array(request, name)
-    return [] if array is None else [int(x) for x in np.ravel(array)]
-
-
 def str_tensor(name: str, values: list[str] | list[bytes]):
     data = np.array([v.encode() if isinstance(v, str) else v for v in values], dtype=np.object_)
     return pb().Tensor(name, data)

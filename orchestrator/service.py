@@ -171,13 +171,13 @@ class Orchestrator:
         asyncio.get_running_loop().create_task(self._drain(on_drained))
 
     async def _drain(self, on_drained: Callable[[], None]) -> None:
-        while self.active or not all(t.done() for t in self._tasks) or stages.PUMPS.busy():
+        while self.active or not all(t.done() for t in self._tasks) or stages.LINKS.busy():
             await asyncio.sleep(0.02)
         on_drained()
 
     async def close(self, timeout_s: float = 10.0) -> None:
-        """For ``finalize``: cancel the loops and media tasks, wait for the stage calls made on threads.
-        (The decoupled BLS streams' threads are waited for by ``stages.PUMPS.join``.)"""
+        """For ``finalize``: cancel the loops and media tasks, wait for the BLS calls made on threads, close
+        the stage links."""
         self.stopping = True
         tasks = [*self._tasks, *(t for a in self.active.values() for t in a.media_tasks)]
         if self._ready is not None:
@@ -189,6 +189,7 @@ class Orchestrator:
             await asyncio.wait_for(asyncio.get_running_loop().shutdown_default_executor(), timeout_s)
         except asyncio.TimeoutError:
             log.warning("orchestrator: stage calls still running at finalize")
+        stages.LINKS.close()
 
     def _update_gauges(self) -> None:
         m = self.metrics
@@ -272,7 +273,7 @@ class Orchestrator:
 
         body = {"media_plan": plan_to_json(plan), "path": media.path}
         try:
-            await stages.flashcodec_decode(active.req_id, media.source if media.path is None else b"", body, on_group)
+            await stages.flashcodec_decode(active.req_id, media.data, body, on_group)
             if bad:
                 raise stages.StageError(f"flashcodec: {bad[0]}")
             if active.groups_reported[item] < layout.num_groups and self.active.get(active.req_id) is active:

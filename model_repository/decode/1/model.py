@@ -1,10 +1,11 @@
 """Triton adaptor for the decode stage (backends/stages/decode_worker.py).
 
-ops: "stream" (long-lived; one response per decode step with the tokens of all running sequences),
-"admit" (payload: a sequence after prefill; acknowledged at once), "abort" (payload: {"seq_id"};
-acknowledged once the loop has dropped it, so its KV pages may be reused).
+The orchestrator drives it over the stage link (backends/stage_link.py, socket ``decode`` or ``decode_<r>``),
+not BLS. Ops: "stream" (long-lived; a first empty reply once attached, then one reply per decode step with the
+tokens of all running sequences: ``(seq_ids, token_ids, finish_reasons)``), "admit" (body: a sequence after
+prefill; ended at once), "abort" (body: the seq_id; ended once the loop has dropped it, so its KV pages may be
+reused). Triton requests are refused: the model is internal.
 """
-import json
 import sys
 import time
 from pathlib import Path
@@ -26,6 +27,7 @@ class TritonPythonModel:
         from backends.replicas import replica_name
         from backends.runtime.loader import ModelSpec
         from backends.server_stop import StopWatch
+        from backends.stage_link import LinkServer
         from backends.stages.decode_worker import DecodeWorker
         from backends.stages.device import stage_setup
 
@@ -62,38 +64,31 @@ class TritonPythonModel:
             cuda_graphs=params.get("cuda_graphs", "auto"), on_step=on_step,
             compile_layers=params.get("compile_layers", "auto"), kv_pool=replica_name("kv_pool", replica),
             lm_weights=replica_name("lm_weights", replica) if shared_weights_on(params) else None)
-        # finalize() comes only once the stream below has its final flag: end it when the server stops.
+        # When the server stops, the stream ends: the orchestrator sees it and fails what was left in decode.
         self.watch = StopWatch(self.worker.end_stream)
+        self.link = LinkServer(replica_name("decode", replica), self._call)
+
+    def _call(self, op, body, call):
+        """One stage-link call (on the link's reader thread; enqueues only)."""
+        if op == "stream":
+            call.send(None)  # attached
+            self.worker.attach(lambda *step: call.send(step), call.end)
+        elif op == "admit":
+            self.worker.admit(body)
+            call.end()
+        elif op == "abort":
+            self.worker.abort(body, call.end)
+        else:
+            call.end(f"decode: unknown op {op!r}")
 
     def execute(self, requests):
-        io, pb = self.io, self.io.pb()
-        final = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-        for request in requests:
-            sender = request.get_response_sender()
-            if io.foreign(request):
-                sender.send(io.error(io.INTERNAL_ONLY), flags=final)
-                continue
-            op = io.string(request, "op")
-            if op == "stream":
-                def sink(seq_ids, token_ids, reasons, sender=sender):
-                    sender.send(pb.InferenceResponse([io.str_tensor("seq_ids", seq_ids), io.int_tensor("token_ids", token_ids),
-                                                      io.str_tensor("finish_reasons", reasons)]))
-                sender.send(pb.InferenceResponse([]))  # tells the orchestrator the stream is attached
-                self.worker.attach(sink, lambda sender=sender: sender.send(flags=final))
-            elif op == "admit":
-                self.worker.admit(json.loads(io.string(request, "payload")))
-                sender.send(pb.InferenceResponse([]), flags=final)
-            elif op == "abort":
-                seq_id = json.loads(io.string(request, "payload"))["seq_id"]
-                self.worker.abort(seq_id, lambda sender=sender: sender.send(flags=final))
-            else:
-                sender.send(io.error(f"decode: unknown op {op!r}"), flags=final)
-        return None
+        return [self.io.error(self.io.INTERNAL_ONLY) for _ in requests]
 
     def finalize(self):
         from backends.server_stop import before_exit
 
         self.watch.close()
+        self.link.close()
         self.worker.shutdown()
         # Metrics alive when the stub exits crash it (triton-inference-server/server#8662): drop them here.
         self.metric_families = None

@@ -1,16 +1,14 @@
 """Triton adaptor for FlashCodec (backends/stages/flashcodec_worker.py).
 
-op "decode": inputs request_id, media (file bytes, or a path when plan["path"] is set), plan (JSON:
-the sampling plan); streams one response per group (outputs ``group`` and ``pages``, the patch pages
-it took for the group once decoded) as soon as its patches are in the pool, then the final flag.
-op "abort": stop request_id's decode.
+The orchestrator drives it over the stage link (backends/stage_link.py, socket ``flashcodec``), not BLS.
+Op "decode", body ``{"request_id", "media": file bytes or None, "plan": {"media_plan", "path"}}`` (the path
+is used when set): one reply ``(group, pages)`` per group (the patch pages it took for the group once
+decoded) as soon as its patches are in the pool, then the end (with the error message when decoding failed).
+Op "abort", body the request_id: stop its decodes. Triton requests are refused: the model is internal.
 """
-import json
 import sys
 import threading
 from pathlib import Path
-
-import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repo root; the stub ignores PYTHONPATH
 
@@ -19,6 +17,7 @@ class TritonPythonModel:
     def initialize(self, args):
         from backends import triton_io
         from backends.server_stop import StopWatch
+        from backends.stage_link import LinkServer
         from backends.stages.device import stage_setup
         from backends.stages.flashcodec_worker import FlashCodecWorker
 
@@ -34,40 +33,31 @@ class TritonPythonModel:
                                       "cpu_parallel, cpu)", pb.MetricFamily.COUNTER)
         self.video_metrics = {}  # path -> (its counter, the count it has been told)
         self.metrics_lock = threading.Lock()  # on_done runs on the decode threads
-        # finalize() comes only once every decode stream has its final flag: end them when the server stops.
+        # When the server stops, every decode ends after its current group (its call ends).
         self.watch = StopWatch(self.worker.stop)
+        self.link = LinkServer("flashcodec", self._call)
+
+    def _call(self, op, body, call):
+        """One stage-link call (on the link's reader thread; submits only)."""
+        if op == "abort":
+            self.worker.abort(body)
+            call.end()
+        elif op == "decode":
+            plan = body["plan"]
+
+            def on_done(error):
+                try:
+                    self._update_metrics()
+                finally:
+                    call.end(error)
+
+            self.worker.submit(body["request_id"], plan["path"] or body["media"], plan["media_plan"],
+                               lambda index, pages: call.send((index, pages)), on_done)
+        else:
+            call.end(f"flashcodec: unknown op {op!r}")
 
     def execute(self, requests):
-        io, pb = self.io, self.io.pb()
-        final = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-        for request in requests:
-            sender = request.get_response_sender()
-            if io.foreign(request):
-                sender.send(io.error(io.INTERNAL_ONLY), flags=final)
-                continue
-            request_id, op = io.string(request, "request_id"), io.string(request, "op")
-            if op == "abort":
-                self.worker.abort(request_id)
-                sender.send(pb.InferenceResponse([]), flags=final)
-                continue
-            plan = json.loads(io.string(request, "plan"))
-            media = plan["path"] if plan.get("path") else io.bytes_list(request, "media")[0]
-
-            def on_group(index, pages, sender=sender):
-                sender.send(pb.InferenceResponse([pb.Tensor("group", np.array([index], np.int32)),
-                                                  pb.Tensor("pages", np.array(pages, np.int32))]))
-
-            def on_done(error, sender=sender):
-                try:
-                    self._update_metrics()  # before the final flag: after it, finalize() may run
-                finally:
-                    if error:  # one message: the error carries the final flag
-                        sender.send(io.error(error), flags=final)
-                    else:
-                        sender.send(flags=final)
-
-            self.worker.submit(request_id, media, plan["media_plan"], on_group, on_done)
-        return None
+        return [self.io.error(self.io.INTERNAL_ONLY) for _ in requests]
 
     def _update_metrics(self):
         with self.metrics_lock:
@@ -84,6 +74,7 @@ class TritonPythonModel:
         from backends.server_stop import before_exit
 
         self.watch.close()
+        self.link.close()
         self.worker.shutdown()
         with self.metrics_lock:  # metrics alive when the stub exits crash it (triton-inference-server/server#8662)
             self.video_metrics, self.videos = {}, None

@@ -21,11 +21,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repo root; t
 class TritonPythonModel:
     def initialize(self, args):
         from backends import server_stop, triton_io
-        from orchestrator import frontend, stages
+        from orchestrator import frontend
         from orchestrator.metrics import Metrics
         from orchestrator.service import Orchestrator, OrchestratorConfig
 
-        self.frontend, self.stages, self.server_stop = frontend, stages, server_stop
+        self.frontend, self.server_stop = frontend, server_stop
         triton_io.enable_stack_dumps()
         config = OrchestratorConfig.from_parameters(triton_io.parameters(args))
         self.metrics = Metrics(config.replicas)
@@ -54,8 +54,6 @@ class TritonPythonModel:
             asyncio.run_coroutine_threadsafe(self.orchestrator.close(timeout_s=5), self.loop).result(timeout=10)
         except Exception as exc:
             log.warning("orchestrator: close failed: %r", exc)
-        if self.stages.PUMPS.join(timeout_s=5):  # the stages end their streams when the server stops
-            log.warning("orchestrator: BLS streams still open at finalize")
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout=5)
         self.metrics.close()
