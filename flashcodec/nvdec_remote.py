@@ -4,7 +4,8 @@ The Python around each packet (demux, Annex B filter, `Decode` call) runs under 
 feeding the sessions of two H200s reached 0.73 parallel efficiency, one process per GPU 0.86 and two per GPU 0.92
 (bench/results/flashcodec-baselines-h200x2-2026-11-29, `bench/nvdec_process_probe.py`). `NvdecDecoder` therefore
 decodes on its first GPU in its own threads and, with `helper_processes`, on every other GPU in a helper process
-(`NvdecHelper`) running an `NvdecDecoder` of that GPU alone.
+(`NvdecHelper`) running an `NvdecDecoder` of that GPU alone; with `processes_per_gpu` > 1 each GPU's sessions are
+split over that many processes, its first GPU's first share staying in the parent.
 
 Protocol on a socket pair (`multiprocessing.connection`, pickled; torch's reductions pickle CUDA tensors as CUDA
 IPC handles, so frames never leave the GPU): the helper answers ("ready", python version) or ("failed", why), then

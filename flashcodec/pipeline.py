@@ -80,6 +80,7 @@ def make_decoder(
     part_timeout_s: float = 60.0,
     gpus: Sequence[int] | str | None = None,
     helper_processes: bool = True,
+    processes_per_gpu: int = 1,
 ) -> DecoderChoice:
     """The best video decoder available for `device` ("auto": the first GPU if there is one, else the CPU).
 
@@ -87,7 +88,8 @@ def make_decoder(
     on the GPUs `gpus`: None (default) `device`'s GPU alone; "all" every GPU this process sees (`device`'s first);
     or a list of GPU ids. Frames always end on `device` (where they are patchified and encoded), peer-copied
     there from the GPU that decoded them; `helper_processes`: GPUs besides `device`'s decode in helper processes
-    (`NvdecDecoder`'s option: one process feeding several GPUs is bound by its GIL). NVDEC falls back per video
+    (`NvdecDecoder`'s option: one process feeding several GPUs is bound by its GIL), each GPU's sessions split over
+    `processes_per_gpu` processes (`device`'s first share in this one). NVDEC falls back per video
     to the CPU decoder below. CPU:
     `parallel.ParallelCpuDecoder` with `cpu_workers` processes (default: the usable cores; 1 means the
     sequential `CpuDecoder`), or `CpuDecoder` when the processes cannot start. Each step down is logged with its
@@ -114,7 +116,8 @@ def make_decoder(
                    tuple(int(g) for g in gpus))
         try:
             decoder = NvdecDecoder(gpu_ids, nvdec_sessions, max_gop_size, decoder, paths,
-                                   output_device=torch.device("cuda", index), helper_processes=helper_processes)
+                                   output_device=torch.device("cuda", index), helper_processes=helper_processes,
+                                   processes_per_gpu=processes_per_gpu)
             path = "nvdec"
         except NvdecUnavailable as exc:
             log.warning("NVDEC unavailable on GPUs %s, decoding on the CPU: %s", list(gpu_ids), exc)

@@ -41,16 +41,17 @@ def plan_from_json(data: dict) -> VideoPlan | ImagePlan:
 
 class FlashCodecWorker:
     """``num_pages`` patch pages of ``page_size`` patch rows (1176 float32 values each). ``gpus``: the GPUs
-    whose NVDEC sessions decode each video (``triton_io.gpus_value``; default the stage's own GPU)."""
+    whose NVDEC sessions decode each video (``triton_io.gpus_value``; default the stage's own GPU);
+    ``processes_per_gpu``: processes each GPU's sessions are split over (``pipeline.make_decoder``)."""
 
     def __init__(self, device: torch.device, num_pages: int, page_size: int, threads: int,
-                 gpus: str | list[int] | None = None):
+                 gpus: str | list[int] | None = None, processes_per_gpu: int = 1):
         # The free list first: the orchestrator maps it once the pool itself is published.
         self.free_pages = shared_pages.SharedPageList.create(shared_pages.path_for("patch_pool"), num_pages)
         self.pool = shared_tensor.create("patch_pool", (num_pages, page_size, PATCH_DIM), torch.float32, device)
         self.page_size = page_size
         # NVDEC on a GPU, else GOP-parallel PyAV processes, else sequential PyAV (logged, counted per video).
-        self.choice = make_decoder(device, gpus=gpus)
+        self.choice = make_decoder(device, gpus=gpus, processes_per_gpu=processes_per_gpu)
         self.executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="flashcodec")
         self.cancelled: set[str] = set()
         self.running: dict[str, int] = {}  # media items being decoded per request

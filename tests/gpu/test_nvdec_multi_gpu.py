@@ -126,12 +126,12 @@ def test_a_helper_that_dies_is_replaced(video, one_gpu):
     decoder = nvdec_on(gpus, output_device=torch.device("cuda", 0), helper_processes=True)
     try:
         list(decoder.decode(video, INDICES))
-        dead = decoder._helpers[1]
+        dead = decoder._helpers[(1, 0)]
         dead.process.kill()
         dead.process.wait()
         assert len(list(decoder.decode(video, INDICES))) == len(INDICES)  # what GPU 1 had left: on the CPU
         frames = [f.cpu() for f in decoder.decode(video, INDICES)]
-        assert decoder._helpers[1] is not dead and decoder._helpers[1].alive
+        assert decoder._helpers[(1, 0)] is not dead and decoder._helpers[(1, 0)].alive
         assert_same(frames, one_gpu[0])
         assert_every_gpu_worked(decoder, gpus)
     finally:

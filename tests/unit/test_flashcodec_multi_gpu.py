@@ -3,13 +3,14 @@
 for NVDEC sessions of test_flashcodec_nvdec.py, where a GPU id is only a label and frames stay on the CPU."""
 import re
 import time
+from concurrent.futures import Future
 
 import pytest
 import torch
 
 from flashcodec import nvdec
 from flashcodec.gop import analyse_bitstream
-from flashcodec.nvdec import NvdecDecoder, interleave
+from flashcodec.nvdec import NvdecDecoder, interleave, session_processes
 from flashcodec.pipeline import make_decoder
 from tests.media import make_video
 from tests.unit.test_flashcodec_nvdec import (H200, UNSUPPORTED, FakeNvcWithDecoder, FakeSession,
@@ -136,6 +137,73 @@ def test_sessions_and_support_are_per_gpu(monkeypatch):
         assert alone.why_not(vp9) == "" and alone.sessions == 7
     finally:
         alone.close()
+
+
+def test_each_gpus_sessions_are_dealt_over_its_processes():
+    assert session_processes((0, 1, 0, 1, 0), 2) == (0, 0, 1, 1, 0)
+    assert session_processes((0, 0, 0), 3) == (0, 1, 2)
+    assert session_processes((0, 1, 0, 1), 1) == (0, 0, 0, 0)
+
+
+class InProcessHelper:
+    """An NvdecHelper stand-in: runs its jobs on a fake NvdecDecoder of its GPU (so the parent's routing of tasks
+    to helpers is tested without a helper process); records what was started."""
+
+    started: list[tuple[int, int]] = []
+
+    def __init__(self, gpu, sessions, max_gop_size):
+        InProcessHelper.started.append((gpu, sessions))
+        self.inner = NvdecDecoder(gpu, sessions, max_gop_size, output_device="cpu")
+        self.alive, self.tasks = True, 0
+
+    def run(self, path, fmt, job, futures, output_device):
+        self.tasks += 1
+        inner = [Future() for _ in futures]  # the helper's own, as in nvdec_remote.serve
+        fed = self.inner.run_job_later(path, fmt, job, inner).result()
+        for mine, theirs in zip(futures, inner):
+            mine.set_result(theirs.result())
+        return fed
+
+    def close(self):
+        self.inner.close()
+
+
+def test_processes_per_gpu_put_each_share_of_sessions_in_a_helper_but_the_output_gpus_first(monkeypatch):
+    InProcessHelper.started = []
+    monkeypatch.setattr(nvdec, "NvdecHelper", InProcessHelper)
+    decoder = fake_decoder(monkeypatch, [0, 1], 4, max_gop_size=10, window=None, helper_processes=True,
+                           processes_per_gpu=2, output_device=None)
+    try:
+        assert decoder.session_gpus == (0, 1) * 4 and decoder.session_procs == (0, 0, 1, 1, 0, 0, 1, 1)
+        assert sorted(decoder._helpers) == [(0, 1), (1, 0), (1, 1)]  # (0, 0): this process
+        assert sorted(InProcessHelper.started) == [(0, 2), (1, 2), (1, 2)]
+        frames = list(decoder.decode(LONG, SAMPLED))
+        assert_cpu_frames(frames, LONG, SAMPLED)
+        assert all(helper.tasks for helper in decoder._helpers.values()), {k: h.tasks for k, h in decoder._helpers.items()}
+        local = sum(s.tasks for s in decoder.session_stats()) - sum(h.tasks for h in decoder._helpers.values())
+        assert local > 0  # GPU 0's first share decoded here
+    finally:
+        decoder.close()
+
+
+def test_a_helper_that_cannot_start_leaves_its_share_to_this_process(monkeypatch):
+    def refuse(gpu, sessions, max_gop_size):
+        raise nvdec.HelperError("no NVDEC here")
+
+    monkeypatch.setattr(nvdec, "NvdecHelper", refuse)
+    decoder = fake_decoder(monkeypatch, 0, 4, max_gop_size=10, helper_processes=True, processes_per_gpu=2)
+    try:
+        assert decoder._helpers == {(0, 1): None}
+        assert_cpu_frames(list(decoder.decode(LONG, SAMPLED)), LONG, SAMPLED)
+        assert decoder.paths.snapshot() == {"nvdec": 1}
+    finally:
+        decoder.close()
+
+
+@pytest.mark.parametrize("kwargs", [{"processes_per_gpu": 0, "helper_processes": True}, {"processes_per_gpu": 2}])
+def test_bad_processes_per_gpu(monkeypatch, kwargs):
+    with pytest.raises(ValueError, match="processes_per_gpu"):
+        fake_decoder(monkeypatch, 0, **kwargs)
 
 
 @pytest.mark.parametrize("gpu_ids", [[], [0, 0]])
