@@ -10,7 +10,9 @@ by step, each variant adding to the one before (all cases run for one variant be
 * ``varlen``: ``backends.runtime.attention.vision`` (one call per layer, windows batched by length);
 * ``padded``: + ``vision_speed.pad_vision_mlp`` (MLP width 3420 -> 3424, 16-byte aligned bf16 rows);
 * ``compiled``: + ``vision_speed.compile_vision_blocks`` (``torch.compile(dynamic=True)`` of each block and
-  the merger, the attention a graph break), which ``ModelRunner`` does on CUDA.
+  the merger, the attention a graph break), which ``ModelRunner`` does on CUDA;
+* ``tensor_parallel_<N>`` (with ``--tp-gpus N``): a fresh tower of the same weights, varlen and padded, split
+  over N GPUs (``backends.runtime.vision_tp``: heads and MLP width, two NCCL all-reduces per block), compiled.
 Cases: a 120-frame 448x252 video, grid_thw (60, 18, 32) = 34,560 patches; 16 images of 1024x1024
 (smart_resize: 1036x1036, grid (1, 74, 74)) = 87,616 patches in one call; and a mix of an image, a video
 and a small image (new grids: the compiled variant must not recompile for them). Each: one first forward
@@ -114,22 +116,35 @@ def apply_variant(tower: Qwen2_5_VisionTransformerPretrainedModel, name: str) ->
         compile_vision_blocks(tower)
 
 
+def tensor_parallel_tower(device: torch.device, seed: int, gpus: int):
+    """The same tower (same seed) split over cuda:0 .. gpus-1 (``backends.runtime.vision_tp``), compiled as
+    ``ModelRunner`` does; returns (the rank-0 driver, forward(pixels, grid) -> merged rows)."""
+    from backends.runtime.vision_tp import VisionTensorParallel
+
+    tower = build_tower(device, seed)
+    for name in VARIANTS[1:3]:  # varlen, padded (compiled after the split)
+        apply_variant(tower, name)
+    split = VisionTensorParallel(tower, [torch.device("cuda", g) for g in range(1, gpus)], compile_vision_blocks,
+                                 lambda t, p, g: t(p, grid_thw=torch.tensor(g, device=device)).pooler_output)
+    return split, lambda pixels, grid: split.encode(pixels, grid.tolist())
+
+
 @torch.inference_mode()
-def time_forward(tower, pixels: torch.Tensor, grid: torch.Tensor, warmup: int, repeats: int) -> dict:
-    """Seconds of the first forward (host clock), milliseconds of each timed forward (CUDA events), the last
-    output (merged rows), peak bytes allocated, and the graphs dynamo compiled meanwhile."""
+def time_forward(forward, pixels: torch.Tensor, grid: torch.Tensor, warmup: int, repeats: int) -> dict:
+    """For ``forward(pixels, grid)`` (merged rows): seconds of the first forward (host clock), milliseconds of each
+    timed forward (CUDA events), the last output, peak bytes allocated, and the graphs dynamo compiled meanwhile."""
     graphs = counters["stats"]["unique_graphs"]
     torch.cuda.synchronize()
     start = time.perf_counter()
-    tower(pixels, grid_thw=grid)
+    forward(pixels, grid)
     torch.cuda.synchronize()
     first_s = time.perf_counter() - start
     for _ in range(warmup):
-        tower(pixels, grid_thw=grid)
+        forward(pixels, grid)
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     last: dict[str, torch.Tensor] = {}
-    times = cuda_times_ms(lambda: last.update(out=tower(pixels, grid_thw=grid).pooler_output), repeats, warmup=0)
+    times = cuda_times_ms(lambda: last.update(out=forward(pixels, grid)), repeats, warmup=0)
     return {"first_s": first_s, "times_ms": times, "out": last["out"], "peak": torch.cuda.max_memory_allocated(),
             "graphs": counters["stats"]["unique_graphs"] - graphs}
 
@@ -140,6 +155,8 @@ def run(args: argparse.Namespace, out: Path, device: torch.device) -> dict:
     results["versions"]["cuda"] = torch.version.cuda
     results.update(peak_flops=PEAK_FLOPS, dtype="bfloat16", warmup=args.warmup, repeats=args.repeats,
                    baseline=BASELINE, variants=list(args.variants), cases={})
+    if args.tp_gpus > 1:
+        results["variants"].append(f"tensor_parallel_{args.tp_gpus}")
     inputs, baseline = {}, {}
     for case in args.cases:
         grid_thw = CASES[case]
@@ -149,12 +166,20 @@ def run(args: argparse.Namespace, out: Path, device: torch.device) -> dict:
         inputs[case] = (grid, torch.randn(patches, 1176, device=device, generator=generator).to(torch.bfloat16))
         results["cases"][case] = {"grid_thw": grid_thw, "patches": patches,
                                   "flops": vision_flops(tower.config, grid_thw)}
-    for name in args.variants:
+
+    def forward(pixels, grid):
+        return tower(pixels, grid_thw=grid).pooler_output
+
+    split = None
+    for name in results["variants"]:
         try:
-            apply_variant(tower, name)
+            if name.startswith("tensor_parallel"):
+                split, forward = tensor_parallel_tower(device, args.seed, args.tp_gpus)
+            else:
+                apply_variant(tower, name)
             for case in args.cases:
                 entry, (grid, pixels) = results["cases"][case], inputs[case]
-                timed = time_forward(tower, pixels, grid, args.warmup, args.repeats)
+                timed = time_forward(forward, pixels, grid, args.warmup, args.repeats)
                 median_s = statistics.median(timed["times_ms"]) / 1e3
                 row = {"median_ms": median_s * 1e3, "times_ms": timed["times_ms"],
                        "patches_per_s": entry["patches"] / median_s,
@@ -181,6 +206,8 @@ def run(args: argparse.Namespace, out: Path, device: torch.device) -> dict:
             results.setdefault("errors", {})[name] = f"{type(error).__name__}: {error}"
             print(f"{name} failed: {results['errors'][name]}", flush=True)
         write(out, "vision_bench", results)
+    if split is not None:
+        split.close()
     return results
 
 
@@ -205,6 +232,8 @@ def main() -> None:
     parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS),
                         help="in this order; each adds to the ones before it")
     parser.add_argument("--seed", type=int, default=0, help="seed of the dummy weights and pixels")
+    parser.add_argument("--tp-gpus", type=int, default=1,
+                        help="also the tower split over this many GPUs (backends.runtime.vision_tp), after the variants")
     args = parser.parse_args()
     if args.repeats < 1 or args.warmup < 0:
         parser.error("--repeats must be at least 1 and --warmup at least 0")

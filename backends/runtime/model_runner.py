@@ -24,6 +24,7 @@ from backends.runtime.cuda_graphs import DecodeGraphs
 from backends.runtime.kv_cache import head_dim
 from backends.runtime.lm_compile import compile_decoder_layers
 from backends.runtime.vision_parallel import VisionReplicas
+from backends.runtime.vision_tp import VisionTensorParallel
 from backends.runtime.vision_speed import compile_vision_blocks, pad_vision_mlp
 
 PAGED_ATTENTION = "unifiedserve_paged"
@@ -86,7 +87,9 @@ class ModelRunner:
     ``compile_language_model``: the decoder layers' small ops fused by ``torch.compile`` around the paged
     attention call (``backends.runtime.lm_compile``; compiled by the first step of each shape).
     ``vision_devices``: more devices, each with a copy of the vision tower, over which :meth:`encode_many`
-    spreads a step's items (``backends.runtime.vision_parallel``: vision data parallel).
+    spreads a step's items (``backends.runtime.vision_parallel``: vision data parallel); ``vision_tp``: more
+    devices over which the tower is split instead, one helper process per device (``backends.runtime.vision_tp``:
+    tensor parallel; ValueError with ``vision_devices`` too). :meth:`close` stops them.
     ``kv_cache`` is the pool ``[layers, 2, pages, page_size, kv_heads, head_dim]`` on the model's device
     in the model's dtype (ValueError otherwise). No method records autograd. ``encode``/``embed`` return
     ordinary tensors, which the caller may write into (visual embeddings into a prompt's embeddings);
@@ -96,7 +99,10 @@ class ModelRunner:
 
     def __init__(self, model: Qwen2_5_VLForConditionalGeneration, kv_cache: torch.Tensor, page_size: int,
                  backend: AttentionBackend, compile_vision: bool = True, compile_language_model: bool = False,
-                 vision_devices: Sequence[torch.device] = ()) -> None:
+                 vision_devices: Sequence[torch.device] = (), vision_tp: Sequence[torch.device] = ()) -> None:
+        if vision_devices and vision_tp:
+            raise ValueError("the vision tower runs data parallel (vision_devices) or tensor parallel (vision_tp), "
+                             "not both")
         text = model.config.text_config
         expected = (text.num_hidden_layers, 2, page_size, text.num_key_value_heads, head_dim(model.config))
         got = (kv_cache.shape[0], kv_cache.shape[1], *kv_cache.shape[3:])
@@ -124,7 +130,9 @@ class ModelRunner:
                 compile_vision_blocks(tower)
 
         self.vision = VisionReplicas(self._visual, vision_devices, prepare, self._encode_on) if vision_devices else None
-        prepare(self._visual)
+        self.vision_tp = VisionTensorParallel(self._visual, vision_tp, prepare, self._encode_on) if vision_tp else None
+        if self.vision_tp is None:  # a split tower is prepared once split
+            prepare(self._visual)
         if compile_language_model:
             compile_decoder_layers(self._language_model)
 
@@ -139,7 +147,7 @@ class ModelRunner:
         Raises ValueError when the row count does not match ``grid_thw``.
         """
         self._check_grid(pixel_values, grid_thw)
-        return self._encode_on(self._visual, pixel_values, grid_thw)
+        return self._encode_checked(pixel_values, grid_thw)
 
     @torch.no_grad()
     def encode_many(self, items: Sequence[tuple[torch.Tensor, tuple[int, int, int]]]) -> list[torch.Tensor]:
@@ -148,8 +156,19 @@ class ModelRunner:
         for pixel_values, grid_thw in items:
             self._check_grid(pixel_values, grid_thw)
         if self.vision is None:
-            return [self._encode_on(self._visual, p, g) for p, g in items]
+            return [self._encode_checked(p, g) for p, g in items]
         return self.vision.encode_many(items, self.device)
+
+    def _encode_checked(self, pixel_values: torch.Tensor, grid_thw: tuple[int, int, int]) -> torch.Tensor:
+        if self.vision_tp is not None:
+            return self.vision_tp.encode(pixel_values, grid_thw)
+        return self._encode_on(self._visual, pixel_values, grid_thw)
+
+    def close(self) -> None:
+        """Stop the vision helpers (threads of the data-parallel towers, processes of the split one)."""
+        for vision in (self.vision, self.vision_tp):
+            if vision is not None:
+                vision.close()
 
     def _check_grid(self, pixel_values: torch.Tensor, grid_thw: tuple[int, int, int]) -> None:
         t, h, w = grid_thw

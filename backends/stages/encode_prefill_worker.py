@@ -41,14 +41,18 @@ class EncodePrefillWorker:
     """Maps the KV pool (owner: decode) and the patch pool (owner: flashcodec) lazily, on first use.
 
     ``attention_backend``: the prefill attention (see ``attention.make_backend``); ``vision_devices``: more
-    devices with a copy of the vision tower, over which each step's encode work is spread (data parallel);
+    devices for the vision tower: with ``vision_parallel`` "data" each holds a copy and each step's encode work
+    is spread over them, with "tensor" the tower is split over them (``ModelRunner``'s ``vision_tp``);
     ``kv_pool``: the name of the decode stage's pool to write (``backends.replicas``); ``lm_weights``: the name
     of the decode stage's shared language-model weights, used in place of this stage's own copy when published
     (``backends.shared_weights``)."""
 
     def __init__(self, spec: ModelSpec, device: torch.device, attention_backend: str = "auto",
                  vision_devices: list[torch.device] | tuple = (), kv_pool: str = "kv_pool",
-                 lm_weights: str = "lm_weights"):
+                 lm_weights: str = "lm_weights", vision_parallel: str = "data"):
+        if vision_parallel not in ("data", "tensor"):
+            raise ValueError(f"vision_parallel must be data or tensor, got {vision_parallel!r}")
+        self.vision_parallel = vision_parallel
         self.model, tokenizer = load_model(spec)
         self.device = device
         self.attention_backend = attention_backend
@@ -67,8 +71,16 @@ class EncodePrefillWorker:
             self._weights = shared_weights.adopt(self.model, self.lm_weights, self.device)  # before any forward
             backend = make_backend(self.attention_backend, self.model.config, kv.shape[3], self.model.dtype,
                                    self.device)
-            self._runner = ModelRunner(self.model, kv, kv.shape[3], backend, vision_devices=self.vision_devices)
+            split = self.vision_parallel == "tensor"
+            self._runner = ModelRunner(self.model, kv, kv.shape[3], backend,
+                                       vision_devices=() if split else self.vision_devices,
+                                       vision_tp=self.vision_devices if split else ())
         return self._runner
+
+    def shutdown(self) -> None:
+        """Stop the vision helpers, if the runner was made."""
+        if self._runner is not None:
+            self._runner.close()
 
     @property
     def patch_pool(self) -> torch.Tensor:

@@ -24,7 +24,8 @@ class TritonPythonModel:
             ModelSpec.from_parameters(params, device=str(device)), device,
             attention_backend=params.get("attention_backend", "auto"),
             vision_devices=helper_gpus(triton_io.gpus_value("vision_gpus", params.get("vision_gpus", "own")), device),
-            kv_pool=replica_name("kv_pool", replica), lm_weights=replica_name("lm_weights", replica))
+            kv_pool=replica_name("kv_pool", replica), lm_weights=replica_name("lm_weights", replica),
+            vision_parallel=params.get("vision_parallel", "data"))
 
     def execute(self, requests):
         io, pb = self.io, self.io.pb()
@@ -43,4 +44,5 @@ class TritonPythonModel:
     def finalize(self):
         from backends.server_stop import before_exit
 
+        self.worker.shutdown()
         before_exit()

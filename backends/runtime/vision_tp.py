@@ -1,0 +1,233 @@
+"""Tensor-parallel Qwen2.5-VL vision tower (issue 5): each block's attention heads and MLP width split over ranks.
+
+The split is Megatron-LM's (Shoeybi et al. 2019, section 3): per block, ``qkv`` and the MLP's ``gate_proj`` /
+``up_proj`` are column-parallel (each rank keeps its heads' rows, its share of the MLP width), ``proj`` and
+``down_proj`` row-parallel (the matching input columns), each followed by one all-reduce (sum); the biases of the
+row-parallel layers are added once, after it. The patch embedding, rotary embedding, norms and the patch merger are
+replicated (small). So a W-rank tower moves two all-reduces of ``[tokens, hidden]`` per block and holds 1/W of
+the blocks' weights per GPU.
+
+Rank 0 is the caller's process (the encode_prefill stage); ranks 1..W-1 are helper processes started here, one
+per device, which build the tower from its config, receive rank 0's weights by broadcast and then serve each
+encode: rank 0 broadcasts a header (``[op, rows, items]``, int64; op 0 stops), the items' ``grid_thw`` and the
+patch rows, every rank runs the tower, and rank 0 keeps the output. Collectives: NCCL on GPUs, gloo on the CPU (the tests).
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from backends.runtime.attention.vision import use_varlen_vision_attention
+from backends.runtime.vision_speed import pad_vision_mlp
+
+log = logging.getLogger(__name__)
+JOIN_TIMEOUT_S = 300.0  # helpers import torch and transformers and build the tower before the group forms
+COLLECTIVE_TIMEOUT_S = 600.0  # a collective not over by then (a helper gone) fails the stage (NCCL) or raises (gloo)
+PATCH_DIM = 3 * 2 * 14 * 14  # input features of a patch row (Qwen2.5-VL)
+
+
+class RowParallelLinear(nn.Module):
+    """``linear`` with only the input columns ``[start, end)`` kept: the partial products of every rank are summed
+    by an all-reduce over ``group``, then the full bias is added (so it counts once)."""
+
+    def __init__(self, linear: nn.Linear, start: int, end: int, group):
+        super().__init__()
+        self.weight = nn.Parameter(linear.weight.detach()[:, start:end].clone(), requires_grad=False)
+        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().clone(), requires_grad=False)
+        self.group = group
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _all_reduce(F.linear(x, self.weight), self.group) + (0 if self.bias is None else self.bias)
+
+
+@torch.compiler.disable  # a collective: a graph break when the vision blocks are compiled
+def _all_reduce(x: torch.Tensor, group) -> torch.Tensor:
+    dist.all_reduce(x, group=group)
+    return x
+
+
+def _keep_rows(linear: nn.Linear, rows: torch.Tensor) -> None:
+    linear.weight = nn.Parameter(linear.weight.detach()[rows].clone(), requires_grad=False)
+    if linear.bias is not None:
+        linear.bias = nn.Parameter(linear.bias.detach()[rows].clone(), requires_grad=False)
+    linear.out_features = len(rows)
+
+
+@torch.no_grad()
+def shard_vision_tower(visual: nn.Module, rank: int, world: int, group=None) -> None:
+    """Keep rank ``rank`` of ``world``'s share of every block of ``visual`` (a Qwen2.5-VL tower with its MLP padded
+    to a multiple of ``world``: :func:`prepare_for_tp`), in place. Raises ValueError when the heads or the MLP
+    width do not divide by ``world``."""
+    for block in visual.blocks:
+        attn, mlp = block.attn, block.mlp
+        heads, head_dim = attn.num_heads, attn.head_dim
+        width = mlp.gate_proj.out_features
+        if heads % world or width % world:
+            raise ValueError(f"vision tensor parallel over {world} ranks needs heads ({heads}) and MLP width "
+                             f"({width}) divisible by it")
+        local = heads // world
+        cols = torch.arange(rank * local * head_dim, (rank + 1) * local * head_dim)
+        # qkv rows are [q heads | k heads | v heads], each head_dim rows per head
+        _keep_rows(attn.qkv, torch.cat([part * heads * head_dim + cols for part in range(3)]))
+        attn.proj = RowParallelLinear(attn.proj, int(cols[0]), int(cols[-1]) + 1, group)
+        attn.num_heads = local
+        share = width // world
+        rows = torch.arange(rank * share, (rank + 1) * share)
+        _keep_rows(mlp.gate_proj, rows)
+        _keep_rows(mlp.up_proj, rows)
+        mlp.down_proj = RowParallelLinear(mlp.down_proj, rank * share, (rank + 1) * share, group)
+        mlp.intermediate_size = share
+
+
+def prepare_for_tp(visual: nn.Module, world: int) -> None:
+    """What every rank does to its full tower before the weights are broadcast: varlen attention and the MLP
+    padded to a width that splits into ``world`` aligned shares (zero rows: the output is unchanged)."""
+    use_varlen_vision_attention(visual)
+    pad_vision_mlp(visual, multiple=8 * world)
+
+
+def _state(visual: nn.Module) -> list[torch.Tensor]:
+    """Every parameter and buffer, in an order all ranks agree on."""
+    return [t for _, t in sorted({**dict(visual.named_parameters()), **dict(visual.named_buffers())}.items())]
+
+
+def _join(init_file: str, rank: int, world: int, device: torch.device) -> None:
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S),
+                            device_id=device if device.type == "cuda" else None)
+
+
+class VisionTensorParallel:
+    """Rank 0 of a tensor-parallel vision tower: ``visual`` (on the caller's device) split with one helper process
+    per device of ``devices`` (each a rank). ``prepare(tower)`` runs on every rank's shard once split (e.g.
+    ``torch.compile`` of the blocks); ``encode(tower, pixel_values, grid_thw)`` runs one item on rank 0's shard and
+    returns its embeddings. One process group per process: a second instance in the same process raises
+    RuntimeError. Raises ValueError (heads or width not divisible, a repeated GPU) and RuntimeError (a helper that
+    does not join within JOIN_TIMEOUT_S s).
+    """
+
+    def __init__(self, visual: nn.Module, devices: Sequence[torch.device],
+                 prepare: Callable[[nn.Module], None] | None,
+                 encode: Callable[[nn.Module, torch.Tensor, tuple[int, int, int]], torch.Tensor]):
+        if dist.is_initialized():
+            raise RuntimeError("a process group exists already: one tensor-parallel vision tower per process")
+        own = next(visual.parameters()).device
+        self.devices = [own, *(torch.device(d) for d in devices)]
+        gpus = [str(d) for d in self.devices if d.type == "cuda"]
+        if len(set(gpus)) != len(gpus):
+            raise ValueError(f"one vision rank per GPU, got {[str(d) for d in self.devices]}")
+        self.world, self.visual, self._encode = len(self.devices), visual, encode
+        heads = visual.config.num_heads
+        if heads % self.world:
+            raise ValueError(f"vision tensor parallel over {self.world} ranks needs the heads ({heads}) divisible by it")
+        self._dir = tempfile.TemporaryDirectory(prefix="vision-tp-")
+        init_file = str(Path(self._dir.name) / "init")
+        config_file = Path(self._dir.name) / "config.json"
+        config_file.write_text(json.dumps({"config": json.loads(visual.config.to_json_string()),
+                                           "dtype": str(visual.dtype)}))
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        self.helpers = [subprocess.Popen(
+            [sys.executable, "-m", "backends.runtime.vision_tp", init_file, str(config_file), str(rank),
+             str(self.world), str(device)], env=env, stdin=subprocess.DEVNULL)
+            for rank, device in enumerate(self.devices[1:], start=1)]
+        try:
+            prepare_for_tp(visual, self.world)
+            _join(init_file, 0, self.world, own)
+            for tensor in _state(visual):
+                dist.broadcast(tensor.data, src=0)
+            shard_vision_tower(visual, 0, self.world)
+        except Exception as exc:
+            self._kill()
+            raise RuntimeError(f"vision tensor parallel over {[str(d) for d in self.devices]} did not start: "
+                               f"{type(exc).__name__}: {exc}") from exc
+        if prepare is not None:
+            prepare(visual)
+        self.device = own
+
+    def encode(self, pixel_values: torch.Tensor, grid_thw) -> torch.Tensor:
+        """Items through the split tower, as ``encode(tower, pixel_values, grid_thw)`` runs them on rank 0:
+        ``pixel_values`` float ``[sum of t*h*w, 1176]``, ``grid_thw`` one ``(t, h, w)`` or a list of them; returns
+        embeddings ``[rows / 4, hidden]`` on rank 0's device. Raises RuntimeError when a helper has exited."""
+        dead = [str(d) for d, h in zip(self.devices[1:], self.helpers) if h.poll() is not None]
+        if dead:
+            raise RuntimeError(f"vision tensor-parallel helper(s) on {dead} exited: the tower cannot run")
+        grid = torch.tensor(grid_thw, dtype=torch.long, device=self.device).reshape(-1, 3)
+        rows = pixel_values.to(self.device, self.visual.dtype).contiguous()
+        dist.broadcast(torch.tensor([1, rows.shape[0], grid.shape[0]], dtype=torch.long, device=self.device), src=0)
+        dist.broadcast(grid, src=0)
+        dist.broadcast(rows, src=0)
+        return self._encode(self.visual, rows, grid_thw)
+
+    def close(self) -> None:
+        """Stop the helpers and leave the process group."""
+        if all(h.poll() is None for h in self.helpers):
+            dist.broadcast(torch.zeros(3, dtype=torch.long, device=self.device), src=0)
+        for helper in self.helpers:
+            try:
+                helper.wait(30)
+            except subprocess.TimeoutExpired:
+                helper.kill()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        self._dir.cleanup()
+
+    def _kill(self) -> None:
+        for helper in self.helpers:
+            helper.kill()
+            helper.wait()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        self._dir.cleanup()
+
+
+@torch.no_grad()
+def serve(init_file: str, config_file: str, rank: int, world: int, device: torch.device) -> None:
+    """A helper rank: build the tower, take rank 0's weights, keep this rank's share, run every encode."""
+    from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import Qwen2_5_VLVisionConfig
+    from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
+
+    from backends.runtime.vision_speed import compile_vision_blocks
+
+    spec = json.loads(Path(config_file).read_text())
+    dtype = getattr(torch, spec["dtype"].removeprefix("torch."))
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    with torch.device(device):
+        visual = Qwen2_5_VisionTransformerPretrainedModel._from_config(
+            Qwen2_5_VLVisionConfig.from_dict(spec["config"]), dtype=dtype).eval()
+    prepare_for_tp(visual, world)
+    _join(init_file, rank, world, device)
+    for tensor in _state(visual):
+        dist.broadcast(tensor.data, src=0)
+    shard_vision_tower(visual, rank, world)
+    if device.type == "cuda":
+        compile_vision_blocks(visual)
+    header = torch.empty(3, dtype=torch.long, device=device)
+    while True:
+        dist.broadcast(header, src=0)
+        op, rows, items = header.tolist()
+        if op == 0:
+            break
+        grid = torch.empty(items, 3, dtype=torch.long, device=device)
+        dist.broadcast(grid, src=0)
+        pixel_values = torch.empty(rows, PATCH_DIM, dtype=dtype, device=device)
+        dist.broadcast(pixel_values, src=0)
+        visual(pixel_values, grid_thw=grid)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), torch.device(sys.argv[5]))
