@@ -31,10 +31,12 @@ from torch import nn
 
 from backends.runtime.attention.vision import use_varlen_vision_attention
 from backends.runtime.vision_speed import pad_vision_mlp
+from flashcodec.gop_pool import python_executable
 
 log = logging.getLogger(__name__)
-JOIN_TIMEOUT_S = 300.0  # helpers import torch and transformers and build the tower before the group forms
-COLLECTIVE_TIMEOUT_S = 600.0  # a collective not over by then (a helper gone) fails the stage (NCCL) or raises (gloo)
+# joining (helpers import torch and transformers and build the tower first) and every collective: not over by then
+# (a helper gone), the stage fails (NCCL's watchdog) or the call raises (gloo)
+TIMEOUT_S = 300.0
 PATCH_DIM = 3 * 2 * 14 * 14  # input features of a patch row (Qwen2.5-VL)
 
 
@@ -106,7 +108,7 @@ def _state(visual: nn.Module) -> list[torch.Tensor]:
 def _join(init_file: str, rank: int, world: int, device: torch.device) -> None:
     backend = "nccl" if device.type == "cuda" else "gloo"
     dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S),
+                            timeout=datetime.timedelta(seconds=TIMEOUT_S),
                             device_id=device if device.type == "cuda" else None)
 
 
@@ -116,7 +118,7 @@ class VisionTensorParallel:
     ``torch.compile`` of the blocks); ``encode(tower, pixel_values, grid_thw)`` runs one item on rank 0's shard and
     returns its embeddings. One process group per process: a second instance in the same process raises
     RuntimeError. Raises ValueError (heads or width not divisible, a repeated GPU) and RuntimeError (a helper that
-    does not join within JOIN_TIMEOUT_S s).
+    does not join within TIMEOUT_S s).
     """
 
     def __init__(self, visual: nn.Module, devices: Sequence[torch.device],
@@ -139,11 +141,12 @@ class VisionTensorParallel:
         config_file.write_text(json.dumps({"config": json.loads(visual.config.to_json_string()),
                                            "dtype": str(visual.dtype)}))
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-        self.helpers = [subprocess.Popen(
-            [sys.executable, "-m", "backends.runtime.vision_tp", init_file, str(config_file), str(rank),
-             str(self.world), str(device)], env=env, stdin=subprocess.DEVNULL)
-            for rank, device in enumerate(self.devices[1:], start=1)]
+        self.helpers: list[subprocess.Popen] = []
         try:
+            for rank, device in enumerate(self.devices[1:], start=1):  # the stub's sys.executable is no python
+                self.helpers.append(subprocess.Popen(
+                    [python_executable(), "-m", "backends.runtime.vision_tp", init_file, str(config_file), str(rank),
+                     str(self.world), str(device)], env=env, stdin=subprocess.DEVNULL))
             prepare_for_tp(visual, self.world)
             _join(init_file, 0, self.world, own)
             for tensor in _state(visual):
