@@ -16,8 +16,9 @@
 #                  packs the flashinfer JIT cache into $OUT for the next machine
 #   runtime-bench  bench/runtime_bench.py and bench/vision_bench.py
 #   nvdec          tests/gpu/test_nvdec.py and bench/flashcodec_bench.py
-#   multi-gpu      (two GPUs or more) NVDEC on every GPU and vision data parallel: their GPU tests, then
-#                  bench/flashcodec_multi_gpu_bench.py (with the video bundle installed)
+#   multi-gpu      (two GPUs or more) NVDEC on every GPU, vision data and tensor parallel: their GPU tests, then
+#                  bench/flashcodec_multi_gpu_bench.py (with the video bundle installed; MULTI_GPU_ARGS adds
+#                  options, e.g. "--processes-per-gpu 2") and bench/vision_bench.py --tp-gpus 2
 #   e2e            the end-to-end suite through tritonserver on the GPU
 #   serve-bench    bench/serve_bench.py (7B preset through tritonserver); SERVE_ARGS adds options, e.g.
 #                  SERVE_ARGS="--set orchestrator.replicas=2" for two replicas
@@ -91,8 +92,12 @@ serve_bench() {
 }
 
 multi_gpu() {
-  run_pytest multi_gpu_tests tests/gpu/test_nvdec_multi_gpu.py tests/gpu/test_vision_data_parallel.py
-  python3 bench/flashcodec_multi_gpu_bench.py --out "$OUT" 2>&1 | tee "$OUT/multi_gpu_bench.log" || status=1
+  run_pytest multi_gpu_tests tests/gpu/test_nvdec_multi_gpu.py tests/gpu/test_vision_data_parallel.py \
+    tests/gpu/test_vision_tensor_parallel.py
+  python3 bench/flashcodec_multi_gpu_bench.py --out "$OUT" ${MULTI_GPU_ARGS:-} 2>&1 | tee "$OUT/multi_gpu_bench.log" \
+    || status=1
+  python3 bench/vision_bench.py --out "$OUT" --variants transformers_sdpa varlen padded compiled --tp-gpus 2 \
+    --cases video_120f_448x252 2>&1 | tee "$OUT/vision_tp_bench.log" || status=1
 }
 
 [ $# -gt 0 ] || { echo "usage: $0 STEP... (install runtime-tests runtime-bench nvdec multi-gpu e2e serve-bench)" >&2
