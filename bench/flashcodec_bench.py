@@ -58,7 +58,8 @@ SMOKE = {"h264_360p_1min": ("libx264", 640, 360, 1_000_000, "veryfast", 1)}
 BASE_FRAMES = 500  # two GOPs of 250 in the clip that is remuxed
 # the decode path each method must take for its name to stand; methods without DecodePaths run on one path
 OURS_ON_NVDEC = ("flashcodec_nvdec", "flashcodec_nvdec_2proc")
-EXPECTED_PATH = {"flashcodec_nvdec": "nvdec", "flashcodec_nvdec_2proc": "nvdec", "pyav_gop_parallel": "cpu_parallel", "pyav_sequential": "cpu"}
+EXPECTED_PATH = {"flashcodec_nvdec": "nvdec", "flashcodec_nvdec_2proc": "nvdec", "pyav_gop_parallel": "cpu_parallel",
+                 "pyav_sequential": "cpu"}
 CPU_BASELINES = ("pyav_threaded", "opencv", "opencv_processes")  # decode every frame up to the last sample
 FIXED_PATH = {"opencv": "opencv_cpu", "opencv_processes": "opencv_cpu_processes", "pyav_threaded": "pyav_cpu_threads",
               "nvdec_one_session": "nvdec_simple_decoder"}
