@@ -149,8 +149,10 @@ class Orchestrator:
         try:
             await stages.decode_stream(self._on_decode_step, attached, replica.decode)
             replica.decode_ended = SHUTTING_DOWN  # the decode stage ends its stream only when the server stops
-        except stages.StageError as exc:
-            replica.decode_ended = SHUTTING_DOWN if self.stopping else str(exc)
+        except Exception as exc:  # StageError; anything else must not leave the replica looking alive
+            if not isinstance(exc, stages.StageError):
+                log.exception("orchestrator: the decode stream of %s failed", replica.decode)
+            replica.decode_ended = SHUTTING_DOWN if self.stopping else str(exc) or type(exc).__name__
         finally:
             attached.set()  # _start must not wait for a stream that has ended
         for active in self.active.values():  # no more tokens will come
@@ -413,10 +415,10 @@ class Orchestrator:
             return
         replica = active.replica
         if not self.stopping:  # stopping: the stages end their work themselves, and no page is reused
-            if active.in_decode and not active.decode_done:
-                await stages.decode_abort(active.req_id, replica.decode)  # KV pages are reused once decode drops them
+            if active.in_decode and not active.decode_done:  # KV pages are reused once decode drops them
+                await self._abort(stages.decode_abort(active.req_id, replica.decode))
             if any(not t.done() for t in active.media_tasks):
-                await stages.flashcodec_abort(active.req_id)
+                await self._abort(stages.flashcodec_abort(active.req_id))
                 await asyncio.gather(*active.media_tasks, return_exceptions=True)  # patch pages no longer written
         del self.active[active.req_id]
         replica.requests -= 1
@@ -428,6 +430,16 @@ class Orchestrator:
             replica.released.append(active.req_id)
         self._update_gauges()
         replica.wake.set()
+
+
+    @staticmethod
+    async def _abort(call) -> None:
+        """An abort call to a stage; one whose link is gone (the stage's process ended) writes no page any
+        more, so the request's pages may be returned all the same (logged)."""
+        try:
+            await call
+        except stages.StageError as exc:
+            log.warning("orchestrator: abort not delivered (%s); the stage has gone, its pages are returned", exc)
 
 
 def _sampling(parsed: ParsedRequest) -> dict:

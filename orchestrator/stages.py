@@ -47,10 +47,10 @@ class Links:
 LINKS = Links()
 
 
-async def _stream(model: str, op: str, body=None, large: bool = False):
+async def _stream(model: str, op: str, body=None):
     """Yield the replies of one stage-link call (errors raise StageError)."""
     try:
-        async for payload in LINKS[model].call(op, body, large):
+        async for payload in LINKS[model].call(op, body):
             yield payload
     except LinkError as exc:
         raise StageError(str(exc), exc.invalid_input) from None
@@ -74,7 +74,7 @@ async def flashcodec_decode(request_id: str, media: bytes | str, plan: dict,
     would be lost). Returns when the stage's call has ended (after that it neither takes nor writes pages
     for this call)."""
     body = {"request_id": request_id, "media": media or None, "plan": plan}
-    async for group, pages in _stream("flashcodec", "decode", body, large=bool(media)):
+    async for group, pages in _stream("flashcodec", "decode", body):
         on_group(group, pages)
 
 

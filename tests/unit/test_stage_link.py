@@ -4,8 +4,10 @@ from __future__ import annotations
 import asyncio
 import multiprocessing.connection
 import shutil
+import socket
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -24,8 +26,38 @@ def run_dir(monkeypatch):
     shutil.rmtree(path, ignore_errors=True)
 
 
+def _explode():
+    raise KeyError("no such class")
+
+
+class Unreadable:
+    """Pickles, but unpickling it raises (as a reply from another version of the code might)."""
+
+    def __reduce__(self):
+        return _explode, ()
+
+
+ORDER: list[str] = []
+SENT: list[bool] = []
+
+
 def counting(op, body, call):
-    """A stage: "count" streams 0..n-1 from another thread, "fail" ends with an error, "boom" raises."""
+    """A stage: "count" streams 0..n-1 from another thread, "fail" ends with an error, "boom" raises,
+    "hold" replies once and never ends, "note" records (op, body size) in ORDER, "bad" replies with a
+    payload that will not unpickle, "late" replies after 0.5 s and records whether that was delivered."""
+    if op in ("note", "note_big"):
+        ORDER.append(f"{op}:{len(body)}")
+        call.end()
+        return
+    if op == "bad":
+        call.send(Unreadable())
+        return
+    if op == "late":
+        def later():
+            time.sleep(0.5)
+            SENT.append(call.send("late"))
+        threading.Thread(target=later).start()
+        return
     if op == "count":
         def run():
             for i in range(body):
@@ -138,3 +170,89 @@ def test_a_run_directory_too_deep_for_a_socket_is_named(monkeypatch):
     monkeypatch.setenv(RUN_DIR_ENV, "/tmp/" + "d" * 120)
     with pytest.raises(ValueError, match="shorter TMPDIR"):
         stage_link.address("decode")
+
+
+def test_calls_leave_in_order_and_a_large_one_does_not_hold_up_the_loop(run_dir):
+    """A video's bytes are sent by the writer thread; an abort made right after its decode arrives after it."""
+    server = stage_link.LinkServer("flashcodec", counting)
+    client = stage_link.LinkClient("flashcodec")
+    ORDER.clear()
+    big = b"x" * (64 << 20)
+
+    async def main():
+        await collect(client, "note", b"")  # connected
+        ticks = []
+
+        async def tick():
+            for _ in range(20):
+                ticks.append(time.perf_counter())
+                await asyncio.sleep(0.005)
+
+        ticker = asyncio.create_task(tick())
+        await asyncio.gather(collect(client, "note_big", big), collect(client, "note", b"abc"))
+        await ticker
+        return max(b - a for a, b in zip(ticks, ticks[1:]))
+
+    try:
+        longest_gap = asyncio.run(main())
+        assert ORDER == ["note:0", f"note_big:{len(big)}", "note:3"]
+        assert longest_gap < 0.5, longest_gap  # the loop kept running while 64 MiB went out
+    finally:
+        client.close()
+        server.close()
+
+
+def test_a_reader_that_fails_fails_the_calls_instead_of_leaving_them_waiting(run_dir):
+    server = stage_link.LinkServer("decode", counting)
+    client = stage_link.LinkClient("decode")
+
+    async def main():
+        with pytest.raises(stage_link.LinkError, match="reader failed"):
+            await collect(client, "bad")
+        with pytest.raises(stage_link.LinkError, match="reader failed"):
+            await collect(client, "count", 1)
+
+    try:
+        asyncio.run(asyncio.wait_for(main(), 30))
+    finally:
+        client.close()
+        server.close()
+
+
+def test_a_silent_peer_holds_up_nobody(run_dir):
+    server = stage_link.LinkServer("decode", counting)
+    silent = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    silent.connect(stage_link.address("decode"))  # and never answers the challenge
+    client = stage_link.LinkClient("decode")
+    try:
+        assert asyncio.run(asyncio.wait_for(collect(client, "count", 2), 30)) == [0, 1]
+    finally:
+        client.close()
+        started = time.monotonic()
+        server.close()
+        silent.close()
+    assert time.monotonic() - started < 8
+
+
+def test_a_stage_learns_that_a_reply_was_not_delivered(run_dir):
+    """flashcodec takes back a group's patch pages when its reply cannot reach the orchestrator."""
+    server = stage_link.LinkServer("flashcodec", counting)
+    client = stage_link.LinkClient("flashcodec")
+    SENT.clear()
+
+    async def main():
+        stream = client.call("late")
+        task = asyncio.ensure_future(stream.__anext__())
+        await asyncio.sleep(0.1)
+        client.close()  # the orchestrator goes away before the reply
+        with pytest.raises(stage_link.LinkError):
+            await task
+
+    try:
+        asyncio.run(asyncio.wait_for(main(), 30))
+        deadline = time.monotonic() + 5
+        while not SENT and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert SENT == [False]
+    finally:
+        server.close()

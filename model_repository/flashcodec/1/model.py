@@ -52,8 +52,12 @@ class TritonPythonModel:
                 finally:
                     call.end(error)
 
-            self.worker.submit(body["request_id"], plan["path"] or body["media"], plan["media_plan"],
-                               lambda index, pages: call.send((index, pages)), on_done)
+            def on_group(index, pages):
+                if not call.send((index, pages)):  # the worker takes the pages back
+                    raise ConnectionError("the orchestrator has gone: the group's patch pages go back to the pool")
+
+            self.worker.submit(body["request_id"], plan["path"] or body["media"], plan["media_plan"], on_group,
+                               on_done)
         else:
             call.end(f"flashcodec: unknown op {op!r}")
 
