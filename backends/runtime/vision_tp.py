@@ -21,6 +21,8 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -117,7 +119,9 @@ class VisionTensorParallel:
     per device of ``devices`` (each a rank). ``prepare(tower)`` runs on every rank's shard once split (e.g.
     ``torch.compile`` of the blocks); ``encode(tower, pixel_values, grid_thw)`` runs one item on rank 0's shard and
     returns its embeddings. One process group per process: a second instance in the same process raises
-    RuntimeError. Raises ValueError (heads or width not divisible, a repeated GPU) and RuntimeError (a helper that
+    RuntimeError. A failed encode (out of memory, a helper gone) leaves the ranks' collectives unpaired, so the
+    tower is then taken out of service (helpers killed, group left) and every later encode raises RuntimeError;
+    the server must be restarted. Raises ValueError (heads or width not divisible, a repeated GPU) and RuntimeError (a helper that
     does not join within TIMEOUT_S s).
     """
 
@@ -142,6 +146,7 @@ class VisionTensorParallel:
                                            "dtype": str(visual.dtype)}))
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
         self.helpers: list[subprocess.Popen] = []
+        self.device, self.broken = own, ""
         try:
             for rank, device in enumerate(self.devices[1:], start=1):  # the stub's sys.executable is no python
                 self.helpers.append(subprocess.Popen(
@@ -152,48 +157,65 @@ class VisionTensorParallel:
             for tensor in _state(visual):
                 dist.broadcast(tensor.data, src=0)
             shard_vision_tower(visual, 0, self.world)
+            if prepare is not None:
+                prepare(visual)
         except Exception as exc:
             self._kill()
             raise RuntimeError(f"vision tensor parallel over {[str(d) for d in self.devices]} did not start: "
                                f"{type(exc).__name__}: {exc}") from exc
-        if prepare is not None:
-            prepare(visual)
-        self.device = own
 
     def encode(self, pixel_values: torch.Tensor, grid_thw) -> torch.Tensor:
         """Items through the split tower, as ``encode(tower, pixel_values, grid_thw)`` runs them on rank 0:
         ``pixel_values`` float ``[sum of t*h*w, 1176]``, ``grid_thw`` one ``(t, h, w)`` or a list of them; returns
         embeddings ``[rows / 4, hidden]`` on rank 0's device. Raises RuntimeError when a helper has exited."""
         dead = [str(d) for d, h in zip(self.devices[1:], self.helpers) if h.poll() is not None]
-        if dead:
-            raise RuntimeError(f"vision tensor-parallel helper(s) on {dead} exited: the tower cannot run")
+        if dead and not self.broken:
+            self._kill(f"the helper(s) on {dead} exited")
+        if self.broken:
+            raise RuntimeError(f"the split vision tower is out of service ({self.broken}); restart the server")
         grid = torch.tensor(grid_thw, dtype=torch.long, device=self.device).reshape(-1, 3)
         rows = pixel_values.to(self.device, self.visual.dtype).contiguous()
-        dist.broadcast(torch.tensor([1, rows.shape[0], grid.shape[0]], dtype=torch.long, device=self.device), src=0)
-        dist.broadcast(grid, src=0)
-        dist.broadcast(rows, src=0)
-        return self._encode(self.visual, rows, grid_thw)
+        try:
+            dist.broadcast(torch.tensor([1, rows.shape[0], grid.shape[0]], dtype=torch.long, device=self.device),
+                           src=0)
+            dist.broadcast(grid, src=0)
+            dist.broadcast(rows, src=0)
+            return self._encode(self.visual, rows, grid_thw)
+        except Exception as exc:  # the ranks' collectives no longer pair up: no later encode could run
+            self._kill(f"an encode failed: {type(exc).__name__}: {exc}")
+            raise RuntimeError(f"the split vision tower failed and is out of service: {type(exc).__name__}: {exc}") \
+                from exc
 
     def close(self) -> None:
         """Stop the helpers and leave the process group."""
-        if all(h.poll() is None for h in self.helpers):
+        if not self.broken and all(h.poll() is None for h in self.helpers):
             dist.broadcast(torch.zeros(3, dtype=torch.long, device=self.device), src=0)
-        for helper in self.helpers:
-            try:
-                helper.wait(30)
-            except subprocess.TimeoutExpired:
-                helper.kill()
-        if dist.is_initialized():
-            dist.destroy_process_group()
-        self._dir.cleanup()
+            for helper in self.helpers:
+                try:
+                    helper.wait(30)
+                except subprocess.TimeoutExpired:
+                    pass
+        self._kill("closed")
 
-    def _kill(self) -> None:
+    def _kill(self, why: str = "") -> None:
+        """Out of service for good: the helpers killed, the process group left."""
+        self.broken = self.broken or why
+        if why and why != "closed":
+            log.error("vision tensor parallel out of service: %s", why)
         for helper in self.helpers:
-            helper.kill()
+            if helper.poll() is None:
+                helper.kill()
             helper.wait()
         if dist.is_initialized():
             dist.destroy_process_group()
         self._dir.cleanup()
+
+
+def _exit_with_parent(parent: int) -> None:
+    """A helper whose stage process has gone (killed) ends too, freeing its GPU memory."""
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os._exit(1)
 
 
 @torch.no_grad()
@@ -204,6 +226,8 @@ def serve(init_file: str, config_file: str, rank: int, world: int, device: torch
 
     from backends.runtime.vision_speed import compile_vision_blocks
 
+    parent = os.getppid()
+    threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()
     spec = json.loads(Path(config_file).read_text())
     dtype = getattr(torch, spec["dtype"].removeprefix("torch."))
     if device.type == "cuda":
@@ -219,7 +243,7 @@ def serve(init_file: str, config_file: str, rank: int, world: int, device: torch
     if device.type == "cuda":
         compile_vision_blocks(visual)
     header = torch.empty(3, dtype=torch.long, device=device)
-    while True:
+    while True:  # an exception (out of memory, a collective timing out) ends the process: rank 0 sees it exit
         dist.broadcast(header, src=0)
         op, rows, items = header.tolist()
         if op == 0:

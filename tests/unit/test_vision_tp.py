@@ -70,3 +70,19 @@ def test_heads_that_do_not_split_are_refused():
 def test_data_and_tensor_parallel_together_are_refused():
     with pytest.raises(ValueError, match="not both"):
         runner(vision_devices=[torch.device("cpu")], vision_tp=[torch.device("cpu")])
+
+
+def test_a_helper_that_dies_takes_the_tower_out_of_service_without_a_hang():
+    split = runner(vision_tp=[torch.device("cpu")])
+    pixel_values, grid = items()[0]
+    try:
+        split.encode(pixel_values, grid)
+        helper = split.vision_tp.helpers[0]
+        helper.kill()
+        helper.wait()
+        for _ in range(2):
+            with pytest.raises(RuntimeError, match="out of service"):
+                split.encode(pixel_values, grid)
+        assert not dist.is_initialized()
+    finally:
+        split.close()
