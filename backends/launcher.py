@@ -33,6 +33,7 @@ from pathlib import Path
 from backends import server_stop
 from backends.repository import parse_overrides, repository_with
 from backends.shared_tensor import RUN_DIR_ENV
+from flashcodec.parallel import TMP_PREFIX_ENV
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 NGC_SERVER = Path("/opt/tritonserver")
@@ -163,7 +164,9 @@ class TritonServer:
         self.run_dir = Path(tempfile.mkdtemp(prefix="unifiedserve-run-"))
         # Beside the run directory, so that it outlives the server (the run directory is removed at stop).
         self.log_path = self.log_path or self.run_dir.with_suffix(".log")
-        environment = {**os.environ, **env, **self.extra_env, RUN_DIR_ENV: str(self.run_dir)}
+        environment = {**os.environ, **env, **self.extra_env, RUN_DIR_ENV: str(self.run_dir),
+                       # video bytes written out for decoding: removed with the pools at stop, even after a kill
+                       TMP_PREFIX_ENV: f"unifiedserve-{self.run_dir.name}-flashcodec-"}
         environment["PYTHONPATH"] = str(REPO_ROOT)  # for the helpers we start; the stub ignores it
         p = self.ports
         command = [

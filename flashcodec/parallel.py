@@ -19,15 +19,19 @@ from flashcodec.probe import Source
 
 log = logging.getLogger(__name__)
 SHM = "/dev/shm"  # bytes sources become files here for the workers: memory, not disk
+# Their name's start; a server sets its own (backends.launcher), so that it can remove what a killed decoder left.
+TMP_PREFIX_ENV = "FLASHCODEC_TMP_PREFIX"
 
 
 @contextlib.contextmanager
 def as_file(source: Source) -> Iterator[str]:
-    """A path holding `source`: the path itself, or a temporary file (deleted on exit) for bytes."""
+    """A path holding `source`: the path itself, or a temporary file (deleted on exit) for bytes, named
+    `$FLASHCODEC_TMP_PREFIX...` (default `flashcodec-...`) in /dev/shm where there is one."""
     if not isinstance(source, bytes):
         yield str(source)
         return
-    fd, path = tempfile.mkstemp(prefix="flashcodec-", dir=SHM if os.path.isdir(SHM) else None)
+    prefix = os.environ.get(TMP_PREFIX_ENV) or "flashcodec-"
+    fd, path = tempfile.mkstemp(prefix=prefix, dir=SHM if os.path.isdir(SHM) else None)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(source)

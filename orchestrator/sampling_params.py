@@ -165,7 +165,7 @@ def parse_sampling_parameters(text: str | None) -> RequestParams:
         return RequestParams()
     try:
         raw = json.loads(text)
-    except (json.JSONDecodeError, RecursionError) as exc:
+    except (ValueError, RecursionError) as exc:  # ValueError: bad JSON, or an integer of over 4300 digits
         raise InvalidInput(f"{_PREFIX}: not valid JSON ({exc})") from None
     if not isinstance(raw, dict):
         raise InvalidInput(f"{_PREFIX}: must be a JSON object, got {type(raw).__name__}")

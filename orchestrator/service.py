@@ -225,7 +225,10 @@ class Orchestrator:
         kv_needed = max(math.ceil(total / r.kv_page_size) for r in self.replicas)
         largest = max(r.kv_pages.num_total for r in self.replicas)
         if kv_needed > largest:
-            raise InvalidInput(f"request needs {kv_needed} KV pages, the pool has {largest}")
+            raise InvalidInput(
+                f"the prompt ({len(prompt.input_ids)} tokens, text and visual) plus max_tokens "
+                f"({parsed.params.max_tokens}) need {kv_needed} KV pages, the largest KV pool has {largest}: "
+                "lower max_tokens or send a shorter prompt or smaller media")
         for item, m in enumerate(prompt.media):
             # One group is never split, so it must fit in the pool at once (then waiting for pages cannot deadlock).
             need = math.ceil(m.patches_per_group / self.patch_page_size)

@@ -160,3 +160,14 @@ def test_falls_back_to_sequential_when_workers_cannot_start(monkeypatch):
     monkeypatch.setattr(gop_pool, "python_executable", lambda: "/bin/false")
     choice = make_decoder("cpu", cpu_workers=2)
     assert choice.path == "cpu" and isinstance(choice.decoder, CpuDecoder)
+
+
+def test_bytes_become_a_temporary_file_named_by_the_server(monkeypatch):
+    """A server names them after its run directory, so that its stop removes what a killed decoder left."""
+    from flashcodec.parallel import TMP_PREFIX_ENV, as_file
+
+    monkeypatch.setenv(TMP_PREFIX_ENV, "unifiedserve-run-test-flashcodec-")
+    with as_file(b"video bytes") as path:
+        assert os.path.basename(path).startswith("unifiedserve-run-test-flashcodec-")
+        assert open(path, "rb").read() == b"video bytes"
+    assert not os.path.exists(path)

@@ -95,6 +95,8 @@ def test_message_states_rule_and_value():
     ("42", "must be a JSON object"),
     ('"max_tokens"', "must be a JSON object"),
     ("[" * 100000, "not valid JSON"),
+    ('{"max_tokens": ' + "9" * 5000 + "}", "not valid JSON"),  # past Python's 4300-digit conversion limit
+    ('{"seed": ' + "1" * 5000 + "}", "not valid JSON"),
 ])
 def test_malformed_json_is_rejected(text, words):
     with pytest.raises(InvalidInput, match=words):
