@@ -15,6 +15,7 @@ import numpy as np
 from backends import triton_io as io
 from orchestrator.inputs import RawRequest, parse_request
 from orchestrator.sampling_params import InvalidInput
+from orchestrator.send_lanes import SendLanes
 from orchestrator.service import Orchestrator
 from orchestrator.stages import StageError
 
@@ -44,26 +45,30 @@ def _response(text: str, ids: list[int], with_ids: bool, reason: str | None = No
     return pb.InferenceResponse(outputs)
 
 
-async def handle(orchestrator: Orchestrator, request) -> None:
-    """Serve one client request to the end; never raises."""
+async def handle(orchestrator: Orchestrator, request, lanes: SendLanes) -> None:
+    """Serve one client request to the end, its responses sent on one of ``lanes``; never raises."""
     final = io.pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL
-    sender = request.get_response_sender()
+    sender, lane = request.get_response_sender(), lanes.lane()
+
+    def send(response=None, flags: int = 0) -> None:
+        lanes.send(lane, sender, response, flags)
+
     try:
         parsed = parse_request(read_request(request), orchestrator.config.limits)
         active = await orchestrator.admit(parsed)
         # aclosing: leaving the loop early (cancellation) releases the request's pages now, not at GC.
         async with contextlib.aclosing(orchestrator.generate(active, sender.is_cancelled)) as tokens:
-            await _send_tokens(orchestrator, parsed, active, tokens, sender)
+            await _send_tokens(orchestrator, parsed, active, tokens, send)
     except InvalidInput as exc:
-        sender.send(io.error(str(exc)), flags=final)
+        send(io.error(str(exc)), final)
     except StageError as exc:
-        sender.send(io.error(str(exc), invalid_argument=False), flags=final)
+        send(io.error(str(exc), invalid_argument=False), final)
     except Exception as exc:  # a bug must not leave the client hanging or kill the model
         log.exception("orchestrator: request failed")
-        sender.send(io.error(f"internal error: {type(exc).__name__}: {exc}", invalid_argument=False), flags=final)
+        send(io.error(f"internal error: {type(exc).__name__}: {exc}", invalid_argument=False), final)
 
 
-async def _send_tokens(orchestrator: Orchestrator, parsed, active, tokens, sender) -> None:
+async def _send_tokens(orchestrator: Orchestrator, parsed, active, tokens, send) -> None:
     final = io.pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL
     texts, ids = [], []
     async for delta, token_ids, reason in tokens:
@@ -72,12 +77,11 @@ async def _send_tokens(orchestrator: Orchestrator, parsed, active, tokens, sende
         if reason is not None:
             orchestrator.metrics.increment("unifiedserve_requests_finished", reason)
         if reason == "abort":
-            sender.send(flags=final)
+            send(flags=final)
             return
         counts = (len(active.prompt.input_ids), len(ids))
         if parsed.stream:
-            sender.send(_response(delta, token_ids, parsed.return_output_ids, reason, counts),
-                        flags=final if reason else 0)
+            send(_response(delta, token_ids, parsed.return_output_ids, reason, counts), final if reason else 0)
         elif reason is not None:
             text = "".join(texts) if parsed.exclude_input_in_output else parsed.text + "".join(texts)
-            sender.send(_response(text, ids, parsed.return_output_ids, reason, counts), flags=final)
+            send(_response(text, ids, parsed.return_output_ids, reason, counts), final)

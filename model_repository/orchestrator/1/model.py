@@ -23,12 +23,15 @@ class TritonPythonModel:
         from backends import server_stop, triton_io
         from orchestrator import frontend
         from orchestrator.metrics import Metrics
+        from orchestrator.send_lanes import SendLanes
         from orchestrator.service import Orchestrator, OrchestratorConfig
 
         self.frontend, self.server_stop = frontend, server_stop
         triton_io.enable_stack_dumps()
-        config = OrchestratorConfig.from_parameters(triton_io.parameters(args))
+        params = triton_io.parameters(args)
+        config = OrchestratorConfig.from_parameters(params)
         self.metrics = Metrics(config.replicas)
+        self.lanes = SendLanes(triton_io.int_parameter(params, "send_lanes", 4))  # threads sending client responses
         self.orchestrator = Orchestrator(config, self.metrics)
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="orchestrator-loop", daemon=True)
@@ -39,7 +42,8 @@ class TritonPythonModel:
 
     def execute(self, requests):
         for request in requests:
-            future = asyncio.run_coroutine_threadsafe(self.frontend.handle(self.orchestrator, request), self.loop)
+            future = asyncio.run_coroutine_threadsafe(
+                self.frontend.handle(self.orchestrator, request, self.lanes), self.loop)
             self.pending.add(future)
             future.add_done_callback(self.pending.discard)
         return None
@@ -50,6 +54,7 @@ class TritonPythonModel:
         log = logging.getLogger(__name__)
         self.watch.close()
         concurrent.futures.wait(list(self.pending), timeout=5)  # handlers finishing after their final flag
+        self.lanes.close()  # their responses sent
         try:
             asyncio.run_coroutine_threadsafe(self.orchestrator.close(timeout_s=5), self.loop).result(timeout=10)
         except Exception as exc:
