@@ -13,7 +13,7 @@ from fractions import Fraction
 
 import av
 
-from flashcodec.probe import Source, VideoInfo, info_from_packets, open_container, read_packets
+from flashcodec.probe import PacketMeta, Source, VideoInfo, info_from_packets, open_container, scan_packets
 
 
 @dataclass(frozen=True)
@@ -113,7 +113,7 @@ def _disposable(data: memoryview, length_size: int, hevc: bool) -> bool:
     return False
 
 
-def _gops(packets: list[av.Packet], frame_of_packet: list[int], time_base: Fraction) -> list[Gop]:
+def _gops(packets: list[PacketMeta], frame_of_packet: list[int], time_base: Fraction) -> list[Gop]:
     starts = [0] + [i for i, p in enumerate(packets) if p.is_keyframe and i > 0]
     gops = []
     for index, (start, end) in enumerate(zip(starts, starts[1:] + [len(packets)])):
@@ -140,18 +140,23 @@ def _gops(packets: list[av.Packet], frame_of_packet: list[int], time_base: Fract
 
 
 def analyse_bitstream(source: Source) -> BitstreamMap:
-    """The GOP map of `source`'s first video stream from one demux pass (`probe.read_packets`).
+    """The GOP map of `source`'s first video stream from one demux pass (`probe.scan_packets`: packet data is
+    let go as the pass goes, once each packet's disposability has been read from its NAL headers).
 
     No GOP is decoded; the first frame is, by `probe.info_from_packets`, for the display rotation (PyAV exposes
-    it on frames only) and to prove the stream decodable. The compressed stream is held in memory during the
-    pass, as `probe_video` holds it. Packets before the first keyframe (a stream cut before its keyframe) belong
+    it on frames only) and to prove the stream decodable. Packets before the first keyframe (a stream cut before its keyframe) belong
     to GOP 0, which therefore always starts at packet 0. Raises MediaError as `probe_video` does.
     """
     with open_container(source) as container:
         stream = container.streams.video[0]
-        packets = read_packets(container)
-        info = info_from_packets(stream, packets)
         context = stream.codec_context
+        layout = _nal_layout(context)
+
+        def disposable(packet: av.Packet) -> bool:
+            return bool(layout) and not packet.is_keyframe and _disposable(memoryview(packet), *layout)
+
+        packets, first = scan_packets(container, disposable)
+        info = info_from_packets(stream, packets, first)
         time_base = stream.time_base or Fraction(0)
         pts = [p.pts for p in packets]
         order = _presentation_order(pts)
@@ -160,8 +165,6 @@ def analyse_bitstream(source: Source) -> BitstreamMap:
             frame_of_packet[packet] = frame
         gops = _gops(packets, frame_of_packet, time_base)
         packet_gop = [g.index for g in gops for _ in range(g.num_frames)]
-        layout = _nal_layout(context)
-        disposable = [bool(layout) and not p.is_keyframe and _disposable(memoryview(p), *layout) for p in packets]
         fmt = context.format
         return BitstreamMap(
             info=info,
@@ -174,7 +177,7 @@ def analyse_bitstream(source: Source) -> BitstreamMap:
             packet_dts=tuple(p.dts for p in packets),
             packet_gop=tuple(packet_gop),
             frame_packet=tuple(order),
-            packet_disposable=tuple(disposable),
+            packet_disposable=tuple(p.flag for p in packets),
             exact_timestamps=None not in pts and len(set(pts)) == len(pts),
         )
 

@@ -92,3 +92,17 @@ def test_unidentified_image_is_named_without_a_python_repr(tmp_path):
         with pytest.raises(MediaError) as e:
             load(video)
         assert str(e.value) == "image: not a decodable image (JPEG, PNG, WebP, ...)"
+
+
+def test_the_scan_keeps_every_packets_metadata_and_only_the_first_packets():
+    from flashcodec.probe import FIRST_PACKETS, open_container, read_packets, scan_packets
+
+    video = make_video(None, 64, 48, 150, 25, gop=10, bframes=2)
+    with open_container(video) as container:
+        packets = read_packets(container)
+    with open_container(video) as container:
+        metas, first = scan_packets(container, lambda p: p.is_keyframe)
+    assert len(metas) == len(packets) == 150 and len(first) == FIRST_PACKETS
+    assert [(m.pts, m.dts, m.size, m.pos, m.is_keyframe, m.flag) for m in metas] == [
+        (p.pts, p.dts, p.size, p.pos, p.is_keyframe, p.is_keyframe) for p in packets]
+    assert [bytes(p) for p in first] == [bytes(p) for p in packets[:FIRST_PACKETS]]
