@@ -13,6 +13,7 @@ import logging
 import numpy as np
 
 from backends import triton_io as io
+from orchestrator.cancel_watch import CancelWatch
 from orchestrator.inputs import RawRequest, parse_request
 from orchestrator.sampling_params import InvalidInput
 from orchestrator.send_lanes import SendLanes
@@ -45,19 +46,23 @@ def _response(text: str, ids: list[int], with_ids: bool, reason: str | None = No
     return pb.InferenceResponse(outputs)
 
 
-async def handle(orchestrator: Orchestrator, request, lanes: SendLanes) -> None:
-    """Serve one client request to the end, its responses sent on one of ``lanes``; never raises."""
+async def handle(orchestrator: Orchestrator, request, lanes: SendLanes, cancels: CancelWatch) -> None:
+    """Serve one client request to the end, its responses sent on one of ``lanes``, its cancellation watched by
+    ``cancels``; never raises."""
     final = io.pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL
     sender, lane = request.get_response_sender(), lanes.lane()
+    watched = cancels.watch(sender.is_cancelled)
 
     def send(response=None, flags: int = 0) -> None:
+        if flags == final:  # the request is not asked about after its final response
+            cancels.unwatch(watched)
         lanes.send(lane, sender, response, flags)
 
     try:
         parsed = parse_request(read_request(request), orchestrator.config.limits)
         active = await orchestrator.admit(parsed)
         # aclosing: leaving the loop early (cancellation) releases the request's pages now, not at GC.
-        async with contextlib.aclosing(orchestrator.generate(active, sender.is_cancelled)) as tokens:
+        async with contextlib.aclosing(orchestrator.generate(active, watched.cancelled.is_set)) as tokens:
             await _send_tokens(orchestrator, parsed, active, tokens, send)
     except InvalidInput as exc:
         send(io.error(str(exc)), final)

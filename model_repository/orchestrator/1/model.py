@@ -22,6 +22,7 @@ class TritonPythonModel:
     def initialize(self, args):
         from backends import server_stop, triton_io
         from orchestrator import frontend
+        from orchestrator.cancel_watch import CancelWatch
         from orchestrator.metrics import Metrics
         from orchestrator.send_lanes import SendLanes
         from orchestrator.service import Orchestrator, OrchestratorConfig
@@ -32,6 +33,7 @@ class TritonPythonModel:
         config = OrchestratorConfig.from_parameters(params)
         self.metrics = Metrics(config.replicas)
         self.lanes = SendLanes(triton_io.int_parameter(params, "send_lanes", 4))  # threads sending client responses
+        self.cancels = CancelWatch()  # the thread asking whether clients have cancelled
         self.orchestrator = Orchestrator(config, self.metrics)
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="orchestrator-loop", daemon=True)
@@ -43,7 +45,7 @@ class TritonPythonModel:
     def execute(self, requests):
         for request in requests:
             future = asyncio.run_coroutine_threadsafe(
-                self.frontend.handle(self.orchestrator, request, self.lanes), self.loop)
+                self.frontend.handle(self.orchestrator, request, self.lanes, self.cancels), self.loop)
             self.pending.add(future)
             future.add_done_callback(self.pending.discard)
         return None
@@ -55,6 +57,7 @@ class TritonPythonModel:
         self.watch.close()
         concurrent.futures.wait(list(self.pending), timeout=5)  # handlers finishing after their final flag
         self.lanes.close()  # their responses sent
+        self.cancels.close()
         try:
             asyncio.run_coroutine_threadsafe(self.orchestrator.close(timeout_s=5), self.loop).result(timeout=10)
         except Exception as exc:
