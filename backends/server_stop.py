@@ -16,7 +16,7 @@ orchestrator thread left in a response iterator after flashcodec had sent its fi
 1. the launcher writes the ``stopping`` marker (:func:`announce`); each model's :class:`StopWatch` sees it
    (a ``stat`` every ``period_s``, no IPC) and ends its work: the orchestrator fails the requests in flight
    ("the server is shutting down"), the stages end their streams;
-2. the orchestrator writes ``drained`` (:func:`mark_drained`) once no request and no BLS stream is left;
+2. the orchestrator writes ``drained`` (:func:`mark_drained`) once no request and no stage call is left;
 3. the launcher waits for it (:func:`wait_drained`, bounded), then signals tritonserver, which now finds
    every model idle and unloads them at once.
 """

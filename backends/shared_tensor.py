@@ -1,8 +1,8 @@
 """Tensors shared between the Triton model processes (KV pool, patch pool).
 
 One process (the owner) allocates a pool once and publishes a handle file in the server's run
-directory; other processes map the same memory from that handle. Only page indices then travel in
-BLS requests.
+directory; other processes map the same memory from that handle. Only page indices then travel
+between the stages.
 
 * CPU: the tensor lives in a file under /dev/shm, mapped with ``torch.from_file(shared=True)``.
 * CUDA: the tensor is an ordinary device allocation; the handle is torch's CUDA IPC reduction

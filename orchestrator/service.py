@@ -1,5 +1,6 @@
 """The orchestrator: one asyncio loop that validates requests, owns the page tables, runs the budget
-scheduler step by step and drives the stages over BLS (design.md, "Processes and data flow").
+scheduler step by step and drives the stages (BLS to encode_prefill, the stage link to decode and flashcodec;
+design.md, "Processes and data flow").
 
 Per request: probe media (metadata only) -> prompt with its visual-token count -> flashcodec decodes
 and streams "group g ready in pages [...]", taking each group's patch pages from the shared free list
@@ -105,7 +106,7 @@ class Orchestrator:
         self.replicas: list[Replica] = []
         self._ready: asyncio.Future | None = None
         self._tasks: list[asyncio.Task] = []
-        self.stopping = False  # the server is stopping: no new work, no BLS aborts
+        self.stopping = False  # the server is stopping: no new work, no aborts to the stages
 
     # ---- start-up: BLS is not allowed in initialize, so the pools and loops start on first use ----
     async def _start(self) -> None:
@@ -163,7 +164,7 @@ class Orchestrator:
     # ---- stopping (the server's stop watch, then finalize) -------------------------------------------
     def stop_serving(self, on_drained: Callable[[], None]) -> None:
         """The server is stopping: fail every request now (its client gets an error and the final flag)
-        and start nothing new. The stages end their own work, so no BLS abort is sent. ``on_drained()``
+        and start nothing new. The stages end their own work, so no abort is sent. ``on_drained()``
         once no request, scheduler step or stage stream is left (backends/server_stop.py)."""
         self.stopping = True
         for active in self.active.values():

@@ -87,8 +87,7 @@ class FlashCodecWorker:
     def stop(self) -> None:
         """The server is stopping: every decode, running or queued, ends after its current group as if
         aborted (its pages taken and not reported go back), so its stream is closed. No error is sent: the
-        orchestrator has failed the request itself, and a stream that ends with its final flag alone is the
-        path that 2.51's BLS handles best at a stop."""
+        orchestrator has failed the request itself."""
         with self.lock:
             self.closing = True
 
