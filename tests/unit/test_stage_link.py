@@ -77,44 +77,44 @@ def counting(op, body, call):
         call.send("held")
 
 
+@pytest.fixture
+def link(run_dir):
+    """A stage serving `counting` and the orchestrator's end of its link."""
+    server, client = stage_link.LinkServer("decode", counting), stage_link.LinkClient("decode")
+    yield server, client
+    client.close()
+    server.close()
+
+
 async def collect(client, op, body=None):
     return [x async for x in client.call(op, body)]
 
 
-def test_replies_stream_in_order_and_concurrent_calls_stay_apart(run_dir):
-    server = stage_link.LinkServer("decode", counting)
-    client = stage_link.LinkClient("decode")
+def test_replies_stream_in_order_and_concurrent_calls_stay_apart(link):
+    server, client = link
 
     async def main():
         return await asyncio.gather(*(collect(client, "count", n) for n in (0, 1, 50, 300)))
 
-    try:
-        assert asyncio.run(main()) == [[], [0], list(range(50)), list(range(300))]
-        assert not client.busy()
-    finally:
-        client.close()
-        server.close()
+    assert asyncio.run(main()) == [[], [0], list(range(50)), list(range(300))]
+    assert not client.busy()
+    server.close()
     assert not Path(stage_link.address("decode")).exists()
 
 
-def test_errors_end_the_call_with_the_stage_message(run_dir):
-    server = stage_link.LinkServer("flashcodec", counting)
-    client = stage_link.LinkClient("flashcodec")
+def test_errors_end_the_call_with_the_stage_message(link):
+    _, client = link
 
     async def main():
         with pytest.raises(stage_link.LinkError) as bad_video:
             await collect(client, "fail", "video: no keyframe before the first sampled frame")
-        with pytest.raises(stage_link.LinkError, match="flashcodec: KeyError") as raised:
+        with pytest.raises(stage_link.LinkError, match="decode: KeyError") as raised:
             await collect(client, "boom")
         assert await collect(client, "count", 3) == [0, 1, 2]  # the link goes on
         return bad_video.value, raised.value
 
-    try:
-        bad_video, raised = asyncio.run(main())
-        assert bad_video.invalid_input and not raised.invalid_input
-    finally:
-        client.close()
-        server.close()
+    bad_video, raised = asyncio.run(main())
+    assert bad_video.invalid_input and not raised.invalid_input
 
 
 def test_a_stage_that_goes_away_fails_open_and_later_calls(run_dir):
@@ -177,11 +177,10 @@ def test_a_run_directory_too_deep_for_a_socket_is_named(monkeypatch):
         stage_link.address("decode")
 
 
-def test_calls_leave_in_order_and_a_large_one_does_not_hold_up_the_loop(run_dir):
+def test_calls_leave_in_order_and_a_large_one_does_not_hold_up_the_loop(link):
     """A video's bytes are sent by the writer thread, which waits while the stage is slow to read (here 1 s),
     not the event loop; an abort made right after its decode arrives after it."""
-    server = stage_link.LinkServer("flashcodec", counting)
-    client = stage_link.LinkClient("flashcodec")
+    _, client = link
     ORDER.clear()
     big = b"x" * (64 << 20)
 
@@ -199,18 +198,13 @@ def test_calls_leave_in_order_and_a_large_one_does_not_hold_up_the_loop(run_dir)
         await ticker
         return max(b - a for a, b in zip(ticks, ticks[1:]))
 
-    try:
-        longest_gap = asyncio.run(main())
-        assert ORDER == ["note:0", "stall", f"note_big:{len(big)}", "note:3"]
-        assert longest_gap < 0.9, longest_gap  # the loop ran on while 64 MiB waited for the stalled stage
-    finally:
-        client.close()
-        server.close()
+    longest_gap = asyncio.run(main())
+    assert ORDER == ["note:0", "stall", f"note_big:{len(big)}", "note:3"]
+    assert longest_gap < 0.9, longest_gap  # the loop ran on while 64 MiB waited for the stalled stage
 
 
-def test_a_reader_that_fails_fails_the_calls_instead_of_leaving_them_waiting(run_dir):
-    server = stage_link.LinkServer("decode", counting)
-    client = stage_link.LinkClient("decode")
+def test_a_reader_that_fails_fails_the_calls_instead_of_leaving_them_waiting(link):
+    _, client = link
 
     async def main():
         with pytest.raises(stage_link.LinkError, match="reader failed"):
@@ -218,11 +212,7 @@ def test_a_reader_that_fails_fails_the_calls_instead_of_leaving_them_waiting(run
         with pytest.raises(stage_link.LinkError, match="reader failed"):
             await collect(client, "count", 1)
 
-    try:
-        asyncio.run(asyncio.wait_for(main(), 30))
-    finally:
-        client.close()
-        server.close()
+    asyncio.run(asyncio.wait_for(main(), 30))
 
 
 def test_a_silent_peer_holds_up_nobody(run_dir):
