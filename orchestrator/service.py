@@ -49,7 +49,10 @@ SHUTTING_DOWN = "the server is shutting down"
 
 @dataclass(frozen=True)
 class OrchestratorConfig:
-    """From the orchestrator's model parameters. ``max_model_len``: prompt + output tokens per request;
+    """From the orchestrator's model parameters. ``max_share`` (default 0.5): while several requests want a
+    step's encode or prefill budget, each first gets at most this share of it (``SchedulerConfig``), so a long
+    video's prefill cannot hold a short request back; a lone request still uses the whole budget.
+    ``max_model_len``: prompt + output tokens per request;
     ``replicas``: encode_prefill/decode replicas to drive (``backends/replicas.py``)."""
 
     scheduler: SchedulerConfig
@@ -60,8 +63,12 @@ class OrchestratorConfig:
 
     @classmethod
     def from_parameters(cls, params: dict[str, str]) -> "OrchestratorConfig":
+        try:
+            share = float(params.get("max_share", "0.5"))
+        except ValueError:
+            raise ValueError(f"parameter max_share must be a number in (0, 1], got {params['max_share']!r}") from None
         scheduler = SchedulerConfig(encode_budget=int_parameter(params, "encode_budget", 10240),
-                                    prefill_budget=int_parameter(params, "prefill_budget", 2048))
+                                    prefill_budget=int_parameter(params, "prefill_budget", 2048), max_share=share)
         return cls(scheduler, InputLimits.from_parameters(params), int_parameter(params, "max_model_len", 32768),
                    params.get("model_path") or None, int_parameter(params, "replicas", 1))
 

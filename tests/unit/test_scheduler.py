@@ -241,3 +241,14 @@ def test_sequence_rejects_a_bad_group_layout(groups):
 def test_config_is_checked(kwargs):
     with pytest.raises(ValueError):
         SchedulerConfig(**kwargs)
+
+
+def test_the_orchestrator_shares_a_step_by_default_and_names_a_bad_max_share():
+    """A long video's prefill must not hold a short request back (a user waited 8-29 s behind one with FCFS)."""
+    from orchestrator.service import OrchestratorConfig
+
+    assert OrchestratorConfig.from_parameters({}).scheduler.max_share == 0.5
+    assert OrchestratorConfig.from_parameters({"max_share": "1"}).scheduler.max_share == 1.0
+    for bad in ("half", "0", "1.5"):
+        with pytest.raises(ValueError, match="max_share"):
+            OrchestratorConfig.from_parameters({"max_share": bad})
