@@ -233,10 +233,10 @@ class TritonServer:
         except (OSError, AttributeError):
             return ""
 
-    def stop(self, drain_timeout_s: float = 10.0) -> None:
+    def stop(self, drain_timeout_s: float = 10.0, exit_timeout_s: float = 40.0) -> None:
         """Tell the models and let them drain (``server_stop``: requests in flight fail, streams end; at most
-        ``drain_timeout_s`` seconds), SIGINT, then SIGKILL of the whole process group after 40 s; removes the
-        run directory."""
+        ``drain_timeout_s`` seconds), SIGINT, then SIGKILL of the whole process group after ``exit_timeout_s``
+        seconds; removes the run directory."""
         if self.process is not None and self.process.poll() is None:
             if os.environ.get("UNIFIEDSERVE_DUMP_STACKS") == "1":
                 self._dump_stub_stacks()
@@ -244,7 +244,7 @@ class TritonServer:
             server_stop.wait_drained(self.run_dir, drain_timeout_s)
             os.killpg(self.process.pid, signal.SIGINT)
             try:
-                self.process.wait(timeout=40)
+                self.process.wait(timeout=exit_timeout_s)
             except subprocess.TimeoutExpired:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait()
@@ -320,6 +320,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 STAGE_DIED = 3  # the launcher's exit status when it stopped the server because a model's process died
+DIED_EXIT_TIMEOUT_S = 5.0  # then: seconds from SIGINT to SIGKILL, so that clients see the connection drop soon
 
 
 def watch_stages(server: TritonServer, period_s: float = 1.0) -> str | None:
@@ -360,7 +361,10 @@ def _serve(args: argparse.Namespace, repository: Path) -> int:
     except KeyboardInterrupt:
         pass
     finally:
-        server.stop(drain_timeout_s=2.0 if died else 10.0)  # with a stage gone, its requests cannot drain
+        if died:  # its requests can neither drain nor end: Triton would wait out its exit timeout (20 s, twice)
+            server.stop(drain_timeout_s=2.0, exit_timeout_s=DIED_EXIT_TIMEOUT_S)
+        else:
+            server.stop()
     return STAGE_DIED if died else server.process.returncode or 0
 
 

@@ -10,27 +10,49 @@ import time
 
 import pytest
 
-from backends.launcher import STAGE_DIED, ServerPorts, TritonServer, watch_stages
+from backends.launcher import DIED_EXIT_TIMEOUT_S, STAGE_DIED, ServerPorts, TritonServer, watch_stages
 from client.api import Client, ServerError
 
 pytestmark = pytest.mark.e2e
 
 
-def test_a_dead_stage_is_noticed_and_named(tmp_path):
+@pytest.mark.parametrize("model", ["decode", "orchestrator"])
+def test_a_dead_stage_is_noticed_named_and_its_clients_let_go_soon(tmp_path, model):
+    """The launcher's path: watch, then a short stop. A request in flight ends with an error soon after (with the
+    orchestrator gone, nothing could send its final response: Triton would wait out its exit timeout twice)."""
     server = TritonServer(ports=ServerPorts.unused(), log_path=tmp_path / "server.log").start()
+    url = f"127.0.0.1:{server.ports.grpc}"
+    sampling = {"max_tokens": 2, "temperature": 0, "ignore_eos": True}
+    outcome: list[BaseException | object] = []
+
+    def in_flight() -> None:
+        try:
+            with Client(url) as client:
+                outcome.append(client.generate("Go on.", sampling={**sampling, "max_tokens": 100000 // 8},
+                                               timeout_s=120))
+        except Exception as exc:
+            outcome.append(exc)
+
     try:
         stubs = server.ready_stubs
         assert stubs == server.stubs()
         assert sorted(stubs.values()) == ["decode", "encode_prefill", "flashcodec", "orchestrator"]
-        sampling = {"max_tokens": 2, "temperature": 0, "ignore_eos": True}
-        with Client(f"127.0.0.1:{server.ports.grpc}") as client:
+        with Client(url) as client:
             assert client.generate("Hello", sampling=sampling).num_output_tokens == 2
-        os.kill(next(pid for pid, model in stubs.items() if model == "decode"), signal.SIGKILL)
+        runner = threading.Thread(target=in_flight)
+        runner.start()
+        time.sleep(1.0)
+        os.kill(next(pid for pid, name in stubs.items() if name == model), signal.SIGKILL)
         started = time.monotonic()
-        assert watch_stages(server, period_s=0.2) == "the process of model decode has died"
+        assert watch_stages(server, period_s=0.2) == f"the process of model {model} has died"
         assert time.monotonic() - started < 5
-        with Client(f"127.0.0.1:{server.ports.grpc}") as client, pytest.raises(ServerError):
+        with Client(url) as client, pytest.raises(ServerError):
             client.generate("Hello", sampling=sampling, timeout_s=30)  # what the server does until it is stopped
+        started = time.monotonic()
+        server.stop(drain_timeout_s=2.0, exit_timeout_s=DIED_EXIT_TIMEOUT_S)
+        runner.join(timeout=15)
+        assert time.monotonic() - started < 15 and not runner.is_alive()
+        assert outcome and isinstance(outcome[0], Exception), outcome
     finally:
         server.stop()
     assert STAGE_DIED == 3
