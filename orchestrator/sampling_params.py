@@ -92,7 +92,7 @@ def _as_int(key: str, value: object) -> int:
         return value
     if isinstance(value, float) and value.is_integer():
         return int(value)
-    if isinstance(value, str):
+    if isinstance(value, str) and value.isascii():  # int() also takes other scripts' digits ("٣" is 3)
         try:
             return int(value.strip())
         except ValueError:
@@ -103,7 +103,7 @@ def _as_int(key: str, value: object) -> int:
 def _as_float(key: str, value: object) -> float:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         number = float(value)
-    elif isinstance(value, str):
+    elif isinstance(value, str) and value.isascii():
         try:
             number = float(value.strip())
         except ValueError:

@@ -47,6 +47,8 @@ def test_stop_may_be_one_string():
     ({"max_tokens": -5}, "max_tokens"),
     ({"max_tokens": 1.5}, "max_tokens"),
     ({"max_tokens": "ten"}, "max_tokens"),
+    ({"max_tokens": "\u0663"}, "max_tokens"),  # an Arabic-Indic 3: int() takes it, a client means no number
+    ({"temperature": "\u0660.\u0665"}, "temperature"),
     ({"max_tokens": True}, "max_tokens"),
     ({"max_tokens": None}, "max_tokens"),
     ({"max_tokens": [4]}, "max_tokens"),
