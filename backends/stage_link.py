@@ -30,7 +30,6 @@ import struct
 import threading
 import time
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
-from pathlib import Path
 from typing import Any, AsyncIterator, Callable
 
 from backends.internal_token import internal_token

@@ -167,10 +167,10 @@ def run(args: argparse.Namespace, out: Path, device: torch.device) -> dict:
         results["cases"][case] = {"grid_thw": grid_thw, "patches": patches,
                                   "flops": vision_flops(tower.config, grid_thw)}
 
-    def forward(pixels, grid):
+    def whole(pixels, grid):
         return tower(pixels, grid_thw=grid).pooler_output
 
-    split = None
+    split, forward = None, whole
     for name in results["variants"]:
         try:
             if name.startswith("tensor_parallel"):

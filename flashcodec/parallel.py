@@ -10,7 +10,6 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from flashcodec.decoders import CpuDecoder, DecodePaths
-from flashcodec.errors import MediaError
 from flashcodec.gop import map_for_indices
 from flashcodec.gop_plan import MAX_GOP_SIZE, frames_in_order, plan_gop_tasks
 from flashcodec.gop_pool import WorkerPool
