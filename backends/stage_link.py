@@ -82,14 +82,18 @@ def _handshake(sock: socket.socket, server: bool) -> Connection:
     return conn
 
 
-def _hang_up(conn: Connection, reader: threading.Thread | None) -> None:
-    """Shut the socket down (which wakes a reader blocked in ``recv``, as closing it does not), join the
-    reader, then close."""
+def _shut_down(conn: Connection) -> None:
+    """Shut ``conn``'s socket down, which wakes a reader blocked in ``recv`` (closing it does not)."""
     try:
         with socket.socket(fileno=os.dup(conn.fileno())) as sock:
             sock.shutdown(socket.SHUT_RDWR)
-    except OSError:
+    except (OSError, ValueError):  # already shut, or closed
         pass
+
+
+def _hang_up(conn: Connection, reader: threading.Thread | None) -> None:
+    """Shut the socket down, join the reader, then close."""
+    _shut_down(conn)
     if reader is not None and reader is not threading.current_thread():
         reader.join(timeout=5)
     conn.close()
@@ -183,11 +187,7 @@ class _Served:
         with self.lock:
             conn = self.conn
         if conn is not None:
-            try:
-                with socket.socket(fileno=os.dup(conn.fileno())) as sock:
-                    sock.shutdown(socket.SHUT_RDWR)
-            except (OSError, ValueError):
-                pass
+            _shut_down(conn)
         self.thread.join(timeout=5)
 
 

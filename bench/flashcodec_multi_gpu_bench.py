@@ -160,7 +160,8 @@ def main() -> None:
     check_machine()
     results = run(args)
     for r in results["runs"]:
-        print(f"{r['gpus']} GPU(s){' helper processes' if r['helper_processes'] else ''} ({r['processes_per_gpu']} per GPU): {r['best_s']:.2f} s, speedup {r['speedup'] or 0:.2f}x, "
+        helpers = f" helper processes ({r['processes_per_gpu']} per GPU)" if r["helper_processes"] else ""
+        print(f"{r['gpus']} GPU(s){helpers}: {r['best_s']:.2f} s, speedup {r['speedup'] or 0:.2f}x, "
               f"parallel efficiency {r['parallel_efficiency'] or 0:.2f}")
     if results["fell_back"]:
         print("NVDEC fell back to another decode path: see decode_paths and fallbacks in the JSON", file=sys.stderr)

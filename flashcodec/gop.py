@@ -144,8 +144,9 @@ def analyse_bitstream(source: Source) -> BitstreamMap:
     let go as the pass goes, once each packet's disposability has been read from its NAL headers).
 
     No GOP is decoded; the first frame is, by `probe.info_from_packets`, for the display rotation (PyAV exposes
-    it on frames only) and to prove the stream decodable. Packets before the first keyframe (a stream cut before its keyframe) belong
-    to GOP 0, which therefore always starts at packet 0. Raises MediaError as `probe_video` does.
+    it on frames only) and to prove the stream decodable. Packets before the first keyframe (a stream cut
+    before its keyframe) belong to GOP 0, which therefore always starts at packet 0. Raises MediaError as
+    `probe_video` does.
     """
     with open_container(source) as container:
         stream = container.streams.video[0]

@@ -442,7 +442,6 @@ class Orchestrator:
         self._update_gauges()
         replica.wake.set()
 
-
     @staticmethod
     async def _abort(call) -> None:
         """An abort call to a stage; one whose link is gone (the stage's process ended) writes no page any

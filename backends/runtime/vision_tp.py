@@ -121,8 +121,8 @@ class VisionTensorParallel:
     returns its embeddings. One process group per process: a second instance in the same process raises
     RuntimeError. A failed encode (out of memory, a helper gone) leaves the ranks' collectives unpaired, so the
     tower is then taken out of service (helpers killed, group left) and every later encode raises RuntimeError;
-    the server must be restarted. Raises ValueError (heads or width not divisible, a repeated GPU) and RuntimeError (a helper that
-    does not join within TIMEOUT_S s).
+    the server must be restarted. Raises ValueError (heads not divisible, a repeated GPU) and RuntimeError
+    (a helper that does not join within TIMEOUT_S s).
     """
 
     def __init__(self, visual: nn.Module, devices: Sequence[torch.device],
@@ -160,7 +160,7 @@ class VisionTensorParallel:
             if prepare is not None:
                 prepare(visual)
         except Exception as exc:
-            self._kill()
+            self._teardown()
             raise RuntimeError(f"vision tensor parallel over {[str(d) for d in self.devices]} did not start: "
                                f"{type(exc).__name__}: {exc}") from exc
 
@@ -195,13 +195,17 @@ class VisionTensorParallel:
                     helper.wait(30)
                 except subprocess.TimeoutExpired:
                     pass
-        self._kill("closed")
+        self.broken = self.broken or "closed"
+        self._teardown()
 
-    def _kill(self, why: str = "") -> None:
-        """Out of service for good: the helpers killed, the process group left."""
+    def _kill(self, why: str) -> None:
+        """Out of service for good, because of ``why`` (logged)."""
         self.broken = self.broken or why
-        if why and why != "closed":
-            log.error("vision tensor parallel out of service: %s", why)
+        log.error("vision tensor parallel out of service: %s", why)
+        self._teardown()
+
+    def _teardown(self) -> None:
+        """The helpers killed (those still running), the process group left, the temporary folder removed."""
         for helper in self.helpers:
             if helper.poll() is None:
                 helper.kill()
