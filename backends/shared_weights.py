@@ -26,6 +26,14 @@ def lm_parameters(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
     return [(name, p) for name, p in model.named_parameters() if not name.startswith(VISION_PREFIX)]
 
 
+def held_bytes(model: nn.Module, shared: shared_tensor.SharedTensor | None) -> dict[str, int]:
+    """Bytes of ``model``'s language-model weights by where they live: ``{"own": n, "shared": 0}`` for a stage
+    that keeps its own copy, ``{"own": 0, "shared": n}`` for one whose parameters are views of the shared
+    tensor (``shared``: what ``publish`` or ``adopt`` returned). Exposed as a gauge (``triton_io.WeightsGauge``)."""
+    total = sum(p.numel() * p.element_size() for _, p in lm_parameters(model))
+    return {"own": 0, "shared": total} if shared is not None else {"own": total, "shared": 0}
+
+
 def _manifest(params: list[tuple[str, nn.Parameter]]) -> list[list]:
     return [[name, list(p.shape)] for name, p in params]
 

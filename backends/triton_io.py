@@ -146,3 +146,32 @@ def error(message: str, invalid_argument: bool = True):
     p = pb()
     code = p.TritonError.INVALID_ARG if invalid_argument else p.TritonError.INTERNAL
     return p.InferenceResponse(error=p.TritonError(message, code))
+
+
+class WeightsGauge:
+    """The gauge ``unifiedserve_lm_weight_bytes{model, replica, copy}``: bytes of language-model weights a stage
+    holds as its own copy (``copy="own"``) and as views of the copy shared between decode and encode_prefill
+    (``copy="shared"``, ``backends.shared_weights``); a replica's memory for them is its stages' "own" plus one
+    "shared". ``set`` makes the round trip to the Triton process only when the figures change."""
+
+    NAME = "unifiedserve_lm_weight_bytes"
+
+    def __init__(self, model: str, replica: int):
+        p = pb()
+        self.family = p.MetricFamily(self.NAME, "bytes of language-model weights a stage holds, by copy: its own "
+                                     "or the one shared by decode and encode_prefill", p.MetricFamily.GAUGE)
+        self.series = {copy: self.family.Metric(labels={"model": model, "replica": str(replica), "copy": copy})
+                       for copy in ("own", "shared")}
+        self.last: dict[str, int] = {}
+
+    def set(self, held: dict[str, int]) -> None:
+        """``held``: {"own": bytes, "shared": bytes}, as ``shared_weights.held_bytes`` gives."""
+        if self.series and held != self.last:
+            for copy, value in held.items():
+                self.series[copy].set(value)
+            self.last = dict(held)
+
+    def close(self) -> None:
+        """For ``finalize``: drop the series, then the family (metrics alive when the stub exits crash it,
+        triton-inference-server/server#8662); later ``set`` calls do nothing."""
+        self.series, self.family, self.last = {}, None, {}

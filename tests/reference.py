@@ -45,9 +45,11 @@ def assert_same_or_tie(ours: list[int], theirs: list[int], ref_logits: list[torc
 def server_request_reference(model, tokenizer, text: str, max_new_tokens: int, *, video: bytes | None = None,
                              image: bytes | None = None, params: RequestParams = RequestParams()):
     """What the server must produce for a request with at most one video or image: the same
-    preprocessing (flashcodec's plan and patches, the orchestrator's prompt), then ``reference_generate``."""
+    preprocessing (flashcodec's plan and patches, from the decoder its stage takes on the model's device: NVDEC
+    on a GPU, whose pixels the GPU tests hold to the CPU decoder's within a tolerance; the orchestrator's
+    prompt), then ``reference_generate``."""
     # Imported here so the runtime tests that only need reference_generate run without PyAV.
-    from flashcodec.pipeline import image_group, iter_video_groups
+    from flashcodec.pipeline import image_group, iter_video_groups, make_decoder
     from orchestrator.inputs import MediaInput
     from orchestrator.media import plan_media
     from orchestrator.prompt import build_prompt
@@ -58,7 +60,11 @@ def server_request_reference(model, tokenizer, text: str, max_new_tokens: int, *
             continue
         plan = plan_media(MediaInput(kind, data=data), params)
         if kind == "video":
-            pixels = torch.cat([patches for _, patches in iter_video_groups(data, plan)])
+            choice = make_decoder(model.device, cpu_workers=1)
+            try:
+                pixels = torch.cat([patches for _, patches in iter_video_groups(data, plan, choice.decoder)])
+            finally:
+                choice.close()
             media.append((kind, plan.grid_thw, plan.second_per_grid_t))
         else:
             pixels = image_group(data, plan)

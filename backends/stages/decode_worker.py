@@ -90,6 +90,7 @@ class DecodeWorker:
         model, tokenizer = load_model(spec)
         # published before the KV pool, which encode_prefill waits for: by then it can find the weights too
         self.weights = shared_weights.publish(model, lm_weights, device) if lm_weights else None
+        self.weights_held = shared_weights.held_bytes(model, self.weights)
         layout = KVCacheLayout.from_config(model.config, num_pages=kv_pages + RESERVED_KV_PAGES,
                                            page_size=page_size, dtype=model.dtype)
         self.pool = shared_tensor.create(kv_pool, layout.shape, layout.dtype, device)

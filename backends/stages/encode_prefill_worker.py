@@ -77,6 +77,12 @@ class EncodePrefillWorker:
                                        vision_tp=self.vision_devices if split else ())
         return self._runner
 
+    @property
+    def weights_held(self) -> dict[str, int]:
+        """Bytes of language-model weights held as this stage's own copy or mapped from decode's
+        (``shared_weights.held_bytes``); the mapping is tried when the first step runs."""
+        return shared_weights.held_bytes(self.model, self._weights)
+
     def shutdown(self) -> None:
         """Stop the vision helpers, if the runner was made."""
         if self._runner is not None:

@@ -137,11 +137,29 @@ def test_each_video_counts_once_under_the_path_that_decoded_it(server, grpc_url,
     assert kind == "counter" and len(grown) == 1 and list(grown.values()) == [1], (before, after)
 
 
+def weight_bytes(server) -> dict[tuple[str, str], float]:
+    """unifiedserve_lm_weight_bytes per (model, copy)."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{server.ports.metrics}/metrics", timeout=10).read().decode()
+    found = {}
+    for line in text.splitlines():
+        if line.startswith("unifiedserve_lm_weight_bytes{"):
+            labels = dict(pair.split("=") for pair in line[line.index("{") + 1:line.index("}")].split(","))
+            found[(labels["model"].strip('"'), labels["copy"].strip('"'))] = float(line.split()[-1])
+    return found
+
+
 def test_decode_and_encode_prefill_hold_one_copy_of_the_language_model(server, grpc_url):
-    """On the CPU the shared weights are a /dev/shm file (backends/shared_weights.py): after a request both stages
-    map it, so encode_prefill computes from the decode stage's copy."""
+    """After a request encode_prefill computes from the decode stage's copy of the language model: the gauge says
+    so on every device, and on the CPU, where the shared copy is a /dev/shm file (backends/shared_weights.py), both
+    stages' memory maps show it (on a GPU it is CUDA IPC memory, which /proc does not list)."""
     with Client(grpc_url) as client:
         client.generate("Hello", sampling={**GREEDY, "max_tokens": 1})
+    held = weight_bytes(server)
+    assert held[("decode", "shared")] > 0 and held[("decode", "own")] == 0, held
+    assert held[("encode_prefill", "shared")] == held[("decode", "shared")], held
+    assert held[("encode_prefill", "own")] == 0, held
+    if torch.cuda.is_available():
+        return
     mapping = {}
     for pid, model in server.stubs().items():
         maps = Path(f"/proc/{pid}/maps").read_text()

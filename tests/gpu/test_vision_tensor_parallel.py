@@ -36,7 +36,14 @@ def test_a_tower_split_over_two_gpus_gives_what_one_gives():
         got = [split.encode(p, g) for p, g in work]  # the first: compiles on both ranks
         for a, b in zip(got, expected):
             assert a.device == b.device == torch.device("cuda:0") and a.shape == b.shape
-            torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-2)  # bf16, partial sums added in another order
+            # bf16 through 32 blocks: an elementwise bound fails for any change of summation order (the one-GPU
+            # padded-attention variant differs from transformers' tower by 0.195 at most, bench/vision_bench.py).
+            # Errors relative to the output's scale, as vision_bench reports them; a wrong split is off by ~1.
+            a, b = a.float(), b.float()
+            worst = float((a - b).abs().max() / b.abs().max())
+            overall = float((a - b).norm() / b.norm())
+            print(f"output {tuple(a.shape)}: max error {worst:.1e} of the output's scale, norm error {overall:.1e}")
+            assert worst < 5e-2 and overall < 2e-2, (worst, overall)
         pixels, grid = work[-1]
         torch.cuda.synchronize()
         start = time.perf_counter()

@@ -64,6 +64,8 @@ class TritonPythonModel:
             cuda_graphs=params.get("cuda_graphs", "auto"), on_step=on_step,
             compile_layers=params.get("compile_layers", "auto"), kv_pool=replica_name("kv_pool", replica),
             lm_weights=replica_name("lm_weights", replica) if shared_weights_on(params) else None)
+        self.weights_gauge = triton_io.WeightsGauge("decode", replica)
+        self.weights_gauge.set(self.worker.weights_held)
         # When the server stops, the stream ends: the orchestrator sees it and fails what was left in decode.
         self.watch = StopWatch(self.worker.end_stream)
         self.link = LinkServer(replica_name("decode", replica), self._call)
@@ -92,4 +94,5 @@ class TritonPythonModel:
         self.worker.shutdown()
         # Metrics alive when the stub exits crash it (triton-inference-server/server#8662): drop them here.
         self.metric_families = None
+        self.weights_gauge.close()
         before_exit()

@@ -26,6 +26,8 @@ class TritonPythonModel:
             vision_devices=helper_gpus(triton_io.gpus_value("vision_gpus", params.get("vision_gpus", "own")), device),
             kv_pool=replica_name("kv_pool", replica), lm_weights=replica_name("lm_weights", replica),
             vision_parallel=params.get("vision_parallel", "data"))
+        self.weights_gauge = triton_io.WeightsGauge("encode_prefill", replica)
+        self.weights_gauge.set(self.worker.weights_held)
 
     def execute(self, requests):
         io, pb = self.io, self.io.pb()
@@ -39,10 +41,12 @@ class TritonPythonModel:
                 responses.append(pb.InferenceResponse([io.json_tensor("result", result)]))
             except Exception as exc:  # a failed step is reported to the orchestrator, the worker lives on
                 responses.append(io.error(f"encode_prefill: {type(exc).__name__}: {exc}", invalid_argument=False))
+        self.weights_gauge.set(self.worker.weights_held)  # changes once, when the first step maps decode's copy
         return responses
 
     def finalize(self):
         from backends.server_stop import before_exit
 
         self.worker.shutdown()
+        self.weights_gauge.close()  # before the stub exits (triton-inference-server/server#8662)
         before_exit()
