@@ -1,6 +1,7 @@
 """Vision tensor parallel on two GPUs (issue 5): the 7B architecture's tower split over GPU 0 and GPU 1 (one helper
-process, NCCL) gives, item for item, what the whole tower on GPU 0 gives. Run on the device:
-`python3 -m pytest -q -s tests/gpu/test_vision_tensor_parallel.py` (skipped below two GPUs)."""
+process, NCCL) gives, item for item, what the whole tower on GPU 0 gives, within bf16's own error. Run on the
+device: `python3 -m pytest -q -s tests/gpu/test_vision_tensor_parallel.py` (skipped below two GPUs)."""
+import copy
 import time
 
 import pytest
@@ -17,33 +18,44 @@ pytestmark = [
 ]
 
 
-def runner(**kwargs) -> ModelRunner:
-    model, _ = load_model(ModelSpec(preset="qwen2_5_vl_7b", dtype="bfloat16", device="cuda:0"))
+def load():
+    return load_model(ModelSpec(preset="qwen2_5_vl_7b", dtype="bfloat16", device="cuda:0"))[0]
+
+
+def runner(model, **kwargs) -> ModelRunner:
     layout = KVCacheLayout.from_config(model.config, num_pages=3, page_size=16, dtype=model.dtype)
     pool = torch.zeros(layout.shape, dtype=layout.dtype, device="cuda:0")
     return ModelRunner(model, pool, 16, TorchAttentionBackend(), **kwargs)
 
 
+def error(ours: torch.Tensor, truth: torch.Tensor) -> float:
+    """Norm of the difference relative to the norm of `truth`."""
+    return float((ours.float() - truth).norm() / truth.norm())
+
+
+@torch.no_grad()
 def test_a_tower_split_over_two_gpus_gives_what_one_gives():
     generator = torch.Generator().manual_seed(0)
     work = [(torch.randn(t * h * w, 1176, generator=generator), (t, h, w))
             for t, h, w in [(1, 36, 64), (2, 18, 32), (1, 16, 16), (60, 18, 32)]]
-    whole = runner()
+    model = load()
+    # The truth: transformers' tower with the same (bf16) weights, computed in float32.
+    tower = copy.deepcopy(model.model.visual).float()
+    truth = [tower(p.to("cuda:0"), grid_thw=torch.tensor([g], device="cuda:0")).pooler_output for p, g in work]
+    del tower
+    whole = runner(model)
     expected = [whole.encode(p, g) for p, g in work]
-    del whole
-    split = runner(vision_tp=[torch.device("cuda:1")])
+    del whole, model
+    split = runner(load(), vision_tp=[torch.device("cuda:1")])
     try:
         got = [split.encode(p, g) for p, g in work]  # the first: compiles on both ranks
-        for a, b in zip(got, expected):
-            assert a.device == b.device == torch.device("cuda:0") and a.shape == b.shape
-            # bf16 through 32 blocks: an elementwise bound fails for any change of summation order (the one-GPU
-            # padded-attention variant differs from transformers' tower by 0.195 at most, bench/vision_bench.py).
-            # Errors relative to the output's scale, as vision_bench reports them; a wrong split is off by ~1.
-            a, b = a.float(), b.float()
-            worst = float((a - b).abs().max() / b.abs().max())
-            overall = float((a - b).norm() / b.norm())
-            print(f"output {tuple(a.shape)}: max error {worst:.1e} of the output's scale, norm error {overall:.1e}")
-            assert worst < 5e-2 and overall < 2e-2, (worst, overall)
+        for a, b, t in zip(got, expected, truth):
+            assert a.device == b.device == torch.device("cuda:0") and a.shape == b.shape == t.shape
+            # bf16 through 32 blocks is off the float32 result by a few percent whichever way its sums are ordered;
+            # splitting may change that order but must not add error of its own (a wrong split is off by ~1).
+            split_error, whole_error = error(a, t), error(b, t)
+            print(f"output {tuple(a.shape)}: error against float32 {split_error:.1e} split, {whole_error:.1e} whole")
+            assert split_error < 1.25 * whole_error + 1e-3, (split_error, whole_error)
         pixels, grid = work[-1]
         torch.cuda.synchronize()
         start = time.perf_counter()
