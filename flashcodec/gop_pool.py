@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import multiprocessing.connection
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -30,6 +29,7 @@ import numpy as np
 from flashcodec.errors import MediaError
 from flashcodec.gop_reader import DemuxMismatch, GopJob
 from flashcodec.gop_worker import receive
+from flashcodec.interpreter import NoInterpreter, python_executable
 
 log = logging.getLogger(__name__)
 SOCKET_BUFFER = 4 << 20  # bytes
@@ -37,18 +37,6 @@ SOCKET_BUFFER = 4 << 20  # bytes
 
 class PoolUnavailable(RuntimeError):
     """The worker processes could not be started (no usable python3, or it cannot import flashcodec)."""
-
-
-def python_executable() -> str:
-    """The interpreter for worker processes: `sys.executable` when it is a python, else `python3` in the running
-    interpreter's prefix (a venv's, then the base one), else `python3` on PATH. Raises PoolUnavailable."""
-    candidates = [sys.executable] if os.path.basename(sys.executable or "").startswith("python") else []
-    candidates += [os.path.join(prefix, "bin", "python3") for prefix in (sys.prefix, sys.base_prefix)]
-    candidates.append(shutil.which("python3") or "")
-    for path in candidates:
-        if path and os.path.isfile(path) and os.access(path, os.X_OK):
-            return path
-    raise PoolUnavailable("no python3 interpreter found for the decoder processes")
 
 
 @dataclass
@@ -84,7 +72,10 @@ class WorkerPool:
         if workers < 1 or part_timeout_s <= 0:
             raise ValueError(f"workers must be >= 1 and part_timeout_s > 0, got {workers}, {part_timeout_s}")
         self.part_timeout_s, self.threads = part_timeout_s, threads
-        self._python = python_executable()
+        try:
+            self._python = python_executable()
+        except NoInterpreter as exc:
+            raise PoolUnavailable(str(exc)) from exc
         self._queue: deque[_Task] = deque()
         self._lock = threading.Lock()
         self._next_id = 0

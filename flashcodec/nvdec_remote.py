@@ -30,7 +30,7 @@ from functools import partial
 import torch
 import torch.multiprocessing  # noqa: F401  (registers the CUDA tensor reductions with the pickler)
 
-from flashcodec.gop_pool import python_executable
+from flashcodec.interpreter import python_executable
 from flashcodec.gop_reader import GopJob
 from flashcodec.gop_worker import receive
 from flashcodec.nvdec_session import synchronize

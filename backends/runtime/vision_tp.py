@@ -33,7 +33,7 @@ from torch import nn
 
 from backends.runtime.attention.vision import use_varlen_vision_attention
 from backends.runtime.vision_speed import pad_vision_mlp
-from flashcodec.gop_pool import python_executable
+from flashcodec.interpreter import python_executable
 
 log = logging.getLogger(__name__)
 # joining (helpers import torch and transformers and build the tower first) and every collective: not over by then

