@@ -28,7 +28,7 @@ class TritonPythonModel:
             page_size=triton_io.int_parameter(params, "patch_page_size"),
             threads=triton_io.int_parameter(params, "decode_threads"),
             gpus=triton_io.gpus_value("nvdec_gpus", params.get("nvdec_gpus", "own")),
-            processes_per_gpu=triton_io.int_parameter(params, "nvdec_processes_per_gpu", 1))
+            processes_per_gpu=triton_io.int_parameter(params, "nvdec_processes_per_gpu", 2))
         pb = triton_io.pb()
         self.videos = pb.MetricFamily("unifiedserve_videos_decoded", "videos decoded, by decode path (nvdec, "
                                       "cpu_parallel, cpu)", pb.MetricFamily.COUNTER)
