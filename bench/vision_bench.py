@@ -125,8 +125,13 @@ def tensor_parallel_tower(device: torch.device, seed: int, gpus: int):
     for name in VARIANTS[1:3]:  # varlen, padded (compiled after the split)
         apply_variant(tower, name)
     split = VisionTensorParallel(tower, [torch.device("cuda", g) for g in range(1, gpus)], compile_vision_blocks,
-                                 lambda t, p, g: t(p, grid_thw=torch.tensor(g, device=device)).pooler_output)
-    return split, lambda pixels, grid: split.encode(pixels, grid.tolist())
+                                 lambda t, p, g: t(p, grid_thw=torch.tensor([g], device=device)).pooler_output)
+
+    def forward(pixels: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:  # the items of one call, in order
+        items = zip(pixels.split(grid.prod(-1).tolist()), (tuple(row) for row in grid.tolist()))
+        return torch.cat(split.encode_many(list(items)))
+
+    return split, forward
 
 
 @torch.inference_mode()

@@ -89,7 +89,8 @@ class ModelRunner:
     ``vision_devices``: more devices, each with a copy of the vision tower, over which :meth:`encode_many`
     spreads a step's items (``backends.runtime.vision_parallel``: vision data parallel); ``vision_tp``: more
     devices over which the tower is split instead, one helper process per device (``backends.runtime.vision_tp``:
-    tensor parallel; ValueError with ``vision_devices`` too). :meth:`close` stops them.
+    tensor parallel; ValueError with ``vision_devices`` too), in towers of ``vision_tp_size`` ranks (default all
+    of them: one tower; fewer: hybrid, the towers sharing each step's items). :meth:`close` stops them.
     ``kv_cache`` is the pool ``[layers, 2, pages, page_size, kv_heads, head_dim]`` on the model's device
     in the model's dtype (ValueError otherwise). No method records autograd. ``encode``/``embed`` return
     ordinary tensors, which the caller may write into (visual embeddings into a prompt's embeddings);
@@ -99,7 +100,8 @@ class ModelRunner:
 
     def __init__(self, model: Qwen2_5_VLForConditionalGeneration, kv_cache: torch.Tensor, page_size: int,
                  backend: AttentionBackend, compile_vision: bool = True, compile_language_model: bool = False,
-                 vision_devices: Sequence[torch.device] = (), vision_tp: Sequence[torch.device] = ()) -> None:
+                 vision_devices: Sequence[torch.device] = (), vision_tp: Sequence[torch.device] = (),
+                 vision_tp_size: int | None = None) -> None:
         if vision_devices and vision_tp:
             raise ValueError("the vision tower runs data parallel (vision_devices) or tensor parallel (vision_tp), "
                              "not both")
@@ -130,7 +132,8 @@ class ModelRunner:
                 compile_vision_blocks(tower)
 
         self.vision = VisionReplicas(self._visual, vision_devices, prepare, self._encode_on) if vision_devices else None
-        self.vision_tp = VisionTensorParallel(self._visual, vision_tp, prepare, self._encode_on) if vision_tp else None
+        self.vision_tp = VisionTensorParallel(self._visual, vision_tp, prepare, self._encode_on,
+                                              vision_tp_size) if vision_tp else None
         if self.vision_tp is None:  # a split tower is prepared once split
             prepare(self._visual)
         if compile_language_model:
@@ -155,13 +158,15 @@ class ModelRunner:
         vision towers of ``vision_devices`` when there are any. Raises ValueError as :meth:`encode` does."""
         for pixel_values, grid_thw in items:
             self._check_grid(pixel_values, grid_thw)
+        if self.vision_tp is not None:
+            return self.vision_tp.encode_many(items)
         if self.vision is None:
             return [self._encode_checked(p, g) for p, g in items]
         return self.vision.encode_many(items, self.device)
 
     def _encode_checked(self, pixel_values: torch.Tensor, grid_thw: tuple[int, int, int]) -> torch.Tensor:
         if self.vision_tp is not None:
-            return self.vision_tp.encode(pixel_values, grid_thw)
+            return self.vision_tp.encode_many([(pixel_values, grid_thw)])[0]
         return self._encode_on(self._visual, pixel_values, grid_thw)
 
     def close(self) -> None:

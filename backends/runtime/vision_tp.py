@@ -8,9 +8,14 @@ replicated (small). So a W-rank tower moves two all-reduces of ``[tokens, hidden
 the blocks' weights per GPU.
 
 Rank 0 is the caller's process (the encode_prefill stage); ranks 1..W-1 are helper processes started here, one
-per device, which build the tower from its config, receive rank 0's weights by broadcast and then serve each
-encode: rank 0 broadcasts a header (``[op, rows, items]``, int64; op 0 stops), the items' ``grid_thw`` and the
-patch rows, every rank runs the tower, and rank 0 keeps the output. Collectives: NCCL on GPUs, gloo on the CPU (the tests).
+per device, which build the tower from its config, receive rank 0's weights by broadcast and keep their share.
+With ``tp`` < W the ranks form W / tp towers of ``tp`` ranks each (hybrid parallel: data parallel over towers,
+tensor parallel within one; the paper runs Qwen2.5-VL's tower at DP2 x TP2), ranks ``[g*tp, (g+1)*tp)`` being
+tower g, whose all-reduces run in its own process group. Each call: rank 0 deals the items over the towers (largest
+first to the least loaded, ``vision_parallel.deal``) and broadcasts a header (``[op, rows, items]``, int64; op 0
+stops), the items' ``grid_thw``, their tower and the patch rows; every rank runs its tower's items one by one; each
+tower's first rank keeps the outputs, and those of towers other than rank 0's are sent to rank 0.
+Collectives: NCCL on GPUs, gloo on the CPU (the tests).
 """
 from __future__ import annotations
 
@@ -32,6 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from backends.runtime.attention.vision import use_varlen_vision_attention
+from backends.runtime.vision_parallel import Item, deal
 from backends.runtime.vision_speed import pad_vision_mlp
 from flashcodec.interpreter import python_executable
 
@@ -107,27 +113,48 @@ def _state(visual: nn.Module) -> list[torch.Tensor]:
     return [t for _, t in sorted({**dict(visual.named_parameters()), **dict(visual.named_buffers())}.items())]
 
 
-def _join(init_file: str, rank: int, world: int, device: torch.device) -> None:
+def _join(init_file: str, rank: int, world: int, tp: int, device: torch.device):
+    """Join the world group, then make every tower's group (all ranks make all of them, in the same order);
+    returns this rank's tower group."""
     backend = "nccl" if device.type == "cuda" else "gloo"
     dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=TIMEOUT_S),
                             device_id=device if device.type == "cuda" else None)
+    groups = [dist.new_group(list(range(first, first + tp))) for first in range(0, world, tp)]
+    return groups[rank // tp]
+
+
+def _share(visual: nn.Module, rank: int, world: int, tp: int, group) -> None:
+    """Take rank 0's weights (broadcast over the world) and keep this rank's share of its tower."""
+    for tensor in _state(visual):
+        dist.broadcast(tensor.data, src=0)
+    shard_vision_tower(visual, rank % tp, tp, group)
+
+
+def _run_tower(rank: int, tp: int, grid: torch.Tensor, owner: torch.Tensor, rows: torch.Tensor,
+               forward: Callable[[torch.Tensor, tuple[int, int, int]], torch.Tensor]) -> list[torch.Tensor]:
+    """This rank's tower's items (``owner`` == its tower), one by one through ``forward``; their outputs."""
+    starts = torch.cumsum(torch.cat([grid.new_zeros(1), grid.prod(dim=1)]), 0).tolist()
+    return [forward(rows[starts[i]:starts[i + 1]], tuple(grid[i].tolist()))
+            for i in range(len(grid)) if int(owner[i]) == rank // tp]
 
 
 class VisionTensorParallel:
-    """Rank 0 of a tensor-parallel vision tower: ``visual`` (on the caller's device) split with one helper process
-    per device of ``devices`` (each a rank). ``prepare(tower)`` runs on every rank's shard once split (e.g.
+    """Rank 0 of a split vision tower: ``visual`` (on the caller's device) split with one helper process per device
+    of ``devices`` (each a rank), into towers of ``tp`` ranks (default all: one tower; fewer: hybrid parallel, the
+    ranks' count a multiple of ``tp``). ``prepare(tower)`` runs on every rank's shard once split (e.g.
     ``torch.compile`` of the blocks); ``encode(tower, pixel_values, grid_thw)`` runs one item on rank 0's shard and
     returns its embeddings. One process group per process: a second instance in the same process raises
     RuntimeError. A failed encode (out of memory, a helper gone) leaves the ranks' collectives unpaired, so the
-    tower is then taken out of service (helpers killed, group left) and every later encode raises RuntimeError;
-    the server must be restarted. Raises ValueError (heads not divisible, a repeated GPU) and RuntimeError
-    (a helper that does not join within TIMEOUT_S s).
+    towers are then taken out of service (helpers killed, group left) and every later encode raises RuntimeError;
+    the server must be restarted. Raises ValueError (heads not divisible by ``tp``, ranks not a multiple of it, a
+    repeated GPU) and RuntimeError (a helper that does not join within TIMEOUT_S s).
     """
 
     def __init__(self, visual: nn.Module, devices: Sequence[torch.device],
                  prepare: Callable[[nn.Module], None] | None,
-                 encode: Callable[[nn.Module, torch.Tensor, tuple[int, int, int]], torch.Tensor]):
+                 encode: Callable[[nn.Module, torch.Tensor, tuple[int, int, int]], torch.Tensor],
+                 tp: int | None = None):
         if dist.is_initialized():
             raise RuntimeError("a process group exists already: one tensor-parallel vision tower per process")
         own = next(visual.parameters()).device
@@ -136,9 +163,12 @@ class VisionTensorParallel:
         if len(set(gpus)) != len(gpus):
             raise ValueError(f"one vision rank per GPU, got {[str(d) for d in self.devices]}")
         self.world, self.visual, self._encode = len(self.devices), visual, encode
+        self.tp = tp or self.world
         heads = visual.config.num_heads
-        if heads % self.world:
-            raise ValueError(f"vision tensor parallel over {self.world} ranks needs the heads ({heads}) divisible by it")
+        if self.tp < 1 or self.world % self.tp or heads % self.tp:
+            raise ValueError(f"vision tensor parallel: {self.world} ranks in towers of {self.tp} needs the ranks a "
+                             f"multiple of it and the heads ({heads}) divisible by it")
+        self.towers = self.world // self.tp
         self._dir = tempfile.TemporaryDirectory(prefix="vision-tp-")
         init_file = str(Path(self._dir.name) / "init")
         config_file = Path(self._dir.name) / "config.json"
@@ -151,12 +181,9 @@ class VisionTensorParallel:
             for rank, device in enumerate(self.devices[1:], start=1):  # the stub's sys.executable is no python
                 self.helpers.append(subprocess.Popen(
                     [python_executable(), "-m", "backends.runtime.vision_tp", init_file, str(config_file), str(rank),
-                     str(self.world), str(device)], env=env, stdin=subprocess.DEVNULL))
-            prepare_for_tp(visual, self.world)
-            _join(init_file, 0, self.world, own)
-            for tensor in _state(visual):
-                dist.broadcast(tensor.data, src=0)
-            shard_vision_tower(visual, 0, self.world)
+                     str(self.world), str(self.tp), str(device)], env=env, stdin=subprocess.DEVNULL))
+            prepare_for_tp(visual, self.tp)
+            _share(visual, 0, self.world, self.tp, _join(init_file, 0, self.world, self.tp, own))
             if prepare is not None:
                 prepare(visual)
         except Exception as exc:
@@ -164,27 +191,43 @@ class VisionTensorParallel:
             raise RuntimeError(f"vision tensor parallel over {[str(d) for d in self.devices]} did not start: "
                                f"{type(exc).__name__}: {exc}") from exc
 
-    def encode(self, pixel_values: torch.Tensor, grid_thw) -> torch.Tensor:
-        """Items through the split tower, as ``encode(tower, pixel_values, grid_thw)`` runs them on rank 0:
-        ``pixel_values`` float ``[sum of t*h*w, 1176]``, ``grid_thw`` one ``(t, h, w)`` or a list of them; returns
-        embeddings ``[rows / 4, hidden]`` on rank 0's device. Raises RuntimeError when a helper has exited."""
+    def encode_many(self, items: Sequence[Item]) -> list[torch.Tensor]:
+        """Each item ``(pixel_values float [t*h*w, 1176], grid_thw)`` through the split towers, as
+        ``encode(tower, pixel_values, grid_thw)`` runs it on rank 0; returns the embeddings ``[t*h*w / 4, hidden]``
+        in item order, on rank 0's device. Raises RuntimeError when a helper has exited or an encode failed."""
         dead = [str(d) for d, h in zip(self.devices[1:], self.helpers) if h.poll() is not None]
         if dead and not self.broken:
             self._kill(f"the helper(s) on {dead} exited")
         if self.broken:
             raise RuntimeError(f"the split vision tower is out of service ({self.broken}); restart the server")
-        grid = torch.tensor(grid_thw, dtype=torch.long, device=self.device).reshape(-1, 3)
-        rows = pixel_values.to(self.device, self.visual.dtype).contiguous()
+        counts = [int(p.shape[0]) for p, _ in items]
+        owner = torch.zeros(len(items), dtype=torch.long, device=self.device)
+        for tower, indices in enumerate(deal(counts, self.towers)):
+            owner[indices] = tower
+        grid = torch.tensor([list(g) for _, g in items], dtype=torch.long, device=self.device).reshape(-1, 3)
+        rows = torch.cat([p.to(self.device, self.visual.dtype) for p, _ in items]).contiguous()
         try:
-            dist.broadcast(torch.tensor([1, rows.shape[0], grid.shape[0]], dtype=torch.long, device=self.device),
-                           src=0)
-            dist.broadcast(grid, src=0)
-            dist.broadcast(rows, src=0)
-            return self._encode(self.visual, rows, grid_thw)
+            for tensor in (torch.tensor([1, rows.shape[0], len(items)], dtype=torch.long, device=self.device),
+                           grid, owner, rows):
+                dist.broadcast(tensor, src=0)
+            ours = iter(_run_tower(0, self.tp, grid, owner, rows, lambda p, g: self._encode(self.visual, p, g)))
+            theirs = [iter(self._receive(tower, [c for c, o in zip(counts, owner.tolist()) if o == tower]))
+                      for tower in range(1, self.towers)]
+            return [next(ours) if o == 0 else next(theirs[o - 1]) for o in owner.tolist()]
         except Exception as exc:  # the ranks' collectives no longer pair up: no later encode could run
             self._kill(f"an encode failed: {type(exc).__name__}: {exc}")
             raise RuntimeError(f"the split vision tower failed and is out of service: {type(exc).__name__}: {exc}") \
                 from exc
+
+    def _receive(self, tower: int, counts: list[int]) -> list[torch.Tensor]:
+        """Tower ``tower``'s outputs of its items (``counts``: their patch rows), sent by its first rank."""
+        if not counts:
+            return []
+        merged = self.visual.spatial_merge_size ** 2
+        out = torch.empty(sum(counts) // merged, self.visual.config.out_hidden_size, dtype=self.visual.dtype,
+                          device=self.device)
+        dist.recv(out, src=tower * self.tp)
+        return list(out.split([c // merged for c in counts]))
 
     def close(self) -> None:
         """Stop the helpers and leave the process group."""
@@ -223,8 +266,9 @@ def _exit_with_parent(parent: int) -> None:
 
 
 @torch.no_grad()
-def serve(init_file: str, config_file: str, rank: int, world: int, device: torch.device) -> None:
-    """A helper rank: build the tower, take rank 0's weights, keep this rank's share, run every encode."""
+def serve(init_file: str, config_file: str, rank: int, world: int, tp: int, device: torch.device) -> None:
+    """A helper rank: build the tower, take rank 0's weights, keep this rank's share of its tower (of ``tp``
+    ranks), run its tower's items of every call; a tower's first rank sends their outputs to rank 0."""
     from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import Qwen2_5_VLVisionConfig
     from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
 
@@ -239,11 +283,8 @@ def serve(init_file: str, config_file: str, rank: int, world: int, device: torch
     with torch.device(device):
         visual = Qwen2_5_VisionTransformerPretrainedModel._from_config(
             Qwen2_5_VLVisionConfig.from_dict(spec["config"]), dtype=dtype).eval()
-    prepare_for_tp(visual, world)
-    _join(init_file, rank, world, device)
-    for tensor in _state(visual):
-        dist.broadcast(tensor.data, src=0)
-    shard_vision_tower(visual, rank, world)
+    prepare_for_tp(visual, tp)
+    _share(visual, rank, world, tp, _join(init_file, rank, world, tp, device))
     if device.type == "cuda":
         compile_vision_blocks(visual)
     header = torch.empty(3, dtype=torch.long, device=device)
@@ -253,12 +294,16 @@ def serve(init_file: str, config_file: str, rank: int, world: int, device: torch
         if op == 0:
             break
         grid = torch.empty(items, 3, dtype=torch.long, device=device)
-        dist.broadcast(grid, src=0)
+        owner = torch.empty(items, dtype=torch.long, device=device)
         pixel_values = torch.empty(rows, PATCH_DIM, dtype=dtype, device=device)
-        dist.broadcast(pixel_values, src=0)
-        visual(pixel_values, grid_thw=grid)
+        for tensor in (grid, owner, pixel_values):
+            dist.broadcast(tensor, src=0)
+        outputs = _run_tower(rank, tp, grid, owner, pixel_values, lambda p, g: visual(
+            p, grid_thw=torch.tensor([g], dtype=torch.long, device=device)).pooler_output)
+        if outputs and rank % tp == 0:  # a tower's first rank; never rank 0's tower here
+            dist.send(torch.cat(outputs).contiguous(), dst=0)
     dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    serve(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), torch.device(sys.argv[5]))
+    serve(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), torch.device(sys.argv[6]))

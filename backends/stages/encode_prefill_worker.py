@@ -42,17 +42,22 @@ class EncodePrefillWorker:
 
     ``attention_backend``: the prefill attention (see ``attention.make_backend``); ``vision_devices``: more
     devices for the vision tower: with ``vision_parallel`` "data" each holds a copy and each step's encode work
-    is spread over them, with "tensor" the tower is split over them (``ModelRunner``'s ``vision_tp``);
+    is spread over them, with "tensor" the tower is split over them (``ModelRunner``'s ``vision_tp``), in towers
+    of ``vision_tp_size`` GPUs each (None: all; fewer: hybrid, data parallel over the towers);
     ``kv_pool``: the name of the decode stage's pool to write (``backends.replicas``); ``lm_weights``: the name
     of the decode stage's shared language-model weights, used in place of this stage's own copy when published
     (``backends.shared_weights``)."""
 
     def __init__(self, spec: ModelSpec, device: torch.device, attention_backend: str = "auto",
                  vision_devices: list[torch.device] | tuple = (), kv_pool: str = "kv_pool",
-                 lm_weights: str = "lm_weights", vision_parallel: str = "data"):
+                 lm_weights: str = "lm_weights", vision_parallel: str = "data", vision_tp_size: int | None = None):
         if vision_parallel not in ("data", "tensor"):
             raise ValueError(f"vision_parallel must be data or tensor, got {vision_parallel!r}")
-        self.vision_parallel = vision_parallel
+        gpus = 1 + len(vision_devices)
+        if vision_tp_size is not None and (vision_parallel != "tensor" or gpus % vision_tp_size):
+            raise ValueError(f"vision_tp_size {vision_tp_size} needs vision_parallel=tensor and divides the vision "
+                             f"GPUs ({gpus})")
+        self.vision_parallel, self.vision_tp_size = vision_parallel, vision_tp_size
         self.model, tokenizer = load_model(spec)
         self.device = device
         self.attention_backend = attention_backend
@@ -74,7 +79,8 @@ class EncodePrefillWorker:
             split = self.vision_parallel == "tensor"
             self._runner = ModelRunner(self.model, kv, kv.shape[3], backend,
                                        vision_devices=() if split else self.vision_devices,
-                                       vision_tp=self.vision_devices if split else ())
+                                       vision_tp=self.vision_devices if split else (),
+                                       vision_tp_size=self.vision_tp_size)
         return self._runner
 
     @property

@@ -11,7 +11,8 @@ from backends.runtime.attention import TorchAttentionBackend
 from backends.runtime.kv_cache import KVCacheLayout
 from backends.runtime.loader import ModelSpec, load_model
 from backends.runtime.model_runner import ModelRunner
-from backends.runtime.vision_tp import RowParallelLinear, prepare_for_tp, shard_vision_tower
+from backends.runtime.vision_parallel import deal
+from backends.runtime.vision_tp import RowParallelLinear, VisionTensorParallel, prepare_for_tp, shard_vision_tower
 from tests.unit.test_vision_parallel import items
 
 
@@ -38,6 +39,33 @@ def test_a_split_tower_gives_what_the_whole_one_gives():
     finally:
         split.close()
     assert not dist.is_initialized() and all(h.returncode == 0 for h in split.vision_tp.helpers)
+
+
+def test_two_split_towers_share_the_items_and_give_what_the_whole_one_gives():
+    """Hybrid parallel: 4 ranks in towers of 2 (DP2 x TP2 over gloo): each tower's items, the second tower's sent
+    back to rank 0 by its first rank, equal the whole tower's, in item order."""
+    work = items()
+    assert all(deal([int(p.shape[0]) for p, _ in work], 2))  # both towers get items
+    whole, hybrid = runner(), runner(vision_tp=[torch.device("cpu")] * 3, vision_tp_size=2)
+    try:
+        assert hybrid.vision_tp.world == 4 and hybrid.vision_tp.towers == 2
+        assert hybrid._visual.blocks[0].attn.num_heads * 2 == whole._visual.blocks[0].attn.num_heads
+        for _ in range(2):  # a second call after the first: the ranks stay paired
+            for got, expected in zip(hybrid.encode_many(work), whole.encode_many(work)):
+                assert got.shape == expected.shape
+                torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+        single = hybrid.encode(*work[3])  # one item: the other tower has nothing to do
+        torch.testing.assert_close(single, whole.encode(*work[3]), rtol=1e-5, atol=1e-5)
+    finally:
+        hybrid.close()
+    assert not dist.is_initialized() and all(h.returncode == 0 for h in hybrid.vision_tp.helpers)
+
+
+def test_towers_that_do_not_divide_the_ranks_are_refused():
+    model, _ = load_model(ModelSpec())
+    with pytest.raises(ValueError, match="multiple"):
+        VisionTensorParallel(model.model.visual, [torch.device("cpu")] * 2, None, lambda t, p, g: p, tp=2)
+    assert not dist.is_initialized()
 
 
 def test_shards_sum_to_the_whole_block():
@@ -86,3 +114,12 @@ def test_a_helper_that_dies_takes_the_tower_out_of_service_without_a_hang():
         assert not dist.is_initialized()
     finally:
         split.close()
+
+
+@pytest.mark.parametrize("parallel, size", [("data", 2), ("tensor", 3)])
+def test_the_stage_refuses_a_tower_size_that_does_not_fit(parallel, size):
+    from backends.stages.encode_prefill_worker import EncodePrefillWorker
+
+    with pytest.raises(ValueError, match="vision_tp_size"):
+        EncodePrefillWorker(ModelSpec(), torch.device("cpu"), vision_devices=[torch.device("cpu")],
+                            vision_parallel=parallel, vision_tp_size=size)

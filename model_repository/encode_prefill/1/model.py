@@ -25,7 +25,9 @@ class TritonPythonModel:
             attention_backend=params.get("attention_backend", "auto"),
             vision_devices=helper_gpus(triton_io.gpus_value("vision_gpus", params.get("vision_gpus", "own")), device),
             kv_pool=replica_name("kv_pool", replica), lm_weights=replica_name("lm_weights", replica),
-            vision_parallel=params.get("vision_parallel", "data"))
+            vision_parallel=params.get("vision_parallel", "data"),
+            vision_tp_size=None if params.get("vision_tp_size", "all") == "all"
+            else triton_io.int_value("vision_tp_size", params["vision_tp_size"]))
         self.weights_gauge = triton_io.WeightsGauge("encode_prefill", replica)
         self.weights_gauge.set(self.worker.weights_held)
 
