@@ -16,7 +16,7 @@
 #                  packs the flashinfer JIT cache into $OUT for the next machine
 #   runtime-bench  bench/runtime_bench.py and bench/vision_bench.py
 #   nvdec          tests/gpu/test_nvdec.py and bench/flashcodec_bench.py
-#   multi-gpu      (two GPUs or more) NVDEC on every GPU, vision data and tensor parallel: their GPU tests, then
+#   multi-gpu      (two GPUs or more) NVDEC on every GPU, vision data, tensor and (4 GPUs) hybrid parallel: their GPU tests, then
 #                  bench/flashcodec_multi_gpu_bench.py (with the video bundle installed; MULTI_GPU_ARGS adds
 #                  options, e.g. "--processes-per-gpu 2") and bench/vision_bench.py --tp-gpus 2
 #   e2e            the end-to-end suite through tritonserver on the GPU
@@ -98,6 +98,10 @@ multi_gpu() {
     || status=1
   python3 bench/vision_bench.py --out "$OUT" --variants transformers_sdpa varlen padded compiled --tp-gpus 2 \
     --cases video_120f_448x252 2>&1 | tee "$OUT/vision_tp_bench.log" || status=1
+  if [ "$(nvidia-smi -L | wc -l)" -ge 4 ]; then  # hybrid: two towers of two GPUs, items of the 16-image case dealt
+    python3 bench/vision_bench.py --out "$OUT/dp2tp2" --variants transformers_sdpa varlen padded compiled \
+      --tp-gpus 4 --tp-size 2 2>&1 | tee "$OUT/vision_dp2tp2_bench.log" || status=1
+  fi
 }
 
 [ $# -gt 0 ] || { echo "usage: $0 STEP... (install runtime-tests runtime-bench nvdec multi-gpu e2e serve-bench)" >&2

@@ -12,7 +12,8 @@ by step, each variant adding to the one before (all cases run for one variant be
 * ``compiled``: + ``vision_speed.compile_vision_blocks`` (``torch.compile(dynamic=True)`` of each block and
   the merger, the attention a graph break), which ``ModelRunner`` does on CUDA;
 * ``tensor_parallel_<N>`` (with ``--tp-gpus N``): a fresh tower of the same weights, varlen and padded, split
-  over N GPUs (``backends.runtime.vision_tp``: heads and MLP width, two NCCL all-reduces per block), compiled.
+  over N GPUs (``backends.runtime.vision_tp``: heads and MLP width, two NCCL all-reduces per block), compiled;
+  ``tensor_parallel_<N>_tp<K>`` with ``--tp-size K`` too: N/K towers of K GPUs, the items dealt over them.
 Cases: a 120-frame 448x252 video, grid_thw (60, 18, 32) = 34,560 patches; 16 images of 1024x1024
 (smart_resize: 1036x1036, grid (1, 74, 74)) = 87,616 patches in one call; and a mix of an image, a video
 and a small image (new grids: the compiled variant must not recompile for them). Each: one first forward
@@ -116,7 +117,7 @@ def apply_variant(tower: Qwen2_5_VisionTransformerPretrainedModel, name: str) ->
         compile_vision_blocks(tower)
 
 
-def tensor_parallel_tower(device: torch.device, seed: int, gpus: int):
+def tensor_parallel_tower(device: torch.device, seed: int, gpus: int, tp: int | None):
     """The same tower (same seed) split over cuda:0 .. gpus-1 (``backends.runtime.vision_tp``), compiled as
     ``ModelRunner`` does; returns (the rank-0 driver, forward(pixels, grid) -> merged rows)."""
     from backends.runtime.vision_tp import VisionTensorParallel
@@ -125,7 +126,7 @@ def tensor_parallel_tower(device: torch.device, seed: int, gpus: int):
     for name in VARIANTS[1:3]:  # varlen, padded (compiled after the split)
         apply_variant(tower, name)
     split = VisionTensorParallel(tower, [torch.device("cuda", g) for g in range(1, gpus)], compile_vision_blocks,
-                                 lambda t, p, g: t(p, grid_thw=torch.tensor([g], device=device)).pooler_output)
+                                 lambda t, p, g: t(p, grid_thw=torch.tensor([g], device=device)).pooler_output, tp)
 
     def forward(pixels: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:  # the items of one call, in order
         items = zip(pixels.split(grid.prod(-1).tolist()), (tuple(row) for row in grid.tolist()))
@@ -161,7 +162,7 @@ def run(args: argparse.Namespace, out: Path, device: torch.device) -> dict:
     results.update(peak_flops=PEAK_FLOPS, dtype="bfloat16", warmup=args.warmup, repeats=args.repeats,
                    baseline=BASELINE, variants=list(args.variants), cases={})
     if args.tp_gpus > 1:
-        results["variants"].append(f"tensor_parallel_{args.tp_gpus}")
+        results["variants"].append(f"tensor_parallel_{args.tp_gpus}" + (f"_tp{args.tp_size}" if args.tp_size else ""))
     inputs, baseline = {}, {}
     for case in args.cases:
         grid_thw = CASES[case]
@@ -179,7 +180,7 @@ def run(args: argparse.Namespace, out: Path, device: torch.device) -> dict:
     for name in results["variants"]:
         try:
             if name.startswith("tensor_parallel"):
-                split, forward = tensor_parallel_tower(device, args.seed, args.tp_gpus)
+                split, forward = tensor_parallel_tower(device, args.seed, args.tp_gpus, args.tp_size)
             else:
                 apply_variant(tower, name)
             for case in args.cases:
@@ -239,6 +240,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of the dummy weights and pixels")
     parser.add_argument("--tp-gpus", type=int, default=1,
                         help="also the tower split over this many GPUs (backends.runtime.vision_tp), after the variants")
+    parser.add_argument("--tp-size", type=int, help="GPUs per split tower (default all --tp-gpus): hybrid DP x TP")
     args = parser.parse_args()
     if args.repeats < 1 or args.warmup < 0:
         parser.error("--repeats must be at least 1 and --warmup at least 0")

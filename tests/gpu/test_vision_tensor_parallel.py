@@ -1,6 +1,7 @@
-"""Vision tensor parallel on two GPUs (issue 5): the 7B architecture's tower split over GPU 0 and GPU 1 (one helper
-process, NCCL) gives, item for item, what the whole tower on GPU 0 gives, within bf16's own error. Run on the
-device: `python3 -m pytest -q -s tests/gpu/test_vision_tensor_parallel.py` (skipped below two GPUs)."""
+"""Vision tensor parallel on GPUs (issue 5): the 7B architecture's tower split over GPU 0 and GPU 1 (one helper
+process, NCCL), and over 4 GPUs as two towers of two (hybrid DP2 x TP2), gives, item for item, what the whole
+tower on GPU 0 gives, within bf16's own error. Run on the device:
+`python3 -m pytest -q -s tests/gpu/test_vision_tensor_parallel.py` (each test skipped below its GPU count)."""
 import copy
 import time
 
@@ -12,10 +13,7 @@ from backends.runtime.kv_cache import KVCacheLayout
 from backends.runtime.loader import ModelSpec, load_model
 from backends.runtime.model_runner import ModelRunner
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs or more"),
-]
+pytestmark = pytest.mark.gpu
 
 
 def load():
@@ -34,7 +32,9 @@ def error(ours: torch.Tensor, truth: torch.Tensor) -> float:
 
 
 @torch.no_grad()
-def test_a_tower_split_over_two_gpus_gives_what_one_gives():
+def split_against_whole(gpus: int, **split):
+    """Items through the whole tower on GPU 0 and through the tower split by `split` (ModelRunner arguments);
+    both held to a float32 run of the same weights. Returns the split runner's time for the 120-frame video."""
     generator = torch.Generator().manual_seed(0)
     work = [(torch.randn(t * h * w, 1176, generator=generator), (t, h, w))
             for t, h, w in [(1, 36, 64), (2, 18, 32), (1, 16, 16), (60, 18, 32)]]
@@ -44,11 +44,11 @@ def test_a_tower_split_over_two_gpus_gives_what_one_gives():
     truth = [tower(p.to("cuda:0"), grid_thw=torch.tensor([g], device="cuda:0")).pooler_output for p, g in work]
     del tower
     whole = runner(model)
-    expected = [whole.encode(p, g) for p, g in work]
+    expected = whole.encode_many(work)
     del whole, model
-    split = runner(load(), vision_tp=[torch.device("cuda:1")])
+    split_runner = runner(load(), vision_tp=[torch.device("cuda", g) for g in range(1, gpus)], **split)
     try:
-        got = [split.encode(p, g) for p, g in work]  # the first: compiles on both ranks
+        got = split_runner.encode_many(work)  # the first call: compiles on every rank
         for a, b, t in zip(got, expected, truth):
             assert a.device == b.device == torch.device("cuda:0") and a.shape == b.shape == t.shape
             # bf16 through 32 blocks is off the float32 result by about 2% however its sums are ordered. The split
@@ -57,12 +57,22 @@ def test_a_tower_split_over_two_gpus_gives_what_one_gives():
             split_error, whole_error = error(a, t), error(b, t)
             print(f"output {tuple(a.shape)}: error against float32 {split_error:.1e} split, {whole_error:.1e} whole")
             assert split_error < 1.5 * whole_error, (split_error, whole_error)
-        pixels, grid = work[-1]
         torch.cuda.synchronize()
         start = time.perf_counter()
-        split.encode(pixels, grid)
+        split_runner.encode_many(work[-1:])
         torch.cuda.synchronize()
-        print(f"120-frame 448x252 video ({pixels.shape[0]} patches) on a tower split over 2 GPUs: "
-              f"{(time.perf_counter() - start) * 1e3:.0f} ms")
+        return time.perf_counter() - start
     finally:
-        split.close()
+        split_runner.close()
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs or more")
+def test_a_tower_split_over_two_gpus_gives_what_one_gives():
+    seconds = split_against_whole(2)
+    print(f"120-frame 448x252 video on a tower split over 2 GPUs: {seconds * 1e3:.0f} ms")
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 4, reason="needs four CUDA GPUs or more")
+def test_two_towers_of_two_gpus_give_what_one_gives():
+    seconds = split_against_whole(4, vision_tp_size=2)
+    print(f"120-frame 448x252 video on DP2 x TP2 over 4 GPUs: {seconds * 1e3:.0f} ms")
