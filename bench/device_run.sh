@@ -16,9 +16,10 @@
 #                  packs the flashinfer JIT cache into $OUT for the next machine
 #   runtime-bench  bench/runtime_bench.py and bench/vision_bench.py
 #   nvdec          tests/gpu/test_nvdec.py and bench/flashcodec_bench.py
-#   multi-gpu      (two GPUs or more) NVDEC on every GPU, vision data, tensor and (4 GPUs) hybrid parallel: their GPU tests, then
-#                  bench/flashcodec_multi_gpu_bench.py (with the video bundle installed; MULTI_GPU_ARGS adds
-#                  options, e.g. "--processes-per-gpu 2") and bench/vision_bench.py --tp-gpus 2
+#   multi-gpu      (two GPUs or more) NVDEC on every GPU, vision data, tensor and (4 GPUs) hybrid parallel:
+#                  their GPU tests, then bench/flashcodec_multi_gpu_bench.py (with the video bundle installed;
+#                  MULTI_GPU_ARGS adds options, e.g. "--processes-per-gpu 2") and bench/vision_bench.py --tp-gpus 2
+#                  (and --tp-gpus 4 --tp-size 2 on 4 GPUs)
 #   e2e            the end-to-end suite through tritonserver on the GPU
 #   serve-bench    bench/serve_bench.py (7B preset through tritonserver); SERVE_ARGS adds options, e.g.
 #                  SERVE_ARGS="--set orchestrator.replicas=2" for two replicas
