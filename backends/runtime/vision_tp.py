@@ -200,6 +200,8 @@ class VisionTensorParallel:
             self._kill(f"the helper(s) on {dead} exited")
         if self.broken:
             raise RuntimeError(f"the split vision tower is out of service ({self.broken}); restart the server")
+        if not items:
+            return []
         counts = [int(p.shape[0]) for p, _ in items]
         owner = torch.zeros(len(items), dtype=torch.long, device=self.device)
         for tower, indices in enumerate(deal(counts, self.towers)):

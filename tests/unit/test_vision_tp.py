@@ -54,6 +54,7 @@ def test_two_split_towers_share_the_items_and_give_what_the_whole_one_gives():
             for got, expected in zip(hybrid.encode_many(work), whole.encode_many(work)):
                 assert got.shape == expected.shape
                 torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+        assert hybrid.encode_many([]) == []
         single = hybrid.encode(*work[3])  # one item: the other tower has nothing to do
         torch.testing.assert_close(single, whole.encode(*work[3]), rtol=1e-5, atol=1e-5)
     finally:
