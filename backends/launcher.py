@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import shutil
 import signal
 import socket
@@ -196,14 +197,19 @@ class TritonServer:
         deadline = time.monotonic() + self.ready_timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"tritonserver exited with {self.process.returncode}:\n{self.log_tail()}")
+                raise RuntimeError(self._not_started(f"tritonserver exited with {self.process.returncode}"))
             try:
                 if urllib.request.urlopen(url, timeout=2).status == 200:
                     return
             except OSError:
                 pass
             time.sleep(0.5)
-        raise RuntimeError(f"tritonserver not ready within {self.ready_timeout_s} s:\n{self.log_tail()}")
+        raise RuntimeError(self._not_started(f"tritonserver not ready within {self.ready_timeout_s} s"))
+
+    def _not_started(self, what: str) -> str:
+        """``what`` happened, then each model's reason for not loading (:func:`load_errors`), then the log's tail."""
+        reasons = "".join(f"\n  {reason}" for reason in load_errors(self.log_tail(1_000_000)))
+        return f"{what}{reasons}\n--- end of the log:\n{self.log_tail()}"
 
     def _announce_when_not_live(self) -> None:
         """A server stopped by a signal from elsewhere (not :meth:`stop`) closes its HTTP endpoint (2.51), or
@@ -317,6 +323,20 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # before the server started (it stops its own when interrupted while starting)
         print("stopped before the server started", file=sys.stderr)
         return 130
+
+
+# Triton's line for a model that did not load: "failed to load 'NAME' version N: Internal: REASON\nAt: ..." (the
+# traceback after an escaped newline)
+_LOAD_FAILED = re.compile(r"failed to load '([^']+)' version \d+: (?:Internal: )?(.*?)(?:\\n|\"?$)", re.MULTILINE)
+
+
+def load_errors(log: str) -> list[str]:
+    """"model NAME did not load: REASON" for each model that a tritonserver log says failed to load (the
+    exception its ``initialize`` raised, first line), in log order, each model once."""
+    found: dict[str, str] = {}
+    for model, reason in _LOAD_FAILED.findall(log):
+        found.setdefault(model, reason)
+    return [f"model {model} did not load: {reason}" for model, reason in found.items()]
 
 
 STAGE_DIED = 3  # the launcher's exit status when it stopped the server because a model's process died

@@ -11,6 +11,7 @@ import time
 import pytest
 
 from backends.launcher import DIED_EXIT_TIMEOUT_S, STAGE_DIED, ServerPorts, TritonServer, watch_stages
+from backends.repository import repository_with
 from client.api import Client, ServerError
 
 pytestmark = pytest.mark.e2e
@@ -82,3 +83,18 @@ def test_a_server_stopped_while_its_models_load_leaves_no_process():
             return  # nothing left in the server's process group
         time.sleep(0.2)
     pytest.fail("processes of the stopped server are still running")
+
+
+@pytest.mark.parametrize("model, key, value, reason", [
+    ("orchestrator", "max_share", "2", r"max_share must be in \(0, 1\], got 2.0"),
+    ("decode", "dtype", "int7", "dtype must be one of .* got 'int7'"),
+])
+def test_a_model_that_cannot_load_is_named_with_its_reason(tmp_path, model, key, value, reason):
+    """Values the launcher's --set check lets through (not integers) fail in the model's initialize: the start
+    error names the model and the exception's message, not only Triton's "failed to load all models"; the stub
+    that failed exits without a crash (its metrics are made once it has loaded)."""
+    repository = repository_with(tmp_path / "repository", {model: {key: value}})
+    server = TritonServer(repository, ports=ServerPorts.unused(), log_path=tmp_path / "server.log")
+    with pytest.raises(RuntimeError, match=f"model {model} did not load: ValueError: .*{reason}"):
+        server.start()
+    assert "Segmentation fault" not in (tmp_path / "server.log").read_text()

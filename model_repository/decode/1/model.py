@@ -35,13 +35,7 @@ class TritonPythonModel:
         params, device = stage_setup(args)
         replica = triton_io.int_parameter(params, "replica", 0)
         pb = triton_io.pb()
-        # Families must outlive their metrics, so both are kept.
-        self.metric_families = [pb.MetricFamily(name, text, pb.MetricFamily.COUNTER) for name, text in (
-            ("unifiedserve_decode_steps", "decode steps run"),
-            ("unifiedserve_decode_step_seconds", "seconds spent in decode steps (forward + sampling), summed"),
-            ("unifiedserve_decode_step_sequences", "sequences in decode steps, summed (mean batch = this / steps)"))]
-        # one family per name across the replicas' processes (Triton merges equal families), one series each
-        series = [family.Metric(labels={"replica": str(replica)}) for family in self.metric_families]
+        series = []  # made once the worker exists: metrics alive when a stub exits crash it (server#8662)
         # Each increment is a round trip to the Triton process: the steps' sums are sent when the batch empties or
         # a second has passed (and at shutdown), so a scrape lags by at most a second while requests run.
         pending, sent = [0, 0.0, 0], [time.monotonic()]
@@ -64,6 +58,14 @@ class TritonPythonModel:
             cuda_graphs=params.get("cuda_graphs", "auto"), on_step=on_step,
             compile_layers=params.get("compile_layers", "auto"), kv_pool=replica_name("kv_pool", replica),
             lm_weights=replica_name("lm_weights", replica) if shared_weights_on(params) else None)
+        # Families must outlive their metrics, so both are kept.
+        self.metric_families = [pb.MetricFamily(name, text, pb.MetricFamily.COUNTER) for name, text in (
+            ("unifiedserve_decode_steps", "decode steps run"),
+            ("unifiedserve_decode_step_seconds", "seconds spent in decode steps (forward + sampling), summed"),
+            ("unifiedserve_decode_step_sequences", "sequences in decode steps, summed (mean batch = this / steps)"))]
+        # one family per name across the replicas' processes (Triton merges equal families), one series each
+        series += [family.Metric(labels={"replica": str(replica)}) for family in self.metric_families]
+        self.metric_series = series
         self.weights_gauge = triton_io.WeightsGauge("decode", replica)
         self.weights_gauge.set(self.worker.weights_held)
         # When the server stops, the stream ends: the orchestrator sees it and fails what was left in decode.
@@ -93,6 +95,7 @@ class TritonPythonModel:
         self.link.close()
         self.worker.shutdown()
         # Metrics alive when the stub exits crash it (triton-inference-server/server#8662): drop them here.
+        self.metric_series.clear()  # the metrics, then their families
         self.metric_families = None
         self.weights_gauge.close()
         before_exit()
