@@ -39,6 +39,8 @@ from flashcodec.parallel import TMP_PREFIX_ENV
 REPO_ROOT = Path(__file__).resolve().parent.parent
 NGC_SERVER = Path("/opt/tritonserver")
 CACHE = Path(os.environ.get("UNIFIEDSERVE_CACHE", Path.home() / ".cache" / "unifiedserve"))
+TRITON_EXIT_TIMEOUT_S = 10  # tritonserver's --exit-timeout-secs: after the launcher's drain nothing is left to wait for
+EXIT_TIMEOUT_S = 15.0  # the launcher's SIGKILL after its SIGINT, for a server that does not exit by itself
 
 
 @dataclass(frozen=True)
@@ -178,7 +180,7 @@ class TritonServer:
             f"--grpc-address={p.address}", f"--grpc-port={p.grpc}",
             f"--metrics-address={p.address}", f"--metrics-port={p.metrics}",
             "--backend-config=python,shm-default-byte-size=16777216",
-            "--exit-timeout-secs=20",
+            f"--exit-timeout-secs={TRITON_EXIT_TIMEOUT_S}",
         ]
         log = None if self.log_to_stdout else open(self.log_path, "wb")
         self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=environment,
@@ -239,10 +241,12 @@ class TritonServer:
         except (OSError, AttributeError):
             return ""
 
-    def stop(self, drain_timeout_s: float = 10.0, exit_timeout_s: float = 40.0) -> None:
+    def stop(self, drain_timeout_s: float = 10.0, exit_timeout_s: float = EXIT_TIMEOUT_S) -> list[str]:
         """Tell the models and let them drain (``server_stop``: requests in flight fail, streams end; at most
         ``drain_timeout_s`` seconds), SIGINT, then SIGKILL of the whole process group after ``exit_timeout_s``
-        seconds; removes the run directory."""
+        seconds; removes the run directory. Returns the models that had not unloaded when the server had to be
+        killed (empty when it exited by itself)."""
+        stuck: list[str] = []
         if self.process is not None and self.process.poll() is None:
             if os.environ.get("UNIFIEDSERVE_DUMP_STACKS") == "1":
                 self._dump_stub_stacks()
@@ -252,6 +256,9 @@ class TritonServer:
             try:
                 self.process.wait(timeout=exit_timeout_s)
             except subprocess.TimeoutExpired:
+                log = self.log_tail(1_000_000)
+                stuck = sorted(model for model in set(self.ready_stubs.values())
+                               if f"successfully unloaded '{model}'" not in log)
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait()
         if self.process is not None:  # stubs still loading when the server exited outlive it: none may stay
@@ -262,6 +269,7 @@ class TritonServer:
             for pool in Path("/dev/shm").glob(f"unifiedserve-{self.run_dir.name}-*"):
                 pool.unlink(missing_ok=True)
             shutil.rmtree(self.run_dir, ignore_errors=True)
+        return stuck
 
     def stubs(self) -> dict[int, str]:
         """This server's Python-backend stub processes that are alive: pid -> model (the name of the folder of
@@ -372,7 +380,7 @@ def _serve(args: argparse.Namespace, repository: Path) -> int:
     where = "stdout" if args.log_stdout else server.log_path
     print(f"tritonserver ready: gRPC {args.address}:{args.grpc_port}, HTTP {args.address}:{args.http_port}, "
           f"log {where}, models {repository}", flush=True)
-    died = None
+    died, stuck = None, []
     try:
         died = watch_stages(server)
         if died:
@@ -384,7 +392,11 @@ def _serve(args: argparse.Namespace, repository: Path) -> int:
         if died:  # its requests can neither drain nor end: Triton would wait out its exit timeout (20 s, twice)
             server.stop(drain_timeout_s=2.0, exit_timeout_s=DIED_EXIT_TIMEOUT_S)
         else:
-            server.stop()
+            stuck = server.stop()
+    if stuck:  # the stop was asked for and nothing is left running: said, not an error status
+        print(f"tritonserver did not exit within {EXIT_TIMEOUT_S:g} s of its stop (model {', '.join(stuck)} had not "
+              "unloaded): killed", file=sys.stderr, flush=True)
+        return 0
     return STAGE_DIED if died else server.process.returncode or 0
 
 

@@ -154,13 +154,17 @@ def request_tensors(
     sampling: dict | None = None,
     stream: bool = True,
     return_output_ids: bool = False,
+    exclude_input_in_output: bool | None = None,
 ) -> list[tuple[str, np.ndarray, str]]:
     """The request's input tensors as ``(name, array, triton_dtype)``.
 
     ``text_input`` BYTES [1], ``sampling_parameters`` BYTES [1] (JSON; ``{}`` when None),
     ``stream`` BOOL [1]; media only when given: ``video`` BYTES [1] (the file's bytes), ``image``
     BYTES [n], ``video_url`` / ``image_url`` BYTES [n]; ``return_output_ids`` BOOL [1] only when
-    True, so servers without that optional input still accept the request.
+    True, so servers without that optional input still accept the request; ``exclude_input_in_output``
+    BOOL [1] only when True, which it is by default (None) without streaming: the server follows the vLLM
+    backend, whose non-streamed text starts with the prompt unless asked not to, and this client returns the
+    reply alone either way.
     Raises TypeError for a non-str ``text`` or non-bytes media.
     """
     if not isinstance(text, str):
@@ -182,6 +186,8 @@ def request_tensors(
             tensors.append((name, _bytes_tensor(items), "BYTES"))
     if return_output_ids:
         tensors.append(("return_output_ids", np.array([True], dtype=bool), "BOOL"))
+    if (not stream) if exclude_input_in_output is None else exclude_input_in_output:
+        tensors.append(("exclude_input_in_output", np.array([True], dtype=bool), "BOOL"))
     return tensors
 
 
@@ -263,8 +269,10 @@ class Client:
         timeout_s: float = 600.0,
         request_id: str | None = None,
         cancel_after_responses: int | None = None,
+        exclude_input_in_output: bool | None = None,
     ) -> GenerationResult:
-        """Sends one request and collects its responses.
+        """Sends one request and collects its responses (``exclude_input_in_output``: see :func:`request_tensors`;
+        by default the text is the reply alone, streamed or not).
 
         ``on_text`` is called with each decoded text delta as it arrives. With
         ``cancel_after_responses=N`` the stream is stopped with ``cancel_requests=True`` after N
@@ -275,7 +283,8 @@ class Client:
         """
         inputs = grpc_inputs(request_tensors(
             text, video=video, image=image, video_url=video_url, image_url=image_url,
-            sampling=sampling, stream=stream, return_output_ids=return_output_ids))
+            sampling=sampling, stream=stream, return_output_ids=return_output_ids,
+            exclude_input_in_output=exclude_input_in_output))
         responses: queue.Queue = queue.Queue()
         with self._lock:
             self._grpc.start_stream(callback=lambda result, error: responses.put((result, error)))

@@ -11,6 +11,7 @@ first); a request rejected before inference is a plain 400 JSON ``{"error": "...
 """
 from __future__ import annotations
 
+import http.client
 import json
 import time
 import urllib.error
@@ -89,6 +90,8 @@ def request_body(
             body[name] = [value] if isinstance(value, str) else [str(v) for v in value]
     if return_output_ids:
         body["return_output_ids"] = True
+    if not stream:  # the reply alone, as api.request_tensors asks by default
+        body["exclude_input_in_output"] = True
     return body
 
 
@@ -149,6 +152,9 @@ def generate_stream_http(
         if isinstance(e.reason, TimeoutError):
             raise TimeoutError(f"no data from {base} within {timeout_s} s") from None
         raise ServerError(f"cannot reach {base}: {e.reason}") from None
+    except http.client.HTTPException as e:  # e.g. a gRPC port: what answers is not HTTP/1.1
+        raise ServerError(f"{base} did not answer as an HTTP server ({type(e).__name__}: {e}); is it Triton's "
+                          "HTTP port (default 8000), not its gRPC one?") from None
     result = collector.finish()
     if result.finish_reason is None:
         raise ServerError(f"the stream from {base} ended before its final event ({result.num_responses} events)")

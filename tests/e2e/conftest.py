@@ -25,7 +25,7 @@ def media_dir(tmp_path_factory):
 
 CRASH_NEEDLES = ("Traceback", "Stub process", "unhealthy", "Cannot remove future", "Segmentation fault",
                  "Non-graceful termination", "Exit timeout expired")
-STOP_LIMIT_S = 15.0  # a clean stop takes a few seconds; the server's exit timeout is 20 s
+STOP_LIMIT_S = 15.0  # a clean stop takes a few seconds; the launcher kills the server 15 s after its SIGINT
 
 
 @contextlib.contextmanager

