@@ -69,7 +69,9 @@ class Prompt:
             raise InvalidInput(
                 f"sampling_parameters: max_tokens {max_tokens} plus the prompt's {n} tokens ({counts}) exceeds "
                 f"max_model_len {max_model_len}: max_tokens can be at most {max_model_len - n}{fewer_visual}")
-        fix = "lower fps or max_pixels" if visual else "shorten text_input"
+        room = max_model_len - (n - visual) - 1  # visual tokens that would leave one token of output
+        fix = (f"at most {room} visual tokens fit: lower fps or max_pixels, or send a shorter clip" if visual and room > 0
+               else "shorten text_input")
         raise InvalidInput(f"prompt too long: its {n} tokens ({counts}) leave no room for output within "
                            f"max_model_len {max_model_len} ({fix})")
 

@@ -50,9 +50,13 @@ def test_length_check_names_max_tokens_when_the_prompt_leaves_room(tokenizer):
 
 def test_length_check_names_the_prompt_when_it_alone_is_too_long(tokenizer):
     with_video = build_prompt(tokenizer, "Hello", [("video", (3, 8, 4), 1.0)])
+    text = len(with_video.input_ids) - 24
     with pytest.raises(InvalidInput, match=r"^prompt too long: its \d+ tokens \(\d+ text tokens \+ 24 visual "
-                                           r"tokens\) .*max_model_len 30 \(lower fps"):
-        with_video.check_length(1, 30)
+                                           rf"tokens\) .*max_model_len {text + 12} \(at most 11 visual tokens fit: "
+                                           r"lower fps or max_pixels"):
+        with_video.check_length(1, text + 12)
+    with pytest.raises(InvalidInput, match=r"\(shorten text_input\)$"):  # the text alone leaves no room
+        with_video.check_length(1, text)
     text_only = build_prompt(tokenizer, "Hello " * 20, [])
     with pytest.raises(InvalidInput, match=r"^prompt too long: .*\(shorten text_input\)$"):
         text_only.check_length(1, 10)
