@@ -65,11 +65,14 @@ async def handle(orchestrator: Orchestrator, request, lanes: SendLanes, cancels:
         async with contextlib.aclosing(orchestrator.generate(active, watched.cancelled.is_set)) as tokens:
             await _send_tokens(orchestrator, parsed, active, tokens, send)
     except InvalidInput as exc:
+        orchestrator.metrics.increment("unifiedserve_requests_finished", "invalid")
         send(io.error(str(exc)), final)
     except StageError as exc:
+        orchestrator.metrics.increment("unifiedserve_requests_finished", "error")
         send(io.error(str(exc), invalid_argument=False), final)
     except Exception as exc:  # a bug must not leave the client hanging or kill the model
         log.exception("orchestrator: request failed")
+        orchestrator.metrics.increment("unifiedserve_requests_finished", "error")
         send(io.error(f"internal error: {type(exc).__name__}: {exc}", invalid_argument=False), final)
 
 

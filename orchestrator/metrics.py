@@ -22,7 +22,8 @@ REPLICA_GAUGES = {
     "unifiedserve_replica_requests": "requests on the replica (admitted, not yet released)",
 }
 COUNTERS = {
-    "unifiedserve_requests_finished": "requests that ended, by finish_reason",
+    "unifiedserve_requests_finished": "requests that ended, by finish_reason (stop, length, abort; invalid: refused "
+                                      "as bad input; error: failed in the server)",
     "unifiedserve_scheduler_steps": "encode+prefill steps executed",
 }
 

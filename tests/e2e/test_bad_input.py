@@ -1,6 +1,8 @@
 """Bad input gets an error naming the problem, and the server keeps serving (design.md, invariant 3)."""
 from __future__ import annotations
 
+import urllib.request
+
 import pytest
 
 from client.api import Client, ServerError
@@ -137,3 +139,18 @@ def test_internal_models_refuse_clients(http_url, grpc_url, model, body):
     assert "internal to UnifiedServe" in text, text
     with Client(grpc_url) as client:
         assert client.generate("Still there?", sampling=OK, timeout_s=60).num_output_tokens >= 1
+
+
+def test_refused_requests_are_counted(server, grpc_url):
+    """unifiedserve_requests_finished{finish_reason="invalid"}: a rate of bad requests for dashboards."""
+    def invalid() -> float:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{server.ports.metrics}/metrics", timeout=10).read().decode()
+        return sum(float(line.split()[-1]) for line in text.splitlines()
+                   if line.startswith('unifiedserve_requests_finished{finish_reason="invalid"}'))
+
+    before = invalid()
+    with Client(grpc_url) as client:
+        for _ in range(2):
+            with pytest.raises(ServerError, match="max_tokens"):
+                client.generate("Hi", sampling={"max_tokens": 0})
+    assert invalid() == before + 2
