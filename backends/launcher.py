@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import os
 import re
 import shutil
@@ -125,15 +126,44 @@ def _tritonserver_running() -> bool:
     return False
 
 
-def remove_stale_shared_memory() -> list[Path]:
-    """Remove Python-backend shm regions and UnifiedServe pools left by a crashed server.
+SHM = Path("/dev/shm")
+# A server's files there: "unifiedserve-<run>-<pool>" (shared_tensor) and "unifiedserve-<run>.lock", <run> being its
+# run directory's name (tempfile.mkdtemp: "unifiedserve-run-" and [a-z0-9_])
+_RUN_FILE = re.compile(r"^unifiedserve-(unifiedserve-run-[a-z0-9_]+)[-.]")
 
-    Only when no tritonserver runs on this machine: a live server's regions are never touched.
-    Returns the removed paths.
+
+def lock_held(lock: Path) -> bool:
+    """Whether a server holds ``lock`` (an flock, which holds across containers that share /dev/shm)."""
+    try:
+        with open(lock, "rb") as f:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    return False
+
+
+def remove_stale_shared_memory() -> list[Path]:
+    """Remove the files of servers that are gone: Python-backend shm regions and UnifiedServe pools.
+
+    A server's pools go once its lock (``unifiedserve-<run>.lock``, held by it and its launcher) is free; pools
+    without a lock, and the Python backend's regions (whose names do not say whose they are), only when no
+    tritonserver runs here at all. So a live server's files are never touched, also one in another container
+    sharing /dev/shm (``--ipc=host``). Returns the removed paths.
     """
-    if _tritonserver_running():
-        return []
-    stale = [*Path("/dev/shm").glob("triton_python_backend_shm_region_*"), *Path("/dev/shm").glob("unifiedserve-*")]
+    alone = not _tritonserver_running()
+    stale = [*SHM.glob("triton_python_backend_shm_region_*")] if alone else []
+    runs: dict[str, list[Path]] = {}
+    for path in SHM.glob("unifiedserve-*"):
+        if match := _RUN_FILE.match(path.name):
+            runs.setdefault(match.group(1), []).append(path)
+        elif alone:
+            stale.append(path)
+    for run, paths in runs.items():
+        lock = SHM / f"unifiedserve-{run}.lock"
+        if (alone and not lock.exists()) or (lock.exists() and not lock_held(lock)):
+            stale += paths
     for path in stale:
         path.unlink(missing_ok=True)
     return stale
@@ -156,6 +186,7 @@ class TritonServer:
     process: subprocess.Popen | None = None
     run_dir: Path | None = None
     ready_stubs: dict[int, str] = field(default_factory=dict)  # `stubs()` once ready: what `watch_stages` expects
+    _lock: object = field(default=None, init=False, repr=False)  # the open lock file (remove_stale_shared_memory)
 
     def start(self) -> "TritonServer":
         """Start and wait until ready. Raises RuntimeError when a port is taken (before starting: otherwise
@@ -165,6 +196,9 @@ class TritonServer:
         binary, backends, env = _server_binary()
         remove_stale_shared_memory()
         self.run_dir = Path(tempfile.mkdtemp(prefix="unifiedserve-run-"))
+        # Held by this launcher and the server (inherited): while either lives, no other launcher removes its pools.
+        self._lock = open(SHM / f"unifiedserve-{self.run_dir.name}.lock", "wb")
+        fcntl.flock(self._lock, fcntl.LOCK_EX)
         # Beside the run directory, so that it outlives the server (the run directory is removed at stop).
         self.log_path = self.log_path or self.run_dir.with_suffix(".log")
         environment = {**os.environ, **env, **self.extra_env, RUN_DIR_ENV: str(self.run_dir),
@@ -184,7 +218,7 @@ class TritonServer:
         ]
         log = None if self.log_to_stdout else open(self.log_path, "wb")
         self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=environment,
-                                        cwd=str(REPO_ROOT), start_new_session=True)
+                                        cwd=str(REPO_ROOT), start_new_session=True, pass_fds=[self._lock.fileno()])
         try:
             self._wait_ready()
             self.ready_stubs = self.stubs()
@@ -266,8 +300,9 @@ class TritonServer:
                 os.killpg(self.process.pid, signal.SIGKILL)
             remove_stale_shared_memory()  # regions of stubs that died (Triton cannot remove them)
         if self.run_dir is not None:
-            for pool in Path("/dev/shm").glob(f"unifiedserve-{self.run_dir.name}-*"):
+            for pool in SHM.glob(f"unifiedserve-{self.run_dir.name}[-.]*"):  # its pools and its lock
                 pool.unlink(missing_ok=True)
+            self._lock.close()
             shutil.rmtree(self.run_dir, ignore_errors=True)
         return stuck
 

@@ -12,7 +12,7 @@ from typing import Iterator
 
 import pytest
 
-from backends.launcher import REPO_ROOT, ServerPorts, TritonServer
+from backends.launcher import REPO_ROOT, SHM, ServerPorts, TritonServer
 from backends.repository import repository_with  # noqa: F401 (the tests' way to change parameters)
 
 
@@ -65,6 +65,8 @@ def assert_clean_stop(srv: TritonServer) -> float:
     assert_clean_log(log)
     assert srv.process.returncode == 0, f"tritonserver exited with {srv.process.returncode}:\n{log[-20000:]}"
     assert seconds < STOP_LIMIT_S, f"the server took {seconds:.1f} s to stop:\n{log[-20000:]}"
+    left = sorted(p.name for p in SHM.glob(f"unifiedserve-{srv.run_dir.name}[-.]*"))
+    assert not left, f"the server's pools or lock outlived it: {left}"
     return seconds
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from backends.launcher import SHM, lock_held, remove_stale_shared_memory
 from client.api import Client, GenerationResult, ServerError
 from tests.e2e.conftest import serve
 from tests.media import make_video
@@ -73,3 +74,19 @@ def test_sigterm_while_starting_leaves_no_server():
         except OSError:  # the process ended while we looked
             pass
     assert not left, f"tritonserver left running: pids {left}"
+
+
+def test_a_sweep_beside_a_live_server_keeps_its_pools(media_dir):
+    """Another launcher's start removes stale shared memory: a running server's pools (here after a request, so
+    they exist) are kept, since its lock is held (backends.launcher.remove_stale_shared_memory)."""
+    with serve(media_dir) as srv:
+        with Client(f"127.0.0.1:{srv.ports.grpc}") as client:
+            client.generate("Hello", sampling={"max_tokens": 1})
+        pools = sorted(SHM.glob(f"unifiedserve-{srv.run_dir.name}-*"))
+        assert pools, "no pool files: the CPU pools live in /dev/shm"
+        # what a launcher in another container (no tritonserver in its view) goes by
+        assert lock_held(SHM / f"unifiedserve-{srv.run_dir.name}.lock")
+        remove_stale_shared_memory()
+        assert all(p.exists() for p in pools)
+        with Client(f"127.0.0.1:{srv.ports.grpc}") as client:
+            assert client.generate("Hello", sampling={"max_tokens": 1}).finish_reason in ("length", "stop")
