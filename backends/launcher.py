@@ -244,8 +244,9 @@ class TritonServer:
 
     def _not_started(self, what: str) -> str:
         """``what`` happened, then each model's reason for not loading (:func:`load_errors`), then the log's tail."""
-        reasons = "".join(f"\n  {reason}" for reason in load_errors(self.log_tail(1_000_000)))
-        return f"{what}{reasons}\n--- end of the log:\n{self.log_tail()}"
+        log = self.log_tail(1_000_000)
+        reasons = "".join(f"\n  {reason}" for reason in load_errors(log))
+        return f"{what}{reasons}\n--- end of the log:\n{log[-6000:]}"
 
     def _announce_when_not_live(self) -> None:
         """A server stopped by a signal from elsewhere (not :meth:`stop`) closes its HTTP endpoint (2.51), or

@@ -124,19 +124,32 @@ def _join(init_file: str, rank: int, world: int, tp: int, device: torch.device):
     return groups[rank // tp]
 
 
-def _share(visual: nn.Module, rank: int, world: int, tp: int, group) -> None:
+def _share(visual: nn.Module, rank: int, tp: int, group) -> None:
     """Take rank 0's weights (broadcast over the world) and keep this rank's share of its tower."""
     for tensor in _state(visual):
         dist.broadcast(tensor.data, src=0)
     shard_vision_tower(visual, rank % tp, tp, group)
 
 
-def _run_tower(rank: int, tp: int, grid: torch.Tensor, owner: torch.Tensor, rows: torch.Tensor,
+def _run_tower(tower: int, grids: list[tuple[int, int, int]], owner: list[int], rows: torch.Tensor,
                forward: Callable[[torch.Tensor, tuple[int, int, int]], torch.Tensor]) -> list[torch.Tensor]:
-    """This rank's tower's items (``owner`` == its tower), one by one through ``forward``; their outputs."""
-    starts = torch.cumsum(torch.cat([grid.new_zeros(1), grid.prod(dim=1)]), 0).tolist()
-    return [forward(rows[starts[i]:starts[i + 1]], tuple(grid[i].tolist()))
-            for i in range(len(grid)) if int(owner[i]) == rank // tp]
+    """Tower ``tower``'s items (``owner[i]`` == it; ``rows`` holds every item's patch rows back to back), one by
+    one through ``forward``; their outputs."""
+    outputs, start = [], 0
+    for grid, item_tower in zip(grids, owner):
+        end = start + grid[0] * grid[1] * grid[2]
+        if item_tower == tower:
+            outputs.append(forward(rows[start:end], grid))
+        start = end
+    return outputs
+
+
+def check_towers(ranks: int, tp: int, heads: int) -> None:
+    """Raises ValueError unless ``ranks`` GPUs form towers of ``tp`` (a divisor of ``ranks`` and of the tower's
+    attention ``heads``)."""
+    if tp < 1 or ranks % tp or heads % tp:
+        raise ValueError(f"vision tensor parallel: {ranks} ranks in towers of {tp} needs the ranks a multiple of it "
+                         f"and the heads ({heads}) divisible by it")
 
 
 class VisionTensorParallel:
@@ -164,10 +177,7 @@ class VisionTensorParallel:
             raise ValueError(f"one vision rank per GPU, got {[str(d) for d in self.devices]}")
         self.world, self.visual, self._encode = len(self.devices), visual, encode
         self.tp = tp or self.world
-        heads = visual.config.num_heads
-        if self.tp < 1 or self.world % self.tp or heads % self.tp:
-            raise ValueError(f"vision tensor parallel: {self.world} ranks in towers of {self.tp} needs the ranks a "
-                             f"multiple of it and the heads ({heads}) divisible by it")
+        check_towers(self.world, self.tp, visual.config.num_heads)
         self.towers = self.world // self.tp
         self._dir = tempfile.TemporaryDirectory(prefix="vision-tp-")
         init_file = str(Path(self._dir.name) / "init")
@@ -183,7 +193,7 @@ class VisionTensorParallel:
                     [python_executable(), "-m", "backends.runtime.vision_tp", init_file, str(config_file), str(rank),
                      str(self.world), str(self.tp), str(device)], env=env, stdin=subprocess.DEVNULL))
             prepare_for_tp(visual, self.tp)
-            _share(visual, 0, self.world, self.tp, _join(init_file, 0, self.world, self.tp, own))
+            _share(visual, 0, self.tp, _join(init_file, 0, self.world, self.tp, own))
             if prepare is not None:
                 prepare(visual)
         except Exception as exc:
@@ -203,19 +213,21 @@ class VisionTensorParallel:
         if not items:
             return []
         counts = [int(p.shape[0]) for p, _ in items]
-        owner = torch.zeros(len(items), dtype=torch.long, device=self.device)
+        owner = [0] * len(items)
         for tower, indices in enumerate(deal(counts, self.towers)):
-            owner[indices] = tower
-        grid = torch.tensor([list(g) for _, g in items], dtype=torch.long, device=self.device).reshape(-1, 3)
+            for index in indices:
+                owner[index] = tower
+        grids = [tuple(g) for _, g in items]
         rows = torch.cat([p.to(self.device, self.visual.dtype) for p, _ in items]).contiguous()
         try:
             for tensor in (torch.tensor([1, rows.shape[0], len(items)], dtype=torch.long, device=self.device),
-                           grid, owner, rows):
+                           torch.tensor(grids, dtype=torch.long, device=self.device),
+                           torch.tensor(owner, dtype=torch.long, device=self.device), rows):
                 dist.broadcast(tensor, src=0)
-            ours = iter(_run_tower(0, self.tp, grid, owner, rows, lambda p, g: self._encode(self.visual, p, g)))
-            theirs = [iter(self._receive(tower, [c for c, o in zip(counts, owner.tolist()) if o == tower]))
+            ours = iter(_run_tower(0, grids, owner, rows, lambda p, g: self._encode(self.visual, p, g)))
+            theirs = [iter(self._receive(tower, [c for c, o in zip(counts, owner) if o == tower]))
                       for tower in range(1, self.towers)]
-            return [next(ours) if o == 0 else next(theirs[o - 1]) for o in owner.tolist()]
+            return [next(ours) if o == 0 else next(theirs[o - 1]) for o in owner]
         except Exception as exc:  # the ranks' collectives no longer pair up: no later encode could run
             self._kill(f"an encode failed: {type(exc).__name__}: {exc}")
             raise RuntimeError(f"the split vision tower failed and is out of service: {type(exc).__name__}: {exc}") \
@@ -286,7 +298,7 @@ def serve(init_file: str, config_file: str, rank: int, world: int, tp: int, devi
         visual = Qwen2_5_VisionTransformerPretrainedModel._from_config(
             Qwen2_5_VLVisionConfig.from_dict(spec["config"]), dtype=dtype).eval()
     prepare_for_tp(visual, tp)
-    _share(visual, rank, world, tp, _join(init_file, rank, world, tp, device))
+    _share(visual, rank, tp, _join(init_file, rank, world, tp, device))
     if device.type == "cuda":
         compile_vision_blocks(visual)
     header = torch.empty(3, dtype=torch.long, device=device)
@@ -300,8 +312,9 @@ def serve(init_file: str, config_file: str, rank: int, world: int, tp: int, devi
         pixel_values = torch.empty(rows, PATCH_DIM, dtype=dtype, device=device)
         for tensor in (grid, owner, pixel_values):
             dist.broadcast(tensor, src=0)
-        outputs = _run_tower(rank, tp, grid, owner, pixel_values, lambda p, g: visual(
-            p, grid_thw=torch.tensor([g], dtype=torch.long, device=device)).pooler_output)
+        outputs = _run_tower(rank // tp, [tuple(g) for g in grid.tolist()], owner.tolist(), pixel_values,
+                             lambda p, g: visual(p, grid_thw=torch.tensor([g], dtype=torch.long, device=device))
+                             .pooler_output)
         if outputs and rank % tp == 0:  # a tower's first rank; never rank 0's tower here
             dist.send(torch.cat(outputs).contiguous(), dst=0)
     dist.destroy_process_group()

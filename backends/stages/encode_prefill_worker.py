@@ -23,6 +23,7 @@ from backends.runtime.model_runner import ModelRunner, PrefillChunk
 from backends.runtime.mrope import mrope_positions
 from backends.runtime.sampler import SamplingParams, sample
 from backends.runtime.tokenizer import eos_token_ids
+from backends.runtime.vision_tp import check_towers
 from flashcodec.patch_pool import read_group
 
 
@@ -53,17 +54,22 @@ class EncodePrefillWorker:
                  lm_weights: str = "lm_weights", vision_parallel: str = "data", vision_tp_size: int | None = None):
         if vision_parallel not in ("data", "tensor"):
             raise ValueError(f"vision_parallel must be data or tensor, got {vision_parallel!r}")
-        gpus = 1 + len(vision_devices)
-        if vision_tp_size is not None and (vision_parallel != "tensor" or gpus % vision_tp_size):
-            raise ValueError(f"vision_tp_size {vision_tp_size} needs vision_parallel=tensor and divides the vision "
-                             f"GPUs ({gpus})")
+        if vision_tp_size is not None and vision_parallel != "tensor":
+            raise ValueError(f"vision_tp_size {vision_tp_size} needs vision_parallel=tensor")
         self.vision_parallel, self.vision_tp_size = vision_parallel, vision_tp_size
         self.model, tokenizer = load_model(spec)
+        if vision_tp_size is not None:  # at load, not at the first step, where the split tower is made
+            try:
+                check_towers(1 + len(vision_devices), vision_tp_size, self.model.config.vision_config.num_heads)
+            except ValueError as exc:
+                raise ValueError(f"vision_tp_size {vision_tp_size}: {exc}") from None
         self.device = device
         self.attention_backend = attention_backend
         self.vision_devices = list(vision_devices)
         self.kv_pool, self.lm_weights = kv_pool, lm_weights
         self._weights = None  # the shared weights once adopted (kept referenced)
+        # language-model weight bytes by copy (shared_weights.held_bytes), updated when the first step maps decode's
+        self.weights_held = shared_weights.held_bytes(self.model, None)
         self.eos_ids = eos_token_ids(tokenizer)
         self.prompts: dict[str, PromptState] = {}
         self._runner: ModelRunner | None = None
@@ -74,6 +80,7 @@ class EncodePrefillWorker:
         if self._runner is None:
             kv = shared_tensor.open_(self.kv_pool).tensor  # [layers, 2, pages, page_size, kv_heads, head_dim]
             self._weights = shared_weights.adopt(self.model, self.lm_weights, self.device)  # before any forward
+            self.weights_held = shared_weights.held_bytes(self.model, self._weights)
             backend = make_backend(self.attention_backend, self.model.config, kv.shape[3], self.model.dtype,
                                    self.device)
             split = self.vision_parallel == "tensor"
@@ -82,12 +89,6 @@ class EncodePrefillWorker:
                                        vision_tp=self.vision_devices if split else (),
                                        vision_tp_size=self.vision_tp_size)
         return self._runner
-
-    @property
-    def weights_held(self) -> dict[str, int]:
-        """Bytes of language-model weights held as this stage's own copy or mapped from decode's
-        (``shared_weights.held_bytes``); the mapping is tried when the first step runs."""
-        return shared_weights.held_bytes(self.model, self._weights)
 
     def shutdown(self) -> None:
         """Stop the vision helpers, if the runner was made."""
