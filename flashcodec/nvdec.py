@@ -165,8 +165,9 @@ class NvdecDecoder:
     `helper_processes`: every GPU but the output device's (the first when frames stay where decoded) decodes in
     helper processes (`nvdec_remote`), its threads here passing them tasks (one process feeding several GPUs is
     bound by its GIL); `processes_per_gpu` (default 1) splits each GPU's sessions over that many processes,
-    the output device's first share staying in this process (two per GPU decoded one video 12% faster on one
-    H200 than one: `nvdec_remote`'s figures). A helper that cannot start leaves its sessions to threads here
+    the output device's first share staying in this process (two per GPU: a 10-minute 1080p video to patches in
+    2.75 s against 2.92 s on one H200, bench/results/flashcodec-2proc-h200x2-2026-11-30). A helper that cannot
+    start leaves its sessions to threads here
     (logged), one that dies is restarted for the next task.
     Frames are 3xHxW uint8 RGB tensors on `output_device` (default the first of `gpu_ids`: where the encoder
     runs; None: left on the GPU that decoded each, CPU fallbacks on the first GPU), peer-copied there by the
