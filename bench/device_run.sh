@@ -15,6 +15,7 @@
 #   runtime-tests  flashinfer / CUDA-graph / vision-attention tests, the runtime against transformers;
 #                  packs the flashinfer JIT cache into $OUT for the next machine
 #   runtime-bench  bench/runtime_bench.py and bench/vision_bench.py
+#   decode-profile bench/decode_profile.py: where a decode step's time goes (host, kernels by kind, linears, attention)
 #   nvdec          tests/gpu/test_nvdec.py and bench/flashcodec_bench.py
 #   multi-gpu      (two GPUs or more) NVDEC on every GPU, vision data, tensor and (4 GPUs) hybrid parallel:
 #                  their GPU tests, then bench/flashcodec_multi_gpu_bench.py (with the video bundle installed;
@@ -77,6 +78,10 @@ runtime_bench() {
   python3 bench/vision_bench.py --out "$OUT" 2>&1 | tee "$OUT/vision_bench.log" || status=1
 }
 
+decode_profile() {
+  python3 bench/decode_profile.py --out "$OUT" ${PROFILE_ARGS:-} 2>&1 | tee "$OUT/decode_profile.log" || status=1
+}
+
 nvdec() {
   run_pytest nvdec_tests tests/gpu/test_nvdec.py
   python3 bench/flashcodec_bench.py --out "$OUT" ${FLASHCODEC_ARGS:-} 2>&1 | tee "$OUT/flashcodec_bench.log" || status=1
@@ -105,7 +110,7 @@ multi_gpu() {
   fi
 }
 
-[ $# -gt 0 ] || { echo "usage: $0 STEP... (install runtime-tests runtime-bench nvdec multi-gpu e2e serve-bench)" >&2
+[ $# -gt 0 ] || { echo "usage: $0 STEP... (install runtime-tests runtime-bench decode-profile nvdec multi-gpu e2e serve-bench)" >&2
   exit 2; }
 describe_device
 for step in "$@"; do
@@ -113,6 +118,7 @@ for step in "$@"; do
     install) install ;;
     runtime-tests) runtime_tests ;;
     runtime-bench) runtime_bench ;;
+    decode-profile) decode_profile ;;
     nvdec) nvdec ;;
     multi-gpu) multi_gpu ;;
     e2e) e2e ;;

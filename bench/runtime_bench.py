@@ -26,6 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from backends.runtime.attention import make_backend  # noqa: E402
@@ -85,8 +86,10 @@ def decode_step(runner: ModelRunner, seqs: list[DecodeSeq]) -> list[int]:
 
 
 def decode_batch(batch: int, context: int, per_seq: int) -> list[DecodeSeq]:
-    """``batch`` sequences of ``context`` cached tokens, sequence i in pages ``i*per_seq .. (i+1)*per_seq - 1``."""
-    return [DecodeSeq(7, context, context, list(range(i * per_seq, (i + 1) * per_seq))) for i in range(batch)]
+    """``batch`` sequences of ``context`` cached tokens, sequence i in pages ``i*per_seq .. (i+1)*per_seq - 1``
+    (int32 arrays, as the decode worker keeps block tables)."""
+    return [DecodeSeq(7, context, context, np.arange(i * per_seq, (i + 1) * per_seq, dtype=np.int32))
+            for i in range(batch)]
 
 
 def bench_decode(model, sizes: Sizes, batches: list[int], context: int, repeats: int) -> list[dict]:

@@ -91,10 +91,9 @@ class DecodeGraphs:
             [1] * batch_size, [s.num_cached for s in seqs] + [0] * pad,
             [s.block_table for s in seqs] + [[self.scratch]] * pad, self.runner.page_size, "cpu")
 
-    def run(self, seqs: Sequence[DecodeSeq]) -> torch.Tensor:
-        """Replay the smallest graph that holds ``seqs``; float32 logits ``[len(seqs), vocab]``, a view of
-        the graph's output buffer valid until the next replay of that size. Raises ValueError for more
-        than ``max_batch`` sequences."""
+    def stage(self, seqs: Sequence[DecodeSeq]) -> _Graph:
+        """The host part of a step: plan the smallest graph that holds ``seqs`` and copy its inputs in (queued
+        on the current stream, ahead of the replay). Raises ValueError for more than ``max_batch`` sequences."""
         n = len(seqs)
         if not 0 < n <= self.max_batch:
             raise ValueError(f"{n} sequences; graphs hold 1 .. {self.max_batch}")
@@ -110,5 +109,11 @@ class DecodeGraphs:
         staging[2] = metadata.slot_mapping
         g.inputs.copy_(staging, non_blocking=True)
         self._staged.record()
+        return g
+
+    def run(self, seqs: Sequence[DecodeSeq]) -> torch.Tensor:
+        """:meth:`stage`, then replay; float32 logits ``[len(seqs), vocab]``, a view of the graph's output
+        buffer valid until the next replay of that size. Raises ValueError as :meth:`stage` does."""
+        g = self.stage(seqs)
         g.graph.replay()
-        return g.logits[:n]
+        return g.logits[:len(seqs)]

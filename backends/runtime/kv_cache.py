@@ -80,17 +80,6 @@ def pages_needed(num_tokens: int, page_size: int) -> int:
     return math.ceil(num_tokens / page_size)
 
 
-def slot_indices(block_table: Sequence[int], start: int, end: int, page_size: int) -> list[int]:
-    """Flat slots ``page * page_size + offset`` of the sequence's tokens ``start .. end-1``.
-
-    A flat slot indexes ``pool[layer, kv].view(-1, num_kv_heads, head_dim)``. Raises ValueError when the
-    block table has too few pages for ``end`` tokens.
-    """
-    if pages_needed(end, page_size) > len(block_table):
-        raise ValueError(f"block table of {len(block_table)} pages cannot hold {end} tokens of page size {page_size}")
-    return [block_table[i // page_size] * page_size + i % page_size for i in range(start, end)]
-
-
 def write_kv(kv_cache: torch.Tensor, layer_idx: int, k: torch.Tensor, v: torch.Tensor,
              slot_mapping: torch.Tensor) -> None:
     """Store new keys/values in their slots.

@@ -23,6 +23,7 @@ from backends.runtime.context import ForwardContext, forward_context, get_forwar
 from backends.runtime.cuda_graphs import DecodeGraphs
 from backends.runtime.kv_cache import head_dim
 from backends.runtime.lm_compile import compile_decoder_layers
+from backends.runtime.lm_fuse import fuse_projections
 from backends.runtime.vision_parallel import VisionReplicas
 from backends.runtime.vision_tp import VisionTensorParallel
 from backends.runtime.vision_speed import compile_vision_blocks, pad_vision_mlp
@@ -70,19 +71,21 @@ class PrefillChunk:
 @dataclass(frozen=True)
 class DecodeSeq:
     """One generated token of one sequence: its id, M-RoPE ``position`` (the same on all three axes:
-    token index + the prompt's delta), and KV index ``num_cached``."""
+    token index + the prompt's delta), KV index ``num_cached`` and KV pages ``block_table`` (a list, or an
+    int32 numpy array, cheaper to lay out per step: ``AttentionMetadata.build``)."""
 
     token_id: int
     position: int
     num_cached: int
-    block_table: list[int]
+    block_table: Sequence[int]
 
 
 class ModelRunner:
     """Executes encode / prefill / decode steps; decides nothing (the orchestrator plans the steps).
 
-    Takes over ``model``'s language-model attention (``generate()`` on the same model then raises) and
-    speeds up its vision tower in place, with the same output: varlen attention, padded MLP, and with
+    Takes over ``model``'s language-model attention (``generate()`` on the same model then raises), fuses its
+    q/k/v and gate/up projections (``backends.runtime.lm_fuse``) and speeds up its vision tower in place, with
+    the same output: varlen attention, padded MLP, and with
     ``compile_vision`` on a CUDA model ``torch.compile``d blocks (compiled by the first ``encode``).
     ``compile_language_model``: the decoder layers' small ops fused by ``torch.compile`` around the paged
     attention call (``backends.runtime.lm_compile``; compiled by the first step of each shape).
@@ -123,6 +126,7 @@ class ModelRunner:
         self.dtype = model.dtype
         self._visual = model.model.visual
         self._language_model = model.model.language_model
+        fuse_projections(self._language_model)
         self._language_model.set_attn_implementation(PAGED_ATTENTION)
         use_varlen_vision_attention(self._visual)
         pad_vision_mlp(self._visual)

@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
 import torch
 
 from backends import shared_tensor, shared_weights
@@ -27,6 +28,7 @@ from backends.runtime.attention import FlashInferAttentionBackend, make_backend
 from backends.runtime.cuda_graphs import batch_ladder
 from backends.runtime.kv_cache import RESERVED_KV_PAGES, KVCacheLayout
 from backends.runtime.loader import ModelSpec, load_model
+from backends.runtime.lm_fuse import fuse_projections
 from backends.runtime.model_runner import DecodeSeq, ModelRunner
 from backends.runtime.sampler import SamplingParams, sample
 from backends.runtime.stopping import finish_reason
@@ -47,7 +49,7 @@ class RunningSeq:
     """A sequence in the decode batch. ``num_cached`` tokens are in the KV pool; ``last_token`` is not yet."""
 
     seq_id: str
-    block_table: list[int]
+    block_table: np.ndarray  # int32: the KV pages granted at admission (a step's page list is views of these)
     num_cached: int
     last_token: int
     mrope_delta: int
@@ -58,7 +60,7 @@ class RunningSeq:
     @classmethod
     def from_admit(cls, payload: dict) -> "RunningSeq":
         """From the orchestrator's admit message (see orchestrator/stages.py)."""
-        return cls(payload["seq_id"], list(payload["block_table"]), int(payload["num_cached"]),
+        return cls(payload["seq_id"], np.asarray(payload["block_table"], dtype=np.int32), int(payload["num_cached"]),
                    int(payload["last_token"]), int(payload["mrope_delta"]), int(payload["num_generated"]),
                    int(payload["max_tokens"]), SamplingParams(**payload["sampling"]))
 
@@ -88,6 +90,7 @@ class DecodeWorker:
             if value not in ("auto", "on", "off"):
                 raise ValueError(f"{name} must be auto, on or off, got {value!r}")
         model, tokenizer = load_model(spec)
+        fuse_projections(model.model.language_model)  # as ModelRunner would, but before the weights are shared
         # published before the KV pool, which encode_prefill waits for: by then it can find the weights too
         self.weights = shared_weights.publish(model, lm_weights, device) if lm_weights else None
         self.weights_held = shared_weights.held_bytes(model, self.weights)

@@ -18,6 +18,7 @@ import torch
 
 from backends import shared_tensor, shared_weights
 from backends.runtime.attention import make_backend
+from backends.runtime.lm_fuse import fuse_projections
 from backends.runtime.loader import ModelSpec, load_model
 from backends.runtime.model_runner import ModelRunner, PrefillChunk
 from backends.runtime.mrope import mrope_positions
@@ -58,6 +59,7 @@ class EncodePrefillWorker:
             raise ValueError(f"vision_tp_size {vision_tp_size} needs vision_parallel=tensor")
         self.vision_parallel, self.vision_tp_size = vision_parallel, vision_tp_size
         self.model, tokenizer = load_model(spec)
+        fuse_projections(self.model.model.language_model)  # as ModelRunner would; decode shares fused weights
         if vision_tp_size is not None:  # at load, not at the first step, where the split tower is made
             try:
                 check_towers(1 + len(vision_devices), vision_tp_size, self.model.config.vision_config.num_heads)

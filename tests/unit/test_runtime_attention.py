@@ -3,12 +3,13 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 import torch
 
 from backends.runtime.attention import AttentionMetadata, TorchAttentionBackend
 from backends.runtime.context import ForwardContext, forward_context, get_forward_context
-from backends.runtime.kv_cache import KVCacheLayout, pages_needed, slot_indices
+from backends.runtime.kv_cache import KVCacheLayout, pages_needed
 from backends.runtime.loader import ModelSpec, load_model
 
 LAYERS, PAGES, PAGE_SIZE, KV_HEADS, HEADS, HEAD_DIM = 2, 64, 4, 2, 6, 8
@@ -94,10 +95,15 @@ def test_forward_before_plan_raises():
                                         torch.zeros(1, 2, 1, 4, 1, 4))
 
 
-def test_slot_indices_follow_block_table():
-    assert slot_indices([5, 0, 3], 2, 9, PAGE_SIZE) == [22, 23, 0, 1, 2, 3, 12]
-    with pytest.raises(ValueError):
-        slot_indices([5], 0, 5, PAGE_SIZE)
+@pytest.mark.parametrize("table", [[5, 0, 3], np.array([5, 0, 3, 9], dtype=np.int32)], ids=["list", "array"])
+def test_slots_and_pages_follow_block_tables(table):
+    metadata = AttentionMetadata.build([7, 1], [2, 4], [table, [8, 1]], PAGE_SIZE, "cpu")
+    assert metadata.slot_mapping.tolist() == [22, 23, 0, 1, 2, 3, 12, 4]
+    assert metadata.kv_indices.tolist() == [5, 0, 3, 8, 1] and metadata.kv_indptr.tolist() == [0, 3, 5]
+    assert metadata.kv_last_page_len.tolist() == [1, 1] and metadata.cu_seqlens_q.tolist() == [0, 7, 8]
+    assert metadata.kv_indices.dtype == torch.int32 and metadata.slot_mapping.dtype == torch.int64
+    with pytest.raises(ValueError, match="cannot hold 5 tokens"):
+        AttentionMetadata.build([5], [0], [table[:1]], PAGE_SIZE, "cpu")
 
 
 def test_layout_from_config():

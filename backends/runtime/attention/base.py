@@ -20,7 +20,6 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from backends.runtime.kv_cache import pages_needed, slot_indices
 
 
 @dataclass(frozen=True)
@@ -56,37 +55,42 @@ class AttentionMetadata:
               page_size: int, device: torch.device | str) -> "AttentionMetadata":
         """Metadata for sequences with ``num_new[i]`` new tokens after ``num_cached[i]`` cached ones.
 
-        ``block_tables[i]`` may be longer than needed (pages reserved for later tokens). Raises
-        ValueError for empty batches, mismatched lengths, ``num_new < 1``, ``num_cached < 0`` or a block
-        table too short for ``num_cached + num_new`` tokens.
+        ``block_tables[i]``: the sequence's KV pages, a list or an int32 numpy array (the decode worker keeps
+        arrays: then the step's page list is one concatenation of views, not a conversion of Python ints,
+        about 0.6 ms of host time at batch 64 and 4k context); it may be longer than needed (pages reserved
+        for later tokens). Token ``j`` of sequence ``i`` (index ``c_i + j``) goes to the flat slot
+        ``table[(c_i + j) // page_size] * page_size + (c_i + j) % page_size``. Raises ValueError for empty
+        batches, mismatched lengths, ``num_new < 1``, ``num_cached < 0`` or a block table too short for
+        ``num_cached + num_new`` tokens.
         """
         if not (len(num_new) == len(num_cached) == len(block_tables)) or not num_new:
             raise ValueError("num_new, num_cached and block_tables must be non-empty and of equal length")
-        if min(num_new) < 1 or min(num_cached) < 0:
+        new, cached = np.asarray(num_new, dtype=np.int64), np.asarray(num_cached, dtype=np.int64)
+        if new.min() < 1 or cached.min() < 0:
             raise ValueError(f"need num_new >= 1 and num_cached >= 0, got {list(num_new)}, {list(num_cached)}")
-        cu, kv_indptr, kv_indices, last_len, slots = [0], [0], [], [], []
-        for n, c, table in zip(num_new, num_cached, block_tables):
-            total = c + n
-            slots += slot_indices(table, c, total, page_size)
-            pages = pages_needed(total, page_size)
-            kv_indices += table[:pages]
-            cu.append(cu[-1] + n)
-            kv_indptr.append(kv_indptr[-1] + pages)
-            last_len.append(total - (pages - 1) * page_size)
+        total = cached + new
+        pages = -(-total // page_size)
+        for table, need, tokens in zip(block_tables, pages.tolist(), total.tolist()):
+            if len(table) < need:
+                raise ValueError(f"block table of {len(table)} pages cannot hold {tokens} tokens of page size "
+                                 f"{page_size}")
+        kv_indices = np.concatenate([np.asarray(t[:n], dtype=np.int32) for t, n in zip(block_tables, pages.tolist())])
+        kv_indptr = np.concatenate(([0], np.cumsum(pages)))
+        cu = np.concatenate(([0], np.cumsum(new)))
+        index = np.arange(cu[-1]) - np.repeat(cu[:-1] - cached, new)  # each new token's index in its sequence
+        page = kv_indices[np.repeat(kv_indptr[:-1], new) + index // page_size].astype(np.int64)
 
-        def i32(values: list[int]) -> torch.Tensor:
-            # numpy converts a list of ints about 3x faster than torch.tensor (a decode step at batch 256
-            # and 4k context lists 65,000 pages: 1.3 ms instead of 4 ms of host time).
-            return torch.from_numpy(np.array(values, dtype=np.int32))
+        def i32(values: np.ndarray) -> torch.Tensor:
+            return torch.from_numpy(np.ascontiguousarray(values, dtype=np.int32))
 
         return cls(
             page_size=page_size,
             cu_seqlens_q=i32(cu),
-            num_cached=i32(list(num_cached)),
+            num_cached=i32(cached),
             kv_indptr=i32(kv_indptr),
-            kv_indices=i32(list(kv_indices)),
-            kv_last_page_len=i32(last_len),
-            slot_mapping=torch.from_numpy(np.array(slots, dtype=np.int64)).to(device),
+            kv_indices=torch.from_numpy(kv_indices),
+            kv_last_page_len=i32(total - (pages - 1) * page_size),
+            slot_mapping=torch.from_numpy(page * page_size + index % page_size).to(device),
         )
 
 
