@@ -73,8 +73,8 @@ class DecodeWorker:
     ``cuda_graphs``: ``"auto"`` (capture decode graphs for batch sizes up to ``max_batch`` when the backend
     is flashinfer), ``"on"`` (the same, ValueError without flashinfer) or ``"off"``. ``compile_layers``: the
     decoder layers' small ops fused by ``torch.compile`` (``backends.runtime.lm_compile``; compiled by the
-    graphs' warm-up at start): ``"auto"`` (with CUDA graphs: 5.78 vs 7.43 ms per step at batch 1 and 10.25 vs
-    12.66 ms at batch 64, 4k context, on an H200: bench/results/runtime-h200-2026-11-29b), ``"on"`` or
+    graphs' warm-up at start): ``"auto"`` (with CUDA graphs: 5.47 vs 7.03 ms per step at batch 1 and 9.33 vs
+    12.35 ms at batch 64, 4k context, on an H200: bench/results/runtime-fused-h200-2026-11-30), ``"on"`` or
     ``"off"``. ``on_step``: told each step's batch size and time (forward + sampling) and whether the batch is
     empty after it (``StepTimer``), for the stage's metrics (a metric update is a round trip to the Triton
     process: the adaptor sums them and sends them when the batch empties or a second has passed).
