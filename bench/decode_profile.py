@@ -36,9 +36,8 @@ import torch.nn.functional as F  # noqa: E402
 from backends.runtime.cuda_graphs import batch_ladder  # noqa: E402
 from backends.runtime.kv_cache import pages_needed  # noqa: E402
 from backends.runtime.lm_compile import compile_decoder_layers  # noqa: E402
-from backends.runtime.loader import load_model  # noqa: E402
-from bench.common import H200_HBM_BYTES_PER_S, cuda_time_ms, header, write  # noqa: E402
-from bench.runtime_bench import DEVICE, PAGE, Sizes, decode_batch, decode_step, make_runner, spec  # noqa: E402
+from bench.common import H200_HBM_BYTES_PER_S, cuda_time_ms, write  # noqa: E402
+from bench.runtime_bench import DEVICE, PAGE, decode_batch, decode_step, make_runner, start  # noqa: E402
 
 KINDS = (("matmul", ("gemm", "gemv", "cutlass", "xmma", "cublas", "splitk", "sm90")),
          ("attention", ("flashinfer", "batchprefill", "batchdecode", "merge", "persistent")),
@@ -169,11 +168,7 @@ def main() -> None:
     parser.add_argument("--batches", type=int, nargs="*", default=[1, 64])
     parser.add_argument("--context", type=int, default=4096)
     args = parser.parse_args()
-    if not torch.cuda.is_available():
-        sys.exit("decode_profile needs a CUDA GPU")
-    results = header(DEVICE, ("flashinfer",))
-    model, _ = load_model(spec())
-    sizes = Sizes(model)
+    results, model, sizes = start("decode_profile")
     per_seq = pages_needed(args.context + 1, PAGE)
     runner = make_runner(model, "flashinfer", max(args.batches) * per_seq)
     compile_decoder_layers(model.model.language_model)

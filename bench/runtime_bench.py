@@ -74,6 +74,15 @@ class Sizes:
         return 2 * self.body_params * n + attention + 2 * self.head_params
 
 
+def start(name: str) -> tuple[dict, torch.nn.Module, Sizes]:
+    """The run's header, the 7B preset on the GPU and its sizes; exits, naming the bench ``name``, without a GPU."""
+    if not torch.cuda.is_available():
+        sys.exit(f"{name} needs a CUDA GPU")
+    results = header(DEVICE, ("flashinfer",))
+    model, _ = load_model(spec())
+    return results, model, Sizes(model)
+
+
 def make_runner(model, backend: str, pages: int) -> ModelRunner:
     layout = KVCacheLayout.from_config(model.config, num_pages=pages + 1, page_size=PAGE, dtype=model.dtype)
     pool = torch.zeros(layout.shape, dtype=layout.dtype, device=DEVICE)
@@ -227,11 +236,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--skip-baseline", action="store_true", help="leave out transformers' generate()")
     args = parser.parse_args()
-    if not torch.cuda.is_available():
-        sys.exit("runtime_bench needs a CUDA GPU")
-    results = header(DEVICE, ("flashinfer",))
-    model, _ = load_model(spec())
-    sizes = Sizes(model)
+    results, model, sizes = start("runtime_bench")
     results["model"] = {"preset": "qwen2_5_vl_7b", "dtype": "bfloat16", "weights_read_per_step_bytes": sizes.read_bytes,
                         "kv_bytes_per_token": sizes.kv_token_bytes, "hbm_bytes_per_s": H200_HBM_BYTES_PER_S,
                         "peak_bf16_flops": H200_BF16_FLOPS}
