@@ -25,24 +25,26 @@ from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl as qwen
 
 class FusedQKVAttention(qwen.Qwen2_5_VLAttention):
     """transformers' Qwen2.5-VL text attention with ``qkv_proj`` in place of ``q_proj``/``k_proj``/``v_proj``.
-    Same inputs and outputs as the library's ``forward``; no KV cache object (the paged attention function
-    keeps the KV)."""
+    Same arguments and outputs as the library's ``forward``, except that it takes no KV cache object (the paged
+    attention function keeps the KV): ValueError when given one."""
 
     qkv_sizes: tuple[int, int, int]
 
     def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None, past_key_values: object = None,
                 position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None, **kwargs
-                ) -> tuple[torch.Tensor, None]:
-        if kwargs.get("past_key_values") is not None:
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if past_key_values is not None:
             raise ValueError("fused attention keeps no transformers KV cache (the paged attention holds the KV)")
         shape = (*hidden_states.shape[:-1], -1, self.head_dim)  # [batch, tokens, heads, head_dim]
         q, k, v = (t.view(shape).transpose(1, 2) for t in self.qkv_proj(hidden_states).split(self.qkv_sizes, -1))
         cos, sin = position_embeddings
         q, k = qwen.apply_rotary_pos_emb(q, k, cos, sin)
         attend = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, qwen.eager_attention_forward)
-        out, _ = attend(self, q, k, v, attention_mask, dropout=0.0, scaling=self.scaling,
-                        sliding_window=self.sliding_window, **kwargs)
-        return self.o_proj(out.reshape(*hidden_states.shape[:-1], -1)), None
+        out, weights = attend(self, q, k, v, attention_mask, dropout=self.attention_dropout if self.training else 0.0,
+                              scaling=self.scaling, sliding_window=self.sliding_window, position_ids=position_ids,
+                              **kwargs)
+        return self.o_proj(out.reshape(*hidden_states.shape[:-1], -1)), weights
 
 
 class FusedGateUpMLP(qwen.Qwen2MLP):
@@ -58,10 +60,11 @@ def _concat(parts: list[nn.Linear]) -> nn.Linear:
     weight = parts[0].weight
     fused = nn.Linear(weight.shape[1], sum(p.out_features for p in parts), bias=parts[0].bias is not None,
                       device="meta", dtype=weight.dtype)
+    grad = weight.requires_grad
     with torch.no_grad():
-        fused.weight = nn.Parameter(torch.cat([p.weight for p in parts]), requires_grad=False)
+        fused.weight = nn.Parameter(torch.cat([p.weight for p in parts]), requires_grad=grad)
         if fused.bias is not None:
-            fused.bias = nn.Parameter(torch.cat([p.bias for p in parts]), requires_grad=False)
+            fused.bias = nn.Parameter(torch.cat([p.bias for p in parts]), requires_grad=grad)
     return fused
 
 

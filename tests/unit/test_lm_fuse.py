@@ -23,6 +23,20 @@ def test_fused_layers_give_transformers_output():
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
 
 
+def test_eager_attention_weights_come_back_as_transformers_gives_them():
+    plain, fused = _lm(), _lm()
+    for lm in (plain, fused):
+        lm.set_attn_implementation("eager")
+    fuse_projections(fused)
+    ids = torch.tensor([[5, 9, 2, 7]])
+    with torch.no_grad():
+        want = plain(input_ids=ids, use_cache=False, output_attentions=True).attentions
+        got = fused(input_ids=ids, use_cache=False, output_attentions=True).attentions
+    assert len(got) == len(want) == plain.config.num_hidden_layers
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12)
+
+
 def test_one_copy_of_the_weights_and_idempotent():
     lm = _lm()
     before = sum(p.numel() for p in lm.parameters())
