@@ -147,14 +147,16 @@ def lock_held(lock: Path) -> bool:
 def remove_stale_shared_memory() -> list[Path]:
     """Remove the files of servers that are gone: Python-backend shm regions and UnifiedServe pools.
 
-    A server's pools go once its lock (``unifiedserve-<run>.lock``, held by it and its launcher) is free; pools
-    without a lock, and the Python backend's regions (whose names do not say whose they are), only when no
+    A server's pools go once its lock (``unifiedserve-<run>.lock``, held by it and its launcher) is free, and with
+    them its run directory (``<tmp>/<run>``, which a killed launcher leaves; its log ``<tmp>/<run>.log`` is kept);
+    pools without a lock, and the Python backend's regions (whose names do not say whose they are), only when no
     tritonserver runs here at all. So a live server's files are never touched, also one in another container
     sharing /dev/shm (``--ipc=host``). Returns the removed paths.
     """
     alone = not _tritonserver_running()
     stale = [*SHM.glob("triton_python_backend_shm_region_*")] if alone else []
     runs: dict[str, list[Path]] = {}
+    run_dirs = []
     for path in SHM.glob("unifiedserve-*"):
         if match := _RUN_FILE.match(path.name):
             runs.setdefault(match.group(1), []).append(path)
@@ -164,9 +166,14 @@ def remove_stale_shared_memory() -> list[Path]:
         lock = SHM / f"unifiedserve-{run}.lock"
         if (alone and not lock.exists()) or (lock.exists() and not lock_held(lock)):
             stale += paths
+            run_dir = Path(tempfile.gettempdir()) / run
+            if run_dir.is_dir():
+                run_dirs.append(run_dir)
     for path in stale:
         path.unlink(missing_ok=True)
-    return stale
+    for folder in run_dirs:
+        shutil.rmtree(folder, ignore_errors=True)
+    return stale + run_dirs
 
 
 @dataclass

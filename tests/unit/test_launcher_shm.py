@@ -1,7 +1,10 @@
 """Stale shared-memory files: a server's pools are removed only once its lock is free, so a live server's
 files survive another launcher's sweep, also across containers that share /dev/shm."""
 import fcntl
+import shutil
+import tempfile
 import uuid
+from pathlib import Path
 
 from backends.launcher import SHM, remove_stale_shared_memory
 
@@ -14,15 +17,29 @@ def run_files(run: str) -> list:
     return paths
 
 
+def run_dir(run: str) -> tuple[Path, Path]:
+    """A run directory with a file in it, and its log beside it, as the launcher makes them."""
+    folder = Path(tempfile.gettempdir()) / run
+    (folder / "repository").mkdir(parents=True)
+    (folder / "repository" / "config.pbtxt").write_text("x")
+    log = folder.with_suffix(".log")
+    log.write_text("the server's log")
+    return folder, log
+
+
 def test_a_held_run_is_kept_and_a_free_one_removed():
     live, gone = (f"unifiedserve-run-{uuid.uuid4().hex[:8]}" for _ in range(2))
     live_files, gone_files = run_files(live), run_files(gone)
+    (live_dir, live_log), (gone_dir, gone_log) = run_dir(live), run_dir(gone)
     with open(live_files[-1], "rb") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # as the live server's launcher holds it
         try:
             removed = remove_stale_shared_memory()
-            assert all(path.exists() for path in live_files)
+            assert all(path.exists() for path in live_files) and live_dir.is_dir()
             assert not any(path.exists() for path in gone_files) and set(gone_files) <= set(removed)
+            assert not gone_dir.exists() and gone_dir in removed
+            assert gone_log.read_text() == "the server's log"  # a killed server's log stays for its user
         finally:
-            for path in live_files:
+            for path in [*live_files, live_log, gone_log]:
                 path.unlink(missing_ok=True)
+            shutil.rmtree(live_dir, ignore_errors=True)
