@@ -283,12 +283,13 @@ class TritonServer:
         except (OSError, AttributeError):
             return ""
 
-    def stop(self, drain_timeout_s: float = 10.0, exit_timeout_s: float = EXIT_TIMEOUT_S) -> list[str]:
+    def stop(self, drain_timeout_s: float = 10.0, exit_timeout_s: float = EXIT_TIMEOUT_S) -> str | None:
         """Tell the models and let them drain (``server_stop``: requests in flight fail, streams end; at most
         ``drain_timeout_s`` seconds), SIGINT, then SIGKILL of the whole process group after ``exit_timeout_s``
-        seconds; removes the run directory. Returns the models that had not unloaded when the server had to be
-        killed (empty when it exited by itself)."""
-        stuck: list[str] = []
+        seconds; removes the run directory. Returns None when the server exited by itself, else what was left
+        when it had to be killed: "model NAME had not unloaded", or "every model had unloaded" (tritonserver
+        itself did not exit)."""
+        killed = None
         if self.process is not None and self.process.poll() is None:
             if os.environ.get("UNIFIEDSERVE_DUMP_STACKS") == "1":
                 self._dump_stub_stacks()
@@ -301,6 +302,7 @@ class TritonServer:
                 log = self.log_tail(1_000_000)
                 stuck = sorted(model for model in set(self.ready_stubs.values())
                                if f"successfully unloaded '{model}'" not in log)
+                killed = f"model {', '.join(stuck)} had not unloaded" if stuck else "every model had unloaded"
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait()
         if self.process is not None:  # stubs still loading when the server exited outlive it: none may stay
@@ -312,7 +314,7 @@ class TritonServer:
                 pool.unlink(missing_ok=True)
             self._lock.close()
             shutil.rmtree(self.run_dir, ignore_errors=True)
-        return stuck
+        return killed
 
     def stubs(self) -> dict[int, str]:
         """This server's Python-backend stub processes that are alive: pid -> model (the name of the folder of
@@ -423,7 +425,7 @@ def _serve(args: argparse.Namespace, repository: Path) -> int:
     where = "stdout" if args.log_stdout else server.log_path
     print(f"tritonserver ready: gRPC {args.address}:{args.grpc_port}, HTTP {args.address}:{args.http_port}, "
           f"log {where}, models {repository}", flush=True)
-    died, stuck = None, []
+    died, killed = None, None
     try:
         died = watch_stages(server)
         if died:
@@ -435,10 +437,10 @@ def _serve(args: argparse.Namespace, repository: Path) -> int:
         if died:  # its requests can neither drain nor end: Triton would wait out its exit timeout (20 s, twice)
             server.stop(drain_timeout_s=2.0, exit_timeout_s=DIED_EXIT_TIMEOUT_S)
         else:
-            stuck = server.stop()
-    if stuck:  # the stop was asked for and nothing is left running: said, not an error status
-        print(f"tritonserver did not exit within {EXIT_TIMEOUT_S:g} s of its stop (model {', '.join(stuck)} had not "
-              "unloaded): killed", file=sys.stderr, flush=True)
+            killed = server.stop()
+    if killed:  # the stop was asked for and nothing is left running: said, not an error status
+        print(f"tritonserver did not exit within {EXIT_TIMEOUT_S:g} s of its stop ({killed}): killed", file=sys.stderr,
+              flush=True)
         return 0
     return STAGE_DIED if died else server.process.returncode or 0
 

@@ -1,6 +1,7 @@
 """Builds the transformers Qwen2.5-VL model: seeded dummy weights from a preset, or a local checkpoint."""
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, fields
 
 import torch
@@ -9,28 +10,31 @@ from transformers import AutoConfig, PreTrainedTokenizerBase, Qwen2_5_VLForCondi
 from backends.runtime.presets import PRESETS, build_config
 from backends.runtime.tokenizer import load_tokenizer
 
-LOAD_FORMATS = ("dummy", "auto")
+LOAD_FORMATS = ("auto", "dummy")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class ModelSpec:
     """What to load.
 
+    * ``load_format="auto"`` (default): the weights of the checkpoint directory ``model_path`` (no downloads);
+      without a path, those of ``dummy`` (a preset has no weights).
     * ``load_format="dummy"``: random weights seeded by ``seed``; the architecture is ``preset``, or the
-      checkpoint's config when ``model_path`` is given. Identical bits in every process on the same kind
-      of device (CPU and CUDA draw different numbers).
-    * ``load_format="auto"``: the weights of the checkpoint directory ``model_path`` (no downloads).
+      checkpoint's config when ``model_path`` is given (vLLM's meaning: for benchmarks; logged, since the
+      answers are then meaningless). Identical bits in every process on the same kind of device (CPU and
+      CUDA draw different numbers).
     * ``dtype``: a torch dtype name, or ``"auto"`` for the preset's (``qwen2_5_vl_7b``: bfloat16) or the
       checkpoint's.
     * ``device``: a torch device string, e.g. ``"cpu"`` or ``"cuda:0"``.
 
-    Raises ValueError for an unknown format, preset or dtype, a bad device, or ``auto`` without a path.
+    Raises ValueError for an unknown format, preset or dtype, or a bad device.
     """
 
     preset: str = "tiny"
     model_path: str | None = None
-    load_format: str = "dummy"
+    load_format: str = "auto"
     dtype: str = "float32"
     seed: int = 0
     device: str = "cpu"
@@ -38,8 +42,6 @@ class ModelSpec:
     def __post_init__(self) -> None:
         if self.load_format not in LOAD_FORMATS:
             raise ValueError(f"load_format must be one of {LOAD_FORMATS}, got {self.load_format!r}")
-        if self.load_format == "auto" and not self.model_path:
-            raise ValueError("load_format 'auto' needs model_path (a local checkpoint directory)")
         if self.model_path is None and self.preset not in PRESETS:
             raise ValueError(f"unknown preset {self.preset!r}; choose one of {sorted(PRESETS)}")
         if self.dtype not in DTYPES:
@@ -75,11 +77,11 @@ def load_model(spec: ModelSpec) -> tuple[Qwen2_5_VLForConditionalGeneration, Pre
 
     Vision tower and language model use the ``sdpa`` attention of transformers; a ModelRunner later
     routes the language model's attention through the paged KV cache. Raises OSError when
-    ``model_path`` lacks a config, weights or tokenizer.
+    ``model_path`` is not a directory or lacks a config, weights or tokenizer.
     """
-    tokenizer = load_tokenizer(spec.model_path)
+    tokenizer = load_tokenizer(spec.model_path)  # first: it says when model_path is no directory
     device = torch.device(spec.device)
-    if spec.load_format == "auto":
+    if spec.load_format == "auto" and spec.model_path is not None:
         config = AutoConfig.from_pretrained(spec.model_path, local_files_only=True)
         model = Qwen2_5_VLForConditionalGeneration.from_pretrained(
             spec.model_path, local_files_only=True, attn_implementation="sdpa",
@@ -88,6 +90,8 @@ def load_model(spec: ModelSpec) -> tuple[Qwen2_5_VLForConditionalGeneration, Pre
         return model.eval(), tokenizer
 
     if spec.model_path is not None:
+        log.warning("load_format=dummy: random weights (seed %d) in the architecture of %s, not its weights",
+                    spec.seed, spec.model_path)
         config = AutoConfig.from_pretrained(spec.model_path, local_files_only=True)
     else:
         config = build_config(spec.preset, tokenizer)

@@ -1,6 +1,6 @@
 """Architecture presets for dummy-weight runs: ``tiny`` (CPU tests) and ``qwen2_5_vl_7b`` (full size).
 
-A checkpoint (``model_path``) brings its own config; presets are only for ``load_format: dummy``.
+A checkpoint (``model_path``) brings its own config; presets are for runs without one (seeded random weights).
 """
 from __future__ import annotations
 

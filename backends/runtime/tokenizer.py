@@ -1,13 +1,15 @@
 """Tokenizers: a checkpoint's own, or an offline byte-level BPE with Qwen2.5-VL's special tokens and chat template.
 
-Dummy-weight runs (``load_format: dummy``) have no checkpoint to read a tokenizer from and nothing can be
-downloaded, so :func:`build_offline_tokenizer` builds one in code with the ``tokenizers`` library. It
+Preset runs (no ``model_path``: seeded random weights) have no checkpoint to read a tokenizer from and nothing
+can be downloaded, so :func:`build_offline_tokenizer` builds one in code with the ``tokenizers`` library. It
 follows Qwen2's pipeline (NFC, Qwen's split regex, byte-level BPE; see
 ``transformers.models.qwen2.tokenization_qwen2``) with a tiny vocabulary: the 256 byte tokens, a few
 merges, then Qwen's special tokens in Qwen's order. The vocabulary is a literal, so every process gets
 the same ids.
 """
 from __future__ import annotations
+
+from pathlib import Path
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
@@ -81,13 +83,22 @@ def build_offline_tokenizer() -> PreTrainedTokenizerFast:
     )
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json")
+
+
 def load_tokenizer(model_path: str | None) -> PreTrainedTokenizerFast:
     """The checkpoint's tokenizer (``AutoTokenizer``, local files only) or, for ``None``, the offline one.
 
-    Raises OSError when ``model_path`` holds no tokenizer.
+    Raises OSError when ``model_path`` is not a directory or holds no tokenizer (none of ``TOKENIZER_FILES``):
+    transformers would look the name up as a Hub repository, or build a tokenizer without Qwen's special tokens.
     """
     if model_path is None:
         return build_offline_tokenizer()
+    if not Path(model_path).is_dir():
+        raise OSError(f"model_path {model_path!r} is not a directory (a local Qwen2.5-VL checkpoint)")
+    if not any((Path(model_path) / name).is_file() for name in TOKENIZER_FILES):
+        raise OSError(f"{model_path} holds no tokenizer (none of {', '.join(TOKENIZER_FILES)}): copy the "
+                      "checkpoint's tokenizer files there")
     return AutoTokenizer.from_pretrained(model_path, local_files_only=True)
 
 

@@ -4,6 +4,7 @@ exit timeout), nothing crashes, and each client gets an error or its final respo
 it does so for every server the e2e tests start, so an idle stop is covered there."""
 from __future__ import annotations
 
+import os
 import threading
 import time
 from pathlib import Path
@@ -90,3 +91,45 @@ def test_a_sweep_beside_a_live_server_keeps_its_pools(media_dir):
         assert all(p.exists() for p in pools)
         with Client(f"127.0.0.1:{srv.ports.grpc}") as client:
             assert client.generate("Hello", sampling={"max_tokens": 1}).finish_reason in ("length", "stop")
+
+
+def test_a_server_that_does_not_exit_is_killed_and_the_launcher_says_so():
+    """tritonserver frozen (SIGSTOP) when the launcher is told to stop: after EXIT_TIMEOUT_S the launcher kills it,
+    names what had not unloaded, exits 0 (the stop was asked for and nothing is left running: a user saw status
+    247, Triton's -9, and no message) and leaves no process or shared memory behind."""
+    import re
+    import signal
+    import subprocess
+    import sys
+
+    from backends.launcher import EXIT_TIMEOUT_S, ServerPorts
+
+    ports = ServerPorts.unused()
+    launcher = subprocess.Popen([sys.executable, "-m", "backends.launcher", "--http-port", str(ports.http),
+                                 "--grpc-port", str(ports.grpc), "--metrics-port", str(ports.metrics)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    ready = launcher.stdout.readline()
+    run = re.search(r"(unifiedserve-run-[a-z0-9_]+)\.log", ready)
+    assert "tritonserver ready" in ready and run, ready + launcher.stderr.read()
+    flag = f"--http-port={ports.http}".encode()
+
+    def servers() -> list[int]:
+        found = []
+        for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+            try:
+                if flag in cmdline.read_bytes().split(b"\0"):
+                    found.append(int(cmdline.parent.name))
+            except OSError:  # the process ended while we looked
+                pass
+        return found
+
+    (server,) = servers()
+    os.kill(server, signal.SIGSTOP)
+    started = time.monotonic()
+    launcher.send_signal(signal.SIGTERM)
+    _, err = launcher.communicate(timeout=EXIT_TIMEOUT_S + 60)
+    assert launcher.returncode == 0, err
+    assert f"did not exit within {EXIT_TIMEOUT_S:g} s of its stop (model " in err and "killed" in err, err
+    assert time.monotonic() - started < EXIT_TIMEOUT_S + 15, err
+    assert not servers(), "tritonserver left running"
+    assert not sorted(SHM.glob(f"unifiedserve-{run.group(1)}[-.]*")), "its pools or lock outlived it"

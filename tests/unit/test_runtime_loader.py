@@ -66,19 +66,31 @@ def test_checkpoint_round_trip(tmp_path):
     model, tokenizer = load_model(ModelSpec(seed=3))
     model.save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
-    loaded, loaded_tokenizer = load_model(ModelSpec(load_format="auto", model_path=str(tmp_path), dtype="auto"))
+    loaded, loaded_tokenizer = load_model(ModelSpec(model_path=str(tmp_path), dtype="auto"))  # auto: its weights
     assert loaded.dtype == torch.float32
     for (name, a), (_, b) in zip(sorted(model.state_dict().items()), sorted(loaded.state_dict().items())):
         assert torch.equal(a, b), name
     assert special_token_ids(loaded_tokenizer) == special_token_ids(tokenizer)
+    random, _ = load_model(ModelSpec(model_path=str(tmp_path), load_format="dummy", seed=4))  # its architecture only
+    assert random.lm_head.weight.shape == loaded.lm_head.weight.shape
+    assert not torch.equal(random.lm_head.weight, loaded.lm_head.weight)
+
+
+def test_a_bad_checkpoint_directory_is_named(tmp_path):
+    with pytest.raises(OSError, match="is not a directory"):
+        load_model(ModelSpec(model_path=str(tmp_path / "missing")))
+    model, _ = load_model(ModelSpec())
+    model.save_pretrained(tmp_path)  # weights and config, no tokenizer
+    with pytest.raises(OSError, match="holds no tokenizer"):
+        load_model(ModelSpec(model_path=str(tmp_path)))
 
 
 def test_spec_from_triton_parameters():
     spec = ModelSpec.from_parameters({"preset": "tiny", "seed": "3", "model_path": "", "page_size": "16"},
                                      device="cpu")
     assert spec == ModelSpec(preset="tiny", seed=3)
-    for bad in ({"load_format": "safetensors"}, {"seed": "x"}, {"dtype": "int8"}, {"load_format": "auto"},
-                {"preset": "huge"}):
+    assert ModelSpec.from_parameters({"load_format": "auto"}) == ModelSpec()  # a preset: its seeded random weights
+    for bad in ({"load_format": "safetensors"}, {"seed": "x"}, {"dtype": "int8"}, {"preset": "huge"}):
         with pytest.raises(ValueError):
             ModelSpec.from_parameters(bad)
 
