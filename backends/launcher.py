@@ -286,7 +286,8 @@ class TritonServer:
     def stop(self, drain_timeout_s: float = 10.0, exit_timeout_s: float = EXIT_TIMEOUT_S) -> str | None:
         """Tell the models and let them drain (``server_stop``: requests in flight fail, streams end; at most
         ``drain_timeout_s`` seconds), SIGINT, then SIGKILL of the whole process group after ``exit_timeout_s``
-        seconds; removes the run directory. Returns None when the server exited by itself, else what was left
+        seconds (first asking the stubs still alive for their threads' stacks, which go to the server log); removes
+        the run directory. Returns None when the server exited by itself, else what was left
         when it had to be killed: "model NAME had not unloaded", or "every model had unloaded" (tritonserver
         itself did not exit)."""
         killed = None
@@ -299,6 +300,7 @@ class TritonServer:
             try:
                 self.process.wait(timeout=exit_timeout_s)
             except subprocess.TimeoutExpired:
+                self._dump_stub_stacks()  # what the stubs left were doing, into the log, for whoever looks into it
                 log = self.log_tail(1_000_000)
                 stuck = sorted(model for model in set(self.ready_stubs.values())
                                if f"successfully unloaded '{model}'" not in log)
@@ -439,8 +441,9 @@ def _serve(args: argparse.Namespace, repository: Path) -> int:
         else:
             killed = server.stop()
     if killed:  # the stop was asked for and nothing is left running: said, not an error status
-        print(f"tritonserver did not exit within {EXIT_TIMEOUT_S:g} s of its stop ({killed}): killed", file=sys.stderr,
-              flush=True)
+        where = "" if args.log_stdout else f"; its stubs' stacks are in {server.log_path}"
+        print(f"tritonserver did not exit within {EXIT_TIMEOUT_S:g} s of its stop ({killed}): killed{where}",
+              file=sys.stderr, flush=True)
         return 0
     return STAGE_DIED if died else server.process.returncode or 0
 
