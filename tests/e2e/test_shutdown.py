@@ -101,6 +101,7 @@ def test_a_server_that_does_not_exit_is_killed_and_the_launcher_says_so():
     import signal
     import subprocess
     import sys
+    import tempfile
 
     from backends.launcher import EXIT_TIMEOUT_S, ServerPorts
 
@@ -133,3 +134,7 @@ def test_a_server_that_does_not_exit_is_killed_and_the_launcher_says_so():
     assert time.monotonic() - started < EXIT_TIMEOUT_S + 15, err
     assert not servers(), "tritonserver left running"
     assert not sorted(SHM.glob(f"unifiedserve-{run.group(1)}[-.]*")), "its pools or lock outlived it"
+    log = Path(tempfile.gettempdir()) / f"{run.group(1)}.log"
+    assert "(most recent call first)" in log.read_text(errors="replace"), "no stub stacks in the log"
+    assert str(log) in err
+    log.unlink()
