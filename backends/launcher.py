@@ -144,13 +144,16 @@ def lock_held(lock: Path) -> bool:
     return False
 
 
+STALE_RUN_DIR_S = 60.0
+
+
 def remove_stale_shared_memory() -> list[Path]:
     """Remove the files of servers that are gone: Python-backend shm regions and UnifiedServe pools.
 
     A server's pools go once its lock (``unifiedserve-<run>.lock``, held by it and its launcher) is free, and with
     them its run directory (``<tmp>/<run>``, which a killed launcher leaves; its log ``<tmp>/<run>.log`` is kept);
-    pools without a lock, and the Python backend's regions (whose names do not say whose they are), only when no
-    tritonserver runs here at all. So a live server's files are never touched, also one in another container
+    pools without a lock, run directories without one (older than ``STALE_RUN_DIR_S``), and the Python backend's
+    regions (whose names do not say whose they are), only when no tritonserver runs here at all. So a live server's files are never touched, also one in another container
     sharing /dev/shm (``--ipc=host``). Returns the removed paths.
     """
     alone = not _tritonserver_running()
@@ -169,6 +172,15 @@ def remove_stale_shared_memory() -> list[Path]:
             run_dir = Path(tempfile.gettempdir()) / run
             if run_dir.is_dir():
                 run_dirs.append(run_dir)
+    if alone:  # run directories whose lock is gone (an earlier sweep took it): no server of theirs is left
+        for folder in Path(tempfile.gettempdir()).glob("unifiedserve-run-*"):
+            try:  # not one a launcher made a moment ago, before taking its lock
+                idle_s = time.time() - folder.stat().st_mtime
+            except OSError:  # gone meanwhile
+                continue
+            if folder.is_dir() and folder not in run_dirs and idle_s > STALE_RUN_DIR_S and not (
+                    SHM / f"unifiedserve-{folder.name}.lock").exists():
+                run_dirs.append(folder)
     for path in stale:
         path.unlink(missing_ok=True)
     for folder in run_dirs:

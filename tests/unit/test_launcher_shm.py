@@ -43,3 +43,26 @@ def test_a_held_run_is_kept_and_a_free_one_removed():
             for path in [*live_files, live_log, gone_log]:
                 path.unlink(missing_ok=True)
             shutil.rmtree(live_dir, ignore_errors=True)
+
+
+def test_a_run_directory_whose_lock_is_gone_is_removed_when_no_server_runs(monkeypatch, tmp_path):
+    """Left by runs killed before the sweep removed run directories: their locks went with an earlier sweep.
+    (Private /dev/shm and temp folders: with "no server running" faked, the sweep must not see real ones.)"""
+    import os
+    import time
+
+    from backends import launcher
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(launcher, "SHM", tmp_path / "shm")
+    (tmp_path / "shm").mkdir()
+    old, new = (f"unifiedserve-run-{uuid.uuid4().hex[:8]}" for _ in range(2))
+    (old_dir, old_log), (new_dir, _) = run_dir(old), run_dir(new)
+    past = time.time() - launcher.STALE_RUN_DIR_S - 5
+    os.utime(old_dir, (past, past))
+    monkeypatch.setattr(launcher, "_tritonserver_running", lambda: True)
+    assert old_dir not in remove_stale_shared_memory() and old_dir.is_dir()  # a server runs: leave it be
+    monkeypatch.setattr(launcher, "_tritonserver_running", lambda: False)
+    removed = remove_stale_shared_memory()
+    assert old_dir in removed and not old_dir.exists() and old_log.exists()
+    assert new_dir.is_dir(), "a directory made a moment ago (its launcher about to take its lock) was removed"
