@@ -153,8 +153,9 @@ def remove_stale_shared_memory() -> list[Path]:
     A server's pools go once its lock (``unifiedserve-<run>.lock``, held by it and its launcher) is free, and with
     them its run directory (``<tmp>/<run>``, which a killed launcher leaves; its log ``<tmp>/<run>.log`` is kept);
     pools without a lock, run directories without one (older than ``STALE_RUN_DIR_S``), and the Python backend's
-    regions (whose names do not say whose they are), only when no tritonserver runs here at all. So a live server's files are never touched, also one in another container
-    sharing /dev/shm (``--ipc=host``). Returns the removed paths.
+    regions (whose names do not say whose they are), only when no tritonserver runs here at all. So a live server's
+    files are never touched, also one in another container sharing /dev/shm (``--ipc=host``). Returns the removed
+    paths.
     """
     alone = not _tritonserver_running()
     stale = [*SHM.glob("triton_python_backend_shm_region_*")] if alone else []

@@ -21,7 +21,6 @@ import numpy as np
 import torch
 
 
-
 @dataclass(frozen=True)
 class AttentionMetadata:
     """One step's batch layout (``b`` sequences, ``T = sum(n_i)`` new tokens).
@@ -70,11 +69,12 @@ class AttentionMetadata:
             raise ValueError(f"need num_new >= 1 and num_cached >= 0, got {list(num_new)}, {list(num_cached)}")
         total = cached + new
         pages = -(-total // page_size)
-        for table, need, tokens in zip(block_tables, pages.tolist(), total.tolist()):
+        needs = pages.tolist()
+        for table, need, tokens in zip(block_tables, needs, total.tolist()):
             if len(table) < need:
                 raise ValueError(f"block table of {len(table)} pages cannot hold {tokens} tokens of page size "
                                  f"{page_size}")
-        kv_indices = np.concatenate([np.asarray(t[:n], dtype=np.int32) for t, n in zip(block_tables, pages.tolist())])
+        kv_indices = np.concatenate([np.asarray(t[:n], dtype=np.int32) for t, n in zip(block_tables, needs)])
         kv_indptr = np.concatenate(([0], np.cumsum(pages)))
         cu = np.concatenate(([0], np.cumsum(new)))
         index = np.arange(cu[-1]) - np.repeat(cu[:-1] - cached, new)  # each new token's index in its sequence
