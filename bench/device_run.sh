@@ -16,6 +16,7 @@
 #                  packs the flashinfer JIT cache into $OUT for the next machine
 #   runtime-bench  bench/runtime_bench.py and bench/vision_bench.py
 #   decode-profile bench/decode_profile.py: where a decode step's time goes (host, kernels by kind, linears, attention)
+#   attention-probe bench/attention_probe.py: decode attention and KV writes alone, per library kernel and option
 #   nvdec          tests/gpu/test_nvdec.py and bench/flashcodec_bench.py
 #   multi-gpu      (two GPUs or more) NVDEC on every GPU, vision data, tensor and (4 GPUs) hybrid parallel:
 #                  their GPU tests, then bench/flashcodec_multi_gpu_bench.py (with the video bundle installed;
@@ -78,6 +79,10 @@ runtime_bench() {
   python3 bench/vision_bench.py --out "$OUT" 2>&1 | tee "$OUT/vision_bench.log" || status=1
 }
 
+attention_probe() {
+  python3 bench/attention_probe.py --out "$OUT" 2>&1 | tee "$OUT/attention_probe.log" || status=1
+}
+
 decode_profile() {
   python3 bench/decode_profile.py --out "$OUT" ${PROFILE_ARGS:-} 2>&1 | tee "$OUT/decode_profile.log" || status=1
 }
@@ -110,7 +115,7 @@ multi_gpu() {
   fi
 }
 
-[ $# -gt 0 ] || { echo "usage: $0 STEP... (install runtime-tests runtime-bench decode-profile nvdec multi-gpu e2e serve-bench)" >&2
+[ $# -gt 0 ] || { echo "usage: $0 STEP... (install runtime-tests runtime-bench decode-profile attention-probe nvdec multi-gpu e2e serve-bench)" >&2
   exit 2; }
 describe_device
 for step in "$@"; do
@@ -119,6 +124,7 @@ for step in "$@"; do
     runtime-tests) runtime_tests ;;
     runtime-bench) runtime_bench ;;
     decode-profile) decode_profile ;;
+    attention-probe) attention_probe ;;
     nvdec) nvdec ;;
     multi-gpu) multi_gpu ;;
     e2e) e2e ;;
