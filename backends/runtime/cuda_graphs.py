@@ -7,13 +7,19 @@ reserved scratch page (``kv_cache.scratch_page``). All graphs share one memory p
 first, torch's recommendation) and flashinfer's workspace.
 
 Per step, on the host: the paged layout is planned into the graph's fixed index buffers (flashinfer's
-``use_cuda_graph`` mode), token ids, positions and KV slots go through one pinned buffer and one
+``use_cuda_graph`` mode), token ids, M-RoPE positions and KV positions go through one pinned buffer and one
 asynchronous copy, then the graph replays. The step's only host sync is the caller's read of the
 sampled tokens.
+
+The plan does not depend on the tokens, so a caller may :meth:`DecodeGraphs.prepare` the next step's layout
+while the GPU still runs this one (about 0.3 ms of host time per step on an H200: bench/results/
+decode-profile-h200-2026-11-30) and only fill in the token ids once it has read them. For that the plan's
+copies are asynchronous: the layout goes to flashinfer from pinned memory and the page list from the device
+(a copy from pageable memory, or of host page indices, would wait for the GPU to finish the running step).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Sequence
 
 import torch
@@ -38,8 +44,21 @@ class _Graph:
     batch_size: int
     graph: torch.cuda.CUDAGraph
     backend: FlashInferAttentionBackend
-    inputs: torch.Tensor  # int64 [3, B] on the device: token ids, positions, KV slots
+    inputs: torch.Tensor  # int32 [3, B] on the device: token ids, M-RoPE positions, KV positions
     logits: torch.Tensor  # float32 [B, vocab] on the device, written by each replay
+
+
+@dataclass(frozen=True)
+class _Planned:
+    """A graph planned for a layout: the sequences' ``(num_cached, block_table)`` in order, tables by identity."""
+
+    graph: _Graph
+    metadata: AttentionMetadata
+    layout: tuple[tuple[int, object], ...]
+
+    def fits(self, seqs: Sequence[DecodeSeq]) -> bool:
+        return len(seqs) == len(self.layout) and all(
+            s.num_cached == cached and s.block_table is table for s, (cached, table) in zip(seqs, self.layout))
 
 
 class DecodeGraphs:
@@ -57,16 +76,21 @@ class DecodeGraphs:
         self.runner = runner
         self.scratch = scratch_page(runner.kv_cache.shape[2])
         self.max_batch = max(batch_sizes)
-        self._staging = torch.zeros(3, self.max_batch, dtype=torch.int64, pin_memory=True)
+        self._staging = torch.zeros(3, self.max_batch, dtype=torch.int32, pin_memory=True)
         self._staged = torch.cuda.Event()  # the last copy out of _staging has finished
+        max_pages = runner.kv_cache.shape[2] + self.max_batch
+        # a plan's layout: kv_indptr, kv_last_page_len, kv_indices (pinned), the page list again on the device
+        self._layout = torch.zeros(2 * self.max_batch + 1 + max_pages, dtype=torch.int32, pin_memory=True)
+        self._pages = torch.zeros(max_pages, dtype=torch.int32, device=runner.device)
+        self._planned = torch.cuda.Event()  # the last plan's copies out of pinned memory have finished
+        self._prepared: _Planned | None = None
         self._pool = torch.cuda.graph_pool_handle()
         self._graphs = {b: self._capture(b) for b in sorted(set(batch_sizes), reverse=True)}
         self._sizes = sorted(self._graphs)
 
     def _capture(self, batch_size: int) -> _Graph:
         runner = self.runner
-        inputs = torch.zeros(3, batch_size, dtype=torch.int64, device=runner.device)
-        inputs[2].fill_(self.scratch * runner.page_size)
+        inputs = torch.zeros(3, batch_size, dtype=torch.int32, device=runner.device)  # padding: scratch page, slot 0
         # Every sequence may hold pages; together they cannot hold more than the pool (plus padding rows).
         backend = FlashInferAttentionBackend.for_cuda_graph(
             runner.backend, batch_size, runner.kv_cache.shape[2] + batch_size, inputs[2])
@@ -91,22 +115,46 @@ class DecodeGraphs:
             [1] * batch_size, [s.num_cached for s in seqs] + [0] * pad,
             [s.block_table for s in seqs] + [[self.scratch]] * pad, self.runner.page_size, "cpu")
 
-    def stage(self, seqs: Sequence[DecodeSeq]) -> _Graph:
-        """The host part of a step: plan the smallest graph that holds ``seqs`` and copy its inputs in (queued
-        on the current stream, ahead of the replay). Raises ValueError for more than ``max_batch`` sequences."""
+    def _plan(self, seqs: Sequence[DecodeSeq]) -> _Planned:
+        """Plan the smallest graph that holds ``seqs``; the copies are queued on the current stream and the
+        host does not wait for the GPU. Raises ValueError for more than ``max_batch`` sequences."""
         n = len(seqs)
         if not 0 < n <= self.max_batch:
             raise ValueError(f"{n} sequences; graphs hold 1 .. {self.max_batch}")
         g = self._graphs[next(b for b in self._sizes if b >= n)]
         metadata = self._metadata(seqs, g.batch_size)
-        g.backend.plan(metadata)
+        b, pages = g.batch_size, metadata.kv_indices.numel()
+        self._planned.synchronize()  # normally long done: it was queued before the running step
+        indptr, last, indices = self._layout[:2 * b + 1 + pages].split([b + 1, b, pages])
+        indptr.copy_(metadata.kv_indptr)
+        last.copy_(metadata.kv_last_page_len)
+        indices.copy_(metadata.kv_indices)
+        on_device = self._pages[:pages]
+        on_device.copy_(indices, non_blocking=True)
+        g.backend.plan(replace(metadata, kv_indptr=indptr, kv_last_page_len=last, kv_indices=on_device))
+        self._planned.record()
+        return _Planned(g, metadata, tuple((s.num_cached, s.block_table) for s in seqs))
+
+    def prepare(self, seqs: Sequence[DecodeSeq]) -> None:
+        """Plan the next step for ``seqs`` now (their token ids are not read); the next :meth:`stage` uses
+        this plan if its sequences have the same ``num_cached`` and block tables (compared by identity: a
+        table must not be changed in place), else plans again. Raises ValueError as :meth:`stage` does."""
+        self._prepared = self._plan(seqs)
+
+    def stage(self, seqs: Sequence[DecodeSeq]) -> _Graph:
+        """The host part of a step: plan the smallest graph that holds ``seqs`` (unless :meth:`prepare` did)
+        and copy its inputs in (queued on the current stream, ahead of the replay). Raises ValueError for more
+        than ``max_batch`` sequences."""
+        prepared, self._prepared = self._prepared, None
+        planned = prepared if prepared is not None and prepared.fits(seqs) else self._plan(seqs)
+        g, n = planned.graph, len(seqs)
         self._staged.synchronize()  # normally long done: the caller has read the last step's tokens
         staging = self._staging[:, :g.batch_size]
         staging[0, :n] = torch.tensor([s.token_id for s in seqs])
         staging[1, :n] = torch.tensor([s.position for s in seqs])
         staging[0, n:] = 0
         staging[1, n:] = 0
-        staging[2] = metadata.slot_mapping
+        staging[2] = planned.metadata.kv_positions
         g.inputs.copy_(staging, non_blocking=True)
         self._staged.record()
         return g

@@ -240,6 +240,13 @@ class ModelRunner:
         positions = torch.tensor([s.position for s in seqs], dtype=torch.long, device=self.device)
         return self.decode_logits(token_ids, positions, self.backend, metadata)
 
+    def prepare_decode(self, seqs: list[DecodeSeq]) -> None:
+        """Plan the next :meth:`decode` for ``seqs`` ahead, while the GPU still runs this step (their token ids
+        are not read: ``DecodeGraphs.prepare``). Does nothing without CUDA graphs or for a batch too large for
+        them (those steps are planned when they run)."""
+        if self.graphs is not None and 0 < len(seqs) <= self.graphs.max_batch:
+            self.graphs.prepare(seqs)
+
     def enable_cuda_graphs(self, batch_sizes: Sequence[int]) -> None:
         """Capture decode steps for these batch sizes (``backends.runtime.cuda_graphs``); larger batches
         run eagerly. Needs the flashinfer backend on a CUDA device (ValueError otherwise)."""

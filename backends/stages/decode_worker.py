@@ -30,7 +30,7 @@ from backends.runtime.kv_cache import RESERVED_KV_PAGES, KVCacheLayout
 from backends.runtime.loader import ModelSpec, load_model
 from backends.runtime.lm_fuse import fuse_projections
 from backends.runtime.model_runner import DecodeSeq, ModelRunner
-from backends.runtime.sampler import SamplingParams, sample
+from backends.runtime.sampler import SamplingParams, sample_tensor
 from backends.runtime.stopping import finish_reason
 from backends.runtime.tokenizer import eos_token_ids
 
@@ -214,7 +214,10 @@ class DecodeWorker:
         logits = self.runner.decode([
             DecodeSeq(s.last_token, s.num_cached + s.mrope_delta, s.num_cached, s.block_table) for s in batch
         ])
-        tokens = sample(logits, [s.sampling for s in batch], [s.num_generated for s in batch], self.eos_ids)
+        tokens = sample_tensor(logits, [s.sampling for s in batch], [s.num_generated for s in batch], self.eos_ids)
+        if self.runner.graphs is not None:  # plan the next step while the GPU runs this one
+            self.runner.prepare_decode(self._next_layout(batch))
+        tokens = tokens.tolist()
         elapsed = time.perf_counter() - start
         reasons = []
         for seq, token in zip(batch, tokens):
@@ -228,6 +231,20 @@ class DecodeWorker:
                 del self.running[seq.seq_id]
         self._post(self.sink, [s.seq_id for s in batch], tokens, reasons)
         self._told(len(batch), elapsed)
+
+    def _next_layout(self, batch: list[RunningSeq]) -> list[DecodeSeq]:
+        """The next step's batch as it will be if no sequence of ``batch`` ends with an eos token and no command
+        comes between the steps: the sequences that reach ``max_tokens`` leave, the others hold one more token
+        (token ids and positions are left 0: a plan does not read them)."""
+        stepped = {s.seq_id for s in batch}
+        layout = []
+        for s in self.running.values():
+            if s.seq_id in stepped and s.num_generated + 1 >= s.max_tokens:
+                continue
+            layout.append(DecodeSeq(0, 0, s.num_cached + (s.seq_id in stepped), s.block_table))
+            if len(layout) == self.max_batch:
+                break
+        return layout
 
     def _told(self, batch: int, elapsed: float) -> None:
         """``on_step`` on the send thread, after the step's message (``batch`` 0: no step, the batch may have

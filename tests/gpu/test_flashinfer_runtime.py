@@ -3,7 +3,8 @@
 * the kernels on random paged layouts (shuffled pages, ragged chunks on cached prefixes, decode rows);
 * ``tiny`` in bf16: the whole runner with flashinfer against the runner with torch attention (logits
   within 1e-2 relative error, greedy tokens equal except genuine ties);
-* CUDA graphs: replayed decode equals eager decode, padding rows touch only the scratch page;
+* CUDA graphs: replayed decode equals eager decode, padding rows touch only the scratch page; steps planned
+  ahead (while the previous one runs) equal steps planned when they run;
 * ``qwen2_5_vl_7b`` in bf16: the first step's logits of a video+text prompt against transformers' own
   forward on the same weights and inputs (relative error 1e-2; argmax equal unless a near tie).
 
@@ -90,8 +91,11 @@ def _runner(preset: str, backend: str, dtype: torch.dtype = torch.bfloat16, page
     return ModelRunner(model, pool, page_size, make_backend(backend, model.config, page_size, dtype, DEVICE))
 
 
-def _greedy(runner: ModelRunner, prompts: list[list[int]], steps: int) -> tuple[list[list[int]], list[torch.Tensor]]:
-    """Prefill all prompts as one ragged batch (in 2 chunks each), then decode them together."""
+def _greedy(runner: ModelRunner, prompts: list[list[int]], steps: int,
+            prepare: bool = False) -> tuple[list[list[int]], list[torch.Tensor]]:
+    """Prefill all prompts as one ragged batch (in 2 chunks each), then decode them together. ``prepare``: plan
+    each next step while the GPU runs this one, as the decode worker does (``ModelRunner.prepare_decode``), but
+    at step 4 for a layout the next step does not have (one sequence fewer), which that step must not use."""
     tables, at = [], 0
     for ids in prompts:
         k = pages_needed(len(ids) + steps, runner.page_size)
@@ -113,6 +117,9 @@ def _greedy(runner: ModelRunner, prompts: list[list[int]], steps: int) -> tuple[
         seqs = [DecodeSeq(out[-1], len(ids) + step - 1, len(ids) + step - 1, table)
                 for ids, out, table in zip(prompts, tokens, tables)]
         logits = runner.decode(seqs)
+        if prepare:
+            ahead = [DecodeSeq(0, 0, s.num_cached + 1, s.block_table) for s in seqs]
+            runner.prepare_decode(ahead[:-1] if step == 4 else ahead)
         all_logits.append(logits)
         for out, t in zip(tokens, logits.argmax(-1).tolist()):
             out.append(t)
@@ -169,6 +176,22 @@ def test_cuda_graph_decode_equals_eager_and_keeps_padding_in_the_scratch_page():
     # The sequences' pages hold the same KV either way; no row wrote outside its pages or the scratch page.
     torch.testing.assert_close(graphs.kv_cache[:, :, :scratch], eager.kv_cache[:, :, :scratch], rtol=0, atol=0)
     assert not torch.equal(graphs.kv_cache[:, :, :scratch], before)
+
+
+def test_steps_planned_ahead_equal_steps_planned_when_they_run():
+    """``prepare_decode`` during a step (the plan's copies queued behind the running graph, from pinned memory)
+    gives bit-identical logits and KV to planning each step when it runs; a prepared plan for another layout is
+    dropped, not replayed."""
+    plain, ahead = _runner("tiny", "flashinfer"), _runner("tiny", "flashinfer")
+    for runner in (plain, ahead):
+        runner.enable_cuda_graphs(batch_ladder(8))
+    rng = random.Random(3)
+    prompts = [[rng.randrange(3, 250) for _ in range(n)] for n in (20, 47, 66, 90, 5)]  # 5 rows -> the 8-row graph
+    tokens_p, logits_p = _greedy(plain, prompts, 10)
+    tokens_a, logits_a = _greedy(ahead, prompts, 10, prepare=True)
+    assert tokens_a == tokens_p
+    assert all(torch.equal(a, b) for a, b in zip(logits_a, logits_p))
+    assert torch.equal(ahead.kv_cache, plain.kv_cache)
 
 
 def test_cuda_graph_runs_larger_batches_eagerly():

@@ -73,7 +73,10 @@ def test_metadata_is_flashinfer_layout():
     assert metadata.kv_indices.tolist() == [7, 2, 1, 6, 3]
     assert metadata.kv_last_page_len.tolist() == [4, 1]
     assert metadata.slot_mapping.tolist() == [2 * 4 + 1, 2 * 4 + 2, 2 * 4 + 3, 3 * 4 + 0]
-    for name in ("cu_seqlens_q", "num_cached", "kv_indptr", "kv_indices", "kv_last_page_len"):
+    assert metadata.batch_indices.tolist() == [0, 0, 0, 1]  # flashinfer's append_paged_kv_cache arguments
+    assert metadata.kv_positions.tolist() == [5, 6, 7, 8]
+    for name in ("cu_seqlens_q", "num_cached", "kv_indptr", "kv_indices", "kv_last_page_len", "batch_indices",
+                 "kv_positions"):
         assert getattr(metadata, name).dtype == torch.int32
     assert metadata.slot_mapping.dtype == torch.int64
     assert not metadata.is_decode

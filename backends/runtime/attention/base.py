@@ -35,6 +35,8 @@ class AttentionMetadata:
     kv_indices: torch.Tensor  # int32 [sum of pages], CPU: the pages holding tokens 0 .. c_i + n_i - 1, in order
     kv_last_page_len: torch.Tensor  # int32 [b], CPU: valid tokens in each sequence's last page, 1 .. page_size
     slot_mapping: torch.Tensor  # int64 [T], model device: flat pool slot (page * page_size + offset) per new token
+    batch_indices: torch.Tensor  # int32 [T], CPU: the sequence of each new token (flashinfer append's batch_indices)
+    kv_positions: torch.Tensor  # int32 [T], CPU: each new token's index in its sequence, c_i + j (append's positions)
 
     @property
     def num_seqs(self) -> int:
@@ -91,6 +93,8 @@ class AttentionMetadata:
             kv_indices=torch.from_numpy(kv_indices),
             kv_last_page_len=i32(total - (pages - 1) * page_size),
             slot_mapping=torch.from_numpy(page * page_size + index % page_size).to(device),
+            batch_indices=i32(np.repeat(np.arange(len(new)), new)),
+            kv_positions=i32(index),
         )
 
 
