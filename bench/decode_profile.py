@@ -5,6 +5,7 @@
 For each batch size, with the decoder layers compiled and the step in a CUDA graph (the serving setup):
 
 * ``step_ms``: the whole step as ``runtime_bench`` times it (host layout + plan + replay + greedy token read);
+  ``step_ahead_ms``: the same with the next step planned while the GPU runs this one, as the decode stage does;
 * ``host_ms``: the host part before the replay (the step's paged layout, flashinfer's ``plan()``, staging),
   timed on the host clock, and where it goes (cProfile); ``replay_ms``: the graph replay alone, timed with CUDA events;
 * ``kernels``: one replay's kernels from ``torch.profiler``, summed by kind (matrix products, attention, KV
@@ -40,7 +41,7 @@ from backends.runtime.kv_cache import pages_needed  # noqa: E402
 from backends.runtime.lm_compile import compile_decoder_layers  # noqa: E402
 from backends.runtime.sampler import SamplingParams, sample  # noqa: E402
 from bench.common import H200_HBM_BYTES_PER_S, cuda_time_ms, write  # noqa: E402
-from bench.runtime_bench import DEVICE, PAGE, decode_batch, decode_step, make_runner, start  # noqa: E402
+from bench.runtime_bench import DEVICE, PAGE, decode_batch, decode_step, decode_step_ahead, make_runner, start  # noqa: E402
 
 KINDS = (("matmul", ("gemm", "gemv", "cutlass", "xmma", "cublas", "splitk", "sm90")),
          ("attention", ("flashinfer", "batchprefill", "batchdecode", "merge", "persistent")),
@@ -196,6 +197,7 @@ def main() -> None:
         seqs = decode_batch(batch, args.context, per_seq)
         with torch.inference_mode():
             step = cuda_time_ms(lambda: decode_step(runner, seqs), 30)
+            ahead = cuda_time_ms(lambda: decode_step_ahead(runner, seqs), 30)
             host, replay, host_profile = host_and_replay(runner, seqs)
             kernels = profile_kernels(runner.graphs.stage(seqs).graph.replay)
             graphs, runner.graphs = runner.graphs, None
@@ -206,13 +208,14 @@ def main() -> None:
         sampled = sampling(batch, model.config.text_config.vocab_size)
         kv_bytes = batch * args.context * sizes.kv_token_bytes
         row = {"batch": batch, "context": args.context, "floor_ms": sizes.decode_floor_ms(batch, args.context),
-               "step_ms": step, "host_ms": host, "replay_ms": replay, "host_profile_20_stages": host_profile, "kernels": kernels,
+               "step_ms": step, "step_ahead_ms": ahead, "host_ms": host, "replay_ms": replay, "host_profile_20_stages": host_profile, "kernels": kernels,
                "kernels_eager": kernels_eager,
                "linears_ms": sep, "linears_fused_ms": fused, "linear_bytes": linear_bytes,
                "linears_tb_per_s": linear_bytes / sep / 1e9, "linears_fused_tb_per_s": linear_bytes / fused / 1e9,
                "attention_ms": attn, "attention_kv_tb_per_s": kv_bytes / attn / 1e9, "sampling_ms": sampled}
         rows.append(row)
-        print(f"b={batch}: step {step:.3f} ms (floor {row['floor_ms']:.3f}), host {host:.3f}, replay {replay:.3f}; "
+        print(f"b={batch}: step {step:.3f} ms (floor {row['floor_ms']:.3f}), planned ahead {ahead:.3f} ms, "
+              f"host {host:.3f}, replay {replay:.3f}; "
               f"linears {sep:.3f} ms ({row['linears_tb_per_s']:.2f} TB/s), fused {fused:.3f} ms "
               f"({row['linears_fused_tb_per_s']:.2f} TB/s); attention {attn:.3f} ms "
               f"({row['attention_kv_tb_per_s']:.2f} TB/s KV); sampling " +
