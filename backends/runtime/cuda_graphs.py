@@ -12,10 +12,12 @@ asynchronous copy, then the graph replays. The step's only host sync is the call
 sampled tokens.
 
 The plan does not depend on the tokens, so a caller may :meth:`DecodeGraphs.prepare` the next step's layout
-while the GPU still runs this one (about 0.3 ms of host time per step on an H200: bench/results/
-decode-profile-h200-2026-11-30) and only fill in the token ids once it has read them. For that the plan's
-copies are asynchronous: the layout goes to flashinfer from pinned memory and the page list from the device
-(a copy from pageable memory, or of host page indices, would wait for the GPU to finish the running step).
+while the GPU still runs this one (0.3 ms of host time at batch 1, 0.4-1.0 ms at batch 64 on an H200:
+bench/results/decode-profile-ahead-h200-2026-11-30) and only fill in the token ids once it has read them. For
+that the plan's copies are asynchronous: the layout goes to flashinfer from pinned memory and the page list from
+the device (a copy from pageable memory, or of host page indices, would wait for the GPU to finish the running
+step). Before it rewrites its pinned buffers, a plan waits for the copies of the plan before it: a caller that
+prepares and then stages a different layout without reading the tokens in between waits for the running step.
 """
 from __future__ import annotations
 
@@ -124,15 +126,17 @@ class DecodeGraphs:
         g = self._graphs[next(b for b in self._sizes if b >= n)]
         metadata = self._metadata(seqs, g.batch_size)
         b, pages = g.batch_size, metadata.kv_indices.numel()
-        self._planned.synchronize()  # normally long done: it was queued before the running step
+        self._planned.synchronize()  # normally done: the caller read a step's tokens since the last plan
         indptr, last, indices = self._layout[:2 * b + 1 + pages].split([b + 1, b, pages])
         indptr.copy_(metadata.kv_indptr)
         last.copy_(metadata.kv_last_page_len)
         indices.copy_(metadata.kv_indices)
         on_device = self._pages[:pages]
         on_device.copy_(indices, non_blocking=True)
-        g.backend.plan(replace(metadata, kv_indptr=indptr, kv_last_page_len=last, kv_indices=on_device))
-        self._planned.record()
+        try:
+            g.backend.plan(replace(metadata, kv_indptr=indptr, kv_last_page_len=last, kv_indices=on_device))
+        finally:  # a plan that fails may have queued copies already
+            self._planned.record(torch.cuda.current_stream(self.runner.device))
         return _Planned(g, metadata, tuple((s.num_cached, s.block_table) for s in seqs))
 
     def prepare(self, seqs: Sequence[DecodeSeq]) -> None:
@@ -156,7 +160,7 @@ class DecodeGraphs:
         staging[1, n:] = 0
         staging[2] = planned.metadata.kv_positions
         g.inputs.copy_(staging, non_blocking=True)
-        self._staged.record()
+        self._staged.record(torch.cuda.current_stream(self.runner.device))
         return g
 
     def run(self, seqs: Sequence[DecodeSeq]) -> torch.Tensor:

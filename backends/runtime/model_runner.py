@@ -255,8 +255,8 @@ class ModelRunner:
     def decode_logits(self, token_ids: torch.Tensor, positions: torch.Tensor, backend: AttentionBackend,
                       metadata: AttentionMetadata) -> torch.Tensor:
         """The body of a decode step after ``backend.plan(metadata)``: no host sync, so a CUDA graph can
-        capture it. ``token_ids``/``positions``: int64 ``[b]`` on the device (the position is the same on
-        the three M-RoPE axes). Returns float32 logits ``[b, vocab]``."""
+        capture it. ``token_ids``/``positions``: int64 or int32 (a graph's inputs) ``[b]`` on the device (the
+        position is the same on the three M-RoPE axes). Returns float32 logits ``[b, vocab]``."""
         embeds = self._language_model.embed_tokens(token_ids)
         hidden = self._layers(embeds, positions.expand(3, -1), backend, metadata)
         return self.model.lm_head(hidden).float()

@@ -186,6 +186,8 @@ class DecodeWorker:
             self._post(end)
 
     def _loop(self) -> None:
+        if self.runner.device.type == "cuda":  # the current device is per thread: this one's work is on the pool's
+            torch.cuda.set_device(self.runner.device)
         try:
             self._serve()
         finally:
@@ -216,7 +218,10 @@ class DecodeWorker:
         ])
         tokens = sample_tensor(logits, [s.sampling for s in batch], [s.num_generated for s in batch], self.eos_ids)
         if self.runner.graphs is not None:  # plan the next step while the GPU runs this one
-            self.runner.prepare_decode(self._next_layout(batch))
+            try:
+                self.runner.prepare_decode(self._next_layout(batch))
+            except Exception:  # only a head start: the next step plans when it runs
+                log.exception("decode: planning the next step ahead failed")
         tokens = tokens.tolist()
         elapsed = time.perf_counter() - start
         reasons = []

@@ -95,7 +95,8 @@ def _greedy(runner: ModelRunner, prompts: list[list[int]], steps: int,
             prepare: bool = False) -> tuple[list[list[int]], list[torch.Tensor]]:
     """Prefill all prompts as one ragged batch (in 2 chunks each), then decode them together. ``prepare``: plan
     each next step while the GPU runs this one, as the decode worker does (``ModelRunner.prepare_decode``), but
-    at step 4 for a layout the next step does not have (one sequence fewer), which that step must not use."""
+    at step 4 for a layout the next step does not have (one sequence fewer: another graph) and at step 7 for one
+    of the same size (each sequence a token further), which those steps must not use."""
     tables, at = [], 0
     for ids in prompts:
         k = pages_needed(len(ids) + steps, runner.page_size)
@@ -119,6 +120,8 @@ def _greedy(runner: ModelRunner, prompts: list[list[int]], steps: int,
         logits = runner.decode(seqs)
         if prepare:
             ahead = [DecodeSeq(0, 0, s.num_cached + 1, s.block_table) for s in seqs]
+            if step == 7:
+                ahead = [DecodeSeq(0, 0, s.num_cached + 1, s.block_table) for s in ahead]
             runner.prepare_decode(ahead[:-1] if step == 4 else ahead)
         all_logits.append(logits)
         for out, t in zip(tokens, logits.argmax(-1).tolist()):
