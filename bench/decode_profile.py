@@ -44,8 +44,8 @@ from bench.common import H200_HBM_BYTES_PER_S, cuda_time_ms, write  # noqa: E402
 from bench.runtime_bench import DEVICE, PAGE, decode_batch, decode_step, decode_step_ahead, make_runner, start  # noqa: E402
 
 KINDS = (("matmul", ("gemm", "gemv", "cutlass", "xmma", "cublas", "splitk", "sm90")),
+         ("kv_write", ("appendpagedkv", "index_put", "indexing", "scatter")),
          ("attention", ("flashinfer", "batchprefill", "batchdecode", "merge", "persistent")),
-         ("kv_write", ("index_put", "indexing", "scatter")),
          ("fused_elementwise", ("triton",)))
 
 
