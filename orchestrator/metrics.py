@@ -13,7 +13,9 @@ GAUGES = {
     "unifiedserve_patch_pages_total": "patch pages in the pool",
     "unifiedserve_patch_pages_peak_last_request": "most patch pages the last finished request with media held at "
                                                   "once (taken as groups are decoded, returned as they are encoded)",
-    "unifiedserve_requests_running": "requests admitted and not finished",
+    "unifiedserve_requests_running": "requests in the server and not finished (those waiting for KV pages too)",
+    "unifiedserve_requests_waiting": "requests not yet granted their KV pages (prompt + max_tokens, reserved at "
+                                     "admission in arrival order: one that does not fit holds back those behind it)",
 }
 # per replica of encode_prefill + decode (label "replica"); the unlabelled gauges above are their sums
 REPLICA_GAUGES = {

@@ -208,6 +208,7 @@ class Orchestrator:
         m.set("unifiedserve_patch_pages_free", self.patch_pages.num_free)
         m.set("unifiedserve_patch_pages_total", self.patch_pages.num_total)
         m.set("unifiedserve_requests_running", len(self.active))
+        m.set("unifiedserve_requests_waiting", sum(r.scheduler.stats().num_waiting for r in self.replicas))
         for r in self.replicas:
             m.set("unifiedserve_replica_kv_pages_free", r.kv_pages.num_free, r.index)
             m.set("unifiedserve_replica_kv_pages_total", r.kv_pages.num_total, r.index)

@@ -1,19 +1,63 @@
-"""A request the KV pool can never hold is refused at admission with the numbers a user can act on."""
+"""A small KV pool (64 pages of 16 tokens): a request it can never hold is refused at admission with the numbers a
+user can act on; one that does not fit now waits for pages, and the metrics say so."""
 from __future__ import annotations
+
+import threading
+import time
 
 import pytest
 
 from client.api import Client, ServerError
-from tests.e2e.conftest import repository_with, serve
+from tests.e2e.conftest import read_metrics, repository_with, serve, wait_for_idle_pools
 
 pytestmark = pytest.mark.e2e
 
 
-def test_a_request_larger_than_the_kv_pool_names_its_prompt_and_max_tokens(media_dir, tmp_path):
-    repository = repository_with(tmp_path / "repository", {"decode": {"kv_pages": "64"}})  # 64 x 16 tokens
-    with serve(media_dir, repository) as server, Client(f"127.0.0.1:{server.ports.grpc}") as client:
+@pytest.fixture(scope="module")
+def small_pool_server(media_dir, tmp_path_factory):
+    repository = repository_with(tmp_path_factory.mktemp("small_pool") / "repository", {"decode": {"kv_pages": "64"}})
+    with serve(media_dir, repository) as server:
+        yield server
+
+
+def test_a_request_larger_than_the_kv_pool_names_its_prompt_and_max_tokens(small_pool_server):
+    with Client(f"127.0.0.1:{small_pool_server.ports.grpc}") as client:
         with pytest.raises(ServerError) as error:
             client.generate("Tell me a story.", sampling={"max_tokens": 2000})
         message = str(error.value)
         assert "max_tokens (2000)" in message and "tokens, text and visual" in message and "KV pages" in message
         assert client.generate("Hi", sampling={"max_tokens": 2}).num_output_tokens == 2
+
+
+def test_a_request_that_does_not_fit_yet_waits_and_is_counted(small_pool_server):
+    """The first request reserves 51+ of the 64 pages (prompt + 800 tokens); the second (prompt + 300) waits for
+    them: `unifiedserve_requests_waiting` reads 1 while `_running` counts both, and it runs once they free."""
+    url = f"127.0.0.1:{small_pool_server.ports.grpc}"
+    results = {}
+
+    def generate(name: str, max_tokens: int) -> None:
+        with Client(url) as client:
+            results[name] = client.generate("Go on.", sampling={"max_tokens": max_tokens, "ignore_eos": True,
+                                                                 "temperature": 0})
+
+    first = threading.Thread(target=generate, args=("first", 800))
+    first.start()
+    def first_admitted() -> bool:  # the gauges read 0 until the pools are mapped at the first request
+        m = read_metrics(small_pool_server)
+        return m["unifiedserve_kv_pages_total"] > 0 and m["unifiedserve_kv_pages_free"] <= 16
+
+    while not first_admitted() and first.is_alive():
+        time.sleep(0.02)
+    second = threading.Thread(target=generate, args=("second", 300))
+    second.start()
+    seen = []
+    while first.is_alive():
+        m = read_metrics(small_pool_server)
+        seen.append((m["unifiedserve_requests_waiting"], m["unifiedserve_requests_running"]))
+        time.sleep(0.05)
+    first.join()
+    second.join(timeout=120)
+    assert (1, 2) in seen, seen
+    assert results["first"].num_output_tokens == 800 and results["second"].num_output_tokens == 300
+    m = wait_for_idle_pools(small_pool_server)
+    assert m["unifiedserve_requests_waiting"] == 0 and m["unifiedserve_requests_running"] == 0, m
