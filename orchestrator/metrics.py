@@ -15,7 +15,7 @@ GAUGES = {
                                                   "once (taken as groups are decoded, returned as they are encoded)",
     "unifiedserve_requests_running": "requests in the server and not finished (those waiting for KV pages too)",
     "unifiedserve_requests_waiting": "requests not yet granted their KV pages (prompt + max_tokens, reserved at "
-                                     "admission in arrival order: one that does not fit holds back those behind it)",
+                                     "admission)",
 }
 # per replica of encode_prefill + decode (label "replica"); the unlabelled gauges above are their sums
 REPLICA_GAUGES = {

@@ -61,7 +61,8 @@ class SchedulerStats:
 
 
 class Scheduler:
-    """Admits sequences FCFS, grants their KV pages and plans encode + prefill steps.
+    """Admits sequences in arrival order (with backfill, see `_admit`), grants their KV pages and plans
+    encode + prefill steps.
 
     Pages: KV pages for prompt_len + max_tokens are taken at admission and kept until `remove`
     (decode uses them). Patch pages are never reserved here: the media stage takes a group's pages
@@ -74,7 +75,7 @@ class Scheduler:
         self.config = config
         self._kv = kv_pages
         self._patch = patch_pages
-        # Arrival order. Admission is FCFS, so the admitted sequences come first, in admission order.
+        # Arrival order (admission follows it, but for the backfill of `_admit`).
         self._seqs: dict[str, Sequence] = {}
         self._in_flight: StepPlan | None = None
         self._in_flight_seqs: dict[str, Sequence] = {}
@@ -87,7 +88,7 @@ class Scheduler:
 
         Raises:
             ValueError: duplicate req_id, a sequence that is not new, or one needing more KV pages
-                than the pool has (it would block every later sequence forever).
+                than the pool has (it would wait forever, and hold back every later sequence).
         """
         if seq.req_id in self._seqs:
             raise ValueError(f"{seq.req_id}: already scheduled")
@@ -228,14 +229,32 @@ class Scheduler:
         return -(-(seq.prompt_len + seq.max_tokens) // self.config.kv_page_size)
 
     def _admit(self) -> None:
-        for seq in self._seqs.values():
+        """Grants KV pages in arrival order up to the first sequence that does not fit (the head). Later
+        sequences that fit may go ahead of it (backfill, as in EASY backfilling of batch schedulers) while the
+        pages held by sequences that arrived after the head stay within what the pool leaves over once the head
+        has its pages (pool - head's need). So the head is admitted at the latest when the sequences admitted
+        before it became the head have ended, whatever arrives after: small requests do not wait behind a large
+        one, and cannot starve it."""
+        order = list(self._seqs.values())
+        head = None
+        for i, seq in enumerate(order):
             if seq.block_table is not None:
                 continue
             pages = self._kv.allocate(self._kv_pages_needed(seq))
             if pages is None:
-                # FCFS: the sequences behind it wait too, so small ones cannot starve a large one.
-                return
+                head = i
+                break
             seq.block_table = pages
+        if head is None:
+            return
+        later = order[head + 1:]
+        leftover = (self._kv.num_total - self._kv_pages_needed(order[head])
+                    - sum(len(seq.block_table) for seq in later if seq.block_table is not None))
+        for seq in later:
+            need = self._kv_pages_needed(seq)
+            if seq.block_table is None and need <= min(leftover, self._kv.num_free):
+                seq.block_table = self._kv.allocate(need)
+                leftover -= need
 
     def _fill_encode(self) -> list[EncodeWork]:
         """Whole ready groups, prompt order within a sequence, sequences FCFS (waiting ones too: encoding
@@ -264,7 +283,7 @@ class Scheduler:
         return [_encode_work(seq, group) for seq, group in taken]
 
     def _fill_prefill(self, encode: list[EncodeWork]) -> list[PrefillWork]:
-        """One chunk per admitted sequence, in admission order, of tokens whose embeddings are ready
+        """One chunk per admitted sequence, in arrival order, of tokens whose embeddings are ready
         (the worker runs the step's `encode` first)."""
         encoding: dict[str, set[tuple[int, int]]] = defaultdict(set)
         for work in encode:

@@ -29,9 +29,11 @@ def test_a_request_larger_than_the_kv_pool_names_its_prompt_and_max_tokens(small
         assert client.generate("Hi", sampling={"max_tokens": 2}).num_output_tokens == 2
 
 
-def test_a_request_that_does_not_fit_yet_waits_and_is_counted(small_pool_server):
+def test_a_request_that_does_not_fit_yet_waits_is_counted_and_a_short_one_goes_ahead(small_pool_server):
     """The first request reserves 51+ of the 64 pages (prompt + 800 tokens); the second (prompt + 300) waits for
-    them: `unifiedserve_requests_waiting` reads 1 while `_running` counts both, and it runs once they free."""
+    them: `unifiedserve_requests_waiting` reads 1 while `_running` counts both, and it runs once they free. A
+    short request sent meanwhile does not wait behind it (it fits in the free pages and in what the pool leaves
+    over once the second has its pages)."""
     url = f"127.0.0.1:{small_pool_server.ports.grpc}"
     results = {}
 
@@ -55,9 +57,14 @@ def test_a_request_that_does_not_fit_yet_waits_and_is_counted(small_pool_server)
         m = read_metrics(small_pool_server)
         seen.append((m["unifiedserve_requests_waiting"], m["unifiedserve_requests_running"]))
         time.sleep(0.05)
+        if seen[-1] == (1, 2) and "short" not in results:
+            with Client(url) as client:
+                results["short"] = client.generate("Hi", sampling={"max_tokens": 4, "ignore_eos": True})
+            short_done_while_first_ran = first.is_alive()
     first.join()
     second.join(timeout=120)
     assert (1, 2) in seen, seen
+    assert results["short"].num_output_tokens == 4 and short_done_while_first_ran
     assert results["first"].num_output_tokens == 800 and results["second"].num_output_tokens == 300
     m = wait_for_idle_pools(small_pool_server)
     assert m["unifiedserve_requests_waiting"] == 0 and m["unifiedserve_requests_running"] == 0, m

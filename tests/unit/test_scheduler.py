@@ -94,15 +94,32 @@ def test_encoding_goes_on_while_the_kv_pool_is_full():
     assert plan.encode == () and chunks(plan) == [("v", 0, seq.prompt_len)] and finished == ["v"]
 
 
-def test_admission_is_fcfs_and_blocks_the_queue_behind_a_large_request():
+def test_a_later_request_goes_ahead_only_within_the_pages_the_waiting_one_leaves_over():
     sched, kv, _ = make(kv_pages=10, kv_page_size=16)
     for req_id, prompt_len in [("a", 100), ("big", 120), ("small", 10)]:
         sched.add(Sequence(req_id, prompt_len, 10))  # 7, 9 and 2 pages
     plan, _ = step(sched)
     assert chunks(plan) == [("a", 0, 100)]
-    assert sched.stats().num_waiting == 2 and kv.num_free == 3  # "small" would fit but waits its turn
+    # "small" would fit in the 3 free pages, but the pool leaves only 10 - 9 = 1 over once "big" has its pages
+    assert sched.stats().num_waiting == 2 and kv.num_free == 3
     sched.remove("a")
     assert chunks(step(sched)[0]) == [("big", 0, 120)]
+
+
+def test_small_requests_go_ahead_of_a_large_one_that_waits_and_cannot_starve_it():
+    sched, kv, _ = make(kv_pages=20, kv_page_size=16)
+    for req_id, pages in [("a", 12), ("big", 10), ("s1", 2), ("s2", 5), ("s3", 4)]:
+        sched.add(Sequence(req_id, 16 * pages - 10, 10))
+    plan, _ = step(sched)
+    # "big" waits (8 free); "s1" and "s2" go ahead (7 of the 20 - 10 pages "big" leaves over); "s3" waits
+    # (4 pages, 1 free)
+    assert [w.req_id for w in plan.prefill] == ["a", "s1", "s2"] and kv.num_free == 1
+    assert sched.stats().num_waiting == 2
+    sched.add(Sequence("s4", 6, 10))  # 1 page: still within the leftover (10 - 7 = 3)
+    assert [w.req_id for w in step(sched)[0].prefill] == ["s4"]
+    sched.remove("a")  # "big" fits beside everything that went ahead of it
+    assert [w.req_id for w in step(sched)[0].prefill] == ["big"]
+    assert sched.stats().num_waiting == 1  # "s3": 2 free pages, 4 needed
 
 
 def test_a_group_larger_than_the_budget_runs_alone():

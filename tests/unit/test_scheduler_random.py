@@ -57,9 +57,6 @@ def check_plan(sched, config, plan, live, arrival):
     for req_id, keys in encoding.items():
         ready = [g.key for g in live[req_id].groups if g.patch_pages is not None]
         assert ready[:len(keys)] == [k for k in ready if k in keys], "groups skipped out of prompt order"
-    # FCFS admission: every admitted sequence arrived before every waiting one.
-    admitted = [seq.block_table is not None for seq in sorted(live.values(), key=lambda s: arrival[s.req_id])]
-    assert admitted == sorted(admitted, reverse=True), "admission not FCFS"
     chunks = {w.req_id: w for w in plan.prefill}
     cap = max(1, int(config.max_share * config.prefill_budget))
     demands = {}
@@ -81,6 +78,29 @@ def check_plan(sched, config, plan, live, arrival):
         assert got == demands, "prefill budget left unused while ready tokens wait"
     if any(n > cap for n in got.values()):
         assert all(got[r] >= min(cap, demands[r]) for r in demands), "share cap not honoured"
+
+
+def check_admission(sched, config, live, arrival, newly_admitted):
+    """After schedule(): admission in arrival order with backfill. The first waiting sequence (the head) does not
+    fit in the free pages; when sequences that arrived after it were admitted, all that arrived after it holds no
+    more than the pool leaves over once the head has its pages; and no later sequence that fits in both the free
+    pages and that leftover is left waiting."""
+    by_arrival = sorted(live.values(), key=lambda s: arrival[s.req_id])
+    waiting = [i for i, seq in enumerate(by_arrival) if seq.block_table is None]
+    if not waiting:
+        return
+    head = by_arrival[waiting[0]]
+    need = -(-(head.prompt_len + head.max_tokens) // config.kv_page_size)
+    assert need > sched.stats().kv_pages_free, "the first waiting sequence fits but was not admitted"
+    later = [seq for seq in by_arrival[waiting[0] + 1:] if seq.block_table is not None]
+    leftover = sched.stats().kv_pages_total - need - sum(len(seq.block_table) for seq in later)
+    if any(seq.req_id in newly_admitted for seq in later):
+        assert leftover >= 0, "a later sequence went ahead into the pages the head needs"
+    room = min(leftover, sched.stats().kv_pages_free)
+    for seq in by_arrival[waiting[0] + 1:]:
+        if seq.block_table is None:
+            assert -(-(seq.prompt_len + seq.max_tokens) // config.kv_page_size) > room, \
+                "a later sequence that fits beside the head's pages was left waiting"
 
 
 def check_idle(sched, live):
@@ -128,7 +148,10 @@ def run_scenario(seed, tmp_path):
                 pending.remove((req_id, group))
                 decoded.append((req_id, group, pages))
                 in_decode_pages += len(pages)
+        before = {r for r, seq in live.items() if seq.block_table is not None}
         plan = sched.schedule()
+        check_admission(sched, config, live, arrival,
+                        {r for r, seq in live.items() if seq.block_table is not None} - before)
         if plan is None:
             check_idle(sched, live)
         else:
