@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import binascii
 import os
+import re
 import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -111,14 +112,20 @@ def _resolve_url(kind: str, url: str, limits: InputLimits) -> MediaInput:
         raise InvalidInput(f"{name}: {url!r} is outside the allowed media folders "
                            f"({', '.join(map(str, limits.allowed_media_dirs)) or 'none configured'})")
     try:
-        regular = path.is_file()
+        exists, regular = path.exists(), path.is_file()
     except (OSError, ValueError) as exc:
         raise InvalidInput(f"{name}: not a usable path ({type(exc).__name__})") from None
+    if not exists:
+        raise InvalidInput(f"{name}: no such file: {url[:200]!r}")
     if not regular:
-        raise InvalidInput(f"{name}: not a regular file: {url[:200]!r}")
+        raise InvalidInput(f"{name}: not a regular file (a folder or device): {url[:200]!r}")
     if path.stat().st_size > limits.max_media_bytes:
         raise InvalidInput(f"{name}: file is {path.stat().st_size} bytes, over the limit of {limits.max_media_bytes}")
     return MediaInput(kind, path=str(path), input=name)
+
+
+# File bytes never start with 4 KiB of base64 alphabet (every image and video container has binary header bytes).
+_BASE64_TEXT = re.compile(rb"[A-Za-z0-9+/=\s]+")
 
 
 def _checked_bytes(kind: str, data: bytes, limits: InputLimits, name: str) -> MediaInput:
@@ -126,6 +133,9 @@ def _checked_bytes(kind: str, data: bytes, limits: InputLimits, name: str) -> Me
         raise InvalidInput(f"{name}: empty {kind} data")
     if len(data) > limits.max_media_bytes:
         raise InvalidInput(f"{name}: {len(data)} bytes, over the limit of {limits.max_media_bytes}")
+    if name == kind and (data[:5].lower() == b"data:" or _BASE64_TEXT.fullmatch(data[:4096])):
+        raise InvalidInput(f"{name}: got text, not the file's bytes; to send base64, put a data: URL in "
+                           f"'{kind}_url' (a JSON body cannot carry file bytes)")
     return MediaInput(kind, data=data, input=name)
 
 

@@ -63,9 +63,17 @@ def test_dotdot_cannot_escape_the_allowed_folder(limits, tmp_path):
         parse_request(raw(video_url=[f"{tmp_path}/../etc/passwd".encode()]), limits)
 
 
-def test_missing_file_is_named(limits, tmp_path):
-    with pytest.raises(InvalidInput, match="not a regular file"):
+@pytest.mark.parametrize("text", [b"data:image/png;base64,iVBORw0KGgo=", b"iVBORw0KGgoAAAANSUhEUgAAAAEAAAAB\n" * 8])
+def test_base64_text_in_a_bytes_input_points_to_the_url_input(limits, text):
+    with pytest.raises(InvalidInput, match="image: got text, not the file's bytes; to send base64, put a data: URL in 'image_url'"):
+        parse_request(raw(image=[text]), limits)
+
+
+def test_missing_file_and_folder_are_named(limits, tmp_path):
+    with pytest.raises(InvalidInput, match="video_url: no such file: .*nope.mp4"):
         parse_request(raw(video_url=[str(tmp_path / "nope.mp4").encode()]), limits)
+    with pytest.raises(InvalidInput, match="not a regular file"):
+        parse_request(raw(video_url=[str(tmp_path).encode()]), limits)
 
 
 def test_limits_from_parameters_and_environment(monkeypatch, tmp_path):
