@@ -3,8 +3,9 @@ and the choice of replica for a new request.
 
 A replica has its own KV pool, so its own page table and scheduler; the patch pool (one flashcodec) is shared.
 A request lives on one replica from admission to release: its KV pages are in that replica's pool, which only
-that replica's stages map. Routing is by load: the replica with the fewest requests, then the most free KV
-pages, then the lowest index.
+that replica's stages map. Routing prefers a replica that can start the request now (its scheduler would grant
+its KV pages at the next step), then goes by load: the fewest requests, then the most free KV pages, then the
+lowest index.
 """
 from __future__ import annotations
 
@@ -43,7 +44,8 @@ class Replica:
 
 def choose(replicas: Sequence[Replica], kv_needed: int) -> Replica | None:
     """The replica a request needing ``kv_needed`` KV pages goes to: among those whose decode stream is alive and
-    whose pool can hold the request at all, the fewest requests, then the most free KV pages, then the lowest
-    index; None when there is none."""
+    whose pool can hold the request at all, one that would admit it at once (``Scheduler.admits_now``) if any,
+    then the fewest requests, the most free KV pages, the lowest index; None when there is none."""
     fit = [r for r in replicas if r.decode_ended is None and kv_needed <= r.kv_pages.num_total]
-    return min(fit, key=lambda r: (r.requests, -r.kv_pages.num_free, r.index), default=None)
+    return min(fit, key=lambda r: (not r.scheduler.admits_now(kv_needed), r.requests, -r.kv_pages.num_free, r.index),
+               default=None)

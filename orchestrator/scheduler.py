@@ -228,6 +228,12 @@ class Scheduler:
     def _kv_pages_needed(self, seq: Sequence) -> int:
         return -(-(seq.prompt_len + seq.max_tokens) // self.config.kv_page_size)
 
+    def admits_now(self, pages: int) -> bool:
+        """Whether a sequence needing `pages` KV pages, added now, would get them at the next `schedule()`
+        (behind the sequences already waiting, with their backfill rule: see `_admit`). For routing a new
+        request to a replica that can start it."""
+        return len(self._seqs) in self._admission(pages)
+
     def _admit(self) -> None:
         """Grants KV pages in arrival order up to the first sequence that does not fit (the head). Later
         sequences that fit may go ahead of it (backfill, as in EASY backfilling of batch schedulers) while the
@@ -236,25 +242,35 @@ class Scheduler:
         before it became the head have ended, whatever arrives after: small requests do not wait behind a large
         one, and cannot starve it."""
         order = list(self._seqs.values())
-        head = None
-        for i, seq in enumerate(order):
-            if seq.block_table is not None:
+        for i in self._admission():
+            order[i].block_table = self._kv.allocate(self._kv_pages_needed(order[i]))
+
+    def _admission(self, new_pages: int | None = None) -> list[int]:
+        """Arrival-order indices of the waiting sequences `_admit` grants pages to now, in that order; with
+        `new_pages`, a sequence needing that many is imagined arriving after all others (index len(seqs))."""
+        needs = [(self._kv_pages_needed(seq), seq.block_table is not None) for seq in self._seqs.values()]
+        if new_pages is not None:
+            needs.append((new_pages, False))
+        granted, free, head = [], self._kv.num_free, None
+        for i, (need, admitted) in enumerate(needs):
+            if admitted:
                 continue
-            pages = self._kv.allocate(self._kv_pages_needed(seq))
-            if pages is None:
+            if need > free:
                 head = i
                 break
-            seq.block_table = pages
+            granted.append(i)
+            free -= need
         if head is None:
-            return
-        later = order[head + 1:]
-        leftover = (self._kv.num_total - self._kv_pages_needed(order[head])
-                    - sum(len(seq.block_table) for seq in later if seq.block_table is not None))
-        for seq in later:
-            need = self._kv_pages_needed(seq)
-            if seq.block_table is None and need <= min(leftover, self._kv.num_free):
-                seq.block_table = self._kv.allocate(need)
+            return granted
+        later = range(head + 1, len(needs))
+        leftover = self._kv.num_total - needs[head][0] - sum(needs[i][0] for i in later if needs[i][1])
+        for i in later:
+            need, admitted = needs[i]
+            if not admitted and need <= min(leftover, free):
+                granted.append(i)
+                free -= need
                 leftover -= need
+        return granted
 
     def _fill_encode(self) -> list[EncodeWork]:
         """Whole ready groups, prompt order within a sequence, sequences FCFS (waiting ones too: encoding

@@ -2,6 +2,7 @@
 from orchestrator.pages import PageAllocator
 from orchestrator.replica import Replica, choose
 from orchestrator.scheduler import Scheduler, SchedulerConfig
+from orchestrator.sequence import Sequence
 
 
 def replica(index: int, pages: int, requests: int = 0, used: int = 0) -> Replica:
@@ -24,3 +25,15 @@ def test_a_replica_that_cannot_hold_the_request_or_lost_its_decode_stream_is_ski
     big.decode_ended = "decode: the stage crashed"
     assert choose([small, big], 10) is None
     assert choose([small, big], 2) is small
+
+
+def test_a_replica_that_can_start_the_request_now_comes_first():
+    """Replica 0 has fewer requests but only 4 free pages; a 5-page request would wait there, so it goes to
+    replica 1, which has room (a fresh user's two-replica case). A request that fits both goes by load."""
+    busy, roomy = replica(0, 64, requests=1, used=60), replica(1, 64, requests=2, used=58)
+    assert choose([busy, roomy], 5) is roomy
+    assert choose([busy, roomy], 4) is busy
+    # a replica whose queue holds a waiting request admits a newcomer only within its backfill rule
+    roomy.scheduler.add(Sequence("waiting", 16 * 62 - 8, 8))  # 62 pages: it leaves 2 of the pool over
+    assert not roomy.scheduler.admits_now(5) and roomy.scheduler.admits_now(2)
+    assert choose([busy, roomy], 5) is busy  # neither starts it now: by load
