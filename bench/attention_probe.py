@@ -35,8 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from backends.runtime.kv_cache import pages_needed, write_kv  # noqa: E402
-from bench.common import H200_HBM_BYTES_PER_S, header, write  # noqa: E402
-from bench.decode_profile import graph_ms  # noqa: E402
+from bench.common import H200_HBM_BYTES_PER_S, graph_ms, header, write  # noqa: E402
 
 DEVICE = torch.device("cuda", 0)
 LAYERS, QO_HEADS, KV_HEADS, HEAD_DIM, PAGE = 28, 28, 4, 128, 16
@@ -80,7 +79,7 @@ def xqa_decode(pool, layout: Layout):
     from flashinfer.decode import trtllm_batch_decode_with_kv_cache
 
     ws = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=DEVICE)
-    seq_lens = layout.seq_lens.to(torch.uint32) if hasattr(torch, "uint32") else layout.seq_lens
+    seq_lens = layout.seq_lens.to(torch.uint32)
     max_len = layout.per_seq * PAGE
     return lambda q, layer: trtllm_batch_decode_with_kv_cache(
         q, (pool[layer, 0], pool[layer, 1]), ws, layout.block_tables, seq_lens, max_len,

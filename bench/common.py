@@ -52,6 +52,21 @@ def cuda_time_ms(fn: Callable[[], object], repeats: int, warmup: int = 3) -> flo
     return statistics.median(cuda_times_ms(fn, repeats, warmup))
 
 
+def graph_ms(body: Callable[[], object], repeats: int = 50, warmup: int = 1) -> float:
+    """Median CUDA-event time (ms) of replaying a CUDA graph that captures ``body()``, after ``warmup`` runs of
+    it on a side stream (lazy initialisation and compilation stay out of the graph)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            body()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        body()
+    return cuda_time_ms(graph.replay, repeats)
+
+
 def bar_chart(title: str, rows: list[tuple[str, float, str]], path: Path) -> None:
     """Horizontal bars: ``(label, value, text shown after the bar)`` per row, scaled to the largest value."""
     if not rows:

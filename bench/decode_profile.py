@@ -40,7 +40,7 @@ from backends.runtime.cuda_graphs import batch_ladder  # noqa: E402
 from backends.runtime.kv_cache import pages_needed  # noqa: E402
 from backends.runtime.lm_compile import compile_decoder_layers  # noqa: E402
 from backends.runtime.sampler import SamplingParams, sample  # noqa: E402
-from bench.common import H200_HBM_BYTES_PER_S, cuda_time_ms, write  # noqa: E402
+from bench.common import H200_HBM_BYTES_PER_S, cuda_time_ms, graph_ms, write  # noqa: E402
 from bench.runtime_bench import DEVICE, PAGE, decode_batch, decode_step, decode_step_ahead, make_runner, start  # noqa: E402
 
 KINDS = (("matmul", ("gemm", "gemv", "cutlass", "xmma", "cublas", "splitk", "sm90")),
@@ -52,19 +52,6 @@ KINDS = (("matmul", ("gemm", "gemv", "cutlass", "xmma", "cublas", "splitk", "sm9
 def kind_of(name: str) -> str:
     low = name.lower()
     return next((kind for kind, keys in KINDS if any(k in low for k in keys)), "other")
-
-
-def graph_ms(body, repeats: int = 50) -> float:
-    """Median CUDA-event time of a graph capturing ``body()`` (warmed up on a side stream first)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        body()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        body()
-    return cuda_time_ms(graph.replay, repeats)
 
 
 def profile_kernels(run) -> dict:

@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from bench.common import H200_HBM_BYTES_PER_S, cuda_time_ms, header, write  # noqa: E402
+from bench.common import H200_HBM_BYTES_PER_S, graph_ms, header, write  # noqa: E402
 
 HIDDEN, INTER, LAYERS, VOCAB, QKV = 3584, 18944, 28, 152064, 3584 + 2 * 512
 DEVICE = torch.device("cuda", 0)
@@ -41,19 +41,6 @@ def step(linear, layers, x: torch.Tensor) -> None:
     linear(x, layers[-1][0], None)
 
 
-def graph_ms(fn) -> float:
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return cuda_time_ms(graph.replay, 30)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
@@ -73,15 +60,15 @@ def main() -> None:
     with torch.inference_mode():
         for batch in (1, 8):
             x = torch.randn(batch, HIDDEN, device=DEVICE, dtype=torch.bfloat16)
-            record("default", batch, graph_ms(lambda: step(F.linear, layers, x)))
+            record("default", batch, graph_ms(lambda: step(F.linear, layers, x), 30, warmup=2))
             default = torch.backends.cuda.preferred_blas_library()
             torch.backends.cuda.preferred_blas_library("cublaslt")
-            record("cublaslt", batch, graph_ms(lambda: step(F.linear, layers, x)))
+            record("cublaslt", batch, graph_ms(lambda: step(F.linear, layers, x), 30, warmup=2))
             torch.backends.cuda.preferred_blas_library(default)
         x = torch.randn(1, HIDDEN, device=DEVICE, dtype=torch.bfloat16)
         try:
             tuned = torch.compile(F.linear, mode="max-autotune-no-cudagraphs", dynamic=False)
-            record("autotune", 1, graph_ms(lambda: step(tuned, layers, x)))
+            record("autotune", 1, graph_ms(lambda: step(tuned, layers, x), 30, warmup=2))
         except Exception as exc:  # a probe: report and keep what was measured
             results["autotune_error"] = repr(exc)[:500]
             print("autotune failed:", repr(exc)[:500], flush=True)

@@ -38,6 +38,11 @@ def demand_end(seq, encoding):
     return seq.prompt_len
 
 
+def kv_pages(seq, config):
+    """KV pages a sequence holds once admitted (prompt + max_tokens)."""
+    return -(-(seq.prompt_len + seq.max_tokens) // config.kv_page_size)
+
+
 def check_plan(sched, config, plan, live, arrival):
     encode_total = sum(w.num_patches for w in plan.encode)
     assert encode_total == plan.num_encode_patches
@@ -90,7 +95,7 @@ def check_admission(sched, config, live, arrival, newly_admitted):
     if not waiting:
         return
     head = by_arrival[waiting[0]]
-    need = -(-(head.prompt_len + head.max_tokens) // config.kv_page_size)
+    need = kv_pages(head, config)
     assert need > sched.stats().kv_pages_free, "the first waiting sequence fits but was not admitted"
     later = [seq for seq in by_arrival[waiting[0] + 1:] if seq.block_table is not None]
     leftover = sched.stats().kv_pages_total - need - sum(len(seq.block_table) for seq in later)
@@ -99,7 +104,7 @@ def check_admission(sched, config, live, arrival, newly_admitted):
     room = min(leftover, sched.stats().kv_pages_free)
     for seq in by_arrival[waiting[0] + 1:]:
         if seq.block_table is None:
-            assert -(-(seq.prompt_len + seq.max_tokens) // config.kv_page_size) > room, \
+            assert kv_pages(seq, config) > room, \
                 "a later sequence that fits beside the head's pages was left waiting"
 
 
@@ -118,7 +123,7 @@ def run_scenario(seed, tmp_path):
     patch_page_size = rng.choice([16, 64, 256])
     arrivals = sorted((rng.randint(0, 60), f"r{i}") for i in range(rng.randint(1, 12)))
     seqs = {req_id: random_sequence(rng, req_id, config.encode_budget) for _, req_id in arrivals}
-    need_kv = max(-(-(s.prompt_len + s.max_tokens) // config.kv_page_size) for s in seqs.values())
+    need_kv = max(kv_pages(s, config) for s in seqs.values())
     group_pages = [-(-g.num_patches // patch_page_size) for s in seqs.values() for g in s.groups]
     kv = PageAllocator(rng.randint(need_kv, 3 * need_kv), "kv_pool")
     # Any pool that holds the largest group works (the orchestrator rejects larger groups at admission).
