@@ -13,9 +13,9 @@ For each batch size, with the decoder layers compiled and the step in a CUDA gra
 * ``linears``: every linear layer of the step (and the LM head) replayed alone in a graph, as the runner runs
   them (q/k/v and gate/up concatenated into one product each, ``backends/runtime/lm_fuse.py``) and as
   transformers' layers do (five products): the weight-streaming time and bandwidth against 4.3 TB/s;
-* ``attention``: the 28 layers' KV writes + flashinfer decode alone, in a graph: time and KV bandwidth;
-* ``sampling_ms``: the sampler alone on ``[batch, vocab]`` logits, greedy and drawn (temperature, top-p, top-k,
-  seeded), the tokens read back (the greedy figure is part of ``step_ms``).
+* ``attention``: the 28 layers' KV writes + flashinfer decode alone, in a graph: time and KV bandwidth.
+
+The sampler alone: ``bench/sampler_bench.py``.
 
 Writes ``<out>/decode_profile.json`` and prints a table.
 """
@@ -39,7 +39,6 @@ import torch.nn.functional as F  # noqa: E402
 from backends.runtime.cuda_graphs import batch_ladder  # noqa: E402
 from backends.runtime.kv_cache import pages_needed  # noqa: E402
 from backends.runtime.lm_compile import compile_decoder_layers  # noqa: E402
-from backends.runtime.sampler import SamplingParams, sample  # noqa: E402
 from bench.common import H200_HBM_BYTES_PER_S, cuda_time_ms, graph_ms, write  # noqa: E402
 from bench.runtime_bench import DEVICE, PAGE, decode_batch, decode_step, decode_step_ahead, make_runner, start  # noqa: E402
 
@@ -132,19 +131,6 @@ def attention(runner, seqs) -> float:
         return graph_ms(body)
 
 
-SAMPLING = {"greedy": SamplingParams(temperature=0), "temperature": SamplingParams(temperature=0.7),
-            "top_p": SamplingParams(temperature=0.7, top_p=0.9), "top_k": SamplingParams(temperature=0.7, top_k=50),
-            "seeded_top_p": SamplingParams(temperature=0.7, top_p=0.9, seed=1)}
-
-
-def sampling(batch: int, vocab: int) -> dict[str, float]:
-    """Milliseconds of one step's sampling (``sampler.sample``: the tokens read back) of ``batch`` float32 logit
-    rows, every row with the same parameters, per kind of parameters in :data:`SAMPLING`."""
-    logits = torch.randn(batch, vocab, device=DEVICE) * 3
-    return {name: cuda_time_ms(lambda p=p: sample(logits, [p] * batch, [5] * batch, [vocab - 1]), 30)
-            for name, p in SAMPLING.items()}
-
-
 def host_and_replay(runner, seqs) -> tuple[float, float, list[str]]:
     """Median host time of :meth:`DecodeGraphs.stage` and CUDA-event time of the replay alone (ms), and the
     functions that take stage's host time (cProfile, by own time)."""
@@ -192,21 +178,19 @@ def main() -> None:
             runner.graphs = graphs
         sep, fused = linears(model, batch, False), linears(model, batch, True)
         attn = attention(runner, seqs)
-        sampled = sampling(batch, model.config.text_config.vocab_size)
         kv_bytes = batch * args.context * sizes.kv_token_bytes
         row = {"batch": batch, "context": args.context, "floor_ms": sizes.decode_floor_ms(batch, args.context),
                "step_ms": step, "step_ahead_ms": ahead, "host_ms": host, "replay_ms": replay, "host_profile_20_stages": host_profile, "kernels": kernels,
                "kernels_eager": kernels_eager,
                "linears_ms": sep, "linears_fused_ms": fused, "linear_bytes": linear_bytes,
                "linears_tb_per_s": linear_bytes / sep / 1e9, "linears_fused_tb_per_s": linear_bytes / fused / 1e9,
-               "attention_ms": attn, "attention_kv_tb_per_s": kv_bytes / attn / 1e9, "sampling_ms": sampled}
+               "attention_ms": attn, "attention_kv_tb_per_s": kv_bytes / attn / 1e9}
         rows.append(row)
         print(f"b={batch}: step {step:.3f} ms (floor {row['floor_ms']:.3f}), planned ahead {ahead:.3f} ms, "
               f"host {host:.3f}, replay {replay:.3f}; "
               f"linears {sep:.3f} ms ({row['linears_tb_per_s']:.2f} TB/s), fused {fused:.3f} ms "
               f"({row['linears_fused_tb_per_s']:.2f} TB/s); attention {attn:.3f} ms "
-              f"({row['attention_kv_tb_per_s']:.2f} TB/s KV); sampling " +
-              ", ".join(f"{k} {v:.3f} ms" for k, v in sampled.items()), flush=True)
+              f"({row['attention_kv_tb_per_s']:.2f} TB/s KV)", flush=True)
         print("\n".join(line for line in host_profile if line.strip())[-1600:])
         for label, table in (("replay", kernels), ("eager", kernels_eager)):
             if not table.get("kernels"):

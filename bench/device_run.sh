@@ -16,6 +16,7 @@
 #                  packs the flashinfer JIT cache into $OUT for the next machine
 #   runtime-bench  bench/runtime_bench.py and bench/vision_bench.py
 #   decode-profile bench/decode_profile.py: where a decode step's time goes (host, kernels by kind, linears, attention)
+#   sampler-bench  tests/gpu/test_runtime_sampler_cuda.py and bench/sampler_bench.py: the sampler alone
 #   attention-probe bench/attention_probe.py: decode attention and KV writes alone, per library kernel and option
 #   nvdec          tests/gpu/test_nvdec.py and bench/flashcodec_bench.py
 #   multi-gpu      (two GPUs or more) NVDEC on every GPU, vision data, tensor and (4 GPUs) hybrid parallel:
@@ -79,6 +80,11 @@ runtime_bench() {
   python3 bench/vision_bench.py --out "$OUT" 2>&1 | tee "$OUT/vision_bench.log" || status=1
 }
 
+sampler_bench() {
+  run_pytest sampler_tests tests/gpu/test_runtime_sampler_cuda.py
+  python3 bench/sampler_bench.py --out "$OUT" 2>&1 | tee "$OUT/sampler_bench.log" || status=1
+}
+
 attention_probe() {
   python3 bench/attention_probe.py --out "$OUT" 2>&1 | tee "$OUT/attention_probe.log" || status=1
 }
@@ -115,7 +121,7 @@ multi_gpu() {
   fi
 }
 
-[ $# -gt 0 ] || { echo "usage: $0 STEP... (install runtime-tests runtime-bench decode-profile attention-probe nvdec multi-gpu e2e serve-bench)" >&2
+[ $# -gt 0 ] || { echo "usage: $0 STEP... (install runtime-tests runtime-bench decode-profile sampler-bench attention-probe nvdec multi-gpu e2e serve-bench)" >&2
   exit 2; }
 describe_device
 for step in "$@"; do
@@ -124,6 +130,7 @@ for step in "$@"; do
     runtime-tests) runtime_tests ;;
     runtime-bench) runtime_bench ;;
     decode-profile) decode_profile ;;
+    sampler-bench) sampler_bench ;;
     attention-probe) attention_probe ;;
     nvdec) nvdec ;;
     multi-gpu) multi_gpu ;;

@@ -105,34 +105,53 @@ def _token_hash(vocab: int, device: torch.device) -> torch.Tensor:
     return _lowbias32(torch.arange(vocab, dtype=torch.int64, device=device))
 
 
-def _exponentials(keys: torch.Tensor, vocab: int) -> torch.Tensor:
-    """``E = -log U``, float32 ``[s, vocab]``, with ``U = uniform(lowbias32(lowbias32(token) ^ key))``.
+def _exponentials(keys: torch.Tensor, token_hash: torch.Tensor) -> torch.Tensor:
+    """``E = -log U``, float32 ``[s, V]``, with ``U = uniform(lowbias32(lowbias32(token) ^ key))``.
 
-    ``keys``: int64 ``[s]`` in [0, 2**32). ``U = ((h >> 9) + 0.5) / 2**23`` lies in (0, 1) and is exact in
-    float32, so ``U`` is bit-identical on CPU and CUDA; ``log`` may differ there by an ulp.
+    ``keys``: int64 ``[s]`` in [0, 2**32); ``token_hash``: :func:`_token_hash`, int64 ``[V]``.
+    ``U = ((h >> 9) + 0.5) / 2**23`` lies in (0, 1) and is exact in float32, so ``U`` is bit-identical on CPU
+    and CUDA; ``log`` may differ there by an ulp.
     """
-    h = _lowbias32(_token_hash(vocab, keys.device)[None, :] ^ keys[:, None])
+    h = _lowbias32(token_hash[None, :] ^ keys[:, None])
     return (h >> 9).float().add_(0.5).mul_(2.0 ** -23).log_().neg_()
 
 
-def _probs(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor, top_k: torch.Tensor,
-           filtered: bool) -> torch.Tensor:
-    """Probabilities after temperature, then top-k and top-p when ``filtered``: float32 ``[s, V]``, zero
-    outside the kept tokens and not renormalised (the race does not need it).
+def _race(scores: torch.Tensor, keys: torch.Tensor, token_hash: torch.Tensor) -> torch.Tensor:
+    """The exponential race in log form: ``argmax(scores - log E)`` per row, int64 ``[s]``.
 
-    ``logits`` float32 ``[s, V]``; ``temperature`` float32 ``[s]`` (> 0); ``top_p`` float32 ``[s]``
-    (inf = off); ``top_k`` int64 ``[s]`` in [1, V] (V = off).
+    ``scores``: float32 ``[s, V]``, log-weights up to a per-row constant (logits / temperature, -inf for
+    filtered tokens), so ``argmax(probs / E) = argmax(scores - log E)`` and no softmax is needed.
     """
-    logits = logits / temperature[:, None]
-    if not filtered:
-        return logits.softmax(dim=-1)
-    sorted_logits, order = logits.sort(dim=-1, descending=True)
-    # Ties with the k-th logit stay, as with a mask of `logits < kth`.
-    kth = sorted_logits.gather(1, (top_k - 1)[:, None])
-    sorted_probs = sorted_logits.masked_fill_(sorted_logits < kth, -math.inf).softmax(dim=-1)
-    # Drop a token when the tokens more likely than it already reach top_p; the top one always stays.
-    drop = (sorted_probs.cumsum(dim=-1) - sorted_probs) >= top_p[:, None]
-    return torch.empty_like(sorted_probs).scatter_(1, order, sorted_probs.masked_fill_(drop, 0.0))
+    return (scores - _exponentials(keys, token_hash).log_()).argmax(dim=-1)
+
+
+@functools.lru_cache(maxsize=1)
+def _compiled_race():
+    """:func:`_race` compiled by ``torch.compile`` for CUDA (one generated kernel: hash, log, argmax), where the
+    eager version is about 25 elementwise kernels over int64 ``[s, V]``. Same integer arithmetic; ``log`` may
+    differ by an ulp. Shapes are dynamic: one compilation serves every batch size above 1."""
+    return torch.compile(_race, dynamic=True)
+
+
+def _filtered_scores(scores: torch.Tensor, top_p: torch.Tensor, top_k: torch.Tensor, candidates: int) -> torch.Tensor:
+    """``scores`` with ``-inf`` outside each row's kept tokens (in place): float32 ``[s, V]``.
+
+    The rule: top-k keeps the tokens whose score reaches the k-th highest (ties with it stay); top-p then keeps,
+    among those, each token whose strictly more likely tokens hold less than ``top_p`` of their probability
+    (ties stay; the most likely token always does). ``top_p`` float32 ``[s]`` (inf = off); ``top_k`` int64 ``[s]``
+    in [1, V] (V = off). Both thresholds come from the ``candidates`` highest scores of each row, sorted
+    (``torch.topk``, not a sort of the vocabulary, when ``candidates < V``): the caller makes it at least every
+    top-k and, when a top-p row has no top-k, ``V``.
+    """
+    vocab = scores.shape[1]
+    ranked = scores.topk(candidates, dim=-1).values if candidates < vocab else scores.sort(dim=-1, descending=True).values
+    kth = ranked.gather(1, (top_k.clamp(max=candidates) - 1)[:, None])
+    kth.masked_fill_((top_k >= vocab)[:, None], -math.inf)
+    ranked.masked_fill_(ranked < kth, -math.inf)
+    probs = ranked.softmax(dim=-1)
+    kept = ((probs.cumsum(dim=-1) - probs) < top_p[:, None]).sum(dim=-1, keepdim=True)
+    pth = ranked.gather(1, kept - 1).masked_fill_(top_p[:, None] > 1, -math.inf)
+    return scores.masked_fill_(scores < torch.maximum(kth, pth), -math.inf)
 
 
 def _to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -151,8 +170,9 @@ def sample_tensor(logits: torch.Tensor, params: list[SamplingParams], num_genera
     ``eos_ids`` are masked for rows with ``num_generated < min_tokens``. Greedy rows (temperature 0) take
     the argmax (the first on ties); the others are drawn as the module docstring says, a seeded row's token
     being a function of its seed, ``num_generated`` and logits row alone. The same inputs give the same
-    token on CPU and CUDA except where two float scores tie within rounding (softmax and log may differ by
-    an ulp between devices and kernels). Raises ValueError when the lengths disagree.
+    token on CPU and CUDA except where two float scores tie within rounding (log and the compiled kernel may
+    differ by an ulp between devices). On CUDA the first drawn call compiles the race (seconds; see
+    :func:`warm_up`). Raises ValueError when the lengths disagree.
     """
     if not (logits.shape[0] == len(params) == len(num_generated)):
         raise ValueError(f"{logits.shape[0]} logit rows, {len(params)} params, {len(num_generated)} counts")
@@ -175,11 +195,24 @@ def sample_tensor(logits: torch.Tensor, params: list[SamplingParams], num_genera
         seed = p.seed if p.seed is not None else _SYSTEM_RANDOM.getrandbits(63)
         table.append((i, p.temperature, p.top_p if p.top_p < 1 else math.inf,
                       p.top_k if 0 < p.top_k < vocab else vocab, _row_key(seed, num_generated[i])))
-    filtered = any(t[2] < 1 or t[3] < vocab for t in table)
+    top_ks = [t[3] for t in table if t[3] < vocab]
+    top_p_without_k = any(t[2] < 1 and t[3] == vocab for t in table)
     table = _to_device(torch.tensor(table, dtype=torch.float64), device)
     rows, top_k, keys = table[:, 0].long(), table[:, 3].long(), table[:, 4].long()
-    probs = _probs(logits[rows], table[:, 1].float(), table[:, 2].float(), top_k, filtered)
-    return tokens.index_copy_(0, rows, probs.div_(_exponentials(keys, vocab)).argmax(dim=-1))
+    scores = logits[rows].div_(table[:, 1, None].float())
+    if top_ks or top_p_without_k:
+        scores = _filtered_scores(scores, table[:, 2].float(), top_k,
+                                  vocab if top_p_without_k else max(top_ks, default=1))
+    race = _compiled_race() if device.type == "cuda" else _race
+    return tokens.index_copy_(0, rows, race(scores, keys, _token_hash(vocab, device)))
+
+
+def warm_up(device: torch.device, vocab: int) -> None:
+    """Compile the CUDA race for ``vocab``-wide logits (batch sizes 1 and above: dynamic shapes specialise 1)
+    before a request needs it; a no-op off CUDA."""
+    if device.type == "cuda":
+        for rows in (1, 2):
+            sample(torch.zeros(rows, vocab, device=device), [SamplingParams()] * rows, [0] * rows, [])
 
 
 def sample(logits: torch.Tensor, params: list[SamplingParams], num_generated: list[int],

@@ -30,7 +30,7 @@ from backends.runtime.kv_cache import RESERVED_KV_PAGES, KVCacheLayout
 from backends.runtime.loader import ModelSpec, load_model
 from backends.runtime.lm_fuse import fuse_projections
 from backends.runtime.model_runner import DecodeSeq, ModelRunner
-from backends.runtime.sampler import SamplingParams, sample_tensor
+from backends.runtime.sampler import SamplingParams, sample_tensor, warm_up
 from backends.runtime.stopping import finish_reason
 from backends.runtime.tokenizer import eos_token_ids
 
@@ -106,6 +106,7 @@ class DecodeWorker:
         log.info("decode: %s attention, CUDA graphs %s, decoder layers %s", type(backend).__name__,
                  "off" if self.runner.graphs is None else f"for batch sizes up to {max_batch}",
                  "compiled" if compiled else "eager")
+        warm_up(device, model.lm_head.out_features)
         self.eos_ids = eos_token_ids(tokenizer)
         self.on_step = on_step
         self.max_batch = max_batch

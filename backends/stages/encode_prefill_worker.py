@@ -22,7 +22,7 @@ from backends.runtime.lm_fuse import fuse_projections
 from backends.runtime.loader import ModelSpec, load_model
 from backends.runtime.model_runner import ModelRunner, PrefillChunk
 from backends.runtime.mrope import mrope_positions
-from backends.runtime.sampler import SamplingParams, sample
+from backends.runtime.sampler import SamplingParams, sample, warm_up
 from backends.runtime.tokenizer import eos_token_ids
 from backends.runtime.vision_tp import check_towers
 from flashcodec.patch_pool import read_group
@@ -66,6 +66,7 @@ class EncodePrefillWorker:
             except ValueError as exc:
                 raise ValueError(f"vision_tp_size {vision_tp_size}: {exc}") from None
         self.device = device
+        warm_up(device, self.model.lm_head.out_features)
         self.attention_backend = attention_backend
         self.vision_devices = list(vision_devices)
         self.kv_pool, self.lm_weights = kv_pool, lm_weights

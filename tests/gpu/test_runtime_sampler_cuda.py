@@ -6,7 +6,8 @@ Run on the device: `python3 -m pytest -q -m gpu tests/gpu/test_runtime_sampler_c
 import pytest
 import torch
 
-from backends.runtime.sampler import SamplingParams, _exponentials, _lowbias32, sample, sample_tensor
+from backends.runtime.sampler import (SamplingParams, _compiled_race, _exponentials, _lowbias32, _race, _token_hash,
+                                      sample, sample_tensor, warm_up)
 
 pytestmark = [
     pytest.mark.gpu,
@@ -38,12 +39,24 @@ def test_cuda_hash_equals_cpu_hash():
     assert torch.equal(_lowbias32(x.cuda()).cpu(), _lowbias32(x.clone()))  # exact integer arithmetic
     keys = torch.randint(0, 1 << 32, (16,), generator=gen)
     # U is exact in float32 on both; only log may round differently.
-    torch.testing.assert_close(_exponentials(keys.cuda(), VOCAB).cpu(), _exponentials(keys, VOCAB), rtol=3e-7, atol=0)
+    e_cuda = _exponentials(keys.cuda(), _token_hash(VOCAB, torch.device("cuda"))).cpu()
+    torch.testing.assert_close(e_cuda, _exponentials(keys, _token_hash(VOCAB, torch.device("cpu"))), rtol=3e-7, atol=0)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 64])
+def test_compiled_race_equals_eager_race(rows):
+    gen = torch.Generator().manual_seed(rows)
+    scores = (torch.randn(rows, VOCAB, generator=gen) * 3).cuda()
+    scores[:, ::7] = float("-inf")  # filtered tokens
+    keys = torch.randint(0, 1 << 32, (rows,), generator=gen).cuda()
+    token_hash = _token_hash(VOCAB, scores.device)
+    assert torch.equal(_compiled_race()(scores, keys, token_hash), _race(scores, keys, token_hash))
 
 
 def test_no_sync_before_the_tokens_are_read():
     logits, params, steps = _batch(64)
     logits = logits.cuda()
+    warm_up(logits.device, VOCAB)  # compiles the race
     sample_tensor(logits, params, steps, EOS)  # warm the caches (token hash, pinned memory)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")

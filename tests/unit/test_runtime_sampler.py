@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from backends.runtime.sampler import SamplingParams, _exponentials, _lowbias32, _probs, _row_key, sample
+from backends.runtime.sampler import (SamplingParams, _exponentials, _filtered_scores, _lowbias32, _row_key, _token_hash,
+                                      sample)
 
 VOCAB = 50
 EOS = [3, 7]
@@ -160,8 +161,9 @@ def test_draws_follow_the_distribution(kwargs, target):
     assert _chi_square(tokens, target) < CHI2_999[dof]
 
 
-def _reference_probs(row: torch.Tensor, temperature: float, top_p: float, top_k: int) -> torch.Tensor:
-    """The per-row rule, written plainly: temperature, top-k mask, softmax, top-p mask."""
+def _reference_kept(row: torch.Tensor, temperature: float, top_p: float, top_k: int) -> torch.Tensor:
+    """The per-row rule, written plainly: temperature, top-k mask, softmax, then top-p drops a token when the
+    tokens ranked before it already reach top_p. Bool ``[V]``."""
     row = row / temperature
     if 0 < top_k < row.numel():
         row = row.masked_fill(row < torch.topk(row, top_k).values[-1], -math.inf)
@@ -170,22 +172,35 @@ def _reference_probs(row: torch.Tensor, temperature: float, top_p: float, top_k:
         sorted_probs, order = torch.sort(probs, descending=True)
         drop = (torch.cumsum(sorted_probs, dim=-1) - sorted_probs) >= top_p
         probs = probs.scatter(0, order, sorted_probs.masked_fill(drop, 0.0))
-    return probs
+    return probs > 0
 
 
-def test_batched_masks_equal_a_per_row_reference():
+@pytest.mark.parametrize("with_top_p_alone", [True, False])
+def test_batched_masks_equal_a_per_row_reference(with_top_p_alone):
     rows = 64
     logits = _logits(batch=rows, seed=5) * 3
     gen = torch.Generator().manual_seed(1)
     temperature = (torch.rand(rows, generator=gen) * 1.5 + 0.2).tolist()
     top_p = [[1.0, 0.95, 0.5, 0.1, 1e-6][i % 5] for i in range(rows)]
     top_k = [[0, 1, 3, 20, VOCAB, VOCAB + 5, 49][i % 7] for i in range(rows)]
-    probs = _probs(logits, torch.tensor(temperature), torch.tensor([p if p < 1 else math.inf for p in top_p]),
-                   torch.tensor([k if 0 < k < VOCAB else VOCAB for k in top_k]), filtered=True)
+    if not with_top_p_alone:  # every top-p row has a top-k: thresholds from torch.topk's candidates, no sort
+        top_p = [p if 0 < k < VOCAB else 1.0 for p, k in zip(top_p, top_k)]
+    k_tensor = torch.tensor([k if 0 < k < VOCAB else VOCAB for k in top_k])
+    candidates = VOCAB if with_top_p_alone else int(k_tensor[k_tensor < VOCAB].max())
+    scores = _filtered_scores(logits / torch.tensor(temperature)[:, None],
+                              torch.tensor([p if p < 1 else math.inf for p in top_p]), k_tensor, candidates)
     for i in range(rows):
-        expected = _reference_probs(logits[i], temperature[i], top_p[i], top_k[i])
-        assert torch.equal(probs[i] > 0, expected > 0), i
-        torch.testing.assert_close(probs[i], expected)
+        expected = _reference_kept(logits[i], temperature[i], top_p[i], top_k[i])
+        assert torch.equal(scores[i] > -math.inf, expected), i
+        torch.testing.assert_close(scores[i][expected], logits[i][expected] / temperature[i])
+
+
+def test_top_p_keeps_ties():
+    # Two tokens tie for second place: when the first does not reach top_p, both stay (not one of them by
+    # the order a sort happens to give them).
+    logits = torch.tensor([[2.0, 1.0, 1.0, 0.0, -1.0]])
+    scores = _filtered_scores(logits.clone(), torch.tensor([0.7]), torch.tensor([5]), 5)
+    assert (scores > -math.inf).tolist() == [[True, True, True, False, False]]
 
 
 def _lowbias32_reference(x: int) -> int:
@@ -205,7 +220,7 @@ def test_hash_is_exact_integer_arithmetic():
     hashed = _lowbias32(torch.tensor(values, dtype=torch.int64)).tolist()
     assert hashed == [_lowbias32_reference(v) for v in values]
     keys = [0, 1, M32, 0x12345678]
-    e = _exponentials(torch.tensor(keys), 300)
+    e = _exponentials(torch.tensor(keys), _token_hash(300, torch.device("cpu")))
     for row, key in enumerate(keys):
         for token in (0, 1, 299):
             h = _lowbias32_reference(_lowbias32_reference(token) ^ key)
