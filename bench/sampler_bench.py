@@ -12,8 +12,10 @@ kind of parameters (greedy, temperature, top-k, top-p, both, seeded) and a mixed
   ``decode_profile`` runs reported as ``sampling_ms``).
 
 Baselines in the same run, GPU time: ``eager_race``: the race uncompiled (what the sampler ran before it was
-compiled); ``sort_filter``: the top-k/top-p thresholds from a sort of the whole vocabulary (as before
-``torch.topk`` candidates); ``torch_exponential``: softmax and an exponential race drawn from torch's own RNG
+compiled, and still runs below ``COMPILED_RACE_ROWS`` drawn rows); ``sort_top_p``: top-p's threshold from a
+sort of the vocabulary (the CPU path, and the CUDA path for rows without a top-k before flashinfer's
+``top_p_renorm_probs``);
+``torch_exponential``: softmax and an exponential race drawn from torch's own RNG
 (vLLM's plain-torch sampler; no seeds and no batch independence, so not an option, only a speed reference).
 
 Writes ``<out>/sampler_bench.json`` and ``.png``.
@@ -21,7 +23,6 @@ Writes ``<out>/sampler_bench.json`` and ``.png``.
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 import sys
 import time
@@ -76,15 +77,15 @@ def host_ms(fn, repeats: int = 20) -> float:
 
 
 def baselines(logits: torch.Tensor, params: SamplingParams) -> dict[str, float]:
-    """GPU milliseconds of the race uncompiled, of the filters from a full sort, and of torch's own race."""
+    """GPU milliseconds of the race uncompiled, of top-p's threshold from a sort, and of torch's own race."""
     rows, vocab = logits.shape
     keys = torch.arange(rows, device=logits.device)
     token_hash = sampler._token_hash(vocab, logits.device)
     out = {"eager_race": gpu_ms(lambda: sampler._race(logits / params.temperature, keys, token_hash))}
-    if params.top_k or params.top_p < 1:
-        top_p = torch.full((rows,), params.top_p if params.top_p < 1 else math.inf, device=logits.device)
-        top_k = torch.full((rows,), params.top_k or vocab, device=logits.device, dtype=torch.int64)
-        out["sort_filter"] = gpu_ms(lambda: sampler._filtered_scores(logits / params.temperature, top_p, top_k, vocab))
+    if params.top_p < 1:
+        top_p = torch.full((rows,), params.top_p, device=logits.device)
+        out["sort_top_p"] = gpu_ms(lambda: sampler._top_p_threshold(
+            (logits / params.temperature).sort(dim=-1, descending=True).values, top_p))
     out["torch_exponential"] = gpu_ms(
         lambda: (logits / params.temperature).softmax(-1).div_(torch.empty_like(logits).exponential_()).argmax(-1))
     return out

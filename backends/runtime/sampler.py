@@ -21,6 +21,9 @@ import torch
 _M32 = (1 << 32) - 1
 _M64 = (1 << 64) - 1
 _GAMMA = 0x9E3779B97F4A7C15  # splitmix64's increment: 2**64 / golden ratio, odd
+# From this many drawn rows the compiled race is the faster on CUDA; below, the eager one is (H200: 0.065 vs
+# 0.116 ms at 1 row, equal at 8, 0.87 vs 0.19 ms at 64; bench/results/sampler-h200-2026-11-30/).
+COMPILED_RACE_ROWS = 8
 _SYSTEM_RANDOM = random.SystemRandom()  # unseeded rows: the loader seeds torch's global RNG, so not that
 
 
@@ -129,29 +132,58 @@ def _race(scores: torch.Tensor, keys: torch.Tensor, token_hash: torch.Tensor) ->
 def _compiled_race():
     """:func:`_race` compiled by ``torch.compile`` for CUDA (one generated kernel: hash, log, argmax), where the
     eager version is about 25 elementwise kernels over int64 ``[s, V]``. Same integer arithmetic; ``log`` may
-    differ by an ulp. Shapes are dynamic: one compilation serves every batch size above 1."""
+    differ by an ulp. Shapes are dynamic: one compilation serves every batch size from 2."""
     return torch.compile(_race, dynamic=True)
 
 
-def _filtered_scores(scores: torch.Tensor, top_p: torch.Tensor, top_k: torch.Tensor, candidates: int) -> torch.Tensor:
-    """``scores`` with ``-inf`` outside each row's kept tokens (in place): float32 ``[s, V]``.
+def _top_k_mask(scores: torch.Tensor, top_k: torch.Tensor, k_max: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``scores`` with ``-inf`` below each row's k-th highest score (ties with it stay), in place, and the
+    ``k_max`` highest scores of each row, sorted, masked the same way: float32 ``[s, V]`` and ``[s, k_max]``.
+    ``top_k`` int64 ``[s]`` in [1, V] (V = off); ``k_max``: the largest top-k below V. The k-th score comes
+    from ``torch.topk``, not from a sort of the vocabulary."""
+    ranked = scores.topk(k_max, dim=-1).values
+    kth = ranked.gather(1, (top_k.clamp(max=k_max) - 1)[:, None])
+    kth.masked_fill_((top_k >= scores.shape[1])[:, None], -math.inf)
+    return scores.masked_fill_(scores < kth, -math.inf), ranked.masked_fill_(ranked < kth, -math.inf)
 
-    The rule: top-k keeps the tokens whose score reaches the k-th highest (ties with it stay); top-p then keeps,
-    among those, each token whose strictly more likely tokens hold less than ``top_p`` of their probability
-    (ties stay; the most likely token always does). ``top_p`` float32 ``[s]`` (inf = off); ``top_k`` int64 ``[s]``
-    in [1, V] (V = off). Both thresholds come from the ``candidates`` highest scores of each row, sorted
-    (``torch.topk``, not a sort of the vocabulary, when ``candidates < V``): the caller makes it at least every
-    top-k and, when a top-p row has no top-k, ``V``.
+
+def _top_p_threshold(ranked: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """The score each row's top-p keeps down to, float32 ``[s, 1]``: the last of the sorted scores whose more
+    likely tokens hold less than ``top_p`` of the probability (-inf where ``top_p`` is inf, i.e. off).
+
+    ``ranked``: float32 ``[s, c]``, each row's highest scores sorted in descending order, all of the row's
+    tokens that can be kept among them (the whole vocabulary sorted, or top-k's candidates when the row has a
+    top-k: the tokens outside are -inf already, so the softmax over ``ranked`` is the row's); ``top_p``
+    float32 ``[s]``.
     """
-    vocab = scores.shape[1]
-    ranked = scores.topk(candidates, dim=-1).values if candidates < vocab else scores.sort(dim=-1, descending=True).values
-    kth = ranked.gather(1, (top_k.clamp(max=candidates) - 1)[:, None])
-    kth.masked_fill_((top_k >= vocab)[:, None], -math.inf)
-    ranked.masked_fill_(ranked < kth, -math.inf)
     probs = ranked.softmax(dim=-1)
-    kept = ((probs.cumsum(dim=-1) - probs) < top_p[:, None]).sum(dim=-1, keepdim=True)
-    pth = ranked.gather(1, kept - 1).masked_fill_(top_p[:, None] > 1, -math.inf)
-    return scores.masked_fill_(scores < torch.maximum(kth, pth), -math.inf)
+    count = ((probs.cumsum(dim=-1) - probs) < top_p[:, None]).sum(dim=-1, keepdim=True)
+    return ranked.gather(1, count - 1).masked_fill_(top_p[:, None] > 1, -math.inf)
+
+
+def _top_p_mask(scores: torch.Tensor, top_p: torch.Tensor, ranked: torch.Tensor | None = None) -> torch.Tensor:
+    """``scores`` with ``-inf`` where top-p drops a token, in place: float32 ``[s, V]``; ``top_p`` float32 ``[s]``
+    (inf = off); ``ranked``: top-k's sorted candidates (:func:`_top_k_mask`) when every top-p row has a top-k.
+
+    The rule: a token stays when the tokens strictly more likely than it hold less than ``top_p`` of the
+    probability (so ties stay, and the most likely token always does). The threshold comes from ``ranked``
+    when given; else, on CUDA, from flashinfer's ``top_p_renorm_probs`` (radix select,
+    ``is_deterministic=True``: a whole top-p draw of 64 rows takes 0.55 ms on the H200 where the sort alone
+    takes 1.18 ms, bench/results/sampler-h200-2026-11-30/); else (CPU, or no flashinfer) from a sort of the
+    vocabulary. flashinfer and the sort can disagree on the last token kept
+    where the running sum meets ``top_p`` within float rounding.
+    """
+    if ranked is None and scores.is_cuda:
+        try:
+            from flashinfer.sampling import top_p_renorm_probs
+        except ImportError:
+            pass
+        else:
+            kept = top_p_renorm_probs(scores.softmax(dim=-1), top_p.clamp(max=1.0), is_deterministic=True) > 0
+            return scores.masked_fill_(~kept.logical_or_((top_p > 1)[:, None]), -math.inf)
+    if ranked is None:
+        ranked = scores.sort(dim=-1, descending=True).values
+    return scores.masked_fill_(scores < _top_p_threshold(ranked, top_p), -math.inf)
 
 
 def _to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -195,24 +227,26 @@ def sample_tensor(logits: torch.Tensor, params: list[SamplingParams], num_genera
         seed = p.seed if p.seed is not None else _SYSTEM_RANDOM.getrandbits(63)
         table.append((i, p.temperature, p.top_p if p.top_p < 1 else math.inf,
                       p.top_k if 0 < p.top_k < vocab else vocab, _row_key(seed, num_generated[i])))
-    top_ks = [t[3] for t in table if t[3] < vocab]
+    k_max = max((t[3] for t in table if t[3] < vocab), default=0)
+    any_top_p = any(t[2] < 1 for t in table)
     top_p_without_k = any(t[2] < 1 and t[3] == vocab for t in table)
     table = _to_device(torch.tensor(table, dtype=torch.float64), device)
-    rows, top_k, keys = table[:, 0].long(), table[:, 3].long(), table[:, 4].long()
-    scores = logits[rows].div_(table[:, 1, None].float())
-    if top_ks or top_p_without_k:
-        scores = _filtered_scores(scores, table[:, 2].float(), top_k,
-                                  vocab if top_p_without_k else max(top_ks, default=1))
-    race = _compiled_race() if device.type == "cuda" else _race
+    rows, keys = table[:, 0].long(), table[:, 4].long()
+    scores, ranked = logits[rows].div_(table[:, 1, None].float()), None
+    if k_max:
+        scores, ranked = _top_k_mask(scores, table[:, 3].long(), k_max)
+    if any_top_p:
+        scores = _top_p_mask(scores, table[:, 2].float(), None if top_p_without_k else ranked)
+    race = _compiled_race() if device.type == "cuda" and len(drawn) >= COMPILED_RACE_ROWS else _race
     return tokens.index_copy_(0, rows, race(scores, keys, _token_hash(vocab, device)))
 
 
 def warm_up(device: torch.device, vocab: int) -> None:
-    """Compile the CUDA race for ``vocab``-wide logits (batch sizes 1 and above: dynamic shapes specialise 1)
-    before a request needs it; a no-op off CUDA."""
+    """Compile the CUDA race for ``vocab``-wide logits (one compilation, dynamic in the batch size) and load flashinfer's top-p kernel (compiled by flashinfer's JIT on a machine's first use, about two
+    minutes on the H200 machine) before a request needs them; a no-op off CUDA."""
     if device.type == "cuda":
-        for rows in (1, 2):
-            sample(torch.zeros(rows, vocab, device=device), [SamplingParams()] * rows, [0] * rows, [])
+        rows = COMPILED_RACE_ROWS
+        sample(torch.zeros(rows, vocab, device=device), [SamplingParams(top_p=0.5)] * rows, [0] * rows, [])
 
 
 def sample(logits: torch.Tensor, params: list[SamplingParams], num_generated: list[int],

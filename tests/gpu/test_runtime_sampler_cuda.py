@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from backends.runtime.sampler import (SamplingParams, _compiled_race, _exponentials, _lowbias32, _race, _token_hash,
-                                      sample, sample_tensor, warm_up)
+                                      _top_p_mask, _top_p_threshold, sample, sample_tensor, warm_up)
 
 pytestmark = [
     pytest.mark.gpu,
@@ -41,6 +41,19 @@ def test_cuda_hash_equals_cpu_hash():
     # U is exact in float32 on both; only log may round differently.
     e_cuda = _exponentials(keys.cuda(), _token_hash(VOCAB, torch.device("cuda"))).cpu()
     torch.testing.assert_close(e_cuda, _exponentials(keys, _token_hash(VOCAB, torch.device("cpu"))), rtol=3e-7, atol=0)
+
+
+@pytest.mark.parametrize("scale", [3.0, 8.0, 20.0])
+def test_flashinfer_top_p_keeps_what_the_sort_keeps(scale):
+    rows = 256
+    scores = torch.randn(rows, VOCAB, generator=torch.Generator().manual_seed(2)).cuda() * scale
+    top_p = torch.tensor([[0.5, 0.9, 0.95, float("inf")][i % 4] for i in range(rows)]).cuda()
+    kept = _top_p_mask(scores.clone(), top_p) > float("-inf")
+    by_sort = scores >= _top_p_threshold(scores.sort(dim=-1, descending=True).values, top_p)
+    assert kept[3::4].all()  # top-p off
+    # The same sets, but for the last token where the running sum meets top_p within float rounding.
+    differing = (kept != by_sort).sum(dim=-1)
+    assert differing.max() <= 1 and (differing > 0).sum() <= rows // 16, differing.nonzero().tolist()
 
 
 @pytest.mark.parametrize("rows", [1, 3, 64])

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from backends.runtime.sampler import (SamplingParams, _exponentials, _filtered_scores, _lowbias32, _row_key, _token_hash,
-                                      sample)
+from backends.runtime.sampler import (SamplingParams, _exponentials, _lowbias32, _row_key, _token_hash, _top_k_mask,
+                                      _top_p_mask, sample)
 
 VOCAB = 50
 EOS = [3, 7]
@@ -175,20 +175,20 @@ def _reference_kept(row: torch.Tensor, temperature: float, top_p: float, top_k: 
     return probs > 0
 
 
-@pytest.mark.parametrize("with_top_p_alone", [True, False])
-def test_batched_masks_equal_a_per_row_reference(with_top_p_alone):
+@pytest.mark.parametrize("top_p_alone", [True, False])
+def test_batched_masks_equal_a_per_row_reference(top_p_alone):
     rows = 64
     logits = _logits(batch=rows, seed=5) * 3
     gen = torch.Generator().manual_seed(1)
     temperature = (torch.rand(rows, generator=gen) * 1.5 + 0.2).tolist()
     top_p = [[1.0, 0.95, 0.5, 0.1, 1e-6][i % 5] for i in range(rows)]
     top_k = [[0, 1, 3, 20, VOCAB, VOCAB + 5, 49][i % 7] for i in range(rows)]
-    if not with_top_p_alone:  # every top-p row has a top-k: thresholds from torch.topk's candidates, no sort
+    if not top_p_alone:  # every top-p row has a top-k: top-p's threshold from top-k's candidates, no sort
         top_p = [p if 0 < k < VOCAB else 1.0 for p, k in zip(top_p, top_k)]
-    k_tensor = torch.tensor([k if 0 < k < VOCAB else VOCAB for k in top_k])
-    candidates = VOCAB if with_top_p_alone else int(k_tensor[k_tensor < VOCAB].max())
-    scores = _filtered_scores(logits / torch.tensor(temperature)[:, None],
-                              torch.tensor([p if p < 1 else math.inf for p in top_p]), k_tensor, candidates)
+    scores, ranked = _top_k_mask(logits / torch.tensor(temperature)[:, None],
+                                 torch.tensor([k if 0 < k < VOCAB else VOCAB for k in top_k]), 49)
+    scores = _top_p_mask(scores, torch.tensor([p if p < 1 else math.inf for p in top_p]),
+                         None if top_p_alone else ranked)
     for i in range(rows):
         expected = _reference_kept(logits[i], temperature[i], top_p[i], top_k[i])
         assert torch.equal(scores[i] > -math.inf, expected), i
@@ -198,8 +198,7 @@ def test_batched_masks_equal_a_per_row_reference(with_top_p_alone):
 def test_top_p_keeps_ties():
     # Two tokens tie for second place: when the first does not reach top_p, both stay (not one of them by
     # the order a sort happens to give them).
-    logits = torch.tensor([[2.0, 1.0, 1.0, 0.0, -1.0]])
-    scores = _filtered_scores(logits.clone(), torch.tensor([0.7]), torch.tensor([5]), 5)
+    scores = _top_p_mask(torch.tensor([[2.0, 1.0, 1.0, 0.0, -1.0]]), torch.tensor([0.7]))
     assert (scores > -math.inf).tolist() == [[True, True, True, False, False]]
 
 
