@@ -12,7 +12,7 @@ kind of parameters (greedy, temperature, top-k, top-p, both, seeded) and a mixed
   ``decode_profile`` runs reported as ``sampling_ms``).
 
 Baselines in the same run, GPU time: ``eager_race``: the race uncompiled (what the sampler ran before it was
-compiled, and still runs below ``COMPILED_RACE_ROWS`` drawn rows); ``sort_top_p``: top-p's threshold from a
+compiled); ``sort_top_p``: top-p's threshold from a
 sort of the vocabulary (the CPU path, and the CUDA path for rows without a top-k before flashinfer's
 ``top_p_renorm_probs``);
 ``torch_exponential``: softmax and an exponential race drawn from torch's own RNG
@@ -84,8 +84,9 @@ def baselines(logits: torch.Tensor, params: SamplingParams) -> dict[str, float]:
     out = {"eager_race": gpu_ms(lambda: sampler._race(logits / params.temperature, keys, token_hash))}
     if params.top_p < 1:
         top_p = torch.full((rows,), params.top_p, device=logits.device)
+        scores = logits / params.temperature
         out["sort_top_p"] = gpu_ms(lambda: sampler._top_p_threshold(
-            (logits / params.temperature).sort(dim=-1, descending=True).values, top_p))
+            scores, scores.sort(dim=-1, descending=True).values, top_p))
     out["torch_exponential"] = gpu_ms(
         lambda: (logits / params.temperature).softmax(-1).div_(torch.empty_like(logits).exponential_()).argmax(-1))
     return out

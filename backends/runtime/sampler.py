@@ -3,27 +3,31 @@
 The whole batch is a fixed number of tensor ops on the logits' device (CPU or CUDA), whatever its size;
 the one device->host sync is the ``.tolist()`` in ``sample``. A draw is the exponential race, i.e. the
 Gumbel-max trick in exponential form: ``argmax(probs / E)`` with ``E_i = -log U_i`` i.i.d. Exp(1) picks
-token ``i`` with probability ``probs[i] / sum(probs)`` exactly (Gumbel 1954; Maddison et al. 2014,
-"A* Sampling", section 2). ``U`` is not drawn from a generator's state but hashed from
+token ``i`` with probability ``probs[i] / sum(probs)`` (Gumbel 1954; Maddison et al. 2014, "A* Sampling",
+section 2); exactly so for continuous ``U``, up to ``U``'s 23 bits here (two smallest ``E`` tie in under
+1% of draws over 152k equally likely tokens, and the lower token id wins). ``U`` is not drawn from a generator's state but hashed from
 ``(seed, num_generated, token id)`` (a counter-based RNG), so a seeded draw is a pure function of
 ``(seed, num_generated)`` and the row's logits: the prefill worker (first token) and the decode worker
-(the rest) continue one stream, and no row depends on which others share its batch.
+(the rest) continue one stream, and no row depends on which others share its batch (but for float rounding
+where a top-p edge falls within it: a reduction's last bit can depend on the batch's shape).
 """
 from __future__ import annotations
 
 import functools
+import logging
 import math
 import random
 from dataclasses import dataclass
 
 import torch
 
+log = logging.getLogger(__name__)
 _M32 = (1 << 32) - 1
 _M64 = (1 << 64) - 1
 _GAMMA = 0x9E3779B97F4A7C15  # splitmix64's increment: 2**64 / golden ratio, odd
-# From this many drawn rows the compiled race is the faster on CUDA; below, the eager one is (H200: 0.065 vs
-# 0.116 ms at 1 row, equal at 8, 0.87 vs 0.19 ms at 64; bench/results/sampler-h200-2026-11-30/).
-COMPILED_RACE_ROWS = 8
+# Temperatures below this are greedy (vLLM's _SAMPLING_EPS): logits / 1e-38 would overflow float32.
+GREEDY_BELOW_TEMPERATURE = 1e-5
+_TOP_P_OFF = 1 - 2 ** -25  # float32 rounds top_p from here up to 1.0: off
 _SYSTEM_RANDOM = random.SystemRandom()  # unseeded rows: the loader seeds torch's global RNG, so not that
 
 
@@ -31,9 +35,12 @@ _SYSTEM_RANDOM = random.SystemRandom()  # unseeded rows: the loader seeds torch'
 class SamplingParams:
     """Per-request sampling. Raises ValueError for values out of range.
 
-    * ``temperature``: 0 means greedy (argmax); otherwise logits are divided by it.
-    * ``top_p``: keep the smallest set of most likely tokens whose probability reaches ``top_p`` (1 = off).
-    * ``top_k``: keep the ``top_k`` most likely tokens (0 = off).
+    * ``temperature``: 0 (or below :data:`GREEDY_BELOW_TEMPERATURE`) means greedy (argmax); otherwise logits
+      are divided by it.
+    * ``top_p``: keep each token whose strictly more likely tokens hold less than ``top_p`` of the probability:
+      the smallest set of most likely tokens that reaches ``top_p``, and every token tied with its last
+      (1 = off).
+    * ``top_k``: keep the ``top_k`` most likely tokens and every token tied with the k-th (0 = off).
     * ``seed``: makes the draw reproducible (``None``: a fresh random seed for every draw).
     * ``min_tokens``: eos ids are masked while fewer tokens than this have been generated.
     * ``ignore_eos``: eos does not end the request (the caller's rule; the sampler does not mask it).
@@ -128,12 +135,37 @@ def _race(scores: torch.Tensor, keys: torch.Tensor, token_hash: torch.Tensor) ->
     return (scores - _exponentials(keys, token_hash).log_()).argmax(dim=-1)
 
 
+@functools.lru_cache(maxsize=8)
+def _cuda_race(device: torch.device, vocab: int):
+    """:func:`_race` compiled by ``torch.compile`` for ``vocab``-wide rows on ``device``: one generated kernel
+    (hash, log, argmax) where the eager race is about 25 elementwise kernels over int64 ``[s, V]`` (a whole
+    temperature draw of 64 rows takes 0.18 ms on the H200, the eager race alone 0.87 ms:
+    bench/results/sampler-h200-2026-11-30/). Compiled here, under
+    ``torch.no_grad`` as :func:`sample_tensor` calls it, for 1 row and for 2 (dynamic shapes: every batch size
+    from 2 shares that compilation). CUDA always uses it, whatever the batch, so a row's token cannot depend
+    on which race its batch took. Where compiling fails (e.g. no host compiler for Triton's launcher), logs
+    why and returns the eager :func:`_race` (same tokens but for ``log``'s last bit)."""
+    compiled = torch.compile(_race, dynamic=True)
+    try:
+        with torch.no_grad():
+            for rows in (1, 2):
+                compiled(torch.zeros(rows, vocab, device=device), torch.zeros(rows, dtype=torch.int64, device=device),
+                         _token_hash(vocab, device))
+    except Exception as exc:  # noqa: BLE001 - any compiler failure: the eager race draws the same way
+        log.warning("sampler: torch.compile of the race failed on %s (%s: %s); drawing with the eager race",
+                    device, type(exc).__name__, exc)
+        return _race
+    return compiled
+
+
 @functools.lru_cache(maxsize=1)
-def _compiled_race():
-    """:func:`_race` compiled by ``torch.compile`` for CUDA (one generated kernel: hash, log, argmax), where the
-    eager version is about 25 elementwise kernels over int64 ``[s, V]``. Same integer arithmetic; ``log`` may
-    differ by an ulp. Shapes are dynamic: one compilation serves every batch size from 2."""
-    return torch.compile(_race, dynamic=True)
+def _flashinfer_top_p():
+    """flashinfer's ``top_p_renorm_probs``, or None where flashinfer is not installed (looked up once)."""
+    try:
+        from flashinfer.sampling import top_p_renorm_probs
+    except ImportError:
+        return None
+    return top_p_renorm_probs
 
 
 def _top_k_mask(scores: torch.Tensor, top_k: torch.Tensor, k_max: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -147,17 +179,18 @@ def _top_k_mask(scores: torch.Tensor, top_k: torch.Tensor, k_max: int) -> tuple[
     return scores.masked_fill_(scores < kth, -math.inf), ranked.masked_fill_(ranked < kth, -math.inf)
 
 
-def _top_p_threshold(ranked: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+def _top_p_threshold(scores: torch.Tensor, ranked: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     """The score each row's top-p keeps down to, float32 ``[s, 1]``: the last of the sorted scores whose more
     likely tokens hold less than ``top_p`` of the probability (-inf where ``top_p`` is inf, i.e. off).
 
-    ``ranked``: float32 ``[s, c]``, each row's highest scores sorted in descending order, all of the row's
-    tokens that can be kept among them (the whole vocabulary sorted, or top-k's candidates when the row has a
-    top-k: the tokens outside are -inf already, so the softmax over ``ranked`` is the row's); ``top_p``
-    float32 ``[s]``.
+    ``scores``: float32 ``[s, V]``, the row's scores (their log-sum-exp normalises); ``ranked``: float32
+    ``[s, c]``, each row's highest scores sorted in descending order, among them every token the row can keep
+    (the whole vocabulary sorted, or top-k's candidates when the row has a top-k; tokens tied with the k-th
+    beyond the candidates count in the normaliser, and stay, being at the threshold); ``top_p`` float32 ``[s]``.
+    A row with no finite score (NaN logits) gets its first ranked score, not an out-of-range index.
     """
-    probs = ranked.softmax(dim=-1)
-    count = ((probs.cumsum(dim=-1) - probs) < top_p[:, None]).sum(dim=-1, keepdim=True)
+    probs = (ranked - scores.logsumexp(dim=-1, keepdim=True)).exp_()
+    count = ((probs.cumsum(dim=-1) - probs) < top_p[:, None]).sum(dim=-1, keepdim=True).clamp_(min=1)
     return ranked.gather(1, count - 1).masked_fill_(top_p[:, None] > 1, -math.inf)
 
 
@@ -165,25 +198,22 @@ def _top_p_mask(scores: torch.Tensor, top_p: torch.Tensor, ranked: torch.Tensor 
     """``scores`` with ``-inf`` where top-p drops a token, in place: float32 ``[s, V]``; ``top_p`` float32 ``[s]``
     (inf = off); ``ranked``: top-k's sorted candidates (:func:`_top_k_mask`) when every top-p row has a top-k.
 
-    The rule: a token stays when the tokens strictly more likely than it hold less than ``top_p`` of the
-    probability (so ties stay, and the most likely token always does). The threshold comes from ``ranked``
-    when given; else, on CUDA, from flashinfer's ``top_p_renorm_probs`` (radix select,
+    The rule (:class:`SamplingParams`): a token stays when the tokens strictly more likely than it hold less
+    than ``top_p`` of the probability, so ties stay and the most likely token always does. The threshold
+    comes from ``ranked`` when given; else, on CUDA, from flashinfer's ``top_p_renorm_probs`` (radix select,
     ``is_deterministic=True``: a whole top-p draw of 64 rows takes 0.55 ms on the H200 where the sort alone
     takes 1.18 ms, bench/results/sampler-h200-2026-11-30/); else (CPU, or no flashinfer) from a sort of the
-    vocabulary. flashinfer and the sort can disagree on the last token kept
-    where the running sum meets ``top_p`` within float rounding.
+    vocabulary. flashinfer and the sort can disagree on the last token kept where the running sum meets
+    ``top_p`` within float rounding. :func:`sample_tensor` passes ``ranked`` for the rows with a top-k and
+    calls again for the others alone, so a row's rule never depends on its batch.
     """
-    if ranked is None and scores.is_cuda:
-        try:
-            from flashinfer.sampling import top_p_renorm_probs
-        except ImportError:
-            pass
-        else:
-            kept = top_p_renorm_probs(scores.softmax(dim=-1), top_p.clamp(max=1.0), is_deterministic=True) > 0
-            return scores.masked_fill_(~kept.logical_or_((top_p > 1)[:, None]), -math.inf)
+    top_p_renorm_probs = _flashinfer_top_p() if ranked is None and scores.is_cuda else None
+    if top_p_renorm_probs is not None:
+        kept = top_p_renorm_probs(scores.softmax(dim=-1), top_p.clamp(max=1.0), is_deterministic=True) > 0
+        return scores.masked_fill_(~kept.logical_or_((top_p > 1)[:, None]), -math.inf)
     if ranked is None:
         ranked = scores.sort(dim=-1, descending=True).values
-    return scores.masked_fill_(scores < _top_p_threshold(ranked, top_p), -math.inf)
+    return scores.masked_fill_(scores < _top_p_threshold(scores, ranked, top_p), -math.inf)
 
 
 def _to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -199,12 +229,13 @@ def sample_tensor(logits: torch.Tensor, params: list[SamplingParams], num_genera
 
     ``logits``: floating ``[b, V]`` (read, not changed); ``params``/``num_generated``: per row,
     ``num_generated`` being the tokens the request has generated before this one (0 for the first).
-    ``eos_ids`` are masked for rows with ``num_generated < min_tokens``. Greedy rows (temperature 0) take
-    the argmax (the first on ties); the others are drawn as the module docstring says, a seeded row's token
-    being a function of its seed, ``num_generated`` and logits row alone. The same inputs give the same
-    token on CPU and CUDA except where two float scores tie within rounding (log and the compiled kernel may
-    differ by an ulp between devices). On CUDA the first drawn call compiles the race (seconds; see
-    :func:`warm_up`). Raises ValueError when the lengths disagree.
+    ``eos_ids`` are masked for rows with ``num_generated < min_tokens``. Greedy rows (temperature below
+    :data:`GREEDY_BELOW_TEMPERATURE`) take the argmax (the first on ties); the others are drawn as the module
+    docstring says, a seeded row's token being a function of its seed, ``num_generated`` and logits row alone.
+    The same inputs give the same token on CPU and CUDA except where two float scores tie within rounding
+    (``log`` may differ by an ulp between devices) or, on CUDA, where flashinfer's top-p keeps one token fewer
+    or more at its edge (:func:`_top_p_mask`). On CUDA the first drawn call compiles the race (seconds) unless
+    :func:`warm_up` did. Raises ValueError when the lengths disagree.
     """
     if not (logits.shape[0] == len(params) == len(num_generated)):
         raise ValueError(f"{logits.shape[0]} logit rows, {len(params)} params, {len(num_generated)} counts")
@@ -217,7 +248,7 @@ def sample_tensor(logits: torch.Tensor, params: list[SamplingParams], num_genera
         eos_logits = logits.index_select(1, cols).masked_fill_(banned[:, None], -math.inf)
         logits = logits.index_copy(1, cols, eos_logits)
     tokens = logits.argmax(dim=-1)
-    drawn = [i for i, p in enumerate(params) if p.temperature > 0]
+    drawn = [i for i, p in enumerate(params) if p.temperature >= GREEDY_BELOW_TEMPERATURE]
     if not drawn:
         return tokens
     # One row per drawn request: [row, temperature, top_p, top_k, key], all exact in float64.
@@ -225,28 +256,36 @@ def sample_tensor(logits: torch.Tensor, params: list[SamplingParams], num_genera
     for i in drawn:
         p = params[i]
         seed = p.seed if p.seed is not None else _SYSTEM_RANDOM.getrandbits(63)
-        table.append((i, p.temperature, p.top_p if p.top_p < 1 else math.inf,
+        table.append((i, p.temperature, p.top_p if p.top_p < _TOP_P_OFF else math.inf,
                       p.top_k if 0 < p.top_k < vocab else vocab, _row_key(seed, num_generated[i])))
     k_max = max((t[3] for t in table if t[3] < vocab), default=0)
-    any_top_p = any(t[2] < 1 for t in table)
-    top_p_without_k = any(t[2] < 1 and t[3] == vocab for t in table)
+    # t[2]: top_p, inf when off. A row's top-p takes its threshold from top-k's candidates when the row has a
+    # top-k, else from flashinfer (CUDA) or a sort: chosen by the row's own parameters, never by its company.
+    top_p_with_k = any(t[2] < 1 and t[3] < vocab for t in table)
+    top_p_alone = [j for j, t in enumerate(table) if t[2] < 1 and t[3] == vocab]
     table = _to_device(torch.tensor(table, dtype=torch.float64), device)
-    rows, keys = table[:, 0].long(), table[:, 4].long()
-    scores, ranked = logits[rows].div_(table[:, 1, None].float()), None
+    rows, top_p, top_k, keys = table[:, 0].long(), table[:, 2].float(), table[:, 3].long(), table[:, 4].long()
+    scores = logits[rows].div_(table[:, 1, None].float())
     if k_max:
-        scores, ranked = _top_k_mask(scores, table[:, 3].long(), k_max)
-    if any_top_p:
-        scores = _top_p_mask(scores, table[:, 2].float(), None if top_p_without_k else ranked)
-    race = _compiled_race() if device.type == "cuda" and len(drawn) >= COMPILED_RACE_ROWS else _race
-    return tokens.index_copy_(0, rows, race(scores, keys, _token_hash(vocab, device)))
+        scores, ranked = _top_k_mask(scores, top_k, k_max)
+        if top_p_with_k:
+            scores = _top_p_mask(scores, top_p.masked_fill(top_k == vocab, math.inf), ranked)
+    if top_p_alone:
+        alone = _to_device(torch.tensor(top_p_alone), device)
+        scores.index_copy_(0, alone, _top_p_mask(scores.index_select(0, alone), top_p.index_select(0, alone)))
+    race = _cuda_race(device, vocab) if device.type == "cuda" else _race
+    with torch.no_grad():  # as _cuda_race compiled it: the same global state, no recompilation
+        return tokens.index_copy_(0, rows, race(scores, keys, _token_hash(vocab, device)))
 
 
 def warm_up(device: torch.device, vocab: int) -> None:
-    """Compile the CUDA race for ``vocab``-wide logits (one compilation, dynamic in the batch size) and load flashinfer's top-p kernel (compiled by flashinfer's JIT on a machine's first use, about two
-    minutes on the H200 machine) before a request needs them; a no-op off CUDA."""
+    """Compile the CUDA race for ``vocab``-wide logits (:func:`_cuda_race`) and load flashinfer's top-p kernel
+    (built by flashinfer's JIT on a machine's first use, about two minutes on the H200 machine) before a
+    request needs them; a no-op off CUDA."""
     if device.type == "cuda":
-        rows = COMPILED_RACE_ROWS
-        sample(torch.zeros(rows, vocab, device=device), [SamplingParams(top_p=0.5)] * rows, [0] * rows, [])
+        _cuda_race(device, vocab)
+        _flashinfer_top_p()
+        sample(torch.zeros(2, vocab, device=device), [SamplingParams(top_p=0.5)] * 2, [0, 0], [])
 
 
 def sample(logits: torch.Tensor, params: list[SamplingParams], num_generated: list[int],

@@ -6,7 +6,7 @@ Run on the device: `python3 -m pytest -q -m gpu tests/gpu/test_runtime_sampler_c
 import pytest
 import torch
 
-from backends.runtime.sampler import (SamplingParams, _compiled_race, _exponentials, _lowbias32, _race, _token_hash,
+from backends.runtime.sampler import (SamplingParams, _cuda_race, _exponentials, _lowbias32, _race, _token_hash,
                                       _top_p_mask, _top_p_threshold, sample, sample_tensor, warm_up)
 
 pytestmark = [
@@ -45,11 +45,12 @@ def test_cuda_hash_equals_cpu_hash():
 
 @pytest.mark.parametrize("scale", [3.0, 8.0, 20.0])
 def test_flashinfer_top_p_keeps_what_the_sort_keeps(scale):
+    pytest.importorskip("flashinfer")  # without it, CUDA sorts too and this would compare the sort with itself
     rows = 256
     scores = torch.randn(rows, VOCAB, generator=torch.Generator().manual_seed(2)).cuda() * scale
     top_p = torch.tensor([[0.5, 0.9, 0.95, float("inf")][i % 4] for i in range(rows)]).cuda()
     kept = _top_p_mask(scores.clone(), top_p) > float("-inf")
-    by_sort = scores >= _top_p_threshold(scores.sort(dim=-1, descending=True).values, top_p)
+    by_sort = scores >= _top_p_threshold(scores, scores.sort(dim=-1, descending=True).values, top_p)
     assert kept[3::4].all()  # top-p off
     # The same sets, but for the last token where the running sum meets top_p within float rounding.
     differing = (kept != by_sort).sum(dim=-1)
@@ -63,7 +64,23 @@ def test_compiled_race_equals_eager_race(rows):
     scores[:, ::7] = float("-inf")  # filtered tokens
     keys = torch.randint(0, 1 << 32, (rows,), generator=gen).cuda()
     token_hash = _token_hash(VOCAB, scores.device)
-    assert torch.equal(_compiled_race()(scores, keys, token_hash), _race(scores, keys, token_hash))
+    compiled = _cuda_race(scores.device, VOCAB)
+    assert compiled is not _race  # compiled here, not fallen back
+    with torch.no_grad():
+        assert torch.equal(compiled(scores, keys, token_hash), _race(scores, keys, token_hash))
+
+
+def test_a_seeded_row_draws_the_same_token_in_any_batch_on_cuda():
+    gen = torch.Generator().manual_seed(4)
+    row = torch.randn(1, VOCAB, generator=gen) * 3
+    target = SamplingParams(temperature=0.8, top_k=40, top_p=0.9, seed=11)
+    for step in range(20):
+        alone = sample(row.cuda(), [target], [step], EOS)[0]
+        for size in (2, 7, 8, 33):  # with other rows, some with top-p alone (the flashinfer path)
+            others = torch.randn(size - 1, VOCAB, generator=gen) * 3
+            params = [SamplingParams(temperature=1.0, top_p=0.95)] * (size - 1) + [target]
+            batch = torch.cat([others, row]).cuda()
+            assert sample(batch, params, [0] * (size - 1) + [step], EOS)[-1] == alone, (step, size)
 
 
 def test_no_sync_before_the_tokens_are_read():

@@ -7,8 +7,9 @@ import math
 import pytest
 import torch
 
-from backends.runtime.sampler import (SamplingParams, _exponentials, _lowbias32, _row_key, _token_hash, _top_k_mask,
-                                      _top_p_mask, sample)
+from backends.runtime import sampler
+from backends.runtime.sampler import (SamplingParams, _exponentials, _lowbias32, _row_key, _token_hash, _top_p_mask,
+                                      sample)
 
 VOCAB = 50
 EOS = [3, 7]
@@ -105,7 +106,7 @@ def test_per_request_parameters_in_one_batch():
 
 def test_seeded_row_does_not_depend_on_its_batch():
     rows = 40
-    logits = _logits(batch=rows, seed=3) * 2
+    logits = (_logits(batch=rows, seed=3) * 2).mul(2).round().div(2)  # on a 0.5 grid: ties at top-k/top-p edges
     targets = [SamplingParams(temperature=0.5 + i % 3 * 0.4, top_k=[0, 5, 30][i % 3], top_p=[1.0, 0.9, 0.6][i % 3],
                               seed=1000 + i, min_tokens=i % 2) for i in range(rows)]
     steps = [i % 7 for i in range(rows)]
@@ -161,38 +162,71 @@ def test_draws_follow_the_distribution(kwargs, target):
     assert _chi_square(tokens, target) < CHI2_999[dof]
 
 
-def _reference_kept(row: torch.Tensor, temperature: float, top_p: float, top_k: int) -> torch.Tensor:
-    """The per-row rule, written plainly: temperature, top-k mask, softmax, then top-p drops a token when the
-    tokens ranked before it already reach top_p. Bool ``[V]``."""
-    row = row / temperature
+def _reference_kept(row: torch.Tensor, temperature: float, top_p: float, top_k: int) -> tuple[torch.Tensor, bool]:
+    """The per-row rule of ``SamplingParams``, written plainly in float64: temperature; top-k keeps the scores
+    that reach the k-th highest; softmax; top-p keeps a token when the tokens strictly more likely than it hold
+    less than top_p. Returns bool ``[V]`` and whether the row is clear of float rounding (no token's nonzero
+    mass above it within 1e-5 of top_p)."""
+    row = row.double() / temperature
     if 0 < top_k < row.numel():
-        row = row.masked_fill(row < torch.topk(row, top_k).values[-1], -math.inf)
+        row = row.masked_fill(row < row.sort(descending=True).values[top_k - 1], -math.inf)
     probs = torch.softmax(row, dim=-1)
-    if top_p < 1:
-        sorted_probs, order = torch.sort(probs, descending=True)
-        drop = (torch.cumsum(sorted_probs, dim=-1) - sorted_probs) >= top_p
-        probs = probs.scatter(0, order, sorted_probs.masked_fill(drop, 0.0))
-    return probs > 0
+    kept = probs > 0
+    if top_p < 1 - 2 ** -25:  # float32 rounds it to 1 from there: off
+        above = torch.stack([probs[probs > q].sum() for q in probs])
+        kept &= above < top_p
+        return kept, bool(((above - top_p).abs() > 1e-5).logical_or(above == 0).all())
+    return kept, True
 
 
-@pytest.mark.parametrize("top_p_alone", [True, False])
-def test_batched_masks_equal_a_per_row_reference(top_p_alone):
-    rows = 64
-    logits = _logits(batch=rows, seed=5) * 3
-    gen = torch.Generator().manual_seed(1)
-    temperature = (torch.rand(rows, generator=gen) * 1.5 + 0.2).tolist()
-    top_p = [[1.0, 0.95, 0.5, 0.1, 1e-6][i % 5] for i in range(rows)]
-    top_k = [[0, 1, 3, 20, VOCAB, VOCAB + 5, 49][i % 7] for i in range(rows)]
-    if not top_p_alone:  # every top-p row has a top-k: top-p's threshold from top-k's candidates, no sort
-        top_p = [p if 0 < k < VOCAB else 1.0 for p, k in zip(top_p, top_k)]
-    scores, ranked = _top_k_mask(logits / torch.tensor(temperature)[:, None],
-                                 torch.tensor([k if 0 < k < VOCAB else VOCAB for k in top_k]), 49)
-    scores = _top_p_mask(scores, torch.tensor([p if p < 1 else math.inf for p in top_p]),
-                         None if top_p_alone else ranked)
-    for i in range(rows):
-        expected = _reference_kept(logits[i], temperature[i], top_p[i], top_k[i])
-        assert torch.equal(scores[i] > -math.inf, expected), i
-        torch.testing.assert_close(scores[i][expected], logits[i][expected] / temperature[i])
+def _drawn_from(monkeypatch, logits: torch.Tensor, params: list[SamplingParams], steps: list[int]) -> torch.Tensor:
+    """The scores ``sample_tensor`` races over for its drawn rows (-inf where filtered), float32 ``[drawn, V]``."""
+    seen, eager = [], sampler._race
+
+    def race(scores, keys, token_hash):
+        seen.append(scores.clone())
+        return eager(scores, keys, token_hash)
+
+    monkeypatch.setattr(sampler, "_race", race)
+    sampler.sample_tensor(logits, params, steps, [])
+    monkeypatch.undo()
+    return seen[0]
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_random_batches_draw_from_the_rule_s_tokens(monkeypatch, tied):
+    # Random mixes of every kind of row, in random company; tied: logits on a 0.5 grid (as bf16 logits tie).
+    gen = torch.Generator().manual_seed(11)
+    top_ks, top_ps = [0, 1, 2, 5, 20, VOCAB - 1, VOCAB, VOCAB + 5], [1.0, 1 - 1e-9, 0.95, 0.7, 0.5, 0.2, 1e-7]
+    checked = 0
+    for _ in range(60):
+        rows = int(torch.randint(1, 9, (1,), generator=gen))
+        logits = torch.randn(rows, VOCAB, generator=gen) * 3
+        if tied:
+            logits = logits.mul(2).round().div(2)
+        params = [SamplingParams(temperature=float(torch.rand(1, generator=gen)) * 1.5 + 0.3,
+                                 top_k=top_ks[int(torch.randint(len(top_ks), (1,), generator=gen))],
+                                 top_p=top_ps[int(torch.randint(len(top_ps), (1,), generator=gen))], seed=1)
+                  for _ in range(rows)]
+        scores = _drawn_from(monkeypatch, logits, params, [0] * rows)
+        for i, p in enumerate(params):
+            expected, clear = _reference_kept(logits[i], p.temperature, p.top_p, p.top_k)
+            if clear:
+                checked += 1
+                assert torch.equal(scores[i] > -math.inf, expected), (i, p)
+                torch.testing.assert_close(scores[i][expected], logits[i][expected] / p.temperature)
+    assert checked > 230
+
+
+def test_top_k_ties_beyond_the_candidates_count_for_top_p(monkeypatch):
+    # top_k=2 keeps the four tokens tied at the 2nd place too; with them, token 0 holds 0.405 < 0.5 of the
+    # probability, so top-p keeps all five, whether or not another row takes the sort.
+    logits = torch.tensor([[2.0, 1.0, 1.0, 1.0, 1.0, -5.0] + [-9.0] * (VOCAB - 6)])
+    target = SamplingParams(temperature=1.0, top_k=2, top_p=0.5, seed=3)
+    for company in ([], [SamplingParams(temperature=1.0, top_p=0.5)]):
+        batch = logits.expand(1 + len(company), -1)
+        scores = _drawn_from(monkeypatch, batch, [target, *company], [0] * batch.shape[0])
+        assert (scores[0] > -math.inf).nonzero().flatten().tolist() == [0, 1, 2, 3, 4]
 
 
 def test_top_p_keeps_ties():
@@ -200,6 +234,21 @@ def test_top_p_keeps_ties():
     # the order a sort happens to give them).
     scores = _top_p_mask(torch.tensor([[2.0, 1.0, 1.0, 0.0, -1.0]]), torch.tensor([0.7]))
     assert (scores > -math.inf).tolist() == [[True, True, True, False, False]]
+
+
+def test_rows_that_would_overflow_or_have_no_finite_logit_do_not_fail():
+    logits = _logits(batch=3)
+    logits[1] = float("nan")
+    only_eos = torch.full((1, VOCAB), -math.inf)
+    only_eos[0, EOS] = 1.0
+    # Tiny temperatures are greedy: logits / 1e-38 would overflow float32 (and 1e-46 is 0 in float32).
+    for t in (1e-38, 1e-46, 1e-6):
+        assert sample(logits[:1], [SamplingParams(temperature=t, top_p=0.9)], [0], EOS) == [int(logits[0].argmax())]
+    tokens = sample(logits, [SamplingParams(temperature=1.0, top_p=0.9, top_k=k, seed=1) for k in (0, 5, 0)],
+                    [0] * 3, EOS)
+    assert len(tokens) == 3 and all(0 <= t < VOCAB for t in tokens)  # row 1 is NaN: any token, no error
+    # eos masked by min_tokens leaves no finite logit: a token comes back, no out-of-range index
+    assert len(sample(only_eos, [SamplingParams(temperature=1.0, top_p=0.9, min_tokens=1)], [0], EOS)) == 1
 
 
 def _lowbias32_reference(x: int) -> int:
@@ -235,3 +284,16 @@ def test_invalid_parameters_raise():
             SamplingParams(**kwargs)
     with pytest.raises(ValueError):
         sample(_logits(batch=2), [SamplingParams()], [0], EOS)
+
+
+def test_a_race_that_fails_to_compile_falls_back_to_the_eager_race(monkeypatch, caplog):
+    def broken(*args, **kwargs):
+        raise RuntimeError("no host compiler")
+
+    monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: broken)
+    sampler._cuda_race.cache_clear()
+    try:
+        assert sampler._cuda_race(torch.device("cpu"), VOCAB) is sampler._race
+    finally:
+        sampler._cuda_race.cache_clear()
+    assert "no host compiler" in caplog.text and "eager race" in caplog.text
