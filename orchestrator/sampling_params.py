@@ -32,7 +32,7 @@ class RequestParams:
         max_tokens: most tokens to generate (>= 1).
         min_tokens: tokens generated before EOS and stop strings may end the output (0 .. max_tokens).
         ignore_eos: keep generating after EOS until max_tokens.
-        temperature: softmax temperature (>= 0; 0 means greedy).
+        temperature: softmax temperature (>= 0; 0, or below 1e-5 as in vLLM, means greedy).
         top_p: nucleus probability mass, in (0, 1].
         top_k: keep the k most likely tokens; 0 is off (-1, vLLM's "off", is stored as 0).
         seed: per-request sampling seed in [0, 2**63), or None.
