@@ -13,7 +13,7 @@
 #                  whose build there wants numpy 2), everything else into $SITE (on PYTHONPATH);
 #                  a flashinfer JIT cache carried in .devcache/ is unpacked (saves minutes of nvcc)
 #   runtime-tests  flashinfer / CUDA-graph / vision-attention tests, the runtime against transformers;
-#                  packs the flashinfer JIT cache into $OUT for the next machine
+#                  packs the flashinfer JIT cache into $OUT for the next machine (in parts: cat them together)
 #   runtime-bench  bench/runtime_bench.py and bench/vision_bench.py
 #   decode-profile bench/decode_profile.py: where a decode step's time goes (host, kernels by kind, linears, attention)
 #   sampler-bench  tests/gpu/test_runtime_sampler_cuda.py and bench/sampler_bench.py: the sampler alone
@@ -54,9 +54,12 @@ install() {
     > "$sp/00-stub-site.pth"
   if [ -f .devcache/flashinfer_cache.tar.gz ]; then
     tar -xzf .devcache/flashinfer_cache.tar.gz -C "$FLASHINFER_WORKSPACE_BASE" && echo "flashinfer JIT cache unpacked"
-    # ninja judges the cache by file dates, and pip dates the installed sources and headers now, after the
-    # carried objects: it would rebuild every module. Same flashinfer version (the cache's path names it).
-    [ -d "$SITE/flashinfer" ] && find "$SITE/flashinfer" -type f -exec touch -d 2000-01-01 {} +
+    # ninja judges the cache by file dates, and pip dates the installed sources and headers (flashinfer's and
+    # tvm_ffi's) now, after the carried objects: it would rebuild every module. Same versions (the cache's
+    # path names flashinfer's).
+    for pkg in flashinfer tvm_ffi; do
+      [ -d "$SITE/$pkg" ] && find "$SITE/$pkg" -type f -exec touch -d 2000-01-01 {} +
+    done
   fi
 }
 
@@ -75,7 +78,9 @@ run_pytest() {  # log name, then pytest arguments
 runtime_tests() {
   run_pytest runtime_tests -rP tests/gpu/test_flashinfer_runtime.py tests/unit/test_vision_attention.py \
     tests/unit/test_runtime_vs_transformers.py tests/unit/test_runtime_sampler.py
-  tar -czf "$OUT/flashinfer_cache.tar.gz" -C "$FLASHINFER_WORKSPACE_BASE" . && ls -la "$OUT/flashinfer_cache.tar.gz"
+  # in 15 MB parts (the device tool brings back no larger file): cat them into .devcache/flashinfer_cache.tar.gz
+  tar -czf - -C "$FLASHINFER_WORKSPACE_BASE" . | split -b 15M - "$OUT/flashinfer_cache.tar.gz.part-" \
+    && ls -la "$OUT"/flashinfer_cache.tar.gz.part-*
 }
 
 runtime_bench() {
