@@ -142,7 +142,8 @@ def _cuda_race(device: torch.device, vocab: int):
     temperature draw of 64 rows takes 0.18 ms on the H200, the eager race alone 0.87 ms:
     bench/results/sampler-h200-2026-11-30/). Compiled here, under
     ``torch.no_grad`` as :func:`sample_tensor` calls it, for 1 row and for 2 (dynamic shapes: every batch size
-    from 2 shares that compilation). CUDA always uses it, whatever the batch, so a row's token cannot depend
+    from 2 shares that compilation). A caller under ``torch.inference_mode`` would make it compile once more
+    (seconds): the stages call the sampler outside it. CUDA always uses it, whatever the batch, so a row's token cannot depend
     on which race its batch took. Where compiling fails (e.g. no host compiler for Triton's launcher), logs
     why and returns the eager :func:`_race` (same tokens but for ``log``'s last bit)."""
     compiled = torch.compile(_race, dynamic=True)
@@ -189,7 +190,8 @@ def _top_p_threshold(scores: torch.Tensor, ranked: torch.Tensor, top_p: torch.Te
     beyond the candidates count in the normaliser, and stay, being at the threshold); ``top_p`` float32 ``[s]``.
     A row with no finite score (NaN logits) gets its first ranked score, not an out-of-range index.
     """
-    probs = (ranked - scores.logsumexp(dim=-1, keepdim=True)).exp_()
+    top = ranked[:, :1]  # scores / tiny temperatures reach 1e5 and more: normalise relative to the top one
+    probs = (ranked - top - (scores - top).logsumexp(dim=-1, keepdim=True)).exp_()
     count = ((probs.cumsum(dim=-1) - probs) < top_p[:, None]).sum(dim=-1, keepdim=True).clamp_(min=1)
     return ranked.gather(1, count - 1).masked_fill_(top_p[:, None] > 1, -math.inf)
 
@@ -209,7 +211,9 @@ def _top_p_mask(scores: torch.Tensor, top_p: torch.Tensor, ranked: torch.Tensor 
     """
     top_p_renorm_probs = _flashinfer_top_p() if ranked is None and scores.is_cuda else None
     if top_p_renorm_probs is not None:
-        kept = top_p_renorm_probs(scores.softmax(dim=-1), top_p.clamp(max=1.0), is_deterministic=True) > 0
+        # NaN rows (no finite logit) enter as zeros: flashinfer's search is not written for NaN
+        probs = scores.softmax(dim=-1).nan_to_num_(0.0)
+        kept = top_p_renorm_probs(probs, top_p.clamp(max=1.0), is_deterministic=True) > 0
         return scores.masked_fill_(~kept.logical_or_((top_p > 1)[:, None]), -math.inf)
     if ranked is None:
         ranked = scores.sort(dim=-1, descending=True).values
@@ -264,7 +268,9 @@ def sample_tensor(logits: torch.Tensor, params: list[SamplingParams], num_genera
     top_p_with_k = any(t[2] < 1 and t[3] < vocab for t in table)
     top_p_alone = [j for j, t in enumerate(table) if t[2] < 1 and t[3] == vocab]
     table = _to_device(torch.tensor(table, dtype=torch.float64), device)
-    rows, top_p, top_k, keys = table[:, 0].long(), table[:, 2].float(), table[:, 3].long(), table[:, 4].long()
+    rows, top_p, top_k = table[:, 0].long(), table[:, 2].float(), table[:, 3].long()
+    # contiguous even for one row (a one-element column keeps its stride 5), as the race was compiled for
+    keys = table[:, 4].to(torch.int64, memory_format=torch.contiguous_format)
     scores = logits[rows].div_(table[:, 1, None].float())
     if k_max:
         scores, ranked = _top_k_mask(scores, top_k, k_max)

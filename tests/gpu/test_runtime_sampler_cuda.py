@@ -96,3 +96,29 @@ def test_no_sync_before_the_tokens_are_read():
         torch.cuda.set_sync_debug_mode("default")
     assert tokens.device.type == "cuda" and tokens.dtype == torch.int64
     assert tokens.tolist() == sample(logits.cpu(), params, steps, EOS)
+
+
+def test_warm_up_leaves_nothing_to_compile():
+    warm_up(torch.device("cuda"), VOCAB)
+    gen = torch.Generator().manual_seed(5)
+    torch._dynamo.config.error_on_recompile = True
+    try:
+        for rows in (1, 2, 64):  # one drawn row (keys of one element), the dynamic size, a large batch
+            logits = (torch.randn(rows, VOCAB, generator=gen) * 3).cuda()
+            for params in (SamplingParams(temperature=0.7), SamplingParams(top_k=20, top_p=0.9, seed=1),
+                           SamplingParams(top_p=0.9)):
+                sample(logits, [params] * rows, [3] * rows, EOS)
+    finally:
+        torch._dynamo.config.error_on_recompile = False
+
+
+def test_rows_without_a_finite_logit_do_not_fail_on_cuda():
+    logits = (torch.randn(3, VOCAB, generator=torch.Generator().manual_seed(6)) * 3)
+    logits[0] = float("nan")
+    logits[1] = float("-inf")
+    logits[1, EOS] = 1.0  # only eos finite, and min_tokens masks it
+    params = [SamplingParams(top_p=0.9, seed=1), SamplingParams(top_p=0.9, min_tokens=2, seed=2),
+              SamplingParams(top_p=0.9, top_k=5, seed=3)]
+    tokens = sample(logits.cuda(), params, [0, 0, 0], EOS)  # flashinfer's top-p on the first two rows
+    torch.cuda.synchronize()  # no device-side assert
+    assert len(tokens) == 3 and all(0 <= t < VOCAB for t in tokens)

@@ -218,6 +218,15 @@ def test_random_batches_draw_from_the_rule_s_tokens(monkeypatch, tied):
     assert checked > 230
 
 
+def test_top_p_at_tiny_temperatures_normalises_exactly(monkeypatch):
+    # logits / 1e-5 reach 3e6: float32's log-sum-exp of them is off by percents unless taken relative to the
+    # top score. Token 2 holds 0.0243 of the probability; the two above it 0.9757 >= 0.96: top-p drops it.
+    logits = torch.tensor([[30.0, 30.0, 30.0 - 3e-5] + [0.0] * (VOCAB - 3)])
+    for top_k in (0, 3):  # the sort and top-k's candidates
+        scores = _drawn_from(monkeypatch, logits, [SamplingParams(temperature=1e-5, top_p=0.96, top_k=top_k)], [0])
+        assert (scores[0] > -math.inf).nonzero().flatten().tolist() == [0, 1], top_k
+
+
 def test_top_k_ties_beyond_the_candidates_count_for_top_p(monkeypatch):
     # top_k=2 keeps the four tokens tied at the 2nd place too; with them, token 0 holds 0.405 < 0.5 of the
     # probability, so top-p keeps all five, whether or not another row takes the sort.
