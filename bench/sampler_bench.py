@@ -84,9 +84,9 @@ def baselines(logits: torch.Tensor, params: SamplingParams) -> dict[str, float]:
     out = {"eager_race": gpu_ms(lambda: sampler._race(logits / params.temperature, keys, token_hash))}
     if params.top_p < 1:
         top_p = torch.full((rows,), params.top_p, device=logits.device)
-        scores = logits / params.temperature
+        temperature = torch.full((rows, 1), params.temperature, device=logits.device)
         out["sort_top_p"] = gpu_ms(lambda: sampler._top_p_threshold(
-            scores, scores.sort(dim=-1, descending=True).values, top_p))
+            logits, logits.sort(dim=-1, descending=True).values, top_p, temperature))
     out["torch_exponential"] = gpu_ms(
         lambda: (logits / params.temperature).softmax(-1).div_(torch.empty_like(logits).exponential_()).argmax(-1))
     return out

@@ -16,6 +16,7 @@ MAX_PIXELS = 16384 * 28 * 28
 MAX_FPS = 60.0
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 256
+_TOKENS_LIMIT = 1 << 31
 _SEED_LIMIT = 2**63  # seeds go into an int64 generator seed
 _PREFIX = "sampling_parameters"
 
@@ -57,8 +58,8 @@ class RequestParams:
     max_pixels: int | None = None
 
     def __post_init__(self) -> None:
-        if self.max_tokens <= 0:
-            _fail("max_tokens", "must be a positive integer", self.max_tokens)
+        if not 0 < self.max_tokens < _TOKENS_LIMIT:  # far beyond any max_model_len; bounds what messages print
+            _fail("max_tokens", "must be a positive integer below 2**31", self.max_tokens)
         if not 0 <= self.min_tokens <= self.max_tokens:
             _fail("min_tokens", f"must be in [0, max_tokens={self.max_tokens}]", self.min_tokens)
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
@@ -84,34 +85,51 @@ class RequestParams:
 
 
 def _fail(key: str, rule: str, value: object) -> None:
-    raise InvalidInput(f"{_PREFIX}: {key} {rule}, got {value!r}")
+    raise InvalidInput(f"{_PREFIX}: {key} {rule}, got {_shown(value)}")
+
+
+def _shown(value: object, limit: int = 60) -> str:
+    """``repr(value)``, cut to ``limit`` characters (an integer of 300 digits is accepted, then refused)."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+def _numeric_text(value: object) -> str | None:
+    """A string's number, stripped, or None: ASCII only (``int()`` also takes other scripts' digits, "٣" is 3)
+    and no underscores (``int("1_000")`` is 1000 in Python, not in JSON or C)."""
+    if isinstance(value, str) and value.isascii() and "_" not in value:
+        return value.strip()
+    return None
 
 
 def _as_int(key: str, value: object) -> int:
     if isinstance(value, int) and not isinstance(value, bool):
         return value
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, str) and value.isascii():  # int() also takes other scripts' digits ("٣" is 3)
+    number, text = value, _numeric_text(value)
+    if text is not None:
         try:
-            return int(value.strip())
+            return int(text)
         except ValueError:
-            pass
-    raise InvalidInput(f"{_PREFIX}: {key} must be an integer, got {value!r}")
+            try:
+                number = float(text)  # "4.0", as the number 4.0 is taken
+            except ValueError:
+                pass
+    if isinstance(number, float) and number.is_integer():
+        return int(number)
+    raise InvalidInput(f"{_PREFIX}: {key} must be an integer, got {_shown(value)}")
 
 
 def _as_float(key: str, value: object) -> float:
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        number = float(value)
-    elif isinstance(value, str) and value.isascii():
-        try:
-            number = float(value.strip())
-        except ValueError:
-            number = math.nan
-    else:
-        number = math.nan
+    number = math.nan
+    try:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            number = float(value)  # OverflowError for an integer beyond float's range
+        elif _numeric_text(value) is not None:
+            number = float(_numeric_text(value))
+    except (ValueError, OverflowError):
+        pass
     if not math.isfinite(number):
-        raise InvalidInput(f"{_PREFIX}: {key} must be a finite number, got {value!r}")
+        raise InvalidInput(f"{_PREFIX}: {key} must be a finite number, got {_shown(value)}")
     return number
 
 

@@ -36,7 +36,8 @@ class SamplingParams:
     """Per-request sampling. Raises ValueError for values out of range.
 
     * ``temperature``: 0 (or below :data:`GREEDY_BELOW_TEMPERATURE`) means greedy (argmax); otherwise logits
-      are divided by it.
+      are divided by it (a temperature beyond float32's range acts as float32's largest). Top-k and top-p
+      compare tokens by logit, so they keep what they would at any temperature.
     * ``top_p``: keep each token whose strictly more likely tokens hold less than ``top_p`` of the probability:
       the smallest set of most likely tokens that reaches ``top_p``, and every token tied with its last
       (1 = off).
@@ -180,44 +181,52 @@ def _top_k_mask(scores: torch.Tensor, top_k: torch.Tensor, k_max: int) -> tuple[
     return scores.masked_fill_(scores < kth, -math.inf), ranked.masked_fill_(ranked < kth, -math.inf)
 
 
-def _top_p_threshold(scores: torch.Tensor, ranked: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """The score each row's top-p keeps down to, float32 ``[s, 1]``: the last of the sorted scores whose more
+def _top_p_threshold(logits: torch.Tensor, ranked: torch.Tensor, top_p: torch.Tensor,
+                     temperature: torch.Tensor) -> torch.Tensor:
+    """The logit each row's top-p keeps down to, float32 ``[s, 1]``: the last of the sorted logits whose more
     likely tokens hold less than ``top_p`` of the probability (-inf where ``top_p`` is inf, i.e. off).
 
-    ``scores``: float32 ``[s, V]``, the row's scores (their log-sum-exp normalises); ``ranked``: float32
-    ``[s, c]``, each row's highest scores sorted in descending order, among them every token the row can keep
-    (the whole vocabulary sorted, or top-k's candidates when the row has a top-k; tokens tied with the k-th
-    beyond the candidates count in the normaliser, and stay, being at the threshold); ``top_p`` float32 ``[s]``.
-    A row with no finite score (NaN logits) gets its first ranked score, not an out-of-range index.
+    ``logits``: float32 ``[s, V]`` (-inf where top-k dropped a token); ``ranked``: float32 ``[s, c]``, each
+    row's highest logits sorted in descending order, among them every token the row can keep (the whole
+    vocabulary sorted, or top-k's candidates when the row has a top-k; tokens tied with the k-th beyond the
+    candidates count in the normaliser, and stay, being at the threshold); ``top_p`` float32 ``[s]``;
+    ``temperature`` float32 ``[s, 1]``, which makes the probabilities (``softmax(logits / temperature)``,
+    normalised relative to the top logit: logits / 1e-5 reach 1e6, where float32's log-sum-exp is off by
+    percents). A row with no finite logit (NaN) gets its first ranked logit, not an out-of-range index.
     """
-    top = ranked[:, :1]  # scores / tiny temperatures reach 1e5 and more: normalise relative to the top one
-    probs = (ranked - top - (scores - top).logsumexp(dim=-1, keepdim=True)).exp_()
+    top = ranked[:, :1]
+    log_norm = ((logits - top) / temperature).logsumexp(dim=-1, keepdim=True)
+    probs = ((ranked - top) / temperature - log_norm).exp_()
     count = ((probs.cumsum(dim=-1) - probs) < top_p[:, None]).sum(dim=-1, keepdim=True).clamp_(min=1)
     return ranked.gather(1, count - 1).masked_fill_(top_p[:, None] > 1, -math.inf)
 
 
-def _top_p_mask(scores: torch.Tensor, top_p: torch.Tensor, ranked: torch.Tensor | None = None) -> torch.Tensor:
-    """``scores`` with ``-inf`` where top-p drops a token, in place: float32 ``[s, V]``; ``top_p`` float32 ``[s]``
-    (inf = off); ``ranked``: top-k's sorted candidates (:func:`_top_k_mask`) when every top-p row has a top-k.
+def _top_p_mask(logits: torch.Tensor, top_p: torch.Tensor, temperature: torch.Tensor,
+                ranked: torch.Tensor | None = None) -> torch.Tensor:
+    """``logits`` with ``-inf`` where top-p drops a token, in place: float32 ``[s, V]``; ``top_p`` float32 ``[s]``
+    (inf = off); ``temperature`` float32 ``[s, 1]``; ``ranked``: top-k's sorted candidates
+    (:func:`_top_k_mask`) when every row here has a top-k.
 
     The rule (:class:`SamplingParams`): a token stays when the tokens strictly more likely than it hold less
-    than ``top_p`` of the probability, so ties stay and the most likely token always does. The threshold
-    comes from ``ranked`` when given; else, on CUDA, from flashinfer's ``top_p_renorm_probs`` (radix select,
-    ``is_deterministic=True``: a whole top-p draw of 64 rows takes 0.55 ms on the H200 where the sort alone
-    takes 1.18 ms, bench/results/sampler-h200-2026-11-30/); else (CPU, or no flashinfer) from a sort of the
-    vocabulary. flashinfer and the sort can disagree on the last token kept where the running sum meets
-    ``top_p`` within float rounding. :func:`sample_tensor` passes ``ranked`` for the rows with a top-k and
-    calls again for the others alone, so a row's rule never depends on its batch.
+    than ``top_p`` of the probability, so ties stay and the most likely token always does. Tokens are compared
+    by logit, which orders them as their probabilities do at any temperature, also where ``logits /
+    temperature`` rounds apart logits to one value. The threshold comes from ``ranked`` when given; else, on
+    CUDA, from flashinfer's ``top_p_renorm_probs`` (radix select, ``is_deterministic=True``: a whole top-p
+    draw of 64 rows takes 0.55 ms on the H200 where the sort alone takes 1.18 ms,
+    bench/results/sampler-h200-2026-11-30/); else (CPU, or no flashinfer) from a sort of the vocabulary.
+    flashinfer and the sort can disagree on the last token kept where the running sum meets ``top_p`` within
+    float rounding. :func:`sample_tensor` passes ``ranked`` for the rows with a top-k and calls again for the
+    others alone, so a row's rule never depends on its batch.
     """
-    top_p_renorm_probs = _flashinfer_top_p() if ranked is None and scores.is_cuda else None
+    top_p_renorm_probs = _flashinfer_top_p() if ranked is None and logits.is_cuda else None
     if top_p_renorm_probs is not None:
         # NaN rows (no finite logit) enter as zeros: flashinfer's search is not written for NaN
-        probs = scores.softmax(dim=-1).nan_to_num_(0.0)
+        probs = (logits / temperature).softmax(dim=-1).nan_to_num_(0.0)
         kept = top_p_renorm_probs(probs, top_p.clamp(max=1.0), is_deterministic=True) > 0
-        return scores.masked_fill_(~kept.logical_or_((top_p > 1)[:, None]), -math.inf)
+        return logits.masked_fill_(~kept.logical_or_((top_p > 1)[:, None]), -math.inf)
     if ranked is None:
-        ranked = scores.sort(dim=-1, descending=True).values
-    return scores.masked_fill_(scores < _top_p_threshold(scores, ranked, top_p), -math.inf)
+        ranked = logits.sort(dim=-1, descending=True).values
+    return logits.masked_fill_(logits < _top_p_threshold(logits, ranked, top_p, temperature), -math.inf)
 
 
 def _to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -271,14 +280,18 @@ def sample_tensor(logits: torch.Tensor, params: list[SamplingParams], num_genera
     rows, top_p, top_k = table[:, 0].long(), table[:, 2].float(), table[:, 3].long()
     # contiguous even for one row (a one-element column keeps its stride 5), as the race was compiled for
     keys = table[:, 4].to(torch.int64, memory_format=torch.contiguous_format)
-    scores = logits[rows].div_(table[:, 1, None].float())
+    # Beyond float32's range a temperature acts as its largest: uniform over the kept tokens, never inf / inf.
+    temperature = table[:, 1, None].float().clamp_(max=torch.finfo(torch.float32).max)
+    scores = logits[rows]  # filtered as logits: their order is the probabilities' at any temperature
     if k_max:
         scores, ranked = _top_k_mask(scores, top_k, k_max)
         if top_p_with_k:
-            scores = _top_p_mask(scores, top_p.masked_fill(top_k == vocab, math.inf), ranked)
+            scores = _top_p_mask(scores, top_p.masked_fill(top_k == vocab, math.inf), temperature, ranked)
     if top_p_alone:
         alone = _to_device(torch.tensor(top_p_alone), device)
-        scores.index_copy_(0, alone, _top_p_mask(scores.index_select(0, alone), top_p.index_select(0, alone)))
+        scores.index_copy_(0, alone, _top_p_mask(scores.index_select(0, alone), top_p.index_select(0, alone),
+                                                 temperature.index_select(0, alone)))
+    scores.div_(temperature)
     race = _cuda_race(device, vocab) if device.type == "cuda" else _race
     with torch.no_grad():  # as _cuda_race compiled it: the same global state, no recompilation
         return tokens.index_copy_(0, rows, race(scores, keys, _token_hash(vocab, device)))

@@ -49,8 +49,9 @@ def test_flashinfer_top_p_keeps_what_the_sort_keeps(scale):
     rows = 256
     scores = torch.randn(rows, VOCAB, generator=torch.Generator().manual_seed(2)).cuda() * scale
     top_p = torch.tensor([[0.5, 0.9, 0.95, float("inf")][i % 4] for i in range(rows)]).cuda()
-    kept = _top_p_mask(scores.clone(), top_p) > float("-inf")
-    by_sort = scores >= _top_p_threshold(scores, scores.sort(dim=-1, descending=True).values, top_p)
+    temperature = torch.ones(rows, 1, device="cuda")
+    kept = _top_p_mask(scores.clone(), top_p, temperature) > float("-inf")
+    by_sort = scores >= _top_p_threshold(scores, scores.sort(dim=-1, descending=True).values, top_p, temperature)
     assert kept[3::4].all()  # top-p off
     # The same sets, but for the last token where the running sum meets top_p within float rounding.
     differing = (kept != by_sort).sum(dim=-1)

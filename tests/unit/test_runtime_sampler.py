@@ -241,7 +241,7 @@ def test_top_k_ties_beyond_the_candidates_count_for_top_p(monkeypatch):
 def test_top_p_keeps_ties():
     # Two tokens tie for second place: when the first does not reach top_p, both stay (not one of them by
     # the order a sort happens to give them).
-    scores = _top_p_mask(torch.tensor([[2.0, 1.0, 1.0, 0.0, -1.0]]), torch.tensor([0.7]))
+    scores = _top_p_mask(torch.tensor([[2.0, 1.0, 1.0, 0.0, -1.0]]), torch.tensor([0.7]), torch.ones(1, 1))
     assert (scores > -math.inf).tolist() == [[True, True, True, False, False]]
 
 
@@ -306,3 +306,23 @@ def test_a_race_that_fails_to_compile_falls_back_to_the_eager_race(monkeypatch, 
     finally:
         sampler._cuda_race.cache_clear()
     assert "no host compiler" in caplog.text and "eager race" in caplog.text
+
+
+def test_temperatures_beyond_float32_keep_eos_masked_and_top_k_greedy():
+    # 1e39 and 1e300 are inf in float32: -inf / inf would be NaN, which argmax picks (an eos inside
+    # min_tokens); and logits / 1e39 all round to 0, so top-k must be taken on the logits themselves.
+    logits = _logits(batch=1) * 3
+    logits[0, EOS] = 50.0
+    best = [int(t) for t in logits[0].sort(descending=True).indices if t not in EOS][0]
+    for t in (1e39, 1e300):
+        drawn = sample(logits.expand(64, -1), [SamplingParams(temperature=t, min_tokens=5, seed=s) for s in range(64)],
+                       [0] * 64, EOS)
+        assert not set(drawn) & set(EOS) and len(set(drawn)) > 10  # uniform over the rest
+        for kwargs in ({"top_k": 1}, {"top_p": 1e-9}, {"top_k": 1, "top_p": 1e-9}):
+            assert sample(logits, [SamplingParams(temperature=t, min_tokens=5, seed=1, **kwargs)], [0], EOS) == [best]
+    # Logits 1e-5 apart divided by 3e38 land on one float32 subnormal: the filters compare the logits.
+    close = (1e-3 - torch.arange(VOCAB, dtype=torch.float32) * 1e-8)[None, :]
+    for kwargs in ({"top_k": 1}, {"top_k": 2, "top_p": 0.03}, {"top_p": 0.01}):
+        drawn = sample(close.expand(32, -1), [SamplingParams(temperature=3e38, seed=s, **kwargs) for s in range(32)],
+                       [0] * 32, [])
+        assert set(drawn) == {0}, kwargs

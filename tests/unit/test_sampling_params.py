@@ -88,7 +88,7 @@ def test_bad_values_are_rejected_naming_the_key(raw, key):
 def test_message_states_rule_and_value():
     with pytest.raises(InvalidInput) as info:
         parse_sampling_parameters('{"max_tokens": 0}')
-    assert str(info.value) == "sampling_parameters: max_tokens must be a positive integer, got 0"
+    assert str(info.value) == "sampling_parameters: max_tokens must be a positive integer below 2**31, got 0"
 
 
 @pytest.mark.parametrize("text, words", [
@@ -119,3 +119,21 @@ def test_stop_strings_are_bounded():
         parse_sampling_parameters('{"stop": ["%s"]}' % ("y" * 300000))
     with pytest.raises(InvalidInput, match="stop"):
         parse_sampling_parameters('{"stop": %s}' % str(["s%d" % i for i in range(17)]).replace("'", '"'))
+
+
+@pytest.mark.parametrize("text, words", [
+    ('{"temperature": 1' + "0" * 400 + "}", "temperature must be a finite number, got 1000"),  # beyond float
+    ('{"top_p": 1' + "0" * 400 + "}", "top_p must be a finite number"),
+    ('{"max_tokens": 1e300}', "max_tokens must be a positive integer below 2**31, got 1000"),
+    ('{"max_tokens": "1_000"}', "max_tokens must be an integer, got '1_000'"),  # Python's int() takes it
+    ('{"temperature": "1_0"}', "temperature must be a finite number, got '1_0'"),
+    ('{"min_tokens": "4.5"}', "min_tokens must be an integer, got '4.5'"),
+])
+def test_numbers_python_would_take_or_overflow_on_are_named(text, words):
+    with pytest.raises(InvalidInput) as info:
+        parse_sampling_parameters(text)
+    assert words in str(info.value) and len(str(info.value)) < 200
+
+
+def test_an_integer_valued_string_counts_as_an_integer():
+    assert parse_sampling_parameters('{"max_tokens": "4.0", "min_tokens": "2"}').max_tokens == 4
