@@ -141,12 +141,15 @@ def _cuda_race(device: torch.device, vocab: int):
     """:func:`_race` compiled by ``torch.compile`` for ``vocab``-wide rows on ``device``: one generated kernel
     (hash, log, argmax) where the eager race is about 25 elementwise kernels over int64 ``[s, V]`` (a whole
     temperature draw of 64 rows takes 0.18 ms on the H200, the eager race alone 0.87 ms:
-    bench/results/sampler-h200-2026-11-30/). Compiled here, under
-    ``torch.no_grad`` as :func:`sample_tensor` calls it, for 1 row and for 2 (dynamic shapes: every batch size
-    from 2 shares that compilation). A caller under ``torch.inference_mode`` would make it compile once more
-    (seconds): the stages call the sampler outside it. CUDA always uses it, whatever the batch, so a row's token cannot depend
-    on which race its batch took. Where compiling fails (e.g. no host compiler for Triton's launcher), logs
-    why and returns the eager :func:`_race` (same tokens but for ``log``'s last bit)."""
+    bench/results/sampler-h200-2026-11-30/).
+
+    Compiled here, under ``torch.no_grad`` as :func:`sample_tensor` calls it, for 1 row and for 2 (dynamic
+    shapes: every batch size from 2 shares that compilation). A caller under ``torch.inference_mode`` would
+    make it compile once more (seconds); the stages call the sampler outside it. CUDA uses it whatever the
+    batch, so a row's token cannot depend on which race its batch took. Where compiling fails (e.g. no host
+    compiler for Triton's launcher), logs why and returns the eager :func:`_race` (the same tokens but for
+    ``log``'s last bit).
+    """
     compiled = torch.compile(_race, dynamic=True)
     try:
         with torch.no_grad():
