@@ -5,8 +5,8 @@ the one device->host sync is the ``.tolist()`` in ``sample``. A draw is the expo
 Gumbel-max trick in exponential form: ``argmax(probs / E)`` with ``E_i = -log U_i`` i.i.d. Exp(1) picks
 token ``i`` with probability ``probs[i] / sum(probs)`` (Gumbel 1954; Maddison et al. 2014, "A* Sampling",
 section 2); exactly so for continuous ``U``, up to ``U``'s 23 bits here (two smallest ``E`` tie in under
-1% of draws over 152k equally likely tokens, and the lower token id wins). ``U`` is not drawn from a generator's state but hashed from
-``(seed, num_generated, token id)`` (a counter-based RNG), so a seeded draw is a pure function of
+1% of draws over 152k equally likely tokens, and the lower token id wins). ``U`` is not drawn from a
+generator's state but hashed from ``(seed, num_generated, token id)`` (a counter-based RNG), so a seeded draw is a pure function of
 ``(seed, num_generated)`` and the row's logits: the prefill worker (first token) and the decode worker
 (the rest) continue one stream, and no row depends on which others share its batch (but for float rounding
 where a top-p edge falls within it: a reduction's last bit can depend on the batch's shape).
