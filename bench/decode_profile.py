@@ -180,8 +180,8 @@ def main() -> None:
         attn = attention(runner, seqs)
         kv_bytes = batch * args.context * sizes.kv_token_bytes
         row = {"batch": batch, "context": args.context, "floor_ms": sizes.decode_floor_ms(batch, args.context),
-               "step_ms": step, "step_ahead_ms": ahead, "host_ms": host, "replay_ms": replay, "host_profile_20_stages": host_profile, "kernels": kernels,
-               "kernels_eager": kernels_eager,
+               "step_ms": step, "step_ahead_ms": ahead, "host_ms": host, "replay_ms": replay,
+               "host_profile_20_stages": host_profile, "kernels": kernels, "kernels_eager": kernels_eager,
                "linears_ms": sep, "linears_fused_ms": fused, "linear_bytes": linear_bytes,
                "linears_tb_per_s": linear_bytes / sep / 1e9, "linears_fused_tb_per_s": linear_bytes / fused / 1e9,
                "attention_ms": attn, "attention_kv_tb_per_s": kv_bytes / attn / 1e9}

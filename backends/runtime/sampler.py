@@ -6,10 +6,11 @@ Gumbel-max trick in exponential form: ``argmax(probs / E)`` with ``E_i = -log U_
 token ``i`` with probability ``probs[i] / sum(probs)`` (Gumbel 1954; Maddison et al. 2014, "A* Sampling",
 section 2); exactly so for continuous ``U``, up to ``U``'s 23 bits here (two smallest ``E`` tie in under
 1% of draws over 152k equally likely tokens, and the lower token id wins). ``U`` is not drawn from a
-generator's state but hashed from ``(seed, num_generated, token id)`` (a counter-based RNG), so a seeded draw is a pure function of
-``(seed, num_generated)`` and the row's logits: the prefill worker (first token) and the decode worker
-(the rest) continue one stream, and no row depends on which others share its batch (but for float rounding
-where a top-p edge falls within it: a reduction's last bit can depend on the batch's shape).
+generator's state but hashed from ``(seed, num_generated, token id)`` (a counter-based RNG), so a seeded
+draw is a pure function of ``(seed, num_generated)`` and the row's logits: the prefill worker (first
+token) and the decode worker (the rest) continue one stream, and no row depends on which others share its
+batch (but for float rounding where a top-p edge falls within it: a reduction's last bit can depend on the
+batch's shape).
 """
 from __future__ import annotations
 
@@ -303,10 +304,8 @@ def sample_tensor(logits: torch.Tensor, params: list[SamplingParams], num_genera
 def warm_up(device: torch.device, vocab: int) -> None:
     """Compile the CUDA race for ``vocab``-wide logits (:func:`_cuda_race`) and load flashinfer's top-p kernel
     (built by flashinfer's JIT on a machine's first use, about two minutes on the H200 machine) before a
-    request needs them; a no-op off CUDA."""
+    request needs them, by drawing once with top-p; a no-op off CUDA."""
     if device.type == "cuda":
-        _cuda_race(device, vocab)
-        _flashinfer_top_p()
         sample(torch.zeros(2, vocab, device=device), [SamplingParams(top_p=0.5)] * 2, [0, 0], [])
 
 
