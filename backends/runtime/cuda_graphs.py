@@ -9,7 +9,8 @@ first, torch's recommendation) and flashinfer's workspace.
 Per step, on the host: the paged layout is planned into the graph's fixed index buffers (flashinfer's
 ``use_cuda_graph`` mode), token ids, M-RoPE positions and KV positions go through one pinned buffer and one
 asynchronous copy, then the graph replays. The step's only host sync is the caller's read of the
-sampled tokens.
+sampled tokens; token ids may also come from the device (the last step's samples), so that the caller can
+launch a step before it reads the last one's tokens (``backends.runtime.token_readback``).
 
 The plan does not depend on the tokens, so a caller may :meth:`DecodeGraphs.prepare` the next step's layout
 while the GPU still runs this one (0.3 ms of host time at batch 1, 0.4-1.0 ms at batch 64 on an H200:
@@ -145,27 +146,35 @@ class DecodeGraphs:
         table must not be changed in place), else plans again. Raises ValueError as :meth:`stage` does."""
         self._prepared = self._plan(seqs)
 
-    def stage(self, seqs: Sequence[DecodeSeq]) -> _Graph:
+    def stage(self, seqs: Sequence[DecodeSeq], token_ids: torch.Tensor | None = None) -> _Graph:
         """The host part of a step: plan the smallest graph that holds ``seqs`` (unless :meth:`prepare` did)
-        and copy its inputs in (queued on the current stream, ahead of the replay). Raises ValueError for more
-        than ``max_batch`` sequences."""
+        and copy its inputs in (queued on the current stream, ahead of the replay). ``token_ids``: int64 ``[n]``
+        on the device (the last step's samples, not yet read by the host), used instead of ``seqs``' token ids
+        and copied on the device. Raises ValueError for more than ``max_batch`` sequences or ``token_ids`` of
+        another length."""
+        n = len(seqs)
+        if token_ids is not None and tuple(token_ids.shape) != (n,):
+            raise ValueError(f"token_ids {tuple(token_ids.shape)} for {n} sequences")
         prepared, self._prepared = self._prepared, None
         planned = prepared if prepared is not None and prepared.fits(seqs) else self._plan(seqs)
-        g, n = planned.graph, len(seqs)
-        self._staged.synchronize()  # normally long done: the caller has read the last step's tokens
+        g = planned.graph
+        self._staged.synchronize()  # normally long done: the copy went ahead of the last replay
         staging = self._staging[:, :g.batch_size]
-        staging[0, :n] = torch.tensor([s.token_id for s in seqs])
+        staging[0] = 0
+        if token_ids is None:
+            staging[0, :n] = torch.tensor([s.token_id for s in seqs])
         staging[1, :n] = torch.tensor([s.position for s in seqs])
-        staging[0, n:] = 0
         staging[1, n:] = 0
         staging[2] = planned.metadata.kv_positions
         g.inputs.copy_(staging, non_blocking=True)
         self._staged.record(torch.cuda.current_stream(self.runner.device))
+        if token_ids is not None:
+            g.inputs[0, :n].copy_(token_ids)
         return g
 
-    def run(self, seqs: Sequence[DecodeSeq]) -> torch.Tensor:
+    def run(self, seqs: Sequence[DecodeSeq], token_ids: torch.Tensor | None = None) -> torch.Tensor:
         """:meth:`stage`, then replay; float32 logits ``[len(seqs), vocab]``, a view of the graph's output
         buffer valid until the next replay of that size. Raises ValueError as :meth:`stage` does."""
-        g = self.stage(seqs)
+        g = self.stage(seqs, token_ids)
         g.graph.replay()
         return g.logits[:len(seqs)]

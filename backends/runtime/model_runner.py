@@ -223,20 +223,25 @@ class ModelRunner:
         return self.model.lm_head(hidden[last[wanted]]).float()
 
     @torch.inference_mode()
-    def decode(self, seqs: list[DecodeSeq]) -> torch.Tensor:
+    def decode(self, seqs: list[DecodeSeq], token_ids: torch.Tensor | None = None) -> torch.Tensor:
         """One token for each sequence; returns float32 logits ``[len(seqs), vocab]``.
 
-        Runs a captured CUDA graph when :meth:`enable_cuda_graphs` was called and one fits the batch.
-        Raises ValueError for an empty list.
+        ``token_ids``: int64 ``[len(seqs)]`` on the model's device, used instead of ``seqs``' token ids (the
+        last step's samples, which the host has not read: ``backends.runtime.token_readback``). Runs a captured
+        CUDA graph when :meth:`enable_cuda_graphs` was called and one fits the batch. Raises ValueError for an
+        empty list or ``token_ids`` of another length.
         """
         if not seqs:
             raise ValueError("decode needs at least one sequence")
         if self.graphs is not None and len(seqs) <= self.graphs.max_batch:
-            return self.graphs.run(seqs).clone()  # the graph's buffer is overwritten by its next replay
+            return self.graphs.run(seqs, token_ids).clone()  # the graph's buffer is overwritten by its next replay
+        if token_ids is None:
+            token_ids = torch.tensor([s.token_id for s in seqs], dtype=torch.long, device=self.device)
+        elif tuple(token_ids.shape) != (len(seqs),):
+            raise ValueError(f"token_ids {tuple(token_ids.shape)} for {len(seqs)} sequences")
         metadata = AttentionMetadata.build(
             [1] * len(seqs), [s.num_cached for s in seqs], [s.block_table for s in seqs], self.page_size, self.device)
         self.backend.plan(metadata)
-        token_ids = torch.tensor([s.token_id for s in seqs], dtype=torch.long, device=self.device)
         positions = torch.tensor([s.position for s in seqs], dtype=torch.long, device=self.device)
         return self.decode_logits(token_ids, positions, self.backend, metadata)
 

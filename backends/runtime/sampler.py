@@ -233,7 +233,7 @@ def _top_p_mask(logits: torch.Tensor, top_p: torch.Tensor, temperature: torch.Te
     return logits.masked_fill_(logits < _top_p_threshold(logits, ranked, top_p, temperature), -math.inf)
 
 
-def _to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+def upload(host: torch.Tensor, device: torch.device) -> torch.Tensor:
     """One host->device copy that does not wait for the device (pinned memory on CUDA)."""
     if device.type == "cuda":
         host = host.pin_memory()
@@ -261,7 +261,7 @@ def sample_tensor(logits: torch.Tensor, params: list[SamplingParams], num_genera
     banned = [n < p.min_tokens for p, n in zip(params, num_generated)]
     if any(banned) and eos_ids:
         # Not `logits[rows, cols] = -inf`: that assignment waits for the device.
-        banned, cols = _to_device(torch.tensor(banned), device), _to_device(torch.tensor(eos_ids), device)
+        banned, cols = upload(torch.tensor(banned), device), upload(torch.tensor(eos_ids), device)
         eos_logits = logits.index_select(1, cols).masked_fill_(banned[:, None], -math.inf)
         logits = logits.index_copy(1, cols, eos_logits)
     tokens = logits.argmax(dim=-1)
@@ -280,7 +280,7 @@ def sample_tensor(logits: torch.Tensor, params: list[SamplingParams], num_genera
     # top-k, else from flashinfer (CUDA) or a sort: chosen by the row's own parameters, never by its company.
     top_p_with_k = any(t[2] < 1 and t[3] < vocab for t in table)
     top_p_alone = [j for j, t in enumerate(table) if t[2] < 1 and t[3] == vocab]
-    table = _to_device(torch.tensor(table, dtype=torch.float64), device)
+    table = upload(torch.tensor(table, dtype=torch.float64), device)
     rows, top_p, top_k = table[:, 0].long(), table[:, 2].float(), table[:, 3].long()
     # contiguous even for one row (a one-element column keeps its stride 5), as the race was compiled for
     keys = table[:, 4].to(torch.int64, memory_format=torch.contiguous_format)
@@ -292,7 +292,7 @@ def sample_tensor(logits: torch.Tensor, params: list[SamplingParams], num_genera
         if top_p_with_k:
             scores = _top_p_mask(scores, top_p.masked_fill(top_k == vocab, math.inf), temperature, ranked)
     if top_p_alone:
-        alone = _to_device(torch.tensor(top_p_alone), device)
+        alone = upload(torch.tensor(top_p_alone), device)
         scores.index_copy_(0, alone, _top_p_mask(scores.index_select(0, alone), top_p.index_select(0, alone),
                                                  temperature.index_select(0, alone)))
     scores.div_(temperature)

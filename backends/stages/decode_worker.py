@@ -8,6 +8,15 @@ Sending a response is a round trip to the Triton process, so the loop hands each
 thread and goes on with the next step, whose GPU work hides the send; messages leave in the order they were
 made. (Sent between steps, with a metric update per step, the round trips cost 0.66 ms of a 6.2 ms batch-1
 step on an H200: bench/results/serve-h200x2-2026-11-29.)
+
+Steps overlap (vLLM's async scheduling, SGLang's overlap scheduler): the loop launches step N+1 with step N's
+tokens still on the device (``backends.runtime.token_readback``) and only then reads step N's, so the GPU never
+waits for the host's stop checks, messages and launches. The price is one row per ending sequence: a sequence
+that ends with an eos token at step N has already been launched in step N+1, whose row for it is dropped; its
+KV pages are still written by that step, so its last message (on which the orchestrator frees the pages) leaves
+only once step N+1 has finished on the device. A sequence whose ``max_tokens``-th token is in flight is not
+launched again. Commands (admit, abort, attach, end) wait for the step in flight to be read first, so an abort's
+``done`` never runs while a step still writes the sequence's pages.
 When the server stops, the stream is ended (``end_stream``) before ``finalize``: Triton unloads the
 model only once that stream's sender has sent its final flag.
 """
@@ -32,21 +41,26 @@ from backends.runtime.lm_fuse import fuse_projections
 from backends.runtime.model_runner import DecodeSeq, ModelRunner
 from backends.runtime.sampler import SamplingParams, sample_tensor, warm_up
 from backends.runtime.stopping import finish_reason
+from backends.runtime.token_readback import TokenReadback
 from backends.runtime.tokenizer import eos_token_ids
 
 log = logging.getLogger(__name__)
 
 # (seq_ids, token_ids, finish_reasons): one decode step's output for all sequences ("" = running).
 StepSink = Callable[[list[str], list[int], list[str]], None]
-# (sequences in the step, seconds from the step's start to its tokens on the host, whether the batch is empty
-# after it): one call per step, on the send thread after the step's message; also (0, 0.0, idle) when the batch
-# may have emptied without a step (abort, end) and at shutdown.
+# (sequences in the step, the seconds it took: from its launch, or from the last step's tokens on the host if that
+# came later, to its tokens on the host; whether the batch is empty after it): one call per step, on the send
+# thread after the step's message; also (0, 0.0, idle) when the batch may have emptied without a step (abort,
+# end) and at shutdown.
 StepTimer = Callable[[int, float, bool], None]
 
 
 @dataclass
 class RunningSeq:
-    """A sequence in the decode batch. ``num_cached`` tokens are in the KV pool; ``last_token`` is not yet."""
+    """A sequence in the decode batch. ``num_cached`` tokens are in the KV pool, or will be once the step in
+    flight has run; ``last_token`` is not yet (while the sequence is in the step in flight, ``last_token`` is
+    the one before and the current one is on the device). ``num_generated`` counts the tokens of launched steps;
+    ``ending``: the step in flight makes its ``max_tokens``-th token, so it is not launched again."""
 
     seq_id: str
     block_table: np.ndarray  # int32: the KV pages granted at admission (a step's page list is views of these)
@@ -56,6 +70,7 @@ class RunningSeq:
     num_generated: int
     max_tokens: int
     sampling: SamplingParams
+    ending: bool = False
 
     @classmethod
     def from_admit(cls, payload: dict) -> "RunningSeq":
@@ -63,6 +78,20 @@ class RunningSeq:
         return cls(payload["seq_id"], np.asarray(payload["block_table"], dtype=np.int32), int(payload["num_cached"]),
                    int(payload["last_token"]), int(payload["mrope_delta"]), int(payload["num_generated"]),
                    int(payload["max_tokens"]), SamplingParams(**payload["sampling"]))
+
+
+@dataclass(frozen=True)
+class _Launched:
+    """A step launched on the device whose tokens the host has not read: its sequences in row order, each row's
+    ``num_generated`` before the step, and the sampled tokens."""
+
+    seqs: list[RunningSeq]
+    counts: list[int]
+    tokens: TokenReadback
+    started: float  # time.perf_counter() at launch
+
+    def holds(self, seq: RunningSeq) -> bool:
+        return any(s is seq for s in self.seqs)
 
 
 class DecodeWorker:
@@ -112,6 +141,8 @@ class DecodeWorker:
         self.max_batch = max_batch
         self.running: dict[str, RunningSeq] = {}
         self.commands: queue.Queue = queue.Queue()
+        self._in_flight: _Launched | None = None  # the loop thread's: the step whose tokens are not read yet
+        self._last_read = 0.0  # time.perf_counter() when the last step's tokens reached the host
         self.sink: StepSink | None = None
         self.end: Callable[[], None] | None = None  # ends the attached stream (sends its final flag)
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()  # (callable, args) for the send thread; None stops it
@@ -192,65 +223,122 @@ class DecodeWorker:
         try:
             self._serve()
         finally:
+            if self._in_flight is not None:  # not read, but finished before the pool is released
+                self._in_flight.tokens.wait()
             self._end_stream()  # never left open: it would keep the model from unloading
 
     def _serve(self) -> None:
         while not self._stop.is_set():
             # Idle: block until a command arrives; busy: drain what is there and step.
-            block = not self.running or self.sink is None
+            idle = not self.running or self.sink is None
             try:
-                self._apply(self.commands.get(block=block, timeout=None if block else 0))
-                continue
-            except queue.Empty:
-                pass
-            try:
-                self._step()
+                if idle:
+                    self._read_in_flight()
+                try:
+                    command = self.commands.get(block=idle, timeout=None if idle else 0)
+                except queue.Empty:
+                    self._step()
+                    continue
+                self._read_in_flight()  # a command sees no step in flight (an abort's pages are free of it)
+                self._apply(command)
             except Exception:  # a failed step must not kill the loop: end the batch, keep serving
                 log.exception("decode step failed")
-                failed = list(self.running)
-                self.running.clear()
-                self._post(self.sink, failed, [-1] * len(failed), ["error"] * len(failed))
+                self._fail_batch()
+
+    def _fail_batch(self) -> None:
+        """After an error: wait for the device to finish what was launched (it may write the batch's pages),
+        then fail every running sequence."""
+        self._in_flight = None
+        if self.runner.device.type == "cuda":
+            try:
+                torch.cuda.synchronize(self.runner.device)
+            except Exception:  # a broken context: the error already logged says why
+                log.exception("decode: could not wait for the device after a failed step")
+        failed = list(self.running)
+        self.running.clear()
+        if self.sink is not None:
+            self._post(self.sink, failed, [-1] * len(failed), ["error"] * len(failed))
 
     def _step(self) -> None:
-        batch = list(self.running.values())[: self.max_batch]
-        start = time.perf_counter()
-        logits = self.runner.decode([
-            DecodeSeq(s.last_token, s.num_cached + s.mrope_delta, s.num_cached, s.block_table) for s in batch
-        ])
-        tokens = sample_tensor(logits, [s.sampling for s in batch], [s.num_generated for s in batch], self.eos_ids)
-        if self.runner.graphs is not None:  # plan the next step while the GPU runs this one
+        """Launch the next step, then read the one in flight (module docstring), then plan the step after."""
+        launched = self._launch()
+        previous, self._in_flight = self._in_flight, launched
+        if previous is not None:
+            self._read(previous)
+        if launched is not None and self.runner.graphs is not None:  # plan the next step while the GPU runs
             try:
-                self.runner.prepare_decode(self._next_layout(batch))
+                self.runner.prepare_decode(self._next_layout())
             except Exception:  # only a head start: the next step plans when it runs
                 log.exception("decode: planning the next step ahead failed")
-        tokens = tokens.tolist()
-        elapsed = time.perf_counter() - start
-        reasons = []
-        for seq, token in zip(batch, tokens):
-            seq.num_cached += 1
+
+    def _batch(self) -> list[RunningSeq]:
+        """The sequences of the next step: the running ones with a token left to make, in admission order, at
+        most ``max_batch``."""
+        return [s for s in self.running.values() if not s.ending][: self.max_batch]
+
+    def _launch(self) -> _Launched | None:
+        """Launch a step of :meth:`_batch` on the device (forward and sampling; nothing waits for the device) and
+        advance its sequences' counts; None when no sequence has a token left to make. Token ids come from the
+        step in flight when every sequence was in it, else that step is read first and they come from the host."""
+        batch = self._batch()
+        previous = self._in_flight
+        token_ids = None
+        if batch and previous is not None:
+            rows = {id(s): i for i, s in enumerate(previous.seqs)}
+            if all(id(s) in rows for s in batch):
+                token_ids = previous.tokens.rows([rows[id(s)] for s in batch])
+            else:  # a sequence that was not in it (it waited for a free row): its token is on the host
+                self._read_in_flight()
+                batch = self._batch()
+        if not batch:
+            return None
+        started = time.perf_counter()
+        logits = self.runner.decode([
+            DecodeSeq(s.last_token, s.num_cached + s.mrope_delta, s.num_cached, s.block_table) for s in batch
+        ], token_ids)
+        counts = [s.num_generated for s in batch]
+        tokens = TokenReadback(sample_tensor(logits, [s.sampling for s in batch], counts, self.eos_ids))
+        for s in batch:
+            s.num_cached += 1
+            s.num_generated += 1
+            s.ending = s.num_generated >= s.max_tokens
+        return _Launched(batch, counts, tokens, started)
+
+    def _read_in_flight(self) -> None:
+        """Read the step in flight, if there is one (:meth:`_read`)."""
+        step, self._in_flight = self._in_flight, None
+        if step is not None:
+            self._read(step)
+
+    def _read(self, step: _Launched) -> None:
+        """Bring ``step``'s tokens to the host (waits for the device), end the sequences that stop, and send the
+        step's message. Rows of sequences that ended before (an eos token in the step before) are dropped."""
+        tokens = step.tokens.tolist()
+        now = time.perf_counter()
+        elapsed, self._last_read = now - max(step.started, self._last_read), now
+        seq_ids, out, reasons, ended_in_flight = [], [], [], False
+        for seq, token, count in zip(step.seqs, tokens, step.counts):
+            if self.running.get(seq.seq_id) is not seq:
+                continue
             seq.last_token = token
-            seq.num_generated += 1
-            reason = finish_reason(token, seq.num_generated, seq.max_tokens, seq.sampling.min_tokens,
+            reason = finish_reason(token, count + 1, seq.max_tokens, seq.sampling.min_tokens,
                                    seq.sampling.ignore_eos, self.eos_ids)
-            reasons.append(reason or "")
             if reason:
                 del self.running[seq.seq_id]
-        self._post(self.sink, [s.seq_id for s in batch], tokens, reasons)
-        self._told(len(batch), elapsed)
+                ended_in_flight |= self._in_flight is not None and self._in_flight.holds(seq)
+            seq_ids.append(seq.seq_id)
+            out.append(token)
+            reasons.append(reason or "")
+        if ended_in_flight:  # the step in flight still writes that sequence's KV: its pages stay held until then
+            self._in_flight.tokens.wait()
+        if self.sink is not None and seq_ids:  # none: every row was dropped
+            self._post(self.sink, seq_ids, out, reasons)
+        self._told(len(step.seqs), elapsed)
 
-    def _next_layout(self, batch: list[RunningSeq]) -> list[DecodeSeq]:
-        """The next step's batch as it will be if no sequence of ``batch`` ends with an eos token and no command
-        comes between the steps: the sequences that reach ``max_tokens`` leave, the others hold one more token
-        (token ids and positions are left 0: a plan does not read them)."""
-        stepped = {s.seq_id for s in batch}
-        layout = []
-        for s in self.running.values():
-            if s.seq_id in stepped and s.num_generated + 1 >= s.max_tokens:
-                continue
-            layout.append(DecodeSeq(0, 0, s.num_cached + (s.seq_id in stepped), s.block_table))
-            if len(layout) == self.max_batch:
-                break
-        return layout
+    def _next_layout(self) -> list[DecodeSeq]:
+        """The next step's batch as it will be if no sequence of the step in flight ends with an eos token and no
+        command comes first (token ids and positions are left 0: a plan does not read them)."""
+        return [DecodeSeq(0, 0, s.num_cached, s.block_table) for s in self._batch()]
 
     def _told(self, batch: int, elapsed: float) -> None:
         """``on_step`` on the send thread, after the step's message (``batch`` 0: no step, the batch may have
