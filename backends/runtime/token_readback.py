@@ -31,12 +31,19 @@ class TokenReadback:
         else:
             self._host = tokens
 
-    def rows(self, index: list[int]) -> torch.Tensor:
-        """The device tokens of rows ``index``, int64 ``[len(index)]``, without waiting for the device: the
-        whole tensor when ``index`` is ``0 .. b-1``, else a gather whose index travels from pinned memory."""
-        if index == list(range(self.on_device.shape[0])):
+    def next_inputs(self, rows: list[int | None], host_tokens: list[int]) -> torch.Tensor:
+        """The next step's token ids, int64 ``[len(rows)]`` on the device, without waiting for the device: entry
+        ``i`` is this step's token of row ``rows[i]``, or ``host_tokens[i]`` where ``rows[i]`` is None (a sequence
+        not in this step). The tokens themselves when ``rows`` is ``0 .. b-1``, else a new tensor (a gather, and the
+        host's tokens written in), its indices and values in one upload from pinned memory."""
+        if rows == list(range(self.on_device.shape[0])):
             return self.on_device
-        return self.on_device.index_select(0, upload(torch.tensor(index), self.on_device.device))
+        joining = [i for i, row in enumerate(rows) if row is None]
+        packed = torch.tensor([0 if row is None else row for row in rows] + joining
+                              + [host_tokens[i] for i in joining])
+        gather, where, values = upload(packed, self.on_device.device).split([len(rows), len(joining), len(joining)])
+        tokens = self.on_device.index_select(0, gather)
+        return tokens.index_copy_(0, where, values) if joining else tokens
 
     def wait(self) -> None:
         """Block until the tokens are on the host (the step that made them has finished on the device)."""

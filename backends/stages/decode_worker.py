@@ -9,16 +9,15 @@ thread and goes on with the next step, whose GPU work hides the send; messages l
 made. (Sent between steps, with a metric update per step, the round trips cost 0.66 ms of a 6.2 ms batch-1
 step on an H200: bench/results/serve-h200x2-2026-11-29.)
 
-Steps overlap (vLLM's async scheduling, SGLang's overlap scheduler): the loop launches step N+1 with step N's
-tokens still on the device (``backends.runtime.token_readback``) and only then reads step N's, so the GPU never
-waits for the host's stop checks, messages and launches. The price is one row per ending sequence: a sequence
-that ends with an eos token at step N has already been launched in step N+1, whose row for it is dropped; its
-KV pages are still written by that step, so its last message (on which the orchestrator frees the pages) leaves
-only once step N+1 has finished on the device. A sequence whose ``max_tokens``-th token is in flight is not
-launched again. Commands (admit, abort, attach, end) wait for the step in flight to be read first, so an abort's
-``done`` never runs while a step still writes the sequence's pages.
-When the server stops, the stream is ended (``end_stream``) before ``finalize``: Triton unloads the
-model only once that stream's sender has sent its final flag.
+Steps overlap (vLLM's async scheduling, SGLang's overlap scheduler; with CUDA graphs, where the host's launches
+would otherwise leave the GPU idle): the loop launches step N+1 with step N's tokens still on the device
+(``backends.runtime.token_readback``) and only then reads step N's, so the GPU never waits for the host's stop
+checks, messages and launches. A sequence whose ``max_tokens``-th token is in flight is not launched again; one
+that ends with an eos token at step N has already been launched in step N+1, whose row for it is dropped. That
+step still writes the sequence's KV pages, so the sequence's last message (on which the orchestrator frees them)
+goes out with step N+1's. Abort, end and attach read the step in flight before they act, so an abort's ``done``
+never runs while a step still writes the sequence's pages; an admitted sequence joins the next step with its
+token from the host.
 """
 from __future__ import annotations
 
@@ -104,8 +103,11 @@ class DecodeWorker:
     decoder layers' small ops fused by ``torch.compile`` (``backends.runtime.lm_compile``; compiled by the
     graphs' warm-up at start): ``"auto"`` (with CUDA graphs: 5.47 vs 7.03 ms per step at batch 1 and 9.33 vs
     12.35 ms at batch 64, 4k context, on an H200: bench/results/runtime-fused-h200-2026-11-30), ``"on"`` or
-    ``"off"``. ``on_step``: told each step's batch size and time (forward + sampling) and whether the batch is
-    empty after it (``StepTimer``), for the stage's metrics (a metric update is a round trip to the Triton
+    ``"off"``. ``overlap_steps``: launch each step before reading the last one's tokens (module docstring):
+    ``"auto"`` (with CUDA graphs: 4.88 vs 5.13 ms per step at batch 1, 8.62 vs 8.95 ms at 64, on an H200:
+    bench/results/runtime-overlap-h200-2026-11-30; without them a step's planning waits for the device anyway,
+    and on the CPU each message would come a step later), ``"on"`` or ``"off"``. ``on_step``: told each step's
+    batch size and time (``StepTimer``) and whether the batch is empty after it, for the stage's metrics (a metric update is a round trip to the Triton
     process: the adaptor sums them and sends them when the batch empties or a second has passed).
     ``kv_pool``: the shared pool's name (``backends.replicas``: one pool per replica). ``lm_weights``: the name
     under which the language model's weights are shared with encode_prefill (``backends.shared_weights``; None:
@@ -114,8 +116,10 @@ class DecodeWorker:
 
     def __init__(self, spec: ModelSpec, device: torch.device, kv_pages: int, page_size: int, max_batch: int,
                  attention_backend: str = "auto", cuda_graphs: str = "auto", on_step: StepTimer | None = None,
-                 compile_layers: str = "auto", kv_pool: str = "kv_pool", lm_weights: str | None = "lm_weights"):
-        for name, value in (("cuda_graphs", cuda_graphs), ("compile_layers", compile_layers)):
+                 compile_layers: str = "auto", kv_pool: str = "kv_pool", lm_weights: str | None = "lm_weights",
+                 overlap_steps: str = "auto"):
+        for name, value in (("cuda_graphs", cuda_graphs), ("compile_layers", compile_layers),
+                            ("overlap_steps", overlap_steps)):
             if value not in ("auto", "on", "off"):
                 raise ValueError(f"{name} must be auto, on or off, got {value!r}")
         model, tokenizer = load_model(spec)
@@ -132,9 +136,10 @@ class DecodeWorker:
         self.runner = ModelRunner(model, self.pool.tensor, page_size, backend, compile_language_model=compiled)
         if graphs:
             self.runner.enable_cuda_graphs(batch_ladder(max_batch))
-        log.info("decode: %s attention, CUDA graphs %s, decoder layers %s", type(backend).__name__,
+        self.overlap = overlap_steps == "on" or (overlap_steps == "auto" and graphs)
+        log.info("decode: %s attention, CUDA graphs %s, decoder layers %s, steps %s", type(backend).__name__,
                  "off" if self.runner.graphs is None else f"for batch sizes up to {max_batch}",
-                 "compiled" if compiled else "eager")
+                 "compiled" if compiled else "eager", "overlapped" if self.overlap else "one at a time")
         warm_up(device, model.lm_head.out_features)
         self.eos_ids = eos_token_ids(tokenizer)
         self.on_step = on_step
@@ -142,6 +147,7 @@ class DecodeWorker:
         self.running: dict[str, RunningSeq] = {}
         self.commands: queue.Queue = queue.Queue()
         self._in_flight: _Launched | None = None  # the loop thread's: the step whose tokens are not read yet
+        self._held: list[tuple[str, int, str]] = []  # last rows waiting for the step in flight (_read)
         self._last_read = 0.0  # time.perf_counter() when the last step's tokens reached the host
         self.sink: StepSink | None = None
         self.end: Callable[[], None] | None = None  # ends the attached stream (sends its final flag)
@@ -223,53 +229,73 @@ class DecodeWorker:
         try:
             self._serve()
         finally:
-            if self._in_flight is not None:  # not read, but finished before the pool is released
-                self._in_flight.tokens.wait()
-            self._end_stream()  # never left open: it would keep the model from unloading
+            try:
+                if self._in_flight is not None:  # not read, but finished before the pool is released
+                    self._in_flight.tokens.wait()
+            finally:
+                self._end_stream()  # never left open: it would keep the model from unloading
 
     def _serve(self) -> None:
         while not self._stop.is_set():
             # Idle: block until a command arrives; busy: drain what is there and step.
             idle = not self.running or self.sink is None
+            if idle:
+                self._guarded(self._read_in_flight)
             try:
-                if idle:
-                    self._read_in_flight()
-                try:
-                    command = self.commands.get(block=idle, timeout=None if idle else 0)
-                except queue.Empty:
-                    self._step()
-                    continue
-                self._read_in_flight()  # a command sees no step in flight (an abort's pages are free of it)
-                self._apply(command)
-            except Exception:  # a failed step must not kill the loop: end the batch, keep serving
-                log.exception("decode step failed")
-                self._fail_batch()
+                command = self.commands.get(block=idle, timeout=None if idle else 0)
+            except queue.Empty:
+                self._guarded(self._step)
+                continue
+            if command[0] != "admit":  # abort, end, attach: no step in flight may still write their sequences' pages
+                self._guarded(self._read_in_flight)
+            self._apply(command)
+
+    def _guarded(self, work: Callable[[], None]) -> None:
+        """``work()``; an error must not kill the loop: it is logged and fails the batch (:meth:`_fail_batch`)."""
+        try:
+            work()
+        except Exception:
+            log.exception("decode step failed")
+            self._fail_batch()
 
     def _fail_batch(self) -> None:
-        """After an error: wait for the device to finish what was launched (it may write the batch's pages),
-        then fail every running sequence."""
-        self._in_flight = None
+        """After an error: wait for the device to finish what was launched (it may write the batch's pages), read
+        the step in flight if it can still be read, then fail every running sequence; rows held back for the step
+        in flight (:meth:`_read`) go out with the failures."""
+        unread, self._in_flight = self._in_flight, None
         if self.runner.device.type == "cuda":
             try:
                 torch.cuda.synchronize(self.runner.device)
             except Exception:  # a broken context: the error already logged says why
                 log.exception("decode: could not wait for the device after a failed step")
-        failed = list(self.running)
+        if unread is not None:
+            try:
+                self._read(unread)
+            except Exception:
+                log.exception("decode: could not read the step in flight after a failed step")
+        rows, self._held = self._held, []
+        rows += [(seq_id, -1, "error") for seq_id in self.running]
         self.running.clear()
-        if self.sink is not None:
-            self._post(self.sink, failed, [-1] * len(failed), ["error"] * len(failed))
+        self._send(rows)
 
     def _step(self) -> None:
-        """Launch the next step, then read the one in flight (module docstring), then plan the step after."""
+        """Launch the next step, read the one before it (module docstring), plan the step after while the GPU
+        runs; without overlap, read the step just launched last."""
         launched = self._launch()
         previous, self._in_flight = self._in_flight, launched
         if previous is not None:
-            self._read(previous)
-        if launched is not None and self.runner.graphs is not None:  # plan the next step while the GPU runs
+            try:
+                self._read(previous)
+            except Exception:  # the step launched follows tokens never sent: not to be read (_fail_batch waits)
+                self._in_flight = None
+                raise
+        if launched is not None and self.runner.graphs is not None:
             try:
                 self.runner.prepare_decode(self._next_layout())
             except Exception:  # only a head start: the next step plans when it runs
                 log.exception("decode: planning the next step ahead failed")
+        if not self.overlap:
+            self._read_in_flight()
 
     def _batch(self) -> list[RunningSeq]:
         """The sequences of the next step: the running ones with a token left to make, in admission order, at
@@ -278,20 +304,16 @@ class DecodeWorker:
 
     def _launch(self) -> _Launched | None:
         """Launch a step of :meth:`_batch` on the device (forward and sampling; nothing waits for the device) and
-        advance its sequences' counts; None when no sequence has a token left to make. Token ids come from the
-        step in flight when every sequence was in it, else that step is read first and they come from the host."""
+        advance its sequences' counts; None when no sequence has a token left to make. The token ids of the
+        sequences in the step in flight come from the device, the others' (joining the batch) from the host."""
         batch = self._batch()
-        previous = self._in_flight
-        token_ids = None
-        if batch and previous is not None:
-            rows = {id(s): i for i, s in enumerate(previous.seqs)}
-            if all(id(s) in rows for s in batch):
-                token_ids = previous.tokens.rows([rows[id(s)] for s in batch])
-            else:  # a sequence that was not in it (it waited for a free row): its token is on the host
-                self._read_in_flight()
-                batch = self._batch()
         if not batch:
             return None
+        token_ids = None
+        if self._in_flight is not None:
+            rows = {id(s): i for i, s in enumerate(self._in_flight.seqs)}
+            token_ids = self._in_flight.tokens.next_inputs([rows.get(id(s)) for s in batch],
+                                                           [s.last_token for s in batch])
         started = time.perf_counter()
         logits = self.runner.decode([
             DecodeSeq(s.last_token, s.num_cached + s.mrope_delta, s.num_cached, s.block_table) for s in batch
@@ -312,28 +334,34 @@ class DecodeWorker:
 
     def _read(self, step: _Launched) -> None:
         """Bring ``step``'s tokens to the host (waits for the device), end the sequences that stop, and send the
-        step's message. Rows of sequences that ended before (an eos token in the step before) are dropped."""
+        step's message. Rows of sequences that ended before (an eos token in the step before) are dropped. The last
+        row of a sequence that the step in flight still holds (it ended with an eos token) is held back and sent
+        with that step's message: the orchestrator frees a sequence's pages on its last message, and that step
+        writes them until it has run."""
         tokens = step.tokens.tolist()
         now = time.perf_counter()
         elapsed, self._last_read = now - max(step.started, self._last_read), now
-        seq_ids, out, reasons, ended_in_flight = [], [], [], False
+        rows, self._held = self._held, []
         for seq, token, count in zip(step.seqs, tokens, step.counts):
             if self.running.get(seq.seq_id) is not seq:
                 continue
             seq.last_token = token
             reason = finish_reason(token, count + 1, seq.max_tokens, seq.sampling.min_tokens,
                                    seq.sampling.ignore_eos, self.eos_ids)
+            row = (seq.seq_id, token, reason or "")
             if reason:
                 del self.running[seq.seq_id]
-                ended_in_flight |= self._in_flight is not None and self._in_flight.holds(seq)
-            seq_ids.append(seq.seq_id)
-            out.append(token)
-            reasons.append(reason or "")
-        if ended_in_flight:  # the step in flight still writes that sequence's KV: its pages stay held until then
-            self._in_flight.tokens.wait()
-        if self.sink is not None and seq_ids:  # none: every row was dropped
-            self._post(self.sink, seq_ids, out, reasons)
+                if self._in_flight is not None and self._in_flight.holds(seq):
+                    self._held.append(row)
+                    continue
+            rows.append(row)
+        self._send(rows)
         self._told(len(step.seqs), elapsed)
+
+    def _send(self, rows: list[tuple[str, int, str]]) -> None:
+        """Post one message of ``(seq_id, token_id, finish_reason)`` rows to the stream, if any and attached."""
+        if rows and self.sink is not None:
+            self._post(self.sink, *map(list, zip(*rows)))
 
     def _next_layout(self) -> list[DecodeSeq]:
         """The next step's batch as it will be if no sequence of the step in flight ends with an eos token and no

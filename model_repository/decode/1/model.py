@@ -56,12 +56,14 @@ class TritonPythonModel:
             max_batch=triton_io.int_parameter(params, "max_batch"),
             attention_backend=params.get("attention_backend", "auto"),
             cuda_graphs=params.get("cuda_graphs", "auto"), on_step=on_step,
-            compile_layers=params.get("compile_layers", "auto"), kv_pool=replica_name("kv_pool", replica),
+            compile_layers=params.get("compile_layers", "auto"), overlap_steps=params.get("overlap_steps", "auto"),
+            kv_pool=replica_name("kv_pool", replica),
             lm_weights=replica_name("lm_weights", replica) if shared_weights_on(params) else None)
         # Families must outlive their metrics, so both are kept.
         self.metric_families = [pb.MetricFamily(name, text, pb.MetricFamily.COUNTER) for name, text in (
             ("unifiedserve_decode_steps", "decode steps run"),
-            ("unifiedserve_decode_step_seconds", "seconds spent in decode steps (forward + sampling), summed"),
+            ("unifiedserve_decode_step_seconds", "seconds spent in decode steps (each from its launch, or from the "
+             "last step's tokens on the host if later, to its tokens on the host), summed"),
             ("unifiedserve_decode_step_sequences", "sequences in decode steps, summed (mean batch = this / steps)"))]
         # one family per name across the replicas' processes (Triton merges equal families), one series each
         series += [family.Metric(labels={"replica": str(replica)}) for family in self.metric_families]
