@@ -6,7 +6,10 @@ read until the one that carries the ``triton_final_response`` parameter, which T
 stream is opened with ``enable_empty_final_response=True``.
 
 Times are wall-clock milliseconds from just before the request is sent: TTFT is the arrival of the
-first response with text or token ids, TBT the gaps between consecutive such responses.
+first response with text or token ids, TBT the gaps between consecutive tokens. A response may carry several
+tokens (the server sends what has queued up when it is behind); when token ids are returned, such a response of
+``k`` tokens counts ``k`` gaps of a ``k``-th of its wait each (the first response's extra tokens: gaps of 0), so
+the mean TBT is per token; without ids each response counts as one token.
 
 The response pieces (:class:`ResponsePiece`) and the timing (:class:`_Collector`) are shared with
 ``client.http_stream``, so both transports report the same :class:`GenerationResult`.
@@ -54,7 +57,8 @@ class GenerationResult:
 
     @property
     def mean_tbt_ms(self) -> float | None:
-        """Mean gap between consecutive text/token responses (ms); ``None`` with fewer than two."""
+        """Mean gap between consecutive tokens (ms, as the module docstring counts them); ``None`` with fewer
+        than two."""
         return sum(self.tbt_ms) / len(self.tbt_ms) if self.tbt_ms else None
 
 
@@ -103,10 +107,12 @@ class _Collector:
             r.finish_reason = piece.finish_reason
         if piece.has_output:
             r.num_responses += 1
+            k = max(1, len(piece.token_ids))
             if self._last is None:
                 r.ttft_ms = (t - self.t0) * 1e3
+                r.tbt_ms += [0.0] * (k - 1)
             else:
-                r.tbt_ms.append((t - self._last) * 1e3)
+                r.tbt_ms += [(t - self._last) * 1e3 / k] * k
             self._last = t
 
     def finish(self, cancelled: bool = False) -> GenerationResult:

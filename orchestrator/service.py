@@ -84,6 +84,14 @@ class Event:
     invalid_input: bool = False
 
 
+def _next_queued(events: asyncio.Queue) -> Event | None:
+    """The next event already in ``events``, or None (nothing waits)."""
+    try:
+        return events.get_nowait()
+    except asyncio.QueueEmpty:
+        return None
+
+
 @dataclass
 class Active:
     """One request in flight, as the orchestrator tracks it."""
@@ -370,19 +378,23 @@ class Orchestrator:
     # ---- per request -----------------------------------------------------------------------------
     async def generate(self, active: Active, is_cancelled):
         """Yield (text_delta, token_ids, finish_reason or None) as tokens arrive; the last item has a
-        finish_reason. ``is_cancelled()`` is polled; a cancelled request ends with reason "abort".
+        finish_reason. ``is_cancelled()`` is polled; a cancelled request ends with reason "abort". An item holds
+        every token that has arrived by then: one normally, several when this request's handler has fallen
+        behind the decode stage (one response for them, not one each: what vLLM's output collector does).
 
-        Raises InvalidInput / StageError when a stage fails on this request.
+        Raises InvalidInput / StageError when a stage fails on this request (after yielding the tokens that
+        came before the failure).
         """
         params = active.parsed.params
         detok = Detokenizer(self.tokenizer, params.stop, params.min_tokens)
         try:
-            checked = time.monotonic()
+            checked, event = time.monotonic(), None
             while True:
-                try:
-                    event = await asyncio.wait_for(active.events.get(), CANCEL_POLL_S)
-                except asyncio.TimeoutError:
-                    event = None
+                if event is None:
+                    try:
+                        event = await asyncio.wait_for(active.events.get(), CANCEL_POLL_S)
+                    except asyncio.TimeoutError:
+                        pass
                 # Poll by time, not only when idle: tokens can arrive faster than the poll period.
                 if time.monotonic() - checked >= CANCEL_POLL_S:
                     checked = time.monotonic()
@@ -391,22 +403,27 @@ class Orchestrator:
                         return
                 if event is None:
                     continue
-                if event.kind == "error":
+                deltas, ids = [], []
+                while event is not None and event.kind == "token":  # this token and those queued behind it
+                    active.num_generated += 1
+                    reason = event.reason or finish_reason(event.token, active.num_generated, params.max_tokens,
+                                                           params.min_tokens, params.ignore_eos, self.eos_ids)
+                    deltas.append(detok.add([event.token]))
+                    ids.append(event.token)
+                    if detok.stopped:
+                        reason = "stop"
+                    if reason:
+                        yield "".join(deltas) + detok.flush(), ids, reason
+                        return
+                    if not active.in_decode:
+                        await self._admit_to_decode(active, event.token)
+                    event = _next_queued(active.events)
+                if ids:
+                    yield "".join(deltas), ids, None
+                if event is not None:  # an error, after the tokens before it
                     if event.invalid_input:
                         raise InvalidInput(event.message)
                     raise stages.StageError(event.message)
-                active.num_generated += 1
-                reason = event.reason or finish_reason(event.token, active.num_generated, params.max_tokens,
-                                                       params.min_tokens, params.ignore_eos, self.eos_ids)
-                delta = detok.add([event.token])
-                if detok.stopped:
-                    reason = "stop"
-                if reason:
-                    yield delta + detok.flush(), [event.token], reason
-                    return
-                if not active.in_decode:
-                    await self._admit_to_decode(active, event.token)
-                yield delta, [event.token], None
         finally:
             await self.release(active)
 
