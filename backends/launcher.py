@@ -300,9 +300,11 @@ class TritonServer:
         """Tell the models and let them drain (``server_stop``: requests in flight fail, streams end; at most
         ``drain_timeout_s`` seconds), SIGINT, then SIGKILL of the whole process group after ``exit_timeout_s``
         seconds (first asking the stubs still alive for their threads' stacks, which go to the server log); removes
-        the run directory. Returns None when the server exited by itself, else what was left
-        when it had to be killed: "model NAME had not unloaded", or "every model had unloaded" (tritonserver
-        itself did not exit)."""
+        the run directory. Returns None when the server exited by itself with status 0; else what went wrong: when
+        it had to be killed, "did not exit within EXIT_TIMEOUT_S s of its stop (model NAME had not unloaded)" (or
+        "(every model had unloaded)": tritonserver itself did not exit); when tritonserver gave up waiting for a
+        model after its own exit timeout (status 1, "Exit timeout expired" in its log), "gave up its stop after its
+        exit timeout (model NAME had not unloaded)"."""
         killed = None
         if self.process is not None and self.process.poll() is None:
             if os.environ.get("UNIFIEDSERVE_DUMP_STACKS") == "1":
@@ -311,13 +313,12 @@ class TritonServer:
             server_stop.wait_drained(self.run_dir, drain_timeout_s)
             os.killpg(self.process.pid, signal.SIGINT)
             try:
-                self.process.wait(timeout=exit_timeout_s)
+                if self.process.wait(timeout=exit_timeout_s) != 0:
+                    killed = (f"gave up its stop after its exit timeout of {TRITON_EXIT_TIMEOUT_S} s, status "
+                              f"{self.process.returncode} ({self._not_unloaded()})")
             except subprocess.TimeoutExpired:
                 self._dump_stub_stacks()  # what the stubs left were doing, into the log, for whoever looks into it
-                log = self.log_tail(1_000_000)
-                stuck = sorted(model for model in set(self.ready_stubs.values())
-                               if f"successfully unloaded '{model}'" not in log)
-                killed = f"model {', '.join(stuck)} had not unloaded" if stuck else "every model had unloaded"
+                killed = f"did not exit within {exit_timeout_s:g} s of its stop ({self._not_unloaded()}): killed"
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait()
         if self.process is not None:  # stubs still loading when the server exited outlive it: none may stay
@@ -331,6 +332,12 @@ class TritonServer:
             shutil.rmtree(self.run_dir, ignore_errors=True)
         return killed
 
+    def _not_unloaded(self) -> str:
+        """"model NAME had not unloaded" for the models whose unload the log does not show, or "every model had
+        unloaded"."""
+        log = self.log_tail(1_000_000)
+        stuck = sorted(model for model in set(self.ready_stubs.values()) if f"successfully unloaded '{model}'" not in log)
+        return f"model {', '.join(stuck)} had not unloaded" if stuck else "every model had unloaded"
     def stubs(self) -> dict[int, str]:
         """This server's Python-backend stub processes that are alive: pid -> model (the name of the folder of
         the model.py it runs). A stub killed from outside stays a zombie of tritonserver, left out here."""
@@ -454,9 +461,8 @@ def _serve(args: argparse.Namespace, repository: Path) -> int:
         else:
             killed = server.stop()
     if killed:  # the stop was asked for and nothing is left running: said, not an error status
-        where = "" if args.log_stdout else f"; its stubs' stacks are in {server.log_path}"
-        print(f"tritonserver did not exit within {EXIT_TIMEOUT_S:g} s of its stop ({killed}): killed{where}",
-              file=sys.stderr, flush=True)
+        where = "" if args.log_stdout else f"; see {server.log_path}"
+        print(f"tritonserver {killed}{where}", file=sys.stderr, flush=True)
         return 0
     return STAGE_DIED if died else server.process.returncode or 0
 

@@ -92,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
                 parser.error("--http always streams (generate_stream)")
             result = generate_stream_http(
                 args.question, url=args.http, model=args.model, video_url=args.video_url,
-                image_url=args.image_url or None, sampling=sampling, timeout_s=args.timeout, on_text=printer)
+                image_url=args.image_url or None, sampling=sampling, timeout_s=args.timeout, on_text=printer,
+                return_output_ids=True)  # ids make the mean TBT per token (client/api.py)
         else:
             video = args.video.read_bytes() if args.video else None
             images = [f.read_bytes() for f in args.image] or None
@@ -100,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
                 result = client.generate(
                     args.question, video=video, image=images, video_url=args.video_url,
                     image_url=args.image_url or None, sampling=sampling, stream=not args.no_stream,
-                    on_text=printer, timeout_s=args.timeout)
+                    on_text=printer, timeout_s=args.timeout, return_output_ids=True)
     except (ServerError, TimeoutError, OSError) as e:
         printer.end_line()
         print(f"error: {e}", file=sys.stderr)

@@ -8,8 +8,8 @@ stream is opened with ``enable_empty_final_response=True``.
 Times are wall-clock milliseconds from just before the request is sent: TTFT is the arrival of the
 first response with text or token ids, TBT the gaps between consecutive tokens. A response may carry several
 tokens (the server sends what has queued up when it is behind); when token ids are returned, such a response of
-``k`` tokens counts ``k`` gaps of a ``k``-th of its wait each (the first response's extra tokens: gaps of 0), so
-the mean TBT is per token; without ids each response counts as one token.
+``k`` tokens counts ``k`` gaps of a ``k``-th of its wait each (the first response's extra tokens count none: no
+wait measures them), so the mean TBT is per token; without ids each response counts as one token.
 
 The response pieces (:class:`ResponsePiece`) and the timing (:class:`_Collector`) are shared with
 ``client.http_stream``, so both transports report the same :class:`GenerationResult`.
@@ -110,7 +110,6 @@ class _Collector:
             k = max(1, len(piece.token_ids))
             if self._last is None:
                 r.ttft_ms = (t - self.t0) * 1e3
-                r.tbt_ms += [0.0] * (k - 1)
             else:
                 r.tbt_ms += [(t - self._last) * 1e3 / k] * k
             self._last = t

@@ -160,7 +160,9 @@ class DecodeWorker:
 
     # Called from execute() (or the server's stop watch): enqueue only.
     def attach(self, sink: StepSink, end: Callable[[], None]) -> None:
-        """Send each step to ``sink`` from now on; ``end()`` (on the loop thread) closes that stream."""
+        """Send each step to ``sink`` from now on; ``end()`` (on the loop thread) closes that stream. A stream
+        already attached (an orchestrator replaced) is ended and its sequences dropped: their requests fail with
+        it, and the new orchestrator's page allocator counts their pages free."""
         self.commands.put(("attach", sink, end))
 
     def end_stream(self) -> None:
@@ -205,6 +207,8 @@ class DecodeWorker:
     def _apply(self, command) -> None:
         kind, value, done = command
         if kind == "attach":
+            if self.sink is not None:  # their requests end with the old stream
+                self.running.clear()
             self._end_stream()  # a stream replaced (a new orchestrator) is ended, not left open
             self.sink, self.end = value, done
         elif kind == "end":

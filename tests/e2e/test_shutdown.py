@@ -138,3 +138,43 @@ def test_a_server_that_does_not_exit_is_killed_and_the_launcher_says_so():
     assert "(most recent call first)" in log.read_text(errors="replace"), "no stub stacks in the log"
     assert str(log) in err
     log.unlink()
+
+
+def test_a_model_left_loaded_by_triton_is_named_when_triton_gives_up_its_stop():
+    """Triton 2.51 keeps the orchestrator from unloading once a stream request that Triton itself refused (an input
+    of the wrong type, never seen by the model) was cancelled with ``cancel_requests=True``: at the stop it waits
+    out its own exit timeout and exits with status 1 (found by a user pass; the model's threads are idle). The
+    launcher then names the model that had not unloaded and exits 0 (the stop was asked for, nothing is left
+    running), rather than passing on Triton's 1 with no word."""
+    import queue
+    import re
+    import signal
+    import subprocess
+    import sys
+
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+
+    from backends.launcher import ServerPorts
+    from client.api import grpc_inputs, request_tensors
+
+    ports = ServerPorts.unused()
+    launcher = subprocess.Popen([sys.executable, "-m", "backends.launcher", "--http-port", str(ports.http),
+                                 "--grpc-port", str(ports.grpc), "--metrics-port", str(ports.metrics)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    ready = launcher.stdout.readline()
+    log = re.search(r"log (\S+\.log)", ready)
+    assert "tritonserver ready" in ready and log, ready + launcher.stderr.read()
+    tensors = [(name, np.array([1], dtype=np.int32), "INT32") if name == "stream" else (name, value, kind)
+               for name, value, kind in request_tensors("hi", sampling={"max_tokens": 4}, stream=True)]
+    client, answers = grpcclient.InferenceServerClient(f"127.0.0.1:{ports.grpc}"), queue.Queue()
+    client.start_stream(callback=lambda result, error: answers.put(error))
+    client.async_stream_infer("orchestrator", grpc_inputs(tensors), enable_empty_final_response=True)
+    assert answers.get(timeout=30) is not None  # Triton's own refusal of the INT32 `stream`
+    client.stop_stream(cancel_requests=True)
+    client.close()
+    launcher.send_signal(signal.SIGTERM)
+    _, err = launcher.communicate(timeout=90)
+    assert launcher.returncode == 0, err
+    if "Exit timeout expired" in Path(log.group(1)).read_text(errors="replace"):  # seen in every try here
+        assert "gave up its stop after its exit timeout" in err and "model orchestrator had not unloaded" in err, err

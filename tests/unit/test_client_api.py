@@ -117,15 +117,19 @@ def test_collector_times_and_concatenates():
 
 def test_a_response_of_several_tokens_counts_a_gap_per_token():
     """The server sends the tokens queued up behind it as one response: TBT stays per token (the wait shared
-    among the response's tokens; the first response's extra tokens have none)."""
+    among the response's tokens; the first response's extra tokens count no gap, so one non-streamed response
+    has no TBT)."""
     c = _Collector(t0=0.0)
     c.add(0.100, ResponsePiece(text=b"ab", token_ids=(1, 2)))
     c.add(0.130, ResponsePiece(text=b"cde", token_ids=(3, 4, 5)))
     c.add(0.140, ResponsePiece(text=b"f", token_ids=(6,), finish_reason="length"))
     r = c.finish()
     assert r.num_responses == 3 and r.ttft_ms == pytest.approx(100.0)
-    assert r.tbt_ms == pytest.approx([0.0, 10.0, 10.0, 10.0, 10.0])
-    assert r.mean_tbt_ms == pytest.approx((140.0 - 100.0) / 5)
+    assert r.tbt_ms == pytest.approx([10.0, 10.0, 10.0, 10.0])
+    assert r.mean_tbt_ms == pytest.approx((140.0 - 100.0) / 4)
+    whole = _Collector(t0=0.0)
+    whole.add(0.5, ResponsePiece(text=b"abcdef", token_ids=(1, 2, 3, 4, 5, 6), finish_reason="length"))
+    assert whole.finish().mean_tbt_ms is None
 
 
 def test_collector_joins_a_character_split_across_responses():

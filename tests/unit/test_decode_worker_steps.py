@@ -303,3 +303,24 @@ def test_a_failed_read_leaves_the_next_step_unsent(monkeypatch):
         assert reasons["a"] == "error" and tokens["a"] == reference[:2] + [-1]
     finally:
         worker.shutdown()
+
+
+def test_a_new_stream_drops_the_old_streams_sequences():
+    """An orchestrator replaced (a new stream attached): the old stream ends and its sequences stop (the new
+    orchestrator counts their pages free); nothing more is sent for them on either stream."""
+    worker = worker_on("cpu", max_batch=2)
+    try:
+        worker.eos_ids = []
+        admit(worker, "a", 5, [1, 2, 3, 4, 5, 6, 7], max_tokens=100)
+        ended = threading.Event()
+        old: queue.Queue = queue.Queue()
+        worker.attach(lambda *step: old.put(step), ended.set)
+        old.get(timeout=10)  # stepping
+        new = attach_queue(worker)
+        assert ended.wait(10)
+        time.sleep(0.2)
+        assert not worker.running and new.empty()
+        while not old.empty():  # what was sent before the new stream came
+            assert old.get_nowait()[0] == ["a"]
+    finally:
+        worker.shutdown()
