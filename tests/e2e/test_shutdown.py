@@ -49,10 +49,8 @@ def test_stop_with_a_stream_and_a_video_in_flight(media_dir):
     assert isinstance(outcomes["text"], ServerError), outcomes["text"]  # 20000 tokens cannot have finished
 
 
-def test_sigterm_while_starting_leaves_no_server():
-    """SIGTERM to the launcher before the models are ready stops the server it started (which runs in its
-    own session, so nothing else would)."""
-    import signal
+def launch():
+    """``python -m backends.launcher`` on free ports, started: (the process, its ports)."""
     import subprocess
     import sys
 
@@ -62,6 +60,24 @@ def test_sigterm_while_starting_leaves_no_server():
     launcher = subprocess.Popen([sys.executable, "-m", "backends.launcher", "--http-port", str(ports.http),
                                  "--grpc-port", str(ports.grpc), "--metrics-port", str(ports.metrics)],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return launcher, ports
+
+
+def start_launcher():
+    """:func:`launch`, read up to its ready line: (the process, its ports, that line); fails the test when the
+    line is not the ready line."""
+    launcher, ports = launch()
+    ready = launcher.stdout.readline()
+    assert "tritonserver ready" in ready, ready + launcher.stderr.read()
+    return launcher, ports, ready
+
+
+def test_sigterm_while_starting_leaves_no_server():
+    """SIGTERM to the launcher before the models are ready stops the server it started (which runs in its
+    own session, so nothing else would)."""
+    import signal
+
+    launcher, ports = launch()
     time.sleep(3)  # tritonserver is loading the models
     launcher.send_signal(signal.SIGTERM)
     _, err = launcher.communicate(timeout=90)
@@ -99,19 +115,13 @@ def test_a_server_that_does_not_exit_is_killed_and_the_launcher_says_so():
     247, Triton's -9, and no message) and leaves no process or shared memory behind."""
     import re
     import signal
-    import subprocess
-    import sys
     import tempfile
 
-    from backends.launcher import EXIT_TIMEOUT_S, ServerPorts
+    from backends.launcher import EXIT_TIMEOUT_S
 
-    ports = ServerPorts.unused()
-    launcher = subprocess.Popen([sys.executable, "-m", "backends.launcher", "--http-port", str(ports.http),
-                                 "--grpc-port", str(ports.grpc), "--metrics-port", str(ports.metrics)],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    ready = launcher.stdout.readline()
+    launcher, ports, ready = start_launcher()
     run = re.search(r"(unifiedserve-run-[a-z0-9_]+)\.log", ready)
-    assert "tritonserver ready" in ready and run, ready + launcher.stderr.read()
+    assert run, ready
     flag = f"--http-port={ports.http}".encode()
 
     def servers() -> list[int]:
@@ -149,22 +159,15 @@ def test_a_model_left_loaded_by_triton_is_named_when_triton_gives_up_its_stop():
     import queue
     import re
     import signal
-    import subprocess
-    import sys
 
     import numpy as np
     import tritonclient.grpc as grpcclient
 
-    from backends.launcher import ServerPorts
     from client.api import grpc_inputs, request_tensors
 
-    ports = ServerPorts.unused()
-    launcher = subprocess.Popen([sys.executable, "-m", "backends.launcher", "--http-port", str(ports.http),
-                                 "--grpc-port", str(ports.grpc), "--metrics-port", str(ports.metrics)],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    ready = launcher.stdout.readline()
+    launcher, ports, ready = start_launcher()
     log = re.search(r"log (\S+\.log)", ready)
-    assert "tritonserver ready" in ready and log, ready + launcher.stderr.read()
+    assert log, ready
     tensors = [(name, np.array([1], dtype=np.int32), "INT32") if name == "stream" else (name, value, kind)
                for name, value, kind in request_tensors("hi", sampling={"max_tokens": 4}, stream=True)]
     client, answers = grpcclient.InferenceServerClient(f"127.0.0.1:{ports.grpc}"), queue.Queue()
