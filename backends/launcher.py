@@ -336,8 +336,10 @@ class TritonServer:
         """"model NAME had not unloaded" for the models whose unload the log does not show, or "every model had
         unloaded"."""
         log = self.log_tail(1_000_000)
-        stuck = sorted(model for model in set(self.ready_stubs.values()) if f"successfully unloaded '{model}'" not in log)
+        stuck = sorted(model for model in set(self.ready_stubs.values())
+                       if f"successfully unloaded '{model}'" not in log)
         return f"model {', '.join(stuck)} had not unloaded" if stuck else "every model had unloaded"
+
     def stubs(self) -> dict[int, str]:
         """This server's Python-backend stub processes that are alive: pid -> model (the name of the folder of
         the model.py it runs). A stub killed from outside stays a zombie of tritonserver, left out here."""

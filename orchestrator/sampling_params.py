@@ -120,12 +120,12 @@ def _as_int(key: str, value: object) -> int:
 
 
 def _as_float(key: str, value: object) -> float:
-    number = math.nan
+    number, text = math.nan, _numeric_text(value)
     try:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             number = float(value)  # OverflowError for an integer beyond float's range
-        elif _numeric_text(value) is not None:
-            number = float(_numeric_text(value))
+        elif text is not None:
+            number = float(text)
     except (ValueError, OverflowError):
         pass
     if not math.isfinite(number):

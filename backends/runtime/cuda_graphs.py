@@ -149,12 +149,10 @@ class DecodeGraphs:
     def stage(self, seqs: Sequence[DecodeSeq], token_ids: torch.Tensor | None = None) -> _Graph:
         """The host part of a step: plan the smallest graph that holds ``seqs`` (unless :meth:`prepare` did)
         and copy its inputs in (queued on the current stream, ahead of the replay). ``token_ids``: int64 ``[n]``
-        on the device (the last step's samples, not yet read by the host), used instead of ``seqs``' token ids
-        and copied on the device. Raises ValueError for more than ``max_batch`` sequences or ``token_ids`` of
-        another length."""
+        on the device (the last step's samples, not yet read by the host; ``ModelRunner.decode`` checks their
+        length), used instead of ``seqs``' token ids and copied on the device. Raises ValueError for more than
+        ``max_batch`` sequences."""
         n = len(seqs)
-        if token_ids is not None and tuple(token_ids.shape) != (n,):
-            raise ValueError(f"token_ids {tuple(token_ids.shape)} for {n} sequences")
         prepared, self._prepared = self._prepared, None
         planned = prepared if prepared is not None and prepared.fits(seqs) else self._plan(seqs)
         g = planned.graph

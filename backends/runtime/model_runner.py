@@ -233,12 +233,12 @@ class ModelRunner:
         """
         if not seqs:
             raise ValueError("decode needs at least one sequence")
+        if token_ids is not None and tuple(token_ids.shape) != (len(seqs),):
+            raise ValueError(f"token_ids {tuple(token_ids.shape)} for {len(seqs)} sequences")
         if self.graphs is not None and len(seqs) <= self.graphs.max_batch:
             return self.graphs.run(seqs, token_ids).clone()  # the graph's buffer is overwritten by its next replay
         if token_ids is None:
             token_ids = torch.tensor([s.token_id for s in seqs], dtype=torch.long, device=self.device)
-        elif tuple(token_ids.shape) != (len(seqs),):
-            raise ValueError(f"token_ids {tuple(token_ids.shape)} for {len(seqs)} sequences")
         metadata = AttentionMetadata.build(
             [1] * len(seqs), [s.num_cached for s in seqs], [s.block_table for s in seqs], self.page_size, self.device)
         self.backend.plan(metadata)

@@ -18,6 +18,8 @@ step still writes the sequence's KV pages, so the sequence's last message (on wh
 goes out with step N+1's. Abort, end and attach read the step in flight before they act, so an abort's ``done``
 never runs while a step still writes the sequence's pages; an admitted sequence joins the next step with its
 token from the host.
+When the server stops, the stream is ended (``end_stream``) before ``finalize``: Triton unloads the
+model only once that stream's sender has sent its final flag.
 """
 from __future__ import annotations
 
@@ -107,8 +109,9 @@ class DecodeWorker:
     ``"auto"`` (with CUDA graphs: 4.88 vs 5.13 ms per step at batch 1, 8.62 vs 8.95 ms at 64, on an H200:
     bench/results/runtime-overlap-h200-2026-11-30; without them a step's planning waits for the device anyway,
     and on the CPU each message would come a step later), ``"on"`` or ``"off"``. ``on_step``: told each step's
-    batch size and time (``StepTimer``) and whether the batch is empty after it, for the stage's metrics (a metric update is a round trip to the Triton
-    process: the adaptor sums them and sends them when the batch empties or a second has passed).
+    batch size and time (``StepTimer``) and whether the batch is empty after it, for the stage's metrics (a
+    metric update is a round trip to the Triton process: the adaptor sums them and sends them when the batch
+    empties or a second has passed).
     ``kv_pool``: the shared pool's name (``backends.replicas``: one pool per replica). ``lm_weights``: the name
     under which the language model's weights are shared with encode_prefill (``backends.shared_weights``; None:
     not shared).

@@ -324,3 +324,13 @@ def test_a_new_stream_drops_the_old_streams_sequences():
             assert old.get_nowait()[0] == ["a"]
     finally:
         worker.shutdown()
+
+
+def test_token_ids_of_another_length_are_refused():
+    worker = worker_on("cpu", max_batch=2)
+    try:
+        seq = DecodeSeq(5, 0, 0, np.array([1], dtype=np.int32))
+        with pytest.raises(ValueError, match=r"token_ids \(2,\) for 1 sequences"):
+            worker.runner.decode([seq], torch.tensor([5, 6]))
+    finally:
+        worker.shutdown()
