@@ -29,7 +29,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 serve: $(STAMP)
-	$(PY) -m backends.launcher $(ARGS)
+	$(PY) -m backends.triton.launcher $(ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache

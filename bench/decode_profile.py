@@ -11,7 +11,7 @@ For each batch size, with the decoder layers compiled and the step in a CUDA gra
 * ``kernels``: one replay's kernels from ``torch.profiler``, summed by kind (matrix products, attention, KV
   writes, fused elementwise, other), their count, and the replay's idle time between them;
 * ``linears``: every linear layer of the step (and the LM head) replayed alone in a graph, as the runner runs
-  them (q/k/v and gate/up concatenated into one product each, ``backends/runtime/lm_fuse.py``) and as
+  them (q/k/v and gate/up concatenated into one product each, ``backends/runtime/language_model/fuse.py``) and as
   transformers' layers do (five products): the weight-streaming time and bandwidth against 4.3 TB/s;
 * ``attention``: the 28 layers' KV writes + flashinfer decode alone, in a graph: time and KV bandwidth.
 
@@ -36,9 +36,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from backends.runtime.cuda_graphs import batch_ladder  # noqa: E402
-from backends.runtime.kv_cache import pages_needed  # noqa: E402
-from backends.runtime.lm_compile import compile_decoder_layers  # noqa: E402
+from backends.runtime.language_model.cuda_graphs import batch_ladder  # noqa: E402
+from backends.runtime.language_model.kv_cache import pages_needed  # noqa: E402
+from backends.runtime.language_model.compile import compile_decoder_layers  # noqa: E402
 from bench.common import H200_HBM_BYTES_PER_S, cuda_time_ms, graph_ms, write  # noqa: E402
 from bench.runtime_bench import DEVICE, PAGE, decode_batch, decode_step, decode_step_ahead, make_runner, start  # noqa: E402
 

@@ -76,9 +76,9 @@ run_pytest() {  # log name, then pytest arguments
 }
 
 runtime_tests() {
-  run_pytest runtime_tests -rP tests/gpu/test_flashinfer_runtime.py tests/unit/test_vision_attention.py \
-    tests/unit/test_runtime_vs_transformers.py tests/unit/test_runtime_sampler.py \
-    tests/unit/test_decode_worker_steps.py
+  run_pytest runtime_tests -rP tests/gpu/test_flashinfer_runtime.py tests/unit/backends/runtime/vision/test_attention.py \
+    tests/unit/backends/runtime/test_vs_transformers.py tests/unit/backends/runtime/sampling/test_sampler.py \
+    tests/unit/backends/stages/test_decode_worker_steps.py
   # in 15 MB parts (the device tool brings back no larger file): cat them into .devcache/flashinfer_cache.tar.gz
   tar -czf - -C "$FLASHINFER_WORKSPACE_BASE" . | split -b 15M - "$OUT/flashinfer_cache.tar.gz.part-" \
     && ls -la "$OUT"/flashinfer_cache.tar.gz.part-*

@@ -35,13 +35,13 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from backends.runtime.attention import make_backend  # noqa: E402
-from backends.runtime.cuda_graphs import batch_ladder  # noqa: E402
-from backends.runtime.kv_cache import KVCacheLayout, head_dim, pages_needed  # noqa: E402
-from backends.runtime.lm_compile import compile_decoder_layers  # noqa: E402
+from backends.runtime.language_model.cuda_graphs import batch_ladder  # noqa: E402
+from backends.runtime.language_model.kv_cache import KVCacheLayout, head_dim, pages_needed  # noqa: E402
+from backends.runtime.language_model.compile import compile_decoder_layers  # noqa: E402
 from backends.runtime.loader import ModelSpec, load_model  # noqa: E402
 from backends.runtime.model_runner import DecodeSeq, ModelRunner, PrefillChunk  # noqa: E402
-from backends.runtime.sampler import SamplingParams, sample, sample_tensor  # noqa: E402
-from backends.runtime.token_readback import TokenReadback  # noqa: E402
+from backends.runtime.sampling.sampler import SamplingParams, sample, sample_tensor  # noqa: E402
+from backends.runtime.sampling.token_readback import TokenReadback  # noqa: E402
 from bench.common import H200_BF16_FLOPS, H200_HBM_BYTES_PER_S, bar_chart, cuda_time_ms, header, write  # noqa: E402
 
 DEVICE = torch.device("cuda", 0)
@@ -154,7 +154,7 @@ def bench_decode(model, sizes: Sizes, batches: list[int], context: int, repeats:
         rows.append(row)
         print(f"decode b={batch:4d} ctx={context}: graph {graph_ms:7.2f} ms, eager {eager_ms:7.2f} ms, "
               f"floor {floor:6.2f} ms ({graph_ms / floor:.2f}x)", flush=True)
-    # The same graphs with the decoder layers' small ops fused by torch.compile (backends/runtime/lm_compile.py).
+    # The same graphs with the decoder layers' small ops fused by torch.compile (backends/runtime/language_model/compile.py).
     start = time.perf_counter()
     compile_decoder_layers(model.model.language_model)
     runner.enable_cuda_graphs(batch_ladder(max(batches)))  # warm-up runs compile, then capture

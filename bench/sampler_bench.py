@@ -1,4 +1,4 @@
-"""The sampler alone (``backends/runtime/sampler.py``) on the GPU: what a decode step pays for its tokens.
+"""The sampler alone (``backends/runtime/sampling/sampler.py``) on the GPU: what a decode step pays for its tokens.
 
     python3 bench/sampler_bench.py --out bench/results/sampler-h200 [--batches 1 8 32 64 128 256]
 
@@ -32,8 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from backends.runtime import sampler  # noqa: E402
-from backends.runtime.sampler import SamplingParams, sample, sample_tensor  # noqa: E402
+from backends.runtime.sampling import sampler  # noqa: E402
+from backends.runtime.sampling.sampler import SamplingParams, sample, sample_tensor  # noqa: E402
 from bench.common import bar_chart, cuda_time_ms, header, write  # noqa: E402
 
 VOCAB = 151_936

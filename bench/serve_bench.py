@@ -3,8 +3,8 @@
     python3 bench/serve_bench.py --out bench/results/serve-h200          # the H200: 7B preset, bf16
     python3 bench/serve_bench.py --smoke --out /tmp/serve-smoke          # any machine: the tiny default model
 
-The server is ``backends.launcher.TritonServer`` on free ports, serving a copy of the model repository
-with parameters changed (``backends.repository``; full run: ``*.preset=qwen2_5_vl_7b``, ``*.dtype=bfloat16``,
+The server is ``backends.triton.launcher.TritonServer`` on free ports, serving a copy of the model repository
+with parameters changed (``backends.triton.repository``; full run: ``*.preset=qwen2_5_vl_7b``, ``*.dtype=bfloat16``,
 ``decode.kv_pages=16384`` and ``orchestrator.max_model_len=128000``, since a 3-minute 720p video at Qwen's
 default 2 fps and pixel caps is 106,920 visual tokens; ``--set`` adds more). Media are built in ``--media``
 (kept): a 3-minute 720p H.264 video by ``bench.flashcodec_bench.build_video`` (bigbuckbunny re-encoded,
@@ -48,8 +48,8 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from backends.launcher import ServerPorts, TritonServer  # noqa: E402
-from backends.repository import parse_overrides, repository_with  # noqa: E402
+from backends.triton.launcher import ServerPorts, TritonServer  # noqa: E402
+from backends.triton.repository import parse_overrides, repository_with  # noqa: E402
 from bench.common import bar_chart, header, write  # noqa: E402
 from bench.flashcodec_bench import FULL, build_video  # noqa: E402
 from client.api import Client  # noqa: E402

@@ -7,12 +7,12 @@ config: 32 blocks, hidden 1280, 16 heads of 80, gated-SiLU MLP of 3420, windows 
 attention in blocks 7, 15, 23, 31) in bfloat16 on cuda:0 with seeded dummy weights. One model, changed step
 by step, each variant adding to the one before (all cases run for one variant before the next is applied):
 * ``transformers_sdpa``: the baseline, one SDPA call per window or frame;
-* ``varlen``: ``backends.runtime.attention.vision`` (one call per layer, windows batched by length);
+* ``varlen``: ``backends.runtime.vision.attention`` (one call per layer, windows batched by length);
 * ``padded``: + ``vision_speed.pad_vision_mlp`` (MLP width 3420 -> 3424, 16-byte aligned bf16 rows);
 * ``compiled``: + ``vision_speed.compile_vision_blocks`` (``torch.compile(dynamic=True)`` of each block and
   the merger, the attention a graph break), which ``ModelRunner`` does on CUDA;
 * ``tensor_parallel_<N>`` (with ``--tp-gpus N``): a fresh tower of the same weights, varlen and padded, split
-  over N GPUs (``backends.runtime.vision_tp``: heads and MLP width, two NCCL all-reduces per block), compiled;
+  over N GPUs (``backends.runtime.vision.tensor_parallel``: heads and MLP width, two NCCL all-reduces per block), compiled;
   ``tensor_parallel_<N>_tp<K>`` with ``--tp-size K`` too: N/K towers of K GPUs, the items dealt over them.
 Cases: a 120-frame 448x252 video, grid_thw (60, 18, 32) = 34,560 patches; 16 images of 1024x1024
 (smart_resize: 1036x1036, grid (1, 74, 74)) = 87,616 patches in one call; and a mix of an image, a video
@@ -41,9 +41,9 @@ from transformers import Qwen2_5_VLVisionConfig  # noqa: E402
 from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel  # noqa: E402
 from transformers.vision_utils import get_vision_cu_seqlens, get_vision_window_index  # noqa: E402
 
-from backends.runtime.attention.vision import use_varlen_vision_attention  # noqa: E402
+from backends.runtime.vision.attention import use_varlen_vision_attention  # noqa: E402
 from backends.runtime.presets import PRESETS  # noqa: E402
-from backends.runtime.vision_speed import compile_vision_blocks, pad_vision_mlp  # noqa: E402
+from backends.runtime.vision.speed import compile_vision_blocks, pad_vision_mlp  # noqa: E402
 from bench.common import H200_BF16_FLOPS, bar_chart, cuda_times_ms, header, write  # noqa: E402
 
 PEAK_FLOPS = H200_BF16_FLOPS  # dense bf16 FLOP/s the issue measures MFU against
@@ -118,9 +118,9 @@ def apply_variant(tower: Qwen2_5_VisionTransformerPretrainedModel, name: str) ->
 
 
 def tensor_parallel_tower(device: torch.device, seed: int, gpus: int, tp: int | None):
-    """The same tower (same seed) split over cuda:0 .. gpus-1 (``backends.runtime.vision_tp``), compiled as
+    """The same tower (same seed) split over cuda:0 .. gpus-1 (``backends.runtime.vision.tensor_parallel``), compiled as
     ``ModelRunner`` does; returns (the rank-0 driver, forward(pixels, grid) -> merged rows)."""
-    from backends.runtime.vision_tp import VisionTensorParallel
+    from backends.runtime.vision.tensor_parallel import VisionTensorParallel
 
     tower = build_tower(device, seed)
     for name in VARIANTS[1:3]:  # varlen, padded (compiled after the split)
@@ -239,7 +239,7 @@ def main() -> None:
                         help="in this order; each adds to the ones before it")
     parser.add_argument("--seed", type=int, default=0, help="seed of the dummy weights and pixels")
     parser.add_argument("--tp-gpus", type=int, default=1,
-                        help="also the tower split over this many GPUs (backends.runtime.vision_tp), after the variants")
+                        help="also the tower split over this many GPUs (backends.runtime.vision.tensor_parallel), after the variants")
     parser.add_argument("--tp-size", type=int, help="GPUs per split tower (default all --tp-gpus): hybrid DP x TP")
     args = parser.parse_args()
     if args.repeats < 1 or args.warmup < 0:

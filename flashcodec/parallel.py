@@ -18,7 +18,7 @@ from flashcodec.probe import Source
 
 log = logging.getLogger(__name__)
 SHM = "/dev/shm"  # bytes sources become files here for the workers: memory, not disk
-# Their name's start; a server sets its own (backends.launcher), so that it can remove what a killed decoder left.
+# Their name's start; a server sets its own (backends.triton.launcher), so that it can remove what a killed decoder left.
 TMP_PREFIX_ENV = "FLASHCODEC_TMP_PREFIX"
 
 

@@ -2,7 +2,7 @@
 
 A temporal-patch group's n patch rows fill its pages in order: row i is in `pages[i // page_size]`, slot
 `i % page_size`; only the last page is partly used. Pages come from the pool's free list
-(backends/shared_pages.py), taken once a group is decoded; this module only places rows, it never
+(backends/ipc/shared_pages.py), taken once a group is decoded; this module only places rows, it never
 allocates. `PVLayout` describes many groups in the paper's terms.
 """
 from __future__ import annotations

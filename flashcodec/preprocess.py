@@ -2,7 +2,7 @@
 
 The reference is transformers' Qwen2_5_VLProcessor components, `Qwen2VLVideoProcessor(cap_pixels_per_frame=True)`
 and `Qwen2VLImageProcessor` (torchvision backend): the same torch ops in the same order, so the values are
-bit-identical on CPU (tests/unit/test_flashcodec_preprocess.py measures it).
+bit-identical on CPU (tests/unit/flashcodec/test_preprocess.py measures it).
 """
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ import logging
 
 import numpy as np
 
-from backends import triton_io as io
+from backends.triton import triton_io as io
 from orchestrator.cancel_watch import CancelWatch
 from orchestrator.inputs import RawRequest, parse_request
 from orchestrator.sampling_params import InvalidInput

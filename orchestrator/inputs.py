@@ -16,7 +16,7 @@ import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from backends.triton_io import int_parameter
+from backends.triton.triton_io import int_parameter
 from orchestrator.sampling_params import InvalidInput, RequestParams, parse_sampling_parameters
 
 
@@ -41,7 +41,7 @@ class MediaInput:
 
 @dataclass(frozen=True)
 class RawRequest:
-    """The request's tensors as Python values (what backends/triton_io.py reads)."""
+    """The request's tensors as Python values (what backends/triton/triton_io.py reads)."""
 
     text_input: list[bytes]
     image: list[bytes] = field(default_factory=list)

@@ -4,7 +4,7 @@ Free-page gauges make leaks visible (design.md, invariant 2): at idle they equal
 """
 from __future__ import annotations
 
-from backends import triton_io
+from backends.triton import triton_io
 
 GAUGES = {
     "unifiedserve_kv_pages_free": "KV pages not held by any request",

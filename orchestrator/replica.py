@@ -1,4 +1,4 @@
-"""One replica of the encode+prefill and decode stages as the orchestrator drives it (``backends/replicas.py``),
+"""One replica of the encode+prefill and decode stages as the orchestrator drives it (``backends/triton/replicas.py``),
 and the choice of replica for a new request.
 
 A replica has its own KV pool, so its own page table and scheduler; the patch pool (one flashcodec) is shared.
@@ -13,7 +13,7 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from backends.replicas import replica_name
+from backends.triton.replicas import replica_name
 from orchestrator.pages import PageAllocator
 from orchestrator.scheduler import Scheduler
 

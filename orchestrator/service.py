@@ -8,7 +8,7 @@ only once the group is decoded -> the scheduler's steps encode groups (returning
 prefill chunks -> first token -> the decode stage takes over -> tokens fan out from the one decode
 stream. Every page returns when the request finishes, fails or is cancelled (invariant 2).
 
-When the server stops (backends/server_stop.py), ``stop_serving`` fails every request ("the server is
+When the server stops (backends/triton/server_stop.py), ``stop_serving`` fails every request ("the server is
 shutting down"; Triton calls ``finalize`` only once every client stream has its final flag) and reports
 when the stages' streams have ended too (each stage ends its own); ``close`` (in ``finalize``) cancels
 the loops.
@@ -23,13 +23,14 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Callable
 
-from backends import server_stop, shared_pages, shared_tensor
-from backends.replicas import replica_name
-from backends.runtime.kv_cache import RESERVED_KV_PAGES
-from backends.runtime.stopping import finish_reason
+from backends.ipc import shared_pages, shared_tensor
+from backends.triton import server_stop
+from backends.triton.replicas import replica_name
+from backends.runtime.language_model.kv_cache import RESERVED_KV_PAGES
+from backends.runtime.sampling.stopping import finish_reason
 from backends.runtime.tokenizer import eos_token_ids, load_tokenizer
 from backends.stages.flashcodec_worker import plan_to_json
-from backends.triton_io import int_parameter
+from backends.triton.triton_io import int_parameter
 from orchestrator import stages
 from orchestrator.detokenizer import Detokenizer
 from orchestrator.inputs import InputLimits, ParsedRequest
@@ -53,7 +54,7 @@ class OrchestratorConfig:
     step's encode or prefill budget, each first gets at most this share of it (``SchedulerConfig``), so a long
     video's prefill cannot hold a short request back; a lone request still uses the whole budget.
     ``max_model_len``: prompt + output tokens per request;
-    ``replicas``: encode_prefill/decode replicas to drive (``backends/replicas.py``)."""
+    ``replicas``: encode_prefill/decode replicas to drive (``backends/triton/replicas.py``)."""
 
     scheduler: SchedulerConfig
     limits: InputLimits
@@ -180,7 +181,7 @@ class Orchestrator:
     def stop_serving(self, on_drained: Callable[[], None]) -> None:
         """The server is stopping: fail every request now (its client gets an error and the final flag)
         and start nothing new. The stages end their own work, so no abort is sent. ``on_drained()``
-        once no request, scheduler step or stage stream is left (backends/server_stop.py)."""
+        once no request, scheduler step or stage stream is left (backends/triton/server_stop.py)."""
         self.stopping = True
         for active in self.active.values():
             active.events.put_nowait(Event("error", message=SHUTTING_DOWN))
@@ -471,7 +472,7 @@ class Orchestrator:
 
 
 def _sampling(parsed: ParsedRequest) -> dict:
-    """The fields of backends.runtime.sampler.SamplingParams, as the stages rebuild it."""
+    """The fields of backends.runtime.sampling.sampler.SamplingParams, as the stages rebuild it."""
     p = parsed.params
     return {"temperature": p.temperature, "top_p": p.top_p, "top_k": p.top_k, "seed": p.seed,
             "min_tokens": p.min_tokens, "ignore_eos": p.ignore_eos}

@@ -2,7 +2,7 @@
 
 encode_prefill: one plain BLS call per scheduler step, the Python backend's synchronous ``exec()`` made on a
 worker thread, so the event loop never blocks (invariant 1). decode and flashcodec: calls and their streamed
-replies over the stage link (backends/stage_link.py), not decoupled BLS, whose calls wedge the 2.51 stub
+replies over the stage link (backends/ipc/link.py), not decoupled BLS, whose calls wedge the 2.51 stub
 under load (the link module says how).
 """
 from __future__ import annotations
@@ -11,9 +11,9 @@ import asyncio
 import json
 from typing import Callable
 
-from backends import triton_io
-from backends.internal_token import internal_token
-from backends.stage_link import LinkClient, LinkError
+from backends.triton import triton_io
+from backends.triton.internal_token import internal_token
+from backends.ipc.link import LinkClient, LinkError
 
 
 class StageError(RuntimeError):

@@ -18,15 +18,15 @@ import torch
 from transformers import AttentionInterface, Qwen2_5_VLForConditionalGeneration
 
 from backends.runtime.attention.base import AttentionBackend, AttentionMetadata
-from backends.runtime.attention.vision import use_varlen_vision_attention
+from backends.runtime.vision.attention import use_varlen_vision_attention
 from backends.runtime.context import ForwardContext, forward_context, get_forward_context
-from backends.runtime.cuda_graphs import DecodeGraphs
-from backends.runtime.kv_cache import head_dim
-from backends.runtime.lm_compile import compile_decoder_layers
-from backends.runtime.lm_fuse import fuse_projections
-from backends.runtime.vision_parallel import VisionReplicas
-from backends.runtime.vision_tp import VisionTensorParallel
-from backends.runtime.vision_speed import compile_vision_blocks, pad_vision_mlp
+from backends.runtime.language_model.cuda_graphs import DecodeGraphs
+from backends.runtime.language_model.kv_cache import head_dim
+from backends.runtime.language_model.compile import compile_decoder_layers
+from backends.runtime.language_model.fuse import fuse_projections
+from backends.runtime.vision.data_parallel import VisionReplicas
+from backends.runtime.vision.tensor_parallel import VisionTensorParallel
+from backends.runtime.vision.speed import compile_vision_blocks, pad_vision_mlp
 
 PAGED_ATTENTION = "unifiedserve_paged"
 
@@ -84,14 +84,14 @@ class ModelRunner:
     """Executes encode / prefill / decode steps; decides nothing (the orchestrator plans the steps).
 
     Takes over ``model``'s language-model attention (``generate()`` on the same model then raises), fuses its
-    q/k/v and gate/up projections (``backends.runtime.lm_fuse``) and speeds up its vision tower in place, with
+    q/k/v and gate/up projections (``backends.runtime.language_model.fuse``) and speeds up its vision tower in place, with
     the same output: varlen attention, padded MLP, and with
     ``compile_vision`` on a CUDA model ``torch.compile``d blocks (compiled by the first ``encode``).
     ``compile_language_model``: the decoder layers' small ops fused by ``torch.compile`` around the paged
-    attention call (``backends.runtime.lm_compile``; compiled by the first step of each shape).
+    attention call (``backends.runtime.language_model.compile``; compiled by the first step of each shape).
     ``vision_devices``: more devices, each with a copy of the vision tower, over which :meth:`encode_many`
-    spreads a step's items (``backends.runtime.vision_parallel``: vision data parallel); ``vision_tp``: more
-    devices over which the tower is split instead, one helper process per device (``backends.runtime.vision_tp``:
+    spreads a step's items (``backends.runtime.vision.data_parallel``: vision data parallel); ``vision_tp``: more
+    devices over which the tower is split instead, one helper process per device (``backends.runtime.vision.tensor_parallel``:
     tensor parallel; ValueError with ``vision_devices`` too), in towers of ``vision_tp_size`` ranks (default all
     of them: one tower; fewer: hybrid, the towers sharing each step's items). :meth:`close` stops them.
     ``kv_cache`` is the pool ``[layers, 2, pages, page_size, kv_heads, head_dim]`` on the model's device
@@ -227,7 +227,7 @@ class ModelRunner:
         """One token for each sequence; returns float32 logits ``[len(seqs), vocab]``.
 
         ``token_ids``: int64 ``[len(seqs)]`` on the model's device, used instead of ``seqs``' token ids (the
-        last step's samples, which the host has not read: ``backends.runtime.token_readback``). Runs a captured
+        last step's samples, which the host has not read: ``backends.runtime.sampling.token_readback``). Runs a captured
         CUDA graph when :meth:`enable_cuda_graphs` was called and one fits the batch. Raises ValueError for an
         empty list or ``token_ids`` of another length.
         """
@@ -253,7 +253,7 @@ class ModelRunner:
             self.graphs.prepare(seqs)
 
     def enable_cuda_graphs(self, batch_sizes: Sequence[int]) -> None:
-        """Capture decode steps for these batch sizes (``backends.runtime.cuda_graphs``); larger batches
+        """Capture decode steps for these batch sizes (``backends.runtime.language_model.cuda_graphs``); larger batches
         run eagerly. Needs the flashinfer backend on a CUDA device (ValueError otherwise)."""
         self.graphs = DecodeGraphs(self, batch_sizes)
 

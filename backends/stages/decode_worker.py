@@ -11,7 +11,7 @@ step on an H200: bench/results/serve-h200x2-2026-11-29.)
 
 Steps overlap (vLLM's async scheduling, SGLang's overlap scheduler; with CUDA graphs, where the host's launches
 would otherwise leave the GPU idle): the loop launches step N+1 with step N's tokens still on the device
-(``backends.runtime.token_readback``) and only then reads step N's, so the GPU never waits for the host's stop
+(``backends.runtime.sampling.token_readback``) and only then reads step N's, so the GPU never waits for the host's stop
 checks, messages and launches. A sequence whose ``max_tokens``-th token is in flight is not launched again; one
 that ends with an eos token at step N has already been launched in step N+1, whose row for it is dropped. That
 step still writes the sequence's KV pages, so the sequence's last message (on which the orchestrator frees them)
@@ -33,16 +33,16 @@ from typing import Callable
 import numpy as np
 import torch
 
-from backends import shared_tensor, shared_weights
+from backends.ipc import shared_tensor, shared_weights
 from backends.runtime.attention import FlashInferAttentionBackend, make_backend
-from backends.runtime.cuda_graphs import batch_ladder
-from backends.runtime.kv_cache import RESERVED_KV_PAGES, KVCacheLayout
+from backends.runtime.language_model.cuda_graphs import batch_ladder
+from backends.runtime.language_model.kv_cache import RESERVED_KV_PAGES, KVCacheLayout
 from backends.runtime.loader import ModelSpec, load_model
-from backends.runtime.lm_fuse import fuse_projections
+from backends.runtime.language_model.fuse import fuse_projections
 from backends.runtime.model_runner import DecodeSeq, ModelRunner
-from backends.runtime.sampler import SamplingParams, sample_tensor, warm_up
-from backends.runtime.stopping import finish_reason
-from backends.runtime.token_readback import TokenReadback
+from backends.runtime.sampling.sampler import SamplingParams, sample_tensor, warm_up
+from backends.runtime.sampling.stopping import finish_reason
+from backends.runtime.sampling.token_readback import TokenReadback
 from backends.runtime.tokenizer import eos_token_ids
 
 log = logging.getLogger(__name__)
@@ -102,7 +102,7 @@ class DecodeWorker:
     at most ``max_batch`` sequences per step. ``attention_backend``: see ``attention.make_backend``;
     ``cuda_graphs``: ``"auto"`` (capture decode graphs for batch sizes up to ``max_batch`` when the backend
     is flashinfer), ``"on"`` (the same, ValueError without flashinfer) or ``"off"``. ``compile_layers``: the
-    decoder layers' small ops fused by ``torch.compile`` (``backends.runtime.lm_compile``; compiled by the
+    decoder layers' small ops fused by ``torch.compile`` (``backends.runtime.language_model.compile``; compiled by the
     graphs' warm-up at start): ``"auto"`` (with CUDA graphs: 5.47 vs 7.03 ms per step at batch 1 and 9.33 vs
     12.35 ms at batch 64, 4k context, on an H200: bench/results/runtime-fused-h200-2026-11-30), ``"on"`` or
     ``"off"``. ``overlap_steps``: launch each step before reading the last one's tokens (module docstring):
@@ -112,8 +112,8 @@ class DecodeWorker:
     batch size and time (``StepTimer``) and whether the batch is empty after it, for the stage's metrics (a
     metric update is a round trip to the Triton process: the adaptor sums them and sends them when the batch
     empties or a second has passed).
-    ``kv_pool``: the shared pool's name (``backends.replicas``: one pool per replica). ``lm_weights``: the name
-    under which the language model's weights are shared with encode_prefill (``backends.shared_weights``; None:
+    ``kv_pool``: the shared pool's name (``backends.triton.replicas``: one pool per replica). ``lm_weights``: the name
+    under which the language model's weights are shared with encode_prefill (``backends.ipc.shared_weights``; None:
     not shared).
     """
 

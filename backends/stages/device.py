@@ -39,7 +39,7 @@ def stage_setup(args: dict) -> tuple[dict[str, str], torch.device]:
     see :func:`stage_device`), made this process's current CUDA device when it is a GPU (CUDA-graph capture,
     compiled kernels and flashinfer work on the current device's streams: a stage on GPU 1 capturing while
     GPU 0 is current fails with cudaErrorStreamCaptureInvalidated); also turns on stack dumps to the server log."""
-    from backends import triton_io
+    from backends.triton import triton_io
 
     triton_io.enable_stack_dumps()
     params = triton_io.parameters(args)

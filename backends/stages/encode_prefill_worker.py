@@ -16,15 +16,15 @@ from dataclasses import dataclass
 
 import torch
 
-from backends import shared_tensor, shared_weights
+from backends.ipc import shared_tensor, shared_weights
 from backends.runtime.attention import make_backend
-from backends.runtime.lm_fuse import fuse_projections
+from backends.runtime.language_model.fuse import fuse_projections
 from backends.runtime.loader import ModelSpec, load_model
 from backends.runtime.model_runner import ModelRunner, PrefillChunk
-from backends.runtime.mrope import mrope_positions
-from backends.runtime.sampler import SamplingParams, sample, warm_up
+from backends.runtime.language_model.mrope import mrope_positions
+from backends.runtime.sampling.sampler import SamplingParams, sample, warm_up
 from backends.runtime.tokenizer import eos_token_ids
-from backends.runtime.vision_tp import check_towers
+from backends.runtime.vision.tensor_parallel import check_towers
 from flashcodec.patch_pool import read_group
 
 
@@ -46,9 +46,9 @@ class EncodePrefillWorker:
     devices for the vision tower: with ``vision_parallel`` "data" each holds a copy and each step's encode work
     is spread over them, with "tensor" the tower is split over them (``ModelRunner``'s ``vision_tp``), in towers
     of ``vision_tp_size`` GPUs each (None: all; fewer: hybrid, data parallel over the towers);
-    ``kv_pool``: the name of the decode stage's pool to write (``backends.replicas``); ``lm_weights``: the name
+    ``kv_pool``: the name of the decode stage's pool to write (``backends.triton.replicas``); ``lm_weights``: the name
     of the decode stage's shared language-model weights, used in place of this stage's own copy when published
-    (``backends.shared_weights``)."""
+    (``backends.ipc.shared_weights``)."""
 
     def __init__(self, spec: ModelSpec, device: torch.device, attention_backend: str = "auto",
                  vision_devices: list[torch.device] | tuple = (), kv_pool: str = "kv_pool",

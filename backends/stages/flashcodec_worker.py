@@ -1,6 +1,6 @@
 """The FlashCodec stage: media -> patches in the shared patch pool, streamed group by group.
 
-The worker owns the patch pool and its free list (backends/shared_pages.py), shared with the
+The worker owns the patch pool and its free list (backends/ipc/shared_pages.py), shared with the
 orchestrator. It decodes (flashcodec.pipeline) and, once a temporal-patch group has been decoded, takes
 that group's pages from the free list (waiting while the pool is full: back-pressure), writes the
 group's patch rows into them and reports "group g ready in pages [...]" at once, so encoding can start
@@ -19,7 +19,7 @@ from typing import Callable
 
 import torch
 
-from backends import shared_pages, shared_tensor
+from backends.ipc import shared_pages, shared_tensor
 from flashcodec.errors import MediaError
 from flashcodec.patch_pool import pages_needed, write_group
 from flashcodec.pipeline import image_group, iter_video_groups, make_decoder

@@ -1,6 +1,6 @@
 """One real tritonserver for the end-to-end tests (the repo's model_repository, CPU, dummy tiny model);
 `serve` starts another one, e.g. on a repository with some model parameters changed
-(`backends.repository.repository_with`)."""
+(`backends.triton.repository.repository_with`)."""
 from __future__ import annotations
 
 import contextlib
@@ -12,8 +12,8 @@ from typing import Iterator
 
 import pytest
 
-from backends.launcher import REPO_ROOT, SHM, ServerPorts, TritonServer
-from backends.repository import repository_with  # noqa: F401 (the tests' way to change parameters)
+from backends.triton.launcher import REPO_ROOT, SHM, ServerPorts, TritonServer
+from backends.triton.repository import repository_with  # noqa: F401 (the tests' way to change parameters)
 
 
 

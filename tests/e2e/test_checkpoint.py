@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from backends.repository import parse_overrides
+from backends.triton.repository import parse_overrides
 from backends.runtime.loader import ModelSpec, load_model
 from client.api import Client
 from tests.e2e.conftest import repository_with, serve

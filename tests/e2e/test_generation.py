@@ -153,7 +153,7 @@ def weight_bytes(server) -> dict[tuple[str, str], float]:
 
 def test_decode_and_encode_prefill_hold_one_copy_of_the_language_model(server, grpc_url):
     """After a request encode_prefill computes from the decode stage's copy of the language model: the gauge says
-    so on every device, and on the CPU, where the shared copy is a /dev/shm file (backends/shared_weights.py), both
+    so on every device, and on the CPU, where the shared copy is a /dev/shm file (backends/ipc/shared_weights.py), both
     stages' memory maps show it (on a GPU it is CUDA IPC memory, which /proc does not list)."""
     with Client(grpc_url) as client:
         client.generate("Hello", sampling={**GREEDY, "max_tokens": 1})

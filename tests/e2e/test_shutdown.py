@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from backends.launcher import SHM, lock_held, remove_stale_shared_memory
+from backends.triton.launcher import SHM, lock_held, remove_stale_shared_memory
 from client.api import Client, GenerationResult, ServerError
 from tests.e2e.conftest import serve
 from tests.media import make_video
@@ -50,14 +50,14 @@ def test_stop_with_a_stream_and_a_video_in_flight(media_dir):
 
 
 def launch():
-    """``python -m backends.launcher`` on free ports, started: (the process, its ports)."""
+    """``python -m backends.triton.launcher`` on free ports, started: (the process, its ports)."""
     import subprocess
     import sys
 
-    from backends.launcher import ServerPorts
+    from backends.triton.launcher import ServerPorts
 
     ports = ServerPorts.unused()
-    launcher = subprocess.Popen([sys.executable, "-m", "backends.launcher", "--http-port", str(ports.http),
+    launcher = subprocess.Popen([sys.executable, "-m", "backends.triton.launcher", "--http-port", str(ports.http),
                                  "--grpc-port", str(ports.grpc), "--metrics-port", str(ports.metrics)],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     return launcher, ports
@@ -95,7 +95,7 @@ def test_sigterm_while_starting_leaves_no_server():
 
 def test_a_sweep_beside_a_live_server_keeps_its_pools(media_dir):
     """Another launcher's start removes stale shared memory: a running server's pools (here after a request, so
-    they exist) are kept, since its lock is held (backends.launcher.remove_stale_shared_memory)."""
+    they exist) are kept, since its lock is held (backends.triton.launcher.remove_stale_shared_memory)."""
     with serve(media_dir) as srv:
         with Client(f"127.0.0.1:{srv.ports.grpc}") as client:
             client.generate("Hello", sampling={"max_tokens": 1})
@@ -117,7 +117,7 @@ def test_a_server_that_does_not_exit_is_killed_and_the_launcher_says_so():
     import signal
     import tempfile
 
-    from backends.launcher import EXIT_TIMEOUT_S
+    from backends.triton.launcher import EXIT_TIMEOUT_S
 
     launcher, ports, ready = start_launcher()
     run = re.search(r"(unifiedserve-run-[a-z0-9_]+)\.log", ready)

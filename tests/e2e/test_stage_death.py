@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from backends.launcher import DIED_EXIT_TIMEOUT_S, STAGE_DIED, ServerPorts, TritonServer, watch_stages
-from backends.repository import repository_with
+from backends.triton.launcher import DIED_EXIT_TIMEOUT_S, STAGE_DIED, ServerPorts, TritonServer, watch_stages
+from backends.triton.repository import repository_with
 from client.api import Client, ServerError
 
 pytestmark = pytest.mark.e2e

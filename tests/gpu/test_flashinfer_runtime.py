@@ -20,11 +20,11 @@ import torch
 
 from backends.runtime.attention import (AttentionMetadata, FlashInferAttentionBackend, TorchAttentionBackend,
                                         make_backend)
-from backends.runtime.cuda_graphs import batch_ladder
-from backends.runtime.kv_cache import KVCacheLayout, pages_needed, scratch_page
+from backends.runtime.language_model.cuda_graphs import batch_ladder
+from backends.runtime.language_model.kv_cache import KVCacheLayout, pages_needed, scratch_page
 from backends.runtime.loader import ModelSpec, load_model
 from backends.runtime.model_runner import DecodeSeq, ModelRunner, PrefillChunk
-from backends.runtime.mrope import mrope_positions
+from backends.runtime.language_model.mrope import mrope_positions
 from tests.reference import reference_generate
 
 pytestmark = [

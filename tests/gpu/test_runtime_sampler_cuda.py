@@ -6,7 +6,7 @@ Run on the device: `python3 -m pytest -q -m gpu tests/gpu/test_runtime_sampler_c
 import pytest
 import torch
 
-from backends.runtime.sampler import (SamplingParams, _cuda_race, _exponentials, _lowbias32, _race, _token_hash,
+from backends.runtime.sampling.sampler import (SamplingParams, _cuda_race, _exponentials, _lowbias32, _race, _token_hash,
                                       _top_p_mask, _top_p_threshold, sample, sample_tensor, warm_up)
 
 pytestmark = [

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from backends.runtime.attention import TorchAttentionBackend
-from backends.runtime.kv_cache import KVCacheLayout
+from backends.runtime.language_model.kv_cache import KVCacheLayout
 from backends.runtime.loader import ModelSpec, load_model
 from backends.runtime.model_runner import ModelRunner
 

@@ -7,7 +7,7 @@ from transformers import PreTrainedConfig
 from backends.runtime.attention.base import AttentionBackend, AttentionMetadata
 from backends.runtime.attention.flashinfer_backend import FlashInferAttentionBackend, flashinfer_supports
 from backends.runtime.attention.torch_backend import TorchAttentionBackend
-from backends.runtime.kv_cache import head_dim
+from backends.runtime.language_model.kv_cache import head_dim
 
 BACKENDS = ("auto", "torch", "flashinfer")
 

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from backends.runtime.attention.base import AttentionBackend, AttentionMetadata
-from backends.runtime.kv_cache import write_kv
+from backends.runtime.language_model.kv_cache import write_kv
 
 
 @dataclass(frozen=True)

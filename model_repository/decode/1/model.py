@@ -1,6 +1,6 @@
 """Triton adaptor for the decode stage (backends/stages/decode_worker.py).
 
-The orchestrator drives it over the stage link (backends/stage_link.py, socket ``decode`` or ``decode_<r>``),
+The orchestrator drives it over the stage link (backends/ipc/link.py, socket ``decode`` or ``decode_<r>``),
 not BLS. Ops: "stream" (long-lived; a first empty reply once attached, then one reply per decode step with the
 tokens of all running sequences: ``(seq_ids, token_ids, finish_reasons)``), "admit" (body: a sequence after
 prefill; ended at once), "abort" (body: the seq_id; ended once the loop has dropped it, so its KV pages may be
@@ -23,11 +23,11 @@ def shared_weights_on(params: dict) -> bool:
 
 class TritonPythonModel:
     def initialize(self, args):
-        from backends import triton_io
-        from backends.replicas import replica_name
+        from backends.triton import triton_io
+        from backends.triton.replicas import replica_name
         from backends.runtime.loader import ModelSpec
-        from backends.server_stop import StopWatch
-        from backends.stage_link import LinkServer
+        from backends.triton.server_stop import StopWatch
+        from backends.ipc.link import LinkServer
         from backends.stages.decode_worker import DecodeWorker
         from backends.stages.device import stage_setup
 
@@ -91,7 +91,7 @@ class TritonPythonModel:
         return [self.io.error(self.io.INTERNAL_ONLY) for _ in requests]
 
     def finalize(self):
-        from backends.server_stop import before_exit
+        from backends.triton.server_stop import before_exit
 
         self.watch.close()
         self.link.close()

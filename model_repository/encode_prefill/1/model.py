@@ -11,8 +11,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repo root; t
 
 class TritonPythonModel:
     def initialize(self, args):
-        from backends import triton_io
-        from backends.replicas import replica_name
+        from backends.triton import triton_io
+        from backends.triton.replicas import replica_name
         from backends.runtime.loader import ModelSpec
         from backends.stages.device import helper_gpus, stage_setup
         from backends.stages.encode_prefill_worker import EncodePrefillWorker
@@ -47,7 +47,7 @@ class TritonPythonModel:
         return responses
 
     def finalize(self):
-        from backends.server_stop import before_exit
+        from backends.triton.server_stop import before_exit
 
         self.worker.shutdown()
         self.weights_gauge.close()  # before the stub exits (triton-inference-server/server#8662)

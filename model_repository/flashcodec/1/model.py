@@ -1,6 +1,6 @@
 """Triton adaptor for FlashCodec (backends/stages/flashcodec_worker.py).
 
-The orchestrator drives it over the stage link (backends/stage_link.py, socket ``flashcodec``), not BLS.
+The orchestrator drives it over the stage link (backends/ipc/link.py, socket ``flashcodec``), not BLS.
 Op "decode", body ``{"request_id", "media": file bytes or None, "plan": {"media_plan", "path"}}`` (the path
 is used when set): one reply ``(group, pages)`` per group (the patch pages it took for the group once
 decoded) as soon as its patches are in the pool, then the end (with the error message when decoding failed).
@@ -15,9 +15,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repo root; t
 
 class TritonPythonModel:
     def initialize(self, args):
-        from backends import triton_io
-        from backends.server_stop import StopWatch
-        from backends.stage_link import LinkServer
+        from backends.triton import triton_io
+        from backends.triton.server_stop import StopWatch
+        from backends.ipc.link import LinkServer
         from backends.stages.device import stage_setup
         from backends.stages.flashcodec_worker import FlashCodecWorker
 
@@ -76,7 +76,7 @@ class TritonPythonModel:
             self.video_metrics[path] = (metric, max(count, told))
 
     def finalize(self):
-        from backends.server_stop import before_exit
+        from backends.triton.server_stop import before_exit
 
         self.watch.close()
         self.link.close()

@@ -4,7 +4,7 @@ Decoupled, one instance. Its asyncio loop runs in a thread of its own (as Triton
 does): execute() hands each request to that loop and returns at once, so many requests are served
 concurrently and execute() never blocks. (The stub's own `async def execute` path was tried and
 dropped: its bookkeeping of background futures races when a coroutine ends quickly,
-triton-inference-server/server#8537.) When the server stops, the stop watch (backends/server_stop.py)
+triton-inference-server/server#8537.) When the server stops, the stop watch (backends/triton/server_stop.py)
 fails the requests in flight, so that every client stream gets its final flag (Triton calls finalize()
 only after that), and says when no request or stage stream is left.
 """
@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repo root; t
 
 class TritonPythonModel:
     def initialize(self, args):
-        from backends import server_stop, triton_io
+        from backends.triton import server_stop, triton_io
         from orchestrator import frontend
         from orchestrator.cancel_watch import CancelWatch
         from orchestrator.metrics import Metrics

@@ -1,0 +1,100 @@
+"""Stopping a server cleanly: the launcher announces the stop in the run directory, the models end their
+streams (drain), and only then is tritonserver signalled.
+
+Why the models must be told: Triton calls a model's ``finalize()`` only once every response sender of the
+model has sent its final flag (an open sender holds the model), so a model with a long-lived stream
+(decode's step stream, flashcodec's group streams, the orchestrator's client streams) must end it itself;
+otherwise the model never unloads and tritonserver gives up at ``--exit-timeout-secs`` ("Non-graceful
+termination"). The 2.51 Python backend has no stop hook, and asking the server (``pb_utils.is_model_ready``
+fails once the server is exiting) is not safe: on that error path the stub reads the message after the
+server has freed it (seen here: stub segfaults, and a boost ``lock_exception`` that aborted tritonserver).
+
+Why drain before the signal: once signalled, Triton unloads every model at once, and a model whose
+``finalize()`` runs while its own BLS streams are still open may never see their last response (seen: an
+orchestrator thread left in a response iterator after flashcodec had sent its final flag). So:
+
+1. the launcher writes the ``stopping`` marker (:func:`announce`); each model's :class:`StopWatch` sees it
+   (a ``stat`` every ``period_s``, no IPC) and ends its work: the orchestrator fails the requests in flight
+   ("the server is shutting down"), the stages end their streams;
+2. the orchestrator writes ``drained`` (:func:`mark_drained`) once no request and no stage call is left;
+3. the launcher waits for it (:func:`wait_drained`, bounded), then signals tritonserver, which now finds
+   every model idle and unloads them at once.
+"""
+from __future__ import annotations
+
+import gc
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+from backends.ipc import shared_tensor
+
+log = logging.getLogger(__name__)
+MARKER = "stopping"
+DRAINED = "drained"
+
+
+def announce(run_dir: Path) -> None:
+    """Tell the models of the server using ``run_dir`` that it is about to stop."""
+    (Path(run_dir) / MARKER).touch()
+
+
+def announced() -> bool:
+    """Whether the stop has been announced for this server (its run directory): a stage's stream that ends
+    early may be the stage stopping a little before this model's own watch has noticed."""
+    return (shared_tensor.run_dir() / MARKER).exists()
+
+
+def mark_drained() -> None:
+    """The orchestrator's word that no request and no stage stream is left (this server's run directory)."""
+    (shared_tensor.run_dir() / DRAINED).touch()
+
+
+def wait_drained(run_dir: Path, timeout_s: float) -> bool:
+    """Wait up to ``timeout_s`` seconds for :func:`mark_drained`; True when it came."""
+    deadline = time.monotonic() + timeout_s
+    while not (Path(run_dir) / DRAINED).exists():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def before_exit() -> None:
+    """The last call of a model's ``finalize()``: the stub exits next, and its interpreter's final garbage
+    collection walks every torch/transformers object (about a second, several on a busy machine, all of it
+    counted against the server's exit timeout). Frozen objects are skipped; the process frees its memory."""
+    gc.freeze()
+
+
+class StopWatch:
+    """Calls ``on_stop()`` once, on a thread of its own, when the stop is announced in the run directory.
+
+    ``on_stop`` must not block (it only tells the model's own loops to end their streams). :meth:`close`
+    (in ``finalize``) joins the thread, so that ``on_stop`` never runs after ``finalize`` returns.
+    Raises RuntimeError when no run directory is set (see ``shared_tensor.run_dir``).
+    """
+
+    def __init__(self, on_stop: Callable[[], None], period_s: float = 0.1):
+        self.marker = shared_tensor.run_dir() / MARKER
+        self.on_stop, self.period_s = on_stop, period_s
+        self.stopped = threading.Event()  # set once the stop was seen (before on_stop runs)
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="stop-watch", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._closed.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._closed.wait(self.period_s):
+            if self.marker.exists():
+                self.stopped.set()
+                try:
+                    self.on_stop()
+                except Exception:
+                    log.exception("stop watch: on_stop failed")
+                return

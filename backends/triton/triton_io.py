@@ -1,0 +1,178 @@
+"""Reading and writing Triton Python-backend tensors (used by every model.py and stage).
+
+``triton_python_backend_utils`` exists only inside the backend stub, so it is imported lazily.
+"""
+from __future__ import annotations
+
+import faulthandler
+import json
+import signal
+
+import numpy as np
+
+
+def pb():
+    """The ``triton_python_backend_utils`` module (only importable inside the Python-backend stub)."""
+    import triton_python_backend_utils
+
+    return triton_python_backend_utils
+
+
+def enable_stack_dumps() -> None:
+    """Tracebacks of all threads to the server log on a crash, and on SIGUSR1 (what the launcher sends
+    to the stubs before stopping a server that hangs, when UNIFIEDSERVE_DUMP_STACKS=1)."""
+    faulthandler.enable()
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+
+
+def parameters(args: dict) -> dict[str, str]:
+    """The model's config.pbtxt ``parameters`` as {key: string_value}."""
+    config = json.loads(args["model_config"])
+    return {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+
+
+# Sizes and counts among the models' parameters: below 1 none of them can work. backends/triton/repository.py
+# checks the launcher's --set values with the same rule (int_value) before a server starts.
+UPPER_BOUNDS = {"replicas": 64}  # stage replicas: models written and loaded, a few GPUs' worth each
+POSITIVE_INT_PARAMETERS = frozenset({
+    "kv_pages", "kv_page_size", "max_batch",                          # decode
+    "patch_pages", "patch_page_size", "decode_threads",               # flashcodec
+    "encode_budget", "prefill_budget", "max_model_len", "max_media_bytes", "max_prompt_bytes", "replicas",  # orch.
+    "vision_tp_size",                                                 # encode_prefill
+})
+
+
+def int_value(key: str, value: str, name: str | None = None) -> int:
+    """A parameter's string ``value`` as an int; >= 1 when ``key`` is in POSITIVE_INT_PARAMETERS.
+
+    Raises ValueError naming ``name`` (default: "parameter KEY") and the value: empty, not an integer,
+    or a size below 1.
+    """
+    name = name or f"parameter {key}"
+    if not value.strip():
+        raise ValueError(f"{name} must be an integer, got an empty value")
+    try:
+        number = int(value)
+    except ValueError:
+        raise ValueError(f"{name} must be an integer, got {value!r}") from None
+    if key in POSITIVE_INT_PARAMETERS and number < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if key in UPPER_BOUNDS and number > UPPER_BOUNDS[key]:
+        raise ValueError(f"{name} must be at most {UPPER_BOUNDS[key]}, got {value!r}")
+    return number
+
+
+def int_parameter(params: dict[str, str], key: str, default: int | None = None) -> int:
+    """``params[key]`` (from :func:`parameters`) as an int (:func:`int_value`); ``default`` when absent.
+
+    Raises ValueError naming the parameter: absent without a default, or a bad value (see int_value).
+    """
+    if key not in params:
+        if default is None:
+            raise ValueError(f"parameter {key} is missing from config.pbtxt")
+        return default
+    return int_value(key, params[key])
+
+
+def gpus_value(key: str, value: str) -> str | list[int] | None:
+    """A GPU-set parameter: "own" (the instance's GPU alone) -> None, "all" -> "all" (every GPU the process sees,
+    its own first), "0,1" -> [0, 1]. Raises ValueError naming the parameter and the value."""
+    text = value.strip().lower()
+    if text in ("", "own"):
+        return None
+    if text == "all":
+        return "all"
+    try:
+        ids = [int(part) for part in text.split(",")]
+    except ValueError:
+        ids = []
+    if not ids or min(ids) < 0 or len(set(ids)) != len(ids):
+        raise ValueError(f'parameter {key} must be "own", "all" or distinct GPU ids like "0,1", got {value!r}')
+    return ids
+
+
+def _array(request, name: str):
+    tensor = pb().get_input_tensor_by_name(request, name)
+    return None if tensor is None else tensor.as_numpy()
+
+
+def bytes_list(request, name: str) -> list[bytes]:
+    """All elements of a BYTES input as bytes ([] when absent)."""
+    array = _array(request, name)
+    if array is None:
+        return []
+    return [x if isinstance(x, bytes) else str(x).encode() for x in np.ravel(array)]
+
+
+def string(request, name: str) -> str | None:
+    """The first element of a BYTES input decoded as UTF-8 (None when absent).
+
+    Raises UnicodeDecodeError on invalid UTF-8 (callers turn it into INVALID_ARG).
+    """
+    values = bytes_list(request, name)
+    return values[0].decode("utf-8") if values else None
+
+
+def boolean(request, name: str, default: bool) -> bool:
+    array = _array(request, name)
+    return default if array is None or array.size == 0 else bool(np.ravel(array)[0])
+
+
+def str_tensor(name: str, values: list[str] | list[bytes]):
+    data = np.array([v.encode() if isinstance(v, str) else v for v in values], dtype=np.object_)
+    return pb().Tensor(name, data)
+
+
+def json_tensor(name: str, value) -> object:
+    return str_tensor(name, [json.dumps(value)])
+
+
+def int_tensor(name: str, values: list[int], dtype=np.int64):
+    return pb().Tensor(name, np.asarray(values, dtype=dtype))
+
+
+def foreign(request) -> bool:
+    """True when ``request`` to an internal stage lacks the server's token (it did not come from the
+    orchestrator); answer it with :data:`INTERNAL_ONLY`."""
+    from backends.triton.internal_token import internal_token
+
+    return string(request, "token") != internal_token()
+
+
+INTERNAL_ONLY = "this model is internal to UnifiedServe: send requests to the 'orchestrator' model"
+
+
+def error(message: str, invalid_argument: bool = True):
+    """An InferenceResponse carrying a TritonError (INVALID_ARG for bad input, INTERNAL otherwise)."""
+    p = pb()
+    code = p.TritonError.INVALID_ARG if invalid_argument else p.TritonError.INTERNAL
+    return p.InferenceResponse(error=p.TritonError(message, code))
+
+
+class WeightsGauge:
+    """The gauge ``unifiedserve_lm_weight_bytes{model, replica, copy}``: bytes of language-model weights a stage
+    holds as its own copy (``copy="own"``) and as views of the copy shared between decode and encode_prefill
+    (``copy="shared"``, ``backends.ipc.shared_weights``); a replica's memory for them is its stages' "own" plus one
+    "shared". ``set`` makes the round trip to the Triton process only when the figures change."""
+
+    NAME = "unifiedserve_lm_weight_bytes"
+
+    def __init__(self, model: str, replica: int):
+        p = pb()
+        self.family = p.MetricFamily(self.NAME, "bytes of language-model weights a stage holds, by copy: its own "
+                                     "or the one shared by decode and encode_prefill", p.MetricFamily.GAUGE)
+        self.series = {copy: self.family.Metric(labels={"model": model, "replica": str(replica), "copy": copy})
+                       for copy in ("own", "shared")}
+        self.last: dict[str, int] = {}
+
+    def set(self, held: dict[str, int]) -> None:
+        """``held``: {"own": bytes, "shared": bytes}, as ``shared_weights.held_bytes`` gives."""
+        if self.series and held != self.last:
+            for copy, value in held.items():
+                self.series[copy].set(value)
+            self.last = dict(held)
+
+    def close(self) -> None:
+        """For ``finalize``: drop the series, then the family (metrics alive when the stub exits crash it,
+        triton-inference-server/server#8662); later ``set`` calls do nothing."""
+        self.series, self.family, self.last = {}, None, {}

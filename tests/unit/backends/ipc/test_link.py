@@ -1,0 +1,255 @@
+"""The stage link (backends/ipc/link.py): calls, streamed replies, errors, a stage that goes away."""
+from __future__ import annotations
+
+import asyncio
+import multiprocessing.connection
+import shutil
+import socket
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from backends.ipc import link
+from backends.triton import internal_token
+from backends.ipc.shared_tensor import RUN_DIR_ENV
+
+
+@pytest.fixture
+def run_dir(monkeypatch):
+    path = Path(tempfile.mkdtemp(prefix="link-"))  # short: a Unix socket path has at most 107 bytes
+    monkeypatch.setenv(RUN_DIR_ENV, str(path))
+    internal_token.internal_token.cache_clear()
+    yield path
+    internal_token.internal_token.cache_clear()
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _explode():
+    raise KeyError("no such class")
+
+
+class Unreadable:
+    """Pickles, but unpickling it raises (as a reply from another version of the code might)."""
+
+    def __reduce__(self):
+        return _explode, ()
+
+
+ORDER: list[str] = []
+SENT: list[bool] = []
+
+
+def counting(op, body, call):
+    """A stage: "count" streams 0..n-1 from another thread, "fail" ends with an error, "boom" raises,
+    "hold" replies once and never ends, "note" records (op, body size) in ORDER, "bad" replies with a
+    payload that will not unpickle, "late" replies after 0.5 s and records whether that was delivered."""
+    if op in ("note", "note_big"):
+        ORDER.append(f"{op}:{len(body)}")
+        call.end()
+        return
+    if op == "stall":  # a stage slow to read: its socket fills up behind this call
+        ORDER.append("stall")
+        time.sleep(1.0)
+        call.end()
+        return
+    if op == "bad":
+        call.send(Unreadable())
+        return
+    if op == "late":
+        def later():
+            time.sleep(0.5)
+            SENT.append(call.send("late"))
+        threading.Thread(target=later).start()
+        return
+    if op == "count":
+        def run():
+            for i in range(body):
+                call.send(i)
+            call.end()
+        threading.Thread(target=run).start()
+    elif op == "fail":
+        call.end(body)
+    elif op == "boom":
+        raise KeyError("no such thing")
+    elif op == "hold":  # never ends
+        call.send("held")
+
+
+@pytest.fixture
+def link(run_dir):
+    """A stage serving `counting` and the orchestrator's end of its link."""
+    server, client = link.LinkServer("decode", counting), link.LinkClient("decode")
+    yield server, client
+    client.close()
+    server.close()
+
+
+async def collect(client, op, body=None):
+    return [x async for x in client.call(op, body)]
+
+
+def test_replies_stream_in_order_and_concurrent_calls_stay_apart(link):
+    server, client = link
+
+    async def main():
+        return await asyncio.gather(*(collect(client, "count", n) for n in (0, 1, 50, 300)))
+
+    assert asyncio.run(main()) == [[], [0], list(range(50)), list(range(300))]
+    assert not client.busy()
+    server.close()
+    assert not Path(link.address("decode")).exists()
+
+
+def test_errors_end_the_call_with_the_stage_message(link):
+    _, client = link
+
+    async def main():
+        with pytest.raises(link.LinkError) as bad_video:
+            await collect(client, "fail", "video: no keyframe before the first sampled frame")
+        with pytest.raises(link.LinkError, match="decode: KeyError") as raised:
+            await collect(client, "boom")
+        assert await collect(client, "count", 3) == [0, 1, 2]  # the link goes on
+        return bad_video.value, raised.value
+
+    bad_video, raised = asyncio.run(main())
+    assert bad_video.invalid_input and not raised.invalid_input
+
+
+def test_a_stage_that_goes_away_fails_open_and_later_calls(run_dir):
+    server = link.LinkServer("decode_1", counting)
+    client = link.LinkClient("decode_1")
+
+    async def main():
+        stream = client.call("hold")
+        assert await stream.__anext__() == "held"
+        server.close()  # as if the stage's process ended
+        with pytest.raises(link.LinkError, match="closed its link"):
+            await stream.__anext__()
+        with pytest.raises(link.LinkError, match="closed its link"):
+            await collect(client, "count", 1)
+
+    try:
+        asyncio.run(asyncio.wait_for(main(), 30))
+        assert not client.busy()
+    finally:
+        client.close()
+
+
+def test_the_client_waits_for_a_stage_still_loading(run_dir):
+    client = link.LinkClient("flashcodec", connect_timeout_s=30)
+    started: list[link.LinkServer] = []
+    timer = threading.Timer(0.5, lambda: started.append(link.LinkServer("flashcodec", counting)))
+    timer.start()
+    try:
+        assert asyncio.run(collect(client, "count", 2)) == [0, 1]
+    finally:
+        timer.join()
+        client.close()
+        for server in started:
+            server.close()
+
+
+def test_a_stage_that_never_comes_is_named(run_dir):
+    client = link.LinkClient("decode", connect_timeout_s=0.2)
+    with pytest.raises(link.LinkError, match="did not appear"):
+        asyncio.run(collect(client, "count", 1))
+
+
+def test_a_caller_without_the_token_is_refused_and_the_stage_keeps_serving(run_dir):
+    server = link.LinkServer("decode", counting)
+    try:
+        with pytest.raises(multiprocessing.AuthenticationError):
+            multiprocessing.connection.Client(link.address("decode"), family="AF_UNIX", authkey=b"guess")
+        client = link.LinkClient("decode")
+        try:
+            assert asyncio.run(collect(client, "count", 2)) == [0, 1]
+        finally:
+            client.close()
+    finally:
+        server.close()
+
+
+def test_a_run_directory_too_deep_for_a_socket_is_named(monkeypatch):
+    monkeypatch.setenv(RUN_DIR_ENV, "/tmp/" + "d" * 120)
+    with pytest.raises(ValueError, match="shorter TMPDIR"):
+        link.address("decode")
+
+
+def test_calls_leave_in_order_and_a_large_one_does_not_hold_up_the_loop(link):
+    """A video's bytes are sent by the writer thread, which waits while the stage is slow to read (here 1 s),
+    not the event loop; an abort made right after its decode arrives after it."""
+    _, client = link
+    ORDER.clear()
+    big = b"x" * (64 << 20)
+
+    async def main():
+        await collect(client, "note", b"")  # connected
+        ticks = []
+
+        async def tick():
+            for _ in range(20):
+                ticks.append(time.perf_counter())
+                await asyncio.sleep(0.005)
+
+        ticker = asyncio.create_task(tick())
+        await asyncio.gather(collect(client, "stall"), collect(client, "note_big", big), collect(client, "note", b"abc"))
+        await ticker
+        return max(b - a for a, b in zip(ticks, ticks[1:]))
+
+    longest_gap = asyncio.run(main())
+    assert ORDER == ["note:0", "stall", f"note_big:{len(big)}", "note:3"]
+    assert longest_gap < 0.9, longest_gap  # the loop ran on while 64 MiB waited for the stalled stage
+
+
+def test_a_reader_that_fails_fails_the_calls_instead_of_leaving_them_waiting(link):
+    _, client = link
+
+    async def main():
+        with pytest.raises(link.LinkError, match="reader failed"):
+            await collect(client, "bad")
+        with pytest.raises(link.LinkError, match="reader failed"):
+            await collect(client, "count", 1)
+
+    asyncio.run(asyncio.wait_for(main(), 30))
+
+
+def test_a_silent_peer_holds_up_nobody(run_dir):
+    server = link.LinkServer("decode", counting)
+    silent = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    silent.connect(link.address("decode"))  # and never answers the challenge
+    client = link.LinkClient("decode")
+    try:
+        assert asyncio.run(asyncio.wait_for(collect(client, "count", 2), 30)) == [0, 1]
+    finally:
+        client.close()
+        started = time.monotonic()
+        server.close()
+        silent.close()
+    assert time.monotonic() - started < 8
+
+
+def test_a_stage_learns_that_a_reply_was_not_delivered(run_dir):
+    """flashcodec takes back a group's patch pages when its reply cannot reach the orchestrator."""
+    server = link.LinkServer("flashcodec", counting)
+    client = link.LinkClient("flashcodec")
+    SENT.clear()
+
+    async def main():
+        stream = client.call("late")
+        task = asyncio.ensure_future(stream.__anext__())
+        await asyncio.sleep(0.1)
+        client.close()  # the orchestrator goes away before the reply
+        with pytest.raises(link.LinkError):
+            await task
+
+    try:
+        asyncio.run(asyncio.wait_for(main(), 30))
+        deadline = time.monotonic() + 5
+        while not SENT and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert SENT == [False]
+    finally:
+        server.close()

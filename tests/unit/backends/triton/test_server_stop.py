@@ -1,0 +1,65 @@
+"""Stopping a server cleanly without Triton: the stop watch sees the launcher's marker, the decode stage
+ends its step stream, flashcodec ends its group streams (backends/triton/server_stop.py)."""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+
+import pytest
+import torch
+
+from backends.ipc import shared_tensor
+from backends.triton import server_stop
+from backends.runtime.loader import ModelSpec
+from backends.stages.decode_worker import DecodeWorker
+
+
+@pytest.fixture
+def run_dir(tmp_path, monkeypatch):
+    path = tmp_path / "run"
+    path.mkdir()
+    monkeypatch.setenv(shared_tensor.RUN_DIR_ENV, str(path))
+    return path
+
+
+def test_the_watch_calls_on_stop_once_after_the_announcement(run_dir):
+    calls = queue.Queue()
+    watch = server_stop.StopWatch(lambda: calls.put(threading.current_thread().name), period_s=0.01)
+    with pytest.raises(queue.Empty):
+        calls.get(timeout=0.1)
+    server_stop.announce(run_dir)
+    assert calls.get(timeout=5) == "stop-watch" and watch.stopped.is_set()
+    watch.close()
+    assert calls.empty()
+
+
+def test_close_stops_a_watch_that_never_fired(run_dir):
+    watch = server_stop.StopWatch(lambda: pytest.fail("no stop was announced"), period_s=0.01)
+    watch.close()
+    server_stop.announce(run_dir)
+    time.sleep(0.05)
+    assert not watch.stopped.is_set()
+
+
+def test_wait_drained(run_dir):
+    started = time.monotonic()
+    assert not server_stop.wait_drained(run_dir, timeout_s=0.1)
+    assert time.monotonic() - started >= 0.1
+    server_stop.mark_drained()
+    assert server_stop.wait_drained(run_dir, timeout_s=0)
+
+
+def test_the_decode_stage_ends_its_stream_when_told_and_at_shutdown(run_dir):
+    worker = DecodeWorker(ModelSpec(), torch.device("cpu"), kv_pages=8, page_size=16, max_batch=4)
+    ended = queue.Queue()
+    try:
+        worker.attach(lambda *step: None, lambda: ended.put("first"))
+        worker.attach(lambda *step: None, lambda: ended.put("second"))  # a new stream replaces (ends) the old
+        assert ended.get(timeout=10) == "first"
+        worker.end_stream()
+        assert ended.get(timeout=10) == "second" and worker.sink is None
+        worker.attach(lambda *step: None, lambda: ended.put("third"))
+    finally:
+        worker.shutdown()
+    assert ended.get(timeout=1) == "third" and not worker.thread.is_alive()  # never left open

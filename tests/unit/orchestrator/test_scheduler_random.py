@@ -1,0 +1,194 @@
+"""Property tests: random workloads (arrivals, media streaming in out of order, cancellations, also
+mid-step, decode holding KV pages) driven through the scheduler, checking every plan.
+
+As in the server, nothing reserves patch pages ahead: the simulated media stage takes a group's pages
+when it has "decoded" that group (and only if they are free: back-pressure), then reports it. Half the
+scenarios use the cross-process free list the server uses (backends/ipc/shared_pages.py)."""
+
+import random
+
+import pytest
+
+from backends.ipc.shared_pages import SharedPageList
+from orchestrator.pages import PageAllocator
+from orchestrator.scheduler import Scheduler, SchedulerConfig
+from orchestrator.sequence import Group, Sequence
+
+MAX_TICKS = 5000
+
+
+def random_sequence(rng, req_id, encode_budget):
+    offset, groups = rng.randint(1, 40), []
+    for item in range(rng.choice([0, 0, 1, 1, 2, 3])):
+        offset += 1  # <|vision_start|>
+        for index in range(rng.randint(1, 6)):
+            # Mostly groups that fit the encode budget, now and then one that does not.
+            tokens = rng.randint(1, max(1, encode_budget // 4 // rng.choice([1, 2, 3]) + rng.choice([0, 0, 0, 40])))
+            groups.append(Group(item, index, offset, tokens, 4 * tokens))
+            offset += tokens
+        offset += 1 + rng.randint(0, 30)
+    return Sequence(req_id, offset, rng.randint(1, 40), groups)
+
+
+def demand_end(seq, encoding):
+    """First prompt token whose embedding is not ready: an independent reading of the rule."""
+    for group in seq.groups:
+        if group.token_end > seq.num_computed_tokens and not group.encoded and group.key not in encoding:
+            return group.token_offset
+    return seq.prompt_len
+
+
+def kv_pages(seq, config):
+    """KV pages a sequence holds once admitted (prompt + max_tokens)."""
+    return -(-(seq.prompt_len + seq.max_tokens) // config.kv_page_size)
+
+
+def check_plan(sched, config, plan, live, arrival):
+    encode_total = sum(w.num_patches for w in plan.encode)
+    assert encode_total == plan.num_encode_patches
+    assert encode_total <= config.encode_budget or len(plan.encode) == 1, "encode budget exceeded"
+    assert plan.num_prefill_tokens <= config.prefill_budget, "prefill budget exceeded"
+    encoding = {}
+    for w in plan.encode:
+        group = live[w.req_id].group(w.item, w.index)
+        assert not group.encoded and tuple(group.patch_pages) == w.patch_pages
+        assert w.num_patches == group.num_patches, "a group was split"
+        encoding.setdefault(w.req_id, set()).add(group.key)
+    ready_first = [(arrival[s.req_id], s.req_id, g.key) for s in live.values() for g in s.groups
+                   if g.patch_pages is not None]
+    if ready_first:  # the oldest ready group always runs: encoding never starves, KV pool full or not
+        _, req_id, key = min(ready_first)
+        assert key in encoding.get(req_id, ()), "oldest ready group not encoded"
+    for req_id, keys in encoding.items():
+        ready = [g.key for g in live[req_id].groups if g.patch_pages is not None]
+        assert ready[:len(keys)] == [k for k in ready if k in keys], "groups skipped out of prompt order"
+    chunks = {w.req_id: w for w in plan.prefill}
+    cap = max(1, int(config.max_share * config.prefill_budget))
+    demands = {}
+    for seq in live.values():
+        if seq.block_table is None or seq.prefill_done:
+            assert seq.req_id not in chunks
+            continue
+        demands[seq.req_id] = demand_end(seq, encoding.get(seq.req_id, set())) - seq.num_computed_tokens
+        w = chunks.get(seq.req_id)
+        if w is None:
+            continue
+        assert w.start == seq.num_computed_tokens < w.end <= seq.prompt_len and w.block_table == tuple(seq.block_table)
+        assert w.is_last == (w.end == seq.prompt_len)
+        for group in seq.groups:
+            if group.token_offset < w.end and group.token_end > w.start:
+                assert group.encoded or group.key in encoding.get(seq.req_id, ()), "prefill of an unencoded group"
+    got = {req_id: (chunks[req_id].end - chunks[req_id].start if req_id in chunks else 0) for req_id in demands}
+    if plan.num_prefill_tokens < config.prefill_budget:
+        assert got == demands, "prefill budget left unused while ready tokens wait"
+    if any(n > cap for n in got.values()):
+        assert all(got[r] >= min(cap, demands[r]) for r in demands), "share cap not honoured"
+
+
+def check_admission(sched, config, live, arrival, newly_admitted):
+    """After schedule(): admission in arrival order with backfill. The first waiting sequence (the head) does not
+    fit in the free pages; when sequences that arrived after it were admitted, all that arrived after it holds no
+    more than the pool leaves over once the head has its pages; and no later sequence that fits in both the free
+    pages and that leftover is left waiting."""
+    by_arrival = sorted(live.values(), key=lambda s: arrival[s.req_id])
+    waiting = [i for i, seq in enumerate(by_arrival) if seq.block_table is None]
+    if not waiting:
+        return
+    head = by_arrival[waiting[0]]
+    need = kv_pages(head, config)
+    assert need > sched.stats().kv_pages_free, "the first waiting sequence fits but was not admitted"
+    later = [seq for seq in by_arrival[waiting[0] + 1:] if seq.block_table is not None]
+    leftover = sched.stats().kv_pages_total - need - sum(len(seq.block_table) for seq in later)
+    if any(seq.req_id in newly_admitted for seq in later):
+        assert leftover >= 0, "a later sequence went ahead into the pages the head needs"
+    room = min(leftover, sched.stats().kv_pages_free)
+    for seq in by_arrival[waiting[0] + 1:]:
+        if seq.block_table is None:
+            assert kv_pages(seq, config) > room, \
+                "a later sequence that fits beside the head's pages was left waiting"
+
+
+def check_idle(sched, live):
+    """schedule() said None: nothing is ready to encode or prefill."""
+    for seq in live.values():
+        assert all(g.patch_pages is None for g in seq.groups)
+        if seq.block_table is not None:
+            assert seq.prefill_done or demand_end(seq, set()) == seq.num_computed_tokens
+
+
+def run_scenario(seed, tmp_path):
+    rng = random.Random(seed)
+    config = SchedulerConfig(encode_budget=rng.choice([64, 256, 1000]), prefill_budget=rng.choice([16, 100, 512]),
+                             max_share=rng.choice([1.0, 0.5, 0.3, 0.1]), kv_page_size=rng.choice([1, 4, 16]))
+    patch_page_size = rng.choice([16, 64, 256])
+    arrivals = sorted((rng.randint(0, 60), f"r{i}") for i in range(rng.randint(1, 12)))
+    seqs = {req_id: random_sequence(rng, req_id, config.encode_budget) for _, req_id in arrivals}
+    need_kv = max(kv_pages(s, config) for s in seqs.values())
+    group_pages = [-(-g.num_patches // patch_page_size) for s in seqs.values() for g in s.groups]
+    kv = PageAllocator(rng.randint(need_kv, 3 * need_kv), "kv_pool")
+    # Any pool that holds the largest group works (the orchestrator rejects larger groups at admission).
+    num_patch_pages = max(group_pages, default=1) + rng.randint(0, 20)
+    if seed % 2:
+        patch = SharedPageList.create(tmp_path / f"patch_pool-{seed}.pages", num_patch_pages)
+    else:
+        patch = PageAllocator(num_patch_pages, "patch_pool")
+    sched = Scheduler(config, kv, patch)
+    arrival = {req_id: t for t, req_id in arrivals}
+    live, pending, decoding, decoded = {}, [], {}, []
+    in_decode_pages = 0  # patch pages the simulated media stage holds between decode and report
+    for tick in range(MAX_TICKS):
+        for t, req_id in arrivals:
+            if t == tick:
+                sched.add(seqs[req_id])
+                live[req_id] = seqs[req_id]
+                pending += [(req_id, g) for g in seqs[req_id].groups]
+        # The media stage reports groups out of order, including those of requests cancelled meanwhile.
+        for req_id, group, pages in decoded:
+            sched.group_ready(req_id, group.item, group.index, pages)
+        decoded, in_decode_pages = [], 0
+        rng.shuffle(pending)
+        for req_id, group in list(pending):
+            pages = patch.allocate(-(-group.num_patches // patch_page_size)) if rng.random() < 0.5 else None
+            if pages is not None:
+                pending.remove((req_id, group))
+                decoded.append((req_id, group, pages))
+                in_decode_pages += len(pages)
+        before = {r for r, seq in live.items() if seq.block_table is not None}
+        plan = sched.schedule()
+        check_admission(sched, config, live, arrival,
+                        {r for r, seq in live.items() if seq.block_table is not None} - before)
+        if plan is None:
+            check_idle(sched, live)
+        else:
+            check_plan(sched, config, plan, live, arrival)
+        if live and rng.random() < 0.03:  # cancellation, possibly of a sequence in the step in flight
+            victim = rng.choice(sorted(live))
+            sched.remove(victim)
+            del live[victim]
+            decoding.pop(victim, None)
+            pending = [(r, g) for r, g in pending if r != victim]
+        for req_id in sched.complete(plan) if plan is not None else []:
+            decoding[req_id] = rng.randint(0, 5)
+        for req_id in list(decoding):  # decode holds the KV pages a few steps, then finishes
+            decoding[req_id] -= 1
+            if decoding[req_id] < 0:
+                sched.remove(req_id)
+                sched.remove(req_id)
+                del live[req_id], decoding[req_id]
+        held_kv = sum(len(s.block_table) for s in live.values() if s.block_table is not None)
+        held_patch = sum(len(g.patch_pages) for s in live.values() for g in s.groups if g.patch_pages is not None)
+        assert kv.num_free + held_kv == kv.num_total, "KV pages leaked"
+        assert patch.num_free + held_patch + in_decode_pages == patch.num_total, "patch pages leaked"
+        if tick > arrivals[-1][0] and not live and not decoded:
+            break
+    else:
+        pytest.fail(f"seed {seed}: requests still unfinished after {MAX_TICKS} ticks (starvation?)")
+    assert not sched.has_work() and sched.schedule() is None
+    assert kv.num_free == kv.num_total and patch.num_free == patch.num_total
+    return tick
+
+
+@pytest.mark.parametrize("block", range(10))
+def test_random_workloads_keep_the_invariants(block, tmp_path):
+    for seed in range(block * 20, block * 20 + 20):
+        run_scenario(seed, tmp_path)
