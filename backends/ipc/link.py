@@ -1,22 +1,15 @@
-"""The link between the orchestrator and the streaming stages (decode, flashcodec): calls and their streamed
-replies over a Unix socket in the server's run directory, instead of decoupled BLS.
-
-Why not BLS: in tritonserver 2.51's Python-backend stub, a decoupled BLS call made while another decoupled
-call's response iterator is woken closes a cycle of three locks (the GIL, the stub's iterator map, one
-iterator's own mutex) and wedges the orchestrator for good: every request hangs, no process dies
-(gdb stacks in bench/results/cancel-wedge-cpu-2026-11-29). The orchestrator made one such call per admit,
-abort and media item beside the long-lived decode stream, and the wedge came within a few rounds of
-cancelled requests. One call per scheduler step to encode_prefill stays a plain (non-decoupled) BLS call,
-which takes none of those locks.
+"""The stage link: the one transport of every call from the orchestrator to a stage (encode_prefill, decode,
+flashcodec): a Unix socket per stage in the server's run directory, carrying the typed messages of
+``backends.ipc.protocol``. docs/design.md ("Stage calls") says why this and not BLS.
 
 Wire format: ``multiprocessing.connection`` (length-prefixed pickles; both ends prove they know the server's
-internal token, ``backends.triton.internal_token``, before anything else is read). A call is ``(call_id, op, body)``;
-each reply is ``(call_id, payload, final, error)``: zero or more payloads, then one final reply, which carries
-the error message when the call failed. One connection per orchestrator. The orchestrator's end writes from
-one thread, in call order (a video's bytes never hold up its event loop, nor let a later abort overtake the
-decode it stops), and reads on another; the stage's end reads each connection on a thread of its own, which
-also runs the handshake (a silent peer holds up only itself). A link whose reader ends, for whatever reason,
-is closed, and every call on it fails at once.
+internal token, ``backends.triton.internal_token``, before anything else is read). A call is ``(call_id,
+message)`` with ``message`` a ``protocol.Call``; each reply is ``(call_id, payload, final, failure)``: zero or
+more payloads, then one final reply, which carries a ``protocol.StageFailure`` when the call failed. One
+connection per orchestrator. The orchestrator's end writes from one thread, in call order (a video's bytes
+never hold up its event loop, nor let a later abort overtake the decode it stops), and reads on another; the
+stage's end reads each connection on a thread of its own, which also runs the handshake (a silent peer holds
+up only itself). A link whose reader ends, for whatever reason, is closed, and every call on it fails at once.
 """
 from __future__ import annotations
 
@@ -32,8 +25,9 @@ import time
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
 from typing import Any, AsyncIterator, Callable
 
+from backends.ipc.protocol import INVALID_INPUT, SERVER_FAULT, Call, StageFailure
+from backends.ipc.run_dir import run_dir
 from backends.triton.internal_token import internal_token
-from backends.ipc.shared_tensor import run_dir
 
 log = logging.getLogger(__name__)
 MAX_SOCKET_PATH = 107  # bytes: sockaddr_un's sun_path, less its terminating NUL (Linux)
@@ -99,18 +93,26 @@ def _hang_up(conn: Connection, reader: threading.Thread | None) -> None:
     conn.close()
 
 
-class LinkError(RuntimeError):
-    """A call failed in the stage (``message`` is the stage's), or the link is gone. ``invalid_input``: the
-    stage blames the request (its message starts with "video" or "image")."""
+class StageError(RuntimeError):
+    """A stage-link call failed: ``failure`` says how (``protocol.StageFailure``: the stage's message, and
+    whether it blames the request); a link that is gone or cannot be made is a ``server_fault``."""
 
-    def __init__(self, message: str):
-        super().__init__(message)
-        self.invalid_input = message.startswith(("video", "image"))
+    def __init__(self, failure: StageFailure):
+        super().__init__(failure.message)
+        self.failure = failure
+
+    @property
+    def invalid_input(self) -> bool:
+        return self.failure.kind == INVALID_INPUT
 
 
-class Call:
-    """One call, as the stage's handler sees it: ``send(payload)`` any number of times, then ``end()`` or
-    ``end(error_message)`` once. Both are thread-safe and never raise; ``send`` returns False when the payload
+def _fault(message: str) -> StageError:
+    return StageError(StageFailure(SERVER_FAULT, message))
+
+
+class Reply:
+    """One call, as the stage's handler answers it: ``send(payload)`` any number of times, then ``end()`` or
+    ``end(failure)`` once. Both are thread-safe and never raise; ``send`` returns False when the payload
     could not be delivered (the orchestrator has gone, or the call has ended), so that a stage can take back
     what the payload would have handed over (flashcodec: a group's patch pages)."""
 
@@ -120,13 +122,13 @@ class Call:
     def send(self, payload: Any) -> bool:
         return not self._ended and self._conn.reply((self._id, payload, False, None))
 
-    def end(self, error: str | None = None) -> None:
+    def end(self, failure: StageFailure | None = None) -> None:
         if not self._ended:
             self._ended = True
-            self._conn.reply((self._id, None, True, error))
+            self._conn.reply((self._id, None, True, failure))
 
 
-Handler = Callable[[str, Any, Call], None]  # (op, body, call): must not block; ends the call sooner or later
+Handler = Callable[[Call, Reply], None]  # (message, reply): must not block; ends the reply sooner or later
 
 
 class _Served:
@@ -163,13 +165,15 @@ class _Served:
             self.conn = conn
         try:
             while True:
-                call_id, op, body = conn.recv()
-                call = Call(self, call_id)
+                call_id, message = conn.recv()
+                reply = Reply(self, call_id)
                 try:
-                    self.handler(op, body, call)
+                    if not isinstance(message, Call):
+                        raise TypeError(f"not a protocol call: {type(message).__name__}")
+                    self.handler(message, reply)
                 except Exception as exc:  # a bad call fails alone; the link and the stage go on
-                    log.exception("%s: call %r failed", self.name, op)
-                    call.end(f"{self.name}: {type(exc).__name__}: {exc}")
+                    log.exception("%s: call %s failed", self.name, type(message).__name__)
+                    reply.end(StageFailure(SERVER_FAULT, f"{self.name}: {type(exc).__name__}: {exc}"))
         except (EOFError, OSError):
             pass  # the orchestrator closed its end
         except Exception:
@@ -192,8 +196,8 @@ class _Served:
 
 
 class LinkServer:
-    """A stage's end: listens on ``address(name)`` and runs ``handler(op, body, call)`` on a thread per
-    connection. Raises ValueError (socket path too long) or OSError (cannot listen)."""
+    """A stage's end: listens on ``address(name)`` and runs ``handler(message, reply)`` for each call, on the
+    connection's thread. Raises ValueError (socket path too long) or OSError (cannot listen)."""
 
     def __init__(self, name: str, handler: Handler):
         self.name, self.handler = name, handler
@@ -243,7 +247,7 @@ class LinkClient:
     """The orchestrator's end of one stage's link, connected on first use (the stage may still be loading:
     waits up to ``connect_timeout_s`` seconds for its socket). Calls are written by one thread, in order;
     replies are read on another and handed to the event loop that made the call. Once the link is gone
-    (the stage closed it or died), every open and later call fails with LinkError."""
+    (the stage closed it or died), every open and later call fails with StageError (a server fault)."""
 
     def __init__(self, name: str, connect_timeout_s: float = 120.0):
         self.name, self.connect_timeout_s = name, connect_timeout_s
@@ -258,7 +262,7 @@ class LinkClient:
         self.writer: threading.Thread | None = None
 
     def _connect(self) -> None:
-        """Connect once (later callers wait for the first); raises LinkError naming why it could not."""
+        """Connect once (later callers wait for the first); raises StageError naming why it could not."""
         with self.connect_lock:
             if self.conn is not None or self.closed:
                 return
@@ -271,16 +275,16 @@ class LinkClient:
                 except (FileNotFoundError, ConnectionRefusedError):  # not there yet, or not yet listening
                     sock.close()
                     if time.monotonic() > deadline:
-                        raise LinkError(f"{self.name}: the stage's link {path} did not appear within "
+                        raise _fault(f"{self.name}: the stage's link {path} did not appear within "
                                         f"{self.connect_timeout_s:.0f} s (is the model loaded?)") from None
                     time.sleep(0.05)
                 except OSError as exc:
                     sock.close()
-                    raise LinkError(f"{self.name}: cannot connect to {path}: {exc}") from exc
+                    raise _fault(f"{self.name}: cannot connect to {path}: {exc}") from exc
             try:
                 conn = _handshake(sock, server=False)
             except Exception as exc:
-                raise LinkError(f"{self.name}: the link's handshake failed: {type(exc).__name__}: {exc}") from exc
+                raise _fault(f"{self.name}: the link's handshake failed: {type(exc).__name__}: {exc}") from exc
             finally:
                 sock.close()
             self.reader = threading.Thread(target=self._read, args=(conn,), name=f"link-{self.name}", daemon=True)
@@ -302,12 +306,12 @@ class LinkClient:
         reason = f"{self.name}: the stage closed its link"
         try:
             while True:
-                call_id, payload, final, error = conn.recv()
+                call_id, payload, final, failure = conn.recv()
                 with self.lock:
                     target = self.calls.pop(call_id, None) if final else self.calls.get(call_id)
                 if target is not None:
                     loop, replies = target
-                    loop.call_soon_threadsafe(replies.put_nowait, (payload, final, error))
+                    loop.call_soon_threadsafe(replies.put_nowait, (payload, final, failure))
         except (EOFError, OSError):
             pass
         except Exception as exc:  # a reply that will not unpickle, a loop that has closed
@@ -323,7 +327,7 @@ class LinkClient:
             calls, self.calls = self.calls, {}
         for loop, replies in calls.values():
             try:
-                loop.call_soon_threadsafe(replies.put_nowait, (None, True, self.closed))
+                loop.call_soon_threadsafe(replies.put_nowait, (None, True, StageFailure(SERVER_FAULT, self.closed)))
             except RuntimeError:  # the loop has closed: nobody waits
                 pass
 
@@ -332,30 +336,34 @@ class LinkClient:
         with self.lock:
             return bool(self.calls)
 
-    async def call(self, op: str, body: Any = None) -> AsyncIterator[Any]:
-        """Yield the payloads of one call as they come; the call is sent by the writer thread, after every
-        call made before it. Raises LinkError with the stage's message when the call fails or the link is
-        gone (or cannot be made)."""
+    async def call(self, message: Call) -> AsyncIterator[Any]:
+        """Yield the replies to ``message`` as they come; it is sent by the writer thread, after every call made
+        before it. Raises StageError with the stage's failure when the call fails, or a server fault when the
+        link is gone (or cannot be made)."""
         if self.conn is None:
             await asyncio.to_thread(self._connect)
         replies: asyncio.Queue = asyncio.Queue()
         with self.lock:
             if self.closed:
-                raise LinkError(self.closed)
+                raise _fault(self.closed)
             call_id = next(self.ids)
             self.calls[call_id] = (asyncio.get_running_loop(), replies)
-            self.outbox.put((call_id, op, body))
+            self.outbox.put((call_id, message))
         try:
             while True:
-                payload, final, error = await replies.get()
-                if error:
-                    raise LinkError(error)
+                payload, final, failure = await replies.get()
+                if failure is not None:
+                    raise StageError(failure)
                 if final:
                     return
                 yield payload
         finally:  # also when the caller stops early (cancelled): later replies are dropped
             with self.lock:
                 self.calls.pop(call_id, None)
+
+    async def request(self, message: Call) -> list[Any]:
+        """All the replies to ``message`` once its call has ended (raises as :meth:`call`)."""
+        return [payload async for payload in self.call(message)]
 
     def close(self) -> None:
         """Close the connection and join its threads (open calls fail with "closed")."""

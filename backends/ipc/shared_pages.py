@@ -26,9 +26,9 @@ POLL_S = 0.005  # how often a waiter looks for pages freed by another process (s
 def path_for(name: str) -> Path:
     """The /dev/shm file of pool ``name``'s free list for this server (the launcher removes it at stop).
 
-    Raises RuntimeError when no run directory is set (see ``backends.ipc.shared_tensor.run_dir``).
+    Raises RuntimeError when no run directory is set (see ``backends.ipc.run_dir``).
     """
-    from backends.ipc.shared_tensor import run_dir  # lazily: that module needs torch, this one does not
+    from backends.ipc.run_dir import run_dir
 
     return Path("/dev/shm") / f"unifiedserve-{run_dir().name}-{name}.pages"
 

@@ -9,30 +9,19 @@ between the stages.
   (``torch.multiprocessing.reductions.reduce_tensor``), pickled. The owner must outlive every
   mapper (design.md, "Ownership and start-up").
 
-The run directory comes from the environment variable ``UNIFIEDSERVE_RUN_DIR`` (set by
-``backends.triton.launcher`` per server).
+The run directory is ``backends.ipc.run_dir``'s.
 """
 from __future__ import annotations
 
 import json
 import math
-import os
 import pickle
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-RUN_DIR_ENV = "UNIFIEDSERVE_RUN_DIR"
-
-
-def run_dir() -> Path:
-    """The server's run directory; raises RuntimeError when the launcher did not set one."""
-    value = os.environ.get(RUN_DIR_ENV)
-    if not value:
-        raise RuntimeError(f"{RUN_DIR_ENV} is not set: start the server with `python -m backends.triton.launcher`")
-    return Path(value)
+from backends.ipc.run_dir import describe, run_dir
 
 
 @dataclass
@@ -89,20 +78,6 @@ def create(name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.
     flat.zero_()
     _publish(name, {**meta, "path": str(shm_path)})
     return SharedTensor(name, flat.view(shape), owner=True, shm_path=shm_path)
-
-
-def describe(name: str, timeout_s: float = 120.0) -> dict:
-    """The published metadata of pool ``name`` (shape, dtype, device), without mapping it.
-
-    Waits up to ``timeout_s`` seconds for the owner; raises TimeoutError when it never publishes.
-    """
-    meta_path = run_dir() / f"{name}.json"
-    deadline = time.monotonic() + timeout_s
-    while not meta_path.exists():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"shared pool {name!r} was not published in {meta_path.parent} within {timeout_s} s")
-        time.sleep(0.05)
-    return json.loads(meta_path.read_text())
 
 
 def open_(name: str, timeout_s: float = 120.0) -> SharedTensor:

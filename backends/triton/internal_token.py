@@ -9,7 +9,7 @@ import functools
 import os
 import secrets
 
-from backends.ipc.shared_tensor import run_dir
+from backends.ipc.run_dir import run_dir
 
 
 @functools.cache

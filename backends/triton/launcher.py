@@ -34,7 +34,7 @@ from pathlib import Path
 
 from backends.triton import server_stop
 from backends.triton.repository import parse_overrides, repository_with
-from backends.ipc.shared_tensor import RUN_DIR_ENV
+from backends.ipc.run_dir import RUN_DIR_ENV
 from flashcodec.parallel import TMP_PREFIX_ENV
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from backends.ipc import shared_tensor
+from backends.ipc import run_dir as run_directory
 
 log = logging.getLogger(__name__)
 MARKER = "stopping"
@@ -44,12 +44,12 @@ def announce(run_dir: Path) -> None:
 def announced() -> bool:
     """Whether the stop has been announced for this server (its run directory): a stage's stream that ends
     early may be the stage stopping a little before this model's own watch has noticed."""
-    return (shared_tensor.run_dir() / MARKER).exists()
+    return (run_directory.run_dir() / MARKER).exists()
 
 
 def mark_drained() -> None:
     """The orchestrator's word that no request and no stage stream is left (this server's run directory)."""
-    (shared_tensor.run_dir() / DRAINED).touch()
+    (run_directory.run_dir() / DRAINED).touch()
 
 
 def wait_drained(run_dir: Path, timeout_s: float) -> bool:
@@ -74,11 +74,11 @@ class StopWatch:
 
     ``on_stop`` must not block (it only tells the model's own loops to end their streams). :meth:`close`
     (in ``finalize``) joins the thread, so that ``on_stop`` never runs after ``finalize`` returns.
-    Raises RuntimeError when no run directory is set (see ``shared_tensor.run_dir``).
+    Raises RuntimeError when no run directory is set (see ``backends.ipc.run_dir``).
     """
 
     def __init__(self, on_stop: Callable[[], None], period_s: float = 0.1):
-        self.marker = shared_tensor.run_dir() / MARKER
+        self.marker = run_directory.run_dir() / MARKER
         self.on_stop, self.period_s = on_stop, period_s
         self.stopped = threading.Event()  # set once the stop was seen (before on_stop runs)
         self._closed = threading.Event()

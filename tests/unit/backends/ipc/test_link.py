@@ -8,13 +8,23 @@ import socket
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from backends.ipc import link
+from backends.ipc import link as wire
+from backends.ipc.protocol import INVALID_INPUT, SERVER_FAULT, Call, StageFailure
+from backends.ipc.run_dir import RUN_DIR_ENV
 from backends.triton import internal_token
-from backends.ipc.shared_tensor import RUN_DIR_ENV
+
+
+@dataclass(frozen=True)
+class Op(Call):
+    """A test call: the stage below acts on ``op`` with ``body``."""
+
+    op: str
+    body: object = None
 
 
 @pytest.fixture
@@ -42,10 +52,11 @@ ORDER: list[str] = []
 SENT: list[bool] = []
 
 
-def counting(op, body, call):
+def counting(message, call):
     """A stage: "count" streams 0..n-1 from another thread, "fail" ends with an error, "boom" raises,
     "hold" replies once and never ends, "note" records (op, body size) in ORDER, "bad" replies with a
     payload that will not unpickle, "late" replies after 0.5 s and records whether that was delivered."""
+    op, body = message.op, message.body
     if op in ("note", "note_big"):
         ORDER.append(f"{op}:{len(body)}")
         call.end()
@@ -71,7 +82,7 @@ def counting(op, body, call):
             call.end()
         threading.Thread(target=run).start()
     elif op == "fail":
-        call.end(body)
+        call.end(StageFailure(INVALID_INPUT, body))
     elif op == "boom":
         raise KeyError("no such thing")
     elif op == "hold":  # never ends
@@ -81,14 +92,14 @@ def counting(op, body, call):
 @pytest.fixture
 def link(run_dir):
     """A stage serving `counting` and the orchestrator's end of its link."""
-    server, client = link.LinkServer("decode", counting), link.LinkClient("decode")
+    server, client = wire.LinkServer("decode", counting), wire.LinkClient("decode")
     yield server, client
     client.close()
     server.close()
 
 
 async def collect(client, op, body=None):
-    return [x async for x in client.call(op, body)]
+    return await client.request(Op(op, body))
 
 
 def test_replies_stream_in_order_and_concurrent_calls_stay_apart(link):
@@ -100,35 +111,49 @@ def test_replies_stream_in_order_and_concurrent_calls_stay_apart(link):
     assert asyncio.run(main()) == [[], [0], list(range(50)), list(range(300))]
     assert not client.busy()
     server.close()
-    assert not Path(link.address("decode")).exists()
+    assert not Path(wire.address("decode")).exists()
 
 
 def test_errors_end_the_call_with_the_stage_message(link):
     _, client = link
 
     async def main():
-        with pytest.raises(link.LinkError) as bad_video:
+        with pytest.raises(wire.StageError) as bad_video:
             await collect(client, "fail", "video: no keyframe before the first sampled frame")
-        with pytest.raises(link.LinkError, match="decode: KeyError") as raised:
+        with pytest.raises(wire.StageError, match="decode: KeyError") as raised:
             await collect(client, "boom")
         assert await collect(client, "count", 3) == [0, 1, 2]  # the link goes on
         return bad_video.value, raised.value
 
     bad_video, raised = asyncio.run(main())
-    assert bad_video.invalid_input and not raised.invalid_input
+    assert bad_video.failure == StageFailure(INVALID_INPUT, "video: no keyframe before the first sampled frame")
+    assert raised.failure.kind == SERVER_FAULT and not raised.invalid_input
+
+
+def test_a_message_that_is_not_a_protocol_call_is_refused(link):
+    """The stage dispatches on protocol types only; anything else ends its call as a server fault."""
+    _, client = link
+
+    async def main():
+        with pytest.raises(wire.StageError, match="not a protocol call: tuple") as refused:
+            await client.request(("count", 3))
+        assert await collect(client, "count", 1) == [0]
+        return refused.value
+
+    assert asyncio.run(main()).failure.kind == SERVER_FAULT
 
 
 def test_a_stage_that_goes_away_fails_open_and_later_calls(run_dir):
-    server = link.LinkServer("decode_1", counting)
-    client = link.LinkClient("decode_1")
+    server = wire.LinkServer("decode_1", counting)
+    client = wire.LinkClient("decode_1")
 
     async def main():
-        stream = client.call("hold")
+        stream = client.call(Op("hold"))
         assert await stream.__anext__() == "held"
         server.close()  # as if the stage's process ended
-        with pytest.raises(link.LinkError, match="closed its link"):
+        with pytest.raises(wire.StageError, match="closed its link"):
             await stream.__anext__()
-        with pytest.raises(link.LinkError, match="closed its link"):
+        with pytest.raises(wire.StageError, match="closed its link"):
             await collect(client, "count", 1)
 
     try:
@@ -139,9 +164,9 @@ def test_a_stage_that_goes_away_fails_open_and_later_calls(run_dir):
 
 
 def test_the_client_waits_for_a_stage_still_loading(run_dir):
-    client = link.LinkClient("flashcodec", connect_timeout_s=30)
-    started: list[link.LinkServer] = []
-    timer = threading.Timer(0.5, lambda: started.append(link.LinkServer("flashcodec", counting)))
+    client = wire.LinkClient("flashcodec", connect_timeout_s=30)
+    started: list[wire.LinkServer] = []
+    timer = threading.Timer(0.5, lambda: started.append(wire.LinkServer("flashcodec", counting)))
     timer.start()
     try:
         assert asyncio.run(collect(client, "count", 2)) == [0, 1]
@@ -153,17 +178,17 @@ def test_the_client_waits_for_a_stage_still_loading(run_dir):
 
 
 def test_a_stage_that_never_comes_is_named(run_dir):
-    client = link.LinkClient("decode", connect_timeout_s=0.2)
-    with pytest.raises(link.LinkError, match="did not appear"):
+    client = wire.LinkClient("decode", connect_timeout_s=0.2)
+    with pytest.raises(wire.StageError, match="did not appear"):
         asyncio.run(collect(client, "count", 1))
 
 
 def test_a_caller_without_the_token_is_refused_and_the_stage_keeps_serving(run_dir):
-    server = link.LinkServer("decode", counting)
+    server = wire.LinkServer("decode", counting)
     try:
         with pytest.raises(multiprocessing.AuthenticationError):
-            multiprocessing.connection.Client(link.address("decode"), family="AF_UNIX", authkey=b"guess")
-        client = link.LinkClient("decode")
+            multiprocessing.connection.Client(wire.address("decode"), family="AF_UNIX", authkey=b"guess")
+        client = wire.LinkClient("decode")
         try:
             assert asyncio.run(collect(client, "count", 2)) == [0, 1]
         finally:
@@ -175,7 +200,7 @@ def test_a_caller_without_the_token_is_refused_and_the_stage_keeps_serving(run_d
 def test_a_run_directory_too_deep_for_a_socket_is_named(monkeypatch):
     monkeypatch.setenv(RUN_DIR_ENV, "/tmp/" + "d" * 120)
     with pytest.raises(ValueError, match="shorter TMPDIR"):
-        link.address("decode")
+        wire.address("decode")
 
 
 def test_calls_leave_in_order_and_a_large_one_does_not_hold_up_the_loop(link):
@@ -208,19 +233,19 @@ def test_a_reader_that_fails_fails_the_calls_instead_of_leaving_them_waiting(lin
     _, client = link
 
     async def main():
-        with pytest.raises(link.LinkError, match="reader failed"):
+        with pytest.raises(wire.StageError, match="reader failed"):
             await collect(client, "bad")
-        with pytest.raises(link.LinkError, match="reader failed"):
+        with pytest.raises(wire.StageError, match="reader failed"):
             await collect(client, "count", 1)
 
     asyncio.run(asyncio.wait_for(main(), 30))
 
 
 def test_a_silent_peer_holds_up_nobody(run_dir):
-    server = link.LinkServer("decode", counting)
+    server = wire.LinkServer("decode", counting)
     silent = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    silent.connect(link.address("decode"))  # and never answers the challenge
-    client = link.LinkClient("decode")
+    silent.connect(wire.address("decode"))  # and never answers the challenge
+    client = wire.LinkClient("decode")
     try:
         assert asyncio.run(asyncio.wait_for(collect(client, "count", 2), 30)) == [0, 1]
     finally:
@@ -233,16 +258,16 @@ def test_a_silent_peer_holds_up_nobody(run_dir):
 
 def test_a_stage_learns_that_a_reply_was_not_delivered(run_dir):
     """flashcodec takes back a group's patch pages when its reply cannot reach the orchestrator."""
-    server = link.LinkServer("flashcodec", counting)
-    client = link.LinkClient("flashcodec")
+    server = wire.LinkServer("flashcodec", counting)
+    client = wire.LinkClient("flashcodec")
     SENT.clear()
 
     async def main():
-        stream = client.call("late")
+        stream = client.call(Op("late"))
         task = asyncio.ensure_future(stream.__anext__())
         await asyncio.sleep(0.1)
         client.close()  # the orchestrator goes away before the reply
-        with pytest.raises(link.LinkError):
+        with pytest.raises(wire.StageError):
             await task
 
     try:

@@ -8,12 +8,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from backends.ipc.run_dir import RUN_DIR_ENV
 from backends.ipc import shared_tensor
 
 
 @pytest.fixture
 def run_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv(shared_tensor.RUN_DIR_ENV, str(tmp_path / "run"))
+    monkeypatch.setenv(RUN_DIR_ENV, str(tmp_path / "run"))
     return tmp_path / "run"
 
 
@@ -37,6 +38,6 @@ def test_waiting_for_a_pool_that_never_appears_times_out(run_dir):
 
 
 def test_run_dir_must_be_set(monkeypatch):
-    monkeypatch.delenv(shared_tensor.RUN_DIR_ENV, raising=False)
+    monkeypatch.delenv(RUN_DIR_ENV, raising=False)
     with pytest.raises(RuntimeError, match="UNIFIEDSERVE_RUN_DIR"):
         shared_tensor.run_dir()

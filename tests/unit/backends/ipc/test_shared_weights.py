@@ -5,13 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
+from backends.ipc.run_dir import RUN_DIR_ENV
 from backends.ipc import shared_tensor, shared_weights
 from backends.runtime.loader import ModelSpec, load_model
 
 
 @pytest.fixture
 def run_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv(shared_tensor.RUN_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv(RUN_DIR_ENV, str(tmp_path))
     return tmp_path
 
 

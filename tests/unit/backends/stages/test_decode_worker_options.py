@@ -2,6 +2,7 @@
 import pytest
 import torch
 
+from backends.ipc.run_dir import RUN_DIR_ENV
 from backends.ipc import shared_tensor
 from backends.runtime.loader import ModelSpec
 from backends.stages.decode_worker import DecodeWorker
@@ -9,7 +10,7 @@ from backends.stages.decode_worker import DecodeWorker
 
 @pytest.fixture(autouse=True)
 def run_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv(shared_tensor.RUN_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv(RUN_DIR_ENV, str(tmp_path))
 
 
 @pytest.mark.parametrize("option", ["cuda_graphs", "compile_layers", "overlap_steps"])

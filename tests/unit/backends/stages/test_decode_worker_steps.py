@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from backends.ipc.run_dir import RUN_DIR_ENV
 from backends.ipc import shared_tensor
 from backends.runtime.loader import ModelSpec
 from backends.runtime.model_runner import DecodeSeq
@@ -26,7 +27,7 @@ GREEDY = {"temperature": 0.0}
 
 @pytest.fixture(autouse=True)
 def run_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv(shared_tensor.RUN_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv(RUN_DIR_ENV, str(tmp_path))
 
 
 def worker_on(device: str, max_batch: int) -> DecodeWorker:

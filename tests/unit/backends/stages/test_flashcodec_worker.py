@@ -7,6 +7,7 @@ import queue
 import pytest
 import torch
 
+from backends.ipc.run_dir import RUN_DIR_ENV
 from backends.ipc import shared_tensor
 from backends.stages.flashcodec_worker import FlashCodecWorker, plan_to_json
 from flashcodec.patch_pool import pages_needed, read_group
@@ -29,7 +30,7 @@ def video():
 @pytest.fixture
 def worker(tmp_path, monkeypatch):
     """A pool of 3 pages: exactly one group of the video."""
-    monkeypatch.setenv(shared_tensor.RUN_DIR_ENV, str(tmp_path / "run"))
+    monkeypatch.setenv(RUN_DIR_ENV, str(tmp_path / "run"))
     worker = FlashCodecWorker(torch.device("cpu"), num_pages=3, page_size=PAGE, threads=2)
     yield worker
     worker.shutdown()

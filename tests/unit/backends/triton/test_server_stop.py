@@ -9,6 +9,7 @@ import time
 import pytest
 import torch
 
+from backends.ipc.run_dir import RUN_DIR_ENV
 from backends.ipc import shared_tensor
 from backends.triton import server_stop
 from backends.runtime.loader import ModelSpec
@@ -19,7 +20,7 @@ from backends.stages.decode_worker import DecodeWorker
 def run_dir(tmp_path, monkeypatch):
     path = tmp_path / "run"
     path.mkdir()
-    monkeypatch.setenv(shared_tensor.RUN_DIR_ENV, str(path))
+    monkeypatch.setenv(RUN_DIR_ENV, str(path))
     return path
 
 

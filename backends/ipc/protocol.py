@@ -1,0 +1,239 @@
+"""Every message between the orchestrator and the stages, defined once (both sides import this module).
+
+Frozen dataclasses, pickled over the stage link (``backends.ipc.link``); no torch, so the orchestrator's
+scheduler and engine use them directly. Only page indices and small values travel: tensors stay in the
+shared pools (``backends.ipc.shared_tensor``).
+
+Calls (``Call`` subclasses, sent by the orchestrator) and their replies:
+
+==================  ============  ==========================================================================
+call                stage         replies, then the call's end
+==================  ============  ==========================================================================
+``StepPlan``        encode_prefill  one ``StepResult``
+``DecodeAttach``    decode        ``None`` once attached, then one ``DecodeStep`` per decode step, for good
+``DecodeAdmit``     decode        none (the sequence joins the next step)
+``DecodeAbort``     decode        none; the end comes once the loop no longer touches the sequence's KV pages
+``MediaDecode``     flashcodec    one ``GroupReady`` per temporal-patch group, as soon as its patches are in
+                                  the pool
+``MediaAbort``      flashcodec    none (the request's ``MediaDecode`` calls end after their current group)
+==================  ============  ==========================================================================
+
+A call that fails ends with a ``StageFailure``, whose ``kind`` says whether the stage blames the request
+(``invalid_input``: e.g. a video that will not decode) or itself (``server_fault``).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+# The KV pool's last page is the decode runtime's scratch page (CUDA-graph padding rows write there): the
+# orchestrator grants pages 0 .. num_pages - 1 - RESERVED_KV_PAGES of a pool of num_pages.
+RESERVED_KV_PAGES = 1
+
+INVALID_INPUT = "invalid_input"
+SERVER_FAULT = "server_fault"
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-request sampling, as both stages that sample apply it (``backends.runtime.sampling.sampler``).
+    Raises ValueError for values out of range.
+
+    * ``temperature``: 0 (or below the sampler's ``GREEDY_BELOW_TEMPERATURE``, 1e-5 as in vLLM) means greedy
+      (argmax); otherwise logits are divided by it (a temperature beyond float32's range acts as float32's
+      largest). Top-k and top-p compare tokens by logit, so they keep what they would at any temperature.
+    * ``top_p``: keep each token whose strictly more likely tokens hold less than ``top_p`` of the probability:
+      the smallest set of most likely tokens that reaches ``top_p``, and every token tied with its last
+      (1 = off).
+    * ``top_k``: keep the ``top_k`` most likely tokens and every token tied with the k-th (0 = off).
+    * ``seed``: makes the draw reproducible (``None``: a fresh random seed for every draw).
+    * ``min_tokens``: eos ids are masked while fewer tokens than this have been generated.
+    * ``ignore_eos``: eos does not end the request (the stop rule's, ``backends.runtime.sampling.stopping``).
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    min_tokens: int = 0
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if not (self.temperature >= 0 and math.isfinite(self.temperature)):
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if self.min_tokens < 0:
+            raise ValueError(f"min_tokens must be >= 0, got {self.min_tokens}")
+
+
+class Call:
+    """A message that starts a stage-link call (the link sends its subclasses only)."""
+
+
+@dataclass(frozen=True)
+class StageFailure:
+    """How a failed call ends: ``kind`` is ``invalid_input`` (the request is at fault: the client gets
+    INVALID_ARG) or ``server_fault``; ``message`` names the problem for the client."""
+
+    kind: Literal["invalid_input", "server_fault"]
+    message: str
+
+    def __post_init__(self) -> None:
+        if self.kind not in (INVALID_INPUT, SERVER_FAULT):
+            raise ValueError(f"StageFailure.kind must be {INVALID_INPUT} or {SERVER_FAULT}, got {self.kind!r}")
+
+
+# ---- encode_prefill: one call per scheduler step -------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MediaGrid:
+    """One media item of a prompt: ``kind`` image | video, ``grid_thw`` (t, h, w) in patches before the 2x2
+    merge, ``second_per_grid_t`` seconds per temporal-patch group (videos; M-RoPE's time axis)."""
+
+    kind: str
+    grid_thw: tuple[int, int, int]
+    second_per_grid_t: float = 0.0
+
+
+@dataclass(frozen=True)
+class NewRequest:
+    """A request the encode_prefill stage has not seen: its prompt ``input_ids`` (visual tokens expanded),
+    its media in prompt order, and its sampling for the first token (``max_tokens`` for the stop rule)."""
+
+    req_id: str
+    input_ids: tuple[int, ...]
+    media: tuple[MediaGrid, ...]
+    sampling: SamplingParams
+    max_tokens: int
+
+
+@dataclass(frozen=True)
+class EncodeWork:
+    """Run the vision encoder on group ``index`` of media item ``item`` of ``req_id``, whole: ``num_patches``
+    patches (before the 2x2 merge) stored in order over ``patch_pages`` of the patch pool; its embeddings go to
+    the prompt rows from ``token_offset`` on."""
+
+    req_id: str
+    item: int
+    index: int
+    patch_pages: tuple[int, ...]
+    num_patches: int
+    token_offset: int
+
+
+@dataclass(frozen=True)
+class PrefillWork:
+    """Prefill prompt tokens [start, end) of ``req_id``, writing their KV into ``block_table``'s pages.
+    ``is_last``: the chunk ends the prompt, so the stage samples the first output token."""
+
+    req_id: str
+    start: int
+    end: int
+    block_table: tuple[int, ...]
+    is_last: bool
+
+
+@dataclass(frozen=True)
+class StepPlan(Call):
+    """One scheduler step, the whole of it (vLLM v1's ``SchedulerOutput``): the stage registers ``new``,
+    runs all of ``encode``, then all of ``prefill``, then forgets ``finished`` (requests that ended, failed or
+    were cancelled after it saw them). ``num_encode_patches`` and ``num_prefill_tokens`` are the totals."""
+
+    new: tuple[NewRequest, ...]
+    encode: tuple[EncodeWork, ...]
+    prefill: tuple[PrefillWork, ...]
+    finished: tuple[str, ...] = ()
+    num_encode_patches: int = field(init=False)
+    num_prefill_tokens: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "num_encode_patches", sum(w.num_patches for w in self.encode))
+        object.__setattr__(self, "num_prefill_tokens", sum(w.end - w.start for w in self.prefill))
+
+
+@dataclass(frozen=True)
+class FirstToken:
+    """A prompt's first output token, sampled where its prefill ended; ``finish_reason`` by the stop rule
+    (``"stop"``, ``"length"``, or ``""`` to go on in decode); ``mrope_delta`` for the decode positions."""
+
+    req_id: str
+    token: int
+    mrope_delta: int
+    finish_reason: str
+
+
+@dataclass(frozen=True)
+class StepResult:
+    first_tokens: tuple[FirstToken, ...]
+
+
+# ---- decode ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DecodeAttach(Call):
+    """Open the decode stage's step stream (one per orchestrator; a new one replaces the old)."""
+
+
+@dataclass(frozen=True)
+class DecodeAdmit(Call):
+    """A sequence whose prefill is done joins the decode batch: its KV pages (``block_table``), the tokens in
+    them (``num_cached``), its first token (not yet in the pool), and the counts for the stop rule."""
+
+    seq_id: str
+    block_table: tuple[int, ...]
+    num_cached: int
+    last_token: int
+    mrope_delta: int
+    num_generated: int
+    max_tokens: int
+    sampling: SamplingParams
+
+
+@dataclass(frozen=True)
+class DecodeAbort(Call):
+    seq_id: str
+
+
+@dataclass(frozen=True)
+class DecodeStep:
+    """One decode step's tokens for all sequences in it: row i is ``seq_ids[i]``'s ``token_ids[i]`` with its
+    ``finish_reasons[i]`` (``""`` running, ``"stop"``, ``"length"``, or ``"error"``: the step failed and the
+    sequence is dropped, its token meaningless). A sequence's last row comes once no step writes its pages."""
+
+    seq_ids: tuple[str, ...]
+    token_ids: tuple[int, ...]
+    finish_reasons: tuple[str, ...]
+
+
+# ---- flashcodec -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MediaDecode(Call):
+    """Decode one media item of ``req_id`` by ``plan`` (``flashcodec.sampling.VideoPlan`` or ``ImagePlan``):
+    from ``path`` (checked by the orchestrator) when set, else from ``data`` (the file's bytes)."""
+
+    req_id: str
+    plan: object
+    data: bytes | None = None
+    path: str | None = None
+
+
+@dataclass(frozen=True)
+class MediaAbort(Call):
+    req_id: str
+
+
+@dataclass(frozen=True)
+class GroupReady:
+    """Temporal-patch group ``index`` is in ``pages`` of the patch pool; from now on those pages are the
+    orchestrator's to return."""
+
+    index: int
+    pages: tuple[int, ...]

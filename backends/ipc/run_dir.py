@@ -1,0 +1,36 @@
+"""The server's run directory: where the stages publish their pools' handles and link sockets (no torch).
+
+The launcher creates one per server and names it in the environment variable ``UNIFIEDSERVE_RUN_DIR``, which
+every model process inherits.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+RUN_DIR_ENV = "UNIFIEDSERVE_RUN_DIR"
+
+
+def run_dir() -> Path:
+    """The server's run directory; raises RuntimeError when the launcher did not set one."""
+    value = os.environ.get(RUN_DIR_ENV)
+    if not value:
+        raise RuntimeError(f"{RUN_DIR_ENV} is not set: start the server with `python -m backends.triton.launcher`")
+    return Path(value)
+
+
+def describe(name: str, timeout_s: float = 120.0) -> dict:
+    """The published metadata of shared pool ``name`` (``shape``, ``dtype``, ``device``, and what its owner
+    added), without mapping it (``backends.ipc.shared_tensor.create`` publishes it).
+
+    Waits up to ``timeout_s`` seconds for the owner; raises TimeoutError when it never publishes.
+    """
+    meta_path = run_dir() / f"{name}.json"
+    deadline = time.monotonic() + timeout_s
+    while not meta_path.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"shared pool {name!r} was not published in {meta_path.parent} within {timeout_s} s")
+        time.sleep(0.05)
+    return json.loads(meta_path.read_text())
