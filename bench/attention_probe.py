@@ -1,6 +1,6 @@
 """Decode attention and KV writes of Qwen2.5-VL-7B's shape alone, per library kernel and plan option (issue 4).
 
-    python3 bench/attention_probe.py --out bench/results/attention-probe-h200 [--batches 1 8 32 64] [--context 4096]
+    python3 bench/attention_probe.py --out DIR [--batches 1 8 32 64] [--context 4096]
 
 No model: a random bf16 KV pool of the 7B's shape (28 layers, 28 query / 4 KV heads, head_dim 128, pages of 16
 tokens) and, per batch size, ``batch`` sequences of ``context`` cached tokens each. Each variant runs all 28

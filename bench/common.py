@@ -1,5 +1,9 @@
 """What every benchmark shares: the run's header (device, date, versions), CUDA-event timing, a bar chart
-(drawn with Pillow, so no plotting library is needed), and writing ``<out>/<stem>.json`` + ``.png``."""
+(drawn with Pillow, so no plotting library is needed), and writing ``<out>/<stem>.json`` + ``.png``.
+
+A benchmark writes into the folder its ``--out`` names. The project keeps each benchmark's latest run in a folder
+``results/<benchmark>-<device>-<date>/`` beside these scripts (its README says what ran and what it shows), and
+the figures that defaults and the README rely on in ``RESULTS.md``, one row each."""
 from __future__ import annotations
 
 import datetime
@@ -13,8 +17,8 @@ from typing import Callable
 import torch
 from PIL import Image, ImageDraw
 
-H200_HBM_BYTES_PER_S = 4.3e12  # measured device-to-device copy (../shared/docs/device.md)
-H200_BF16_FLOPS = 790e12  # measured dense bf16 matrix throughput (same source)
+H200_HBM_BYTES_PER_S = 4.3e12  # measured device-to-device copy (bench/RESULTS.md, "HBM bandwidth")
+H200_BF16_FLOPS = 790e12  # measured dense bf16 matrix throughput (bench/RESULTS.md, "bf16 matrix throughput")
 
 
 def header(device: torch.device, extra_modules: tuple[str, ...] = ()) -> dict:

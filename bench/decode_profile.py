@@ -1,6 +1,6 @@
 """Where a decode step's time goes (issue 4): Qwen2.5-VL-7B's language model, dummy bf16 weights, one GPU.
 
-    python3 bench/decode_profile.py --out bench/results/decode-profile-h200 [--batches 1 64] [--context 4096]
+    python3 bench/decode_profile.py --out DIR [--batches 1 64] [--context 4096]
 
 For each batch size, with the decoder layers compiled and the step in a CUDA graph (the serving setup):
 

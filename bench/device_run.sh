@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The project's one script for the H200 machine (../shared/docs/device.md). That machine starts bare and
-# takes at most 64 MiB per call, so the wheel bundles of ../shared/tools/device-wheels.sh (plus
-# .devwheels/scipy: scipy 1.13.1 for the stub, see below) travel one or two per call, back to back, and
-# each call names the steps it runs, in order:
+# The project's one script for the H200 machine. That machine starts bare, reaches no network and takes at
+# most 64 MiB per call, so the wheel bundles (.devwheels/<bundle>/, built beforehand where the registries can
+# be reached, plus .devwheels/scipy: scipy 1.13.1 for the stub, see below) travel one or two per call, back
+# to back, and each call names the steps it runs, in order:
 #   bash bench/device_run.sh install                      # with .devwheels/<bundle> carried
 #   bash bench/device_run.sh install runtime-tests runtime-bench    # with .devwheels/kernels carried
 #   bash bench/device_run.sh install nvdec                # with .devwheels/video carried (av installed before)
@@ -26,12 +26,14 @@
 #   e2e            the end-to-end suite through tritonserver on the GPU
 #   serve-bench    bench/serve_bench.py (7B preset through tritonserver); SERVE_ARGS adds options, e.g.
 #                  SERVE_ARGS="--set orchestrator.replicas=2" for two replicas
-# Results (logs, JSON, plots) go to $OUT (the device tool brings them back) or ./bench/results/device.
+# Results (logs, JSON, plots) go to $OUT (the device tool brings them back), by default results/device beside
+# this script; the project keeps each benchmark's latest run there and its figures in bench/RESULTS.md.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+BENCH_DIR=$(cd "$(dirname "$0")" && pwd)
+cd "$BENCH_DIR/.."
 SITE=/tmp/site
 STUBSITE=/tmp/stubsite
-OUT=${OUT:-bench/results/device}
+OUT=${OUT:-$BENCH_DIR/results/device}
 mkdir -p "$OUT"
 export FLASHINFER_WORKSPACE_BASE=/tmp/flashinfer_ws PYTHONUNBUFFERED=1
 export PYTHONPATH=$SITE NCCL_NVLS_ENABLE=0
@@ -47,7 +49,7 @@ install() {
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$target" "$wheel" \
       && echo "installed $(basename "$wheel") -> $target"
   done
-  # The stub ignores PYTHONPATH: this .pth line puts STUB_SITE's folders first where it is set (triton.md).
+  # The stub ignores PYTHONPATH: this .pth line puts STUB_SITE's folders first where it is set.
   local sp
   sp=$(python3 -c "import site; print(site.getsitepackages()[0])")
   echo "import os, sys; sys.path[0:0] = [p for p in os.environ.get('STUB_SITE', '').split(':') if p]" \
@@ -108,8 +110,8 @@ nvdec() {
 }
 
 e2e() {
-  # Not UNIFIEDSERVE_DUMP_STACKS=1: faulthandler's dump of all threads at every stop once crashed a stub whose
-  # thread was inside a torch.compile'd frame (bench/results/gpu-suites-h200-2026-11-30c/README.md)
+  # Not UNIFIEDSERVE_DUMP_STACKS=1: faulthandler's dump of all threads at every stop can crash a stub whose
+  # thread is inside a torch.compile'd frame (bench/RESULTS.md, "stack dumps and compiled frames")
   STUB_SITE=$STUB_PATH UNIFIEDSERVE_TEST_SERVER_LOG="$OUT/tritonserver.log" run_pytest e2e_gpu tests/e2e
 }
 

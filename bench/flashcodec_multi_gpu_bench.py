@@ -1,6 +1,6 @@
 """FlashCodec on several GPUs (issue 5): latency of one long video decoded and patchified on 1, 2, 4, 8 GPUs.
 
-    python3 bench/flashcodec_multi_gpu_bench.py --out bench/results/flashcodec-multi-gpu-h200   # >= 1 GPU
+    python3 bench/flashcodec_multi_gpu_bench.py --out DIR   # >= 1 GPU
 
 One 20-minute 1080p H.264 video (6 Mbit/s, GOP 250, 3 B-frames: `flashcodec_bench.build_video`, real footage
 remuxed) is decoded by `NvdecDecoder` with its GOP tasks on the NVDEC sessions of the first N GPUs (one shared

@@ -1,6 +1,6 @@
 """GPU runtime benchmark (issue 4): Qwen2.5-VL-7B's language model (dummy bf16 weights) on one GPU.
 
-    python3 bench/runtime_bench.py --out bench/results/runtime-h200
+    python3 bench/runtime_bench.py --out DIR
 
 * decode step (forward + sampling, the tokens read back) at batch 1, 8, 32, 64, 128, 256 with 4,096 tokens
   of context each, for flashinfer with CUDA graphs (with and without the decoder layers compiled by

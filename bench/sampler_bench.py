@@ -1,6 +1,6 @@
 """The sampler alone (``backends/runtime/sampling/sampler.py``) on the GPU: what a decode step pays for its tokens.
 
-    python3 bench/sampler_bench.py --out bench/results/sampler-h200 [--batches 1 8 32 64 128 256]
+    python3 bench/sampler_bench.py --out DIR [--batches 1 8 32 64 128 256]
 
 For float32 ``[batch, vocab]`` logits (Qwen2.5-VL's 151,936 tokens), every row with the same parameters, per
 kind of parameters (greedy, temperature, top-k, top-p, both, seeded) and a mixed batch:

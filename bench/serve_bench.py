@@ -1,6 +1,6 @@
 """End-to-end serving benchmark (issue 4): TTFT and TBT as a gRPC client sees them, through tritonserver.
 
-    python3 bench/serve_bench.py --out bench/results/serve-h200          # the H200: 7B preset, bf16
+    python3 bench/serve_bench.py --out DIR                               # the H200: 7B preset, bf16
     python3 bench/serve_bench.py --smoke --out /tmp/serve-smoke          # any machine: the tiny default model
 
 The server is ``backends.triton.launcher.TritonServer`` on free ports, serving a copy of the model repository

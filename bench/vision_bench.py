@@ -1,6 +1,6 @@
 """Vision-encoder throughput (issue 4): Qwen2.5-VL-7B's vision tower, transformers' sdpa path vs our speed-ups.
 
-    python3 bench/vision_bench.py --out bench/results/vision-h200 [--repeats 10]     # needs a CUDA GPU
+    python3 bench/vision_bench.py [--out DIR] [--repeats 10]     # needs a CUDA GPU
 
 The tower alone (``Qwen2_5_VisionTransformerPretrainedModel`` from the ``qwen2_5_vl_7b`` preset's vision
 config: 32 blocks, hidden 1280, 16 heads of 80, gated-SiLU MLP of 3420, windows of 8x8 patches, full
@@ -231,7 +231,8 @@ def plot(results: dict, path: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", help="folder for vision_bench.json/.png (default bench/results/vision-<date>)")
+    parser.add_argument("--out",
+                        help="folder for vision_bench.json/.png (default results/vision-<date> beside this script)")
     parser.add_argument("--repeats", type=int, default=10, help="timed forwards per case and variant")
     parser.add_argument("--warmup", type=int, default=2, help="untimed forwards after the first")
     parser.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES))

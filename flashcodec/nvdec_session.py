@@ -10,7 +10,7 @@ prefixed with those of the stream's header: a segment may start at an open GOP's
 Frames come out as NVDEC's native surfaces (NV12, or P016 for 10-bit) and are turned into RGB here, by the
 stream's matrix and range as FFmpeg's swscale does it (the CPU reference, and what Qwen2.5-VL's preprocessing
 sees): BT.601 where the stream states none. PyNvVideoCodec's own RGB output takes BT.709 there, 4 levels off in
-green on HD clips, and was 17 levels off in blue on 10-bit HEVC (H200, 2026-11-29).
+green on HD clips and 17 levels off in blue on 10-bit HEVC.
 NVDEC carries each packet's PTS to the frame it completes, which is how frames are matched to the sampled
 ones. A packet with no bytes is the end of stream: the parser hands out every frame it holds (the drain
 between segments), and the session then takes the next segment from its keyframe.

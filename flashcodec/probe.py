@@ -103,10 +103,9 @@ def read_packets(container: av.container.InputContainer) -> list[av.Packet]:
 def scan_packets(container: av.container.InputContainer, inspect: Callable[[av.Packet], bool] | None = None
                  ) -> tuple[list[PacketMeta], list[av.Packet]]:
     """One demux pass keeping only what metadata needs: every complete packet's `PacketMeta` (decode order) and
-    the first FIRST_PACKETS packets themselves (for the first frame). Holding every packet cost 446 MB for 10
-    minutes of 1080p H.264 at 6 Mbit/s: a process's peak memory 494 -> 66 MB, its first pass 0.5 -> 0.23 s,
-    later passes unchanged (bench/results/probe-memory-cpu-2026-11-30). `inspect(packet)` runs on each packet
-    while its data is there; its answer is `PacketMeta.flag`."""
+    the first FIRST_PACKETS packets themselves (for the first frame), so a long video's packet data is never held
+    at once (446 MB for 10 minutes of 1080p H.264 at 6 Mbit/s; bench/RESULTS.md, "metadata pass memory").
+    `inspect(packet)` runs on each packet while its data is there; its answer is `PacketMeta.flag`."""
     metas: list[PacketMeta] = []
     first: list[av.Packet] = []
     for packet in iter_packets(container):

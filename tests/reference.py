@@ -1,6 +1,6 @@
 """The reference the server is held to: transformers' own ``generate()`` on the same dummy weights and
-the same preprocessed inputs, plus the tie rule (../shared issue: tokens equal, except where the
-reference's two best logits at the first differing step are within 1e-4)."""
+the same preprocessed inputs, plus the tie rule (the end-to-end tests' acceptance rule: tokens equal, except
+where the reference's two best logits at the first differing step are within 1e-4)."""
 from __future__ import annotations
 
 import torch

@@ -2,16 +2,15 @@
 streams (drain), and only then is tritonserver signalled.
 
 Why the models must be told: Triton calls a model's ``finalize()`` only once every response sender of the
-model has sent its final flag (an open sender holds the model), so a model with a long-lived stream
-(decode's step stream, flashcodec's group streams, the orchestrator's client streams) must end it itself;
-otherwise the model never unloads and tritonserver gives up at ``--exit-timeout-secs`` ("Non-graceful
-termination"). The 2.51 Python backend has no stop hook, and asking the server (``pb_utils.is_model_ready``
-fails once the server is exiting) is not safe: on that error path the stub reads the message after the
-server has freed it (seen here: stub segfaults, and a boost ``lock_exception`` that aborted tritonserver).
+model has sent its final flag (an open sender holds the model), so the orchestrator, whose client streams are
+such senders, must end them itself; otherwise it never unloads and tritonserver gives up at
+``--exit-timeout-secs`` ("Non-graceful termination"). The 2.51 Python backend has no stop hook, and asking
+the server (``pb_utils.is_model_ready`` fails once the server is exiting) is not safe: on that error path the
+stub reads the message after the server has freed it (seen here: stub segfaults, and a boost
+``lock_exception`` that aborted tritonserver).
 
-Why drain before the signal: once signalled, Triton unloads every model at once, and a model whose
-``finalize()`` runs while its own BLS streams are still open may never see their last response (seen: an
-orchestrator thread left in a response iterator after flashcodec had sent its final flag). So:
+Why drain before the signal: once signalled, Triton unloads every model at once, in no order, so a stage could
+go while the orchestrator still waits on one of its calls (decode's step stream, a video's group stream). So:
 
 1. the launcher writes the ``stopping`` marker (:func:`announce`); each model's :class:`StopWatch` sees it
    (a ``stat`` every ``period_s``, no IPC) and ends its work: the orchestrator fails the requests in flight

@@ -57,8 +57,8 @@ class AttentionMetadata:
         """Metadata for sequences with ``num_new[i]`` new tokens after ``num_cached[i]`` cached ones.
 
         ``block_tables[i]``: the sequence's KV pages, a list or an int32 numpy array (the decode worker keeps
-        arrays: then the step's page list is one concatenation of views, not a conversion of Python ints,
-        about 0.6 ms of host time at batch 64 and 4k context); it may be longer than needed (pages reserved
+        arrays: then the step's page list is one concatenation of views, not a conversion of Python ints:
+        bench/RESULTS.md, "decode step, host part"); it may be longer than needed (pages reserved
         for later tokens). Token ``j`` of sequence ``i`` (index ``c_i + j``) goes to the flat slot
         ``table[(c_i + j) // page_size] * page_size + (c_i + j) % page_size``. Raises ValueError for empty
         batches, mismatched lengths, ``num_new < 1``, ``num_cached < 0`` or a block table too short for

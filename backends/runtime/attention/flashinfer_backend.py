@@ -2,13 +2,12 @@
 
 One ``plan()`` per step picks the kernel family: a step whose sequences each bring one token runs
 flashinfer's ``BatchDecodeWithPagedKVCacheWrapper`` with ``use_tensor_cores=True`` (the CUDA-core decode
-kernels reject Qwen2.5-VL-7B's GQA group of 7, ../shared/docs/device.md); any other step runs
+kernels reject Qwen2.5-VL-7B's GQA group of 7: "Unsupported group_size: 7"); any other step runs
 ``BatchPrefillWithPagedKVCacheWrapper`` with ``causal=True``, whose mask is aligned to the end of each
 sequence's KV, so chunk token ``j`` sees the cached prefix and chunk tokens ``0 .. j``. Keys and values are
 written before the kernel reads the pages, by flashinfer's ``append_paged_kv_cache``: keys and values of a
-layer in one kernel (0.056 vs 0.149 ms for the 28 layers of a batch-1 step of the 7B, two indexing kernels
-per layer before: bench/results/attention-probe-h200-2026-11-30). flashinfer has no float32 kernels: float16
-and bfloat16 only, head_dim 64, 128 or 256.
+layer in one kernel, in about a third of the time of two indexing kernels (bench/RESULTS.md, "KV writes").
+flashinfer has no float32 kernels: float16 and bfloat16 only, head_dim 64, 128 or 256.
 
 For CUDA graphs, :meth:`FlashInferAttentionBackend.for_cuda_graph` builds a decode-only backend whose
 index buffers have fixed addresses (flashinfer's ``use_cuda_graph`` mode); ``plan()`` then copies a new

@@ -13,8 +13,8 @@ sampled tokens; token ids may also come from the device (the last step's samples
 launch a step before it reads the last one's tokens (``backends.runtime.sampling.token_readback``).
 
 The plan does not depend on the tokens, so a caller may :meth:`DecodeGraphs.prepare` the next step's layout
-while the GPU still runs this one (0.3 ms of host time at batch 1, 0.4-1.0 ms at batch 64 on an H200:
-bench/results/decode-profile-ahead-h200-2026-11-30) and only fill in the token ids once it has read them. For
+while the GPU still runs this one (bench/RESULTS.md, "decode step, host part") and only fill in the token ids
+once it has read them. For
 that the plan's copies are asynchronous: the layout goes to flashinfer from pinned memory and the page list from
 the device (a copy from pageable memory, or of host page indices, would wait for the GPU to finish the running
 step). Before it rewrites its pinned buffers, a plan waits for the copies of the plan before it: a caller that

@@ -4,8 +4,8 @@ transformers writes a Qwen2.5-VL decoder layer with five input projections: ``q_
 ``v_proj`` (with biases) and the MLP's ``gate_proj`` and ``up_proj``, each its own product over the same
 input. A decode step at small batch streams the weights once, so each product is a matrix-vector
 product bound by memory, and small ones lose bandwidth to their start-up and cuBLAS's split-K reduction
-kernels: measured on the H200 at batch 1, the step's linears ran at 2.95 TB/s as five products and 3.52 TB/s
-as two (``bench/results/decode-profile-h200-2026-11-30``). vLLM and SGLang fuse them the same way
+kernels (on the H200, two products stream the weights about 18% faster than five: bench/RESULTS.md, "decode
+step, breakdown"). vLLM and SGLang fuse them the same way
 (``QKVParallelLinear``, ``MergedColumnParallelLinear``).
 
 :func:`fuse_projections` replaces, in each layer, the three attention projections by one ``qkv_proj``

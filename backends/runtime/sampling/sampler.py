@@ -141,8 +141,8 @@ def _race(scores: torch.Tensor, keys: torch.Tensor, token_hash: torch.Tensor) ->
 def _cuda_race(device: torch.device, vocab: int):
     """:func:`_race` compiled by ``torch.compile`` for ``vocab``-wide rows on ``device``: one generated kernel
     (hash, log, argmax) where the eager race is about 25 elementwise kernels over int64 ``[s, V]`` (a whole
-    temperature draw of 64 rows takes 0.18 ms on the H200, the eager race alone 0.87 ms:
-    bench/results/sampler-h200-2026-11-30/).
+    temperature draw takes several times less GPU time than the eager race alone: bench/RESULTS.md, "sampler,
+    baselines").
 
     Compiled here, under ``torch.no_grad`` as :func:`sample_tensor` calls it, for 1 row and for 2 (dynamic
     shapes: every batch size from 2 shares that compilation). A caller under ``torch.inference_mode`` would
@@ -216,8 +216,8 @@ def _top_p_mask(logits: torch.Tensor, top_p: torch.Tensor, temperature: torch.Te
     by logit, which orders them as their probabilities do at any temperature, also where ``logits /
     temperature`` rounds apart logits to one value. The threshold comes from ``ranked`` when given; else, on
     CUDA, from flashinfer's ``top_p_renorm_probs`` (radix select, ``is_deterministic=True``: a whole top-p
-    draw of 64 rows takes 0.55 ms on the H200 where the sort alone takes 1.18 ms,
-    bench/results/sampler-h200-2026-11-30/); else (CPU, or no flashinfer) from a sort of the vocabulary.
+    draw takes about half the GPU time of the sort alone, bench/RESULTS.md, "sampler, baselines"); else (CPU, or no
+    flashinfer) from a sort of the vocabulary.
     flashinfer and the sort can disagree on the last token kept where the running sum meets ``top_p`` within
     float rounding. :func:`sample_tensor` passes ``ranked`` for the rows with a top-k and calls again for the
     others alone, so a row's rule never depends on its batch.
@@ -303,7 +303,7 @@ def sample_tensor(logits: torch.Tensor, params: list[SamplingParams], num_genera
 
 def warm_up(device: torch.device, vocab: int) -> None:
     """Compile the CUDA race for ``vocab``-wide logits (:func:`_cuda_race`) and load flashinfer's top-p kernel
-    (built by flashinfer's JIT on a machine's first use, about two minutes on the H200 machine) before a
+    (built by flashinfer's JIT on a machine's first use: bench/RESULTS.md, "sampler warm-up") before a
     request needs them, by drawing once with top-p; a no-op off CUDA."""
     if device.type == "cuda":
         sample(torch.zeros(2, vocab, device=device), [SamplingParams(top_p=0.5)] * 2, [0, 0], [])

@@ -1,12 +1,11 @@
 """A decode step's sampled token ids on their way to the host, while the next step already uses them on the GPU.
 
 A decode step ends with the host reading its tokens (stop checks, streaming). Read at once, the GPU idles from
-the end of the step until the host has launched the next one: 0.24 ms of a 5.0 ms batch-1 step of
-Qwen2.5-VL-7B on an H200 (bench/results/runtime-ahead-h200-2026-11-30, step planned ahead against its graph
-replay). vLLM's async scheduling and SGLang's overlap scheduler launch step N+1 with step N's tokens still on
-the device and read step N's while N+1 runs; :class:`TokenReadback` is that hand-over: the tokens stay on the
-device for the next step's inputs, and one asynchronous copy to pinned memory, with an event, brings them to
-the host.
+the end of the step until the host has launched the next one (bench/RESULTS.md, "decode step, overlapped"
+against "decode step, planned ahead"). vLLM's async scheduling and SGLang's overlap scheduler launch step N+1
+with step N's tokens still on the device and read step N's while N+1 runs; :class:`TokenReadback` is that
+hand-over: the tokens stay on the device for the next step's inputs, and one asynchronous copy to pinned memory,
+with an event, brings them to the host.
 """
 from __future__ import annotations
 

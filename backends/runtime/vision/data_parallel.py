@@ -7,8 +7,9 @@ in patch rows. Each tower runs its items on its own thread, in order; the embedd
 device in the order of the items. The copies are made from the prepared tower (varlen attention, padded MLP)
 and compiled the same way. The first call runs its items one after the other on the caller's thread: dynamo
 compiles on first use, and a thread compiling while another runs compiled code fails ("Detected that you are
-using FX to symbolically trace a dynamo-optimized function", H200, 2026-11-29); with dynamic shapes the later
-calls find compiled code. Large towers (InternVL's 6B) are split over GPUs instead: vision_tp.py.
+using FX to symbolically trace a dynamo-optimized function" with a cold compile cache); with dynamic shapes the
+later calls find compiled code. Large towers (InternVL's 6B) are split over GPUs instead:
+``backends.runtime.vision.tensor_parallel``.
 """
 from __future__ import annotations
 

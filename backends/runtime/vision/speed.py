@@ -1,7 +1,7 @@
 """Speed of the Qwen2.5-VL vision tower with the same output: an aligned MLP width, compiled small ops.
 
-Profiling the 7B tower on the H200 (issue 4, with :mod:`backends.runtime.vision.attention` already on)
-found two costs that no attention kernel removes:
+Profiled on the H200, the 7B tower (with :mod:`backends.runtime.vision.attention`) has two costs that no
+attention kernel removes (bench/RESULTS.md, "vision tower, compiled", for what removing them gives):
 
 * Matmuls at the MLP width 3420: a bf16 row of 3420 elements is 6,840 bytes, not a multiple of 16, and
   cuBLAS then falls back to slow kernels (214-253 TFLOP/s against 737-742 at 3424). :func:`pad_vision_mlp`
