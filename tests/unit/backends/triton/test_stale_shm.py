@@ -6,7 +6,7 @@ import tempfile
 import uuid
 from pathlib import Path
 
-from backends.triton.launcher import SHM, remove_stale_shared_memory
+from backends.triton.stale_shm import SHM, remove_stale_shared_memory
 
 
 def run_files(run: str) -> list:
@@ -51,18 +51,18 @@ def test_a_run_directory_whose_lock_is_gone_is_removed_when_no_server_runs(monke
     import os
     import time
 
-    from backends.triton import launcher
+    from backends.triton import stale_shm
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    monkeypatch.setattr(launcher, "SHM", tmp_path / "shm")
+    monkeypatch.setattr(stale_shm, "SHM", tmp_path / "shm")
     (tmp_path / "shm").mkdir()
     old, new = (f"unifiedserve-run-{uuid.uuid4().hex[:8]}" for _ in range(2))
     (old_dir, old_log), (new_dir, _) = run_dir(old), run_dir(new)
-    past = time.time() - launcher.STALE_RUN_DIR_S - 5
+    past = time.time() - stale_shm.STALE_RUN_DIR_S - 5
     os.utime(old_dir, (past, past))
-    monkeypatch.setattr(launcher, "_tritonserver_running", lambda: True)
+    monkeypatch.setattr(stale_shm, "_tritonserver_running", lambda: True)
     assert old_dir not in remove_stale_shared_memory() and old_dir.is_dir()  # a server runs: leave it be
-    monkeypatch.setattr(launcher, "_tritonserver_running", lambda: False)
+    monkeypatch.setattr(stale_shm, "_tritonserver_running", lambda: False)
     removed = remove_stale_shared_memory()
     assert old_dir in removed and not old_dir.exists() and old_log.exists()
     assert new_dir.is_dir(), "a directory made a moment ago (its launcher about to take its lock) was removed"

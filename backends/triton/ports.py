@@ -1,0 +1,39 @@
+"""The three ports a tritonserver binds: HTTP (KServe + generate_stream), gRPC, Prometheus metrics."""
+from __future__ import annotations
+
+import contextlib
+import socket
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ServerPorts:
+    """Ports bound on ``address``: HTTP (KServe + generate_stream), gRPC, Prometheus metrics."""
+
+    http: int = 8000
+    grpc: int = 8001
+    metrics: int = 8002
+    address: str = "127.0.0.1"
+
+    @classmethod
+    def unused(cls, address: str = "127.0.0.1") -> "ServerPorts":
+        """Three distinct ports the kernel reports free on ``address`` now (tests and benchmarks beside other
+        servers); all three are held while picking, so none is handed out twice."""
+        with contextlib.ExitStack() as stack:
+            probes = [stack.enter_context(socket.socket()) for _ in range(3)]
+            for probe in probes:
+                probe.bind((address, 0))
+            return cls(*(probe.getsockname()[1] for probe in probes), address)
+
+    def check_free(self) -> None:
+        """Raises RuntimeError naming the first port another process holds on ``address``."""
+        for name in ("http", "grpc", "metrics"):
+            port = getattr(self, name)
+            with socket.socket() as probe:
+                # As the server binds: a port left in TIME_WAIT by a stopped server is free, a listener's is not.
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    probe.bind((self.address, port))
+                except OSError as exc:
+                    raise RuntimeError(f"{name} port {self.address}:{port} is not free ({exc.strerror}): another "
+                                       f"server holds it; choose another with --{name}-port") from None

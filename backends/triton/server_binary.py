@@ -1,0 +1,58 @@
+"""Where the ``tritonserver`` binary and its backends come from.
+
+``/opt/tritonserver`` when it exists (NGC images); otherwise the ``nvidia-pytriton`` wheel (tritonserver 2.51):
+its ``tritonserver`` folder is copied once to a writable cache (``UNIFIEDSERVE_CACHE``, default
+``~/.cache/unifiedserve``), and the wheel's Python-backend stub built for the running interpreter's Python
+version is put next to the backend, where tritonserver looks for it.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import sys
+import sysconfig
+import tempfile
+from pathlib import Path
+
+NGC_SERVER = Path("/opt/tritonserver")
+CACHE = Path(os.environ.get("UNIFIEDSERVE_CACHE", Path.home() / ".cache" / "unifiedserve"))
+
+
+def server_binary() -> tuple[Path, Path, dict[str, str]]:
+    """(tritonserver binary, backend directory, extra environment for the server). Raises RuntimeError when
+    there is neither an NGC server nor the wheel, or the wheel has no stub for this Python."""
+    if (NGC_SERVER / "bin" / "tritonserver").exists():
+        return NGC_SERVER / "bin" / "tritonserver", NGC_SERVER / "backends", {}
+    return _wheel_server()
+
+
+def _wheel_server() -> tuple[Path, Path, dict[str, str]]:
+    """(tritonserver binary, backend directory, extra environment) built from the pip wheel."""
+    spec = importlib.util.find_spec("pytriton")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("no tritonserver: install nvidia-pytriton==0.7.0 or run in an NGC tritonserver image")
+    package = Path(list(spec.submodule_search_locations)[0])
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    target = CACHE / f"tritonserver-py{version}"
+    stub = target / "backends" / "python" / "triton_python_backend_stub"
+    if not stub.exists():
+        tmp = Path(tempfile.mkdtemp(dir=CACHE.parent if CACHE.parent.exists() else None))
+        shutil.copytree(package / "tritonserver", tmp / "server", symlinks=True)
+        source_stub = tmp / "server" / "python_backend_stubs" / version / "triton_python_backend_stub"
+        if not source_stub.exists():
+            raise RuntimeError(f"the nvidia-pytriton wheel has no Python-backend stub for Python {version}")
+        shutil.copy2(source_stub, tmp / "server" / "backends" / "python" / "triton_python_backend_stub")
+        (tmp / "server" / "backends" / "python" / "triton_python_backend_stub").chmod(0o755)
+        (tmp / "server" / "bin" / "tritonserver").chmod(0o755)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(target, ignore_errors=True)
+        (tmp / "server").rename(target)
+        shutil.rmtree(tmp, ignore_errors=True)
+    libs = [str(package.parent / "nvidia_pytriton.libs"), sysconfig.get_config_var("LIBDIR") or ""]
+    env = {
+        "LD_LIBRARY_PATH": ":".join([*libs, os.environ.get("LD_LIBRARY_PATH", "")]).strip(":"),
+        # The stub finds its site-packages through the `python3` first on PATH.
+        "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
+    }
+    return target / "bin" / "tritonserver", target / "backends", env

@@ -1,0 +1,25 @@
+"""What a tritonserver log says about its models: why one did not load, which ones never unloaded."""
+from __future__ import annotations
+
+import re
+from typing import Iterable
+
+# Triton's line for a model that did not load: "failed to load 'NAME' version N: Internal: REASON\nAt: ..." (the
+# traceback after an escaped newline)
+_LOAD_FAILED = re.compile(r"failed to load '([^']+)' version \d+: (?:Internal: )?(.*?)(?:\\n|\"?$)", re.MULTILINE)
+
+
+def load_errors(log: str) -> list[str]:
+    """"model NAME did not load: REASON" for each model that a tritonserver log says failed to load (the
+    exception its ``initialize`` raised, first line), in log order, each model once."""
+    found: dict[str, str] = {}
+    for model, reason in _LOAD_FAILED.findall(log):
+        found.setdefault(model, reason)
+    return [f"model {model} did not load: {reason}" for model, reason in found.items()]
+
+
+def not_unloaded(log: str, models: Iterable[str]) -> str:
+    """"model NAME had not unloaded" for those of ``models`` whose unload the log does not show, or "every model
+    had unloaded"."""
+    stuck = sorted(model for model in set(models) if f"successfully unloaded '{model}'" not in log)
+    return f"model {', '.join(stuck)} had not unloaded" if stuck else "every model had unloaded"

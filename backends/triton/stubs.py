@@ -1,0 +1,59 @@
+"""A server's Python-backend stub processes: which are alive, their threads' stacks, and a watch for one dying.
+
+Each model instance of the Python backend runs in a stub process (``triton_python_backend_stub``) of
+tritonserver's process group; its command line names the ``model.py`` it runs, and so the model.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from collections import Counter
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from backends.triton.launcher import TritonServer
+
+
+def stub_processes(group: int) -> dict[int, str]:
+    """The stub processes of process group ``group`` (a tritonserver's pid) that are alive: pid -> model (the
+    name of the folder of the model.py it runs). A stub killed from outside stays a zombie of tritonserver, left
+    out here."""
+    alive = {}
+    for comm in Path("/proc").glob("[0-9]*/comm"):
+        try:
+            pid = int(comm.parent.name)
+            if not comm.read_text().strip().startswith("triton_python") or os.getpgid(pid) != group:
+                continue
+            state = (comm.parent / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            script = (comm.parent / "cmdline").read_bytes().split(b"\0")[1]  # <model>/<version>/model.py
+        except (OSError, ValueError, IndexError):  # gone, or exiting (its command line is empty by then)
+            continue
+        if state not in ("Z", "X"):
+            alive[pid] = Path(script.decode(errors="replace")).parent.parent.name
+    return alive
+
+
+def dump_stacks(pids, wait_s: float = 2.0) -> None:
+    """SIGUSR1 to each stub of ``pids``: each writes all its threads' stacks to the server log (the models turn
+    on faulthandler for that signal); then waits ``wait_s`` seconds for them to write."""
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGUSR1)
+    time.sleep(wait_s)
+
+
+def watch_stages(server: "TritonServer", period_s: float = 1.0) -> str | None:
+    """Wait while ``server`` runs; return why it must stop when a model's stub process that was there when it became
+    ready has died (killed, or out of memory), or None once the server has exited. Triton 2.51 keeps such a model
+    READY and fails its requests ("Stub process ... is not healthy") without restarting it, so the server is
+    stopped instead, for a supervisor (systemd, Kubernetes) to start a fresh one."""
+    expected = Counter(server.ready_stubs.values())
+    while server.process.poll() is None:
+        missing = expected - Counter(server.stubs().values())
+        if missing and server.process.poll() is None:
+            return f"the process of model {', '.join(sorted(missing))} has died"
+        time.sleep(period_s)
+    return None
