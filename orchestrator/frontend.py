@@ -12,13 +12,13 @@ import logging
 
 import numpy as np
 
+from backends.ipc.link import StageError
 from backends.triton import triton_io as io
 from orchestrator.cancel_watch import CancelWatch
 from orchestrator.inputs import RawRequest, parse_request
 from orchestrator.sampling_params import InvalidInput
 from orchestrator.send_lanes import SendLanes
-from orchestrator.service import Orchestrator
-from orchestrator.stages import StageError
+from orchestrator.service import Admitted, Orchestrator
 
 log = logging.getLogger(__name__)
 
@@ -60,10 +60,10 @@ async def handle(orchestrator: Orchestrator, request, lanes: SendLanes, cancels:
 
     try:
         parsed = parse_request(read_request(request), orchestrator.config.limits)
-        active = await orchestrator.admit(parsed)
+        admitted = await orchestrator.admit(parsed)
         # aclosing: leaving the loop early (cancellation) releases the request's pages now, not at GC.
-        async with contextlib.aclosing(orchestrator.generate(active, watched.cancelled.is_set)) as tokens:
-            await _send_tokens(orchestrator, parsed, active, tokens, send)
+        async with contextlib.aclosing(orchestrator.stream(admitted, watched.cancelled.is_set)) as tokens:
+            await _send_tokens(orchestrator, admitted, tokens, send)
     except InvalidInput as exc:
         orchestrator.metrics.increment("unifiedserve_requests_finished", "invalid")
         send(io.error(str(exc)), final)
@@ -76,8 +76,8 @@ async def handle(orchestrator: Orchestrator, request, lanes: SendLanes, cancels:
         send(io.error(f"internal error: {type(exc).__name__}: {exc}", invalid_argument=False), final)
 
 
-async def _send_tokens(orchestrator: Orchestrator, parsed, active, tokens, send) -> None:
-    final = io.pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL
+async def _send_tokens(orchestrator: Orchestrator, admitted: Admitted, tokens, send) -> None:
+    final, parsed = io.pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL, admitted.parsed
     texts, ids = [], []
     async for delta, token_ids, reason in tokens:
         texts.append(delta)
@@ -87,7 +87,7 @@ async def _send_tokens(orchestrator: Orchestrator, parsed, active, tokens, send)
         if reason == "abort":
             send(flags=final)
             return
-        counts = (len(active.prompt.input_ids), len(ids))
+        counts = (len(admitted.prompt.input_ids), len(ids))
         if parsed.stream:
             send(_response(delta, token_ids, parsed.return_output_ids, reason, counts), final if reason else 0)
         elif reason is not None:

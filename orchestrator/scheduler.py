@@ -3,15 +3,17 @@
 Each step the encode_prefill worker runs the plan's encode (whole temporal-patch groups, at most
 `encode_budget` patches) and then its prefill (prompt chunks, at most `prefill_budget` tokens), so a
 step is bounded and decode, in its own process, is never starved. One step is in flight at a time:
-`schedule()` hands out a plan, `complete()` applies it once the worker has run it.
+`schedule()` hands out a plan, `complete()` applies it once the worker has run it. The plan is the whole
+of what the stage needs (`backends.ipc.protocol.StepPlan`): the requests it sees for the first time and
+those it may forget come with the work.
 """
 
 from collections import defaultdict, deque
 from dataclasses import dataclass
 
+from backends.ipc.protocol import EncodeWork, PrefillWork, StepPlan
 from orchestrator.pages import PageAllocator, PagePool
 from orchestrator.sequence import Group, Sequence
-from orchestrator.step_plan import EncodeWork, PrefillWork, StepPlan
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,8 @@ class Scheduler:
         self._in_flight: StepPlan | None = None
         self._in_flight_seqs: dict[str, Sequence] = {}
         self._deferred: list[tuple[PagePool, list[int]]] = []
+        self._announced: set[str] = set()  # sequences whose `request` went out in a plan
+        self._finished: list[str] = []  # announced sequences removed since the last plan
 
     def add(self, seq: Sequence) -> None:
         """Queues a new sequence (waiting for KV pages; its ready groups may be encoded already).
@@ -94,7 +98,7 @@ class Scheduler:
             raise ValueError(f"{seq.req_id}: already scheduled")
         if seq.block_table is not None or seq.num_computed_tokens or any(g.encoded for g in seq.groups):
             raise ValueError(f"{seq.req_id}: not a new sequence")
-        need = self._kv_pages_needed(seq)
+        need = self.kv_pages_for(seq.prompt_len + seq.max_tokens)
         if need > self._kv.num_total:
             raise ValueError(f"{seq.req_id}: needs {need} KV pages for {seq.prompt_len} + {seq.max_tokens} "
                              f"tokens, the pool has {self._kv.num_total}")
@@ -134,7 +138,14 @@ class Scheduler:
         prefill = self._fill_prefill(encode)
         if not encode and not prefill:
             return None
-        plan = StepPlan(tuple(encode), tuple(prefill))
+        planned = dict.fromkeys(w.req_id for w in (*encode, *prefill))
+        new = []
+        for req_id in planned:
+            if req_id not in self._announced and self._seqs[req_id].request is not None:
+                self._announced.add(req_id)
+                new.append(self._seqs[req_id].request)
+        plan = StepPlan(tuple(new), tuple(encode), tuple(prefill), tuple(self._finished))
+        self._finished.clear()
         self._in_flight = plan
         self._in_flight_seqs = {w.req_id: self._seqs[w.req_id] for w in (*encode, *prefill)}
         return plan
@@ -184,6 +195,9 @@ class Scheduler:
         seq = self._seqs.pop(req_id, None)
         if seq is None:
             return
+        if req_id in self._announced:
+            self._announced.discard(req_id)
+            self._finished.append(req_id)
         held = [(self._patch, g.patch_pages) for g in seq.groups if g.patch_pages is not None]
         if seq.block_table is not None:
             held.append((self._kv, seq.block_table))
@@ -225,8 +239,17 @@ class Scheduler:
         seq = self._seqs.get(req_id)
         return seq if seq is not None and self._in_flight_seqs.get(req_id) is seq else None
 
-    def _kv_pages_needed(self, seq: Sequence) -> int:
-        return -(-(seq.prompt_len + seq.max_tokens) // self.config.kv_page_size)
+    def kv_pages_for(self, num_tokens: int) -> int:
+        """KV pages that ``num_tokens`` tokens take (the reservation of a sequence: prompt + max_tokens)."""
+        return -(-num_tokens // self.config.kv_page_size)
+
+    @property
+    def kv_pages_total(self) -> int:
+        return self._kv.num_total
+
+    @property
+    def kv_pages_free(self) -> int:
+        return self._kv.num_free
 
     def admits_now(self, pages: int) -> bool:
         """Whether a sequence needing `pages` KV pages, added now, would get them at the next `schedule()`
@@ -243,12 +266,12 @@ class Scheduler:
         one, and cannot starve it."""
         order = list(self._seqs.values())
         for i in self._admission():
-            order[i].block_table = self._kv.allocate(self._kv_pages_needed(order[i]))
+            order[i].block_table = self._kv.allocate(self.kv_pages_for(order[i].prompt_len + order[i].max_tokens))
 
     def _admission(self, new_pages: int | None = None) -> list[int]:
         """Arrival-order indices of the waiting sequences `_admit` grants pages to now, in that order; with
         `new_pages`, a sequence needing that many is imagined arriving after all others (index len(seqs))."""
-        needs = [(self._kv_pages_needed(seq), seq.block_table is not None) for seq in self._seqs.values()]
+        needs = [(self.kv_pages_for(seq.prompt_len + seq.max_tokens), seq.block_table is not None) for seq in self._seqs.values()]
         if new_pages is not None:
             needs.append((new_pages, False))
         granted, free, head = [], self._kv.num_free, None
@@ -322,4 +345,5 @@ class Scheduler:
 
 
 def _encode_work(seq: Sequence, group: Group) -> EncodeWork:
-    return EncodeWork(seq.req_id, group.item, group.index, tuple(group.patch_pages), group.num_patches)
+    return EncodeWork(seq.req_id, group.item, group.index, tuple(group.patch_pages), group.num_patches,
+                      group.token_offset)

@@ -6,6 +6,8 @@ vLLM v1 style: there is no prefill or decode mode; `num_computed_tokens` catches
 from collections.abc import Container
 from dataclasses import dataclass, field
 
+from backends.ipc.protocol import NewRequest
+
 
 @dataclass
 class Group:
@@ -53,6 +55,8 @@ class Sequence:
         groups: the media groups in prompt order (non-overlapping token ranges inside the prompt).
         num_computed_tokens: prompt tokens already prefilled (their KV written).
         block_table: KV pages granted at admission; None while waiting.
+        request: what the encode_prefill stage needs to know of the request, sent with the first step
+            that has work for it (None: nothing, as in the scheduler's own tests).
 
     Raises:
         ValueError: inconsistent sizes or group layout.
@@ -64,6 +68,7 @@ class Sequence:
     groups: list[Group] = field(default_factory=list)
     num_computed_tokens: int = 0
     block_table: list[int] | None = None
+    request: NewRequest | None = None
 
     def __post_init__(self) -> None:
         if self.prompt_len < 1 or self.max_tokens < 1:

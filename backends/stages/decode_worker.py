@@ -34,21 +34,22 @@ import numpy as np
 import torch
 
 from backends.ipc import shared_tensor, shared_weights
+from backends.ipc.protocol import RESERVED_KV_PAGES, DecodeAdmit, DecodeStep, SamplingParams
 from backends.runtime.attention import FlashInferAttentionBackend, make_backend
 from backends.runtime.language_model.cuda_graphs import batch_ladder
-from backends.runtime.language_model.kv_cache import RESERVED_KV_PAGES, KVCacheLayout
+from backends.runtime.language_model.kv_cache import KVCacheLayout
 from backends.runtime.loader import ModelSpec, load_model
 from backends.runtime.language_model.fuse import fuse_projections
 from backends.runtime.model_runner import DecodeSeq, ModelRunner
-from backends.runtime.sampling.sampler import SamplingParams, sample_tensor, warm_up
+from backends.runtime.sampling.sampler import sample_tensor, warm_up
 from backends.runtime.sampling.stopping import finish_reason
 from backends.runtime.sampling.token_readback import TokenReadback
 from backends.runtime.tokenizer import eos_token_ids
 
 log = logging.getLogger(__name__)
 
-# (seq_ids, token_ids, finish_reasons): one decode step's output for all sequences ("" = running).
-StepSink = Callable[[list[str], list[int], list[str]], None]
+# One decode step's output for all sequences (``DecodeStep``).
+StepSink = Callable[[DecodeStep], None]
 # (sequences in the step, the seconds it took: from its launch, or from the last step's tokens on the host if that
 # came later, to its tokens on the host; whether the batch is empty after it): one call per step, on the send
 # thread after the step's message; also (0, 0.0, idle) when the batch may have emptied without a step (abort,
@@ -74,11 +75,10 @@ class RunningSeq:
     ending: bool = False
 
     @classmethod
-    def from_admit(cls, payload: dict) -> "RunningSeq":
-        """From the orchestrator's admit message (see orchestrator/stages.py)."""
-        return cls(payload["seq_id"], np.asarray(payload["block_table"], dtype=np.int32), int(payload["num_cached"]),
-                   int(payload["last_token"]), int(payload["mrope_delta"]), int(payload["num_generated"]),
-                   int(payload["max_tokens"]), SamplingParams(**payload["sampling"]))
+    def from_admit(cls, admit: DecodeAdmit) -> "RunningSeq":
+        """From the orchestrator's admit message."""
+        return cls(admit.seq_id, np.asarray(admit.block_table, dtype=np.int32), admit.num_cached, admit.last_token,
+                   admit.mrope_delta, admit.num_generated, admit.max_tokens, admit.sampling)
 
 
 @dataclass(frozen=True)
@@ -173,8 +173,8 @@ class DecodeWorker:
         which sees the stream end) and end the stream, so that the model can unload."""
         self.commands.put(("end", None, None))
 
-    def admit(self, payload: dict) -> None:
-        self.commands.put(("admit", RunningSeq.from_admit(payload), None))
+    def admit(self, admit: DecodeAdmit) -> None:
+        self.commands.put(("admit", RunningSeq.from_admit(admit), None))
 
     def abort(self, seq_id: str, done: Callable[[], None]) -> None:
         """Drop ``seq_id``; ``done()`` runs on the loop thread once it no longer touches its KV pages."""
@@ -368,7 +368,7 @@ class DecodeWorker:
     def _send(self, rows: list[tuple[str, int, str]]) -> None:
         """Post one message of ``(seq_id, token_id, finish_reason)`` rows to the stream, if any and attached."""
         if rows and self.sink is not None:
-            self._post(self.sink, *map(list, zip(*rows)))
+            self._post(self.sink, DecodeStep(*map(tuple, zip(*rows))))
 
     def _next_layout(self) -> list[DecodeSeq]:
         """The next step's batch as it will be if no sequence of the step in flight ends with an eos token and no

@@ -48,3 +48,12 @@ def stage_setup(args: dict) -> tuple[dict[str, str], torch.device]:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     return params, device
+
+
+def shared_weights_on(params: dict[str, str]) -> bool:
+    """The ``share_weights`` parameter: on (default: decode publishes its language-model weights and encode_prefill
+    maps them instead of holding a copy) or off. Raises ValueError for anything else."""
+    value = params.get("share_weights", "on")
+    if value not in ("on", "off"):
+        raise ValueError(f"share_weights must be on or off, got {value!r}")
+    return value == "on"

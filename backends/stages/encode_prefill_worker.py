@@ -1,13 +1,14 @@
 """The encode+prefill stage: executes one scheduler step plan from the orchestrator.
 
-A plan (JSON, built by orchestrator/stages.py) has four parts, run in this order:
+A plan (``backends.ipc.protocol.StepPlan``, the orchestrator's scheduler's output) has four parts, run in this
+order:
+* ``finished``: requests that ended (finished, failed or cancelled): their state is dropped;
 * ``new``: prompts seen for the first time: token ids, media grids; the worker embeds the text and
   computes M-RoPE positions once (transformers' ``get_rope_index``) and keeps them per request;
 * ``encode``: whole temporal-patch groups: patches are read from the shared patch pool pages, run
   through the vision encoder, and their embeddings placed at the group's visual-token rows;
 * ``prefill``: prompt chunks ``[start, end)`` written into the shared KV pool (block tables given);
-  the chunk that ends a prompt yields its first sampled token;
-* ``release``: requests that ended (finished, failed or cancelled) whose state is dropped.
+  the chunk that ends a prompt yields its first sampled token, with the stop rule's finish reason.
 The runtime decides nothing: what runs in a step is the orchestrator's scheduler's call.
 """
 from __future__ import annotations
@@ -17,12 +18,14 @@ from dataclasses import dataclass
 import torch
 
 from backends.ipc import shared_tensor, shared_weights
+from backends.ipc.protocol import EncodeWork, FirstToken, NewRequest, PrefillWork, SamplingParams, StepPlan, StepResult
 from backends.runtime.attention import make_backend
 from backends.runtime.language_model.fuse import fuse_projections
 from backends.runtime.loader import ModelSpec, load_model
 from backends.runtime.model_runner import ModelRunner, PrefillChunk
 from backends.runtime.language_model.mrope import mrope_positions
-from backends.runtime.sampling.sampler import SamplingParams, sample, warm_up
+from backends.runtime.sampling.sampler import sample, warm_up
+from backends.runtime.sampling.stopping import finish_reason
 from backends.runtime.tokenizer import eos_token_ids
 from backends.runtime.vision.tensor_parallel import check_towers
 from flashcodec.patch_pool import read_group
@@ -31,12 +34,16 @@ from flashcodec.patch_pool import read_group
 @dataclass
 class PromptState:
     """A prompt being prefilled: ``embeds`` [L, hidden] (visual rows filled as groups are encoded),
-    ``positions`` [3, L] int64 M-RoPE positions, ``mrope_delta`` for the decode positions."""
+    ``positions`` [3, L] int64 M-RoPE positions, ``mrope_delta`` for the decode positions, and the request."""
 
     embeds: torch.Tensor
     positions: torch.Tensor
     mrope_delta: int
-    sampling: SamplingParams
+    request: NewRequest
+
+    @property
+    def sampling(self) -> SamplingParams:
+        return self.request.sampling
 
 
 class EncodePrefillWorker:
@@ -104,53 +111,55 @@ class EncodePrefillWorker:
             self._patches = shared_tensor.open_("patch_pool").tensor
         return self._patches
 
-    def execute(self, plan: dict) -> dict:
-        """Run one step plan; returns ``{"first_tokens": [{"req", "token", "mrope_delta"}]}``."""
-        for item in plan.get("new", []):
-            self._register(item)
-        self._encode(plan.get("encode", []))
-        first_tokens = self._prefill(plan.get("prefill", []))
-        for req_id in plan.get("release", []):
+    def execute(self, plan: StepPlan) -> StepResult:
+        """Run one step plan; returns the first tokens of the prompts whose prefill it completed."""
+        for req_id in plan.finished:
             self.prompts.pop(req_id, None)
-        return {"first_tokens": first_tokens}
+        for request in plan.new:
+            self._register(request)
+        self._encode(plan.encode)
+        return StepResult(self._prefill(plan.prefill))
 
-    def _register(self, item: dict) -> None:
-        ids = item["input_ids"]
-        media = item["media"]
+    def _register(self, request: NewRequest) -> None:
+        media = request.media
         positions, delta = mrope_positions(
-            self.model.config, ids,
-            image_grid_thw=[tuple(m["grid_thw"]) for m in media if m["kind"] == "image"],
-            video_grid_thw=[tuple(m["grid_thw"]) for m in media if m["kind"] == "video"],
-            second_per_grid_ts=[m["second_per_grid_t"] for m in media if m["kind"] == "video"])
-        embeds = self.runner.embed(torch.tensor(ids, dtype=torch.long, device=self.device))
-        self.prompts[item["req"]] = PromptState(embeds, positions.to(self.device), int(delta),
-                                                SamplingParams(**item["sampling"]))
+            self.model.config, list(request.input_ids),
+            image_grid_thw=[m.grid_thw for m in media if m.kind == "image"],
+            video_grid_thw=[m.grid_thw for m in media if m.kind == "video"],
+            second_per_grid_ts=[m.second_per_grid_t for m in media if m.kind == "video"])
+        embeds = self.runner.embed(torch.tensor(request.input_ids, dtype=torch.long, device=self.device))
+        self.prompts[request.req_id] = PromptState(embeds, positions.to(self.device), int(delta), request)
 
-    def _encode(self, works: list[dict]) -> None:
+    def _encode(self, works: tuple[EncodeWork, ...]) -> None:
         """The step's groups through the vision tower(s), each group's embeddings into its prompt's rows."""
         if not works:
             return
-        items = [(read_group(self.patch_pool, w["pages"], w["num_patches"]), tuple(w["grid_thw"])) for w in works]
+        items = []
+        for w in works:
+            _, h, w_ = self.prompts[w.req_id].request.media[w.item].grid_thw
+            items.append((read_group(self.patch_pool, list(w.patch_pages), w.num_patches), (1, h, w_)))
         for work, embeds in zip(works, self.runner.encode_many(items)):
-            state, start = self.prompts[work["req"]], work["token_offset"]
+            state, start = self.prompts[work.req_id], work.token_offset
             state.embeds[start:start + embeds.shape[0]] = embeds.to(state.embeds.dtype)
 
-    def _prefill(self, works: list[dict]) -> list[dict]:
+    def _prefill(self, works: tuple[PrefillWork, ...]) -> tuple[FirstToken, ...]:
         if not works:
-            return []
+            return ()
         chunks = []
         for w in works:
-            state = self.prompts[w["req"]]
-            start, end = w["start"], w["end"]
-            chunks.append(PrefillChunk(state.embeds[start:end], state.positions[:, start:end], start,
-                                       w["block_table"], want_logits=w["is_last"]))
+            state = self.prompts[w.req_id]
+            chunks.append(PrefillChunk(state.embeds[w.start:w.end], state.positions[:, w.start:w.end], w.start,
+                                       list(w.block_table), want_logits=w.is_last))
         logits = self.runner.prefill(chunks)
-        last = [w for w in works if w["is_last"]]
+        last = [w for w in works if w.is_last]
         if not last:
-            return []
-        tokens = sample(logits, [self.prompts[w["req"]].sampling for w in last], [0] * len(last), self.eos_ids)
+            return ()
+        tokens = sample(logits, [self.prompts[w.req_id].sampling for w in last], [0] * len(last), self.eos_ids)
         out = []
         for w, token in zip(last, tokens):
-            out.append({"req": w["req"], "token": int(token), "mrope_delta": self.prompts[w["req"]].mrope_delta})
-            del self.prompts[w["req"]]  # prefill done: the embeddings are no longer needed
-        return out
+            state = self.prompts.pop(w.req_id)  # prefill done: the embeddings are no longer needed
+            request, sampling = state.request, state.sampling
+            reason = finish_reason(int(token), 1, request.max_tokens, sampling.min_tokens, sampling.ignore_eos,
+                                   self.eos_ids)
+            out.append(FirstToken(w.req_id, int(token), state.mrope_delta, reason or ""))
+        return tuple(out)

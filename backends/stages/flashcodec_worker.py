@@ -11,7 +11,6 @@ ends after its current group as if aborted, so each stream gets its final flag a
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -20,6 +19,7 @@ from typing import Callable
 import torch
 
 from backends.ipc import shared_pages, shared_tensor
+from backends.ipc.protocol import INVALID_INPUT, SERVER_FAULT, StageFailure
 from flashcodec.errors import MediaError
 from flashcodec.patch_pool import pages_needed, write_group
 from flashcodec.pipeline import image_group, iter_video_groups, make_decoder
@@ -27,16 +27,6 @@ from flashcodec.sampling import ImagePlan, VideoPlan
 
 log = logging.getLogger(__name__)
 PATCH_DIM = 3 * 2 * 14 * 14  # channels x temporal_patch_size x patch x patch (Qwen2.5-VL)
-
-
-def plan_to_json(plan: VideoPlan | ImagePlan) -> dict:
-    return {"kind": "video" if isinstance(plan, VideoPlan) else "image", **dataclasses.asdict(plan)}
-
-
-def plan_from_json(data: dict) -> VideoPlan | ImagePlan:
-    cls = VideoPlan if data["kind"] == "video" else ImagePlan
-    fields = {f.name for f in dataclasses.fields(cls)}
-    return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k in fields})
 
 
 class FlashCodecWorker:
@@ -59,14 +49,14 @@ class FlashCodecWorker:
         self.lock = threading.Lock()
         self.futures: set[Future] = set()  # decodes submitted and not finished
 
-    def submit(self, request_id: str, media: bytes | str, plan: dict,
-               on_group: Callable[[int, list[int]], None], on_done: Callable[[str | None], None]) -> None:
+    def submit(self, request_id: str, media: bytes | str, plan: VideoPlan | ImagePlan,
+               on_group: Callable[[int, list[int]], None], on_done: Callable[[StageFailure | None], None]) -> None:
         """Decode ``media`` (bytes, or a path the orchestrator checked) by ``plan``; ``on_group(g, pages)``
         once group g is written into ``pages`` of the patch pool (from then on the caller's to free);
-        ``on_done(error_message_or_None)`` last."""
+        ``on_done(failure or None)`` last (``invalid_input`` when the media would not decode)."""
         with self.lock:
             self.running[request_id] = self.running.get(request_id, 0) + 1
-            future = self.executor.submit(self._run, request_id, media, plan_from_json(plan), on_group, on_done)
+            future = self.executor.submit(self._run, request_id, media, plan, on_group, on_done)
             self.futures.add(future)
         future.add_done_callback(self._forget)
 
@@ -92,7 +82,7 @@ class FlashCodecWorker:
             self.closing = True
 
     def _run(self, request_id, media, plan, on_group, on_done) -> None:
-        error = None
+        failure = None
         try:
             if self.closing:
                 return
@@ -105,10 +95,10 @@ class FlashCodecWorker:
                 if not self._write(request_id, index, patches, on_group):
                     break  # aborted, or the server is stopping: the stream just ends
         except MediaError as exc:
-            error = str(exc)
+            failure = StageFailure(INVALID_INPUT, str(exc))
         except Exception as exc:  # never kill the worker: report and go on
             log.exception("flashcodec failed on %s", request_id)
-            error = f"flashcodec: {type(exc).__name__}: {exc}"
+            failure = StageFailure(SERVER_FAULT, f"flashcodec: {type(exc).__name__}: {exc}")
         finally:
             with self.lock:
                 self.running[request_id] -= 1
@@ -116,7 +106,7 @@ class FlashCodecWorker:
                     del self.running[request_id]
                     self.cancelled.discard(request_id)
             try:
-                on_done(error)
+                on_done(failure)
             except Exception:  # the executor would drop it silently, and the stream would stay open
                 log.exception("flashcodec could not end the stream of %s", request_id)
 

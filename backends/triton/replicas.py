@@ -1,11 +1,11 @@
-"""Names of the stage replicas (issue 5): replica k of the encode+prefill and decode stages, with its own KV pool.
+"""Names of the stage replicas: replica k of the encode+prefill and decode stages, with its own KV pool.
 
 Replica 0 is the repository's own ``encode_prefill`` and ``decode`` with the pool ``kv_pool``; replica k >= 1 is
 ``encode_prefill_r<k>`` / ``decode_r<k>`` with ``kv_pool_r<k>``, copies the launcher writes into the repository
 it serves (``backends.triton.repository.repository_with``, orchestrator parameter ``replicas``). Each replica runs on
 GPU ``k mod GPUs`` under ``device: auto`` (``backends.stages.device.stage_device``), and the orchestrator sends
-each request to one replica (``orchestrator.replica``). BLS addresses models by name, not instance, hence
-names rather than instance groups.
+each request to one replica (``orchestrator.routing``). Each replica's stages have their own link sockets,
+named after their models, hence models rather than instance groups.
 """
 from __future__ import annotations
 

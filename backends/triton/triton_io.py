@@ -104,15 +104,6 @@ def bytes_list(request, name: str) -> list[bytes]:
     return [x if isinstance(x, bytes) else str(x).encode() for x in np.ravel(array)]
 
 
-def string(request, name: str) -> str | None:
-    """The first element of a BYTES input decoded as UTF-8 (None when absent).
-
-    Raises UnicodeDecodeError on invalid UTF-8 (callers turn it into INVALID_ARG).
-    """
-    values = bytes_list(request, name)
-    return values[0].decode("utf-8") if values else None
-
-
 def boolean(request, name: str, default: bool) -> bool:
     array = _array(request, name)
     return default if array is None or array.size == 0 else bool(np.ravel(array)[0])
@@ -123,20 +114,8 @@ def str_tensor(name: str, values: list[str] | list[bytes]):
     return pb().Tensor(name, data)
 
 
-def json_tensor(name: str, value) -> object:
-    return str_tensor(name, [json.dumps(value)])
-
-
 def int_tensor(name: str, values: list[int], dtype=np.int64):
     return pb().Tensor(name, np.asarray(values, dtype=dtype))
-
-
-def foreign(request) -> bool:
-    """True when ``request`` to an internal stage lacks the server's token (it did not come from the
-    orchestrator); answer it with :data:`INTERNAL_ONLY`."""
-    from backends.triton.internal_token import internal_token
-
-    return string(request, "token") != internal_token()
 
 
 INTERNAL_ONLY = "this model is internal to UnifiedServe: send requests to the 'orchestrator' model"

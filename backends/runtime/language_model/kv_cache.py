@@ -6,7 +6,7 @@ block table lists its pages: token ``i`` lives in page ``block_table[i // page_s
 ``i % page_size``. Per layer, ``pool[layer, 0]`` and ``pool[layer, 1]`` are flashinfer's "NHD" paged K
 and V caches ``[num_pages, page_size, num_kv_heads, head_dim]``.
 
-The pool's last page (:data:`RESERVED_KV_PAGES`) is never handed to a sequence: the padding rows of a
+The pool's last page (``backends.ipc.protocol.RESERVED_KV_PAGES``) is never handed to a sequence: the padding rows of a
 CUDA-graph decode batch write their keys/values there (``scratch_page``).
 """
 from __future__ import annotations
@@ -18,8 +18,7 @@ from typing import Sequence
 import torch
 from transformers import PreTrainedConfig
 
-
-RESERVED_KV_PAGES = 1  # at the end of the pool; sequences get pages 0 .. num_pages - 2
+from backends.ipc.protocol import RESERVED_KV_PAGES  # at the end of the pool; the orchestrator grants the others
 
 
 def scratch_page(num_pages: int) -> int:

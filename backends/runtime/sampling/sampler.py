@@ -18,9 +18,10 @@ import functools
 import logging
 import math
 import random
-from dataclasses import dataclass
 
 import torch
+
+from backends.ipc.protocol import SamplingParams
 
 log = logging.getLogger(__name__)
 _M32 = (1 << 32) - 1
@@ -30,40 +31,6 @@ _GAMMA = 0x9E3779B97F4A7C15  # splitmix64's increment: 2**64 / golden ratio, odd
 GREEDY_BELOW_TEMPERATURE = 1e-5
 _TOP_P_OFF = 1 - 2 ** -25  # float32 rounds top_p from here up to 1.0: off
 _SYSTEM_RANDOM = random.SystemRandom()  # unseeded rows: the loader seeds torch's global RNG, so not that
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """Per-request sampling. Raises ValueError for values out of range.
-
-    * ``temperature``: 0 (or below :data:`GREEDY_BELOW_TEMPERATURE`) means greedy (argmax); otherwise logits
-      are divided by it (a temperature beyond float32's range acts as float32's largest). Top-k and top-p
-      compare tokens by logit, so they keep what they would at any temperature.
-    * ``top_p``: keep each token whose strictly more likely tokens hold less than ``top_p`` of the probability:
-      the smallest set of most likely tokens that reaches ``top_p``, and every token tied with its last
-      (1 = off).
-    * ``top_k``: keep the ``top_k`` most likely tokens and every token tied with the k-th (0 = off).
-    * ``seed``: makes the draw reproducible (``None``: a fresh random seed for every draw).
-    * ``min_tokens``: eos ids are masked while fewer tokens than this have been generated.
-    * ``ignore_eos``: eos does not end the request (the caller's rule; the sampler does not mask it).
-    """
-
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = None
-    min_tokens: int = 0
-    ignore_eos: bool = False
-
-    def __post_init__(self) -> None:
-        if not (self.temperature >= 0 and math.isfinite(self.temperature)):
-            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
-        if self.min_tokens < 0:
-            raise ValueError(f"min_tokens must be >= 0, got {self.min_tokens}")
 
 
 def _splitmix64(state: int) -> int:

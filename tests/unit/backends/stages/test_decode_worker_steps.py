@@ -17,12 +17,12 @@ from backends.ipc.run_dir import RUN_DIR_ENV
 from backends.ipc import shared_tensor
 from backends.runtime.loader import ModelSpec
 from backends.runtime.model_runner import DecodeSeq
-from backends.runtime.sampling.sampler import SamplingParams
+from backends.ipc.protocol import DecodeAdmit, SamplingParams
 from backends.runtime.sampling.token_readback import TokenReadback
 from backends.stages import decode_worker
 from backends.stages.decode_worker import DecodeWorker, RunningSeq
 
-GREEDY = {"temperature": 0.0}
+GREEDY = SamplingParams(temperature=0.0)
 
 
 @pytest.fixture(autouse=True)
@@ -54,15 +54,15 @@ def alone(worker: DecodeWorker, first: int, page: int, steps: int) -> list[int]:
 def admit(worker: DecodeWorker, seq_id: str, first: int, pages: int | list[int], max_tokens: int) -> None:
     """Admit a sequence with an empty cache and ``first`` as its last token (before :func:`attach_queue`, the
     sequences admitted start in one step)."""
-    worker.admit({"seq_id": seq_id, "block_table": pages if isinstance(pages, list) else [pages], "num_cached": 0,
-                  "last_token": first, "mrope_delta": 0, "num_generated": 0, "max_tokens": max_tokens,
-                  "sampling": GREEDY})
+    worker.admit(DecodeAdmit(seq_id, tuple(pages) if isinstance(pages, list) else (pages,), 0, first, 0, 0,
+                             max_tokens, GREEDY))
 
 
 def attach_queue(worker: DecodeWorker) -> queue.Queue:
     """Attach a sink that puts each step's message ``(seq_ids, tokens, reasons)`` on the returned queue."""
     steps: queue.Queue = queue.Queue()
-    worker.attach(lambda ids, tokens, reasons: steps.put((ids, tokens, reasons)), lambda: None)
+    worker.attach(lambda step: steps.put((list(step.seq_ids), list(step.token_ids), list(step.finish_reasons))),
+                  lambda: None)
     return steps
 
 
@@ -206,7 +206,7 @@ def test_no_last_message_or_abort_while_a_pending_step_holds_the_sequence(monkey
 
     def checked_post(send, *args):  # on the loop thread, as the worker posts
         if send is worker.sink:
-            violations.extend(("ended", i) for i, r in zip(args[0], args[2]) if r and held(i))
+            violations.extend(("ended", i) for i, r in zip(args[0].seq_ids, args[0].finish_reasons) if r and held(i))
         post(send, *args)
 
     try:
@@ -315,14 +315,14 @@ def test_a_new_stream_drops_the_old_streams_sequences():
         admit(worker, "a", 5, [1, 2, 3, 4, 5, 6, 7], max_tokens=100)
         ended = threading.Event()
         old: queue.Queue = queue.Queue()
-        worker.attach(lambda *step: old.put(step), ended.set)
+        worker.attach(old.put, ended.set)
         old.get(timeout=10)  # stepping
         new = attach_queue(worker)
         assert ended.wait(10)
         time.sleep(0.2)
         assert not worker.running and new.empty()
         while not old.empty():  # what was sent before the new stream came
-            assert old.get_nowait()[0] == ["a"]
+            assert old.get_nowait().seq_ids == ("a",)
     finally:
         worker.shutdown()
 

@@ -9,7 +9,7 @@ import torch
 
 from backends.ipc.run_dir import RUN_DIR_ENV
 from backends.ipc import shared_tensor
-from backends.stages.flashcodec_worker import FlashCodecWorker, plan_to_json
+from backends.stages.flashcodec_worker import FlashCodecWorker
 from flashcodec.patch_pool import pages_needed, read_group
 from flashcodec.pipeline import iter_video_groups
 from flashcodec.probe import probe_video
@@ -38,7 +38,7 @@ def worker(tmp_path, monkeypatch):
 
 def start(worker, data, plan, request_id="r1"):
     groups, done = queue.Queue(), queue.Queue()
-    worker.submit(request_id, data, plan_to_json(plan), lambda g, pages: groups.put((g, pages)), done.put)
+    worker.submit(request_id, data, plan, lambda g, pages: groups.put((g, pages)), done.put)
     return groups, done
 
 

@@ -1,0 +1,336 @@
+"""One replica's engine: the states of its requests, its scheduler's step loop, the handoff from prefill to
+decode, and the order in which a request's work is stopped before its pages are returned.
+
+A request goes WAITING (no KV pages yet) -> ENCODING (its next prompt tokens wait for media groups) or
+PREFILLING -> DECODING (its first token came from the prefill step; the engine hands it to decode at once) ->
+FINISHED. Its tokens, each with the finish reason the stage that sampled it gave (the stop rule is applied
+where tokens are sampled), and at most one failure go to the request's output queue, read by
+``orchestrator.output_processor``.
+
+Pages (docs/design.md, invariant 2): a request's KV and patch pages return only once no stage can write them:
+after decode has acknowledged its abort (or sent its last row) and after its flashcodec calls have ended.
+The engine knows the stages only through ``orchestrator.stage_clients``' interfaces, so its tests use fakes.
+"""
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+from dataclasses import dataclass, field
+from typing import AsyncIterator, Callable
+
+from backends.ipc.link import StageError
+from backends.ipc.protocol import (INVALID_INPUT, SERVER_FAULT, DecodeAdmit, DecodeStep, FirstToken, GroupReady,
+                                   MediaDecode, NewRequest, StageFailure)
+from orchestrator.pages import PagePool
+from orchestrator.scheduler import Scheduler
+from orchestrator.sequence import Group, Sequence
+from orchestrator.stage_clients import MediaStage, ReplicaStages
+
+log = logging.getLogger(__name__)
+SHUTTING_DOWN = "the server is shutting down"
+
+
+class RequestState(enum.Enum):
+    WAITING = "waiting"
+    ENCODING = "encoding"
+    PREFILLING = "prefilling"
+    DECODING = "decoding"
+    FINISHED = "finished"
+
+
+@dataclass(frozen=True)
+class Output:
+    """What a request's output queue receives: a ``token`` with its ``finish_reason`` (``""``: more follow), or
+    a ``failure`` (nothing follows it)."""
+
+    token: int = -1
+    finish_reason: str = ""
+    failure: StageFailure | None = None
+
+
+@dataclass(frozen=True)
+class EngineRequest:
+    """A request ready to run: ``new`` (prompt, media grids, sampling), its media ``groups`` in prompt order, and
+    one ``MediaDecode`` call per media item with ``groups_per_item`` groups."""
+
+    new: NewRequest
+    groups: tuple[Group, ...]
+    media: tuple[MediaDecode, ...] = ()
+    groups_per_item: tuple[int, ...] = ()
+
+
+@dataclass(eq=False)
+class _Tracked:
+    request: EngineRequest
+    outputs: asyncio.Queue = field(default_factory=asyncio.Queue)
+    media_tasks: list[asyncio.Task] = field(default_factory=list)
+    patch_pages_held: int = 0  # reported by flashcodec and not yet encoded (pages)
+    patch_pages_peak: int = 0  # the most it held at once (pages)
+    mrope_delta: int = 0
+    in_decode: bool = False
+    decode_done: bool = False  # decode no longer holds it (last row sent, failed, or its stream ended)
+    ended: bool = False  # its last output (finish reason or failure) is queued
+    releasing: bool = False
+
+
+class Engine:
+    """Replica ``index``: ``scheduler`` (its KV page table; the shared patch pool ``patch_pages``), ``stages``
+    and the shared ``media`` stage. ``on_change()`` after pages or requests changed (gauges), ``on_step()`` after
+    each executed step, ``on_release(patch_pages_peak, had_media)`` per request released; ``stopping()`` says
+    whether the server has begun to stop (a media stream that ends early then fails its request as shutting
+    down, not as bad input)."""
+
+    def __init__(self, index: int, scheduler: Scheduler, patch_pages: PagePool, stages: ReplicaStages,
+                 media: MediaStage, on_change: Callable[[], None] = lambda: None,
+                 on_step: Callable[[], None] = lambda: None,
+                 on_release: Callable[[int, bool], None] = lambda peak, had_media: None,
+                 stopping: Callable[[], bool] = lambda: False):
+        self.index, self.scheduler, self.patch_pages = index, scheduler, patch_pages
+        self.stages, self.media = stages, media
+        self.on_change, self.on_step, self.on_release, self._server_stopping = on_change, on_step, on_release, stopping
+        self.requests: dict[str, _Tracked] = {}
+        self.wake = asyncio.Event()
+        self.decode_ended: str | None = None  # why the decode stream has ended, once it has
+        self.stopping = False
+        self._loops: list[asyncio.Task] = []
+        self._background: set[asyncio.Task] = set()
+
+    # ---- life -------------------------------------------------------------------------------------------
+    async def start(self, timeout_s: float = 60.0) -> None:
+        """Attach to decode's step stream and start the step loop; raises StageError when decode cannot be
+        reached, TimeoutError when it does not answer within ``timeout_s`` seconds."""
+        attached = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        self._loops = [loop.create_task(self._follow_decode(attached)), loop.create_task(self._step_loop())]
+        await asyncio.wait_for(attached.wait(), timeout_s)
+        if self.decode_ended:
+            raise StageError(StageFailure(SERVER_FAULT, self.decode_ended))
+
+    def stop(self) -> None:
+        """The server is stopping: fail every request now and start nothing new; no abort goes to the stages,
+        which end their own work."""
+        self.stopping = True
+        for tracked in list(self.requests.values()):
+            self._fail(tracked, StageFailure(SERVER_FAULT, SHUTTING_DOWN))
+        self.wake.set()
+
+    def busy(self) -> bool:
+        """A request, a loop or a release is still going."""
+        return bool(self.requests) or any(not t.done() for t in (*self._loops, *self._background))
+
+    async def close(self) -> None:
+        """Cancel the loops, media calls and releases (for ``finalize``)."""
+        self.stopping = True
+        tasks = [*self._loops, *self._background, *(t for r in self.requests.values() for t in r.media_tasks)]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    # ---- requests ---------------------------------------------------------------------------------------
+    def add(self, request: EngineRequest) -> asyncio.Queue:
+        """Queue ``request`` (its media decodes start now); returns its output queue of ``Output``. Raises
+        ValueError (from the scheduler) when its KV pages could never fit."""
+        new = request.new
+        self.scheduler.add(Sequence(new.req_id, len(new.input_ids), new.max_tokens, list(request.groups),
+                                    request=new))
+        tracked = self.requests[new.req_id] = _Tracked(request)
+        loop = asyncio.get_running_loop()
+        for item, call in enumerate(request.media):
+            replies = self.media.decode(call)  # queued now: an abort made later cannot overtake it
+            tracked.media_tasks.append(loop.create_task(self._run_media(tracked, item, replies)))
+        self.wake.set()
+        self.on_change()
+        return tracked.outputs
+
+    def state(self, req_id: str) -> RequestState:
+        tracked, seq = self.requests.get(req_id), self.scheduler.get(req_id)
+        if tracked is None or tracked.releasing or seq is None:
+            return RequestState.FINISHED
+        if tracked.in_decode:
+            return RequestState.DECODING
+        if seq.block_table is None:
+            return RequestState.WAITING
+        return RequestState.PREFILLING if seq.ready_end() > seq.num_computed_tokens else RequestState.ENCODING
+
+    async def abort(self, req_id: str) -> None:
+        """Stop the request's work and return its pages (cancelled, a stop string, its client gone); nothing if
+        it has already been released. Returns once its pages are free, unless a release was already under way."""
+        tracked = self.requests.get(req_id)
+        if tracked is not None:
+            await self._release(tracked)
+
+    async def _release(self, tracked: _Tracked) -> None:
+        """Abort, then free (idempotent): decode drops the sequence and flashcodec's calls end before the
+        scheduler returns the request's pages."""
+        if tracked.releasing:
+            return
+        tracked.releasing = True
+        req_id = tracked.request.new.req_id
+        if not self.stopping:  # stopping: the stages end their work themselves and no page is reused
+            if tracked.in_decode and not tracked.decode_done:
+                await self._quietly(self.stages.decode_abort(req_id))
+            if any(not task.done() for task in tracked.media_tasks):
+                await self._quietly(self.media.abort(req_id))
+                await asyncio.gather(*tracked.media_tasks, return_exceptions=True)
+        del self.requests[req_id]
+        self.scheduler.remove(req_id)  # returns the patch pages of groups decoded but not yet encoded
+        self.on_release(tracked.patch_pages_peak, bool(tracked.request.media))
+        self.on_change()
+        self.wake.set()
+
+    @staticmethod
+    async def _quietly(call) -> None:
+        """An abort to a stage whose link is gone (its process ended) writes no page any more, so the pages may
+        be returned all the same (logged)."""
+        try:
+            await call
+        except StageError as exc:
+            log.warning("orchestrator: abort not delivered (%s); the stage has gone, its pages are returned", exc)
+
+    def _spawn(self, coroutine) -> None:
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def _end(self, tracked: _Tracked, output: Output) -> None:
+        """Queue a request's last output and release it."""
+        if tracked.ended:
+            return
+        tracked.ended = True
+        tracked.outputs.put_nowait(output)
+        self._spawn(self._release(tracked))
+
+    def _fail(self, tracked: _Tracked, failure: StageFailure) -> None:
+        self._end(tracked, Output(failure=failure))
+
+    def _live(self, req_id: str) -> _Tracked | None:
+        """The request, unless it has ended or is being released (then nothing new may start for it)."""
+        tracked = self.requests.get(req_id)
+        return None if tracked is None or tracked.ended or tracked.releasing else tracked
+
+    # ---- the step loop ----------------------------------------------------------------------------------
+    async def _step_loop(self) -> None:
+        while not self.stopping:
+            plan = self.scheduler.schedule()
+            if plan is None:
+                self.wake.clear()
+                await self.wake.wait()
+                continue
+            try:
+                result = await self.stages.step(plan)
+            except Exception as exc:  # the step failed: fail its requests, keep the loop (and the server) alive
+                failure = _failure(exc, "scheduler step failed")
+                for req_id in dict.fromkeys(w.req_id for w in (*plan.encode, *plan.prefill)):
+                    self.scheduler.remove(req_id)  # its pages come back when the plan completes
+                    if (tracked := self._live(req_id)) is not None:
+                        self._fail(tracked, failure)
+                self.scheduler.complete(plan)
+                self.on_change()
+                continue
+            self.scheduler.complete(plan)
+            self.on_step()
+            for work in plan.encode:  # the scheduler returned these groups' patch pages
+                if (tracked := self.requests.get(work.req_id)) is not None:
+                    tracked.patch_pages_held -= len(work.patch_pages)
+            for first in result.first_tokens:
+                self._first_token(first)
+            self.on_change()
+
+    def _first_token(self, first: FirstToken) -> None:
+        """Hand the sequence to decode before its first token goes out (so any abort the token may cause is sent
+        after the admit), or end it there."""
+        tracked = self._live(first.req_id)
+        if tracked is None:
+            return
+        tracked.mrope_delta = first.mrope_delta
+        if first.finish_reason:
+            self._end(tracked, Output(first.token, first.finish_reason))
+            return
+        tracked.outputs.put_nowait(Output(first.token))
+        if self.decode_ended:
+            self._fail(tracked, StageFailure(SERVER_FAULT, self.decode_ended))
+            return
+        new, seq = tracked.request.new, self.scheduler.get(first.req_id)
+        tracked.in_decode = True
+        replies = self.stages.decode_admit(DecodeAdmit(
+            new.req_id, tuple(seq.block_table), len(new.input_ids), first.token, first.mrope_delta, 1,
+            new.max_tokens, new.sampling))
+        self._spawn(self._admitted(tracked, replies))
+
+    async def _admitted(self, tracked: _Tracked, replies: AsyncIterator) -> None:
+        try:
+            async for _ in replies:
+                pass
+        except StageError as exc:  # decode has gone: it holds nothing
+            tracked.decode_done = True
+            self._fail(tracked, exc.failure)
+
+    async def _follow_decode(self, attached: asyncio.Event) -> None:
+        try:
+            async for step in self.stages.decode_attach():
+                attached.set()
+                if step is not None:
+                    self._decode_step(step)
+            self.decode_ended = SHUTTING_DOWN  # the decode stage ends its stream only when the server stops
+        except Exception as exc:  # StageError; anything else must not leave the replica looking alive
+            if not isinstance(exc, StageError):
+                log.exception("orchestrator: the decode stream of replica %d failed", self.index)
+            self.decode_ended = SHUTTING_DOWN if self.stopping else str(exc) or type(exc).__name__
+        finally:
+            attached.set()  # start() must not wait for a stream that has ended
+        for tracked in list(self.requests.values()):  # no more tokens will come
+            if tracked.in_decode and not tracked.decode_done:
+                tracked.decode_done = True
+                self._fail(tracked, StageFailure(SERVER_FAULT, self.decode_ended))
+
+    def _decode_step(self, step: DecodeStep) -> None:
+        for seq_id, token, reason in zip(step.seq_ids, step.token_ids, step.finish_reasons):
+            tracked = self._live(seq_id)
+            if tracked is None:
+                continue
+            if reason == "error":
+                tracked.decode_done = True
+                self._fail(tracked, StageFailure(SERVER_FAULT, "decode: the decode step failed"))
+            elif reason:
+                tracked.decode_done = True
+                self._end(tracked, Output(token, reason))
+            else:
+                tracked.outputs.put_nowait(Output(token))
+
+    # ---- media --------------------------------------------------------------------------------------------
+    async def _run_media(self, tracked: _Tracked, item: int, replies: AsyncIterator[GroupReady]) -> None:
+        req_id, reported, bad = tracked.request.new.req_id, 0, []
+        try:
+            async for ready in replies:
+                # The pages are ours from here on: a bad report frees them and the stream is read to its end.
+                try:
+                    fresh = self.scheduler.group_ready(req_id, item, ready.index, list(ready.pages))
+                except (KeyError, ValueError) as exc:
+                    self.patch_pages.free(ready.pages)
+                    bad.append(str(exc))
+                    continue
+                if fresh:
+                    reported += 1
+                    tracked.patch_pages_held += len(ready.pages)
+                    tracked.patch_pages_peak = max(tracked.patch_pages_peak, tracked.patch_pages_held)
+                    self.wake.set()
+            if bad:
+                raise StageError(StageFailure(SERVER_FAULT, f"flashcodec: {bad[0]}"))
+            if reported < tracked.request.groups_per_item[item] and not tracked.releasing:
+                if self.stopping or self._server_stopping():  # flashcodec ends its calls when the server stops
+                    raise StageError(StageFailure(SERVER_FAULT, SHUTTING_DOWN))
+                kind = tracked.request.new.media[item].kind
+                raise StageError(StageFailure(
+                    INVALID_INPUT, f"{kind}: decoding ended before all sampled frames were found"))
+        except Exception as exc:
+            if (live := self._live(req_id)) is not None:
+                self._fail(live, _failure(exc, f"media task failed for {req_id}"))
+
+
+def _failure(exc: Exception, what: str) -> StageFailure:
+    """A stage's own failure, or an internal error (logged) that must fail the request, not hang it."""
+    if isinstance(exc, StageError):
+        return exc.failure
+    log.exception("orchestrator: %s", what)
+    return StageFailure(SERVER_FAULT, f"internal error: {type(exc).__name__}: {exc}")

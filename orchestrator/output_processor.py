@@ -1,0 +1,81 @@
+"""A request's outputs as its client sees them (vLLM v1's ``OutputProcessor``): detokenizing, stop strings and
+cancellation, next to the frontend.
+
+The engine queues each token with the finish reason of the stage that sampled it (eos, ``max_tokens``);
+this module turns them into text deltas, ends the output at a stop string, and notices a cancelled client.
+Either of those ends the request early, so it is aborted in its engine (which returns its pages once the
+stages have let go of them). Tokens that queued up while the request's handler was busy leave in one item
+(one client response for them, not one each), with the same ids and text as one by one.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import AsyncIterator, Callable
+
+from backends.ipc.link import StageError
+from backends.ipc.protocol import INVALID_INPUT
+from orchestrator.detokenizer import Detokenizer
+from orchestrator.engine import Engine, Output
+from orchestrator.sampling_params import InvalidInput, RequestParams
+
+CANCEL_POLL_S = 0.05  # seconds between looks at the client's cancellation
+
+
+class OutputProcessor:
+    """Per-request output streams over one ``tokenizer`` (``decode(ids, skip_special_tokens=True)``)."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    async def stream(self, engine: Engine, req_id: str, outputs: asyncio.Queue, params: RequestParams,
+                     is_cancelled: Callable[[], bool]) -> AsyncIterator[tuple[str, list[int], str | None]]:
+        """Yield ``(text_delta, token_ids, finish_reason or None)`` as tokens arrive from ``outputs`` (the
+        request's queue in ``engine``); the last item has a finish reason: the stage's, ``"stop"`` for a stop
+        string, or ``"abort"`` when ``is_cancelled()`` (polled every ``CANCEL_POLL_S`` s) turned true. However
+        it ends (a consumer that stops early too), the request is aborted in ``engine``.
+
+        Raises InvalidInput or StageError when a stage failed the request, after the tokens before the failure.
+        """
+        detok = Detokenizer(self.tokenizer, params.stop, params.min_tokens)
+        try:
+            checked, output = time.monotonic(), None
+            while True:
+                if output is None:
+                    try:
+                        output = await asyncio.wait_for(outputs.get(), CANCEL_POLL_S)
+                    except asyncio.TimeoutError:
+                        pass
+                # Polled by time, not only when idle: tokens can arrive faster than the poll period.
+                if time.monotonic() - checked >= CANCEL_POLL_S:
+                    checked = time.monotonic()
+                    if is_cancelled():
+                        yield "", [], "abort"
+                        return
+                if output is None:
+                    continue
+                deltas, ids = [], []
+                while output is not None and output.failure is None:  # this token and those queued behind it
+                    deltas.append(detok.add([output.token]))
+                    ids.append(output.token)
+                    reason = "stop" if detok.stopped else output.finish_reason
+                    if reason:
+                        yield "".join(deltas) + detok.flush(), ids, reason
+                        return
+                    output = _next_queued(outputs)
+                if ids:
+                    yield "".join(deltas), ids, None
+                if output is not None:  # a failure, after the tokens before it
+                    if output.failure.kind == INVALID_INPUT:
+                        raise InvalidInput(output.failure.message)
+                    raise StageError(output.failure)
+        finally:
+            await engine.abort(req_id)
+
+
+def _next_queued(outputs: asyncio.Queue) -> Output | None:
+    """The next output already in ``outputs``, or None (nothing waits)."""
+    try:
+        return outputs.get_nowait()
+    except asyncio.QueueEmpty:
+        return None

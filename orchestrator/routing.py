@@ -1,0 +1,18 @@
+"""Which replica's engine a new request goes to (``backends.triton.replicas``: each replica has its own KV pool,
+so its own scheduler; the patch pool, one flashcodec, is shared). A request lives on one replica from
+admission to release: its KV pages are in that replica's pool, which only that replica's stages map."""
+from __future__ import annotations
+
+from typing import Sequence
+
+from orchestrator.engine import Engine
+
+
+def choose(engines: Sequence[Engine], kv_needed: int) -> Engine | None:
+    """The engine for a request needing ``kv_needed`` KV pages: among those whose decode stream is alive and
+    whose pool can hold the request at all, one whose scheduler would admit it at its next step
+    (``Scheduler.admits_now``) if any, then the fewest requests, the most free KV pages, the lowest index; None
+    when there is none."""
+    fit = [e for e in engines if e.decode_ended is None and kv_needed <= e.scheduler.kv_pages_total]
+    return min(fit, key=lambda e: (not e.scheduler.admits_now(kv_needed), len(e.requests),
+                                   -e.scheduler.kv_pages_free, e.index), default=None)

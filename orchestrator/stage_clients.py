@@ -1,0 +1,98 @@
+"""The stages as the engine sees them: two small interfaces, and their implementation over the stage link.
+
+``ReplicaStages`` is one replica's encode_prefill and decode stages (``backends.triton.replicas``);
+``MediaStage`` is flashcodec, shared by every replica. The engine (``orchestrator.engine``) is written against
+these interfaces only, so its tests drive it with in-process fakes; the server injects ``LinkStages`` /
+``LinkMedia``, which send the messages of ``backends.ipc.protocol`` over ``backends.ipc.link``. Every method
+raises ``backends.ipc.link.StageError`` when the stage fails the call or has gone.
+
+A method that is a plain ``def`` returning an async iterator queues its call for sending when it is called
+(not when iterated), so calls made in order reach a stage in order: an abort never overtakes the admit or
+decode it stops.
+"""
+from __future__ import annotations
+
+from typing import AsyncIterator, Protocol
+
+from backends.ipc.link import LinkClient
+from backends.ipc.protocol import (DecodeAbort, DecodeAdmit, DecodeAttach, DecodeStep, GroupReady, MediaAbort,
+                                   MediaDecode, StepPlan, StepResult)
+from backends.triton.replicas import replica_name
+
+
+class ReplicaStages(Protocol):
+    async def step(self, plan: StepPlan) -> StepResult:
+        """Run one scheduler step on encode_prefill."""
+
+    def decode_attach(self) -> AsyncIterator[DecodeStep | None]:
+        """The decode stage's step stream: ``None`` once attached, then one ``DecodeStep`` per step; it ends only
+        when the server stops."""
+
+    def decode_admit(self, admit: DecodeAdmit) -> AsyncIterator[None]:
+        """Hand a prefilled sequence to decode (queued now; iterate to learn that it arrived)."""
+
+    async def decode_abort(self, seq_id: str) -> None:
+        """Returns once decode no longer touches ``seq_id``'s KV pages."""
+
+
+class MediaStage(Protocol):
+    def decode(self, request: MediaDecode) -> AsyncIterator[GroupReady]:
+        """Decode one media item (queued now): a ``GroupReady`` per group; once it has ended, flashcodec neither
+        takes nor writes pages for it."""
+
+    async def abort(self, req_id: str) -> None:
+        """The request's decodes end after their current group."""
+
+
+class Links:
+    """This orchestrator's stage links, by stage model name (``decode``, ``decode_r1``, ``flashcodec``, ...)."""
+
+    def __init__(self):
+        self._links: dict[str, LinkClient] = {}
+
+    def __getitem__(self, name: str) -> LinkClient:
+        if name not in self._links:  # on the event loop only
+            self._links[name] = LinkClient(name)
+        return self._links[name]
+
+    def busy(self) -> bool:
+        """Whether any call is still waiting for its end."""
+        return any(link.busy() for link in self._links.values())
+
+    def close(self) -> None:
+        for link in self._links.values():
+            link.close()
+
+
+class LinkStages:
+    """Replica ``index``'s stages over ``links``."""
+
+    def __init__(self, links: Links, index: int):
+        self._prefill = links[replica_name("encode_prefill", index)]
+        self._decode = links[replica_name("decode", index)]
+
+    async def step(self, plan: StepPlan) -> StepResult:
+        (result,) = await self._prefill.request(plan)
+        return result
+
+    def decode_attach(self) -> AsyncIterator[DecodeStep | None]:
+        return self._decode.call(DecodeAttach())
+
+    def decode_admit(self, admit: DecodeAdmit) -> AsyncIterator[None]:
+        return self._decode.call(admit)
+
+    async def decode_abort(self, seq_id: str) -> None:
+        await self._decode.request(DecodeAbort(seq_id))
+
+
+class LinkMedia:
+    """flashcodec over ``links``."""
+
+    def __init__(self, links: Links):
+        self._link = links["flashcodec"]
+
+    def decode(self, request: MediaDecode) -> AsyncIterator[GroupReady]:
+        return self._link.call(request)
+
+    async def abort(self, req_id: str) -> None:
+        await self._link.request(MediaAbort(req_id))

@@ -1,0 +1,65 @@
+"""The orchestrator as a Triton model (``backends.triton.adaptor``): decoupled, one instance.
+
+Its asyncio loop runs in a thread of its own (as Triton's vLLM backend does): ``execute()`` hands each request to
+that loop and returns at once, so many requests are served concurrently and ``execute()`` never blocks (docs/
+design.md, invariant 1). The stub's own ``async def execute`` is not used: in 2.51 its bookkeeping of background
+futures races when a coroutine ends quickly (triton-inference-server/server#8537). When the server stops, the
+stop watch (``backends.triton.server_stop``) fails the requests in flight, so that every client stream gets its
+final flag (Triton calls ``finalize()`` only after that), and says when no request or stage call is left.
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import threading
+
+from backends.triton import server_stop, triton_io
+from orchestrator import frontend
+from orchestrator.cancel_watch import CancelWatch
+from orchestrator.metrics import Metrics
+from orchestrator.send_lanes import SendLanes
+from orchestrator.service import Orchestrator, OrchestratorConfig
+
+log = logging.getLogger(__name__)
+
+
+class OrchestratorModel:
+    def __init__(self, args: dict):
+        triton_io.enable_stack_dumps()
+        params = triton_io.parameters(args)
+        config = OrchestratorConfig.from_parameters(params)
+        self.metrics = Metrics(config.replicas)
+        self.lanes = SendLanes(triton_io.int_parameter(params, "send_lanes", 4))  # threads sending client responses
+        self.cancels = CancelWatch()  # the thread asking whether clients have cancelled
+        self.orchestrator = Orchestrator(config, self.metrics)
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="orchestrator-loop", daemon=True)
+        self.thread.start()
+        self.pending = set()  # futures of requests in flight (asyncio keeps only weak references to tasks)
+        self.watch = server_stop.StopWatch(
+            lambda: self.loop.call_soon_threadsafe(self.orchestrator.stop_serving, server_stop.mark_drained))
+
+    def execute(self, requests):
+        for request in requests:
+            future = asyncio.run_coroutine_threadsafe(
+                frontend.handle(self.orchestrator, request, self.lanes, self.cancels), self.loop)
+            self.pending.add(future)
+            future.add_done_callback(self.pending.discard)
+        return None
+
+    def finalize(self):
+        # Every client stream has its final flag (else Triton would not call this); nothing may touch Triton
+        # objects once this returns. Each wait is bounded: after a drained stop (launcher) none of them waits.
+        self.watch.close()
+        concurrent.futures.wait(list(self.pending), timeout=5)  # handlers finishing after their final flag
+        self.lanes.close()  # their responses sent
+        self.cancels.close()
+        try:
+            asyncio.run_coroutine_threadsafe(self.orchestrator.close(timeout_s=5), self.loop).result(timeout=10)
+        except Exception as exc:
+            log.warning("orchestrator: close failed: %r", exc)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=5)
+        self.metrics.close()
+        server_stop.before_exit()
