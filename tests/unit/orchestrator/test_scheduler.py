@@ -219,7 +219,7 @@ def test_one_step_in_flight_at_a_time():
     with pytest.raises(RuntimeError):
         sched.schedule()
     with pytest.raises(ValueError):
-        sched.complete(StepPlan((), ()))
+        sched.complete(StepPlan((), (), ()))
     sched.complete(plan)
     with pytest.raises(ValueError):
         sched.complete(plan)

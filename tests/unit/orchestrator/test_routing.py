@@ -1,22 +1,24 @@
-"""Which replica a new request goes to (orchestrator/replica.py)."""
+"""Which replica's engine a new request goes to (orchestrator/routing.py)."""
+from orchestrator.engine import Engine
 from orchestrator.pages import PageAllocator
-from orchestrator.replica import Replica, choose
+from orchestrator.routing import choose
 from orchestrator.scheduler import Scheduler, SchedulerConfig
 from orchestrator.sequence import Sequence
 
 
-def replica(index: int, pages: int, requests: int = 0, used: int = 0) -> Replica:
+def replica(index: int, pages: int, requests: int = 0, used: int = 0) -> Engine:
+    """An engine (never started: routing reads its scheduler and its requests) with ``requests`` requests."""
     kv, patch = PageAllocator(pages, "kv"), PageAllocator(4, "patch")
     kv.allocate(used)
-    return Replica(index, kv, Scheduler(SchedulerConfig(), kv, patch), 16, requests=requests)
+    engine = Engine(index, Scheduler(SchedulerConfig(), kv, patch), patch, stages=None, media=None)
+    engine.requests.update({f"r{k}": None for k in range(requests)})
+    return engine
 
 
 def test_fewest_requests_then_most_free_pages_then_lowest_index():
     assert choose([replica(0, 10, 2), replica(1, 10, 1)], 1).index == 1
     assert choose([replica(0, 10, 1, used=5), replica(1, 10, 1, used=2)], 1).index == 1
     assert choose([replica(0, 10), replica(1, 10)], 1).index == 0
-    assert (replica(1, 10).encode_prefill, replica(1, 10).decode) == ("encode_prefill_r1", "decode_r1")
-    assert (replica(0, 10).encode_prefill, replica(0, 10).decode) == ("encode_prefill", "decode")
 
 
 def test_a_replica_that_cannot_hold_the_request_or_lost_its_decode_stream_is_skipped():

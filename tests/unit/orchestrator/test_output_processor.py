@@ -1,0 +1,77 @@
+"""A request's outputs as its client sees them (``orchestrator.output_processor``): tokens that queued up while
+the request's handler was busy leave as one item (one client response), with the same ids and text as one by
+one; stop strings end the output at the right token and abort the request; a failure comes after the tokens
+before it, typed as the stage said; a cancelled client ends the stream; the request is always aborted in its
+engine at the end."""
+import asyncio
+
+from backends.ipc.link import StageError
+from backends.ipc.protocol import INVALID_INPUT, SERVER_FAULT, StageFailure
+from backends.runtime.tokenizer import load_tokenizer
+from orchestrator.engine import Output
+from orchestrator.output_processor import OutputProcessor
+from orchestrator.sampling_params import InvalidInput, RequestParams
+
+TOKENIZER = load_tokenizer(None)
+WORDS = TOKENIZER.encode(" one two three four five six seven eight")
+
+
+class Engine:
+    """What the output processor needs of an engine: ``abort``, recorded."""
+
+    def __init__(self):
+        self.aborted: list[str] = []
+
+    async def abort(self, req_id: str) -> None:
+        self.aborted.append(req_id)
+
+
+def stream(outputs: list[Output], cancelled=lambda: False, **params):
+    """Every item of the stream of a request whose ``outputs`` are all queued before it starts, the exception it
+    ended with (or None), and the requests aborted."""
+
+    async def run():
+        queue, engine, items = asyncio.Queue(), Engine(), []
+        for output in outputs:
+            queue.put_nowait(output)
+        try:
+            async for item in OutputProcessor(TOKENIZER).stream(engine, "r", queue, RequestParams(**params),
+                                                                cancelled):
+                items.append(item)
+        except Exception as exc:  # noqa: BLE001 - returned for the test to check
+            return items, exc, engine.aborted
+        return items, None, engine.aborted
+
+    return asyncio.run(asyncio.wait_for(run(), 10))
+
+
+def tokens(ids, last_reason="length"):
+    return [Output(t, last_reason if i == len(ids) - 1 else "") for i, t in enumerate(ids)]
+
+
+def test_queued_tokens_leave_as_one_item_with_the_same_ids_and_text():
+    items, error, aborted = stream(tokens(WORDS), max_tokens=100)
+    assert error is None and len(items) == 1 and aborted == ["r"]
+    text, ids, reason = items[0]
+    assert ids == WORDS and reason == "length" and text == TOKENIZER.decode(WORDS)
+
+
+def test_a_stop_string_ends_inside_a_batch_of_queued_tokens():
+    items, _, aborted = stream(tokens(WORDS, last_reason=""), max_tokens=100, stop=["four"])
+    text, ids, reason = items[-1]
+    assert reason == "stop" and "four" not in text and text.strip() == "one two three" and aborted == ["r"]
+    assert ids == WORDS[:len(ids)] and len(ids) < len(WORDS)  # the tokens after the stop string are not sent
+
+
+def test_a_failure_comes_after_the_tokens_before_it_typed_as_the_stage_said():
+    items, error, _ = stream([*tokens(WORDS[:2], last_reason=""),
+                              Output(failure=StageFailure(SERVER_FAULT, "decode: the decode step failed"))])
+    assert [ids for _, ids, _ in items] == [WORDS[:2]] and items[0][2] is None
+    assert isinstance(error, StageError) and "the decode step failed" in str(error)
+    _, error, _ = stream([Output(failure=StageFailure(INVALID_INPUT, "video: no keyframe"))])
+    assert isinstance(error, InvalidInput) and str(error) == "video: no keyframe"
+
+
+def test_a_cancelled_client_ends_the_stream_with_abort():
+    items, error, aborted = stream([], cancelled=lambda: True)
+    assert items == [("", [], "abort")] and error is None and aborted == ["r"]
