@@ -1,6 +1,6 @@
 """Client inputs -> a validated request (no Triton, no torch: testable on its own).
 
-Names follow the vLLM backend's (../shared/docs/triton.md, "Conventions"): ``text_input``,
+Names follow the vLLM backend's (Triton's vllm_backend ``model.json``), so its clients work unchanged: ``text_input``,
 ``image``/``video`` (file bytes), ``image_url``/``video_url`` (a path or ``file://`` URL under an
 allowed folder, or a ``data:`` URL), ``sampling_parameters`` (JSON), ``stream``,
 ``exclude_input_in_output``, ``return_output_ids``. Every problem raises

@@ -1,6 +1,6 @@
 """UnifiedServe's Prometheus metrics, served on Triton's metrics port next to Triton's own.
 
-Free-page gauges make leaks visible (design.md, invariant 2): at idle they equal the totals.
+Free-page gauges make leaks visible (docs/design.md, invariant 2): at idle they equal the totals.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Free-list allocator for the pages of one pool, and what the scheduler needs of any pool (`PagePool`).
 
-KV pages: the orchestrator owns their page tables (design.md "Ownership") and grants them with a
+KV pages: the orchestrator owns their page tables (docs/design.md, "Ownership and start-up") and grants them with a
 `PageAllocator`. Patch pages are taken by flashcodec when a group has been decoded, from a free list
 shared between processes (backends/ipc/shared_pages.py), which is a `PagePool` too: the scheduler returns
 them. `PageAllocator` is not thread-safe: the orchestrator runs one asyncio loop.

@@ -2,7 +2,7 @@
 
 The visual-token count of each item comes from metadata alone (flashcodec's probe + sampling plan),
 before any frame is decoded: a group of grid (1, h, w) patches becomes ``h*w / merge**2`` tokens
-(Qwen2.5-VL: ``merge_size`` 2, see ../shared/docs/video.md).
+(Qwen2.5-VL: ``merge_size`` 2, transformers' ``Qwen2VLImageProcessor``).
 """
 from __future__ import annotations
 

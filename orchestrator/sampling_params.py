@@ -3,7 +3,7 @@
 Clients of that backend send every value as JSON, and genai-perf sends numbers as strings
 (`{"max_tokens": "256", "min_tokens": "256"}`), so numeric strings are accepted for numbers.
 Everything is checked here, at the orchestrator, and a bad value is answered with `InvalidInput`
-naming the key (design.md "Invariants" 3).
+naming the key (docs/design.md, invariant 3).
 """
 
 import json

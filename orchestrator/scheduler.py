@@ -1,4 +1,4 @@
-"""The budget scheduler of design.md "Scheduling": encode and prefill work for one step, pure Python.
+"""The budget scheduler of docs/design.md, "Scheduling": encode and prefill work for one step, pure Python.
 
 Each step the encode_prefill worker runs the plan's encode (whole temporal-patch groups, at most
 `encode_budget` patches) and then its prefill (prompt chunks, at most `prefill_budget` tokens), so a

@@ -1,8 +1,8 @@
 """The orchestrator as a Triton model (``backends.triton.adaptor``): decoupled, one instance.
 
 Its asyncio loop runs in a thread of its own (as Triton's vLLM backend does): ``execute()`` hands each request to
-that loop and returns at once, so many requests are served concurrently and ``execute()`` never blocks (docs/
-design.md, invariant 1). The stub's own ``async def execute`` is not used: in 2.51 its bookkeeping of background
+that loop and returns at once, so many requests are served concurrently and ``execute()`` never blocks
+(docs/design.md, invariant 1). The stub's own ``async def execute`` is not used: in 2.51 its bookkeeping of background
 futures races when a coroutine ends quickly (triton-inference-server/server#8537). When the server stops, the
 stop watch (``backends.triton.server_stop``) fails the requests in flight, so that every client stream gets its
 final flag (Triton calls ``finalize()`` only after that), and says when no request or stage call is left.

@@ -7,7 +7,7 @@ between the stages.
 * CPU: the tensor lives in a file under /dev/shm, mapped with ``torch.from_file(shared=True)``.
 * CUDA: the tensor is an ordinary device allocation; the handle is torch's CUDA IPC reduction
   (``torch.multiprocessing.reductions.reduce_tensor``), pickled. The owner must outlive every
-  mapper (design.md, "Ownership and start-up").
+  mapper (docs/design.md, "Ownership and start-up").
 
 The run directory is ``backends.ipc.run_dir``'s.
 """

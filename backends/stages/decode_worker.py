@@ -2,12 +2,11 @@
 
 The worker owns the KV pool (allocated once, published for encode_prefill to map). The orchestrator
 admits a sequence after its prefill (block table, first token, M-RoPE delta, sampling), and reads
-ONE message per decode step carrying the new tokens of all running sequences (design.md, "Per-token
-traffic"). Commands reach the loop through a queue, so ``execute()`` never blocks (invariant 1).
-Sending a response is a round trip to the Triton process, so the loop hands each step's message to a send
-thread and goes on with the next step, whose GPU work hides the send; messages leave in the order they were
-made. (Sent between steps, with a metric update per step, the round trips cost 0.66 ms of a 6.2 ms batch-1
-step on an H200: bench/results/serve-h200x2-2026-11-29.)
+ONE message per decode step carrying the new tokens of all running sequences (``protocol.DecodeStep``).
+Commands reach the loop through a queue, so the stage link's reader never blocks (docs/design.md, invariant 1).
+The loop hands each step's message (and the metrics' round trips to the Triton process) to a send thread and
+goes on with the next step, whose GPU work hides the send; messages leave in the order they were made
+(bench/RESULTS.md, "decode stage sends").
 
 Steps overlap (vLLM's async scheduling, SGLang's overlap scheduler; with CUDA graphs, where the host's launches
 would otherwise leave the GPU idle): the loop launches step N+1 with step N's tokens still on the device
@@ -103,12 +102,11 @@ class DecodeWorker:
     ``cuda_graphs``: ``"auto"`` (capture decode graphs for batch sizes up to ``max_batch`` when the backend
     is flashinfer), ``"on"`` (the same, ValueError without flashinfer) or ``"off"``. ``compile_layers``: the
     decoder layers' small ops fused by ``torch.compile`` (``backends.runtime.language_model.compile``; compiled by the
-    graphs' warm-up at start): ``"auto"`` (with CUDA graphs: 5.47 vs 7.03 ms per step at batch 1 and 9.33 vs
-    12.35 ms at batch 64, 4k context, on an H200: bench/results/runtime-fused-h200-2026-11-30), ``"on"`` or
-    ``"off"``. ``overlap_steps``: launch each step before reading the last one's tokens (module docstring):
-    ``"auto"`` (with CUDA graphs: 4.88 vs 5.13 ms per step at batch 1, 8.62 vs 8.95 ms at 64, on an H200:
-    bench/results/runtime-overlap-h200-2026-11-30; without them a step's planning waits for the device anyway,
-    and on the CPU each message would come a step later), ``"on"`` or ``"off"``. ``on_step``: told each step's
+    graphs' warm-up at start): ``"auto"`` (with CUDA graphs; bench/RESULTS.md, "decode step, compiled layers"),
+    ``"on"`` or ``"off"``. ``overlap_steps``: launch each step before reading the last one's tokens (module
+    docstring): ``"auto"`` (with CUDA graphs, bench/RESULTS.md, "decode step, overlapped"; without them a step's
+    planning waits for the device anyway, and on the CPU each message would come a step later), ``"on"`` or
+    ``"off"``. ``on_step``: told each step's
     batch size and time (``StepTimer``) and whether the batch is empty after it, for the stage's metrics (a
     metric update is a round trip to the Triton process: the adaptor sums them and sends them when the batch
     empties or a second has passed).

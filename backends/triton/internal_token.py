@@ -1,7 +1,5 @@
-"""A per-server secret, so that clients cannot drive the internal stages: the orchestrator sends it with
-every BLS request to encode_prefill (Triton 2.51 serves every loaded model to every client), and it is the
-key of the stage links to decode and flashcodec (backends/ipc/link.py), where one stray "stream" call
-would take over the token fan-out.
+"""A per-server secret, so that nobody but the orchestrator can drive the internal stages: it is the key of
+the stage links (backends/ipc/link.py), where one stray ``DecodeAttach`` call would take over the token fan-out.
 """
 from __future__ import annotations
 

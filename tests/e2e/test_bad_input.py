@@ -1,4 +1,4 @@
-"""Bad input gets an error naming the problem, and the server keeps serving (design.md, invariant 3)."""
+"""Bad input gets an error naming the problem, and the server keeps serving (docs/design.md, invariant 3)."""
 from __future__ import annotations
 
 import urllib.request

@@ -1,4 +1,4 @@
-"""Cancelled requests stop generating and return their pages (case C8; design.md, invariant 2)."""
+"""Cancelled requests stop generating and return their pages (case C8; docs/design.md, invariant 2)."""
 from __future__ import annotations
 
 import pytest
