@@ -336,19 +336,31 @@ class LinkClient:
         with self.lock:
             return bool(self.calls)
 
-    async def call(self, message: Call) -> AsyncIterator[Any]:
-        """Yield the replies to ``message`` as they come; it is sent by the writer thread, after every call made
-        before it. Raises StageError with the stage's failure when the call fails, or a server fault when the
-        link is gone (or cannot be made)."""
-        if self.conn is None:
-            await asyncio.to_thread(self._connect)
+    def call(self, message: Call) -> AsyncIterator[Any]:
+        """The replies to ``message``, as they come. Once the link is connected the call is queued for the
+        writer thread here, before this returns, so calls made one after the other leave in that order (the
+        first call connects, when it is first iterated). Iterating raises StageError with the stage's failure
+        when the call fails, or a server fault when the link is gone (or cannot be made)."""
+        return self._replies(message, self._start(message) if self.conn is not None else None)
+
+    def _start(self, message: Call) -> tuple[int, asyncio.Queue] | StageError:
+        """Register a call and queue it for the writer (or the error to raise, when the link is gone)."""
         replies: asyncio.Queue = asyncio.Queue()
         with self.lock:
             if self.closed:
-                raise _fault(self.closed)
+                return _fault(self.closed)
             call_id = next(self.ids)
             self.calls[call_id] = (asyncio.get_running_loop(), replies)
             self.outbox.put((call_id, message))
+        return call_id, replies
+
+    async def _replies(self, message: Call, started) -> AsyncIterator[Any]:
+        if started is None:
+            await asyncio.to_thread(self._connect)
+            started = self._start(message)
+        if isinstance(started, StageError):
+            raise started
+        call_id, replies = started
         try:
             while True:
                 payload, final, failure = await replies.get()

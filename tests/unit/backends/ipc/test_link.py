@@ -278,3 +278,18 @@ def test_a_stage_learns_that_a_reply_was_not_delivered(run_dir):
         assert SENT == [False]
     finally:
         server.close()
+
+
+def test_a_call_is_queued_when_it_is_made_not_when_it_is_first_read(link):
+    """The engine queues a sequence's admit when its first token comes and may read the admit's end later, after
+    an abort it made meanwhile: the abort must still arrive second."""
+    _, client = link
+    ORDER.clear()
+
+    async def main():
+        await collect(client, "note", b"")  # connected
+        first, second = client.call(Op("note", b"a")), client.call(Op("note", b"bb"))
+        assert [x async for x in second] == [] and [x async for x in first] == []
+
+    asyncio.run(asyncio.wait_for(main(), 30))
+    assert ORDER == ["note:0", "note:1", "note:2"]
