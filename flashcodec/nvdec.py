@@ -22,7 +22,6 @@ import threading
 import time
 from collections import OrderedDict, deque
 from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import torch
@@ -31,8 +30,10 @@ from flashcodec.decoders import CpuDecoder, DecodePaths, FrameDecoder
 from flashcodec.gop import BitstreamMap, map_for_indices
 from flashcodec.gop_plan import MAX_GOP_SIZE, DecodeTask, frames_in_order, plan_gop_tasks
 from flashcodec.gop_reader import GopJob, ReaderCache
+from flashcodec.nvdec_caps import CODECS, DecoderCaps, NvdecUnavailable, StreamFormat, load_pynvvideocodec
 from flashcodec.nvdec_remote import HelperError, NvdecHelper
 from flashcodec.nvdec_session import NvdecPackets, synchronize
+from flashcodec.nvdec_slots import SessionStats, interleave, session_processes
 from flashcodec.parallel import as_file
 from flashcodec.probe import Source
 
@@ -41,118 +42,10 @@ DEFAULT_SESSIONS = 7  # NVDEC engines on an H100/H200 (A100: 5); one session kee
 FIRST_GPU = "first_gpu"  # NvdecDecoder's output_device by default: the first of its gpu_ids
 FALLBACKS_KEPT = 100  # NvdecDecoder.fallbacks: the latest videos sent to the CPU, with their reasons
 FORMATS_KEPT = 2  # decoder sessions per thread, one per stream format (codec, size, pixel format)
-# Member names of PyNvVideoCodec's pybind11 enums (PyNvDecoder.cpp `ENUM_VALUE(cudaVideoChromaFormat, 420)`;
-# its samples compare `str(ChromaFormat())` with "cudaVideoChromaFormat.420"): not the C names' YUV420.
-CODECS = {"h264": "H264", "hevc": "HEVC", "vp9": "VP9", "av1": "AV1"}  # FFmpeg name -> cudaVideoCodec member
-CHROMA = {"420": "420", "422": "422", "444": "444", "gray": "Monochrome"}  # _chroma() -> cudaVideoChromaFormat
-
-
-class NvdecUnavailable(RuntimeError):
-    """PyNvVideoCodec cannot be imported, or there is no CUDA GPU for it."""
 
 
 class NvdecError(RuntimeError):
     """NVDEC failed on a stream, or did not return a sampled frame; the rest of the video goes to the CPU."""
-
-
-def _chroma(pix_fmt: str) -> str:
-    """FFmpeg pixel format -> key of CHROMA ("yuv444p10le" -> "444", "gbrp" -> "444", "nv12" -> "420")."""
-    if pix_fmt.startswith("gray"):
-        return "gray"
-    if "444" in pix_fmt or pix_fmt.startswith("gbr"):
-        return "444"
-    return "422" if "422" in pix_fmt else "420"
-
-
-def unsupported_reason(bmap: BitstreamMap, caps: dict | None, caps_error: str = "") -> str:
-    """Why NVDEC should not decode `bmap`'s stream ("" if it should); a stable phrase (counted per reason).
-
-    `caps`: `GetDecoderCaps` for its codec, chroma format and bit depth (keys `supported`, `width_min/max`,
-    `height_min/max`, `mb_num_max`: 16x16 macroblocks); `caps_error`: why that query failed, if it did.
-    """
-    info = bmap.info
-    fmt = f"{info.codec} {bmap.pix_fmt}"
-    if not bmap.exact_timestamps:
-        return "packets without unique timestamps"
-    if info.codec not in CODECS:
-        return f"codec {info.codec} is not one FlashCodec decodes on NVDEC"
-    if caps_error or not caps:
-        return f"the NVDEC capability query for {fmt} failed: {caps_error or 'no answer'}"
-    if not caps.get("supported", 1) or caps.get("width_max", 0) <= 0:
-        return f"this GPU's NVDEC does not decode {fmt}"
-    w, h = info.coded_width, info.coded_height
-    if not (caps.get("width_min", 0) <= w <= caps["width_max"] and caps.get("height_min", 0) <= h <= caps.get(
-            "height_max", 0)) or -(-w // 16) * -(-h // 16) > caps.get("mb_num_max", 1 << 31):
-        return (f"{fmt} size outside this GPU's NVDEC limits ({caps.get('width_min', 0)}x{caps.get('height_min', 0)}"
-                f" to {caps['width_max']}x{caps.get('height_max', 0)}, {caps.get('mb_num_max')} macroblocks)")
-    return ""
-
-
-def load_pynvvideocodec(gpu_ids: Sequence[int]):
-    """The PyNvVideoCodec module, once every id in `gpu_ids` is a CUDA GPU of this process; else raises
-    NvdecUnavailable. The one place `NvdecDecoder` looks at the machine (CPU tests put a stand-in here)."""
-    try:
-        import PyNvVideoCodec as nvc
-    except Exception as exc:  # ImportError, or its CUDA libraries failing to load
-        raise NvdecUnavailable(f"PyNvVideoCodec: {type(exc).__name__}: {exc}") from exc
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    missing = [g for g in gpu_ids if not 0 <= g < count]
-    if missing:
-        raise NvdecUnavailable(f"no CUDA GPU {missing[0]} (this process sees {count})")
-    return nvc
-
-
-def interleave(sessions: dict[int, int]) -> tuple[int, ...]:
-    """The GPU of each session slot, from sessions per GPU: round robin while a GPU has sessions left
-    ({0: 2, 1: 3} -> (0, 1, 0, 1, 1)). With equal counts slot k is on GPU k mod N, and the first slots, whose
-    threads are made first (as tasks arrive), are on different GPUs, so even a short video uses them all."""
-    slots, left = [], dict(sessions)
-    while any(left.values()):
-        for gpu in sessions:
-            if left[gpu]:
-                slots.append(gpu)
-                left[gpu] -= 1
-    return tuple(slots)
-
-
-def session_processes(session_gpus: Sequence[int], processes_per_gpu: int) -> tuple[int, ...]:
-    """The process of each session slot: a GPU's sessions, in slot order, dealt round robin over its
-    `processes_per_gpu` processes ((0, 1, 0, 1, 0) with 2 -> (0, 0, 1, 1, 0))."""
-    seen: dict[int, int] = {}
-    procs = []
-    for gpu in session_gpus:
-        procs.append(seen.get(gpu, 0) % processes_per_gpu)
-        seen[gpu] = seen.get(gpu, 0) + 1
-    return tuple(procs)
-
-
-@dataclass(frozen=True)
-class StreamFormat:
-    """What a session is made for and frames are turned by: FFmpeg codec name, coded size (pixels), pixel
-    format, display rotation (degrees clockwise)."""
-
-    codec: str
-    coded_width: int
-    coded_height: int
-    pix_fmt: str
-    rotation: int
-
-    @staticmethod
-    def of(bmap: BitstreamMap) -> StreamFormat:
-        info = bmap.info
-        return StreamFormat(info.codec, info.coded_width, info.coded_height, bmap.pix_fmt, info.rotation)
-
-
-@dataclass(frozen=True)
-class SessionStats:
-    """One NVDEC session's work so far: the GPU it decodes on, tasks run, frames returned, packets fed to NVDEC
-    (the pictures it decoded), seconds busy (wall clock)."""
-
-    gpu: int
-    tasks: int
-    frames: int
-    packets: int
-    busy_s: float
 
 
 class NvdecDecoder:
@@ -165,10 +58,9 @@ class NvdecDecoder:
     `helper_processes`: every GPU but the output device's (the first when frames stay where decoded) decodes in
     helper processes (`nvdec_remote`), its threads here passing them tasks (one process feeding several GPUs is
     bound by its GIL); `processes_per_gpu` (default 1) splits each GPU's sessions over that many processes,
-    the output device's first share staying in this process (two per GPU: a 10-minute 1080p video to patches in
-    2.75 s against 2.92 s on one H200, bench/results/flashcodec-2proc-h200x2-2026-11-30). A helper that cannot
-    start leaves its sessions to threads here
-    (logged), one that dies is restarted for the next task.
+    the output device's first share staying in this process (`bench/RESULTS.md`, "NVDEC, 10-minute video"). A
+    helper that cannot start leaves its sessions to threads here (logged), one that dies is restarted for the next
+    task.
     Frames are 3xHxW uint8 RGB tensors on `output_device` (default the first of `gpu_ids`: where the encoder
     runs; None: left on the GPU that decoded each, CPU fallbacks on the first GPU), peer-copied there by the
     decoding thread, which waits for the copy before handing the frames over. They are turned upright by the
@@ -198,7 +90,7 @@ class NvdecDecoder:
         self.nvc, self.gpu_ids = load_pynvvideocodec(ids), ids
         self.output_device = self._output(output_device)
         self._lock = threading.Lock()
-        self._caps_cache: dict[tuple[int, str, str, int], tuple[dict | None, str]] = {}
+        self.caps = DecoderCaps(self.nvc)
         engines = {}
         for gpu in ids:
             caps, error = self._caps("h264", "yuv420p", 8, gpu)
@@ -270,34 +162,13 @@ class NvdecDecoder:
         threading.current_thread().name = f"nvdec-gpu{self._local.gpu}-{k}"
 
     def _caps(self, codec: str, pix_fmt: str, bit_depth: int, gpu: int | None = None) -> tuple[dict | None, str]:
-        """(`GetDecoderCaps` answer on `gpu`, default the first, "") or (None, why the query failed); cached, since
-        each query creates and destroys a CUDA context (PyNvDecoder.cpp `PyNvDecoderCaps`)."""
-        gpu = self.gpu_ids[0] if gpu is None else gpu
-        key = (gpu, codec, _chroma(pix_fmt), bit_depth)
-        with self._lock:
-            if key in self._caps_cache:
-                return self._caps_cache[key]
-        nvc = self.nvc
-        try:
-            answer = (dict(nvc.GetDecoderCaps(
-                gpuid=gpu, codec=getattr(nvc.cudaVideoCodec, CODECS[codec]),
-                chromaformat=getattr(nvc.cudaVideoChromaFormat, CHROMA[key[2]]), bitdepth=bit_depth)), "")
-        except Exception as exc:  # an enum this build lacks, or the driver refusing the query
-            answer = (None, f"{type(exc).__name__}: {exc}")
-        with self._lock:
-            self._caps_cache[key] = answer
-        return answer
+        """`DecoderCaps.query` on `gpu`, default the first: (the answer, "") or (None, why the query failed)."""
+        return self.caps.query(self.gpu_ids[0] if gpu is None else gpu, codec, pix_fmt, bit_depth)
 
     def why_not(self, bmap: BitstreamMap) -> str:
         """`unsupported_reason` for `bmap` on these GPUs ("" when NVDEC should decode it): the reason of the first
         GPU that refuses it, since a session on any of them may get any of its tasks."""
-        if bmap.info.codec not in CODECS:
-            return unsupported_reason(bmap, None)
-        for gpu in self.gpu_ids:
-            reason = unsupported_reason(bmap, *self._caps(bmap.info.codec, bmap.pix_fmt, bmap.bit_depth, gpu))
-            if reason:
-                return reason
-        return ""
+        return self.caps.why_not(bmap, self.gpu_ids)
 
     def decode(self, source: Source, frame_indices: Sequence[int]) -> Iterator[torch.Tensor]:
         indices, bmap = map_for_indices(source, frame_indices)

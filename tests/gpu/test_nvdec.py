@@ -142,7 +142,7 @@ def test_hevc_10bit_decodes_as_ffmpeg(nvdec):
     import io
 
     from flashcodec.nvdec_session import yuv_to_rgb
-    from tests.unit.flashcodec.test_nvdec import native_surface
+    from tests.unit.flashcodec.fake_nvdec import native_surface
 
     data = encode("libx265", CLOSED_GOP_X265, size=(320, 240), pix_fmt="yuv420p10le")
     with av.open(io.BytesIO(data)) as container:

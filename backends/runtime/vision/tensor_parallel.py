@@ -7,8 +7,10 @@ row-parallel layers are added once, after it. The patch embedding, rotary embedd
 replicated (small). So a W-rank tower moves two all-reduces of ``[tokens, hidden]`` per block and holds 1/W of
 the blocks' weights per GPU.
 
-Rank 0 is the caller's process (the encode_prefill stage); ranks 1..W-1 are helper processes started here, one
-per device, which build the tower from its config, receive rank 0's weights by broadcast and keep their share.
+Rank 0 is the caller's process (the encode_prefill stage); ranks 1..W-1 are helper processes
+(``backends.ipc.helper_process``) started here, one per device, which build the tower from its config, answer their
+handshake, receive rank 0's weights by broadcast and keep their share; a helper ends when rank 0's end of its
+socket closes (rank 0 killed).
 With ``tp`` < W the ranks form W / tp towers of ``tp`` ranks each (hybrid parallel: data parallel over towers,
 tensor parallel within one; the paper runs Qwen2.5-VL's tower at DP2 x TP2), ranks ``[g*tp, (g+1)*tp)`` being
 tower g, whose all-reduces run in its own process group. Each call: rank 0 deals the items over the towers (largest
@@ -22,12 +24,8 @@ from __future__ import annotations
 import datetime
 import json
 import logging
-import os
-import subprocess
 import sys
 import tempfile
-import threading
-import time
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -36,14 +34,15 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from backends.ipc.helper_process import HelperProcess, ParentLink, close_all, handshake_all
 from backends.runtime.vision.attention import use_varlen_vision_attention
 from backends.runtime.vision.data_parallel import Item, deal
 from backends.runtime.vision.speed import pad_vision_mlp
-from flashcodec.interpreter import python_executable
 
 log = logging.getLogger(__name__)
-# joining (helpers import torch and transformers and build the tower first) and every collective: not over by then
-# (a helper gone), the stage fails (NCCL's watchdog) or the call raises (gloo)
+# the helpers' handshake (they import torch and transformers and build the tower first), joining, and every
+# collective: not over by then (a helper gone), the start fails, the stage fails (NCCL's watchdog) or the call
+# raises (gloo)
 TIMEOUT_S = 300.0
 PATCH_DIM = 3 * 2 * 14 * 14  # input features of a patch row (Qwen2.5-VL)
 
@@ -161,7 +160,7 @@ class VisionTensorParallel:
     RuntimeError. A failed encode (out of memory, a helper gone) leaves the ranks' collectives unpaired, so the
     towers are then taken out of service (helpers killed, group left) and every later encode raises RuntimeError;
     the server must be restarted. Raises ValueError (heads not divisible by ``tp``, ranks not a multiple of it, a
-    repeated GPU) and RuntimeError (a helper that does not join within TIMEOUT_S s).
+    repeated GPU) and RuntimeError (a helper that does not start, answer its handshake or join within TIMEOUT_S s).
     """
 
     def __init__(self, visual: nn.Module, devices: Sequence[torch.device],
@@ -184,15 +183,15 @@ class VisionTensorParallel:
         config_file = Path(self._dir.name) / "config.json"
         config_file.write_text(json.dumps({"config": json.loads(visual.config.to_json_string()),
                                            "dtype": str(visual.dtype)}))
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-        self.helpers: list[subprocess.Popen] = []
+        self.helpers: list[HelperProcess] = []
         self.device, self.broken = own, ""
         try:
-            for rank, device in enumerate(self.devices[1:], start=1):  # the stub's sys.executable is no python
-                self.helpers.append(subprocess.Popen(
-                    [python_executable(), "-m", "backends.runtime.vision.tensor_parallel", init_file, str(config_file), str(rank),
-                     str(self.world), str(self.tp), str(device)], env=env, stdin=subprocess.DEVNULL))
+            for rank, device in enumerate(self.devices[1:], start=1):
+                self.helpers.append(HelperProcess("backends.runtime.vision.tensor_parallel",
+                                                  [init_file, config_file, rank, self.world, self.tp, device],
+                                                  what=f"vision rank {rank} on {device}"))
             prepare_for_tp(visual, self.tp)
+            handshake_all(self.helpers, TIMEOUT_S)  # each has built its tower: a failure is seen here, not at the join
             _share(visual, 0, self.tp, _join(init_file, 0, self.world, self.tp, own))
             if prepare is not None:
                 prepare(visual)
@@ -205,7 +204,7 @@ class VisionTensorParallel:
         """Each item ``(pixel_values float [t*h*w, 1176], grid_thw)`` through the split towers, as
         ``encode(tower, pixel_values, grid_thw)`` runs it on rank 0; returns the embeddings ``[t*h*w / 4, hidden]``
         in item order, on rank 0's device. Raises RuntimeError when a helper has exited or an encode failed."""
-        dead = [str(d) for d, h in zip(self.devices[1:], self.helpers) if h.poll() is not None]
+        dead = [str(d) for d, h in zip(self.devices[1:], self.helpers) if not h.alive]
         if dead and not self.broken:
             self._kill(f"the helper(s) on {dead} exited")
         if self.broken:
@@ -245,13 +244,9 @@ class VisionTensorParallel:
 
     def close(self) -> None:
         """Stop the helpers and leave the process group."""
-        if not self.broken and all(h.poll() is None for h in self.helpers):
+        if not self.broken and all(h.alive for h in self.helpers):
             dist.broadcast(torch.zeros(3, dtype=torch.long, device=self.device), src=0)
-            for helper in self.helpers:
-                try:
-                    helper.wait(30)
-                except subprocess.TimeoutExpired:
-                    pass
+            close_all(self.helpers, 30.0)
         self.broken = self.broken or "closed"
         self._teardown()
 
@@ -263,41 +258,37 @@ class VisionTensorParallel:
 
     def _teardown(self) -> None:
         """The helpers killed (those still running), the process group left, the temporary folder removed."""
-        for helper in self.helpers:
-            if helper.poll() is None:
-                helper.kill()
-            helper.wait()
+        close_all(self.helpers)
         if dist.is_initialized():
             dist.destroy_process_group()
         self._dir.cleanup()
 
 
-def _exit_with_parent(parent: int) -> None:
-    """A helper whose stage process has gone (killed) ends too, freeing its GPU memory."""
-    while os.getppid() == parent:
-        time.sleep(1.0)
-    os._exit(1)
-
-
 @torch.no_grad()
-def serve(init_file: str, config_file: str, rank: int, world: int, tp: int, device: torch.device) -> None:
-    """A helper rank: build the tower, take rank 0's weights, keep this rank's share of its tower (of ``tp``
-    ranks), run its tower's items of every call; a tower's first rank sends their outputs to rank 0."""
+def serve(fd: int, init_file: str, config_file: str, rank: int, world: int, tp: int, device: torch.device) -> None:
+    """A helper rank on socket ``fd``: build the tower, answer the handshake, take rank 0's weights, keep this rank's
+    share of its tower (of ``tp`` ranks), run its tower's items of every call; a tower's first rank sends their
+    outputs to rank 0. Ends when rank 0's end of the socket closes."""
     from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import Qwen2_5_VLVisionConfig
     from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
 
     from backends.runtime.vision.speed import compile_vision_blocks
 
-    parent = os.getppid()
-    threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()
-    spec = json.loads(Path(config_file).read_text())
-    dtype = getattr(torch, spec["dtype"].removeprefix("torch."))
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    with torch.device(device):
-        visual = Qwen2_5_VisionTransformerPretrainedModel._from_config(
-            Qwen2_5_VLVisionConfig.from_dict(spec["config"]), dtype=dtype).eval()
-    prepare_for_tp(visual, tp)
+    def build() -> nn.Module:
+        spec = json.loads(Path(config_file).read_text())
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        with torch.device(device):
+            visual = Qwen2_5_VisionTransformerPretrainedModel._from_config(
+                Qwen2_5_VLVisionConfig.from_dict(spec["config"]),
+                dtype=getattr(torch, spec["dtype"].removeprefix("torch."))).eval()
+        prepare_for_tp(visual, tp)
+        return visual
+
+    parent = ParentLink(fd)
+    parent.exit_with_parent()  # rank 0 killed: this rank frees its GPU memory
+    visual = parent.start(build)
+    dtype = visual.dtype
     _share(visual, rank, tp, _join(init_file, rank, world, tp, device))
     if device.type == "cuda":
         compile_vision_blocks(visual)
@@ -321,4 +312,5 @@ def serve(init_file: str, config_file: str, rank: int, world: int, tp: int, devi
 
 
 if __name__ == "__main__":
-    serve(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), torch.device(sys.argv[6]))
+    serve(int(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]),
+          torch.device(sys.argv[7]))

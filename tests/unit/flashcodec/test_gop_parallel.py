@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from flashcodec import gop_pool
+from backends.ipc import helper_process
 from flashcodec.decoders import CpuDecoder
 from flashcodec.errors import MediaError
 from flashcodec.parallel import SHM, ParallelCpuDecoder
@@ -157,7 +157,7 @@ def test_make_decoder_picks_the_parallel_path_and_counts_it():
 
 
 def test_falls_back_to_sequential_when_workers_cannot_start(monkeypatch):
-    monkeypatch.setattr(gop_pool, "python_executable", lambda: "/bin/false")
+    monkeypatch.setattr(helper_process, "python_executable", lambda: "/bin/false")
     choice = make_decoder("cpu", cpu_workers=2)
     assert choice.path == "cpu" and isinstance(choice.decoder, CpuDecoder)
 

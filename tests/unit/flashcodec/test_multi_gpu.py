@@ -1,6 +1,6 @@
 """One video's GOP tasks on the NVDEC sessions of several GPUs, without a GPU: the real `NvdecDecoder` scheduling
 (threads bound to GPUs, one shared task queue, frames back in order on the output device) on the PyAV stand-in
-for NVDEC sessions of test_flashcodec_nvdec.py, where a GPU id is only a label and frames stay on the CPU."""
+for NVDEC sessions of fake_nvdec.py, where a GPU id is only a label and frames stay on the CPU."""
 import re
 import time
 from concurrent.futures import Future
@@ -10,10 +10,11 @@ import torch
 
 from flashcodec import nvdec
 from flashcodec.gop import analyse_bitstream
-from flashcodec.nvdec import NvdecDecoder, interleave, session_processes
+from flashcodec.nvdec import NvdecDecoder
+from flashcodec.nvdec_slots import interleave, session_processes
 from flashcodec.pipeline import make_decoder
 from tests.media import make_video
-from tests.unit.flashcodec.test_nvdec import (H200, UNSUPPORTED, FakeNvcWithDecoder, FakeSession,
+from tests.unit.flashcodec.fake_nvdec import (H200, UNSUPPORTED, FakeNvcWithDecoder, FakeSession,
                                               assert_cpu_frames, fake_decoder)
 
 LONG = make_video(None, 64, 48, 600, 25, gop=10, bframes=2)  # 60 closed GOPs: 60 tasks of one GOP each
