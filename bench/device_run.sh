@@ -26,6 +26,8 @@
 #   e2e            the end-to-end suite through tritonserver on the GPU
 #   serve-bench    bench/serve_bench.py (7B preset through tritonserver); SERVE_ARGS adds options, e.g.
 #                  SERVE_ARGS="--set orchestrator.replicas=2" for two replicas
+#   perf-analyzer  bench/perf_analyzer_bench.py: perf_analyzer (the perf-analyzer wheel, .devwheels/pa) with the
+#                  shipped input files (text, image, video; streaming) against the 7B server
 # Results (logs, JSON, plots) go to $OUT (the device tool brings them back), by default results/device beside
 # this script; the project keeps each benchmark's latest run there and its figures in bench/RESULTS.md.
 set -uo pipefail
@@ -120,6 +122,13 @@ serve_bench() {
     || status=1
 }
 
+perf_analyzer_bench() {  # the perf-analyzer wheel's binary (.devwheels/pa), installed to $SITE
+  local binary=$SITE/perf_analyzer/bin/perf_analyzer
+  chmod +x "$binary"
+  STUB_SITE=$STUB_PATH python3 bench/perf_analyzer_bench.py --out "$OUT" --perf-analyzer "$binary" 2>&1 \
+    | tee "$OUT/perf_analyzer_bench.log" || status=1
+}
+
 multi_gpu() {
   run_pytest multi_gpu_tests tests/gpu/test_nvdec_multi_gpu.py tests/gpu/test_vision_data_parallel.py \
     tests/gpu/test_vision_tensor_parallel.py
@@ -133,7 +142,7 @@ multi_gpu() {
   fi
 }
 
-[ $# -gt 0 ] || { echo "usage: $0 STEP... (install runtime-tests runtime-bench decode-profile sampler-bench attention-probe nvdec multi-gpu e2e serve-bench)" >&2
+[ $# -gt 0 ] || { echo "usage: $0 STEP... (install runtime-tests runtime-bench decode-profile sampler-bench attention-probe nvdec multi-gpu e2e serve-bench perf-analyzer)" >&2
   exit 2; }
 describe_device
 for step in "$@"; do
@@ -148,6 +157,7 @@ for step in "$@"; do
     multi-gpu) multi_gpu ;;
     e2e) e2e ;;
     serve-bench) serve_bench ;;
+    perf-analyzer) perf_analyzer_bench ;;
     *) echo "unknown step $step" >&2; exit 2 ;;
   esac
 done

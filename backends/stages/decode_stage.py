@@ -47,7 +47,7 @@ class StepCounters:
         self.series, self.families = [], []
 
 
-class DecodeStage:
+class DecodeStage(triton_io.InternalModel):
     def __init__(self, args: dict):
         params, device = stage_setup(args)
         replica = triton_io.int_parameter(params, "replica", 0)
@@ -80,9 +80,6 @@ class DecodeStage:
             self.worker.abort(message.seq_id, reply.end)
         else:
             reply.end(StageFailure(SERVER_FAULT, f"decode: no such call {type(message).__name__}"))
-
-    def execute(self, requests):
-        return [triton_io.error(triton_io.INTERNAL_ONLY) for _ in requests]
 
     def finalize(self):
         self.watch.close()

@@ -21,7 +21,7 @@ from backends.triton.server_stop import before_exit
 log = logging.getLogger(__name__)
 
 
-class EncodePrefillStage:
+class EncodePrefillStage(triton_io.InternalModel):
     def __init__(self, args: dict):
         params, device = stage_setup(args)
         replica = triton_io.int_parameter(params, "replica", 0)
@@ -57,9 +57,6 @@ class EncodePrefillStage:
         reply.send(result)
         reply.end()
         self.weights_gauge.set(self.worker.weights_held)  # changes once, when the first step maps decode's copy
-
-    def execute(self, requests):
-        return [triton_io.error(triton_io.INTERNAL_ONLY) for _ in requests]
 
     def finalize(self):
         self.link.close()  # no step is submitted after this

@@ -13,7 +13,7 @@ from backends.triton import triton_io
 from backends.triton.server_stop import StopWatch, before_exit
 
 
-class FlashCodecStage:
+class FlashCodecStage(triton_io.InternalModel):
     def __init__(self, args: dict):
         params, device = stage_setup(args)
         self.worker = FlashCodecWorker(
@@ -58,9 +58,6 @@ class FlashCodecStage:
                 if count > told:
                     metric.increment(count - told)
                 self.video_metrics[path] = (metric, max(count, told))
-
-    def execute(self, requests):
-        return [triton_io.error(triton_io.INTERNAL_ONLY) for _ in requests]
 
     def finalize(self):
         self.watch.close()

@@ -121,6 +121,13 @@ def int_tensor(name: str, values: list[int], dtype=np.int64):
 INTERNAL_ONLY = "this model is internal to UnifiedServe: send requests to the 'orchestrator' model"
 
 
+class InternalModel:
+    """A stage model: the orchestrator drives it over the stage link, and clients' requests are refused."""
+
+    def execute(self, requests):
+        return [error(INTERNAL_ONLY) for _ in requests]
+
+
 def error(message: str, invalid_argument: bool = True):
     """An InferenceResponse carrying a TritonError (INVALID_ARG for bad input, INTERNAL otherwise)."""
     p = pb()

@@ -16,15 +16,19 @@ from __future__ import annotations
 import argparse
 import base64
 import json
-import struct
 import sys
 from pathlib import Path
 from typing import Sequence
 
+import numpy as np
+from tritonclient.utils import serialize_byte_tensor
+
 
 def bytes_elements_b64(elements: Sequence[bytes]) -> str:
-    """Base64 of Triton's serialized BYTES tensor: ``<u32 little-endian length><bytes>`` per element."""
-    return base64.b64encode(b"".join(struct.pack("<I", len(e)) + bytes(e) for e in elements)).decode()
+    """Base64 of Triton's serialized BYTES tensor (``tritonclient.utils.serialize_byte_tensor``:
+    ``<u32 little-endian length><bytes>`` per element)."""
+    serialized = serialize_byte_tensor(np.array([bytes(e) for e in elements], dtype=np.object_))
+    return base64.b64encode(serialized.item() if serialized.size else b"").decode()
 
 
 def _bytes_input(elements: Sequence[bytes]) -> dict:
