@@ -19,7 +19,8 @@ from dataclasses import dataclass
 
 from backends.triton import triton_io
 
-SUFFIXES = ("_bucket", "_sum", "_count")
+SUFFIXES = {"_bucket": "histogram buckets: the observations <= le", "_sum": "histogram: the observations' sum",
+            "_count": "histogram: the number of observations"}
 
 
 def le_label(bound: float) -> str:
@@ -96,8 +97,8 @@ class CounterHistogram:
         pb = triton_io.pb()
         self.spec = spec
         # Families must outlive their metrics, so both are kept.
-        self._families = [pb.MetricFamily(spec.name + suffix, f"{spec.help} (histogram{suffix})",
-                                          pb.MetricFamily.COUNTER) for suffix in SUFFIXES]
+        self._families = [pb.MetricFamily(spec.name + suffix, f"{spec.help} ({what})", pb.MetricFamily.COUNTER)
+                          for suffix, what in SUFFIXES.items()]
         self._series: dict[tuple, list] = {}  # label items -> [bucket metrics..., sum metric, count metric]
         for labels in label_sets:
             self._get(labels)
