@@ -3,7 +3,9 @@
 Streaming (``stream`` true) sends one response per token with the text delta; otherwise one response
 with the whole text (prefixed by the prompt unless ``exclude_input_in_output``, as the vLLM backend
 does). The last response carries ``finish_reason``, ``num_input_tokens`` and ``num_output_tokens``,
-and always the final flag, also after a cancellation or an error.
+and always the final flag, also after a cancellation or an error. Each request's time to first token, the
+gaps between its outputs, its end-to-end latency, tokens and finish reason are measured here, as its outputs are
+handed to its responses (``orchestrator.metrics.RequestTimer``).
 """
 from __future__ import annotations
 
