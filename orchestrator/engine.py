@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Callable
 
@@ -60,9 +61,28 @@ class EngineRequest:
     groups_per_item: tuple[int, ...] = ()
 
 
+@dataclass(frozen=True)
+class Released:
+    """What ``on_release`` gets for each request leaving the engine: its id, the most patch pages it held at once,
+    whether it had media, and when (``time.monotonic()`` seconds; 0.0: not reached) it was added, first in a step's
+    plan, and had its first and its last token."""
+
+    req_id: str
+    patch_pages_peak: int
+    had_media: bool
+    admitted: float
+    scheduled: float
+    first_token: float
+    last_token: float
+
+
 @dataclass(eq=False)
 class _Tracked:
     request: EngineRequest
+    admitted: float = field(default_factory=time.monotonic)
+    scheduled: float = 0.0  # the first step with work for it was launched (time.monotonic() seconds)
+    first_token: float = 0.0
+    last_token: float = 0.0
     outputs: asyncio.Queue = field(default_factory=asyncio.Queue)
     media_tasks: list[asyncio.Task] = field(default_factory=list)
     patch_pages_held: int = 0  # reported by flashcodec and not yet encoded (pages)
@@ -77,14 +97,14 @@ class _Tracked:
 class Engine:
     """Replica ``index``: ``scheduler`` (its KV page table; the shared patch pool ``patch_pages``), ``stages``
     and the shared ``media`` stage. ``on_change()`` after pages or requests changed (gauges), ``on_step()`` after
-    each executed step, ``on_release(patch_pages_peak, had_media)`` per request released; ``stopping()`` says
+    each executed step, ``on_release(Released)`` per request released; ``stopping()`` says
     whether the server has begun to stop (a media stream that ends early then fails its request as shutting
     down, not as bad input)."""
 
     def __init__(self, index: int, scheduler: Scheduler, patch_pages: PagePool, stages: ReplicaStages,
                  media: MediaStage, on_change: Callable[[], None] = lambda: None,
                  on_step: Callable[[], None] = lambda: None,
-                 on_release: Callable[[int, bool], None] = lambda peak, had_media: None,
+                 on_release: Callable[[Released], None] = lambda released: None,
                  stopping: Callable[[], bool] = lambda: False):
         self.index, self.scheduler, self.patch_pages = index, scheduler, patch_pages
         self.stages, self.media = stages, media
@@ -175,7 +195,8 @@ class Engine:
                 await asyncio.gather(*tracked.media_tasks, return_exceptions=True)
         del self.requests[req_id]
         self.scheduler.remove(req_id)  # returns the patch pages of groups decoded but not yet encoded
-        self.on_release(tracked.patch_pages_peak, bool(tracked.request.media))
+        self.on_release(Released(req_id, tracked.patch_pages_peak, bool(tracked.request.media), tracked.admitted,
+                                 tracked.scheduled, tracked.first_token, tracked.last_token))
         self.on_change()
         self.wake.set()
 
@@ -217,6 +238,10 @@ class Engine:
                 self.wake.clear()
                 await self.wake.wait()
                 continue
+            launched = time.monotonic()
+            for new in plan.new:  # a request is in `new` in the first step with work for it
+                if (tracked := self.requests.get(new.req_id)) is not None:
+                    tracked.scheduled = launched
             try:
                 result = await self.stages.step(plan)
             except Exception as exc:  # the step failed: fail its requests, keep the loop (and the server) alive
@@ -243,6 +268,7 @@ class Engine:
         tracked = self._live(first.req_id)
         if tracked is None:
             return
+        tracked.first_token = tracked.last_token = time.monotonic()
         tracked.mrope_delta = first.mrope_delta
         if first.finish_reason:
             self._end(tracked, Output(first.token, first.finish_reason))
@@ -285,6 +311,7 @@ class Engine:
                 self._fail(tracked, StageFailure(SERVER_FAULT, self.decode_ended))
 
     def _decode_step(self, step: DecodeStep) -> None:
+        now = time.monotonic()
         for seq_id, token, reason in zip(step.seq_ids, step.token_ids, step.finish_reasons):
             tracked = self._live(seq_id)
             if tracked is None:
@@ -292,7 +319,9 @@ class Engine:
             if reason == "error":
                 tracked.decode_done = True
                 self._fail(tracked, StageFailure(SERVER_FAULT, "decode: the decode step failed"))
-            elif reason:
+                continue
+            tracked.last_token = now
+            if reason:
                 tracked.decode_done = True
                 self._end(tracked, Output(token, reason))
             else:

@@ -3,7 +3,9 @@
 Streaming (``stream`` true) sends one response per token with the text delta; otherwise one response
 with the whole text (prefixed by the prompt unless ``exclude_input_in_output``, as the vLLM backend
 does). The last response carries ``finish_reason``, ``num_input_tokens`` and ``num_output_tokens``,
-and always the final flag, also after a cancellation or an error.
+and always the final flag, also after a cancellation or an error. Each request's time to first token, the
+gaps between its outputs, its end-to-end latency, tokens and finish reason are measured here, as its outputs are
+handed to its responses (``orchestrator.metrics.RequestTimer``).
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from backends.ipc.link import StageError
 from backends.triton import triton_io as io
 from orchestrator.cancel_watch import CancelWatch
 from orchestrator.inputs import RawRequest, parse_request
+from orchestrator.metrics import RequestTimer
 from orchestrator.sampling_params import InvalidInput
 from orchestrator.send_lanes import SendLanes
 from orchestrator.service import Admitted, Orchestrator
@@ -46,10 +49,12 @@ def _response(text: str, ids: list[int], with_ids: bool, reason: str | None = No
     return pb.InferenceResponse(outputs)
 
 
-async def handle(orchestrator: Orchestrator, request, lanes: SendLanes, cancels: CancelWatch) -> None:
+async def handle(orchestrator: Orchestrator, request, lanes: SendLanes, cancels: CancelWatch,
+                 arrived: float) -> None:
     """Serve one client request to the end, its responses sent on one of ``lanes``, its cancellation watched by
-    ``cancels``; never raises."""
+    ``cancels``, its latencies measured from ``arrived`` (``time.monotonic()`` seconds); never raises."""
     final = io.pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL
+    timer = RequestTimer(orchestrator.metrics, arrived)
     sender, lane = request.get_response_sender(), lanes.lane()
     watched = cancels.watch(sender.is_cancelled)
 
@@ -61,29 +66,32 @@ async def handle(orchestrator: Orchestrator, request, lanes: SendLanes, cancels:
     try:
         parsed = parse_request(read_request(request), orchestrator.config.limits)
         admitted = await orchestrator.admit(parsed)
+        timer.admitted(len(admitted.prompt.input_ids), admitted.prompt.num_visual_tokens)
         # aclosing: leaving the loop early (cancellation) releases the request's pages now, not at GC.
         async with contextlib.aclosing(orchestrator.stream(admitted, watched.cancelled.is_set)) as tokens:
-            await _send_tokens(orchestrator, admitted, tokens, send)
+            await _send_tokens(admitted, tokens, send, timer)
     except InvalidInput as exc:
-        orchestrator.metrics.increment("unifiedserve_requests_finished", "invalid")
+        timer.finished("invalid")
         send(io.error(str(exc)), final)
     except StageError as exc:
-        orchestrator.metrics.increment("unifiedserve_requests_finished", "error")
+        timer.finished("error")
         send(io.error(str(exc), invalid_argument=False), final)
     except Exception as exc:  # a bug must not leave the client hanging or kill the model
         log.exception("orchestrator: request failed")
-        orchestrator.metrics.increment("unifiedserve_requests_finished", "error")
+        timer.finished("error")
         send(io.error(f"internal error: {type(exc).__name__}: {exc}", invalid_argument=False), final)
 
 
-async def _send_tokens(orchestrator: Orchestrator, admitted: Admitted, tokens, send) -> None:
+async def _send_tokens(admitted: Admitted, tokens, send, timer: RequestTimer) -> None:
     final, parsed = io.pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL, admitted.parsed
     texts, ids = [], []
     async for delta, token_ids, reason in tokens:
         texts.append(delta)
         ids += token_ids
+        if token_ids:  # an abort's item carries none
+            timer.output(len(token_ids))
         if reason is not None:
-            orchestrator.metrics.increment("unifiedserve_requests_finished", reason)
+            timer.finished(reason)
         if reason == "abort":
             send(flags=final)
             return

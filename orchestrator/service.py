@@ -26,9 +26,10 @@ from backends.ipc.protocol import RESERVED_KV_PAGES, SERVER_FAULT, MediaDecode, 
 from backends.triton import server_stop
 from backends.triton.replicas import replica_name
 from backends.triton.triton_io import int_parameter
-from orchestrator.engine import SHUTTING_DOWN, Engine, EngineRequest
+from orchestrator.engine import SHUTTING_DOWN, Engine, EngineRequest, Released
 from orchestrator.inputs import InputLimits, ParsedRequest
 from orchestrator.media import plan_media
+from orchestrator.metrics import observe_engine_times
 from orchestrator.output_processor import OutputProcessor
 from orchestrator.pages import PageAllocator
 from orchestrator.prompt import Prompt, build_prompt
@@ -118,7 +119,7 @@ class Orchestrator:
             self.engines.append(Engine(
                 index, Scheduler(config, kv_pages, self.patch_pages), self.patch_pages,
                 LinkStages(self.links, index), media, on_change=self._update_gauges,
-                on_step=lambda: self.metrics.increment("unifiedserve_scheduler_steps"),
+                on_step=lambda: self.metrics.increment("unifiedserve_scheduler_steps_total"),
                 on_release=self._on_release, stopping=server_stop.announced))
         await asyncio.gather(*(engine.start() for engine in self.engines))
         self._update_gauges()
@@ -158,8 +159,11 @@ class Orchestrator:
     # ---- gauges --------------------------------------------------------------------------------------------
     def _update_gauges(self) -> None:
         m, engines = self.metrics, self.engines
-        m.set("unifiedserve_kv_pages_free", sum(e.scheduler.kv_pages_free for e in engines))
-        m.set("unifiedserve_kv_pages_total", sum(e.scheduler.kv_pages_total for e in engines))
+        kv_free, kv_total = (sum(e.scheduler.kv_pages_free for e in engines),
+                             sum(e.scheduler.kv_pages_total for e in engines))
+        m.set("unifiedserve_kv_pages_free", kv_free)
+        m.set("unifiedserve_kv_pages_total", kv_total)
+        m.set("unifiedserve_kv_cache_usage_perc", 1 - kv_free / kv_total if kv_total else 0.0)
         m.set("unifiedserve_patch_pages_free", self.patch_pages.num_free)
         m.set("unifiedserve_patch_pages_total", self.patch_pages.num_total)
         m.set("unifiedserve_requests_running", sum(len(e.requests) for e in engines))
@@ -169,9 +173,10 @@ class Orchestrator:
             m.set("unifiedserve_replica_kv_pages_total", e.scheduler.kv_pages_total, e.index)
             m.set("unifiedserve_replica_requests", len(e.requests), e.index)
 
-    def _on_release(self, patch_pages_peak: int, had_media: bool) -> None:
-        if had_media:
-            self.metrics.set("unifiedserve_patch_pages_peak_last_request", patch_pages_peak)
+    def _on_release(self, released: Released) -> None:
+        if released.had_media:
+            self.metrics.set("unifiedserve_patch_pages_peak_last_request", released.patch_pages_peak)
+        observe_engine_times(self.metrics, released)
 
     # ---- admission -----------------------------------------------------------------------------------------
     async def admit(self, parsed: ParsedRequest) -> Admitted:

@@ -13,6 +13,7 @@ import asyncio
 import concurrent.futures
 import logging
 import threading
+import time
 
 from backends.triton import server_stop, triton_io
 from orchestrator import frontend
@@ -41,9 +42,10 @@ class OrchestratorModel:
             lambda: self.loop.call_soon_threadsafe(self.orchestrator.stop_serving, server_stop.mark_drained))
 
     def execute(self, requests):
+        arrived = time.monotonic()  # latencies count from here: the loop may pick a request up later
         for request in requests:
             future = asyncio.run_coroutine_threadsafe(
-                frontend.handle(self.orchestrator, request, self.lanes, self.cancels), self.loop)
+                frontend.handle(self.orchestrator, request, self.lanes, self.cancels, arrived), self.loop)
             self.pending.add(future)
             future.add_done_callback(self.pending.discard)
         return None

@@ -11,54 +11,71 @@ from backends.runtime.loader import ModelSpec
 from backends.stages.decode_worker import DecodeWorker
 from backends.stages.device import shared_weights_on, stage_setup
 from backends.triton import triton_io
+from backends.triton.histograms import Bins, CounterHistogram, HistogramSpec
 from backends.triton.replicas import replica_name
 from backends.triton.server_stop import StopWatch, before_exit
 
 
-class StepCounters:
-    """The decode steps' Prometheus counters (steps, seconds, sequences), one series per replica. Each increment
-    is a round trip to the Triton process, so the steps' sums are sent when the batch empties or a second has
-    passed (and at shutdown): a scrape lags by at most a second while requests run."""
+STEP_SECONDS = HistogramSpec(
+    "unifiedserve_decode_step_seconds", "seconds of each decode step, from its launch (or from the last step's tokens "
+    "on the host, if later) to its tokens on the host",
+    (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.0125, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0))
+SEND_S = 1.0  # while steps run, seconds between sends to Triton
+
+
+class StepMetrics:
+    """The decode steps' Prometheus metrics, one series per replica: the histogram of step seconds (its ``_count`` is
+    the number of steps) and the counter ``unifiedserve_decode_step_sequences_total`` (mean batch = it / the steps).
+    Each update is a round trip to the Triton process, so steps are binned here and sent when the batch empties or
+    ``SEND_S`` has passed (and at shutdown): a scrape lags by at most that while requests run."""
 
     def __init__(self, replica: int):
         pb = triton_io.pb()
+        self.labels = {"replica": str(replica)}
+        self.histogram = CounterHistogram(STEP_SECONDS, (self.labels,))
         # Families must outlive their metrics, so both are kept; Triton merges the replicas' equal families.
-        self.families = [pb.MetricFamily(name, text, pb.MetricFamily.COUNTER) for name, text in (
-            ("unifiedserve_decode_steps", "decode steps run"),
-            ("unifiedserve_decode_step_seconds", "seconds spent in decode steps (each from its launch, or from the "
-             "last step's tokens on the host if later, to its tokens on the host), summed"),
-            ("unifiedserve_decode_step_sequences", "sequences in decode steps, summed (mean batch = this / steps)"))]
-        self.series = [family.Metric(labels={"replica": str(replica)}) for family in self.families]
-        self.pending, self.sent = [0, 0.0, 0], time.monotonic()
+        self.family = pb.MetricFamily("unifiedserve_decode_step_sequences_total", "sequences in decode steps, summed",
+                                      pb.MetricFamily.COUNTER)
+        self.sequences = self.family.Metric(labels=self.labels)
+        self.bins, self.pending_sequences, self.sent = Bins(STEP_SECONDS.bounds), 0, time.monotonic()
 
     def on_step(self, batch: int, elapsed: float, idle: bool) -> None:
-        """``DecodeWorker``'s ``on_step`` (on its send thread only)."""
+        """``DecodeWorker``'s ``on_step`` (on its send thread only): a step of ``batch`` sequences took ``elapsed``
+        seconds (batch 0: no step, the worker is ``idle``)."""
         if batch:
-            for k, value in enumerate((1, elapsed, batch)):
-                self.pending[k] += value
-        if self.pending[0] and self.series and (idle or time.monotonic() - self.sent >= 1.0):
-            for metric, value in zip(self.series, self.pending):
-                metric.increment(value)
-            self.pending, self.sent = [0, 0.0, 0], time.monotonic()
+            self.bins.observe(elapsed)
+            self.pending_sequences += batch
+        if self.pending_sequences and (idle or time.monotonic() - self.sent >= SEND_S):
+            self.flush()
+
+    def flush(self) -> None:
+        """Send the steps binned since the last send (nothing after ``close``)."""
+        delta = self.bins.take()
+        if delta is not None and self.family is not None:
+            self.histogram.send(delta, self.labels)
+            self.sequences.increment(self.pending_sequences)
+        self.pending_sequences, self.sent = 0, time.monotonic()
 
     def close(self) -> None:
-        """Metrics alive when the stub exits crash it (triton-inference-server/server#8662): the metrics, then
-        their families."""
-        self.series, self.families = [], []
+        """After the worker's shutdown (no more ``on_step``): send what is binned, then drop the metrics and their
+        families (alive when the stub exits they crash it, triton-inference-server/server#8662)."""
+        self.flush()
+        self.histogram.close()
+        self.sequences = self.family = None
 
 
 class DecodeStage(triton_io.InternalModel):
     def __init__(self, args: dict):
         params, device = stage_setup(args)
         replica = triton_io.int_parameter(params, "replica", 0)
-        self.counters = StepCounters(replica)
+        self.step_metrics = StepMetrics(replica)
         self.worker = DecodeWorker(
             ModelSpec.from_parameters(params, device=str(device)), device,
             kv_pages=triton_io.int_parameter(params, "kv_pages"),
             page_size=triton_io.int_parameter(params, "kv_page_size"),
             max_batch=triton_io.int_parameter(params, "max_batch"),
             attention_backend=params.get("attention_backend", "auto"),
-            cuda_graphs=params.get("cuda_graphs", "auto"), on_step=self.counters.on_step,
+            cuda_graphs=params.get("cuda_graphs", "auto"), on_step=self.step_metrics.on_step,
             compile_layers=params.get("compile_layers", "auto"), overlap_steps=params.get("overlap_steps", "auto"),
             kv_pool=replica_name("kv_pool", replica),
             lm_weights=replica_name("lm_weights", replica) if shared_weights_on(params) else None)
@@ -85,6 +102,6 @@ class DecodeStage(triton_io.InternalModel):
         self.watch.close()
         self.link.close()
         self.worker.shutdown()
-        self.counters.close()
+        self.step_metrics.close()
         self.weights_gauge.close()
         before_exit()

@@ -23,7 +23,7 @@ class FlashCodecStage(triton_io.InternalModel):
             gpus=triton_io.gpus_value("nvdec_gpus", params.get("nvdec_gpus", "own")),
             processes_per_gpu=triton_io.int_parameter(params, "nvdec_processes_per_gpu", 2))
         pb = triton_io.pb()
-        self.videos = pb.MetricFamily("unifiedserve_videos_decoded", "videos decoded, by decode path (nvdec, "
+        self.videos = pb.MetricFamily("unifiedserve_videos_decoded_total", "videos decoded, by decode path (nvdec, "
                                       "cpu_parallel, cpu)", pb.MetricFamily.COUNTER)
         self.video_metrics = {}  # path -> (its counter, the count it has been told)
         self.metrics_lock = threading.Lock()  # calls end on the decode threads

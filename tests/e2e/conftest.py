@@ -8,7 +8,7 @@ import os
 import time
 import urllib.request
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator, TypeVar
 
 import pytest
 
@@ -16,7 +16,9 @@ from backends.triton.launcher import REPO_ROOT, TritonServer
 from backends.triton.ports import ServerPorts
 from backends.triton.repository import repository_with  # noqa: F401 (the tests' way to change parameters)
 from backends.triton.stale_shm import SHM
+from orchestrator.metrics import FLUSH_S
 
+T = TypeVar("T")
 
 
 @pytest.fixture(scope="session")
@@ -112,3 +114,22 @@ def wait_for_idle_pools(server, timeout_s: float = 60.0) -> dict[str, float]:
         if idle or time.monotonic() > deadline:
             return m
         time.sleep(0.2)
+
+
+def metrics_text(server) -> str:
+    """The Prometheus endpoint's whole text."""
+    return urllib.request.urlopen(f"http://127.0.0.1:{server.ports.metrics}/metrics", timeout=10).read().decode()
+
+
+def settled(read: Callable[[], T], timeout_s: float = 30.0) -> T:
+    """``read()`` once it has returned the same for a second longer than the orchestrator's period of sending counters
+    and histograms (FLUSH_S; the slack is for a loaded machine): what earlier requests added has all arrived."""
+    deadline = time.monotonic() + timeout_s
+    last, since = read(), time.monotonic()
+    while time.monotonic() - since <= FLUSH_S + 1.0:
+        assert time.monotonic() < deadline, f"still changing after {timeout_s} s: {last}"
+        time.sleep(0.2)
+        value = read()
+        if value != last:
+            last, since = value, time.monotonic()
+    return last

@@ -117,12 +117,12 @@ def test_min_tokens_holds_back_stop_strings(grpc_url):
 
 
 def videos_decoded(server) -> tuple[str, dict[str, float]]:
-    """The type line of unifiedserve_videos_decoded and its value per decode path."""
+    """The type line of unifiedserve_videos_decoded_total and its value per decode path."""
     text = urllib.request.urlopen(f"http://127.0.0.1:{server.ports.metrics}/metrics", timeout=10).read().decode()
     kind = next((line.split()[-1] for line in text.splitlines()
-                 if line.startswith("# TYPE unifiedserve_videos_decoded ")), "")
+                 if line.startswith("# TYPE unifiedserve_videos_decoded_total ")), "")
     values = {line.split('path="')[1].split('"')[0]: float(line.split()[-1]) for line in text.splitlines()
-              if line.startswith("unifiedserve_videos_decoded{")}
+              if line.startswith("unifiedserve_videos_decoded_total{")}
     return kind, values
 
 

@@ -54,7 +54,7 @@ def test_concurrent_requests_spread_over_the_replicas_and_equal_one_replica(serv
     for thread in threads:
         thread.join(timeout=180)
     assert together == solo
-    steps = per_replica(two_replicas, "unifiedserve_decode_steps")
+    steps = per_replica(two_replicas, "unifiedserve_decode_step_seconds_count")
     assert set(steps) == {"0", "1"} and all(n > 0 for n in steps.values()), steps  # both replicas decoded
     metrics = read_metrics(two_replicas)
     one = read_metrics(server)["unifiedserve_kv_pages_total"]

@@ -10,7 +10,7 @@ import pytest
 from backends.ipc.protocol import INVALID_INPUT, SERVER_FAULT, MediaDecode, MediaGrid, NewRequest, SamplingParams, \
     StageFailure
 from flashcodec.sampling import ImagePlan
-from orchestrator.engine import SHUTTING_DOWN, Engine, EngineRequest, Output, RequestState
+from orchestrator.engine import SHUTTING_DOWN, Engine, EngineRequest, Output, Released, RequestState
 from orchestrator.pages import PageAllocator
 from orchestrator.scheduler import Scheduler, SchedulerConfig
 from orchestrator.sequence import Group
@@ -21,7 +21,7 @@ PAGE = 16
 
 class World:
     """An engine over fake stages, with ``kv`` KV pages and 8 patch pages; ``log`` holds the calls in order,
-    ``released`` the requests whose pages came back."""
+    ``released`` the record of each request whose pages came back."""
 
     def __init__(self, kv: int = 32, prefill_budget: int = 2048):
         self.log: list = []
@@ -29,7 +29,12 @@ class World:
         self.stages, self.media = FakeStages(self.log), FakeMedia(self.log, self.patch)
         self.engine = Engine(0, Scheduler(SchedulerConfig(prefill_budget=prefill_budget, kv_page_size=PAGE),
                                           self.kv, self.patch), self.patch, self.stages, self.media,
-                             on_release=lambda peak, had_media: self.log.append(("freed", peak, had_media)))
+                             on_release=self._released)
+        self.released: dict = {}  # req_id -> its Released record
+
+    def _released(self, r: Released) -> None:
+        self.log.append(("freed", r.patch_pages_peak, r.had_media))
+        self.released[r.req_id] = r
 
     def text(self, req_id: str, prompt_len: int = 20, max_tokens: int = 4) -> asyncio.Queue:
         new = NewRequest(req_id, tuple(range(prompt_len)), (), SamplingParams(), max_tokens)
@@ -114,6 +119,33 @@ def test_a_failed_step_fails_its_requests_and_the_engine_goes_on():
     run(body)
 
 
+def test_the_released_record_times_queue_prefill_and_decode():
+    """Queue time runs from ``add`` to the launch of the first step with the request's work (here it waits behind
+    another request's step), prefill time from there to its first token, decode time to its last token."""
+    async def body(w: World):
+        w.stages.hold_steps = True
+        w.text("a", max_tokens=1)
+        await settle()
+        out = w.text("b", max_tokens=3)  # added while a's step is in flight
+        await asyncio.sleep(0.05)
+        w.stages.release_step()  # a's step returns; b's is launched and held
+        await settle()
+        await asyncio.sleep(0.03)
+        w.stages.release_step()
+        await outputs_of(out, 1)
+        w.stages.hold_steps = False
+        await asyncio.sleep(0.03)
+        w.stages.emit(("b", 8, ""))
+        w.stages.emit(("b", 9, "length"))
+        await outputs_of(out, 2)
+        await settle()
+        a, b = w.released["a"], w.released["b"]
+        assert a.admitted <= a.scheduled <= a.first_token == a.last_token  # its first token ended it
+        assert b.scheduled - b.admitted > 0.04 and b.first_token - b.scheduled > 0.02
+        assert b.last_token - b.first_token > 0.02
+    run(body)
+
+
 def test_abort_while_waiting_for_kv_pages():
     async def body(w: World):
         await w.engine.close()
@@ -126,6 +158,7 @@ def test_abort_while_waiting_for_kv_pages():
             assert small.engine.state("wait") is RequestState.WAITING
             await small.engine.abort("wait")
             assert small.engine.state("wait") is RequestState.FINISHED
+            assert small.released["wait"].scheduled == small.released["wait"].first_token == 0.0  # never ran
             assert not [e for e in small.log if e[0] == "step" and "wait" in e[1]]
             await small.engine.abort("big")
             assert small.all_free()
