@@ -1,11 +1,10 @@
 """Penalties (backends/runtime/sampling/penalties.py) against references: transformers'
 ``RepetitionPenaltyLogitsProcessor`` for the repetition penalty, and vLLM's documented presence/frequency formula
-(``logits -= presence * (count > 0) + frequency * count`` over the output's tokens) written out here; the decode
-stage's per-sequence counts through slots that are freed, reused and grown."""
+(``logits -= presence * (count > 0) + frequency * count`` over the output's tokens, written out in
+tests/reference.py); the decode stage's per-sequence counts through slots that are freed, reused and grown."""
 from __future__ import annotations
 
 import random
-from collections import Counter
 
 import pytest
 import torch
@@ -13,6 +12,7 @@ from transformers import RepetitionPenaltyLogitsProcessor
 
 from backends.ipc.protocol import SamplingParams
 from backends.runtime.sampling.penalties import PenaltyState, apply_penalties, penalize_first_tokens
+from tests.reference import PresenceFrequencyPenalty
 
 VOCAB = 64
 
@@ -20,14 +20,10 @@ VOCAB = 64
 def reference(logits: torch.Tensor, prompt: list[int], output: list[int], p: SamplingParams) -> torch.Tensor:
     """One row as vLLM penalizes it: transformers' repetition processor over prompt + output, then the
     frequency and presence penalties over the output's counts (vLLM's order: frequency, then presence)."""
-    row = logits.float().clone()[None]
+    row, ids = logits.float().clone()[None], torch.tensor([prompt + output], dtype=torch.long)
     if prompt or output:
-        row = RepetitionPenaltyLogitsProcessor(p.repetition_penalty)(torch.tensor([prompt + output]), row)
-    row = row[0]
-    for token, count in Counter(output).items():
-        row[token] -= torch.tensor(p.frequency_penalty, dtype=torch.float32) * count
-        row[token] -= torch.tensor(p.presence_penalty, dtype=torch.float32)
-    return row
+        row = RepetitionPenaltyLogitsProcessor(p.repetition_penalty)(ids, row)
+    return PresenceFrequencyPenalty(len(prompt), p.presence_penalty, p.frequency_penalty)(ids, row)[0]
 
 
 def _logits(rows: int, seed: int) -> torch.Tensor:
