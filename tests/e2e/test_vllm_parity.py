@@ -4,7 +4,9 @@ the ``return_*`` flags and their outputs, base64 text in ``image``, and the samp
 from __future__ import annotations
 
 import base64
+import json
 import queue
+import urllib.request
 
 import numpy as np
 import pytest
@@ -92,6 +94,23 @@ def test_base64_text_in_image_equals_the_files_bytes(grpc_url):
         as_text = client.generate("Describe.", image=base64.b64encode(image), sampling=GREEDY,
                                   return_output_ids=True)
     assert as_text.token_ids == as_bytes.token_ids and as_text.num_input_tokens == as_bytes.num_input_tokens > 50
+
+
+def test_an_http_json_body_carries_a_base64_image_and_the_flags(http_url, grpc_url):
+    """Over HTTP ``generate`` the vLLM backend's JSON: ``image`` as base64 text, a ``return_*`` flag, the
+    penalties in ``sampling_parameters`` (a JSON string); the tokens are the gRPC request's."""
+    image = make_image(96, 64, "RGB", "PNG")
+    sampling = {**GREEDY, "repetition_penalty": 1.3}
+    body = {"text_input": "Describe.", "image": [base64.b64encode(image).decode()], "stream": False,
+            "exclude_input_in_output": True, "return_finish_reason": True, "return_num_output_tokens": True,
+            "return_output_ids": True, "sampling_parameters": json.dumps(sampling)}
+    request = urllib.request.Request(f"http://{http_url}/v2/models/orchestrator/generate", method="POST",
+                                     data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    answer = json.loads(urllib.request.urlopen(request, timeout=120).read())
+    with Client(grpc_url) as client:
+        expected_ids = client.generate("Describe.", image=image, sampling=sampling, return_output_ids=True).token_ids
+    assert answer["finish_reason"] == "length" and answer["num_output_tokens"] == N
+    assert answer["output_ids"] == expected_ids
 
 
 @pytest.mark.parametrize("penalties", [

@@ -11,7 +11,9 @@ from backends.ipc.protocol import DecodeAdmit, SamplingParams
 from backends.runtime.model_runner import DecodeSeq
 from backends.stages.decode_worker import DecodeWorker
 from tests.unit.backends.runtime.sampling.test_penalties import reference
-from tests.unit.backends.stages.test_decode_worker_steps import attach_queue, collect, expected, run_dir, worker_on  # noqa: F401 (run_dir: autouse fixture)
+# run_dir: that module's autouse fixture (each worker's own run directory), used here too
+from tests.unit.backends.stages.test_decode_worker_steps import (  # noqa: F401
+    attach_queue, collect, expected, run_dir, worker_on)
 
 GREEDY = SamplingParams(temperature=0.0)
 

@@ -20,7 +20,7 @@ VOCAB = 64
 def reference(logits: torch.Tensor, prompt: list[int], output: list[int], p: SamplingParams) -> torch.Tensor:
     """One row as vLLM penalizes it: transformers' repetition processor over prompt + output, then the
     frequency and presence penalties over the output's counts (vLLM's order: frequency, then presence)."""
-    row, ids = logits.float().clone()[None], torch.tensor([prompt + output], dtype=torch.long)
+    row, ids = logits.float().clone()[None], torch.tensor([prompt + output], dtype=torch.long, device=logits.device)
     if prompt or output:
         row = RepetitionPenaltyLogitsProcessor(p.repetition_penalty)(ids, row)
     return PresenceFrequencyPenalty(len(prompt), p.presence_penalty, p.frequency_penalty)(ids, row)[0]
