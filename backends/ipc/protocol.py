@@ -92,6 +92,7 @@ class SamplingParams:
         """Whether any penalty is on (the stages keep token counts for such sequences only)."""
         return self.repetition_penalty != 1 or self.presence_penalty != 0 or self.frequency_penalty != 0
 
+
 class Call:
     """A message that starts a stage-link call (the link sends its subclasses only)."""
 

@@ -15,7 +15,7 @@ before the last one's tokens reach the host) sees every token launched before it
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Container, Iterable
 
 import torch
 
@@ -116,16 +116,16 @@ class PenaltyState:
         self.prompt[slot].zero_().index_fill_(0, prompt_ids.long(), True)
         self.counts[slot].zero_().index_add_(0, output_ids.long(), torch.ones_like(output_ids, dtype=torch.int32))
 
-    def retain(self, seq_ids) -> None:
+    def retain(self, seq_ids: Container[str]) -> None:
         """Free the slots of sequences not in ``seq_ids`` (a container of seq_ids: those still running)."""
         for seq_id in [s for s in self.slots if s not in seq_ids]:
             self._free.append(self.slots.pop(seq_id))
 
     def penalize(self, logits: torch.Tensor, seq_ids: Iterable[str]) -> tuple[torch.Tensor, PenalizedRows | None]:
-        """``logits`` (floating ``[b, V]``, row i being the i-th of ``seq_ids``' next token; ``seq_ids`` is not read
-        while no sequence has a slot) with the penalties of the rows
-        that have a slot applied (a float32 copy, :func:`apply_penalties`), and those rows for :meth:`count`; the
-        logits themselves and None when no row has one. Nothing waits for the device."""
+        """``logits`` (floating ``[b, V]``, row i being the next token of the i-th of ``seq_ids``, which is not read
+        while no sequence has a slot) with the penalties of the rows that have a slot applied (a float32 copy,
+        :func:`apply_penalties`), and those rows for :meth:`count`; the logits themselves and None when no row has
+        one. Nothing waits for the device."""
         if not self.slots:
             return logits, None
         pairs = [(i, self.slots[seq_id]) for i, seq_id in enumerate(seq_ids) if seq_id in self.slots]
