@@ -281,7 +281,8 @@ class Engine:
         tracked.in_decode = True
         replies = self.stages.decode_admit(DecodeAdmit(
             new.req_id, tuple(seq.block_table), len(new.input_ids), first.token, first.mrope_delta, 1,
-            new.max_tokens, new.sampling))
+            new.max_tokens, new.sampling,
+            tuple(sorted(set(new.input_ids))) if new.sampling.repetition_penalty != 1 else ()))
         self._spawn(self._admitted(tracked, replies))
 
     async def _admitted(self, tracked: _Tracked, replies: AsyncIterator) -> None:

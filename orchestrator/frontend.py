@@ -2,10 +2,12 @@
 
 Streaming (``stream`` true) sends one response per token with the text delta; otherwise one response
 with the whole text (prefixed by the prompt unless ``exclude_input_in_output``, as the vLLM backend
-does). The last response carries ``finish_reason``, ``num_input_tokens`` and ``num_output_tokens``,
-and always the final flag, also after a cancellation or an error. Each request's time to first token, the
-gaps between its outputs, its end-to-end latency, tokens and finish reason are measured here, as its outputs are
-handed to its responses (``orchestrator.metrics.RequestTimer``).
+does). The last response carries ``finish_reason``, ``num_input_tokens`` and ``num_output_tokens`` (the whole
+output's), and always the final flag, also after a cancellation or an error. The vLLM backend's ``return_*``
+flags put their output on every response, with that backend's meaning (its ``utils/request.py``):
+``finish_reason`` is ``"None"`` until the last, ``num_output_tokens`` counts that response's tokens. Each
+request's time to first token, the gaps between its outputs, its end-to-end latency, tokens and finish reason
+are measured here, as its outputs are handed to its responses (``orchestrator.metrics.RequestTimer``).
 """
 from __future__ import annotations
 
@@ -17,13 +19,16 @@ import numpy as np
 from backends.ipc.link import StageError
 from backends.triton import triton_io as io
 from orchestrator.cancel_watch import CancelWatch
-from orchestrator.inputs import RawRequest, parse_request
+from orchestrator.inputs import ParsedRequest, RawRequest, parse_request
 from orchestrator.metrics import RequestTimer
 from orchestrator.sampling_params import InvalidInput
 from orchestrator.send_lanes import SendLanes
 from orchestrator.service import Admitted, Orchestrator
 
 log = logging.getLogger(__name__)
+
+_RETURN_FLAGS = ("return_output_ids", "return_finish_reason", "return_num_input_tokens", "return_num_output_tokens",
+                 "return_logprobs", "return_cumulative_logprob")
 
 
 def read_request(request) -> RawRequest:
@@ -34,19 +39,24 @@ def read_request(request) -> RawRequest:
         sampling_parameters=io.bytes_list(request, "sampling_parameters"),
         stream=io.boolean(request, "stream", False),
         exclude_input_in_output=io.boolean(request, "exclude_input_in_output", False),
-        return_output_ids=io.boolean(request, "return_output_ids", False))
+        **{flag: io.boolean(request, flag, False) for flag in _RETURN_FLAGS})
 
 
-def _response(text: str, ids: list[int], with_ids: bool, reason: str | None = None, counts=None):
-    pb = io.pb()
+def _response(parsed: ParsedRequest, text: str, ids: list[int], reason: str | None, num_input: int,
+              num_output: int):
+    """One response: ``ids`` the token ids it brings, ``num_output`` the tokens of the whole output so far."""
+    extra, last = parsed.extra_outputs, reason is not None
     outputs = [io.str_tensor("text_output", [text])]
-    if with_ids:
+    if parsed.return_output_ids:
         outputs.append(io.int_tensor("output_ids", ids))
-    if reason is not None:
-        outputs += [io.str_tensor("finish_reason", [reason]),
-                    io.int_tensor("num_input_tokens", [counts[0]], np.int32),
-                    io.int_tensor("num_output_tokens", [counts[1]], np.int32)]
-    return pb.InferenceResponse(outputs)
+    if extra.finish_reason or last:
+        outputs.append(io.str_tensor("finish_reason", [str(reason)]))  # "None" until the last: the vLLM backend's str()
+    if extra.num_input_tokens or last:
+        outputs.append(io.int_tensor("num_input_tokens", [num_input], np.uint32))
+    if extra.num_output_tokens or last:
+        outputs.append(io.int_tensor("num_output_tokens", [len(ids) if extra.num_output_tokens else num_output],
+                                     np.uint32))
+    return io.pb().InferenceResponse(outputs)
 
 
 async def handle(orchestrator: Orchestrator, request, lanes: SendLanes, cancels: CancelWatch,
@@ -95,9 +105,9 @@ async def _send_tokens(admitted: Admitted, tokens, send, timer: RequestTimer) ->
         if reason == "abort":
             send(flags=final)
             return
-        counts = (len(admitted.prompt.input_ids), len(ids))
+        num_input = len(admitted.prompt.input_ids)
         if parsed.stream:
-            send(_response(delta, token_ids, parsed.return_output_ids, reason, counts), final if reason else 0)
+            send(_response(parsed, delta, token_ids, reason, num_input, len(ids)), final if reason else 0)
         elif reason is not None:
             text = "".join(texts) if parsed.exclude_input_in_output else parsed.text + "".join(texts)
-            send(_response(text, ids, parsed.return_output_ids, reason, counts), final)
+            send(_response(parsed, text, ids, reason, num_input, len(ids)), final)

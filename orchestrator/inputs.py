@@ -1,10 +1,11 @@
 """Client inputs -> a validated request (no Triton, no torch: testable on its own).
 
 Names follow the vLLM backend's (Triton's vllm_backend ``model.json``), so its clients work unchanged: ``text_input``,
-``image``/``video`` (file bytes), ``image_url``/``video_url`` (a path or ``file://`` URL under an
-allowed folder, or a ``data:`` URL), ``sampling_parameters`` (JSON), ``stream``,
-``exclude_input_in_output``, ``return_output_ids``. Every problem raises
-:class:`~orchestrator.sampling_params.InvalidInput` with a message naming the input at fault.
+``image`` (file bytes, or the file base64-encoded as that backend takes it), ``video`` (file bytes),
+``image_url``/``video_url`` (a path or ``file://`` URL under an allowed folder, or a ``data:`` URL),
+``sampling_parameters`` (JSON), ``stream``, ``exclude_input_in_output``, ``return_output_ids``, and that backend's
+``return_*`` flags (``return_logprobs`` and ``return_cumulative_logprob`` are refused: no log probabilities yet).
+Every problem raises :class:`~orchestrator.sampling_params.InvalidInput` with a message naming the input at fault.
 """
 from __future__ import annotations
 
@@ -52,6 +53,21 @@ class RawRequest:
     stream: bool = False
     exclude_input_in_output: bool = False
     return_output_ids: bool = False
+    return_finish_reason: bool = False
+    return_num_input_tokens: bool = False
+    return_num_output_tokens: bool = False
+    return_logprobs: bool = False
+    return_cumulative_logprob: bool = False
+
+
+@dataclass(frozen=True)
+class ExtraOutputs:
+    """The vLLM backend's additional outputs a request asked for (its ``return_*`` flags, its meaning: every
+    response carries each output asked for; ``num_output_tokens`` counts the tokens of that response)."""
+
+    finish_reason: bool = False
+    num_input_tokens: bool = False
+    num_output_tokens: bool = False
 
 
 @dataclass(frozen=True)
@@ -62,6 +78,7 @@ class ParsedRequest:
     stream: bool
     exclude_input_in_output: bool
     return_output_ids: bool
+    extra_outputs: ExtraOutputs = ExtraOutputs()
 
 
 @dataclass(frozen=True)
@@ -131,12 +148,28 @@ _BASE64_TEXT = re.compile(rb"[A-Za-z0-9+/=\s]+")
 def _checked_bytes(kind: str, data: bytes, limits: InputLimits, name: str) -> MediaInput:
     if not data:
         raise InvalidInput(f"{name}: empty {kind} data")
-    if len(data) > limits.max_media_bytes:
-        raise InvalidInput(f"{name}: {len(data)} bytes, over the limit of {limits.max_media_bytes}")
-    if name == kind and (data[:5].lower() == b"data:" or _BASE64_TEXT.fullmatch(data[:4096])):
+    if name == kind and data[:5].lower() == b"data:":
+        raise InvalidInput(f"{name}: got a data: URL; put it in '{kind}_url'")
+    if name == "image" and _BASE64_TEXT.fullmatch(data[:4096]):
+        data = _base64_image(data)
+    elif name == kind and _BASE64_TEXT.fullmatch(data[:4096]):
         raise InvalidInput(f"{name}: got text, not the file's bytes; to send base64, put a data: URL in "
                            f"'{kind}_url' (a JSON body cannot carry file bytes)")
+    if len(data) > limits.max_media_bytes:
+        raise InvalidInput(f"{name}: {len(data)} bytes, over the limit of {limits.max_media_bytes}")
     return MediaInput(kind, data=data, input=name)
+
+
+def _base64_image(text: bytes) -> bytes:
+    """The vLLM backend's ``image`` input: the image file base64-encoded (line breaks allowed). Raises InvalidInput."""
+    try:
+        data = base64.b64decode(b"".join(text.split()), validate=True)
+    except binascii.Error as exc:
+        raise InvalidInput(f"image: text that is not valid base64 ({exc}); send the file's bytes or its base64 "
+                           "encoding") from None
+    if not data:
+        raise InvalidInput("image: empty image data")
+    return data
 
 
 def parse_request(raw: RawRequest, limits: InputLimits) -> ParsedRequest:
@@ -158,6 +191,10 @@ def parse_request(raw: RawRequest, limits: InputLimits) -> ParsedRequest:
     except UnicodeDecodeError:
         raise InvalidInput("sampling_parameters: not valid UTF-8") from None
     params = parse_sampling_parameters(sampling_text)
+    for flag in ("return_logprobs", "return_cumulative_logprob"):
+        if getattr(raw, flag):
+            raise InvalidInput(f"{flag}: log probabilities are not supported by this server yet (send it false "
+                               "or leave it out)")
     media: list[MediaInput] = []
     for kind, blobs, urls in (("image", raw.image, raw.image_url), ("video", raw.video, raw.video_url)):
         media += [_checked_bytes(kind, b, limits, kind) for b in blobs]
@@ -166,4 +203,6 @@ def parse_request(raw: RawRequest, limits: InputLimits) -> ParsedRequest:
                 media.append(_resolve_url(kind, url.decode("utf-8"), limits))
             except UnicodeDecodeError:
                 raise InvalidInput(f"{kind}_url: not valid UTF-8") from None
-    return ParsedRequest(text, tuple(media), params, raw.stream, raw.exclude_input_in_output, raw.return_output_ids)
+    return ParsedRequest(text, tuple(media), params, raw.stream, raw.exclude_input_in_output, raw.return_output_ids,
+                         ExtraOutputs(raw.return_finish_reason, raw.return_num_input_tokens,
+                                      raw.return_num_output_tokens))

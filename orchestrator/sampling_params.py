@@ -10,12 +10,16 @@ import json
 import math
 from dataclasses import dataclass
 
+from backends.ipc.protocol import SamplingParams
+
 # Qwen2.5-VL's smallest and largest frame area (qwen_vl_utils MIN_PIXELS = 4*28*28, MAX_PIXELS = 16384*28*28).
 MIN_PIXELS = 4 * 28 * 28
 MAX_PIXELS = 16384 * 28 * 28
 MAX_FPS = 60.0
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 256
+MAX_STOP_TOKEN_IDS = 256
+MAX_PENALTY = 2.0  # presence_penalty and frequency_penalty lie in [-2, 2] (vLLM's, after OpenAI's)
 _TOKENS_LIMIT = 1 << 31
 _SEED_LIMIT = 2**63  # seeds go into an int64 generator seed
 _PREFIX = "sampling_parameters"
@@ -38,6 +42,10 @@ class RequestParams:
         top_k: keep the k most likely tokens; 0 is off (-1, vLLM's "off", is stored as 0).
         seed: per-request sampling seed in [0, 2**63), or None.
         stop: strings that end the output (not included in it); at most 16, of at most 256 characters.
+        stop_token_ids: token ids that end the output as eos does (finish reason "stop"; included in it), at
+            most 256, distinct (repeats dropped, as vLLM does); checked against the vocabulary at admission.
+        repetition_penalty: > 0, 1 is off; presence_penalty, frequency_penalty: in [-2, 2], 0 is off (their
+            meaning: ``backends.ipc.protocol.SamplingParams``).
         fps: video frames sampled per second of video, in (0, 60].
         max_pixels: largest area of a resized frame or image (pixels), in [4*28*28, 16384*28*28], or None
             for the model's default.
@@ -54,6 +62,10 @@ class RequestParams:
     top_k: int = 0
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
     fps: float = 2.0
     max_pixels: int | None = None
 
@@ -78,10 +90,24 @@ class RequestParams:
         if len(self.stop) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_CHARS for s in self.stop):
             _fail("stop", f"must hold at most {MAX_STOP_STRINGS} strings of at most {MAX_STOP_CHARS} characters",
                   f"{len(self.stop)} strings, the longest {max(map(len, self.stop))} characters")
+        object.__setattr__(self, "stop_token_ids", tuple(dict.fromkeys(self.stop_token_ids)))
+        if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS or any(t < 0 for t in self.stop_token_ids):
+            _fail("stop_token_ids", f"must hold at most {MAX_STOP_TOKEN_IDS} token ids >= 0", self.stop_token_ids)
+        if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):
+            _fail("repetition_penalty", "must be a finite number > 0", self.repetition_penalty)
+        for key in ("presence_penalty", "frequency_penalty"):
+            if not -MAX_PENALTY <= getattr(self, key) <= MAX_PENALTY:
+                _fail(key, f"must be in [-{MAX_PENALTY:g}, {MAX_PENALTY:g}]", getattr(self, key))
         if not 0 < self.fps <= MAX_FPS:
             _fail("fps", f"must be in (0, {MAX_FPS:g}]", self.fps)
         if self.max_pixels is not None and not MIN_PIXELS <= self.max_pixels <= MAX_PIXELS:
             _fail("max_pixels", f"must be in [{MIN_PIXELS}, {MAX_PIXELS}]", self.max_pixels)
+
+    def sampling(self) -> SamplingParams:
+        """The stages' part of these parameters (``backends.ipc.protocol.SamplingParams``)."""
+        return SamplingParams(self.temperature, self.top_p, self.top_k, self.seed, self.min_tokens, self.ignore_eos,
+                              self.repetition_penalty, self.presence_penalty, self.frequency_penalty,
+                              self.stop_token_ids)
 
 
 def _fail(key: str, rule: str, value: object) -> None:
@@ -150,6 +176,17 @@ def _as_stop(key: str, value: object) -> tuple[str, ...]:
     raise InvalidInput(f"{_PREFIX}: {key} must be a string or a list of strings, got {value!r}")
 
 
+def _as_token_ids(key: str, value: object) -> tuple[int, ...]:
+    if value is None:  # vLLM's "none"
+        return ()
+    if isinstance(value, list):
+        try:
+            return tuple(_as_int(key, v) for v in value)
+        except InvalidInput:
+            pass
+    raise InvalidInput(f"{_PREFIX}: {key} must be a list of integers, got {_shown(value)}")
+
+
 def _as_optional_int(key: str, value: object) -> int | None:
     return None if value is None else _as_int(key, value)
 
@@ -163,6 +200,10 @@ _CONVERTERS = {
     "top_k": _as_int,
     "seed": _as_optional_int,
     "stop": _as_stop,
+    "stop_token_ids": _as_token_ids,
+    "repetition_penalty": _as_float,
+    "presence_penalty": _as_float,
+    "frequency_penalty": _as_float,
     "fps": _as_float,
     "max_pixels": _as_optional_int,
 }
@@ -173,7 +214,8 @@ def parse_sampling_parameters(text: str | None) -> RequestParams:
 
     None or an empty string gives the defaults. Integers are accepted for floats; integer-valued
     floats for integers; numeric strings for both (genai-perf's form); "true"/"false" for booleans;
-    a string or a list of strings for `stop`; null for `seed` and `max_pixels`.
+    a string or a list of strings for `stop`; a list of integers for `stop_token_ids`; null for `seed`, `max_pixels` and
+    `stop_token_ids`.
 
     Raises:
         InvalidInput: invalid JSON, not an object, an unknown key, a wrong type or an out-of-range

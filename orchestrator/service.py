@@ -21,8 +21,7 @@ from typing import AsyncIterator, Callable
 
 from backends.ipc import run_dir, shared_pages
 from backends.ipc.link import StageError
-from backends.ipc.protocol import RESERVED_KV_PAGES, SERVER_FAULT, MediaDecode, MediaGrid, NewRequest, \
-    SamplingParams, StageFailure
+from backends.ipc.protocol import RESERVED_KV_PAGES, SERVER_FAULT, MediaDecode, MediaGrid, NewRequest, StageFailure
 from backends.triton import server_stop
 from backends.triton.replicas import replica_name
 from backends.triton.triton_io import int_parameter
@@ -189,6 +188,10 @@ class Orchestrator:
         """
         if self.stopping:
             raise _shutting_down()
+        stop_ids = parsed.params.stop_token_ids
+        if stop_ids and max(stop_ids) >= (vocab := len(self.tokenizer)):  # the sampler indexes logits by them
+            raise InvalidInput(f"sampling_parameters: stop_token_ids must be below the vocabulary size {vocab}, "
+                               f"got {max(stop_ids)}")
         await self.ensure_started()
         plans = [await asyncio.to_thread(plan_media, item, parsed.params) for item in parsed.media]
         prompt = await asyncio.to_thread(build_prompt, self.tokenizer, parsed.text,
@@ -221,8 +224,7 @@ class Orchestrator:
         request = EngineRequest(
             NewRequest(req_id, prompt.input_ids,
                        tuple(MediaGrid(m.kind, m.grid_thw, m.second_per_grid_t) for m in prompt.media),
-                       SamplingParams(params.temperature, params.top_p, params.top_k, params.seed,
-                                      params.min_tokens, params.ignore_eos), params.max_tokens),
+                       params.sampling(), params.max_tokens),
             tuple(Group(item, g, layout.token_offset + g * layout.tokens_per_group, layout.tokens_per_group,
                         layout.patches_per_group)
                   for item, layout in enumerate(prompt.media) for g in range(layout.num_groups)),

@@ -3,16 +3,38 @@ the same preprocessed inputs, plus the tie rule (the end-to-end tests' acceptanc
 where the reference's two best logits at the first differing step are within 1e-4)."""
 from __future__ import annotations
 
+from collections import Counter
+
 import torch
+from transformers import LogitsProcessor, LogitsProcessorList
 
 from orchestrator.sampling_params import RequestParams
 
 TIE = 1e-4  # logits closer than this may be ordered either way by float rounding
 
 
-def reference_generate(model, input_ids: list[int], max_new_tokens: int, *, video=None, image=None):
-    """Greedy ``generate()`` without EOS; ``video``/``image``: (pixel rows [n, 1176] float32, grid_thw,
-    second_per_grid_t). Returns (token ids, per-step logits [vocab])."""
+class PresenceFrequencyPenalty(LogitsProcessor):
+    """vLLM's presence and frequency penalties as its docs define them (after OpenAI's), written out for the
+    reference: ``logits -= frequency * count`` then ``logits -= presence * (count > 0)``, ``count`` being each
+    token's occurrences among the generated tokens (those after the first ``prompt_len`` ids)."""
+
+    def __init__(self, prompt_len: int, presence: float, frequency: float):
+        self.prompt_len, self.presence, self.frequency = prompt_len, presence, frequency
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        scores = scores.clone()
+        for row, ids in enumerate(input_ids[:, self.prompt_len:].tolist()):
+            for token, count in Counter(ids).items():
+                scores[row, token] -= torch.tensor(self.frequency, dtype=scores.dtype) * count
+                scores[row, token] -= torch.tensor(self.presence, dtype=scores.dtype)
+        return scores
+
+
+def reference_generate(model, input_ids: list[int], max_new_tokens: int, *, video=None, image=None,
+                       params: RequestParams = RequestParams()):
+    """Greedy ``generate()`` without EOS, with ``params``' penalties (transformers' own repetition penalty,
+    :class:`PresenceFrequencyPenalty`); ``video``/``image``: (pixel rows [n, 1176] float32, grid_thw,
+    second_per_grid_t). Returns (token ids, per-step scores [vocab]: the logits after the penalties)."""
     device = model.device
     kwargs = {}
     if video is not None:
@@ -25,10 +47,13 @@ def reference_generate(model, input_ids: list[int], max_new_tokens: int, *, vide
     ids = torch.tensor([input_ids], device=device)
     # transformers 5.17 computes M-RoPE in generate() only when given each token's modality.
     mm_types = (ids == model.config.image_token_id).int() + 2 * (ids == model.config.video_token_id).int()
+    if params.presence_penalty or params.frequency_penalty:
+        kwargs["logits_processor"] = LogitsProcessorList([
+            PresenceFrequencyPenalty(len(input_ids), params.presence_penalty, params.frequency_penalty)])
     out = model.generate(ids, attention_mask=torch.ones_like(ids), mm_token_type_ids=mm_types, do_sample=False,
-                         max_new_tokens=max_new_tokens, min_new_tokens=0, eos_token_id=None, output_logits=True,
-                         return_dict_in_generate=True, **kwargs)
-    return out.sequences[0, len(input_ids):].tolist(), [logits[0].float() for logits in out.logits]
+                         max_new_tokens=max_new_tokens, min_new_tokens=0, eos_token_id=None, output_scores=True,
+                         repetition_penalty=params.repetition_penalty, return_dict_in_generate=True, **kwargs)
+    return out.sequences[0, len(input_ids):].tolist(), [scores[0].float() for scores in out.scores]
 
 
 def assert_same_or_tie(ours: list[int], theirs: list[int], ref_logits: list[torch.Tensor]) -> None:
@@ -71,4 +96,4 @@ def server_request_reference(model, tokenizer, text: str, max_new_tokens: int, *
             media.append((kind, plan.grid_thw, 0.0))
         kwargs[kind] = (pixels, plan.grid_thw, media[-1][2])
     prompt = build_prompt(tokenizer, text, media)
-    return reference_generate(model, list(prompt.input_ids), max_new_tokens, **kwargs)
+    return reference_generate(model, list(prompt.input_ids), max_new_tokens, params=params, **kwargs)

@@ -37,8 +37,8 @@ SERVER_FAULT = "server_fault"
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """Per-request sampling, as both stages that sample apply it (``backends.runtime.sampling.sampler``).
-    Raises ValueError for values out of range.
+    """Per-request sampling, as both stages that sample apply it (``backends.runtime.sampling.sampler`` and
+    ``backends.runtime.sampling.penalties``). Raises ValueError for values out of range (vLLM's ranges).
 
     * ``temperature``: 0 (or below the sampler's ``GREEDY_BELOW_TEMPERATURE``, 1e-5 as in vLLM) means greedy
       (argmax); otherwise logits are divided by it (a temperature beyond float32's range acts as float32's
@@ -48,8 +48,15 @@ class SamplingParams:
       (1 = off).
     * ``top_k``: keep the ``top_k`` most likely tokens and every token tied with the k-th (0 = off).
     * ``seed``: makes the draw reproducible (``None``: a fresh random seed for every draw).
-    * ``min_tokens``: eos ids are masked while fewer tokens than this have been generated.
-    * ``ignore_eos``: eos does not end the request (the stop rule's, ``backends.runtime.sampling.stopping``).
+    * ``min_tokens``: eos ids and ``stop_token_ids`` are masked while fewer tokens than this have been generated.
+    * ``ignore_eos``: eos does not end the request (the stop rule's, ``backends.runtime.sampling.stopping``);
+      ``stop_token_ids`` still do.
+    * ``repetition_penalty`` (> 0, 1 = off): logits of tokens in the prompt or the output so far are divided by
+      it where positive, multiplied by it otherwise (vLLM's, as transformers' ``RepetitionPenaltyLogitsProcessor``).
+    * ``presence_penalty``, ``frequency_penalty`` (in [-2, 2], 0 = off): ``logits -= presence * (count > 0) +
+      frequency * count``, ``count`` being each token's occurrences in the output so far (vLLM's, after
+      OpenAI's definition).
+    * ``stop_token_ids``: token ids that end the sequence as eos does (finish reason ``"stop"``), distinct.
     """
 
     temperature: float = 1.0
@@ -58,6 +65,10 @@ class SamplingParams:
     seed: int | None = None
     min_tokens: int = 0
     ignore_eos: bool = False
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    stop_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if not (self.temperature >= 0 and math.isfinite(self.temperature)):
@@ -68,6 +79,18 @@ class SamplingParams:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
         if self.min_tokens < 0:
             raise ValueError(f"min_tokens must be >= 0, got {self.min_tokens}")
+        if not (self.repetition_penalty > 0 and math.isfinite(self.repetition_penalty)):
+            raise ValueError(f"repetition_penalty must be a finite number > 0, got {self.repetition_penalty}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2 <= getattr(self, name) <= 2:
+                raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
+        if any(t < 0 for t in self.stop_token_ids) or len(set(self.stop_token_ids)) != len(self.stop_token_ids):
+            raise ValueError(f"stop_token_ids must be distinct ids >= 0, got {self.stop_token_ids}")
+
+    @property
+    def penalized(self) -> bool:
+        """Whether any penalty is on (the stages keep token counts for such sequences only)."""
+        return self.repetition_penalty != 1 or self.presence_penalty != 0 or self.frequency_penalty != 0
 
 
 class Call:
@@ -183,7 +206,9 @@ class DecodeAttach(Call):
 @dataclass(frozen=True)
 class DecodeAdmit(Call):
     """A sequence whose prefill is done joins the decode batch: its KV pages (``block_table``), the tokens in
-    them (``num_cached``), its first token (not yet in the pool), and the counts for the stop rule."""
+    them (``num_cached``), its first token (not yet in the pool), and the counts for the stop rule.
+    ``prompt_token_ids``: the prompt's distinct token ids, sorted, for ``sampling.repetition_penalty`` != 1 (else
+    empty: a video prompt holds thousands of tokens, its distinct ids far fewer)."""
 
     seq_id: str
     block_table: tuple[int, ...]
@@ -193,6 +218,7 @@ class DecodeAdmit(Call):
     num_generated: int
     max_tokens: int
     sampling: SamplingParams
+    prompt_token_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,8 @@ that ends with an eos token at step N has already been launched in step N+1, who
 step still writes the sequence's KV pages, so the sequence's last message (on which the orchestrator frees them)
 goes out with step N+1's. Abort, end and attach read the step in flight before they act, so an abort's ``done``
 never runs while a step still writes the sequence's pages; an admitted sequence joins the next step with its
-token from the host.
+token from the host. Penalized sequences' token counts are updated on the device from each step's tokens
+(``backends.runtime.sampling.penalties``), so the step launched next already counts them.
 When the server stops, the stream is ended (``end_stream``) before ``finalize``: Triton unloads the
 model only once that stream's sender has sent its final flag.
 """
@@ -40,6 +41,7 @@ from backends.runtime.language_model.kv_cache import KVCacheLayout
 from backends.runtime.loader import ModelSpec, load_model
 from backends.runtime.language_model.fuse import fuse_projections
 from backends.runtime.model_runner import DecodeSeq, ModelRunner
+from backends.runtime.sampling.penalties import PenaltyState
 from backends.runtime.sampling.sampler import sample_tensor, warm_up
 from backends.runtime.sampling.stopping import finish_reason
 from backends.runtime.sampling.token_readback import TokenReadback
@@ -61,7 +63,8 @@ class RunningSeq:
     """A sequence in the decode batch. ``num_cached`` tokens are in the KV pool, or will be once the step in
     flight has run; ``last_token`` is not yet (while the sequence is in the step in flight, ``last_token`` is
     the one before and the current one is on the device). ``num_generated`` counts the tokens of launched steps;
-    ``ending``: the step in flight makes its ``max_tokens``-th token, so it is not launched again."""
+    ``ending``: the step in flight makes its ``max_tokens``-th token, so it is not launched again.
+    ``prompt_token_ids``: the admission's (``DecodeAdmit``), for the penalty state."""
 
     seq_id: str
     block_table: np.ndarray  # int32: the KV pages granted at admission (a step's page list is views of these)
@@ -72,12 +75,14 @@ class RunningSeq:
     max_tokens: int
     sampling: SamplingParams
     ending: bool = False
+    prompt_token_ids: tuple[int, ...] = ()
 
     @classmethod
     def from_admit(cls, admit: DecodeAdmit) -> "RunningSeq":
         """From the orchestrator's admit message."""
         return cls(admit.seq_id, np.asarray(admit.block_table, dtype=np.int32), admit.num_cached, admit.last_token,
-                   admit.mrope_delta, admit.num_generated, admit.max_tokens, admit.sampling)
+                   admit.mrope_delta, admit.num_generated, admit.max_tokens, admit.sampling,
+                   prompt_token_ids=admit.prompt_token_ids)
 
 
 @dataclass(frozen=True)
@@ -142,6 +147,7 @@ class DecodeWorker:
                  "off" if self.runner.graphs is None else f"for batch sizes up to {max_batch}",
                  "compiled" if compiled else "eager", "overlapped" if self.overlap else "one at a time")
         warm_up(device, model.lm_head.out_features)
+        self.penalties = PenaltyState(model.lm_head.out_features, device)  # the loop thread's
         self.eos_ids = eos_token_ids(tokenizer)
         self.on_step = on_step
         self.max_batch = max_batch
@@ -218,6 +224,10 @@ class DecodeWorker:
             self._told(0, 0.0)
         elif kind == "admit":
             self.running[value.seq_id] = value
+            self.penalties.retain(self.running)  # slots of sequences that have left are free again
+            # admitted after its first token (num_generated 1), which is the output's only token so far
+            self.penalties.add(value.seq_id, value.sampling, value.prompt_token_ids,
+                               (value.last_token,) if value.num_generated else ())
         elif kind == "abort":
             self.running.pop(value, None)
             done()
@@ -323,8 +333,11 @@ class DecodeWorker:
         logits = self.runner.decode([
             DecodeSeq(s.last_token, s.num_cached + s.mrope_delta, s.num_cached, s.block_table) for s in batch
         ], token_ids)
+        logits, penalized = self.penalties.penalize(logits, (s.seq_id for s in batch))
         counts = [s.num_generated for s in batch]
-        tokens = TokenReadback(sample_tensor(logits, [s.sampling for s in batch], counts, self.eos_ids))
+        sampled = sample_tensor(logits, [s.sampling for s in batch], counts, self.eos_ids)
+        self.penalties.count(penalized, sampled)  # on the device, before any later step is launched
+        tokens = TokenReadback(sampled)
         for s in batch:
             s.num_cached += 1
             s.num_generated += 1
@@ -351,8 +364,7 @@ class DecodeWorker:
             if self.running.get(seq.seq_id) is not seq:
                 continue
             seq.last_token = token
-            reason = finish_reason(token, count + 1, seq.max_tokens, seq.sampling.min_tokens,
-                                   seq.sampling.ignore_eos, self.eos_ids)
+            reason = finish_reason(token, count + 1, seq.max_tokens, seq.sampling, self.eos_ids)
             row = (seq.seq_id, token, reason or "")
             if reason:
                 del self.running[seq.seq_id]

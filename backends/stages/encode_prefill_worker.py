@@ -8,7 +8,8 @@ order:
 * ``encode``: whole temporal-patch groups: patches are read from the shared patch pool pages, run
   through the vision encoder, and their embeddings placed at the group's visual-token rows;
 * ``prefill``: prompt chunks ``[start, end)`` written into the shared KV pool (block tables given);
-  the chunk that ends a prompt yields its first sampled token, with the stop rule's finish reason.
+  the chunk that ends a prompt yields its first sampled token (its repetition penalty over the prompt applied),
+  with the stop rule's finish reason.
 The runtime decides nothing: what runs in a step is the orchestrator's scheduler's call.
 """
 from __future__ import annotations
@@ -24,6 +25,7 @@ from backends.runtime.language_model.fuse import fuse_projections
 from backends.runtime.loader import ModelSpec, load_model
 from backends.runtime.model_runner import ModelRunner, PrefillChunk
 from backends.runtime.language_model.mrope import mrope_positions
+from backends.runtime.sampling.penalties import penalize_first_tokens
 from backends.runtime.sampling.sampler import sample, warm_up
 from backends.runtime.sampling.stopping import finish_reason
 from backends.runtime.tokenizer import eos_token_ids
@@ -154,12 +156,13 @@ class EncodePrefillWorker:
         last = [w for w in works if w.is_last]
         if not last:
             return ()
-        tokens = sample(logits, [self.prompts[w.req_id].sampling for w in last], [0] * len(last), self.eos_ids)
+        states = [self.prompts[w.req_id] for w in last]
+        params = [state.sampling for state in states]
+        logits = penalize_first_tokens(logits, [state.request.input_ids for state in states], params)
+        tokens = sample(logits, params, [0] * len(last), self.eos_ids)
         out = []
         for w, token in zip(last, tokens):
             state = self.prompts.pop(w.req_id)  # prefill done: the embeddings are no longer needed
-            request, sampling = state.request, state.sampling
-            reason = finish_reason(int(token), 1, request.max_tokens, sampling.min_tokens, sampling.ignore_eos,
-                                   self.eos_ids)
+            reason = finish_reason(int(token), 1, state.request.max_tokens, state.sampling, self.eos_ids)
             out.append(FirstToken(w.req_id, int(token), state.mrope_delta, reason or ""))
         return tuple(out)

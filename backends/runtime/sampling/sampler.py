@@ -213,9 +213,10 @@ def sample_tensor(logits: torch.Tensor, params: list[SamplingParams], num_genera
 
     ``logits``: floating ``[b, V]`` (read, not changed); ``params``/``num_generated``: per row,
     ``num_generated`` being the tokens the request has generated before this one (0 for the first).
-    ``eos_ids`` are masked for rows with ``num_generated < min_tokens``. Greedy rows (temperature below
-    :data:`GREEDY_BELOW_TEMPERATURE`) take the argmax (the first on ties); the others are drawn as the module
-    docstring says, a seeded row's token being a function of its seed, ``num_generated`` and logits row alone.
+    ``eos_ids`` and the row's ``stop_token_ids`` (ids below V) are masked for rows with ``num_generated <
+    min_tokens``. Greedy rows (temperature below :data:`GREEDY_BELOW_TEMPERATURE`) take the argmax (the first on
+    ties); the others are drawn as the module docstring says, a seeded row's token being a function of its seed,
+    ``num_generated`` and logits row alone.
     The same inputs give the same token on CPU and CUDA except where two float scores tie within rounding
     (``log`` may differ by an ulp between devices) or, on CUDA, where flashinfer's top-p keeps one token fewer
     or more at its edge (:func:`_top_p_mask`). On CUDA the first drawn call compiles the race (seconds) unless
@@ -226,11 +227,15 @@ def sample_tensor(logits: torch.Tensor, params: list[SamplingParams], num_genera
     device, vocab = logits.device, logits.shape[1]
     logits = logits.float()
     banned = [n < p.min_tokens for p, n in zip(params, num_generated)]
-    if any(banned) and eos_ids:
-        # Not `logits[rows, cols] = -inf`: that assignment waits for the device.
-        banned, cols = upload(torch.tensor(banned), device), upload(torch.tensor(eos_ids), device)
-        eos_logits = logits.index_select(1, cols).masked_fill_(banned[:, None], -math.inf)
-        logits = logits.index_copy(1, cols, eos_logits)
+    if any(banned) and (cols := list(dict.fromkeys(
+            [*eos_ids, *(t for p, b in zip(params, banned) if b for t in p.stop_token_ids)]))):
+        # Row i masks column j where i is banned and j is an eos id or one of row i's stop_token_ids. Not
+        # `logits[rows, cols] = -inf`: that assignment waits for the device.
+        mask = torch.tensor([[b and (c in eos_ids or c in p.stop_token_ids) for c in cols]
+                             for p, b in zip(params, banned)])
+        mask, cols = upload(mask, device), upload(torch.tensor(cols), device)
+        stop_logits = logits.index_select(1, cols).masked_fill_(mask, -math.inf)
+        logits = logits.index_copy(1, cols, stop_logits)
     tokens = logits.argmax(dim=-1)
     drawn = [i for i, p in enumerate(params) if p.temperature >= GREEDY_BELOW_TEMPERATURE]
     if not drawn:

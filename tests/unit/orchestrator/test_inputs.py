@@ -42,7 +42,11 @@ def test_file_url_under_allowed_folder(limits, tmp_path):
     (dict(text_input=[b"\xff\xfe"]), "not valid UTF-8"),
     (dict(text_input=[b"a", b"b"]), "expected one string"),
     (dict(video=[b""]), "empty video"),
-    (dict(image=[b"x" * 1001]), "over the limit"),
+    (dict(image=[b"\x89" * 1001]), "over the limit"),
+    (dict(image=[base64.b64encode(b"\x89" * 1001)]), "image: 1001 bytes, over the limit"),  # once decoded
+    (dict(image=[b"iVBORw0KGgo"]), "image: text that is not valid base64"),
+    (dict(return_logprobs=True), "return_logprobs: log probabilities are not supported"),
+    (dict(return_cumulative_logprob=True), "return_cumulative_logprob: log probabilities are not supported"),
     (dict(video_url=[b"/etc/passwd"]), "outside the allowed media folders"),
     (dict(video_url=[b"http://example.com/v.mp4"]), "http(s) URLs are not fetched"),
     (dict(image_url=[b"data:image/png,abc"]), "only base64 data: URLs"),
@@ -63,10 +67,32 @@ def test_dotdot_cannot_escape_the_allowed_folder(limits, tmp_path):
         parse_request(raw(video_url=[f"{tmp_path}/../etc/passwd".encode()]), limits)
 
 
-@pytest.mark.parametrize("text", [b"data:image/png;base64,iVBORw0KGgo=", b"iVBORw0KGgoAAAANSUhEUgAAAAEAAAAB\n" * 8])
-def test_base64_text_in_a_bytes_input_points_to_the_url_input(limits, text):
-    with pytest.raises(InvalidInput, match="image: got text, not the file's bytes; to send base64, put a data: URL in 'image_url'"):
-        parse_request(raw(image=[text]), limits)
+def test_base64_text_in_video_points_to_the_url_input(limits):
+    with pytest.raises(InvalidInput,
+                       match="video: got text, not the file's bytes; to send base64, put a data: URL in 'video_url'"):
+        parse_request(raw(video=[b"AAAAIGZ0eXBpc29tAAACAGlzb21pc28y\n" * 8]), limits)
+
+
+@pytest.mark.parametrize("kind", ["image", "video"])
+def test_a_data_url_in_a_bytes_input_points_to_the_url_input(limits, kind):
+    with pytest.raises(InvalidInput, match=f"{kind}: got a data: URL; put it in '{kind}_url'"):
+        parse_request(raw(**{kind: [b"data:image/png;base64,iVBORw0KGgo="]}), limits)
+
+
+@pytest.mark.parametrize("wrap", [False, True])
+def test_base64_text_in_image_is_the_file_as_the_vllm_backend_takes_it(wrap):
+    """The vLLM backend's ``image``: the file base64-encoded (``base64.b64decode`` of the text); line breaks, as
+    ``base64`` the command writes them, are allowed."""
+    png = make_image(8, 6, "RGB", "PNG")
+    text = base64.encodebytes(png) if wrap else base64.b64encode(png)
+    assert [m.data for m in parse_request(raw(image=[text, png]), InputLimits()).media] == [png, png]
+
+
+def test_return_flags_ask_for_the_vllm_backends_outputs(limits):
+    parsed = parse_request(raw(return_finish_reason=True, return_num_output_tokens=True, return_logprobs=False), limits)
+    assert (parsed.extra_outputs.finish_reason, parsed.extra_outputs.num_input_tokens,
+            parsed.extra_outputs.num_output_tokens) == (True, False, True)
+    assert parse_request(raw(), limits).extra_outputs == type(parsed.extra_outputs)()
 
 
 def test_missing_file_and_folder_are_named(limits, tmp_path):

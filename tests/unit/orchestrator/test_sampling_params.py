@@ -2,6 +2,7 @@ import json
 
 import pytest
 
+from backends.ipc.protocol import SamplingParams
 from orchestrator.sampling_params import InvalidInput, RequestParams, parse_sampling_parameters
 
 
@@ -14,9 +15,26 @@ def test_all_keys():
     params = parse_sampling_parameters(json.dumps({
         "max_tokens": 64, "min_tokens": 8, "ignore_eos": True, "temperature": 0.7, "top_p": 0.9,
         "top_k": 40, "seed": 1234, "stop": ["</s>", "\n\n"], "fps": 1.5, "max_pixels": 360 * 420,
+        "stop_token_ids": [7, 9], "repetition_penalty": 1.2, "presence_penalty": -0.5, "frequency_penalty": 2,
     }))
     assert params == RequestParams(max_tokens=64, min_tokens=8, ignore_eos=True, temperature=0.7, top_p=0.9,
-                                   top_k=40, seed=1234, stop=("</s>", "\n\n"), fps=1.5, max_pixels=360 * 420)
+                                   top_k=40, seed=1234, stop=("</s>", "\n\n"), fps=1.5, max_pixels=360 * 420,
+                                   stop_token_ids=(7, 9), repetition_penalty=1.2, presence_penalty=-0.5,
+                                   frequency_penalty=2.0)
+
+
+def test_the_stages_sampling_carries_every_sampling_key():
+    params = parse_sampling_parameters(json.dumps({
+        "min_tokens": 2, "ignore_eos": True, "temperature": 0.5, "top_p": 0.8, "top_k": 3, "seed": 9,
+        "stop_token_ids": [4], "repetition_penalty": 1.5, "presence_penalty": 0.25, "frequency_penalty": -1}))
+    assert params.sampling() == SamplingParams(temperature=0.5, top_p=0.8, top_k=3, seed=9, min_tokens=2,
+                                               ignore_eos=True, repetition_penalty=1.5, presence_penalty=0.25,
+                                               frequency_penalty=-1.0, stop_token_ids=(4,))
+
+
+def test_stop_token_ids_repeats_are_dropped_as_vllm_does():
+    assert parse_sampling_parameters('{"stop_token_ids": [5, "3", 5.0, 3]}').stop_token_ids == (5, 3)
+    assert parse_sampling_parameters('{"stop_token_ids": null}').stop_token_ids == ()
 
 
 def test_genai_perf_sends_numbers_as_strings():
@@ -77,6 +95,18 @@ def test_stop_may_be_one_string():
     ({"fps": -2}, "fps"),
     ({"max_pixels": 100}, "max_pixels"),
     ({"max_pixels": 16384 * 28 * 28 + 1}, "max_pixels"),
+    ({"repetition_penalty": 0}, "repetition_penalty must be a finite number > 0"),
+    ({"repetition_penalty": -1}, "repetition_penalty"),
+    ({"repetition_penalty": "inf"}, "repetition_penalty"),
+    ({"presence_penalty": 2.01}, r"presence_penalty must be in \[-2, 2\]"),
+    ({"presence_penalty": -3}, "presence_penalty"),
+    ({"frequency_penalty": 2.5}, r"frequency_penalty must be in \[-2, 2\]"),
+    ({"frequency_penalty": "much"}, "frequency_penalty"),
+    ({"stop_token_ids": 5}, "stop_token_ids must be a list of integers"),
+    ({"stop_token_ids": [1, "a"]}, "stop_token_ids must be a list of integers"),
+    ({"stop_token_ids": [1.5]}, "stop_token_ids must be a list of integers"),
+    ({"stop_token_ids": [-1]}, "stop_token_ids must hold at most 256 token ids >= 0"),
+    ({"stop_token_ids": list(range(257))}, "stop_token_ids must hold at most 256"),
     ({"best_of": 2}, "best_of"),
     ({"max_new_tokens": 2}, "max_new_tokens"),
 ])

@@ -91,6 +91,17 @@ def test_min_tokens_masks_eos():
     assert torch.equal(logits, before)  # the caller's logits are not changed
 
 
+def test_min_tokens_masks_each_rows_own_stop_token_ids():
+    """vLLM's min_tokens masks eos and the row's stop_token_ids; another row's stop ids stay."""
+    logits = torch.zeros(3, VOCAB)
+    logits[:, 11], logits[:, 12], logits[:, EOS[0]], logits[:, 20] = 100.0, 90.0, 80.0, 50.0
+    params = [SamplingParams(temperature=0, min_tokens=1, stop_token_ids=(11, 12)),
+              SamplingParams(temperature=0, min_tokens=1, stop_token_ids=(12,)),
+              SamplingParams(temperature=0, stop_token_ids=(11,))]
+    assert sample(logits, params, [0, 0, 0], EOS) == [20, 11, 11]
+    assert sample(logits, params, [1, 1, 1], EOS) == [11, 11, 11]  # min_tokens reached
+
+
 def test_per_request_parameters_in_one_batch():
     logits = _logits(batch=3)
     logits[1, EOS[0]] = 1000.0

@@ -1,0 +1,167 @@
+"""The vLLM backend's I/O through a real tritonserver, as its clients send it (tritonclient, no client of ours):
+the ``return_*`` flags and their outputs, base64 text in ``image``, and the sampling keys ``repetition_penalty``,
+``presence_penalty``, ``frequency_penalty`` and ``stop_token_ids``, held to transformers' ``generate()``."""
+from __future__ import annotations
+
+import base64
+import json
+import queue
+import urllib.request
+
+import numpy as np
+import pytest
+import torch
+import tritonclient.grpc as grpcclient
+
+from backends.runtime.loader import ModelSpec, load_model
+from client.api import Client, ServerError, grpc_inputs, request_tensors
+from orchestrator.sampling_params import RequestParams
+from tests.media import make_image
+from tests.reference import assert_same_or_tie, server_request_reference
+
+pytestmark = pytest.mark.e2e
+N = 12
+GREEDY = {"max_tokens": N, "temperature": 0, "ignore_eos": True}
+PROMPT = "Say the same thing again and again."
+
+
+@pytest.fixture(scope="module")
+def hf():
+    """The tiny dummy model the server runs, in this process (as tests/e2e/test_generation.py loads it)."""
+    return load_model(ModelSpec(device="cuda:0" if torch.cuda.is_available() else "cpu"))
+
+
+def vllm_request(grpc_url: str, text: str, sampling: dict, stream: bool = True, timeout_s: float = 120,
+                 **flags) -> list[grpcclient.InferResult]:
+    """One request as a vLLM-backend client sends it, ``flags`` (``return_finish_reason=True``, ...) as BOOL [1]
+    inputs; returns its responses in order. Raises ServerError with the server's message."""
+    tensors = request_tensors(text, sampling=sampling, stream=stream, exclude_input_in_output=True)
+    tensors += [(name, np.array([value], dtype=bool), "BOOL") for name, value in flags.items()]
+    responses: queue.Queue = queue.Queue()
+    results = []
+    with grpcclient.InferenceServerClient(grpc_url) as client:
+        client.start_stream(callback=lambda result, error: responses.put((result, error)))
+        try:
+            client.async_stream_infer("orchestrator", grpc_inputs(tensors), enable_empty_final_response=True)
+            while True:
+                result, error = responses.get(timeout=timeout_s)
+                if error is not None:
+                    raise ServerError(str(error))
+                results.append(result)
+                if result.get_response().parameters["triton_final_response"].bool_param:
+                    return [r for r in results if r.as_numpy("text_output") is not None]
+        finally:
+            client.stop_stream()
+
+
+def test_return_flags_put_their_outputs_on_every_response_as_the_vllm_backend_does(grpc_url):
+    """Each response carries the outputs asked for: ``finish_reason`` ("None" until the last, vLLM's
+    ``str(finish_reason)``), ``num_input_tokens`` and ``num_output_tokens`` (that response's tokens: one per
+    response, or more when the server fell behind its client), both UINT32 as in the vLLM backend's config."""
+    responses = vllm_request(grpc_url, PROMPT, GREEDY, return_finish_reason=True, return_num_input_tokens=True,
+                             return_num_output_tokens=True, return_output_ids=True)
+    reasons = [r.as_numpy("finish_reason")[0].decode() for r in responses]
+    assert reasons == ["None"] * (len(responses) - 1) + ["length"]
+    counts = [r.as_numpy("num_output_tokens") for r in responses]
+    assert all(c.dtype == np.uint32 for c in counts) and sum(int(c[0]) for c in counts) == N
+    assert [int(c[0]) for c in counts] == [len(r.as_numpy("output_ids")) for r in responses]
+    inputs = {int(r.as_numpy("num_input_tokens")[0]) for r in responses}
+    assert len(inputs) == 1 and inputs.pop() > 5 and responses[0].as_numpy("num_input_tokens").dtype == np.uint32
+    (whole,) = vllm_request(grpc_url, PROMPT, GREEDY, stream=False, return_num_output_tokens=True,
+                            return_finish_reason=True)
+    assert int(whole.as_numpy("num_output_tokens")[0]) == N and whole.as_numpy("finish_reason")[0] == b"length"
+
+
+def test_without_flags_the_last_response_still_carries_the_totals(grpc_url):
+    responses = vllm_request(grpc_url, PROMPT, GREEDY)
+    assert all(r.as_numpy("finish_reason") is None for r in responses[:-1])
+    assert int(responses[-1].as_numpy("num_output_tokens")[0]) == N
+    assert responses[-1].as_numpy("finish_reason")[0] == b"length"
+
+
+@pytest.mark.parametrize("flag", ["return_logprobs", "return_cumulative_logprob"])
+def test_log_probability_flags_are_refused_by_name(grpc_url, flag):
+    with pytest.raises(ServerError, match=f"{flag}: log probabilities are not supported"):
+        vllm_request(grpc_url, PROMPT, GREEDY, **{flag: True})
+    last = vllm_request(grpc_url, PROMPT, GREEDY, **{flag: False})[-1]  # false: not asked for at all
+    assert last.as_numpy("finish_reason")[0] == b"length"
+
+
+def test_base64_text_in_image_equals_the_files_bytes(grpc_url):
+    image = make_image(96, 64, "RGB", "PNG")
+    with Client(grpc_url) as client:
+        as_bytes = client.generate("Describe.", image=image, sampling=GREEDY, return_output_ids=True)
+        as_text = client.generate("Describe.", image=base64.b64encode(image), sampling=GREEDY,
+                                  return_output_ids=True)
+    assert as_text.token_ids == as_bytes.token_ids and as_text.num_input_tokens == as_bytes.num_input_tokens > 50
+
+
+def test_an_http_json_body_carries_a_base64_image_and_the_flags(http_url, grpc_url):
+    """Over HTTP ``generate`` the vLLM backend's JSON: ``image`` as base64 text, a ``return_*`` flag, the
+    penalties in ``sampling_parameters`` (a JSON string); the tokens are the gRPC request's."""
+    image = make_image(96, 64, "RGB", "PNG")
+    sampling = {**GREEDY, "repetition_penalty": 1.3}
+    body = {"text_input": "Describe.", "image": [base64.b64encode(image).decode()], "stream": False,
+            "exclude_input_in_output": True, "return_finish_reason": True, "return_num_output_tokens": True,
+            "return_output_ids": True, "sampling_parameters": json.dumps(sampling)}
+    request = urllib.request.Request(f"http://{http_url}/v2/models/orchestrator/generate", method="POST",
+                                     data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    answer = json.loads(urllib.request.urlopen(request, timeout=120).read())
+    with Client(grpc_url) as client:
+        expected_ids = client.generate("Describe.", image=image, sampling=sampling, return_output_ids=True).token_ids
+    assert answer["finish_reason"] == "length" and answer["num_output_tokens"] == N
+    assert answer["output_ids"] == expected_ids
+
+
+@pytest.mark.parametrize("penalties", [
+    {"repetition_penalty": 1.5},
+    {"repetition_penalty": 0.7, "presence_penalty": 1.0},
+    {"presence_penalty": -1.5, "frequency_penalty": -0.75},  # negative: the output repeats itself
+])
+def test_penalties_equal_transformers_generate_and_change_the_output(grpc_url, hf, penalties):
+    """Greedy tokens with the penalties equal transformers' generate() with its repetition processor and vLLM's
+    presence/frequency formula (tests/reference.py), and differ from the tokens without them."""
+    with Client(grpc_url) as client:
+        plain = client.generate(PROMPT, sampling=GREEDY, return_output_ids=True).token_ids
+        result = client.generate(PROMPT, sampling={**GREEDY, **penalties}, return_output_ids=True)
+    assert result.finish_reason == "length" and result.token_ids != plain
+    assert_same_or_tie(result.token_ids, *server_request_reference(*hf, PROMPT, N,
+                                                                   params=RequestParams(**penalties)))
+
+
+def test_stop_token_ids_end_the_output_with_reason_stop_after_min_tokens(grpc_url):
+    with Client(grpc_url) as client:
+        plain = client.generate(PROMPT, sampling=GREEDY, return_output_ids=True).token_ids
+        k = next((i for i in range(2, N - 1) if plain[i] not in plain[:i]), None)  # a token first made at step k
+        assert k is not None, plain
+        stopped = client.generate(PROMPT, sampling={**GREEDY, "stop_token_ids": [plain[k]]}, return_output_ids=True)
+        assert (stopped.token_ids, stopped.finish_reason) == (plain[:k + 1], "stop")  # included, as in vLLM
+        held = client.generate(PROMPT, sampling={**GREEDY, "stop_token_ids": [plain[k]], "min_tokens": k + 1},
+                               return_output_ids=True)
+    assert held.token_ids[:k] == plain[:k] and held.token_ids[k] != plain[k]  # masked while under min_tokens
+    assert held.finish_reason in ("stop", "length") and len(held.token_ids) > k + 1
+
+
+@pytest.mark.parametrize("sampling,words", [
+    ({"repetition_penalty": 0}, "sampling_parameters: repetition_penalty must be a finite number > 0"),
+    ({"presence_penalty": 3}, "sampling_parameters: presence_penalty must be in [-2, 2]"),
+    ({"frequency_penalty": -2.5}, "sampling_parameters: frequency_penalty must be in [-2, 2]"),
+    ({"stop_token_ids": "7"}, "sampling_parameters: stop_token_ids must be a list of integers"),
+    ({"stop_token_ids": [-1]}, "sampling_parameters: stop_token_ids must hold at most 256 token ids >= 0"),
+    ({"stop_token_ids": [10**6]}, "sampling_parameters: stop_token_ids must be below the vocabulary size"),
+    ({"logprobs": 1}, "sampling_parameters: unknown key 'logprobs'"),
+])
+def test_refused_keys_are_named(grpc_url, sampling, words):
+    with Client(grpc_url) as client:
+        with pytest.raises(ServerError) as error:
+            client.generate(PROMPT, sampling={**GREEDY, **sampling})
+        assert words in str(error.value)
+        assert client.generate("Still there?", sampling={"max_tokens": 2}).num_output_tokens == 2
+
+
+def test_sampling_parameters_as_the_openai_frontend_sends_them(grpc_url):
+    """Triton's OpenAI frontend (python/openai, ``_create_vllm_inference_request``) sends the request's sampling
+    fields and both token-count flags; summing num_output_tokens over the responses gives the usage."""
+    sampling = {"temperature": 0, "max_tokens": 6, "presence_penalty": 0.5, "frequency_penalty": 0.5}
+    responses = vllm_request(grpc_url, PROMPT, sampling, return_num_input_tokens=True, return_num_output_tokens=True)
+    assert sum(int(r.as_numpy("num_output_tokens")[0]) for r in responses) == 6
