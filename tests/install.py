@@ -2,10 +2,13 @@
 installed client can do from any folder."""
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from backends.triton.launcher import REPO_ROOT
 
@@ -14,7 +17,8 @@ PACKAGES = ("backends", "client", "flashcodec", "orchestrator")  # pyproject.tom
 
 def build_wheel(work: Path) -> Path:
     """``pip wheel --no-deps`` of a copy of the sources (the checkout gets no build/ folder); returns the wheel.
-    Uses this interpreter's setuptools (no build isolation: no index is needed)."""
+    Uses this interpreter's setuptools (no build isolation: no index is needed); skips the test without it."""
+    pytest.importorskip("setuptools", reason="building the wheel offline needs setuptools in this interpreter")
     source = work / "source"
     source.mkdir(parents=True)
     shutil.copy2(REPO_ROOT / "pyproject.toml", source)
@@ -32,3 +36,8 @@ def install(wheel: Path, target: Path) -> Path:
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target", str(target),
                     str(wheel)], check=True)
     return target
+
+
+def environment(target: Path) -> dict[str, str]:
+    """This process's environment with ``target`` (an :func:`install` folder) first on PYTHONPATH."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(target), os.environ.get("PYTHONPATH")) if p)}

@@ -28,8 +28,8 @@ from backends.triton.stale_shm import SHM
 from backends.triton.standalone import server_run_name
 from backends.triton.stubs import stub_processes
 from client.api import Client, ServerError
-from tests.e2e.conftest import assert_clean_log, read_metrics
-from tests.install import build_wheel, install
+from tests.e2e.conftest import assert_clean_log, read_metrics, repository_with
+from tests.install import build_wheel, environment, install
 from tests.media import gradient
 
 pytestmark = pytest.mark.e2e
@@ -50,6 +50,30 @@ def wait_ready(process: subprocess.Popen, ports: ServerPorts, log: Path, timeout
     pytest.fail(f"tritonserver not ready within {timeout_s} s:\n{log.read_text()[-6000:]}")
 
 
+def start_alone(repository: Path, shm_bytes: int, cwd: Path, log: Path) -> tuple[subprocess.Popen, ServerPorts, Path]:
+    """The pip binary as the launcher runs it, but with none of the launcher's environment (run directory, media
+    folders, PYTHONPATH) and from ``cwd``: only what the binary itself needs (its libraries, the stub's python3).
+    Returns the process, its ports and the run directory its models derive."""
+    binary, backends, binary_env = server_binary()
+    ports = ServerPorts.unused()
+    argv = server_command(binary, backends, repository, ports, shm_bytes, 10)
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("UNIFIEDSERVE_", "FLASHCODEC_")) and k != "PYTHONPATH"}
+    with open(log, "wb") as out:
+        server = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env={**env, **binary_env}, cwd=cwd,
+                                  start_new_session=True)
+    return server, ports, Path(tempfile.gettempdir()) / server_run_name(server.pid)
+
+
+def assert_nothing_left(server: subprocess.Popen, run_dir: Path) -> None:
+    assert not run_dir.exists(), sorted(p.name for p in run_dir.iterdir())
+    assert not sorted(SHM.glob(f"unifiedserve-{run_dir.name}[-.]*")), "its pools or lock outlived it"
+    deadline = time.monotonic() + 10
+    while stub_processes(server.pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not stub_processes(server.pid), "model processes outlived the server"
+
+
 def png(pixels: np.ndarray, orientation: int | None = None) -> bytes:
     exif = Image.Exif()
     if orientation is not None:
@@ -67,21 +91,10 @@ def test_plain_tritonserver_serves_a_rendered_repository_and_cleans_up(tmp_path)
     command = rendered.stdout.split()
     assert command[:2] == ["tritonserver", f"--model-repository={repository}"], rendered.stdout
 
-    # The pip binary as the launcher runs it, but with none of the launcher's environment (run directory, media
-    # folders, PYTHONPATH), and from another folder: what the binary itself needs (its libraries, the stub's python3).
-    binary, backends, binary_env = server_binary()
-    ports = ServerPorts.unused()
-    argv = server_command(binary, backends, repository, ports, int(command[2].rsplit("=", 1)[1]), 10)
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("UNIFIEDSERVE_", "FLASHCODEC_")) and k != "PYTHONPATH"}
-    log = tmp_path / "server.log"
-    elsewhere = tmp_path / "elsewhere"
+    log, elsewhere = tmp_path / "server.log", tmp_path / "elsewhere"
     elsewhere.mkdir()
     site = install(build_wheel(tmp_path / "wheel"), tmp_path / "site")
-    with open(log, "wb") as out:
-        server = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env={**env, **binary_env},
-                                  cwd=elsewhere, start_new_session=True)
-    run_dir = Path(tempfile.gettempdir()) / server_run_name(server.pid)
+    server, ports, run_dir = start_alone(repository, int(command[2].rsplit("=", 1)[1]), elsewhere, log)
     try:
         wait_ready(server, ports, log)
         assert run_dir.is_dir()
@@ -103,7 +116,7 @@ def test_plain_tritonserver_serves_a_rendered_repository_and_cleans_up(tmp_path)
         # the console command of the pip-installed client, from a folder that is not the repository
         asked = subprocess.run([str(site / "bin" / "unifiedserve-client"), "--url", f"127.0.0.1:{ports.grpc}",
                                 "--max-tokens", "3", "--temperature", "0", "Hi"], cwd=elsewhere,
-                               env={**os.environ, "PYTHONPATH": str(site)}, capture_output=True, text=True, timeout=120)
+                               env=environment(site), capture_output=True, text=True, timeout=120)
         assert asked.returncode == 0, asked.stderr
         assert "3 output tokens" in asked.stderr
         # the stop markers work in this run directory: the orchestrator drains and says so
@@ -118,12 +131,26 @@ def test_plain_tritonserver_serves_a_rendered_repository_and_cleans_up(tmp_path)
             os.killpg(server.pid, signal.SIGKILL)
             server.wait()
     assert_clean_log(log.read_text(errors="replace"))
-    assert not run_dir.exists(), sorted(p.name for p in run_dir.iterdir())
-    assert not sorted(SHM.glob(f"unifiedserve-{run_dir.name}[-.]*")), "its pools or lock outlived it"
-    deadline = time.monotonic() + 10
-    while stub_processes(server.pid) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not stub_processes(server.pid), "model processes outlived the server"
+    assert_nothing_left(server, run_dir)
+
+
+def test_plain_tritonserver_whose_model_cannot_load_leaves_nothing(tmp_path):
+    """Triton gives up the start when a model fails to load and unloads the others: the run directory goes with
+    the last of them."""
+    repository = repository_with(tmp_path / "repository", {"decode": {"dtype": "int7"}})
+    log = tmp_path / "server.log"
+    server, _, run_dir = start_alone(repository, 16 * 2**20, tmp_path, log)
+    try:
+        while not run_dir.is_dir() and server.poll() is None:  # made by the first model process to start
+            time.sleep(0.05)
+        assert run_dir.is_dir(), "the models made no run directory"
+        assert server.wait(300) != 0, log.read_text()[-6000:]
+    finally:
+        if server.poll() is None:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+    assert "dtype must be one of" in log.read_text(errors="replace")
+    assert_nothing_left(server, run_dir)
 
 
 def test_the_launcher_serves_a_deployment_file_and_shows_the_models_loading():

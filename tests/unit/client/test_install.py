@@ -1,12 +1,11 @@
 """`pip install .` gives the client package and its console command, which runs from any folder (the end-to-end
 suite asks a server with it: tests/e2e/test_ops.py)."""
 import email
-import os
 import subprocess
 import sys
 import zipfile
 
-from tests.install import build_wheel, install
+from tests.install import build_wheel, environment, install
 
 
 def test_the_wheel_holds_the_client_and_its_command_which_runs_from_any_folder(tmp_path):
@@ -24,7 +23,7 @@ def test_the_wheel_holds_the_client_and_its_command_which_runs_from_any_folder(t
     site = install(wheel, tmp_path / "site")
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    env = {**os.environ, "PYTHONPATH": str(site)}  # the installed copy; its dependencies are this interpreter's
+    env = environment(site)  # the installed copy first; its dependencies are this interpreter's
     where = subprocess.run([sys.executable, "-c", "import client.api; print(client.api.__file__)"], cwd=elsewhere,
                            env=env, capture_output=True, text=True, check=True).stdout.strip()
     assert where == str(site / "client" / "api.py")
