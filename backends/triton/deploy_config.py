@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,10 +48,10 @@ class ConfigError(ValueError):
         self.key, self.message = key, message
 
 
-def _to(target: str, default=None):
+def _to(target: str):
     """A field whose value sets the repository parameter ``target`` (``MODEL.KEY``, or ``*.KEY`` for every model
-    that declares KEY); None keeps the repository's value."""
-    return field(default=default, metadata={"to": target})
+    that declares KEY); None (the default) keeps the repository's value."""
+    return field(default=None, metadata={"to": target})
 
 
 def _positive(section, *names: str) -> None:
@@ -75,6 +76,9 @@ def _gpus(value: str | tuple[int, ...] | None, key: str) -> None:
 
 @dataclass(frozen=True)
 class ModelSection:
+    """``model``: the checkpoint directory every model loads (``path``), else ``preset``'s architecture with random
+    weights; ``dtype``, ``load_format`` as the stages take them (checked by them at load)."""
+
     path: str | None = _to("*.model_path")
     preset: str | None = _to("*.preset")
     dtype: str | None = _to("*.dtype")
@@ -87,6 +91,9 @@ class ModelSection:
 
 @dataclass(frozen=True)
 class FlashcodecResources:
+    """``resources.flashcodec``: its device; the GPUs whose NVDEC engines decode (a GPU set), processes per GPU,
+    decode threads (media items decoded at once)."""
+
     device: str | None = _to("flashcodec.device")
     nvdec_gpus: str | tuple[int, ...] | None = _to("flashcodec.nvdec_gpus")
     nvdec_processes_per_gpu: int | None = _to("flashcodec.nvdec_processes_per_gpu")
@@ -100,6 +107,9 @@ class FlashcodecResources:
 
 @dataclass(frozen=True)
 class EncodePrefillResources:
+    """``resources.encode_prefill``: its device; the vision tower's GPUs (a GPU set), ``data`` or ``tensor``
+    parallel, GPUs per split tower (``all`` or a number)."""
+
     device: str | None = _to("encode_prefill.device")
     vision_gpus: str | tuple[int, ...] | None = _to("encode_prefill.vision_gpus")
     vision_parallel: str | None = _to("encode_prefill.vision_parallel")
@@ -118,6 +128,8 @@ class EncodePrefillResources:
 
 @dataclass(frozen=True)
 class DecodeResources:
+    """``resources.decode``: its device (it owns the KV pool)."""
+
     device: str | None = _to("decode.device")
 
     def __post_init__(self):
@@ -126,6 +138,8 @@ class DecodeResources:
 
 @dataclass(frozen=True)
 class Resources:
+    """``resources``: encode_prefill + decode replicas (1-64) and each stage's placement."""
+
     replicas: int | None = _to("orchestrator.replicas")
     flashcodec: FlashcodecResources = field(default_factory=FlashcodecResources)
     encode_prefill: EncodePrefillResources = field(default_factory=EncodePrefillResources)
@@ -139,6 +153,10 @@ class Resources:
 
 @dataclass(frozen=True)
 class Budgets:
+    """``budgets``: per scheduler step ``prefill_budget`` (LLM tokens) and ``encode_budget`` (vision-encoder patches
+    before the 2x2 merge), ``max_share`` of a budget per request while several want it (0, 1], ``max_model_len``
+    (tokens), decode's ``max_batch`` (sequences per step)."""
+
     prefill_budget: int | None = _to("orchestrator.prefill_budget")
     encode_budget: int | None = _to("orchestrator.encode_budget")
     max_share: float | None = _to("orchestrator.max_share")
@@ -166,6 +184,8 @@ class ModalitySlo:
 
 @dataclass(frozen=True)
 class Slo:
+    """``slo``: targets per modality (a request with a video counts as video, one with images as image)."""
+
     text: ModalitySlo | None = None
     image: ModalitySlo | None = None
     video: ModalitySlo | None = None
@@ -178,6 +198,10 @@ class Slo:
 
 @dataclass(frozen=True)
 class Pools:
+    """``pools``: the KV pool in pages (``kv_pages``) or as a share of the GPU memory free after decode's weights
+    (``kv_memory_fraction``, (0, 1)), ``kv_page_size`` (tokens); the patch pool's pages and ``patch_page_size``
+    (patches)."""
+
     kv_pages: int | None = _to("decode.kv_pages")
     kv_memory_fraction: float | None = _to("decode.kv_memory_fraction")
     kv_page_size: int | None = _to("decode.kv_page_size")
@@ -198,6 +222,8 @@ class Pools:
 
 @dataclass(frozen=True)
 class Ipc:
+    """``ipc``: the Python backend's shared-memory region per model process, bytes (it grows beyond, per request)."""
+
     shm_default_byte_size: int = DEFAULT_SHM_BYTES
 
     def __post_init__(self):
@@ -267,7 +293,7 @@ def build(cls: type, data: object, where: str = ""):
 def _value(value: object, hint: object, key: str):
     """``value`` checked against a field's type: a section (dataclass), or a union of int, float, str, None and
     tuple[int, ...] (a YAML list)."""
-    options = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, type(int | None)) else (hint,)
+    options = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
     for option in options:
         if dataclasses.is_dataclass(option) and (value is None or isinstance(value, dict)):
             return None if value is None and type(None) in options else build(option, value, key)
