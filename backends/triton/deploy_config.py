@@ -10,7 +10,9 @@ keys):
 * ``resources``: ``replicas`` (encode_prefill + decode pairs, replica k on GPU k mod GPUs under ``device: auto``)
   and per stage where it runs: ``flashcodec`` (``device``, ``nvdec_gpus``, ``nvdec_processes_per_gpu``,
   ``decode_threads``), ``encode_prefill`` (``device``, ``vision_gpus``, ``vision_parallel``, ``vision_tp_size``),
-  ``decode`` (``device``). A GPU set is ``own``, ``all`` or a list of ids.
+  ``decode`` (``device``). A GPU set is ``own``, ``all`` or a list of ids. Each stage is one Triton instance (its
+  stage-link socket is named after its model), so a stage is placed by its ``device``, and more copies of
+  encode_prefill + decode are ``replicas``.
 * ``budgets``: the scheduler's per-step ``prefill_budget`` (LLM tokens) and ``encode_budget`` (vision patches),
   ``max_share``, ``max_model_len`` (tokens), decode's ``max_batch`` (sequences per step).
 * ``slo``: per modality (``text``, ``image``, ``video``) ``ttft_ms`` and ``tbt_ms``: targets for the SLO-aware
