@@ -13,7 +13,8 @@
 #                  the 2.51 stub needs numpy<2, and transformers' generation imports scikit-learn -> scipy,
 #                  whose build there wants numpy 2), everything else into $SITE (on PYTHONPATH);
 #                  a flashinfer JIT cache carried in .devcache/ is unpacked (saves minutes of nvcc)
-#   runtime-tests  flashinfer / CUDA-graph / vision-attention tests, the runtime against transformers;
+#   runtime-tests  flashinfer / CUDA-graph / vision-attention tests, the runtime against transformers, the KV pool
+#                  sized from free GPU memory;
 #                  packs the flashinfer JIT cache into $OUT for the next machine (in parts: cat them together)
 #   runtime-bench  bench/runtime_bench.py and bench/vision_bench.py
 #   decode-profile bench/decode_profile.py: where a decode step's time goes (host, kernels by kind, linears, attention)
@@ -83,7 +84,7 @@ run_pytest() {  # log name, then pytest arguments
 runtime_tests() {
   run_pytest runtime_tests -rP tests/gpu/test_flashinfer_runtime.py tests/unit/backends/runtime/vision/test_attention.py \
     tests/unit/backends/runtime/test_vs_transformers.py tests/unit/backends/runtime/sampling/test_sampler.py \
-    tests/unit/backends/stages/test_decode_worker_steps.py
+    tests/unit/backends/stages/test_decode_worker_steps.py tests/gpu/test_kv_memory_fraction.py
   # in 15 MB parts (the device tool brings back no larger file): cat them into .devcache/flashinfer_cache.tar.gz
   tar -czf - -C "$FLASHINFER_WORKSPACE_BASE" . | split -b 15M - "$OUT/flashinfer_cache.tar.gz.part-" \
     && ls -la "$OUT"/flashinfer_cache.tar.gz.part-*

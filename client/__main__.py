@@ -1,4 +1,4 @@
-"""Ask UnifiedServe one question and stream the answer to stdout.
+"""Ask UnifiedServe one question and stream the answer to stdout (installed: ``unifiedserve-client ...``).
 
     python -m client [--url 127.0.0.1:8001] [--http 127.0.0.1:8000]
                      [--video FILE | --video-url PATH] [--image FILE]... [--image-url PATH]...
@@ -21,7 +21,9 @@ from client.http_stream import generate_stream_http
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m client", description=__doc__.splitlines()[0])
+    # `python -m client`, or the installed console command under its own name (pyproject.toml)
+    prog = "python -m client" if Path(sys.argv[0]).name == "__main__.py" else None
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     p.add_argument("question")
     p.add_argument("--url", default=DEFAULT_GRPC_URL, help="gRPC host:port (default %(default)s)")
     p.add_argument("--http", metavar="HOST:PORT", help="use HTTP generate_stream at HOST:PORT instead of gRPC")

@@ -1,12 +1,13 @@
-"""Image bytes -> one 8-bit RGB Pillow image, before any geometry (case C2)."""
+"""Image bytes -> one upright 8-bit RGB Pillow image, before any geometry (case C2)."""
 from __future__ import annotations
 
 import io
 
 import numpy as np
-from PIL import Image, UnidentifiedImageError
+from PIL import Image, ImageOps, UnidentifiedImageError
 
 from flashcodec.errors import NOT_AN_IMAGE, MediaError
+from flashcodec.probe import exif_orientation
 
 BACKGROUND = (255, 255, 255)  # transparent areas are composited over white, as qwen-vl-utils `to_rgb` does
 _SIXTEEN_BIT = {"I;16", "I;16L", "I;16B", "I;16N", "I"}
@@ -35,17 +36,19 @@ def to_rgb(img: Image.Image) -> Image.Image:
 
 
 def load_image(data: bytes) -> Image.Image:
-    """Decode image bytes to an 8-bit RGB Pillow image (`to_rgb`).
+    """Decode image bytes to an upright 8-bit RGB Pillow image: EXIF orientation applied
+    (`PIL.ImageOps.exif_transpose`, as vLLM's image loader does: a phone photo stored on its side comes out
+    upright) when the header has one (`probe.exif_orientation`: the size the probe counted tokens for), then `to_rgb`.
 
-    Multi-frame files (animated GIF/WebP/PNG, multi-page TIFF): the first frame only. EXIF orientation is not
-    applied, as neither qwen-vl-utils nor transformers applies it. Raises MediaError if the bytes are not an
-    image Pillow can decode, are truncated, or exceed Pillow's decompression-bomb pixel limit.
+    Multi-frame files (animated GIF/WebP/PNG, multi-page TIFF): the first frame only. Raises MediaError if the
+    bytes are not an image Pillow can decode, are truncated, or exceed Pillow's decompression-bomb pixel limit.
     """
     try:
         with Image.open(io.BytesIO(data)) as img:
             img.seek(0)
+            orientation = exif_orientation(img)
             img.load()
-            return to_rgb(img).copy()
+            return to_rgb(ImageOps.exif_transpose(img) if orientation != 1 else img).copy()
     except Image.DecompressionBombError as exc:
         raise MediaError(f"image: too many pixels ({exc})") from exc
     except UnidentifiedImageError as exc:

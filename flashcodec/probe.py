@@ -11,12 +11,15 @@ from pathlib import Path
 from typing import Callable, Iterator, Union
 
 import av
-from PIL import Image, UnidentifiedImageError
+from PIL import ExifTags, Image, UnidentifiedImageError
 
 from flashcodec.errors import NOT_AN_IMAGE, MediaError
 
 Source = Union[bytes, str, Path]  # the media file's bytes, or its path
 FIRST_PACKETS = 64  # packets kept (with their data) to decode the first frame from
+# EXIF orientations whose transform (TIFF 6.0 / EXIF 2.3 tag 0x0112: transpose, rotate 90 either way, transverse)
+# swaps width and height; `PIL.ImageOps.exif_transpose` applies them when the pixels are decoded (`images.load_image`).
+_SIDEWAYS = frozenset({5, 6, 7, 8})
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,12 +65,14 @@ class VideoInfo:
 
 @dataclass(frozen=True)
 class ImageInfo:
-    """An image's header: size in pixels, Pillow mode (e.g. "RGB", "P", "I;16") and format (e.g. "PNG")."""
+    """An image's header: size in pixels as displayed (after its EXIF orientation), Pillow mode (e.g. "RGB", "P",
+    "I;16"), format (e.g. "PNG") and EXIF orientation (1 = as stored, the default; 1-8 as in the EXIF tag)."""
 
     width: int
     height: int
     mode: str
     format: str
+    orientation: int = 1
 
 
 def open_container(source: Source) -> av.container.InputContainer:
@@ -203,14 +208,29 @@ def info_from_packets(stream: av.video.stream.VideoStream, packets: list[PacketM
     )
 
 
+def exif_orientation(img: Image.Image) -> int:
+    """The EXIF orientation (1-8; 1 when there is none or it is not one of those) of an opened, not yet loaded image,
+    as its header gives it: JPEG, WebP and TIFF, and PNG when its eXIf chunk comes before the pixel data (where
+    Pillow writes it; one after them is left out: reading it would decode the pixels, and the probe must not)."""
+    if img.format == "PNG" and "exif" not in img.info:
+        return 1
+    orientation = img.getexif().get(ExifTags.Base.Orientation, 1)
+    return orientation if isinstance(orientation, int) and 1 <= orientation <= 8 else 1
+
+
 def probe_image(data: bytes) -> ImageInfo:
-    """Size, mode and format from the image header (Pillow opens lazily: no pixel decode).
+    """Size, mode, format and EXIF orientation from the image header (Pillow opens lazily: no pixel decode). The
+    size is the upright one, which the pixels will have once decoded (`images.load_image`): width and height
+    swapped for an orientation that turns the image on its side.
 
     Raises MediaError if Pillow cannot identify the bytes or the image exceeds Pillow's decompression-bomb limit.
     """
     try:
         with Image.open(io.BytesIO(data)) as img:
-            return ImageInfo(width=img.width, height=img.height, mode=img.mode, format=img.format or "")
+            orientation = exif_orientation(img)
+            width, height = (img.height, img.width) if orientation in _SIDEWAYS else (img.width, img.height)
+            return ImageInfo(width=width, height=height, mode=img.mode, format=img.format or "",
+                             orientation=orientation)
     except Image.DecompressionBombError as exc:
         raise MediaError(f"image: too many pixels ({exc})") from exc
     except UnidentifiedImageError as exc:

@@ -1,7 +1,8 @@
 """The server's run directory: where the stages publish their pools' handles and link sockets (no torch).
 
 The launcher creates one per server and names it in the environment variable ``UNIFIEDSERVE_RUN_DIR``, which
-every model process inherits.
+every model process inherits; in a server started without the launcher each model process names the one derived
+from the server process there (``backends.triton.standalone``, at the start of its ``initialize``).
 """
 from __future__ import annotations
 
@@ -14,10 +15,12 @@ RUN_DIR_ENV = "UNIFIEDSERVE_RUN_DIR"
 
 
 def run_dir() -> Path:
-    """The server's run directory; raises RuntimeError when the launcher did not set one."""
+    """The server's run directory; raises RuntimeError when none is named (outside a model process or a launcher's
+    server)."""
     value = os.environ.get(RUN_DIR_ENV)
     if not value:
-        raise RuntimeError(f"{RUN_DIR_ENV} is not set: start the server with `python -m backends.triton.launcher`")
+        raise RuntimeError(f"{RUN_DIR_ENV} is not set: the launcher sets it, and so does each model's adaptor in a "
+                           "server started without it (backends/triton/standalone.py)")
     return Path(value)
 
 

@@ -82,6 +82,7 @@ def load_model(spec: ModelSpec) -> tuple[Qwen2_5_VLForConditionalGeneration, Pre
     tokenizer = load_tokenizer(spec.model_path)  # first: it says when model_path is no directory
     device = torch.device(spec.device)
     if spec.load_format == "auto" and spec.model_path is not None:
+        log.info("loading the weights of %s onto %s", spec.model_path, device)
         config = AutoConfig.from_pretrained(spec.model_path, local_files_only=True)
         model = Qwen2_5_VLForConditionalGeneration.from_pretrained(
             spec.model_path, local_files_only=True, attn_implementation="sdpa",
@@ -96,6 +97,7 @@ def load_model(spec: ModelSpec) -> tuple[Qwen2_5_VLForConditionalGeneration, Pre
     else:
         config = build_config(spec.preset, tokenizer)
     dtype = _torch_dtype(spec.dtype, config.dtype or torch.float32)
+    log.info("building %s with random weights on %s", spec.model_path or f"preset {spec.preset}", device)
     # Initialise straight on the device (a 7B model in fp32 on the CPU would take minutes and 30 GB), from
     # a private RNG stream so that the caller's global RNG state is left as it was.
     fork_devices = [device.index or 0] if device.type == "cuda" else []

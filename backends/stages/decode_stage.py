@@ -10,6 +10,7 @@ from backends.ipc.protocol import SERVER_FAULT, Call, DecodeAbort, DecodeAdmit, 
 from backends.runtime.loader import ModelSpec
 from backends.stages.decode_worker import DecodeWorker
 from backends.stages.device import shared_weights_on, stage_setup
+from backends.stages.kv_pool_size import memory_fraction
 from backends.triton import triton_io
 from backends.triton.histograms import Bins, CounterHistogram, HistogramSpec
 from backends.triton.replicas import replica_name
@@ -71,7 +72,7 @@ class DecodeStage(triton_io.InternalModel):
         self.step_metrics = StepMetrics(replica)
         self.worker = DecodeWorker(
             ModelSpec.from_parameters(params, device=str(device)), device,
-            kv_pages=triton_io.int_parameter(params, "kv_pages"),
+            kv_pages=triton_io.int_parameter(params, "kv_pages"), kv_memory_fraction=memory_fraction(params, device),
             page_size=triton_io.int_parameter(params, "kv_page_size"),
             max_batch=triton_io.int_parameter(params, "max_batch"),
             attention_backend=params.get("attention_backend", "auto"),

@@ -46,6 +46,7 @@ from backends.runtime.sampling.sampler import sample_tensor, warm_up
 from backends.runtime.sampling.stopping import finish_reason
 from backends.runtime.sampling.token_readback import TokenReadback
 from backends.runtime.tokenizer import eos_token_ids
+from backends.stages.kv_pool_size import free_gpu_bytes, pages_for_memory
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +103,9 @@ class _Launched:
 class DecodeWorker:
     """Owns the KV pool and runs the decode loop thread.
 
-    ``kv_pages`` KV pages of ``page_size`` tokens for sequences (the pool has ``RESERVED_KV_PAGES`` more);
+    ``kv_pages`` KV pages of ``page_size`` tokens for sequences (the pool has ``RESERVED_KV_PAGES`` more), or, with
+    ``kv_memory_fraction`` (a CUDA device only: ``kv_pool_size.memory_fraction``), as many as that share of the GPU
+    memory free once the weights are loaded holds (``kv_pool_size.pages_for_memory``);
     at most ``max_batch`` sequences per step. ``attention_backend``: see ``attention.make_backend``;
     ``cuda_graphs``: ``"auto"`` (capture decode graphs for batch sizes up to ``max_batch`` when the backend
     is flashinfer), ``"on"`` (the same, ValueError without flashinfer) or ``"off"``. ``compile_layers``: the
@@ -123,7 +126,7 @@ class DecodeWorker:
     def __init__(self, spec: ModelSpec, device: torch.device, kv_pages: int, page_size: int, max_batch: int,
                  attention_backend: str = "auto", cuda_graphs: str = "auto", on_step: StepTimer | None = None,
                  compile_layers: str = "auto", kv_pool: str = "kv_pool", lm_weights: str | None = "lm_weights",
-                 overlap_steps: str = "auto"):
+                 overlap_steps: str = "auto", kv_memory_fraction: float | None = None):
         for name, value in (("cuda_graphs", cuda_graphs), ("compile_layers", compile_layers),
                             ("overlap_steps", overlap_steps)):
             if value not in ("auto", "on", "off"):
@@ -133,14 +136,24 @@ class DecodeWorker:
         # published before the KV pool, which encode_prefill waits for: by then it can find the weights too
         self.weights = shared_weights.publish(model, lm_weights, device) if lm_weights else None
         self.weights_held = shared_weights.held_bytes(model, self.weights)
+        sized = ""
+        if kv_memory_fraction is not None:
+            page = KVCacheLayout.from_config(model.config, num_pages=1, page_size=page_size, dtype=model.dtype)
+            free = free_gpu_bytes(device)
+            kv_pages = pages_for_memory(free, kv_memory_fraction, page.page_bytes)
+            sized = f", kv_memory_fraction {kv_memory_fraction:g} of {free / 2**30:.2f} GiB free"
         layout = KVCacheLayout.from_config(model.config, num_pages=kv_pages + RESERVED_KV_PAGES,
                                            page_size=page_size, dtype=model.dtype)
+        log.info("KV pool: %d pages of %d tokens, %.2f GiB%s", kv_pages, page_size,
+                 layout.num_pages * layout.page_bytes / 2**30, sized)
         self.pool = shared_tensor.create(kv_pool, layout.shape, layout.dtype, device)
         backend = make_backend(attention_backend, model.config, page_size, model.dtype, device)
         graphs = cuda_graphs == "on" or (cuda_graphs == "auto" and isinstance(backend, FlashInferAttentionBackend))
         compiled = compile_layers == "on" or (compile_layers == "auto" and graphs)
         self.runner = ModelRunner(model, self.pool.tensor, page_size, backend, compile_language_model=compiled)
         if graphs:
+            log.info("capturing CUDA graphs for batch sizes up to %d%s", max_batch,
+                     " (the decoder layers are compiled first)" if compiled else "")
             self.runner.enable_cuda_graphs(batch_ladder(max_batch))
         self.overlap = overlap_steps == "on" or (overlap_steps == "auto" and graphs)
         log.info("decode: %s attention, CUDA graphs %s, decoder layers %s, steps %s", type(backend).__name__,

@@ -5,11 +5,15 @@ hold no logic.
 The class is imported in ``initialize`` (the stub imports ``model.py`` before it knows which model it serves) and
 built from Triton's ``args``; it has ``execute(requests)`` (a list of responses, or None for a decoupled model)
 and ``finalize()``. A stage replica's model (``decode_r1``, ``backends.triton.replicas``) is its stage's class.
+Before the class is built, our packages' log lines are tagged with the model's name (``model_log``) and, for a
+server started without the launcher, the run directory is found (``standalone``); it is let go of last.
 """
 from __future__ import annotations
 
 import importlib
 import re
+
+from backends.triton import model_log, standalone
 
 MODELS = {
     "orchestrator": "orchestrator.triton_model:OrchestratorModel",
@@ -27,10 +31,21 @@ def model_class(model_name: str) -> type:
 
 class TritonPythonModel:
     def initialize(self, args):
-        self.model = model_class(args["model_name"])(args)
+        model_log.install(args["model_name"])
+        self.run_dir = standalone.adopt()
+        try:
+            self.model = model_class(args["model_name"])(args)
+        except BaseException:  # Triton will not call finalize()
+            if self.run_dir is not None:
+                self.run_dir.release()
+            raise
 
     def execute(self, requests):
         return self.model.execute(requests)
 
     def finalize(self):
-        self.model.finalize()
+        try:
+            self.model.finalize()
+        finally:
+            if self.run_dir is not None:
+                self.run_dir.release()

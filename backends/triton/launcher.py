@@ -7,9 +7,10 @@ drain of ``backends.triton.server_stop``, and a server whose model process died 
 restart (``backends.triton.stubs.watch_stages``).
 
 Usage: ``python -m backends.triton.launcher [--http-port 8000] [--grpc-port 8001] [--metrics-port 8002]
-[--set MODEL.KEY=VALUE ...]``; Ctrl-C stops the server. ``--set`` serves a copy of the repository with
-those model parameters changed (``backends/triton/repository.py``). Tests use :class:`TritonServer` as a context
-manager.
+[--config DEPLOY.yaml] [--model PATH] [--set MODEL.KEY=VALUE ...]``; Ctrl-C stops the server. ``--config``,
+``--model`` and ``--set`` serve a copy of the repository with model parameters changed
+(``backends/triton/launch_options.py``). While the models load, it prints their progress to stderr
+(``backends/triton/load_progress.py``). Tests use :class:`TritonServer` as a context manager.
 """
 from __future__ import annotations
 
@@ -28,12 +29,15 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from backends.ipc.run_dir import RUN_DIR_ENV
-from backends.triton import server_stop
+from backends.triton import launch_options, server_stop
+from backends.triton.deploy_config import DEFAULT_SHM_BYTES
+from backends.triton.load_progress import LoadProgress
 from backends.triton.ports import ServerPorts
-from backends.triton.repository import parse_overrides, repository_with
-from backends.triton.server_binary import server_binary
+from backends.triton.repository import repository_with
+from backends.triton.server_binary import server_binary, server_command
 from backends.triton.server_log import load_errors, not_unloaded
 from backends.triton.stale_shm import lock_path, remove_run_files, remove_stale_shared_memory
 from backends.triton.stubs import dump_stacks, stub_processes, watch_stages
@@ -60,6 +64,8 @@ class TritonServer:
     log_path: Path | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
     log_to_stdout: bool = False  # inherit stdout (containers: `docker logs`) instead of writing log_path
+    shm_default_byte_size: int = DEFAULT_SHM_BYTES  # the Python backend's shared memory per model process
+    on_log: Callable[[Path], None] | None = None  # told the log's path before the server starts (load_progress)
     process: subprocess.Popen | None = None
     run_dir: Path | None = None
     ready_stubs: dict[int, str] = field(default_factory=dict)  # `stubs()` once ready: what `watch_stages` expects
@@ -82,18 +88,11 @@ class TritonServer:
                        # video bytes written out for decoding: removed with the pools at stop, even after a kill
                        TMP_PREFIX_ENV: f"unifiedserve-{self.run_dir.name}-flashcodec-"}
         environment["PYTHONPATH"] = str(REPO_ROOT)  # for the helpers we start; the stub ignores it
-        p = self.ports
-        command = [
-            str(binary),
-            f"--model-repository={self.model_repository}",
-            f"--backend-directory={backends}",
-            f"--http-address={p.address}", f"--http-port={p.http}",
-            f"--grpc-address={p.address}", f"--grpc-port={p.grpc}",
-            f"--metrics-address={p.address}", f"--metrics-port={p.metrics}",
-            "--backend-config=python,shm-default-byte-size=16777216",
-            f"--exit-timeout-secs={TRITON_EXIT_TIMEOUT_S}",
-        ]
+        command = server_command(binary, backends, self.model_repository, self.ports, self.shm_default_byte_size,
+                                 TRITON_EXIT_TIMEOUT_S)
         log = None if self.log_to_stdout else open(self.log_path, "wb")
+        if log is not None and self.on_log is not None:
+            self.on_log(self.log_path)
         self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=environment,
                                         cwd=str(REPO_ROOT), start_new_session=True, pass_fds=[self._lock.fileno()])
         try:
@@ -218,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", action="append", default=[], metavar="MODEL.KEY=VALUE", dest="overrides",
                         help="change a model parameter of config.pbtxt (repeatable), e.g. decode.preset=qwen2_5_vl_7b;"
                              " *.KEY=VALUE sets it in every model that has it")
+    launch_options.add_arguments(parser)
     args = parser.parse_args(argv)
     # SIGTERM stops it like Ctrl-C, also while the repository copy is written or the server starts; SIGINT too
     # when started in the background (where it is inherited as ignored).
@@ -225,23 +225,30 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     source = args.model_repository.resolve()
     try:
-        overrides = parse_overrides(args.overrides, source)
+        plan = launch_options.serve_plan(args, source)
     except ValueError as exc:
         parser.error(str(exc))
+    if args.render:
+        return launch_options.render(plan, source, args.render)
     try:
         with tempfile.TemporaryDirectory(prefix="unifiedserve-repository-") as edited:
-            repository = repository_with(Path(edited), overrides, source) if overrides else source
-            return _serve(args, repository)
+            repository = repository_with(Path(edited), plan.overrides, source) if plan.overrides else source
+            return _serve(args, repository, plan.shm_default_byte_size)
     except KeyboardInterrupt:  # before the server started (it stops its own when interrupted while starting)
         print("stopped before the server started", file=sys.stderr)
         return 130
 
 
-def _serve(args: argparse.Namespace, repository: Path) -> int:
+def _serve(args: argparse.Namespace, repository: Path, shm_default_byte_size: int) -> int:
     ports = ServerPorts(args.http_port, args.grpc_port, args.metrics_port, args.address)
-    server = TritonServer(repository, ports, ready_timeout_s=args.ready_timeout, log_to_stdout=args.log_stdout)
+    progress = LoadProgress(lambda text: print(text, file=sys.stderr, flush=True))
+    server = TritonServer(repository, ports, ready_timeout_s=args.ready_timeout, log_to_stdout=args.log_stdout,
+                          shm_default_byte_size=shm_default_byte_size, on_log=progress.follow)
     try:
-        server.start()
+        try:
+            server.start()
+        finally:
+            progress.stop()
     except KeyboardInterrupt:
         print("stopped while starting", file=sys.stderr)
         return 130

@@ -1,4 +1,4 @@
-"""Where the ``tritonserver`` binary and its backends come from.
+"""Where the ``tritonserver`` binary and its backends come from, and its command line.
 
 ``/opt/tritonserver`` when it exists (NGC images); otherwise the ``nvidia-pytriton`` wheel (tritonserver 2.51):
 its ``tritonserver`` folder is copied once to a writable cache (``UNIFIEDSERVE_CACHE``, default
@@ -14,6 +14,8 @@ import sys
 import sysconfig
 import tempfile
 from pathlib import Path
+
+from backends.triton.ports import ServerPorts
 
 NGC_SERVER = Path("/opt/tritonserver")
 CACHE = Path(os.environ.get("UNIFIEDSERVE_CACHE", Path.home() / ".cache" / "unifiedserve"))
@@ -56,3 +58,20 @@ def _wheel_server() -> tuple[Path, Path, dict[str, str]]:
         "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
     }
     return target / "bin" / "tritonserver", target / "backends", env
+
+
+def server_command(binary: Path, backends: Path, repository: Path, ports: ServerPorts, shm_default_byte_size: int,
+                   exit_timeout_s: int) -> list[str]:
+    """The tritonserver command line serving ``repository`` on ``ports``: ``shm_default_byte_size`` is the Python
+    backend's shared-memory region per model process (bytes), ``exit_timeout_s`` Triton's ``--exit-timeout-secs``."""
+    p = ports
+    return [
+        str(binary),
+        f"--model-repository={repository}",
+        f"--backend-directory={backends}",
+        f"--http-address={p.address}", f"--http-port={p.http}",
+        f"--grpc-address={p.address}", f"--grpc-port={p.grpc}",
+        f"--metrics-address={p.address}", f"--metrics-port={p.metrics}",
+        f"--backend-config=python,shm-default-byte-size={shm_default_byte_size}",
+        f"--exit-timeout-secs={exit_timeout_s}",
+    ]

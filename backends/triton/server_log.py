@@ -7,6 +7,9 @@ from typing import Iterable
 # Triton's line for a model that did not load: "failed to load 'NAME' version N: Internal: REASON\nAt: ..." (the
 # traceback after an escaped newline)
 _LOAD_FAILED = re.compile(r"failed to load '([^']+)' version \d+: (?:Internal: )?(.*?)(?:\\n|\"?$)", re.MULTILINE)
+# Its lines for a model's load starting and ending well: "loading: NAME:1", "successfully loaded 'NAME'"
+_LOADING = re.compile(r'"loading: ([^:"]+):\d+"')
+_LOADED = re.compile(r"successfully loaded '([^']+)'")
 
 
 def load_errors(log: str) -> list[str]:
@@ -16,6 +19,16 @@ def load_errors(log: str) -> list[str]:
     for model, reason in _LOAD_FAILED.findall(log):
         found.setdefault(model, reason)
     return [f"model {model} did not load: {reason}" for model, reason in found.items()]
+
+
+def load_event(line: str) -> tuple[str, str, str] | None:
+    """(model, event, reason) for one tritonserver log line about a model's load: event "loading", "loaded" or
+    "failed" (reason: the exception's first line, else ""); None for other lines."""
+    for event, pattern in (("loading", _LOADING), ("loaded", _LOADED), ("failed", _LOAD_FAILED)):
+        match = pattern.search(line)
+        if match:
+            return match[1], event, match[2] if event == "failed" else ""
+    return None
 
 
 def not_unloaded(log: str, models: Iterable[str]) -> str:

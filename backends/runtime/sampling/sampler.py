@@ -278,6 +278,7 @@ def warm_up(device: torch.device, vocab: int) -> None:
     (built by flashinfer's JIT on a machine's first use: bench/RESULTS.md, "sampler warm-up") before a
     request needs them, by drawing once with top-p; a no-op off CUDA."""
     if device.type == "cuda":
+        log.info("compiling the sampler and loading flashinfer's top-p kernel (built once per machine)")
         sample(torch.zeros(2, vocab, device=device), [SamplingParams(top_p=0.5)] * 2, [0, 0], [])
 
 

@@ -71,9 +71,10 @@ def test_repository_with_refuses_unknown_models(tmp_path):
 def test_launcher_set_serves_the_edited_copy_and_removes_it(monkeypatch):
     served = {}
 
-    def fake_serve(args, repository):
+    def fake_serve(args, repository, shm_default_byte_size):
         served["parameters"] = model_parameters(repository)
         served["repository"] = repository
+        served["shm"] = shm_default_byte_size
         return 0
 
     monkeypatch.setattr(launcher, "_serve", fake_serve)
@@ -82,6 +83,11 @@ def test_launcher_set_serves_the_edited_copy_and_removes_it(monkeypatch):
     assert served["parameters"]["decode"]["kv_pages"] == "16384"
     assert not served["repository"].exists()  # the copy lives while the server runs
     assert launcher.main([]) == 0 and served["repository"] == REPOSITORY  # no --set: the repo's own
+    # a deployment file, with --set over it; its IPC buffer size goes to the server's command line
+    assert launcher.main(["--config", str(REPOSITORY.parent / "deploy" / "qwen2_5_vl_7b_h200.yaml"),
+                          "--set", "decode.max_batch=32"]) == 0
+    assert served["parameters"]["orchestrator"]["encode_budget"] == "10240"
+    assert served["parameters"]["decode"]["max_batch"] == "32" and served["shm"] == 64 * 2**20
 
 
 def test_launcher_set_with_an_unknown_key_stops_before_starting(monkeypatch, capsys):

@@ -1,0 +1,341 @@
+"""A deployment file (YAML): one place for what is otherwise spread over four ``config.pbtxt`` files and the
+server's command line. ``python -m backends.triton.launcher --config deploy.yaml`` serves the model repository
+rendered from it (``backends.triton.repository``); ``deploy/`` holds examples.
+
+Sections, every key optional (what is left out keeps the repository's value; ``slo.<modality>`` needs both its
+keys):
+
+* ``model``: ``path`` (the checkpoint directory of every model; relative to the file's folder), ``preset``,
+  ``dtype``, ``load_format``.
+* ``resources``: ``replicas`` (encode_prefill + decode pairs, replica k on GPU k mod GPUs under ``device: auto``)
+  and per stage where it runs: ``flashcodec`` (``device``, ``nvdec_gpus``, ``nvdec_processes_per_gpu``,
+  ``decode_threads``), ``encode_prefill`` (``device``, ``vision_gpus``, ``vision_parallel``, ``vision_tp_size``),
+  ``decode`` (``device``). A GPU set is ``own``, ``all`` or a list of ids. Each stage is one Triton instance (its
+  stage-link socket is named after its model), so a stage is placed by its ``device``, and more copies of
+  encode_prefill + decode are ``replicas``.
+* ``budgets``: the scheduler's per-step ``prefill_budget`` (LLM tokens) and ``encode_budget`` (vision patches),
+  ``max_share``, ``max_model_len`` (tokens), decode's ``max_batch`` (sequences per step).
+* ``slo``: per modality (``text``, ``image``, ``video``) ``ttft_ms`` and ``tbt_ms``: targets for the SLO-aware
+  scheduling work, carried into the orchestrator's parameters (``slo_<modality>_ttft_ms``, ...); not acted on yet.
+* ``pools``: ``kv_pages`` or ``kv_memory_fraction`` (the KV pool as a share of the GPU memory free once decode's
+  weights are loaded), ``kv_page_size`` (tokens), ``patch_pages``, ``patch_page_size`` (patches).
+* ``ipc``: ``shm_default_byte_size``, the Python backend's shared-memory region per model process (bytes).
+
+Every section is a frozen dataclass checked in ``__post_init__``; errors are :class:`ConfigError`, naming the file
+and the key (``pools.kv_memory_fraction: must be in (0, 1), got 1.5``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from backends.triton.triton_io import UPPER_BOUNDS, gpus_value
+
+DEFAULT_SHM_BYTES = 16 * 1024 * 1024  # the launcher's --backend-config=python,shm-default-byte-size
+MODALITIES = ("text", "image", "video")
+_DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
+
+
+class ConfigError(ValueError):
+    """A deployment file that cannot be served; ``key`` is the dotted key at fault."""
+
+    def __init__(self, key: str, message: str):
+        super().__init__(f"{key}: {message}")
+        self.key, self.message = key, message
+
+
+def _to(target: str):
+    """A field whose value sets the repository parameter ``target`` (``MODEL.KEY``, or ``*.KEY`` for every model
+    that declares KEY); None (the default) keeps the repository's value."""
+    return field(default=None, metadata={"to": target})
+
+
+def _positive(section, *names: str) -> None:
+    for name in names:
+        value = getattr(section, name)
+        if value is not None and value < 1:
+            raise ConfigError(name, f"must be at least 1, got {value!r}")
+
+
+def _device(value: str | None, key: str = "device") -> None:
+    if value is not None and not _DEVICE.match(value):
+        raise ConfigError(key, f"must be auto, cpu or cuda:N, got {value!r}")
+
+
+def _gpus(value: str | tuple[int, ...] | None, key: str) -> None:
+    if value is not None:
+        try:
+            gpus_value(key, _text(value))
+        except ValueError:
+            raise ConfigError(key, f"must be own, all or a list of distinct GPU ids, got {value!r}") from None
+
+
+@dataclass(frozen=True)
+class ModelSection:
+    """``model``: the checkpoint directory every model loads (``path``), else ``preset``'s architecture with random
+    weights; ``dtype``, ``load_format`` as the stages take them (checked by them at load)."""
+
+    path: str | None = _to("*.model_path")
+    preset: str | None = _to("*.preset")
+    dtype: str | None = _to("*.dtype")
+    load_format: str | None = _to("*.load_format")
+
+    def __post_init__(self):
+        if self.path is not None and not Path(self.path).is_dir():
+            raise ConfigError("path", f"{self.path} is not a directory (a local Qwen2.5-VL checkpoint)")
+
+
+@dataclass(frozen=True)
+class FlashcodecResources:
+    """``resources.flashcodec``: its device; the GPUs whose NVDEC engines decode (a GPU set), processes per GPU,
+    decode threads (media items decoded at once)."""
+
+    device: str | None = _to("flashcodec.device")
+    nvdec_gpus: str | tuple[int, ...] | None = _to("flashcodec.nvdec_gpus")
+    nvdec_processes_per_gpu: int | None = _to("flashcodec.nvdec_processes_per_gpu")
+    decode_threads: int | None = _to("flashcodec.decode_threads")
+
+    def __post_init__(self):
+        _device(self.device)
+        _gpus(self.nvdec_gpus, "nvdec_gpus")
+        _positive(self, "nvdec_processes_per_gpu", "decode_threads")
+
+
+@dataclass(frozen=True)
+class EncodePrefillResources:
+    """``resources.encode_prefill``: its device; the vision tower's GPUs (a GPU set), ``data`` or ``tensor``
+    parallel, GPUs per split tower (``all`` or a number)."""
+
+    device: str | None = _to("encode_prefill.device")
+    vision_gpus: str | tuple[int, ...] | None = _to("encode_prefill.vision_gpus")
+    vision_parallel: str | None = _to("encode_prefill.vision_parallel")
+    vision_tp_size: int | str | None = _to("encode_prefill.vision_tp_size")
+
+    def __post_init__(self):
+        _device(self.device)
+        _gpus(self.vision_gpus, "vision_gpus")
+        if self.vision_parallel not in (None, "data", "tensor"):
+            raise ConfigError("vision_parallel", f"must be data or tensor, got {self.vision_parallel!r}")
+        if isinstance(self.vision_tp_size, str) and self.vision_tp_size != "all":
+            raise ConfigError("vision_tp_size", f"must be all or a number of GPUs, got {self.vision_tp_size!r}")
+        if isinstance(self.vision_tp_size, int):
+            _positive(self, "vision_tp_size")
+
+
+@dataclass(frozen=True)
+class DecodeResources:
+    """``resources.decode``: its device (it owns the KV pool)."""
+
+    device: str | None = _to("decode.device")
+
+    def __post_init__(self):
+        _device(self.device)
+
+
+@dataclass(frozen=True)
+class Resources:
+    """``resources``: encode_prefill + decode replicas (1-64) and each stage's placement."""
+
+    replicas: int | None = _to("orchestrator.replicas")
+    flashcodec: FlashcodecResources = field(default_factory=FlashcodecResources)
+    encode_prefill: EncodePrefillResources = field(default_factory=EncodePrefillResources)
+    decode: DecodeResources = field(default_factory=DecodeResources)
+
+    def __post_init__(self):
+        _positive(self, "replicas")
+        if self.replicas is not None and self.replicas > UPPER_BOUNDS["replicas"]:
+            raise ConfigError("replicas", f"must be at most {UPPER_BOUNDS['replicas']}, got {self.replicas}")
+
+
+@dataclass(frozen=True)
+class Budgets:
+    """``budgets``: per scheduler step ``prefill_budget`` (LLM tokens) and ``encode_budget`` (vision-encoder patches
+    before the 2x2 merge), ``max_share`` of a budget per request while several want it (0, 1], ``max_model_len``
+    (tokens), decode's ``max_batch`` (sequences per step)."""
+
+    prefill_budget: int | None = _to("orchestrator.prefill_budget")
+    encode_budget: int | None = _to("orchestrator.encode_budget")
+    max_share: float | None = _to("orchestrator.max_share")
+    max_model_len: int | None = _to("orchestrator.max_model_len")
+    max_batch: int | None = _to("decode.max_batch")
+
+    def __post_init__(self):
+        _positive(self, "prefill_budget", "encode_budget", "max_model_len", "max_batch")
+        if self.max_share is not None and not 0 < self.max_share <= 1:
+            raise ConfigError("max_share", f"must be in (0, 1], got {self.max_share!r}")
+
+
+@dataclass(frozen=True)
+class ModalitySlo:
+    """Targets for one modality's requests: time to first token and time between tokens, in milliseconds."""
+
+    ttft_ms: float
+    tbt_ms: float
+
+    def __post_init__(self):
+        for name in ("ttft_ms", "tbt_ms"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(name, f"must be a positive number of milliseconds, got {getattr(self, name)!r}")
+
+
+@dataclass(frozen=True)
+class Slo:
+    """``slo``: targets per modality (a request with a video counts as video, one with images as image)."""
+
+    text: ModalitySlo | None = None
+    image: ModalitySlo | None = None
+    video: ModalitySlo | None = None
+
+    def items(self) -> list[str]:
+        return [f"orchestrator.slo_{modality}_{name}={_text(getattr(target, name))}"
+                for modality in MODALITIES if (target := getattr(self, modality)) is not None
+                for name in ("ttft_ms", "tbt_ms")]
+
+
+@dataclass(frozen=True)
+class Pools:
+    """``pools``: the KV pool in pages (``kv_pages``) or as a share of the GPU memory free after decode's weights
+    (``kv_memory_fraction``, (0, 1)), ``kv_page_size`` (tokens); the patch pool's pages and ``patch_page_size``
+    (patches)."""
+
+    kv_pages: int | None = _to("decode.kv_pages")
+    kv_memory_fraction: float | None = _to("decode.kv_memory_fraction")
+    kv_page_size: int | None = _to("decode.kv_page_size")
+    patch_pages: int | None = _to("flashcodec.patch_pages")
+    patch_page_size: int | None = _to("flashcodec.patch_page_size")
+
+    def __post_init__(self):
+        _positive(self, "kv_pages", "kv_page_size", "patch_pages", "patch_page_size")
+        if self.kv_pages is not None and self.kv_memory_fraction is not None:
+            raise ConfigError("kv_memory_fraction", "give kv_pages or kv_memory_fraction, not both")
+        if self.kv_memory_fraction is not None and not 0 < self.kv_memory_fraction < 1:
+            raise ConfigError("kv_memory_fraction", f"must be in (0, 1), got {self.kv_memory_fraction!r}")
+
+    def items(self) -> list[str]:
+        # kv_pages alone in the file: a fraction the repository may hold would win over it (decode_stage)
+        return ["decode.kv_memory_fraction="] if self.kv_pages is not None else []
+
+
+@dataclass(frozen=True)
+class Ipc:
+    """``ipc``: the Python backend's shared-memory region per model process, bytes (it grows beyond, per request)."""
+
+    shm_default_byte_size: int = DEFAULT_SHM_BYTES
+
+    def __post_init__(self):
+        _positive(self, "shm_default_byte_size")
+
+
+@dataclass(frozen=True)
+class DeployConfig:
+    """A deployment file, checked (see the module docstring)."""
+
+    model: ModelSection = field(default_factory=ModelSection)
+    resources: Resources = field(default_factory=Resources)
+    budgets: Budgets = field(default_factory=Budgets)
+    slo: Slo = field(default_factory=Slo)
+    pools: Pools = field(default_factory=Pools)
+    ipc: Ipc = field(default_factory=Ipc)
+
+    def set_items(self) -> list[str]:
+        """The repository parameters this file sets, as the launcher's ``--set`` items (``MODEL.KEY=VALUE``)."""
+        return [*_items(self), *self.slo.items(), *self.pools.items()]
+
+    @classmethod
+    def load(cls, path: Path) -> "DeployConfig":
+        """Read and check the YAML file ``path``. Raises ConfigError (its message starts with the file's name)
+        for a file that cannot be read or parsed, an unknown or missing key, or a value of the wrong type or
+        range."""
+        path = Path(path)
+        try:
+            data = yaml.safe_load(path.read_text())
+        except (OSError, yaml.YAMLError) as exc:
+            raise ConfigError(str(path), f"cannot read it: {exc}") from None
+        model = (data or {}).get("model") if isinstance(data, dict) else None
+        if isinstance(model, dict) and isinstance(model.get("path"), str):  # relative to the file, not the caller
+            data["model"] = {**model, "path": str((path.parent / model["path"]).resolve())}
+        try:
+            return build(cls, data)
+        except ConfigError as exc:
+            raise ConfigError(f"{path}: {exc.key}", exc.message) from None
+
+
+def build(cls: type, data: object, where: str = ""):
+    """``cls`` (a dataclass of this module) from parsed YAML ``data`` (a mapping, or None for the defaults),
+    checking keys and types. Raises ConfigError naming the dotted key."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(where or "the file", f"must be a mapping of keys, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    unknown = [key for key in data if key not in names]
+    if unknown:
+        raise ConfigError(_key(where, unknown[0]), f"unknown key; known here: {', '.join(names)}")
+    values = {}
+    for f in dataclasses.fields(cls):
+        key = _key(where, f.name)
+        if f.name not in data:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise ConfigError(key, "missing")
+            continue
+        values[f.name] = _value(data[f.name], hints[f.name], key)
+    try:
+        return cls(**values)
+    except ConfigError as exc:
+        raise ConfigError(_key(where, exc.key), exc.message) from None
+
+
+def _value(value: object, hint: object, key: str):
+    """``value`` checked against a field's type: a section (dataclass), or a union of int, float, str, None and
+    tuple[int, ...] (a YAML list)."""
+    options = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    for option in options:
+        if dataclasses.is_dataclass(option) and (value is None or isinstance(value, dict)):
+            return None if value is None and type(None) in options else build(option, value, key)
+        if option is type(None) and value is None:
+            return None
+        if option is int and isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if option is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if option is str and isinstance(value, str):
+            return value
+        if typing.get_origin(option) is tuple and isinstance(value, list) and all(
+                isinstance(v, int) and not isinstance(v, bool) for v in value):
+            return tuple(value)
+    kinds = {int: "an integer", float: "a number", str: "a string", type(None): "null"}
+    wanted = " or ".join(kinds.get(o, "a list of integers" if typing.get_origin(o) is tuple else "a mapping")
+                         for o in options)
+    raise ConfigError(key, f"must be {wanted}, got {value!r}")
+
+
+def _key(where: str, name: str) -> str:
+    return f"{where}.{name}" if where else name
+
+
+def _text(value: object) -> str:
+    """A parameter's string: ``[0, 1]`` -> ``0,1``, ``500.0`` -> ``500``."""
+    if isinstance(value, tuple):
+        return ",".join(map(str, value))
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def _items(section) -> list[str]:
+    """``MODEL.KEY=VALUE`` for each field of ``section`` (and its sections) that is set and names a target."""
+    items = []
+    for f in dataclasses.fields(section):
+        value = getattr(section, f.name)
+        if dataclasses.is_dataclass(value):
+            items += _items(value)
+        elif value is not None and "to" in f.metadata:
+            items.append(f"{f.metadata['to']}={_text(value)}")
+    return items

@@ -1,0 +1,59 @@
+"""The launcher's options that decide what is served: ``--config`` (a deployment file, ``deploy_config``),
+``--model`` (every model's checkpoint), then ``--set`` (each later one wins over what came before), and
+``--render DIR`` (write the repository and the tritonserver command that serves it, and start nothing).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from backends.triton.deploy_config import DeployConfig
+from backends.triton.repository import parse_overrides, repository_with
+
+
+@dataclass(frozen=True)
+class ServePlan:
+    """What to serve: ``overrides`` ({model: {key: value}}, ``repository.parse_overrides``) of the source
+    repository's parameters, and the Python backend's shared-memory region per model process (bytes)."""
+
+    overrides: dict[str, dict[str, str]]
+    shm_default_byte_size: int
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", type=Path, metavar="DEPLOY.yaml",
+                        help="a deployment file (deploy/*.yaml): resources, budgets, SLOs, pools, IPC buffer")
+    parser.add_argument("--model", type=Path, metavar="PATH",
+                        help="a local Qwen2.5-VL checkpoint directory: the model_path of every model")
+    parser.add_argument("--render", type=Path, metavar="DIR",
+                        help="write the model repository to DIR (new or empty), print the tritonserver command "
+                             "that serves it, and exit")
+
+
+def serve_plan(args: argparse.Namespace, source: Path) -> ServePlan:
+    """The plan from ``args`` (``--config``, ``--model``, ``--set`` as ``args.overrides``) for the repository
+    ``source``. Raises ValueError naming the option at fault: a deployment file that does not check
+    (``deploy_config.ConfigError``), a ``--model`` that is not a directory, a ``--set`` item that
+    ``parse_overrides`` refuses."""
+    config = DeployConfig.load(args.config) if args.config else DeployConfig()
+    items = config.set_items()
+    if args.model is not None:
+        if not args.model.is_dir():
+            raise ValueError(f"--model {args.model}: not a directory (a local Qwen2.5-VL checkpoint)")
+        items.append(f"*.model_path={args.model.resolve()}")  # the server's working folder is not the caller's
+    return ServePlan(parse_overrides([*items, *args.overrides], source), config.ipc.shm_default_byte_size)
+
+
+def render(plan: ServePlan, source: Path, target: Path) -> int:
+    """Write ``source`` with ``plan``'s parameters to ``target`` (its model.py files link to ``source``'s) and
+    print the command that serves it. Returns the exit status: 0, or 1 when ``target`` holds files already."""
+    if target.exists() and any(target.iterdir()):
+        print(f"--render {target}: not empty", file=sys.stderr, flush=True)
+        return 1
+    target.mkdir(parents=True, exist_ok=True)
+    repository_with(target.resolve(), plan.overrides, source)
+    print(f"tritonserver --model-repository={target.resolve()} "
+          f"--backend-config=python,shm-default-byte-size={plan.shm_default_byte_size}", flush=True)
+    return 0

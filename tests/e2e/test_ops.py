@@ -1,0 +1,183 @@
+"""Operability: a repository rendered from a deployment file served by `tritonserver` alone (no launcher, as the NGC
+entrypoint or a Helm chart starts it), asked by the pip-installed client from another folder; and the launcher
+serving a deployment file, with its progress lines while the models load."""
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from PIL import ExifTags, Image
+
+from backends.triton import server_stop
+from backends.triton.launcher import REPO_ROOT
+from backends.triton.ports import ServerPorts
+from backends.triton.server_binary import server_binary, server_command
+from backends.triton.stale_shm import SHM
+from backends.triton.standalone import server_run_name
+from backends.triton.stubs import stub_processes
+from client.api import Client, ServerError
+from tests.e2e.conftest import assert_clean_log, read_metrics, repository_with
+from tests.install import build_wheel, environment, install
+from tests.media import gradient
+
+pytestmark = pytest.mark.e2e
+TINY_CPU = REPO_ROOT / "deploy" / "tiny_cpu.yaml"
+GREEDY = {"max_tokens": 4, "temperature": 0, "ignore_eos": True}
+
+
+def wait_ready(process: subprocess.Popen, ports: ServerPorts, log: Path, timeout_s: float = 300) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert process.poll() is None, f"tritonserver exited with {process.returncode}:\n{log.read_text()[-6000:]}"
+        try:
+            if urllib.request.urlopen(f"http://{ports.address}:{ports.http}/v2/health/ready", timeout=2).status == 200:
+                return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    pytest.fail(f"tritonserver not ready within {timeout_s} s:\n{log.read_text()[-6000:]}")
+
+
+def start_alone(repository: Path, shm_bytes: int, cwd: Path, log: Path) -> tuple[subprocess.Popen, ServerPorts, Path]:
+    """The pip binary as the launcher runs it, but with none of the launcher's environment (run directory, media
+    folders, PYTHONPATH) and from ``cwd``: only what the binary itself needs (its libraries, the stub's python3).
+    Returns the process, its ports and the run directory its models derive."""
+    binary, backends, binary_env = server_binary()
+    ports = ServerPorts.unused()
+    argv = server_command(binary, backends, repository, ports, shm_bytes, 10)
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("UNIFIEDSERVE_", "FLASHCODEC_")) and k != "PYTHONPATH"}
+    with open(log, "wb") as out:
+        server = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env={**env, **binary_env}, cwd=cwd,
+                                  start_new_session=True)
+    return server, ports, Path(tempfile.gettempdir()) / server_run_name(server.pid)
+
+
+def assert_nothing_left(server: subprocess.Popen, run_dir: Path) -> None:
+    assert not run_dir.exists(), sorted(p.name for p in run_dir.iterdir())
+    assert not sorted(SHM.glob(f"unifiedserve-{run_dir.name}[-.]*")), "its pools or lock outlived it"
+    deadline = time.monotonic() + 10
+    while stub_processes(server.pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not stub_processes(server.pid), "model processes outlived the server"
+
+
+def png(pixels: np.ndarray, orientation: int | None = None) -> bytes:
+    exif = Image.Exif()
+    if orientation is not None:
+        exif[ExifTags.Base.Orientation] = orientation
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, "PNG", exif=exif.tobytes())
+    return out.getvalue()
+
+
+def test_plain_tritonserver_serves_a_rendered_repository_and_cleans_up(tmp_path):
+    repository = tmp_path / "repository"
+    rendered = subprocess.run([sys.executable, "-m", "backends.triton.launcher", "--config", str(TINY_CPU),
+                               "--render", str(repository)], cwd=REPO_ROOT, capture_output=True, text=True)
+    assert rendered.returncode == 0, rendered.stderr
+    command = rendered.stdout.split()
+    assert command[:2] == ["tritonserver", f"--model-repository={repository}"], rendered.stdout
+
+    log, elsewhere = tmp_path / "server.log", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    site = install(build_wheel(tmp_path / "wheel"), tmp_path / "site")
+    server, ports, run_dir = start_alone(repository, int(command[2].rsplit("=", 1)[1]), elsewhere, log)
+    try:
+        wait_ready(server, ports, log)
+        assert run_dir.is_dir()
+        upright = gradient(0, 0.0, 140, 210)
+        with Client(f"127.0.0.1:{ports.grpc}") as client:
+            text = client.generate("Hello", sampling=GREEDY, return_output_ids=True)
+            assert (text.finish_reason, len(text.token_ids)) == ("length", 4)
+            assert (run_dir / "internal.token").stat().st_mode & 0o777 == 0o600  # the stage links' key
+            # a photo on its side (EXIF orientation 6) counts the tokens of the upright one and is answered alike
+            sideways = client.generate("What is it?", image=png(np.ascontiguousarray(np.rot90(upright)), 6),
+                                       sampling=GREEDY, return_output_ids=True)
+            straight = client.generate("What is it?", image=png(upright), sampling=GREEDY, return_output_ids=True)
+            assert sideways.num_input_tokens == straight.num_input_tokens
+            assert sideways.token_ids == straight.token_ids
+            media = tmp_path / "clip.png"
+            media.write_bytes(png(upright))
+            with pytest.raises(ServerError, match="allowed"):  # media folders stay opt-in
+                client.generate("Hi", image_url=str(media), sampling=GREEDY)
+        # the console command of the pip-installed client, from a folder that is not the repository
+        asked = subprocess.run([str(site / "bin" / "unifiedserve-client"), "--url", f"127.0.0.1:{ports.grpc}",
+                                "--max-tokens", "3", "--temperature", "0", "Hi"], cwd=elsewhere,
+                               env=environment(site), capture_output=True, text=True, timeout=120)
+        assert asked.returncode == 0, asked.stderr
+        assert "3 output tokens" in asked.stderr
+        # the stop markers work in this run directory: the orchestrator drains and says so
+        server_stop.announce(run_dir)
+        assert server_stop.wait_drained(run_dir, 30), log.read_text()[-6000:]
+        stubs = stub_processes(server.pid)
+        assert sorted(stubs.values()) == ["decode", "encode_prefill", "flashcodec", "orchestrator"]
+        server.send_signal(signal.SIGTERM)  # as `docker stop` does
+        assert server.wait(60) == 0, log.read_text()[-6000:]
+    finally:
+        if server.poll() is None:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+    assert_clean_log(log.read_text(errors="replace"))
+    assert_nothing_left(server, run_dir)
+
+
+def test_plain_tritonserver_whose_model_cannot_load_leaves_nothing(tmp_path):
+    """Triton gives up the start when a model fails to load and unloads the others: the run directory goes with
+    the last of them."""
+    repository = repository_with(tmp_path / "repository", {"decode": {"dtype": "int7"}})
+    log = tmp_path / "server.log"
+    server, _, run_dir = start_alone(repository, 16 * 2**20, tmp_path, log)
+    try:
+        while not run_dir.is_dir() and server.poll() is None:  # made by the first model process to start
+            time.sleep(0.05)
+        assert run_dir.is_dir(), "the models made no run directory"
+        assert server.wait(300) != 0, log.read_text()[-6000:]
+    finally:
+        if server.poll() is None:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+    assert "dtype must be one of" in log.read_text(errors="replace")
+    assert_nothing_left(server, run_dir)
+
+
+def test_the_launcher_serves_a_deployment_file_and_shows_the_models_loading():
+    ports = ServerPorts.unused()
+    launcher = subprocess.Popen([sys.executable, "-m", "backends.triton.launcher", "--config", str(TINY_CPU),
+                                 "--http-port", str(ports.http), "--grpc-port", str(ports.grpc),
+                                 "--metrics-port", str(ports.metrics)],
+                                cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        ready = launcher.stdout.readline()
+        assert "tritonserver ready" in ready, ready + launcher.stderr.read()
+        with Client(f"127.0.0.1:{ports.grpc}") as client:
+            assert client.generate("Hello", sampling=GREEDY).finish_reason == "length"
+        assert read_metrics(SimpleNamespace(ports=ports))["unifiedserve_kv_pages_total"] == 2048  # the file's pool, not the repository's
+        config = json.load(urllib.request.urlopen(f"http://127.0.0.1:{ports.http}/v2/models/orchestrator/config"))
+        parameters = {k: v["string_value"] for k, v in config["parameters"].items()}
+        assert (parameters["slo_video_ttft_ms"], parameters["encode_budget"]) == ("20000", "10240")
+    finally:
+        launcher.send_signal(signal.SIGTERM)
+        _, err = launcher.communicate(timeout=90)
+    assert launcher.returncode == 0, err
+    lines = err.splitlines()
+    log = re.fullmatch(r"tritonserver starting, log: (/\S+\.log)", lines[0])
+    assert log, err  # the log's path comes first
+    for model in ("orchestrator", "flashcodec", "encode_prefill", "decode"):
+        loading, loaded = lines.index(f"{model}: loading"), next(
+            n for n, line in enumerate(lines) if line.startswith(f"{model}: loaded in "))
+        assert loading < loaded, err
+    assert f"log {log[1]}" in ready
+    Path(log[1]).unlink()

@@ -1,0 +1,141 @@
+"""Deployment files (backends/triton/deploy_config.py) and the launcher options that use them
+(backends/triton/launch_options.py): parsing, checks naming the key, and the repository they render (no server)."""
+import argparse
+import textwrap
+
+import pytest
+
+from backends.triton import launch_options
+from backends.triton.deploy_config import DEFAULT_SHM_BYTES, ConfigError, DeployConfig
+from backends.triton.launcher import REPO_ROOT
+from backends.triton.repository import REPOSITORY, model_parameters
+
+EXAMPLES = sorted((REPO_ROOT / "deploy").glob("*.yaml"))
+
+
+def write(tmp_path, text: str):
+    path = tmp_path / "deploy.yaml"
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def args(**given) -> argparse.Namespace:
+    return argparse.Namespace(**{"config": None, "model": None, "overrides": [], **given})
+
+
+def test_the_examples_check_and_every_item_is_a_repository_parameter():
+    assert {p.name for p in EXAMPLES} >= {"qwen2_5_vl_7b_h200.yaml", "tiny_cpu.yaml"}
+    for path in EXAMPLES:
+        plan = launch_options.serve_plan(args(config=path), REPOSITORY)  # parse_overrides refuses unknown keys
+        assert plan.overrides, path
+
+
+def test_the_h200_example_has_the_papers_budgets_a_memory_share_and_slos():
+    config = DeployConfig.load(REPO_ROOT / "deploy" / "qwen2_5_vl_7b_h200.yaml")
+    assert (config.budgets.prefill_budget, config.budgets.encode_budget) == (2048, 10240)
+    assert config.pools.kv_memory_fraction is not None and config.pools.kv_pages is None
+    assert all(getattr(config.slo, m) is not None for m in ("text", "image", "video"))
+    overrides = launch_options.serve_plan(args(config=REPO_ROOT / "deploy" / "qwen2_5_vl_7b_h200.yaml"),
+                                          REPOSITORY).overrides
+    assert overrides["orchestrator"]["slo_video_ttft_ms"] == "15000"
+    assert overrides["decode"]["kv_memory_fraction"] == "0.6"
+    assert {m: overrides[m]["preset"] for m in overrides if "preset" in overrides[m]} == {
+        "orchestrator": "qwen2_5_vl_7b", "encode_prefill": "qwen2_5_vl_7b", "decode": "qwen2_5_vl_7b"}
+
+
+def test_a_file_renders_its_values_and_leaves_the_rest(tmp_path):
+    path = write(tmp_path, """
+        resources:
+          replicas: 2
+          encode_prefill: {device: cuda:1, vision_gpus: [0, 1]}
+        budgets: {prefill_budget: 4096, max_share: 1}
+        slo:
+          image: {ttft_ms: 1500.5, tbt_ms: 40}
+        pools: {kv_pages: 100}
+    """)
+    plan = launch_options.serve_plan(args(config=path), REPOSITORY)
+    assert plan.overrides == {
+        "orchestrator": {"replicas": "2", "prefill_budget": "4096", "max_share": "1",
+                         "slo_image_ttft_ms": "1500.5", "slo_image_tbt_ms": "40"},
+        "encode_prefill": {"device": "cuda:1", "vision_gpus": "0,1"},
+        "decode": {"kv_pages": "100", "kv_memory_fraction": ""},  # a fraction in the repository would win
+    }
+    assert plan.shm_default_byte_size == DEFAULT_SHM_BYTES
+
+
+def test_an_empty_file_changes_nothing(tmp_path):
+    plan = launch_options.serve_plan(args(config=write(tmp_path, "")), REPOSITORY)
+    assert plan.overrides == {} and plan.shm_default_byte_size == DEFAULT_SHM_BYTES
+
+
+@pytest.mark.parametrize("text, key, message", [
+    ("pools: {kv_memory_fraction: 1.5}", "pools.kv_memory_fraction", "must be in (0, 1), got 1.5"),
+    ("pools: {kv_pages: 10, kv_memory_fraction: 0.5}", "pools.kv_memory_fraction", "not both"),
+    ("pools: {kv_pages: 0}", "pools.kv_pages", "must be at least 1, got 0"),
+    ("pools: {kv_pages: 10.5}", "pools.kv_pages", "must be an integer or null, got 10.5"),
+    ("pools: {kv_pages: true}", "pools.kv_pages", "must be an integer or null, got True"),
+    ("budgets: {encode_budget: '10240'}", "budgets.encode_budget", "must be an integer or null"),
+    ("budgets: {max_share: 0}", "budgets.max_share", "must be in (0, 1]"),
+    ("budgets: {prefill_budgets: 2048}", "budgets.prefill_budgets", "unknown key; known here: prefill_budget"),
+    ("slo: {audio: {ttft_ms: 1, tbt_ms: 1}}", "slo.audio", "unknown key; known here: text, image, video"),
+    ("slo: {text: {ttft_ms: 100}}", "slo.text.tbt_ms", "missing"),
+    ("slo: {text: {ttft_ms: -1, tbt_ms: 5}}", "slo.text.ttft_ms", "must be a positive number of milliseconds"),
+    ("slo: {video: 300}", "slo.video", "must be a mapping or null, got 300"),
+    ("resources: {decode: {device: gpu0}}", "resources.decode.device", "must be auto, cpu or cuda:N"),
+    ("resources: {flashcodec: {nvdec_gpus: [0, 0]}}", "resources.flashcodec.nvdec_gpus", "distinct GPU ids"),
+    ("resources: {encode_prefill: {vision_tp_size: some}}", "resources.encode_prefill.vision_tp_size", "all or"),
+    ("resources: {replicas: 65}", "resources.replicas", "must be at most 64"),
+    ("ipc: {shm_default_byte_size: 0}", "ipc.shm_default_byte_size", "must be at least 1"),
+    ("model: {path: no/such/folder}", "model.path", "is not a directory"),
+    ("modle: {preset: tiny}", "modle", "unknown key; known here: model, resources"),
+    ("- a list", "the file", "must be a mapping of keys"),
+])
+def test_bad_values_are_refused_naming_the_file_and_the_key(tmp_path, text, key, message):
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as error:
+        DeployConfig.load(path)
+    assert error.value.key == f"{path}: {key}"
+    assert message in error.value.message, error.value.message
+
+
+def test_unparsable_yaml_names_the_file(tmp_path):
+    path = write(tmp_path, "budgets: {prefill_budget: [")
+    with pytest.raises(ConfigError, match=f"{path}: cannot read it"):
+        DeployConfig.load(path)
+
+
+def test_sections_are_frozen():
+    config = DeployConfig()
+    with pytest.raises(AttributeError):
+        config.pools.kv_pages = 5
+
+
+def test_model_path_is_relative_to_the_file_and_model_wins_over_it_and_set_over_both(tmp_path):
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "other").mkdir()
+    path = write(tmp_path, "model: {path: ckpt, dtype: bfloat16}")
+    plan = launch_options.serve_plan(args(config=path), REPOSITORY)
+    assert {m: v["model_path"] for m, v in plan.overrides.items()} == {
+        m: str(tmp_path / "ckpt") for m in ("decode", "encode_prefill", "orchestrator")}
+    plan = launch_options.serve_plan(args(config=path, model=tmp_path / "other",
+                                          overrides=["decode.model_path=/x", "decode.dtype=float16"]), REPOSITORY)
+    assert plan.overrides["orchestrator"]["model_path"] == str(tmp_path / "other")
+    assert plan.overrides["decode"]["model_path"] == "/x"
+    assert (plan.overrides["decode"]["dtype"], plan.overrides["encode_prefill"]["dtype"]) == ("float16", "bfloat16")
+
+
+def test_model_must_be_a_directory(tmp_path):
+    with pytest.raises(ValueError, match="--model .*: not a directory"):
+        launch_options.serve_plan(args(model=tmp_path / "missing"), REPOSITORY)
+
+
+def test_render_writes_the_repository_and_prints_the_command(tmp_path, capsys):
+    plan = launch_options.serve_plan(args(config=REPO_ROOT / "deploy" / "tiny_cpu.yaml"), REPOSITORY)
+    target = tmp_path / "repository"
+    assert launch_options.render(plan, REPOSITORY, target) == 0
+    assert capsys.readouterr().out.split() == [
+        "tritonserver", f"--model-repository={target}", f"--backend-config=python,shm-default-byte-size={2**24}"]
+    rendered = model_parameters(target)
+    assert rendered["decode"]["kv_pages"] == "2048" and rendered["orchestrator"]["slo_text_ttft_ms"] == "2000"
+    assert launch_options.render(plan, REPOSITORY, target) == 1  # not over a repository already there
+    assert "not empty" in capsys.readouterr().err
