@@ -7,9 +7,10 @@ drain of ``backends.triton.server_stop``, and a server whose model process died 
 restart (``backends.triton.stubs.watch_stages``).
 
 Usage: ``python -m backends.triton.launcher [--http-port 8000] [--grpc-port 8001] [--metrics-port 8002]
-[--set MODEL.KEY=VALUE ...]``; Ctrl-C stops the server. ``--set`` serves a copy of the repository with
-those model parameters changed (``backends/triton/repository.py``). Tests use :class:`TritonServer` as a context
-manager.
+[--openai-port 9000] [--set MODEL.KEY=VALUE ...]``; Ctrl-C stops the server. ``--set`` serves a copy of the
+repository with those model parameters changed (``backends/triton/repository.py``). Once the server is ready, the
+OpenAI-compatible API starts beside it (``backends.openai``; ``--openai-port 0``: none), and it stops first. Tests
+use :class:`TritonServer` as a context manager.
 """
 from __future__ import annotations
 
@@ -30,6 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from backends.ipc.run_dir import RUN_DIR_ENV
+from backends.openai.config import ApiConfig
+from backends.openai.process import ApiProcess, check_port_free
 from backends.triton import server_stop
 from backends.triton.ports import ServerPorts
 from backends.triton.repository import parse_overrides, repository_with
@@ -213,6 +216,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--http-port", type=int, default=8000)
     parser.add_argument("--grpc-port", type=int, default=8001)
     parser.add_argument("--metrics-port", type=int, default=8002)
+    parser.add_argument("--openai-port", type=int, default=9000, help="the OpenAI-compatible API's port (0: no API)")
+    parser.add_argument("--openai-address", default=None, help="where the OpenAI API listens (default: --address)")
+    parser.add_argument("--openai-allow-http-media", action="store_true",
+                        help="let the OpenAI API fetch http(s) image_url / video_url parts (off: refused)")
     parser.add_argument("--log-stdout", action="store_true", help="server log to stdout instead of a file")
     parser.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for the models to load")
     parser.add_argument("--set", action="append", default=[], metavar="MODEL.KEY=VALUE", dest="overrides",
@@ -226,7 +233,9 @@ def main(argv: list[str] | None = None) -> int:
     source = args.model_repository.resolve()
     try:
         overrides = parse_overrides(args.overrides, source)
-    except ValueError as exc:
+        if args.openai_port:  # now, not after the server's minutes of loading
+            check_port_free(args.openai_address or args.address, args.openai_port)
+    except (ValueError, RuntimeError) as exc:
         parser.error(str(exc))
     try:
         with tempfile.TemporaryDirectory(prefix="unifiedserve-repository-") as edited:
@@ -252,19 +261,34 @@ def _serve(args: argparse.Namespace, repository: Path) -> int:
     where = "stdout" if args.log_stdout else server.log_path
     print(f"tritonserver ready: gRPC {args.address}:{args.grpc_port}, HTTP {args.address}:{args.http_port}, "
           f"log {where}, models {repository}", flush=True)
-    died, killed = None, None
+    died, killed, api, api_failed = None, None, None, False
     try:
+        if args.openai_port:
+            local = "127.0.0.1" if args.address in ("0.0.0.0", "::") else args.address  # the API's way to the server
+            api = ApiProcess(ApiConfig(grpc_url=f"{local}:{args.grpc_port}",
+                                       host=args.openai_address or args.address, port=args.openai_port,
+                                       allow_http_media=args.openai_allow_http_media),
+                             None if args.log_stdout else server.log_path.with_suffix(".openai.log"))
+            api.start()
+            print(f"OpenAI-compatible API: {api.url}/v1, log {api.log_path or 'stdout'}", flush=True)
         died = watch_stages(server)
         if died:
             print(f"{died}: stopping the server (exit status {STAGE_DIED}) for a supervisor to restart it",
                   file=sys.stderr, flush=True)
     except KeyboardInterrupt:
         pass
+    except RuntimeError as exc:  # the API did not start
+        print(exc, file=sys.stderr, flush=True)
+        api_failed = True
     finally:
+        if api is not None:  # before the drain: no new request reaches a server that is stopping
+            api.stop()
         if died:  # its requests can neither drain nor end: Triton would wait out its exit timeout (20 s, twice)
             server.stop(drain_timeout_s=2.0, exit_timeout_s=DIED_EXIT_TIMEOUT_S)
         else:
             killed = server.stop()
+    if api_failed:
+        return 1
     if killed:  # the stop was asked for and nothing is left running: said, not an error status
         where = "" if args.log_stdout else f"; see {server.log_path}"
         print(f"tritonserver {killed}{where}", file=sys.stderr, flush=True)
