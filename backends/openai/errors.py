@@ -69,16 +69,34 @@ def from_transport(exc: grpc.RpcError | InferenceServerException) -> ApiError:
     return ApiError(500, f"the inference server failed: {code}: {details}")
 
 
+def _where(loc: tuple) -> str:
+    """Pydantic's error location as ``messages[0].content[1].image_url.url``: without the body's own prefix, the
+    union branch tried (``str``, ``list[...]``) and a tagged union's tag (the part's type, repeated as its field)."""
+    where = ""
+    for i, item in enumerate(loc):
+        if isinstance(item, int):
+            where += f"[{item}]"
+        elif not (i == 0 and item == "body") and "[" not in item and item not in _BRANCHES \
+                and (i + 1 == len(loc) or loc[i + 1] != item):
+            where += f".{item}" if where else item
+    return where
+
+
+_BRANCHES = {"str", "int", "float", "bool", "list", "dict"}
+
+
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
-    """Pydantic's errors as "field.path: what is wrong" (the body's own prefix dropped), and the first field."""
-    parts, first = [], None
-    for error in exc.errors():
+    """Pydantic's errors as "field.path: what is wrong", and the top-level field at fault. Of a union's branches
+    only the deepest errors are kept (a list of parts with a bad part is not also "not a valid string")."""
+    errors = [(_where(tuple(e.get("loc", ()))), e) for e in exc.errors()]
+    for where, error in errors:
         if error.get("type") == "json_invalid":
             return f"the body is not valid JSON ({error.get('ctx', {}).get('error', 'invalid')})", None
-        loc = [str(x) for x in error.get("loc", ()) if x != "body"]
-        first = first or (loc[0] if loc else None)
-        parts.append(f"{'.'.join(loc) or 'body'}: {error.get('msg', 'invalid')}")
-    return "; ".join(parts), first
+    deepest = [(where, e) for where, e in errors
+               if not any(other.startswith(where) and other[len(where):][:1] in ("[", ".") for other, _ in errors)]
+    message = "; ".join(f"{where or 'body'}: {e.get('msg', 'invalid')}" for where, e in deepest)
+    field = re.split(r"[\[.]", deepest[0][0])[0] if deepest else ""
+    return message, field or None
 
 
 def install_handlers(app: FastAPI) -> None:
