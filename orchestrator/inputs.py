@@ -149,7 +149,8 @@ def _checked_bytes(kind: str, data: bytes, limits: InputLimits, name: str) -> Me
 
 def parse_request(raw: RawRequest, limits: InputLimits) -> ParsedRequest:
     """Validate a request. Raises InvalidInput naming the input at fault."""
-    text = "" if raw.messages else _text_input(raw, limits)
+    turns = _conversation(raw, limits) if raw.messages else None
+    text = "" if turns else _text_input(raw, limits)
     if len(raw.sampling_parameters) > 1:
         raise InvalidInput("sampling_parameters: expected one JSON string")
     try:
@@ -165,8 +166,8 @@ def parse_request(raw: RawRequest, limits: InputLimits) -> ParsedRequest:
                 media.append(_resolve_url(kind, url.decode("utf-8"), limits))
             except UnicodeDecodeError:
                 raise InvalidInput(f"{kind}_url: not valid UTF-8") from None
-    if raw.messages:
-        turns, media = _conversation(raw, media, limits)
+    if turns:
+        media = _in_placeholder_order(turns, media)
     else:
         turns = (user_turn(text, [m.kind for m in media]),)
     return ParsedRequest(text, tuple(media), params, raw.stream, raw.exclude_input_in_output, raw.return_output_ids,
@@ -187,18 +188,21 @@ def _text_input(raw: RawRequest, limits: InputLimits) -> str:
     return text
 
 
-def _conversation(raw: RawRequest, media: list[MediaInput], limits: InputLimits
-                  ) -> tuple[tuple[Turn, ...], list[MediaInput]]:
-    """The ``messages`` turns, and ``media`` reordered to their placeholders' order."""
+def _conversation(raw: RawRequest, limits: InputLimits) -> tuple[Turn, ...]:
     if raw.text_input:
         raise InvalidInput("messages: send either text_input or messages, not both")
     if len(raw.messages) != 1:
         raise InvalidInput(f"messages: expected one JSON string, got {len(raw.messages)}")
-    turns = parse_messages(raw.messages[0], limits.max_prompt_bytes)
+    return parse_messages(raw.messages[0], limits.max_prompt_bytes)
+
+
+def _in_placeholder_order(turns: tuple[Turn, ...], media: list[MediaInput]) -> list[MediaInput]:
+    """``media`` reordered to the order of the conversation's placeholders (the k-th image placeholder is the k-th
+    image). Raises InvalidInput when a kind's placeholders and items differ in number."""
     kinds = media_kinds(turns)
     by_kind = {kind: [m for m in media if m.kind == kind] for kind in ("image", "video")}
     for kind, items in by_kind.items():
         if kinds.count(kind) != len(items):
             raise InvalidInput(f"messages: {kinds.count(kind)} {kind} placeholders, but the request has "
                                f"{len(items)} {kind}s (inputs {kind} and {kind}_url)")
-    return turns, [by_kind[kind].pop(0) for kind in kinds]
+    return [by_kind[kind].pop(0) for kind in kinds]
