@@ -233,9 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     source = args.model_repository.resolve()
     try:
         overrides = parse_overrides(args.overrides, source)
-        if args.openai_port:  # now, not after the server's minutes of loading
-            check_port_free(args.openai_address or args.address, args.openai_port)
-    except (ValueError, RuntimeError) as exc:
+    except ValueError as exc:
         parser.error(str(exc))
     try:
         with tempfile.TemporaryDirectory(prefix="unifiedserve-repository-") as edited:
@@ -250,6 +248,8 @@ def _serve(args: argparse.Namespace, repository: Path) -> int:
     ports = ServerPorts(args.http_port, args.grpc_port, args.metrics_port, args.address)
     server = TritonServer(repository, ports, ready_timeout_s=args.ready_timeout, log_to_stdout=args.log_stdout)
     try:
+        if args.openai_port:  # now, not after the server's minutes of loading
+            check_port_free(args.openai_address or args.address, args.openai_port)
         server.start()
     except KeyboardInterrupt:
         print("stopped while starting", file=sys.stderr)

@@ -5,7 +5,10 @@ shape with their HTTP status."""
 from __future__ import annotations
 
 import base64
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -17,6 +20,7 @@ import torch
 from backends.openai.config import ApiConfig
 from backends.openai.process import ApiProcess
 from backends.runtime.loader import ModelSpec, load_model
+from backends.triton.ports import ServerPorts
 from client.api import Client
 from orchestrator.inputs import MediaInput
 from orchestrator.media import plan_media
@@ -257,3 +261,29 @@ def test_a_server_that_stops_is_503(media_dir, tmp_path):
             with pytest.raises(openai.APIStatusError) as after:
                 client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=2)
             assert after.value.status_code == 503 and after.value.body["code"] == "service_unavailable"
+
+
+def test_the_launcher_serves_the_api_and_stops_it_first():
+    """``python -m backends.triton.launcher --openai-port P``: the API's URL once the server is ready, a chat through
+    it, and on SIGTERM both stop (exit status 0, nothing left listening on P)."""
+    ports, api_port = ServerPorts.unused(), _unused_port()
+    launcher = subprocess.Popen([sys.executable, "-m", "backends.triton.launcher", "--http-port", str(ports.http),
+                                 "--grpc-port", str(ports.grpc), "--metrics-port", str(ports.metrics),
+                                 "--openai-port", str(api_port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+    try:
+        ready, api_line = launcher.stdout.readline(), launcher.stdout.readline()
+        assert "tritonserver ready" in ready, ready + api_line + launcher.stderr.read()
+        assert api_line.startswith(f"OpenAI-compatible API: http://127.0.0.1:{api_port}/v1, log "), api_line
+        with openai.OpenAI(base_url=f"http://127.0.0.1:{api_port}/v1", api_key="unused", max_retries=0,
+                           timeout=120) as client:
+            reply = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}],
+                                                   max_tokens=2)
+        assert reply.choices[0].finish_reason in ("length", "stop")
+        launcher.send_signal(signal.SIGTERM)
+        assert launcher.wait(timeout=60) == 0, launcher.stderr.read()
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", api_port), timeout=5).close()
