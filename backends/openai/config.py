@@ -14,9 +14,10 @@ class ApiConfig:
     (None: the orchestrator's checkpoint folder name, else its preset, read from Triton's model config);
     ``allow_http_media``: fetch http(s) ``image_url``/``video_url`` parts in this process (off: refused), at most
     ``max_http_media_bytes`` bytes each within ``http_media_timeout_s`` seconds; ``shutdown_grace_s``: seconds
-    requests in flight may still run after a stop is asked for.
+    requests in flight may still run after a stop is asked for; ``max_requests``: requests in flight at once, more
+    are answered 503 (0: no limit; the orchestrator queues what its KV pool cannot hold yet).
 
-    Raises ValueError for a port outside 0..65535, a non-positive size or timeout.
+    Raises ValueError for a port outside 0..65535, a non-positive size or timeout, a negative ``max_requests``.
     """
 
     grpc_url: str = "127.0.0.1:8001"
@@ -28,19 +29,23 @@ class ApiConfig:
     max_http_media_bytes: int = 64 * 1024 * 1024
     http_media_timeout_s: float = 30.0
     shutdown_grace_s: float = 5.0
+    max_requests: int = 0
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in 0..65535, got {self.port}")
         if self.max_http_media_bytes < 1 or self.http_media_timeout_s <= 0 or self.shutdown_grace_s < 0:
             raise ValueError("max_http_media_bytes and http_media_timeout_s must be positive, shutdown_grace_s >= 0")
+        if self.max_requests < 0:
+            raise ValueError(f"max_requests must be >= 0 (0: no limit), got {self.max_requests}")
 
     def to_args(self) -> list[str]:
         """The command line that :func:`parse_args` reads back into this config."""
         args = ["--grpc-url", self.grpc_url, "--host", self.host, "--port", str(self.port),
                 "--orchestrator-model", self.orchestrator_model,
                 "--max-http-media-bytes", str(self.max_http_media_bytes),
-                "--http-media-timeout", str(self.http_media_timeout_s), "--shutdown-grace", str(self.shutdown_grace_s)]
+                "--http-media-timeout", str(self.http_media_timeout_s), "--shutdown-grace", str(self.shutdown_grace_s),
+                "--max-requests", str(self.max_requests)]
         if self.served_model_name:
             args += ["--served-model-name", self.served_model_name]
         if self.allow_http_media:
@@ -65,9 +70,11 @@ def parse_args(argv: list[str] | None = None) -> ApiConfig:
     parser.add_argument("--http-media-timeout", type=float, default=d.http_media_timeout_s, help="seconds")
     parser.add_argument("--shutdown-grace", type=float, default=d.shutdown_grace_s,
                         help="seconds requests in flight may run on after SIGTERM")
+    parser.add_argument("--max-requests", type=int, default=d.max_requests,
+                        help="requests in flight at once, more are answered 503 (0: no limit)")
     a = parser.parse_args(argv)
     try:
         return ApiConfig(a.grpc_url, a.host, a.port, a.orchestrator_model, a.served_model_name, a.allow_http_media,
-                         a.max_http_media_bytes, a.http_media_timeout, a.shutdown_grace)
+                         a.max_http_media_bytes, a.http_media_timeout, a.shutdown_grace, a.max_requests)
     except ValueError as exc:
         parser.error(str(exc))

@@ -23,10 +23,12 @@ from client.api import ResponsePiece, piece_from_grpc
 
 
 class OrchestratorClient:
-    """Requests to ``model`` (the orchestrator) on the tritonserver at ``grpc_url`` (host:port)."""
+    """Requests to ``model`` (the orchestrator) on the tritonserver at ``grpc_url`` (host:port), at most
+    ``max_requests`` at once (0: no limit); ``in_flight`` counts those whose responses are still awaited."""
 
-    def __init__(self, grpc_url: str, model: str):
-        self.model = model
+    def __init__(self, grpc_url: str, model: str, max_requests: int = 0):
+        self.model, self.max_requests = model, max_requests
+        self.in_flight = 0
         self._client = grpc_aio.InferenceServerClient(grpc_url)
 
     async def ready(self) -> bool:
@@ -48,9 +50,13 @@ class OrchestratorClient:
         """The request's responses, the last one with ``finish_reason``. Close the iterator (``aclosing``) to give
         the request up: it is then cancelled on the server unless it has ended.
 
-        Raises ApiError: the orchestrator's error (``errors.from_orchestrator``), or the transport's (``from_transport``:
-        503 when tritonserver cannot be reached or went away).
+        Raises ApiError: 503 when ``max_requests`` are in flight; the orchestrator's error (``errors.from_orchestrator``),
+        or the transport's (``from_transport``: 503 when tritonserver cannot be reached or went away).
         """
+        if self.max_requests and self.in_flight >= self.max_requests:
+            raise ApiError(503, f"the server is overloaded: {self.in_flight} requests in flight, its limit (try again "
+                                "later)", code="overloaded")
+        self.in_flight += 1
         ended = asyncio.Event()
 
         async def requests():
@@ -74,6 +80,7 @@ class OrchestratorClient:
             finished = True  # the call is over: nothing to cancel
             raise from_transport(exc) from None
         finally:
+            self.in_flight -= 1
             if not finished:
                 responses.cancel()
             ended.set()

@@ -220,6 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--openai-address", default=None, help="where the OpenAI API listens (default: --address)")
     parser.add_argument("--openai-allow-http-media", action="store_true",
                         help="let the OpenAI API fetch http(s) image_url / video_url parts (off: refused)")
+    parser.add_argument("--openai-max-requests", type=int, default=0,
+                        help="OpenAI API requests in flight at once, more are answered 503 (0: no limit)")
     parser.add_argument("--log-stdout", action="store_true", help="server log to stdout instead of a file")
     parser.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for the models to load")
     parser.add_argument("--set", action="append", default=[], metavar="MODEL.KEY=VALUE", dest="overrides",
@@ -267,7 +269,8 @@ def _serve(args: argparse.Namespace, repository: Path) -> int:
             local = "127.0.0.1" if args.address in ("0.0.0.0", "::") else args.address  # the API's way to the server
             api = ApiProcess(ApiConfig(grpc_url=f"{local}:{args.grpc_port}",
                                        host=args.openai_address or args.address, port=args.openai_port,
-                                       allow_http_media=args.openai_allow_http_media),
+                                       allow_http_media=args.openai_allow_http_media,
+                                       max_requests=args.openai_max_requests),
                              None if args.log_stdout else server.log_path.with_suffix(".openai.log"))
             api.start()
             print(f"OpenAI-compatible API: {api.url}/v1, log {api.log_path or 'stdout'}", flush=True)
@@ -277,7 +280,7 @@ def _serve(args: argparse.Namespace, repository: Path) -> int:
                   file=sys.stderr, flush=True)
     except KeyboardInterrupt:
         pass
-    except RuntimeError as exc:  # the API did not start
+    except (RuntimeError, ValueError) as exc:  # the API did not start, or its settings are wrong
         print(exc, file=sys.stderr, flush=True)
         api_failed = True
     finally:

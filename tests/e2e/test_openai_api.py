@@ -42,8 +42,8 @@ def _unused_port() -> int:
         return probe.getsockname()[1]
 
 
-def _api(grpc_port: int, log_path) -> ApiProcess:
-    return ApiProcess(ApiConfig(grpc_url=f"127.0.0.1:{grpc_port}", port=_unused_port()), log_path)
+def _api(grpc_port: int, log_path, **settings) -> ApiProcess:
+    return ApiProcess(ApiConfig(grpc_url=f"127.0.0.1:{grpc_port}", port=_unused_port(), **settings), log_path)
 
 
 @pytest.fixture(scope="module")
@@ -228,6 +228,31 @@ def test_a_client_that_goes_away_has_its_request_cancelled(sdk, server):
     m = wait_for_idle_pools(server, timeout_s=30)
     assert m["unifiedserve_requests_running"] == 0 and m["unifiedserve_kv_pages_free"] == m["unifiedserve_kv_pages_total"]
     assert time.monotonic() - started < 10, "the dropped stream's request ran on"
+
+
+def test_requests_over_the_limit_are_503(server, tmp_path):
+    """An API with --max-requests 1: while one stream is in flight another request is answered 503 ("overloaded"),
+    and once it ends the next one is served."""
+    with _api(server.ports.grpc, tmp_path / "api.log", max_requests=1) as process, \
+            openai.OpenAI(base_url=f"{process.url}/v1", api_key="unused", max_retries=0, timeout=60) as client:
+        stream = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Go on."}],
+                                                max_tokens=20000, temperature=0, stream=True, extra_body=EXTRA)
+        next(iter(stream))
+        with pytest.raises(openai.APIStatusError) as over:
+            client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=2)
+        assert over.value.status_code == 503 and over.value.body["code"] == "overloaded", over.value.body
+        assert "overloaded" in over.value.body["message"]
+        stream.close()
+        deadline = time.monotonic() + 30
+        while True:  # the dropped stream's slot is freed once the API has seen the client go
+            try:
+                reply = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}],
+                                                       max_tokens=2)
+                break
+            except openai.APIStatusError as exc:
+                assert exc.status_code == 503 and time.monotonic() < deadline, exc.body
+                time.sleep(0.2)
+        assert reply.choices[0].finish_reason in ("length", "stop")
 
 
 def test_a_server_that_stops_is_503(media_dir, tmp_path):
