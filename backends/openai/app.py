@@ -80,21 +80,26 @@ async def health(request: Request) -> Response:
 
 @router.get("/v1/models")
 async def models(request: Request) -> ModelList:
+    """The one served model. 503 while tritonserver cannot be reached."""
     return ModelList(data=[await request.app.state.api.model_card()])
 
 
 @router.post("/v1/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, request: Request):
+    """A chat completion, whole or streamed (the module docstring); errors as ``errors`` says."""
     return await _generate(request, body, chat_request(body), ChatShape)
 
 
 @router.post("/v1/completions")
 async def completions(body: CompletionRequest, request: Request):
+    """A completion of one text prompt, whole or streamed."""
     return await _generate(request, body, completion_request(body), CompletionShape)
 
 
 async def _generate(request: Request, body: GenerationRequest, orchestrator_request: OrchestratorRequest,
                     shape_type: type[ChatShape] | type[CompletionShape]):
+    """Check the model and the fields, fetch http(s) media, send the request, answer in ``shape_type``'s bodies.
+    Raises ApiError (404 unknown model, 400 refused fields or bad input, 503, 500)."""
     state: ApiState = request.app.state.api
     card = await state.model_card()
     if body.model != card.id:
