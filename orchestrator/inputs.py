@@ -1,11 +1,12 @@
 """Client inputs -> a validated request (no Triton, no torch: testable on its own).
 
-Names follow the vLLM backend's (Triton's vllm_backend ``model.json``), so its clients work unchanged: ``text_input``,
-``image`` (file bytes, or the file base64-encoded as that backend takes it), ``video`` (file bytes),
-``image_url``/``video_url`` (a path or ``file://`` URL under an allowed folder, or a ``data:`` URL),
-``sampling_parameters`` (JSON), ``stream``, ``exclude_input_in_output``, ``return_output_ids``, and that backend's
-``return_*`` flags (``return_logprobs`` and ``return_cumulative_logprob`` are refused: no log probabilities yet).
-Every problem raises :class:`~orchestrator.sampling_params.InvalidInput` with a message naming the input at fault.
+Names follow the vLLM backend's (Triton's vllm_backend ``model.json``), so its clients work unchanged: ``text_input``
+(one user turn; or ``messages``, a whole conversation: ``orchestrator.messages``), ``image`` (file bytes, or the
+file base64-encoded as that backend takes it), ``video`` (file bytes), ``image_url``/``video_url`` (a path or
+``file://`` URL under an allowed folder, or a ``data:`` URL), ``sampling_parameters`` (JSON), ``stream``,
+``exclude_input_in_output``, ``return_output_ids``, and that backend's ``return_*`` flags (``return_logprobs`` and
+``return_cumulative_logprob`` are refused: no log probabilities yet). Every problem raises
+:class:`~orchestrator.sampling_params.InvalidInput` with a message naming the input at fault.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from backends.triton.triton_io import int_parameter
+from orchestrator.messages import Turn, media_kinds, parse_messages, user_turn
 from orchestrator.sampling_params import InvalidInput, RequestParams, parse_sampling_parameters
 
 
@@ -58,6 +60,7 @@ class RawRequest:
     return_num_output_tokens: bool = False
     return_logprobs: bool = False
     return_cumulative_logprob: bool = False
+    messages: list[bytes] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -72,12 +75,17 @@ class ExtraOutputs:
 
 @dataclass(frozen=True)
 class ParsedRequest:
+    """``text``: ``text_input`` ("" for a ``messages`` request: the text a non-streamed reply is prefixed with
+    unless ``exclude_input_in_output``); ``turns``: the conversation the prompt is made of; ``media`` in the order
+    of its placeholders (for ``text_input``: images, then videos)."""
+
     text: str
-    media: tuple[MediaInput, ...]  # images first, then videos (the order they take in the prompt)
+    media: tuple[MediaInput, ...]
     params: RequestParams
     stream: bool
     exclude_input_in_output: bool
     return_output_ids: bool
+    turns: tuple[Turn, ...]
     extra_outputs: ExtraOutputs = ExtraOutputs()
 
 
@@ -174,16 +182,8 @@ def _base64_image(text: bytes) -> bytes:
 
 def parse_request(raw: RawRequest, limits: InputLimits) -> ParsedRequest:
     """Validate a request. Raises InvalidInput naming the input at fault."""
-    if len(raw.text_input) != 1:
-        raise InvalidInput(f"text_input: expected one string, got {len(raw.text_input)}")
-    if len(raw.text_input[0]) > limits.max_prompt_bytes:
-        raise InvalidInput(f"text_input: {len(raw.text_input[0])} bytes, over the limit of {limits.max_prompt_bytes}")
-    try:
-        text = raw.text_input[0].decode("utf-8")
-    except UnicodeDecodeError:
-        raise InvalidInput("text_input: the prompt is not valid UTF-8") from None
-    if not text.strip():
-        raise InvalidInput("text_input: the prompt is empty")
+    turns = _conversation(raw, limits) if raw.messages else None
+    text = "" if turns else _text_input(raw, limits)
     if len(raw.sampling_parameters) > 1:
         raise InvalidInput("sampling_parameters: expected one JSON string")
     try:
@@ -203,6 +203,44 @@ def parse_request(raw: RawRequest, limits: InputLimits) -> ParsedRequest:
                 media.append(_resolve_url(kind, url.decode("utf-8"), limits))
             except UnicodeDecodeError:
                 raise InvalidInput(f"{kind}_url: not valid UTF-8") from None
+    if turns:
+        media = _in_placeholder_order(turns, media)
+    else:
+        turns = (user_turn(text, [m.kind for m in media]),)
     return ParsedRequest(text, tuple(media), params, raw.stream, raw.exclude_input_in_output, raw.return_output_ids,
-                         ExtraOutputs(raw.return_finish_reason, raw.return_num_input_tokens,
-                                      raw.return_num_output_tokens))
+                         turns, ExtraOutputs(raw.return_finish_reason, raw.return_num_input_tokens,
+                                             raw.return_num_output_tokens))
+
+
+def _text_input(raw: RawRequest, limits: InputLimits) -> str:
+    if len(raw.text_input) != 1:
+        raise InvalidInput(f"text_input: expected one string, got {len(raw.text_input)} (or send 'messages')")
+    if len(raw.text_input[0]) > limits.max_prompt_bytes:
+        raise InvalidInput(f"text_input: {len(raw.text_input[0])} bytes, over the limit of {limits.max_prompt_bytes}")
+    try:
+        text = raw.text_input[0].decode("utf-8")
+    except UnicodeDecodeError:
+        raise InvalidInput("text_input: the prompt is not valid UTF-8") from None
+    if not text.strip():
+        raise InvalidInput("text_input: the prompt is empty")
+    return text
+
+
+def _conversation(raw: RawRequest, limits: InputLimits) -> tuple[Turn, ...]:
+    if raw.text_input:
+        raise InvalidInput("messages: send either text_input or messages, not both")
+    if len(raw.messages) != 1:
+        raise InvalidInput(f"messages: expected one JSON string, got {len(raw.messages)}")
+    return parse_messages(raw.messages[0], limits.max_prompt_bytes)
+
+
+def _in_placeholder_order(turns: tuple[Turn, ...], media: list[MediaInput]) -> list[MediaInput]:
+    """``media`` reordered to the order of the conversation's placeholders (the k-th image placeholder is the k-th
+    image). Raises InvalidInput when a kind's placeholders and items differ in number."""
+    kinds = media_kinds(turns)
+    by_kind = {kind: [m for m in media if m.kind == kind] for kind in ("image", "video")}
+    for kind, items in by_kind.items():
+        if kinds.count(kind) != len(items):
+            raise InvalidInput(f"messages: {kinds.count(kind)} {kind} placeholders, but the request has "
+                               f"{len(items)} {kind}s (inputs {kind} and {kind}_url)")
+    return [by_kind[kind].pop(0) for kind in kinds]

@@ -6,13 +6,17 @@ before any frame is decoded: a group of grid (1, h, w) patches becomes ``h*w / m
 """
 from __future__ import annotations
 
+import re
 import threading
 from dataclasses import dataclass
 
+from orchestrator.messages import Part, Turn, user_turn
 from orchestrator.sampling_params import InvalidInput
 
 MERGE = 2  # spatial_merge_size of Qwen2.5-VL's vision tower
-USER_TEXT = "\x00unifiedserve-user-text\x00"  # stands for the user's text while the template is applied
+# Stands for message text k while the template is applied (NUL bytes: no template writes them).
+_TEXT_MARK = "\x00unifiedserve-text-{}\x00"
+_TEXT_MARK_RE = re.compile("\x00unifiedserve-text-(\\d+)\x00")
 # transformers' encode(split_special_tokens=...) sets that flag on the tokenizer's one shared Rust object, and
 # prompts are built in worker threads: unserialised, a template's "<|image_pad|>" can be split into text.
 _ENCODE_LOCK = threading.Lock()
@@ -77,21 +81,43 @@ class Prompt:
 
 
 def build_prompt(tokenizer, text: str, media: list[tuple[str, tuple[int, int, int], float]]) -> Prompt:
-    """Apply the model's chat template to one user turn (images, then videos, then ``text``) and expand
-    each ``<|image_pad|>``/``<|video_pad|>`` to the item's visual-token count.
+    """The prompt of one user turn: its images, then its videos, then ``text`` (the ``text_input`` request).
 
     ``media``: (kind, grid_thw in patches, second_per_grid_t in seconds; 0 for images), in prompt order.
     """
-    content = [{"type": kind} for kind, _, _ in media] + [{"type": "text", "text": USER_TEXT}]
-    templated = tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
-                                              add_generation_prompt=True)
-    before, after = templated.split(USER_TEXT)
-    # The user's text is tokenized on its own with special-token strings split into plain text, so a
+    return build_chat_prompt(tokenizer, (user_turn(text, [kind for kind, _, _ in media]),), media)
+
+
+def build_chat_prompt(tokenizer, turns: tuple[Turn, ...], media: list[tuple[str, tuple[int, int, int], float]]
+                      ) -> Prompt:
+    """Apply the model's chat template to a conversation (then the assistant's turn) and expand each
+    ``<|image_pad|>``/``<|video_pad|>`` to its item's visual-token count.
+
+    ``media``: (kind, grid_thw in patches, second_per_grid_t in seconds; 0 for images), one per placeholder of
+    ``turns``, in the same order. Raises RuntimeError when the template drops or repeats a text or a placeholder.
+    """
+    texts: list[str] = []
+
+    def template_part(part: Part) -> dict:
+        if part.kind != "text":
+            return {"type": part.kind}
+        texts.append(part.text)
+        return {"type": "text", "text": _TEXT_MARK.format(len(texts) - 1)}
+
+    conversation = [{"role": turn.role, "content": [template_part(p) for p in turn.parts]} for turn in turns]
+    templated = tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
+    pieces = _TEXT_MARK_RE.split(templated)  # template, text index, template, text index, ..., template
+    if sorted(int(i) for i in pieces[1::2]) != list(range(len(texts))):
+        raise RuntimeError("the chat template dropped or repeated a message's text")
+    # Message texts are tokenized on their own with special-token strings split into plain text, so a
     # prompt cannot inject "<|im_end|>" or a "<|video_pad|>" that no media backs.
+    ids: list[int] = []
     with _ENCODE_LOCK:
-        ids = (tokenizer.encode(before, add_special_tokens=False)
-               + tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)
-               + tokenizer.encode(after, add_special_tokens=False))
+        for k, piece in enumerate(pieces):
+            if k % 2:
+                ids += tokenizer.encode(texts[int(piece)], add_special_tokens=False, split_special_tokens=True)
+            else:
+                ids += tokenizer.encode(piece, add_special_tokens=False)
     pad_ids = {"image": tokenizer.convert_tokens_to_ids("<|image_pad|>"),
                "video": tokenizer.convert_tokens_to_ids("<|video_pad|>")}
     out: list[int] = []

@@ -31,7 +31,7 @@ from orchestrator.media import plan_media
 from orchestrator.metrics import observe_engine_times
 from orchestrator.output_processor import OutputProcessor
 from orchestrator.pages import PageAllocator
-from orchestrator.prompt import Prompt, build_prompt
+from orchestrator.prompt import Prompt, build_chat_prompt
 from orchestrator.routing import choose
 from orchestrator.sampling_params import InvalidInput
 from orchestrator.scheduler import Scheduler, SchedulerConfig
@@ -194,7 +194,7 @@ class Orchestrator:
                                f"got {max(stop_ids)}")
         await self.ensure_started()
         plans = [await asyncio.to_thread(plan_media, item, parsed.params) for item in parsed.media]
-        prompt = await asyncio.to_thread(build_prompt, self.tokenizer, parsed.text,
+        prompt = await asyncio.to_thread(build_chat_prompt, self.tokenizer, parsed.turns,
                                          [(m.kind, p.grid_thw, getattr(p, "second_per_grid_t", 0.0))
                                           for m, p in zip(parsed.media, plans)])
         params = parsed.params

@@ -7,10 +7,12 @@ drain of ``backends.triton.server_stop``, and a server whose model process died 
 restart (``backends.triton.stubs.watch_stages``).
 
 Usage: ``python -m backends.triton.launcher [--http-port 8000] [--grpc-port 8001] [--metrics-port 8002]
-[--config DEPLOY.yaml] [--model PATH] [--set MODEL.KEY=VALUE ...]``; Ctrl-C stops the server. ``--config``,
-``--model`` and ``--set`` serve a copy of the repository with model parameters changed
+[--config DEPLOY.yaml] [--model PATH] [--openai-port 9000] [--set MODEL.KEY=VALUE ...]``; Ctrl-C stops the
+server. ``--config``, ``--model`` and ``--set`` serve a copy of the repository with model parameters changed
 (``backends/triton/launch_options.py``). While the models load, it prints their progress to stderr
-(``backends/triton/load_progress.py``). Tests use :class:`TritonServer` as a context manager.
+(``backends/triton/load_progress.py``). Once the server is ready, the OpenAI-compatible API starts beside it
+(``backends.openai``; ``--openai-port 0``: none), and it stops first. Tests use :class:`TritonServer` as a
+context manager.
 """
 from __future__ import annotations
 
@@ -32,6 +34,8 @@ from pathlib import Path
 from typing import Callable
 
 from backends.ipc.run_dir import RUN_DIR_ENV
+from backends.openai.config import ApiConfig
+from backends.openai.process import ApiProcess, check_port_free
 from backends.triton import launch_options, server_stop
 from backends.triton.deploy_config import DEFAULT_SHM_BYTES
 from backends.triton.load_progress import LoadProgress
@@ -212,6 +216,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--http-port", type=int, default=8000)
     parser.add_argument("--grpc-port", type=int, default=8001)
     parser.add_argument("--metrics-port", type=int, default=8002)
+    parser.add_argument("--openai-port", type=int, default=9000, help="the OpenAI-compatible API's port (0: no API)")
+    parser.add_argument("--openai-address", default=None, help="where the OpenAI API listens (default: --address)")
+    parser.add_argument("--openai-allow-http-media", action="store_true",
+                        help="let the OpenAI API fetch http(s) image_url / video_url parts (off: refused)")
+    parser.add_argument("--openai-max-requests", type=int, default=0,
+                        help="OpenAI API requests in flight at once, more are answered 503 (0: no limit)")
     parser.add_argument("--log-stdout", action="store_true", help="server log to stdout instead of a file")
     parser.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for the models to load")
     parser.add_argument("--set", action="append", default=[], metavar="MODEL.KEY=VALUE", dest="overrides",
@@ -245,6 +255,8 @@ def _serve(args: argparse.Namespace, repository: Path, shm_default_byte_size: in
     server = TritonServer(repository, ports, ready_timeout_s=args.ready_timeout, log_to_stdout=args.log_stdout,
                           shm_default_byte_size=shm_default_byte_size, on_log=progress.follow)
     try:
+        if args.openai_port:  # now, not after the server's minutes of loading
+            check_port_free(args.openai_address or args.address, args.openai_port)
         try:
             server.start()
         finally:
@@ -259,19 +271,35 @@ def _serve(args: argparse.Namespace, repository: Path, shm_default_byte_size: in
     where = "stdout" if args.log_stdout else server.log_path
     print(f"tritonserver ready: gRPC {args.address}:{args.grpc_port}, HTTP {args.address}:{args.http_port}, "
           f"log {where}, models {repository}", flush=True)
-    died, killed = None, None
+    died, killed, api, api_failed = None, None, None, False
     try:
+        if args.openai_port:
+            local = "127.0.0.1" if args.address in ("0.0.0.0", "::") else args.address  # the API's way to the server
+            api = ApiProcess(ApiConfig(grpc_url=f"{local}:{args.grpc_port}",
+                                       host=args.openai_address or args.address, port=args.openai_port,
+                                       allow_http_media=args.openai_allow_http_media,
+                                       max_requests=args.openai_max_requests),
+                             None if args.log_stdout else server.log_path.with_suffix(".openai.log"))
+            api.start()
+            print(f"OpenAI-compatible API: {api.url}/v1, log {api.log_path or 'stdout'}", flush=True)
         died = watch_stages(server)
         if died:
             print(f"{died}: stopping the server (exit status {STAGE_DIED}) for a supervisor to restart it",
                   file=sys.stderr, flush=True)
     except KeyboardInterrupt:
         pass
+    except (RuntimeError, ValueError) as exc:  # the API did not start, or its settings are wrong
+        print(exc, file=sys.stderr, flush=True)
+        api_failed = True
     finally:
+        if api is not None:  # before the drain: no new request reaches a server that is stopping
+            api.stop()
         if died:  # its requests can neither drain nor end: Triton would wait out its exit timeout (20 s, twice)
             server.stop(drain_timeout_s=2.0, exit_timeout_s=DIED_EXIT_TIMEOUT_S)
         else:
             killed = server.stop()
+    if api_failed:
+        return 1
     if killed:  # the stop was asked for and nothing is left running: said, not an error status
         where = "" if args.log_stdout else f"; see {server.log_path}"
         print(f"tritonserver {killed}{where}", file=sys.stderr, flush=True)

@@ -1,0 +1,170 @@
+"""The OpenAI-compatible HTTP API (FastAPI): ``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``,
+``/health``, in front of the orchestrator model of a tritonserver (``orchestrator_client``).
+
+A streamed request is answered with server-sent events (``sse-starlette``): one chunk per orchestrator response,
+then, with ``stream_options.include_usage``, a chunk with the usage alone, then ``data: [DONE]``. Its HTTP status is
+decided by its first response: an error that comes before any token (bad input, a server stopping) is answered as
+a plain error with its status; one that comes later is sent as an ``{"error": ...}`` event before ``[DONE]``, as
+vLLM does. A client that goes away has its request cancelled on the server.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from pathlib import Path
+from typing import AsyncIterator, Awaitable, TypeVar
+
+from fastapi import APIRouter, FastAPI, Request, Response
+from sse_starlette import EventSourceResponse
+
+from backends.openai.config import ApiConfig
+from backends.openai.convert import OrchestratorRequest, chat_request, completion_request
+from backends.openai.errors import ApiError, install_handlers
+from backends.openai.media_fetch import MediaFetcher
+from backends.openai.orchestrator_client import OrchestratorClient
+from backends.openai.responses import ChatShape, CompletionShape, Reply, usage
+from backends.openai.schemas import (ChatCompletionRequest, CompletionRequest, GenerationRequest, ModelCard,
+                                     ModelList)
+from client.api import ResponsePiece
+
+T = TypeVar("T")
+router = APIRouter()
+
+
+class ApiState:
+    """What the routes share: the orchestrator client, the media fetcher and the served model's card."""
+
+    def __init__(self, config: ApiConfig):
+        self.config = config
+        self.orchestrator = OrchestratorClient(config.grpc_url, config.orchestrator_model, config.max_requests)
+        self.fetcher = MediaFetcher(config.allow_http_media, config.max_http_media_bytes, config.http_media_timeout_s)
+        self._card: ModelCard | None = None
+
+    async def model_card(self) -> ModelCard:
+        """The served model, from the orchestrator's parameters (read once). Raises ApiError 503 while the server
+        cannot be reached."""
+        if self._card is None:
+            params = await self.orchestrator.parameters()
+            name = self.config.served_model_name or Path(params.get("model_path") or params.get("preset", "tiny")).name
+            self._card = ModelCard(id=name, created=int(time.time()),
+                                   max_model_len=int(params.get("max_model_len") or 0) or None)
+        return self._card
+
+    async def close(self) -> None:
+        await self.fetcher.close()
+        await self.orchestrator.close()
+
+
+def create_app(config: ApiConfig) -> FastAPI:
+    """The app for ``config`` (run it with uvicorn: ``python -m backends.openai``)."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        app.state.api = ApiState(config)
+        yield
+        await app.state.api.close()
+
+    app = FastAPI(title="UnifiedServe OpenAI-compatible API", lifespan=lifespan)
+    install_handlers(app)
+    app.include_router(router)
+    return app
+
+
+@router.get("/health")
+async def health(request: Request) -> Response:
+    """200 when tritonserver and the orchestrator are ready, else 503."""
+    return Response(status_code=200 if await request.app.state.api.orchestrator.ready() else 503)
+
+
+@router.get("/v1/models")
+async def models(request: Request) -> ModelList:
+    """The one served model. 503 while tritonserver cannot be reached."""
+    return ModelList(data=[await request.app.state.api.model_card()])
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(body: ChatCompletionRequest, request: Request):
+    """A chat completion, whole or streamed (the module docstring); errors as ``errors`` says."""
+    return await _generate(request, body, chat_request(body), ChatShape)
+
+
+@router.post("/v1/completions")
+async def completions(body: CompletionRequest, request: Request):
+    """A completion of one text prompt, whole or streamed."""
+    return await _generate(request, body, completion_request(body), CompletionShape)
+
+
+async def _generate(request: Request, body: GenerationRequest, orchestrator_request: OrchestratorRequest,
+                    shape_type: type[ChatShape] | type[CompletionShape]):
+    """Check the model and the fields, fetch http(s) media, send the request, answer in ``shape_type``'s bodies.
+    Raises ApiError (404 unknown model, 400 refused fields or bad input, 503, 500)."""
+    state: ApiState = request.app.state.api
+    card = await state.model_card()
+    if body.model != card.id:
+        raise ApiError(404, f"The model `{body.model}` does not exist (this server serves `{card.id}`)",
+                       param="model", code="model_not_found")
+    refusal = body.refusal()
+    if refusal is not None:
+        raise ApiError(400, refusal[1], param=refusal[0])
+    orchestrator_request = await state.fetcher.resolve(orchestrator_request)
+    shape = shape_type(card.id, body.return_token_ids)
+    pieces = state.orchestrator.generate(orchestrator_request)
+    if not body.stream:
+        async with contextlib.aclosing(pieces):
+            reply = await _unless_disconnected(request, _gathered(pieces))
+        return shape.whole(reply)
+    try:
+        first = await _unless_disconnected(request, anext(pieces))
+    except BaseException:
+        await pieces.aclose()
+        raise
+    return EventSourceResponse(_events(first, pieces, shape, body.include_usage), sep="\n",
+                               shutdown_grace_period=state.config.shutdown_grace_s)
+
+
+async def _gathered(pieces: AsyncIterator[ResponsePiece]) -> Reply:
+    reply = Reply()
+    async for piece in pieces:
+        reply.add(piece)
+    return reply
+
+
+async def _events(first: ResponsePiece, pieces: AsyncIterator[ResponsePiece], shape, include_usage: bool):
+    """The stream's events (dicts for sse-starlette); closing it (the client went away) cancels the request."""
+    try:
+        piece = first
+        yield {"data": shape.chunk(piece).model_dump_json(exclude_none=True)}
+        async for piece in pieces:
+            yield {"data": shape.chunk(piece).model_dump_json(exclude_none=True)}
+        counts = usage(piece)
+        if include_usage and counts is not None:
+            yield {"data": shape.usage_chunk(counts).model_dump_json(exclude_none=True)}
+    except ApiError as exc:
+        yield {"data": json.dumps(exc.body())}
+    finally:
+        await pieces.aclose()
+    yield {"data": "[DONE]"}
+
+
+async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """``work``'s result; if the HTTP client goes away first, ``work`` is cancelled and ApiError 499 (nginx's
+    "client closed request", which nobody receives) raised."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    if task.cancelled():
+        raise ApiError(499, "the client closed the request")
+    return task.result()
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass

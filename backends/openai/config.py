@@ -1,0 +1,80 @@
+"""The OpenAI-compatible API process's settings (its command line, ``python -m backends.openai --help``)."""
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ApiConfig:
+    """Where the API listens and which orchestrator it speaks to.
+
+    ``grpc_url``: tritonserver's gRPC endpoint (host:port); ``host``/``port``: where the API listens;
+    ``orchestrator_model``: the Triton model requests go to; ``served_model_name``: the ``model`` clients name
+    (None: the orchestrator's checkpoint folder name, else its preset, read from Triton's model config);
+    ``allow_http_media``: fetch http(s) ``image_url``/``video_url`` parts in this process (off: refused), at most
+    ``max_http_media_bytes`` bytes each within ``http_media_timeout_s`` seconds; ``shutdown_grace_s``: seconds
+    requests in flight may still run after a stop is asked for; ``max_requests``: requests in flight at once, more
+    are answered 503 (0: no limit; the orchestrator queues what its KV pool cannot hold yet).
+
+    Raises ValueError for a port outside 0..65535, a non-positive size or timeout, a negative ``max_requests``.
+    """
+
+    grpc_url: str = "127.0.0.1:8001"
+    host: str = "127.0.0.1"
+    port: int = 9000
+    orchestrator_model: str = "orchestrator"
+    served_model_name: str | None = None
+    allow_http_media: bool = False
+    max_http_media_bytes: int = 64 * 1024 * 1024
+    http_media_timeout_s: float = 30.0
+    shutdown_grace_s: float = 5.0
+    max_requests: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be in 0..65535, got {self.port}")
+        if self.max_http_media_bytes < 1 or self.http_media_timeout_s <= 0 or self.shutdown_grace_s < 0:
+            raise ValueError("max_http_media_bytes and http_media_timeout_s must be positive, shutdown_grace_s >= 0")
+        if self.max_requests < 0:
+            raise ValueError(f"max_requests must be >= 0 (0: no limit), got {self.max_requests}")
+
+    def to_args(self) -> list[str]:
+        """The command line that :func:`parse_args` reads back into this config."""
+        args = ["--grpc-url", self.grpc_url, "--host", self.host, "--port", str(self.port),
+                "--orchestrator-model", self.orchestrator_model,
+                "--max-http-media-bytes", str(self.max_http_media_bytes),
+                "--http-media-timeout", str(self.http_media_timeout_s), "--shutdown-grace", str(self.shutdown_grace_s),
+                "--max-requests", str(self.max_requests)]
+        if self.served_model_name:
+            args += ["--served-model-name", self.served_model_name]
+        if self.allow_http_media:
+            args.append("--allow-http-media")
+        return args
+
+
+def parse_args(argv: list[str] | None = None) -> ApiConfig:
+    """An :class:`ApiConfig` from a command line (exits with a usage message on a bad one)."""
+    d = ApiConfig()
+    parser = argparse.ArgumentParser(prog="python -m backends.openai",
+                                     description="OpenAI-compatible HTTP API in front of UnifiedServe's orchestrator")
+    parser.add_argument("--grpc-url", default=d.grpc_url, help="tritonserver's gRPC endpoint")
+    parser.add_argument("--host", default=d.host, help="0.0.0.0 to serve other machines")
+    parser.add_argument("--port", type=int, default=d.port)
+    parser.add_argument("--orchestrator-model", default=d.orchestrator_model)
+    parser.add_argument("--served-model-name", default=None,
+                        help="the model name clients send (default: the checkpoint folder's name, else the preset)")
+    parser.add_argument("--allow-http-media", action="store_true",
+                        help="fetch http(s) image_url / video_url parts (off: they are refused)")
+    parser.add_argument("--max-http-media-bytes", type=int, default=d.max_http_media_bytes)
+    parser.add_argument("--http-media-timeout", type=float, default=d.http_media_timeout_s, help="seconds")
+    parser.add_argument("--shutdown-grace", type=float, default=d.shutdown_grace_s,
+                        help="seconds requests in flight may run on after SIGTERM")
+    parser.add_argument("--max-requests", type=int, default=d.max_requests,
+                        help="requests in flight at once, more are answered 503 (0: no limit)")
+    a = parser.parse_args(argv)
+    try:
+        return ApiConfig(a.grpc_url, a.host, a.port, a.orchestrator_model, a.served_model_name, a.allow_http_media,
+                         a.max_http_media_bytes, a.http_media_timeout, a.shutdown_grace, a.max_requests)
+    except ValueError as exc:
+        parser.error(str(exc))

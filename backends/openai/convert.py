@@ -1,0 +1,102 @@
+"""An API request -> the orchestrator's inputs (pure: no I/O; http(s) media are fetched by ``media_fetch``).
+
+A chat goes as the orchestrator's ``messages`` input (``orchestrator.messages``): the same messages with each
+``image_url`` / ``video_url`` part replaced by an ``{"type": "image"}`` / ``{"type": "video"}`` placeholder, and
+the URLs in ``image_url`` / ``video_url`` in the order of their placeholders, which is how the orchestrator pairs
+them. A completion's prompt goes as ``text_input``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from tritonclient.grpc import InferInput
+
+from backends.openai.schemas import ChatCompletionRequest, CompletionRequest, ImageUrlPart, TextPart
+
+
+@dataclass(frozen=True)
+class MediaRef:
+    """One image or video of a chat: ``kind`` "image" | "video", its ``url``, and ``where`` it sits in the request
+    (``messages[i].content[j].image_url``), which errors name."""
+
+    kind: str
+    url: str
+    where: str
+
+
+@dataclass(frozen=True)
+class OrchestratorRequest:
+    """One request's orchestrator inputs: ``text`` (``text_input``, a completion) or ``messages`` (JSON, a chat);
+    ``media`` in placeholder order; ``sampling`` (``sampling_parameters``); ``stream``; ``return_token_ids``
+    (``return_output_ids``)."""
+
+    text: str | None
+    messages: str | None
+    media: tuple[MediaRef, ...]
+    sampling: dict[str, Any]
+    stream: bool
+    return_token_ids: bool
+
+    def with_media(self, media: tuple[MediaRef, ...]) -> "OrchestratorRequest":
+        return dataclasses.replace(self, media=media)
+
+    def inputs(self) -> list[InferInput]:
+        """The Triton inputs. The reply comes without the prompt (``exclude_input_in_output``)."""
+        tensors: list[tuple[str, np.ndarray]] = [
+            ("sampling_parameters", _strings([json.dumps(self.sampling)])),
+            ("stream", np.array([self.stream])),
+            ("exclude_input_in_output", np.array([True])),
+        ]
+        if self.text is not None:
+            tensors.append(("text_input", _strings([self.text])))
+        if self.messages is not None:
+            tensors.append(("messages", _strings([self.messages])))
+        for kind in ("image", "video"):
+            urls = [m.url for m in self.media if m.kind == kind]
+            if urls:
+                tensors.append((f"{kind}_url", _strings(urls)))
+        if self.return_token_ids:
+            tensors.append(("return_output_ids", np.array([True])))
+        inputs = []
+        for name, array in tensors:
+            tensor = InferInput(name, list(array.shape), "BOOL" if array.dtype == bool else "BYTES")
+            tensor.set_data_from_numpy(array)
+            inputs.append(tensor)
+        return inputs
+
+
+def _strings(values: list[str]) -> np.ndarray:
+    return np.array([v.encode() for v in values], dtype=np.object_)
+
+
+def chat_request(request: ChatCompletionRequest) -> OrchestratorRequest:
+    """The orchestrator's request for a chat (the module docstring says how); ``developer`` messages go as
+    ``system``."""
+    messages, media = [], []
+    for i, message in enumerate(request.messages):
+        role = "system" if message.role == "developer" else message.role
+        if isinstance(message.content, str):
+            messages.append({"role": role, "content": message.content})
+            continue
+        parts = []
+        for j, part in enumerate(message.content):
+            if isinstance(part, TextPart):
+                parts.append({"type": "text", "text": part.text})
+                continue
+            kind = "image" if isinstance(part, ImageUrlPart) else "video"
+            url = part.image_url.url if isinstance(part, ImageUrlPart) else part.video_url.url
+            media.append(MediaRef(kind, url, f"messages[{i}].content[{j}].{kind}_url"))
+            parts.append({"type": kind})
+        messages.append({"role": role, "content": parts})
+    return OrchestratorRequest(None, json.dumps(messages), tuple(media), request.sampling_parameters(),
+                               request.stream, request.return_token_ids)
+
+
+def completion_request(request: CompletionRequest) -> OrchestratorRequest:
+    """The orchestrator's request for a completion: its prompt as ``text_input``."""
+    return OrchestratorRequest(request.text, None, (), request.sampling_parameters(), request.stream,
+                               request.return_token_ids)

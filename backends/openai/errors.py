@@ -1,0 +1,117 @@
+"""Errors in OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``, with their HTTP status.
+
+Over a gRPC stream Triton passes the orchestrator's error message alone, without its status code (Triton 2.51), so
+an orchestrator error is classed by its message: bad input is answered with a message that starts with the input
+at fault (``orchestrator.inputs``, ``orchestrator.messages``, ``orchestrator.sampling_params``; docs/design.md,
+invariant 3) and becomes 400; "the server is shutting down" becomes 503; anything else (a stage's failure, an
+internal error) 500. A tritonserver that cannot be reached is 503.
+"""
+from __future__ import annotations
+
+import re
+
+import grpc
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+from tritonclient.utils import InferenceServerException
+
+from backends.openai.schemas import ErrorInfo, ErrorResponse
+from orchestrator.engine import SHUTTING_DOWN
+
+# The orchestrator's validation messages: "<input>: ...", "<input>[i]...: ...", "image 0: ...", and the two about
+# the prompt's length (orchestrator.prompt, orchestrator.service).
+_INVALID = re.compile(r"^(?:(?:text_input|messages|image_url|video_url|image|video|sampling_parameters)[\[:. ]"
+                      r"|prompt too long|the prompt \()")
+_SAMPLING_KEY = re.compile(r"^sampling_parameters: (?:unknown key ')?(\w+)")
+_PROMPT = re.compile(r"^(?:text_input|prompt too long|the prompt \()")  # else a message's text or media
+
+
+class ApiError(Exception):
+    """An error answered to the client: ``status`` (HTTP), ``message``, ``param`` (the request field at fault, or
+    None), ``code`` (OpenAI's code, e.g. "model_not_found", or None)."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+
+    def body(self) -> dict:
+        """The JSON body, ``{"error": {...}}``."""
+        info = ErrorInfo(message=self.message, type="invalid_request_error" if self.status < 500 else "server_error", param=self.param,
+                         code=self.code)
+        return ErrorResponse(error=info).model_dump()
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status)
+
+
+def from_orchestrator(message: str) -> ApiError:
+    """The error for an orchestrator's error message (classed as the module docstring says)."""
+    if _INVALID.match(message):
+        key = _SAMPLING_KEY.match(message)
+        param = key.group(1) if key else "prompt" if _PROMPT.match(message) else "messages"
+        return ApiError(400, message, param=param)
+    if SHUTTING_DOWN in message:
+        return ApiError(503, message, code="service_unavailable")
+    return ApiError(500, message)
+
+
+def from_transport(exc: grpc.RpcError | InferenceServerException) -> ApiError:
+    """The error for a failed gRPC call to tritonserver (grpc's own error, or tritonclient's wrapping of it): 503 when
+    the server cannot be reached or went away, else 500."""
+    if isinstance(exc, grpc.RpcError):
+        code, details = exc.code().name, exc.details() or ""
+    else:
+        code, details = (exc.status() or "").removeprefix("StatusCode."), exc.message() or ""
+    if code in ("UNAVAILABLE", "CANCELLED"):
+        return ApiError(503, f"the inference server is not reachable: {details}", code="service_unavailable")
+    return ApiError(500, f"the inference server failed: {code}: {details}")
+
+
+def _where(loc: tuple) -> str:
+    """Pydantic's error location as ``messages[0].content[1].image_url.url``: without the body's own prefix, the
+    union branch tried (``str``, ``list[...]``) and a tagged union's tag (the part's type, repeated as its field)."""
+    where = ""
+    for i, item in enumerate(loc):
+        if isinstance(item, int):
+            where += f"[{item}]"
+        elif not (i == 0 and item == "body") and "[" not in item and item not in _BRANCHES \
+                and (i + 1 == len(loc) or loc[i + 1] != item):
+            where += f".{item}" if where else item
+    return where
+
+
+_BRANCHES = {"str", "int", "float", "bool", "list", "dict"}
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    """Pydantic's errors as "field.path: what is wrong", and the top-level field at fault. Of a union's branches
+    only the deepest errors are kept (a list of parts with a bad part is not also "not a valid string")."""
+    errors = [(_where(tuple(e.get("loc", ()))), e) for e in exc.errors()]
+    for where, error in errors:
+        if error.get("type") == "json_invalid":
+            return f"the body is not valid JSON ({error.get('ctx', {}).get('error', 'invalid')})", None
+    deepest = [(where, e) for where, e in errors
+               if not any(other.startswith(where) and other[len(where):][:1] in ("[", ".") for other, _ in errors)]
+    message = "; ".join(f"{where or 'body'}: {e.get('msg', 'invalid')}" for where, e in deepest)
+    field = re.split(r"[\[.]", deepest[0][0])[0] if deepest else ""
+    return message, field or None
+
+
+def install_handlers(app: FastAPI) -> None:
+    """Every error the app answers, its own and FastAPI's (a body that fails validation is 400, as OpenAI answers,
+    not FastAPI's 422; an unknown path 404), in OpenAI's shape."""
+
+    @app.exception_handler(ApiError)
+    async def api_error(_: Request, exc: ApiError) -> JSONResponse:
+        return exc.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_body(_: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = _validation_message(exc)
+        return ApiError(400, message, param=param).response()
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_: Request, exc: HTTPException) -> JSONResponse:
+        return ApiError(exc.status_code, str(exc.detail)).response()

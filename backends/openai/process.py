@@ -1,0 +1,100 @@
+"""The API as a child process (``python -m backends.openai``): started once tritonserver is ready, stopped before
+the server drains (the launcher; the end-to-end tests)."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from backends.openai.config import ApiConfig
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Raises RuntimeError when another process listens on ``host:port`` (checked before a server starts, so that
+    another API's answers do not pass for ours)."""
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise RuntimeError(f"OpenAI API port {host}:{port} is not free ({exc.strerror}): choose another with "
+                               "--openai-port (0: no API)") from None
+
+
+@dataclass
+class ApiProcess:
+    """``python -m backends.openai`` with ``config``; its output goes to ``log_path`` (None: this process's)."""
+
+    config: ApiConfig
+    log_path: Path | None = None
+    ready_timeout_s: float = 60.0
+    process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        """The API's base URL, e.g. http://127.0.0.1:9000 (a wildcard host is reached at 127.0.0.1)."""
+        host = "127.0.0.1" if self.config.host in ("0.0.0.0", "") else self.config.host
+        host = "[::1]" if host == "::" else f"[{host}]" if ":" in host else host
+        return f"http://{host}:{self.config.port}"
+
+    def start(self) -> "ApiProcess":
+        """Start it and wait until ``/health`` answers 200. Raises RuntimeError (with its log's tail) when the port is
+        taken, when it exits or is not ready within ``ready_timeout_s`` seconds (it is stopped then)."""
+        check_port_free(self.config.host, self.config.port)
+        log = open(self.log_path, "wb") if self.log_path is not None else None
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "backends.openai", *self.config.to_args()], cwd=REPO_ROOT,
+                env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True)  # Ctrl-C reaches the launcher alone, which stops this in its turn
+        finally:
+            if log is not None:
+                log.close()
+        deadline = time.monotonic() + self.ready_timeout_s
+        while not self._healthy():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                what = (f"exited with status {self.process.returncode}" if self.process.poll() is not None
+                        else f"not ready within {self.ready_timeout_s:g} s")
+                self.stop()
+                raise RuntimeError(f"the OpenAI API {what}{self._log_tail()}")
+            time.sleep(0.2)
+        return self
+
+    def _healthy(self) -> bool:
+        try:
+            return urllib.request.urlopen(f"{self.url}/health", timeout=2).status == 200
+        except OSError:  # refused, or an HTTP error status (urllib's HTTPError is an OSError)
+            return False
+
+    def _log_tail(self) -> str:
+        if self.log_path is None:
+            return ""
+        try:
+            return f"; the end of its log ({self.log_path}):\n{self.log_path.read_text(errors='replace')[-3000:]}"
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        """SIGTERM (uvicorn then gives requests in flight ``shutdown_grace_s`` seconds), SIGKILL 5 s after that."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout=self.config.shutdown_grace_s + 5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+    def __enter__(self) -> "ApiProcess":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,97 @@
+"""The orchestrator's responses -> OpenAI's bodies: a whole chat completion or completion, or its streamed chunks.
+
+Each orchestrator response carries the text made since the last one (UTF-8, whole characters), its token ids when
+asked for, and, on the last, ``finish_reason`` and the prompt's and the reply's token counts (``usage``).
+"""
+from __future__ import annotations
+
+import time
+import uuid
+
+from backends.openai.schemas import (AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion,
+                                     ChatCompletionChunk, Completion, CompletionChoice, Delta, Usage)
+from client.api import ResponsePiece
+
+
+def usage(piece: ResponsePiece) -> Usage | None:
+    """The token counts of a request's last response (None on the others)."""
+    if piece.num_input_tokens is None or piece.num_output_tokens is None:
+        return None
+    return Usage(prompt_tokens=piece.num_input_tokens, completion_tokens=piece.num_output_tokens,
+                 total_tokens=piece.num_input_tokens + piece.num_output_tokens)
+
+
+class Reply:
+    """A whole reply gathered from its responses: ``text``, ``token_ids``, ``finish_reason``, ``usage``."""
+
+    def __init__(self):
+        self._text: list[str] = []
+        self.token_ids: list[int] = []
+        self.finish_reason: str | None = None
+        self.usage: Usage | None = None
+
+    def add(self, piece: ResponsePiece) -> None:
+        self._text.append(piece.text.decode("utf-8", errors="replace"))
+        self.token_ids += piece.token_ids
+        self.finish_reason = piece.finish_reason or self.finish_reason
+        self.usage = usage(piece) or self.usage
+
+    @property
+    def text(self) -> str:
+        return "".join(self._text)
+
+
+class _Shape:
+    """One request's bodies: its id, creation time (Unix seconds) and model name are the same in all of them."""
+
+    prefix = ""
+
+    def __init__(self, model: str, return_token_ids: bool):
+        self.id = f"{self.prefix}-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+        self.model = model
+        self.return_token_ids = return_token_ids
+        self._first = True
+
+    def _ids(self, token_ids) -> list[int] | None:
+        return list(token_ids) if self.return_token_ids else None
+
+
+class ChatShape(_Shape):
+    """``chat.completion`` and ``chat.completion.chunk`` bodies; the first chunk carries the assistant's role."""
+
+    prefix = "chatcmpl"
+
+    def whole(self, reply: Reply) -> ChatCompletion:
+        choice = ChatChoice(message=AssistantMessage(content=reply.text), finish_reason=reply.finish_reason,
+                            token_ids=self._ids(reply.token_ids))
+        return ChatCompletion(id=self.id, created=self.created, model=self.model, choices=[choice], usage=reply.usage)
+
+    def chunk(self, piece: ResponsePiece) -> ChatCompletionChunk:
+        delta = Delta(role="assistant" if self._first else None, content=piece.text.decode("utf-8", errors="replace"))
+        self._first = False
+        choice = ChatChunkChoice(delta=delta, finish_reason=piece.finish_reason, token_ids=self._ids(piece.token_ids))
+        return ChatCompletionChunk(id=self.id, created=self.created, model=self.model, choices=[choice])
+
+    def usage_chunk(self, counts: Usage) -> ChatCompletionChunk:
+        """The last chunk when ``stream_options.include_usage``: no choices, the usage."""
+        return ChatCompletionChunk(id=self.id, created=self.created, model=self.model, choices=[], usage=counts)
+
+
+class CompletionShape(_Shape):
+    """``text_completion`` bodies, whole and streamed."""
+
+    prefix = "cmpl"
+
+    def whole(self, reply: Reply) -> Completion:
+        choice = CompletionChoice(text=reply.text, finish_reason=reply.finish_reason,
+                                  token_ids=self._ids(reply.token_ids))
+        return Completion(id=self.id, created=self.created, model=self.model, choices=[choice], usage=reply.usage)
+
+    def chunk(self, piece: ResponsePiece) -> Completion:
+        choice = CompletionChoice(text=piece.text.decode("utf-8", errors="replace"), finish_reason=piece.finish_reason,
+                                  token_ids=self._ids(piece.token_ids))
+        return Completion(id=self.id, created=self.created, model=self.model, choices=[choice])
+
+    def usage_chunk(self, counts: Usage) -> Completion:
+        return Completion(id=self.id, created=self.created, model=self.model, choices=[], usage=counts)

@@ -1,0 +1,255 @@
+"""Request and response bodies of the OpenAI-compatible API (pydantic), as OpenAI's API reference and vLLM's
+server name them.
+
+Fields a client may send that this server does not know are ignored (as vLLM does); fields it knows but cannot
+honour (``n`` above 1, ``logprobs``, ``tools``, ...) are refused by :meth:`GenerationRequest.refusal`.
+"""
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# ---- requests ---------------------------------------------------------------------------------------------------
+class MediaUrl(_Body):
+    """``url``: a ``data:`` URL (base64), a ``file://`` URL or path under the server's allowed media folders, or an
+    http(s) URL where the operator allows them. ``detail`` is accepted and ignored (the size follows max_pixels)."""
+
+    url: str
+    detail: str | None = None
+
+
+class TextPart(_Body):
+    type: Literal["text"]
+    text: str
+
+
+class ImageUrlPart(_Body):
+    type: Literal["image_url"]
+    image_url: MediaUrl
+
+
+class VideoUrlPart(_Body):
+    type: Literal["video_url"]
+    video_url: MediaUrl
+
+
+ContentPart = Annotated[Union[TextPart, ImageUrlPart, VideoUrlPart], Field(discriminator="type")]
+
+
+class ChatMessage(_Body):
+    """``developer`` is OpenAI's newer name for ``system`` and is sent as one."""
+
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[ContentPart]
+    name: str | None = None
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class MediaOptions(_Strict):
+    """vLLM's ``mm_processor_kwargs``, the keys the orchestrator takes: frames sampled per second of video, and the
+    largest resized frame or image area in pixels."""
+
+    fps: float | None = None
+    max_pixels: int | None = None
+
+
+class GenerationRequest(_Body):
+    model: str
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    # vLLM's extra parameters
+    top_k: int | None = None
+    min_tokens: int | None = None
+    ignore_eos: bool | None = None
+    repetition_penalty: float | None = None
+    stop_token_ids: list[int] | None = None
+    return_token_ids: bool = False
+    mm_processor_kwargs: MediaOptions | None = None
+    # known to OpenAI's API, honoured only at their defaults
+    n: int | None = None
+    logprobs: Any = None
+    logit_bias: dict[str, float] | None = None
+
+    def refusal(self) -> tuple[str, str] | None:
+        """(field, message) of the first field set to something this server cannot do, or None."""
+        if self.n not in (None, 1):
+            return "n", f"n: one choice per request is supported, got {self.n}"
+        if self.logprobs not in (None, False, 0):
+            return "logprobs", "logprobs: not supported by this server"
+        if self.logit_bias:
+            return "logit_bias", "logit_bias: not supported by this server"
+        return None
+
+    def sampling_parameters(self) -> dict[str, Any]:
+        """The orchestrator's ``sampling_parameters`` (vLLM's names): the fields set, ``max_completion_tokens`` as
+        ``max_tokens``; the orchestrator checks every value and refuses keys it does not know yet."""
+        keys = ("max_tokens", "temperature", "top_p", "seed", "stop", "presence_penalty", "frequency_penalty",
+                "top_k", "min_tokens", "ignore_eos", "repetition_penalty", "stop_token_ids")
+        sampling = {key: getattr(self, key) for key in keys if getattr(self, key) is not None}
+        if self.mm_processor_kwargs is not None:
+            sampling.update(self.mm_processor_kwargs.model_dump(exclude_none=True))
+        return sampling
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+
+class ChatCompletionRequest(GenerationRequest):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = None
+    top_logprobs: int | None = None
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    response_format: dict[str, Any] | None = None
+
+    def refusal(self) -> tuple[str, str] | None:
+        if self.top_logprobs:
+            return "top_logprobs", "top_logprobs: not supported by this server"
+        if self.tools or self.tool_choice not in (None, "none", "auto"):
+            return "tools", "tools: tool calls are not supported by this server"
+        if self.response_format and self.response_format.get("type") != "text":
+            return "response_format", "response_format: only {\"type\": \"text\"} is supported"
+        return super().refusal()
+
+    def sampling_parameters(self) -> dict[str, Any]:
+        sampling = super().sampling_parameters()
+        if self.max_completion_tokens is not None:
+            sampling["max_tokens"] = self.max_completion_tokens
+        return sampling
+
+
+class CompletionRequest(GenerationRequest):
+    """``prompt``: one string (or a list holding one); the orchestrator wraps it in the chat template as one user
+    message (it has no raw-prompt input)."""
+
+    prompt: str | list[str]
+    echo: bool = False
+    best_of: int | None = None
+    suffix: str | None = None
+
+    def refusal(self) -> tuple[str, str] | None:
+        if isinstance(self.prompt, list) and len(self.prompt) != 1:
+            return "prompt", f"prompt: one prompt per request is supported, got a list of {len(self.prompt)}"
+        if self.echo:
+            return "echo", "echo: not supported by this server"
+        if self.best_of not in (None, 1):
+            return "best_of", f"best_of: one candidate per request is supported, got {self.best_of}"
+        if self.suffix:
+            return "suffix", "suffix: not supported by this server"
+        return super().refusal()
+
+    @property
+    def text(self) -> str:
+        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+
+
+# ---- responses --------------------------------------------------------------------------------------------------
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int = 0
+    message: AssistantMessage
+    finish_reason: str | None
+    token_ids: list[int] | None = None
+
+
+class ChatCompletion(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class Delta(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChatChunkChoice(BaseModel):
+    index: int = 0
+    delta: Delta
+    finish_reason: str | None = None
+    token_ids: list[int] | None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+
+
+class CompletionChoice(BaseModel):
+    index: int = 0
+    text: str
+    finish_reason: str | None = None
+    token_ids: list[int] | None = None
+
+
+class Completion(BaseModel):
+    """A whole completion, and (with ``usage`` only on the last, when asked) each streamed chunk of one."""
+
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "unifiedserve"
+    max_model_len: int | None = None
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class ErrorInfo(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorInfo

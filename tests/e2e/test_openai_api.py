@@ -1,0 +1,314 @@
+"""The OpenAI-compatible API (backends/openai) in its own process beside a real tritonserver, driven with the `openai`
+SDK: the token ids of each greedy answer equal the KServe path's (client.api.Client) for the same request, a whole
+conversation equals transformers' generate() on the tokenizer's own chat template, and errors come in OpenAI's
+shape with their HTTP status."""
+from __future__ import annotations
+
+import base64
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+import openai
+import pytest
+import torch
+
+from backends.openai.config import ApiConfig
+from backends.openai.process import ApiProcess
+from backends.runtime.loader import ModelSpec, load_model
+from backends.triton.ports import ServerPorts
+from client.api import Client
+from orchestrator.inputs import MediaInput
+from orchestrator.media import plan_media
+from orchestrator.sampling_params import RequestParams
+from tests.e2e.conftest import read_metrics, serve, wait_for_idle_pools
+from tests.media import make_image, make_video
+from tests.reference import assert_same_or_tie, reference_generate
+
+pytestmark = pytest.mark.e2e
+N = 8
+GREEDY = {"max_tokens": N, "temperature": 0, "ignore_eos": True}
+EXTRA = {"ignore_eos": True, "return_token_ids": True}  # vLLM's extra fields, in the SDK's extra_body
+MODEL = "tiny"  # the preset's name: the default served model name
+
+
+def _unused_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _api(grpc_port: int, log_path, **settings) -> ApiProcess:
+    return ApiProcess(ApiConfig(grpc_url=f"127.0.0.1:{grpc_port}", port=_unused_port(), **settings), log_path)
+
+
+@pytest.fixture(scope="module")
+def api(server, tmp_path_factory):
+    with _api(server.ports.grpc, tmp_path_factory.mktemp("openai") / "api.log") as process:
+        yield process
+
+
+@pytest.fixture(scope="module")
+def sdk(api):
+    with openai.OpenAI(base_url=f"{api.url}/v1", api_key="unused", max_retries=0, timeout=120) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def kserve(grpc_url):
+    with Client(grpc_url) as client:
+        yield client
+
+
+def _data_url(data: bytes, mime: str) -> str:
+    return f"data:{mime};base64,{base64.b64encode(data).decode()}"
+
+
+def _streamed(chunks) -> tuple[str, list[int], str | None, object]:
+    """(text, token ids, finish_reason, usage) of a chat stream; each chunk is checked for OpenAI's shape."""
+    text, ids, reason, usage = "", [], None, None
+    for chunk in chunks:
+        assert chunk.object == "chat.completion.chunk"
+        if chunk.usage is not None:
+            assert chunk.choices == [] and usage is None
+            usage = chunk.usage
+            continue
+        (choice,) = chunk.choices
+        assert reason is None, "a chunk after the one with finish_reason"
+        text += choice.delta.content or ""
+        ids += choice.token_ids
+        reason = choice.finish_reason
+    return text, ids, reason, usage
+
+
+def test_models_and_health(sdk, api):
+    (model,) = sdk.models.list().data
+    assert model.id == MODEL and model.max_model_len == 32768
+    assert urllib.request.urlopen(f"{api.url}/health", timeout=10).status == 200
+
+
+def test_text_chat_equals_the_kserve_path(sdk, kserve):
+    question = "Tell me about the sea."
+    ours = sdk.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": question}],
+                                       max_tokens=N, temperature=0, extra_body=EXTRA)
+    theirs = kserve.generate(question, sampling=GREEDY, stream=False, return_output_ids=True)
+    (choice,) = ours.choices
+    assert choice.token_ids == theirs.token_ids and len(theirs.token_ids) == N
+    assert choice.message.content == theirs.text and choice.message.role == "assistant"
+    assert choice.finish_reason == "length" and ours.object == "chat.completion" and ours.model == MODEL
+    assert (ours.usage.prompt_tokens, ours.usage.completion_tokens) == (theirs.num_input_tokens, N)
+    assert ours.usage.total_tokens == theirs.num_input_tokens + N
+
+
+def test_streamed_image_chat_equals_the_kserve_path(sdk, kserve):
+    image = make_image(200, 150, "RGB", "JPEG")
+    content = [{"type": "image_url", "image_url": {"url": _data_url(image, "image/jpeg")}},
+               {"type": "text", "text": "What is in the picture?"}]
+    stream = sdk.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": content}],
+                                         max_completion_tokens=N, temperature=0, stream=True,
+                                         stream_options={"include_usage": True}, extra_body=EXTRA)
+    text, ids, reason, usage = _streamed(stream)
+    theirs = kserve.generate("What is in the picture?", image=image, sampling=GREEDY, return_output_ids=True)
+    assert ids == theirs.token_ids and text == theirs.text and reason == "length"
+    assert (usage.prompt_tokens, usage.completion_tokens) == (theirs.num_input_tokens, N)
+    assert usage.prompt_tokens > 100  # the image's visual tokens are in the prompt
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_video_file_url_equals_the_kserve_path(sdk, kserve, media_dir, stream):
+    path = media_dir / "openai-clip.mp4"
+    if not path.exists():
+        make_video(path, 128, 96, 20, 10)
+    content = [{"type": "video_url", "video_url": {"url": f"file://{path}"}}, {"type": "text", "text": "Describe."}]
+    reply = sdk.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": content}], max_tokens=N,
+                                        temperature=0, stream=stream, extra_body=EXTRA)
+    ids = _streamed(reply)[1] if stream else reply.choices[0].token_ids
+    theirs = kserve.generate("Describe.", video_url=str(path), sampling=GREEDY, return_output_ids=True)
+    assert ids == theirs.token_ids and len(ids) == N
+
+
+@pytest.fixture(scope="module")
+def hf():
+    """The tiny dummy model the server runs, in this process (as tests/e2e/test_generation.py loads it)."""
+    return load_model(ModelSpec(device="cuda:0" if torch.cuda.is_available() else "cpu"))
+
+
+def test_a_conversation_equals_transformers_on_the_chat_template(sdk, hf):
+    """System prompt, turns, and an image in the second user turn: the prompt is the tokenizer's own chat template
+    over the whole conversation, the image's pixels are flashcodec's, the tokens transformers' generate()."""
+    from flashcodec.pipeline import image_group
+
+    model, tokenizer = hf
+    image = make_image(96, 64, "RGB", "PNG")
+    messages = [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "Hello!"},
+        {"role": "assistant", "content": "Hi."},
+        {"role": "user", "content": [{"type": "text", "text": "Now this:"},
+                                     {"type": "image_url", "image_url": {"url": _data_url(image, "image/png")}}]},
+    ]
+    ours = sdk.chat.completions.create(model=MODEL, messages=messages, max_tokens=N, temperature=0, extra_body=EXTRA)
+    plan = plan_media(MediaInput("image", data=image), RequestParams())
+    template = [m if isinstance(m["content"], str) else
+                {"role": m["role"], "content": [{"type": "text", "text": "Now this:"}, {"type": "image"}]}
+                for m in messages]
+    ids = tokenizer.apply_chat_template(template, tokenize=True, add_generation_prompt=True, return_dict=False)
+    pad = tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    visual = plan.grid_thw[1] * plan.grid_thw[2] // 4
+    ids = [t for token in ids for t in ([token] * visual if token == pad else [token])]
+    assert ours.usage.prompt_tokens == len(ids)
+    assert_same_or_tie(ours.choices[0].token_ids,
+                       *reference_generate(model, ids, N, image=(image_group(image, plan), plan.grid_thw, 0.0)))
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_completions_equal_the_kserve_text_input(sdk, kserve, stream):
+    reply = sdk.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=N, temperature=0,
+                                   stream=stream, extra_body=EXTRA)
+    if stream:
+        chunks = list(reply)
+        text = "".join(c.choices[0].text for c in chunks)
+        ids = [i for c in chunks for i in c.choices[0].token_ids]
+        reason = chunks[-1].choices[0].finish_reason
+    else:
+        (choice,) = reply.choices
+        text, ids, reason = choice.text, choice.token_ids, choice.finish_reason
+    theirs = kserve.generate("Once upon a time", sampling=GREEDY, return_output_ids=True)
+    assert (ids, text, reason) == (theirs.token_ids, theirs.text, "length")
+
+
+BAD = [
+    # (what, create() keyword arguments, HTTP status, error param, words the message must hold)
+    ("an image that is not an image",
+     dict(messages=[{"role": "user", "content": [{"type": "image_url",
+                                                  "image_url": {"url": "data:image/png;base64,R0lGODlh"}}]}]),
+     400, "messages", "image_url: not a decodable image"),
+    ("an unknown model", dict(model="gpt-4o"), 404, "model", "`gpt-4o` does not exist"),
+    ("max_tokens 0", dict(max_tokens=0), 400, "max_tokens", "max_tokens must be a positive integer"),
+    ("a file outside the allowed folders",
+     dict(messages=[{"role": "user", "content": [{"type": "video_url", "video_url": {"url": "file:///etc/passwd"}}]}]),
+     400, "messages", "outside the allowed media folders"),
+    ("an http URL (not allowed by default)",
+     dict(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/a.png"}}]}]),
+     400, "messages", "messages[0].content[0].image_url: http(s) URLs are not fetched"),
+    ("two choices", dict(n=2), 400, "n", "n: one choice per request"),
+    ("an image in an assistant message",
+     dict(messages=[{"role": "user", "content": "hi"},
+                    {"role": "assistant", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}]),
+     400, "messages", "messages[1].content[0]: image parts are allowed in user messages only"),
+]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize("what,kwargs,status,param,words", BAD, ids=[b[0] for b in BAD])
+def test_errors_come_in_openais_shape(sdk, what, kwargs, status, param, words, stream):
+    request = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, **kwargs}
+    with pytest.raises(openai.APIStatusError) as error:
+        sdk.chat.completions.create(stream=stream, **request)
+    assert error.value.status_code == status, f"{what}: {error.value}"
+    body = error.value.body
+    assert set(body) == {"message", "type", "param", "code"} and body["param"] == param, body
+    assert words in body["message"] and body["type"] == "invalid_request_error", body
+    assert sdk.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Still there?"}],
+                                       max_tokens=2).choices[0].finish_reason in ("length", "stop")
+
+
+def test_a_client_that_goes_away_has_its_request_cancelled(sdk, server):
+    stream = sdk.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Go on forever."}],
+                                         max_tokens=20000, temperature=0, stream=True, extra_body=EXTRA)
+    for _, _chunk in zip(range(3), stream):
+        pass
+    assert read_metrics(server)["unifiedserve_requests_running"] >= 1
+    stream.close()
+    started = time.monotonic()
+    m = wait_for_idle_pools(server, timeout_s=30)
+    assert m["unifiedserve_requests_running"] == 0 and m["unifiedserve_kv_pages_free"] == m["unifiedserve_kv_pages_total"]
+    assert time.monotonic() - started < 10, "the dropped stream's request ran on"
+
+
+def test_requests_over_the_limit_are_503(server, tmp_path):
+    """An API with --max-requests 1: while one stream is in flight another request is answered 503 ("overloaded"),
+    and once it ends the next one is served."""
+    with _api(server.ports.grpc, tmp_path / "api.log", max_requests=1) as process, \
+            openai.OpenAI(base_url=f"{process.url}/v1", api_key="unused", max_retries=0, timeout=60) as client:
+        stream = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Go on."}],
+                                                max_tokens=20000, temperature=0, stream=True, extra_body=EXTRA)
+        next(iter(stream))
+        with pytest.raises(openai.APIStatusError) as over:
+            client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=2)
+        assert over.value.status_code == 503 and over.value.body["code"] == "overloaded", over.value.body
+        assert "overloaded" in over.value.body["message"]
+        stream.close()
+        deadline = time.monotonic() + 30
+        while True:  # the dropped stream's slot is freed once the API has seen the client go
+            try:
+                reply = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}],
+                                                       max_tokens=2)
+                break
+            except openai.APIStatusError as exc:
+                assert exc.status_code == 503 and time.monotonic() < deadline, exc.body
+                time.sleep(0.2)
+        assert reply.choices[0].finish_reason in ("length", "stop")
+
+
+def test_a_server_that_stops_is_503(media_dir, tmp_path):
+    """A request in flight when tritonserver stops ends with the orchestrator's "shutting down" error (an error event
+    in the stream, whose status was 200), and a request after the stop is answered 503."""
+    outcome: dict[str, object] = {}
+    streaming = threading.Event()
+    with serve(media_dir, idle_at_exit=False) as srv:  # on exit: stopped promptly, with a clean log
+        with _api(srv.ports.grpc, tmp_path / "api.log") as process, \
+                openai.OpenAI(base_url=f"{process.url}/v1", api_key="unused", max_retries=0, timeout=60) as client:
+
+            def ask() -> None:
+                try:
+                    for _ in client.chat.completions.create(
+                            model=MODEL, messages=[{"role": "user", "content": "Tell me everything."}],
+                            max_tokens=20000, temperature=0, stream=True, extra_body=EXTRA):
+                        streaming.set()
+                    outcome["error"] = None
+                except openai.APIError as exc:
+                    outcome["error"] = exc
+
+            asking = threading.Thread(target=ask)
+            asking.start()
+            assert streaming.wait(120), "the streaming request produced no token"
+            srv.stop()
+            asking.join(timeout=30)
+            assert not asking.is_alive(), "the stream did not end when the server stopped"
+            error = outcome["error"]
+            assert isinstance(error, openai.APIError) and "shutting down" in error.message, repr(error)
+            assert error.body["code"] == "service_unavailable", error.body
+            with pytest.raises(openai.APIStatusError) as after:
+                client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=2)
+            assert after.value.status_code == 503 and after.value.body["code"] == "service_unavailable"
+
+
+def test_the_launcher_serves_the_api_and_stops_it_first():
+    """``python -m backends.triton.launcher --openai-port P``: the API's URL once the server is ready, a chat through
+    it, and on SIGTERM both stop (exit status 0, nothing left listening on P)."""
+    ports, api_port = ServerPorts.unused(), _unused_port()
+    launcher = subprocess.Popen([sys.executable, "-m", "backends.triton.launcher", "--http-port", str(ports.http),
+                                 "--grpc-port", str(ports.grpc), "--metrics-port", str(ports.metrics),
+                                 "--openai-port", str(api_port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+    try:
+        ready, api_line = launcher.stdout.readline(), launcher.stdout.readline()
+        assert "tritonserver ready" in ready, ready + api_line + launcher.stderr.read()
+        assert api_line.startswith(f"OpenAI-compatible API: http://127.0.0.1:{api_port}/v1, log "), api_line
+        with openai.OpenAI(base_url=f"http://127.0.0.1:{api_port}/v1", api_key="unused", max_retries=0,
+                           timeout=120) as client:
+            reply = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}],
+                                                   max_tokens=2)
+        assert reply.choices[0].finish_reason in ("length", "stop")
+        launcher.send_signal(signal.SIGTERM)
+        assert launcher.wait(timeout=60) == 0, launcher.stderr.read()
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", api_port), timeout=5).close()

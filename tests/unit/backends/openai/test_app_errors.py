@@ -1,0 +1,61 @@
+"""The app's answers that need no tritonserver (backends/openai/app.py, errors.py): every error in OpenAI's shape
+and status, and 503 while the server cannot be reached (its gRPC address has no listener)."""
+from __future__ import annotations
+
+import socket
+
+import pytest
+from fastapi.testclient import TestClient
+
+from backends.openai.app import create_app
+from backends.openai.config import ApiConfig
+
+
+@pytest.fixture(scope="module")
+def client():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with TestClient(create_app(ApiConfig(grpc_url=f"127.0.0.1:{port}"))) as c:
+        yield c
+
+
+def _error(response, status: int) -> dict:
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}, body
+    return body["error"]
+
+
+@pytest.mark.parametrize("body,param,words", [
+    ({"model": "m"}, "messages", "messages: Field required"),
+    ({"model": "m", "messages": []}, "messages", "messages: List should have at least 1 item"),
+    ({"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": "many"}, "max_tokens",
+     "max_tokens: Input should be a valid integer"),
+    ({"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+     "messages", "messages[0].content[0].image_url.url: Field required"),
+    ({"model": "m", "messages": [{"role": "tool", "content": "x"}]}, "messages",
+     "messages[0].role: Input should be 'system', 'developer', 'user' or 'assistant'"),
+])
+def test_a_body_that_fails_validation_is_400(client, body, param, words):
+    error = _error(client.post("/v1/chat/completions", json=body), 400)
+    assert error["type"] == "invalid_request_error" and error["param"] == param
+    assert words in error["message"], error["message"]
+
+
+def test_a_body_that_is_not_json_is_400(client):
+    error = _error(client.post("/v1/chat/completions", content=b"{nope", headers={"content-type": "application/json"}),
+                   400)
+    assert error["message"].startswith("the body is not valid JSON")
+
+
+def test_unknown_paths_and_methods(client):
+    assert _error(client.get("/v1/nothing"), 404)["message"] == "Not Found"
+    assert _error(client.get("/v1/chat/completions"), 405)["type"] == "invalid_request_error"
+
+
+def test_without_a_server_everything_else_is_503(client):
+    assert client.get("/health").status_code == 503
+    assert _error(client.get("/v1/models"), 503)["code"] == "service_unavailable"
+    body = {"model": "m", "messages": [{"role": "user", "content": "x"}]}
+    assert _error(client.post("/v1/chat/completions", json=body), 503)["type"] == "server_error"

@@ -1,0 +1,135 @@
+"""An OpenAI request -> the orchestrator's inputs (backends/openai/convert.py, schemas.py), read back by the
+orchestrator's own validation (orchestrator/inputs.py) as the server would."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from pydantic import ValidationError
+from tritonclient.utils import deserialize_bytes_tensor
+
+from backends.openai.convert import MediaRef, chat_request, completion_request
+from backends.openai.schemas import ChatCompletionRequest, CompletionRequest
+from orchestrator.inputs import InputLimits, RawRequest, parse_request
+from orchestrator.messages import Part, Turn
+from orchestrator.sampling_params import parse_sampling_parameters
+
+PNG = "data:image/png;base64,iVBORw0KGgo="
+
+
+def _chat(**fields) -> ChatCompletionRequest:
+    return ChatCompletionRequest.model_validate({"model": "tiny", **fields})
+
+
+def _raw(request) -> RawRequest:
+    """The RawRequest the orchestrator reads from the tensors of ``request.inputs()`` (their serialized bytes)."""
+    tensors = {t.name(): t for t in request.inputs()}
+
+    def strings(name: str) -> list[bytes]:
+        if name not in tensors:
+            return []
+        assert tensors[name].datatype() == "BYTES"
+        return list(deserialize_bytes_tensor(tensors[name]._get_content()))
+
+    def flag(name: str) -> bool:
+        return name in tensors and bool(np.frombuffer(tensors[name]._get_content(), dtype=bool)[0])
+
+    return RawRequest(text_input=strings("text_input"), messages=strings("messages"), image_url=strings("image_url"),
+                      video_url=strings("video_url"), sampling_parameters=strings("sampling_parameters"),
+                      stream=flag("stream"), exclude_input_in_output=flag("exclude_input_in_output"),
+                      return_output_ids=flag("return_output_ids"))
+
+
+def test_a_chat_becomes_placeholders_and_urls_in_order(tmp_path):
+    (tmp_path / "clip.mp4").write_bytes(b"video")
+    request = chat_request(_chat(messages=[
+        {"role": "developer", "content": "Be brief."},
+        {"role": "user", "content": [{"type": "text", "text": "Compare"},
+                                     {"type": "image_url", "image_url": {"url": PNG, "detail": "low"}},
+                                     {"type": "video_url", "video_url": {"url": f"file://{tmp_path}/clip.mp4"}}]},
+        {"role": "assistant", "content": "Done."},
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": PNG}}]},
+    ], stream=True))
+    assert json.loads(request.messages) == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": [{"type": "text", "text": "Compare"}, {"type": "image"}, {"type": "video"}]},
+        {"role": "assistant", "content": "Done."},
+        {"role": "user", "content": [{"type": "image"}]},
+    ]
+    assert request.media == (MediaRef("image", PNG, "messages[1].content[1].image_url"),
+                             MediaRef("video", f"file://{tmp_path}/clip.mp4", "messages[1].content[2].video_url"),
+                             MediaRef("image", PNG, "messages[3].content[0].image_url"))
+    parsed = parse_request(_raw(request), InputLimits(allowed_media_dirs=(tmp_path.resolve(),)))
+    assert [m.kind for m in parsed.media] == ["image", "video", "image"]
+    assert parsed.turns[1] == Turn("user", (Part("text", "Compare"), Part("image"), Part("video")))
+    assert parsed.stream and parsed.exclude_input_in_output and not parsed.return_output_ids
+
+
+def test_sampling_fields_take_vllm_names():
+    request = chat_request(_chat(
+        messages=[{"role": "user", "content": "hi"}], max_tokens=99, max_completion_tokens=7, temperature=0,
+        top_p=0.5, top_k=3, seed=11, stop=["x", "y"], min_tokens=2, ignore_eos=True, return_token_ids=True,
+        mm_processor_kwargs={"fps": 1.5, "max_pixels": 50176}, user="ignored", metadata={"a": "b"}))
+    assert request.sampling == {"max_tokens": 7, "temperature": 0.0, "top_p": 0.5, "top_k": 3, "seed": 11,
+                                "stop": ["x", "y"], "min_tokens": 2, "ignore_eos": True, "fps": 1.5,
+                                "max_pixels": 50176}
+    params = parse_sampling_parameters(json.dumps(request.sampling))  # the orchestrator takes every key
+    assert (params.max_tokens, params.top_k, params.stop, params.max_pixels) == (7, 3, ("x", "y"), 50176)
+    parsed = parse_request(_raw(request), InputLimits())
+    assert parsed.return_output_ids and not parsed.stream
+
+
+def test_the_penalties_pass_through_for_the_orchestrator_to_judge():
+    request = chat_request(_chat(messages=[{"role": "user", "content": "hi"}], repetition_penalty=1.1,
+                                 presence_penalty=0.5, frequency_penalty=0.25, stop_token_ids=[5]))
+    assert request.sampling == {"repetition_penalty": 1.1, "presence_penalty": 0.5, "frequency_penalty": 0.25,
+                                "stop_token_ids": [5]}
+
+
+def test_a_completion_is_text_input():
+    request = completion_request(CompletionRequest(model="tiny", prompt=["Once upon"], max_tokens=3))
+    assert (request.text, request.messages, request.media, request.sampling) == ("Once upon", None, (), {"max_tokens": 3})
+    parsed = parse_request(_raw(request), InputLimits())
+    assert parsed.text == "Once upon" and parsed.turns == (Turn("user", (Part("text", "Once upon"),)),)
+
+
+@pytest.mark.parametrize("fields,param,words", [
+    (dict(n=2), "n", "n: one choice per request is supported, got 2"),
+    (dict(logprobs=True), "logprobs", "logprobs: not supported"),
+    (dict(top_logprobs=2), "top_logprobs", "top_logprobs: not supported"),
+    (dict(tools=[{"type": "function", "function": {"name": "f"}}]), "tools", "tools: tool calls are not supported"),
+    (dict(tool_choice="required"), "tools", "tools: tool calls are not supported"),
+    (dict(response_format={"type": "json_object"}), "response_format", "response_format: only"),
+    (dict(logit_bias={"5": 1.0}), "logit_bias", "logit_bias: not supported"),
+])
+def test_what_the_server_cannot_do_is_refused(fields, param, words):
+    refusal = _chat(messages=[{"role": "user", "content": "hi"}], **fields).refusal()
+    assert refusal is not None and refusal[0] == param and refusal[1].startswith(words)
+
+
+def test_defaults_are_no_refusal():
+    assert _chat(messages=[{"role": "user", "content": "hi"}], n=1, logprobs=False, tool_choice="none",
+                 response_format={"type": "text"}).refusal() is None
+    assert CompletionRequest(model="m", prompt="p", echo=False, best_of=1).refusal() is None
+    assert CompletionRequest(model="m", prompt=["a", "b"]).refusal()[0] == "prompt"
+    assert CompletionRequest(model="m", prompt="p", echo=True).refusal()[0] == "echo"
+
+
+@pytest.mark.parametrize("messages,where", [
+    ([], "messages"),
+    ([{"role": "tool", "content": "x"}], "messages.0.role"),
+    ([{"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}], "messages.0.content"),
+    ([{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}], "messages.0.content"),
+])
+def test_malformed_messages_fail_validation_where_they_are(messages, where):
+    with pytest.raises(ValidationError) as error:
+        _chat(messages=messages)
+    assert all(".".join(map(str, e["loc"])).startswith(where) for e in error.value.errors())
+
+
+def test_stream_options_take_include_usage_only():
+    assert _chat(messages=[{"role": "user", "content": "x"}], stream=True,
+                 stream_options={"include_usage": True}).include_usage
+    with pytest.raises(ValidationError, match="continuous_usage_stats"):
+        _chat(messages=[{"role": "user", "content": "x"}], stream_options={"continuous_usage_stats": True})

@@ -1,0 +1,85 @@
+"""Errors in OpenAI's shape and their statuses (backends/openai/errors.py): the orchestrator's own messages, made by
+its own validation code, and real transport failures (nothing listens at the gRPC address)."""
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import pytest
+
+from backends.openai.convert import OrchestratorRequest
+from backends.openai.errors import ApiError, from_orchestrator
+from backends.openai.orchestrator_client import OrchestratorClient
+from backends.runtime.tokenizer import build_offline_tokenizer
+from orchestrator.engine import SHUTTING_DOWN
+from orchestrator.inputs import InputLimits, MediaInput, RawRequest, parse_request
+from orchestrator.media import plan_media
+from orchestrator.prompt import build_prompt
+from orchestrator.sampling_params import InvalidInput, RequestParams, parse_sampling_parameters
+
+
+def _message(call) -> str:
+    with pytest.raises(InvalidInput) as error:
+        call()
+    return str(error.value)
+
+
+def _orchestrator_messages() -> list[tuple[str, str]]:
+    """(message, expected param) of InvalidInput raised by the orchestrator's code."""
+    prompt = build_prompt(build_offline_tokenizer(), "Hello", [])
+    return [
+        (_message(lambda: parse_request(RawRequest(text_input=[b" "]), InputLimits())), "prompt"),
+        (_message(lambda: parse_request(RawRequest(text_input=[], messages=[b"[]"]), InputLimits())), "messages"),
+        (_message(lambda: parse_request(RawRequest(text_input=[b"x"], image_url=[b"/etc/passwd"]), InputLimits())),
+         "messages"),
+        (_message(lambda: parse_sampling_parameters('{"top_k": -5}')), "top_k"),
+        (_message(lambda: parse_sampling_parameters('{"presence_penalty": 1}')), "presence_penalty"),
+        (_message(lambda: plan_media(MediaInput("image", data=b"GIF89a-broken", input="image_url"),
+                                     RequestParams())), "messages"),
+        (_message(lambda: prompt.check_length(10**6, 100)), "max_tokens"),
+        (_message(lambda: prompt.check_length(1, 5)), "prompt"),
+    ]
+
+
+def test_the_orchestrators_validation_messages_are_400_with_the_field():
+    for message, param in _orchestrator_messages():
+        error = from_orchestrator(message)
+        assert (error.status, error.param) == (400, param), message
+        assert error.body() == {"error": {"message": message, "type": "invalid_request_error", "param": param,
+                                          "code": None}}
+
+
+@pytest.mark.parametrize("message,status", [
+    (SHUTTING_DOWN, 503),
+    ("flashcodec: RuntimeError: worker died", 500),
+    ("decode: the decode step failed", 500),
+    ("internal error: KeyError: 'x'", 500),
+    ("encode_prefill: OutOfMemoryError: CUDA out of memory", 500),
+])
+def test_server_faults_are_5xx(message, status):
+    error = from_orchestrator(message)
+    assert error.status == status and error.body()["error"]["type"] == "server_error"
+
+
+def _unused_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_an_unreachable_server_is_503():
+    async def attempts():
+        client = OrchestratorClient(f"127.0.0.1:{_unused_port()}", "orchestrator")
+        try:
+            assert not await client.ready()
+            with pytest.raises(ApiError) as config_error:
+                await client.parameters()
+            with pytest.raises(ApiError) as stream_error:
+                async for _ in client.generate(OrchestratorRequest("hi", None, (), {}, True, False)):
+                    pass
+        finally:
+            await client.close()
+        return config_error.value, stream_error.value
+
+    for error in asyncio.run(attempts()):
+        assert error.status == 503 and error.code == "service_unavailable", error.message

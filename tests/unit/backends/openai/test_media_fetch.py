@@ -1,0 +1,90 @@
+"""http(s) media (backends/openai/media_fetch.py) against a real HTTP server on 127.0.0.1 (http.server)."""
+from __future__ import annotations
+
+import asyncio
+import base64
+import http.server
+import threading
+
+import pytest
+
+from backends.openai.convert import MediaRef, OrchestratorRequest
+from backends.openai.errors import ApiError
+from backends.openai.media_fetch import MediaFetcher
+
+FILES = {"/a.png": (b"\x89PNG" + bytes(range(256)) * 4, "image/png"), "/big.mp4": (b"\x00" * 5000, "video/mp4")}
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        if self.path == "/moved":
+            self.send_response(302)
+            self.send_header("Location", "/a.png")
+            self.end_headers()
+            return
+        if self.path not in FILES:
+            self.send_error(404)
+            return
+        body, mime = FILES[self.path]
+        self.send_response(200)
+        self.send_header("Content-Type", mime)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def base_url():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def _request(*urls: str) -> OrchestratorRequest:
+    media = tuple(MediaRef("image", url, f"messages[0].content[{j}].image_url") for j, url in enumerate(urls))
+    return OrchestratorRequest(None, "[]", media, {}, False, False)
+
+
+def _resolve(request: OrchestratorRequest, allow: bool = True, max_bytes: int = 4096) -> OrchestratorRequest:
+    async def run():
+        fetcher = MediaFetcher(allow, max_bytes, 10.0)
+        try:
+            return await fetcher.resolve(request)
+        finally:
+            await fetcher.close()
+
+    return asyncio.run(run())
+
+
+def test_fetched_bytes_become_a_data_url_and_other_urls_pass(base_url):
+    resolved = _resolve(_request("data:image/png;base64,AAAA", f"{base_url}/a.png", "file:///data/b.png",
+                                 f"{base_url}/moved"))
+    urls = [m.url for m in resolved.media]
+    expected = "data:image/png;base64," + base64.b64encode(FILES["/a.png"][0]).decode()
+    assert urls == ["data:image/png;base64,AAAA", expected, "file:///data/b.png", expected]
+    assert [m.where for m in resolved.media] == [m.where for m in _request("", "", "", "").media]
+
+
+@pytest.mark.parametrize("path,allow,words", [
+    ("/a.png", False, "messages[0].content[0].image_url: http(s) URLs are not fetched by this server"),
+    ("/big.mp4", True, "messages[0].content[0].image_url: http://127.0.0.1"),
+    ("/missing", True, "answered HTTP 404"),
+])
+def test_refused_fetches_name_the_part(base_url, path, allow, words):
+    with pytest.raises(ApiError) as error:
+        _resolve(_request(f"{base_url}{path}"), allow=allow)
+    assert error.value.status == 400 and words in error.value.message, error.value.message
+    if path == "/big.mp4":
+        assert "over the limit of 4096 bytes" in error.value.message
+
+
+def test_an_unreachable_host_is_a_400_naming_the_part():
+    with pytest.raises(ApiError) as error:
+        _resolve(_request("http://127.0.0.1:9/x.png"))  # port 9 (discard): nothing listens
+    assert error.value.status == 400 and "could not fetch" in error.value.message
