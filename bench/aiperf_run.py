@@ -1,5 +1,5 @@
 """aiperf against UnifiedServe's OpenAI-compatible API: a short streamed chat run with synthetic text on a CPU server
-with the tiny model (seeded random weights), the report written to bench/results/aiperf-cpu-<date>/.
+with the tiny model (seeded random weights), the report written to results/aiperf-cpu-<date>/ beside this script.
 
 Usage: ``python bench/aiperf_run.py [--aiperf /path/to/aiperf] [--requests 40] [--concurrency 4] [--out DIR]``.
 
@@ -57,7 +57,7 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--input-tokens", type=int, default=128)
     parser.add_argument("--output-tokens", type=int, default=32)
-    parser.add_argument("--out", type=Path, default=None, help="default: bench/results/aiperf-cpu-<date>")
+    parser.add_argument("--out", type=Path, default=None, help="default: results/aiperf-cpu-<date> beside this script")
     args = parser.parse_args()
     out = args.out or REPO_ROOT / "bench" / "results" / f"aiperf-cpu-{datetime.date.today().isoformat()}"
     version = subprocess.run([args.aiperf, "--version"], capture_output=True, text=True).stdout.strip()

@@ -7,7 +7,7 @@ otherwise idle; then how many ``observe()`` calls a second thread makes while th
 (as the orchestrator's event loop does under load): the stub lets go of the GIL during each round trip and must
 take it back after; and the same with the roles swapped. Writes ``<out>/metric_cost.json``.
 
-Usage: ``python bench/metric_cost_probe.py --out bench/results/metric-cost-<device>-<date>``
+Usage: ``python bench/metric_cost_probe.py --out DIR``
 """
 from __future__ import annotations
 

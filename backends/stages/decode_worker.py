@@ -34,10 +34,9 @@ import numpy as np
 import torch
 
 from backends.ipc import shared_tensor, shared_weights
-from backends.ipc.protocol import RESERVED_KV_PAGES, DecodeAdmit, DecodeStep, SamplingParams
+from backends.ipc.protocol import DecodeAdmit, DecodeStep, SamplingParams
 from backends.runtime.attention import FlashInferAttentionBackend, make_backend
 from backends.runtime.language_model.cuda_graphs import batch_ladder
-from backends.runtime.language_model.kv_cache import KVCacheLayout
 from backends.runtime.loader import ModelSpec, load_model
 from backends.runtime.language_model.fuse import fuse_projections
 from backends.runtime.model_runner import DecodeSeq, ModelRunner
@@ -46,7 +45,7 @@ from backends.runtime.sampling.sampler import sample_tensor, warm_up
 from backends.runtime.sampling.stopping import finish_reason
 from backends.runtime.sampling.token_readback import TokenReadback
 from backends.runtime.tokenizer import eos_token_ids
-from backends.stages.kv_pool_size import free_gpu_bytes, pages_for_memory
+from backends.stages.kv_pool_size import pool_layout
 
 log = logging.getLogger(__name__)
 
@@ -136,16 +135,7 @@ class DecodeWorker:
         # published before the KV pool, which encode_prefill waits for: by then it can find the weights too
         self.weights = shared_weights.publish(model, lm_weights, device) if lm_weights else None
         self.weights_held = shared_weights.held_bytes(model, self.weights)
-        sized = ""
-        if kv_memory_fraction is not None:
-            page = KVCacheLayout.from_config(model.config, num_pages=1, page_size=page_size, dtype=model.dtype)
-            free = free_gpu_bytes(device)
-            kv_pages = pages_for_memory(free, kv_memory_fraction, page.page_bytes)
-            sized = f", kv_memory_fraction {kv_memory_fraction:g} of {free / 2**30:.2f} GiB free"
-        layout = KVCacheLayout.from_config(model.config, num_pages=kv_pages + RESERVED_KV_PAGES,
-                                           page_size=page_size, dtype=model.dtype)
-        log.info("KV pool: %d pages of %d tokens, %.2f GiB%s", kv_pages, page_size,
-                 layout.num_pages * layout.page_bytes / 2**30, sized)
+        layout = pool_layout(model.config, model.dtype, page_size, kv_pages, kv_memory_fraction, device)
         self.pool = shared_tensor.create(kv_pool, layout.shape, layout.dtype, device)
         backend = make_backend(attention_backend, model.config, page_size, model.dtype, device)
         graphs = cuda_graphs == "on" or (cuda_graphs == "auto" and isinstance(backend, FlashInferAttentionBackend))

@@ -7,9 +7,14 @@ fraction must leave room for them. A pool on the CPU is sized in pages only.
 """
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from backends.ipc.protocol import RESERVED_KV_PAGES
+from backends.runtime.language_model.kv_cache import KVCacheLayout
+
+log = logging.getLogger(__name__)
 
 
 def memory_fraction(params: dict[str, str], device: torch.device) -> float | None:
@@ -51,3 +56,21 @@ def free_gpu_bytes(device: torch.device) -> int:
     torch.cuda.empty_cache()
     free, _total = torch.cuda.mem_get_info(device)
     return free
+
+
+def pool_layout(model_config, dtype: torch.dtype, page_size: int, kv_pages: int, fraction: float | None,
+                device: torch.device) -> KVCacheLayout:
+    """The layout of decode's whole pool (``kv_pages`` for sequences plus the reserved page; with ``fraction``, as
+    many pages as :func:`pages_for_memory` gives for the memory free on ``device`` now), logged. Raises ValueError
+    as :func:`pages_for_memory`."""
+    sized = ""
+    if fraction is not None:
+        page = KVCacheLayout.from_config(model_config, num_pages=1, page_size=page_size, dtype=dtype)
+        free = free_gpu_bytes(device)
+        kv_pages = pages_for_memory(free, fraction, page.page_bytes)
+        sized = f", kv_memory_fraction {fraction:g} of {free / 2**30:.2f} GiB free"
+    layout = KVCacheLayout.from_config(model_config, num_pages=kv_pages + RESERVED_KV_PAGES, page_size=page_size,
+                                       dtype=dtype)
+    log.info("KV pool: %d pages of %d tokens, %.2f GiB%s", kv_pages, page_size,
+             layout.num_pages * layout.page_bytes / 2**30, sized)
+    return layout

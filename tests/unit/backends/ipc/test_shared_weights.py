@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from backends.ipc.run_dir import RUN_DIR_ENV
-from backends.ipc import shared_tensor, shared_weights
+from backends.ipc import shared_weights
 from backends.runtime.loader import ModelSpec, load_model
 
 

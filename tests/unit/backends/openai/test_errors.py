@@ -33,7 +33,7 @@ def _orchestrator_messages() -> list[tuple[str, str]]:
         (_message(lambda: parse_request(RawRequest(text_input=[b"x"], image_url=[b"/etc/passwd"]), InputLimits())),
          "messages"),
         (_message(lambda: parse_sampling_parameters('{"top_k": -5}')), "top_k"),
-        (_message(lambda: parse_sampling_parameters('{"presence_penalty": 1}')), "presence_penalty"),
+        (_message(lambda: parse_sampling_parameters('{"presence_penalty": 5}')), "presence_penalty"),
         (_message(lambda: plan_media(MediaInput("image", data=b"GIF89a-broken", input="image_url"),
                                      RequestParams())), "messages"),
         (_message(lambda: prompt.check_length(10**6, 100)), "max_tokens"),

@@ -14,7 +14,6 @@ import pytest
 import torch
 
 from backends.ipc.run_dir import RUN_DIR_ENV
-from backends.ipc import shared_tensor
 from backends.runtime.loader import ModelSpec
 from backends.runtime.model_runner import DecodeSeq
 from backends.ipc.protocol import DecodeAdmit, SamplingParams

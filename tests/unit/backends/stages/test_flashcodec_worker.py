@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from backends.ipc.run_dir import RUN_DIR_ENV
-from backends.ipc import shared_tensor
 from backends.stages.flashcodec_worker import FlashCodecWorker
 from flashcodec.patch_pool import pages_needed, read_group
 from flashcodec.pipeline import iter_video_groups
