@@ -225,8 +225,11 @@ def parse_sampling_parameters(text: str | None) -> RequestParams:
         return RequestParams()
     try:
         raw = json.loads(text)
-    except (ValueError, RecursionError) as exc:  # ValueError: bad JSON, or an integer of over 4300 digits
+    except json.JSONDecodeError as exc:
         raise InvalidInput(f"{_PREFIX}: not valid JSON ({exc})") from None
+    except (ValueError, RecursionError):  # Python's int() limit (4300 digits), or nesting beyond the recursion limit
+        raise InvalidInput(f"{_PREFIX}: a number with thousands of digits, or arrays/objects nested thousands deep: "
+                           "not a value any key takes") from None
     if not isinstance(raw, dict):
         raise InvalidInput(f"{_PREFIX}: must be a JSON object, got {type(raw).__name__}")
     unknown = sorted(set(raw) - set(_CONVERTERS))
