@@ -218,15 +218,15 @@ def exif_orientation(img: Image.Image) -> int:
     return orientation if isinstance(orientation, int) and 1 <= orientation <= 8 else 1
 
 
-def probe_image(data: bytes) -> ImageInfo:
-    """Size, mode, format and EXIF orientation from the image header (Pillow opens lazily: no pixel decode). The
-    size is the upright one, which the pixels will have once decoded (`images.load_image`): width and height
-    swapped for an orientation that turns the image on its side.
+def probe_image(data: Source) -> ImageInfo:
+    """Size, mode, format and EXIF orientation from the image header (Pillow opens lazily: no pixel decode; from a
+    path, only the header is read). The size is the upright one, which the pixels will have once decoded
+    (`images.load_image`): width and height swapped for an orientation that turns the image on its side.
 
     Raises MediaError if Pillow cannot identify the bytes or the image exceeds Pillow's decompression-bomb limit.
     """
     try:
-        with Image.open(io.BytesIO(data)) as img:
+        with Image.open(io.BytesIO(data) if isinstance(data, bytes) else data) as img:
             orientation = exif_orientation(img)
             width, height = (img.height, img.width) if orientation in _SIDEWAYS else (img.width, img.height)
             return ImageInfo(width=width, height=height, mode=img.mode, format=img.format or "",

@@ -17,8 +17,8 @@ def plan_media(item: MediaInput, params: RequestParams) -> VideoPlan | ImagePlan
     try:
         if item.kind == "video":
             return plan_video(probe_video(item.source), fps=params.fps, max_pixels=params.max_pixels)
-        data = item.data if item.path is None else open(item.path, "rb").read()
-        return plan_image(probe_image(data), max_pixels=params.max_pixels)
+        # from a path, the header only: a large file named by image_url is not read whole to be refused
+        return plan_image(probe_image(item.source), max_pixels=params.max_pixels)
     except MediaError as exc:
         # flashcodec names the media kind; the client needs the input it used ("image_url", not "image").
         message = str(exc).removeprefix(f"{item.kind}: ")

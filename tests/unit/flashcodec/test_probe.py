@@ -106,3 +106,17 @@ def test_the_scan_keeps_every_packets_metadata_and_only_the_first_packets():
     assert [(m.pts, m.dts, m.size, m.pos, m.is_keyframe, m.flag) for m in metas] == [
         (p.pts, p.dts, p.size, p.pos, p.is_keyframe, p.is_keyframe) for p in packets]
     assert [bytes(p) for p in first] == [bytes(p) for p in packets[:FIRST_PACKETS]]
+
+
+def test_an_image_path_is_probed_from_its_header_only(tmp_path):
+    """image_url names a file the server reads: a 64 MB file behind a small image's header is planned without
+    reading it whole (issue 18: four such requests each held the whole file)."""
+    import tracemalloc
+
+    path = tmp_path / "large.png"
+    path.write_bytes(make_image(64, 48, "RGB", "PNG") + bytes(64 << 20))
+    tracemalloc.start()
+    info = probe_image(path)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert (info.width, info.height) == (64, 48) and peak < 4 << 20, peak
