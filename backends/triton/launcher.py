@@ -43,14 +43,14 @@ from backends.triton.ports import ServerPorts
 from backends.triton.repository import repository_with
 from backends.triton.server_binary import server_binary, server_command
 from backends.triton.server_log import load_errors, not_unloaded
-from backends.triton.stale_shm import lock_path, remove_run_files, remove_stale_shared_memory
-from backends.triton.stubs import dump_stacks, stub_processes, watch_stages
+from backends.triton.stale_shm import SHM, lock_path, remove_run_files, remove_stale_shared_memory
+from backends.triton.stubs import dump_stacks, stub_processes, stub_regions, watch_stages
 from flashcodec.parallel import TMP_PREFIX_ENV
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TRITON_EXIT_TIMEOUT_S = 10  # tritonserver's --exit-timeout-secs: after the launcher's drain nothing is left to wait for
 EXIT_TIMEOUT_S = 15.0  # the launcher's SIGKILL after its SIGINT, for a server that does not exit by itself
-STAGE_DIED = 3  # the launcher's exit status when it stopped the server because a model's process died
+STAGE_DIED = 3  # the launcher's exit status when a model's process died (it stopped the server) or tritonserver did
 DIED_EXIT_TIMEOUT_S = 5.0  # then: seconds from SIGINT to SIGKILL, so that clients see the connection drop soon
 
 
@@ -73,6 +73,7 @@ class TritonServer:
     process: subprocess.Popen | None = None
     run_dir: Path | None = None
     ready_stubs: dict[int, str] = field(default_factory=dict)  # `stubs()` once ready: what `watch_stages` expects
+    regions: set[str] = field(default_factory=set)  # its stubs' shm regions once ready (`stubs.stub_regions`)
     _lock: object = field(default=None, init=False, repr=False)  # the open lock file (stale_shm)
 
     def start(self) -> "TritonServer":
@@ -102,6 +103,7 @@ class TritonServer:
         try:
             self._wait_ready()
             self.ready_stubs = self.stubs()
+            self.regions = stub_regions(self.process.pid)
         except BaseException:  # not ready, or interrupted: leave no server behind (it has its own session)
             self.stop()
             raise
@@ -185,6 +187,8 @@ class TritonServer:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.process.pid, signal.SIGKILL)
             remove_stale_shared_memory()  # regions of stubs that died (Triton cannot remove them)
+            for region in self.regions:  # those of a killed tritonserver, also while other servers run
+                (SHM / region).unlink(missing_ok=True)
         if self.run_dir is not None:
             remove_run_files(self.run_dir.name)  # its pools and its lock
             self._lock.close()
@@ -282,9 +286,10 @@ def _serve(args: argparse.Namespace, repository: Path, shm_default_byte_size: in
                              None if args.log_stdout else server.log_path.with_suffix(".openai.log"))
             api.start()
             print(f"OpenAI-compatible API: {api.url}/v1, log {api.log_path or 'stdout'}", flush=True)
-        died = watch_stages(server)
+        died = watch_stages(server) or _crashed(server.process.returncode)
         if died:
-            print(f"{died}: stopping the server (exit status {STAGE_DIED}) for a supervisor to restart it",
+            where = "" if args.log_stdout else f" (log {server.log_path})"
+            print(f"{died}{where}: stopping, exit status {STAGE_DIED} for a supervisor to start the server again",
                   file=sys.stderr, flush=True)
     except KeyboardInterrupt:
         pass
@@ -305,6 +310,18 @@ def _serve(args: argparse.Namespace, repository: Path, shm_default_byte_size: in
         print(f"tritonserver {killed}{where}", file=sys.stderr, flush=True)
         return 0
     return STAGE_DIED if died else server.process.returncode or 0
+
+
+def _crashed(status: int | None) -> str | None:
+    """What ended a tritonserver that exited without being asked (``status``: its ``returncode``; negative, the
+    signal), or None for a clean exit (status 0: stopped from elsewhere, e.g. its own SIGINT)."""
+    if not status:
+        return None
+    if status < 0:
+        with contextlib.suppress(ValueError):
+            return f"tritonserver was killed by {signal.Signals(-status).name}"
+        return f"tritonserver was killed by signal {-status}"
+    return f"tritonserver exited by itself with status {status}"
 
 
 if __name__ == "__main__":

@@ -17,23 +17,36 @@ if TYPE_CHECKING:
     from backends.triton.launcher import TritonServer
 
 
-def stub_processes(group: int) -> dict[int, str]:
-    """The stub processes of process group ``group`` (a tritonserver's pid) that are alive: pid -> model (the
-    name of the folder of the model.py it runs). A stub killed from outside stays a zombie of tritonserver, left
-    out here."""
-    alive = {}
+def _live_stubs(group: int) -> list[tuple[int, list[bytes]]]:
+    """(pid, command line) of the stub processes of process group ``group`` (a tritonserver's pid) that are alive. A
+    stub killed from outside stays a zombie of tritonserver, left out here."""
+    alive = []
     for comm in Path("/proc").glob("[0-9]*/comm"):
         try:
             pid = int(comm.parent.name)
             if not comm.read_text().strip().startswith("triton_python") or os.getpgid(pid) != group:
                 continue
             state = (comm.parent / "stat").read_text().rsplit(")", 1)[1].split()[0]
-            script = (comm.parent / "cmdline").read_bytes().split(b"\0")[1]  # <model>/<version>/model.py
-        except (OSError, ValueError, IndexError):  # gone, or exiting (its command line is empty by then)
+            argv = (comm.parent / "cmdline").read_bytes().split(b"\0")
+        except (OSError, ValueError, IndexError):  # gone
             continue
-        if state not in ("Z", "X"):
-            alive[pid] = Path(script.decode(errors="replace")).parent.parent.name
+        if state not in ("Z", "X") and len(argv) > 2:  # an exiting process's command line is empty
+            alive.append((pid, argv))
     return alive
+
+
+def stub_processes(group: int) -> dict[int, str]:
+    """The stub processes of process group ``group`` that are alive: pid -> model (the name of the folder of the
+    model.py it runs, its first argument)."""
+    return {pid: Path(argv[1].decode(errors="replace")).parent.parent.name for pid, argv in _live_stubs(group)}
+
+
+def stub_regions(group: int) -> set[str]:
+    """The Python backend's shared-memory regions (names in /dev/shm) of the live stubs of process group ``group``:
+    each stub's second argument. Triton removes them when it exits; when it is killed they stay, and their names do
+    not say whose they are, so the launcher notes them while the server runs."""
+    prefix = b"triton_python_backend_shm_region_"
+    return {argv[2].decode(errors="replace") for _, argv in _live_stubs(group) if argv[2].startswith(prefix)}
 
 
 def dump_stacks(pids, wait_s: float = 2.0) -> None:

@@ -182,3 +182,43 @@ def test_a_model_left_loaded_by_triton_is_named_when_triton_gives_up_its_stop():
     assert launcher.returncode == 0, err
     if "Exit timeout expired" in Path(log.group(1)).read_text(errors="replace"):  # seen in every try here
         assert "gave up its stop after its exit timeout" in err and "model orchestrator had not unloaded" in err, err
+
+
+@pytest.mark.parametrize("sig", ["SIGKILL", "SIGSEGV"])
+def test_a_tritonserver_that_dies_makes_the_launcher_exit_3_naming_why_and_leaves_no_shared_memory(sig):
+    """tritonserver killed (the OOM killer's SIGKILL, a crash's SIGSEGV) while the launcher watches it: the launcher
+    exits with status 3 within 5 s, says which signal and where the log is, and removes the server's pools, lock
+    and Python-backend regions (whose names it noted while the server ran), also while another server could run."""
+    import re
+    import signal
+
+    from backends.triton.stubs import stub_regions
+
+    launcher, ports, ready = start_launcher()
+    run = re.search(r"(unifiedserve-run-[a-z0-9_]+)\.log", ready)
+    assert run, ready
+    server = _tritonserver_of(ports)
+    regions = stub_regions(server)
+    assert regions and all((SHM / r).exists() for r in regions), regions
+    assert list(SHM.glob(f"unifiedserve-{run.group(1)}[-.]*")), "no pool or lock file of the server"
+    os.kill(server, getattr(signal, sig))
+    started = time.monotonic()
+    _, err = launcher.communicate(timeout=30)
+    assert launcher.returncode == 3, err
+    assert time.monotonic() - started < 5, err
+    assert f"tritonserver was killed by {sig}" in err and f"{run.group(1)}.log" in err, err
+    left = [p.name for p in SHM.glob(f"unifiedserve-{run.group(1)}[-.]*")] + [r for r in regions if (SHM / r).exists()]
+    assert not left, left
+
+
+def _tritonserver_of(ports) -> int:
+    """The pid of the tritonserver listening on ``ports.http`` (its command line names the port)."""
+    flag = f"--http-port={ports.http}".encode()
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            argv = cmdline.read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if flag in argv and argv[0].endswith(b"tritonserver"):
+            return int(cmdline.parent.name)
+    raise AssertionError("no tritonserver found for the launcher")
