@@ -92,11 +92,14 @@ class ParsedRequest:
 @dataclass(frozen=True)
 class InputLimits:
     """``allowed_media_dirs``: folders that ``*_url`` paths may name; ``max_media_bytes`` per item;
-    ``max_prompt_bytes`` for ``text_input``."""
+    ``max_prompt_bytes`` for ``text_input``; ``max_image_pixels``: the most pixels an image may have (its header
+    says, before any decode): the model sees at most 12.8 MP (Qwen2.5-VL's max_pixels) anyway, and a 100 MP image
+    costs seconds of CPU and GBs of memory to decode; 50 MP admits phone cameras' 48 MP."""
 
     allowed_media_dirs: tuple[Path, ...] = ()
     max_media_bytes: int = 512 * 1024 * 1024
     max_prompt_bytes: int = 1024 * 1024  # text_input; tokenizing tens of MB would stall every request
+    max_image_pixels: int = 50_000_000
 
     @classmethod
     def from_parameters(cls, params: dict[str, str]) -> "InputLimits":
@@ -106,7 +109,8 @@ class InputLimits:
                  *os.environ.get("UNIFIEDSERVE_MEDIA_DIRS", "").replace(":", ",").split(",")]
         dirs = tuple(Path(n).resolve() for n in names if n.strip())
         return cls(dirs, int_parameter(params, "max_media_bytes", cls.max_media_bytes),
-                   int_parameter(params, "max_prompt_bytes", cls.max_prompt_bytes))
+                   int_parameter(params, "max_prompt_bytes", cls.max_prompt_bytes),
+                   int_parameter(params, "max_image_pixels", cls.max_image_pixels))
 
 
 def _resolve_url(kind: str, url: str, limits: InputLimits) -> MediaInput:

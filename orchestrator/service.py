@@ -193,7 +193,8 @@ class Orchestrator:
             raise InvalidInput(f"sampling_parameters: stop_token_ids must be below the vocabulary size {vocab}, "
                                f"got {max(stop_ids)}")
         await self.ensure_started()
-        plans = [await asyncio.to_thread(plan_media, item, parsed.params) for item in parsed.media]
+        plans = [await asyncio.to_thread(plan_media, item, parsed.params, self.config.limits.max_image_pixels)
+                 for item in parsed.media]
         prompt = await asyncio.to_thread(build_chat_prompt, self.tokenizer, parsed.turns,
                                          [(m.kind, p.grid_thw, getattr(p, "second_per_grid_t", 0.0))
                                           for m, p in zip(parsed.media, plans)])

@@ -38,6 +38,7 @@ POSITIVE_INT_PARAMETERS = frozenset({
     "kv_pages", "kv_page_size", "max_batch",                          # decode
     "patch_pages", "patch_page_size", "decode_threads",               # flashcodec
     "encode_budget", "prefill_budget", "max_model_len", "max_media_bytes", "max_prompt_bytes", "replicas",  # orch.
+    "max_image_pixels",
     "vision_tp_size",                                                 # encode_prefill
 })
 

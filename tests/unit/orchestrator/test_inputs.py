@@ -6,7 +6,7 @@ import base64
 import pytest
 
 from flashcodec.sampling import VIDEO_MIN_PIXELS
-from orchestrator.inputs import InputLimits, RawRequest, parse_request
+from orchestrator.inputs import InputLimits, MediaInput, RawRequest, parse_request
 from orchestrator.media import plan_media
 from orchestrator.sampling_params import InvalidInput, RequestParams
 from tests.media import make_image, make_video
@@ -173,3 +173,25 @@ def test_video_max_pixels_below_the_frame_minimum_is_a_sampling_parameters_error
     # images accept it (their minimum is 4*28*28)
     image = parse_request(raw(image=[make_image(64, 64, "RGB", "PNG")], sampling_parameters=[sampling]), limits)
     assert plan_media(image.media[0], image.params).num_tokens > 0
+
+
+def test_an_image_over_max_image_pixels_is_refused_from_its_header_at_once(tmp_path):
+    """A 10000x10000 PNG (an 'image bomb': seconds and GBs to decode) is refused by its header, naming the limit,
+    without decoding it (issue 18)."""
+    import time
+    import tracemalloc
+
+    from PIL import Image
+
+    path = tmp_path / "bomb.png"
+    Image.new("L", (10000, 10000)).save(path)
+    item = MediaInput("image", path=str(path), input="image_url")
+    tracemalloc.start()
+    started = time.perf_counter()
+    with pytest.raises(InvalidInput, match=r"image_url: 10000x10000 is 100000000 pixels, over the limit of "
+                                           r"50000000 \(parameter max_image_pixels\)"):
+        plan_media(item, RequestParams(), InputLimits().max_image_pixels)
+    elapsed, peak = time.perf_counter() - started, tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert elapsed < 1 and peak < 20 << 20, (elapsed, peak)
+    assert plan_media(item, RequestParams(), 100_000_000).num_tokens > 0  # within a raised limit it is planned
