@@ -23,7 +23,7 @@ from orchestrator.inputs import ParsedRequest, RawRequest, parse_request
 from orchestrator.metrics import RequestTimer
 from orchestrator.sampling_params import InvalidInput
 from orchestrator.send_lanes import SendLanes
-from orchestrator.service import Admitted, Orchestrator
+from orchestrator.service import Admitted, Orchestrator, Overloaded
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +83,9 @@ async def handle(orchestrator: Orchestrator, request, lanes: SendLanes, cancels:
     except InvalidInput as exc:
         timer.finished("invalid")
         send(io.error(str(exc)), final)
+    except Overloaded as exc:
+        timer.finished("overloaded")
+        send(io.error(str(exc), unavailable=True), final)
     except StageError as exc:
         timer.finished("error")
         send(io.error(str(exc), invalid_argument=False), final)

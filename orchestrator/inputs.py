@@ -94,12 +94,14 @@ class InputLimits:
     """``allowed_media_dirs``: folders that ``*_url`` paths may name; ``max_media_bytes`` per item;
     ``max_prompt_bytes`` for ``text_input``; ``max_image_pixels``: the most pixels an image may have (its header
     says, before any decode): the model sees at most 12.8 MP (Qwen2.5-VL's max_pixels) anyway, and a 100 MP image
-    costs seconds of CPU and GBs of memory to decode; 50 MP admits phone cameras' 48 MP."""
+    costs seconds of CPU and GBs of memory to decode; 50 MP admits phone cameras' 48 MP. ``max_media_items``: images
+    and videos per request."""
 
     allowed_media_dirs: tuple[Path, ...] = ()
     max_media_bytes: int = 512 * 1024 * 1024
     max_prompt_bytes: int = 1024 * 1024  # text_input; tokenizing tens of MB would stall every request
     max_image_pixels: int = 50_000_000
+    max_media_items: int = 64
 
     @classmethod
     def from_parameters(cls, params: dict[str, str]) -> "InputLimits":
@@ -110,7 +112,8 @@ class InputLimits:
         dirs = tuple(Path(n).resolve() for n in names if n.strip())
         return cls(dirs, int_parameter(params, "max_media_bytes", cls.max_media_bytes),
                    int_parameter(params, "max_prompt_bytes", cls.max_prompt_bytes),
-                   int_parameter(params, "max_image_pixels", cls.max_image_pixels))
+                   int_parameter(params, "max_image_pixels", cls.max_image_pixels),
+                   int_parameter(params, "max_media_items", cls.max_media_items))
 
 
 def _resolve_url(kind: str, url: str, limits: InputLimits) -> MediaInput:
@@ -199,6 +202,10 @@ def parse_request(raw: RawRequest, limits: InputLimits) -> ParsedRequest:
         if getattr(raw, flag):
             raise InvalidInput(f"{flag}: log probabilities are not supported by this server yet (send it false "
                                "or leave it out)")
+    count = sum(map(len, (raw.image, raw.image_url, raw.video, raw.video_url)))
+    if count > limits.max_media_items:  # before any is decoded or read
+        raise InvalidInput(f"image and video inputs: {count} media items, over the limit of "
+                           f"{limits.max_media_items} per request (parameter max_media_items)")
     media: list[MediaInput] = []
     for kind, blobs, urls in (("image", raw.image, raw.image_url), ("video", raw.video, raw.video_url)):
         media += [_checked_bytes(kind, b, limits, kind) for b in blobs]

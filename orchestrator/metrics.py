@@ -39,10 +39,11 @@ REPLICA_GAUGES = {
     "unifiedserve_replica_requests": "requests on the replica (admitted, not yet released)",
 }
 SUCCESS = "unifiedserve_request_success_total"
-FINISHED_REASONS = ("stop", "length", "abort", "invalid", "error")  # invalid: refused as bad input; error: failed
+FINISHED_REASONS = ("stop", "length", "abort", "invalid", "overloaded", "error")  # invalid: refused as bad input;
+# overloaded: refused for the load (max_waiting_requests); error: failed
 COUNTERS = {
-    SUCCESS: "requests that ended, by finished_reason (stop, length, abort; invalid: refused as bad input; error: "
-             "failed in the server)",
+    SUCCESS: "requests that ended, by finished_reason (stop, length, abort; invalid: refused as bad input; "
+             "overloaded: refused for the load; error: failed in the server)",
     "unifiedserve_prompt_tokens_total": "prompt tokens (text and visual) of the requests that got a first token",
     "unifiedserve_generation_tokens_total": "tokens generated and handed to the clients' responses",
     "unifiedserve_scheduler_steps_total": "encode+prefill steps executed",
@@ -185,7 +186,7 @@ class RequestTimer:
     def finished(self, reason: str, now: float | None = None) -> None:
         """The request ended with ``reason`` (FINISHED_REASONS); the latency of those served (stop, length, abort)."""
         self.metrics.increment(SUCCESS, reason)
-        if reason not in ("invalid", "error"):
+        if reason not in ("invalid", "error", "overloaded"):
             self.metrics.observe(E2E, (time.monotonic() if now is None else now) - self.arrived)
 
 

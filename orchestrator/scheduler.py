@@ -86,7 +86,8 @@ class Scheduler:
         self._finished: list[str] = []  # announced sequences removed since the last plan
 
     def add(self, seq: Sequence) -> None:
-        """Queues a new sequence (waiting for KV pages; its ready groups may be encoded already).
+        """Queues a new sequence and grants it its KV pages at once when the admission rule lets it (`_admit`; a
+        step in flight does not hold admission up), else it waits (its ready groups may be encoded already).
 
         Groups that already have `patch_pages` are handed over with it.
 
@@ -103,6 +104,7 @@ class Scheduler:
             raise ValueError(f"{seq.req_id}: needs {need} KV pages for {seq.prompt_len} + {seq.max_tokens} "
                              f"tokens, the pool has {self._kv.num_total}")
         self._seqs[seq.req_id] = seq
+        self._admit()
 
     def group_ready(self, req_id: str, item: int, index: int, pages: list[int]) -> bool:
         """The media stage reports group (item, index) of `req_id` ready in patch `pages`.
@@ -181,6 +183,7 @@ class Scheduler:
         for allocator, pages in self._deferred:
             allocator.free(pages)
         self._deferred.clear()
+        self._admit()
         self._in_flight = None
         self._in_flight_seqs = {}
         return finished
@@ -209,6 +212,7 @@ class Scheduler:
         else:
             for allocator, pages in held:
                 allocator.free(pages)
+            self._admit()  # the pages freed may let waiting sequences in now
 
     def get(self, req_id: str) -> Sequence | None:
         """The sequence `req_id` (e.g. its `block_table` for decode), or None once removed."""

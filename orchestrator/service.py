@@ -47,13 +47,16 @@ class OrchestratorConfig:
     step's encode or prefill budget, each first gets at most this share of it (``SchedulerConfig``), so a long
     video's prefill cannot hold a short request back; a lone request still uses the whole budget.
     ``max_model_len``: prompt + output tokens per request;
-    ``replicas``: encode_prefill/decode replicas to drive (``backends/triton/replicas.py``)."""
+    ``replicas``: encode_prefill/decode replicas to drive (``backends/triton/replicas.py``);
+    ``max_waiting_requests``: requests that may wait for KV pages at once (over all replicas); a request arriving
+    beyond them is refused at once as overloaded (UNAVAILABLE) instead of queueing without bound."""
 
     scheduler: SchedulerConfig
     limits: InputLimits
     max_model_len: int
     model_path: str | None
     replicas: int = 1
+    max_waiting_requests: int = 256
 
     @classmethod
     def from_parameters(cls, params: dict[str, str]) -> "OrchestratorConfig":
@@ -64,7 +67,8 @@ class OrchestratorConfig:
         scheduler = SchedulerConfig(encode_budget=int_parameter(params, "encode_budget", 10240),
                                     prefill_budget=int_parameter(params, "prefill_budget", 2048), max_share=share)
         return cls(scheduler, InputLimits.from_parameters(params), int_parameter(params, "max_model_len", 32768),
-                   params.get("model_path") or None, int_parameter(params, "replicas", 1))
+                   params.get("model_path") or None, int_parameter(params, "replicas", 1),
+                   int_parameter(params, "max_waiting_requests", cls.max_waiting_requests))
 
 
 @dataclass(frozen=True)
@@ -76,6 +80,13 @@ class Admitted:
     prompt: Prompt
     engine: Engine
     outputs: asyncio.Queue
+
+
+OVERLOADED = "the server is overloaded"
+
+
+class Overloaded(RuntimeError):
+    """A request refused for the server's load, not its content (Triton's UNAVAILABLE; HTTP 503): retry later."""
 
 
 def _shutting_down() -> StageError:
@@ -183,8 +194,9 @@ class Orchestrator:
         No patch page is reserved: flashcodec takes each group's pages once it is decoded, so a media item needs
         only its largest group to fit in the pool.
 
-        Raises InvalidInput naming the problem (media, prompt length, pool size); StageError when the server is
-        stopping or no replica can serve.
+        Raises InvalidInput naming the problem (media, prompt length, pool size); Overloaded when
+        ``max_waiting_requests`` requests already wait for KV pages; StageError when the server is stopping or no
+        replica can serve.
         """
         if self.stopping:
             raise _shutting_down()
@@ -193,6 +205,10 @@ class Orchestrator:
             raise InvalidInput(f"sampling_parameters: stop_token_ids must be below the vocabulary size {vocab}, "
                                f"got {max(stop_ids)}")
         await self.ensure_started()
+        waiting = sum(e.scheduler.stats().num_waiting for e in self.engines)
+        if waiting >= self.config.max_waiting_requests:
+            raise Overloaded(f"{OVERLOADED}: {waiting} requests wait for KV pages, the most that may (parameter "
+                             "max_waiting_requests); retry later")
         plans = [await asyncio.to_thread(plan_media, item, parsed.params, self.config.limits.max_image_pixels)
                  for item in parsed.media]
         prompt = await asyncio.to_thread(build_chat_prompt, self.tokenizer, parsed.turns,

@@ -3,7 +3,7 @@
 Over a gRPC stream Triton passes the orchestrator's error message alone, without its status code (Triton 2.51), so
 an orchestrator error is classed by its message: bad input is answered with a message that starts with the input
 at fault (``orchestrator.inputs``, ``orchestrator.messages``, ``orchestrator.sampling_params``; docs/design.md,
-invariant 3) and becomes 400; "the server is shutting down" becomes 503; anything else (a stage's failure, an
+invariant 3) and becomes 400; "the server is shutting down" and "the server is overloaded" become 503; anything else (a stage's failure, an
 internal error) 500. A tritonserver that cannot be reached is 503.
 """
 from __future__ import annotations
@@ -19,6 +19,7 @@ from tritonclient.utils import InferenceServerException
 
 from backends.openai.schemas import ErrorInfo, ErrorResponse
 from orchestrator.engine import SHUTTING_DOWN
+from orchestrator.service import OVERLOADED
 
 # The orchestrator's validation messages: "<input>: ...", "<input>[i]...: ...", "image 0: ...", and the two about
 # the prompt's length (orchestrator.prompt, orchestrator.service).
@@ -52,7 +53,7 @@ def from_orchestrator(message: str) -> ApiError:
         key = _SAMPLING_KEY.match(message)
         param = key.group(1) if key else "prompt" if _PROMPT.match(message) else "messages"
         return ApiError(400, message, param=param)
-    if SHUTTING_DOWN in message:
+    if SHUTTING_DOWN in message or message.startswith(OVERLOADED):
         return ApiError(503, message, code="service_unavailable")
     return ApiError(500, message)
 

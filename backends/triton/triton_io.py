@@ -38,7 +38,7 @@ POSITIVE_INT_PARAMETERS = frozenset({
     "kv_pages", "kv_page_size", "max_batch",                          # decode
     "patch_pages", "patch_page_size", "decode_threads",               # flashcodec
     "encode_budget", "prefill_budget", "max_model_len", "max_media_bytes", "max_prompt_bytes", "replicas",  # orch.
-    "max_image_pixels",
+    "max_image_pixels", "max_media_items", "max_waiting_requests",
     "vision_tp_size",                                                 # encode_prefill
 })
 
@@ -129,10 +129,12 @@ class InternalModel:
         return [error(INTERNAL_ONLY) for _ in requests]
 
 
-def error(message: str, invalid_argument: bool = True):
-    """An InferenceResponse carrying a TritonError (INVALID_ARG for bad input, INTERNAL otherwise)."""
+def error(message: str, invalid_argument: bool = True, unavailable: bool = False):
+    """An InferenceResponse carrying a TritonError: UNAVAILABLE when ``unavailable`` (overloaded: retry later),
+    else INVALID_ARG for bad input, INTERNAL otherwise."""
     p = pb()
-    code = p.TritonError.INVALID_ARG if invalid_argument else p.TritonError.INTERNAL
+    code = p.TritonError.UNAVAILABLE if unavailable else (
+        p.TritonError.INVALID_ARG if invalid_argument else p.TritonError.INTERNAL)
     return p.InferenceResponse(error=p.TritonError(message, code))
 
 

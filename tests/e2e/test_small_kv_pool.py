@@ -1,5 +1,6 @@
 """A small KV pool (64 pages of 16 tokens): a request it can never hold is refused at admission with the numbers a
-user can act on; one that does not fit now waits for pages, and the metrics say so."""
+user can act on; one that does not fit now waits for pages, and the metrics say so; beyond `max_waiting_requests`
+(2 here) waiting requests, a new one is refused at once as overloaded."""
 from __future__ import annotations
 
 import threading
@@ -15,7 +16,8 @@ pytestmark = pytest.mark.e2e
 
 @pytest.fixture(scope="module")
 def small_pool_server(media_dir, tmp_path_factory):
-    repository = repository_with(tmp_path_factory.mktemp("small_pool") / "repository", {"decode": {"kv_pages": "64"}})
+    repository = repository_with(tmp_path_factory.mktemp("small_pool") / "repository",
+                                 {"decode": {"kv_pages": "64"}, "orchestrator": {"max_waiting_requests": "2"}})
     with serve(media_dir, repository) as server:
         yield server
 
@@ -68,3 +70,39 @@ def test_a_request_that_does_not_fit_yet_waits_is_counted_and_a_short_one_goes_a
     assert results["first"].num_output_tokens == 800 and results["second"].num_output_tokens == 300
     m = wait_for_idle_pools(small_pool_server)
     assert m["unifiedserve_requests_waiting"] == 0 and m["unifiedserve_requests_running"] == 0, m
+
+
+def test_beyond_max_waiting_requests_a_request_is_refused_at_once_as_overloaded(small_pool_server):
+    """One request holds most of the pool, two more wait for pages (the limit): a fourth is refused at once with
+    UNAVAILABLE naming the limit, not queued; the three others still finish, and every page comes back."""
+    url = f"127.0.0.1:{small_pool_server.ports.grpc}"
+    results = {}
+
+    def generate(name: str, max_tokens: int) -> None:
+        with Client(url) as client:
+            try:
+                results[name] = client.generate("Go on.", sampling={"max_tokens": max_tokens, "ignore_eos": True,
+                                                                     "temperature": 0})
+            except ServerError as exc:
+                results[name] = exc
+
+    threads = [threading.Thread(target=generate, args=(name, tokens))
+               for name, tokens in (("first", 800), ("second", 300), ("third", 300))]
+    threads[0].start()
+    while read_metrics(small_pool_server)["unifiedserve_kv_pages_free"] > 16 and threads[0].is_alive():
+        time.sleep(0.02)
+    for thread in threads[1:]:
+        thread.start()
+    while read_metrics(small_pool_server)["unifiedserve_requests_waiting"] < 2 and threads[0].is_alive():
+        time.sleep(0.02)
+    assert threads[0].is_alive(), "the first request ended before the others waited"
+    started = time.monotonic()
+    with Client(url) as client, pytest.raises(ServerError) as refused:
+        client.generate("One more.", sampling={"max_tokens": 4})
+    assert time.monotonic() - started < 1.0
+    assert "the server is overloaded: 2 requests wait for KV pages" in str(refused.value)
+    assert "max_waiting_requests" in str(refused.value)
+    for thread in threads:
+        thread.join(timeout=300)
+    assert all(results[name].num_output_tokens > 0 for name in ("first", "second", "third")), results
+    wait_for_idle_pools(small_pool_server)

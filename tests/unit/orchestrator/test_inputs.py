@@ -195,3 +195,12 @@ def test_an_image_over_max_image_pixels_is_refused_from_its_header_at_once(tmp_p
     tracemalloc.stop()
     assert elapsed < 1 and peak < 20 << 20, (elapsed, peak)
     assert plan_media(item, RequestParams(), 100_000_000).num_tokens > 0  # within a raised limit it is planned
+
+
+def test_more_media_items_than_max_media_items_are_refused_before_any_is_read():
+    image = make_image(32, 32)
+    limits = InputLimits(max_media_items=3)
+    assert len(parse_request(RawRequest(text_input=[b"x"], image=[image] * 3), limits).media) == 3
+    with pytest.raises(InvalidInput, match=r"image and video inputs: 4 media items, over the limit of 3 per request "
+                                           r"\(parameter max_media_items\)"):
+        parse_request(RawRequest(text_input=[b"x"], image=[image] * 2, image_url=[b"/nowhere.png"] * 2), limits)
