@@ -180,8 +180,8 @@ def _base64_image(text: bytes) -> bytes:
     try:
         data = base64.b64decode(b"".join(text.split()), validate=True)
     except binascii.Error as exc:
-        raise InvalidInput(f"image: text that is not valid base64 ({exc}); send the file's bytes or its base64 "
-                           "encoding") from None
+        raise InvalidInput(f"image: neither an image file (JPEG, PNG, WebP, ...) nor valid base64 text ({exc}); send "
+                           "the file's bytes or its base64 encoding") from None
     if not data:
         raise InvalidInput("image: empty image data")
     return data

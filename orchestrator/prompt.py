@@ -68,14 +68,16 @@ class Prompt:
         if n + max_tokens <= max_model_len:
             return
         counts = f"{n - visual} text tokens + {visual} visual tokens"
-        fewer_visual = " (lower fps or max_pixels for fewer visual tokens)" if visual else ""
+        video = any(m.kind == "video" for m in self.media)
+        knobs = "fps or max_pixels" if video else "max_pixels"
+        fewer_visual = f" (lower {knobs} for fewer visual tokens)" if visual else ""
         if n < max_model_len:
             raise InvalidInput(
                 f"sampling_parameters: max_tokens {max_tokens} plus the prompt's {n} tokens ({counts}) exceeds "
                 f"max_model_len {max_model_len}: max_tokens can be at most {max_model_len - n}{fewer_visual}")
         room = max_model_len - (n - visual) - 1  # visual tokens that would leave one token of output
-        fix = (f"at most {room} visual tokens fit: lower fps or max_pixels, or send a shorter clip" if visual and room > 0
-               else "shorten text_input")
+        fewer = "lower fps or max_pixels, or send a shorter clip" if video else "lower max_pixels, or send fewer images"
+        fix = f"at most {room} visual tokens fit: {fewer}" if visual and room > 0 else "shorten text_input"
         raise InvalidInput(f"prompt too long: its {n} tokens ({counts}) leave no room for output within "
                            f"max_model_len {max_model_len} ({fix})")
 

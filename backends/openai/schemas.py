@@ -12,11 +12,13 @@ from pydantic import BaseModel, ConfigDict, Field
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    # strict: a value of the wrong JSON type is refused (400) as the orchestrator refuses it, not coerced
+    # ("yes" is no boolean, true no number)
+    model_config = ConfigDict(extra="ignore", strict=True)
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 # ---- requests ---------------------------------------------------------------------------------------------------

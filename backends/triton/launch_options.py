@@ -5,12 +5,14 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from backends.triton.deploy_config import DeployConfig
 from backends.triton.repository import parse_overrides, repository_with
+from backends.triton.server_binary import server_binary
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,14 @@ def render(plan: ServePlan, source: Path, target: Path) -> int:
         return 1
     target.mkdir(parents=True, exist_ok=True)
     repository_with(target.resolve(), plan.overrides, source)
-    print(f"tritonserver --model-repository={target.resolve()} "
-          f"--backend-config=python,shm-default-byte-size={plan.shm_default_byte_size}", flush=True)
+    command = [f"--model-repository={target.resolve()}",
+               f"--backend-config=python,shm-default-byte-size={plan.shm_default_byte_size}"]
+    try:  # the binary found here: NGC's, or the pip wheel's, which needs its backends and libraries named
+        binary, backends, env = server_binary()
+    except RuntimeError:  # none here: the command for an NGC image, where tritonserver is on PATH
+        binary, backends, env = Path("tritonserver"), None, {}
+    if backends is not None and env:
+        command.insert(1, f"--backend-directory={backends}")
+    prefix = "".join(f"{key}={shlex.quote(value)} " for key, value in env.items())
+    print(prefix + shlex.join([str(binary), *command]), flush=True)
     return 0

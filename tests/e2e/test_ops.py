@@ -8,6 +8,7 @@ import json
 import os
 import re
 import signal
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -88,13 +89,15 @@ def test_plain_tritonserver_serves_a_rendered_repository_and_cleans_up(tmp_path)
     rendered = subprocess.run([sys.executable, "-m", "backends.triton.launcher", "--config", str(TINY_CPU),
                                "--render", str(repository)], cwd=REPO_ROOT, capture_output=True, text=True)
     assert rendered.returncode == 0, rendered.stderr
-    command = rendered.stdout.split()
-    assert command[:2] == ["tritonserver", f"--model-repository={repository}"], rendered.stdout
+    words = shlex.split(rendered.stdout)  # the environment the pip wheel's binary needs, then the command
+    command = words[next(i for i, w in enumerate(words) if w.endswith("tritonserver")):]
+    assert command[1] == f"--model-repository={repository}", rendered.stdout
+    shm = next(w for w in command if w.startswith("--backend-config=python,shm-default-byte-size="))
 
     log, elsewhere = tmp_path / "server.log", tmp_path / "elsewhere"
     elsewhere.mkdir()
     site = install(build_wheel(tmp_path / "wheel"), tmp_path / "site")
-    server, ports, run_dir = start_alone(repository, int(command[2].rsplit("=", 1)[1]), elsewhere, log)
+    server, ports, run_dir = start_alone(repository, int(shm.rsplit("=", 1)[1]), elsewhere, log)
     try:
         wait_ready(server, ports, log)
         assert run_dir.is_dir()

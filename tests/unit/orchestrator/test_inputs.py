@@ -44,7 +44,8 @@ def test_file_url_under_allowed_folder(limits, tmp_path):
     (dict(video=[b""]), "empty video"),
     (dict(image=[b"\x89" * 1001]), "over the limit"),
     (dict(image=[base64.b64encode(b"\x89" * 1001)]), "image: 1001 bytes, over the limit"),  # once decoded
-    (dict(image=[b"iVBORw0KGgo"]), "image: text that is not valid base64"),
+    (dict(image=[b"iVBORw0KGgo"]), "image: neither an image file (JPEG, PNG, WebP, ...) nor valid base64 text"),
+    (dict(image=[b"not an image at all"]), "image: neither an image file"),  # ASCII bytes sent as a file
     (dict(return_logprobs=True), "return_logprobs: log probabilities are not supported"),
     (dict(return_cumulative_logprob=True), "return_cumulative_logprob: log probabilities are not supported"),
     (dict(video_url=[b"/etc/passwd"]), "outside the allowed media folders"),

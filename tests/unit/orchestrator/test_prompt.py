@@ -60,6 +60,9 @@ def test_length_check_names_the_prompt_when_it_alone_is_too_long(tokenizer):
     text_only = build_prompt(tokenizer, "Hello " * 20, [])
     with pytest.raises(InvalidInput, match=r"^prompt too long: .*\(shorten text_input\)$"):
         text_only.check_length(1, 10)
+    with_image = build_prompt(tokenizer, "Hello", [("image", (1, 8, 4), 0.0)])
+    with pytest.raises(InvalidInput, match=r"at most \d+ visual tokens fit: lower max_pixels, or send fewer images\)$"):
+        with_image.check_length(1, len(with_image.input_ids) - 4)  # no clip to shorten, no fps to lower
 
 
 def test_detokenizer_holds_back_split_characters(tokenizer):

@@ -36,6 +36,13 @@ def _error(response, status: int) -> dict:
      "messages", "messages[0].content[0].image_url.url: Field required"),
     ({"model": "m", "messages": [{"role": "tool", "content": "x"}]}, "messages",
      "messages[0].role: Input should be 'system', 'developer', 'user' or 'assistant'"),
+    # values of the wrong JSON type are refused as the orchestrator refuses them, not coerced
+    ({"model": "m", "messages": [{"role": "user", "content": "x"}], "ignore_eos": "yes"}, "ignore_eos",
+     "ignore_eos: Input should be a valid boolean"),
+    ({"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": True}, "max_tokens",
+     "max_tokens: Input should be a valid integer"),
+    ({"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": "true"}, "stream",
+     "stream: Input should be a valid boolean"),
 ])
 def test_a_body_that_fails_validation_is_400(client, body, param, words):
     error = _error(client.post("/v1/chat/completions", json=body), 400)

@@ -6,6 +6,7 @@ import textwrap
 import pytest
 
 from backends.triton import launch_options
+from backends.triton.server_binary import server_binary
 from backends.triton.deploy_config import DEFAULT_SHM_BYTES, ConfigError, DeployConfig
 from backends.triton.launcher import REPO_ROOT
 from backends.triton.repository import REPOSITORY, model_parameters
@@ -133,8 +134,10 @@ def test_render_writes_the_repository_and_prints_the_command(tmp_path, capsys):
     plan = launch_options.serve_plan(args(config=REPO_ROOT / "deploy" / "tiny_cpu.yaml"), REPOSITORY)
     target = tmp_path / "repository"
     assert launch_options.render(plan, REPOSITORY, target) == 0
+    binary, backends, env = server_binary()  # here the pip wheel's: its backends and libraries are named too
     assert capsys.readouterr().out.split() == [
-        "tritonserver", f"--model-repository={target}", f"--backend-config=python,shm-default-byte-size={2**24}"]
+        *(f"{key}={value}" for key, value in env.items()), str(binary), f"--model-repository={target}",
+        f"--backend-directory={backends}", f"--backend-config=python,shm-default-byte-size={2**24}"]
     rendered = model_parameters(target)
     assert rendered["decode"]["kv_pages"] == "2048" and rendered["orchestrator"]["slo_text_ttft_ms"] == "2000"
     assert launch_options.render(plan, REPOSITORY, target) == 1  # not over a repository already there
