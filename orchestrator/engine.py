@@ -123,6 +123,7 @@ class Engine:
         attached = asyncio.Event()
         loop = asyncio.get_running_loop()
         self._loops = [loop.create_task(self._follow_decode(attached)), loop.create_task(self._step_loop())]
+        self._loops[1].add_done_callback(self._step_loop_died)
         await asyncio.wait_for(attached.wait(), timeout_s)
         if self.decode_ended:
             raise StageError(StageFailure(SERVER_FAULT, self.decode_ended))
@@ -187,6 +188,7 @@ class Engine:
             return
         tracked.releasing = True
         req_id = tracked.request.new.req_id
+        self.scheduler.hold(req_id)  # no more steps for it while the stages let go of it
         if not self.stopping:  # stopping: the stages end their work themselves and no page is reused
             if tracked.in_decode and not tracked.decode_done:
                 await self._quietly(self.stages.decode_abort(req_id))
@@ -213,6 +215,7 @@ class Engine:
         task = asyncio.get_running_loop().create_task(coroutine)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+        task.add_done_callback(_log_failure)
 
     def _end(self, tracked: _Tracked, output: Output) -> None:
         """Queue a request's last output and release it."""
@@ -262,6 +265,15 @@ class Engine:
                 self._first_token(first)
             self.on_change()
 
+    def _step_loop_died(self, task: asyncio.Task) -> None:
+        """A bug that ended the step loop takes the replica out of routing and fails its requests, not hangs them."""
+        if task.cancelled() or task.exception() is None:
+            return
+        log.error("orchestrator: the step loop of replica %d failed", self.index, exc_info=task.exception())
+        self.decode_ended = self.decode_ended or f"internal error: the step loop failed: {task.exception()!r}"
+        for tracked in list(self.requests.values()):
+            self._fail(tracked, StageFailure(SERVER_FAULT, self.decode_ended))
+
     def _first_token(self, first: FirstToken) -> None:
         """Hand the sequence to decode before its first token goes out (so any abort the token may cause is sent
         after the admit), or end it there."""
@@ -299,7 +311,11 @@ class Engine:
                 attached.set()
                 if step is not None:
                     self._decode_step(step)
-            self.decode_ended = SHUTTING_DOWN  # the decode stage ends its stream only when the server stops
+            if self.stopping or self._server_stopping():  # the decode stage ends its stream when the server stops
+                self.decode_ended = SHUTTING_DOWN
+            else:  # or when its loop thread has died: the replica is gone, its clients must not hear "shutting down"
+                log.error("orchestrator: the decode stream of replica %d ended while the server runs", self.index)
+                self.decode_ended = "decode: its step stream ended unexpectedly (the decode loop stopped)"
         except Exception as exc:  # StageError; anything else must not leave the replica looking alive
             if not isinstance(exc, StageError):
                 log.exception("orchestrator: the decode stream of replica %d failed", self.index)
@@ -356,6 +372,12 @@ class Engine:
         except Exception as exc:
             if (live := self._live(req_id)) is not None:
                 self._fail(live, _failure(exc, f"media task failed for {req_id}"))
+
+
+def _log_failure(task: asyncio.Task) -> None:
+    """A background task's unexpected exception goes to the log at once, not when the task is collected."""
+    if not task.cancelled() and task.exception() is not None:
+        log.error("orchestrator: %s failed", task.get_coro().__qualname__, exc_info=task.exception())
 
 
 def _failure(exc: Exception, what: str) -> StageFailure:

@@ -10,7 +10,7 @@ from orchestrator.engine import Engine
 
 def choose(engines: Sequence[Engine], kv_needed: int) -> Engine | None:
     """The engine for a request needing ``kv_needed`` KV pages: among those whose decode stream is alive and
-    whose pool can hold the request at all, one whose scheduler would admit it at its next step
+    whose pool can hold the request at all, one whose scheduler would grant its pages at once
     (``Scheduler.admits_now``) if any, then the fewest requests, the most free KV pages, the lowest index; None
     when there is none."""
     fit = [e for e in engines if e.decode_ended is None and kv_needed <= e.scheduler.kv_pages_total]

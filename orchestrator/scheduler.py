@@ -83,6 +83,7 @@ class Scheduler:
         self._in_flight_seqs: dict[str, Sequence] = {}
         self._deferred: list[tuple[PagePool, list[int]]] = []
         self._announced: set[str] = set()  # sequences whose `request` went out in a plan
+        self._held: set[str] = set()  # sequences being removed: planned no more, their pages kept until `remove`
         self._finished: list[str] = []  # announced sequences removed since the last plan
 
     def add(self, seq: Sequence) -> None:
@@ -195,6 +196,7 @@ class Scheduler:
         that step completes, as the worker may still read or write them; all others are free at once,
         so the decode worker must have dropped the sequence (finished or aborted) before.
         """
+        self._held.discard(req_id)
         seq = self._seqs.pop(req_id, None)
         if seq is None:
             return
@@ -213,6 +215,12 @@ class Scheduler:
             for allocator, pages in held:
                 allocator.free(pages)
             self._admit()  # the pages freed may let waiting sequences in now
+
+    def hold(self, req_id: str) -> None:
+        """Plan no more work for ``req_id`` and never admit it, while it keeps its pages (its request is being
+        stopped in the stages before ``remove`` returns them). Unknown ids are ignored."""
+        if req_id in self._seqs:
+            self._held.add(req_id)
 
     def get(self, req_id: str) -> Sequence | None:
         """The sequence `req_id` (e.g. its `block_table` for decode), or None once removed."""
@@ -256,9 +264,9 @@ class Scheduler:
         return self._kv.num_free
 
     def admits_now(self, pages: int) -> bool:
-        """Whether a sequence needing `pages` KV pages, added now, would get them at the next `schedule()`
-        (behind the sequences already waiting, with their backfill rule: see `_admit`). For routing a new
-        request to a replica that can start it."""
+        """Whether a sequence needing `pages` KV pages, added now, would get them at once (behind the sequences
+        already waiting, with their backfill rule: see `_admit`). For routing a new request to a replica that can
+        start it."""
         return len(self._seqs) in self._admission(pages)
 
     def _admit(self) -> None:
@@ -275,7 +283,10 @@ class Scheduler:
     def _admission(self, new_pages: int | None = None) -> list[int]:
         """Arrival-order indices of the waiting sequences `_admit` grants pages to now, in that order; with
         `new_pages`, a sequence needing that many is imagined arriving after all others (index len(seqs))."""
-        needs = [(self.kv_pages_for(seq.prompt_len + seq.max_tokens), seq.block_table is not None) for seq in self._seqs.values()]
+        # a held sequence that has no pages is skipped as if granted nothing: it is never admitted
+        needs = [(0, True) if seq.block_table is None and seq.req_id in self._held else
+                 (self.kv_pages_for(seq.prompt_len + seq.max_tokens), seq.block_table is not None)
+                 for seq in self._seqs.values()]
         if new_pages is not None:
             needs.append((new_pages, False))
         granted, free, head = [], self._kv.num_free, None
@@ -303,7 +314,8 @@ class Scheduler:
         """Whole ready groups, prompt order within a sequence, sequences FCFS (waiting ones too: encoding
         needs no KV pages, so it goes on while the KV pool is full)."""
         budget = self.config.encode_budget
-        queues = [(seq, deque(g for g in seq.groups if g.patch_pages is not None)) for seq in self._seqs.values()]
+        queues = [(seq, deque(g for g in seq.groups if g.patch_pages is not None))
+                  for seq in self._seqs.values() if seq.req_id not in self._held]
         taken: list[tuple[Sequence, Group]] = []
         used = 0
         seq_used: dict[str, int] = defaultdict(int)
@@ -333,7 +345,8 @@ class Scheduler:
             encoding[work.req_id].add((work.item, work.index))
         budget = self.config.prefill_budget
         demand = [(seq, seq.ready_end(encoding.get(seq.req_id, ())))
-                  for seq in self._seqs.values() if seq.block_table is not None and not seq.prefill_done]
+                  for seq in self._seqs.values()
+                  if seq.block_table is not None and not seq.prefill_done and seq.req_id not in self._held]
         ends = {seq.req_id: seq.num_computed_tokens for seq, _ in demand}
         used = 0
         for limit in (max(1, int(self.config.max_share * budget)), budget):

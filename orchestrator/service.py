@@ -132,6 +132,10 @@ class Orchestrator:
                 on_step=lambda: self.metrics.increment("unifiedserve_scheduler_steps_total"),
                 on_release=self._on_release, stopping=server_stop.announced))
         await asyncio.gather(*(engine.start() for engine in self.engines))
+        # every link connected before the first request: from then on a call is queued when it is made, so an abort
+        # never overtakes the call it stops (decode's is connected by its stream)
+        await asyncio.gather(*(self.links[name].connect() for name in
+                               ("flashcodec", *(replica_name("encode_prefill", i) for i in range(len(self.engines))))))
         self._update_gauges()
 
     async def ensure_started(self) -> None:
@@ -205,10 +209,7 @@ class Orchestrator:
             raise InvalidInput(f"sampling_parameters: stop_token_ids must be below the vocabulary size {vocab}, "
                                f"got {max(stop_ids)}")
         await self.ensure_started()
-        waiting = sum(e.scheduler.stats().num_waiting for e in self.engines)
-        if waiting >= self.config.max_waiting_requests:
-            raise Overloaded(f"{OVERLOADED}: {waiting} requests wait for KV pages, the most that may (parameter "
-                             "max_waiting_requests); retry later")
+        self._refuse_when_overloaded()  # at once, before any work on the request
         plans = [await asyncio.to_thread(plan_media, item, parsed.params, self.config.limits.max_image_pixels)
                  for item in parsed.media]
         prompt = await asyncio.to_thread(build_chat_prompt, self.tokenizer, parsed.turns,
@@ -234,6 +235,7 @@ class Orchestrator:
                     "pages (lower max_pixels)")
         if self.stopping:  # stop_serving ran while this request was being planned
             raise _shutting_down()
+        self._refuse_when_overloaded()  # again: requests planned at the same time may have been added meanwhile
         engine = choose(self.engines, kv_needed)
         if engine is None:  # every replica whose pool could hold it has lost its decode stream
             raise StageError(StageFailure(SERVER_FAULT, next(e.decode_ended for e in self.engines if e.decode_ended)))
@@ -249,6 +251,13 @@ class Orchestrator:
                   for media, plan in zip(parsed.media, plans)),
             tuple(layout.num_groups for layout in prompt.media))
         return Admitted(req_id, parsed, prompt, engine, engine.add(request))
+
+    def _refuse_when_overloaded(self) -> None:
+        """Raises Overloaded when ``max_waiting_requests`` requests already wait for KV pages (all replicas)."""
+        waiting = sum(e.scheduler.stats().num_waiting for e in self.engines)
+        if waiting >= self.config.max_waiting_requests:
+            raise Overloaded(f"{OVERLOADED}: {waiting} requests wait for KV pages, the most that may (parameter "
+                             "max_waiting_requests); retry later")
 
     def stream(self, admitted: Admitted, is_cancelled: Callable[[], bool]
                ) -> AsyncIterator[tuple[str, list[int], str | None]]:

@@ -25,8 +25,8 @@ class ReplicaStages(Protocol):
         """Run one scheduler step on encode_prefill."""
 
     def decode_attach(self) -> AsyncIterator[DecodeStep | None]:
-        """The decode stage's step stream: ``None`` once attached, then one ``DecodeStep`` per step; it ends only
-        when the server stops."""
+        """The decode stage's step stream: ``None`` once attached, then one ``DecodeStep`` per step; it ends when the
+        server stops (or, unexpectedly, when the stage's loop has died)."""
 
     def decode_admit(self, admit: DecodeAdmit) -> AsyncIterator[None]:
         """Hand a prefilled sequence to decode (queued now; iterate to learn that it arrived)."""

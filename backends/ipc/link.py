@@ -320,11 +320,20 @@ class LinkClient:
         finally:
             self._fail(reason)
 
+    async def connect(self) -> None:
+        """Connect now, not at the first call (which, until then, is queued only when it is first read): raises
+        StageError as a call would."""
+        if self.conn is None:
+            await asyncio.to_thread(self._connect)
+
     def _fail(self, reason: str) -> None:
-        """The link is gone: every open call fails with ``reason``, later ones at once."""
+        """The link is gone: every open call fails with ``reason``, later ones at once; the socket is shut down, so
+        the stage sees its end too (a writer or reader that failed otherwise leaves it open)."""
         with self.lock:
             self.closed = self.closed or reason
             calls, self.calls = self.calls, {}
+        if self.conn is not None:
+            _shut_down(self.conn)
         for loop, replies in calls.values():
             try:
                 loop.call_soon_threadsafe(replies.put_nowait, (None, True, StageFailure(SERVER_FAULT, self.closed)))

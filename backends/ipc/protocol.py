@@ -163,9 +163,9 @@ class PrefillWork:
 
 @dataclass(frozen=True)
 class StepPlan(Call):
-    """One scheduler step, the whole of it (vLLM v1's ``SchedulerOutput``): the stage registers ``new``,
-    runs all of ``encode``, then all of ``prefill``, then forgets ``finished`` (requests that ended, failed or
-    were cancelled after it saw them). ``num_encode_patches`` and ``num_prefill_tokens`` are the totals."""
+    """One scheduler step, the whole of it (vLLM v1's ``SchedulerOutput``): the stage first forgets ``finished``
+    (requests that ended, failed or were cancelled after it saw them), registers ``new``, runs all of ``encode``,
+    then all of ``prefill``. ``num_encode_patches`` and ``num_prefill_tokens`` are the totals."""
 
     new: tuple[NewRequest, ...]
     encode: tuple[EncodeWork, ...]

@@ -227,10 +227,14 @@ class DecodeWorker:
             self._told(0, 0.0)
         elif kind == "admit":
             self.running[value.seq_id] = value
-            self.penalties.retain(self.running)  # slots of sequences that have left are free again
-            # admitted after its first token (num_generated 1), which is the output's only token so far
-            self.penalties.add(value.seq_id, value.sampling, value.prompt_token_ids,
-                               (value.last_token,) if value.num_generated else ())
+            try:  # slots of sequences that have left are free again; its first token is its only output so far
+                self.penalties.retain(self.running)
+                self.penalties.add(value.seq_id, value.sampling, value.prompt_token_ids,
+                                   (value.last_token,) if value.num_generated else ())
+            except Exception:  # (the penalty tables could not grow): this sequence fails, the loop goes on
+                log.exception("decode: could not admit %s", value.seq_id)
+                del self.running[value.seq_id]
+                self._send([(value.seq_id, -1, "error")])
         elif kind == "abort":
             self.running.pop(value, None)
             done()

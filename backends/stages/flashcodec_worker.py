@@ -68,7 +68,8 @@ class FlashCodecWorker:
         """Stop after the group being decoded, also while waiting for pages; the stream then ends (the
         orchestrator waits for that before it frees the request's patch pages)."""
         with self.lock:
-            self.cancelled.add(request_id)
+            if request_id in self.running:  # else nothing to stop, and the mark would never be spent
+                self.cancelled.add(request_id)
 
     def _is_cancelled(self, request_id: str) -> bool:
         with self.lock:

@@ -286,3 +286,29 @@ def test_abort_is_idempotent(state):
         await w.engine.abort("a")
         assert [e for e in w.log if e[0] == "freed"] == [("freed", 0, False)]
     run(body)
+
+
+def test_a_request_being_released_gets_no_more_steps():
+    """While its media call is still ending (flashcodec finishes the group it decodes), an aborted request is held:
+    the groups reported meanwhile are not encoded and no first token is sampled for it."""
+    async def body(w: World):
+        gate = asyncio.Event()
+        media_abort = w.media.abort
+
+        async def slow_abort(req_id: str) -> None:
+            await gate.wait()
+            await media_abort(req_id)
+
+        w.media.abort = slow_abort
+        w.image("a")
+        await settle()
+        steps = len(w.stages.plans)
+        aborting = asyncio.ensure_future(w.engine.abort("a"))
+        await settle()
+        w.media.ready("a", 0, 0, pages=1)  # reported after the abort began
+        await settle()
+        assert len(w.stages.plans) == steps, w.stages.plans[steps:]
+        gate.set()
+        await aborting
+        assert ("admit", "a") not in w.log
+    run(body)

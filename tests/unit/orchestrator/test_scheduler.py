@@ -284,3 +284,19 @@ def test_admission_does_not_wait_for_the_step_in_flight():
     sched.remove("b")  # not in the step in flight: its pages are free at once, and c takes them
     assert sched.get("c").block_table is not None and sched.stats().num_waiting == 0
     sched.complete(plan)
+
+
+def test_a_held_sequence_is_planned_no_more_and_never_admitted_but_keeps_its_pages():
+    """The engine holds a request while the stages let go of it (abort, then free): no step works on it meanwhile."""
+    sched, kv, _ = make(kv_pages=20)
+    sched.add(Sequence("a", 100, 60))  # admitted: 10 pages
+    sched.add(Sequence("b", 100, 160))  # does not fit: waits
+    sched.hold("a")
+    sched.hold("b")
+    assert sched.schedule() is None  # a's prefill is not planned
+    assert kv.num_free == 10 and sched.get("b").block_table is None
+    sched.add(Sequence("c", 100, 60))  # b, held, does not stand in its way
+    assert sched.get("c").block_table is not None
+    sched.remove("a")
+    sched.remove("b")
+    assert kv.num_free == 10

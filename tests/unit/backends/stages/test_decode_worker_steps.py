@@ -334,3 +334,27 @@ def test_token_ids_of_another_length_are_refused():
             worker.runner.decode([seq], torch.tensor([5, 6]))
     finally:
         worker.shutdown()
+
+
+def test_an_admission_that_fails_fails_that_sequence_and_the_loop_goes_on(monkeypatch):
+    """An admission the worker cannot take (its penalty tables could not grow) ends that sequence with an "error"
+    row; the loop lives on and the next sequence is served (the loop's death would end the stream as at a stop)."""
+    worker = worker_on("cpu", max_batch=2)
+    try:
+        worker.eos_ids = []
+        steps = attach_queue(worker)
+        real_add = worker.penalties.add
+
+        def failing_add(seq_id, *args):
+            if seq_id == "bad":
+                raise RuntimeError("out of memory")
+            return real_add(seq_id, *args)
+
+        monkeypatch.setattr(worker.penalties, "add", failing_add)
+        admit(worker, "bad", 5, 1, max_tokens=4)
+        admit(worker, "good", 5, 2, max_tokens=4)
+        tokens, reasons, _ = collect(steps, ["bad", "good"])
+        assert reasons == {"bad": "error", "good": "length"} and len(tokens["good"]) == 4
+        assert worker.thread.is_alive() and not worker.running
+    finally:
+        worker.shutdown()
