@@ -114,13 +114,17 @@ class EncodePrefillWorker:
         return self._patches
 
     def execute(self, plan: StepPlan) -> StepResult:
-        """Run one step plan; returns the first tokens of the prompts whose prefill it completed."""
+        """Run one step plan; returns the first tokens of the prompts whose prefill it completed, once the device has
+        run the step: the orchestrator hands the encoded groups' patch pages back to flashcodec on this result."""
         for req_id in plan.finished:
             self.prompts.pop(req_id, None)
         for request in plan.new:
             self._register(request)
         self._encode(plan.encode)
-        return StepResult(self._prefill(plan.prefill))
+        first_tokens = self._prefill(plan.prefill)
+        if plan.encode and self.device.type == "cuda":  # (a sampled first token has already waited for it)
+            torch.cuda.current_stream(self.device).synchronize()
+        return StepResult(first_tokens)
 
     def _register(self, request: NewRequest) -> None:
         media = request.media
