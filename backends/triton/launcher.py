@@ -286,7 +286,9 @@ def _serve(args: argparse.Namespace, repository: Path, shm_default_byte_size: in
                              None if args.log_stdout else server.log_path.with_suffix(".openai.log"))
             api.start()
             print(f"OpenAI-compatible API: {api.url}/v1, log {api.log_path or 'stdout'}", flush=True)
-        died = watch_stages(server) or _crashed(server.process.returncode)
+        died = watch_stages(server)
+        if not died and not (server.run_dir / server_stop.MARKER).exists():  # the marker: stopped from elsewhere
+            died = _crashed(server.process.returncode)
         if died:
             where = "" if args.log_stdout else f" (log {server.log_path})"
             print(f"{died}{where}: stopping, exit status {STAGE_DIED} for a supervisor to start the server again",
@@ -314,7 +316,8 @@ def _serve(args: argparse.Namespace, repository: Path, shm_default_byte_size: in
 
 def _crashed(status: int | None) -> str | None:
     """What ended a tritonserver that exited without being asked (``status``: its ``returncode``; negative, the
-    signal), or None for a clean exit (status 0: stopped from elsewhere, e.g. its own SIGINT)."""
+    signal), or None for a clean exit (status 0). A server stopped from elsewhere (its own SIGINT) has its stop
+    announced first (``TritonServer._announce_when_not_live``) and is not asked about."""
     if not status:
         return None
     if status < 0:

@@ -13,6 +13,8 @@ from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from backends.triton.server_stop import MARKER
+
 if TYPE_CHECKING:
     from backends.triton.launcher import TritonServer
 
@@ -64,9 +66,10 @@ def watch_stages(server: "TritonServer", period_s: float = 1.0) -> str | None:
     READY and fails its requests ("Stub process ... is not healthy") without restarting it, so the server is
     stopped instead, for a supervisor (systemd, Kubernetes) to start a fresh one."""
     expected = Counter(server.ready_stubs.values())
+    stopping = server.run_dir / MARKER  # a stop from elsewhere is announced there before the models unload
     while server.process.poll() is None:
         missing = expected - Counter(server.stubs().values())
-        if missing and server.process.poll() is None:
+        if missing and server.process.poll() is None and not stopping.exists():
             return f"the process of model {', '.join(sorted(missing))} has died"
         time.sleep(period_s)
     return None

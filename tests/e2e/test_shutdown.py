@@ -222,3 +222,15 @@ def _tritonserver_of(ports) -> int:
         if flag in argv and argv[0].endswith(b"tritonserver"):
             return int(cmdline.parent.name)
     raise AssertionError("no tritonserver found for the launcher")
+
+
+def test_a_tritonserver_stopped_from_elsewhere_is_no_crash():
+    """SIGINT sent to tritonserver itself (not to the launcher): the server drains as the launcher would have (its
+    stop is announced to the models), exits 0, and the launcher exits 0 without calling it a crash."""
+    import signal
+
+    launcher, ports, _ = start_launcher()
+    os.kill(_tritonserver_of(ports), signal.SIGINT)
+    _, err = launcher.communicate(timeout=60)
+    assert launcher.returncode == 0, err
+    assert "killed by" not in err and "exited by itself" not in err, err
