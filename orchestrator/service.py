@@ -181,7 +181,7 @@ class Orchestrator:
         m.set("unifiedserve_patch_pages_free", self.patch_pages.num_free)
         m.set("unifiedserve_patch_pages_total", self.patch_pages.num_total)
         m.set("unifiedserve_requests_running", sum(len(e.requests) for e in engines))
-        m.set("unifiedserve_requests_waiting", sum(e.scheduler.stats().num_waiting for e in engines))
+        m.set("unifiedserve_requests_waiting", self._waiting())
         for e in engines:
             m.set("unifiedserve_replica_kv_pages_free", e.scheduler.kv_pages_free, e.index)
             m.set("unifiedserve_replica_kv_pages_total", e.scheduler.kv_pages_total, e.index)
@@ -252,9 +252,13 @@ class Orchestrator:
             tuple(layout.num_groups for layout in prompt.media))
         return Admitted(req_id, parsed, prompt, engine, engine.add(request))
 
+    def _waiting(self) -> int:
+        """Requests waiting for KV pages, all replicas."""
+        return sum(e.scheduler.stats().num_waiting for e in self.engines)
+
     def _refuse_when_overloaded(self) -> None:
         """Raises Overloaded when ``max_waiting_requests`` requests already wait for KV pages (all replicas)."""
-        waiting = sum(e.scheduler.stats().num_waiting for e in self.engines)
+        waiting = self._waiting()
         if waiting >= self.config.max_waiting_requests:
             raise Overloaded(f"{OVERLOADED}: {waiting} requests wait for KV pages, the most that may (parameter "
                              "max_waiting_requests); retry later")

@@ -287,8 +287,6 @@ def _serve(args: argparse.Namespace, repository: Path, shm_default_byte_size: in
             api.start()
             print(f"OpenAI-compatible API: {api.url}/v1, log {api.log_path or 'stdout'}", flush=True)
         died = watch_stages(server)
-        if not died and not (server.run_dir / server_stop.MARKER).exists():  # the marker: stopped from elsewhere
-            died = _crashed(server.process.returncode)
         if died:
             where = "" if args.log_stdout else f" (log {server.log_path})"
             print(f"{died}{where}: stopping, exit status {STAGE_DIED} for a supervisor to start the server again",
@@ -312,19 +310,6 @@ def _serve(args: argparse.Namespace, repository: Path, shm_default_byte_size: in
         print(f"tritonserver {killed}{where}", file=sys.stderr, flush=True)
         return 0
     return STAGE_DIED if died else server.process.returncode or 0
-
-
-def _crashed(status: int | None) -> str | None:
-    """What ended a tritonserver that exited without being asked (``status``: its ``returncode``; negative, the
-    signal), or None for a clean exit (status 0). A server stopped from elsewhere (its own SIGINT) has its stop
-    announced first (``TritonServer._announce_when_not_live``) and is not asked about."""
-    if not status:
-        return None
-    if status < 0:
-        with contextlib.suppress(ValueError):
-            return f"tritonserver was killed by {signal.Signals(-status).name}"
-        return f"tritonserver was killed by signal {-status}"
-    return f"tritonserver exited by itself with status {status}"
 
 
 if __name__ == "__main__":

@@ -62,9 +62,10 @@ def dump_stacks(pids, wait_s: float = 2.0) -> None:
 
 def watch_stages(server: "TritonServer", period_s: float = 1.0) -> str | None:
     """Wait while ``server`` runs; return why it must stop when a model's stub process that was there when it became
-    ready has died (killed, or out of memory), or None once the server has exited. Triton 2.51 keeps such a model
-    READY and fails its requests ("Stub process ... is not healthy") without restarting it, so the server is
-    stopped instead, for a supervisor (systemd, Kubernetes) to start a fresh one."""
+    ready has died (killed, or out of memory), or, once the server has exited, why it died (a signal, an error
+    status: :func:`crashed`); None when it exited cleanly or was stopped from elsewhere. Triton 2.51 keeps a model
+    whose stub died READY and fails its requests ("Stub process ... is not healthy") without restarting it, so the
+    server is stopped instead, for a supervisor (systemd, Kubernetes) to start a fresh one."""
     expected = Counter(server.ready_stubs.values())
     stopping = server.run_dir / MARKER  # a stop from elsewhere is announced there before the models unload
     while server.process.poll() is None:
@@ -72,4 +73,16 @@ def watch_stages(server: "TritonServer", period_s: float = 1.0) -> str | None:
         if missing and server.process.poll() is None and not stopping.exists():
             return f"the process of model {', '.join(sorted(missing))} has died"
         time.sleep(period_s)
-    return None
+    return None if stopping.exists() else crashed(server.process.returncode)
+
+
+def crashed(status: int | None) -> str | None:
+    """What ended a tritonserver that exited without being asked (``status``: its ``returncode``; negative, the
+    signal), or None for a clean exit (status 0)."""
+    if not status:
+        return None
+    if status < 0:
+        with contextlib.suppress(ValueError):
+            return f"tritonserver was killed by {signal.Signals(-status).name}"
+        return f"tritonserver was killed by signal {-status}"
+    return f"tritonserver exited by itself with status {status}"

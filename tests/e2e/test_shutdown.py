@@ -83,14 +83,7 @@ def test_sigterm_while_starting_leaves_no_server():
     launcher.send_signal(signal.SIGTERM)
     _, err = launcher.communicate(timeout=90)
     assert launcher.returncode == 130, err
-    flag = f"--http-port={ports.http}".encode()
-    left = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            if flag in cmdline.read_bytes().split(b"\0"):
-                left.append(cmdline.parent.name)
-        except OSError:  # the process ended while we looked
-            pass
+    left = _servers(ports)
     assert not left, f"tritonserver left running: pids {left}"
 
 
@@ -123,19 +116,7 @@ def test_a_server_that_does_not_exit_is_killed_and_the_launcher_says_so():
     launcher, ports, ready = start_launcher()
     run = re.search(r"(unifiedserve-run-[a-z0-9_]+)\.log", ready)
     assert run, ready
-    flag = f"--http-port={ports.http}".encode()
-
-    def servers() -> list[int]:
-        found = []
-        for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-            try:
-                if flag in cmdline.read_bytes().split(b"\0"):
-                    found.append(int(cmdline.parent.name))
-            except OSError:  # the process ended while we looked
-                pass
-        return found
-
-    (server,) = servers()
+    (server,) = _servers(ports)
     os.kill(server, signal.SIGSTOP)
     started = time.monotonic()
     launcher.send_signal(signal.SIGTERM)
@@ -143,7 +124,7 @@ def test_a_server_that_does_not_exit_is_killed_and_the_launcher_says_so():
     assert launcher.returncode == 0, err
     assert f"did not exit within {EXIT_TIMEOUT_S:g} s of its stop (model " in err and "killed" in err, err
     assert time.monotonic() - started < EXIT_TIMEOUT_S + 15, err
-    assert not servers(), "tritonserver left running"
+    assert not _servers(ports), "tritonserver left running"
     assert not sorted(SHM.glob(f"unifiedserve-{run.group(1)}[-.]*")), "its pools or lock outlived it"
     log = Path(tempfile.gettempdir()) / f"{run.group(1)}.log"
     assert "(most recent call first)" in log.read_text(errors="replace"), "no stub stacks in the log"
@@ -197,7 +178,7 @@ def test_a_tritonserver_that_dies_makes_the_launcher_exit_3_naming_why_and_leave
     launcher, ports, ready = start_launcher()
     run = re.search(r"(unifiedserve-run-[a-z0-9_]+)\.log", ready)
     assert run, ready
-    server = _tritonserver_of(ports)
+    (server,) = _servers(ports)
     regions = stub_regions(server)
     assert regions and all((SHM / r).exists() for r in regions), regions
     assert list(SHM.glob(f"unifiedserve-{run.group(1)}[-.]*")), "no pool or lock file of the server"
@@ -211,26 +192,27 @@ def test_a_tritonserver_that_dies_makes_the_launcher_exit_3_naming_why_and_leave
     assert not left, left
 
 
-def _tritonserver_of(ports) -> int:
-    """The pid of the tritonserver listening on ``ports.http`` (its command line names the port)."""
-    flag = f"--http-port={ports.http}".encode()
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            argv = cmdline.read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if flag in argv and argv[0].endswith(b"tritonserver"):
-            return int(cmdline.parent.name)
-    raise AssertionError("no tritonserver found for the launcher")
-
-
 def test_a_tritonserver_stopped_from_elsewhere_is_no_crash():
     """SIGINT sent to tritonserver itself (not to the launcher): the server drains as the launcher would have (its
     stop is announced to the models), exits 0, and the launcher exits 0 without calling it a crash."""
     import signal
 
     launcher, ports, _ = start_launcher()
-    os.kill(_tritonserver_of(ports), signal.SIGINT)
+    (server,) = _servers(ports)
+    os.kill(server, signal.SIGINT)
     _, err = launcher.communicate(timeout=60)
     assert launcher.returncode == 0, err
     assert "killed by" not in err and "exited by itself" not in err, err
+
+
+def _servers(ports) -> list[int]:
+    """The pids of the tritonservers on ``ports.http`` (their command line names the port)."""
+    flag = f"--http-port={ports.http}".encode()
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if flag in cmdline.read_bytes().split(b"\0"):
+                found.append(int(cmdline.parent.name))
+        except OSError:  # the process ended while we looked
+            pass
+    return found
