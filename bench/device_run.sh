@@ -35,7 +35,8 @@
 #   serve-bench    bench/serve_bench.py (7B preset through tritonserver); SERVE_ARGS adds options, e.g.
 #                  SERVE_ARGS="--set orchestrator.replicas=2" for two replicas
 #   perf-analyzer  bench/perf_analyzer_bench.py: perf_analyzer (the perf-analyzer wheel, .devwheels/pa) with the
-#                  shipped input files (text, image, video; streaming) against the 7B server
+#                  shipped input files (text, image, video; streaming) against the 7B server; PA_ARGS adds options,
+#                  e.g. PA_ARGS="--inputs video"
 # Results (logs, JSON, plots) go to $OUT (the device tool brings them back), by default results/device beside
 # this script; the project keeps each benchmark's latest run there and its figures in bench/RESULTS.md.
 set -uo pipefail
@@ -139,7 +140,7 @@ serve_bench() {
 perf_analyzer_bench() {  # the perf-analyzer wheel's binary (.devwheels/pa), installed to $SITE
   local binary=$SITE/perf_analyzer/bin/perf_analyzer
   chmod +x "$binary"
-  STUB_SITE=$STUB_PATH python3 bench/perf_analyzer_bench.py --out "$OUT" --perf-analyzer "$binary" 2>&1 \
+  STUB_SITE=$STUB_PATH python3 bench/perf_analyzer_bench.py --out "$OUT" --perf-analyzer "$binary" ${PA_ARGS:-} 2>&1 \
     | tee "$OUT/perf_analyzer_bench.log" || status=1
 }
 
