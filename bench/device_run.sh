@@ -7,7 +7,8 @@
 #   ../shared/tools/device-wheels.sh scipy==1.13.1 scikit-video==1.1.11 fastapi==0.165.0 starlette==1.10.0 \
 #     uvicorn==0.54.0 sse-starlette==3.7.0 httpx==0.28.1 httpcore==1.0.9 h11==0.16.0 anyio==4.16.0 sniffio==1.3.1 \
 #     click==8.5.1 pydantic==2.14.4 pydantic_core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 \
-#     openai==3.57.0 jiter==0.19.0 distro==1.9.0 qwen-vl-utils==0.0.14
+#     openai==3.57.0 jiter==0.19.0 distro==1.9.0 qwen-vl-utils==0.0.14 opentelemetry-api==1.45.2 annotated-doc==0.0.7 \
+#     httpx2==2.16.2 httpcore2==2.16.2 truststore==0.10.5
 #   bash bench/device_run.sh install                      # with .devwheels/<bundle> carried
 #   bash bench/device_run.sh install runtime-tests runtime-bench    # with .devwheels/kernels carried
 #   bash bench/device_run.sh install nvdec                # with .devwheels/video carried (av installed before)

@@ -19,7 +19,7 @@ pytestmark = [
 
 def test_the_pool_takes_the_share_of_free_memory(monkeypatch, tmp_path, caplog):
     monkeypatch.setenv(RUN_DIR_ENV, str(tmp_path))
-    caplog.set_level("INFO", logger="backends.stages.decode_worker")
+    caplog.set_level("INFO", logger="backends.stages.kv_pool_size")  # pool_layout logs the sizing
     device = torch.device("cuda", 0)
     free_before = free_gpu_bytes(device)  # the tiny model's weights take a few MB of it
     worker = DecodeWorker(ModelSpec(device=str(device)), device, kv_pages=8, page_size=16, max_batch=4,
