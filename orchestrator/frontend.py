@@ -34,6 +34,7 @@ _RETURN_FLAGS = ("return_output_ids", "return_finish_reason", "return_num_input_
 def read_request(request) -> RawRequest:
     return RawRequest(
         text_input=io.bytes_list(request, "text_input"), messages=io.bytes_list(request, "messages"),
+        prompt=io.bytes_list(request, "prompt"),
         image=io.bytes_list(request, "image"), video=io.bytes_list(request, "video"),
         image_url=io.bytes_list(request, "image_url"), video_url=io.bytes_list(request, "video_url"),
         sampling_parameters=io.bytes_list(request, "sampling_parameters"),

@@ -1,7 +1,8 @@
 """Client inputs -> a validated request (no Triton, no torch: testable on its own).
 
 Names follow the vLLM backend's (Triton's vllm_backend ``model.json``), so its clients work unchanged: ``text_input``
-(one user turn; or ``messages``, a whole conversation: ``orchestrator.messages``), ``image`` (file bytes, or the
+(one user turn; or ``messages``, a whole conversation: ``orchestrator.messages``; or ``prompt``, text completed as
+it is, without the chat template, as the vLLM backend's ``text_input`` and OpenAI's completions are), ``image`` (file bytes, or the
 file base64-encoded as that backend takes it), ``video`` (file bytes), ``image_url``/``video_url`` (a path or
 ``file://`` URL under an allowed folder, or a ``data:`` URL), ``sampling_parameters`` (JSON), ``stream``,
 ``exclude_input_in_output``, ``return_output_ids``, and that backend's ``return_*`` flags (``return_logprobs`` and
@@ -61,6 +62,7 @@ class RawRequest:
     return_logprobs: bool = False
     return_cumulative_logprob: bool = False
     messages: list[bytes] = field(default_factory=list)
+    prompt: list[bytes] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -75,9 +77,10 @@ class ExtraOutputs:
 
 @dataclass(frozen=True)
 class ParsedRequest:
-    """``text``: ``text_input`` ("" for a ``messages`` request: the text a non-streamed reply is prefixed with
-    unless ``exclude_input_in_output``); ``turns``: the conversation the prompt is made of; ``media`` in the order
-    of its placeholders (for ``text_input``: images, then videos)."""
+    """``text``: ``text_input`` or ``prompt`` ("" for a ``messages`` request: the text a non-streamed reply is
+    prefixed with unless ``exclude_input_in_output``); ``turns``: the conversation the prompt is made of (none for a
+    ``prompt`` request, ``raw`` True: ``text`` is the whole prompt, no chat template); ``media`` in the order of
+    its placeholders (for ``text_input``: images, then videos)."""
 
     text: str
     media: tuple[MediaInput, ...]
@@ -87,6 +90,7 @@ class ParsedRequest:
     return_output_ids: bool
     turns: tuple[Turn, ...]
     extra_outputs: ExtraOutputs = ExtraOutputs()
+    raw: bool = False
 
 
 @dataclass(frozen=True)
@@ -189,8 +193,10 @@ def _base64_image(text: bytes) -> bytes:
 
 def parse_request(raw: RawRequest, limits: InputLimits) -> ParsedRequest:
     """Validate a request. Raises InvalidInput naming the input at fault."""
+    if sum(map(bool, (raw.text_input, raw.messages, raw.prompt))) > 1:
+        raise InvalidInput("text_input, messages, prompt: send exactly one of them")
     turns = _conversation(raw, limits) if raw.messages else None
-    text = "" if turns else _text_input(raw, limits)
+    text = "" if turns else _one_text("prompt" if raw.prompt else "text_input", raw.prompt or raw.text_input, limits)
     if len(raw.sampling_parameters) > 1:
         raise InvalidInput("sampling_parameters: expected one JSON string")
     try:
@@ -214,32 +220,37 @@ def parse_request(raw: RawRequest, limits: InputLimits) -> ParsedRequest:
                 media.append(_resolve_url(kind, url.decode("utf-8"), limits))
             except UnicodeDecodeError:
                 raise InvalidInput(f"{kind}_url: not valid UTF-8") from None
-    if turns:
+    if raw.prompt:
+        if media:
+            raise InvalidInput("prompt: a prompt without the chat template takes no images or videos (send them "
+                               "with text_input or messages)")
+        turns = ()
+    elif turns:
         media = _in_placeholder_order(turns, media)
     else:
         turns = (user_turn(text, [m.kind for m in media]),)
     return ParsedRequest(text, tuple(media), params, raw.stream, raw.exclude_input_in_output, raw.return_output_ids,
                          turns, ExtraOutputs(raw.return_finish_reason, raw.return_num_input_tokens,
-                                             raw.return_num_output_tokens))
+                                             raw.return_num_output_tokens), raw=bool(raw.prompt))
 
 
-def _text_input(raw: RawRequest, limits: InputLimits) -> str:
-    if len(raw.text_input) != 1:
-        raise InvalidInput(f"text_input: expected one string, got {len(raw.text_input)} (or send 'messages')")
-    if len(raw.text_input[0]) > limits.max_prompt_bytes:
-        raise InvalidInput(f"text_input: {len(raw.text_input[0])} bytes, over the limit of {limits.max_prompt_bytes}")
+def _one_text(name: str, values: list[bytes], limits: InputLimits) -> str:
+    """The one non-empty UTF-8 string of input ``name`` (``text_input`` or ``prompt``), at most
+    ``max_prompt_bytes``. Raises InvalidInput naming the input."""
+    if len(values) != 1:
+        raise InvalidInput(f"{name}: expected one string, got {len(values)} (or send 'messages')")
+    if len(values[0]) > limits.max_prompt_bytes:
+        raise InvalidInput(f"{name}: {len(values[0])} bytes, over the limit of {limits.max_prompt_bytes}")
     try:
-        text = raw.text_input[0].decode("utf-8")
+        text = values[0].decode("utf-8")
     except UnicodeDecodeError:
-        raise InvalidInput("text_input: the prompt is not valid UTF-8") from None
+        raise InvalidInput(f"{name}: the prompt is not valid UTF-8") from None
     if not text.strip():
-        raise InvalidInput("text_input: the prompt is empty")
+        raise InvalidInput(f"{name}: the prompt is empty")
     return text
 
 
 def _conversation(raw: RawRequest, limits: InputLimits) -> tuple[Turn, ...]:
-    if raw.text_input:
-        raise InvalidInput("messages: send either text_input or messages, not both")
     if len(raw.messages) != 1:
         raise InvalidInput(f"messages: expected one JSON string, got {len(raw.messages)}")
     return parse_messages(raw.messages[0], limits.max_prompt_bytes)

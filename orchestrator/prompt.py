@@ -1,4 +1,5 @@
-"""The prompt: chat template, visual-token expansion, and where each temporal-patch group's tokens sit.
+"""The prompt: chat template, visual-token expansion, and where each temporal-patch group's tokens sit (or a text
+prompt as it is, without the chat template).
 
 The visual-token count of each item comes from metadata alone (flashcodec's probe + sampling plan),
 before any frame is decoded: a group of grid (1, h, w) patches becomes ``h*w / merge**2`` tokens
@@ -136,3 +137,23 @@ def build_chat_prompt(tokenizer, turns: tuple[Turn, ...], media: list[tuple[str,
     if pending:
         raise RuntimeError(f"the chat template dropped {len(pending)} media placeholders")
     return Prompt(tuple(out), tuple(layouts))
+
+
+# Qwen2.5-VL's vision tokens: only the server places them (with the visual tokens of a media item); M-RoPE's
+# positions (transformers' get_rope_index) are read from them, so a prompt may not bring its own.
+VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")
+
+
+def build_raw_prompt(tokenizer, text: str) -> Prompt:
+    """A text prompt tokenized as it is, without the chat template (OpenAI's completions, the vLLM backend's
+    ``text_input``): special tokens written in it (``<|im_start|>``) are special tokens, as in vLLM's completions
+    (``add_special_tokens=True``, which adds nothing for Qwen's tokenizer). Raises InvalidInput when it holds one of
+    :data:`VISION_TOKENS`."""
+    with _ENCODE_LOCK:
+        ids = tokenizer.encode(text, add_special_tokens=True)
+    vision = dict(zip(tokenizer.convert_tokens_to_ids(list(VISION_TOKENS)), VISION_TOKENS))
+    found = sorted({vision[i] for i in ids if i in vision})
+    if found:
+        raise InvalidInput(f"prompt: holds {', '.join(found)}, which only the server places (send images and videos "
+                           "with text_input or messages)")
+    return Prompt(tuple(ids), ())

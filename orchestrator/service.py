@@ -31,7 +31,7 @@ from orchestrator.media import plan_media
 from orchestrator.metrics import observe_engine_times
 from orchestrator.output_processor import OutputProcessor
 from orchestrator.pages import PageAllocator
-from orchestrator.prompt import Prompt, build_chat_prompt
+from orchestrator.prompt import Prompt, build_chat_prompt, build_raw_prompt
 from orchestrator.routing import choose
 from orchestrator.sampling_params import InvalidInput
 from orchestrator.scheduler import Scheduler, SchedulerConfig
@@ -212,9 +212,12 @@ class Orchestrator:
         self._refuse_when_overloaded()  # at once, before any work on the request
         plans = [await asyncio.to_thread(plan_media, item, parsed.params, self.config.limits.max_image_pixels)
                  for item in parsed.media]
-        prompt = await asyncio.to_thread(build_chat_prompt, self.tokenizer, parsed.turns,
-                                         [(m.kind, p.grid_thw, getattr(p, "second_per_grid_t", 0.0))
-                                          for m, p in zip(parsed.media, plans)])
+        if parsed.raw:
+            prompt = await asyncio.to_thread(build_raw_prompt, self.tokenizer, parsed.text)
+        else:
+            prompt = await asyncio.to_thread(build_chat_prompt, self.tokenizer, parsed.turns,
+                                             [(m.kind, p.grid_thw, getattr(p, "second_per_grid_t", 0.0))
+                                              for m, p in zip(parsed.media, plans)])
         params = parsed.params
         prompt.check_length(params.max_tokens, self.config.max_model_len)
         total = len(prompt.input_ids) + params.max_tokens

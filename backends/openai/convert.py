@@ -3,7 +3,8 @@
 A chat goes as the orchestrator's ``messages`` input (``orchestrator.messages``): the same messages with each
 ``image_url`` / ``video_url`` part replaced by an ``{"type": "image"}`` / ``{"type": "video"}`` placeholder, and
 the URLs in ``image_url`` / ``video_url`` in the order of their placeholders, which is how the orchestrator pairs
-them. A completion's prompt goes as ``text_input``.
+them. A completion's prompt goes as ``prompt``: completed as it is, without the chat template (OpenAI's and vLLM's
+completions).
 """
 from __future__ import annotations
 
@@ -30,11 +31,11 @@ class MediaRef:
 
 @dataclass(frozen=True)
 class OrchestratorRequest:
-    """One request's orchestrator inputs: ``text`` (``text_input``, a completion) or ``messages`` (JSON, a chat);
+    """One request's orchestrator inputs: ``prompt`` (a completion) or ``messages`` (JSON, a chat);
     ``media`` in placeholder order; ``sampling`` (``sampling_parameters``); ``stream``; ``return_token_ids``
     (``return_output_ids``)."""
 
-    text: str | None
+    prompt: str | None
     messages: str | None
     media: tuple[MediaRef, ...]
     sampling: dict[str, Any]
@@ -51,8 +52,8 @@ class OrchestratorRequest:
             ("stream", np.array([self.stream])),
             ("exclude_input_in_output", np.array([True])),
         ]
-        if self.text is not None:
-            tensors.append(("text_input", _strings([self.text])))
+        if self.prompt is not None:
+            tensors.append(("prompt", _strings([self.prompt])))
         if self.messages is not None:
             tensors.append(("messages", _strings([self.messages])))
         for kind in ("image", "video"):
@@ -97,6 +98,6 @@ def chat_request(request: ChatCompletionRequest) -> OrchestratorRequest:
 
 
 def completion_request(request: CompletionRequest) -> OrchestratorRequest:
-    """The orchestrator's request for a completion: its prompt as ``text_input``."""
+    """The orchestrator's request for a completion: its prompt as ``prompt`` (no chat template)."""
     return OrchestratorRequest(request.text, None, (), request.sampling_parameters(), request.stream,
                                request.return_token_ids)

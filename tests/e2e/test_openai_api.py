@@ -166,19 +166,25 @@ def test_a_conversation_equals_transformers_on_the_chat_template(sdk, hf):
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
-def test_completions_equal_the_kserve_text_input(sdk, kserve, stream):
-    reply = sdk.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=N, temperature=0,
-                                   stream=stream, extra_body=EXTRA)
+def test_completions_complete_the_prompt_as_it_is(sdk, hf, stream):
+    """A completion's prompt is tokenized as it is (no chat template, special tokens written in it are special, as
+    in vLLM's completions): its tokens are transformers' generate() on the tokenizer's ids of that text."""
+    model, tokenizer = hf
+    prompt = "<|im_start|>system\nOnce upon a time"
+    reply = sdk.completions.create(model=MODEL, prompt=prompt, max_tokens=N, temperature=0, stream=stream,
+                                   extra_body=EXTRA, **({"stream_options": {"include_usage": True}} if stream else {}))
     if stream:
         chunks = list(reply)
-        text = "".join(c.choices[0].text for c in chunks)
-        ids = [i for c in chunks for i in c.choices[0].token_ids]
-        reason = chunks[-1].choices[0].finish_reason
+        ids = [i for c in chunks if c.choices for i in c.choices[0].token_ids]
+        reason = [c.choices[0].finish_reason for c in chunks if c.choices][-1]
+        usage = chunks[-1].usage
     else:
         (choice,) = reply.choices
-        text, ids, reason = choice.text, choice.token_ids, choice.finish_reason
-    theirs = kserve.generate("Once upon a time", sampling=GREEDY, return_output_ids=True)
-    assert (ids, text, reason) == (theirs.token_ids, theirs.text, "length")
+        ids, reason, usage = choice.token_ids, choice.finish_reason, reply.usage
+    prompt_ids = tokenizer.encode(prompt)
+    assert prompt_ids[0] == tokenizer.convert_tokens_to_ids("<|im_start|>")
+    assert (usage.prompt_tokens, reason) == (len(prompt_ids), "length")
+    assert_same_or_tie(ids, *reference_generate(model, prompt_ids, N))
 
 
 BAD = [

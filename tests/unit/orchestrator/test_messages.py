@@ -87,7 +87,11 @@ def test_text_input_is_one_user_turn_with_its_media_first():
     (RawRequest(text_input=[], messages=[_json([{"role": "user", "content": "hi"}])], image_url=[_data_url(b"x")]),
      "messages: 0 image placeholders, but the request has 1 images"),
     (RawRequest(text_input=[b"hi"], messages=[_json([{"role": "user", "content": "hi"}])]),
-     "messages: send either text_input or messages, not both"),
+     "text_input, messages, prompt: send exactly one of them"),
+    (RawRequest(text_input=[b"hi"], prompt=[b"hi"]), "text_input, messages, prompt: send exactly one of them"),
+    (RawRequest(text_input=[], prompt=[b"hi"], image_url=[_data_url(b"x")]),
+     "prompt: a prompt without the chat template takes no images or videos"),
+    (RawRequest(text_input=[], prompt=[b" "]), "prompt: the prompt is empty"),
     (RawRequest(text_input=[]), "text_input: expected one string, got 0 (or send 'messages')"),
 ])
 def test_messages_and_media_must_agree(raw, words):

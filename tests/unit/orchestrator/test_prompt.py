@@ -1,11 +1,13 @@
 """Prompt building (orchestrator/prompt.py) and incremental detokenization (orchestrator/detokenizer.py)."""
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from backends.runtime.tokenizer import build_offline_tokenizer
 from orchestrator.detokenizer import Detokenizer
-from orchestrator.prompt import build_prompt
+from orchestrator.prompt import VISION_TOKENS, build_prompt, build_raw_prompt
 from orchestrator.sampling_params import InvalidInput
 
 
@@ -141,3 +143,16 @@ def test_concurrent_prompts_keep_their_placeholders(tokenizer):
 
     with ThreadPoolExecutor(8) as pool:
         assert list(pool.map(build, range(400))) == [4] * 400
+
+
+def test_a_raw_prompt_is_the_tokenizers_ids_of_the_text(tokenizer):
+    text = "<|im_start|>user\nOnce upon a time<|im_end|>"
+    prompt = build_raw_prompt(tokenizer, text)
+    assert prompt.input_ids == tuple(tokenizer.encode(text)) and prompt.media == ()
+    assert prompt.input_ids[0] == tokenizer.convert_tokens_to_ids("<|im_start|>")  # a special token, not text
+
+
+@pytest.mark.parametrize("token", VISION_TOKENS)
+def test_a_raw_prompt_may_not_bring_vision_tokens(tokenizer, token):
+    with pytest.raises(InvalidInput, match=f"prompt: holds {re.escape(token)}, which only the server places"):
+        build_raw_prompt(tokenizer, f"Look: {token} here")

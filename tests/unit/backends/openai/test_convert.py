@@ -35,7 +35,8 @@ def _raw(request) -> RawRequest:
     def flag(name: str) -> bool:
         return name in tensors and bool(np.frombuffer(tensors[name]._get_content(), dtype=bool)[0])
 
-    return RawRequest(text_input=strings("text_input"), messages=strings("messages"), image_url=strings("image_url"),
+    return RawRequest(text_input=strings("text_input"), messages=strings("messages"), prompt=strings("prompt"),
+                      image_url=strings("image_url"),
                       video_url=strings("video_url"), sampling_parameters=strings("sampling_parameters"),
                       stream=flag("stream"), exclude_input_in_output=flag("exclude_input_in_output"),
                       return_output_ids=flag("return_output_ids"))
@@ -87,11 +88,12 @@ def test_the_penalties_pass_through_for_the_orchestrator_to_judge():
                                 "stop_token_ids": [5]}
 
 
-def test_a_completion_is_text_input():
+def test_a_completion_is_a_prompt_without_the_chat_template():
     request = completion_request(CompletionRequest(model="tiny", prompt=["Once upon"], max_tokens=3))
-    assert (request.text, request.messages, request.media, request.sampling) == ("Once upon", None, (), {"max_tokens": 3})
+    assert (request.prompt, request.messages, request.media, request.sampling) == ("Once upon", None, (),
+                                                                                   {"max_tokens": 3})
     parsed = parse_request(_raw(request), InputLimits())
-    assert parsed.text == "Once upon" and parsed.turns == (Turn("user", (Part("text", "Once upon"),)),)
+    assert (parsed.text, parsed.raw, parsed.turns) == ("Once upon", True, ())
 
 
 @pytest.mark.parametrize("fields,param,words", [
