@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from backends.openai.config import ApiConfig
+from backends.triton.stubs import crashed
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -81,6 +82,13 @@ class ApiProcess:
             return f"; the end of its log ({self.log_path}):\n{self.log_path.read_text(errors='replace')[-3000:]}"
         except OSError:
             return ""
+
+    def exit_reason(self) -> str | None:
+        """Why the API has ended by itself (a signal, an exit status; any exit is unasked while it serves), or None
+        while it runs or before :meth:`start`."""
+        if self.process is None or self.process.poll() is None:
+            return None
+        return crashed(self.process.returncode, "the OpenAI API") or "the OpenAI API exited by itself"
 
     def stop(self) -> None:
         """SIGTERM (uvicorn then gives requests in flight ``shutdown_grace_s`` seconds), SIGKILL 5 s after that."""

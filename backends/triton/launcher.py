@@ -3,8 +3,8 @@
 The binary comes from ``/opt/tritonserver`` or the ``nvidia-pytriton`` wheel (``backends.triton.server_binary``).
 A server gets a run directory (``backends.ipc.run_dir``) and a lock in /dev/shm that it and its launcher hold
 (``backends.triton.stale_shm``: files of servers that are gone are removed before a start); it is stopped by the
-drain of ``backends.triton.server_stop``, and a server whose model process died is stopped for a supervisor to
-restart (``backends.triton.stubs.watch_stages``).
+drain of ``backends.triton.server_stop``, and a server whose model process or OpenAI API died is stopped for a
+supervisor to restart (``backends.triton.stubs.watch_stages``).
 
 Usage: ``python -m backends.triton.launcher [--http-port 8000] [--grpc-port 8001] [--metrics-port 8002]
 [--config DEPLOY.yaml] [--model PATH] [--openai-port 9000] [--set MODEL.KEY=VALUE ...]``; Ctrl-C stops the
@@ -286,7 +286,7 @@ def _serve(args: argparse.Namespace, repository: Path, shm_default_byte_size: in
                              None if args.log_stdout else server.log_path.with_suffix(".openai.log"))
             api.start()
             print(f"OpenAI-compatible API: {api.url}/v1, log {api.log_path or 'stdout'}", flush=True)
-        died = watch_stages(server)
+        died = watch_stages(server, api.exit_reason if api is not None else None)
         if died:
             where = "" if args.log_stdout else f" (log {server.log_path})"
             print(f"{died}{where}: stopping, exit status {STAGE_DIED} for a supervisor to start the server again",

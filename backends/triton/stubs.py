@@ -11,7 +11,7 @@ import signal
 import time
 from collections import Counter
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from backends.triton.server_stop import MARKER
 
@@ -60,29 +60,34 @@ def dump_stacks(pids, wait_s: float = 2.0) -> None:
     time.sleep(wait_s)
 
 
-def watch_stages(server: "TritonServer", period_s: float = 1.0) -> str | None:
+def watch_stages(server: "TritonServer", companion: Callable[[], str | None] | None = None,
+                 period_s: float = 1.0) -> str | None:
     """Wait while ``server`` runs; return why it must stop when a model's stub process that was there when it became
-    ready has died (killed, or out of memory), or, once the server has exited, why it died (a signal, an error
-    status: :func:`crashed`); None when it exited cleanly or was stopped from elsewhere. Triton 2.51 keeps a model
-    whose stub died READY and fails its requests ("Stub process ... is not healthy") without restarting it, so the
-    server is stopped instead, for a supervisor (systemd, Kubernetes) to start a fresh one."""
+    ready has died (killed, or out of memory), when ``companion`` (a check of a process serving beside it, such as
+    the OpenAI API's :meth:`~backends.openai.process.ApiProcess.exit_reason`) returns why that one ended, or, once the
+    server has exited, why it died (a signal, an error status: :func:`crashed`); None when it exited cleanly or was
+    stopped from elsewhere. Triton 2.51 keeps a model whose stub died READY and fails its requests ("Stub process
+    ... is not healthy") without restarting it, so the server is stopped instead, for a supervisor (systemd,
+    Kubernetes) to start a fresh one; a server whose API died is stopped for the same supervisor."""
     expected = Counter(server.ready_stubs.values())
     stopping = server.run_dir / MARKER  # a stop from elsewhere is announced there before the models unload
     while server.process.poll() is None:
         missing = expected - Counter(server.stubs().values())
         if missing and server.process.poll() is None and not stopping.exists():
             return f"the process of model {', '.join(sorted(missing))} has died"
+        if companion is not None and (why := companion()):
+            return why
         time.sleep(period_s)
     return None if stopping.exists() else crashed(server.process.returncode)
 
 
-def crashed(status: int | None) -> str | None:
-    """What ended a tritonserver that exited without being asked (``status``: its ``returncode``; negative, the
+def crashed(status: int | None, who: str = "tritonserver") -> str | None:
+    """What ended a process (``who``) that exited without being asked (``status``: its ``returncode``; negative, the
     signal), or None for a clean exit (status 0)."""
     if not status:
         return None
     if status < 0:
         with contextlib.suppress(ValueError):
-            return f"tritonserver was killed by {signal.Signals(-status).name}"
-        return f"tritonserver was killed by signal {-status}"
-    return f"tritonserver exited by itself with status {status}"
+            return f"{who} was killed by {signal.Signals(-status).name}"
+        return f"{who} was killed by signal {-status}"
+    return f"{who} exited by itself with status {status}"

@@ -5,6 +5,7 @@ shape with their HTTP status."""
 from __future__ import annotations
 
 import base64
+import os
 import signal
 import socket
 import subprocess
@@ -12,6 +13,7 @@ import sys
 import threading
 import time
 import urllib.request
+from pathlib import Path
 
 import openai
 import pytest
@@ -318,3 +320,41 @@ def test_the_launcher_serves_the_api_and_stops_it_first():
             launcher.kill()
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection(("127.0.0.1", api_port), timeout=5).close()
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (from /proc)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(entry.name))
+        except (OSError, IndexError, ValueError):
+            continue  # gone meanwhile
+    return out
+
+
+def test_an_api_that_dies_makes_the_launcher_stop_the_server_and_exit_3():
+    """The API process killed while serving: the launcher names it, stops tritonserver and exits 3 (for a supervisor
+    to start both again) within seconds, as for a dead model process."""
+    ports, api_port = ServerPorts.unused(), _unused_port()
+    launcher = subprocess.Popen([sys.executable, "-m", "backends.triton.launcher", "--http-port", str(ports.http),
+                                 "--grpc-port", str(ports.grpc), "--metrics-port", str(ports.metrics),
+                                 "--openai-port", str(api_port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+    try:
+        ready, api_line = launcher.stdout.readline(), launcher.stdout.readline()
+        assert api_line.startswith("OpenAI-compatible API"), ready + api_line + launcher.stderr.read()
+        (api_pid,) = [pid for pid in _children(launcher.pid)
+                      if b"backends.openai" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+        server_pids = [pid for pid in _children(launcher.pid) if pid != api_pid]
+        os.kill(api_pid, signal.SIGKILL)
+        started = time.monotonic()
+        assert launcher.wait(timeout=30) == 3
+        assert time.monotonic() - started < 15
+        err = launcher.stderr.read()
+        assert "the OpenAI API was killed by SIGKILL" in err and "exit status 3" in err, err
+        assert not [pid for pid in server_pids if Path(f"/proc/{pid}").exists()], "tritonserver left running"
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
