@@ -115,6 +115,17 @@ class Orchestrator:
                                                    shared_pages.path_for("patch_pool"))
         assert self.patch_pages.num_total == patch["shape"][0], "patch pool and its free list disagree"
         media = LinkMedia(self.links)
+        engines: list[Engine] = []  # kept once all have started: a failed start is tried again by the next request
+        try:
+            await self._start_engines(media, engines)
+        except BaseException:
+            await asyncio.gather(*(engine.close() for engine in engines), return_exceptions=True)
+            raise
+        self.engines = engines
+        self._update_gauges()
+
+    async def _start_engines(self, media: LinkMedia, engines: list) -> None:
+        """One engine per replica, appended to ``engines`` as made, started, and every stage link connected."""
         for index in range(self.config.replicas):
             pool = replica_name("kv_pool", index)
             try:
@@ -126,20 +137,24 @@ class Orchestrator:
             config = SchedulerConfig(self.config.scheduler.encode_budget, self.config.scheduler.prefill_budget,
                                      self.config.scheduler.max_share, kv["shape"][3])
             kv_pages = PageAllocator(kv["shape"][2] - RESERVED_KV_PAGES, "kv")
-            self.engines.append(Engine(
+            engines.append(Engine(
                 index, Scheduler(config, kv_pages, self.patch_pages), self.patch_pages,
                 LinkStages(self.links, index), media, on_change=self._update_gauges,
                 on_step=lambda: self.metrics.increment("unifiedserve_scheduler_steps_total"),
                 on_release=self._on_release, stopping=server_stop.announced))
-        await asyncio.gather(*(engine.start() for engine in self.engines))
+        await asyncio.gather(*(engine.start() for engine in engines))
         # every link connected before the first request: from then on a call is queued when it is made, so an abort
         # never overtakes the call it stops (decode's is connected by its stream)
         await asyncio.gather(*(self.links[name].connect() for name in
-                               ("flashcodec", *(replica_name("encode_prefill", i) for i in range(len(self.engines))))))
-        self._update_gauges()
+                               ("flashcodec", *(replica_name("encode_prefill", i) for i in range(len(engines))))))
 
     async def ensure_started(self) -> None:
-        if self._ready is None:
+        """Start the pools and engines on first use; the requests arriving meanwhile wait for that one start. A
+        start that failed (a stage still loading, a pool not published) raises its error to the requests that
+        waited for it, and the next request tries again."""
+        failed = self._ready is not None and self._ready.done() and (self._ready.cancelled()
+                                                                      or self._ready.exception() is not None)
+        if self._ready is None or failed:
             self._ready = asyncio.get_running_loop().create_task(self._start())
         await asyncio.shield(self._ready)
 
