@@ -44,6 +44,9 @@ class GenerationResult:
     ``num_output_tokens`` is the server's count (the last value it sent); when the server sends none,
     ``len(token_ids)`` if ids were returned, else ``None``. ``finish_reason`` is the server's
     ("stop", "length", "abort"), ``"cancelled"`` when the client cancelled, ``None`` if never sent.
+    ``visual_cap``: what the server's ``max_visual_tokens`` changed in the request's media (its ``visual_cap``
+    output: ``max_visual_tokens``, ``requested_visual_tokens``, ``visual_tokens``, ``fps``, ``max_pixels``), or
+    None when nothing was.
     """
 
     text: str = ""
@@ -54,6 +57,7 @@ class GenerationResult:
     ttft_ms: float | None = None
     tbt_ms: list[float] = field(default_factory=list)
     num_responses: int = 0  # responses that carried text or token ids
+    visual_cap: dict | None = None
 
     @property
     def mean_tbt_ms(self) -> float | None:
@@ -72,6 +76,7 @@ class ResponsePiece:
     num_output_tokens: int | None = None
     finish_reason: str | None = None
     final: bool = False
+    visual_cap: dict | None = None
 
     @property
     def has_output(self) -> bool:
@@ -105,6 +110,8 @@ class _Collector:
             r.num_output_tokens = piece.num_output_tokens
         if piece.finish_reason is not None:
             r.finish_reason = piece.finish_reason
+        if piece.visual_cap is not None:
+            r.visual_cap = piece.visual_cap
         if piece.has_output:
             r.num_responses += 1
             k = max(1, len(piece.token_ids))
@@ -218,6 +225,7 @@ def piece_from_grpc(result: grpcclient.InferResult) -> ResponsePiece:
     ids = result.as_numpy("output_ids")
     n_in, n_out = _scalar(result, "num_input_tokens"), _scalar(result, "num_output_tokens")
     reason = _scalar(result, "finish_reason")
+    cap = _scalar(result, "visual_cap")
     return ResponsePiece(
         text=b"".join(x if isinstance(x, bytes) else str(x).encode() for x in text.reshape(-1))
         if text is not None else b"",
@@ -226,6 +234,7 @@ def piece_from_grpc(result: grpcclient.InferResult) -> ResponsePiece:
         num_output_tokens=None if n_out is None else int(n_out),
         finish_reason=None if reason is None else (reason.decode() if isinstance(reason, bytes) else str(reason)),
         final=final,
+        visual_cap=None if cap is None else json.loads(cap),
     )
 
 

@@ -12,6 +12,7 @@ are measured here, as its outputs are handed to its responses (``orchestrator.me
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 
 import numpy as np
@@ -44,10 +45,13 @@ def read_request(request) -> RawRequest:
 
 
 def _response(parsed: ParsedRequest, text: str, ids: list[int], reason: str | None, num_input: int,
-              num_output: int):
-    """One response: ``ids`` the token ids it brings, ``num_output`` the tokens of the whole output so far."""
+              num_output: int, visual_cap: str | None = None):
+    """One response: ``ids`` the token ids it brings, ``num_output`` the tokens of the whole output so far,
+    ``visual_cap`` (JSON) what max_visual_tokens changed in the request's media, for its first response."""
     extra, last = parsed.extra_outputs, reason is not None
     outputs = [io.str_tensor("text_output", [text])]
+    if visual_cap is not None:
+        outputs.append(io.str_tensor("visual_cap", [visual_cap]))
     if parsed.return_output_ids:
         outputs.append(io.int_tensor("output_ids", ids))
     if extra.finish_reason or last:
@@ -99,6 +103,7 @@ async def handle(orchestrator: Orchestrator, request, lanes: SendLanes, cancels:
 async def _send_tokens(admitted: Admitted, tokens, send, timer: RequestTimer) -> None:
     final, parsed = io.pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL, admitted.parsed
     texts, ids = [], []
+    cap = json.dumps(admitted.visual_cap.to_json()) if admitted.visual_cap is not None else None
     async for delta, token_ids, reason in tokens:
         texts.append(delta)
         ids += token_ids
@@ -111,7 +116,8 @@ async def _send_tokens(admitted: Admitted, tokens, send, timer: RequestTimer) ->
             return
         num_input = len(admitted.prompt.input_ids)
         if parsed.stream:
-            send(_response(parsed, delta, token_ids, reason, num_input, len(ids)), final if reason else 0)
+            send(_response(parsed, delta, token_ids, reason, num_input, len(ids), cap), final if reason else 0)
+            cap = None  # the first response says it
         elif reason is not None:
             text = "".join(texts) if parsed.exclude_input_in_output else parsed.text + "".join(texts)
-            send(_response(parsed, text, ids, reason, num_input, len(ids)), final)
+            send(_response(parsed, text, ids, reason, num_input, len(ids), cap), final)

@@ -99,13 +99,15 @@ class InputLimits:
     ``max_prompt_bytes`` for ``text_input``; ``max_image_pixels``: the most pixels an image may have (its header
     says, before any decode): the model sees at most 12.8 MP (Qwen2.5-VL's max_pixels) anyway, and a 100 MP image
     costs seconds of CPU and GBs of memory to decode; 50 MP admits phone cameras' 48 MP. ``max_media_items``: images
-    and videos per request."""
+    and videos per request. ``max_visual_tokens``: a request's visual tokens, met by lowering its videos' fps and then
+    its items' pixels (``orchestrator.visual_cap``) instead of refusing it; 0: no cap."""
 
     allowed_media_dirs: tuple[Path, ...] = ()
     max_media_bytes: int = 512 * 1024 * 1024
     max_prompt_bytes: int = 1024 * 1024  # text_input; tokenizing tens of MB would stall every request
     max_image_pixels: int = 50_000_000
     max_media_items: int = 64
+    max_visual_tokens: int = 0
 
     @classmethod
     def from_parameters(cls, params: dict[str, str]) -> "InputLimits":
@@ -114,10 +116,13 @@ class InputLimits:
         names = [*params.get("allowed_media_dirs", "").replace(":", ",").split(","),
                  *os.environ.get("UNIFIEDSERVE_MEDIA_DIRS", "").replace(":", ",").split(",")]
         dirs = tuple(Path(n).resolve() for n in names if n.strip())
+        cap = int_parameter(params, "max_visual_tokens", cls.max_visual_tokens)
+        if cap < 0:
+            raise ValueError(f"parameter max_visual_tokens must be 0 (no cap) or a positive integer, got {cap}")
         return cls(dirs, int_parameter(params, "max_media_bytes", cls.max_media_bytes),
                    int_parameter(params, "max_prompt_bytes", cls.max_prompt_bytes),
                    int_parameter(params, "max_image_pixels", cls.max_image_pixels),
-                   int_parameter(params, "max_media_items", cls.max_media_items))
+                   int_parameter(params, "max_media_items", cls.max_media_items), cap)
 
 
 def _resolve_url(kind: str, url: str, limits: InputLimits) -> MediaInput:

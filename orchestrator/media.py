@@ -1,32 +1,66 @@
 """Media metadata -> sampling plans, before any frame is decoded (flashcodec's probe + Qwen2.5-VL rules)."""
 from __future__ import annotations
 
+import contextlib
+
 from flashcodec.errors import MediaError
-from flashcodec.probe import probe_image, probe_video
+from flashcodec.probe import ImageInfo, VideoInfo, probe_image, probe_video
 from flashcodec.sampling import ImagePlan, VideoPlan, plan_image, plan_video
 from orchestrator.inputs import MediaInput
 from orchestrator.sampling_params import InvalidInput, RequestParams
+from orchestrator.visual_cap import CapApplied, fit_visual_tokens, plan_tokens
 
 
-def plan_media(item: MediaInput, params: RequestParams, max_image_pixels: int | None = None) -> VideoPlan | ImagePlan:
-    """Probe one item (a demux pass for video, the header for images) and plan its sampling and size.
-
-    Raises InvalidInput naming the input the item came from (``image_url: not a decodable image ...``)
-    when it is not a decodable image/video, or an image has more than ``max_image_pixels`` pixels (None: no cap
-    but Pillow's own), or naming the sampling parameter that is out of range for it.
-    """
+@contextlib.contextmanager
+def _named(item: MediaInput):
+    """flashcodec's errors as InvalidInput naming the input the item came from (``image_url``, not ``image``), and
+    a sampling value out of range for it as naming ``sampling_parameters``."""
     try:
-        if item.kind == "video":
-            return plan_video(probe_video(item.source), fps=params.fps, max_pixels=params.max_pixels)
-        # from a path, the header only: a large file named by image_url is not read whole to be refused
-        info = probe_image(item.source)
-        if max_image_pixels is not None and info.width * info.height > max_image_pixels:
-            raise InvalidInput(f"{item.input_name}: {info.width}x{info.height} is {info.width * info.height} pixels, "
-                               f"over the limit of {max_image_pixels} (parameter max_image_pixels): downscale it first")
-        return plan_image(info, max_pixels=params.max_pixels)
+        yield
     except MediaError as exc:
-        # flashcodec names the media kind; the client needs the input it used ("image_url", not "image").
         message = str(exc).removeprefix(f"{item.kind}: ")
         raise InvalidInput(f"{item.input_name}: {message}") from None
     except ValueError as exc:  # fps / max_pixels out of range for this item (the message names the key)
         raise InvalidInput(f"sampling_parameters: {exc}") from None
+
+
+def probe_media(item: MediaInput, max_image_pixels: int | None = None) -> VideoInfo | ImageInfo:
+    """Probe one item: a demux pass for a video, the header for an image (from a path, only the header is read, so a
+    large file named by image_url is not read whole to be refused).
+
+    Raises InvalidInput naming the item's input when it is not a decodable image/video, or an image has more than
+    ``max_image_pixels`` pixels (None: no cap but Pillow's own).
+    """
+    with _named(item):
+        if item.kind == "video":
+            return probe_video(item.source)
+        info = probe_image(item.source)
+    if max_image_pixels is not None and info.width * info.height > max_image_pixels:
+        raise InvalidInput(f"{item.input_name}: {info.width}x{info.height} is {info.width * info.height} pixels, "
+                           f"over the limit of {max_image_pixels} (parameter max_image_pixels): downscale it first")
+    return info
+
+
+def plan_probed(item: MediaInput, info: VideoInfo | ImageInfo, params: RequestParams) -> VideoPlan | ImagePlan:
+    """The sampling and size of a probed item by the request's ``fps`` and ``max_pixels``. Raises InvalidInput naming
+    the input (an aspect ratio over 200) or the sampling parameter out of range for it."""
+    with _named(item):
+        if isinstance(info, VideoInfo):
+            return plan_video(info, fps=params.fps, max_pixels=params.max_pixels)
+        return plan_image(info, max_pixels=params.max_pixels)
+
+
+def plan_media(item: MediaInput, params: RequestParams, max_image_pixels: int | None = None) -> VideoPlan | ImagePlan:
+    """:func:`probe_media`, then :func:`plan_probed`; raises as they do."""
+    return plan_probed(item, probe_media(item, max_image_pixels), params)
+
+
+def plan_request(items: list[MediaInput], infos: list[VideoInfo | ImageInfo], params: RequestParams,
+                 max_visual_tokens: int) -> tuple[list[VideoPlan | ImagePlan], CapApplied | None]:
+    """Every probed item's plan (:func:`plan_probed`); when their visual tokens exceed ``max_visual_tokens`` (0: no
+    cap), the plans lowered to fit it and what was changed (``orchestrator.visual_cap``), else None. Raises
+    InvalidInput as :func:`plan_probed`, or naming ``max_visual_tokens`` when even the lowest plans exceed it."""
+    plans = [plan_probed(item, info, params) for item, info in zip(items, infos)]
+    if not max_visual_tokens or sum(map(plan_tokens, plans)) <= max_visual_tokens:
+        return plans, None
+    return fit_visual_tokens(infos, params.fps, params.max_pixels, max_visual_tokens)

@@ -27,7 +27,7 @@ from backends.triton.replicas import replica_name
 from backends.triton.triton_io import int_parameter
 from orchestrator.engine import SHUTTING_DOWN, Engine, EngineRequest, Released
 from orchestrator.inputs import InputLimits, ParsedRequest
-from orchestrator.media import plan_media
+from orchestrator.media import plan_request, probe_media
 from orchestrator.metrics import observe_engine_times
 from orchestrator.output_processor import OutputProcessor
 from orchestrator.pages import PageAllocator
@@ -37,6 +37,7 @@ from orchestrator.sampling_params import InvalidInput
 from orchestrator.scheduler import Scheduler, SchedulerConfig
 from orchestrator.sequence import Group
 from orchestrator.stage_clients import LinkMedia, Links, LinkStages
+from orchestrator.visual_cap import CapApplied
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +81,7 @@ class Admitted:
     prompt: Prompt
     engine: Engine
     outputs: asyncio.Queue
+    visual_cap: CapApplied | None = None  # what max_visual_tokens changed in its media
 
 
 OVERLOADED = "the server is overloaded"
@@ -225,8 +227,10 @@ class Orchestrator:
                                f"got {max(stop_ids)}")
         await self.ensure_started()
         self._refuse_when_overloaded()  # at once, before any work on the request
-        plans = [await asyncio.to_thread(plan_media, item, parsed.params, self.config.limits.max_image_pixels)
-                 for item in parsed.media]
+        limits = self.config.limits
+        infos = [await asyncio.to_thread(probe_media, item, limits.max_image_pixels) for item in parsed.media]
+        plans, cap = await asyncio.to_thread(plan_request, list(parsed.media), infos, parsed.params,
+                                             limits.max_visual_tokens)
         if parsed.raw:
             prompt = await asyncio.to_thread(build_raw_prompt, self.tokenizer, parsed.text)
         else:
@@ -268,7 +272,7 @@ class Orchestrator:
             tuple(MediaDecode(req_id, plan, data=media.data or None, path=media.path)
                   for media, plan in zip(parsed.media, plans)),
             tuple(layout.num_groups for layout in prompt.media))
-        return Admitted(req_id, parsed, prompt, engine, engine.add(request))
+        return Admitted(req_id, parsed, prompt, engine, engine.add(request), cap)
 
     def _waiting(self) -> int:
         """Requests waiting for KV pages, all replicas."""

@@ -1,0 +1,78 @@
+"""max_visual_tokens: a request's media lowered to fit (videos' fps first, then every item's pixels), by Qwen2.5-VL's
+own sampling rules, from metadata alone."""
+import random
+
+import pytest
+
+from flashcodec.probe import ImageInfo
+from flashcodec.sampling import IMAGE_MIN_PIXELS, VIDEO_MIN_PIXELS, plan_image, plan_video
+from orchestrator.sampling_params import InvalidInput
+from orchestrator.visual_cap import fit_visual_tokens, plan_tokens
+from tests.unit.flashcodec.test_sampling import cfr_info
+
+MINUTES_3_720P = cfr_info(1280, 720, 180 * 30, 30.0)  # 3 minutes at 30 fps: 360 frames at 2 fps
+PHOTO = ImageInfo(4032, 3024, "RGB", "JPEG")
+
+
+def _tokens(plans) -> int:
+    return sum(map(plan_tokens, plans))
+
+
+def test_media_within_the_cap_are_planned_as_sent():
+    plans, applied = fit_visual_tokens([PHOTO], 2.0, None, 100_000)
+    assert applied is None and plans == [plan_image(PHOTO)]
+    plans, applied = fit_visual_tokens([MINUTES_3_720P], 2.0, None, None)  # no cap
+    assert applied is None and plans == [plan_video(MINUTES_3_720P, fps=2.0)]
+
+
+@pytest.mark.parametrize("cap", [60_000, 20_000, 8_000])
+def test_a_long_video_gets_the_highest_fps_that_fits(cap):
+    full = _tokens([plan_video(MINUTES_3_720P, fps=2.0)])
+    plans, applied = fit_visual_tokens([MINUTES_3_720P], 2.0, None, cap)
+    assert full > cap >= _tokens(plans) == applied.visual_tokens and applied.requested == full
+    assert applied.fps < 2.0 and applied.max_pixels == (None,)  # fewer frames sufficed: pixels untouched
+    assert plans == [plan_video(MINUTES_3_720P, fps=applied.fps)]  # the model's own rule at the new fps
+    assert _tokens([plan_video(MINUTES_3_720P, fps=applied.fps * 1.01)]) > cap  # no higher fps fits
+
+
+def test_below_the_fewest_frames_pixels_are_lowered_but_not_under_the_minimum():
+    plans, applied = fit_visual_tokens([MINUTES_3_720P], 2.0, None, 600)
+    (plan,) = plans
+    assert len(plan.frame_indices) == 4 and _tokens(plans) <= 600  # qwen-vl-utils' FPS_MIN_FRAMES
+    assert applied.max_pixels[0] >= VIDEO_MIN_PIXELS and plan.resized_height * plan.resized_width <= applied.max_pixels[0]
+
+
+def test_images_are_shrunk_together_to_fit():
+    infos = [PHOTO, ImageInfo(640, 480, "RGB", "PNG"), ImageInfo(8000, 200, "L", "PNG")]
+    before = _tokens(fit_visual_tokens(infos, 2.0, None, None)[0])
+    plans, applied = fit_visual_tokens(infos, 2.0, None, before // 4)
+    assert _tokens(plans) <= before // 4 and applied.fps is None
+    assert all(px >= IMAGE_MIN_PIXELS for px in applied.max_pixels)
+    assert [p.num_tokens for p in plans] == [plan_image(i, max_pixels=px).num_tokens
+                                             for i, px in zip(infos, applied.max_pixels)]
+
+
+def test_the_requests_own_fps_and_max_pixels_stay_upper_bounds():
+    plans, applied = fit_visual_tokens([MINUTES_3_720P, PHOTO], 1.0, 200_000, 5_000)
+    assert applied.fps is None or applied.fps <= 1.0
+    assert all(p.resized_height * p.resized_width <= 200_000 for p in plans)
+
+
+def test_a_cap_below_the_smallest_plans_is_refused_naming_it():
+    with pytest.raises(InvalidInput, match="over max_visual_tokens 100 .*send fewer or shorter"):
+        fit_visual_tokens([MINUTES_3_720P, PHOTO], 2.0, None, 100)
+
+
+def test_random_media_always_fit_or_are_refused():
+    rng = random.Random(0)
+    for _ in range(40):
+        infos = [cfr_info(rng.randrange(64, 3840), rng.randrange(64, 2160), rng.randrange(2, 3000), 30.0)
+                 if rng.random() < 0.5 else ImageInfo(rng.randrange(100, 6000), rng.randrange(100, 6000), "RGB", "PNG")
+                 for _ in range(rng.randrange(1, 5))]
+        cap = rng.randrange(200, 50_000)
+        try:
+            plans, applied = fit_visual_tokens(infos, 2.0, None, cap)
+        except InvalidInput:
+            continue
+        assert _tokens(plans) <= cap
+        assert applied is None or applied.visual_tokens == _tokens(plans) < applied.requested
