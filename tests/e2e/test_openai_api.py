@@ -296,18 +296,27 @@ def test_a_server_that_stops_is_503(media_dir, tmp_path):
             assert after.value.status_code == 503 and after.value.body["code"] == "service_unavailable"
 
 
-def test_the_launcher_serves_the_api_and_stops_it_first():
-    """``python -m backends.triton.launcher --openai-port P``: the API's URL once the server is ready, a chat through
-    it, and on SIGTERM both stop (exit status 0, nothing left listening on P)."""
+def _launch_with_api() -> tuple[subprocess.Popen, int]:
+    """``python -m backends.triton.launcher --openai-port P`` on free ports, once it has said the server and the API
+    are ready (its first two lines: checked); the launcher and P."""
     ports, api_port = ServerPorts.unused(), _unused_port()
     launcher = subprocess.Popen([sys.executable, "-m", "backends.triton.launcher", "--http-port", str(ports.http),
                                  "--grpc-port", str(ports.grpc), "--metrics-port", str(ports.metrics),
                                  "--openai-port", str(api_port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True)
+    ready, api_line = launcher.stdout.readline(), launcher.stdout.readline()
+    if "tritonserver ready" not in ready or not api_line.startswith(
+            f"OpenAI-compatible API: http://127.0.0.1:{api_port}/v1, log "):
+        launcher.kill()
+        pytest.fail(ready + api_line + launcher.stderr.read())
+    return launcher, api_port
+
+
+def test_the_launcher_serves_the_api_and_stops_it_first():
+    """``python -m backends.triton.launcher --openai-port P``: the API's URL once the server is ready, a chat through
+    it, and on SIGTERM both stop (exit status 0, nothing left listening on P)."""
+    launcher, api_port = _launch_with_api()
     try:
-        ready, api_line = launcher.stdout.readline(), launcher.stdout.readline()
-        assert "tritonserver ready" in ready, ready + api_line + launcher.stderr.read()
-        assert api_line.startswith(f"OpenAI-compatible API: http://127.0.0.1:{api_port}/v1, log "), api_line
         with openai.OpenAI(base_url=f"http://127.0.0.1:{api_port}/v1", api_key="unused", max_retries=0,
                            timeout=120) as client:
             reply = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}],
@@ -337,14 +346,8 @@ def _children(pid: int) -> list[int]:
 def test_an_api_that_dies_makes_the_launcher_stop_the_server_and_exit_3():
     """The API process killed while serving: the launcher names it, stops tritonserver and exits 3 (for a supervisor
     to start both again) within seconds, as for a dead model process."""
-    ports, api_port = ServerPorts.unused(), _unused_port()
-    launcher = subprocess.Popen([sys.executable, "-m", "backends.triton.launcher", "--http-port", str(ports.http),
-                                 "--grpc-port", str(ports.grpc), "--metrics-port", str(ports.metrics),
-                                 "--openai-port", str(api_port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True)
+    launcher, _ = _launch_with_api()
     try:
-        ready, api_line = launcher.stdout.readline(), launcher.stdout.readline()
-        assert api_line.startswith("OpenAI-compatible API"), ready + api_line + launcher.stderr.read()
         (api_pid,) = [pid for pid in _children(launcher.pid)
                       if b"backends.openai" in Path(f"/proc/{pid}/cmdline").read_bytes()]
         server_pids = [pid for pid in _children(launcher.pid) if pid != api_pid]
