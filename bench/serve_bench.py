@@ -124,17 +124,19 @@ def distribution(values: list[float]) -> dict | None:
 
 
 def one_request(client: Client, start: float, sampling: dict, **media) -> dict:
-    """Send one streamed request; times in s from ``start`` (send) or from the send (tokens), ms for TTFT/TBT."""
+    """Send one streamed request; times in s from ``start`` (send) or from the send (tokens), ms for TTFT/TBT; with
+    the server's timeline of the request (``return_timeline``: where its time went)."""
     sent = time.perf_counter() - start
     try:
         r = client.generate(TEXT_PROMPT if not media else "Describe what you see in detail.", sampling=sampling,
-                            return_output_ids=True, timeout_s=900, **media)
+                            return_output_ids=True, timeout_s=900, return_timeline=True, **media)
     except Exception as exc:  # recorded, so one failed request does not lose the run's other figures
         return {"sent_s": sent, "error": f"{type(exc).__name__}: {exc}"}
     arrivals = np.cumsum([r.ttft_ms, *r.tbt_ms]) / 1e3 if r.ttft_ms is not None else []
     return {"sent_s": sent, "ttft_ms": r.ttft_ms, "tbt_ms": distribution(r.tbt_ms),
             "token_s": [float(t) for t in arrivals], "tokens": r.num_output_tokens, "responses": r.num_responses,
-            "input_tokens": r.num_input_tokens, "finish_reason": r.finish_reason, "_gaps": r.tbt_ms}
+            "input_tokens": r.num_input_tokens, "finish_reason": r.finish_reason, "_gaps": r.tbt_ms,
+            "timeline": r.timeline}
 
 
 def scenario(server: TritonServer, url: str, jobs: list[dict], sampling: dict) -> dict:

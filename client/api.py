@@ -46,7 +46,8 @@ class GenerationResult:
     ("stop", "length", "abort"), ``"cancelled"`` when the client cancelled, ``None`` if never sent.
     ``visual_cap``: what the server's ``max_visual_tokens`` changed in the request's media (its ``visual_cap``
     output: ``max_visual_tokens``, ``requested_visual_tokens``, ``visual_tokens``, ``fps``, ``max_pixels``), or
-    None when nothing was.
+    None when nothing was. ``timeline``: the server's record of where the request's time went (``return_timeline``;
+    ``{"events": [{"ms": ..., "event": ..., ...}]}``, orchestrator/timeline.py), else None.
     """
 
     text: str = ""
@@ -58,6 +59,7 @@ class GenerationResult:
     tbt_ms: list[float] = field(default_factory=list)
     num_responses: int = 0  # responses that carried text or token ids
     visual_cap: dict | None = None
+    timeline: dict | None = None
 
     @property
     def mean_tbt_ms(self) -> float | None:
@@ -77,6 +79,7 @@ class ResponsePiece:
     finish_reason: str | None = None
     final: bool = False
     visual_cap: dict | None = None
+    timeline: dict | None = None
 
     @property
     def has_output(self) -> bool:
@@ -112,6 +115,8 @@ class _Collector:
             r.finish_reason = piece.finish_reason
         if piece.visual_cap is not None:
             r.visual_cap = piece.visual_cap
+        if piece.timeline is not None:
+            r.timeline = piece.timeline
         if piece.has_output:
             r.num_responses += 1
             k = max(1, len(piece.token_ids))
@@ -167,6 +172,7 @@ def request_tensors(
     stream: bool = True,
     return_output_ids: bool = False,
     exclude_input_in_output: bool | None = None,
+    return_timeline: bool = False,
 ) -> list[tuple[str, np.ndarray, str]]:
     """The request's input tensors as ``(name, array, triton_dtype)``.
 
@@ -176,7 +182,7 @@ def request_tensors(
     True, so servers without that optional input still accept the request; ``exclude_input_in_output``
     BOOL [1] only when True, which it is by default (None) without streaming: the server follows the vLLM
     backend, whose non-streamed text starts with the prompt unless asked not to, and this client returns the
-    reply alone either way.
+    reply alone either way; ``return_timeline`` BOOL [1] only when True.
     Raises TypeError for a non-str ``text`` or non-bytes media.
     """
     if not isinstance(text, str):
@@ -196,8 +202,9 @@ def request_tensors(
             raise TypeError("image must be the files' bytes; use image_url for paths")
         if items:
             tensors.append((name, _bytes_tensor(items), "BYTES"))
-    if return_output_ids:
-        tensors.append(("return_output_ids", np.array([True], dtype=bool), "BOOL"))
+    for name, flag in (("return_output_ids", return_output_ids), ("return_timeline", return_timeline)):
+        if flag:
+            tensors.append((name, np.array([True], dtype=bool), "BOOL"))
     if (not stream) if exclude_input_in_output is None else exclude_input_in_output:
         tensors.append(("exclude_input_in_output", np.array([True], dtype=bool), "BOOL"))
     return tensors
@@ -225,7 +232,7 @@ def piece_from_grpc(result: grpcclient.InferResult) -> ResponsePiece:
     ids = result.as_numpy("output_ids")
     n_in, n_out = _scalar(result, "num_input_tokens"), _scalar(result, "num_output_tokens")
     reason = _scalar(result, "finish_reason")
-    cap = _scalar(result, "visual_cap")
+    cap, timeline = _scalar(result, "visual_cap"), _scalar(result, "timeline")
     return ResponsePiece(
         text=b"".join(x if isinstance(x, bytes) else str(x).encode() for x in text.reshape(-1))
         if text is not None else b"",
@@ -235,6 +242,7 @@ def piece_from_grpc(result: grpcclient.InferResult) -> ResponsePiece:
         finish_reason=None if reason is None else (reason.decode() if isinstance(reason, bytes) else str(reason)),
         final=final,
         visual_cap=None if cap is None else json.loads(cap),
+        timeline=None if timeline is None else json.loads(timeline),
     )
 
 
@@ -284,6 +292,7 @@ class Client:
         request_id: str | None = None,
         cancel_after_responses: int | None = None,
         exclude_input_in_output: bool | None = None,
+        return_timeline: bool = False,
     ) -> GenerationResult:
         """Sends one request and collects its responses (``exclude_input_in_output``: see :func:`request_tensors`;
         by default the text is the reply alone, streamed or not).
@@ -298,7 +307,7 @@ class Client:
         inputs = grpc_inputs(request_tensors(
             text, video=video, image=image, video_url=video_url, image_url=image_url,
             sampling=sampling, stream=stream, return_output_ids=return_output_ids,
-            exclude_input_in_output=exclude_input_in_output))
+            exclude_input_in_output=exclude_input_in_output, return_timeline=return_timeline))
         responses: queue.Queue = queue.Queue()
         with self._lock:
             self._grpc.start_stream(callback=lambda result, error: responses.put((result, error)))

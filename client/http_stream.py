@@ -62,8 +62,8 @@ def piece_from_event(event: dict) -> ResponsePiece:
         text = "".join(str(t) for t in text)
     ids = event.get("output_ids")
     ids = () if ids is None else tuple(int(i) for i in ids) if isinstance(ids, list) else (int(ids),)
-    n_in, n_out, reason, cap = (_one(event.get(k)) for k in ("num_input_tokens", "num_output_tokens", "finish_reason",
-                                                             "visual_cap"))
+    n_in, n_out, reason, cap, timeline = (_one(event.get(k)) for k in (
+        "num_input_tokens", "num_output_tokens", "finish_reason", "visual_cap", "timeline"))
     return ResponsePiece(
         text=str(text).encode(),
         token_ids=ids,
@@ -71,6 +71,7 @@ def piece_from_event(event: dict) -> ResponsePiece:
         num_output_tokens=None if n_out is None else int(n_out),
         finish_reason=None if reason in (None, "") else str(reason),
         visual_cap=None if cap in (None, "") else json.loads(cap),
+        timeline=None if timeline in (None, "") else json.loads(timeline),
     )
 
 

@@ -27,6 +27,7 @@ from orchestrator.pages import PagePool
 from orchestrator.scheduler import Scheduler
 from orchestrator.sequence import Group, Sequence
 from orchestrator.stage_clients import MediaStage, ReplicaStages
+from orchestrator.timeline import NO_TIMELINE, Timeline, mark_steps
 
 log = logging.getLogger(__name__)
 SHUTTING_DOWN = "the server is shutting down"
@@ -59,6 +60,7 @@ class EngineRequest:
     groups: tuple[Group, ...]
     media: tuple[MediaDecode, ...] = ()
     groups_per_item: tuple[int, ...] = ()
+    timeline: Timeline = NO_TIMELINE  # where its time goes, when the client asked (orchestrator.timeline)
 
 
 @dataclass(frozen=True)
@@ -156,6 +158,7 @@ class Engine:
         self.scheduler.add(Sequence(new.req_id, len(new.input_ids), new.max_tokens, list(request.groups),
                                     request=new))
         tracked = self.requests[new.req_id] = _Tracked(request)
+        request.timeline.mark("engine_added", replica=self.index)
         loop = asyncio.get_running_loop()
         for item, call in enumerate(request.media):
             replies = self.media.decode(call)  # queued now: an abort made later cannot overtake it
@@ -222,6 +225,7 @@ class Engine:
         if tracked.ended:
             return
         tracked.ended = True
+        tracked.request.timeline.mark("last_token" if output.failure is None else "failed")
         tracked.outputs.put_nowait(output)
         self._spawn(self._release(tracked))
 
@@ -261,6 +265,8 @@ class Engine:
             for work in plan.encode:  # the scheduler returned these groups' patch pages
                 if (tracked := self.requests.get(work.req_id)) is not None:
                     tracked.patch_pages_held -= len(work.patch_pages)
+            mark_steps(plan, lambda req_id: (t.request.timeline if (t := self.requests.get(req_id)) else NO_TIMELINE),
+                       launched, result.worker_ms)
             for first in result.first_tokens:
                 self._first_token(first)
             self.on_change()
@@ -281,6 +287,7 @@ class Engine:
         if tracked is None:
             return
         tracked.first_token = tracked.last_token = time.monotonic()
+        tracked.request.timeline.mark("first_token", at=tracked.first_token)
         tracked.mrope_delta = first.mrope_delta
         if first.finish_reason:
             self._end(tracked, Output(first.token, first.finish_reason))
@@ -357,6 +364,7 @@ class Engine:
                     bad.append(str(exc))
                     continue
                 if fresh:
+                    tracked.request.timeline.mark("group_ready", item=item, index=ready.index, pages=len(ready.pages))
                     reported += 1
                     tracked.patch_pages_held += len(ready.pages)
                     tracked.patch_pages_peak = max(tracked.patch_pages_peak, tracked.patch_pages_held)

@@ -25,11 +25,12 @@ from orchestrator.metrics import RequestTimer
 from orchestrator.sampling_params import InvalidInput
 from orchestrator.send_lanes import SendLanes
 from orchestrator.service import Admitted, Orchestrator, Overloaded
+from orchestrator.timeline import NO_TIMELINE, Timeline
 
 log = logging.getLogger(__name__)
 
 _RETURN_FLAGS = ("return_output_ids", "return_finish_reason", "return_num_input_tokens", "return_num_output_tokens",
-                 "return_logprobs", "return_cumulative_logprob")
+                 "return_logprobs", "return_cumulative_logprob", "return_timeline")
 
 
 def read_request(request) -> RawRequest:
@@ -45,13 +46,17 @@ def read_request(request) -> RawRequest:
 
 
 def _response(parsed: ParsedRequest, text: str, ids: list[int], reason: str | None, num_input: int,
-              num_output: int, visual_cap: str | None = None):
+              num_output: int, visual_cap: str | None = None, timeline: Timeline = NO_TIMELINE):
     """One response: ``ids`` the token ids it brings, ``num_output`` the tokens of the whole output so far,
-    ``visual_cap`` (JSON) what max_visual_tokens changed in the request's media, for its first response."""
+    ``visual_cap`` (JSON) what max_visual_tokens changed in the request's media, for its first response; the last
+    carries the request's ``timeline`` when it asked for it."""
     extra, last = parsed.extra_outputs, reason is not None
     outputs = [io.str_tensor("text_output", [text])]
     if visual_cap is not None:
         outputs.append(io.str_tensor("visual_cap", [visual_cap]))
+    if last and extra.timeline:
+        timeline.mark("final_response")
+        outputs.append(io.str_tensor("timeline", [timeline.to_json()]))
     if parsed.return_output_ids:
         outputs.append(io.int_tensor("output_ids", ids))
     if extra.finish_reason or last:
@@ -80,11 +85,13 @@ async def handle(orchestrator: Orchestrator, request, lanes: SendLanes, cancels:
 
     try:
         parsed = parse_request(read_request(request), orchestrator.config.limits)
-        admitted = await orchestrator.admit(parsed)
+        timeline = Timeline(arrived) if parsed.extra_outputs.timeline else NO_TIMELINE
+        timeline.mark("parsed")
+        admitted = await orchestrator.admit(parsed, timeline)
         timer.admitted(len(admitted.prompt.input_ids), admitted.prompt.num_visual_tokens)
         # aclosing: leaving the loop early (cancellation) releases the request's pages now, not at GC.
         async with contextlib.aclosing(orchestrator.stream(admitted, watched.cancelled.is_set)) as tokens:
-            await _send_tokens(admitted, tokens, send, timer)
+            await _send_tokens(admitted, tokens, send, timer, timeline)
     except InvalidInput as exc:
         timer.finished("invalid")
         send(io.error(str(exc)), final)
@@ -100,7 +107,7 @@ async def handle(orchestrator: Orchestrator, request, lanes: SendLanes, cancels:
         send(io.error(f"internal error: {type(exc).__name__}: {exc}", invalid_argument=False), final)
 
 
-async def _send_tokens(admitted: Admitted, tokens, send, timer: RequestTimer) -> None:
+async def _send_tokens(admitted: Admitted, tokens, send, timer: RequestTimer, timeline: Timeline) -> None:
     final, parsed = io.pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL, admitted.parsed
     texts, ids = [], []
     cap = json.dumps(admitted.visual_cap.to_json()) if admitted.visual_cap is not None else None
@@ -116,8 +123,11 @@ async def _send_tokens(admitted: Admitted, tokens, send, timer: RequestTimer) ->
             return
         num_input = len(admitted.prompt.input_ids)
         if parsed.stream:
-            send(_response(parsed, delta, token_ids, reason, num_input, len(ids), cap), final if reason else 0)
+            if cap is not None or len(ids) == len(token_ids):  # the first response
+                timeline.mark("first_response")
+            send(_response(parsed, delta, token_ids, reason, num_input, len(ids), cap, timeline),
+                 final if reason else 0)
             cap = None  # the first response says it
         elif reason is not None:
             text = "".join(texts) if parsed.exclude_input_in_output else parsed.text + "".join(texts)
-            send(_response(parsed, text, ids, reason, num_input, len(ids), cap), final)
+            send(_response(parsed, text, ids, reason, num_input, len(ids), cap, timeline), final)

@@ -2,11 +2,12 @@
 
 Names follow the vLLM backend's (Triton's vllm_backend ``model.json``), so its clients work unchanged: ``text_input``
 (one user turn; or ``messages``, a whole conversation: ``orchestrator.messages``; or ``prompt``, text completed as
-it is, without the chat template, as the vLLM backend's ``text_input`` and OpenAI's completions are), ``image`` (file bytes, or the
-file base64-encoded as that backend takes it), ``video`` (file bytes), ``image_url``/``video_url`` (a path or
-``file://`` URL under an allowed folder, or a ``data:`` URL), ``sampling_parameters`` (JSON), ``stream``,
-``exclude_input_in_output``, ``return_output_ids``, and that backend's ``return_*`` flags (``return_logprobs`` and
-``return_cumulative_logprob`` are refused: no log probabilities yet). Every problem raises
+it is, without the chat template, as the vLLM backend's ``text_input`` and OpenAI's completions are), ``image``
+(file bytes, or the file base64-encoded as that backend takes it), ``video`` (file bytes), ``image_url``/
+``video_url`` (a path or ``file://`` URL under an allowed folder, or a ``data:`` URL), ``sampling_parameters``
+(JSON), ``stream``, ``exclude_input_in_output``, ``return_output_ids``, and that backend's ``return_*`` flags
+(``return_logprobs`` and ``return_cumulative_logprob`` are refused: no log probabilities yet), plus our
+``return_timeline`` (``orchestrator.timeline``). Every problem raises
 :class:`~orchestrator.sampling_params.InvalidInput` with a message naming the input at fault.
 """
 from __future__ import annotations
@@ -63,6 +64,7 @@ class RawRequest:
     return_cumulative_logprob: bool = False
     messages: list[bytes] = field(default_factory=list)
     prompt: list[bytes] = field(default_factory=list)
+    return_timeline: bool = False
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,7 @@ class ExtraOutputs:
     finish_reason: bool = False
     num_input_tokens: bool = False
     num_output_tokens: bool = False
+    timeline: bool = False  # ours, not the vLLM backend's: the final response's ``timeline`` (orchestrator.timeline)
 
 
 @dataclass(frozen=True)
@@ -236,7 +239,8 @@ def parse_request(raw: RawRequest, limits: InputLimits) -> ParsedRequest:
         turns = (user_turn(text, [m.kind for m in media]),)
     return ParsedRequest(text, tuple(media), params, raw.stream, raw.exclude_input_in_output, raw.return_output_ids,
                          turns, ExtraOutputs(raw.return_finish_reason, raw.return_num_input_tokens,
-                                             raw.return_num_output_tokens), raw=bool(raw.prompt))
+                                             raw.return_num_output_tokens, raw.return_timeline),
+                         raw=bool(raw.prompt))
 
 
 def _one_text(name: str, values: list[bytes], limits: InputLimits) -> str:

@@ -37,6 +37,7 @@ from orchestrator.sampling_params import InvalidInput
 from orchestrator.scheduler import Scheduler, SchedulerConfig
 from orchestrator.sequence import Group
 from orchestrator.stage_clients import LinkMedia, Links, LinkStages
+from orchestrator.timeline import NO_TIMELINE, Timeline
 from orchestrator.visual_cap import CapApplied
 
 log = logging.getLogger(__name__)
@@ -210,7 +211,7 @@ class Orchestrator:
         observe_engine_times(self.metrics, released)
 
     # ---- admission -----------------------------------------------------------------------------------------
-    async def admit(self, parsed: ParsedRequest) -> Admitted:
+    async def admit(self, parsed: ParsedRequest, timeline: Timeline = NO_TIMELINE) -> Admitted:
         """Plan media, build the prompt, check limits, hand the request to an engine (its media decoding starts).
         No patch page is reserved: flashcodec takes each group's pages once it is decoded, so a media item needs
         only its largest group to fit in the pool.
@@ -229,6 +230,7 @@ class Orchestrator:
         self._refuse_when_overloaded()  # at once, before any work on the request
         limits = self.config.limits
         infos = [await asyncio.to_thread(probe_media, item, limits.max_image_pixels) for item in parsed.media]
+        timeline.mark("probed", items=len(infos))
         plans, cap = await asyncio.to_thread(plan_request, list(parsed.media), infos, parsed.params,
                                              limits.max_visual_tokens)
         if parsed.raw:
@@ -237,6 +239,7 @@ class Orchestrator:
             prompt = await asyncio.to_thread(build_chat_prompt, self.tokenizer, parsed.turns,
                                              [(m.kind, p.grid_thw, getattr(p, "second_per_grid_t", 0.0))
                                               for m, p in zip(parsed.media, plans)])
+        timeline.mark("prompt_built", tokens=len(prompt.input_ids), visual_tokens=prompt.num_visual_tokens)
         params = parsed.params
         prompt.check_length(params.max_tokens, self.config.max_model_len)
         total = len(prompt.input_ids) + params.max_tokens
@@ -271,7 +274,7 @@ class Orchestrator:
                   for item, layout in enumerate(prompt.media) for g in range(layout.num_groups)),
             tuple(MediaDecode(req_id, plan, data=media.data or None, path=media.path)
                   for media, plan in zip(parsed.media, plans)),
-            tuple(layout.num_groups for layout in prompt.media))
+            tuple(layout.num_groups for layout in prompt.media), timeline)
         return Admitted(req_id, parsed, prompt, engine, engine.add(request), cap)
 
     def _waiting(self) -> int:

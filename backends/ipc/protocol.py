@@ -192,7 +192,11 @@ class FirstToken:
 
 @dataclass(frozen=True)
 class StepResult:
+    """A step's first tokens, and ``worker_ms``: the worker's host time for the step (ms; it includes the device's
+    time where the step waits for the device: an encode, or a sampled first token)."""
+
     first_tokens: tuple[FirstToken, ...]
+    worker_ms: float = 0.0
 
 
 # ---- decode ---------------------------------------------------------------------------------------------

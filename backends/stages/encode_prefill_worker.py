@@ -14,6 +14,7 @@ The runtime decides nothing: what runs in a step is the orchestrator's scheduler
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -116,6 +117,7 @@ class EncodePrefillWorker:
     def execute(self, plan: StepPlan) -> StepResult:
         """Run one step plan; returns the first tokens of the prompts whose prefill it completed, once the device has
         run the step: the orchestrator hands the encoded groups' patch pages back to flashcodec on this result."""
+        started = time.perf_counter()
         for req_id in plan.finished:
             self.prompts.pop(req_id, None)
         for request in plan.new:
@@ -124,7 +126,7 @@ class EncodePrefillWorker:
         first_tokens = self._prefill(plan.prefill)
         if plan.encode and self.device.type == "cuda":  # (a sampled first token has already waited for it)
             torch.cuda.current_stream(self.device).synchronize()
-        return StepResult(first_tokens)
+        return StepResult(first_tokens, (time.perf_counter() - started) * 1e3)
 
     def _register(self, request: NewRequest) -> None:
         media = request.media

@@ -95,6 +95,28 @@ def test_image_request_equals_the_reference(grpc_url, hf):
     assert_same_or_tie(result.token_ids, *server_request_reference(*hf, "What is in the picture?", N, image=image))
 
 
+@pytest.mark.parametrize("stream", [True, False], ids=["streamed", "whole"])
+def test_a_timeline_says_where_the_requests_time_went(grpc_url, stream):
+    """return_timeline: the last response carries the request's events from parse to its final response, in order,
+    with the encode_prefill steps that held its work."""
+    with Client(grpc_url) as client:
+        result = client.generate("What is in the picture?", image=make_image(200, 150), sampling=GREEDY,
+                                 stream=stream, return_timeline=True)
+        assert client.generate("Hi", sampling=GREEDY).timeline is None  # only when asked
+    events = result.timeline["events"]
+    names = [e["event"] for e in events]
+    assert names[:4] == ["parsed", "probed", "prompt_built", "engine_added"] and names[-1] == "final_response", names
+    # the text before the image may be prefilled while it decodes; its encode comes after it is ready
+    assert names.index("group_ready") < max(i for i, n in enumerate(names) if n == "step"), names
+    assert "first_token" in names and "last_token" in names and ("first_response" in names) == stream
+    assert [e["ms"] for e in events] == sorted(e["ms"] for e in events)
+    steps = [e for e in events if e["event"] == "step"]
+    prompt = events[2]
+    assert sum(s["prefill_tokens"] for s in steps) == prompt["tokens"] and prompt["visual_tokens"] > 0
+    assert sum(s["encode_groups"] for s in steps) == 1
+    assert events[-1]["ms"] <= result.ttft_ms + sum(result.tbt_ms) + 1000  # within the client's own time
+
+
 def test_seeded_sampling_is_reproducible(grpc_url):
     sampling = {"max_tokens": 12, "temperature": 1.0, "top_p": 0.9, "top_k": 50, "seed": 1234, "ignore_eos": True}
     with Client(grpc_url) as client:

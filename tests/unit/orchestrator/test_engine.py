@@ -4,6 +4,8 @@ test each KV and patch page is free again, and no page was freed while a stage c
 from __future__ import annotations
 
 import asyncio
+import json
+import time
 
 import pytest
 
@@ -14,6 +16,7 @@ from orchestrator.engine import SHUTTING_DOWN, Engine, EngineRequest, Output, Re
 from orchestrator.pages import PageAllocator
 from orchestrator.scheduler import Scheduler, SchedulerConfig
 from orchestrator.sequence import Group
+from orchestrator.timeline import NO_TIMELINE, Timeline
 from tests.unit.orchestrator.fake_stages import FakeMedia, FakeStages
 
 PAGE = 16
@@ -40,12 +43,12 @@ class World:
         new = NewRequest(req_id, tuple(range(prompt_len)), (), SamplingParams(), max_tokens)
         return self.engine.add(EngineRequest(new, ()))
 
-    def image(self, req_id: str, max_tokens: int = 4) -> asyncio.Queue:
+    def image(self, req_id: str, max_tokens: int = 4, timeline: Timeline = NO_TIMELINE) -> asyncio.Queue:
         """A 24-token prompt whose tokens 4..19 are one image group of 64 patches (one patch page)."""
         new = NewRequest(req_id, tuple(range(24)), (MediaGrid("image", (1, 8, 8)),), SamplingParams(), max_tokens)
         plan = ImagePlan(resized_height=112, resized_width=112, grid_thw=(1, 8, 8), num_patches=64, num_tokens=16)
         return self.engine.add(EngineRequest(new, (Group(0, 0, 4, 16, 64),),
-                                             (MediaDecode(req_id, plan, data=b"png"),), (1,)))
+                                             (MediaDecode(req_id, plan, data=b"png"),), (1,), timeline))
 
     def all_free(self) -> bool:
         return self.kv.num_free == self.kv.num_total and self.patch.num_free == self.patch.num_total
@@ -242,6 +245,30 @@ def test_an_image_request_runs_to_its_end_and_its_patch_pages_return():
         await settle()
         assert ("freed", 1, True) in w.log
     run(body)
+
+
+def test_a_timeline_records_the_request_in_order():
+    timeline = Timeline(time.monotonic())
+
+    async def body(w: World):
+        out = w.image("a", max_tokens=2, timeline=timeline)
+        await settle()
+        w.media.ready("a", 0, 0, pages=1)
+        w.media.finish("a", 0)
+        await outputs_of(out, 1)
+        w.stages.emit(("a", 3, "length"))
+        await outputs_of(out, 1)
+    run(body)
+    events = json.loads(timeline.to_json())["events"]
+    names = [e["event"] for e in events]
+    # the text before the image is prefilled while the image decodes: a step may come before group_ready
+    assert names[0] == "engine_added" and names[-2:] == ["first_token", "last_token"]
+    assert names.index("group_ready") < max(i for i, n in enumerate(names) if n == "step") < names.index("first_token")
+    assert [e["ms"] for e in events] == sorted(e["ms"] for e in events)
+    steps = [e for e in events if e["event"] == "step"]
+    assert sum(s["encode_groups"] for s in steps) == 1 and sum(s["encode_patches"] for s in steps) == 64
+    assert sum(s["prefill_tokens"] for s in steps) == 24  # the whole prompt
+    assert all(s["launched_ms"] <= s["ms"] and s["worker_ms"] >= 0 for s in steps)
 
 
 def test_a_lost_decode_stream_fails_the_requests_in_decode():

@@ -1,0 +1,61 @@
+"""A request's timeline: where its time goes, from arrival to its last response, for benchmarks (``return_timeline``).
+
+Events are recorded in the orchestrator as they happen, in ms since the request arrived (``time.monotonic()``):
+``parsed``, ``probed`` (every media item's metadata read), ``prompt_built`` (tokens), ``engine_added`` (its
+media decodes start), ``group_ready`` (a temporal-patch group decoded into patch pages by flashcodec), ``step``
+(one encode_prefill step with work of this request: when it was launched, its groups and prefill tokens, and the
+worker's own time), ``first_token``, ``decode_admitted``, ``last_token``, ``first_response_sent`` and
+``final_response_sent``. A request without the flag gets :data:`NO_TIMELINE`, whose ``mark`` does nothing.
+"""
+from __future__ import annotations
+
+import json
+import time
+from typing import Callable
+
+from backends.ipc.protocol import StepPlan
+
+
+class Timeline:
+    """The events of one request that arrived at ``arrived`` (``time.monotonic()`` seconds)."""
+
+    def __init__(self, arrived: float):
+        self.arrived = arrived
+        self.events: list[tuple[float, str, dict]] = []
+
+    def ms(self, at: float) -> float:
+        """``at`` (``time.monotonic()`` seconds) in ms since arrival, to the microsecond."""
+        return round((at - self.arrived) * 1e3, 3)
+
+    def mark(self, event: str, at: float | None = None, **fields) -> None:
+        """Record ``event`` at ``at`` (default: now) with its ``fields`` (JSON values)."""
+        self.events.append((self.ms(time.monotonic() if at is None else at), event, fields))
+
+    def to_json(self) -> str:
+        """``{"events": [{"ms": ..., "event": ..., **fields}, ...]}``, in the order recorded."""
+        return json.dumps({"events": [{"ms": ms, "event": event, **fields} for ms, event, fields in self.events]})
+
+
+class _NoTimeline(Timeline):
+    def mark(self, event: str, at: float | None = None, **fields) -> None:
+        pass
+
+
+NO_TIMELINE = _NoTimeline(0.0)
+
+
+def mark_steps(plan: StepPlan, timeline_of: Callable[[str], Timeline], launched: float, worker_ms: float) -> None:
+    """A ``step`` event on the timeline (``timeline_of(req_id)``) of each request with work in ``plan``: when it was
+    launched (``time.monotonic()`` seconds), the request's groups and patches encoded and prompt tokens prefilled in
+    it, and the worker's time for the whole step (ms)."""
+    work: dict[str, list[int]] = {}  # req_id -> [groups, patches, prefill tokens]
+    for encode in plan.encode:
+        counts = work.setdefault(encode.req_id, [0, 0, 0])
+        counts[0] += 1
+        counts[1] += encode.num_patches
+    for prefill in plan.prefill:
+        work.setdefault(prefill.req_id, [0, 0, 0])[2] += prefill.end - prefill.start
+    for req_id, (groups, patches, tokens) in work.items():
+        timeline = timeline_of(req_id)
+        timeline.mark("step", launched_ms=timeline.ms(launched), encode_groups=groups, encode_patches=patches,
+                      prefill_tokens=tokens, worker_ms=round(worker_ms, 3))
