@@ -14,7 +14,6 @@ The engine knows the stages only through ``orchestrator.stage_clients``' interfa
 from __future__ import annotations
 
 import asyncio
-import enum
 import logging
 import time
 from dataclasses import dataclass, field
@@ -22,60 +21,16 @@ from typing import AsyncIterator, Callable
 
 from backends.ipc.link import StageError
 from backends.ipc.protocol import (INVALID_INPUT, SERVER_FAULT, DecodeAdmit, DecodeStep, FirstToken, GroupReady,
-                                   MediaDecode, NewRequest, StageFailure)
+                                   StageFailure)
+from orchestrator.budget_policy import BudgetPolicy, Waiting
+from orchestrator.engine_io import SHUTTING_DOWN, EngineRequest, Output, Released, RequestState
 from orchestrator.pages import PagePool
 from orchestrator.scheduler import Scheduler
-from orchestrator.sequence import Group, Sequence
+from orchestrator.sequence import Sequence
 from orchestrator.stage_clients import MediaStage, ReplicaStages
-from orchestrator.timeline import NO_TIMELINE, Timeline, mark_steps
+from orchestrator.timeline import NO_TIMELINE, mark_steps
 
 log = logging.getLogger(__name__)
-SHUTTING_DOWN = "the server is shutting down"
-
-
-class RequestState(enum.Enum):
-    WAITING = "waiting"
-    ENCODING = "encoding"
-    PREFILLING = "prefilling"
-    DECODING = "decoding"
-    FINISHED = "finished"
-
-
-@dataclass(frozen=True)
-class Output:
-    """What a request's output queue receives: a ``token`` with its ``finish_reason`` (``""``: more follow), or
-    a ``failure`` (nothing follows it)."""
-
-    token: int = -1
-    finish_reason: str = ""
-    failure: StageFailure | None = None
-
-
-@dataclass(frozen=True)
-class EngineRequest:
-    """A request ready to run: ``new`` (prompt, media grids, sampling), its media ``groups`` in prompt order, and
-    one ``MediaDecode`` call per media item with ``groups_per_item`` groups."""
-
-    new: NewRequest
-    groups: tuple[Group, ...]
-    media: tuple[MediaDecode, ...] = ()
-    groups_per_item: tuple[int, ...] = ()
-    timeline: Timeline = NO_TIMELINE  # where its time goes, when the client asked (orchestrator.timeline)
-
-
-@dataclass(frozen=True)
-class Released:
-    """What ``on_release`` gets for each request leaving the engine: its id, the most patch pages it held at once,
-    whether it had media, and when (``time.monotonic()`` seconds; 0.0: not reached) it was added, first in a step's
-    plan, and had its first and its last token."""
-
-    req_id: str
-    patch_pages_peak: int
-    had_media: bool
-    admitted: float
-    scheduled: float
-    first_token: float
-    last_token: float
 
 
 @dataclass(eq=False)
@@ -101,13 +56,14 @@ class Engine:
     and the shared ``media`` stage. ``on_change()`` after pages or requests changed (gauges), ``on_step()`` after
     each executed step, ``on_release(Released)`` per request released; ``stopping()`` says
     whether the server has begun to stop (a media stream that ends early then fails its request as shutting
-    down, not as bad input)."""
+    down, not as bad input); ``policy`` sets each step's budgets from the measured decode gaps and step times
+    (None: the scheduler's configured budgets)."""
 
     def __init__(self, index: int, scheduler: Scheduler, patch_pages: PagePool, stages: ReplicaStages,
                  media: MediaStage, on_change: Callable[[], None] = lambda: None,
                  on_step: Callable[[], None] = lambda: None,
                  on_release: Callable[[Released], None] = lambda released: None,
-                 stopping: Callable[[], bool] = lambda: False):
+                 stopping: Callable[[], bool] = lambda: False, policy: BudgetPolicy | None = None):
         self.index, self.scheduler, self.patch_pages = index, scheduler, patch_pages
         self.stages, self.media = stages, media
         self.on_change, self.on_step, self.on_release, self._server_stopping = on_change, on_step, on_release, stopping
@@ -117,6 +73,8 @@ class Engine:
         self.stopping = False
         self._loops: list[asyncio.Task] = []
         self._background: set[asyncio.Task] = set()
+        self.policy = policy  # each step's budgets, when SLO scheduling is on
+        self._last_decode = 0.0  # when the last decode step with sequences arrived (time.monotonic() seconds)
 
     # ---- life -------------------------------------------------------------------------------------------
     async def start(self, timeout_s: float = 60.0) -> None:
@@ -240,7 +198,7 @@ class Engine:
     # ---- the step loop ----------------------------------------------------------------------------------
     async def _step_loop(self) -> None:
         while not self.stopping:
-            plan = self.scheduler.schedule()
+            plan = self.scheduler.schedule(self._budgets())
             if plan is None:
                 self.wake.clear()
                 await self.wake.wait()
@@ -262,6 +220,9 @@ class Engine:
                 continue
             self.scheduler.complete(plan)
             self.on_step()
+            if self.policy is not None:
+                self.policy.observe_step((time.monotonic() - launched) * 1e3,
+                                         plan.num_prefill_tokens + plan.num_encode_patches / 4)
             for work in plan.encode:  # the scheduler returned these groups' patch pages
                 if (tracked := self.requests.get(work.req_id)) is not None:
                     tracked.patch_pages_held -= len(work.patch_pages)
@@ -270,6 +231,19 @@ class Engine:
             for first in result.first_tokens:
                 self._first_token(first)
             self.on_change()
+
+    def _budgets(self) -> tuple[int, int] | None:
+        """The policy's budgets for the next step, from the modalities decoding and the requests before their first
+        token; None without a policy."""
+        if self.policy is None:
+            return None
+        now, decoding, waiting = time.monotonic(), set(), []
+        for tracked in self.requests.values():
+            if tracked.in_decode and not tracked.decode_done:
+                decoding.add(tracked.request.kind)
+            elif not tracked.first_token and (seq := self.scheduler.get(tracked.request.new.req_id)) is not None:
+                waiting.append(Waiting(tracked.request.kind, (now - tracked.admitted) * 1e3, seq.work_left))
+        return self.policy.budgets(decoding, waiting)
 
     def _step_loop_died(self, task: asyncio.Task) -> None:
         """A bug that ended the step loop takes the replica out of routing and fails its requests, not hangs them."""
@@ -336,6 +310,9 @@ class Engine:
 
     def _decode_step(self, step: DecodeStep) -> None:
         now = time.monotonic()
+        if self.policy is not None and step.seq_ids and self._last_decode:
+            self.policy.observe_decode_gap((now - self._last_decode) * 1e3)
+        self._last_decode = now if step.seq_ids else 0.0
         for seq_id, token, reason in zip(step.seq_ids, step.token_ids, step.finish_reasons):
             tracked = self._live(seq_id)
             if tracked is None:

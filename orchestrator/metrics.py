@@ -16,7 +16,7 @@ import time
 
 from backends.triton import triton_io
 from backends.triton.histograms import Bins, CounterHistogram, HistogramSpec
-from orchestrator.engine import Released
+from orchestrator.engine_io import Released
 
 FLUSH_S = 1.0  # seconds between sends of the counters and histograms (a scrape lags by at most this)
 
@@ -37,6 +37,8 @@ REPLICA_GAUGES = {
     "unifiedserve_replica_kv_pages_free": "KV pages of the replica's pool not held by any request",
     "unifiedserve_replica_kv_pages_total": "KV pages in the replica's pool",
     "unifiedserve_replica_requests": "requests on the replica (admitted, not yet released)",
+    "unifiedserve_replica_budget_scale": "the factor of the replica's encode and prefill budgets this step "
+                                         "(SLO scheduling; 1 without it)",
 }
 SUCCESS = "unifiedserve_request_success_total"
 FINISHED_REASONS = ("stop", "length", "abort", "invalid", "overloaded", "error")  # invalid: refused as bad input;

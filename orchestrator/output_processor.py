@@ -16,7 +16,8 @@ from typing import AsyncIterator, Callable
 from backends.ipc.link import StageError
 from backends.ipc.protocol import INVALID_INPUT
 from orchestrator.detokenizer import Detokenizer
-from orchestrator.engine import Engine, Output
+from orchestrator.engine import Engine
+from orchestrator.engine_io import Output
 from orchestrator.sampling_params import InvalidInput, RequestParams
 
 CANCEL_POLL_S = 0.05  # seconds between looks at the client's cancellation

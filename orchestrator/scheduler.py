@@ -128,17 +128,23 @@ class Scheduler:
         group.patch_pages = list(pages)
         return True
 
-    def schedule(self) -> StepPlan | None:
-        """Admits what fits and plans the next step; None when nothing can run now.
+    def schedule(self, budgets: tuple[int, int] | None = None) -> StepPlan | None:
+        """Admits what fits and plans the next step; None when nothing can run now. ``budgets``: this step's
+        (encode patches, prefill tokens), each >= 1, instead of the configured ones (an SLO policy's:
+        ``orchestrator.budget_policy``).
 
         Raises:
             RuntimeError: the previous plan has not been completed.
+            ValueError: a budget below 1.
         """
         if self._in_flight is not None:
             raise RuntimeError("a step is in flight: complete() it before scheduling the next")
+        encode_budget, prefill_budget = budgets or (self.config.encode_budget, self.config.prefill_budget)
+        if encode_budget < 1 or prefill_budget < 1:
+            raise ValueError(f"budgets must be >= 1, got {budgets}")
         self._admit()
-        encode = self._fill_encode()
-        prefill = self._fill_prefill(encode)
+        encode = self._fill_encode(encode_budget)
+        prefill = self._fill_prefill(encode, prefill_budget)
         if not encode and not prefill:
             return None
         planned = dict.fromkeys(w.req_id for w in (*encode, *prefill))
@@ -310,10 +316,9 @@ class Scheduler:
                 leftover -= need
         return granted
 
-    def _fill_encode(self) -> list[EncodeWork]:
-        """Whole ready groups, prompt order within a sequence, sequences FCFS (waiting ones too: encoding
-        needs no KV pages, so it goes on while the KV pool is full)."""
-        budget = self.config.encode_budget
+    def _fill_encode(self, budget: int) -> list[EncodeWork]:
+        """Whole ready groups up to ``budget`` patches, prompt order within a sequence, sequences FCFS (waiting ones
+        too: encoding needs no KV pages, so it goes on while the KV pool is full)."""
         queues = [(seq, deque(g for g in seq.groups if g.patch_pages is not None))
                   for seq in self._seqs.values() if seq.req_id not in self._held]
         taken: list[tuple[Sequence, Group]] = []
@@ -337,13 +342,12 @@ class Scheduler:
                     seq_used[seq.req_id] = mine + group.num_patches
         return [_encode_work(seq, group) for seq, group in taken]
 
-    def _fill_prefill(self, encode: list[EncodeWork]) -> list[PrefillWork]:
-        """One chunk per admitted sequence, in arrival order, of tokens whose embeddings are ready
-        (the worker runs the step's `encode` first)."""
+    def _fill_prefill(self, encode: list[EncodeWork], budget: int) -> list[PrefillWork]:
+        """One chunk per admitted sequence, in arrival order, of tokens whose embeddings are ready (the worker runs
+        the step's `encode` first), ``budget`` tokens in all."""
         encoding: dict[str, set[tuple[int, int]]] = defaultdict(set)
         for work in encode:
             encoding[work.req_id].add((work.item, work.index))
-        budget = self.config.prefill_budget
         demand = [(seq, seq.ready_end(encoding.get(seq.req_id, ())))
                   for seq in self._seqs.values()
                   if seq.block_table is not None and not seq.prefill_done and seq.req_id not in self._held]

@@ -24,8 +24,10 @@ from backends.ipc.link import StageError
 from backends.ipc.protocol import RESERVED_KV_PAGES, SERVER_FAULT, MediaDecode, MediaGrid, NewRequest, StageFailure
 from backends.triton import server_stop
 from backends.triton.replicas import replica_name
-from backends.triton.triton_io import int_parameter
-from orchestrator.engine import SHUTTING_DOWN, Engine, EngineRequest, Released
+from backends.triton.triton_io import float_parameter, int_parameter
+from orchestrator.budget_policy import BudgetPolicy, PolicyConfig, SloTargets
+from orchestrator.engine import Engine
+from orchestrator.engine_io import SHUTTING_DOWN, EngineRequest, Released
 from orchestrator.inputs import InputLimits, ParsedRequest
 from orchestrator.media import plan_request, probe_media
 from orchestrator.metrics import observe_engine_times
@@ -51,7 +53,9 @@ class OrchestratorConfig:
     ``max_model_len``: prompt + output tokens per request;
     ``replicas``: encode_prefill/decode replicas to drive (``backends/triton/replicas.py``);
     ``max_waiting_requests``: requests that may wait for KV pages at once (over all replicas); a request arriving
-    beyond them is refused at once as overloaded (UNAVAILABLE) instead of queueing without bound."""
+    beyond them is refused at once as overloaded (UNAVAILABLE) instead of queueing without bound.
+    ``slo_scheduling``: each step's budgets set by ``orchestrator.budget_policy`` from the ``slo`` targets and
+    ``policy`` (off: the fixed budgets; off by default until measured against them on the H200)."""
 
     scheduler: SchedulerConfig
     limits: InputLimits
@@ -59,6 +63,9 @@ class OrchestratorConfig:
     model_path: str | None
     replicas: int = 1
     max_waiting_requests: int = 256
+    slo_scheduling: bool = False
+    slo: SloTargets = SloTargets()
+    policy: PolicyConfig = PolicyConfig()
 
     @classmethod
     def from_parameters(cls, params: dict[str, str]) -> "OrchestratorConfig":
@@ -68,9 +75,14 @@ class OrchestratorConfig:
             raise ValueError(f"parameter max_share must be a number in (0, 1], got {params['max_share']!r}") from None
         scheduler = SchedulerConfig(encode_budget=int_parameter(params, "encode_budget", 10240),
                                     prefill_budget=int_parameter(params, "prefill_budget", 2048), max_share=share)
+        switch = params.get("slo_scheduling", "false").strip().lower()
+        if switch not in ("true", "false"):
+            raise ValueError(f"parameter slo_scheduling must be true or false, got {params['slo_scheduling']!r}")
         return cls(scheduler, InputLimits.from_parameters(params), int_parameter(params, "max_model_len", 32768),
                    params.get("model_path") or None, int_parameter(params, "replicas", 1),
-                   int_parameter(params, "max_waiting_requests", cls.max_waiting_requests))
+                   int_parameter(params, "max_waiting_requests", cls.max_waiting_requests), switch == "true",
+                   SloTargets.from_parameters(params),
+                   PolicyConfig(float_parameter(params, "decode_priority_boost", PolicyConfig.decode_priority_boost)))
 
 
 @dataclass(frozen=True)
@@ -140,11 +152,13 @@ class Orchestrator:
             config = SchedulerConfig(self.config.scheduler.encode_budget, self.config.scheduler.prefill_budget,
                                      self.config.scheduler.max_share, kv["shape"][3])
             kv_pages = PageAllocator(kv["shape"][2] - RESERVED_KV_PAGES, "kv")
+            policy = (BudgetPolicy(config.encode_budget, config.prefill_budget, self.config.slo, self.config.policy)
+                      if self.config.slo_scheduling else None)
             engines.append(Engine(
                 index, Scheduler(config, kv_pages, self.patch_pages), self.patch_pages,
                 LinkStages(self.links, index), media, on_change=self._update_gauges,
                 on_step=lambda: self.metrics.increment("unifiedserve_scheduler_steps_total"),
-                on_release=self._on_release, stopping=server_stop.announced))
+                on_release=self._on_release, stopping=server_stop.announced, policy=policy))
         await asyncio.gather(*(engine.start() for engine in engines))
         # every link connected before the first request: from then on a call is queued when it is made, so an abort
         # never overtakes the call it stops (decode's is connected by its stream)
@@ -204,6 +218,7 @@ class Orchestrator:
             m.set("unifiedserve_replica_kv_pages_free", e.scheduler.kv_pages_free, e.index)
             m.set("unifiedserve_replica_kv_pages_total", e.scheduler.kv_pages_total, e.index)
             m.set("unifiedserve_replica_requests", len(e.requests), e.index)
+            m.set("unifiedserve_replica_budget_scale", e.policy.scale if e.policy is not None else 1.0, e.index)
 
     def _on_release(self, released: Released) -> None:
         if released.had_media:

@@ -18,7 +18,7 @@ from starlette.exceptions import HTTPException
 from tritonclient.utils import InferenceServerException
 
 from backends.openai.schemas import ErrorInfo, ErrorResponse
-from orchestrator.engine import SHUTTING_DOWN
+from orchestrator.engine_io import SHUTTING_DOWN
 from orchestrator.service import OVERLOADED
 
 # The orchestrator's validation messages: "<input>: ...", "<input>[i]...: ...", "image 0: ...", and the two about

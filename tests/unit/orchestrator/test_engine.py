@@ -12,7 +12,9 @@ import pytest
 from backends.ipc.protocol import INVALID_INPUT, SERVER_FAULT, MediaDecode, MediaGrid, NewRequest, SamplingParams, \
     StageFailure
 from flashcodec.sampling import ImagePlan
-from orchestrator.engine import SHUTTING_DOWN, Engine, EngineRequest, Output, Released, RequestState
+from orchestrator.budget_policy import BudgetPolicy, SloTargets
+from orchestrator.engine import Engine
+from orchestrator.engine_io import SHUTTING_DOWN, EngineRequest, Output, Released, RequestState
 from orchestrator.pages import PageAllocator
 from orchestrator.scheduler import Scheduler, SchedulerConfig
 from orchestrator.sequence import Group
@@ -26,13 +28,13 @@ class World:
     """An engine over fake stages, with ``kv`` KV pages and 8 patch pages; ``log`` holds the calls in order,
     ``released`` the record of each request whose pages came back."""
 
-    def __init__(self, kv: int = 32, prefill_budget: int = 2048):
+    def __init__(self, kv: int = 32, prefill_budget: int = 2048, policy: BudgetPolicy | None = None):
         self.log: list = []
         self.kv, self.patch = PageAllocator(kv, "kv"), PageAllocator(8, "patch")
         self.stages, self.media = FakeStages(self.log), FakeMedia(self.log, self.patch)
         self.engine = Engine(0, Scheduler(SchedulerConfig(prefill_budget=prefill_budget, kv_page_size=PAGE),
                                           self.kv, self.patch), self.patch, self.stages, self.media,
-                             on_release=self._released)
+                             on_release=self._released, policy=policy)
         self.released: dict = {}  # req_id -> its Released record
 
     def _released(self, r: Released) -> None:
@@ -63,9 +65,9 @@ async def outputs_of(queue: asyncio.Queue, n: int) -> list[Output]:
     return [await asyncio.wait_for(queue.get(), 5) for _ in range(n)]
 
 
-def run(test):
+def run(test, **settings):
     async def main():
-        world = World()
+        world = World(**settings)
         await world.engine.start()
         try:
             await test(world)
@@ -269,6 +271,31 @@ def test_a_timeline_records_the_request_in_order():
     assert sum(s["encode_groups"] for s in steps) == 1 and sum(s["encode_patches"] for s in steps) == 64
     assert sum(s["prefill_tokens"] for s in steps) == 24  # the whole prompt
     assert all(s["launched_ms"] <= s["ms"] and s["worker_ms"] >= 0 for s in steps)
+
+
+@pytest.mark.parametrize("with_policy", [False, True])
+def test_an_slo_policy_sets_each_steps_budgets(with_policy):
+    """Nothing decodes: the policy gives the largest budgets (8 x 16 tokens), so a 100-token prompt is prefilled in
+    one step, where the fixed budget takes seven; with a stream decoding and its gaps over the TBT target, the
+    next request's steps get the smallest (a quarter: 4 tokens)."""
+    policy = BudgetPolicy(64, 16, SloTargets()) if with_policy else None
+
+    async def body(w: World):
+        out = w.text("a", prompt_len=100, max_tokens=8)
+        assert await outputs_of(out, 1) == [Output(7)]
+        assert [p.num_prefill_tokens for p in w.stages.plans] == ([100] if with_policy else [16] * 6 + [4])
+        if with_policy:
+            for _ in range(5):  # decode steps 60 ms apart, over the 50 ms target: 8 halved five times
+                policy.observe_decode_gap(60.0)
+                w.engine._budgets()
+            assert policy.scale == 0.25
+            w.stages.plans.clear()
+            w.text("b", prompt_len=10, max_tokens=2)
+            await settle()
+            assert w.stages.plans[0].num_prefill_tokens == 4
+        for req_id in ("a", "b"):
+            await w.engine.abort(req_id)
+    run(body, prefill_budget=16, policy=policy)
 
 
 def test_a_lost_decode_stream_fails_the_requests_in_decode():

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from orchestrator.engine import Released
+from orchestrator.engine_io import Released
 from orchestrator.metrics import (DECODE, E2E, FINISHED_REASONS, HISTOGRAMS, ITL, PREFILL, QUEUE, SUCCESS, TTFT,
                                   VISUAL, Metrics, RequestTimer, observe_engine_times)
 from tests.unit.backends.triton.fake_metrics import install

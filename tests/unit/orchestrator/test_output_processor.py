@@ -8,7 +8,7 @@ import asyncio
 from backends.ipc.link import StageError
 from backends.ipc.protocol import INVALID_INPUT, SERVER_FAULT, StageFailure
 from backends.runtime.tokenizer import load_tokenizer
-from orchestrator.engine import Output
+from orchestrator.engine_io import Output
 from orchestrator.output_processor import OutputProcessor
 from orchestrator.sampling_params import InvalidInput, RequestParams
 

@@ -1,11 +1,13 @@
 """Property tests: random workloads (arrivals, media streaming in out of order, cancellations, also
-mid-step, decode holding KV pages) driven through the scheduler, checking every plan.
+mid-step, decode holding KV pages; a third with budgets that change every step) driven through the scheduler,
+checking every plan.
 
 As in the server, nothing reserves patch pages ahead: the simulated media stage takes a group's pages
 when it has "decoded" that group (and only if they are free: back-pressure), then reports it. Half the
 scenarios use the cross-process free list the server uses (backends/ipc/shared_pages.py)."""
 
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -154,13 +156,18 @@ def run_scenario(seed, tmp_path):
                 decoded.append((req_id, group, pages))
                 in_decode_pages += len(pages)
         before = {r for r, seq in live.items() if seq.block_table is not None}
-        plan = sched.schedule()
+        step_config, budgets = config, None
+        if seed % 3 == 0:  # budgets that change every step, as an SLO policy sets them (orchestrator.budget_policy)
+            budgets = tuple(max(1, int(b * rng.choice([0.25, 0.5, 1, 2, 8])))
+                            for b in (config.encode_budget, config.prefill_budget))
+            step_config = replace(config, encode_budget=budgets[0], prefill_budget=budgets[1])
+        plan = sched.schedule(budgets)
         check_admission(sched, config, live, arrival,
                         {r for r, seq in live.items() if seq.block_table is not None} - before)
         if plan is None:
             check_idle(sched, live)
         else:
-            check_plan(sched, config, plan, live, arrival)
+            check_plan(sched, step_config, plan, live, arrival)
         if live and rng.random() < 0.03:  # cancellation, possibly of a sequence in the step in flight
             victim = rng.choice(sorted(live))
             sched.remove(victim)

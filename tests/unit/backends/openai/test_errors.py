@@ -11,7 +11,7 @@ from backends.openai.convert import OrchestratorRequest
 from backends.openai.errors import ApiError, from_orchestrator
 from backends.openai.orchestrator_client import OrchestratorClient
 from backends.runtime.tokenizer import build_offline_tokenizer
-from orchestrator.engine import SHUTTING_DOWN
+from orchestrator.engine_io import SHUTTING_DOWN
 from orchestrator.inputs import InputLimits, MediaInput, RawRequest, parse_request
 from orchestrator.media import plan_media
 from orchestrator.prompt import build_prompt

@@ -1,0 +1,123 @@
+"""SLO-driven token budgets: each step's encode and prefill budgets follow the decode batch's TBT headroom and the
+waiting requests' TTFT deadlines (the design card's "dynamic quotas by SLO"). Pure Python, fed by measured times.
+
+encode_prefill and decode share the GPU, so a longer encode/prefill step stretches the decode steps that overlap
+it: the gap between decode steps (the TBT every stream sees) grows with the step budgets. The policy scales both
+configured budgets by one factor ``scale`` in [``min_scale``, ``max_scale``]:
+
+* nothing decoding: ``max_scale`` (no stream to protect; a lone video reaches its first token sooner, as larger
+  budgets measured on the H200: bench/RESULTS.md);
+* the largest of the last ``window`` decode gaps over the TBT target (the tightest ``tbt_ms`` of the modalities
+  decoding, divided by ``decode_priority_boost``): halved (multiplicative decrease, as TCP's congestion control
+  backs off);
+* under half the target, and a waiting request whose remaining work, at the measured cost per unit of work and
+  the current scale, would pass its TTFT target: doubled; under half the target otherwise: x1.25; else kept.
+
+Budgets never fall below one patch and one token, and the scheduler's fairness rules are unchanged, so every
+request still progresses. A unit of work is one prefill token or four encode patches (one visual token after the
+2x2 merge).
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from backends.triton.triton_io import float_parameter
+
+MODALITIES = ("text", "image", "video")
+DEFAULT_TBT_MS = 50.0  # the per-request p99 TBT SLO of the peer benchmark (issue 19)
+
+
+@dataclass(frozen=True)
+class SloTargets:
+    """Per modality (a request with a video counts as video, one with images as image): ``ttft_ms`` and ``tbt_ms``
+    targets (ms; a missing one: none for TTFT, :data:`DEFAULT_TBT_MS` for TBT)."""
+
+    ttft_ms: dict[str, float] = field(default_factory=dict)
+    tbt_ms: dict[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def from_parameters(cls, params: dict[str, str]) -> "SloTargets":
+        """From the orchestrator's ``slo_<modality>_ttft_ms`` / ``slo_<modality>_tbt_ms`` parameters (the deploy
+        file's ``slo`` section). Raises ValueError naming a parameter that is not a positive number."""
+        return cls(*({m: v for m in MODALITIES if (v := float_parameter(params, f"slo_{m}_{name}")) is not None}
+                     for name in ("ttft_ms", "tbt_ms")))
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """``decode_priority_boost`` (>= 1): the TBT target is divided by it, so decode is protected sooner;
+    ``min_scale`` / ``max_scale``: the range of the budgets' factor; ``window``: decode gaps judged (steps).
+    Raises ValueError for values out of range."""
+
+    decode_priority_boost: float = 1.0
+    min_scale: float = 0.25
+    max_scale: float = 8.0
+    window: int = 16
+
+    def __post_init__(self) -> None:
+        if not self.decode_priority_boost >= 1:
+            raise ValueError(f"decode_priority_boost must be >= 1, got {self.decode_priority_boost}")
+        if not 0 < self.min_scale <= 1 <= self.max_scale:
+            raise ValueError(f"need 0 < min_scale <= 1 <= max_scale, got {self.min_scale}, {self.max_scale}")
+        if self.window < 1:
+            raise ValueError(f"window must be >= 1, got {self.window}")
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """A request before its first token: its ``kind`` (modality), ``age_ms`` since it arrived, and the work left
+    (``units``: prefill tokens + encode patches / 4)."""
+
+    kind: str
+    age_ms: float
+    units: float
+
+
+class BudgetPolicy:
+    """The budgets of the next step from ``encode_budget`` (patches) and ``prefill_budget`` (tokens), the
+    configured ones, by the module docstring's rule."""
+
+    def __init__(self, encode_budget: int, prefill_budget: int, targets: SloTargets,
+                 config: PolicyConfig = PolicyConfig()):
+        self.base = (encode_budget, prefill_budget)
+        self.targets, self.config = targets, config
+        self.scale = 1.0
+        self._gaps: deque[float] = deque(maxlen=config.window)
+        self._ms_per_unit: float | None = None  # measured, exponentially averaged
+
+    def observe_decode_gap(self, ms: float) -> None:
+        """The time between two decode steps that had sequences (ms): the TBT the streams see."""
+        self._gaps.append(ms)
+
+    def observe_step(self, ms: float, units: float) -> None:
+        """An encode/prefill step of ``units`` units of work took ``ms`` (launch to result)."""
+        if units > 0:
+            cost = ms / units
+            self._ms_per_unit = cost if self._ms_per_unit is None else 0.8 * self._ms_per_unit + 0.2 * cost
+
+    def budgets(self, decoding: set[str], waiting: list[Waiting]) -> tuple[int, int]:
+        """(encode patches, prefill tokens) for the next step; ``decoding``: the modalities of the sequences in the
+        decode batch; ``waiting``: the requests not yet at their first token."""
+        c = self.config
+        if not decoding:
+            self.scale = c.max_scale
+            self._gaps.clear()  # gaps of another batch say nothing about the next one
+        elif self._gaps:
+            target = min(self.targets.tbt_ms.get(k, DEFAULT_TBT_MS) for k in decoding) / c.decode_priority_boost
+            worst = max(self._gaps)
+            if worst > target:
+                self.scale = max(c.min_scale, self.scale / 2)
+                self._gaps.clear()  # judge the new scale by its own gaps
+            elif worst < target / 2:
+                self.scale = min(c.max_scale, self.scale * (2 if self._at_risk(waiting) else 1.25))
+        return tuple(max(1, round(b * self.scale)) for b in self.base)
+
+    def _at_risk(self, waiting: list[Waiting]) -> bool:
+        """A waiting request would pass its TTFT target: its age plus its work at the measured cost per unit, stretched
+        by 1 / scale below scale 1 (fewer units per step, each step with its fixed costs). A heuristic: it ignores
+        the other requests' work, so it errs towards raising the budgets."""
+        if self._ms_per_unit is None:
+            return False
+        return any(w.age_ms + w.units * self._ms_per_unit / min(1.0, self.scale) > target for w in waiting
+                   if (target := self.targets.ttft_ms.get(w.kind)) is not None)

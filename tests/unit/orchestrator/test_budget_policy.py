@@ -1,0 +1,86 @@
+"""The SLO budget policy (orchestrator/budget_policy.py): the budgets' factor by the decode gaps and the TTFT
+deadlines, within its range; the targets from the orchestrator's parameters."""
+import random
+
+import pytest
+
+from orchestrator.budget_policy import DEFAULT_TBT_MS, BudgetPolicy, PolicyConfig, SloTargets, Waiting
+
+TARGETS = SloTargets(ttft_ms={"text": 500, "video": 15_000}, tbt_ms={"text": 50, "video": 40})
+
+
+def policy(**config) -> BudgetPolicy:
+    return BudgetPolicy(10240, 2048, TARGETS, PolicyConfig(**config))
+
+
+def test_nothing_decoding_gives_the_largest_budgets():
+    p = policy()
+    assert p.budgets(set(), []) == (8 * 10240, 8 * 2048)
+
+
+def test_gaps_over_the_tbt_target_halve_the_budgets_down_to_the_floor():
+    p = policy()
+    p.scale = 1.0
+    scales = []
+    for _ in range(5):
+        p.observe_decode_gap(45.0)  # over the video target (40 ms), under the text one
+        p.budgets({"text", "video"}, [])
+        scales.append(p.scale)
+    assert scales == [0.5, 0.25, 0.25, 0.25, 0.25]
+    assert p.budgets({"text"}, []) == (2560, 512)  # no gap judged since the last decrease: kept
+
+
+def test_headroom_raises_the_budgets_faster_when_a_ttft_is_at_risk():
+    calm, urgent = policy(), policy()
+    for p in (calm, urgent):
+        p.scale = 1.0
+        p.observe_step(100.0, 1000)  # 0.1 ms per unit of work
+        p.observe_decode_gap(10.0)  # well under 50 ms
+    calm.budgets({"text"}, [Waiting("text", age_ms=10, units=100)])  # 10 + 10 ms: in time
+    urgent.budgets({"text"}, [Waiting("text", age_ms=450, units=1000)])  # 450 + 100 ms > 500 ms
+    assert (calm.scale, urgent.scale) == (1.25, 2.0)
+
+
+def test_between_half_and_the_whole_target_the_budgets_stay():
+    p = policy()
+    p.scale = 2.0
+    p.observe_decode_gap(30.0)
+    assert p.budgets({"text"}, []) == (20480, 4096)
+
+
+def test_decode_priority_boost_lowers_the_tbt_target():
+    plain, boosted = policy(), policy(decode_priority_boost=2.0)
+    for p in (plain, boosted):
+        p.scale = 1.0
+        p.observe_decode_gap(30.0)  # under 50 ms, over 50 / 2
+        p.budgets({"text"}, [])
+    assert (plain.scale, boosted.scale) == (1.0, 0.5)
+
+
+def test_the_factor_stays_in_its_range_and_budgets_at_least_one():
+    rng = random.Random(0)
+    p = BudgetPolicy(3, 2, SloTargets(), PolicyConfig(min_scale=0.25, max_scale=4.0))
+    for _ in range(2000):
+        p.observe_decode_gap(rng.uniform(0, 2 * DEFAULT_TBT_MS))
+        if rng.random() < 0.3:
+            p.observe_step(rng.uniform(1, 50), rng.randrange(0, 4000))
+        encode, prefill = p.budgets(rng.choice([set(), {"text"}, {"image", "video"}]),
+                                    [Waiting("image", rng.uniform(0, 5000), rng.uniform(0, 1e4))])
+        assert 0.25 <= p.scale <= 4.0 and encode >= 1 and prefill >= 1
+
+
+def test_targets_come_from_the_parameters():
+    targets = SloTargets.from_parameters({"slo_text_ttft_ms": "500", "slo_video_tbt_ms": "40", "slo_image_ttft_ms": ""})
+    assert (targets.ttft_ms, targets.tbt_ms) == ({"text": 500.0}, {"video": 40.0})
+    with pytest.raises(ValueError, match="parameter slo_text_tbt_ms must be a positive number, got '-3'"):
+        SloTargets.from_parameters({"slo_text_tbt_ms": "-3"})
+
+
+@pytest.mark.parametrize("config,words", [
+    (dict(decode_priority_boost=0.5), "decode_priority_boost must be >= 1"),
+    (dict(min_scale=2.0), "need 0 < min_scale <= 1 <= max_scale"),
+    (dict(window=0), "window must be >= 1"),
+])
+def test_bad_settings_are_refused(config, words):
+    with pytest.raises(ValueError, match=words):
+        PolicyConfig(**config)
