@@ -6,14 +6,18 @@ that group's pages from the free list (waiting while the pool is full: back-pres
 group's patch rows into them and reports "group g ready in pages [...]" at once, so encoding can start
 before the video is decoded; nothing is reserved ahead. Reported pages are the orchestrator's to
 return; pages of a group that is not reported (abort, error) go back here. Decoding runs on a thread
-pool: ``execute()`` returns immediately (invariant 1). When the server stops (``stop``), every decode
-ends after its current group as if aborted, so each stream gets its final flag and the model can unload.
+pool: ``execute()`` returns immediately (invariant 1). Its threads are shared fairly between requests
+(``flashcodec.fair_queue``: one queue per request, a free thread takes the next item of the request with
+the fewest running), so a request of many large items cannot hold other requests' media back for more
+than the first item to end (issue 18). When the server stops (``stop``), every decode ends after its
+current group as if aborted, so each stream gets its final flag and the model can unload.
 """
 from __future__ import annotations
 
 import logging
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -21,12 +25,23 @@ import torch
 from backends.ipc import shared_pages, shared_tensor
 from backends.ipc.protocol import INVALID_INPUT, SERVER_FAULT, StageFailure
 from flashcodec.errors import MediaError
+from flashcodec.fair_queue import FairQueue
 from flashcodec.patch_pool import pages_needed, write_group
 from flashcodec.pipeline import image_group, iter_video_groups, make_decoder
 from flashcodec.sampling import ImagePlan, VideoPlan
 
 log = logging.getLogger(__name__)
 PATCH_DIM = 3 * 2 * 14 * 14  # channels x temporal_patch_size x patch x patch (Qwen2.5-VL)
+
+
+@dataclass(frozen=True)
+class _Item:
+    """One media item waiting for a decode thread (``FlashCodecWorker.submit``'s arguments)."""
+
+    media: bytes | str
+    plan: VideoPlan | ImagePlan
+    on_group: Callable[[int, list[int]], None]
+    on_done: Callable[[StageFailure | None], None]
 
 
 class FlashCodecWorker:
@@ -43,8 +58,9 @@ class FlashCodecWorker:
         # NVDEC on a GPU, else GOP-parallel PyAV processes, else sequential PyAV (logged, counted per video).
         self.choice = make_decoder(device, gpus=gpus, processes_per_gpu=processes_per_gpu)
         self.executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="flashcodec")
+        self.queue: FairQueue[str, _Item] = FairQueue(threads)  # items by request, waiting for a thread
         self.cancelled: set[str] = set()
-        self.running: dict[str, int] = {}  # media items being decoded per request
+        self.running: dict[str, int] = {}  # media items queued or being decoded per request
         self.closing = False  # set at stop: no thread may wait for pages that nobody frees any more
         self.lock = threading.Lock()
         self.futures: set[Future] = set()  # decodes submitted and not finished
@@ -53,23 +69,39 @@ class FlashCodecWorker:
                on_group: Callable[[int, list[int]], None], on_done: Callable[[StageFailure | None], None]) -> None:
         """Decode ``media`` (bytes, or a path the orchestrator checked) by ``plan``; ``on_group(g, pages)``
         once group g is written into ``pages`` of the patch pool (from then on the caller's to free);
-        ``on_done(failure or None)`` last (``invalid_input`` when the media would not decode)."""
+        ``on_done(failure or None)`` last (``invalid_input`` when the media would not decode). The item waits
+        for a decode thread in its request's queue (``flashcodec.fair_queue``), after the request's earlier
+        items."""
         with self.lock:
             self.running[request_id] = self.running.get(request_id, 0) + 1
-            future = self.executor.submit(self._run, request_id, media, plan, on_group, on_done)
-            self.futures.add(future)
-        future.add_done_callback(self._forget)
+            self.queue.put(request_id, _Item(media, plan, on_group, on_done))
+        self._dispatch()
+
+    def _dispatch(self) -> None:
+        """Hand each free decode thread the next item by the fair rule (on a submit, and when an item ends)."""
+        while True:
+            with self.lock:
+                taken = self.queue.take()
+                if taken is None:
+                    return
+                future = self.executor.submit(self._run, *taken)
+                self.futures.add(future)
+            future.add_done_callback(self._forget)
 
     def _forget(self, future: Future) -> None:
         with self.lock:
             self.futures.discard(future)
 
     def abort(self, request_id: str) -> None:
-        """Stop after the group being decoded, also while waiting for pages; the stream then ends (the
-        orchestrator waits for that before it frees the request's patch pages)."""
+        """Stop after the group being decoded, also while waiting for pages; items not started are dropped.
+        Each stream then ends (the orchestrator waits for that before it frees the request's patch pages)."""
         with self.lock:
-            if request_id in self.running:  # else nothing to stop, and the mark would never be spent
-                self.cancelled.add(request_id)
+            if request_id not in self.running:  # nothing to stop, and the mark would never be spent
+                return
+            self.cancelled.add(request_id)
+            dropped = self.queue.drop(request_id)
+        for item in dropped:
+            self._end(request_id, item.on_done, None)
 
     def _is_cancelled(self, request_id: str) -> bool:
         with self.lock:
@@ -81,19 +113,22 @@ class FlashCodecWorker:
         orchestrator has failed the request itself."""
         with self.lock:
             self.closing = True
+            dropped = self.queue.drain()
+        for request_id, item in dropped:
+            self._end(request_id, item.on_done, None)
 
-    def _run(self, request_id, media, plan, on_group, on_done) -> None:
+    def _run(self, request_id: str, item: _Item) -> None:
         failure = None
         try:
             if self.closing:
                 return
-            if isinstance(plan, VideoPlan):
-                groups = iter_video_groups(media, plan, self.choice.decoder)
+            if isinstance(item.plan, VideoPlan):
+                groups = iter_video_groups(item.media, item.plan, self.choice.decoder)
             else:  # an image_url arrives as a path the orchestrator checked
-                data = media if isinstance(media, bytes) else open(media, "rb").read()
-                groups = iter([(0, image_group(data, plan))])
+                data = item.media if isinstance(item.media, bytes) else open(item.media, "rb").read()
+                groups = iter([(0, image_group(data, item.plan))])
             for index, patches in groups:
-                if not self._write(request_id, index, patches, on_group):
+                if not self._write(request_id, index, patches, item.on_group):
                     break  # aborted, or the server is stopping: the stream just ends
         except MediaError as exc:
             failure = StageFailure(INVALID_INPUT, str(exc))
@@ -102,14 +137,22 @@ class FlashCodecWorker:
             failure = StageFailure(SERVER_FAULT, f"flashcodec: {type(exc).__name__}: {exc}")
         finally:
             with self.lock:
-                self.running[request_id] -= 1
-                if not self.running[request_id]:  # the request's last item: its abort mark is spent
-                    del self.running[request_id]
-                    self.cancelled.discard(request_id)
-            try:
-                on_done(failure)
-            except Exception:  # the executor would drop it silently, and the stream would stay open
-                log.exception("flashcodec could not end the stream of %s", request_id)
+                self.queue.done(request_id)  # the thread is free: the next item may start
+            self._end(request_id, item.on_done, failure)
+            self._dispatch()
+
+    def _end(self, request_id: str, on_done: Callable[[StageFailure | None], None],
+             failure: StageFailure | None) -> None:
+        """An item has ended, run or dropped: count it out of its request and end its stream."""
+        with self.lock:
+            self.running[request_id] -= 1
+            if not self.running[request_id]:  # the request's last item: its abort mark is spent
+                del self.running[request_id]
+                self.cancelled.discard(request_id)
+        try:
+            on_done(failure)
+        except Exception:  # the executor would drop it silently, and the stream would stay open
+            log.exception("flashcodec could not end the stream of %s", request_id)
 
     def _write(self, request_id: str, index: int, patches: torch.Tensor, on_group) -> bool:
         """Take the decoded group's pages, write it, report it; False when the request was aborted."""

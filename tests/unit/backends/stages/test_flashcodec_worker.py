@@ -1,19 +1,22 @@
 """The FlashCodec stage without Triton: a group's patch pages are taken once it is decoded, the stage waits
-while the pool is full (back-pressure), and an abort stops that wait."""
+while the pool is full (back-pressure), and an abort stops that wait; its decode threads are shared fairly
+between requests, and aborts and failures give them back."""
 from __future__ import annotations
 
 import queue
+import threading
 
 import pytest
 import torch
 
+from backends.ipc.protocol import INVALID_INPUT, SERVER_FAULT
 from backends.ipc.run_dir import RUN_DIR_ENV
 from backends.stages.flashcodec_worker import FlashCodecWorker
 from flashcodec.patch_pool import pages_needed, read_group
 from flashcodec.pipeline import iter_video_groups
-from flashcodec.probe import probe_video
-from flashcodec.sampling import plan_video
-from tests.media import make_video
+from flashcodec.probe import probe_image, probe_video
+from flashcodec.sampling import plan_image, plan_video
+from tests.media import make_image, make_video
 
 PAGE = 256
 
@@ -90,3 +93,96 @@ def test_gpu_set_parameters():
     for bad in ("0,0", "-1", "gpu1", "1,,2"):
         with pytest.raises(ValueError, match="parameter nvdec_gpus must be"):
             gpus_value("nvdec_gpus", bad)
+
+
+class HeldItems:
+    """Image items on a worker of 2 threads (16 pages) whose decode threads stay busy after reporting their group
+    until ``release(name)``: the order in which items start is then the fair queue's alone."""
+
+    def __init__(self, worker: FlashCodecWorker):
+        self.worker = worker
+        self.data = make_image(64, 64, "RGB", "PNG")
+        self.plan = plan_image(probe_image(self.data))
+        self.started: queue.Queue = queue.Queue()  # names, as each item reports its group
+        self.gates: dict[str, threading.Event] = {}
+        self.ends: dict[str, queue.Queue] = {}
+
+    def submit(self, request_id: str, name: str, data: bytes | None = None, hold: bool = True) -> None:
+        gate = self.gates[name] = threading.Event()
+        if not hold:
+            gate.set()
+
+        def on_group(index: int, pages: list[int]) -> None:
+            self.worker.free_pages.free(pages)  # as the orchestrator does once the group is encoded
+            self.started.put(name)
+            assert gate.wait(30)
+
+        self.ends[name] = queue.Queue()
+        self.worker.submit(request_id, data or self.data, self.plan, on_group, self.ends[name].put)
+
+    def next_started(self) -> str:
+        return self.started.get(timeout=30)
+
+    def release(self, name: str):
+        """Let ``name``'s thread go; returns its final callback's argument."""
+        self.gates[name].set()
+        return self.ends[name].get(timeout=30)
+
+
+@pytest.fixture
+def held(tmp_path, monkeypatch):
+    monkeypatch.setenv(RUN_DIR_ENV, str(tmp_path / "run"))
+    worker = FlashCodecWorker(torch.device("cpu"), num_pages=16, page_size=PAGE, threads=2)
+    items = HeldItems(worker)
+    yield items
+    for gate in items.gates.values():  # a failed test leaves no thread waiting
+        gate.set()
+    worker.shutdown()
+
+
+def test_a_request_of_many_items_leaves_the_next_free_thread_to_another(held):
+    for i in range(6):
+        held.submit("big", f"big{i}")
+    assert {held.next_started(), held.next_started()} == {"big0", "big1"}  # a lone request uses both threads
+    held.submit("small", "small", hold=False)
+    assert held.started.empty()  # both threads busy: running items are not interrupted
+    assert held.release("big0") is None
+    assert held.next_started() == "small"  # the freed thread, ahead of big2..big5 queued before it
+    assert held.ends["small"].get(timeout=30) is None
+    assert held.next_started() == "big2"
+    for i in range(1, 6):
+        if i > 2:
+            assert held.next_started() == f"big{i}"  # one request's items start in order
+        assert held.release(f"big{i}") is None
+    assert held.worker.queue.busy == 0 and not held.worker.running and held.worker.free_pages.num_free == 16
+
+
+def test_an_abort_drops_the_queued_items_and_frees_every_thread(held):
+    for i in range(5):
+        held.submit("r1", f"r1-{i}")
+    assert {held.next_started(), held.next_started()} == {"r1-0", "r1-1"}
+    held.worker.abort("r1")
+    for i in range(2, 5):  # ended at once, never decoded, while the running two still hold their threads
+        assert held.ends[f"r1-{i}"].get(timeout=5) is None
+    assert held.started.empty() and len(held.worker.queue) == 0 and held.worker.queue.busy == 2
+    assert held.release("r1-0") is None and held.release("r1-1") is None
+    assert held.worker.queue.busy == 0 and not held.worker.running and not held.worker.cancelled
+    held.submit("r1", "again", hold=False)  # the abort mark is spent: the same id decodes again
+    assert held.next_started() == "again" and held.ends["again"].get(timeout=30) is None
+
+
+def test_failed_items_give_their_thread_back(held):
+    """A file that does not decode (invalid_input), a report that cannot be sent (server_fault: the pages go
+    back): each ends its stream with the failure, and the items queued behind them still run."""
+    def lost(index, pages):
+        raise ConnectionError("the orchestrator has gone")
+
+    held.submit("r1", "bad", data=b"not an image", hold=False)
+    ends = queue.Queue()
+    held.worker.submit("r1", held.data, held.plan, lost, ends.put)
+    for i in range(3):
+        held.submit("r1", f"ok{i}", hold=False)
+    assert held.ends["bad"].get(timeout=30).kind == INVALID_INPUT
+    assert ends.get(timeout=30).kind == SERVER_FAULT
+    assert all(held.ends[f"ok{i}"].get(timeout=30) is None for i in range(3))
+    assert held.worker.queue.busy == 0 and not held.worker.running and held.worker.free_pages.num_free == 16
