@@ -3,10 +3,10 @@
     python3 bench/fair_decode.py --out /tmp/fair-decode [--images 24] [--side 3000] [--runs 3]
 
 Serves the default (tiny) model (flashcodec's ``decode_threads`` 4) with a ``side`` x ``side`` noise PNG and a 64x64
-PNG in an allowed folder. Per run: the small request (``image_url`` naming the 64x64 PNG) alone; the big request (``images`` ``image_url`` items naming the
-noise PNG, ``max_pixels`` 200704: decoding is costly, prompts stay short) alone; then the big one and, ``--gap-s``
-later, the small one. Prints each run and writes ``<out>/fair_decode.json`` (seconds). ``small_beside_big`` is also the
-end-to-end test's (tests/e2e/test_fair_decode.py).
+PNG in an allowed folder. Per run: the small request (``image_url`` naming the 64x64 PNG) alone; the big request
+(``images`` ``image_url`` items naming the noise PNG, ``max_pixels`` 200704: decoding is costly, prompts stay short)
+alone; then the big one and, ``--gap-s`` later, the small one. Prints each run and writes ``<out>/fair_decode.json``
+(seconds). ``small_beside_big`` is also the end-to-end test's (tests/e2e/test_fair_decode.py).
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A pool of long-lived PyAV decoder processes running GOP jobs (`gop_reader.GopJob`) first come, first served.
+"""A pool of long-lived PyAV decoder processes running GOP jobs (`gop_reader.GopJob`), shared fairly between videos.
 
 Processes, not threads: FFmpeg's software decoders release the GIL but the per-frame Python around them
 (packet loop, RGB conversion, rotation) does not. Each worker is a helper process (`backends.ipc.helper_process`:
@@ -12,15 +12,16 @@ import logging
 import math
 import threading
 import time
-from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from functools import partial
+from typing import Hashable
 
 import numpy as np
 
 from backends.ipc.helper_process import Exit, HelperProcess, HelperStartError, close_all, handshake_all
 from flashcodec.errors import MediaError
+from flashcodec.fair_queue import FairQueue
 from flashcodec.gop_reader import DemuxMismatch, GopJob
 
 log = logging.getLogger(__name__)
@@ -34,6 +35,7 @@ class PoolUnavailable(RuntimeError):
 @dataclass
 class _Task:
     id: int
+    key: Hashable  # the video decode it belongs to (its queue)
     path: str
     job: GopJob
     futures: list[Future]
@@ -48,9 +50,11 @@ class _Worker:
 
 
 class WorkerPool:
-    """`workers` long-lived decoder processes sharing one first-come first-served queue of GOP jobs.
+    """`workers` long-lived decoder processes sharing a fair queue of GOP jobs (`fair_queue.FairQueue`).
 
-    A free worker always takes the next job (stall-free). Each job must produce its next part within
+    A free worker always takes a job when one is queued (stall-free): the next job of the video decode (`submit`'s
+    `key`) with the fewest jobs running, so that a video submitted beside another's window of jobs starts on the
+    next free worker instead of waiting for that window (issue 18). Each job must produce its next part within
     `part_timeout_s` seconds of the previous one (or of its start); a worker that does not is killed and
     replaced, and the job's remaining parts fail with MediaError naming the timeout. A worker that dies fails
     its job the same way; a replacement that dies before its handshake is not replaced again. `threads`: FFmpeg
@@ -61,7 +65,7 @@ class WorkerPool:
         if workers < 1 or part_timeout_s <= 0:
             raise ValueError(f"workers must be >= 1 and part_timeout_s > 0, got {workers}, {part_timeout_s}")
         self.part_timeout_s, self.threads, self.start_timeout_s = part_timeout_s, threads, start_timeout_s
-        self._queue: deque[_Task] = deque()
+        self._queue: FairQueue[Hashable, _Task] = FairQueue(workers)
         self._lock = threading.Lock()  # the queue, the worker list, each worker's task
         self._next_id = 0
         self._closed = False
@@ -91,15 +95,15 @@ class WorkerPool:
         with self._lock:
             return [w.helper.pid for w in self._workers]
 
-    def submit(self, path: str, job: GopJob) -> list[Future]:
-        """Queue `job` on the video file at `path`; one Future per part of `job.task`, resolving to that part's
-        frames (HxWx3 uint8 arrays, None where a frame did not decode). Cancel the futures to drop a job that
-        has not started. Raises RuntimeError after `close`."""
+    def submit(self, path: str, job: GopJob, key: Hashable) -> list[Future]:
+        """Queue `job` on the video file at `path` after the other jobs of `key` (one video decode); one Future per
+        part of `job.task`, resolving to that part's frames (HxWx3 uint8 arrays, None where a frame did not
+        decode). Cancel the futures to drop a job that has not started. Raises RuntimeError after `close`."""
         futures = [Future() for _ in job.task.parts]
         with self._lock:
             if self._closed:
                 raise RuntimeError("the GOP decoder pool is closed")
-            self._queue.append(_Task(self._next_id, path, job, futures))
+            self._queue.put(key, _Task(self._next_id, key, path, job, futures))
             self._next_id += 1
         self._dispatch()
         return futures
@@ -108,7 +112,7 @@ class WorkerPool:
         """Refuse new jobs and fail the queued ones with RuntimeError(`why`)."""
         with self._lock:
             self._closed = True
-            queued, self._queue = list(self._queue), deque()
+            queued = [task for _, task in self._queue.drain()]
         for task in queued:
             _fail(task, RuntimeError(why))
 
@@ -119,7 +123,7 @@ class WorkerPool:
             workers, self._workers = self._workers, []
             running = [w.task for w in workers if w.task is not None]
             for worker in workers:
-                worker.task = None
+                self._free(worker)
         for task in running:
             _fail(task, RuntimeError("the GOP decoder pool was closed"))
         close_all([w.helper for w in workers], 2.0)
@@ -140,12 +144,21 @@ class WorkerPool:
                 pass  # the worker has gone: its watch fails the job and replaces it
 
     def _next_task(self) -> _Task | None:
-        """The first queued job whose consumer still wants a part (under the lock)."""
-        while self._queue:
-            task = self._queue.popleft()
+        """The next queued job by the fair rule whose consumer still wants a part, counted running (under the
+        lock)."""
+        while (taken := self._queue.take()) is not None:
+            task = taken[1]
             if any([f.set_running_or_notify_cancel() for f in task.futures]):
                 return task
-        return None  # every part of those left cancelled: their consumers have gone
+            self._queue.done(task.key)  # every part cancelled: its consumer has gone
+        return None
+
+    def _free(self, worker: _Worker) -> _Task | None:
+        """Take `worker`'s task off it, its slot in the queue freed (under the lock); returns the task."""
+        task, worker.task = worker.task, None
+        if task is not None:
+            self._queue.done(task.key)
+        return task
 
     def _on_ready(self, worker: _Worker) -> None:
         with self._lock:
@@ -172,7 +185,8 @@ class WorkerPool:
         with self._lock:
             task = worker.task if worker.task is not None and worker.task.id == task_id else None
             if task is not None:
-                worker.task, worker.helper.deadline = None, math.inf
+                self._free(worker)
+                worker.helper.deadline = math.inf
         if task is not None and kind == "media_error":
             _fail(task, MediaError(message[2]))
         elif task is not None and kind == "mismatch":
@@ -189,7 +203,7 @@ class WorkerPool:
         with self._lock:
             if self._closed or worker not in self._workers:
                 return  # closing: its job has failed already
-            task, worker.task = worker.task, None
+            task = self._free(worker)
             index = self._workers.index(worker)
             fresh = None
             if worker.ready:

@@ -44,13 +44,13 @@ class ParallelCpuDecoder:
 
     Per video: `gop.analyse_bitstream` (one demux pass in this process), `gop_plan.plan_gop_tasks` (GOPs
     without a sampled frame skipped, tasks of at most `max_gop_size` decoded packets), then the tasks on the
-    shared `gop_pool.WorkerPool` (several videos share it first come, first served) and the frames back in
-    order as soon as the next part is decoded, at most `window` tasks (default 2 per worker) ahead of the
-    consumer. Output equals `CpuDecoder`'s frame for frame (HxWx3 uint8, upright). Streams whose packets lack
-    unique PTS, and a demuxer that disagrees with the map, are decoded by `CpuDecoder` instead. Raises what
-    `CpuDecoder` raises, and MediaError naming the timeout when a task part takes over `part_timeout_s` s
-    (its process is killed and replaced). Raises gop_pool.PoolUnavailable if the processes cannot start.
-    Call `close()` to stop them.
+    shared `gop_pool.WorkerPool` (videos decoded at once share it fairly: a free process takes the next task of
+    the video with the fewest running) and the frames back in order as soon as the next part is decoded, at most
+    `window` tasks (default 2 per worker) ahead of the consumer. Output equals `CpuDecoder`'s frame for frame
+    (HxWx3 uint8, upright). Streams whose packets lack unique PTS, and a demuxer that disagrees with the map, are
+    decoded by `CpuDecoder` instead. Raises what `CpuDecoder` raises, and MediaError naming the timeout when a
+    task part takes over `part_timeout_s` s (its process is killed and replaced). Raises gop_pool.PoolUnavailable
+    if the processes cannot start. Call `close()` to stop them.
     """
 
     path = "cpu_parallel"
@@ -76,11 +76,11 @@ class ParallelCpuDecoder:
             return
         self.paths.count(self.path)
         tasks = plan_gop_tasks(bmap, indices, self.max_gop_size, self.workers)
-        done = 0
+        done, key = 0, object()  # this decode's own queue in the pool
         with as_file(source) as path:
             try:
-                for frame in frames_in_order(tasks, indices, lambda t: self.pool.submit(path, GopJob.of(bmap, t)),
-                                             self.window):
+                submit = lambda task: self.pool.submit(path, GopJob.of(bmap, task), key)  # noqa: E731
+                for frame in frames_in_order(tasks, indices, submit, self.window):
                     yield frame
                     done += 1
             except DemuxMismatch as exc:

@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from backends.triton.repository import model_parameters
 from bench.fair_decode import small_beside_big, write_noise_png
 from tests.e2e.file_opens import FileOpens
 from tests.media import make_image
+
+pytestmark = pytest.mark.e2e
 
 IMAGES = 24  # the big request's items: hard links to one 3000x3000 noise PNG (25 MB, about 0.2 s to decode alone)
 

@@ -56,6 +56,17 @@ def test_equal_keys_take_turns():
     assert order == [(k, i) for i in range(3) for k in "abc"]
 
 
+def test_a_key_that_has_just_queued_goes_before_one_already_served():
+    queue = FairQueue(1)
+    queue.put("a", 0)
+    assert queue.take() == ("a", 0)
+    for i in range(1, 3):  # a's queue was empty, but a ran: it has been served
+        queue.put("a", i)
+    queue.put("b", 0)
+    queue.done("a")
+    assert queue.take() == ("b", 0)  # a and b run none: a was served, b not since it queued
+
+
 def test_two_busy_keys_share_the_slots_evenly_as_items_end():
     queue = FairQueue(4)
     for i in range(20):
@@ -96,14 +107,15 @@ def test_a_slot_returned_twice_is_refused():
 @pytest.mark.parametrize("seed", range(20))
 def test_random_schedules_keep_every_rule(seed):
     """Random puts, takes, ends and drops on 1-5 slots and 1-6 keys: never more running than slots, no slot idle
-    while items wait, each take goes to a waiting key with the fewest running, and each key's items start in
-    the order they were put."""
+    while items wait, each take goes to a waiting key with the fewest running (on ties, to one not served since
+    it last had nothing queued or running, if any), and each key's items start in the order they were put."""
     rng = random.Random(seed)
     slots = rng.randint(1, 5)
     keys = [f"r{k}" for k in range(rng.randint(1, 6))]
     queue: FairQueue[str, int] = FairQueue(slots)
     queued = {k: [] for k in keys}  # the model: each key's items not yet taken, in order
     running = Counter()
+    served = set()  # keys served since they last had nothing queued or running
     serial = 0
     for _ in range(400):
         action = rng.random()
@@ -116,10 +128,14 @@ def test_random_schedules_keep_every_rule(seed):
             key = rng.choice(sorted((+running).elements()))
             queue.done(key)
             running[key] -= 1
+            if not running[key] and not queued[key]:
+                served.discard(key)
         elif action < 0.9:
             key = rng.choice(keys)
             assert queue.drop(key) == queued[key]
             queued[key] = []
+            if not running[key]:
+                served.discard(key)
         while True:
             waiting = [k for k in keys if queued[k]]
             got = queue.take()
@@ -128,7 +144,14 @@ def test_random_schedules_keep_every_rule(seed):
                 break
             key, item = got
             assert running[key] == min(running[k] for k in waiting)
+            unserved = [k for k in waiting if running[k] == running[key] and k not in served]
+            assert key in unserved or not unserved  # ties: a key that had nothing queued or running first
+            served.add(key)
             assert item == queued[key].pop(0)
             running[key] += 1
             assert queue.busy == sum(running.values()) <= slots
     assert len(queue) == sum(len(v) for v in queued.values())
+    queue.drain()
+    for key in (+running).elements():
+        queue.done(key)
+    assert queue.busy == 0 and not queue._turn and not queue._running  # nothing kept of keys that have gone

