@@ -5,8 +5,10 @@
 Serves the default (tiny) model (flashcodec's ``decode_threads`` 4) with a ``side`` x ``side`` noise PNG and a 64x64
 PNG in an allowed folder. Per run: the small request (``image_url`` naming the 64x64 PNG) alone; the big request
 (``images`` ``image_url`` items naming the noise PNG, ``max_pixels`` 200704: decoding is costly, prompts stay short)
-alone; then the big one and, ``--gap-s`` later, the small one. Prints each run and writes ``<out>/fair_decode.json``
-(seconds). ``small_beside_big`` is also the end-to-end test's (tests/e2e/test_fair_decode.py).
+alone; then the big one and, ``--gap-s`` later, the small one. Besides times to first token, the small request's
+``*_wait_s``: from its sending until flashcodec opens its file to decode it (inotify; the orchestrator's probe opens
+it first), the part of its time this stage's fair share of decode threads bounds. Prints each run and writes
+``<out>/fair_decode.json`` (seconds). ``small_beside_big`` is also the end-to-end test's (tests/e2e/test_fair_decode.py).
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from backends.triton.launcher import TritonServer  # noqa: E402
 from backends.triton.ports import ServerPorts  # noqa: E402
 from client.api import Client  # noqa: E402
+from tests.e2e.file_opens import FileOpens  # noqa: E402
 from tests.media import make_image  # noqa: E402
 
 SAMPLING = {"max_tokens": 2, "temperature": 0}
@@ -72,6 +75,11 @@ def small_beside_big(url: str, small: Path, big: list[Path], between: Callable[[
     return small_s, big_result["ttft_s"]
 
 
+def decode_wait_s(opens: FileOpens, small: Path, sent: float) -> float:
+    """Seconds from ``sent`` until the second open of ``small`` after it (flashcodec's; the first is the probe)."""
+    return [t for t, name in opens.events() if name == small.name and t >= sent][1] - sent
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="folder for the JSON and the server log")
@@ -89,13 +97,22 @@ def main() -> None:
         small.write_bytes(make_image(64, 64, "RGB", "PNG"))
         ports = ServerPorts.unused()
         with TritonServer(ready_timeout_s=300, ports=ports, log_path=out / "server.log",
-                          extra_env={"UNIFIEDSERVE_MEDIA_DIRS": media}) as server:
+                          extra_env={"UNIFIEDSERVE_MEDIA_DIRS": media}) as server, FileOpens(Path(media)) as opens:
             url = f"127.0.0.1:{server.ports.grpc}"
             small_ttft_s(url, small)  # warm-up
             for k in range(args.runs):
-                run = {"small_alone_s": small_ttft_s(url, small), "big_alone_s": big_ttft_s(url, big)}
-                run["small_beside_s"], run["big_beside_s"] = small_beside_big(url, small, big,
-                                                                            lambda: time.sleep(args.gap_s))
+                sent = time.monotonic()
+                run = {"small_alone_s": small_ttft_s(url, small)}
+                run["small_alone_wait_s"] = decode_wait_s(opens, small, sent)
+                run["big_alone_s"] = big_ttft_s(url, big)
+                marks = {}
+
+                def between() -> None:
+                    time.sleep(args.gap_s)
+                    marks["sent"] = time.monotonic()
+
+                run["small_beside_s"], run["big_beside_s"] = small_beside_big(url, small, big, between)
+                run["small_beside_wait_s"] = decode_wait_s(opens, small, marks["sent"])
                 runs.append(run)
                 print(f"run {k}: " + ", ".join(f"{key} {value:.3f}" for key, value in run.items()), flush=True)
     (out / "fair_decode.json").write_text(json.dumps({**vars(args), "runs": runs}, indent=1))

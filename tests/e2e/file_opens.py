@@ -7,6 +7,7 @@ import os
 import select
 import struct
 import threading
+import time
 from pathlib import Path
 
 IN_OPEN = 0x20
@@ -16,17 +17,17 @@ _EVENT = struct.Struct("iIII")  # wd, mask, cookie, len; then len bytes of NUL-p
 
 
 class FileOpens:
-    """A context manager recording, in order, the name of each file of ``folder`` opened (by any process) while it
-    is open. ``names()``: the names so far. Two opens of one name with no close between them may count once
-    (inotify merges identical events), so give files opened at once names of their own (hard links). Raises
-    OSError when inotify cannot watch the folder."""
+    """A context manager recording, in order, each open of a file of ``folder`` (by any process) while it is open.
+    ``events()``: (``time.monotonic()`` seconds when read, file name) of each open so far. Two opens of one name with
+    no close between them may count once (inotify merges identical events), so give files opened at once names of
+    their own (hard links). Raises OSError when inotify cannot watch the folder."""
 
     def __init__(self, folder: Path):
         self._libc = ctypes.CDLL(None, use_errno=True)
         self._fd = self._libc.inotify_init1(IN_NONBLOCK)
         if self._fd < 0 or self._libc.inotify_add_watch(self._fd, str(folder).encode(), IN_OPEN | IN_CLOSE_NOWRITE) < 0:
             raise OSError(ctypes.get_errno(), f"inotify cannot watch {folder}")
-        self._names: list[str] = []
+        self._events: list[tuple[float, str]] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._read, name="file-opens", daemon=True)
@@ -40,20 +41,20 @@ class FileOpens:
         self._thread.join(timeout=5)
         os.close(self._fd)
 
-    def names(self) -> list[str]:
+    def events(self) -> list[tuple[float, str]]:
         with self._lock:
-            return list(self._names)
+            return list(self._events)
 
     def _read(self) -> None:
         while not self._stop.is_set():
             if not select.select([self._fd], [], [], 0.05)[0]:
                 continue
-            data, offset, names = os.read(self._fd, 65536), 0, []
+            data, offset, now, events = os.read(self._fd, 65536), 0, time.monotonic(), []
             while offset < len(data):
                 _, mask, _, length = _EVENT.unpack_from(data, offset)
                 start = offset + _EVENT.size
                 if mask & IN_OPEN:
-                    names.append(data[start:start + length].rstrip(b"\0").decode())
+                    events.append((now, data[start:start + length].rstrip(b"\0").decode()))
                 offset = start + length
             with self._lock:
-                self._names += names
+                self._events += events

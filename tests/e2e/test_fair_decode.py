@@ -36,12 +36,12 @@ def test_a_small_image_waits_for_a_free_thread_not_for_a_big_request(server, grp
             """Until the big request's items are all probed and its decodes hold every thread (a lone request
             uses them all)."""
             deadline = time.monotonic() + 120
-            while sum(name.startswith("big") for name in opens.names()) < IMAGES + threads:
-                assert time.monotonic() < deadline, f"flashcodec did not start {threads} decodes: {opens.names()}"
+            while sum(name.startswith("big") for _, name in opens.events()) < IMAGES + threads:
+                assert time.monotonic() < deadline, f"flashcodec did not start {threads} decodes: {opens.events()}"
                 time.sleep(0.01)
 
         small_s, big_s = small_beside_big(grpc_url, small, big, every_thread_busy)
-        names = opens.names()
+        names = [name for _, name in opens.events()]
     assert all(names.count(path.name) == 2 for path in big) and names.count("small.png") == 2, names
     probed, decoded = [i for i, name in enumerate(names) if name == "small.png"]
     meanwhile = sum(name.startswith("big") for name in names[probed:decoded])
