@@ -2,6 +2,7 @@
 import os
 import signal
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -204,6 +205,9 @@ def test_a_video_beside_another_gets_the_next_free_worker():
         for future in last + [f for futures in first for f in futures]:
             future.cancelled() or future.result(timeout=60)
         assert [key for key, _ in order] == ["a", "b", "a", "a"], order
+        deadline = time.monotonic() + 30  # a job's slot frees on its "done" message, just after its last part
+        while pool._queue.busy and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert pool._queue.busy == 0 and len(pool._queue) == 0
     finally:
         pool.close()
