@@ -8,7 +8,8 @@ PNG in an allowed folder. Per run: the small request (``image_url`` naming the 6
 alone; then the big one and, ``--gap-s`` later, the small one. Besides times to first token, the small request's
 ``*_wait_s``: from its sending until flashcodec opens its file to decode it (inotify; the orchestrator's probe opens
 it first), the part of its time this stage's fair share of decode threads bounds. Prints each run and writes
-``<out>/fair_decode.json`` (seconds). ``small_beside_big`` is also the end-to-end test's (tests/e2e/test_fair_decode.py).
+``<out>/fair_decode.json`` (seconds). ``small_beside_big`` is also the end-to-end test's
+(tests/e2e/test_fair_decode.py).
 """
 from __future__ import annotations
 
