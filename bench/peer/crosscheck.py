@@ -16,7 +16,6 @@ with the bundle's folder first on PYTHONPATH.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +24,7 @@ import numpy as np
 
 from bench.peer.load import ChatRequest, RequestRecord, chat_parts, closed_loop
 from bench.peer.scenarios import Target
+from bench.peer.servers import VLLM_ENV, environment
 from bench.serve_bench import TEXT_PROMPT
 
 CROSSCHECK_PROMPTS = 64
@@ -69,11 +69,8 @@ async def run(target: Target, tokenizer: Path, out: Path, pythonpath: str | None
     out.mkdir(parents=True, exist_ok=True)
     dataset = out / "crosscheck_prompts.jsonl"
     dataset.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts()))
-    env = dict(os.environ)
-    if pythonpath:
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (pythonpath, env.get("PYTHONPATH")) if p)
-    done = subprocess.run(vllm_bench_command(target, tokenizer, dataset, out), env=env, capture_output=True,
-                          text=True)
+    done = subprocess.run(vllm_bench_command(target, tokenizer, dataset, out),
+                          env=environment(VLLM_ENV, pythonpath), capture_output=True, text=True)
     (out / "vllm_bench.log").write_text(done.stdout + done.stderr)
     if done.returncode != 0:
         raise RuntimeError(f"vllm bench serve failed ({done.returncode}):\n{(done.stdout + done.stderr)[-4000:]}")

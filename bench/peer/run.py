@@ -47,7 +47,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def paths(args: argparse.Namespace) -> dict[str, Path]:
-    work = Path(args.work)
+    work = Path(args.work).resolve()  # the servers are given absolute media folders
     return {"checkpoint": work / "qwen2_5_vl_7b_dummy", "media": work / "media", "state": work / "state",
             "out": Path(args.out)}
 
@@ -59,7 +59,7 @@ def prepare(args: argparse.Namespace) -> scenarios.Inputs:
     if not args.smoke and not (p["checkpoint"] / "config.json").exists():
         write_checkpoint(p["checkpoint"])
     inputs = scenarios.build_inputs(p["media"], args.smoke)
-    print(f"checkpoint {p['checkpoint']}; media {p['media']}", flush=True)
+    print(f"media {p['media']}" + ("" if args.smoke else f", checkpoint {p['checkpoint']}"), flush=True)
     return inputs
 
 
@@ -77,7 +77,8 @@ def start(args: argparse.Namespace, system: str) -> None:
     p = paths(args)
     argv, env = servers.command(system, p["checkpoint"], p["media"], args.smoke, args.server_args)
     pythonpath = args.vllm_site if system == "vllm" else None
-    state = servers.start(system, argv, env, p["state"], p["out"] / "logs" / f"{system}.log", pythonpath)
+    state = servers.start(system, argv, env, p["state"], p["out"] / "logs" / f"{system}.log", pythonpath,
+                          args.ready_timeout)
     state["version"] = server_version(system, state["url"])
     (p["state"] / f"{system}.json").write_text(json.dumps(state, indent=1))
     print(f"{system} ready at {state['url']} (model {state['model']}, version {state['version']})", flush=True)
@@ -139,6 +140,8 @@ def main() -> None:
     parser.add_argument("--out", default=str(REPO / "bench" / "results" / "peer"), help="results folder")
     parser.add_argument("--smoke", action="store_true", help="UnifiedServe's tiny default model, the small media")
     parser.add_argument("--vllm-site", default="/tmp/vllm-site", help="the unpacked vLLM bundle (put on PYTHONPATH)")
+    parser.add_argument("--ready-timeout", type=float, default=480.0,
+                        help="seconds a server may take to load (a device call lasts at most 600 s)")
     parser.add_argument("--requests", type=int, help="requests per goodput rate (default: per workload)")
     parser.add_argument("--seed", type=int, default=0, help="the goodput arrivals' and output lengths' seed")
     parser.add_argument("--server-arg", action="append", default=[], dest="server_args", metavar="ARG",

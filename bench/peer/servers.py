@@ -5,7 +5,7 @@
   ``max_model_len`` 128,000), the media folder allowed (``UNIFIEDSERVE_MEDIA_DIRS``); smoke: the tiny default model.
 * ``vllm``: ``python3 -m vllm.entrypoints.openai.api_server`` as the workspace's vllm-bundle.sh tool starts it
   (``--load-format dummy --dtype bfloat16 --max-model-len 128000 --allowed-local-media-path``, ``HF_HUB_OFFLINE=1``,
-  ``VLLM_USE_FLASHINFER_SAMPLER=0``), with ``--max-num-batched-tokens 110000`` (vLLM 0.26 refuses the 3-minute video's
+  ``VLLM_USE_FLASHINFER_SAMPLER=0``, and no ``STUB_SITE``), with ``--max-num-batched-tokens 110000`` (vLLM 0.26 refuses the 3-minute video's
   106,920 visual tokens below that: its encoder cache follows this budget), at most 2 images and 1 video a prompt,
   and the prefix and multimodal-processor caches off (the benchmark repeats the same media), the bundle's folder
   first on ``PYTHONPATH``.
@@ -33,6 +33,16 @@ SYSTEMS = ("unifiedserve", "vllm")
 PORTS = {"unifiedserve": 9000, "vllm": 9001}  # the OpenAI APIs'
 STOP_TIMEOUT_S = 60.0
 VLLM_MAX_BATCHED_TOKENS = 110_000
+# STUB_SITE emptied: on the device it puts the Triton stub's numpy 1.26 first on every Python's path (bench/device_run.sh)
+VLLM_ENV = {"HF_HUB_OFFLINE": "1", "VLLM_USE_FLASHINFER_SAMPLER": "0", "STUB_SITE": ""}
+
+
+def environment(extra: dict, pythonpath: str | None) -> dict:
+    """This process's environment with ``extra`` set and ``pythonpath`` first on PYTHONPATH."""
+    env = {**os.environ, **extra}
+    if pythonpath:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (pythonpath, env.get("PYTHONPATH")) if p)
+    return env
 
 
 def command(system: str, checkpoint: Path, media: Path, smoke: bool, extra: list[str]) -> tuple[list[str], dict]:
@@ -52,22 +62,19 @@ def command(system: str, checkpoint: Path, media: Path, smoke: bool, extra: list
                 "--allowed-local-media-path", str(media), "--limit-mm-per-prompt", '{"image": 2, "video": 1}',
                 "--max-num-batched-tokens", str(VLLM_MAX_BATCHED_TOKENS), "--no-enable-prefix-caching",
                 "--mm-processor-cache-gb", "0", "--host", "127.0.0.1", "--port", port]
-        return argv + extra, {"HF_HUB_OFFLINE": "1", "VLLM_USE_FLASHINFER_SAMPLER": "0"}
+        return argv + extra, VLLM_ENV
     raise ValueError(f"unknown system {system!r}; one of {SYSTEMS}")
 
 
-def start(system: str, argv: list[str], env: dict, state: Path, log: Path, pythonpath: str | None = None,
-          ready_timeout_s: float = 900.0) -> dict:
+def start(system: str, argv: list[str], env: dict, state: Path, log: Path, pythonpath: str | None,
+          ready_timeout_s: float) -> dict:
     """Start ``argv`` in its own session, wait until its ``/v1/models`` answers, record and return its state
     (``pid``, ``url``, ``model``, ``log``). ``pythonpath`` goes first on its PYTHONPATH. Raises RuntimeError (with
     the log's tail) when it exits or is not ready in time; it is stopped then."""
-    environment = {**os.environ, **env}
-    if pythonpath:
-        environment["PYTHONPATH"] = os.pathsep.join(p for p in (pythonpath, environment.get("PYTHONPATH")) if p)
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "wb") as out:
-        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=environment, cwd=str(REPO_ROOT),
-                                   start_new_session=True)
+        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=environment(env, pythonpath),
+                                   cwd=str(REPO_ROOT), start_new_session=True)
     record = {"system": system, "pid": process.pid, "url": f"http://127.0.0.1:{PORTS[system]}", "log": str(log),
               "argv": argv}
     state.mkdir(parents=True, exist_ok=True)
