@@ -15,14 +15,28 @@ def _ok(records: list[dict], kind: str) -> list[dict]:
     return [r for r in records if r["kind"] == kind and r.get("error") is None and r.get("token_s")]
 
 
+def timed_gaps(records: list[dict]) -> list[tuple[float, float]]:
+    """(arrival of the closing token in s from the scenario's start, TBT gap in ms) of every gap of ``records``."""
+    out = []
+    for r in records:
+        times = [r["sent_s"] + t for t in r["token_s"]]
+        out += [(b, (b - a) * 1e3) for a, b in zip(times, times[1:])]
+    return out
+
+
 def gaps_in(records: list[dict], start_s: float, end_s: float) -> list[float]:
     """TBT gaps (ms) of ``records`` whose closing token arrives in ``[start_s, end_s]`` (s from the scenario's
     start)."""
-    gaps = []
-    for r in records:
-        times = [r["sent_s"] + t for t in r["token_s"]]
-        gaps += [(b - a) * 1e3 for a, b in zip(times, times[1:]) if start_s <= b <= end_s]
-    return gaps
+    return [gap for t, gap in timed_gaps(records) if start_s <= t <= end_s]
+
+
+def burst_window(records: list[dict], burst_kind: str) -> tuple[float, float] | None:
+    """(the burst's send, its last first token), s from the scenario's start; None when a burst request failed."""
+    burst = [r for r in records if r["kind"] == burst_kind]
+    firsts = [r["sent_s"] + r["token_s"][0] for r in burst if r.get("token_s")]
+    if not burst or len(firsts) < len(burst):
+        return None
+    return min(r["sent_s"] for r in burst), max(firsts)
 
 
 def _stat(values: list[float], key: str) -> float | None:
@@ -32,20 +46,19 @@ def _stat(values: list[float], key: str) -> float | None:
 
 def all_gaps(records: list[dict]) -> list[float]:
     """Every TBT gap (ms) of ``records``."""
-    return gaps_in(records, float("-inf"), float("inf"))
+    return [gap for _, gap in timed_gaps(records)]
 
 
 def mixed(records: list[dict], burst_kind: str) -> dict:
     """Figures of a mixed scenario: text streams and a burst of ``burst_kind`` requests sent at one instant."""
-    text, burst = _ok(records, "text"), [r for r in records if r["kind"] == burst_kind]
-    firsts = [r["sent_s"] + r["token_s"][0] for r in burst if r.get("token_s")]
-    complete = bool(burst) and len(firsts) == len(burst)  # a failed burst request leaves no window to judge
-    sent = min((r["sent_s"] for r in burst), default=float("inf"))
-    window = gaps_in(text, sent, max(firsts)) if complete else []
-    before = gaps_in(text, float("-inf"), sent) if complete else []
-    ttfts = [r["ttft_ms"] for r in burst] if complete else []
-    return {"text_only_tbt_p99_ms": _stat(before, "p99"), "text_tbt_window_p99_ms": _stat(window, "p99"),
-            "text_tbt_window_max_ms": _stat(window, "max"), f"{burst_kind}_ttft_max_ms": _stat(ttfts, "max")}
+    text, window = _ok(records, "text"), burst_window(records, burst_kind)
+    if window is None:  # not run, or a failed burst request leaves no window to judge
+        return dict.fromkeys(("text_only_tbt_p99_ms", "text_tbt_window_p99_ms", "text_tbt_window_max_ms",
+                              f"{burst_kind}_ttft_max_ms"))
+    inside, before = gaps_in(text, *window), gaps_in(text, float("-inf"), window[0])
+    ttfts = [r["ttft_ms"] for r in records if r["kind"] == burst_kind]
+    return {"text_only_tbt_p99_ms": _stat(before, "p99"), "text_tbt_window_p99_ms": _stat(inside, "p99"),
+            "text_tbt_window_max_ms": _stat(inside, "max"), f"{burst_kind}_ttft_max_ms": _stat(ttfts, "max")}
 
 
 def scenario_figures(name: str, records: list[dict]) -> dict:

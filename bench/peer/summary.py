@@ -8,7 +8,7 @@ video_ttft_ms}``; ``mixed_images.{text_tbt_window_p99_ms, image_ttft_max_ms}``;
 null where a scenario was not run or its requests failed). ``report.json`` holds what backs them: per system and
 scenario the request and error counts and the prompt tokens per request kind (both systems must count the same),
 the goodput runs' best unloaded TTFT per request type, requests per rate and attainment tables (``bench.peer.slo``),
-and the cross-check against ``vllm bench serve``.
+and the cross-check against ``vllm bench serve``. The plots: ``bench.peer.plots``.
 """
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from pathlib import Path
 
 from bench.common import write
 from bench.peer import figures, slo
+from bench.peer.plots import write_plots
 from bench.peer.scenarios import FIXED, WORKLOADS
 
 SYSTEMS = ("unifiedserve", "vllm")
@@ -86,7 +87,8 @@ def prompt_tokens_agree(reports: dict[str, dict]) -> dict[str, bool]:
 
 
 def write_summary(out: Path) -> Path:
-    """Write ``out/summary.json`` and ``out/report.json`` from ``out/raw``; returns the summary's path. Raises
+    """Write ``out/summary.json``, ``out/report.json`` and the plots (``bench.peer.plots``) from ``out/raw``;
+    returns the summary's path. Raises
     FileNotFoundError when no raw records are there."""
     raw = load_raw(out)
     if not raw:
@@ -101,4 +103,5 @@ def write_summary(out: Path) -> Path:
     summary = {"date": first["date"], "device": first["device"], "versions": versions, "systems": systems}
     write(out, "report", {"systems": reports, "prompt_tokens_agree": prompt_tokens_agree(reports),
                           "smoke": first.get("smoke")})
+    write_plots(out, raw, reports)
     return write(out, "summary", summary)
