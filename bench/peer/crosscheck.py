@@ -7,7 +7,7 @@ after the other against the same server with the same prompts: ``CROSSCHECK_PROM
 serve bench's story text, ``CROSSCHECK_OUTPUT`` output tokens each (``ignore_eos``, greedy), ``CROSSCHECK_STREAMS``
 at once. ``vllm bench serve --backend openai-chat --dataset-name custom --skip-chat-template`` sends each prompt as
 the user message, as we do. Reported per generator (ms): TTFT mean / median / p99, TPOT (per request:
-(last token - first token) / (output tokens - 1)) mean / median / p99, ITL mean / p99, and ours / theirs ratios;
+(last token - first token) / (output tokens - 1)) and ITL, each mean / median / p99, and ours / theirs ratios;
 agreement within a few percent says our client adds no cost of its own.
 
 The vLLM bundle carries the ``vllm`` CLI's module; it runs as ``python3 -m vllm.entrypoints.cli.main bench serve``

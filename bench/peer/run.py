@@ -31,6 +31,7 @@ import json
 import subprocess
 import sys
 import urllib.request
+from dataclasses import asdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -112,7 +113,7 @@ def run_scenarios(args: argparse.Namespace, system: str) -> int:
     failed = 0
     for name in expand(args.scenarios or list(scenarios.FIXED)):
         base = {**header(device), "system": system, "server_version": state["version"], "scenario": name,
-                "smoke": args.smoke, "setup": inputs.setup.__dict__}
+                "smoke": args.smoke, "setup": asdict(inputs.setup)}
         if name == "crosscheck":
             result = asyncio.run(crosscheck.run(target, p["checkpoint"], p["out"] / "raw" / system / "crosscheck",
                                                 args.vllm_site))

@@ -158,7 +158,8 @@ async def run(name: str, target: Target, inputs: Inputs, requests: int | None = 
         return await open_loop(url, model, [(0.0, image_request(p, s.image_tokens)) for p in inputs.images])
     workload, _, rate = name.removeprefix("goodput_").partition("@")
     if not name.startswith("goodput_") or workload not in WORKLOADS or not rate:
-        raise ValueError(f"unknown scenario {name!r}: one of {FIXED} or goodput_<{'|'.join(WORKLOADS)}>@<rate|unloaded>")
+        raise ValueError(f"unknown scenario {name!r}: one of {FIXED} or "
+                         f"goodput_<{'|'.join(WORKLOADS)}>@<rate|unloaded>")
     if rate == "unloaded":  # one at a time
         return await closed_loop(url, model, 1, unloaded_requests(workload, inputs))
     count = requests or GOODPUT_REQUESTS[workload]

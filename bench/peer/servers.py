@@ -5,10 +5,10 @@
   ``max_model_len`` 128,000), the media folder allowed (``UNIFIEDSERVE_MEDIA_DIRS``); smoke: the tiny default model.
 * ``vllm``: ``python3 -m vllm.entrypoints.openai.api_server`` as the workspace's vllm-bundle.sh tool starts it
   (``--load-format dummy --dtype bfloat16 --max-model-len 128000 --allowed-local-media-path``, ``HF_HUB_OFFLINE=1``,
-  ``VLLM_USE_FLASHINFER_SAMPLER=0``, and no ``STUB_SITE``), with ``--max-num-batched-tokens 110000`` (vLLM 0.26 refuses the 3-minute video's
-  106,920 visual tokens below that: its encoder cache follows this budget), at most 2 images and 1 video a prompt,
-  and the prefix and multimodal-processor caches off (the benchmark repeats the same media), the bundle's folder
-  first on ``PYTHONPATH``.
+  ``VLLM_USE_FLASHINFER_SAMPLER=0``, and no ``STUB_SITE``), with ``--max-num-batched-tokens 110000`` (vLLM 0.26
+  refuses the 3-minute video's 106,920 visual tokens below that: its encoder cache follows this budget), at most 2
+  images and 1 video a prompt, the prefix and multimodal-processor caches off (the benchmark repeats the same
+  media), the bundle's folder first on ``PYTHONPATH``.
 
 A server is started in a session of its own (``setsid``), so it outlives the command that started it (a device
 call): its pid, URL, model name and log are written to ``<state>/<system>.json``, which later commands read and
@@ -33,7 +33,7 @@ SYSTEMS = ("unifiedserve", "vllm")
 PORTS = {"unifiedserve": 9000, "vllm": 9001}  # the OpenAI APIs'
 STOP_TIMEOUT_S = 60.0
 VLLM_MAX_BATCHED_TOKENS = 110_000
-# STUB_SITE emptied: on the device it puts the Triton stub's numpy 1.26 first on every Python's path (bench/device_run.sh)
+# STUB_SITE emptied: on the device it puts the Triton stub's numpy 1.26 first on any Python's path (device_run.sh)
 VLLM_ENV = {"HF_HUB_OFFLINE": "1", "VLLM_USE_FLASHINFER_SAMPLER": "0", "STUB_SITE": ""}
 
 

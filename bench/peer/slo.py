@@ -58,5 +58,5 @@ def goodput(attainment_by_rate: dict[float, float | None], goal: float = ATTAINM
 def attainment_table(runs: dict[float, list[dict]], best_ttft_ms: dict[str, float],
                      factors: tuple[float, ...] = FACTORS) -> dict[str, dict[str, float | None]]:
     """Attainment per TTFT factor (keys ``"2.0x"``) and per rate (keys the rate as text, requests/s)."""
-    return {f"{factor}x": {str(rate): attainment(records, best_ttft_ms, factor) for rate, records in sorted(runs.items())}
-            for factor in factors}
+    return {f"{factor}x": {str(rate): attainment(records, best_ttft_ms, factor)
+                           for rate, records in sorted(runs.items())} for factor in factors}

@@ -53,8 +53,8 @@ def unifiedserve_prompt_tokens(checkpoint, media: list[MediaInput]) -> int:
     """Prompt tokens as the orchestrator counts them: plan_media per item, then the chat template."""
     plans = [plan_media(item, RequestParams()) for item in media]
     turns = (user_turn(QUESTION, [item.kind for item in media]),)
-    prompt = build_chat_prompt(load_tokenizer(str(checkpoint)), turns,
-                               [(m.kind, p.grid_thw, getattr(p, "second_per_grid_t", 0.0)) for m, p in zip(media, plans)])
+    grids = [(m.kind, p.grid_thw, getattr(p, "second_per_grid_t", 0.0)) for m, p in zip(media, plans)]
+    prompt = build_chat_prompt(load_tokenizer(str(checkpoint)), turns, grids)
     return len(prompt.input_ids)
 
 
