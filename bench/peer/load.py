@@ -116,12 +116,13 @@ async def send(client: httpx.AsyncClient, url: str, model: str, request: ChatReq
                 record.error = f"HTTP {response.status_code}: {(await response.aread()).decode()[:500]}"
                 return record
             async for line in response.aiter_lines():
+                arrived = time.perf_counter() - sent  # before parsing: the client's own cost stays out
                 if not line.startswith("data:") or (data := line[5:].strip()) == "[DONE]":
                     continue
                 chunk = json.loads(data)
                 if "error" in chunk:
                     record.error = f"error event: {json.dumps(chunk['error'])[:500]}"
-                record.token_s += [time.perf_counter() - sent] * tokens_in(chunk)
+                record.token_s += [arrived] * tokens_in(chunk)
                 if chunk.get("usage"):
                     record.prompt_tokens = chunk["usage"].get("prompt_tokens")
                     record.output_tokens = chunk["usage"].get("completion_tokens")

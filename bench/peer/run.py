@@ -155,9 +155,9 @@ def main() -> None:
     for system in args.systems:
         if args.command == "stop":
             servers.stop(system, paths(args)["state"])
-        if args.command in ("start", "all"):
-            start(args, system)
         try:
+            if args.command in ("start", "all"):
+                start(args, system)
             if args.command in ("scenarios", "all"):
                 failed += run_scenarios(args, system)
         finally:
