@@ -19,8 +19,7 @@ from bench.common import write
 from bench.peer import figures, slo
 from bench.peer.plots import write_plots
 from bench.peer.scenarios import FIXED, WORKLOADS
-
-SYSTEMS = ("unifiedserve", "vllm")
+from bench.peer.servers import SYSTEMS
 
 
 def load_raw(out: Path) -> dict[str, dict[str, dict]]:
@@ -88,8 +87,7 @@ def prompt_tokens_agree(reports: dict[str, dict]) -> dict[str, bool]:
 
 def write_summary(out: Path) -> Path:
     """Write ``out/summary.json``, ``out/report.json`` and the plots (``bench.peer.plots``) from ``out/raw``;
-    returns the summary's path. Raises
-    FileNotFoundError when no raw records are there."""
+    returns the summary's path. Raises FileNotFoundError when no raw records are there."""
     raw = load_raw(out)
     if not raw:
         raise FileNotFoundError(f"no raw records under {out / 'raw'}: run some scenarios first")

@@ -1,11 +1,16 @@
 """The peer benchmark's pure parts: SLO attainment and goodput (bench/peer/slo.py), the scenarios' window figures
-(bench/peer/figures.py), Poisson arrivals (bench/peer/load.py), all on hand-made request records."""
+(bench/peer/figures.py), Poisson arrivals (bench/peer/load.py), summary.json and report.json (bench/peer/summary.py),
+all on hand-made request records."""
 from __future__ import annotations
+
+import json
 
 import pytest
 
+from bench.common import write
 from bench.peer import figures, slo
 from bench.peer.load import RequestRecord, poisson_times
+from bench.peer.summary import write_summary
 
 
 def record(kind: str, sent_s: float, ttft_s: float, gap_s: float | list[float], tokens: int = 5,
@@ -81,3 +86,28 @@ def test_poisson_arrivals_are_seeded_and_at_the_rate():
     assert times == poisson_times(4.0, 4000, seed=3) and times != poisson_times(4.0, 4000, seed=4)
     assert times[0] == 0.0 and all(b > a for a, b in zip(times, times[1:]))
     assert len(times) / times[-1] == pytest.approx(4.0, rel=0.05)
+
+
+def test_summary_of_two_systems_holds_the_issues_keys_goodput_and_the_prompt_token_check(tmp_path):
+    def raw(system: str, scenario: str, records: list[dict]) -> None:
+        write(tmp_path / "raw" / system, scenario.replace("@", "_at_"),
+              {"system": system, "scenario": scenario, "date": "2026-12-01", "device": "H200", "versions": {},
+               "server_version": "v", "records": records})
+
+    for system, prompt in (("unifiedserve", 10), ("vllm", 11)):
+        raw(system, "text_c1", [{**record("text", 0, 0.02, 0.005), "prompt_tokens": prompt}])
+        raw(system, "goodput_video@unloaded", [record("video", 0, 1.0, 0.01)])
+        raw(system, "goodput_video@0.1", [record("video", k, 1.5, 0.01) for k in range(10)])
+        raw(system, "goodput_video@0.2", [record("video", k, 1.5 if k < 8 else 3.0, 0.01) for k in range(10)])
+    summary = json.loads(write_summary(tmp_path).read_text())
+    assert set(summary) == {"date", "device", "versions", "systems"}
+    assert summary["versions"] == {"unifiedserve": "v", "vllm": "v"}
+    for figures_of in summary["systems"].values():
+        assert figures_of["text_c1"] == pytest.approx({"ttft_ms": 20.0, "tbt_mean_ms": 5.0})
+        assert figures_of["goodput"] == {"long_video": {"max_rate_rps": None}, "video": {"max_rate_rps": 0.1},
+                                         "images": {"max_rate_rps": None}}
+        assert figures_of["video"] == {"ttft_ms": None}
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["prompt_tokens_agree"] == {"goodput_video@0.1": True, "goodput_video@0.2": True,
+                                             "goodput_video@unloaded": True, "text_c1": False}
+    assert (tmp_path / "attainment_video.png").exists()
