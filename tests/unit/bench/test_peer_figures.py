@@ -1,6 +1,6 @@
 """The peer benchmark's pure parts: SLO attainment and goodput (bench/peer/slo.py), the scenarios' window figures
 (bench/peer/figures.py), Poisson arrivals (bench/peer/load.py), summary.json and report.json (bench/peer/summary.py),
-all on hand-made request records."""
+the cross-check's metrics (bench/peer/crosscheck.py), all on hand-made request records."""
 from __future__ import annotations
 
 import json
@@ -9,6 +9,7 @@ import pytest
 
 from bench.common import write
 from bench.peer import figures, slo
+from bench.peer.crosscheck import our_metrics
 from bench.peer.load import RequestRecord, poisson_times
 from bench.peer.summary import write_summary
 
@@ -111,3 +112,13 @@ def test_summary_of_two_systems_holds_the_issues_keys_goodput_and_the_prompt_tok
     assert report["prompt_tokens_agree"] == {"goodput_video@0.1": True, "goodput_video@0.2": True,
                                              "goodput_video@unloaded": True, "text_c1": False}
     assert (tmp_path / "attainment_video.png").exists()
+
+
+def test_crosscheck_computes_vllm_bench_serves_metrics_from_our_records():
+    fast = RequestRecord("text", 0.0, [0.1, 0.11, 0.12, 0.13])  # TTFT 100 ms, TPOT 10 ms
+    slow = RequestRecord("text", 0.0, [0.3, 0.32, 0.34, 0.36])  # TTFT 300 ms, TPOT 20 ms
+    failed = RequestRecord("text", 0.0, error="HTTP 500")
+    m = our_metrics([fast, slow, failed])
+    assert m["completed"] == 2
+    assert m["mean_ttft_ms"] == pytest.approx(200.0) and m["median_tpot_ms"] == pytest.approx(15.0)
+    assert m["mean_itl_ms"] == pytest.approx(15.0) and m["p99_tpot_ms"] == pytest.approx(19.9)
