@@ -1,5 +1,5 @@
-"""What every benchmark shares: the run's header (device, date, versions), CUDA-event timing, a bar chart
-(drawn with Pillow, so no plotting library is needed), and writing ``<out>/<stem>.json`` + ``.png``.
+"""What every benchmark shares: the run's header (device, date, versions), CUDA-event timing, a bar chart and
+an x-y chart (drawn with Pillow, so no plotting library is needed), and writing ``<out>/<stem>.json`` + ``.png``.
 
 A benchmark writes into the folder its ``--out`` names. The project keeps each benchmark's latest run in a folder
 ``results/<benchmark>-<device>-<date>/`` beside these scripts (its README says what ran and what it shows), and
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import os
 import platform
 import statistics
@@ -84,6 +85,46 @@ def bar_chart(title: str, rows: list[tuple[str, float, str]], path: Path) -> Non
         draw.text((10, y + 4), label, fill="black")
         draw.rectangle([400, y, 400 + max(1, value * scale), y + 16], fill=(70, 110, 180))
         draw.text((406 + value * scale, y + 4), text, fill="black")
+    image.save(path)
+
+
+COLOURS = ((70, 110, 180), (200, 90, 50), (60, 150, 80), (150, 80, 160))
+
+
+def xy_chart(title: str, series: dict[str, list[tuple[float, float]]], path: Path, x_label: str, y_label: str,
+             log_y: bool = False, lines: bool = False, marks_x: tuple[float, ...] = ()) -> None:
+    """Points ``(x, y)`` of each series in its own colour (joined when ``lines``), a legend, the axes' ranges;
+    ``log_y``: a log10 y axis (positive values only); ``marks_x``: vertical grey lines at those x values."""
+    points = [(x, y) for values in series.values() for x, y in values if not log_y or y > 0]
+    if not points:
+        return
+    fy = (lambda y: math.log10(y)) if log_y else (lambda y: y)  # noqa: E731
+    x0, x1 = min(x for x, _ in points), max(x for x, _ in points)
+    y0, y1 = min(fy(y) for _, y in points), max(fy(y) for _, y in points)
+    width, height, left, top = 1000, 520, 80, 60
+    image = Image.new("RGB", (width + left + 20, height + top + 50), "white")
+    draw = ImageDraw.Draw(image)
+    px = lambda x: left + (x - x0) / ((x1 - x0) or 1) * width  # noqa: E731
+    py = lambda y: top + height - (fy(y) - y0) / ((y1 - y0) or 1) * height  # noqa: E731
+    draw.text((10, 12), title, fill="black")
+    draw.rectangle([left, top, left + width, top + height], outline="black")
+    for x in marks_x:
+        draw.line([px(x), top, px(x), top + height], fill=(170, 170, 170))
+    low, high = (10 ** y0, 10 ** y1) if log_y else (y0, y1)
+    draw.text((4, top + height - 6), f"{low:.3g}", fill="black")
+    draw.text((4, top - 6), f"{high:.3g}", fill="black")
+    draw.text((4, top + height // 2), y_label + (" (log)" if log_y else ""), fill="black")
+    draw.text((left, top + height + 8), f"{x0:.3g}", fill="black")
+    draw.text((left + width - 40, top + height + 8), f"{x1:.3g}", fill="black")
+    draw.text((left + width // 2 - 40, top + height + 24), x_label, fill="black")
+    for k, (label, values) in enumerate(series.items()):
+        colour = COLOURS[k % len(COLOURS)]
+        shown = sorted((px(x), py(y)) for x, y in values if not log_y or y > 0)
+        if lines and len(shown) > 1:
+            draw.line(shown, fill=colour, width=2)
+        for x, y in shown:
+            draw.ellipse([x - 2, y - 2, x + 2, y + 2], fill=colour)
+        draw.text((left + 10 + 220 * k, top - 20), label, fill=colour)
     image.save(path)
 
 

@@ -35,6 +35,13 @@
 #   perf-analyzer  bench/perf_analyzer_bench.py: perf_analyzer (the perf-analyzer wheel, .devwheels/pa) with the
 #                  shipped input files (text, image, video; streaming) against the 7B server; PA_ARGS adds options,
 #                  e.g. PA_ARGS="--inputs video"
+#   vllm-part      copies the carried .devwheels/vllm/part* (vLLM 0.26 from the workspace's vllm-bundle.sh tool, two
+#                  58 MB parts: one a call) to /tmp/vllm-parts, where they wait for the other part
+#   vllm-unpack    unpacks both parts into /tmp/vllm-site (bench/peer/run.py puts it first on vLLM's PYTHONPATH)
+#   peer           python3 -m bench.peer.run $PEER_ARGS (its command and options, e.g. PEER_ARGS="start --systems
+#                  vllm"; bench/peer/README.md gives the call sequence), work and results in /tmp/peer, which outlive
+#                  the call on a warm machine (so do the servers it starts); all results so far come back as
+#                  $OUT/peer_results.tar.gz (the device tool brings back no deeper folders)
 # Results (logs, JSON, plots) go to $OUT (the device tool brings them back), by default results/device beside
 # this script; the project keeps each benchmark's latest run there and its figures in bench/RESULTS.md.
 set -uo pipefail
@@ -155,7 +162,24 @@ multi_gpu() {
   fi
 }
 
-[ $# -gt 0 ] || { echo "usage: $0 STEP... (install gpu-tests runtime-tests runtime-bench decode-profile sampler-bench attention-probe nvdec multi-gpu e2e serve-bench perf-analyzer)" >&2
+vllm_part() {
+  mkdir -p /tmp/vllm-parts && cp -v .devwheels/vllm/part* /tmp/vllm-parts/
+}
+
+vllm_unpack() {
+  [ -d /tmp/vllm-site/vllm ] && { echo "vLLM already unpacked in /tmp/vllm-site"; return; }
+  mkdir -p /tmp/vllm-site
+  cat /tmp/vllm-parts/part* | xz -d -T4 | tar -x -C /tmp/vllm-site && echo "vLLM unpacked in /tmp/vllm-site" || status=1
+}
+
+peer() {  # the servers it starts (setsid) read STUB_SITE too
+  STUB_SITE=$STUB_PATH python3 -m bench.peer.run ${PEER_ARGS:-all} --work /tmp/peer --out /tmp/peer/results 2>&1 \
+    | tee -a "$OUT/peer.log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  [ -d /tmp/peer/results ] && tar -czf "$OUT/peer_results.tar.gz" -C /tmp/peer results
+}
+
+[ $# -gt 0 ] || { echo "usage: $0 STEP... (install gpu-tests runtime-tests runtime-bench decode-profile sampler-bench attention-probe nvdec multi-gpu e2e serve-bench perf-analyzer vllm-part vllm-unpack peer)" >&2
   exit 2; }
 describe_device
 for step in "$@"; do
@@ -172,6 +196,9 @@ for step in "$@"; do
     gpu-tests) gpu_tests ;;
     serve-bench) serve_bench ;;
     perf-analyzer) perf_analyzer_bench ;;
+    vllm-part) vllm_part ;;
+    vllm-unpack) vllm_unpack ;;
+    peer) peer ;;
     *) echo "unknown step $step" >&2; exit 2 ;;
   esac
 done

@@ -56,16 +56,24 @@ def _byte_symbols() -> list[str]:
     return [chr(b) for b in printable] + [chr(256 + n) for n in range(len(others))]
 
 
-def build_offline_tokenizer() -> PreTrainedTokenizerFast:
+def build_offline_tokenizer(model_vocab_size: int | None = None) -> PreTrainedTokenizerFast:
     """A deterministic byte-level BPE tokenizer with Qwen2.5-VL's special tokens and chat template.
 
     Vocabulary: 256 byte tokens (ids 0..255), ``len(_MERGES)`` merged tokens, then :data:`SPECIAL_TOKENS`;
-    ``len(tokenizer)`` is the model's ``vocab_size`` in the ``tiny`` preset. eos is ``<|im_end|>`` and pad
-    ``<|endoftext|>``, as in Qwen2.5-VL-Instruct. Needs no files or network.
+    ``len(tokenizer)`` is the model's ``vocab_size`` in the ``tiny`` preset. With ``model_vocab_size`` (e.g.
+    Qwen's 151643), filler tokens take the ids up to it, so the special tokens get Qwen's own ids
+    (151643..151656): the ``tokenizers`` library numbers added tokens after the model vocabulary. The fillers are
+    byte-level strings no merge builds, so encoding is unchanged and they decode to text (``" filler<id>"``).
+    eos is ``<|im_end|>`` and pad ``<|endoftext|>``, as in Qwen2.5-VL-Instruct. Needs no files or network.
+    Raises ValueError when ``model_vocab_size`` is smaller than the byte and merged tokens.
     """
     vocab = {symbol: i for i, symbol in enumerate(_byte_symbols())}
     for left, right in _MERGES:
         vocab[left + right] = len(vocab)
+    if model_vocab_size is not None:
+        if model_vocab_size < len(vocab):
+            raise ValueError(f"model_vocab_size {model_vocab_size} is below the {len(vocab)} byte and merged tokens")
+        vocab.update({f"Ġfiller{i}": i for i in range(len(vocab), model_vocab_size)})
     backend = Tokenizer(models.BPE(vocab=vocab, merges=_MERGES, fuse_unk=False, byte_fallback=False))
     backend.normalizer = normalizers.NFC()
     backend.pre_tokenizer = pre_tokenizers.Sequence([

@@ -1,0 +1,83 @@
+"""Each scenario's figures for ``summary.json`` (issues 19 and 20), from its request records (ms unless named).
+
+Records are ``RequestRecord.to_json()`` dicts: ``sent_s`` from the scenario's start, ``token_s`` after the send.
+A TBT gap belongs to a window when the token that ends it arrives inside it. The mixed scenarios' window opens
+when the burst (the video, or the 16 images) is sent and closes at the last first token of the burst: the time
+the burst is encoded and prefilled beside the text streams' decode. The text-only TBT is that of the gaps that end
+before the burst is sent.
+"""
+from __future__ import annotations
+
+from bench.serve_bench import distribution
+
+
+def _ok(records: list[dict], kind: str) -> list[dict]:
+    return [r for r in records if r["kind"] == kind and r.get("error") is None and r.get("token_s")]
+
+
+def timed_gaps(records: list[dict]) -> list[tuple[float, float]]:
+    """(arrival of the closing token in s from the scenario's start, TBT gap in ms) of every gap of ``records``."""
+    out = []
+    for r in records:
+        times = [r["sent_s"] + t for t in r["token_s"]]
+        out += [(b, (b - a) * 1e3) for a, b in zip(times, times[1:])]
+    return out
+
+
+def gaps_in(records: list[dict], start_s: float, end_s: float) -> list[float]:
+    """TBT gaps (ms) of ``records`` whose closing token arrives in ``[start_s, end_s]`` (s from the scenario's
+    start)."""
+    return [gap for t, gap in timed_gaps(records) if start_s <= t <= end_s]
+
+
+def burst_window(records: list[dict], burst_kind: str) -> tuple[float, float] | None:
+    """(the burst's send, its last first token), s from the scenario's start; None when a burst request failed."""
+    burst = [r for r in records if r["kind"] == burst_kind]
+    firsts = [r["sent_s"] + r["token_s"][0] for r in burst if r.get("token_s")]
+    if not burst or len(firsts) < len(burst):
+        return None
+    return min(r["sent_s"] for r in burst), max(firsts)
+
+
+def _stat(values: list[float], key: str) -> float | None:
+    d = distribution(values)
+    return None if d is None else d[key]
+
+
+def all_gaps(records: list[dict]) -> list[float]:
+    """Every TBT gap (ms) of ``records``."""
+    return [gap for _, gap in timed_gaps(records)]
+
+
+def mixed(records: list[dict], burst_kind: str) -> dict:
+    """Figures of a mixed scenario: text streams and a burst of ``burst_kind`` requests sent at one instant."""
+    text, window = _ok(records, "text"), burst_window(records, burst_kind)
+    if window is None:  # not run, or a failed burst request leaves no window to judge
+        return dict.fromkeys(("text_only_tbt_p99_ms", "text_tbt_window_p99_ms", "text_tbt_window_max_ms",
+                              f"{burst_kind}_ttft_max_ms"))
+    inside, before = gaps_in(text, *window), gaps_in(text, float("-inf"), window[0])
+    ttfts = [r["ttft_ms"] for r in records if r["kind"] == burst_kind]
+    return {"text_only_tbt_p99_ms": _stat(before, "p99"), "text_tbt_window_p99_ms": _stat(inside, "p99"),
+            "text_tbt_window_max_ms": _stat(inside, "max"), f"{burst_kind}_ttft_max_ms": _stat(ttfts, "max")}
+
+
+def scenario_figures(name: str, records: list[dict]) -> dict:
+    """The summary's figures of scenario ``name`` (None where it was not run: no records, or its requests failed)."""
+    if name == "video":
+        return {"ttft_ms": _stat([r["ttft_ms"] for r in _ok(records, "video")], "max")}
+    if name == "mixed_video":
+        m = mixed(records, "video")
+        return {key: m[key] for key in ("text_only_tbt_p99_ms", "text_tbt_window_p99_ms", "text_tbt_window_max_ms")} \
+            | {"video_ttft_ms": m["video_ttft_max_ms"]}
+    if name == "mixed_images":
+        m = mixed(records, "image")
+        return {"text_tbt_window_p99_ms": m["text_tbt_window_p99_ms"], "image_ttft_max_ms": m["image_ttft_max_ms"]}
+    ttft = [r["ttft_ms"] for r in _ok(records, "image" if name == "images16" else "text")]
+    if name == "text_c1":
+        return {"ttft_ms": _stat(ttft, "max"), "tbt_mean_ms": _stat(all_gaps(_ok(records, "text")), "mean")}
+    if name == "text_c32":
+        gaps = all_gaps(_ok(records, "text"))
+        return {"ttft_p50_ms": _stat(ttft, "p50"), "tbt_mean_ms": _stat(gaps, "mean"), "tbt_p99_ms": _stat(gaps, "p99")}
+    if name == "images16":
+        return {"ttft_p50_ms": _stat(ttft, "p50"), "ttft_max_ms": _stat(ttft, "max")}
+    raise ValueError(f"no figures for scenario {name!r}")

@@ -1,0 +1,173 @@
+"""The peer benchmark (issue 19, item 1): UnifiedServe and vLLM 0.26 on the same machine, the same weightless 7B
+checkpoint, the same inputs and the same load generator, one system after the other; writes
+``<out>/summary.json`` (issue 19's Targets keys, with issue 20's short-request figures), ``<out>/report.json``
+(request counts, errors, prompt tokens of both systems side by side, goodput attainment tables, the load
+generator's cross-check) and the raw records, ``<out>/raw/<system>/<scenario>.json``.
+
+    python3 -m bench.peer.run all                                  # everything, in one process
+    python3 -m bench.peer.run all --smoke --systems unifiedserve --scenarios text_c1 images16   # CPU, tiny model
+
+A device call lasts at most 10 minutes, so on the H200 the same work runs as steps, the servers living on between
+calls (each is started in a session of its own; ``<work>/state`` says where it is):
+
+    python3 -m bench.peer.run prepare                              # checkpoint + media in --work
+    python3 -m bench.peer.run start --systems unifiedserve         # start, wait until ready, warm up
+    python3 -m bench.peer.run scenarios --systems unifiedserve --scenarios video mixed_video
+    python3 -m bench.peer.run scenarios --systems unifiedserve --scenarios mixed_images text_c1 text_c32 images16
+    python3 -m bench.peer.run stop --systems unifiedserve
+    ... the same for vllm (and ``--scenarios crosscheck`` against it: ``vllm bench serve`` beside ours) ...
+    python3 -m bench.peer.run summary
+
+Scenarios (``bench/peer/scenarios.py``): video, mixed_video, mixed_images, text_c1, text_c32, images16;
+``goodput_<long_video|video|images>@unloaded`` and ``@<rate>`` (requests/s), or ``goodput_<workload>`` for the
+unloaded pass and every default rate; ``crosscheck`` (``bench/peer/crosscheck.py``). bench/peer/README.md gives
+the device-call sequence.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import subprocess
+import sys
+import urllib.request
+from dataclasses import asdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import torch  # noqa: E402
+
+from bench.common import header, write  # noqa: E402
+from bench.peer import crosscheck, scenarios, servers  # noqa: E402
+from bench.peer.checkpoint import write_checkpoint  # noqa: E402
+from bench.peer.load import closed_loop  # noqa: E402
+from bench.peer.summary import write_summary  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def paths(args: argparse.Namespace) -> dict[str, Path]:
+    work = Path(args.work).resolve()  # the servers are given absolute media folders
+    return {"checkpoint": work / "qwen2_5_vl_7b_dummy", "media": work / "media", "state": work / "state",
+            "out": Path(args.out)}
+
+
+def prepare(args: argparse.Namespace) -> scenarios.Inputs:
+    """The checkpoint directory (not for ``--smoke``: the tiny model has its own tokenizer) and the media, in
+    ``--work`` (kept: a second call reuses them)."""
+    p = paths(args)
+    if not args.smoke and not (p["checkpoint"] / "config.json").exists():
+        write_checkpoint(p["checkpoint"])
+    inputs = scenarios.build_inputs(p["media"], args.smoke)
+    print(f"media {p['media']}" + ("" if args.smoke else f", checkpoint {p['checkpoint']}"), flush=True)
+    return inputs
+
+
+def server_version(system: str, url: str) -> str | None:
+    """vLLM's ``/version``; for UnifiedServe the commit of this tree (None outside a git checkout)."""
+    if system == "vllm":
+        with urllib.request.urlopen(f"{url}/version", timeout=10) as response:
+            return json.loads(response.read())["version"]
+    done = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return done.stdout.strip() or None
+
+
+def start(args: argparse.Namespace, system: str) -> None:
+    """Start ``system``, wait until its API answers, record its version, send the warm-up requests."""
+    p = paths(args)
+    argv, env = servers.command(system, p["checkpoint"], p["media"], args.smoke, args.server_args)
+    pythonpath = args.vllm_site if system == "vllm" else None
+    state = servers.start(system, argv, env, p["state"], p["out"] / "logs" / f"{system}.log", pythonpath,
+                          args.ready_timeout)
+    state["version"] = server_version(system, state["url"])
+    (p["state"] / f"{system}.json").write_text(json.dumps(state, indent=1))
+    print(f"{system} ready at {state['url']} (model {state['model']}, version {state['version']})", flush=True)
+    target = scenarios.Target(system, state["url"], state["model"])
+    warm = asyncio.run(closed_loop(target.url, target.model, 1, scenarios.warmup_requests(prepare(args))))
+    for record in warm:
+        if record.error:
+            print(f"warm-up {record.kind} request failed: {record.error}", flush=True)
+
+
+def expand(names: list[str]) -> list[str]:
+    """``goodput_<workload>`` becomes its unloaded pass and every default rate; other names stay."""
+    out = []
+    for name in names:
+        workload = name.removeprefix("goodput_")
+        if name.startswith("goodput_") and workload in scenarios.GOODPUT_RATES:
+            out += [f"{name}@unloaded", *(f"{name}@{rate}" for rate in scenarios.GOODPUT_RATES[workload])]
+        else:
+            out.append(name)
+    return out
+
+
+def run_scenarios(args: argparse.Namespace, system: str) -> int:
+    """Run the chosen scenarios against ``system``'s running server, each written as soon as it ends.
+    Returns the number of failed requests."""
+    p = paths(args)
+    state = servers.running(system, p["state"])
+    target = scenarios.Target(system, state["url"], state["model"])
+    inputs = prepare(args)
+    device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+    failed = 0
+    for name in expand(args.scenarios or list(scenarios.FIXED)):
+        base = {**header(device), "system": system, "server_version": state["version"], "scenario": name,
+                "smoke": args.smoke, "setup": asdict(inputs.setup)}
+        if name == "crosscheck":
+            result = asyncio.run(crosscheck.run(target, p["checkpoint"], p["out"] / "raw" / system / "crosscheck",
+                                                args.vllm_site))
+            write(p["out"] / "raw" / system, name, {**base, **result})
+            print(f"{system} crosscheck: ours / vllm bench serve {result['ours_over_vllm_bench']}", flush=True)
+            continue
+        records = asyncio.run(scenarios.run(name, target, inputs, args.requests, args.seed))
+        errors = [r.error for r in records if r.error]
+        failed += len(errors)
+        write(p["out"] / "raw" / system, name.replace("@", "_at_"),
+              {**base, "records": [r.to_json() for r in records]})
+        ttfts = [r.ttft_ms for r in records if r.ttft_ms is not None]
+        shown = f"TTFT max {max(ttfts):.0f} ms" if ttfts else "no token"
+        print(f"{system} {name}: {len(records)} requests, {len(errors)} failed, {shown}"
+              + (f"; first error: {errors[0]}" if errors else ""), flush=True)
+    return failed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("command", choices=("prepare", "start", "scenarios", "stop", "summary", "all"))
+    parser.add_argument("--systems", nargs="+", choices=servers.SYSTEMS, default=list(servers.SYSTEMS))
+    parser.add_argument("--scenarios", nargs="+", help="default: the six fixed scenarios (module docstring)")
+    parser.add_argument("--work", default="/tmp/peer", help="checkpoint, media and server state (kept)")
+    parser.add_argument("--out", default=str(REPO / "bench" / "results" / "peer"), help="results folder")
+    parser.add_argument("--smoke", action="store_true", help="UnifiedServe's tiny default model, the small media")
+    parser.add_argument("--vllm-site", default="/tmp/vllm-site", help="the unpacked vLLM bundle (put on PYTHONPATH)")
+    parser.add_argument("--ready-timeout", type=float, default=480.0,
+                        help="seconds a server may take to load (a device call lasts at most 600 s)")
+    parser.add_argument("--requests", type=int, help="requests per goodput rate (default: per workload)")
+    parser.add_argument("--seed", type=int, default=0, help="the goodput arrivals' and output lengths' seed")
+    parser.add_argument("--server-arg", action="append", default=[], dest="server_args", metavar="ARG",
+                        help="one more argument for the server's command line (repeatable; e.g. --server-arg=--set "
+                             "--server-arg=orchestrator.encode_budget=61440)")
+    args = parser.parse_args()
+    failed = 0
+    if args.command in ("prepare", "all"):
+        prepare(args)
+    for system in args.systems:
+        if args.command == "stop":
+            servers.stop(system, paths(args)["state"])
+        try:
+            if args.command in ("start", "all"):
+                start(args, system)
+            if args.command in ("scenarios", "all"):
+                failed += run_scenarios(args, system)
+        finally:
+            if args.command == "all":
+                servers.stop(system, paths(args)["state"])
+    if args.command in ("summary", "all"):
+        print(f"wrote {write_summary(paths(args)['out'])}", flush=True)
+    if failed:
+        sys.exit(f"{failed} requests failed (their errors are in the raw JSON)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,173 @@
+"""The peer benchmark's scenarios and their inputs: issue 19's rows, issue 20's short requests, the goodput test.
+
+Media are the serve bench's (``bench.serve_bench.build_media`` over ``bench.video_files``): a 3-minute 720p H.264
+video and 16 JPEG frames of bigbuckbunny at 1280x720 (smoke: a 20-s 360p video, 320x180 images), plus for the
+goodput test an 8-minute 720p video (smoke: the smoke video) and the 16 frames at varied sizes. Output lengths
+are the serve bench's (``Setup``: video 128, images 128, text 256 tokens; smoke 32/16/32).
+
+| scenario | what is sent |
+|---|---|
+| ``video`` | the 3-minute video alone |
+| ``mixed_video`` | 16 closed-loop text streams; the video at 2 s; the streams stop once it has ended |
+| ``mixed_images`` | 16 closed-loop text streams; 16 one-image requests at 2 s |
+| ``text_c1`` | one text request |
+| ``text_c32`` | 32 text requests at once |
+| ``images16`` | 16 one-image requests at once |
+| ``goodput_<workload>@unloaded`` | each request type of the workload alone, ``UNLOADED_REPEATS`` times |
+| ``goodput_<workload>@<rate>`` | Poisson arrivals at ``rate`` requests/s (``--requests`` of them, seeded) |
+
+Goodput workloads (each request a question with an output length drawn from 64..512 tokens): ``long_video``
+(the 8-minute video), ``video`` (the 3-minute one), ``images`` (1 or 2 images of one of three sizes: six request
+types, the type is the unit of the TTFT SLO).
+"""
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from PIL import Image
+
+from bench.peer.load import ChatRequest, RequestRecord, chat_parts, closed_loop, media_url, open_loop, poisson_times
+from bench.serve_bench import FULL_SETUP, SMOKE_SETUP, TEXT_PROMPT, Setup, build_media
+from bench.video_files import build_video
+
+QUESTION = "Describe what you see in detail."
+MIXED_STREAMS = 16
+MIXED_ARRIVAL_S = 2.0  # when the burst arrives beside the text streams
+LONG_VIDEO = ("libx264", 1280, 720, 3_000_000, "medium", 8)  # build_video spec: 8 minutes, 720p
+GOODPUT_IMAGE_SIZES = ((640, 360), (1280, 720), (1920, 1080))
+OUTPUT_TOKENS = (64, 512)  # the goodput requests' output lengths, drawn uniformly
+UNLOADED_REPEATS = 2
+GOODPUT_RATES = {"long_video": (0.02, 0.04, 0.06, 0.08), "video": (0.04, 0.08, 0.12, 0.16), "images": (1, 2, 4, 8)}
+GOODPUT_REQUESTS = {"long_video": 12, "video": 16, "images": 48}  # per rate, by default
+FIXED = ("video", "mixed_video", "mixed_images", "text_c1", "text_c32", "images16")
+WORKLOADS = tuple(GOODPUT_RATES)
+
+
+@dataclass(frozen=True)
+class Target:
+    """A running server: its OpenAI API's base URL and the model name it serves."""
+
+    system: str
+    url: str
+    model: str
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """The media every scenario draws from (paths under the folder both servers may read)."""
+
+    setup: Setup
+    video: Path
+    long_video: Path
+    images: tuple[Path, ...]
+    goodput_images: dict[tuple[int, int], tuple[Path, ...]]
+
+
+def build_inputs(media: Path, smoke: bool) -> Inputs:
+    """Build (or reuse, when already there) the media in ``media``: a few minutes on first use for the full set."""
+    setup = SMOKE_SETUP if smoke else FULL_SETUP
+    video, images = build_media(media, setup)
+    long_video = video if smoke else build_video(media, "bunny_720p_480s", LONG_VIDEO)
+    sizes = ((160, 90), (320, 180), (480, 270)) if smoke else GOODPUT_IMAGE_SIZES
+    resized = {size: tuple(_resized(p, size) for p in images) for size in sizes}
+    return Inputs(setup, video, long_video, tuple(images), resized)
+
+
+def _resized(image: Path, size: tuple[int, int]) -> Path:
+    path = image.with_name(f"{image.stem}_{size[0]}x{size[1]}.jpg")
+    if not path.exists():
+        Image.open(image).resize(size, Image.BICUBIC).save(path, quality=90)
+    return path
+
+
+def text_request(inputs: Inputs, max_tokens: int | None = None) -> ChatRequest:
+    return ChatRequest("text", chat_parts(TEXT_PROMPT), max_tokens or inputs.setup.text_tokens)
+
+
+def image_request(path: Path, max_tokens: int) -> ChatRequest:
+    return ChatRequest("image", chat_parts(QUESTION, images=[media_url(path)]), max_tokens)
+
+
+def video_request(path: Path, max_tokens: int, kind: str = "video") -> ChatRequest:
+    return ChatRequest(kind, chat_parts(QUESTION, videos=[media_url(path)]), max_tokens)
+
+
+async def mixed(target: Target, inputs: Inputs, burst: list[ChatRequest]) -> list[RequestRecord]:
+    """``MIXED_STREAMS`` closed-loop text streams; ``burst`` sent together at ``MIXED_ARRIVAL_S``; the streams
+    stop once the whole burst has ended. Records: the burst's, then the streams'."""
+    stop, start = asyncio.Event(), time.perf_counter()
+
+    async def arrive() -> list[RequestRecord]:
+        try:
+            return await open_loop(target.url, target.model, [(MIXED_ARRIVAL_S, r) for r in burst], start)
+        finally:
+            stop.set()
+
+    streams, arrived = await asyncio.gather(
+        closed_loop(target.url, target.model, MIXED_STREAMS, text_request(inputs), stop, start), arrive())
+    return arrived + streams
+
+
+def goodput_requests(workload: str, inputs: Inputs, count: int, seed: int) -> list[ChatRequest]:
+    """``count`` requests of ``workload`` with seeded output lengths (and image counts and sizes)."""
+    rng = random.Random(seed)
+    requests = []
+    for k in range(count):
+        max_tokens = rng.randint(*OUTPUT_TOKENS)
+        if workload == "images":
+            size = rng.choice(sorted(inputs.goodput_images))
+            n = rng.randint(1, 2)
+            urls = [media_url(p) for p in rng.sample(inputs.goodput_images[size], n)]
+            requests.append(ChatRequest(f"{n}x{size[0]}x{size[1]}", chat_parts(QUESTION, images=urls), max_tokens))
+        else:
+            requests.append(video_request(inputs.long_video if workload == "long_video" else inputs.video,
+                                          max_tokens, workload))
+    return requests
+
+
+def unloaded_requests(workload: str, inputs: Inputs) -> list[ChatRequest]:
+    """One request of each type of ``workload``, ``UNLOADED_REPEATS`` times over, with the shortest output."""
+    if workload != "images":
+        kinds = [goodput_requests(workload, inputs, 1, 0)[0]]
+    else:
+        kinds = [ChatRequest(f"{n}x{w}x{h}", chat_parts(QUESTION, images=[media_url(p) for p in paths[:n]]), 0)
+                 for (w, h), paths in sorted(inputs.goodput_images.items()) for n in (1, 2)]
+    return [ChatRequest(r.kind, r.parts, OUTPUT_TOKENS[0]) for r in kinds] * UNLOADED_REPEATS
+
+
+async def run(name: str, target: Target, inputs: Inputs, requests: int | None = None, seed: int = 0
+              ) -> list[RequestRecord]:
+    """Run scenario ``name`` (a row of the module's table) against ``target``; returns its records. Raises
+    ValueError for an unknown name."""
+    s, url, model = inputs.setup, target.url, target.model
+    if name == "video":
+        return await open_loop(url, model, [(0.0, video_request(inputs.video, s.video_tokens))])
+    if name == "mixed_video":
+        return await mixed(target, inputs, [video_request(inputs.video, s.video_tokens)])
+    if name == "mixed_images":
+        return await mixed(target, inputs, [image_request(p, s.image_tokens) for p in inputs.images])
+    if name == "text_c1":
+        return await open_loop(url, model, [(0.0, text_request(inputs))])
+    if name == "text_c32":
+        return await open_loop(url, model, [(0.0, text_request(inputs))] * 32)
+    if name == "images16":
+        return await open_loop(url, model, [(0.0, image_request(p, s.image_tokens)) for p in inputs.images])
+    workload, _, rate = name.removeprefix("goodput_").partition("@")
+    if not name.startswith("goodput_") or workload not in WORKLOADS or not rate:
+        raise ValueError(f"unknown scenario {name!r}: one of {FIXED} or "
+                         f"goodput_<{'|'.join(WORKLOADS)}>@<rate|unloaded>")
+    if rate == "unloaded":  # one at a time
+        return await closed_loop(url, model, 1, unloaded_requests(workload, inputs))
+    count = requests or GOODPUT_REQUESTS[workload]
+    arrivals = poisson_times(float(rate), count, seed)
+    return await open_loop(url, model, list(zip(arrivals, goodput_requests(workload, inputs, count, seed))))
+
+
+def warmup_requests(inputs: Inputs) -> list[ChatRequest]:
+    """Sent once after a start, not recorded: first-use costs (kernel builds, compilation, decoder sessions, the
+    files' first reads) of the text, image and video paths."""
+    return [text_request(inputs, 4), image_request(inputs.images[0], 4), video_request(inputs.video, 4)]

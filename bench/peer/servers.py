@@ -1,0 +1,145 @@
+"""Start, find and stop the two systems of the peer benchmark, each as its users start it.
+
+* ``unifiedserve``: ``python -m backends.triton.launcher --openai-port PORT`` serving the weightless checkpoint
+  (``--model DIR --set '*.load_format=dummy'`` and the serve bench's 7B settings: bf16, 16,384 KV pages,
+  ``max_model_len`` 128,000), the media folder allowed (``UNIFIEDSERVE_MEDIA_DIRS``); smoke: the tiny default model.
+* ``vllm``: ``python3 -m vllm.entrypoints.openai.api_server`` as the workspace's vllm-bundle.sh tool starts it
+  (``--load-format dummy --dtype bfloat16 --max-model-len 128000 --allowed-local-media-path``, ``HF_HUB_OFFLINE=1``,
+  ``VLLM_USE_FLASHINFER_SAMPLER=0``, and no ``STUB_SITE``), with ``--max-num-batched-tokens 110000`` (vLLM 0.26
+  refuses the 3-minute video's 106,920 visual tokens below that: its encoder cache follows this budget), at most 2
+  images and 1 video a prompt, the prefix and multimodal-processor caches off (the benchmark repeats the same
+  media), the bundle's folder first on ``PYTHONPATH``.
+
+A server is started in a session of its own (``setsid``), so it outlives the command that started it (a device
+call): its pid, URL, model name and log are written to ``<state>/<system>.json``, which later commands read and
+``stop`` removes after stopping that process group (SIGTERM, then SIGKILL after ``STOP_TIMEOUT_S``).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from backends.triton.launcher import REPO_ROOT
+from backends.triton.ports import ServerPorts
+from bench.serve_bench import FULL_SETUP
+
+SYSTEMS = ("unifiedserve", "vllm")
+PORTS = {"unifiedserve": 9000, "vllm": 9001}  # the OpenAI APIs'
+STOP_TIMEOUT_S = 60.0
+VLLM_MAX_BATCHED_TOKENS = 110_000
+# STUB_SITE emptied: on the device it puts the Triton stub's numpy 1.26 first on any Python's path (device_run.sh)
+VLLM_ENV = {"HF_HUB_OFFLINE": "1", "VLLM_USE_FLASHINFER_SAMPLER": "0", "STUB_SITE": ""}
+
+
+def environment(extra: dict, pythonpath: str | None) -> dict:
+    """This process's environment with ``extra`` set and ``pythonpath`` first on PYTHONPATH."""
+    env = {**os.environ, **extra}
+    if pythonpath:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (pythonpath, env.get("PYTHONPATH")) if p)
+    return env
+
+
+def command(system: str, checkpoint: Path, media: Path, smoke: bool, extra: list[str]) -> tuple[list[str], dict]:
+    """(argv, extra environment) that start ``system`` on ``PORTS[system]``; ``extra`` is appended to argv."""
+    port = str(PORTS[system])
+    if system == "unifiedserve":
+        ports = ServerPorts.unused()
+        argv = [sys.executable, "-m", "backends.triton.launcher", "--openai-port", port, "--ready-timeout", "900",
+                "--http-port", str(ports.http), "--grpc-port", str(ports.grpc), "--metrics-port", str(ports.metrics)]
+        if not smoke:
+            argv += ["--model", str(checkpoint), "--set", "*.load_format=dummy"]
+            argv += [a for item in FULL_SETUP.overrides for a in ("--set", item)]
+        return argv + extra, {"UNIFIEDSERVE_MEDIA_DIRS": str(media)}
+    if system == "vllm":
+        argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(checkpoint),
+                "--load-format", "dummy", "--dtype", "bfloat16", "--max-model-len", "128000",
+                "--allowed-local-media-path", str(media), "--limit-mm-per-prompt", '{"image": 2, "video": 1}',
+                "--max-num-batched-tokens", str(VLLM_MAX_BATCHED_TOKENS), "--no-enable-prefix-caching",
+                "--mm-processor-cache-gb", "0", "--host", "127.0.0.1", "--port", port]
+        return argv + extra, VLLM_ENV
+    raise ValueError(f"unknown system {system!r}; one of {SYSTEMS}")
+
+
+def start(system: str, argv: list[str], env: dict, state: Path, log: Path, pythonpath: str | None,
+          ready_timeout_s: float) -> dict:
+    """Start ``argv`` in its own session, wait until its ``/v1/models`` answers, record and return its state
+    (``pid``, ``url``, ``model``, ``log``). ``pythonpath`` goes first on its PYTHONPATH. Raises RuntimeError (with
+    the log's tail) when it exits or is not ready in time; it is stopped then."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "wb") as out:
+        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=environment(env, pythonpath),
+                                   cwd=str(REPO_ROOT), start_new_session=True)
+    record = {"system": system, "pid": process.pid, "url": f"http://127.0.0.1:{PORTS[system]}", "log": str(log),
+              "argv": argv}
+    state.mkdir(parents=True, exist_ok=True)
+    (state / f"{system}.json").write_text(json.dumps(record, indent=1))
+    deadline = time.monotonic() + ready_timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            stop(system, state)
+            raise RuntimeError(f"{system} exited with {process.returncode}:\n{log.read_text()[-5000:]}")
+        try:
+            with urllib.request.urlopen(f"{record['url']}/v1/models", timeout=5) as response:
+                record["model"] = json.loads(response.read())["data"][0]["id"]
+            (state / f"{system}.json").write_text(json.dumps(record, indent=1))
+            return record
+        except OSError:
+            time.sleep(2)
+    stop(system, state)
+    raise RuntimeError(f"{system} not ready within {ready_timeout_s} s:\n{log.read_text()[-5000:]}")
+
+
+def running(system: str, state: Path) -> dict:
+    """The recorded state of ``system``'s server. Raises RuntimeError when none was started or it has ended."""
+    path = state / f"{system}.json"
+    if not path.exists():
+        raise RuntimeError(f"no {system} server was started (no {path}): run the 'start' command first")
+    record = json.loads(path.read_text())
+    if not _alive(record["pid"]) or "model" not in record:
+        raise RuntimeError(f"the {system} server (pid {record['pid']}) is not running; its log: {record['log']}")
+    return record
+
+
+def stop(system: str, state: Path) -> None:
+    """Stop ``system``'s recorded server: SIGTERM to it (the launcher drains and stops tritonserver and the API;
+    vLLM's server its engine), then SIGKILL to what is left of its session after ``STOP_TIMEOUT_S``; remove the
+    record. Nothing to do when none is recorded."""
+    path = state / f"{system}.json"
+    if not path.exists():
+        return
+    pid = json.loads(path.read_text())["pid"]
+    if _alive(pid):
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        while _group_alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        if _group_alive(pid):
+            os.killpg(pid, signal.SIGKILL)  # its own session: the group id is its pid
+    path.unlink()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"  # the field after (comm)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.waitpid(pgid, os.WNOHANG)  # reap the leader when this process started it (a zombie counts as alive)
+    except ChildProcessError:
+        pass
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True

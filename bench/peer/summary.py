@@ -1,0 +1,105 @@
+"""``summary.json`` and ``report.json`` of the peer benchmark, from its raw records (``<out>/raw/<system>/*.json``).
+
+``summary.json`` holds exactly issue 19's Targets keys: ``date``, ``device``, ``versions`` and per system
+``video.ttft_ms``; ``mixed_video.{text_only_tbt_p99_ms, text_tbt_window_p99_ms, text_tbt_window_max_ms,
+video_ttft_ms}``; ``mixed_images.{text_tbt_window_p99_ms, image_ttft_max_ms}``;
+``goodput.{long_video, video, images}.max_rate_rps``; and issue 20's ``text_c1.{ttft_ms, tbt_mean_ms}``,
+``text_c32.{ttft_p50_ms, tbt_mean_ms, tbt_p99_ms}``, ``images16.{ttft_p50_ms, ttft_max_ms}`` (ms unless named;
+null where a scenario was not run or its requests failed). ``report.json`` holds what backs them: per system and
+scenario the request and error counts and the prompt tokens per request kind (both systems must count the same),
+the goodput runs' best unloaded TTFT per request type, requests per rate and attainment tables (``bench.peer.slo``),
+and the cross-check against ``vllm bench serve``. The plots: ``bench.peer.plots``.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from bench.common import write
+from bench.peer import figures, slo
+from bench.peer.plots import write_plots
+from bench.peer.scenarios import FIXED, WORKLOADS
+from bench.peer.servers import SYSTEMS
+
+
+def load_raw(out: Path) -> dict[str, dict[str, dict]]:
+    """``{system: {scenario: raw JSON}}`` from ``out/raw``."""
+    raw: dict[str, dict[str, dict]] = {}
+    for path in sorted((out / "raw").glob("*/*.json")):
+        data = json.loads(path.read_text())
+        raw.setdefault(data["system"], {})[data["scenario"]] = data
+    return raw
+
+
+def goodput(runs: dict[str, dict], workload: str) -> tuple[float | None, dict]:
+    """(goodput in requests/s, its report) of ``workload`` from one system's raw scenarios."""
+    unloaded = runs.get(f"goodput_{workload}@unloaded")
+    rated = {float(name.partition("@")[2]): data["records"] for name, data in runs.items()
+             if name.startswith(f"goodput_{workload}@") and not name.endswith("@unloaded")}
+    if unloaded is None or not rated:
+        return None, {"note": "not run (needs the unloaded pass and at least one rate)"}
+    best = slo.best_unloaded_ttft(unloaded["records"])
+    missing = {r["kind"] for records in rated.values() for r in records} - set(best)
+    if missing:  # a type whose unloaded requests all failed cannot be judged
+        return None, {"note": f"no unloaded TTFT for request types {sorted(missing)}", "best_unloaded_ttft_ms": best}
+    by_rate = {rate: slo.attainment(records, best) for rate, records in rated.items()}
+    return slo.goodput(by_rate), {
+        "best_unloaded_ttft_ms": best, "requests_per_rate": {str(r): len(v) for r, v in sorted(rated.items())},
+        "errors_per_rate": {str(r): sum(x.get("error") is not None for x in v) for r, v in sorted(rated.items())},
+        "attainment": slo.attainment_table(rated, best), "slo": {"ttft_factor": slo.TTFT_FACTOR,
+                                                                "tbt_p99_ms": slo.TBT_P99_SLO_MS}}
+
+
+def system_figures(runs: dict[str, dict]) -> tuple[dict, dict]:
+    """(the system's summary figures, its report)."""
+    summary: dict = {}
+    report: dict = {"scenarios": {}, "goodput": {}}
+    for name in FIXED:
+        summary[name] = figures.scenario_figures(name, runs.get(name, {}).get("records", []))
+    for name, data in runs.items():
+        if "records" in data:
+            records = data["records"]
+            tokens: dict[str, list[int]] = {}
+            for r in records:
+                tokens.setdefault(r["kind"], [])
+                if r.get("prompt_tokens") is not None and r["prompt_tokens"] not in tokens[r["kind"]]:
+                    tokens[r["kind"]].append(r["prompt_tokens"])
+            report["scenarios"][name] = {"requests": len(records),
+                                         "errors": sum(r.get("error") is not None for r in records),
+                                         "prompt_tokens": tokens}
+        elif name == "crosscheck":
+            report["crosscheck"] = {k: v for k, v in data.items() if k in ("scenario", "vllm_bench_serve", "ours",
+                                                                           "ours_over_vllm_bench")}
+    summary["goodput"] = {}
+    for workload in WORKLOADS:
+        rate, report["goodput"][workload] = goodput(runs, workload)
+        summary["goodput"][workload] = {"max_rate_rps": rate}
+    return summary, report
+
+
+def prompt_tokens_agree(reports: dict[str, dict]) -> dict[str, bool]:
+    """Per scenario both systems ran: whether they counted the same prompt tokens for each request kind."""
+    if len(reports) < 2:
+        return {}
+    a, b = (reports[s]["scenarios"] for s in SYSTEMS)
+    return {name: a[name]["prompt_tokens"] == b[name]["prompt_tokens"] for name in sorted(set(a) & set(b))}
+
+
+def write_summary(out: Path) -> Path:
+    """Write ``out/summary.json``, ``out/report.json`` and the plots (``bench.peer.plots``) from ``out/raw``;
+    returns the summary's path. Raises FileNotFoundError when no raw records are there."""
+    raw = load_raw(out)
+    if not raw:
+        raise FileNotFoundError(f"no raw records under {out / 'raw'}: run some scenarios first")
+    first = next(iter(next(iter(raw.values())).values()))
+    versions = dict(first["versions"])
+    systems, reports = {}, {}
+    for system in SYSTEMS:
+        if system in raw:
+            systems[system], reports[system] = system_figures(raw[system])
+            versions[system] = next(iter(raw[system].values())).get("server_version")
+    summary = {"date": first["date"], "device": first["device"], "versions": versions, "systems": systems}
+    write(out, "report", {"systems": reports, "prompt_tokens_agree": prompt_tokens_agree(reports),
+                          "smoke": first.get("smoke")})
+    write_plots(out, raw, reports)
+    return write(out, "summary", summary)

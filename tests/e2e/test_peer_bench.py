@@ -1,0 +1,67 @@
+"""The peer benchmark's harness (bench/peer) against the real server with the tiny model, through the OpenAI API:
+its scenarios run, every request's tokens and usage are recorded, and summary.json has exactly issue 19's keys.
+Small inputs (a 10-frame video, four 160x90 images) keep it short; no speed is judged here."""
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from bench.peer import scenarios
+from bench.peer.summary import write_summary
+from bench.serve_bench import SMOKE_SETUP
+from bench.common import write
+from tests.e2e.test_openai_api import MODEL, _api
+from tests.media import make_image, make_video
+
+pytestmark = pytest.mark.e2e
+SUMMARY_KEYS = {
+    "video": {"ttft_ms"},
+    "mixed_video": {"text_only_tbt_p99_ms", "text_tbt_window_p99_ms", "text_tbt_window_max_ms", "video_ttft_ms"},
+    "mixed_images": {"text_tbt_window_p99_ms", "image_ttft_max_ms"},
+    "goodput": {"long_video", "video", "images"},
+    "text_c1": {"ttft_ms", "tbt_mean_ms"},
+    "text_c32": {"ttft_p50_ms", "tbt_mean_ms", "tbt_p99_ms"},
+    "images16": {"ttft_p50_ms", "ttft_max_ms"},
+}
+
+
+@pytest.fixture(scope="module")
+def target(server, tmp_path_factory):
+    with _api(server.ports.grpc, tmp_path_factory.mktemp("peer") / "api.log") as api:
+        yield scenarios.Target("unifiedserve", api.url, MODEL)
+
+
+@pytest.fixture(scope="module")
+def inputs(media_dir):
+    video = media_dir / "peer_clip.mp4"
+    make_video(video, width=64, height=48, num_frames=10)
+    images = []
+    for k in range(4):
+        images.append(media_dir / f"peer_{k}.jpg")
+        images[-1].write_bytes(make_image(160 + 16 * k, 90, "RGB", "JPEG"))
+    return scenarios.Inputs(SMOKE_SETUP, video, video, tuple(images), {(160, 90): tuple(images[:2])})
+
+
+def test_scenarios_record_every_token_and_the_summary_has_the_issues_keys(target, inputs, tmp_path):
+    names = ["text_c1", "images16", "video", "mixed_images", "goodput_images@unloaded", "goodput_images@1"]
+    for name in names:
+        records = asyncio.run(scenarios.run(name, target, inputs, requests=3))
+        assert records and all(r.error is None for r in records), [r.error for r in records]
+        for r in records:  # ignore_eos: every requested token arrives, each with its own arrival time
+            assert r.output_tokens == len(r.token_s) > 0 and r.prompt_tokens > 0
+        write(tmp_path / "raw" / "unifiedserve", name.replace("@", "_at_"),
+              {"system": "unifiedserve", "scenario": name, "date": "today", "device": "cpu", "versions": {},
+               "server_version": None, "records": [r.to_json() for r in records]})
+    summary = json.loads(write_summary(tmp_path).read_text())
+    assert set(summary) == {"date", "device", "versions", "systems"}
+    figures = summary["systems"]["unifiedserve"]
+    assert {name: set(values) for name, values in figures.items()} == SUMMARY_KEYS
+    assert figures["images16"]["ttft_max_ms"] > 0 and figures["text_c1"]["tbt_mean_ms"] > 0
+    assert figures["video"]["ttft_ms"] > 0 and figures["mixed_images"]["image_ttft_max_ms"] > 0
+    assert figures["mixed_images"]["text_tbt_window_p99_ms"] is not None  # the streams decoded beside the images
+    assert figures["goodput"]["images"]["max_rate_rps"] in (None, 1.0)
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert set(report["systems"]["unifiedserve"]["goodput"]["images"]["best_unloaded_ttft_ms"]) == {"1x160x90",
+                                                                                                     "2x160x90"}

@@ -1,0 +1,124 @@
+"""The peer benchmark's pure parts: SLO attainment and goodput (bench/peer/slo.py), the scenarios' window figures
+(bench/peer/figures.py), Poisson arrivals (bench/peer/load.py), summary.json and report.json (bench/peer/summary.py),
+the cross-check's metrics (bench/peer/crosscheck.py), all on hand-made request records."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench.common import write
+from bench.peer import figures, slo
+from bench.peer.crosscheck import our_metrics
+from bench.peer.load import RequestRecord, poisson_times
+from bench.peer.summary import write_summary
+
+
+def record(kind: str, sent_s: float, ttft_s: float, gap_s: float | list[float], tokens: int = 5,
+           error: str | None = None) -> dict:
+    """A request sent at ``sent_s`` whose first token came ``ttft_s`` later and the rest ``gap_s`` apart."""
+    gaps = gap_s if isinstance(gap_s, list) else [gap_s] * (tokens - 1)
+    times = [ttft_s]
+    for gap in gaps:
+        times.append(times[-1] + gap)
+    return RequestRecord(kind, sent_s, times, prompt_tokens=10, output_tokens=len(times), error=error).to_json()
+
+
+def test_a_request_meets_its_slos_within_the_ttft_factor_and_the_tbt_p99():
+    best = {"video": 1000.0}
+    assert slo.meets_slo(record("video", 0, 1.9, 0.01), best)  # 1.9 s <= 2 x 1 s; TBT 10 ms
+    assert not slo.meets_slo(record("video", 0, 2.1, 0.01), best)  # TTFT over 2x
+    assert slo.meets_slo(record("video", 0, 2.1, 0.01), best, factor=3.0)
+    assert not slo.meets_slo(record("video", 0, 1.0, [0.01] * 10 + [0.2]), best)  # one 200 ms stall: p99 > 50 ms
+    assert not slo.meets_slo(record("video", 0, 1.0, 0.01, error="HTTP 500"), best)
+    assert slo.meets_slo(record("video", 0, 1.0, [], tokens=1), best)  # one token: no TBT to judge
+    with pytest.raises(KeyError):
+        slo.meets_slo(record("image", 0, 1.0, 0.01), best)
+
+
+def test_best_unloaded_ttft_is_the_lowest_per_kind_among_successes():
+    records = [record("1x640x360", 0, 0.30, 0.01), record("1x640x360", 1, 0.25, 0.01),
+               record("2x640x360", 2, 0.40, 0.01), record("2x640x360", 3, 0.10, 0.01, error="HTTP 500")]
+    assert slo.best_unloaded_ttft(records) == pytest.approx({"1x640x360": 250.0, "2x640x360": 400.0})
+
+
+def test_goodput_is_the_highest_rate_with_90_percent_attainment():
+    best = {"text": 100.0}
+    good, late = record("text", 0, 0.1, 0.01), record("text", 0, 0.5, 0.01)
+    runs = {1.0: [good] * 10, 2.0: [good] * 9 + [late], 4.0: [good] * 8 + [late] * 2, 8.0: [late] * 10}
+    by_rate = {rate: slo.attainment(records, best) for rate, records in runs.items()}
+    assert by_rate == {1.0: 1.0, 2.0: 0.9, 4.0: 0.8, 8.0: 0.0}
+    assert slo.goodput(by_rate) == 2.0
+    assert slo.goodput({1.0: 0.5, 2.0: None}) is None
+    table = slo.attainment_table(runs, best)
+    assert table["2.0x"] == {"1.0": 1.0, "2.0": 0.9, "4.0": 0.8, "8.0": 0.0}
+    assert table["5.0x"]["8.0"] == 1.0  # 500 ms is within 5 x 100 ms
+
+
+def test_mixed_window_takes_the_text_gaps_between_the_burst_and_its_first_token():
+    text = record("text", 0.0, 0.1, [0.01] * 45 + [0.5] + [0.02] * 5)  # the 500 ms gap ends at 1.05 s
+    video = record("video", 0.2, 0.4, 0.01)  # sent at 0.2 s, first token at 0.6 s: window [0.2, 0.6]
+    m = figures.scenario_figures("mixed_video", [video, text])
+    assert m["video_ttft_ms"] == pytest.approx(400.0)
+    assert m["text_tbt_window_max_ms"] == pytest.approx(10.0)  # the stall ends after the window
+    assert m["text_only_tbt_p99_ms"] == pytest.approx(10.0)
+    late_video = record("video", 0.2, 1.0, 0.01)  # first token at 1.2 s: the stall is inside
+    assert figures.scenario_figures("mixed_video", [late_video, text])["text_tbt_window_max_ms"] == pytest.approx(500.0)
+
+
+def test_figures_are_none_where_a_scenario_was_not_run_or_its_burst_failed():
+    assert figures.scenario_figures("mixed_images", []) == {"text_tbt_window_p99_ms": None, "image_ttft_max_ms": None}
+    failed = [record("image", 0.2, 0.3, 0.01), {**record("image", 0.2, 0.3, 0.01), "token_s": [], "ttft_ms": None,
+                                                 "error": "HTTP 500"}, record("text", 0, 0.1, 0.01, tokens=50)]
+    assert figures.scenario_figures("mixed_images", failed)["image_ttft_max_ms"] is None
+    assert set(figures.scenario_figures("text_c32", [])) == {"ttft_p50_ms", "tbt_mean_ms", "tbt_p99_ms"}
+
+
+def test_short_request_figures():
+    images = [record("image", 0, 0.1 * (k + 1), 0.01) for k in range(16)]
+    m = figures.scenario_figures("images16", images)
+    assert m["ttft_max_ms"] == pytest.approx(1600.0) and m["ttft_p50_ms"] == pytest.approx(850.0)
+    c1 = figures.scenario_figures("text_c1", [record("text", 0, 0.05, [0.004, 0.006])])
+    assert c1 == pytest.approx({"ttft_ms": 50.0, "tbt_mean_ms": 5.0})
+
+
+def test_poisson_arrivals_are_seeded_and_at_the_rate():
+    times = poisson_times(4.0, 4000, seed=3)
+    assert times == poisson_times(4.0, 4000, seed=3) and times != poisson_times(4.0, 4000, seed=4)
+    assert times[0] == 0.0 and all(b > a for a, b in zip(times, times[1:]))
+    assert len(times) / times[-1] == pytest.approx(4.0, rel=0.05)
+
+
+def test_summary_of_two_systems_holds_the_issues_keys_goodput_and_the_prompt_token_check(tmp_path):
+    def raw(system: str, scenario: str, records: list[dict]) -> None:
+        write(tmp_path / "raw" / system, scenario.replace("@", "_at_"),
+              {"system": system, "scenario": scenario, "date": "2026-12-01", "device": "H200", "versions": {},
+               "server_version": "v", "records": records})
+
+    for system, prompt in (("unifiedserve", 10), ("vllm", 11)):
+        raw(system, "text_c1", [{**record("text", 0, 0.02, 0.005), "prompt_tokens": prompt}])
+        raw(system, "goodput_video@unloaded", [record("video", 0, 1.0, 0.01)])
+        raw(system, "goodput_video@0.1", [record("video", k, 1.5, 0.01) for k in range(10)])
+        raw(system, "goodput_video@0.2", [record("video", k, 1.5 if k < 8 else 3.0, 0.01) for k in range(10)])
+    summary = json.loads(write_summary(tmp_path).read_text())
+    assert set(summary) == {"date", "device", "versions", "systems"}
+    assert summary["versions"] == {"unifiedserve": "v", "vllm": "v"}
+    for figures_of in summary["systems"].values():
+        assert figures_of["text_c1"] == pytest.approx({"ttft_ms": 20.0, "tbt_mean_ms": 5.0})
+        assert figures_of["goodput"] == {"long_video": {"max_rate_rps": None}, "video": {"max_rate_rps": 0.1},
+                                         "images": {"max_rate_rps": None}}
+        assert figures_of["video"] == {"ttft_ms": None}
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["prompt_tokens_agree"] == {"goodput_video@0.1": True, "goodput_video@0.2": True,
+                                             "goodput_video@unloaded": True, "text_c1": False}
+    assert (tmp_path / "attainment_video.png").exists()
+
+
+def test_crosscheck_computes_vllm_bench_serves_metrics_from_our_records():
+    fast = RequestRecord("text", 0.0, [0.1, 0.11, 0.12, 0.13])  # TTFT 100 ms, TPOT 10 ms
+    slow = RequestRecord("text", 0.0, [0.3, 0.32, 0.34, 0.36])  # TTFT 300 ms, TPOT 20 ms
+    failed = RequestRecord("text", 0.0, error="HTTP 500")
+    m = our_metrics([fast, slow, failed])
+    assert m["completed"] == 2
+    assert m["mean_ttft_ms"] == pytest.approx(200.0) and m["median_tpot_ms"] == pytest.approx(15.0)
+    assert m["mean_itl_ms"] == pytest.approx(15.0) and m["p99_tpot_ms"] == pytest.approx(19.9)
