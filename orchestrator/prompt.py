@@ -78,7 +78,7 @@ class Prompt:
                 f"max_model_len {max_model_len}: max_tokens can be at most {max_model_len - n}{fewer_visual}")
         room = max_model_len - (n - visual) - 1  # visual tokens that would leave one token of output
         fewer = "lower fps or max_pixels, or send a shorter clip" if video else "lower max_pixels, or send fewer images"
-        fix = f"at most {room} visual tokens fit: {fewer}" if visual and room > 0 else "shorten text_input"
+        fix = f"at most {room} visual tokens fit: {fewer}" if visual and room > 0 else "shorten the prompt"
         raise InvalidInput(f"prompt too long: its {n} tokens ({counts}) leave no room for output within "
                            f"max_model_len {max_model_len} ({fix})")
 

@@ -78,7 +78,9 @@ def fit_visual_tokens(infos: list[Info], fps: float, max_pixels: int | None, cap
     lowest_fps = fps * 2.0 ** -_STEPS  # below any clip's minimum frame count: smart_nframes' floor applies
     new_fps = fps
     if has_video:
-        new_fps = _highest(lambda f: _total(_plans(infos, f, requested)) <= cap, lowest_fps, fps)
+        fewest = _total(_plans(infos, lowest_fps, requested))  # every video at its fewest frames
+        # the highest fps that fits, or (none fits) the highest that still gives the fewest frames
+        new_fps = _highest(lambda f: _total(_plans(infos, f, requested)) <= max(cap, fewest), lowest_fps, fps)
         plans = _plans(infos, new_fps, requested)
     if _total(plans) > cap:
         areas = [p.resized_height * p.resized_width for p in plans]
@@ -90,8 +92,9 @@ def fit_visual_tokens(infos: list[Info], fps: float, max_pixels: int | None, cap
         smallest = _plans(infos, new_fps, scaled(0.0))
         if _total(smallest) > cap:
             raise InvalidInput(
-                f"the request's media need at least {_total(smallest)} visual tokens at the lowest fps and pixels, "
-                f"over max_visual_tokens {cap} (the server's limit): send fewer or shorter images and videos")
+                f"image and video inputs: the request's media need at least {_total(smallest)} visual tokens at the "
+                f"lowest fps and pixels, over max_visual_tokens {cap} (the server's limit): send fewer or shorter "
+                "images and videos")
         scale = _highest(lambda s: _total(_plans(infos, new_fps, scaled(s))) <= cap, 0.0, 1.0)
         pixels = scaled(scale)
         plans = _plans(infos, new_fps, pixels)

@@ -23,10 +23,10 @@ from orchestrator.service import OVERLOADED
 
 # The orchestrator's validation messages: "<input>: ...", "<input>[i]...: ...", "image 0: ...", and the two about
 # the prompt's length (orchestrator.prompt, orchestrator.service).
-_INVALID = re.compile(r"^(?:(?:text_input|messages|image_url|video_url|image|video|sampling_parameters)[\[:. ]"
-                      r"|prompt too long|the prompt \()")
+_INVALID = re.compile(r"^(?:(?:text_input|messages|prompt|image_url|video_url|image|video|sampling_parameters)"
+                      r"[\[:. ]|prompt too long|the prompt \()")
 _SAMPLING_KEY = re.compile(r"^sampling_parameters: (?:unknown key ')?(\w+)")
-_PROMPT = re.compile(r"^(?:text_input|prompt too long|the prompt \()")  # else a message's text or media
+_PROMPT = re.compile(r"^(?:text_input|prompt[: ]|the prompt \()")  # else a message's text or media
 
 
 class ApiError(Exception):

@@ -22,19 +22,22 @@ def usage(piece: ResponsePiece) -> Usage | None:
 
 
 class Reply:
-    """A whole reply gathered from its responses: ``text``, ``token_ids``, ``finish_reason``, ``usage``."""
+    """A whole reply gathered from its responses: ``text``, ``token_ids``, ``finish_reason``, ``usage``,
+    ``visual_cap`` (what max_visual_tokens lowered, or None)."""
 
     def __init__(self):
         self._text: list[str] = []
         self.token_ids: list[int] = []
         self.finish_reason: str | None = None
         self.usage: Usage | None = None
+        self.visual_cap: dict | None = None
 
     def add(self, piece: ResponsePiece) -> None:
         self._text.append(piece.text.decode("utf-8", errors="replace"))
         self.token_ids += piece.token_ids
         self.finish_reason = piece.finish_reason or self.finish_reason
         self.usage = usage(piece) or self.usage
+        self.visual_cap = piece.visual_cap or self.visual_cap
 
     @property
     def text(self) -> str:
@@ -65,13 +68,15 @@ class ChatShape(_Shape):
     def whole(self, reply: Reply) -> ChatCompletion:
         choice = ChatChoice(message=AssistantMessage(content=reply.text), finish_reason=reply.finish_reason,
                             token_ids=self._ids(reply.token_ids))
-        return ChatCompletion(id=self.id, created=self.created, model=self.model, choices=[choice], usage=reply.usage)
+        return ChatCompletion(id=self.id, created=self.created, model=self.model, choices=[choice], usage=reply.usage,
+                              visual_cap=reply.visual_cap)
 
     def chunk(self, piece: ResponsePiece) -> ChatCompletionChunk:
         delta = Delta(role="assistant" if self._first else None, content=piece.text.decode("utf-8", errors="replace"))
         self._first = False
         choice = ChatChunkChoice(delta=delta, finish_reason=piece.finish_reason, token_ids=self._ids(piece.token_ids))
-        return ChatCompletionChunk(id=self.id, created=self.created, model=self.model, choices=[choice])
+        return ChatCompletionChunk(id=self.id, created=self.created, model=self.model, choices=[choice],
+                                   visual_cap=piece.visual_cap)
 
     def usage_chunk(self, counts: Usage) -> ChatCompletionChunk:
         """The last chunk when ``stream_options.include_usage``: no choices, the usage."""

@@ -192,6 +192,7 @@ class ChatCompletion(BaseModel):
     model: str
     choices: list[ChatChoice]
     usage: Usage
+    visual_cap: dict | None = None  # ours: what max_visual_tokens lowered in the request's media (docs/requests.md)
 
 
 class Delta(BaseModel):
@@ -213,6 +214,7 @@ class ChatCompletionChunk(BaseModel):
     model: str
     choices: list[ChatChunkChoice]
     usage: Usage | None = None
+    visual_cap: dict | None = None  # on the first chunk, as on ChatCompletion
 
 
 class CompletionChoice(BaseModel):

@@ -57,10 +57,10 @@ def test_length_check_names_the_prompt_when_it_alone_is_too_long(tokenizer):
                                            rf"tokens\) .*max_model_len {text + 12} \(at most 11 visual tokens fit: "
                                            r"lower fps or max_pixels"):
         with_video.check_length(1, text + 12)
-    with pytest.raises(InvalidInput, match=r"\(shorten text_input\)$"):  # the text alone leaves no room
+    with pytest.raises(InvalidInput, match=r"\(shorten the prompt\)$"):  # the text alone leaves no room
         with_video.check_length(1, text)
     text_only = build_prompt(tokenizer, "Hello " * 20, [])
-    with pytest.raises(InvalidInput, match=r"^prompt too long: .*\(shorten text_input\)$"):
+    with pytest.raises(InvalidInput, match=r"^prompt too long: .*\(shorten the prompt\)$"):
         text_only.check_length(1, 10)
     with_image = build_prompt(tokenizer, "Hello", [("image", (1, 8, 4), 0.0)])
     with pytest.raises(InvalidInput, match=r"at most \d+ visual tokens fit: lower max_pixels, or send fewer images\)$"):

@@ -39,6 +39,8 @@ def test_below_the_fewest_frames_pixels_are_lowered_but_not_under_the_minimum():
     plans, applied = fit_visual_tokens([MINUTES_3_720P], 2.0, None, 600)
     (plan,) = plans
     assert len(plan.frame_indices) == 4 and _tokens(plans) <= 600  # qwen-vl-utils' FPS_MIN_FRAMES
+    # the fps reported is the highest that gives those 4 frames (4 / 180 s .. 6 / 180 s), not a floor near 0
+    assert 0.03 < applied.fps < 6 / 180 and len(plan_video(MINUTES_3_720P, fps=applied.fps * 1.01).frame_indices) > 4
     assert applied.max_pixels[0] >= VIDEO_MIN_PIXELS and plan.resized_height * plan.resized_width <= applied.max_pixels[0]
 
 
@@ -59,7 +61,7 @@ def test_the_requests_own_fps_and_max_pixels_stay_upper_bounds():
 
 
 def test_a_cap_below_the_smallest_plans_is_refused_naming_it():
-    with pytest.raises(InvalidInput, match="over max_visual_tokens 100 .*send fewer or shorter"):
+    with pytest.raises(InvalidInput, match="^image and video inputs: .* over max_visual_tokens 100 .*send fewer"):
         fit_visual_tokens([MINUTES_3_720P, PHOTO], 2.0, None, 100)
 
 

@@ -1,0 +1,27 @@
+"""The orchestrator's responses -> OpenAI's bodies (backends/openai/responses.py): text, token ids, usage, and what
+max_visual_tokens lowered, whole and streamed."""
+from backends.openai.responses import ChatShape, Reply
+from client.api import ResponsePiece
+
+CAP = {"max_visual_tokens": 400, "requested_visual_tokens": 1152, "visual_tokens": 384, "fps": 0.6,
+       "max_pixels": [None]}
+PIECES = [ResponsePiece(b"Hel", (1, 2), visual_cap=CAP), ResponsePiece(b"lo", (3,)),
+          ResponsePiece(b"", (), num_input_tokens=500, num_output_tokens=3, finish_reason="length", final=True)]
+
+
+def test_a_whole_chat_reply_carries_text_ids_usage_and_the_visual_cap():
+    reply = Reply()
+    for piece in PIECES:
+        reply.add(piece)
+    body = ChatShape("tiny", return_token_ids=True).whole(reply).model_dump()
+    assert body["choices"][0]["message"]["content"] == "Hello" and body["choices"][0]["token_ids"] == [1, 2, 3]
+    assert body["usage"] == {"prompt_tokens": 500, "completion_tokens": 3, "total_tokens": 503}
+    assert body["visual_cap"] == CAP
+
+
+def test_the_first_streamed_chunk_carries_the_visual_cap_and_the_others_do_not():
+    shape = ChatShape("tiny", return_token_ids=False)
+    chunks = [shape.chunk(piece).model_dump(exclude_none=True) for piece in PIECES]
+    assert chunks[0]["visual_cap"] == CAP and chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert all("visual_cap" not in c for c in chunks[1:])
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
