@@ -6,9 +6,15 @@ The mix (request ``i``): every 20th carries a 16-frame 64x48 video, 4 of every 2
 """
 from __future__ import annotations
 
+import io
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, TypeVar
+
+import numpy as np
+from PIL import Image
 
 from backends.triton.launcher import TritonServer
 from backends.triton.stubs import crashed, dump_stacks
@@ -16,6 +22,7 @@ from client.api import Client, ServerError
 from tests.media import make_image, make_video
 
 CRASH_NEEDLES = ("Signal (", "Segmentation fault", "Fatal Python error")  # in the server log: a process crashed
+T = TypeVar("T")
 MAX_TOKENS = 16  # each request's output tokens (ignore_eos): short streams, so many start and end per burst
 
 
@@ -25,6 +32,14 @@ class Media:
 
     image: bytes
     video: bytes
+
+    @staticmethod
+    def noise_png(side: int, seed: int) -> bytes:
+        """A ``side`` x ``side`` RGB PNG of random pixels, stored uncompressed: 3 * side**2 bytes and more."""
+        pixels = np.random.default_rng(seed).integers(0, 256, (side, side, 3), dtype=np.uint8)
+        buffer = io.BytesIO()
+        Image.fromarray(pixels).save(buffer, "PNG", compress_level=0)
+        return buffer.getvalue()
 
     @classmethod
     def small(cls) -> "Media":
@@ -59,6 +74,21 @@ def run_request(url: str, i: int, media: Media, timeout_s: float) -> tuple[str, 
     return ("cancelled" if result.finish_reason == "cancelled" else "completed"), None
 
 
+def at_once(work: Callable[[int], T], n: int) -> list[T]:
+    """``work(0)`` to ``work(n - 1)``, all at once on threads of their own; their results in that order."""
+    results: list = [None] * n
+
+    def run(i: int) -> None:
+        results[i] = work(i)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results
+
+
 def fault(server: TritonServer) -> str | None:
     """Why ``server`` is no longer whole, or None: tritonserver exited (the signal or status), a model's stub
     process that was there when it became ready is gone, or its log shows a crash (:data:`CRASH_NEEDLES`)."""
@@ -72,30 +102,34 @@ def fault(server: TritonServer) -> str | None:
     return next((f"the server log shows {needle!r}" for needle in CRASH_NEEDLES if needle in log), None)
 
 
-def rss_mb(pid: int) -> float | None:
-    """Resident memory of process ``pid`` (MB, from /proc/PID/status VmRSS), or None when it is gone."""
+def memory_mb(pid: int) -> dict[str, float] | None:
+    """Process ``pid``'s resident memory in MB from /proc/PID/status: ``rss`` (VmRSS) and its parts ``anon``
+    (RssAnon: heap, the process's own) and ``shmem`` (RssShmem: shared memory it has touched, such as the Python
+    backend's region, which Triton grows for large inputs and never shrinks); None when it is gone."""
+    fields = {"VmRSS": "rss", "RssAnon": "anon", "RssShmem": "shmem"}
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
     except OSError:
         return None
-    return None
+    found = {fields[k]: round(int(v.split()[0]) / 1024, 1)
+             for k, _, v in (line.partition(":") for line in lines) if k in fields}
+    return found if len(found) == len(fields) else None
 
 
-def server_rss_mb(server: TritonServer) -> dict[str, float]:
-    """Resident memory (MB) of tritonserver and of each of its stubs, by name: ``tritonserver`` and the model
-    (a second instance of a model gets ``#pid`` after its name)."""
-    sample = {"tritonserver": rss_mb(server.process.pid)}
+def server_memory_mb(server: TritonServer) -> dict[str, dict[str, float]]:
+    """:func:`memory_mb` of tritonserver and of each of its stubs, by name: ``tritonserver`` and the model (a
+    second instance of a model gets ``#pid`` after its name)."""
+    sample = {"tritonserver": memory_mb(server.process.pid)}
     for pid, model in sorted(server.stubs().items()):
-        sample[model if model not in sample else f"{model}#{pid}"] = rss_mb(pid)
-    return {name: round(mb, 1) for name, mb in sample.items() if mb is not None}
+        sample[model if model not in sample else f"{model}#{pid}"] = memory_mb(pid)
+    return {name: mb for name, mb in sample.items() if mb is not None}
 
 
-def growth(first: dict[str, float], last: dict[str, float]) -> dict[str, dict]:
-    """Per process in both samples: ``start_mb``, ``end_mb`` and ``growth`` (``end / start - 1``, a fraction)."""
-    return {name: {"start_mb": first[name], "end_mb": last[name], "growth": round(last[name] / first[name] - 1, 4)}
-            for name in first if name in last}
+def growth(first: dict[str, dict], last: dict[str, dict]) -> dict[str, dict]:
+    """Per process in both :func:`server_memory_mb` samples: ``start_mb``, ``end_mb`` (resident) and ``growth``
+    (``end / start - 1``, a fraction)."""
+    return {name: {"start_mb": first[name]["rss"], "end_mb": last[name]["rss"],
+                   "growth": round(last[name]["rss"] / first[name]["rss"] - 1, 4)} for name in first if name in last}
 
 
 def since(start: float) -> float:

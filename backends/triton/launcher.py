@@ -52,6 +52,13 @@ TRITON_EXIT_TIMEOUT_S = 10  # tritonserver's --exit-timeout-secs: after the laun
 EXIT_TIMEOUT_S = 15.0  # the launcher's SIGKILL after its SIGINT, for a server that does not exit by itself
 STAGE_DIED = 3  # the launcher's exit status when a model's process died (it stopped the server) or tritonserver did
 DIED_EXIT_TIMEOUT_S = 5.0  # then: seconds from SIGINT to SIGKILL, so that clients see the connection drop soon
+# glibc raises its mmap threshold (up to 32 MiB) each time a block it had mapped is freed, so after a few uploads
+# blocks of up to 32 MiB come from the heap arenas and stay with the process once freed: flashcodec kept 490 MB
+# more after two 48 MB PNGs, the orchestrator and tritonserver part of theirs (bench/RESULTS.md, "memory after
+# large payloads"). A fixed threshold turns that off: every block of 4 MiB or more (request bytes, decoded images
+# and frames) is mapped for itself and goes back to the system when freed. malloc_trim(0) whenever flashcodec or the
+# orchestrator went idle returned little more there (flashcodec 40 MB), so nothing calls it. tritonserver's stubs inherit it; a value in the launcher's environment wins.
+HEAP_ENV = {"MALLOC_MMAP_THRESHOLD_": str(4 << 20)}
 
 
 @dataclass
@@ -67,6 +74,7 @@ class TritonServer:
     ready_timeout_s: float = 300.0
     log_path: Path | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
+    heap_env: dict[str, str] = field(default_factory=lambda: dict(HEAP_ENV))  # {}: glibc's own heap behaviour
     log_to_stdout: bool = False  # inherit stdout (containers: `docker logs`) instead of writing log_path
     shm_default_byte_size: int = DEFAULT_SHM_BYTES  # the Python backend's shared memory per model process
     on_log: Callable[[Path], None] | None = None  # told the log's path before the server starts (load_progress)
@@ -89,7 +97,7 @@ class TritonServer:
         fcntl.flock(self._lock, fcntl.LOCK_EX)
         # Beside the run directory, so that it outlives the server (the run directory is removed at stop).
         self.log_path = self.log_path or self.run_dir.with_suffix(".log")
-        environment = {**os.environ, **env, **self.extra_env, RUN_DIR_ENV: str(self.run_dir),
+        environment = {**self.heap_env, **os.environ, **env, **self.extra_env, RUN_DIR_ENV: str(self.run_dir),
                        # video bytes written out for decoding: removed with the pools at stop, even after a kill
                        TMP_PREFIX_ENV: f"unifiedserve-{self.run_dir.name}-flashcodec-"}
         environment["PYTHONPATH"] = str(REPO_ROOT)  # for the helpers we start; the stub ignores it
