@@ -20,8 +20,9 @@ log's tail as ``<out>/server-log-tail.txt``.
 
 ``soak``: ``--requests`` requests at ``--concurrency`` at a time on one server. Once ``--warmup`` requests have
 ended, every ``--sample-s`` seconds it samples the resident memory (MB, /proc: ``rss``, and its parts ``anon`` and
-``shmem`` as in ``payload``) of tritonserver and of each model's stub process. At the end it waits for idle, reads the free-page gauges (``unifiedserve_kv_pages_free`` /
-``_total``, ``unifiedserve_patch_pages_free`` / ``_total``) and takes an idle sample. RSS growth per process is
+``shmem`` as in ``payload``) of tritonserver and of each model's stub process. At the end it waits for idle, reads
+the free-page gauges (``unifiedserve_kv_pages_free`` / ``_total``, ``unifiedserve_patch_pages_free`` / ``_total``)
+and takes an idle sample. RSS growth per process is
 the last sample under load against the first after warm-up (``growth``), and the idle sample against that first
 (``idle_growth``); a growth of ``--max-growth`` (0.05) or more fails.
 
@@ -29,7 +30,8 @@ the last sample under load against the first after warm-up (``growth``), and the
 random-noise PNGs of ``--side`` x ``--side`` pixels (1500: 6.75 MB each), seen at 100,000 pixels (little model
 work); round -1 is text alone. After each round, once the pools are idle, it samples each process's memory
 (``rss`` and its parts ``anon``, the process's own heap, and ``shmem``, shared memory touched, such as the Python
-backend's region). ``--glibc-heap`` serves without the launcher's fixed mmap threshold (``HEAP_ENV``), to compare.
+backend's region). ``--glibc-heap`` serves without the launcher's fixed mmap threshold (``HEAP_ENV``), to
+compare.
 
 Every mode writes ``<out>/stress.json`` (device, date, versions; the arguments; the record) after every burst, sample or
 round, so a partial record survives a crash of the script itself. A server's log is ``<out>/server-K.log`` (burst: the
@@ -211,7 +213,8 @@ def soak(args: argparse.Namespace, repository: Path, out: Path, record: Record) 
     }
     record.save()
     print(f"soak: {data['seconds']:.0f} s, {counts}; pages at end {pages}; growth "
-          + ", ".join(f"{name} {g['start_mb']:.0f}->{g['end_mb']:.0f} MB" for name, g in data.get("growth", {}).items()),
+          + ", ".join(f"{name} {g['start_mb']:.0f}->{g['end_mb']:.0f} MB"
+                      for name, g in data.get("growth", {}).items()),
           flush=True)
     return 0 if all(data["checks"].values()) else FAILED
 
@@ -259,7 +262,7 @@ def payload(args: argparse.Namespace, repository: Path, out: Path, record: Recor
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     modes = parser.add_subparsers(dest="mode", required=True)
-    burst_args, soak_args, payload_args = modes.add_parser("burst"), modes.add_parser("soak"), modes.add_parser("payload")
+    burst_args, soak_args, payload_args = (modes.add_parser(mode) for mode in ("burst", "soak", "payload"))
     for mode, requests, what in ((burst_args, 200, "requests per burst"), (soak_args, 10_000, "requests in all"),
                                  (payload_args, 4, "requests per round")):
         mode.add_argument("--out", required=True, type=Path, help="folder for stress.json and the server log")

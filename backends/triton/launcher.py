@@ -41,7 +41,7 @@ from backends.triton.deploy_config import DEFAULT_SHM_BYTES
 from backends.triton.load_progress import LoadProgress
 from backends.triton.ports import ServerPorts
 from backends.triton.repository import repository_with
-from backends.triton.server_binary import server_binary, server_command
+from backends.triton.server_binary import HEAP_ENV, server_binary, server_command
 from backends.triton.server_log import load_errors, not_unloaded
 from backends.triton.stale_shm import SHM, lock_path, remove_run_files, remove_stale_shared_memory
 from backends.triton.stubs import dump_stacks, stub_processes, stub_regions, watch_stages
@@ -52,13 +52,6 @@ TRITON_EXIT_TIMEOUT_S = 10  # tritonserver's --exit-timeout-secs: after the laun
 EXIT_TIMEOUT_S = 15.0  # the launcher's SIGKILL after its SIGINT, for a server that does not exit by itself
 STAGE_DIED = 3  # the launcher's exit status when a model's process died (it stopped the server) or tritonserver did
 DIED_EXIT_TIMEOUT_S = 5.0  # then: seconds from SIGINT to SIGKILL, so that clients see the connection drop soon
-# glibc raises its mmap threshold (up to 32 MiB) each time a block it had mapped is freed, so after a few uploads
-# blocks of up to 32 MiB come from the heap arenas and stay with the process once freed: flashcodec kept 490 MB
-# more after two 48 MB PNGs, the orchestrator and tritonserver part of theirs (bench/RESULTS.md, "memory after
-# large payloads"). A fixed threshold turns that off: every block of 4 MiB or more (request bytes, decoded images
-# and frames) is mapped for itself and goes back to the system when freed. malloc_trim(0) whenever flashcodec or the
-# orchestrator went idle returned little more there (flashcodec 40 MB), so nothing calls it. tritonserver's stubs inherit it; a value in the launcher's environment wins.
-HEAP_ENV = {"MALLOC_MMAP_THRESHOLD_": str(4 << 20)}
 
 
 @dataclass

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from backends.triton.launcher import HEAP_ENV
+from backends.triton.server_binary import HEAP_ENV
 from client.api import Client
 from tests.e2e.conftest import wait_for_idle_pools
 from tests.media import make_video
