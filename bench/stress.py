@@ -14,9 +14,9 @@ a client timeout (``--timeout-s``).
 burst is ``--requests`` requests at once. Per burst: its seconds, the requests completed and cancelled, the errors
 (any request that failed other than by its own cancel; an ``overloaded`` refusal counts), and whether the server is
 still whole (``fault``: tritonserver exited, with its signal; a stub gone; ``Signal (``, ``Segmentation fault`` or
-``Fatal Python error`` in its log). It stops at the first fault (or a burst in which every request failed: a
-wedge), first asking the stubs still alive for their threads' stacks (faulthandler, into the log), and keeps the
-log's tail as ``<out>/server-log-tail.txt``.
+``Fatal Python error`` in its log). It stops at the first fault (or a burst in which every request failed: a wedge;
+or a fresh server that did not start), first asking the stubs still alive for their threads' stacks (faulthandler,
+into the log), and keeps the log's tail as ``<out>/server-log-tail.txt``.
 
 ``soak``: ``--requests`` requests at ``--concurrency`` at a time on one server. Once ``--warmup`` requests have
 ended, every ``--sample-s`` seconds it samples the resident memory (MB, /proc: ``rss``, and its parts ``anon`` and
@@ -74,9 +74,10 @@ class Record:
 
     def __init__(self, out: Path, args: argparse.Namespace):
         self.out = out
-        self.data = {**header(torch.device("cpu"), ("tritonclient",)), "mode": args.mode,
+        self.data = {**header(torch.device("cpu")), "mode": args.mode,
                      "args": {k: v for k, v in vars(args).items() if k != "out"}, "fault": None}
-        self.data["versions"]["nvidia-pytriton"] = importlib.metadata.version("nvidia-pytriton")
+        for distribution in ("nvidia-pytriton", "tritonclient"):  # the server's wheel, the client's
+            self.data["versions"][distribution] = importlib.metadata.version(distribution)
 
     def save(self) -> None:
         write(self.out, "stress", self.data)
@@ -101,6 +102,7 @@ def stop_server(server: TritonServer, keep_log: bool) -> str | None:
 
 
 def grpc_url(server: TritonServer) -> str:
+    """``host:port`` of ``server``'s gRPC endpoint."""
     return f"127.0.0.1:{server.ports.grpc}"
 
 
@@ -120,7 +122,12 @@ def burst(args: argparse.Namespace, repository: Path, out: Path, record: Record)
     media = Media.small()
     servers, bursts = record.data.setdefault("servers", []), record.data.setdefault("bursts", [])
     while len(bursts) < args.bursts:
-        server, ready_s = start_server(repository, out / f"server-{len(servers)}.log")
+        try:
+            server, ready_s = start_server(repository, out / f"server-{len(servers)}.log")
+        except RuntimeError as exc:  # the launcher's reason and the log's tail
+            record.data["fault"] = f"a fresh server did not start: {str(exc)[-4000:]}"
+            record.save()
+            return CRASHED
         servers.append({"first_burst": len(bursts), "ready_s": ready_s, "stop": None})
         problem = None
         try:
