@@ -12,7 +12,7 @@ from pathlib import Path
 
 from backends.triton.deploy_config import DeployConfig
 from backends.triton.repository import parse_overrides, repository_with
-from backends.triton.server_binary import server_binary
+from backends.triton.server_binary import HEAP_ENV, server_binary
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,8 @@ def serve_plan(args: argparse.Namespace, source: Path) -> ServePlan:
 
 def render(plan: ServePlan, source: Path, target: Path) -> int:
     """Write ``source`` with ``plan``'s parameters to ``target`` (its model.py files link to ``source``'s) and
-    print the command that serves it. Returns the exit status: 0, or 1 when ``target`` holds files already."""
+    print the command that serves it (with the launcher's ``HEAP_ENV``). Returns the exit status: 0, or 1 when
+    ``target`` holds files already."""
     if target.exists() and any(target.iterdir()):
         print(f"--render {target}: not empty", file=sys.stderr, flush=True)
         return 1
@@ -64,6 +65,6 @@ def render(plan: ServePlan, source: Path, target: Path) -> int:
         binary, backends, env = Path("tritonserver"), None, {}
     if backends is not None and env:
         command.insert(1, f"--backend-directory={backends}")
-    prefix = "".join(f"{key}={shlex.quote(value)} " for key, value in env.items())
+    prefix = "".join(f"{key}={shlex.quote(value)} " for key, value in {**HEAP_ENV, **env}.items())
     print(prefix + shlex.join([str(binary), *command]), flush=True)
     return 0

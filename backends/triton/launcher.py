@@ -41,7 +41,7 @@ from backends.triton.deploy_config import DEFAULT_SHM_BYTES
 from backends.triton.load_progress import LoadProgress
 from backends.triton.ports import ServerPorts
 from backends.triton.repository import repository_with
-from backends.triton.server_binary import server_binary, server_command
+from backends.triton.server_binary import HEAP_ENV, server_binary, server_command
 from backends.triton.server_log import load_errors, not_unloaded
 from backends.triton.stale_shm import SHM, lock_path, remove_run_files, remove_stale_shared_memory
 from backends.triton.stubs import dump_stacks, stub_processes, stub_regions, watch_stages
@@ -67,6 +67,7 @@ class TritonServer:
     ready_timeout_s: float = 300.0
     log_path: Path | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
+    heap_env: dict[str, str] = field(default_factory=lambda: dict(HEAP_ENV))  # {}: glibc's own heap behaviour
     log_to_stdout: bool = False  # inherit stdout (containers: `docker logs`) instead of writing log_path
     shm_default_byte_size: int = DEFAULT_SHM_BYTES  # the Python backend's shared memory per model process
     on_log: Callable[[Path], None] | None = None  # told the log's path before the server starts (load_progress)
@@ -89,7 +90,7 @@ class TritonServer:
         fcntl.flock(self._lock, fcntl.LOCK_EX)
         # Beside the run directory, so that it outlives the server (the run directory is removed at stop).
         self.log_path = self.log_path or self.run_dir.with_suffix(".log")
-        environment = {**os.environ, **env, **self.extra_env, RUN_DIR_ENV: str(self.run_dir),
+        environment = {**self.heap_env, **os.environ, **env, **self.extra_env, RUN_DIR_ENV: str(self.run_dir),
                        # video bytes written out for decoding: removed with the pools at stop, even after a kill
                        TMP_PREFIX_ENV: f"unifiedserve-{self.run_dir.name}-flashcodec-"}
         environment["PYTHONPATH"] = str(REPO_ROOT)  # for the helpers we start; the stub ignores it

@@ -20,6 +20,15 @@ from backends.triton.ports import ServerPorts
 NGC_SERVER = Path("/opt/tritonserver")
 CACHE = Path(os.environ.get("UNIFIEDSERVE_CACHE", Path.home() / ".cache" / "unifiedserve"))
 
+# glibc raises its mmap threshold (up to 32 MiB) each time a block it had mapped is freed, so after a few uploads
+# blocks of up to 32 MiB come from the heap arenas and stay with the process once freed: flashcodec kept 300 MB more
+# after two rounds of two 48 MB PNGs, 66 MB with this (bench/RESULTS.md, "memory after large payloads"). A fixed
+# threshold turns that off: every block of 4 MiB or more (request bytes, decoded images and frames) is mapped for
+# itself and goes back to the system when freed. malloc_trim(0) whenever flashcodec or the orchestrator went idle
+# returned little more in a trial, so nothing calls it. The stubs inherit it from tritonserver; the launcher sets it
+# (a value in its own environment wins) and --render's command names it.
+HEAP_ENV = {"MALLOC_MMAP_THRESHOLD_": str(4 << 20)}
+
 
 def server_binary() -> tuple[Path, Path, dict[str, str]]:
     """(tritonserver binary, backend directory, extra environment for the server). Raises RuntimeError when

@@ -1,8 +1,13 @@
-"""Cancelled requests stop generating and return their pages (case C8; docs/design.md, invariant 2)."""
+"""Cancelled requests stop generating and return their pages (case C8; docs/design.md, invariant 2); the server's
+processes give freed upload buffers back to the system."""
 from __future__ import annotations
+
+import os
+from pathlib import Path
 
 import pytest
 
+from backends.triton.server_binary import HEAP_ENV
 from client.api import Client
 from tests.e2e.conftest import wait_for_idle_pools
 from tests.media import make_video
@@ -72,3 +77,14 @@ def test_a_lone_cancelled_request_stops_generating(server, grpc_url):
     started = time.monotonic()
     m = wait_for_idle_pools(server, timeout_s=30)
     assert m["unifiedserve_requests_running"] == 0 and time.monotonic() - started < 10, m
+
+
+def test_every_server_process_has_the_fixed_mmap_threshold(server):
+    """tritonserver and every stub run with the launcher's HEAP_ENV (or the environment's own value), so buffers of
+    4 MiB or more (uploads, decoded images) go back to the system when freed (bench/RESULTS.md, "memory after
+    large payloads")."""
+    name = "MALLOC_MMAP_THRESHOLD_"
+    expected = os.environ.get(name, HEAP_ENV[name]).encode()
+    for pid in [server.process.pid, *server.stubs()]:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        assert f"{name}=".encode() + expected in environ, (pid, server.stubs().get(pid, "tritonserver"))
