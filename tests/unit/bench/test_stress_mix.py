@@ -1,4 +1,4 @@
-"""bench/stress_parts.py: the request mix the stress record states (bench/results/stress-cpu-2026-12-01), and the
+"""bench/stress_parts.py: the request mix the stress record states (bench/RESULTS.md, "stress, bursts and soak"), and the
 memory reading of a live process (no server)."""
 from __future__ import annotations
 
