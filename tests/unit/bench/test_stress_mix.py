@@ -1,5 +1,5 @@
-"""bench/stress_parts.py: the request mix the stress record states (bench/RESULTS.md, "stress, bursts and soak"), and the
-memory reading of a live process (no server)."""
+"""bench/stress_parts.py: the request mix the stress record states (bench/RESULTS.md, "stress, bursts and soak"),
+and the memory reading of a live process (no server)."""
 from __future__ import annotations
 
 import os
