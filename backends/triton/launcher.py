@@ -273,11 +273,11 @@ def _serve(args: argparse.Namespace, repository: Path, shm_default_byte_size: in
         log = f"\n(log: {server.log_path})" if server.process is not None and not args.log_stdout else ""
         print(f"tritonserver did not start: {exc}{log}", file=sys.stderr)
         return 1
-    where = "stdout" if args.log_stdout else server.log_path
-    print(f"tritonserver ready: gRPC {args.address}:{args.grpc_port}, HTTP {args.address}:{args.http_port}, "
-          f"log {where}, models {repository}", flush=True)
     died, killed, api, api_failed = None, None, None, False
-    try:
+    try:  # from here on a stop signal (a KeyboardInterrupt), even one right after the ready line, stops the server
+        where = "stdout" if args.log_stdout else server.log_path
+        print(f"tritonserver ready: gRPC {args.address}:{args.grpc_port}, HTTP {args.address}:{args.http_port}, "
+              f"log {where}, models {repository}", flush=True)
         if args.openai_port:
             local = "127.0.0.1" if args.address in ("0.0.0.0", "::") else args.address  # the API's way to the server
             api = ApiProcess(ApiConfig(grpc_url=f"{local}:{args.grpc_port}",
