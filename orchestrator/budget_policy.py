@@ -28,6 +28,11 @@ MODALITIES = ("text", "image", "video")
 DEFAULT_TBT_MS = 50.0  # the per-request p99 TBT SLO of the peer benchmark (issue 19)
 
 
+def work_units(tokens: int, patches: int) -> float:
+    """The units of work of ``tokens`` prefill tokens and ``patches`` encode patches (module docstring)."""
+    return tokens + patches / 4
+
+
 @dataclass(frozen=True)
 class SloTargets:
     """Per modality (a request with a video counts as video, one with images as image): ``ttft_ms`` and ``tbt_ms``
@@ -67,7 +72,7 @@ class PolicyConfig:
 @dataclass(frozen=True)
 class Waiting:
     """A request before its first token: its ``kind`` (modality), ``age_ms`` since it arrived, and the work left
-    (``units``: prefill tokens + encode patches / 4)."""
+    (``units``: :func:`work_units`)."""
 
     kind: str
     age_ms: float

@@ -22,7 +22,7 @@ from typing import AsyncIterator, Callable
 from backends.ipc.link import StageError
 from backends.ipc.protocol import (INVALID_INPUT, SERVER_FAULT, DecodeAdmit, DecodeStep, FirstToken, GroupReady,
                                    StageFailure)
-from orchestrator.budget_policy import BudgetPolicy, Waiting
+from orchestrator.budget_policy import BudgetPolicy, Waiting, work_units
 from orchestrator.engine_io import SHUTTING_DOWN, EngineRequest, Output, Released, RequestState
 from orchestrator.pages import PagePool
 from orchestrator.scheduler import Scheduler
@@ -222,7 +222,7 @@ class Engine:
             self.on_step()
             if self.policy is not None:
                 self.policy.observe_step((time.monotonic() - launched) * 1e3,
-                                         plan.num_prefill_tokens + plan.num_encode_patches / 4)
+                                         work_units(plan.num_prefill_tokens, plan.num_encode_patches))
             for work in plan.encode:  # the scheduler returned these groups' patch pages
                 if (tracked := self.requests.get(work.req_id)) is not None:
                     tracked.patch_pages_held -= len(work.patch_pages)
@@ -242,7 +242,8 @@ class Engine:
             if tracked.in_decode and not tracked.decode_done:
                 decoding.add(tracked.request.kind)
             elif not tracked.first_token and (seq := self.scheduler.get(tracked.request.new.req_id)) is not None:
-                waiting.append(Waiting(tracked.request.kind, (now - tracked.admitted) * 1e3, seq.work_left))
+                units = work_units(seq.prompt_len - seq.num_computed_tokens, seq.patches_left)
+                waiting.append(Waiting(tracked.request.kind, (now - tracked.admitted) * 1e3, units))
         return self.policy.budgets(decoding, waiting)
 
     def _step_loop_died(self, task: asyncio.Task) -> None:

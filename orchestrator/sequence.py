@@ -89,11 +89,9 @@ class Sequence:
             raise ValueError(f"{self.req_id}: two groups share an (item, index)")
 
     @property
-    def work_left(self) -> float:
-        """Prompt tokens still to prefill plus the patches still to encode / 4 (a visual token's worth of patches
-        after the 2x2 merge): the work a budget policy weighs (``orchestrator.budget_policy``)."""
-        return (self.prompt_len - self.num_computed_tokens
-                + sum(g.num_patches for g in self.groups if not g.encoded) / 4)
+    def patches_left(self) -> int:
+        """Patches of the groups not yet encoded (what a budget policy weighs: ``orchestrator.budget_policy``)."""
+        return sum(g.num_patches for g in self.groups if not g.encoded)
 
     @property
     def prefill_done(self) -> bool:
