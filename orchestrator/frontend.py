@@ -109,7 +109,7 @@ async def handle(orchestrator: Orchestrator, request, lanes: SendLanes, cancels:
 
 async def _send_tokens(admitted: Admitted, tokens, send, timer: RequestTimer, timeline: Timeline) -> None:
     final, parsed = io.pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL, admitted.parsed
-    texts, ids = [], []
+    texts, ids, first = [], [], True
     cap = json.dumps(admitted.visual_cap.to_json()) if admitted.visual_cap is not None else None
     async for delta, token_ids, reason in tokens:
         texts.append(delta)
@@ -123,11 +123,11 @@ async def _send_tokens(admitted: Admitted, tokens, send, timer: RequestTimer, ti
             return
         num_input = len(admitted.prompt.input_ids)
         if parsed.stream:
-            if cap is not None or len(ids) == len(token_ids):  # the first response
+            if first:
                 timeline.mark("first_response")
-            send(_response(parsed, delta, token_ids, reason, num_input, len(ids), cap, timeline),
+            send(_response(parsed, delta, token_ids, reason, num_input, len(ids), cap if first else None, timeline),
                  final if reason else 0)
-            cap = None  # the first response says it
+            first = False
         elif reason is not None:
             text = "".join(texts) if parsed.exclude_input_in_output else parsed.text + "".join(texts)
             send(_response(parsed, text, ids, reason, num_input, len(ids), cap, timeline), final)
