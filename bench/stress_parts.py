@@ -17,7 +17,7 @@ import numpy as np
 from PIL import Image
 
 from backends.triton.launcher import TritonServer
-from backends.triton.stubs import crashed, dump_stacks
+from backends.triton.stubs import crashed, dead_stub, dump_stacks
 from client.api import Client, ServerError
 from tests.media import make_image, make_video
 
@@ -94,10 +94,8 @@ def fault(server: TritonServer) -> str | None:
     process that was there when it became ready is gone, or its log shows a crash (:data:`CRASH_NEEDLES`)."""
     if server.process.poll() is not None:
         return crashed(server.process.returncode) or "tritonserver exited with status 0"
-    alive = sorted(server.stubs().values())
-    missing = [m for m in sorted(server.ready_stubs.values()) if m not in alive]
-    if missing:
-        return f"the process of model {', '.join(missing)} has died"
+    if dead := dead_stub(server):
+        return dead
     log = server.log_tail(2_000_000)
     return next((f"the server log shows {needle!r}" for needle in CRASH_NEEDLES if needle in log), None)
 

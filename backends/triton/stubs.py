@@ -69,16 +69,21 @@ def watch_stages(server: "TritonServer", companion: Callable[[], str | None] | N
     stopped from elsewhere. Triton 2.51 keeps a model whose stub died READY and fails its requests ("Stub process
     ... is not healthy") without restarting it, so the server is stopped instead, for a supervisor (systemd,
     Kubernetes) to start a fresh one; a server whose API died is stopped for the same supervisor."""
-    expected = Counter(server.ready_stubs.values())
     stopping = server.run_dir / MARKER  # a stop from elsewhere is announced there before the models unload
     while server.process.poll() is None:
-        missing = expected - Counter(server.stubs().values())
-        if missing and server.process.poll() is None and not stopping.exists():
-            return f"the process of model {', '.join(sorted(missing))} has died"
+        if (dead := dead_stub(server)) and server.process.poll() is None and not stopping.exists():
+            return dead
         if companion is not None and (why := companion()):
             return why
         time.sleep(period_s)
     return None if stopping.exists() else crashed(server.process.returncode)
+
+
+def dead_stub(server: "TritonServer") -> str | None:
+    """"the process of model NAME has died" when a stub process that was there when ``server`` became ready is gone
+    (counted per model, so one of two instances too), else None."""
+    missing = Counter(server.ready_stubs.values()) - Counter(server.stubs().values())
+    return f"the process of model {', '.join(sorted(missing))} has died" if missing else None
 
 
 def crashed(status: int | None, who: str = "tritonserver") -> str | None:
