@@ -104,9 +104,10 @@ def build_media(media: Path, setup: Setup) -> tuple[Path, list[Path]]:
 
 
 
-def read_metrics(server: TritonServer) -> dict[str, float]:
-    """UnifiedServe's metrics from the Prometheus endpoint, each summed over its label sets."""
-    text = urllib.request.urlopen(f"http://127.0.0.1:{server.ports.metrics}/metrics", timeout=10).read().decode()
+def read_metrics(port: int) -> dict[str, float]:
+    """UnifiedServe's metrics from the Prometheus endpoint on ``port`` (Triton's metrics port), each summed over its
+    label sets."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
     values: dict[str, float] = {}
     for line in text.splitlines():
         if line.startswith("unifiedserve_"):
@@ -153,13 +154,13 @@ def scenario(server: TritonServer, url: str, jobs: list[dict], sampling: dict) -
     threads = [threading.Thread(target=run, args=(k,)) for k in range(len(jobs))]
     for t in threads:
         t.start()
-    before = read_metrics(server)
+    before = read_metrics(server.ports.metrics)
     start = time.perf_counter()
     barrier.wait()
     for t in threads:
         t.join()
     wall = time.perf_counter() - start
-    after = read_metrics(server)
+    after = read_metrics(server.ports.metrics)
     for c in clients:
         c.close()
     gaps = [g for r in requests for g in r.pop("_gaps", [])]
@@ -233,7 +234,7 @@ def run(args: argparse.Namespace) -> dict:
                     key = name if k == 0 else f"{name}#{k + 1}"
                     results["scenarios"][key] = s = scenario(server, url, jobs, {**greedy, "max_tokens": max_tokens})
                     print(summary_line(key, s), flush=True)
-            results["metrics_at_end"] = read_metrics(server)
+            results["metrics_at_end"] = read_metrics(server.ports.metrics)
     results["grpc_transfer"] = grpc_transfer(results["scenarios"], results["video"]["bytes"])
     text_c1 = results["scenarios"].get("text_c1", {})
     note = text_c1.get("overhead_note", "(client mean TBT - decode step) / client mean TBT")

@@ -33,7 +33,7 @@ class MediaRef:
 class OrchestratorRequest:
     """One request's orchestrator inputs: ``prompt`` (a completion) or ``messages`` (JSON, a chat);
     ``media`` in placeholder order; ``sampling`` (``sampling_parameters``); ``stream``; ``return_token_ids``
-    (``return_output_ids``)."""
+    (``return_output_ids``); ``return_timeline``."""
 
     prompt: str | None
     messages: str | None
@@ -41,6 +41,7 @@ class OrchestratorRequest:
     sampling: dict[str, Any]
     stream: bool
     return_token_ids: bool
+    return_timeline: bool = False
 
     def with_media(self, media: tuple[MediaRef, ...]) -> "OrchestratorRequest":
         return dataclasses.replace(self, media=media)
@@ -62,6 +63,8 @@ class OrchestratorRequest:
                 tensors.append((f"{kind}_url", _strings(urls)))
         if self.return_token_ids:
             tensors.append(("return_output_ids", np.array([True])))
+        if self.return_timeline:
+            tensors.append(("return_timeline", np.array([True])))
         inputs = []
         for name, array in tensors:
             tensor = InferInput(name, list(array.shape), "BOOL" if array.dtype == bool else "BYTES")
@@ -94,10 +97,10 @@ def chat_request(request: ChatCompletionRequest) -> OrchestratorRequest:
             parts.append({"type": kind})
         messages.append({"role": role, "content": parts})
     return OrchestratorRequest(None, json.dumps(messages), tuple(media), request.sampling_parameters(),
-                               request.stream, request.return_token_ids)
+                               request.stream, request.return_token_ids, request.return_timeline)
 
 
 def completion_request(request: CompletionRequest) -> OrchestratorRequest:
     """The orchestrator's request for a completion: its prompt as ``prompt`` (no chat template)."""
     return OrchestratorRequest(request.text, None, (), request.sampling_parameters(), request.stream,
-                               request.return_token_ids)
+                               request.return_token_ids, request.return_timeline)

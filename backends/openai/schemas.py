@@ -86,6 +86,7 @@ class GenerationRequest(_Body):
     repetition_penalty: float | None = None
     stop_token_ids: list[int] | None = None
     return_token_ids: bool = False
+    return_timeline: bool = False  # ours: the reply (the last streamed chunk) carries the request's `timeline`
     mm_processor_kwargs: MediaOptions | None = None
     # known to OpenAI's API, honoured only at their defaults
     n: int | None = None
@@ -193,6 +194,7 @@ class ChatCompletion(BaseModel):
     choices: list[ChatChoice]
     usage: Usage
     visual_cap: dict | None = None  # ours: what max_visual_tokens lowered in the request's media (docs/requests.md)
+    timeline: dict | None = None  # ours, with return_timeline: where the request's time went (docs/requests.md)
 
 
 class Delta(BaseModel):
@@ -215,6 +217,7 @@ class ChatCompletionChunk(BaseModel):
     choices: list[ChatChunkChoice]
     usage: Usage | None = None
     visual_cap: dict | None = None  # on the first chunk, as on ChatCompletion
+    timeline: dict | None = None  # on the last chunk with a choice, as on ChatCompletion
 
 
 class CompletionChoice(BaseModel):
@@ -233,6 +236,7 @@ class Completion(BaseModel):
     model: str
     choices: list[CompletionChoice]
     usage: Usage | None = None
+    timeline: dict | None = None  # as on ChatCompletion
 
 
 class ModelCard(BaseModel):

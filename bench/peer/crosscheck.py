@@ -22,8 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.peer.load import ChatRequest, RequestRecord, chat_parts, closed_loop
-from bench.peer.scenarios import Target
+from bench.peer.load import ChatRequest, RequestRecord, Target, chat_parts, closed_loop
 from bench.peer.servers import VLLM_ENV, environment
 from bench.serve_bench import TEXT_PROMPT
 
@@ -76,7 +75,7 @@ async def run(target: Target, tokenizer: Path, out: Path, pythonpath: str | None
         raise RuntimeError(f"vllm bench serve failed ({done.returncode}):\n{(done.stdout + done.stderr)[-4000:]}")
     theirs = json.loads((out / "vllm_bench.json").read_text())
     requests = [ChatRequest("text", chat_parts(p), CROSSCHECK_OUTPUT) for p in prompts()]
-    ours = our_metrics(await closed_loop(target.url, target.model, CROSSCHECK_STREAMS, requests))
+    ours = our_metrics(await closed_loop(target, CROSSCHECK_STREAMS, requests))
     ratios = {k: ours[k] / theirs[k] for k in ours if k.endswith("_ms") and theirs.get(k)}
     return {"scenario": {"prompts": CROSSCHECK_PROMPTS, "output_tokens": CROSSCHECK_OUTPUT,
                          "streams": CROSSCHECK_STREAMS},

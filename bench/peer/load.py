@@ -42,12 +42,27 @@ class ChatRequest:
     parts: tuple[dict, ...]
     max_tokens: int
 
-    def body(self, model: str) -> dict:
+    def body(self, model: str, timeline: bool = False) -> dict:
         """The JSON body: streamed with usage, greedy, ``ignore_eos`` and ``return_token_ids`` (vLLM's extra
-        fields, which UnifiedServe takes)."""
+        fields, which UnifiedServe takes); with ``timeline``, UnifiedServe's ``return_timeline``."""
         return {"model": model, "messages": [{"role": "user", "content": list(self.parts)}],
                 "max_tokens": self.max_tokens, "temperature": 0, "ignore_eos": True, "return_token_ids": True,
-                "stream": True, "stream_options": {"include_usage": True}}
+                "stream": True, "stream_options": {"include_usage": True}, **({"return_timeline": True} if timeline
+                                                                              else {})}
+
+
+@dataclass(frozen=True)
+class Target:
+    """A running server: its system (``unifiedserve`` or ``vllm``), its OpenAI API's base URL and the model name
+    it serves. UnifiedServe is asked for each request's timeline (where its time went in the server)."""
+
+    system: str
+    url: str
+    model: str
+
+    @property
+    def timeline(self) -> bool:
+        return self.system == "unifiedserve"
 
 
 @dataclass
@@ -62,6 +77,7 @@ class RequestRecord:
     output_tokens: int | None = None
     done_s: float | None = None  # after the send
     error: str | None = None
+    timeline: dict | None = None  # UnifiedServe's record of the request (events in ms since it arrived there)
 
     @property
     def ttft_ms(self) -> float | None:
@@ -104,14 +120,15 @@ def tokens_in(chunk: dict) -> int:
     return int(any((c.get("delta") or {}).get("content") for c in choices))
 
 
-async def send(client: httpx.AsyncClient, url: str, model: str, request: ChatRequest, start: float) -> RequestRecord:
-    """Send ``request`` to ``url`` (the server's base, e.g. ``http://127.0.0.1:9000``) and read its stream.
+async def send(client: httpx.AsyncClient, target: Target, request: ChatRequest, start: float) -> RequestRecord:
+    """Send ``request`` to ``target`` and read its stream.
     ``start``: the scenario's start (``time.perf_counter()``). An HTTP error, an error event or a broken stream
     is recorded in ``error``, never raised."""
     sent = time.perf_counter()
     record = RequestRecord(request.kind, sent - start)
     try:
-        async with client.stream("POST", f"{url}/v1/chat/completions", json=request.body(model)) as response:
+        body = request.body(target.model, target.timeline)
+        async with client.stream("POST", f"{target.url}/v1/chat/completions", json=body) as response:
             if response.status_code != 200:
                 record.error = f"HTTP {response.status_code}: {(await response.aread()).decode()[:500]}"
                 return record
@@ -123,6 +140,7 @@ async def send(client: httpx.AsyncClient, url: str, model: str, request: ChatReq
                 if "error" in chunk:
                     record.error = f"error event: {json.dumps(chunk['error'])[:500]}"
                 record.token_s += [arrived] * tokens_in(chunk)
+                record.timeline = chunk.get("timeline") or record.timeline
                 if chunk.get("usage"):
                     record.prompt_tokens = chunk["usage"].get("prompt_tokens")
                     record.output_tokens = chunk["usage"].get("completion_tokens")
@@ -132,7 +150,7 @@ async def send(client: httpx.AsyncClient, url: str, model: str, request: ChatReq
     return record
 
 
-async def open_loop(url: str, model: str, schedule: list[tuple[float, ChatRequest]], start: float | None = None
+async def open_loop(target: Target, schedule: list[tuple[float, ChatRequest]], start: float | None = None
                     ) -> list[RequestRecord]:
     """Send each ``(time_s, request)`` at ``time_s`` after ``start`` (default: now), whatever is still running;
     returns the records in schedule order once all have ended."""
@@ -140,11 +158,11 @@ async def open_loop(url: str, model: str, schedule: list[tuple[float, ChatReques
     async with new_client() as client:
         async def at(time_s: float, request: ChatRequest) -> RequestRecord:
             await asyncio.sleep(max(0.0, start + time_s - time.perf_counter()))
-            return await send(client, url, model, request, start)
+            return await send(client, target, request, start)
         return list(await asyncio.gather(*(at(t, r) for t, r in schedule)))
 
 
-async def closed_loop(url: str, model: str, streams: int, requests: list[ChatRequest] | ChatRequest,
+async def closed_loop(target: Target, streams: int, requests: list[ChatRequest] | ChatRequest,
                       stop: asyncio.Event | None = None, start: float | None = None) -> list[RequestRecord]:
     """``streams`` streams at once, each sending its next request when its last one ends: the requests of
     ``requests`` (a list, shared out in order) or, given one request, that request again and again until ``stop``
@@ -160,7 +178,7 @@ async def closed_loop(url: str, model: str, streams: int, requests: list[ChatReq
             request = queue.pop(0) if queue is not None else requests
             record = RequestRecord(request.kind, 0.0)
             records.append(record)  # now, so the list keeps send order
-            sent = await send(client, url, model, request, start)
+            sent = await send(client, target, request, start)
             record.__dict__.update(sent.__dict__)
 
     async with new_client() as client:

@@ -30,6 +30,7 @@ import asyncio
 import json
 import subprocess
 import sys
+import time
 import urllib.request
 from dataclasses import asdict
 from pathlib import Path
@@ -39,12 +40,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import torch  # noqa: E402
 
 from bench.common import header, write  # noqa: E402
+from bench.serve_bench import decode_overhead, distribution, read_metrics  # noqa: E402
 from bench.peer import crosscheck, scenarios, servers  # noqa: E402
 from bench.peer.checkpoint import write_checkpoint  # noqa: E402
-from bench.peer.load import closed_loop  # noqa: E402
+from bench.peer.load import Target, closed_loop  # noqa: E402
 from bench.peer.summary import write_summary  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
+METRICS_SETTLE_S = 2.5  # the orchestrator sends its counters once a second: wait for a scenario's last ones
 
 
 def paths(args: argparse.Namespace) -> dict[str, Path]:
@@ -83,8 +86,8 @@ def start(args: argparse.Namespace, system: str) -> None:
     state["version"] = server_version(system, state["url"])
     (p["state"] / f"{system}.json").write_text(json.dumps(state, indent=1))
     print(f"{system} ready at {state['url']} (model {state['model']}, version {state['version']})", flush=True)
-    target = scenarios.Target(system, state["url"], state["model"])
-    warm = asyncio.run(closed_loop(target.url, target.model, 1, scenarios.warmup_requests(prepare(args))))
+    target = Target(system, state["url"], state["model"])
+    warm = asyncio.run(closed_loop(target, 1, scenarios.warmup_requests(prepare(args))))
     for record in warm:
         if record.error:
             print(f"warm-up {record.kind} request failed: {record.error}", flush=True)
@@ -107,7 +110,7 @@ def run_scenarios(args: argparse.Namespace, system: str) -> int:
     Returns the number of failed requests."""
     p = paths(args)
     state = servers.running(system, p["state"])
-    target = scenarios.Target(system, state["url"], state["model"])
+    target = Target(system, state["url"], state["model"])
     inputs = prepare(args)
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     failed = 0
@@ -120,9 +123,15 @@ def run_scenarios(args: argparse.Namespace, system: str) -> int:
             write(p["out"] / "raw" / system, name, {**base, **result})
             print(f"{system} crosscheck: ours / vllm bench serve {result['ours_over_vllm_bench']}", flush=True)
             continue
+        port = servers.metrics_port(state)
+        before = read_metrics(port) if port else None
         records = asyncio.run(scenarios.run(name, target, inputs, args.requests, args.seed))
         errors = [r.error for r in records if r.error]
         failed += len(errors)
+        if port:  # the decode stage's own step beside the clients' TBT: what the path to the client adds
+            time.sleep(METRICS_SETTLE_S)
+            base["server_metrics"] = decode_overhead(before, read_metrics(port),
+                                                     distribution([g for r in records for g in r.tbt_ms]))
         write(p["out"] / "raw" / system, name.replace("@", "_at_"),
               {**base, "records": [r.to_json() for r in records]})
         ttfts = [r.ttft_ms for r in records if r.ttft_ms is not None]

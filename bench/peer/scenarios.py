@@ -30,7 +30,8 @@ from pathlib import Path
 
 from PIL import Image
 
-from bench.peer.load import ChatRequest, RequestRecord, chat_parts, closed_loop, media_url, open_loop, poisson_times
+from bench.peer.load import (ChatRequest, RequestRecord, Target, chat_parts, closed_loop, media_url, open_loop,
+                             poisson_times)
 from bench.serve_bench import FULL_SETUP, SMOKE_SETUP, TEXT_PROMPT, Setup, build_media
 from bench.video_files import build_video
 
@@ -45,15 +46,6 @@ GOODPUT_RATES = {"long_video": (0.02, 0.04, 0.06, 0.08), "video": (0.04, 0.08, 0
 GOODPUT_REQUESTS = {"long_video": 12, "video": 16, "images": 48}  # per rate, by default
 FIXED = ("video", "mixed_video", "mixed_images", "text_c1", "text_c32", "images16")
 WORKLOADS = tuple(GOODPUT_RATES)
-
-
-@dataclass(frozen=True)
-class Target:
-    """A running server: its OpenAI API's base URL and the model name it serves."""
-
-    system: str
-    url: str
-    model: str
 
 
 @dataclass(frozen=True)
@@ -103,12 +95,12 @@ async def mixed(target: Target, inputs: Inputs, burst: list[ChatRequest]) -> lis
 
     async def arrive() -> list[RequestRecord]:
         try:
-            return await open_loop(target.url, target.model, [(MIXED_ARRIVAL_S, r) for r in burst], start)
+            return await open_loop(target, [(MIXED_ARRIVAL_S, r) for r in burst], start)
         finally:
             stop.set()
 
     streams, arrived = await asyncio.gather(
-        closed_loop(target.url, target.model, MIXED_STREAMS, text_request(inputs), stop, start), arrive())
+        closed_loop(target, MIXED_STREAMS, text_request(inputs), stop, start), arrive())
     return arrived + streams
 
 
@@ -143,28 +135,28 @@ async def run(name: str, target: Target, inputs: Inputs, requests: int | None = 
               ) -> list[RequestRecord]:
     """Run scenario ``name`` (a row of the module's table) against ``target``; returns its records. Raises
     ValueError for an unknown name."""
-    s, url, model = inputs.setup, target.url, target.model
+    s = inputs.setup
     if name == "video":
-        return await open_loop(url, model, [(0.0, video_request(inputs.video, s.video_tokens))])
+        return await open_loop(target, [(0.0, video_request(inputs.video, s.video_tokens))])
     if name == "mixed_video":
         return await mixed(target, inputs, [video_request(inputs.video, s.video_tokens)])
     if name == "mixed_images":
         return await mixed(target, inputs, [image_request(p, s.image_tokens) for p in inputs.images])
     if name == "text_c1":
-        return await open_loop(url, model, [(0.0, text_request(inputs))])
+        return await open_loop(target, [(0.0, text_request(inputs))])
     if name == "text_c32":
-        return await open_loop(url, model, [(0.0, text_request(inputs))] * 32)
+        return await open_loop(target, [(0.0, text_request(inputs))] * 32)
     if name == "images16":
-        return await open_loop(url, model, [(0.0, image_request(p, s.image_tokens)) for p in inputs.images])
+        return await open_loop(target, [(0.0, image_request(p, s.image_tokens)) for p in inputs.images])
     workload, _, rate = name.removeprefix("goodput_").partition("@")
     if not name.startswith("goodput_") or workload not in WORKLOADS or not rate:
         raise ValueError(f"unknown scenario {name!r}: one of {FIXED} or "
                          f"goodput_<{'|'.join(WORKLOADS)}>@<rate|unloaded>")
     if rate == "unloaded":  # one at a time
-        return await closed_loop(url, model, 1, unloaded_requests(workload, inputs))
+        return await closed_loop(target, 1, unloaded_requests(workload, inputs))
     count = requests or GOODPUT_REQUESTS[workload]
     arrivals = poisson_times(float(rate), count, seed)
-    return await open_loop(url, model, list(zip(arrivals, goodput_requests(workload, inputs, count, seed))))
+    return await open_loop(target, list(zip(arrivals, goodput_requests(workload, inputs, count, seed))))
 
 
 def warmup_requests(inputs: Inputs) -> list[ChatRequest]:

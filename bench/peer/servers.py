@@ -95,6 +95,12 @@ def start(system: str, argv: list[str], env: dict, state: Path, log: Path, pytho
     raise RuntimeError(f"{system} not ready within {ready_timeout_s} s:\n{log.read_text()[-5000:]}")
 
 
+def metrics_port(record: dict) -> int | None:
+    """The Triton metrics port of a UnifiedServe server's ``record`` (from its command line); None for vLLM."""
+    argv = record["argv"]
+    return int(argv[argv.index("--metrics-port") + 1]) if "--metrics-port" in argv else None
+
+
 def running(system: str, state: Path) -> dict:
     """The recorded state of ``system``'s server. Raises RuntimeError when none was started or it has ended."""
     path = state / f"{system}.json"

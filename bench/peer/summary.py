@@ -6,7 +6,8 @@ video_ttft_ms}``; ``mixed_images.{text_tbt_window_p99_ms, image_ttft_max_ms}``;
 ``goodput.{long_video, video, images}.max_rate_rps``; and issue 20's ``text_c1.{ttft_ms, tbt_mean_ms}``,
 ``text_c32.{ttft_p50_ms, tbt_mean_ms, tbt_p99_ms}``, ``images16.{ttft_p50_ms, ttft_max_ms}`` (ms unless named;
 null where a scenario was not run or its requests failed). ``report.json`` holds what backs them: per system and
-scenario the request and error counts and the prompt tokens per request kind (both systems must count the same),
+scenario the request and error counts, the prompt tokens per request kind (both systems must count the same) and,
+for UnifiedServe, the decode stage's mean step and batch from its metrics beside the clients' TBT mean,
 the goodput runs' best unloaded TTFT per request type, requests per rate and attainment tables (``bench.peer.slo``),
 and the cross-check against ``vllm bench serve``. The plots: ``bench.peer.plots``.
 """
@@ -66,7 +67,9 @@ def system_figures(runs: dict[str, dict]) -> tuple[dict, dict]:
                     tokens[r["kind"]].append(r["prompt_tokens"])
             report["scenarios"][name] = {"requests": len(records),
                                          "errors": sum(r.get("error") is not None for r in records),
-                                         "prompt_tokens": tokens}
+                                         "prompt_tokens": tokens,
+                                         **({"server_metrics": data["server_metrics"]} if "server_metrics" in data
+                                            else {})}
         elif name == "crosscheck":
             report["crosscheck"] = {k: v for k, v in data.items() if k in ("scenario", "vllm_bench_serve", "ours",
                                                                            "ours_over_vllm_bench")}

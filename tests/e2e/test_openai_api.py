@@ -121,6 +121,16 @@ def test_streamed_image_chat_equals_the_kserve_path(sdk, kserve):
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_return_timeline_brings_the_requests_timeline(sdk, stream):
+    extra = {**EXTRA, "return_timeline": True}
+    reply = sdk.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi."}], max_tokens=N,
+                                        temperature=0, stream=stream, extra_body=extra)
+    last = list(reply)[-1] if stream else reply
+    events = [e["event"] for e in last.model_extra["timeline"]["events"]]
+    assert events[0] == "parsed" and "first_token" in events and events[-1] == "final_response"
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 def test_video_file_url_equals_the_kserve_path(sdk, kserve, media_dir, stream):
     path = media_dir / "openai-clip.mp4"
     if not path.exists():

@@ -9,6 +9,7 @@ import json
 import pytest
 
 from bench.peer import scenarios
+from bench.peer.load import Target
 from bench.peer.summary import write_summary
 from bench.serve_bench import SMOKE_SETUP
 from bench.common import write
@@ -30,7 +31,7 @@ SUMMARY_KEYS = {
 @pytest.fixture(scope="module")
 def target(server, tmp_path_factory):
     with _api(server.ports.grpc, tmp_path_factory.mktemp("peer") / "api.log") as api:
-        yield scenarios.Target("unifiedserve", api.url, MODEL)
+        yield Target("unifiedserve", api.url, MODEL)
 
 
 @pytest.fixture(scope="module")

@@ -1,12 +1,14 @@
-"""The orchestrator's responses -> OpenAI's bodies (backends/openai/responses.py): text, token ids, usage, and what
-max_visual_tokens lowered, whole and streamed."""
-from backends.openai.responses import ChatShape, Reply
+"""The orchestrator's responses -> OpenAI's bodies (backends/openai/responses.py): text, token ids, usage, what
+max_visual_tokens lowered and the request's timeline, whole and streamed."""
+from backends.openai.responses import ChatShape, CompletionShape, Reply
 from client.api import ResponsePiece
 
 CAP = {"max_visual_tokens": 400, "requested_visual_tokens": 1152, "visual_tokens": 384, "fps": 0.6,
        "max_pixels": [None]}
+TIMELINE = {"events": [{"ms": 0.4, "event": "parsed"}, {"ms": 9.5, "event": "first_token"}]}
 PIECES = [ResponsePiece(b"Hel", (1, 2), visual_cap=CAP), ResponsePiece(b"lo", (3,)),
-          ResponsePiece(b"", (), num_input_tokens=500, num_output_tokens=3, finish_reason="length", final=True)]
+          ResponsePiece(b"", (), num_input_tokens=500, num_output_tokens=3, finish_reason="length", final=True,
+                        timeline=TIMELINE)]
 
 
 def test_a_whole_chat_reply_carries_text_ids_usage_and_the_visual_cap():
@@ -16,7 +18,7 @@ def test_a_whole_chat_reply_carries_text_ids_usage_and_the_visual_cap():
     body = ChatShape("tiny", return_token_ids=True).whole(reply).model_dump()
     assert body["choices"][0]["message"]["content"] == "Hello" and body["choices"][0]["token_ids"] == [1, 2, 3]
     assert body["usage"] == {"prompt_tokens": 500, "completion_tokens": 3, "total_tokens": 503}
-    assert body["visual_cap"] == CAP
+    assert body["visual_cap"] == CAP and body["timeline"] == TIMELINE
 
 
 def test_the_first_streamed_chunk_carries_the_visual_cap_and_the_others_do_not():
@@ -25,3 +27,13 @@ def test_the_first_streamed_chunk_carries_the_visual_cap_and_the_others_do_not()
     assert chunks[0]["visual_cap"] == CAP and chunks[0]["choices"][0]["delta"]["role"] == "assistant"
     assert all("visual_cap" not in c for c in chunks[1:])
     assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+
+
+def test_the_timeline_comes_on_the_last_chunk_and_the_whole_completion():
+    for shape in (ChatShape("tiny", return_token_ids=False), CompletionShape("tiny", return_token_ids=False)):
+        chunks = [shape.chunk(piece).model_dump(exclude_none=True) for piece in PIECES]
+        assert chunks[-1]["timeline"] == TIMELINE and all("timeline" not in c for c in chunks[:-1])
+    reply = Reply()
+    for piece in PIECES:
+        reply.add(piece)
+    assert CompletionShape("tiny", return_token_ids=False).whole(reply).model_dump()["timeline"] == TIMELINE
