@@ -42,6 +42,7 @@
 #                  vllm"; bench/peer/README.md gives the call sequence), work and results in /tmp/peer, which outlive
 #                  the call on a warm machine (so do the servers it starts); all results so far come back as
 #                  $OUT/peer_results.tar.gz (the device tool brings back no deeper folders)
+#   jit-cache      packs the flashinfer JIT cache into $OUT (as runtime-tests does), for .devcache/ of the next machine
 # Results (logs, JSON, plots) go to $OUT (the device tool brings them back), by default results/device beside
 # this script; the project keeps each benchmark's latest run there and its figures in bench/RESULTS.md.
 set -uo pipefail
@@ -99,6 +100,10 @@ runtime_tests() {
   run_pytest runtime_tests -rP tests/gpu/test_flashinfer_runtime.py tests/unit/backends/runtime/vision/test_attention.py \
     tests/unit/backends/runtime/test_vs_transformers.py tests/unit/backends/runtime/sampling/test_sampler.py \
     tests/unit/backends/stages/test_decode_worker_steps.py tests/gpu/test_kv_memory_fraction.py
+  jit_cache
+}
+
+jit_cache() {
   # in 15 MB parts (the device tool brings back no larger file): cat them into .devcache/flashinfer_cache.tar.gz
   tar -czf - -C "$FLASHINFER_WORKSPACE_BASE" . | split -b 15M - "$OUT/flashinfer_cache.tar.gz.part-" \
     && ls -la "$OUT"/flashinfer_cache.tar.gz.part-*
@@ -179,7 +184,7 @@ peer() {  # the servers it starts (setsid) read STUB_SITE too
   [ -d /tmp/peer/results ] && tar -czf "$OUT/peer_results.tar.gz" -C /tmp/peer results
 }
 
-[ $# -gt 0 ] || { echo "usage: $0 STEP... (install gpu-tests runtime-tests runtime-bench decode-profile sampler-bench attention-probe nvdec multi-gpu e2e serve-bench perf-analyzer vllm-part vllm-unpack peer)" >&2
+[ $# -gt 0 ] || { echo "usage: $0 STEP... (install gpu-tests runtime-tests runtime-bench decode-profile sampler-bench attention-probe nvdec multi-gpu e2e serve-bench perf-analyzer vllm-part vllm-unpack peer jit-cache)" >&2
   exit 2; }
 describe_device
 for step in "$@"; do
@@ -199,6 +204,7 @@ for step in "$@"; do
     vllm-part) vllm_part ;;
     vllm-unpack) vllm_unpack ;;
     peer) peer ;;
+    jit-cache) jit_cache ;;
     *) echo "unknown step $step" >&2; exit 2 ;;
   esac
 done
