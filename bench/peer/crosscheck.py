@@ -77,7 +77,7 @@ async def run(target: Target, tokenizer: Path, out: Path, pythonpath: str | None
     requests = [ChatRequest("text", chat_parts(p), CROSSCHECK_OUTPUT) for p in prompts()]
     ours = our_metrics(await closed_loop(target, CROSSCHECK_STREAMS, requests))
     ratios = {k: ours[k] / theirs[k] for k in ours if k.endswith("_ms") and theirs.get(k)}
-    return {"scenario": {"prompts": CROSSCHECK_PROMPTS, "output_tokens": CROSSCHECK_OUTPUT,
+    return {"workload": {"prompts": CROSSCHECK_PROMPTS, "output_tokens": CROSSCHECK_OUTPUT,
                          "streams": CROSSCHECK_STREAMS},
             "vllm_bench_serve": {k: v for k, v in theirs.items() if k.endswith("_ms") or k == "completed"},
             "ours": ours, "ours_over_vllm_bench": ratios}

@@ -8,7 +8,8 @@
   ``VLLM_USE_FLASHINFER_SAMPLER=0``, and no ``STUB_SITE``), with ``--max-num-batched-tokens 110000`` (vLLM 0.26
   refuses the 3-minute video's 106,920 visual tokens below that: its encoder cache follows this budget), at most 2
   images and 1 video a prompt, the prefix and multimodal-processor caches off (the benchmark repeats the same
-  media), the bundle's folder first on ``PYTHONPATH``.
+  media), ``--mm-processor-kwargs '{"do_sample_frames": false}'`` (its loader samples the frames), the bundle's folder
+  first on ``PYTHONPATH``.
 
 A server is started in a session of its own (``setsid``), so it outlives the command that started it (a device
 call): its pid, URL, model name and log are written to ``<state>/<system>.json``, which later commands read and
@@ -33,6 +34,11 @@ SYSTEMS = ("unifiedserve", "vllm")
 PORTS = {"unifiedserve": 9000, "vllm": 9001}  # the OpenAI APIs'
 STOP_TIMEOUT_S = 60.0
 VLLM_MAX_BATCHED_TOKENS = 110_000
+# vLLM 0.26's video loader already samples Qwen's 2 fps (360 frames of the 3-minute video) and hands the HF processor
+# frames without their metadata: sampling again there fails ("Asked to sample `fps` frames per second but no video
+# metadata was provided"), so the processor is told not to (seen on the H200, 2026-12-01: then 107,002 prompt tokens,
+# as UnifiedServe counts)
+VLLM_PROCESSOR_KWARGS = '{"do_sample_frames": false}'
 # STUB_SITE emptied: on the device it puts the Triton stub's numpy 1.26 first on any Python's path (device_run.sh)
 VLLM_ENV = {"HF_HUB_OFFLINE": "1", "VLLM_USE_FLASHINFER_SAMPLER": "0", "STUB_SITE": ""}
 
@@ -61,7 +67,8 @@ def command(system: str, checkpoint: Path, media: Path, smoke: bool, extra: list
                 "--load-format", "dummy", "--dtype", "bfloat16", "--max-model-len", "128000",
                 "--allowed-local-media-path", str(media), "--limit-mm-per-prompt", '{"image": 2, "video": 1}',
                 "--max-num-batched-tokens", str(VLLM_MAX_BATCHED_TOKENS), "--no-enable-prefix-caching",
-                "--mm-processor-cache-gb", "0", "--host", "127.0.0.1", "--port", port]
+                "--mm-processor-cache-gb", "0", "--mm-processor-kwargs", VLLM_PROCESSOR_KWARGS,
+                "--host", "127.0.0.1", "--port", port]
         return argv + extra, VLLM_ENV
     raise ValueError(f"unknown system {system!r}; one of {SYSTEMS}")
 

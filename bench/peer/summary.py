@@ -2,14 +2,17 @@
 
 ``summary.json`` holds exactly issue 19's Targets keys: ``date``, ``device``, ``versions`` and per system
 ``video.ttft_ms``; ``mixed_video.{text_only_tbt_p99_ms, text_tbt_window_p99_ms, text_tbt_window_max_ms,
-video_ttft_ms}``; ``mixed_images.{text_tbt_window_p99_ms, image_ttft_max_ms}``;
+video_ttft_ms}``; ``mixed_images.{text_tbt_window_p99_ms, image_ttft_max_ms}`` (and both mixed scenarios'
+``text_ttft_window_max_ms`` and ``text_tokens_window_per_s``: the stall a text request sent in the window sees, and
+what the streams got, ``bench.peer.figures``);
 ``goodput.{long_video, video, images}.max_rate_rps``; and issue 20's ``text_c1.{ttft_ms, tbt_mean_ms}``,
 ``text_c32.{ttft_p50_ms, tbt_mean_ms, tbt_p99_ms}``, ``images16.{ttft_p50_ms, ttft_max_ms}`` (ms unless named;
 null where a scenario was not run or its requests failed). ``report.json`` holds what backs them: per system and
 scenario the request and error counts, the prompt tokens per request kind (both systems must count the same) and,
 for UnifiedServe, the decode stage's mean step and batch from its metrics beside the clients' TBT mean,
 the goodput runs' best unloaded TTFT per request type, requests per rate and attainment tables (``bench.peer.slo``),
-and the cross-check against ``vllm bench serve``. The plots: ``bench.peer.plots``.
+and the cross-check against ``vllm bench serve``. The plots: ``bench.peer.plots``; UnifiedServe's steps and timelines:
+``bench.peer.timelines``.
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ from bench.common import write
 from bench.peer import figures, slo
 from bench.peer.plots import write_plots
 from bench.peer.scenarios import FIXED, WORKLOADS
+from bench.peer.timelines import write_timelines
 from bench.peer.servers import SYSTEMS
 
 
@@ -71,7 +75,7 @@ def system_figures(runs: dict[str, dict]) -> tuple[dict, dict]:
                                          **({"server_metrics": data["server_metrics"]} if "server_metrics" in data
                                             else {})}
         elif name == "crosscheck":
-            report["crosscheck"] = {k: v for k, v in data.items() if k in ("scenario", "vllm_bench_serve", "ours",
+            report["crosscheck"] = {k: v for k, v in data.items() if k in ("workload", "vllm_bench_serve", "ours",
                                                                            "ours_over_vllm_bench")}
     summary["goodput"] = {}
     for workload in WORKLOADS:
@@ -105,4 +109,5 @@ def write_summary(out: Path) -> Path:
     write(out, "report", {"systems": reports, "prompt_tokens_agree": prompt_tokens_agree(reports),
                           "smoke": first.get("smoke")})
     write_plots(out, raw, reports)
+    write_timelines(out, raw.get("unifiedserve", {}))
     return write(out, "summary", summary)

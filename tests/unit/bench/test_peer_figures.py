@@ -12,6 +12,7 @@ from bench.peer import figures, slo
 from bench.peer.crosscheck import our_metrics
 from bench.peer.load import RequestRecord, poisson_times
 from bench.peer.summary import write_summary
+from bench.peer.timelines import steps_of
 
 
 def record(kind: str, sent_s: float, ttft_s: float, gap_s: float | list[float], tokens: int = 5,
@@ -66,8 +67,20 @@ def test_mixed_window_takes_the_text_gaps_between_the_burst_and_its_first_token(
     assert figures.scenario_figures("mixed_video", [late_video, text])["text_tbt_window_max_ms"] == pytest.approx(500.0)
 
 
+def test_a_text_request_that_waits_behind_the_burst_shows_its_stall_as_ttft():
+    video = record("video", 2.0, 20.0, 0.01)  # window [2, 22] s
+    running = record("text", 1.9, 0.02, 0.005, tokens=20)  # ends before the stall: its gaps are all 5 ms
+    waiting = record("text", 2.1, 18.0, 0.005)  # sent in the window, first token 18 s later
+    before = record("text", 0.0, 0.3, 0.005)  # sent before the window: not counted
+    m = figures.scenario_figures("mixed_video", [video, running, waiting, before])
+    assert m["text_tbt_window_max_ms"] == pytest.approx(5.0) and m["text_ttft_window_max_ms"] == pytest.approx(18000.0)
+    assert m["text_tokens_window_per_s"] == pytest.approx((4 + 5) / 20.0)  # running: 4 tokens after 2 s; waiting: 5
+
+
 def test_figures_are_none_where_a_scenario_was_not_run_or_its_burst_failed():
-    assert figures.scenario_figures("mixed_images", []) == {"text_tbt_window_p99_ms": None, "image_ttft_max_ms": None}
+    assert figures.scenario_figures("mixed_images", []) == {
+        "text_tbt_window_p99_ms": None, "text_ttft_window_max_ms": None, "text_tokens_window_per_s": None,
+        "image_ttft_max_ms": None}
     failed = [record("image", 0.2, 0.3, 0.01), {**record("image", 0.2, 0.3, 0.01), "token_s": [], "ttft_ms": None,
                                                  "error": "HTTP 500"}, record("text", 0, 0.1, 0.01, tokens=50)]
     assert figures.scenario_figures("mixed_images", failed)["image_ttft_max_ms"] is None
@@ -122,3 +135,17 @@ def test_crosscheck_computes_vllm_bench_serves_metrics_from_our_records():
     assert m["completed"] == 2
     assert m["mean_ttft_ms"] == pytest.approx(200.0) and m["median_tpot_ms"] == pytest.approx(15.0)
     assert m["mean_itl_ms"] == pytest.approx(15.0) and m["p99_tpot_ms"] == pytest.approx(19.9)
+
+
+def test_steps_are_rebuilt_from_the_requests_shares_and_count_the_requests_decoding():
+    def step(launched_ms, worker_ms, patches, tokens):
+        return {"event": "step", "ms": launched_ms + worker_ms, "launched_ms": launched_ms, "worker_ms": worker_ms,
+                "encode_groups": int(patches > 0), "encode_patches": patches, "prefill_tokens": tokens}
+
+    a = {**record("image", 0.0, 0.3, 0.01), "timeline": {"events": [step(10, 100, 4784, 1024), step(110, 90, 0, 254)]}}
+    b = {**record("image", 0.005, 0.5, 0.01),  # sent 5 ms later: the same steps at launched_ms 5 ms less
+         "timeline": {"events": [step(5, 100, 4784, 1024), step(105, 90, 0, 1024), step(300, 80, 0, 254)]}}
+    steps = steps_of([a, b])
+    assert [(s["encode_patches"], s["prefill_tokens"], s["requests"]) for s in steps] == [
+        (9568, 2048, 2), (0, 1278, 2), (0, 254, 1)]
+    assert [s["decoding"] for s in steps] == [0, 0, 1]  # a's first token (0.3 s) came before the third step
