@@ -41,7 +41,8 @@
 #   peer           python3 -m bench.peer.run $PEER_ARGS (its command and options, e.g. PEER_ARGS="start --systems
 #                  vllm"; bench/peer/README.md gives the call sequence), work and results in /tmp/peer, which outlive
 #                  the call on a warm machine (so do the servers it starts); all results so far come back as
-#                  $OUT/peer_results.tar.gz (the device tool brings back no deeper folders)
+#                  $OUT/peer_results.tar.gz (the device tool brings back no deeper folders); PEER_OUT names another
+#                  results folder under /tmp/peer (default results), e.g. one per server setting
 #   jit-cache      packs the flashinfer JIT cache into $OUT (as runtime-tests does), for .devcache/ of the next machine
 # Results (logs, JSON, plots) go to $OUT (the device tool brings them back), by default results/device beside
 # this script; the project keeps each benchmark's latest run there and its figures in bench/RESULTS.md.
@@ -177,11 +178,12 @@ vllm_unpack() {
   cat /tmp/vllm-parts/part* | xz -d -T4 | tar -x -C /tmp/vllm-site && echo "vLLM unpacked in /tmp/vllm-site" || status=1
 }
 
-peer() {  # the servers it starts (setsid) read STUB_SITE too
-  STUB_SITE=$STUB_PATH python3 -m bench.peer.run ${PEER_ARGS:-all} --work /tmp/peer --out /tmp/peer/results 2>&1 \
+peer() {  # the servers it starts (setsid) read STUB_SITE too; PEER_OUT: a results folder under /tmp/peer
+  local out=/tmp/peer/${PEER_OUT:-results}
+  STUB_SITE=$STUB_PATH python3 -m bench.peer.run ${PEER_ARGS:-all} --work /tmp/peer --out "$out" 2>&1 \
     | tee -a "$OUT/peer.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-  [ -d /tmp/peer/results ] && tar -czf "$OUT/peer_results.tar.gz" -C /tmp/peer results
+  [ -d "$out" ] && tar -czf "$OUT/peer_results.tar.gz" -C /tmp/peer "$(basename "$out")"
 }
 
 [ $# -gt 0 ] || { echo "usage: $0 STEP... (install gpu-tests runtime-tests runtime-bench decode-profile sampler-bench attention-probe nvdec multi-gpu e2e serve-bench perf-analyzer vllm-part vllm-unpack peer jit-cache)" >&2

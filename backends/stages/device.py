@@ -1,7 +1,14 @@
 """What every stage's ``initialize`` starts with: its parameters and the device it runs on."""
 from __future__ import annotations
 
+import logging
+import os
+
 import torch
+
+from backends.triton import mps
+
+log = logging.getLogger(__name__)
 
 
 def stage_device(value: str, instance_device_id: int = 0, replica: int = 0) -> torch.device:
@@ -38,15 +45,23 @@ def stage_setup(args: dict) -> tuple[dict[str, str], torch.device]:
     """For a stage's ``initialize(args)``: its config parameters and its device (``device`` parameter,
     see :func:`stage_device`), made this process's current CUDA device when it is a GPU (CUDA-graph capture,
     compiled kernels and flashinfer work on the current device's streams: a stage on GPU 1 capturing while
-    GPU 0 is current fails with cudaErrorStreamCaptureInvalidated); also turns on stack dumps to the server log."""
+    GPU 0 is current fails with cudaErrorStreamCaptureInvalidated); also turns on stack dumps to the server log.
+    Its ``sm_share`` (``backends.triton.mps``) is set for CUDA before anything here touches it. Raises ValueError for
+    a bad ``sm_share``, ``replica`` or ``device``."""
     from backends.triton import triton_io
 
     triton_io.enable_stack_dumps()
     params = triton_io.parameters(args)
+    share = mps.sm_share(params)
+    if share is not None:  # read by CUDA when this process creates its context, i.e. below or later
+        os.environ[mps.SHARE_ENV] = str(share)
     replica = triton_io.int_parameter(params, "replica", 0)
     device = stage_device(params.get("device", "auto"), int(args.get("model_instance_device_id", 0)), replica)
     if device.type == "cuda":
         torch.cuda.set_device(device)
+        if os.environ.get(mps.PIPE_ENV):  # what the share became: the SMs CUDA shows this MPS client
+            log.info("MPS client, sm_share %s: %d SMs of %s", f"{share}%" if share else "none",
+                     torch.cuda.get_device_properties(device).multi_processor_count, device)
     return params, device
 
 

@@ -7,10 +7,11 @@ keys):
 
 * ``model``: ``path`` (the checkpoint directory of every model; relative to the file's folder), ``preset``,
   ``dtype``, ``load_format``.
-* ``resources``: ``replicas`` (encode_prefill + decode pairs, replica k on GPU k mod GPUs under ``device: auto``)
-  and per stage where it runs: ``flashcodec`` (``device``, ``nvdec_gpus``, ``nvdec_processes_per_gpu``,
-  ``decode_threads``), ``encode_prefill`` (``device``, ``vision_gpus``, ``vision_parallel``, ``vision_tp_size``),
-  ``decode`` (``device``). A GPU set is ``own``, ``all`` or a list of ids. Each stage is one Triton instance (its
+* ``resources``: ``replicas`` (encode_prefill + decode pairs, replica k on GPU k mod GPUs under ``device: auto``),
+  ``gpu_sharing`` (``time_slicing``, CUDA's default, or ``mps``: ``backends.triton.mps``), and per stage where it
+  runs: ``flashcodec`` (``device``, ``nvdec_gpus``, ``nvdec_processes_per_gpu``, ``decode_threads``),
+  ``encode_prefill`` (``device``, ``vision_gpus``, ``vision_parallel``, ``vision_tp_size``), ``decode``
+  (``device``); each stage's ``sm_share`` (percent of the GPU's SMs under ``mps``). A GPU set is ``own``, ``all`` or a list of ids. Each stage is one Triton instance (its
   stage-link socket is named after its model), so a stage is placed by its ``device``, and more copies of
   encode_prefill + decode are ``replicas``.
 * ``budgets``: the scheduler's per-step ``prefill_budget`` (LLM tokens) and ``encode_budget`` (vision patches),
@@ -36,6 +37,7 @@ from pathlib import Path
 
 import yaml
 
+from backends.triton.mps import GPU_SHARING
 from backends.triton.triton_io import UPPER_BOUNDS, gpus_value
 
 DEFAULT_SHM_BYTES = 16 * 1024 * 1024  # the launcher's --backend-config=python,shm-default-byte-size
@@ -67,6 +69,11 @@ def _positive(section, *names: str) -> None:
 def _device(value: str | None, key: str = "device") -> None:
     if value is not None and not _DEVICE.match(value):
         raise ConfigError(key, f"must be auto, cpu or cuda:N, got {value!r}")
+
+
+def _sm_share(value: int | None) -> None:
+    if value is not None and not 1 <= value <= 100:
+        raise ConfigError("sm_share", f"must be a percentage from 1 to 100, got {value!r}")
 
 
 def _gpus(value: str | tuple[int, ...] | None, key: str) -> None:
@@ -101,9 +108,11 @@ class FlashcodecResources:
     nvdec_gpus: str | tuple[int, ...] | None = _to("flashcodec.nvdec_gpus")
     nvdec_processes_per_gpu: int | None = _to("flashcodec.nvdec_processes_per_gpu")
     decode_threads: int | None = _to("flashcodec.decode_threads")
+    sm_share: int | None = _to("flashcodec.sm_share")
 
     def __post_init__(self):
         _device(self.device)
+        _sm_share(self.sm_share)
         _gpus(self.nvdec_gpus, "nvdec_gpus")
         _positive(self, "nvdec_processes_per_gpu", "decode_threads")
 
@@ -117,9 +126,11 @@ class EncodePrefillResources:
     vision_gpus: str | tuple[int, ...] | None = _to("encode_prefill.vision_gpus")
     vision_parallel: str | None = _to("encode_prefill.vision_parallel")
     vision_tp_size: int | str | None = _to("encode_prefill.vision_tp_size")
+    sm_share: int | None = _to("encode_prefill.sm_share")
 
     def __post_init__(self):
         _device(self.device)
+        _sm_share(self.sm_share)
         _gpus(self.vision_gpus, "vision_gpus")
         if self.vision_parallel not in (None, "data", "tensor"):
             raise ConfigError("vision_parallel", f"must be data or tensor, got {self.vision_parallel!r}")
@@ -131,25 +142,31 @@ class EncodePrefillResources:
 
 @dataclass(frozen=True)
 class DecodeResources:
-    """``resources.decode``: its device (it owns the KV pool)."""
+    """``resources.decode``: its device (it owns the KV pool) and SM share."""
 
     device: str | None = _to("decode.device")
+    sm_share: int | None = _to("decode.sm_share")
 
     def __post_init__(self):
         _device(self.device)
+        _sm_share(self.sm_share)
 
 
 @dataclass(frozen=True)
 class Resources:
-    """``resources``: encode_prefill + decode replicas (1-64) and each stage's placement."""
+    """``resources``: encode_prefill + decode replicas (1-64), how the processes share a GPU (the launcher's
+    ``--gpu-sharing``; None: time slicing) and each stage's placement."""
 
     replicas: int | None = _to("orchestrator.replicas")
+    gpu_sharing: str | None = None
     flashcodec: FlashcodecResources = field(default_factory=FlashcodecResources)
     encode_prefill: EncodePrefillResources = field(default_factory=EncodePrefillResources)
     decode: DecodeResources = field(default_factory=DecodeResources)
 
     def __post_init__(self):
         _positive(self, "replicas")
+        if self.gpu_sharing not in (None, *GPU_SHARING):
+            raise ConfigError("gpu_sharing", f"must be {' or '.join(GPU_SHARING)}, got {self.gpu_sharing!r}")
         if self.replicas is not None and self.replicas > UPPER_BOUNDS["replicas"]:
             raise ConfigError("replicas", f"must be at most {UPPER_BOUNDS['replicas']}, got {self.replicas}")
 

@@ -1,6 +1,7 @@
 """The launcher's options that decide what is served: ``--config`` (a deployment file, ``deploy_config``),
-``--model`` (every model's checkpoint), then ``--set`` (each later one wins over what came before), and
-``--render DIR`` (write the repository and the tritonserver command that serves it, and start nothing).
+``--model`` (every model's checkpoint), then ``--set`` (each later one wins over what came before),
+``--gpu-sharing`` (over the file's ``resources.gpu_sharing``), and ``--render DIR`` (write the repository and the
+tritonserver command that serves it, and start nothing).
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from backends.triton.deploy_config import DeployConfig
+from backends.triton.mps import CONTROL, GPU_SHARING
 from backends.triton.repository import parse_overrides, repository_with
 from backends.triton.server_binary import HEAP_ENV, server_binary
 
@@ -18,10 +20,12 @@ from backends.triton.server_binary import HEAP_ENV, server_binary
 @dataclass(frozen=True)
 class ServePlan:
     """What to serve: ``overrides`` ({model: {key: value}}, ``repository.parse_overrides``) of the source
-    repository's parameters, and the Python backend's shared-memory region per model process (bytes)."""
+    repository's parameters, the Python backend's shared-memory region per model process (bytes), and how the
+    model processes share a GPU (``backends.triton.mps.GPU_SHARING``)."""
 
     overrides: dict[str, dict[str, str]]
     shm_default_byte_size: int
+    gpu_sharing: str = "time_slicing"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -29,6 +33,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a deployment file (deploy/*.yaml): resources, budgets, SLOs, pools, IPC buffer")
     parser.add_argument("--model", type=Path, metavar="PATH",
                         help="a local Qwen2.5-VL checkpoint directory: the model_path of every model")
+    parser.add_argument("--gpu-sharing", choices=GPU_SHARING,
+                        help="how the model processes share a GPU: time_slicing (CUDA's default) or mps (CUDA MPS "
+                             "started for the server, SM shares from each stage's sm_share); default: the "
+                             "deployment file's resources.gpu_sharing, else time_slicing")
     parser.add_argument("--render", type=Path, metavar="DIR",
                         help="write the model repository to DIR (new or empty), print the tritonserver command "
                              "that serves it, and exit")
@@ -45,7 +53,8 @@ def serve_plan(args: argparse.Namespace, source: Path) -> ServePlan:
         if not args.model.is_dir():
             raise ValueError(f"--model {args.model}: not a directory (a local Qwen2.5-VL checkpoint)")
         items.append(f"*.model_path={args.model.resolve()}")  # the server's working folder is not the caller's
-    return ServePlan(parse_overrides([*items, *args.overrides], source), config.ipc.shm_default_byte_size)
+    sharing = args.gpu_sharing or config.resources.gpu_sharing or "time_slicing"
+    return ServePlan(parse_overrides([*items, *args.overrides], source), config.ipc.shm_default_byte_size, sharing)
 
 
 def render(plan: ServePlan, source: Path, target: Path) -> int:
@@ -65,6 +74,9 @@ def render(plan: ServePlan, source: Path, target: Path) -> int:
         binary, backends, env = Path("tritonserver"), None, {}
     if backends is not None and env:
         command.insert(1, f"--backend-directory={backends}")
+    if plan.gpu_sharing == "mps":  # the launcher's daemon is not part of a rendered command
+        print(f"# gpu_sharing mps: start the MPS daemon ({CONTROL} -d) first, with CUDA_MPS_PIPE_DIRECTORY and "
+              "CUDA_MPS_LOG_DIRECTORY set for it and for this command", flush=True)
     prefix = "".join(f"{key}={shlex.quote(value)} " for key, value in {**HEAP_ENV, **env}.items())
     print(prefix + shlex.join([str(binary), *command]), flush=True)
     return 0

@@ -39,6 +39,7 @@ from backends.openai.process import ApiProcess, check_port_free
 from backends.triton import launch_options, server_stop
 from backends.triton.deploy_config import DEFAULT_SHM_BYTES
 from backends.triton.load_progress import LoadProgress
+from backends.triton.mps import MpsDaemon
 from backends.triton.ports import ServerPorts
 from backends.triton.repository import repository_with
 from backends.triton.server_binary import HEAP_ENV, server_binary, server_command
@@ -71,16 +72,19 @@ class TritonServer:
     log_to_stdout: bool = False  # inherit stdout (containers: `docker logs`) instead of writing log_path
     shm_default_byte_size: int = DEFAULT_SHM_BYTES  # the Python backend's shared memory per model process
     on_log: Callable[[Path], None] | None = None  # told the log's path before the server starts (load_progress)
+    gpu_sharing: str = "time_slicing"  # or "mps": an MPS daemon for the server's processes (backends.triton.mps)
     process: subprocess.Popen | None = None
     run_dir: Path | None = None
     ready_stubs: dict[int, str] = field(default_factory=dict)  # `stubs()` once ready: what `watch_stages` expects
     regions: set[str] = field(default_factory=set)  # its stubs' shm regions once ready (`stubs.stub_regions`)
+    mps: MpsDaemon | None = None  # with gpu_sharing mps: the daemon its processes are clients of
     _lock: object = field(default=None, init=False, repr=False)  # the open lock file (stale_shm)
 
     def start(self) -> "TritonServer":
         """Start and wait until ready. Raises RuntimeError when a port is taken (before starting: otherwise
-        another server's ready answer would pass for ours), when the server exits or is not ready in time;
-        an interrupt while waiting (Ctrl-C, or SIGTERM through main) stops the server before it propagates."""
+        another server's ready answer would pass for ours), when MPS is asked for and cannot start
+        (``MpsDaemon.start``), when the server exits or is not ready in time; an interrupt while waiting (Ctrl-C, or
+        SIGTERM through main) stops the server before it propagates."""
         self.ports.check_free()
         binary, backends, env = server_binary()
         remove_stale_shared_memory()
@@ -94,6 +98,13 @@ class TritonServer:
                        # video bytes written out for decoding: removed with the pools at stop, even after a kill
                        TMP_PREFIX_ENV: f"unifiedserve-{self.run_dir.name}-flashcodec-"}
         environment["PYTHONPATH"] = str(REPO_ROOT)  # for the helpers we start; the stub ignores it
+        if self.gpu_sharing == "mps":
+            try:
+                self.mps = MpsDaemon.start(self.run_dir, environment)
+            except BaseException:
+                self.stop()  # the run directory and its lock
+                raise
+            environment.update(self.mps.env())
         command = server_command(binary, backends, self.model_repository, self.ports, self.shm_default_byte_size,
                                  TRITON_EXIT_TIMEOUT_S)
         log = None if self.log_to_stdout else open(self.log_path, "wb")
@@ -190,6 +201,8 @@ class TritonServer:
             remove_stale_shared_memory()  # regions of stubs that died (Triton cannot remove them)
             for region in self.regions:  # those of a killed tritonserver, also while other servers run
                 (SHM / region).unlink(missing_ok=True)
+        if self.mps is not None:  # its clients are gone; its folders are in the run directory
+            self.mps.stop()
         if self.run_dir is not None:
             remove_run_files(self.run_dir.name)  # its pools and its lock
             self._lock.close()
@@ -248,17 +261,18 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with tempfile.TemporaryDirectory(prefix="unifiedserve-repository-") as edited:
             repository = repository_with(Path(edited), plan.overrides, source) if plan.overrides else source
-            return _serve(args, repository, plan.shm_default_byte_size)
+            return _serve(args, repository, plan)
     except KeyboardInterrupt:  # before the server started (it stops its own when interrupted while starting)
         print("stopped before the server started", file=sys.stderr)
         return 130
 
 
-def _serve(args: argparse.Namespace, repository: Path, shm_default_byte_size: int) -> int:
+def _serve(args: argparse.Namespace, repository: Path, plan: launch_options.ServePlan) -> int:
     ports = ServerPorts(args.http_port, args.grpc_port, args.metrics_port, args.address)
     progress = LoadProgress(lambda text: print(text, file=sys.stderr, flush=True))
     server = TritonServer(repository, ports, ready_timeout_s=args.ready_timeout, log_to_stdout=args.log_stdout,
-                          shm_default_byte_size=shm_default_byte_size, on_log=progress.follow)
+                          shm_default_byte_size=plan.shm_default_byte_size, on_log=progress.follow,
+                          gpu_sharing=plan.gpu_sharing)
     try:
         if args.openai_port:  # now, not after the server's minutes of loading
             check_port_free(args.openai_address or args.address, args.openai_port)

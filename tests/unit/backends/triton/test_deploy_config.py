@@ -21,7 +21,7 @@ def write(tmp_path, text: str):
 
 
 def args(**given) -> argparse.Namespace:
-    return argparse.Namespace(**{"config": None, "model": None, "overrides": [], **given})
+    return argparse.Namespace(**{"config": None, "model": None, "overrides": [], "gpu_sharing": None, **given})
 
 
 def test_the_examples_check_and_every_item_is_a_repository_parameter():
@@ -143,3 +143,26 @@ def test_render_writes_the_repository_and_prints_the_command(tmp_path, capsys):
     assert rendered["decode"]["kv_pages"] == "2048" and rendered["orchestrator"]["slo_text_ttft_ms"] == "2000"
     assert launch_options.render(plan, REPOSITORY, target) == 1  # not over a repository already there
     assert "not empty" in capsys.readouterr().err
+
+
+def test_gpu_sharing_and_sm_shares_come_from_the_file_and_the_option_wins(tmp_path):
+    path = write(tmp_path, """
+        resources:
+          gpu_sharing: mps
+          decode: {sm_share: 40}
+          encode_prefill: {sm_share: 100}
+    """)
+    plan = launch_options.serve_plan(args(config=path), REPOSITORY)
+    assert plan.gpu_sharing == "mps"
+    assert plan.overrides["decode"]["sm_share"] == "40" and plan.overrides["encode_prefill"]["sm_share"] == "100"
+    assert launch_options.serve_plan(args(config=path, gpu_sharing="time_slicing"), REPOSITORY).gpu_sharing == \
+        "time_slicing"
+    assert launch_options.serve_plan(args(), REPOSITORY).gpu_sharing == "time_slicing"
+
+
+@pytest.mark.parametrize("text, key", [("resources: {gpu_sharing: mig}", "resources.gpu_sharing"),
+                                       ("resources: {decode: {sm_share: 0}}", "resources.decode.sm_share"),
+                                       ("resources: {flashcodec: {sm_share: 120}}", "resources.flashcodec.sm_share")])
+def test_bad_gpu_sharing_or_sm_share_is_refused_by_key(tmp_path, text, key):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        DeployConfig.load(write(tmp_path, text))

@@ -71,10 +71,10 @@ def test_repository_with_refuses_unknown_models(tmp_path):
 def test_launcher_set_serves_the_edited_copy_and_removes_it(monkeypatch):
     served = {}
 
-    def fake_serve(args, repository, shm_default_byte_size):
+    def fake_serve(args, repository, plan):
         served["parameters"] = model_parameters(repository)
         served["repository"] = repository
-        served["shm"] = shm_default_byte_size
+        served["shm"] = plan.shm_default_byte_size
         return 0
 
     monkeypatch.setattr(launcher, "_serve", fake_serve)
