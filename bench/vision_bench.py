@@ -125,8 +125,7 @@ def tensor_parallel_tower(device: torch.device, seed: int, gpus: int, tp: int | 
     tower = build_tower(device, seed)
     for name in VARIANTS[1:3]:  # varlen, padded (compiled after the split)
         apply_variant(tower, name)
-    split = VisionTensorParallel(tower, [torch.device("cuda", g) for g in range(1, gpus)], compile_vision_blocks,
-                                 lambda t, p, g: t(p, grid_thw=torch.tensor([g], device=device)).pooler_output, tp)
+    split = VisionTensorParallel(tower, [torch.device("cuda", g) for g in range(1, gpus)], compile_vision_blocks, tp=tp)
 
     def forward(pixels: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:  # the items of one call, in order
         items = zip(pixels.split(grid.prod(-1).tolist()), (tuple(row) for row in grid.tolist()))

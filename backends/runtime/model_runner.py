@@ -24,6 +24,7 @@ from backends.runtime.language_model.cuda_graphs import DecodeGraphs
 from backends.runtime.language_model.kv_cache import head_dim
 from backends.runtime.language_model.compile import compile_decoder_layers
 from backends.runtime.language_model.fuse import fuse_projections
+from backends.runtime.vision.batch import encode_batch
 from backends.runtime.vision.data_parallel import VisionReplicas
 from backends.runtime.vision.tensor_parallel import VisionTensorParallel
 from backends.runtime.vision.speed import compile_vision_blocks, pad_vision_mlp
@@ -135,8 +136,8 @@ class ModelRunner:
             if compile_vision and next(tower.parameters()).device.type == "cuda":
                 compile_vision_blocks(tower)
 
-        self.vision = VisionReplicas(self._visual, vision_devices, prepare, self._encode_on) if vision_devices else None
-        self.vision_tp = VisionTensorParallel(self._visual, vision_tp, prepare, self._encode_on,
+        self.vision = VisionReplicas(self._visual, vision_devices, prepare) if vision_devices else None
+        self.vision_tp = VisionTensorParallel(self._visual, vision_tp, prepare,
                                               vision_tp_size) if vision_tp else None
         if self.vision_tp is None:  # a split tower is prepared once split
             prepare(self._visual)
@@ -165,13 +166,13 @@ class ModelRunner:
         if self.vision_tp is not None:
             return self.vision_tp.encode_many(items)
         if self.vision is None:
-            return [self._encode_checked(p, g) for p, g in items]
+            return encode_batch(self._visual, items)
         return self.vision.encode_many(items, self.device)
 
     def _encode_checked(self, pixel_values: torch.Tensor, grid_thw: tuple[int, int, int]) -> torch.Tensor:
         if self.vision_tp is not None:
             return self.vision_tp.encode_many([(pixel_values, grid_thw)])[0]
-        return self._encode_on(self._visual, pixel_values, grid_thw)
+        return encode_batch(self._visual, [(pixel_values, grid_thw)])[0]
 
     def close(self) -> None:
         """Stop the vision helpers (threads of the data-parallel towers, processes of the split one)."""
@@ -185,14 +186,6 @@ class ModelRunner:
         if pixel_values.dim() != 2 or pixel_values.shape[0] != t * h * w or h % merge or w % merge:
             raise ValueError(f"pixel_values {tuple(pixel_values.shape)} do not fit grid_thw {grid_thw} "
                              f"(need t*h*w rows and h, w divisible by {merge})")
-
-    @torch.no_grad()
-    def _encode_on(self, tower: torch.nn.Module, pixel_values: torch.Tensor,
-                   grid_thw: tuple[int, int, int]) -> torch.Tensor:
-        """One item through ``tower``, on the tower's device."""
-        device = next(tower.parameters()).device
-        grid = torch.tensor([grid_thw], dtype=torch.long, device=device)
-        return tower(pixel_values.to(device, self.dtype), grid_thw=grid).pooler_output
 
     @torch.no_grad()
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:

@@ -20,7 +20,7 @@ from typing import Callable, Sequence
 import torch
 from torch import nn
 
-Item = tuple[torch.Tensor, tuple[int, int, int]]  # pixel_values [t*h*w, 1176], grid_thw
+from backends.runtime.vision.batch import Item, encode_batch
 
 
 def deal(rows: Sequence[int], towers: int) -> list[list[int]]:
@@ -37,13 +37,12 @@ def deal(rows: Sequence[int], towers: int) -> list[list[int]]:
 class VisionReplicas:
     """``visual`` (on the model's device) plus a copy on each of ``devices``.
 
-    ``prepare(tower)`` is applied to each copy once it is on its device (e.g. ``torch.compile`` of its blocks);
-    ``encode(tower, pixel_values, grid_thw)`` runs one item on one tower (on that tower's device) and returns
-    its embeddings ``[t*h*w / 4, hidden]``. Raises ValueError when a GPU would hold two towers.
+    ``prepare(tower)`` is applied to each copy once it is on its device (e.g. ``torch.compile`` of its blocks); each
+    tower runs its share of a call's items in one forward (``batch.encode_batch``). Raises ValueError when a GPU would
+    hold two towers.
     """
 
-    def __init__(self, visual: nn.Module, devices: Sequence[torch.device], prepare: Callable[[nn.Module], None],
-                 encode: Callable[[nn.Module, torch.Tensor, tuple[int, int, int]], torch.Tensor]):
+    def __init__(self, visual: nn.Module, devices: Sequence[torch.device], prepare: Callable[[nn.Module], None]):
         own = next(visual.parameters()).device
         all_devices = [own, *(torch.device(d) for d in devices)]
         gpus = [str(d) for d in all_devices if d.type == "cuda"]
@@ -53,7 +52,6 @@ class VisionReplicas:
         self.towers = [visual] + [copy.deepcopy(visual).to(d) for d in all_devices[1:]]
         for tower in self.towers[1:]:
             prepare(tower)
-        self._encode = encode
         self._executor = ThreadPoolExecutor(len(self.towers), thread_name_prefix="vision")
         self._warm = False  # every tower has run once (compiled)
 
@@ -75,9 +73,8 @@ class VisionReplicas:
         return results
 
     def _run(self, t: int, items: list[Item], out_device: torch.device) -> list[torch.Tensor]:
-        tower, device, out = self.towers[t], self.devices[t], []
-        for pixel_values, grid in items:  # `encode` moves the patches to the tower's device
-            out.append(self._encode(tower, pixel_values, grid).to(out_device, non_blocking=True))
+        tower, device = self.towers[t], self.devices[t]
+        out = [e.to(out_device, non_blocking=True) for e in encode_batch(tower, items)]  # patches moved to the tower
         for used in {device, torch.device(out_device)}:  # the caller reads these on another thread
             if used.type == "cuda":
                 torch.cuda.current_stream(used).synchronize()

@@ -36,7 +36,8 @@ from torch import nn
 
 from backends.ipc.helper_process import HelperProcess, ParentLink, close_all, handshake_all
 from backends.runtime.vision.attention import use_varlen_vision_attention
-from backends.runtime.vision.data_parallel import Item, deal
+from backends.runtime.vision.batch import Item, encode_batch
+from backends.runtime.vision.data_parallel import deal
 from backends.runtime.vision.speed import pad_vision_mlp
 
 log = logging.getLogger(__name__)
@@ -131,16 +132,16 @@ def _share(visual: nn.Module, rank: int, tp: int, group) -> None:
 
 
 def _run_tower(tower: int, grids: list[tuple[int, int, int]], owner: list[int], rows: torch.Tensor,
-               forward: Callable[[torch.Tensor, tuple[int, int, int]], torch.Tensor]) -> list[torch.Tensor]:
-    """Tower ``tower``'s items (``owner[i]`` == it; ``rows`` holds every item's patch rows back to back), one by
-    one through ``forward``; their outputs."""
-    outputs, start = [], 0
+               visual: nn.Module) -> list[torch.Tensor]:
+    """Tower ``tower``'s items (``owner[i]`` == it; ``rows`` holds every item's patch rows back to back) through
+    this rank's shard ``visual`` in one forward (``batch.encode_batch``); their outputs."""
+    mine, start = [], 0
     for grid, item_tower in zip(grids, owner):
         end = start + grid[0] * grid[1] * grid[2]
         if item_tower == tower:
-            outputs.append(forward(rows[start:end], grid))
+            mine.append((rows[start:end], grid))
         start = end
-    return outputs
+    return encode_batch(visual, mine)
 
 
 def check_towers(ranks: int, tp: int, heads: int) -> None:
@@ -155,8 +156,8 @@ class VisionTensorParallel:
     """Rank 0 of a split vision tower: ``visual`` (on the caller's device) split with one helper process per device
     of ``devices`` (each a rank), into towers of ``tp`` ranks (default all: one tower; fewer: hybrid parallel, the
     ranks' count a multiple of ``tp``). ``prepare(tower)`` runs on every rank's shard once split (e.g.
-    ``torch.compile`` of the blocks); ``encode(tower, pixel_values, grid_thw)`` runs one item on rank 0's shard and
-    returns its embeddings. One process group per process: a second instance in the same process raises
+    ``torch.compile`` of the blocks); each tower runs its items of a call in one forward (``batch.encode_batch``).
+    One process group per process: a second instance in the same process raises
     RuntimeError. A failed encode (out of memory, a helper gone) leaves the ranks' collectives unpaired, so the
     towers are then taken out of service (helpers killed, group left) and every later encode raises RuntimeError;
     the server must be restarted. Raises ValueError (heads not divisible by ``tp``, ranks not a multiple of it, a
@@ -164,9 +165,7 @@ class VisionTensorParallel:
     """
 
     def __init__(self, visual: nn.Module, devices: Sequence[torch.device],
-                 prepare: Callable[[nn.Module], None] | None,
-                 encode: Callable[[nn.Module, torch.Tensor, tuple[int, int, int]], torch.Tensor],
-                 tp: int | None = None):
+                 prepare: Callable[[nn.Module], None] | None, tp: int | None = None):
         if dist.is_initialized():
             raise RuntimeError("a process group exists already: one tensor-parallel vision tower per process")
         own = next(visual.parameters()).device
@@ -174,7 +173,7 @@ class VisionTensorParallel:
         gpus = [str(d) for d in self.devices if d.type == "cuda"]
         if len(set(gpus)) != len(gpus):
             raise ValueError(f"one vision rank per GPU, got {[str(d) for d in self.devices]}")
-        self.world, self.visual, self._encode = len(self.devices), visual, encode
+        self.world, self.visual = len(self.devices), visual
         self.tp = tp or self.world
         check_towers(self.world, self.tp, visual.config.num_heads)
         self.towers = self.world // self.tp
@@ -201,9 +200,8 @@ class VisionTensorParallel:
                                f"{type(exc).__name__}: {exc}") from exc
 
     def encode_many(self, items: Sequence[Item]) -> list[torch.Tensor]:
-        """Each item ``(pixel_values float [t*h*w, 1176], grid_thw)`` through the split towers, as
-        ``encode(tower, pixel_values, grid_thw)`` runs it on rank 0; returns the embeddings ``[t*h*w / 4, hidden]``
-        in item order, on rank 0's device. Raises RuntimeError when a helper has exited or an encode failed."""
+        """Each item ``(pixel_values float [t*h*w, 1176], grid_thw)`` through the split towers; returns the
+        embeddings ``[t*h*w / 4, hidden]`` in item order, on rank 0's device. Raises RuntimeError when a helper has exited or an encode failed."""
         dead = [str(d) for d, h in zip(self.devices[1:], self.helpers) if not h.alive]
         if dead and not self.broken:
             self._kill(f"the helper(s) on {dead} exited")
@@ -223,7 +221,7 @@ class VisionTensorParallel:
                            torch.tensor(grids, dtype=torch.long, device=self.device),
                            torch.tensor(owner, dtype=torch.long, device=self.device), rows):
                 dist.broadcast(tensor, src=0)
-            ours = iter(_run_tower(0, grids, owner, rows, lambda p, g: self._encode(self.visual, p, g)))
+            ours = iter(_run_tower(0, grids, owner, rows, self.visual))
             theirs = [iter(self._receive(tower, [c for c, o in zip(counts, owner) if o == tower]))
                       for tower in range(1, self.towers)]
             return [next(ours) if o == 0 else next(theirs[o - 1]) for o in owner]
@@ -303,9 +301,7 @@ def serve(fd: int, init_file: str, config_file: str, rank: int, world: int, tp: 
         pixel_values = torch.empty(rows, PATCH_DIM, dtype=dtype, device=device)
         for tensor in (grid, owner, pixel_values):
             dist.broadcast(tensor, src=0)
-        outputs = _run_tower(rank // tp, [tuple(g) for g in grid.tolist()], owner.tolist(), pixel_values,
-                             lambda p, g: visual(p, grid_thw=torch.tensor([g], dtype=torch.long, device=device))
-                             .pooler_output)
+        outputs = _run_tower(rank // tp, [tuple(g) for g in grid.tolist()], owner.tolist(), pixel_values, visual)
         if outputs and rank % tp == 0:  # a tower's first rank; never rank 0's tower here
             dist.send(torch.cat(outputs).contiguous(), dst=0)
     dist.destroy_process_group()

@@ -65,7 +65,7 @@ def test_two_split_towers_share_the_items_and_give_what_the_whole_one_gives():
 def test_towers_that_do_not_divide_the_ranks_are_refused():
     model, _ = load_model(ModelSpec())
     with pytest.raises(ValueError, match="multiple"):
-        VisionTensorParallel(model.model.visual, [torch.device("cpu")] * 2, None, lambda t, p, g: p, tp=2)
+        VisionTensorParallel(model.model.visual, [torch.device("cpu")] * 2, None, tp=2)
     assert not dist.is_initialized()
 
 
