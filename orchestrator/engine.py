@@ -227,7 +227,7 @@ class Engine:
                 if (tracked := self.requests.get(work.req_id)) is not None:
                     tracked.patch_pages_held -= len(work.patch_pages)
             mark_steps(plan, lambda req_id: (t.request.timeline if (t := self.requests.get(req_id)) else NO_TIMELINE),
-                       launched, result.worker_ms)
+                       launched, result)
             for first in result.first_tokens:
                 self._first_token(first)
             self.on_change()

@@ -13,7 +13,7 @@ import json
 import time
 from typing import Callable
 
-from backends.ipc.protocol import StepPlan
+from backends.ipc.protocol import StepPlan, StepResult
 
 
 class Timeline:
@@ -44,10 +44,11 @@ class _NoTimeline(Timeline):
 NO_TIMELINE = _NoTimeline(0.0)
 
 
-def mark_steps(plan: StepPlan, timeline_of: Callable[[str], Timeline], launched: float, worker_ms: float) -> None:
+def mark_steps(plan: StepPlan, timeline_of: Callable[[str], Timeline], launched: float, result: StepResult) -> None:
     """A ``step`` event on the timeline (``timeline_of(req_id)``) of each request with work in ``plan``: when it was
     launched (``time.monotonic()`` seconds), the request's groups and patches encoded and prompt tokens prefilled in
-    it, and the worker's time for the whole step (ms)."""
+    it, and from ``result`` the worker's time for the whole step and, where measured, the device's time for its
+    encode and its prefill (ms)."""
     work: dict[str, list[int]] = {}  # req_id -> [groups, patches, prefill tokens]
     for encode in plan.encode:
         counts = work.setdefault(encode.req_id, [0, 0, 0])
@@ -55,7 +56,9 @@ def mark_steps(plan: StepPlan, timeline_of: Callable[[str], Timeline], launched:
         counts[1] += encode.num_patches
     for prefill in plan.prefill:
         work.setdefault(prefill.req_id, [0, 0, 0])[2] += prefill.end - prefill.start
+    device = {name: round(ms, 3) for name, ms in (("encode_ms", result.encode_ms), ("prefill_ms", result.prefill_ms))
+              if ms is not None}
     for req_id, (groups, patches, tokens) in work.items():
         timeline = timeline_of(req_id)
         timeline.mark("step", launched_ms=timeline.ms(launched), encode_groups=groups, encode_patches=patches,
-                      prefill_tokens=tokens, worker_ms=round(worker_ms, 3))
+                      prefill_tokens=tokens, worker_ms=round(result.worker_ms, 3), **device)

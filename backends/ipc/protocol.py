@@ -193,10 +193,14 @@ class FirstToken:
 @dataclass(frozen=True)
 class StepResult:
     """A step's first tokens, and ``worker_ms``: the worker's host time for the step (ms; it includes the device's
-    time where the step waits for the device: an encode, or a sampled first token)."""
+    time where the step waits for the device: an encode, or a sampled first token); ``encode_ms`` and
+    ``prefill_ms``: the device's time for the step's encode and its prefill (first-token sampling included), where
+    the step waited for the device anyway, else None (a prefill-only step that ends no prompt is not waited for)."""
 
     first_tokens: tuple[FirstToken, ...]
     worker_ms: float = 0.0
+    encode_ms: float | None = None
+    prefill_ms: float | None = None
 
 
 # ---- decode ---------------------------------------------------------------------------------------------

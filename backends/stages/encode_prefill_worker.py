@@ -25,6 +25,7 @@ from backends.runtime.attention import make_backend
 from backends.runtime.language_model.fuse import fuse_projections
 from backends.runtime.loader import ModelSpec, load_model
 from backends.runtime.model_runner import ModelRunner, PrefillChunk
+from backends.runtime.phase_clock import PhaseClock
 from backends.runtime.language_model.mrope import mrope_positions
 from backends.runtime.sampling.penalties import penalize_first_tokens
 from backends.runtime.sampling.sampler import sample, warm_up
@@ -122,11 +123,15 @@ class EncodePrefillWorker:
             self.prompts.pop(req_id, None)
         for request in plan.new:
             self._register(request)
+        clock = PhaseClock(self.device)
         self._encode(plan.encode)
+        clock.mark()
         first_tokens = self._prefill(plan.prefill)
-        if plan.encode and self.device.type == "cuda":  # (a sampled first token has already waited for it)
-            torch.cuda.current_stream(self.device).synchronize()
-        return StepResult(first_tokens, (time.perf_counter() - started) * 1e3)
+        clock.mark()
+        phases = None
+        if plan.encode or first_tokens:  # waits for the device: its patch pages are read (a sampled token has waited)
+            phases = clock.phases_ms()
+        return StepResult(first_tokens, (time.perf_counter() - started) * 1e3, *(phases or (None, None)))
 
     def _register(self, request: NewRequest) -> None:
         media = request.media

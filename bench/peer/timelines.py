@@ -21,7 +21,7 @@ SAME_STEP_S = 0.05  # shares of one step: the same worker time, launch times apa
 def steps_of(records: list[dict]) -> list[dict]:
     """The encode_prefill steps that served ``records`` (raw records with ``timeline``), in launch order:
     ``launched_s`` from the scenario's start, ``worker_ms`` (the stage's own time for the step, its device work
-    included), ``encode_patches`` and ``prefill_tokens`` summed over the requests in it, ``requests``; and
+    included), the device's ``encode_ms`` and ``prefill_ms`` where the server measured them, ``encode_patches`` and ``prefill_tokens`` summed over the requests in it, ``requests``; and
     ``decoding``: how many of the records had their first token before the step was launched (their decode steps
     share the GPU with it)."""
     steps: list[dict] = []
@@ -35,7 +35,8 @@ def steps_of(records: list[dict]) -> list[dict]:
                          and abs(s["launched_s"] - launched) < SAME_STEP_S), None)
             if step is None:
                 step = {"launched_s": launched, "worker_ms": event["worker_ms"], "encode_patches": 0,
-                        "prefill_tokens": 0, "requests": 0}
+                        "prefill_tokens": 0, "requests": 0,
+                        **{k: event[k] for k in ("encode_ms", "prefill_ms") if k in event}}
                 steps.append(step)
             step["encode_patches"] += event["encode_patches"]
             step["prefill_tokens"] += event["prefill_tokens"]

@@ -135,6 +135,10 @@ def test_a_timeline_says_where_the_requests_time_went(grpc_url, stream):
     prompt = events[2]
     assert sum(s["prefill_tokens"] for s in steps) == prompt["tokens"] and prompt["visual_tokens"] > 0
     assert sum(s["encode_groups"] for s in steps) == 1
+    for step in steps:  # the device's time for its phases where the step waited for the device anyway
+        if step["encode_groups"] or step is steps[-1]:  # the last one sampled the first token
+            assert 0 <= step["encode_ms"] and 0 <= step["prefill_ms"] and \
+                step["encode_ms"] + step["prefill_ms"] <= step["worker_ms"], step
     assert events[-1]["ms"] <= result.ttft_ms + sum(result.tbt_ms) + 1000  # within the client's own time
 
 

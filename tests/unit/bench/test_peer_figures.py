@@ -142,10 +142,12 @@ def test_steps_are_rebuilt_from_the_requests_shares_and_count_the_requests_decod
         return {"event": "step", "ms": launched_ms + worker_ms, "launched_ms": launched_ms, "worker_ms": worker_ms,
                 "encode_groups": int(patches > 0), "encode_patches": patches, "prefill_tokens": tokens}
 
-    a = {**record("image", 0.0, 0.3, 0.01), "timeline": {"events": [step(10, 100, 4784, 1024), step(110, 90, 0, 254)]}}
+    a = {**record("image", 0.0, 0.3, 0.01), "timeline": {"events": [
+        {**step(10, 100, 4784, 1024), "encode_ms": 30.0, "prefill_ms": 60.0}, step(110, 90, 0, 254)]}}
     b = {**record("image", 0.005, 0.5, 0.01),  # sent 5 ms later: the same steps at launched_ms 5 ms less
          "timeline": {"events": [step(5, 100, 4784, 1024), step(105, 90, 0, 1024), step(300, 80, 0, 254)]}}
     steps = steps_of([a, b])
     assert [(s["encode_patches"], s["prefill_tokens"], s["requests"]) for s in steps] == [
         (9568, 2048, 2), (0, 1278, 2), (0, 254, 1)]
     assert [s["decoding"] for s in steps] == [0, 0, 1]  # a's first token (0.3 s) came before the third step
+    assert (steps[0]["encode_ms"], steps[0]["prefill_ms"]) == (30.0, 60.0) and "encode_ms" not in steps[1]
