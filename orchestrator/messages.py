@@ -50,8 +50,8 @@ def parse_messages(raw: bytes, max_bytes: int) -> tuple[Turn, ...]:
 
     Raises InvalidInput naming the problem and where: ``messages`` (not JSON, not a non-empty array, over the size
     limit, nothing in any message), ``messages[i]`` (not an object, unknown role, content neither a string nor a
-    list), ``messages[i].content[j]`` (a part that is not a text part or a placeholder, media outside a user
-    message).
+    list, text that is not Unicode), ``messages[i].content[j]`` (a part that is not a text part or a placeholder,
+    media outside a user message).
     """
     if len(raw) > max_bytes:
         raise InvalidInput(f"messages: {len(raw)} bytes, over the limit of {max_bytes}")
@@ -77,7 +77,7 @@ def _turn(i: int, message: object) -> Turn:
     if role not in ROLES:
         raise InvalidInput(f"{where}: role must be one of {', '.join(ROLES)}, got {_shown(role)}")
     if isinstance(content, str):
-        return Turn(role, (Part("text", content),))
+        return Turn(role, (Part("text", _text(f"{where}.content", content)),))
     if not isinstance(content, list):
         raise InvalidInput(f"{where}: content must be a string or a list of parts, got {type(content).__name__}")
     return Turn(role, tuple(_part(f"{where}.content[{j}]", role, part) for j, part in enumerate(content)))
@@ -86,7 +86,7 @@ def _turn(i: int, message: object) -> Turn:
 def _part(where: str, role: str, part: object) -> Part:
     kind = part.get("type") if isinstance(part, dict) else None
     if kind == "text" and isinstance(part.get("text"), str):
-        return Part("text", part["text"])
+        return Part("text", _text(f"{where}.text", part["text"]))
     if kind in MEDIA_KINDS:
         if role != "user":
             raise InvalidInput(f"{where}: {kind} parts are allowed in user messages only, not in {role} messages")
@@ -96,6 +96,17 @@ def _part(where: str, role: str, part: object) -> Part:
                            f"{{\"type\": \"{kind[:5]}\"}} here")
     raise InvalidInput(f"{where}: must be {{\"type\": \"text\", \"text\": string}}, {{\"type\": \"image\"}} or "
                        f"{{\"type\": \"video\"}}, got {_shown(part)}")
+
+
+def _text(where: str, text: str) -> str:
+    """``text`` when it is Unicode text; a JSON escape of a lone UTF-16 surrogate (``"\\ud800"``) decodes to a code
+    point that no UTF-8 text holds, which the tokenizer cannot take. Raises InvalidInput naming ``where``."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidInput(f"{where}: not valid Unicode text (a lone surrogate {text[exc.start]!r} at character "
+                           f"{exc.start})") from None
+    return text
 
 
 def _shown(value: object, limit: int = 80) -> str:

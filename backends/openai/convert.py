@@ -74,7 +74,9 @@ class OrchestratorRequest:
 
 
 def _strings(values: list[str]) -> np.ndarray:
-    return np.array([v.encode() for v in values], dtype=np.object_)
+    # surrogatepass: a lone surrogate (a JSON "\\ud800") goes as the bytes it makes, which the orchestrator refuses
+    # as not UTF-8 (400), naming its input
+    return np.array([v.encode("utf-8", "surrogatepass") for v in values], dtype=np.object_)
 
 
 def chat_request(request: ChatCompletionRequest) -> OrchestratorRequest:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 
 class _Body(BaseModel):
@@ -19,6 +19,10 @@ class _Body(BaseModel):
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
+
+
+# a flag that may be sent as null, which means its default, false (OpenAI's API takes "stream": null)
+Flag = Annotated[bool, BeforeValidator(lambda value: False if value is None else value)]
 
 
 # ---- requests ---------------------------------------------------------------------------------------------------
@@ -70,7 +74,7 @@ class MediaOptions(_Strict):
 
 class GenerationRequest(_Body):
     model: str
-    stream: bool = False
+    stream: Flag = False
     stream_options: StreamOptions | None = None
     max_tokens: int | None = None
     temperature: float | None = None
@@ -85,8 +89,8 @@ class GenerationRequest(_Body):
     ignore_eos: bool | None = None
     repetition_penalty: float | None = None
     stop_token_ids: list[int] | None = None
-    return_token_ids: bool = False
-    return_timeline: bool = False  # ours: the reply (the last streamed chunk) carries the request's `timeline`
+    return_token_ids: Flag = False
+    return_timeline: Flag = False  # ours: the reply (the last streamed chunk) carries the request's `timeline`
     mm_processor_kwargs: MediaOptions | None = None
     # known to OpenAI's API, honoured only at their defaults
     n: int | None = None

@@ -5,6 +5,7 @@ shape with their HTTP status."""
 from __future__ import annotations
 
 import base64
+import json
 import os
 import signal
 import socket
@@ -12,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -233,6 +235,22 @@ def test_errors_come_in_openais_shape(sdk, what, kwargs, status, param, words, s
     assert words in body["message"] and body["type"] == "invalid_request_error", body
     assert sdk.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Still there?"}],
                                        max_tokens=2).choices[0].finish_reason in ("length", "stop")
+
+
+@pytest.mark.parametrize("stream", ["false", "true"])
+@pytest.mark.parametrize("path, fields, param, words", [
+    ("chat/completions", '"messages": [{"role": "user", "content": "Hi \\ud800"}]', "messages",
+     "messages[0].content: not valid Unicode text"),
+    ("completions", '"prompt": "Once \\ud800 upon"', "prompt", "prompt: the prompt is not valid UTF-8"),
+], ids=["chat", "completion"])
+def test_a_lone_surrogate_in_the_text_is_400(api, stream, path, fields, param, words):
+    """JSON's escape of a lone UTF-16 surrogate decodes to no text (the SDK cannot even send it; curl can)."""
+    body = f'{{"model": "{MODEL}", "max_tokens": 2, "stream": {stream}, {fields}}}'.encode()
+    request = urllib.request.Request(f"{api.url}/v1/{path}", data=body, headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as error:
+        urllib.request.urlopen(request, timeout=30)
+    answer = json.loads(error.value.read())["error"]
+    assert error.value.code == 400 and answer["param"] == param and words in answer["message"], answer
 
 
 def test_a_client_that_goes_away_has_its_request_cancelled(sdk, server):

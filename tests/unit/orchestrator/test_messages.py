@@ -50,6 +50,11 @@ def test_messages_parse_into_turns():
     (_json([{"role": "user", "content": [{"type": "text", "text": 5}]}]), "messages[0].content[0]: must be"),
     (_json([{"role": "user", "content": " "}, {"role": "user", "content": []}]), "messages: every message is empty"),
     (_json([{"role": "user", "content": "x" * 200}]), "messages: 233 bytes, over the limit of 100"),
+    # a JSON escape of a lone UTF-16 surrogate is valid JSON and valid UTF-8 bytes, but no text
+    (b'[{"role": "user", "content": "a \\ud800"}]',
+     "messages[0].content: not valid Unicode text (a lone surrogate '\\ud800' at character 2)"),
+    (b'[{"role": "user", "content": [{"type": "text", "text": "\\udfff"}]}]',
+     "messages[0].content[0].text: not valid Unicode text"),
 ])
 def test_bad_messages_are_named(raw, words):
     with pytest.raises(InvalidInput) as error:

@@ -135,3 +135,21 @@ def test_stream_options_take_include_usage_only():
                  stream_options={"include_usage": True}).include_usage
     with pytest.raises(ValidationError, match="continuous_usage_stats"):
         _chat(messages=[{"role": "user", "content": "x"}], stream_options={"continuous_usage_stats": True})
+
+
+def test_flags_sent_as_null_are_false_and_other_types_are_refused():
+    request = _chat(messages=[{"role": "user", "content": "x"}], stream=None, return_token_ids=None,
+                    return_timeline=None)
+    assert (request.stream, request.return_token_ids, request.return_timeline) == (False, False, False)
+    assert not _raw(chat_request(request)).stream
+    for value in ("yes", 1, [True]):
+        with pytest.raises(ValidationError, match="return_timeline"):
+            _chat(messages=[{"role": "user", "content": "x"}], return_timeline=value)
+
+
+def test_return_timeline_goes_to_the_orchestrator():
+    inputs = {t.name() for t in chat_request(_chat(messages=[{"role": "user", "content": "x"}],
+                                                   return_timeline=True)).inputs()}
+    assert "return_timeline" in inputs
+    assert "return_timeline" not in {t.name() for t in chat_request(_chat(messages=[{"role": "user",
+                                                                                     "content": "x"}])).inputs()}
