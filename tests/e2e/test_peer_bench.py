@@ -19,8 +19,10 @@ from tests.media import make_image, make_video
 pytestmark = pytest.mark.e2e
 SUMMARY_KEYS = {
     "video": {"ttft_ms"},
-    "mixed_video": {"text_only_tbt_p99_ms", "text_tbt_window_p99_ms", "text_tbt_window_max_ms", "video_ttft_ms"},
-    "mixed_images": {"text_tbt_window_p99_ms", "image_ttft_max_ms"},
+    "mixed_video": {"text_only_tbt_p99_ms", "text_tbt_window_p99_ms", "text_tbt_window_max_ms", "video_ttft_ms",
+                    "text_ttft_window_max_ms", "text_tokens_window_per_s"},
+    "mixed_images": {"text_tbt_window_p99_ms", "image_ttft_max_ms", "text_ttft_window_max_ms",
+                     "text_tokens_window_per_s"},
     "goodput": {"long_video", "video", "images"},
     "text_c1": {"ttft_ms", "tbt_mean_ms"},
     "text_c32": {"ttft_p50_ms", "tbt_mean_ms", "tbt_p99_ms"},
@@ -62,6 +64,7 @@ def test_scenarios_record_every_token_and_the_summary_has_the_issues_keys(target
     assert figures["images16"]["ttft_max_ms"] > 0 and figures["text_c1"]["tbt_mean_ms"] > 0
     assert figures["video"]["ttft_ms"] > 0 and figures["mixed_images"]["image_ttft_max_ms"] > 0
     assert figures["mixed_images"]["text_tbt_window_p99_ms"] is not None  # the streams decoded beside the images
+    assert figures["mixed_images"]["text_tokens_window_per_s"] > 0
     assert figures["goodput"]["images"]["max_rate_rps"] in (None, 1.0)
     report = json.loads((tmp_path / "report.json").read_text())
     assert set(report["systems"]["unifiedserve"]["goodput"]["images"]["best_unloaded_ttft_ms"]) == {"1x160x90",
