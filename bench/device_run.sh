@@ -42,7 +42,8 @@
 #                  vllm"; bench/peer/README.md gives the call sequence), work and results in /tmp/peer, which outlive
 #                  the call on a warm machine (so do the servers it starts); all results so far come back as
 #                  $OUT/peer_results.tar.gz (the device tool brings back no deeper folders); PEER_OUT names another
-#                  results folder under /tmp/peer (default results), e.g. one per server setting
+#                  results folder under /tmp/peer (default results; results_<setting>, one per server setting: the
+#                  archive holds every results* folder)
 #   jit-cache      packs the flashinfer JIT cache into $OUT (as runtime-tests does), for .devcache/ of the next machine
 # Results (logs, JSON, plots) go to $OUT (the device tool brings them back), by default results/device beside
 # this script; the project keeps each benchmark's latest run there and its figures in bench/RESULTS.md.
@@ -183,7 +184,8 @@ peer() {  # the servers it starts (setsid) read STUB_SITE too; PEER_OUT: a resul
   STUB_SITE=$STUB_PATH python3 -m bench.peer.run ${PEER_ARGS:-all} --work /tmp/peer --out "$out" 2>&1 \
     | tee -a "$OUT/peer.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-  [ -d "$out" ] && tar -czf "$OUT/peer_results.tar.gz" -C /tmp/peer "$(basename "$out")"
+  # every results folder so far (one per setting), so one call may run several settings
+  [ -d "$out" ] && (cd /tmp/peer && tar -czf "$OUT/peer_results.tar.gz" results*)
 }
 
 [ $# -gt 0 ] || { echo "usage: $0 STEP... (install gpu-tests runtime-tests runtime-bench decode-profile sampler-bench attention-probe nvdec multi-gpu e2e serve-bench perf-analyzer vllm-part vllm-unpack peer jit-cache)" >&2
