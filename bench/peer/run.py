@@ -41,7 +41,7 @@ import torch  # noqa: E402
 
 from bench.common import header, write  # noqa: E402
 from bench.serve_bench import decode_overhead, distribution, read_metrics  # noqa: E402
-from bench.peer import crosscheck, scenarios, servers  # noqa: E402
+from bench.peer import crosscheck, process_cpu, scenarios, servers  # noqa: E402
 from bench.peer.checkpoint import write_checkpoint  # noqa: E402
 from bench.peer.load import Target, closed_loop  # noqa: E402
 from bench.peer.summary import write_summary  # noqa: E402
@@ -124,8 +124,12 @@ def run_scenarios(args: argparse.Namespace, system: str) -> int:
             print(f"{system} crosscheck: ours / vllm bench serve {result['ours_over_vllm_bench']}", flush=True)
             continue
         port = servers.metrics_port(state)
-        before = read_metrics(port) if port else None
+        before, cpu_before, started = read_metrics(port) if port else None, process_cpu.snapshot(state["pid"]), \
+            time.monotonic()
         records = asyncio.run(scenarios.run(name, target, inputs, args.requests, args.seed))
+        if port:  # which of UnifiedServe's processes were busy, and for how much of the scenario
+            base["process_busy"] = process_cpu.busy(cpu_before, process_cpu.snapshot(state["pid"]),
+                                                    time.monotonic() - started)
         errors = [r.error for r in records if r.error]
         failed += len(errors)
         if port:  # the decode stage's own step beside the clients' TBT: what the path to the client adds

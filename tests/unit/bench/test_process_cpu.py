@@ -1,0 +1,20 @@
+"""bench/peer/process_cpu.py on this process: CPU seconds from /proc, busy shares, no server under a plain pid."""
+import os
+import time
+
+from bench.peer import process_cpu
+
+
+def test_cpu_seconds_grow_with_work_and_busy_is_their_share_of_the_wall():
+    before = process_cpu.cpu_seconds(os.getpid())
+    end = time.process_time() + 0.2
+    while time.process_time() < end:
+        pass
+    after = process_cpu.cpu_seconds(os.getpid())
+    assert after - before >= 0.15
+    assert process_cpu.busy({"a": 1.0, "b": 0.0}, {"a": 1.5, "b": 2.0, "c": 9.0}, 2.0) == {"a": 0.25, "b": 1.0}
+
+
+def test_a_gone_process_and_a_process_without_a_server():
+    assert process_cpu.cpu_seconds(2**22 + 12345) is None
+    assert process_cpu.server_processes(os.getpid()) == {}
