@@ -1,17 +1,34 @@
-"""``python -m backends.openai [--grpc-url 127.0.0.1:8001] [--port 9000] ...``: the OpenAI-compatible API, served by
-uvicorn until SIGTERM or Ctrl-C (then requests in flight get ``--shutdown-grace`` seconds to end)."""
+"""``python -m backends.openai [--grpc-url 127.0.0.1:8001] [--port 9000] [--workers 1] ...``: the OpenAI-compatible
+API, served by uvicorn until SIGTERM or Ctrl-C (then requests in flight get ``--shutdown-grace`` seconds to end). With
+``--workers N`` uvicorn runs N processes on the port, each building the app from the command line passed on in
+``CONFIG_ENV`` (:func:`app_from_env`)."""
 from __future__ import annotations
+
+import json
+import os
 
 import uvicorn
 
 from backends.openai.app import create_app
 from backends.openai.config import parse_args
 
+CONFIG_ENV = "UNIFIEDSERVE_OPENAI_ARGS"
+
+
+def app_from_env():
+    """A worker's app, from the command line its parent put in ``CONFIG_ENV`` (JSON list)."""
+    return create_app(parse_args(json.loads(os.environ[CONFIG_ENV])))
+
 
 def main(argv: list[str] | None = None) -> None:
     config = parse_args(argv)
-    uvicorn.run(create_app(config), host=config.host, port=config.port,
-                timeout_graceful_shutdown=config.shutdown_grace_s)
+    if config.workers == 1:
+        uvicorn.run(create_app(config), host=config.host, port=config.port,
+                    timeout_graceful_shutdown=config.shutdown_grace_s)
+        return
+    os.environ[CONFIG_ENV] = json.dumps(config.to_args())  # the workers are new processes: they read it there
+    uvicorn.run("backends.openai.__main__:app_from_env", factory=True, workers=config.workers, host=config.host,
+                port=config.port, timeout_graceful_shutdown=config.shutdown_grace_s)
 
 
 if __name__ == "__main__":

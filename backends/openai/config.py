@@ -15,9 +15,13 @@ class ApiConfig:
     ``allow_http_media``: fetch http(s) ``image_url``/``video_url`` parts in this process (off: refused), at most
     ``max_http_media_bytes`` bytes each within ``http_media_timeout_s`` seconds; ``shutdown_grace_s``: seconds
     requests in flight may still run after a stop is asked for; ``max_requests``: requests in flight at once, more
-    are answered 503 (0: no limit; the orchestrator queues what its KV pool cannot hold yet).
+    are answered 503 (0: no limit; the orchestrator queues what its KV pool cannot hold yet), counted per worker;
+    ``workers``: processes serving the API on the one port (uvicorn's workers; each with its own connection to
+    tritonserver), for when one Python process cannot keep up with the streams' chunks (vLLM's
+    ``--api-server-count``).
 
-    Raises ValueError for a port outside 0..65535, a non-positive size or timeout, a negative ``max_requests``.
+    Raises ValueError for a port outside 0..65535, a non-positive size or timeout, a negative ``max_requests``, fewer
+    than one worker.
     """
 
     grpc_url: str = "127.0.0.1:8001"
@@ -30,6 +34,7 @@ class ApiConfig:
     http_media_timeout_s: float = 30.0
     shutdown_grace_s: float = 5.0
     max_requests: int = 0
+    workers: int = 1
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -38,6 +43,8 @@ class ApiConfig:
             raise ValueError("max_http_media_bytes and http_media_timeout_s must be positive, shutdown_grace_s >= 0")
         if self.max_requests < 0:
             raise ValueError(f"max_requests must be >= 0 (0: no limit), got {self.max_requests}")
+        if self.workers < 1:
+            raise ValueError(f"workers must be at least 1, got {self.workers}")
 
     def to_args(self) -> list[str]:
         """The command line that :func:`parse_args` reads back into this config."""
@@ -45,7 +52,7 @@ class ApiConfig:
                 "--orchestrator-model", self.orchestrator_model,
                 "--max-http-media-bytes", str(self.max_http_media_bytes),
                 "--http-media-timeout", str(self.http_media_timeout_s), "--shutdown-grace", str(self.shutdown_grace_s),
-                "--max-requests", str(self.max_requests)]
+                "--max-requests", str(self.max_requests), "--workers", str(self.workers)]
         if self.served_model_name:
             args += ["--served-model-name", self.served_model_name]
         if self.allow_http_media:
@@ -71,10 +78,12 @@ def parse_args(argv: list[str] | None = None) -> ApiConfig:
     parser.add_argument("--shutdown-grace", type=float, default=d.shutdown_grace_s,
                         help="seconds requests in flight may run on after SIGTERM")
     parser.add_argument("--max-requests", type=int, default=d.max_requests,
-                        help="requests in flight at once, more are answered 503 (0: no limit)")
+                        help="requests in flight at once per worker, more are answered 503 (0: no limit)")
+    parser.add_argument("--workers", type=int, default=d.workers,
+                        help="processes serving the API on its port (each with its own connection to tritonserver)")
     a = parser.parse_args(argv)
     try:
         return ApiConfig(a.grpc_url, a.host, a.port, a.orchestrator_model, a.served_model_name, a.allow_http_media,
-                         a.max_http_media_bytes, a.http_media_timeout, a.shutdown_grace, a.max_requests)
+                         a.max_http_media_bytes, a.http_media_timeout, a.shutdown_grace, a.max_requests, a.workers)
     except ValueError as exc:
         parser.error(str(exc))

@@ -2,6 +2,7 @@
 the server drains (the launcher; the end-to-end tests)."""
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -91,14 +92,16 @@ class ApiProcess:
         return crashed(self.process.returncode, "the OpenAI API") or "the OpenAI API exited by itself"
 
     def stop(self) -> None:
-        """SIGTERM (uvicorn then gives requests in flight ``shutdown_grace_s`` seconds), SIGKILL 5 s after that."""
+        """SIGTERM (uvicorn then gives requests in flight ``shutdown_grace_s`` seconds and stops its workers), SIGKILL to
+        its whole session 5 s after that."""
         if self.process is None or self.process.poll() is not None:
             return
         self.process.send_signal(signal.SIGTERM)
         try:
             self.process.wait(timeout=self.config.shutdown_grace_s + 5)
         except subprocess.TimeoutExpired:
-            self.process.kill()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)  # its session: the workers too
             self.process.wait()
 
     def __enter__(self) -> "ApiProcess":

@@ -238,8 +238,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--openai-address", default=None, help="where the OpenAI API listens (default: --address)")
     parser.add_argument("--openai-allow-http-media", action="store_true",
                         help="let the OpenAI API fetch http(s) image_url / video_url parts (off: refused)")
+    parser.add_argument("--openai-workers", type=int, default=1,
+                        help="processes serving the OpenAI API (each with its own connection to tritonserver)")
     parser.add_argument("--openai-max-requests", type=int, default=0,
-                        help="OpenAI API requests in flight at once, more are answered 503 (0: no limit)")
+                        help="OpenAI API requests in flight at once per worker, more are answered 503 (0: no limit)")
     parser.add_argument("--log-stdout", action="store_true", help="server log to stdout instead of a file")
     parser.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for the models to load")
     parser.add_argument("--set", action="append", default=[], metavar="MODEL.KEY=VALUE", dest="overrides",
@@ -247,6 +249,8 @@ def main(argv: list[str] | None = None) -> int:
                              " *.KEY=VALUE sets it in every model that has it")
     launch_options.add_arguments(parser)
     args = parser.parse_args(argv)
+    if args.openai_workers < 1:  # now, not once the models have loaded
+        parser.error(f"--openai-workers must be at least 1, got {args.openai_workers}")
     # SIGTERM stops it like Ctrl-C, also while the repository copy is written or the server starts; SIGINT too
     # when started in the background (where it is inherited as ignored).
     signal.signal(signal.SIGTERM, signal.default_int_handler)
@@ -297,7 +301,7 @@ def _serve(args: argparse.Namespace, repository: Path, plan: launch_options.Serv
             api = ApiProcess(ApiConfig(grpc_url=f"{local}:{args.grpc_port}",
                                        host=args.openai_address or args.address, port=args.openai_port,
                                        allow_http_media=args.openai_allow_http_media,
-                                       max_requests=args.openai_max_requests),
+                                       max_requests=args.openai_max_requests, workers=args.openai_workers),
                              None if args.log_stdout else server.log_path.with_suffix(".openai.log"))
             api.start()
             print(f"OpenAI-compatible API: {api.url}/v1, log {api.log_path or 'stdout'}", flush=True)

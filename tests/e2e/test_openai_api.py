@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -15,6 +16,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import openai
@@ -264,6 +266,22 @@ def test_a_client_that_goes_away_has_its_request_cancelled(sdk, server):
     m = wait_for_idle_pools(server, timeout_s=30)
     assert m["unifiedserve_requests_running"] == 0 and m["unifiedserve_kv_pages_free"] == m["unifiedserve_kv_pages_total"]
     assert time.monotonic() - started < 10, "the dropped stream's request ran on"
+
+
+def test_several_workers_serve_one_port_and_stop_together(server, tmp_path):
+    """--workers 2: two uvicorn processes on the API's port, each with its own connection to tritonserver; streams
+    sent at once are all served, and a stop ends every process of the API."""
+    with _api(server.ports.grpc, tmp_path / "api.log", workers=2) as process, \
+            openai.OpenAI(base_url=f"{process.url}/v1", api_key="unused", max_retries=0, timeout=60) as client:
+        def ask(k: int) -> str | None:
+            return client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": f"Count {k}."}],
+                                                  max_tokens=4, temperature=0).choices[0].finish_reason
+        with ThreadPoolExecutor(8) as pool:
+            assert set(pool.map(ask, range(16))) <= {"length", "stop"}
+        workers = set(re.findall(r"Started server process \[(\d+)\]", (tmp_path / "api.log").read_text()))
+        assert len(workers) == 2, (tmp_path / "api.log").read_text()[-3000:]
+    for pid in workers:  # gone with the API
+        assert not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
 
 
 def test_requests_over_the_limit_are_503(server, tmp_path):
