@@ -59,7 +59,7 @@ def launch():
     ports = ServerPorts.unused()
     launcher = subprocess.Popen([sys.executable, "-m", "backends.triton.launcher", "--http-port", str(ports.http),
                                  "--grpc-port", str(ports.grpc), "--metrics-port", str(ports.metrics),
-                                 "--openai-port", "0"],  # tests/e2e/test_openai_api.py starts the launcher's API
+                                 "--openai-port", "0"],  # tests/e2e/test_openai_process.py starts the launcher's API
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     return launcher, ports
 

@@ -1,0 +1,164 @@
+"""The OpenAI-compatible API as a process (backends/openai/process.py and the launcher's part): several workers on
+one port, the in-flight limit, a server that stops, and the launcher that starts, stops and watches the API."""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import openai
+import pytest
+
+from backends.triton.ports import ServerPorts
+from tests.e2e.conftest import serve
+from tests.e2e.test_openai_api import EXTRA, MODEL, _api, _unused_port
+
+pytestmark = pytest.mark.e2e
+
+
+def test_several_workers_serve_one_port_and_stop_together(server, tmp_path):
+    """--workers 2: two uvicorn processes on the API's port, each with its own connection to tritonserver; streams
+    sent at once are all served, and a stop ends every process of the API."""
+    with _api(server.ports.grpc, tmp_path / "api.log", workers=2) as process, \
+            openai.OpenAI(base_url=f"{process.url}/v1", api_key="unused", max_retries=0, timeout=60) as client:
+        def ask(k: int) -> str | None:
+            return client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": f"Count {k}."}],
+                                                  max_tokens=4, temperature=0).choices[0].finish_reason
+        with ThreadPoolExecutor(8) as pool:
+            assert set(pool.map(ask, range(16))) <= {"length", "stop"}
+        workers = set(re.findall(r"Started server process \[(\d+)\]", (tmp_path / "api.log").read_text()))
+        assert len(workers) == 2, (tmp_path / "api.log").read_text()[-3000:]
+    for pid in workers:  # gone with the API
+        assert not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+
+
+def test_requests_over_the_limit_are_503(server, tmp_path):
+    """An API with --max-requests 1: while one stream is in flight another request is answered 503 ("overloaded"),
+    and once it ends the next one is served."""
+    with _api(server.ports.grpc, tmp_path / "api.log", max_requests=1) as process, \
+            openai.OpenAI(base_url=f"{process.url}/v1", api_key="unused", max_retries=0, timeout=60) as client:
+        stream = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Go on."}],
+                                                max_tokens=20000, temperature=0, stream=True, extra_body=EXTRA)
+        next(iter(stream))
+        with pytest.raises(openai.APIStatusError) as over:
+            client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=2)
+        assert over.value.status_code == 503 and over.value.body["code"] == "overloaded", over.value.body
+        assert "overloaded" in over.value.body["message"]
+        stream.close()
+        deadline = time.monotonic() + 30
+        while True:  # the dropped stream's slot is freed once the API has seen the client go
+            try:
+                reply = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}],
+                                                       max_tokens=2)
+                break
+            except openai.APIStatusError as exc:
+                assert exc.status_code == 503 and time.monotonic() < deadline, exc.body
+                time.sleep(0.2)
+        assert reply.choices[0].finish_reason in ("length", "stop")
+
+
+def test_a_server_that_stops_is_503(media_dir, tmp_path):
+    """A request in flight when tritonserver stops ends with the orchestrator's "shutting down" error (an error event
+    in the stream, whose status was 200), and a request after the stop is answered 503."""
+    outcome: dict[str, object] = {}
+    streaming = threading.Event()
+    with serve(media_dir, idle_at_exit=False) as srv:  # on exit: stopped promptly, with a clean log
+        with _api(srv.ports.grpc, tmp_path / "api.log") as process, \
+                openai.OpenAI(base_url=f"{process.url}/v1", api_key="unused", max_retries=0, timeout=60) as client:
+
+            def ask() -> None:
+                try:
+                    for _ in client.chat.completions.create(
+                            model=MODEL, messages=[{"role": "user", "content": "Tell me everything."}],
+                            max_tokens=20000, temperature=0, stream=True, extra_body=EXTRA):
+                        streaming.set()
+                    outcome["error"] = None
+                except openai.APIError as exc:
+                    outcome["error"] = exc
+
+            asking = threading.Thread(target=ask)
+            asking.start()
+            assert streaming.wait(120), "the streaming request produced no token"
+            srv.stop()
+            asking.join(timeout=30)
+            assert not asking.is_alive(), "the stream did not end when the server stopped"
+            error = outcome["error"]
+            assert isinstance(error, openai.APIError) and "shutting down" in error.message, repr(error)
+            assert error.body["code"] == "service_unavailable", error.body
+            with pytest.raises(openai.APIStatusError) as after:
+                client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=2)
+            assert after.value.status_code == 503 and after.value.body["code"] == "service_unavailable"
+
+
+def _launch_with_api() -> tuple[subprocess.Popen, int]:
+    """``python -m backends.triton.launcher --openai-port P`` on free ports, once it has said the server and the API
+    are ready (its first two lines: checked); the launcher and P."""
+    ports, api_port = ServerPorts.unused(), _unused_port()
+    launcher = subprocess.Popen([sys.executable, "-m", "backends.triton.launcher", "--http-port", str(ports.http),
+                                 "--grpc-port", str(ports.grpc), "--metrics-port", str(ports.metrics),
+                                 "--openai-port", str(api_port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+    ready, api_line = launcher.stdout.readline(), launcher.stdout.readline()
+    if "tritonserver ready" not in ready or not api_line.startswith(
+            f"OpenAI-compatible API: http://127.0.0.1:{api_port}/v1, log "):
+        launcher.kill()
+        pytest.fail(ready + api_line + launcher.stderr.read())
+    return launcher, api_port
+
+
+def test_the_launcher_serves_the_api_and_stops_it_first():
+    """``python -m backends.triton.launcher --openai-port P``: the API's URL once the server is ready, a chat through
+    it, and on SIGTERM both stop (exit status 0, nothing left listening on P)."""
+    launcher, api_port = _launch_with_api()
+    try:
+        with openai.OpenAI(base_url=f"http://127.0.0.1:{api_port}/v1", api_key="unused", max_retries=0,
+                           timeout=120) as client:
+            reply = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}],
+                                                   max_tokens=2)
+        assert reply.choices[0].finish_reason in ("length", "stop")
+        launcher.send_signal(signal.SIGTERM)
+        assert launcher.wait(timeout=60) == 0, launcher.stderr.read()
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", api_port), timeout=5).close()
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (from /proc)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(entry.name))
+        except (OSError, IndexError, ValueError):
+            continue  # gone meanwhile
+    return out
+
+
+def test_an_api_that_dies_makes_the_launcher_stop_the_server_and_exit_3():
+    """The API process killed while serving: the launcher names it, stops tritonserver and exits 3 (for a supervisor
+    to start both again) within seconds, as for a dead model process."""
+    launcher, _ = _launch_with_api()
+    try:
+        (api_pid,) = [pid for pid in _children(launcher.pid)
+                      if b"backends.openai" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+        server_pids = [pid for pid in _children(launcher.pid) if pid != api_pid]
+        os.kill(api_pid, signal.SIGKILL)
+        started = time.monotonic()
+        assert launcher.wait(timeout=30) == 3
+        assert time.monotonic() - started < 15
+        err = launcher.stderr.read()
+        assert "the OpenAI API was killed by SIGKILL" in err and "exit status 3" in err, err
+        assert not [pid for pid in server_pids if Path(f"/proc/{pid}").exists()], "tritonserver left running"
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
