@@ -43,6 +43,7 @@ from bench.common import header, write  # noqa: E402
 from bench.serve_bench import decode_overhead, distribution, read_metrics  # noqa: E402
 from bench.peer import crosscheck, process_cpu, scenarios, servers  # noqa: E402
 from bench.peer.checkpoint import write_checkpoint  # noqa: E402
+from bench.peer.gpu_busy import GpuSampler  # noqa: E402
 from bench.peer.load import Target, closed_loop  # noqa: E402
 from bench.peer.summary import write_summary  # noqa: E402
 
@@ -126,7 +127,9 @@ def run_scenarios(args: argparse.Namespace, system: str) -> int:
         port = servers.metrics_port(state)
         before, cpu_before, started = read_metrics(port) if port else None, process_cpu.snapshot(state["pid"]), \
             time.monotonic()
-        records = asyncio.run(scenarios.run(name, target, inputs, args.requests, args.seed))
+        with GpuSampler() as gpu:
+            records = asyncio.run(scenarios.run(name, target, inputs, args.requests, args.seed))
+        base["gpu_busy"] = gpu.result
         if port:  # which of UnifiedServe's processes were busy, and for how much of the scenario
             base["process_busy"] = process_cpu.busy(cpu_before, process_cpu.snapshot(state["pid"]),
                                                     time.monotonic() - started)

@@ -10,7 +10,8 @@ what the streams got, ``bench.peer.figures``);
 null where a scenario was not run or its requests failed). ``report.json`` holds what backs them: per system and
 scenario the request and error counts, the prompt tokens per request kind (both systems must count the same) and,
 for UnifiedServe, the decode stage's mean step and batch from its metrics beside the clients' TBT mean and each of
-its processes' CPU time as a share of the scenario (``bench.peer.process_cpu``),
+its processes' CPU time as a share of the scenario (``bench.peer.process_cpu``), and for both the GPU's busy share
+(``bench.peer.gpu_busy``),
 the goodput runs' best unloaded TTFT per request type, requests per rate and attainment tables (``bench.peer.slo``),
 and the cross-check against ``vllm bench serve``. The plots: ``bench.peer.plots``; UnifiedServe's steps and timelines:
 ``bench.peer.timelines``.
@@ -73,8 +74,8 @@ def system_figures(runs: dict[str, dict]) -> tuple[dict, dict]:
             report["scenarios"][name] = {"requests": len(records),
                                          "errors": sum(r.get("error") is not None for r in records),
                                          "prompt_tokens": tokens,
-                                         **{key: data[key] for key in ("server_metrics", "process_busy")
-                                            if key in data}}
+                                         **{key: data[key] for key in ("server_metrics", "process_busy", "gpu_busy")
+                                            if data.get(key) is not None}}
         elif name == "crosscheck":
             report["crosscheck"] = {k: v for k, v in data.items() if k in ("workload", "vllm_bench_serve", "ours",
                                                                            "ours_over_vllm_bench")}

@@ -1,4 +1,5 @@
-"""bench/peer/process_cpu.py on this process: CPU seconds from /proc, busy shares, no server under a plain pid."""
+"""bench/peer/process_cpu.py on this process (CPU seconds from /proc, busy shares, no server under a plain pid) and
+bench/peer/gpu_busy.py's arithmetic."""
 import os
 import time
 
@@ -18,3 +19,14 @@ def test_cpu_seconds_grow_with_work_and_busy_is_their_share_of_the_wall():
 def test_a_gone_process_and_a_process_without_a_server():
     assert process_cpu.cpu_seconds(2**22 + 12345) is None
     assert process_cpu.server_processes(os.getpid()) == {}
+
+
+def test_gpu_busy_means_skip_lines_that_are_not_numbers():
+    from bench.peer.gpu_busy import GpuSampler, summarize
+
+    assert summarize("80, 10\n100, 30\n[N/A], [N/A]\n6") == {"gpu_busy_pct": 90.0, "decoder_busy_pct": 20.0,
+                                                               "samples": 2}
+    assert summarize("") is None
+    with GpuSampler() as sampler:  # no nvidia-smi on the CPU machines: nothing sampled, nothing raised
+        pass
+    assert sampler.result is None or sampler.result["samples"] >= 0
