@@ -13,7 +13,7 @@ for UnifiedServe, the decode stage's mean step and batch from its metrics beside
 its processes' CPU time as a share of the scenario (``bench.peer.process_cpu``), and for both the GPU's busy share
 (``bench.peer.gpu_busy``),
 the goodput runs' best unloaded TTFT per request type, requests per rate and attainment tables (``bench.peer.slo``),
-and the cross-check against ``vllm bench serve``. The plots: ``bench.peer.plots``; UnifiedServe's steps and timelines:
+the cross-check against ``vllm bench serve``, and every summary figure as UnifiedServe's over vLLM's (:func:`ratios`). The plots: ``bench.peer.plots``; UnifiedServe's steps and timelines:
 ``bench.peer.timelines``.
 """
 from __future__ import annotations
@@ -86,6 +86,27 @@ def system_figures(runs: dict[str, dict]) -> tuple[dict, dict]:
     return summary, report
 
 
+def ratios(systems: dict[str, dict]) -> dict[str, dict[str, float]]:
+    """UnifiedServe's figure over vLLM's, per scenario and figure both have (a number, vLLM's not 0): the form every
+    comparison takes (below 1 is UnifiedServe lower: faster for times, fewer for rates and tokens/s)."""
+    if len(systems) < 2:
+        return {}
+    ours, theirs = (_flat(systems[s]) for s in SYSTEMS)
+    out: dict[str, dict[str, float]] = {}
+    for (scenario, key), value in ours.items():
+        other = theirs.get((scenario, key))
+        if isinstance(value, (int, float)) and isinstance(other, (int, float)) and other:
+            out.setdefault(scenario, {})[key] = round(value / other, 3)
+    return out
+
+
+def _flat(figures_of: dict) -> dict[tuple[str, str], object]:
+    """(scenario, figure) -> value; a nested figure (goodput's ``video.max_rate_rps``) named with a dot."""
+    return {(scenario, f"{key}.{sub}" if isinstance(value, dict) else key): v
+            for scenario, figures in figures_of.items() for key, value in figures.items()
+            for sub, v in (value.items() if isinstance(value, dict) else [(None, value)])}
+
+
 def prompt_tokens_agree(reports: dict[str, dict]) -> dict[str, bool]:
     """Per scenario both systems ran: whether they counted the same prompt tokens for each request kind."""
     if len(reports) < 2:
@@ -109,7 +130,7 @@ def write_summary(out: Path) -> Path:
             versions[system] = next(iter(raw[system].values())).get("server_version")
     summary = {"date": first["date"], "device": first["device"], "versions": versions, "systems": systems}
     write(out, "report", {"systems": reports, "prompt_tokens_agree": prompt_tokens_agree(reports),
-                          "smoke": first.get("smoke")})
+                          "unifiedserve_over_vllm": ratios(systems), "smoke": first.get("smoke")})
     write_plots(out, raw, reports)
     write_timelines(out, raw.get("unifiedserve", {}))
     return write(out, "summary", summary)

@@ -125,6 +125,8 @@ def test_summary_of_two_systems_holds_the_issues_keys_goodput_and_the_prompt_tok
     assert report["prompt_tokens_agree"] == {"goodput_video@0.1": True, "goodput_video@0.2": True,
                                              "goodput_video@unloaded": True, "text_c1": False}
     assert (tmp_path / "attainment_video.png").exists()
+    assert report["unifiedserve_over_vllm"]["text_c1"] == {"ttft_ms": 1.0, "tbt_mean_ms": 1.0}
+    assert report["unifiedserve_over_vllm"]["goodput"] == {"video.max_rate_rps": 1.0}  # None (not run) has no ratio
 
 
 def test_crosscheck_computes_vllm_bench_serves_metrics_from_our_records():
