@@ -1,7 +1,7 @@
 """``python -m backends.openai [--grpc-url 127.0.0.1:8001] [--port 9000] [--workers 1] ...``: the OpenAI-compatible
-API, served by uvicorn until SIGTERM or Ctrl-C (then requests in flight get ``--shutdown-grace`` seconds to end). With
-``--workers N`` uvicorn runs N processes on the port, each building the app from the command line passed on in
-``CONFIG_ENV`` (:func:`app_from_env`)."""
+API, served by uvicorn until SIGTERM or Ctrl-C (then requests in flight get ``--shutdown-grace`` seconds to end). The
+app is built by :func:`app_from_env` from the command line passed on in ``CONFIG_ENV``, so that with ``--workers N``
+each of uvicorn's N processes on the port builds its own."""
 from __future__ import annotations
 
 import json
@@ -22,11 +22,7 @@ def app_from_env():
 
 def main(argv: list[str] | None = None) -> None:
     config = parse_args(argv)
-    if config.workers == 1:
-        uvicorn.run(create_app(config), host=config.host, port=config.port,
-                    timeout_graceful_shutdown=config.shutdown_grace_s)
-        return
-    os.environ[CONFIG_ENV] = json.dumps(config.to_args())  # the workers are new processes: they read it there
+    os.environ[CONFIG_ENV] = json.dumps(config.to_args())  # workers are new processes: they read it there
     uvicorn.run("backends.openai.__main__:app_from_env", factory=True, workers=config.workers, host=config.host,
                 port=config.port, timeout_graceful_shutdown=config.shutdown_grace_s)
 

@@ -92,8 +92,8 @@ class ApiProcess:
         return crashed(self.process.returncode, "the OpenAI API") or "the OpenAI API exited by itself"
 
     def stop(self) -> None:
-        """SIGTERM (uvicorn then gives requests in flight ``shutdown_grace_s`` seconds and stops its workers), SIGKILL to
-        its whole session 5 s after that."""
+        """SIGTERM (uvicorn then gives requests in flight ``shutdown_grace_s`` seconds and stops its workers),
+        SIGKILL to its whole session 5 s after that."""
         if self.process is None or self.process.poll() is not None:
             return
         self.process.send_signal(signal.SIGTERM)

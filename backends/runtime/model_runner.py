@@ -154,8 +154,7 @@ class ModelRunner:
         attends within each temporal patch, so encoding a video group by group gives the same result.
         Raises ValueError when the row count does not match ``grid_thw``.
         """
-        self._check_grid(pixel_values, grid_thw)
-        return self._encode_checked(pixel_values, grid_thw)
+        return self.encode_many([(pixel_values, grid_thw)])[0]
 
     @torch.no_grad()
     def encode_many(self, items: Sequence[tuple[torch.Tensor, tuple[int, int, int]]]) -> list[torch.Tensor]:
@@ -168,11 +167,6 @@ class ModelRunner:
         if self.vision is None:
             return encode_batch(self._visual, items)
         return self.vision.encode_many(items, self.device)
-
-    def _encode_checked(self, pixel_values: torch.Tensor, grid_thw: tuple[int, int, int]) -> torch.Tensor:
-        if self.vision_tp is not None:
-            return self.vision_tp.encode_many([(pixel_values, grid_thw)])[0]
-        return encode_batch(self._visual, [(pixel_values, grid_thw)])[0]
 
     def close(self) -> None:
         """Stop the vision helpers (threads of the data-parallel towers, processes of the split one)."""

@@ -11,9 +11,9 @@ keys):
   ``gpu_sharing`` (``time_slicing``, CUDA's default, or ``mps``: ``backends.triton.mps``), and per stage where it
   runs: ``flashcodec`` (``device``, ``nvdec_gpus``, ``nvdec_processes_per_gpu``, ``decode_threads``),
   ``encode_prefill`` (``device``, ``vision_gpus``, ``vision_parallel``, ``vision_tp_size``), ``decode``
-  (``device``); each stage's ``sm_share`` (percent of the GPU's SMs under ``mps``). A GPU set is ``own``, ``all`` or a list of ids. Each stage is one Triton instance (its
-  stage-link socket is named after its model), so a stage is placed by its ``device``, and more copies of
-  encode_prefill + decode are ``replicas``.
+  (``device``); each stage's ``sm_share`` (percent of the GPU's SMs under ``mps``). A GPU set is ``own``, ``all`` or
+  a list of ids. Each stage is one Triton instance (its stage-link socket is named after its model), so a stage is
+  placed by its ``device``, and more copies of encode_prefill + decode are ``replicas``.
 * ``budgets``: the scheduler's per-step ``prefill_budget`` (LLM tokens) and ``encode_budget`` (vision patches),
   ``max_share``, ``max_model_len`` (tokens), decode's ``max_batch`` (sequences per step).
 * ``slo``: per modality (``text``, ``image``, ``video``) ``ttft_ms`` and ``tbt_ms``: the targets of SLO scheduling,
@@ -37,7 +37,7 @@ from pathlib import Path
 
 import yaml
 
-from backends.triton.mps import GPU_SHARING
+from backends.triton.mps import GPU_SHARING, sm_share
 from backends.triton.triton_io import UPPER_BOUNDS, gpus_value
 
 DEFAULT_SHM_BYTES = 16 * 1024 * 1024  # the launcher's --backend-config=python,shm-default-byte-size
@@ -72,8 +72,12 @@ def _device(value: str | None, key: str = "device") -> None:
 
 
 def _sm_share(value: int | None) -> None:
-    if value is not None and not 1 <= value <= 100:
-        raise ConfigError("sm_share", f"must be a percentage from 1 to 100, got {value!r}")
+    """The stage's own rule (``mps.sm_share``), checked when the file is read."""
+    if value is not None:
+        try:
+            sm_share({"sm_share": str(value)})
+        except ValueError as exc:
+            raise ConfigError("sm_share", str(exc).removeprefix("sm_share ")) from None
 
 
 def _gpus(value: str | tuple[int, ...] | None, key: str) -> None:

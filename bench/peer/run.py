@@ -124,21 +124,21 @@ def run_scenarios(args: argparse.Namespace, system: str) -> int:
             write(p["out"] / "raw" / system, name, {**base, **result})
             print(f"{system} crosscheck: ours / vllm bench serve {result['ours_over_vllm_bench']}", flush=True)
             continue
-        port = servers.metrics_port(state)
-        before, cpu_before, started = read_metrics(port) if port else None, process_cpu.snapshot(state["pid"]), \
-            time.monotonic()
+        port = servers.metrics_port(state)  # UnifiedServe's: its metrics and its processes are read too
+        before = (read_metrics(port), process_cpu.snapshot(state["pid"])) if port else None
+        started = time.monotonic()
         with GpuSampler() as gpu:
             records = asyncio.run(scenarios.run(name, target, inputs, args.requests, args.seed))
         base["gpu_busy"] = gpu.result
-        if port:  # which of UnifiedServe's processes were busy, and for how much of the scenario
-            base["process_busy"] = process_cpu.busy(cpu_before, process_cpu.snapshot(state["pid"]),
+        if before is not None:
+            # which of its processes were busy, for how much of the scenario
+            base["process_busy"] = process_cpu.busy(before[1], process_cpu.snapshot(state["pid"]),
                                                     time.monotonic() - started)
+            time.sleep(METRICS_SETTLE_S)  # the decode stage's own step beside the clients' TBT
+            base["server_metrics"] = decode_overhead(before[0], read_metrics(port),
+                                                     distribution([g for r in records for g in r.tbt_ms]))
         errors = [r.error for r in records if r.error]
         failed += len(errors)
-        if port:  # the decode stage's own step beside the clients' TBT: what the path to the client adds
-            time.sleep(METRICS_SETTLE_S)
-            base["server_metrics"] = decode_overhead(before, read_metrics(port),
-                                                     distribution([g for r in records for g in r.tbt_ms]))
         write(p["out"] / "raw" / system, name.replace("@", "_at_"),
               {**base, "records": [r.to_json() for r in records]})
         ttfts = [r.ttft_ms for r in records if r.ttft_ms is not None]

@@ -13,8 +13,8 @@ for UnifiedServe, the decode stage's mean step and batch from its metrics beside
 its processes' CPU time as a share of the scenario (``bench.peer.process_cpu``), and for both the GPU's busy share
 (``bench.peer.gpu_busy``),
 the goodput runs' best unloaded TTFT per request type, requests per rate and attainment tables (``bench.peer.slo``),
-the cross-check against ``vllm bench serve``, and every summary figure as UnifiedServe's over vLLM's (:func:`ratios`). The plots: ``bench.peer.plots``; UnifiedServe's steps and timelines:
-``bench.peer.timelines``.
+the cross-check against ``vllm bench serve``, and every summary figure as UnifiedServe's over vLLM's
+(:func:`ratios`). The plots: ``bench.peer.plots``; UnifiedServe's steps and timelines: ``bench.peer.timelines``.
 """
 from __future__ import annotations
 

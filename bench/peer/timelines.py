@@ -3,9 +3,9 @@ back (``return_timeline``; orchestrator/timeline.py).
 
 ``<out>/timelines.json``: per scenario of ``SCENARIOS``, the server's encode_prefill steps rebuilt from the timelines
 of all its requests (:func:`steps_of`); ``<out>/gantt_<scenario>.png``: the first request's Gantt chart
-(``bench/timeline_chart.py``); the raw records keep every timeline. Each request's timeline names only its own share of a step
-(its groups and prompt tokens), so a step is the set of shares with the same worker time, launched at about the same
-time (each request's clock starts at its own arrival, a few ms apart).
+(``bench/timeline_chart.py``); the raw records keep every timeline. Each request's timeline names only its own
+share of a step (its groups and prompt tokens), so a step is the set of shares with the same worker time, launched
+at about the same time (each request's clock starts at its own arrival, a few ms apart).
 """
 from __future__ import annotations
 
@@ -21,9 +21,9 @@ SAME_STEP_S = 0.05  # shares of one step: the same worker time, launch times apa
 def steps_of(records: list[dict]) -> list[dict]:
     """The encode_prefill steps that served ``records`` (raw records with ``timeline``), in launch order:
     ``launched_s`` from the scenario's start, ``worker_ms`` (the stage's own time for the step, its device work
-    included), the device's ``encode_ms`` and ``prefill_ms`` where the server measured them, ``encode_patches`` and ``prefill_tokens`` summed over the requests in it, ``requests``; and
-    ``decoding``: how many of the records had their first token before the step was launched (their decode steps
-    share the GPU with it)."""
+    included), the device's ``encode_ms`` and ``prefill_ms`` where the server measured them, ``encode_patches``
+    and ``prefill_tokens`` summed over the requests in it, ``requests``; and ``decoding``: how many of the records
+    had their first token before the step was launched (their decode steps share the GPU with it)."""
     steps: list[dict] = []
     firsts = [r["sent_s"] + r["ttft_ms"] / 1e3 for r in records if r.get("ttft_ms") is not None]
     for r in records:

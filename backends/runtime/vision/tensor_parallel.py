@@ -201,7 +201,8 @@ class VisionTensorParallel:
 
     def encode_many(self, items: Sequence[Item]) -> list[torch.Tensor]:
         """Each item ``(pixel_values float [t*h*w, 1176], grid_thw)`` through the split towers; returns the
-        embeddings ``[t*h*w / 4, hidden]`` in item order, on rank 0's device. Raises RuntimeError when a helper has exited or an encode failed."""
+        embeddings ``[t*h*w / 4, hidden]`` in item order, on rank 0's device. Raises RuntimeError when a helper has
+        exited or an encode failed."""
         dead = [str(d) for d, h in zip(self.devices[1:], self.helpers) if not h.alive]
         if dead and not self.broken:
             self._kill(f"the helper(s) on {dead} exited")
