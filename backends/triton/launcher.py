@@ -35,7 +35,7 @@ from typing import Callable
 
 from backends.ipc.run_dir import RUN_DIR_ENV
 from backends.openai.config import ApiConfig
-from backends.openai.process import ApiProcess, check_port_free
+from backends.openai.process import ApiProcess, check_port_free, default_openai_workers
 from backends.triton import launch_options, server_stop
 from backends.triton.deploy_config import DEFAULT_SHM_BYTES
 from backends.triton.load_progress import LoadProgress
@@ -238,8 +238,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--openai-address", default=None, help="where the OpenAI API listens (default: --address)")
     parser.add_argument("--openai-allow-http-media", action="store_true",
                         help="let the OpenAI API fetch http(s) image_url / video_url parts (off: refused)")
-    parser.add_argument("--openai-workers", type=int, default=1,
-                        help="processes serving the OpenAI API (each with its own connection to tritonserver)")
+    parser.add_argument("--openai-workers", type=int, default=default_openai_workers(),
+                        help="processes serving the OpenAI API (each with its own connection to tritonserver; "
+                             "default: one per 4 CPU cores, at most 4)")
     parser.add_argument("--openai-max-requests", type=int, default=0,
                         help="OpenAI API requests in flight at once per worker, more are answered 503 (0: no limit)")
     parser.add_argument("--log-stdout", action="store_true", help="server log to stdout instead of a file")

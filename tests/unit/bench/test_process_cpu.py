@@ -36,3 +36,12 @@ def test_gpu_busy_means_skip_lines_that_are_not_numbers():
     with GpuSampler() as sampler:  # no nvidia-smi on the CPU machines: nothing sampled, nothing raised
         pass
     assert sampler.result is None or sampler.result["samples"] >= 0
+
+
+def test_children_lists_a_child_with_its_command_line():
+    # how the OpenAI API's uvicorn workers are found and counted with it
+    with subprocess.Popen(["sleep", "30"]) as child:
+        try:
+            assert process_cpu.children(os.getpid())[child.pid] == ("sleep", b"sleep\x0030\x00")
+        finally:
+            child.kill()
