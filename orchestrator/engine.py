@@ -16,12 +16,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import AsyncIterator, Callable
 
 from backends.ipc.link import StageError
 from backends.ipc.protocol import (INVALID_INPUT, SERVER_FAULT, DecodeAdmit, DecodeStep, FirstToken, GroupReady,
                                    StageFailure)
+from flashcodec.sampling import groups_from
 from orchestrator.budget_policy import BudgetPolicy, Waiting, work_units
 from orchestrator.engine_io import SHUTTING_DOWN, EngineRequest, Output, Released, RequestState
 from orchestrator.pages import PagePool
@@ -113,14 +114,21 @@ class Engine:
         """Queue ``request`` (its media decodes start now); returns its output queue of ``Output``. Raises
         ValueError (from the scheduler) when its KV pages could never fit."""
         new = request.new
-        self.scheduler.add(Sequence(new.req_id, len(new.input_ids), new.max_tokens, list(request.groups),
-                                    request=new))
+        seq = Sequence(new.req_id, len(new.input_ids), new.max_tokens, list(request.groups), request=new,
+                       block_hashes=request.block_hashes)
+        self.scheduler.add(seq)
         tracked = self.requests[new.req_id] = _Tracked(request)
-        request.timeline.mark("engine_added", replica=self.index)
+        request.timeline.mark("engine_added", replica=self.index, cached_tokens=seq.num_cached_tokens)
         loop = asyncio.get_running_loop()
         for item, call in enumerate(request.media):
+            # admitted at once with groups of the item in its cached prefix: only the others are decoded
+            first = min((g.index for g in seq.groups if g.item == item and not g.encoded), default=None)
+            if first is None:
+                continue
+            if first:
+                call = replace(call, plan=groups_from(call.plan, first))
             replies = self.media.decode(call)  # queued now: an abort made later cannot overtake it
-            tracked.media_tasks.append(loop.create_task(self._run_media(tracked, item, replies)))
+            tracked.media_tasks.append(loop.create_task(self._run_media(tracked, item, replies, first)))
         self.wake.set()
         self.on_change()
         return tracked.outputs
@@ -330,19 +338,24 @@ class Engine:
                 tracked.outputs.put_nowait(Output(token))
 
     # ---- media --------------------------------------------------------------------------------------------
-    async def _run_media(self, tracked: _Tracked, item: int, replies: AsyncIterator[GroupReady]) -> None:
-        req_id, reported, bad = tracked.request.new.req_id, 0, []
+    async def _run_media(self, tracked: _Tracked, item: int, replies: AsyncIterator[GroupReady], first: int = 0
+                         ) -> None:
+        """Hands the groups that flashcodec reports for ``item`` to the scheduler; ``first``: the group the call's
+        plan starts at (those before are cached)."""
+        req_id, reported, bad = tracked.request.new.req_id, first, []
         try:
             async for ready in replies:
                 # The pages are ours from here on: a bad report frees them and the stream is read to its end.
+                index = ready.index + first
                 try:
-                    fresh = self.scheduler.group_ready(req_id, item, ready.index, list(ready.pages))
+                    report = self.scheduler.group_ready(req_id, item, index, list(ready.pages))
                 except (KeyError, ValueError) as exc:
                     self.patch_pages.free(ready.pages)
                     bad.append(str(exc))
                     continue
-                if fresh:
-                    tracked.request.timeline.mark("group_ready", item=item, index=ready.index, pages=len(ready.pages))
+                reported += report == "cached"  # in the prefix cache since it was admitted: not encoded
+                if report == "taken":
+                    tracked.request.timeline.mark("group_ready", item=item, index=index, pages=len(ready.pages))
                     reported += 1
                     tracked.patch_pages_held += len(ready.pages)
                     tracked.patch_pages_peak = max(tracked.patch_pages_peak, tracked.patch_pages_held)

@@ -32,14 +32,16 @@ class Output:
 
 @dataclass(frozen=True)
 class EngineRequest:
-    """A request ready to run: ``new`` (prompt, media grids, sampling), its media ``groups`` in prompt order, and
-    one ``MediaDecode`` call per media item with ``groups_per_item`` groups."""
+    """A request ready to run: ``new`` (prompt, media grids, sampling), its media ``groups`` in prompt order,
+    one ``MediaDecode`` call per media item with ``groups_per_item`` groups, and its prompt's ``block_hashes``
+    (``orchestrator.prefix_cache``; empty: no prefix caching)."""
 
     new: NewRequest
     groups: tuple[Group, ...]
     media: tuple[MediaDecode, ...] = ()
     groups_per_item: tuple[int, ...] = ()
     timeline: Timeline = NO_TIMELINE  # where its time goes, when the client asked (orchestrator.timeline)
+    block_hashes: tuple[bytes, ...] = ()
 
     @property
     def kind(self) -> str:

@@ -31,6 +31,9 @@ GAUGES = {
     "unifiedserve_requests_running": "requests in the server and not finished (those waiting for KV pages too)",
     "unifiedserve_requests_waiting": "requests not yet granted their KV pages (prompt + max_tokens, reserved at "
                                      "admission)",
+    "unifiedserve_prefix_cache_pages": "KV pages in the prefix cache (held by requests or idle), all replicas",
+    "unifiedserve_prefix_cache_idle_pages": "prefix-cache pages no request holds (evicted first when pages are "
+                                            "needed), all replicas",
 }
 # per replica of encode_prefill + decode (label "replica"); the unlabelled gauges above are their sums
 REPLICA_GAUGES = {
@@ -49,6 +52,10 @@ COUNTERS = {
     "unifiedserve_prompt_tokens_total": "prompt tokens (text and visual) of the requests that got a first token",
     "unifiedserve_generation_tokens_total": "tokens generated and handed to the clients' responses",
     "unifiedserve_scheduler_steps_total": "encode+prefill steps executed",
+    "unifiedserve_prefix_cache_queries_total": "prompt tokens of the requests granted KV pages (looked up in the "
+                                               "prefix cache)",
+    "unifiedserve_prefix_cache_hits_total": "prompt tokens found in the prefix cache (not computed again)",
+    "unifiedserve_prefix_cache_evictions_total": "KV pages evicted from the prefix cache",
 }
 TTFT = "unifiedserve_time_to_first_token_seconds"
 ITL = "unifiedserve_inter_token_latency_seconds"

@@ -12,7 +12,9 @@ from collections import defaultdict, deque
 from dataclasses import dataclass
 
 from backends.ipc.protocol import EncodeWork, PrefillWork, StepPlan
-from orchestrator.pages import PageAllocator, PagePool
+from orchestrator.admission import backfill
+from orchestrator.pages import PagePool
+from orchestrator.prefix_cache import CacheStats, PrefixCache
 from orchestrator.sequence import Group, Sequence
 
 
@@ -67,13 +69,16 @@ class Scheduler:
     encode + prefill steps.
 
     Pages: KV pages for prompt_len + max_tokens are taken at admission and kept until `remove`
-    (decode uses them). Patch pages are never reserved here: the media stage takes a group's pages
+    (decode uses them); the longest cached prefix of the prompt (``orchestrator.prefix_cache``: its full pages, by
+    the sequence's `block_hashes`) is shared, not taken, and counts as computed (vLLM's ``num_computed_tokens``
+    rule), so the budgets pay only for new work. Once a step has written a full prompt page, the page is cached.
+    Patch pages are never reserved here: the media stage takes a group's pages
     from the shared `patch_pages` free list once that group is decoded and hands them over by
     `group_ready`; they return once the group is encoded or its sequence removed. Pages that the step
     in flight uses return when it completes.
     """
 
-    def __init__(self, config: SchedulerConfig, kv_pages: PageAllocator, patch_pages: PagePool) -> None:
+    def __init__(self, config: SchedulerConfig, kv_pages: PrefixCache, patch_pages: PagePool) -> None:
         self.config = config
         self._kv = kv_pages
         self._patch = patch_pages
@@ -85,6 +90,7 @@ class Scheduler:
         self._announced: set[str] = set()  # sequences whose `request` went out in a plan
         self._held: set[str] = set()  # sequences being removed: planned no more, their pages kept until `remove`
         self._finished: list[str] = []  # announced sequences removed since the last plan
+        self._hits: dict[str, tuple[int, list[int]]] = {}  # req_id -> (cache version, its cached pages then)
 
     def add(self, seq: Sequence) -> None:
         """Queues a new sequence and grants it its KV pages at once when the admission rule lets it (`_admit`; a
@@ -107,12 +113,13 @@ class Scheduler:
         self._seqs[seq.req_id] = seq
         self._admit()
 
-    def group_ready(self, req_id: str, item: int, index: int, pages: list[int]) -> bool:
+    def group_ready(self, req_id: str, item: int, index: int, pages: list[int]) -> str:
         """The media stage reports group (item, index) of `req_id` ready in patch `pages`.
 
-        The scheduler owns the pages from here on. Returns False (and frees the pages) when the
-        request is no longer known: it was removed while its media was being decoded (so `add` a
-        sequence before its media stage starts).
+        The scheduler owns the pages from here on. Returns "taken"; "cached" (the pages freed) when the group's
+        tokens were found in the prefix cache, so it needs no encoding; "gone" (the pages freed) when the request is
+        no longer known: it was removed while its media was being decoded (so `add` a sequence before its media
+        stage starts).
 
         Raises:
             KeyError: no such group.
@@ -121,12 +128,15 @@ class Scheduler:
         seq = self._seqs.get(req_id)
         if seq is None:
             self._patch.free(pages)
-            return False
+            return "gone"
         group = seq.group(item, index)
-        if group.patch_pages is not None or group.encoded or not pages:
+        if group.patch_pages is not None or (group.encoded and not seq.cached(group)) or not pages:
             raise ValueError(f"{req_id}: group (item={item}, index={index}) reported twice or without pages")
+        if group.encoded:
+            self._patch.free(pages)
+            return "cached"
         group.patch_pages = list(pages)
-        return True
+        return "taken"
 
     def schedule(self, budgets: tuple[int, int] | None = None) -> StepPlan | None:
         """Admits what fits and plans the next step; None when nothing can run now. ``budgets``: this step's
@@ -185,6 +195,9 @@ class Scheduler:
             if seq is not None:
                 assert seq.num_computed_tokens == work.start, "chunks of a sequence must be contiguous"
                 seq.num_computed_tokens = work.end
+                page_size = self.config.kv_page_size
+                for k in range(work.start // page_size, min(work.end // page_size, len(seq.block_hashes))):
+                    self._kv.register(seq.block_table[k], seq.block_hashes[k])  # its KV is whole now
                 if seq.prefill_done:
                     finished.append(seq.req_id)
         for allocator, pages in self._deferred:
@@ -203,6 +216,7 @@ class Scheduler:
         so the decode worker must have dropped the sequence (finished or aborted) before.
         """
         self._held.discard(req_id)
+        self._hits.pop(req_id, None)
         seq = self._seqs.pop(req_id, None)
         if seq is None:
             return
@@ -252,6 +266,10 @@ class Scheduler:
             patch_pages_total=self._patch.num_total,
         )
 
+    def cache_stats(self) -> CacheStats:
+        """The prefix cache's counts (``PrefixCache.stats``)."""
+        return self._kv.stats()
+
     def _live(self, req_id: str) -> Sequence | None:
         """The sequence the step in flight planned for, unless it was removed (or replaced) since."""
         seq = self._seqs.get(req_id)
@@ -276,45 +294,47 @@ class Scheduler:
         return len(self._seqs) in self._admission(pages)
 
     def _admit(self) -> None:
-        """Grants KV pages in arrival order up to the first sequence that does not fit (the head). Later
-        sequences that fit may go ahead of it (backfill, as in EASY backfilling of batch schedulers) while the
-        pages held by sequences that arrived after the head stay within what the pool leaves over once the head
-        has its pages (pool - head's need). So the head is admitted at the latest when the sequences admitted
-        before it became the head have ended, whatever arrives after: small requests do not wait behind a large
-        one, and cannot starve it."""
-        order = list(self._seqs.values())
-        for i in self._admission():
-            order[i].block_table = self._kv.allocate(self.kv_pages_for(order[i].prompt_len + order[i].max_tokens))
+        """Grants KV pages by the admission rule (``orchestrator.admission.backfill``), a sequence's cached prefix
+        shared (`_cached_pages`), its groups in it counted as encoded."""
+        while granted := self._admission():  # one at a time: a grant may evict pages a later one would share
+            seq = list(self._seqs.values())[granted[0]]
+            hits = self._cached_pages(seq)
+            cached = len(hits) * self.config.kv_page_size
+            seq.block_table = self._kv.grant(hits, self.kv_pages_for(seq.prompt_len + seq.max_tokens) - len(hits),
+                                             seq.prompt_len, cached)
+            assert seq.block_table is not None, "_admission granted what the pool has"
+            self._hits.pop(seq.req_id, None)
+            seq.num_cached_tokens = seq.num_computed_tokens = cached
+            for group in seq.groups:
+                if seq.cached(group):  # its KV is there: nothing to encode
+                    group.encoded = True
+                    if group.patch_pages is not None:
+                        self._patch.free(group.patch_pages)
+                        group.patch_pages = None
+
+    def _cached_pages(self, seq: Sequence) -> list[int]:
+        """The cached pages a waiting sequence would share now: the longest cached prefix of its prompt, short of
+        its last token (whose logits prefill must compute); remembered until the cache changes. A media group the
+        prefix ends in is encoded again (whole) for its tokens after it."""
+        known = self._hits.get(seq.req_id)
+        if known is not None and known[0] == self._kv.version:
+            return known[1]
+        hits = self._kv.lookup(seq.block_hashes[:(seq.prompt_len - 1) // self.config.kv_page_size])
+        self._hits[seq.req_id] = (self._kv.version, hits)
+        return hits
 
     def _admission(self, new_pages: int | None = None) -> list[int]:
         """Arrival-order indices of the waiting sequences `_admit` grants pages to now, in that order; with
-        `new_pages`, a sequence needing that many is imagined arriving after all others (index len(seqs))."""
+        `new_pages`, a sequence needing that many is imagined arriving after all others (index len(seqs)). A
+        waiting sequence needs its pages less the cached ones other sequences hold (``PrefixCache.cost``)."""
         # a held sequence that has no pages is skipped as if granted nothing: it is never admitted
         needs = [(0, True) if seq.block_table is None and seq.req_id in self._held else
-                 (self.kv_pages_for(seq.prompt_len + seq.max_tokens), seq.block_table is not None)
+                 (self.kv_pages_for(seq.prompt_len + seq.max_tokens), True) if seq.block_table is not None else
+                 (self._kv.cost(self.kv_pages_for(seq.prompt_len + seq.max_tokens), self._cached_pages(seq)), False)
                  for seq in self._seqs.values()]
         if new_pages is not None:
             needs.append((new_pages, False))
-        granted, free, head = [], self._kv.num_free, None
-        for i, (need, admitted) in enumerate(needs):
-            if admitted:
-                continue
-            if need > free:
-                head = i
-                break
-            granted.append(i)
-            free -= need
-        if head is None:
-            return granted
-        later = range(head + 1, len(needs))
-        leftover = self._kv.num_total - needs[head][0] - sum(needs[i][0] for i in later if needs[i][1])
-        for i in later:
-            need, admitted = needs[i]
-            if not admitted and need <= min(leftover, free):
-                granted.append(i)
-                free -= need
-                leftover -= need
-        return granted
+        return backfill(needs, self._kv.num_free, self._kv.num_total)
 
     def _fill_encode(self, budget: int) -> list[EncodeWork]:
         """Whole ready groups up to ``budget`` patches, prompt order within a sequence, sequences FCFS (waiting ones

@@ -57,6 +57,10 @@ class Sequence:
         block_table: KV pages granted at admission; None while waiting.
         request: what the encode_prefill stage needs to know of the request, sent with the first step
             that has work for it (None: nothing, as in the scheduler's own tests).
+        block_hashes: one per full page of the prompt (``orchestrator.prefix_cache.block_hashes``; empty: the
+            prompt is neither looked up in the prefix cache nor cached).
+        num_cached_tokens: prompt tokens found in the prefix cache at admission (a multiple of the page size),
+            computed without a step.
 
     Raises:
         ValueError: inconsistent sizes or group layout.
@@ -69,6 +73,8 @@ class Sequence:
     num_computed_tokens: int = 0
     block_table: list[int] | None = None
     request: NewRequest | None = None
+    block_hashes: tuple[bytes, ...] = ()
+    num_cached_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.prompt_len < 1 or self.max_tokens < 1:
@@ -98,6 +104,10 @@ class Sequence:
         """Every prompt token has its KV written."""
         return self.num_computed_tokens == self.prompt_len
 
+    def cached(self, group: Group) -> bool:
+        """The group's tokens are all in the prefix found cached at admission (it is never encoded)."""
+        return group.token_end <= self.num_cached_tokens
+
     def group(self, item: int, index: int) -> Group:
         """The group named (item, index).
 
@@ -119,6 +129,8 @@ class Sequence:
             if group.token_end <= self.num_computed_tokens:
                 continue
             if not group.encoded and group.key not in encoding:
-                assert group.token_offset >= self.num_computed_tokens, "prefilled a token of an unencoded group"
-                return group.token_offset
+                # the tokens of an unencoded group before num_computed_tokens can only have come from the cache
+                assert group.token_offset >= self.num_computed_tokens or self.num_computed_tokens == \
+                    self.num_cached_tokens, "prefilled a token of an unencoded group"
+                return max(group.token_offset, self.num_computed_tokens)
         return self.prompt_len

@@ -30,9 +30,11 @@ from orchestrator.engine import Engine
 from orchestrator.engine_io import SHUTTING_DOWN, EngineRequest, Released
 from orchestrator.inputs import InputLimits, ParsedRequest
 from orchestrator.media import plan_request, probe_media
+from orchestrator.media_identity import media_identity
 from orchestrator.metrics import observe_engine_times
 from orchestrator.output_processor import OutputProcessor
 from orchestrator.pages import PageAllocator
+from orchestrator.prefix_cache import CacheConfig, block_hashes
 from orchestrator.prompt import Prompt, build_chat_prompt, build_raw_prompt
 from orchestrator.routing import choose
 from orchestrator.sampling_params import InvalidInput
@@ -55,7 +57,8 @@ class OrchestratorConfig:
     ``max_waiting_requests``: requests that may wait for KV pages at once (over all replicas); a request arriving
     beyond them is refused at once as overloaded (UNAVAILABLE) instead of queueing without bound.
     ``slo_scheduling``: each step's budgets set by ``orchestrator.budget_policy`` from the ``slo`` targets and
-    ``policy`` (off: the fixed budgets; off by default until measured against them on the H200)."""
+    ``policy`` (off: the fixed budgets; off by default until measured against them on the H200);
+    ``cache``: the prefix cache (``orchestrator.prefix_cache.CacheConfig``)."""
 
     scheduler: SchedulerConfig
     limits: InputLimits
@@ -66,6 +69,7 @@ class OrchestratorConfig:
     slo_scheduling: bool = False
     slo: SloTargets = SloTargets()
     policy: PolicyConfig = PolicyConfig()
+    cache: CacheConfig = CacheConfig()
 
     @classmethod
     def from_parameters(cls, params: dict[str, str]) -> "OrchestratorConfig":
@@ -82,7 +86,8 @@ class OrchestratorConfig:
                    params.get("model_path") or None, int_parameter(params, "replicas", 1),
                    int_parameter(params, "max_waiting_requests", cls.max_waiting_requests), switch == "true",
                    SloTargets.from_parameters(params),
-                   PolicyConfig(float_parameter(params, "decode_priority_boost", PolicyConfig.decode_priority_boost)))
+                   PolicyConfig(float_parameter(params, "decode_priority_boost", PolicyConfig.decode_priority_boost)),
+                   CacheConfig.from_parameters(params))
 
 
 @dataclass(frozen=True)
@@ -120,6 +125,7 @@ class Orchestrator:
         self.engines: list[Engine] = []
         self._ready: asyncio.Future | None = None
         self.stopping = False  # the server is stopping: no new work, no aborts to the stages
+        self._cache_counted: dict[str, int] = {}  # the prefix caches' counts already added to the counters
 
     # ---- start-up: the stages may still be loading, so the pools and engines start on first use ----------
     async def _start(self) -> None:
@@ -151,7 +157,7 @@ class Orchestrator:
                     f"with the launcher, which writes the replicas' models ({exc})"))) from exc
             config = SchedulerConfig(self.config.scheduler.encode_budget, self.config.scheduler.prefill_budget,
                                      self.config.scheduler.max_share, kv["shape"][3])
-            kv_pages = PageAllocator(kv["shape"][2] - RESERVED_KV_PAGES, "kv")
+            kv_pages = self.config.cache.pool(PageAllocator(kv["shape"][2] - RESERVED_KV_PAGES, "kv"))
             policy = (BudgetPolicy(config.encode_budget, config.prefill_budget, self.config.slo, self.config.policy)
                       if self.config.slo_scheduling else None)
             engines.append(Engine(
@@ -214,6 +220,14 @@ class Orchestrator:
         m.set("unifiedserve_patch_pages_total", self.patch_pages.num_total)
         m.set("unifiedserve_requests_running", sum(len(e.requests) for e in engines))
         m.set("unifiedserve_requests_waiting", self._waiting())
+        caches = [e.scheduler.cache_stats() for e in engines]
+        m.set("unifiedserve_prefix_cache_pages", sum(c.cached_pages for c in caches))
+        m.set("unifiedserve_prefix_cache_idle_pages", sum(c.idle_pages for c in caches))
+        for name, field in (("queries", "queried_tokens"), ("hits", "hit_tokens"), ("evictions", "evictions")):
+            total = sum(getattr(c, field) for c in caches)
+            if total != self._cache_counted.get(name, 0):
+                m.increment(f"unifiedserve_prefix_cache_{name}_total", by=total - self._cache_counted.get(name, 0))
+                self._cache_counted[name] = total
         for e in engines:
             m.set("unifiedserve_replica_kv_pages_free", e.scheduler.kv_pages_free, e.index)
             m.set("unifiedserve_replica_kv_pages_total", e.scheduler.kv_pages_total, e.index)
@@ -279,6 +293,9 @@ class Orchestrator:
         engine = choose(self.engines, kv_needed)
         if engine is None:  # every replica whose pool could hold it has lost its decode stream
             raise StageError(StageFailure(SERVER_FAULT, next(e.decode_ended for e in self.engines if e.decode_ended)))
+        hashes = ()
+        if self.config.cache.enabled:
+            hashes = await asyncio.to_thread(self._block_hashes, parsed, plans, prompt, engine.scheduler.config)
         req_id = uuid.uuid4().hex
         request = EngineRequest(
             NewRequest(req_id, prompt.input_ids,
@@ -289,8 +306,25 @@ class Orchestrator:
                   for item, layout in enumerate(prompt.media) for g in range(layout.num_groups)),
             tuple(MediaDecode(req_id, plan, data=media.data or None, path=media.path)
                   for media, plan in zip(parsed.media, plans)),
-            tuple(layout.num_groups for layout in prompt.media), timeline)
+            tuple(layout.num_groups for layout in prompt.media), timeline, hashes)
         return Admitted(req_id, parsed, prompt, engine, engine.add(request), cap)
+
+    @staticmethod
+    def _block_hashes(parsed: ParsedRequest, plans: list, prompt: Prompt, config: SchedulerConfig
+                      ) -> tuple[bytes, ...]:
+        """The prompt's ``block_hashes`` for the prefix cache, its media named by ``media_identity``.
+
+        Raises:
+            InvalidInput: a media file could not be read (it was probed just before).
+        """
+        spans = []
+        for item, plan, layout in zip(parsed.media, plans, prompt.media):
+            try:
+                identity = media_identity(item, plan)
+            except OSError as exc:
+                raise InvalidInput(f"{item.input_name}: {item.path} cannot be read ({exc.strerror})") from None
+            spans.append((layout.token_offset, layout.token_offset + layout.num_tokens, identity))
+        return block_hashes(prompt.input_ids, spans, config.kv_page_size)
 
     def _waiting(self) -> int:
         """Requests waiting for KV pages, all replicas."""

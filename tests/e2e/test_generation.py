@@ -121,7 +121,8 @@ def test_a_timeline_says_where_the_requests_time_went(grpc_url, stream):
     """return_timeline: the last response carries the request's events from parse to its final response, in order,
     with the encode_prefill steps that held its work."""
     with Client(grpc_url) as client:
-        result = client.generate("What is in the picture?", image=make_image(200, 150), sampling=GREEDY,
+        # an image no other request sends: not in the prefix cache
+        result = client.generate("What is in the picture?", image=make_image(216, 160 + 8 * stream), sampling=GREEDY,
                                  stream=stream, return_timeline=True)
         assert client.generate("Hi", sampling=GREEDY).timeline is None  # only when asked
     events = result.timeline["events"]
@@ -133,7 +134,8 @@ def test_a_timeline_says_where_the_requests_time_went(grpc_url, stream):
     assert [e["ms"] for e in events] == sorted(e["ms"] for e in events)
     steps = [e for e in events if e["event"] == "step"]
     prompt = events[2]
-    assert sum(s["prefill_tokens"] for s in steps) == prompt["tokens"] and prompt["visual_tokens"] > 0
+    cached = events[3]["cached_tokens"]  # the chat template's text before the image, when an earlier request had it
+    assert sum(s["prefill_tokens"] for s in steps) + cached == prompt["tokens"] and prompt["visual_tokens"] > 0
     assert sum(s["encode_groups"] for s in steps) == 1
     for step in steps:  # the device's time for its phases where the step waited for the device anyway
         if step["encode_groups"] or step is steps[-1]:  # the last one sampled the first token
@@ -175,8 +177,8 @@ def videos_decoded(server) -> tuple[str, dict[str, float]]:
 
 def test_each_video_counts_once_under_the_path_that_decoded_it(server, grpc_url, bunny):
     _, before = videos_decoded(server)
-    with Client(grpc_url) as client:
-        client.generate(QUESTION, video=bunny, sampling={**GREEDY, "max_tokens": 1})
+    with Client(grpc_url) as client:  # an fps no other test asks for: the video is not in the prefix cache
+        client.generate(QUESTION, video=bunny, sampling={**GREEDY, "max_tokens": 1, "fps": 1.75})
     deadline = time.monotonic() + 10
     while True:
         kind, after = videos_decoded(server)

@@ -130,3 +130,13 @@ def test_video_max_pixels_below_the_frame_minimum_names_max_pixels():
 def test_plan_image_rejects_bad_options():
     with pytest.raises(ValueError, match="max_pixels"):
         S.plan_image(ImageInfo(64, 64, "RGB", "PNG"), max_pixels=-5)
+
+
+def test_groups_from_keeps_the_later_groups_frames_renumbered():
+    plan = S.plan_video(cfr_info(64, 48, 250, 25.0))  # 10 s at 2 fps: 20 frames, 10 groups
+    tail = S.groups_from(plan, 7)
+    assert tail.num_groups == 3 and tail.grid_thw == (3, *plan.grid_thw[1:])
+    assert tail.frame_indices == plan.frame_indices[14:] and tail.frame_times_s == plan.frame_times_s[14:]
+    assert tail.patches_per_group == plan.patches_per_group and S.groups_from(plan, 0) == plan
+    with pytest.raises(ValueError, match="group 10"):
+        S.groups_from(plan, 10)

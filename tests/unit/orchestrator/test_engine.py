@@ -16,6 +16,7 @@ from orchestrator.budget_policy import BudgetPolicy, SloTargets
 from orchestrator.engine import Engine
 from orchestrator.engine_io import SHUTTING_DOWN, EngineRequest, Output, Released, RequestState
 from orchestrator.pages import PageAllocator
+from orchestrator.prefix_cache import PrefixCache
 from orchestrator.scheduler import Scheduler, SchedulerConfig
 from orchestrator.sequence import Group
 from orchestrator.timeline import NO_TIMELINE, Timeline
@@ -30,7 +31,7 @@ class World:
 
     def __init__(self, kv: int = 32, prefill_budget: int = 2048, policy: BudgetPolicy | None = None):
         self.log: list = []
-        self.kv, self.patch = PageAllocator(kv, "kv"), PageAllocator(8, "patch")
+        self.kv, self.patch = PrefixCache(PageAllocator(kv, "kv")), PageAllocator(8, "patch")
         self.stages, self.media = FakeStages(self.log), FakeMedia(self.log, self.patch)
         self.engine = Engine(0, Scheduler(SchedulerConfig(prefill_budget=prefill_budget, kv_page_size=PAGE),
                                           self.kv, self.patch), self.patch, self.stages, self.media,

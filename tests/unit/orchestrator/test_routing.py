@@ -1,6 +1,7 @@
 """Which replica's engine a new request goes to (orchestrator/routing.py)."""
 from orchestrator.engine import Engine
 from orchestrator.pages import PageAllocator
+from orchestrator.prefix_cache import PrefixCache
 from orchestrator.routing import choose
 from orchestrator.scheduler import Scheduler, SchedulerConfig
 from orchestrator.sequence import Sequence
@@ -8,7 +9,7 @@ from orchestrator.sequence import Sequence
 
 def replica(index: int, pages: int, requests: int = 0, used: int = 0) -> Engine:
     """An engine (never started: routing reads its scheduler and its requests) with ``requests`` requests."""
-    kv, patch = PageAllocator(pages, "kv"), PageAllocator(4, "patch")
+    kv, patch = PrefixCache(PageAllocator(pages, "kv")), PageAllocator(4, "patch")
     kv.allocate(used)
     engine = Engine(index, Scheduler(SchedulerConfig(), kv, patch), patch, stages=None, media=None)
     engine.requests.update({f"r{k}": None for k in range(requests)})

@@ -1,12 +1,13 @@
 import pytest
 
 from orchestrator.pages import PageAllocator
+from orchestrator.prefix_cache import PrefixCache
 from orchestrator.scheduler import Scheduler, SchedulerConfig, StepPlan
 from orchestrator.sequence import Group, Sequence
 
 
 def make(kv_pages=64, patch_pages=64, **config):
-    kv, patch = PageAllocator(kv_pages, "kv_pool"), PageAllocator(patch_pages, "patch_pool")
+    kv, patch = PrefixCache(PageAllocator(kv_pages, "kv_pool")), PageAllocator(patch_pages, "patch_pool")
     return Scheduler(SchedulerConfig(**config), kv, patch), kv, patch
 
 
@@ -197,7 +198,7 @@ def test_remove_mid_prefill_returns_everything_at_once():
     assert seq.num_computed_tokens == 16 and patch.num_free == 61
     sched.remove("v")
     assert kv.num_free == 64 and patch.num_free == 64
-    assert sched.group_ready("v", 0, 1, patch.allocate(4)) is False  # late report of a cancelled request
+    assert sched.group_ready("v", 0, 1, patch.allocate(4)) == "gone"  # late report of a cancelled request
     assert patch.num_free == 64
 
 

@@ -1,6 +1,7 @@
 """Property tests: random workloads (arrivals, media streaming in out of order, cancellations, also
-mid-step, decode holding KV pages; a third with budgets that change every step) driven through the scheduler,
-checking every plan.
+mid-step, decode holding KV pages; a third with budgets that change every step; a quarter whose prompts share
+prefixes, with a prefix cache bounded by a random floor and ceiling) driven through the scheduler, checking every
+plan and the KV pages' reference counts.
 
 As in the server, nothing reserves patch pages ahead: the simulated media stage takes a group's pages
 when it has "decoded" that group (and only if they are free: back-pressure), then reports it. Half the
@@ -13,6 +14,7 @@ import pytest
 
 from backends.ipc.shared_pages import SharedPageList
 from orchestrator.pages import PageAllocator
+from orchestrator.prefix_cache import PrefixCache
 from orchestrator.scheduler import Scheduler, SchedulerConfig
 from orchestrator.sequence import Group, Sequence
 
@@ -32,11 +34,32 @@ def random_sequence(rng, req_id, encode_budget):
     return Sequence(req_id, offset, rng.randint(1, 40), groups)
 
 
+def shared_prefixes(rng, seqs, page_size):
+    """Block hashes that make prompts share prefixes: each prompt follows one of two families up to a random
+    token, then its own hashes (a chain: once a page differs, every later one does)."""
+    for seq in seqs.values():
+        family, diverge = rng.randint(0, 1), rng.randint(0, seq.prompt_len)
+        seq.block_hashes = tuple(f"{family}:{k}".encode() if (k + 1) * page_size <= diverge
+                                 else f"{seq.req_id}:{k}".encode() for k in range(seq.prompt_len // page_size))
+
+
+def check_shared_pages(kv, live, config):
+    """Every held page is counted once in the free pages; a page in several block tables lies in the cached prefix
+    of all of its holders but (at most) the one that wrote it."""
+    holders = {}
+    for seq in live.values():
+        for k, page in enumerate(seq.block_table or ()):
+            holders.setdefault(page, []).append(k * config.kv_page_size < seq.num_cached_tokens)
+    assert kv.num_free == kv.num_total - len(holders), "KV pages leaked or counted twice"
+    for page, cached in holders.items():
+        assert cached.count(False) <= 1, f"page {page} shared outside a cached prefix"
+
+
 def demand_end(seq, encoding):
     """First prompt token whose embedding is not ready: an independent reading of the rule."""
     for group in seq.groups:
         if group.token_end > seq.num_computed_tokens and not group.encoded and group.key not in encoding:
-            return group.token_offset
+            return max(group.token_offset, seq.num_computed_tokens)  # a group a cached prefix ends in
     return seq.prompt_len
 
 
@@ -87,11 +110,12 @@ def check_plan(sched, config, plan, live, arrival):
         assert all(got[r] >= min(cap, demands[r]) for r in demands), "share cap not honoured"
 
 
-def check_admission(sched, config, live, arrival, newly_admitted):
+def check_admission(sched, config, live, arrival, newly_admitted, shared=False):
     """After schedule(): admission in arrival order with backfill. The first waiting sequence (the head) does not
     fit in the free pages; when sequences that arrived after it were admitted, all that arrived after it holds no
     more than the pool leaves over once the head has its pages; and no later sequence that fits in both the free
-    pages and that leftover is left waiting."""
+    pages and that leftover is left waiting. ``shared``: prompts share cached pages, so the scheduler counts what a
+    waiting sequence takes (its pages less those others hold), which the leftover check here cannot see."""
     by_arrival = sorted(live.values(), key=lambda s: arrival[s.req_id])
     waiting = [i for i, seq in enumerate(by_arrival) if seq.block_table is None]
     if not waiting:
@@ -101,7 +125,7 @@ def check_admission(sched, config, live, arrival, newly_admitted):
     assert need > sched.stats().kv_pages_free, "the first waiting sequence fits but was not admitted"
     later = [seq for seq in by_arrival[waiting[0] + 1:] if seq.block_table is not None]
     leftover = sched.stats().kv_pages_total - need - sum(len(seq.block_table) for seq in later)
-    if any(seq.req_id in newly_admitted for seq in later):
+    if any(seq.req_id in newly_admitted for seq in later) and not shared:
         assert leftover >= 0, "a later sequence went ahead into the pages the head needs"
     room = min(leftover, sched.stats().kv_pages_free)
     for seq in by_arrival[waiting[0] + 1:]:
@@ -127,7 +151,12 @@ def run_scenario(seed, tmp_path):
     seqs = {req_id: random_sequence(rng, req_id, config.encode_budget) for _, req_id in arrivals}
     need_kv = max(kv_pages(s, config) for s in seqs.values())
     group_pages = [-(-g.num_patches // patch_page_size) for s in seqs.values() for g in s.groups]
-    kv = PageAllocator(rng.randint(need_kv, 3 * need_kv), "kv_pool")
+    shared = seed % 4 == 1
+    floor = rng.randint(0, need_kv // 2) if shared else 0
+    kv = PrefixCache(PageAllocator(floor + rng.randint(need_kv, 3 * need_kv), "kv_pool"), floor,
+                     rng.choice([None, 0, need_kv // 3]) if shared else None)
+    if shared:
+        shared_prefixes(rng, seqs, config.kv_page_size)
     # Any pool that holds the largest group works (the orchestrator rejects larger groups at admission).
     num_patch_pages = max(group_pages, default=1) + rng.randint(0, 20)
     if seed % 2:
@@ -163,7 +192,7 @@ def run_scenario(seed, tmp_path):
             step_config = replace(config, encode_budget=budgets[0], prefill_budget=budgets[1])
         plan = sched.schedule(budgets)
         check_admission(sched, config, live, arrival,
-                        {r for r, seq in live.items() if seq.block_table is not None} - before)
+                        {r for r, seq in live.items() if seq.block_table is not None} - before, shared)
         if plan is None:
             check_idle(sched, live)
         else:
@@ -182,9 +211,8 @@ def run_scenario(seed, tmp_path):
                 sched.remove(req_id)
                 sched.remove(req_id)
                 del live[req_id], decoding[req_id]
-        held_kv = sum(len(s.block_table) for s in live.values() if s.block_table is not None)
+        check_shared_pages(kv, live, config)
         held_patch = sum(len(g.patch_pages) for s in live.values() for g in s.groups if g.patch_pages is not None)
-        assert kv.num_free + held_kv == kv.num_total, "KV pages leaked"
         assert patch.num_free + held_patch + in_decode_pages == patch.num_total, "patch pages leaked"
         if tick > arrivals[-1][0] and not live and not decoded:
             break
@@ -192,6 +220,8 @@ def run_scenario(seed, tmp_path):
         pytest.fail(f"seed {seed}: requests still unfinished after {MAX_TICKS} ticks (starvation?)")
     assert not sched.has_work() and sched.schedule() is None
     assert kv.num_free == kv.num_total and patch.num_free == patch.num_total
+    stats = kv.stats()
+    assert stats.idle_pages == stats.cached_pages and kv._pages.num_free + stats.idle_pages == kv._pages.num_total
     return tick
 
 

@@ -1,0 +1,34 @@
+"""A media item's identity for the prefix cache (issue 21, item 1): what it holds and how it becomes tokens,
+computed without decoding it.
+
+The content: the bytes of an item sent inline (or fetched), hashed whole (BLAKE2b, about 1 GB/s: 35 ms for the
+3-minute 720p test video); for a path, which ``allowed_media_dirs`` makes a trusted local file, its resolved path,
+size and modification time (nanoseconds), so that a file rewritten in place is a new item. The preprocessing: the
+item's sampling plan (``flashcodec.sampling.VideoPlan`` / ``ImagePlan``: frames chosen, their times, the resize
+and ``grid_thw``), which every parameter that changes the item's pixels or tokens (fps, pixel caps, the visual-token
+cap) ends up in. The model is the server's one.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+
+from flashcodec.sampling import ImagePlan, VideoPlan
+from orchestrator.inputs import MediaInput
+
+
+def media_identity(item: MediaInput, plan: VideoPlan | ImagePlan) -> bytes:
+    """16 bytes naming ``item``'s content and ``plan``: equal for equal content under the same plan.
+
+    Raises:
+        OSError: the path can no longer be read (it was probed just before).
+    """
+    digest = hashlib.blake2b(digest_size=16)
+    digest.update(item.kind.encode() + b"\0" + repr(plan).encode() + b"\0")
+    if item.path is not None:
+        path = os.path.realpath(item.path)
+        stat = os.stat(path)
+        digest.update(f"path\0{path}\0{stat.st_size}\0{stat.st_mtime_ns}".encode())
+    else:
+        digest.update(b"data\0" + item.data)
+    return digest.digest()
