@@ -8,9 +8,18 @@ before the burst is sent. A stream's stall shows in its TBT only while its reque
 (the closed loop sends the next as the last ends) that waits behind the burst shows it as its TTFT, so the mixed
 scenarios also give the text requests' TTFT max over those sent in the window, and the text tokens the streams got
 per second of the window.
+
+The cache scenarios (issue 21): ``followup``'s TTFT of the follow-up question alone (``ttft_ms``), of the first
+question (cold) and of the follow-up as a chat; ``multiturn``'s prefix-cache hit rate, the server's hit tokens over
+its looked-up tokens in the scenario (``prefix_hit_rate``; its counters' increase, ``bench.peer.prefix_cache``), and
+over the reusable tokens, the later questions' prompt tokens (``reusable_hit_rate``: near 1 when every later question
+finds its clip cached; the template's first tokens a first question shares with another clip's count as hits too),
+the TTFT p50 and p90 of the first questions and of the later ones, and the share of questions meeting both SLOs
+(``bench.peer.slo``) with the fastest first question of the scenario as every question's TTFT reference.
 """
 from __future__ import annotations
 
+from bench.peer import slo
 from bench.serve_bench import distribution
 
 
@@ -68,8 +77,41 @@ def mixed(records: list[dict], burst_kind: str) -> dict:
             f"{burst_kind}_ttft_max_ms": _stat(ttfts, "max")}
 
 
-def scenario_figures(name: str, records: list[dict]) -> dict:
-    """The summary's figures of scenario ``name`` (None where it was not run: no records, or its requests failed)."""
+def followup(records: list[dict]) -> dict:
+    """Figures of the followup scenario: the follow-up's TTFT alone, the first question's and the chat's (ms)."""
+    ttft = {kind: _stat([r["ttft_ms"] for r in _ok(records, kind)], "max")
+            for kind in ("first", "followup", "followup_chat")}
+    return {"ttft_ms": ttft["followup"], "first_ttft_ms": ttft["first"], "chat_ttft_ms": ttft["followup_chat"]}
+
+
+def question_of(record: dict) -> int:
+    """The question's place (0 first) of a multiturn record (kind ``clip<k>_q<j>``)."""
+    return int(record["kind"].rpartition("_q")[2])
+
+
+def multiturn(records: list[dict], prefix_cache: dict | None) -> dict:
+    """Figures of the multiturn scenario; ``prefix_cache``: the server's counters' increase over it (``queries``,
+    ``hits``, tokens), None where it has none (the hit rates are None then, as where it looked nothing up)."""
+    ok = [r for r in records if r.get("error") is None and r.get("token_s")]
+    first = [r["ttft_ms"] for r in ok if question_of(r) == 0]
+    later = [r["ttft_ms"] for r in ok if question_of(r) > 0]
+    reusable = sum(r.get("prompt_tokens") or 0 for r in records if question_of(r) > 0)
+    hits, queries = (prefix_cache or {}).get("hits"), (prefix_cache or {}).get("queries")
+    reference = {r["kind"]: min(first) for r in records} if first else None
+    return {"prefix_hit_rate": hits / queries if hits is not None and queries else None,
+            "reusable_hit_rate": hits / reusable if hits is not None and reusable else None,
+            "first_ttft_p50_ms": _stat(first, "p50"), "first_ttft_p90_ms": _stat(first, "p90"),
+            "later_ttft_p50_ms": _stat(later, "p50"), "later_ttft_p90_ms": _stat(later, "p90"),
+            "slo_attainment": slo.attainment(records, reference) if reference else None}
+
+
+def scenario_figures(name: str, records: list[dict], prefix_cache: dict | None = None) -> dict:
+    """The summary's figures of scenario ``name`` (None where it was not run: no records, or its requests failed);
+    ``prefix_cache``: the server's prefix-cache counters' increase over it (multiturn's hit rates)."""
+    if name == "followup":
+        return followup(records)
+    if name == "multiturn":
+        return multiturn(records, prefix_cache)
     if name == "video":
         return {"ttft_ms": _stat([r["ttft_ms"] for r in _ok(records, "video")], "max")}
     if name == "mixed_video":

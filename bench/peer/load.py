@@ -10,9 +10,10 @@ no text of its own, so only the ids count tokens; a chunk without ids (a server 
 as one token when it carries text, and the role-only first chunk as none.
 
 Workloads: :func:`closed_loop` (N streams, each sending its next request as soon as one ends, until told to stop
-or out of requests) and :func:`open_loop` (each request sent at its own time: a burst at one instant, or
-:func:`poisson_times` arrivals at a rate). Media go as ``image_url`` / ``video_url`` parts with ``file://`` URLs
-(both servers read them from an allowed folder) or ``data:`` URLs (:func:`media_url`).
+or out of requests; or sessions: several requests in a row on one stream, as the questions about one clip) and
+:func:`open_loop` (each request sent at its own time: a burst at one instant, or :func:`poisson_times` arrivals at
+a rate). Media go as ``image_url`` / ``video_url`` parts with ``file://`` URLs (both servers read them from an
+allowed folder) or ``data:`` URLs (:func:`media_url`).
 
 ``vllm bench serve`` (vLLM's own load generator) cannot send a local 3-minute video from a file nor mix arrivals
 of two request kinds; ``bench/peer/crosscheck.py`` runs it beside this generator on one shared text scenario.
@@ -36,16 +37,18 @@ REQUEST_TIMEOUT_S = 900.0  # a 10-minute video's prefill under load stays well i
 @dataclass(frozen=True)
 class ChatRequest:
     """One chat request: ``kind`` names its type for the figures ("text", "image", "video", ...);
-    ``parts`` is the user message's content (OpenAI parts); ``max_tokens`` its fixed output length (tokens)."""
+    ``parts`` is the last user message's content (OpenAI parts); ``max_tokens`` its fixed output length (tokens);
+    ``history`` the conversation's earlier messages (OpenAI message dicts; none: a one-message chat)."""
 
     kind: str
     parts: tuple[dict, ...]
     max_tokens: int
+    history: tuple[dict, ...] = ()
 
     def body(self, model: str, timeline: bool = False) -> dict:
         """The JSON body: streamed with usage, greedy, ``ignore_eos`` and ``return_token_ids`` (vLLM's extra
         fields, which UnifiedServe takes); with ``timeline``, UnifiedServe's ``return_timeline``."""
-        return {"model": model, "messages": [{"role": "user", "content": list(self.parts)}],
+        return {"model": model, "messages": [*self.history, {"role": "user", "content": list(self.parts)}],
                 "max_tokens": self.max_tokens, "temperature": 0, "ignore_eos": True, "return_token_ids": True,
                 "stream": True, "stream_options": {"include_usage": True}, **({"return_timeline": True} if timeline
                                                                               else {})}
@@ -162,24 +165,27 @@ async def open_loop(target: Target, schedule: list[tuple[float, ChatRequest]], s
         return list(await asyncio.gather(*(at(t, r) for t, r in schedule)))
 
 
-async def closed_loop(target: Target, streams: int, requests: list[ChatRequest] | ChatRequest,
+async def closed_loop(target: Target, streams: int,
+                      requests: list[ChatRequest | tuple[ChatRequest, ...]] | ChatRequest,
                       stop: asyncio.Event | None = None, start: float | None = None) -> list[RequestRecord]:
     """``streams`` streams at once, each sending its next request when its last one ends: the requests of
-    ``requests`` (a list, shared out in order) or, given one request, that request again and again until ``stop``
-    is set (a request running then still ends). Returns the records in the order they were sent."""
+    ``requests`` (a list, shared out in order; an item that is a tuple is a session, whose requests the stream that
+    takes it sends one after another) or, given one request, that request again and again until ``stop`` is set (a
+    request running then still ends; ``stop`` is read between sessions). Returns the records in the order they
+    were sent."""
     start = time.perf_counter() if start is None else start
-    queue = list(requests) if isinstance(requests, list) else None
+    queue = [r if isinstance(r, tuple) else (r,) for r in requests] if isinstance(requests, list) else None
     records: list[RequestRecord] = []
 
     async def stream(client: httpx.AsyncClient) -> None:
         while not (stop is not None and stop.is_set()):
             if queue is not None and not queue:
                 return
-            request = queue.pop(0) if queue is not None else requests
-            record = RequestRecord(request.kind, 0.0)
-            records.append(record)  # now, so the list keeps send order
-            sent = await send(client, target, request, start)
-            record.__dict__.update(sent.__dict__)
+            for request in queue.pop(0) if queue is not None else (requests,):
+                record = RequestRecord(request.kind, 0.0)
+                records.append(record)  # now, so the list keeps send order
+                sent = await send(client, target, request, start)
+                record.__dict__.update(sent.__dict__)
 
     async with new_client() as client:
         await asyncio.gather(*(stream(client) for _ in range(streams)))

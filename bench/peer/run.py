@@ -18,10 +18,19 @@ calls (each is started in a session of its own; ``<work>/state`` says where it i
     ... the same for vllm (and ``--scenarios crosscheck`` against it: ``vllm bench serve`` beside ours) ...
     python3 -m bench.peer.run summary
 
+Issue 21's cache scenarios, in a results folder of their own (``--out``), vLLM with its caches on:
+
+    python3 -m bench.peer.run start --systems unifiedserve         # its caches' settings as --server-arg, if any
+    python3 -m bench.peer.run scenarios --systems unifiedserve --scenarios followup multiturn
+    python3 -m bench.peer.run stop --systems unifiedserve
+    python3 -m bench.peer.run start --systems vllm --vllm-caches
+    ... scenarios and stop as for unifiedserve (both with the same --clips, --clip-seconds, --questions, --streams)
+
 Scenarios (``bench/peer/scenarios.py``): video, mixed_video, mixed_images, text_c1, text_c32, images16;
 ``goodput_<long_video|video|images>@unloaded`` and ``@<rate>`` (requests/s), or ``goodput_<workload>`` for the
-unloaded pass and every default rate; ``crosscheck`` (``bench/peer/crosscheck.py``). bench/peer/README.md gives
-the device-call sequence.
+unloaded pass and every default rate; ``crosscheck`` (``bench/peer/crosscheck.py``); followup, multiturn.
+Every scenario's raw JSON holds the server's command line and its prefix-cache counters' increase
+(``bench/peer/prefix_cache.py``; None where it has none). bench/peer/README.md gives the device-call sequence.
 """
 from __future__ import annotations
 
@@ -41,7 +50,7 @@ import torch  # noqa: E402
 
 from bench.common import header, write  # noqa: E402
 from bench.serve_bench import decode_overhead, distribution, read_metrics  # noqa: E402
-from bench.peer import crosscheck, process_cpu, scenarios, servers  # noqa: E402
+from bench.peer import crosscheck, prefix_cache, process_cpu, scenarios, servers  # noqa: E402
 from bench.peer.checkpoint import write_checkpoint  # noqa: E402
 from bench.peer.gpu_busy import GpuSampler  # noqa: E402
 from bench.peer.load import Target, closed_loop  # noqa: E402
@@ -63,7 +72,7 @@ def prepare(args: argparse.Namespace) -> scenarios.Inputs:
     p = paths(args)
     if not args.smoke and not (p["checkpoint"] / "config.json").exists():
         write_checkpoint(p["checkpoint"])
-    inputs = scenarios.build_inputs(p["media"], args.smoke)
+    inputs = scenarios.build_inputs(p["media"], args.smoke, args.clips, args.clip_seconds)
     print(f"media {p['media']}" + ("" if args.smoke else f", checkpoint {p['checkpoint']}"), flush=True)
     return inputs
 
@@ -80,7 +89,7 @@ def server_version(system: str, url: str) -> str | None:
 def start(args: argparse.Namespace, system: str) -> None:
     """Start ``system``, wait until its API answers, record its version, send the warm-up requests."""
     p = paths(args)
-    argv, env = servers.command(system, p["checkpoint"], p["media"], args.smoke, args.server_args)
+    argv, env = servers.command(system, p["checkpoint"], p["media"], args.smoke, args.server_args, args.vllm_caches)
     pythonpath = args.vllm_site if system == "vllm" else None
     state = servers.start(system, argv, env, p["state"], p["out"] / "logs" / f"{system}.log", pythonpath,
                           args.ready_timeout)
@@ -117,7 +126,7 @@ def run_scenarios(args: argparse.Namespace, system: str) -> int:
     failed = 0
     for name in expand(args.scenarios or list(scenarios.FIXED)):
         base = {**header(device), "system": system, "server_version": state["version"], "scenario": name,
-                "smoke": args.smoke, "setup": asdict(inputs.setup)}
+                "smoke": args.smoke, "setup": asdict(inputs.setup), "server_argv": state["argv"]}
         if name == "crosscheck":
             result = asyncio.run(crosscheck.run(target, p["checkpoint"], p["out"] / "raw" / system / "crosscheck",
                                                 args.vllm_site))
@@ -126,9 +135,11 @@ def run_scenarios(args: argparse.Namespace, system: str) -> int:
             continue
         port = servers.metrics_port(state)  # UnifiedServe's: its metrics and its processes are read too
         before = (read_metrics(port), process_cpu.snapshot(state["pid"])) if port else None
+        cache_before = prefix_cache.read(system, state)
         started = time.monotonic()
         with GpuSampler() as gpu:
-            records = asyncio.run(scenarios.run(name, target, inputs, args.requests, args.seed))
+            records = asyncio.run(scenarios.run(name, target, inputs, args.requests, args.seed, args.questions,
+                                                args.streams))
         base["gpu_busy"] = gpu.result
         if before is not None:
             # which of its processes were busy, for how much of the scenario
@@ -137,6 +148,8 @@ def run_scenarios(args: argparse.Namespace, system: str) -> int:
             time.sleep(METRICS_SETTLE_S)  # the decode stage's own step beside the clients' TBT
             base["server_metrics"] = decode_overhead(before[0], read_metrics(port),
                                                      distribution([g for r in records for g in r.tbt_ms]))
+        # vLLM's counters are current at once: a request's lookup reaches its API with the request's first outputs
+        base["prefix_cache"] = prefix_cache.increase(cache_before, prefix_cache.read(system, state))
         errors = [r.error for r in records if r.error]
         failed += len(errors)
         write(p["out"] / "raw" / system, name.replace("@", "_at_"),
@@ -161,6 +174,15 @@ def main() -> None:
                         help="seconds a server may take to load (a device call lasts at most 600 s)")
     parser.add_argument("--requests", type=int, help="requests per goodput rate (default: per workload)")
     parser.add_argument("--seed", type=int, default=0, help="the goodput arrivals' and output lengths' seed")
+    parser.add_argument("--clips", type=int, default=scenarios.MULTITURN_CLIPS, help="multiturn's distinct clips")
+    parser.add_argument("--clip-seconds", type=int, default=scenarios.CLIP_SECONDS,
+                        help="multiturn's clip length (s, a multiple of 20)")
+    parser.add_argument("--questions", type=int, default=scenarios.MULTITURN_QUESTIONS,
+                        help=f"multiturn's questions per clip (at most {len(scenarios.QUESTIONS)})")
+    parser.add_argument("--streams", type=int, default=scenarios.MULTITURN_STREAMS,
+                        help="multiturn's clips asked about at once (each clip's questions one after another)")
+    parser.add_argument("--vllm-caches", action="store_true",
+                        help="start vLLM with its prefix and processor caches on (issue 21's cache scenarios)")
     parser.add_argument("--server-arg", action="append", default=[], dest="server_args", metavar="ARG",
                         help="one more argument for the server's command line (repeatable; e.g. --server-arg=--set "
                              "--server-arg=orchestrator.encode_budget=61440)")

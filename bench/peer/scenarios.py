@@ -15,10 +15,23 @@ are the serve bench's (``Setup``: video 128, images 128, text 256 tokens; smoke 
 | ``images16`` | 16 one-image requests at once |
 | ``goodput_<workload>@unloaded`` | each request type of the workload alone, ``UNLOADED_REPEATS`` times |
 | ``goodput_<workload>@<rate>`` | Poisson arrivals at ``rate`` requests/s (``--requests`` of them, seeded) |
+| ``followup`` | a first question about a 3-minute video; once it has ended, a new question about the same video alone |
+|  | (kind ``followup``), then as a chat: the first question, a fixed answer, the new question (``followup_chat``) |
+| ``multiturn`` | ``questions`` questions about each of the ``clips`` clips, a clip's one after another (a session), |
+|  | ``streams`` sessions at once (kinds ``clip<k>_q<j>``) |
 
 Goodput workloads (each request a question with an output length drawn from 64..512 tokens): ``long_video``
 (the 8-minute video), ``video`` (the 3-minute one), ``images`` (1 or 2 images of one of three sizes: six request
 types, the type is the unit of the TTFT SLO).
+
+The cache scenarios (issue 21: a question again about the same media) draw on videos of their own, so that no cache
+keyed by content holds them from the warm-up or another scenario (:func:`distinct_video`): ``followup`` a 3-minute
+video like ``video``'s, ``multiturn`` ``clips`` clips of ``clip_seconds`` each (default 6 of 20 s at 720p: about
+12,000 prompt tokens each, 71,000 in all). For the clips to outgrow a cache, make ``clips`` x the tokens of a clip
+pass its size (vLLM logs its KV pool's tokens at start, "GPU KV cache size"; UnifiedServe's prefix region has its
+own ceiling); ``streams`` bounds the clips in use at once, the working set a cache must hold for the later questions
+to hit. The follow-up chat's assistant turn is a fixed text, not the model's answer: with dummy weights an answer is
+noise, a different noise on each system; one text keeps both systems' prompts the same.
 """
 from __future__ import annotations
 
@@ -46,6 +59,17 @@ GOODPUT_RATES = {"long_video": (0.02, 0.04, 0.06, 0.08), "video": (0.04, 0.08, 0
 GOODPUT_REQUESTS = {"long_video": 12, "video": 16, "images": 48}  # per rate, by default
 FIXED = ("video", "mixed_video", "mixed_images", "text_c1", "text_c32", "images16")
 WORKLOADS = tuple(GOODPUT_RATES)
+CACHED = ("followup", "multiturn")  # issue 21's, run with the systems' caches on (bench/peer/README.md)
+QUESTIONS = (QUESTION, "What happens first in this clip?", "Which animals appear, and what do they do?",
+             "Describe the setting, its colours and its light.", "What is the mood of the scene, and why?",
+             "What happens last in this clip?")  # the multiturn scenario's, in order; the follow-up's is QUESTIONS[-1]
+FOLLOWUP_ANSWER = ("A big grey rabbit walks out of his burrow into a sunny meadow, stretches, smells a flower and "
+                   "watches a butterfly, while three small rodents watch him from a tree.")
+MULTITURN_CLIPS = 6
+MULTITURN_QUESTIONS = 4
+MULTITURN_STREAMS = 3
+CLIP_SECONDS = 20  # build_video's lengths are multiples of its 20-s base clip
+DISTINCT_KBPS = 8  # the bit rate step (kb/s) between distinct encodings of one video spec
 
 
 @dataclass(frozen=True)
@@ -57,16 +81,32 @@ class Inputs:
     long_video: Path
     images: tuple[Path, ...]
     goodput_images: dict[tuple[int, int], tuple[Path, ...]]
+    followup_video: Path
+    clips: tuple[Path, ...]
 
 
-def build_inputs(media: Path, smoke: bool) -> Inputs:
-    """Build (or reuse, when already there) the media in ``media``: a few minutes on first use for the full set."""
+def build_inputs(media: Path, smoke: bool, clips: int = MULTITURN_CLIPS, clip_seconds: int = CLIP_SECONDS
+                 ) -> Inputs:
+    """Build (or reuse, when already there) the media in ``media``: a few minutes on first use for the full set;
+    ``clips`` clips of ``clip_seconds`` s (a multiple of 20) for the multiturn scenario."""
     setup = SMOKE_SETUP if smoke else FULL_SETUP
     video, images = build_media(media, setup)
     long_video = video if smoke else build_video(media, "bunny_720p_480s", LONG_VIDEO)
     sizes = ((160, 90), (320, 180), (480, 270)) if smoke else GOODPUT_IMAGE_SIZES
     resized = {size: tuple(_resized(p, size) for p in images) for size in sizes}
-    return Inputs(setup, video, long_video, tuple(images), resized)
+    clip = (*setup.video[:-1], clip_seconds / 60)
+    return Inputs(setup, video, long_video, tuple(images), resized, distinct_video(media, setup.video, 1),
+                  tuple(distinct_video(media, clip, 2 + k) for k in range(clips)))
+
+
+def distinct_video(media: Path, spec: tuple, k: int) -> Path:
+    """``spec``'s video (a ``build_video`` spec) encoded at ``k`` x ``DISTINCT_KBPS`` kb/s more: the same size,
+    length and prompt tokens, other pixels and bytes, so that no cache keyed by content holds it from the requests
+    about another. Built in ``media`` on first use."""
+    codec, width, height, rate, preset, minutes = spec
+    rate += k * DISTINCT_KBPS * 1000
+    return build_video(media, f"bunny_{height}p_{round(minutes * 60)}s_{rate // 1000}k",
+                       (codec, width, height, rate, preset, minutes))
 
 
 def _resized(image: Path, size: tuple[int, int]) -> Path:
@@ -104,6 +144,27 @@ async def mixed(target: Target, inputs: Inputs, burst: list[ChatRequest]) -> lis
     return arrived + streams
 
 
+async def followup(target: Target, inputs: Inputs) -> list[RequestRecord]:
+    """The ``followup`` scenario, one request after another: the first question (kind ``first``) about
+    ``inputs.followup_video``, a new question about it alone (``followup``), then the chat of the first question,
+    ``FOLLOWUP_ANSWER`` and the new question (``followup_chat``)."""
+    url, tokens = media_url(inputs.followup_video), inputs.setup.video_tokens
+    first = ChatRequest("first", chat_parts(QUESTION, videos=[url]), tokens)
+    alone = ChatRequest("followup", chat_parts(QUESTIONS[-1], videos=[url]), tokens)
+    chat = ChatRequest("followup_chat", chat_parts(QUESTIONS[-1]), tokens, history=(
+        {"role": "user", "content": list(first.parts)}, {"role": "assistant", "content": FOLLOWUP_ANSWER}))
+    return await closed_loop(target, 1, [first, alone, chat])
+
+
+def multiturn_sessions(inputs: Inputs, questions: int) -> list[tuple[ChatRequest, ...]]:
+    """Per clip of ``inputs.clips`` the first ``questions`` of ``QUESTIONS`` about it, in order (kind
+    ``clip<k>_q<j>``). Raises ValueError for more questions than ``QUESTIONS`` holds."""
+    if not 1 <= questions <= len(QUESTIONS):
+        raise ValueError(f"{questions} questions per clip: 1 to {len(QUESTIONS)}")
+    return [tuple(ChatRequest(f"clip{k}_q{j}", chat_parts(q, videos=[media_url(clip)]), inputs.setup.video_tokens)
+                  for j, q in enumerate(QUESTIONS[:questions])) for k, clip in enumerate(inputs.clips)]
+
+
 def goodput_requests(workload: str, inputs: Inputs, count: int, seed: int) -> list[ChatRequest]:
     """``count`` requests of ``workload`` with seeded output lengths (and image counts and sizes)."""
     rng = random.Random(seed)
@@ -131,9 +192,10 @@ def unloaded_requests(workload: str, inputs: Inputs) -> list[ChatRequest]:
     return [ChatRequest(r.kind, r.parts, OUTPUT_TOKENS[0]) for r in kinds] * UNLOADED_REPEATS
 
 
-async def run(name: str, target: Target, inputs: Inputs, requests: int | None = None, seed: int = 0
-              ) -> list[RequestRecord]:
-    """Run scenario ``name`` (a row of the module's table) against ``target``; returns its records. Raises
+async def run(name: str, target: Target, inputs: Inputs, requests: int | None = None, seed: int = 0,
+              questions: int = MULTITURN_QUESTIONS, streams: int = MULTITURN_STREAMS) -> list[RequestRecord]:
+    """Run scenario ``name`` (a row of the module's table) against ``target``; returns its records. ``requests``
+    and ``seed``: the goodput runs'; ``questions`` per clip and ``streams`` (sessions at once): multiturn's. Raises
     ValueError for an unknown name."""
     s = inputs.setup
     if name == "video":
@@ -148,9 +210,13 @@ async def run(name: str, target: Target, inputs: Inputs, requests: int | None = 
         return await open_loop(target, [(0.0, text_request(inputs))] * 32)
     if name == "images16":
         return await open_loop(target, [(0.0, image_request(p, s.image_tokens)) for p in inputs.images])
+    if name == "followup":
+        return await followup(target, inputs)
+    if name == "multiturn":
+        return await closed_loop(target, streams, multiturn_sessions(inputs, questions))
     workload, _, rate = name.removeprefix("goodput_").partition("@")
     if not name.startswith("goodput_") or workload not in WORKLOADS or not rate:
-        raise ValueError(f"unknown scenario {name!r}: one of {FIXED} or "
+        raise ValueError(f"unknown scenario {name!r}: one of {FIXED + CACHED} or "
                          f"goodput_<{'|'.join(WORKLOADS)}>@<rate|unloaded>")
     if rate == "unloaded":  # one at a time
         return await closed_loop(target, 1, unloaded_requests(workload, inputs))

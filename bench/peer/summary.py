@@ -1,14 +1,17 @@
 """``summary.json`` and ``report.json`` of the peer benchmark, from its raw records (``<out>/raw/<system>/*.json``).
 
-``summary.json`` holds exactly issue 19's Targets keys: ``date``, ``device``, ``versions`` and per system
+``summary.json`` holds issue 19's Targets keys: ``date``, ``device``, ``versions`` and per system
 ``video.ttft_ms``; ``mixed_video.{text_only_tbt_p99_ms, text_tbt_window_p99_ms, text_tbt_window_max_ms,
 video_ttft_ms}``; ``mixed_images.{text_tbt_window_p99_ms, image_ttft_max_ms}`` (and both mixed scenarios'
 ``text_ttft_window_max_ms`` and ``text_tokens_window_per_s``: the stall a text request sent in the window sees, and
 what the streams got, ``bench.peer.figures``);
 ``goodput.{long_video, video, images}.max_rate_rps``; and issue 20's ``text_c1.{ttft_ms, tbt_mean_ms}``,
-``text_c32.{ttft_p50_ms, tbt_mean_ms, tbt_p99_ms}``, ``images16.{ttft_p50_ms, ttft_max_ms}`` (ms unless named;
-null where a scenario was not run or its requests failed). ``report.json`` holds what backs them: per system and
-scenario the request and error counts, the prompt tokens per request kind (both systems must count the same) and,
+``text_c32.{ttft_p50_ms, tbt_mean_ms, tbt_p99_ms}``, ``images16.{ttft_p50_ms, ttft_max_ms}``; issue 21's
+``followup.ttft_ms`` (with ``first_ttft_ms``, ``chat_ttft_ms``) and ``multiturn.prefix_hit_rate`` (with
+``reusable_hit_rate``, the first and later questions' TTFT p50 and p90, ``slo_attainment``: ``bench.peer.figures``)
+(ms unless named; null where a scenario was not run or its requests failed). ``report.json`` holds what backs them:
+per system and scenario the request and error counts, the server's command line, its prefix-cache counters' increase
+(``bench.peer.prefix_cache``), the prompt tokens per request kind (both systems must count the same) and,
 for UnifiedServe, the decode stage's mean step and batch from its metrics beside the clients' TBT mean and each of
 its processes' CPU time as a share of the scenario (``bench.peer.process_cpu``), and for both the GPU's busy share
 (``bench.peer.gpu_busy``),
@@ -24,7 +27,7 @@ from pathlib import Path
 from bench.common import write
 from bench.peer import figures, slo
 from bench.peer.plots import write_plots
-from bench.peer.scenarios import FIXED, WORKLOADS
+from bench.peer.scenarios import CACHED, FIXED, WORKLOADS
 from bench.peer.timelines import write_timelines
 from bench.peer.servers import SYSTEMS
 
@@ -61,8 +64,9 @@ def system_figures(runs: dict[str, dict]) -> tuple[dict, dict]:
     """(the system's summary figures, its report)."""
     summary: dict = {}
     report: dict = {"scenarios": {}, "goodput": {}}
-    for name in FIXED:
-        summary[name] = figures.scenario_figures(name, runs.get(name, {}).get("records", []))
+    for name in FIXED + CACHED:
+        data = runs.get(name, {})
+        summary[name] = figures.scenario_figures(name, data.get("records", []), data.get("prefix_cache"))
     for name, data in runs.items():
         if "records" in data:
             records = data["records"]
@@ -74,7 +78,8 @@ def system_figures(runs: dict[str, dict]) -> tuple[dict, dict]:
             report["scenarios"][name] = {"requests": len(records),
                                          "errors": sum(r.get("error") is not None for r in records),
                                          "prompt_tokens": tokens,
-                                         **{key: data[key] for key in ("server_metrics", "process_busy", "gpu_busy")
+                                         **{key: data[key] for key in ("server_metrics", "process_busy", "gpu_busy",
+                                                                       "prefix_cache", "server_argv")
                                             if data.get(key) is not None}}
         elif name == "crosscheck":
             report["crosscheck"] = {k: v for k, v in data.items() if k in ("workload", "vllm_bench_serve", "ours",

@@ -1,6 +1,7 @@
 """The peer benchmark's harness (bench/peer) against the real server with the tiny model, through the OpenAI API:
-its scenarios run, every request's tokens and usage are recorded, and summary.json has exactly issue 19's keys.
-Small inputs (a 10-frame video, four 160x90 images) keep it short; no speed is judged here."""
+its scenarios run, every request's tokens and usage are recorded, and summary.json has exactly the issues' keys.
+Small inputs (10-frame videos, four 160x90 images) keep it short; no speed is judged here. The cache scenarios
+(issue 21) run through a server without a prefix cache: their hit rates read None, their TTFTs are there."""
 from __future__ import annotations
 
 import asyncio
@@ -8,7 +9,7 @@ import json
 
 import pytest
 
-from bench.peer import scenarios
+from bench.peer import prefix_cache, scenarios
 from bench.peer.load import Target
 from bench.peer.summary import write_summary
 from bench.serve_bench import SMOKE_SETUP
@@ -27,6 +28,9 @@ SUMMARY_KEYS = {
     "text_c1": {"ttft_ms", "tbt_mean_ms"},
     "text_c32": {"ttft_p50_ms", "tbt_mean_ms", "tbt_p99_ms"},
     "images16": {"ttft_p50_ms", "ttft_max_ms"},
+    "followup": {"ttft_ms", "first_ttft_ms", "chat_ttft_ms"},
+    "multiturn": {"prefix_hit_rate", "reusable_hit_rate", "first_ttft_p50_ms", "first_ttft_p90_ms",
+                  "later_ttft_p50_ms", "later_ttft_p90_ms", "slo_attainment"},
 }
 
 
@@ -44,19 +48,41 @@ def inputs(media_dir):
     for k in range(4):
         images.append(media_dir / f"peer_{k}.jpg")
         images[-1].write_bytes(make_image(160 + 16 * k, 90, "RGB", "JPEG"))
-    return scenarios.Inputs(SMOKE_SETUP, video, video, tuple(images), {(160, 90): tuple(images[:2])})
+    clips = []
+    for k in range(3):  # distinct lengths: distinct clips
+        clips.append(media_dir / f"peer_clip_{k}.mp4")
+        make_video(clips[-1], width=64, height=48, num_frames=8 + 2 * k)
+    return scenarios.Inputs(SMOKE_SETUP, video, video, tuple(images), {(160, 90): tuple(images[:2])}, video,
+                            tuple(clips))
 
 
-def test_scenarios_record_every_token_and_the_summary_has_the_issues_keys(target, inputs, tmp_path):
-    names = ["text_c1", "images16", "video", "mixed_images", "goodput_images@unloaded", "goodput_images@1"]
+def test_scenarios_record_every_token_and_the_summary_has_the_issues_keys(server, target, inputs, tmp_path):
+    names = ["text_c1", "images16", "video", "mixed_images", "goodput_images@unloaded", "goodput_images@1",
+             "followup", "multiturn"]
+    state = {"argv": ["--metrics-port", str(server.ports.metrics)], "url": target.url}  # as bench.peer.servers keeps
+    by_name = {}
     for name in names:
-        records = asyncio.run(scenarios.run(name, target, inputs, requests=3))
+        before = prefix_cache.read("unifiedserve", state)
+        records = asyncio.run(scenarios.run(name, target, inputs, requests=3, questions=3, streams=2))
         assert records and all(r.error is None for r in records), [r.error for r in records]
         for r in records:  # ignore_eos: every requested token arrives, each with its own arrival time
             assert r.output_tokens == len(r.token_s) > 0 and r.prompt_tokens > 0
+        by_name[name] = records
         write(tmp_path / "raw" / "unifiedserve", name.replace("@", "_at_"),
               {"system": "unifiedserve", "scenario": name, "date": "today", "device": "cpu", "versions": {},
-               "server_version": None, "records": [r.to_json() for r in records]})
+               "server_version": None, "records": [r.to_json() for r in records],
+               "prefix_cache": prefix_cache.increase(before, prefix_cache.read("unifiedserve", state))})
+    first, alone, chat = by_name["followup"]
+    assert (first.kind, alone.kind, chat.kind) == ("first", "followup", "followup_chat")
+    assert first.sent_s + first.done_s <= alone.sent_s  # the follow-up waits for the first answer
+    assert chat.prompt_tokens > first.prompt_tokens + 20  # the first question, the answer and the new question
+    asked = {}
+    for r in by_name["multiturn"]:  # a clip's questions one after another, in order
+        clip, _, question = r.kind.partition("_q")
+        assert int(question) == len(asked.setdefault(clip, []))
+        assert not asked[clip] or asked[clip][-1].sent_s + asked[clip][-1].done_s <= r.sent_s
+        asked[clip].append(r)
+    assert {clip: len(v) for clip, v in asked.items()} == {"clip0": 3, "clip1": 3, "clip2": 3}
     summary = json.loads(write_summary(tmp_path).read_text())
     assert set(summary) == {"date", "device", "versions", "systems"}
     figures = summary["systems"]["unifiedserve"]
@@ -66,6 +92,9 @@ def test_scenarios_record_every_token_and_the_summary_has_the_issues_keys(target
     assert figures["mixed_images"]["text_tbt_window_p99_ms"] is not None  # the streams decoded beside the images
     assert figures["mixed_images"]["text_tokens_window_per_s"] > 0
     assert figures["goodput"]["images"]["max_rate_rps"] in (None, 1.0)
+    assert figures["followup"]["ttft_ms"] > 0 and figures["followup"]["chat_ttft_ms"] > 0
+    assert figures["multiturn"]["later_ttft_p90_ms"] > 0 and 0 <= figures["multiturn"]["slo_attainment"] <= 1
+    assert figures["multiturn"]["prefix_hit_rate"] is None or 0 <= figures["multiturn"]["prefix_hit_rate"] <= 1
     report = json.loads((tmp_path / "report.json").read_text())
     assert set(report["systems"]["unifiedserve"]["goodput"]["images"]["best_unloaded_ttft_ms"]) == {"1x160x90",
                                                                                                      "2x160x90"}

@@ -1,0 +1,152 @@
+"""The peer benchmark's cache scenarios (issue 21) on hand-made records: the follow-up's and the multiturn scenario's
+figures (bench/peer/figures.py), the prefix-cache counters (bench/peer/prefix_cache.py), the requests they send
+(bench/peer/scenarios.py), vLLM's command with its caches on (bench/peer/servers.py) and summary.json's keys."""
+from __future__ import annotations
+
+import http.server
+import json
+import threading
+from pathlib import Path
+
+import pytest
+
+from bench.common import write
+from bench.peer import figures, prefix_cache, scenarios, servers
+from bench.peer.summary import write_summary
+from bench.serve_bench import SMOKE_SETUP
+from tests.unit.bench.test_peer_figures import record
+
+VLLM_METRICS = """# HELP vllm:prefix_cache_queries_total Prefix cache queries, in terms of number of queried tokens.
+# TYPE vllm:prefix_cache_queries_total counter
+vllm:prefix_cache_queries_total{engine="0",model_name="m"} 1200.0
+vllm:prefix_cache_queries_total{engine="1",model_name="m"} 800.0
+vllm:prefix_cache_queries_created{engine="0",model_name="m"} 1.7e+09
+vllm:prefix_cache_hits_total{engine="0",model_name="m"} 900.0
+vllm:prefix_cache_hits_total{engine="1",model_name="m"} 100.0
+vllm:num_requests_running{engine="0",model_name="m"} 2.0
+"""
+
+
+def multiturn_records(ttfts_s: list[list[float]], prompt_tokens: int = 1000) -> list[dict]:
+    """Per clip, its questions' records with these TTFTs (s), 10 ms apart tokens."""
+    return [{**record(f"clip{k}_q{j}", 0.0, ttft, 0.01), "prompt_tokens": prompt_tokens}
+            for k, clip in enumerate(ttfts_s) for j, ttft in enumerate(clip)]
+
+
+def test_followup_figures_are_the_follow_ups_ttft_beside_the_first_and_the_chats():
+    records = [record("first", 0.0, 17.7, 0.01), record("followup", 18.0, 0.3, 0.01),
+               record("followup_chat", 19.0, 0.4, 0.01)]
+    assert figures.scenario_figures("followup", records) == pytest.approx(
+        {"ttft_ms": 300.0, "first_ttft_ms": 17700.0, "chat_ttft_ms": 400.0})
+    failed = {**record("followup", 18.0, 0.3, 0.01), "error": "HTTP 500"}
+    assert figures.scenario_figures("followup", [records[0], failed])["ttft_ms"] is None
+    assert figures.scenario_figures("followup", []) == dict.fromkeys(("ttft_ms", "first_ttft_ms", "chat_ttft_ms"))
+
+
+def test_multiturn_hit_rates_are_hits_over_queries_and_over_the_later_questions_tokens():
+    records = multiturn_records([[1.0, 0.1, 0.2], [2.0, 0.1, 0.3]])  # 4 later questions of 1000 tokens
+    m = figures.scenario_figures("multiturn", records, {"queries": 6000.0, "hits": 3600.0})
+    assert m["prefix_hit_rate"] == pytest.approx(0.6) and m["reusable_hit_rate"] == pytest.approx(0.9)
+    assert m["first_ttft_p50_ms"] == pytest.approx(1500.0) and m["first_ttft_p90_ms"] == pytest.approx(1900.0)
+    assert m["later_ttft_p50_ms"] == pytest.approx(150.0) and m["later_ttft_p90_ms"] == pytest.approx(270.0)
+    assert m["slo_attainment"] == 1.0  # every TTFT within 2 x the fastest first question (1 s)
+
+
+def test_multiturn_slo_takes_the_fastest_first_question_as_every_questions_reference():
+    records = multiturn_records([[1.0, 0.1], [2.5, 0.1]])
+    records.append({**record("clip2_q0", 0.0, 0.5, [0.01] * 10 + [0.3]), "prompt_tokens": 1000})  # a 300 ms stall
+    # the reference: clip2's 0.5 s; 1.0 s is within 2x, 2.5 s is not, nor is the stall's TBT p99
+    assert figures.scenario_figures("multiturn", records)["slo_attainment"] == pytest.approx(3 / 5)
+
+
+def test_multiturn_hit_rates_are_none_without_counters_or_lookups_and_nothing_is_none_when_not_run():
+    records = multiturn_records([[1.0, 0.1]])
+    for counters in (None, {"queries": 0.0, "hits": 0.0}):
+        m = figures.scenario_figures("multiturn", records, counters)
+        assert m["prefix_hit_rate"] is None and m["later_ttft_p50_ms"] == pytest.approx(100.0)
+    assert figures.scenario_figures("multiturn", records, {"queries": 5.0, "hits": 0.0})["prefix_hit_rate"] == 0.0
+    assert set(figures.scenario_figures("multiturn", []).values()) == {None}
+    failed = [{**r, "error": "HTTP 500", "token_s": [], "ttft_ms": None} for r in records]
+    assert figures.scenario_figures("multiturn", failed)["slo_attainment"] is None
+
+
+def test_prefix_counters_are_summed_over_engines_and_absent_ones_read_none():
+    names = prefix_cache.COUNTERS["vllm"]
+    assert prefix_cache.parse(VLLM_METRICS, names) == {names[0]: 2000.0, names[1]: 1000.0}
+    served = [VLLM_METRICS]
+
+    class Metrics(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = served[0].encode()
+            self.send_response(200 if self.path == "/metrics" else 404)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), Metrics) as httpd:
+        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+        state = {"url": f"http://127.0.0.1:{httpd.server_address[1]}", "argv": ["vllm"]}
+        before = prefix_cache.read("vllm", state)
+        assert before == {"queries": 2000.0, "hits": 1000.0}
+        served[0] = VLLM_METRICS.replace("} 900.0", "} 1500.0")
+        assert prefix_cache.increase(before, prefix_cache.read("vllm", state)) == {"queries": 0.0, "hits": 600.0}
+        assert prefix_cache.read("unifiedserve", {"argv": ["--metrics-port", str(httpd.server_address[1])]}) is None
+        httpd.shutdown()
+    assert prefix_cache.increase(None, before) is None
+
+
+def inputs(tmp_path: Path, clips: int) -> scenarios.Inputs:
+    video = tmp_path / "v.mp4"
+    return scenarios.Inputs(SMOKE_SETUP, video, video, (), {}, tmp_path / "f.mp4",
+                            tuple(tmp_path / f"c{k}.mp4" for k in range(clips)))
+
+
+def test_multiturn_sessions_ask_each_clip_its_questions_in_order(tmp_path):
+    sessions = scenarios.multiturn_sessions(inputs(tmp_path, 2), 3)
+    assert [[r.kind for r in s] for s in sessions] == [["clip0_q0", "clip0_q1", "clip0_q2"],
+                                                       ["clip1_q0", "clip1_q1", "clip1_q2"]]
+    body = sessions[1][2].body("m")
+    assert [m["role"] for m in body["messages"]] == ["user"]
+    video, text = body["messages"][0]["content"]
+    assert video["video_url"]["url"].endswith("c1.mp4") and text["text"] == scenarios.QUESTIONS[2]
+    with pytest.raises(ValueError):
+        scenarios.multiturn_sessions(inputs(tmp_path, 2), len(scenarios.QUESTIONS) + 1)
+
+
+def test_distinct_videos_differ_only_in_bit_rate(tmp_path, monkeypatch):
+    built = []
+    monkeypatch.setattr(scenarios, "build_video", lambda media, name, spec: built.append((name, spec)) or media)
+    scenarios.distinct_video(tmp_path, ("libx264", 1280, 720, 3_000_000, "medium", 1 / 3), 2)
+    assert built == [("bunny_720p_20s_3016k", ("libx264", 1280, 720, 3_016_000, "medium", 1 / 3))]
+
+
+def test_vllm_starts_with_its_caches_off_unless_asked():
+    plain, _ = servers.command("vllm", Path("ckpt"), Path("media"), False, [])
+    cached, _ = servers.command("vllm", Path("ckpt"), Path("media"), False, [], vllm_caches=True)
+    assert "--no-enable-prefix-caching" in plain and plain[plain.index("--mm-processor-cache-gb") + 1] == "0"
+    assert "--no-enable-prefix-caching" not in cached and "--mm-processor-cache-gb" not in cached
+    assert [a for a in plain if a not in cached] == ["--no-enable-prefix-caching", "--mm-processor-cache-gb", "0"]
+
+
+def test_summary_gains_the_cache_scenarios_figures_and_their_ratio(tmp_path):
+    for system, hits in (("unifiedserve", 3600.0), ("vllm", 1800.0)):
+        for name, records, counters in (
+                ("followup", [record("first", 0, 17.0, 0.01), record("followup", 18, 0.2, 0.01)], None),
+                ("multiturn", multiturn_records([[1.0, 0.1, 0.2], [2.0, 0.1, 0.3]]),
+                 {"queries": 6000.0, "hits": hits})):
+            write(tmp_path / "raw" / system, name,
+                  {"system": system, "scenario": name, "date": "2026-12-03", "device": "H200", "versions": {},
+                   "server_version": "v", "records": records, "prefix_cache": counters, "server_argv": ["x"]})
+    summary = json.loads(write_summary(tmp_path).read_text())
+    ours = summary["systems"]["unifiedserve"]
+    assert ours["followup"]["ttft_ms"] == pytest.approx(200.0) and ours["followup"]["chat_ttft_ms"] is None
+    assert ours["multiturn"]["prefix_hit_rate"] == pytest.approx(0.6)
+    assert summary["systems"]["vllm"]["multiturn"]["prefix_hit_rate"] == pytest.approx(0.3)
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["unifiedserve_over_vllm"]["multiturn"]["prefix_hit_rate"] == 2.0
+    scenario = report["systems"]["vllm"]["scenarios"]["multiturn"]
+    assert scenario["prefix_cache"] == {"queries": 6000.0, "hits": 1800.0} and scenario["server_argv"] == ["x"]
+    assert "prefix_cache" not in report["systems"]["vllm"]["scenarios"]["followup"]
