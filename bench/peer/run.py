@@ -18,12 +18,12 @@ calls (each is started in a session of its own; ``<work>/state`` says where it i
     ... the same for vllm (and ``--scenarios crosscheck`` against it: ``vllm bench serve`` beside ours) ...
     python3 -m bench.peer.run summary
 
-Issue 21's cache scenarios, in a results folder of their own (``--out``), vLLM with its caches on:
+Issue 21's cache scenarios, in a results folder of their own (``--out``), both systems with their caches on:
 
-    python3 -m bench.peer.run start --systems unifiedserve         # its caches' settings as --server-arg, if any
+    python3 -m bench.peer.run start --systems unifiedserve --caches
     python3 -m bench.peer.run scenarios --systems unifiedserve --scenarios followup multiturn
     python3 -m bench.peer.run stop --systems unifiedserve
-    python3 -m bench.peer.run start --systems vllm --vllm-caches
+    python3 -m bench.peer.run start --systems vllm --caches
     ... scenarios and stop as for unifiedserve (both with the same --clips, --clip-seconds, --questions, --streams)
 
 Scenarios (``bench/peer/scenarios.py``): video, mixed_video, mixed_images, text_c1, text_c32, images16;
@@ -89,7 +89,7 @@ def server_version(system: str, url: str) -> str | None:
 def start(args: argparse.Namespace, system: str) -> None:
     """Start ``system``, wait until its API answers, record its version, send the warm-up requests."""
     p = paths(args)
-    argv, env = servers.command(system, p["checkpoint"], p["media"], args.smoke, args.server_args, args.vllm_caches)
+    argv, env = servers.command(system, p["checkpoint"], p["media"], args.smoke, args.server_args, args.caches)
     pythonpath = args.vllm_site if system == "vllm" else None
     state = servers.start(system, argv, env, p["state"], p["out"] / "logs" / f"{system}.log", pythonpath,
                           args.ready_timeout)
@@ -181,8 +181,9 @@ def main() -> None:
                         help=f"multiturn's questions per clip (at most {len(scenarios.QUESTIONS)})")
     parser.add_argument("--streams", type=int, default=scenarios.MULTITURN_STREAMS,
                         help="multiturn's clips asked about at once (each clip's questions one after another)")
-    parser.add_argument("--vllm-caches", action="store_true",
-                        help="start vLLM with its prefix and processor caches on (issue 21's cache scenarios)")
+    parser.add_argument("--caches", action="store_true",
+                        help="start the systems with their prefix caches on (vLLM's processor cache too; issue 21's "
+                             "cache scenarios); off by default")
     parser.add_argument("--server-arg", action="append", default=[], dest="server_args", metavar="ARG",
                         help="one more argument for the server's command line (repeatable; e.g. --server-arg=--set "
                              "--server-arg=orchestrator.encode_budget=61440)")

@@ -9,8 +9,8 @@
   refuses the 3-minute video's 106,920 visual tokens below that: its encoder cache follows this budget), at most 2
   images and 1 video a prompt, the prefix and multimodal-processor caches off (the benchmark repeats the same
   media), ``--mm-processor-kwargs '{"do_sample_frames": false}'`` (its loader samples the frames), the bundle's folder
-  first on ``PYTHONPATH``. With ``vllm_caches`` (issue 21's cache scenarios) both caches are left at vLLM's
-  defaults: on.
+  first on ``PYTHONPATH``. UnifiedServe's prefix cache is off too (``orchestrator.prefix_caching=false``). With
+  ``caches`` (issue 21's cache scenarios) both systems' caches are left at their defaults: on.
 
 A server is started in a session of its own (``setsid``), so it outlives the command that started it (a device
 call): its pid, URL, model name and log are written to ``<state>/<system>.json``, which later commands read and
@@ -52,10 +52,11 @@ def environment(extra: dict, pythonpath: str | None) -> dict:
     return env
 
 
-def command(system: str, checkpoint: Path, media: Path, smoke: bool, extra: list[str], vllm_caches: bool = False
+def command(system: str, checkpoint: Path, media: Path, smoke: bool, extra: list[str], caches: bool = False
             ) -> tuple[list[str], dict]:
     """(argv, extra environment) that start ``system`` on ``PORTS[system]``; ``extra`` is appended to argv;
-    ``vllm_caches``: vLLM's prefix and processor caches on (its defaults; UnifiedServe's command is the same)."""
+    ``caches``: both systems' prefix caches on (their defaults; vLLM's processor cache too), else off, as the
+    benchmark repeats the same media."""
     port = str(PORTS[system])
     if system == "unifiedserve":
         ports = ServerPorts.unused()
@@ -64,6 +65,8 @@ def command(system: str, checkpoint: Path, media: Path, smoke: bool, extra: list
         if not smoke:
             argv += ["--model", str(checkpoint), "--set", "*.load_format=dummy"]
             argv += [a for item in FULL_SETUP.overrides for a in ("--set", item)]
+        if not caches:
+            argv += ["--set", "orchestrator.prefix_caching=false"]
         return argv + extra, {"UNIFIEDSERVE_MEDIA_DIRS": str(media)}
     if system == "vllm":
         argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(checkpoint),
@@ -71,7 +74,7 @@ def command(system: str, checkpoint: Path, media: Path, smoke: bool, extra: list
                 "--allowed-local-media-path", str(media), "--limit-mm-per-prompt", '{"image": 2, "video": 1}',
                 "--max-num-batched-tokens", str(VLLM_MAX_BATCHED_TOKENS), "--mm-processor-kwargs",
                 VLLM_PROCESSOR_KWARGS, "--host", "127.0.0.1", "--port", port]
-        if not vllm_caches:
+        if not caches:
             argv += ["--no-enable-prefix-caching", "--mm-processor-cache-gb", "0"]
         return argv + extra, VLLM_ENV
     raise ValueError(f"unknown system {system!r}; one of {SYSTEMS}")

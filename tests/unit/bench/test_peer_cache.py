@@ -123,9 +123,12 @@ def test_distinct_videos_differ_only_in_bit_rate(tmp_path, monkeypatch):
     assert built == [("bunny_720p_20s_3016k", ("libx264", 1280, 720, 3_016_000, "medium", 1 / 3))]
 
 
-def test_vllm_starts_with_its_caches_off_unless_asked():
+def test_both_systems_start_with_their_caches_off_unless_asked():
+    plain, _ = servers.command("unifiedserve", Path("ckpt"), Path("media"), False, [])
+    cached, _ = servers.command("unifiedserve", Path("ckpt"), Path("media"), False, [], caches=True)
+    assert "orchestrator.prefix_caching=false" in plain and "orchestrator.prefix_caching=false" not in cached
     plain, _ = servers.command("vllm", Path("ckpt"), Path("media"), False, [])
-    cached, _ = servers.command("vllm", Path("ckpt"), Path("media"), False, [], vllm_caches=True)
+    cached, _ = servers.command("vllm", Path("ckpt"), Path("media"), False, [], caches=True)
     assert "--no-enable-prefix-caching" in plain and plain[plain.index("--mm-processor-cache-gb") + 1] == "0"
     assert "--no-enable-prefix-caching" not in cached and "--mm-processor-cache-gb" not in cached
     assert [a for a in plain if a not in cached] == ["--no-enable-prefix-caching", "--mm-processor-cache-gb", "0"]
