@@ -34,6 +34,7 @@ GAUGES = {
     "unifiedserve_prefix_cache_pages": "KV pages in the prefix cache (held by requests or idle), all replicas",
     "unifiedserve_prefix_cache_idle_pages": "prefix-cache pages no request holds (evicted first when pages are "
                                             "needed), all replicas",
+    "unifiedserve_encoder_cache_tokens": "visual tokens whose embeddings the encoder cache keeps, all replicas",
 }
 # per replica of encode_prefill + decode (label "replica"); the unlabelled gauges above are their sums
 REPLICA_GAUGES = {
@@ -56,6 +57,10 @@ COUNTERS = {
                                                "prefix cache)",
     "unifiedserve_prefix_cache_hits_total": "prompt tokens found in the prefix cache (not computed again)",
     "unifiedserve_prefix_cache_evictions_total": "KV pages evicted from the prefix cache",
+    "unifiedserve_encoder_cache_queries_total": "visual tokens of media groups looked up in the encoder cache",
+    "unifiedserve_encoder_cache_hits_total": "visual tokens whose embeddings came from the encoder cache (their "
+                                             "group neither decoded nor encoded)",
+    "unifiedserve_encoder_cache_evictions_total": "visual tokens evicted from the encoder cache",
 }
 TTFT = "unifiedserve_time_to_first_token_seconds"
 ITL = "unifiedserve_inter_token_latency_seconds"

@@ -53,22 +53,26 @@ def block_hashes(input_ids: Sequence[int], media: Iterable[tuple[int, int, bytes
 
 @dataclass(frozen=True)
 class CacheConfig:
-    """The orchestrator's prefix-cache parameters: ``prefix_caching`` (on by default, as in vLLM), and the cache's
-    region as fractions of each replica's KV pool: ``prefix_cache_floor`` (kept from requests) and
-    ``prefix_cache_ceiling`` (most pages idle in the cache).
+    """The orchestrator's cache parameters: ``prefix_caching`` (on by default, as in vLLM), the cache's region as
+    fractions of each replica's KV pool: ``prefix_cache_floor`` (kept from requests) and ``prefix_cache_ceiling``
+    (most pages idle in the cache); ``encoder_cache_tokens``: visual tokens each replica's encoder cache keeps
+    (``orchestrator.encoder_cache``; 0: none).
 
     Raises:
-        ValueError: a fraction outside [0, 1) for the floor or [0, 1] for the ceiling.
+        ValueError: a fraction outside [0, 1) for the floor or [0, 1] for the ceiling, or a negative token count.
     """
 
     enabled: bool = True
     floor: float = 0.0
     ceiling: float = 1.0
+    encoder_tokens: int = 16384
 
     def __post_init__(self) -> None:
         if not (0 <= self.floor < 1 and 0 <= self.ceiling <= 1):
             raise ValueError(f"prefix_cache_floor must be in [0, 1) and prefix_cache_ceiling in [0, 1], got "
                              f"{self.floor} and {self.ceiling}")
+        if self.encoder_tokens < 0:
+            raise ValueError(f"encoder_cache_tokens must be >= 0, got {self.encoder_tokens}")
 
     @classmethod
     def from_parameters(cls, params: dict[str, str]) -> "CacheConfig":
@@ -77,9 +81,11 @@ class CacheConfig:
             raise ValueError(f"parameter prefix_caching must be true or false, got {params['prefix_caching']!r}")
         try:
             return cls(switch == "true", float(params.get("prefix_cache_floor") or 0.0),
-                       float(params.get("prefix_cache_ceiling") or 1.0))
+                       float(params.get("prefix_cache_ceiling") or 1.0),
+                       int(params.get("encoder_cache_tokens") or cls.encoder_tokens))
         except ValueError as exc:
-            raise ValueError(f"parameters prefix_cache_floor / prefix_cache_ceiling: {exc}") from None
+            raise ValueError(f"parameters prefix_cache_floor / prefix_cache_ceiling / encoder_cache_tokens: "
+                             f"{exc}") from None
 
     def pool(self, pages: PageAllocator) -> "PrefixCache":
         """``pages`` as a replica's `PrefixCache` with this region (its floor rounded down, ceiling up, in pages)."""

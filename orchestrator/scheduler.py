@@ -9,10 +9,11 @@ those it may forget come with the work.
 """
 
 from collections import defaultdict, deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from backends.ipc.protocol import EncodeWork, PrefillWork, StepPlan
 from orchestrator.admission import backfill
+from orchestrator.encoder_cache import EncoderCache
 from orchestrator.pages import PagePool
 from orchestrator.prefix_cache import CacheStats, PrefixCache
 from orchestrator.sequence import Group, Sequence
@@ -78,10 +79,12 @@ class Scheduler:
     in flight uses return when it completes.
     """
 
-    def __init__(self, config: SchedulerConfig, kv_pages: PrefixCache, patch_pages: PagePool) -> None:
+    def __init__(self, config: SchedulerConfig, kv_pages: PrefixCache, patch_pages: PagePool,
+                 encoder_cache: EncoderCache | None = None) -> None:
         self.config = config
         self._kv = kv_pages
         self._patch = patch_pages
+        self.encoder_cache = encoder_cache or EncoderCache(0)  # groups found there are neither decoded nor encoded
         # Arrival order (admission follows it, but for the backfill of `_admit`).
         self._seqs: dict[str, Sequence] = {}
         self._in_flight: StepPlan | None = None
@@ -111,13 +114,16 @@ class Scheduler:
             raise ValueError(f"{seq.req_id}: needs {need} KV pages for {seq.prompt_len} + {seq.max_tokens} "
                              f"tokens, the pool has {self._kv.num_total}")
         self._seqs[seq.req_id] = seq
+        cached = self.encoder_cache.claim(seq)
+        if cached and seq.request is not None:
+            seq.request = replace(seq.request, cached_embeds=cached)
         self._admit()
 
     def group_ready(self, req_id: str, item: int, index: int, pages: list[int]) -> str:
         """The media stage reports group (item, index) of `req_id` ready in patch `pages`.
 
         The scheduler owns the pages from here on. Returns "taken"; "cached" (the pages freed) when the group's
-        tokens were found in the prefix cache, so it needs no encoding; "gone" (the pages freed) when the request is
+        tokens were found in the prefix cache or its embeddings in the encoder cache, so it needs no encoding; "gone" (the pages freed) when the request is
         no longer known: it was removed while its media was being decoded (so `add` a sequence before its media
         stage starts).
 
@@ -130,11 +136,11 @@ class Scheduler:
             self._patch.free(pages)
             return "gone"
         group = seq.group(item, index)
-        if group.patch_pages is not None or (group.encoded and not seq.cached(group)) or not pages:
-            raise ValueError(f"{req_id}: group (item={item}, index={index}) reported twice or without pages")
-        if group.encoded:
+        if group.cached:
             self._patch.free(pages)
             return "cached"
+        if group.patch_pages is not None or group.encoded or not pages:
+            raise ValueError(f"{req_id}: group (item={item}, index={index}) reported twice or without pages")
         group.patch_pages = list(pages)
         return "taken"
 
@@ -163,7 +169,8 @@ class Scheduler:
             if req_id not in self._announced and self._seqs[req_id].request is not None:
                 self._announced.add(req_id)
                 new.append(self._seqs[req_id].request)
-        plan = StepPlan(tuple(new), tuple(encode), tuple(prefill), tuple(self._finished))
+        plan = StepPlan(tuple(new), tuple(encode), tuple(prefill), tuple(self._finished),
+                        self.encoder_cache.take_evicted())
         self._finished.clear()
         self._in_flight = plan
         self._in_flight_seqs = {w.req_id: self._seqs[w.req_id] for w in (*encode, *prefill)}
@@ -182,6 +189,7 @@ class Scheduler:
         """
         if plan is not self._in_flight:
             raise ValueError("complete() takes the plan that schedule() returned last, once")
+        self.encoder_cache.stored([w.cache_key for w in plan.encode if w.cache_key is not None])
         for work in plan.encode:
             seq = self._live(work.req_id)
             if seq is not None:
@@ -200,6 +208,7 @@ class Scheduler:
                     self._kv.register(seq.block_table[k], seq.block_hashes[k])  # its KV is whole now
                 if seq.prefill_done:
                     finished.append(seq.req_id)
+                    self.encoder_cache.release(seq.req_id)  # its cached embeddings are in its KV now
         for allocator, pages in self._deferred:
             allocator.free(pages)
         self._deferred.clear()
@@ -217,6 +226,7 @@ class Scheduler:
         """
         self._held.discard(req_id)
         self._hits.pop(req_id, None)
+        self.encoder_cache.release(req_id)
         seq = self._seqs.pop(req_id, None)
         if seq is None:
             return
@@ -306,8 +316,8 @@ class Scheduler:
             self._hits.pop(seq.req_id, None)
             seq.num_cached_tokens = seq.num_computed_tokens = cached
             for group in seq.groups:
-                if seq.cached(group):  # its KV is there: nothing to encode
-                    group.encoded = True
+                if seq.in_cached_prefix(group):  # its KV is there: nothing to encode
+                    group.encoded = group.cached = True
                     if group.patch_pages is not None:
                         self._patch.free(group.patch_pages)
                         group.patch_pages = None
@@ -350,7 +360,7 @@ class Scheduler:
                     group = queue[0]
                     if used == 0 and group.num_patches > budget:
                         # Too big for any step: it runs alone, with nothing else encoded.
-                        return [_encode_work(seq, group)]
+                        return [self._encode_work(seq, group)]
                     mine = seq_used[seq.req_id]
                     # A sequence's first group of the step is exempt from the share: groups are not split.
                     over_share = mine > 0 and mine + group.num_patches > limit
@@ -360,7 +370,7 @@ class Scheduler:
                     taken.append((seq, group))
                     used += group.num_patches
                     seq_used[seq.req_id] = mine + group.num_patches
-        return [_encode_work(seq, group) for seq, group in taken]
+        return [self._encode_work(seq, group) for seq, group in taken]
 
     def _fill_prefill(self, encode: list[EncodeWork], budget: int) -> list[PrefillWork]:
         """One chunk per admitted sequence, in arrival order, of tokens whose embeddings are ready (the worker runs
@@ -384,7 +394,7 @@ class Scheduler:
                             ends[seq.req_id] == seq.prompt_len)
                 for seq, _ in demand if ends[seq.req_id] > seq.num_computed_tokens]
 
-
-def _encode_work(seq: Sequence, group: Group) -> EncodeWork:
-    return EncodeWork(seq.req_id, group.item, group.index, tuple(group.patch_pages), group.num_patches,
-                      group.token_offset)
+    def _encode_work(self, seq: Sequence, group: Group) -> EncodeWork:
+        """The work of encoding ``group``, its embeddings kept in the encoder cache where it makes room."""
+        return EncodeWork(seq.req_id, group.item, group.index, tuple(group.patch_pages), group.num_patches,
+                          group.token_offset, self.encoder_cache.reserve(seq.req_id, group))

@@ -23,6 +23,10 @@ class Group:
             ready, and None again once the group is encoded (its pages are then returned).
         encoded: the encoder has run on the group; its embeddings wait in the encode_prefill worker
             until prefill covers its tokens.
+        cache_key: the group's name in the encoder cache (``orchestrator.encoder_cache.group_key``; None: not
+            cached there).
+        cached: the group is never decoded nor encoded: its embeddings come from the encoder cache, or its tokens
+            lie in the prompt's cached prefix (``encoded`` is set too).
     """
 
     item: int
@@ -32,6 +36,8 @@ class Group:
     num_patches: int
     patch_pages: list[int] | None = None
     encoded: bool = False
+    cache_key: bytes | None = None
+    cached: bool = False
 
     @property
     def key(self) -> tuple[int, int]:
@@ -104,7 +110,7 @@ class Sequence:
         """Every prompt token has its KV written."""
         return self.num_computed_tokens == self.prompt_len
 
-    def cached(self, group: Group) -> bool:
+    def in_cached_prefix(self, group: Group) -> bool:
         """The group's tokens are all in the prefix found cached at admission (it is never encoded)."""
         return group.token_end <= self.num_cached_tokens
 

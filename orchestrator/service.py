@@ -34,6 +34,7 @@ from orchestrator.media_identity import media_identity
 from orchestrator.metrics import observe_engine_times
 from orchestrator.output_processor import OutputProcessor
 from orchestrator.pages import PageAllocator
+from orchestrator.encoder_cache import EncoderCache, group_key
 from orchestrator.prefix_cache import CacheConfig, block_hashes
 from orchestrator.prompt import Prompt, build_chat_prompt, build_raw_prompt
 from orchestrator.routing import choose
@@ -161,7 +162,8 @@ class Orchestrator:
             policy = (BudgetPolicy(config.encode_budget, config.prefill_budget, self.config.slo, self.config.policy)
                       if self.config.slo_scheduling else None)
             engines.append(Engine(
-                index, Scheduler(config, kv_pages, self.patch_pages), self.patch_pages,
+                index, Scheduler(config, kv_pages, self.patch_pages, EncoderCache(self.config.cache.encoder_tokens)),
+                self.patch_pages,
                 LinkStages(self.links, index), media, on_change=self._update_gauges,
                 on_step=lambda: self.metrics.increment("unifiedserve_scheduler_steps_total"),
                 on_release=self._on_release, stopping=server_stop.announced, policy=policy))
@@ -221,12 +223,19 @@ class Orchestrator:
         m.set("unifiedserve_requests_running", sum(len(e.requests) for e in engines))
         m.set("unifiedserve_requests_waiting", self._waiting())
         caches = [e.scheduler.cache_stats() for e in engines]
+        encoders = [e.scheduler.encoder_cache.stats() for e in engines]
         m.set("unifiedserve_prefix_cache_pages", sum(c.cached_pages for c in caches))
         m.set("unifiedserve_prefix_cache_idle_pages", sum(c.idle_pages for c in caches))
-        for name, field in (("queries", "queried_tokens"), ("hits", "hit_tokens"), ("evictions", "evictions")):
-            total = sum(getattr(c, field) for c in caches)
-            if total != self._cache_counted.get(name, 0):
-                m.increment(f"unifiedserve_prefix_cache_{name}_total", by=total - self._cache_counted.get(name, 0))
+        m.set("unifiedserve_encoder_cache_tokens", sum(c.tokens for c in encoders))
+        for name, stats, field in (("prefix_cache_queries", caches, "queried_tokens"),
+                                   ("prefix_cache_hits", caches, "hit_tokens"),
+                                   ("prefix_cache_evictions", caches, "evictions"),
+                                   ("encoder_cache_queries", encoders, "queried_tokens"),
+                                   ("encoder_cache_hits", encoders, "hit_tokens"),
+                                   ("encoder_cache_evictions", encoders, "evicted_tokens")):
+            total, counted = sum(getattr(s, field) for s in stats), self._cache_counted.get(name, 0)
+            if total != counted:
+                m.increment(f"unifiedserve_{name}_total", by=total - counted)
                 self._cache_counted[name] = total
         for e in engines:
             m.set("unifiedserve_replica_kv_pages_free", e.scheduler.kv_pages_free, e.index)
@@ -293,38 +302,41 @@ class Orchestrator:
         engine = choose(self.engines, kv_needed)
         if engine is None:  # every replica whose pool could hold it has lost its decode stream
             raise StageError(StageFailure(SERVER_FAULT, next(e.decode_ended for e in self.engines if e.decode_ended)))
-        hashes = ()
-        if self.config.cache.enabled:
-            hashes = await asyncio.to_thread(self._block_hashes, parsed, plans, prompt, engine.scheduler.config)
+        identities, hashes, cache = (), (), self.config.cache
+        if cache.enabled or cache.encoder_tokens:
+            identities, hashes = await asyncio.to_thread(self._identify, parsed, plans, prompt, engine.scheduler.config)
         req_id = uuid.uuid4().hex
         request = EngineRequest(
             NewRequest(req_id, prompt.input_ids,
                        tuple(MediaGrid(m.kind, m.grid_thw, m.second_per_grid_t) for m in prompt.media),
                        params.sampling(), params.max_tokens),
             tuple(Group(item, g, layout.token_offset + g * layout.tokens_per_group, layout.tokens_per_group,
-                        layout.patches_per_group)
+                        layout.patches_per_group,
+                        cache_key=group_key(identities[item], g) if cache.encoder_tokens else None)
                   for item, layout in enumerate(prompt.media) for g in range(layout.num_groups)),
             tuple(MediaDecode(req_id, plan, data=media.data or None, path=media.path)
                   for media, plan in zip(parsed.media, plans)),
             tuple(layout.num_groups for layout in prompt.media), timeline, hashes)
         return Admitted(req_id, parsed, prompt, engine, engine.add(request), cap)
 
-    @staticmethod
-    def _block_hashes(parsed: ParsedRequest, plans: list, prompt: Prompt, config: SchedulerConfig
-                      ) -> tuple[bytes, ...]:
-        """The prompt's ``block_hashes`` for the prefix cache, its media named by ``media_identity``.
+    def _identify(self, parsed: ParsedRequest, plans: list, prompt: Prompt, config: SchedulerConfig
+                  ) -> tuple[list[bytes], tuple[bytes, ...]]:
+        """Each media item's ``media_identity`` (the encoder cache's keys), and the prompt's ``block_hashes`` for
+        the prefix cache (empty when it is off).
 
         Raises:
             InvalidInput: a media file could not be read (it was probed just before).
         """
-        spans = []
-        for item, plan, layout in zip(parsed.media, plans, prompt.media):
+        identities = []
+        for item, plan in zip(parsed.media, plans):
             try:
-                identity = media_identity(item, plan)
+                identities.append(media_identity(item, plan))
             except OSError as exc:
                 raise InvalidInput(f"{item.input_name}: {item.path} cannot be read ({exc.strerror})") from None
-            spans.append((layout.token_offset, layout.token_offset + layout.num_tokens, identity))
-        return block_hashes(prompt.input_ids, spans, config.kv_page_size)
+        if not self.config.cache.enabled:
+            return identities, ()
+        spans = [(m.token_offset, m.token_offset + m.num_tokens, i) for m, i in zip(prompt.media, identities)]
+        return identities, block_hashes(prompt.input_ids, spans, config.kv_page_size)
 
     def _waiting(self) -> int:
         """Requests waiting for KV pages, all replicas."""

@@ -126,20 +126,23 @@ class MediaGrid:
 @dataclass(frozen=True)
 class NewRequest:
     """A request the encode_prefill stage has not seen: its prompt ``input_ids`` (visual tokens expanded),
-    its media in prompt order, and its sampling for the first token (``max_tokens`` for the stop rule)."""
+    its media in prompt order, and its sampling for the first token (``max_tokens`` for the stop rule);
+    ``cached_embeds``: (first token, key) of each media group whose embeddings the stage keeps in its encoder cache
+    (``orchestrator.encoder_cache``), to copy into the prompt's rows."""
 
     req_id: str
     input_ids: tuple[int, ...]
     media: tuple[MediaGrid, ...]
     sampling: SamplingParams
     max_tokens: int
+    cached_embeds: tuple[tuple[int, bytes], ...] = ()
 
 
 @dataclass(frozen=True)
 class EncodeWork:
     """Run the vision encoder on group ``index`` of media item ``item`` of ``req_id``, whole: ``num_patches``
     patches (before the 2x2 merge) stored in order over ``patch_pages`` of the patch pool; its embeddings go to
-    the prompt rows from ``token_offset`` on."""
+    the prompt rows from ``token_offset`` on, and are kept in the encoder cache under ``cache_key`` when set."""
 
     req_id: str
     item: int
@@ -147,6 +150,7 @@ class EncodeWork:
     patch_pages: tuple[int, ...]
     num_patches: int
     token_offset: int
+    cache_key: bytes | None = None
 
 
 @dataclass(frozen=True)
@@ -164,13 +168,15 @@ class PrefillWork:
 @dataclass(frozen=True)
 class StepPlan(Call):
     """One scheduler step, the whole of it (vLLM v1's ``SchedulerOutput``): the stage first forgets ``finished``
-    (requests that ended, failed or were cancelled after it saw them), registers ``new``, runs all of ``encode``,
-    then all of ``prefill``. ``num_encode_patches`` and ``num_prefill_tokens`` are the totals."""
+    (requests that ended, failed or were cancelled after it saw them) and the encoder-cache keys in ``evict``,
+    registers ``new``, runs all of ``encode``, then all of ``prefill``. ``num_encode_patches`` and
+    ``num_prefill_tokens`` are the totals."""
 
     new: tuple[NewRequest, ...]
     encode: tuple[EncodeWork, ...]
     prefill: tuple[PrefillWork, ...]
     finished: tuple[str, ...] = ()
+    evict: tuple[bytes, ...] = ()
     num_encode_patches: int = field(init=False)
     num_prefill_tokens: int = field(init=False)
 

@@ -1,12 +1,15 @@
 """The encode+prefill stage: executes one scheduler step plan from the orchestrator.
 
-A plan (``backends.ipc.protocol.StepPlan``, the orchestrator's scheduler's output) has four parts, run in this
+A plan (``backends.ipc.protocol.StepPlan``, the orchestrator's scheduler's output) has five parts, run in this
 order:
 * ``finished``: requests that ended (finished, failed or cancelled): their state is dropped;
-* ``new``: prompts seen for the first time: token ids, media grids; the worker embeds the text and
-  computes M-RoPE positions once (transformers' ``get_rope_index``) and keeps them per request;
+* ``evict``: encoder-cache entries to drop;
+* ``new``: prompts seen for the first time: token ids, media grids; the worker embeds the text, copies the
+  embeddings of groups kept in its encoder cache, computes M-RoPE positions once (transformers'
+  ``get_rope_index``) and keeps them per request;
 * ``encode``: whole temporal-patch groups: patches are read from the shared patch pool pages, run
-  through the vision encoder, and their embeddings placed at the group's visual-token rows;
+  through the vision encoder, and their embeddings placed at the group's visual-token rows (and kept in the
+  encoder cache when the work names a key);
 * ``prefill``: prompt chunks ``[start, end)`` written into the shared KV pool (block tables given);
   the chunk that ends a prompt yields its first sampled token (its repetition penalty over the prompt applied),
   with the stop rule's finish reason.
@@ -86,6 +89,9 @@ class EncodePrefillWorker:
         self.weights_held = shared_weights.held_bytes(self.model, None)
         self.eos_ids = eos_token_ids(tokenizer)
         self.prompts: dict[str, PromptState] = {}
+        # merged visual embeddings [tokens, hidden] by key, kept and dropped as the orchestrator's plans say
+        # (orchestrator/encoder_cache.py decides; nothing is evicted here)
+        self.encoder_cache: dict[bytes, torch.Tensor] = {}
         self._runner: ModelRunner | None = None
         self._patches: torch.Tensor | None = None
 
@@ -121,6 +127,8 @@ class EncodePrefillWorker:
         started = time.perf_counter()
         for req_id in plan.finished:
             self.prompts.pop(req_id, None)
+        for key in plan.evict:
+            self.encoder_cache.pop(key, None)
         for request in plan.new:
             self._register(request)
         clock = PhaseClock(self.device)
@@ -141,6 +149,9 @@ class EncodePrefillWorker:
             video_grid_thw=[m.grid_thw for m in media if m.kind == "video"],
             second_per_grid_ts=[m.second_per_grid_t for m in media if m.kind == "video"])
         embeds = self.runner.embed(torch.tensor(request.input_ids, dtype=torch.long, device=self.device))
+        for start, key in request.cached_embeds:  # kept by an earlier request's encode
+            cached = self.encoder_cache[key]
+            embeds[start:start + cached.shape[0]] = cached
         self.prompts[request.req_id] = PromptState(embeds, positions.to(self.device), int(delta), request)
 
     def _encode(self, works: tuple[EncodeWork, ...]) -> None:
@@ -154,6 +165,8 @@ class EncodePrefillWorker:
         for work, embeds in zip(works, self.runner.encode_many(items)):
             state, start = self.prompts[work.req_id], work.token_offset
             state.embeds[start:start + embeds.shape[0]] = embeds.to(state.embeds.dtype)
+            if work.cache_key is not None:
+                self.encoder_cache[work.cache_key] = state.embeds[start:start + embeds.shape[0]].clone()
 
     def _prefill(self, works: tuple[PrefillWork, ...]) -> tuple[FirstToken, ...]:
         if not works:

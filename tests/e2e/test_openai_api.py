@@ -22,7 +22,7 @@ from client.api import Client
 from orchestrator.inputs import MediaInput
 from orchestrator.media import plan_media
 from orchestrator.sampling_params import RequestParams
-from tests.e2e.conftest import read_metrics, wait_for_idle_pools
+from tests.e2e.conftest import read_metrics, settled, wait_for_idle_pools
 from tests.media import make_image, make_video
 from tests.reference import assert_same_or_tie, reference_generate
 
@@ -257,3 +257,34 @@ def test_a_client_that_goes_away_has_its_request_cancelled(sdk, server):
     m = wait_for_idle_pools(server, timeout_s=30)
     assert m["unifiedserve_requests_running"] == 0 and m["unifiedserve_kv_pages_free"] == m["unifiedserve_kv_pages_total"]
     assert time.monotonic() - started < 10, "the dropped stream's request ran on"
+
+
+def test_an_image_under_another_system_prompt_comes_from_the_encoder_cache_and_changes_nothing(sdk, server):
+    """The prefix differs from the system prompt on, so only the encoder cache can serve the image: its hits grow by
+    the image's tokens, and the reply equals that of the same pixels in other bytes (another identity: encoded)."""
+    from io import BytesIO
+
+    from PIL import Image
+
+    from tests.e2e.test_prefix_cache import counters
+
+    image = make_image(120, 88, "RGB", "PNG")
+    same_pixels = BytesIO()
+    Image.open(BytesIO(image)).save(same_pixels, "PNG", compress_level=0)
+    assert same_pixels.getvalue() != image
+
+    def ask(system: str, data: bytes):
+        content = [{"type": "image_url", "image_url": {"url": _data_url(data, "image/png")}},
+                   {"type": "text", "text": "What is it?"}]
+        reply = sdk.chat.completions.create(model=MODEL, messages=[{"role": "system", "content": system},
+                                                                   {"role": "user", "content": content}],
+                                            max_tokens=N, temperature=0, extra_body=EXTRA)
+        return reply.choices[0].token_ids, settled(lambda: counters(server))
+
+    _, before = ask("Be brief.", image)
+    cached, after = ask("Be kind.", image)
+    visual = plan_media(MediaInput("image", data=image), RequestParams()).num_tokens
+    assert after["encoder_cache_hits_total"] - before["encoder_cache_hits_total"] >= visual > 0
+    fresh, later = ask("Be kind.", same_pixels.getvalue())
+    assert later["encoder_cache_hits_total"] == after["encoder_cache_hits_total"]
+    assert cached == fresh

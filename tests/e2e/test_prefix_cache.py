@@ -26,10 +26,10 @@ def hf():
 
 
 def counters(server) -> dict[str, float]:
-    """The prefix cache's counters and page gauge (name without the ``unifiedserve_prefix_cache_`` prefix)."""
-    prefix = "unifiedserve_prefix_cache_"
-    return {line.split()[0].removeprefix(prefix): float(line.split()[1]) for line in metrics_text(server).splitlines()
-            if line.startswith(prefix)}
+    """The prefix and encoder caches' counters and gauges (name without the ``unifiedserve_`` prefix)."""
+    return {line.split()[0].removeprefix("unifiedserve_"): float(line.split()[1])
+            for line in metrics_text(server).splitlines()
+            if line.startswith(("unifiedserve_prefix_cache_", "unifiedserve_encoder_cache_"))}
 
 
 def ask(client, question, **media):
@@ -59,9 +59,10 @@ def test_a_follow_up_question_shares_the_media_pages_and_equals_the_reference(se
     assert sum(s["prefill_tokens"] for s in steps) == prompt["tokens"] - cached
     # the group the cached prefix ends in (if it ends in one) is decoded and encoded again, no other
     assert len(ready) == sum(s["encode_groups"] for s in steps) <= 1
-    assert after["hits_total"] - before["hits_total"] == first_cached + cached
-    assert after["queries_total"] - before["queries_total"] == first["tokens"] + prompt["tokens"]
-    assert after["pages"] > 0
+    assert after["prefix_cache_hits_total"] - before["prefix_cache_hits_total"] == first_cached + cached
+    assert after["prefix_cache_queries_total"] - before["prefix_cache_queries_total"] == first["tokens"] + \
+        prompt["tokens"]
+    assert after["prefix_cache_pages"] > 0
     reference = server_request_reference(*hf, "Which colours are there?", N, **media)
     assert_same_or_tie(result.token_ids, *reference)
 

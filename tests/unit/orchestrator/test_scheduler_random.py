@@ -13,6 +13,7 @@ from dataclasses import replace
 import pytest
 
 from backends.ipc.shared_pages import SharedPageList
+from orchestrator.encoder_cache import EncoderCache
 from orchestrator.pages import PageAllocator
 from orchestrator.prefix_cache import PrefixCache
 from orchestrator.scheduler import Scheduler, SchedulerConfig
@@ -41,6 +42,23 @@ def shared_prefixes(rng, seqs, page_size):
         family, diverge = rng.randint(0, 1), rng.randint(0, seq.prompt_len)
         seq.block_hashes = tuple(f"{family}:{k}".encode() if (k + 1) * page_size <= diverge
                                  else f"{seq.req_id}:{k}".encode() for k in range(seq.prompt_len // page_size))
+
+
+def shared_media(rng, seqs):
+    """Encoder-cache keys that make media recur across prompts: a group's key names one of two media items and its
+    index (the sizes of the groups a key names may differ here: the scheduler only counts them)."""
+    for seq in seqs.values():
+        for group in seq.groups:
+            group.cache_key = f"m{rng.randint(0, 1)}:{group.index}".encode()
+
+
+def check_encoder_cache(plan, stage_keys, claims, live):
+    """The stage drops the plan's evicted keys, never one a living sequence has yet to copy."""
+    for req_id, keys in claims.items():
+        seq = live.get(req_id)
+        if seq is not None and not seq.prefill_done:
+            assert not set(keys) & set(plan.evict), "a pinned encoder-cache entry was evicted"
+    stage_keys.difference_update(plan.evict)
 
 
 def check_shared_pages(kv, live, config):
@@ -157,13 +175,15 @@ def run_scenario(seed, tmp_path):
                      rng.choice([None, 0, need_kv // 3]) if shared else None)
     if shared:
         shared_prefixes(rng, seqs, config.kv_page_size)
+        shared_media(rng, seqs)
     # Any pool that holds the largest group works (the orchestrator rejects larger groups at admission).
     num_patch_pages = max(group_pages, default=1) + rng.randint(0, 20)
     if seed % 2:
         patch = SharedPageList.create(tmp_path / f"patch_pool-{seed}.pages", num_patch_pages)
     else:
         patch = PageAllocator(num_patch_pages, "patch_pool")
-    sched = Scheduler(config, kv, patch)
+    sched = Scheduler(config, kv, patch, EncoderCache(rng.choice([0, 50, 400, 4000]) if shared else 0))
+    stage_keys, claims = set(), {}  # what the stage's encoder cache holds; each sequence's keys copied from it
     arrival = {req_id: t for t, req_id in arrivals}
     live, pending, decoding, decoded = {}, [], {}, []
     in_decode_pages = 0  # patch pages the simulated media stage holds between decode and report
@@ -171,6 +191,9 @@ def run_scenario(seed, tmp_path):
         for t, req_id in arrivals:
             if t == tick:
                 sched.add(seqs[req_id])
+                claims[req_id] = [g.cache_key for g in seqs[req_id].groups if g.cached and g.cache_key is not None
+                                  and not seqs[req_id].in_cached_prefix(g)]
+                assert set(claims[req_id]) <= stage_keys, "a group claimed from the encoder cache the stage lacks"
                 live[req_id] = seqs[req_id]
                 pending += [(req_id, g) for g in seqs[req_id].groups]
         # The media stage reports groups out of order, including those of requests cancelled meanwhile.
@@ -191,6 +214,8 @@ def run_scenario(seed, tmp_path):
                             for b in (config.encode_budget, config.prefill_budget))
             step_config = replace(config, encode_budget=budgets[0], prefill_budget=budgets[1])
         plan = sched.schedule(budgets)
+        if plan is not None:
+            check_encoder_cache(plan, stage_keys, claims, live)
         check_admission(sched, config, live, arrival,
                         {r for r, seq in live.items() if seq.block_table is not None} - before, shared)
         if plan is None:
@@ -203,6 +228,8 @@ def run_scenario(seed, tmp_path):
             del live[victim]
             decoding.pop(victim, None)
             pending = [(r, g) for r, g in pending if r != victim]
+        if plan is not None:
+            stage_keys.update(w.cache_key for w in plan.encode if w.cache_key is not None)
         for req_id in sched.complete(plan) if plan is not None else []:
             decoding[req_id] = rng.randint(0, 5)
         for req_id in list(decoding):  # decode holds the KV pages a few steps, then finishes
