@@ -123,9 +123,9 @@ class Scheduler:
         """The media stage reports group (item, index) of `req_id` ready in patch `pages`.
 
         The scheduler owns the pages from here on. Returns "taken"; "cached" (the pages freed) when the group's
-        tokens were found in the prefix cache or its embeddings in the encoder cache, so it needs no encoding; "gone" (the pages freed) when the request is
-        no longer known: it was removed while its media was being decoded (so `add` a sequence before its media
-        stage starts).
+        tokens were found in the prefix cache or its embeddings in the encoder cache, so it needs no encoding;
+        "gone" (the pages freed) when the request is no longer known: it was removed while its media was being
+        decoded (so `add` a sequence before its media stage starts).
 
         Raises:
             KeyError: no such group.
