@@ -48,12 +48,14 @@ class GenerationResult:
     output: ``max_visual_tokens``, ``requested_visual_tokens``, ``visual_tokens``, ``fps``, ``max_pixels``), or
     None when nothing was. ``timeline``: the server's record of where the request's time went (``return_timeline``;
     ``{"events": [{"ms": ..., "event": ..., ...}]}``, orchestrator/timeline.py), else None.
+    ``num_cached_tokens``: of the prompt's tokens, those the server found in its prefix cache (not computed again).
     """
 
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
     num_input_tokens: int | None = None
     num_output_tokens: int | None = None
+    num_cached_tokens: int | None = None
     finish_reason: str | None = None
     ttft_ms: float | None = None
     tbt_ms: list[float] = field(default_factory=list)
@@ -76,6 +78,7 @@ class ResponsePiece:
     token_ids: tuple[int, ...] = ()
     num_input_tokens: int | None = None
     num_output_tokens: int | None = None
+    num_cached_tokens: int | None = None
     finish_reason: str | None = None
     final: bool = False
     visual_cap: dict | None = None
@@ -111,6 +114,8 @@ class _Collector:
             r.num_input_tokens = piece.num_input_tokens
         if piece.num_output_tokens is not None:
             r.num_output_tokens = piece.num_output_tokens
+        if piece.num_cached_tokens is not None:
+            r.num_cached_tokens = piece.num_cached_tokens
         if piece.finish_reason is not None:
             r.finish_reason = piece.finish_reason
         if piece.visual_cap is not None:
@@ -230,7 +235,8 @@ def piece_from_grpc(result: grpcclient.InferResult) -> ResponsePiece:
     final = "triton_final_response" in params and params["triton_final_response"].bool_param
     text = result.as_numpy("text_output")
     ids = result.as_numpy("output_ids")
-    n_in, n_out = _scalar(result, "num_input_tokens"), _scalar(result, "num_output_tokens")
+    n_in, n_out, n_cached = (_scalar(result, name) for name in
+                             ("num_input_tokens", "num_output_tokens", "num_cached_tokens"))
     reason = _scalar(result, "finish_reason")
     cap, timeline = _scalar(result, "visual_cap"), _scalar(result, "timeline")
     return ResponsePiece(
@@ -239,6 +245,7 @@ def piece_from_grpc(result: grpcclient.InferResult) -> ResponsePiece:
         token_ids=tuple(int(i) for i in ids.reshape(-1)) if ids is not None else (),
         num_input_tokens=None if n_in is None else int(n_in),
         num_output_tokens=None if n_out is None else int(n_out),
+        num_cached_tokens=None if n_cached is None else int(n_cached),
         finish_reason=None if reason is None else (reason.decode() if isinstance(reason, bytes) else str(reason)),
         final=final,
         visual_cap=None if cap is None else json.loads(cap),

@@ -62,13 +62,14 @@ def piece_from_event(event: dict) -> ResponsePiece:
         text = "".join(str(t) for t in text)
     ids = event.get("output_ids")
     ids = () if ids is None else tuple(int(i) for i in ids) if isinstance(ids, list) else (int(ids),)
-    n_in, n_out, reason, cap, timeline = (_one(event.get(k)) for k in (
-        "num_input_tokens", "num_output_tokens", "finish_reason", "visual_cap", "timeline"))
+    n_in, n_out, n_cached, reason, cap, timeline = (_one(event.get(k)) for k in (
+        "num_input_tokens", "num_output_tokens", "num_cached_tokens", "finish_reason", "visual_cap", "timeline"))
     return ResponsePiece(
         text=str(text).encode(),
         token_ids=ids,
         num_input_tokens=None if n_in is None else int(n_in),
         num_output_tokens=None if n_out is None else int(n_out),
+        num_cached_tokens=None if n_cached is None else int(n_cached),
         finish_reason=None if reason in (None, "") else str(reason),
         visual_cap=None if cap in (None, "") else json.loads(cap),
         timeline=None if timeline in (None, "") else json.loads(timeline),

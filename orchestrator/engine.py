@@ -271,6 +271,8 @@ class Engine:
             return
         tracked.first_token = tracked.last_token = time.monotonic()
         tracked.request.timeline.mark("first_token", at=tracked.first_token)
+        if (seq := self.scheduler.get(first.req_id)) is not None:
+            tracked.request.counts.cached_tokens = seq.num_cached_tokens
         tracked.mrope_delta = first.mrope_delta
         if first.finish_reason:
             self._end(tracked, Output(first.token, first.finish_reason))

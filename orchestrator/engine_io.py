@@ -3,7 +3,7 @@ and states of a request, and the record of a request that has left it."""
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from backends.ipc.protocol import MediaDecode, NewRequest, StageFailure
 from orchestrator.sequence import Group
@@ -30,6 +30,14 @@ class Output:
     failure: StageFailure | None = None
 
 
+@dataclass
+class RequestCounts:
+    """What the engine learns of a request as it runs: ``cached_tokens``, its prompt tokens found in the prefix
+    cache (set when its first token arrives)."""
+
+    cached_tokens: int = 0
+
+
 @dataclass(frozen=True)
 class EngineRequest:
     """A request ready to run: ``new`` (prompt, media grids, sampling), its media ``groups`` in prompt order,
@@ -42,6 +50,7 @@ class EngineRequest:
     groups_per_item: tuple[int, ...] = ()
     timeline: Timeline = NO_TIMELINE  # where its time goes, when the client asked (orchestrator.timeline)
     block_hashes: tuple[bytes, ...] = ()
+    counts: RequestCounts = field(default_factory=RequestCounts)
 
     @property
     def kind(self) -> str:

@@ -2,8 +2,8 @@
 
 Streaming (``stream`` true) sends one response per token with the text delta; otherwise one response
 with the whole text (prefixed by the prompt unless ``exclude_input_in_output``, as the vLLM backend
-does). The last response carries ``finish_reason``, ``num_input_tokens`` and ``num_output_tokens`` (the whole
-output's), and always the final flag, also after a cancellation or an error. The vLLM backend's ``return_*``
+does). The last response carries ``finish_reason``, ``num_input_tokens``, ``num_output_tokens`` (the whole
+output's) and ``num_cached_tokens`` (the prompt's tokens found in the prefix cache), and always the final flag, also after a cancellation or an error. The vLLM backend's ``return_*``
 flags put their output on every response, with that backend's meaning (its ``utils/request.py``):
 ``finish_reason`` is ``"None"`` until the last, ``num_output_tokens`` counts that response's tokens. Each
 request's time to first token, the gaps between its outputs, its end-to-end latency, tokens and finish reason
@@ -46,7 +46,7 @@ def read_request(request) -> RawRequest:
 
 
 def _response(parsed: ParsedRequest, text: str, ids: list[int], reason: str | None, num_input: int,
-              num_output: int, visual_cap: str | None = None, timeline: Timeline = NO_TIMELINE):
+              num_output: int, visual_cap: str | None = None, timeline: Timeline = NO_TIMELINE, num_cached: int = 0):
     """One response: ``ids`` the token ids it brings, ``num_output`` the tokens of the whole output so far,
     ``visual_cap`` (JSON) what max_visual_tokens changed in the request's media, for its first response; the last
     carries the request's ``timeline`` when it asked for it."""
@@ -66,6 +66,8 @@ def _response(parsed: ParsedRequest, text: str, ids: list[int], reason: str | No
     if extra.num_output_tokens or last:
         outputs.append(io.int_tensor("num_output_tokens", [len(ids) if extra.num_output_tokens else num_output],
                                      np.uint32))
+    if last:
+        outputs.append(io.int_tensor("num_cached_tokens", [num_cached], np.uint32))
     return io.pb().InferenceResponse(outputs)
 
 
@@ -125,9 +127,10 @@ async def _send_tokens(admitted: Admitted, tokens, send, timer: RequestTimer, ti
         if parsed.stream:
             if first:
                 timeline.mark("first_response")
-            send(_response(parsed, delta, token_ids, reason, num_input, len(ids), cap if first else None, timeline),
-                 final if reason else 0)
+            send(_response(parsed, delta, token_ids, reason, num_input, len(ids), cap if first else None, timeline,
+                           admitted.counts.cached_tokens), final if reason else 0)
             first = False
         elif reason is not None:
             text = "".join(texts) if parsed.exclude_input_in_output else parsed.text + "".join(texts)
-            send(_response(parsed, text, ids, reason, num_input, len(ids), cap, timeline), final)
+            send(_response(parsed, text, ids, reason, num_input, len(ids), cap, timeline,
+                           admitted.counts.cached_tokens), final)

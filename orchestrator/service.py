@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import AsyncIterator, Callable
 
 from backends.ipc import run_dir, shared_pages
@@ -27,7 +27,7 @@ from backends.triton.replicas import replica_name
 from backends.triton.triton_io import float_parameter, int_parameter
 from orchestrator.budget_policy import BudgetPolicy, PolicyConfig, SloTargets
 from orchestrator.engine import Engine
-from orchestrator.engine_io import SHUTTING_DOWN, EngineRequest, Released
+from orchestrator.engine_io import SHUTTING_DOWN, EngineRequest, Released, RequestCounts
 from orchestrator.inputs import InputLimits, ParsedRequest
 from orchestrator.media import plan_request, probe_media
 from orchestrator.media_identity import media_identity
@@ -101,6 +101,7 @@ class Admitted:
     engine: Engine
     outputs: asyncio.Queue
     visual_cap: CapApplied | None = None  # what max_visual_tokens changed in its media
+    counts: RequestCounts = field(default_factory=RequestCounts)  # its prompt tokens found cached, once known
 
 
 OVERLOADED = "the server is overloaded"
@@ -317,7 +318,7 @@ class Orchestrator:
             tuple(MediaDecode(req_id, plan, data=media.data or None, path=media.path)
                   for media, plan in zip(parsed.media, plans)),
             tuple(layout.num_groups for layout in prompt.media), timeline, hashes)
-        return Admitted(req_id, parsed, prompt, engine, engine.add(request), cap)
+        return Admitted(req_id, parsed, prompt, engine, engine.add(request), cap, request.counts)
 
     def _identify(self, parsed: ParsedRequest, plans: list, prompt: Prompt, config: SchedulerConfig
                   ) -> tuple[list[bytes], tuple[bytes, ...]]:

@@ -9,7 +9,8 @@ import time
 import uuid
 
 from backends.openai.schemas import (AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion,
-                                     ChatCompletionChunk, Completion, CompletionChoice, Delta, Usage)
+                                     ChatCompletionChunk, Completion, CompletionChoice, Delta, PromptTokensDetails,
+                                     Usage)
 from client.api import ResponsePiece
 
 
@@ -17,8 +18,9 @@ def usage(piece: ResponsePiece) -> Usage | None:
     """The token counts of a request's last response (None on the others)."""
     if piece.num_input_tokens is None or piece.num_output_tokens is None:
         return None
+    details = None if piece.num_cached_tokens is None else PromptTokensDetails(cached_tokens=piece.num_cached_tokens)
     return Usage(prompt_tokens=piece.num_input_tokens, completion_tokens=piece.num_output_tokens,
-                 total_tokens=piece.num_input_tokens + piece.num_output_tokens)
+                 total_tokens=piece.num_input_tokens + piece.num_output_tokens, prompt_tokens_details=details)
 
 
 class Reply:

@@ -5,7 +5,8 @@ Both servers answer ``POST /v1/chat/completions`` with server-sent events; every
 (vLLM's field, which UnifiedServe takes: each chunk lists its tokens' ids). Per request it records
 (:class:`RequestRecord`): the send time (s from the scenario's start), the arrival of every token (s after the
 send: a chunk's arrival once per id it lists), hence TTFT and each TBT gap (ms), the prompt and output tokens the
-server reports in ``usage``, and the error, if any. A token that decodes to no text (half a UTF-8 character) has
+server reports in ``usage`` (and of the prompt's, those it found cached: ``usage.prompt_tokens_details``), and the
+error, if any. A token that decodes to no text (half a UTF-8 character) has
 no text of its own, so only the ids count tokens; a chunk without ids (a server that ignores the field) counts
 as one token when it carries text, and the role-only first chunk as none.
 
@@ -78,6 +79,7 @@ class RequestRecord:
     token_s: list[float] = field(default_factory=list)  # one per token (tokens of one chunk share its time)
     prompt_tokens: int | None = None
     output_tokens: int | None = None
+    cached_tokens: int | None = None  # of the prompt's, found in the server's prefix cache (None: not reported)
     done_s: float | None = None  # after the send
     error: str | None = None
     timeline: dict | None = None  # UnifiedServe's record of the request (events in ms since it arrived there)
@@ -147,6 +149,7 @@ async def send(client: httpx.AsyncClient, target: Target, request: ChatRequest, 
                 if chunk.get("usage"):
                     record.prompt_tokens = chunk["usage"].get("prompt_tokens")
                     record.output_tokens = chunk["usage"].get("completion_tokens")
+                    record.cached_tokens = (chunk["usage"].get("prompt_tokens_details") or {}).get("cached_tokens")
     except (httpx.HTTPError, json.JSONDecodeError) as exc:
         record.error = f"{type(exc).__name__}: {exc}"
     record.done_s = time.perf_counter() - sent

@@ -76,6 +76,8 @@ def command(system: str, checkpoint: Path, media: Path, smoke: bool, extra: list
                 VLLM_PROCESSOR_KWARGS, "--host", "127.0.0.1", "--port", port]
         if not caches:
             argv += ["--no-enable-prefix-caching", "--mm-processor-cache-gb", "0"]
+        else:
+            argv += ["--enable-prompt-tokens-details"]  # usage.prompt_tokens_details.cached_tokens, as ours
         return argv + extra, VLLM_ENV
     raise ValueError(f"unknown system {system!r}; one of {SYSTEMS}")
 

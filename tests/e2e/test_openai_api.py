@@ -279,6 +279,7 @@ def test_an_image_under_another_system_prompt_comes_from_the_encoder_cache_and_c
         reply = sdk.chat.completions.create(model=MODEL, messages=[{"role": "system", "content": system},
                                                                    {"role": "user", "content": content}],
                                             max_tokens=N, temperature=0, extra_body=EXTRA)
+        assert reply.usage.prompt_tokens_details.cached_tokens < reply.usage.prompt_tokens  # reported, not all
         return reply.choices[0].token_ids, settled(lambda: counters(server))
 
     _, before = ask("Be brief.", image)

@@ -95,7 +95,7 @@ def test_scenarios_record_every_token_and_the_summary_has_the_issues_keys(server
     assert figures["followup"]["ttft_ms"] > 0 and figures["followup"]["chat_ttft_ms"] > 0
     assert figures["multiturn"]["later_ttft_p90_ms"] > 0 and 0 <= figures["multiturn"]["slo_attainment"] <= 1
     # the session's server has its prefix cache on (the default): later questions about a clip hit it
-    assert 0 < figures["multiturn"]["prefix_hit_rate"] <= 1
+    assert 0 < figures["multiturn"]["prefix_hit_rate"] <= 1 and 0 < figures["multiturn"]["reusable_hit_rate"] <= 1
     report = json.loads((tmp_path / "report.json").read_text())
     assert set(report["systems"]["unifiedserve"]["goodput"]["images"]["best_unloaded_ttft_ms"]) == {"1x160x90",
                                                                                                      "2x160x90"}

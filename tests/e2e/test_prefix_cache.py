@@ -56,7 +56,8 @@ def test_a_follow_up_question_shares_the_media_pages_and_equals_the_reference(se
     # what of the page before them is not whole are prefilled
     question = len(hf[1]("Which colours are there?", add_special_tokens=False)["input_ids"])
     assert cached >= prompt["tokens"] - question - 8 - 15 and prompt["visual_tokens"] > 0
-    assert sum(s["prefill_tokens"] for s in steps) == prompt["tokens"] - cached
+    assert sum(s["prefill_tokens"] for s in steps) == prompt["tokens"] - cached == \
+        result.num_input_tokens - result.num_cached_tokens  # the last response says what was found cached
     # the group the cached prefix ends in (if it ends in one) is decoded and encoded again, no other
     assert len(ready) == sum(s["encode_groups"] for s in steps) <= 1
     assert after["prefix_cache_hits_total"] - before["prefix_cache_hits_total"] == first_cached + cached

@@ -27,9 +27,12 @@ vllm:num_requests_running{engine="0",model_name="m"} 2.0
 """
 
 
-def multiturn_records(ttfts_s: list[list[float]], prompt_tokens: int = 1000) -> list[dict]:
-    """Per clip, its questions' records with these TTFTs (s), 10 ms apart tokens."""
-    return [{**record(f"clip{k}_q{j}", 0.0, ttft, 0.01), "prompt_tokens": prompt_tokens}
+def multiturn_records(ttfts_s: list[list[float]], prompt_tokens: int = 1000, cached: int | None = 900
+                      ) -> list[dict]:
+    """Per clip, its questions' records with these TTFTs (s), 10 ms apart tokens; later questions report ``cached``
+    of their prompt tokens found cached (first ones none)."""
+    return [{**record(f"clip{k}_q{j}", 0.0, ttft, 0.01), "prompt_tokens": prompt_tokens,
+             "cached_tokens": cached if j else 0}
             for k, clip in enumerate(ttfts_s) for j, ttft in enumerate(clip)]
 
 
@@ -43,10 +46,12 @@ def test_followup_figures_are_the_follow_ups_ttft_beside_the_first_and_the_chats
     assert figures.scenario_figures("followup", []) == dict.fromkeys(("ttft_ms", "first_ttft_ms", "chat_ttft_ms"))
 
 
-def test_multiturn_hit_rates_are_hits_over_queries_and_over_the_later_questions_tokens():
-    records = multiturn_records([[1.0, 0.1, 0.2], [2.0, 0.1, 0.3]])  # 4 later questions of 1000 tokens
+def test_multiturn_hit_rates_are_hits_over_queries_and_the_later_questions_cached_share():
+    records = multiturn_records([[1.0, 0.1, 0.2], [2.0, 0.1, 0.3]])  # 4 later questions of 1000 tokens, 900 cached
     m = figures.scenario_figures("multiturn", records, {"queries": 6000.0, "hits": 3600.0})
     assert m["prefix_hit_rate"] == pytest.approx(0.6) and m["reusable_hit_rate"] == pytest.approx(0.9)
+    unreported = figures.scenario_figures("multiturn", multiturn_records([[1.0, 0.1]], cached=None))
+    assert unreported["reusable_hit_rate"] is None  # a server that does not say what it found cached
     assert m["first_ttft_p50_ms"] == pytest.approx(1500.0) and m["first_ttft_p90_ms"] == pytest.approx(1900.0)
     assert m["later_ttft_p50_ms"] == pytest.approx(150.0) and m["later_ttft_p90_ms"] == pytest.approx(270.0)
     assert m["slo_attainment"] == 1.0  # every TTFT within 2 x the fastest first question (1 s)
@@ -132,6 +137,7 @@ def test_both_systems_start_with_their_caches_off_unless_asked():
     assert "--no-enable-prefix-caching" in plain and plain[plain.index("--mm-processor-cache-gb") + 1] == "0"
     assert "--no-enable-prefix-caching" not in cached and "--mm-processor-cache-gb" not in cached
     assert [a for a in plain if a not in cached] == ["--no-enable-prefix-caching", "--mm-processor-cache-gb", "0"]
+    assert [a for a in cached if a not in plain] == ["--enable-prompt-tokens-details"]
 
 
 def test_summary_gains_the_cache_scenarios_figures_and_their_ratio(tmp_path):

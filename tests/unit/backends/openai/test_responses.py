@@ -7,8 +7,8 @@ CAP = {"max_visual_tokens": 400, "requested_visual_tokens": 1152, "visual_tokens
        "max_pixels": [None]}
 TIMELINE = {"events": [{"ms": 0.4, "event": "parsed"}, {"ms": 9.5, "event": "first_token"}]}
 PIECES = [ResponsePiece(b"Hel", (1, 2), visual_cap=CAP), ResponsePiece(b"lo", (3,)),
-          ResponsePiece(b"", (), num_input_tokens=500, num_output_tokens=3, finish_reason="length", final=True,
-                        timeline=TIMELINE)]
+          ResponsePiece(b"", (), num_input_tokens=500, num_output_tokens=3, num_cached_tokens=480,
+                        finish_reason="length", final=True, timeline=TIMELINE)]
 
 
 def test_a_whole_chat_reply_carries_text_ids_usage_and_the_visual_cap():
@@ -17,7 +17,8 @@ def test_a_whole_chat_reply_carries_text_ids_usage_and_the_visual_cap():
         reply.add(piece)
     body = ChatShape("tiny", return_token_ids=True).whole(reply).model_dump()
     assert body["choices"][0]["message"]["content"] == "Hello" and body["choices"][0]["token_ids"] == [1, 2, 3]
-    assert body["usage"] == {"prompt_tokens": 500, "completion_tokens": 3, "total_tokens": 503}
+    assert body["usage"] == {"prompt_tokens": 500, "completion_tokens": 3, "total_tokens": 503,
+                             "prompt_tokens_details": {"cached_tokens": 480}}  # OpenAI's field, as vLLM fills it
     assert body["visual_cap"] == CAP and body["timeline"] == TIMELINE
 
 
