@@ -3,7 +3,8 @@
 Streaming (``stream`` true) sends one response per token with the text delta; otherwise one response
 with the whole text (prefixed by the prompt unless ``exclude_input_in_output``, as the vLLM backend
 does). The last response carries ``finish_reason``, ``num_input_tokens``, ``num_output_tokens`` (the whole
-output's) and ``num_cached_tokens`` (the prompt's tokens found in the prefix cache), and always the final flag, also after a cancellation or an error. The vLLM backend's ``return_*``
+output's) and ``num_cached_tokens`` (the prompt's tokens found in the prefix cache), and always the final flag,
+also after a cancellation or an error. The vLLM backend's ``return_*``
 flags put their output on every response, with that backend's meaning (its ``utils/request.py``):
 ``finish_reason`` is ``"None"`` until the last, ``num_output_tokens`` counts that response's tokens. Each
 request's time to first token, the gaps between its outputs, its end-to-end latency, tokens and finish reason
