@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import contextlib
+import functools
+import os
 
 from flashcodec.errors import MediaError
 from flashcodec.probe import ImageInfo, VideoInfo, probe_image, probe_video
@@ -9,6 +11,8 @@ from flashcodec.sampling import ImagePlan, VideoPlan, plan_image, plan_video
 from orchestrator.inputs import MediaInput
 from orchestrator.sampling_params import InvalidInput, RequestParams
 from orchestrator.visual_cap import CapApplied, fit_visual_tokens, plan_tokens
+
+PROBED_VIDEOS = 256  # video files whose probe is kept (a probe holds each frame's timestamp: 8 bytes a frame)
 
 
 @contextlib.contextmanager
@@ -32,13 +36,33 @@ def probe_media(item: MediaInput, max_image_pixels: int | None = None) -> VideoI
     ``max_image_pixels`` pixels (None: no cap but Pillow's own).
     """
     with _named(item):
+        if item.kind == "video" and item.path is not None:
+            try:
+                key = _file_key(item.path)
+            except OSError as exc:  # gone since the request was checked
+                raise InvalidInput(f"{item.input_name}: {item.path} cannot be read ({exc.strerror})") from None
+            return _probe_video_file(*key)
         if item.kind == "video":
-            return probe_video(item.source)
+            return probe_video(item.data)
         info = probe_image(item.source)
     if max_image_pixels is not None and info.width * info.height > max_image_pixels:
         raise InvalidInput(f"{item.input_name}: {info.width}x{info.height} is {info.width * info.height} pixels, "
                            f"over the limit of {max_image_pixels} (parameter max_image_pixels): downscale it first")
     return info
+
+
+def _file_key(path: str) -> tuple[str, int, int]:
+    """(resolved path, size in bytes, modification time in ns): a file rewritten in place is another key."""
+    path = os.path.realpath(path)
+    stat = os.stat(path)
+    return path, stat.st_size, stat.st_mtime_ns
+
+
+@functools.lru_cache(maxsize=PROBED_VIDEOS)
+def _probe_video_file(path: str, size: int, mtime_ns: int) -> VideoInfo:
+    """A video file's probe, kept for the next requests about the same file (a follow-up question skips the demux
+    pass: about 80 ms for a 3-minute 720p video on the H200 machine). Errors are not kept."""
+    return probe_video(path)
 
 
 def plan_probed(item: MediaInput, info: VideoInfo | ImageInfo, params: RequestParams) -> VideoPlan | ImagePlan:
