@@ -51,15 +51,16 @@ def probe_media(item: MediaInput, max_image_pixels: int | None = None) -> VideoI
     return info
 
 
-def _file_key(path: str) -> tuple[str, int, int]:
-    """(resolved path, size in bytes, modification time in ns): a file rewritten in place is another key."""
+def _file_key(path: str) -> tuple[str, int, int, int, int]:
+    """(resolved path, device, inode, size in bytes, status-change time in ns): a file rewritten or replaced is
+    another key, whatever its modification time says (``orchestrator.media_identity``)."""
     path = os.path.realpath(path)
     stat = os.stat(path)
-    return path, stat.st_size, stat.st_mtime_ns
+    return path, stat.st_dev, stat.st_ino, stat.st_size, stat.st_ctime_ns
 
 
 @functools.lru_cache(maxsize=PROBED_VIDEOS)
-def _probe_video_file(path: str, size: int, mtime_ns: int) -> VideoInfo:
+def _probe_video_file(path: str, device: int, inode: int, size: int, ctime_ns: int) -> VideoInfo:
     """A video file's probe, kept for the next requests about the same file (a follow-up question skips the demux
     pass: about 80 ms for a 3-minute 720p video on the H200 machine). Errors are not kept."""
     return probe_video(path)

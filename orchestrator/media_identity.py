@@ -3,7 +3,9 @@ computed without decoding it.
 
 The content: the bytes of an item sent inline (or fetched), hashed whole (BLAKE2b, about 1 GB/s: 35 ms for the
 3-minute 720p test video); for a path, which ``allowed_media_dirs`` makes a trusted local file, its resolved path,
-size and modification time (nanoseconds), so that a file rewritten in place is a new item. The preprocessing: the
+device, inode, size, and modification and status-change times (ns): a file rewritten or replaced is a new item, even
+with its old size and modification time put back (``cp -p``, ``tar x``), since no user can set the status-change
+time. The same content sent by path and as bytes are two items. The preprocessing: the
 item's sampling plan (``flashcodec.sampling.VideoPlan`` / ``ImagePlan``: frames chosen, their times, the resize
 and ``grid_thw``), which every parameter that changes the item's pixels or tokens (fps, pixel caps, the visual-token
 cap) ends up in. The model is the server's one.
@@ -28,7 +30,8 @@ def media_identity(item: MediaInput, plan: VideoPlan | ImagePlan) -> bytes:
     if item.path is not None:
         path = os.path.realpath(item.path)
         stat = os.stat(path)
-        digest.update(f"path\0{path}\0{stat.st_size}\0{stat.st_mtime_ns}".encode())
+        digest.update(f"path\0{path}\0{stat.st_dev}\0{stat.st_ino}\0{stat.st_size}\0{stat.st_mtime_ns}\0"
+                      f"{stat.st_ctime_ns}".encode())
     else:
         digest.update(b"data\0" + item.data)
     return digest.digest()

@@ -199,7 +199,7 @@ class PrefixCache:
         if len(set(pages)) != len(pages) or any(page not in self._holders for page in pages):
             raise ValueError(f"{self._pages.name}: pages {pages} are not all held once (double free or unknown page)")
         released = []
-        for page in pages:
+        for page in reversed(pages):  # a block table's end first: idle, it is evicted before the prefix it extends
             self._holders[page] -= 1
             if self._holders[page] == 0:
                 del self._holders[page]

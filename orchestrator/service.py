@@ -287,8 +287,10 @@ class Orchestrator:
         if kv_needed > largest:
             raise InvalidInput(
                 f"the prompt ({len(prompt.input_ids)} tokens, text and visual) plus max_tokens "
-                f"({params.max_tokens}) need {kv_needed} KV pages, the largest KV pool has {largest}: "
-                "lower max_tokens or send a shorter prompt or smaller media")
+                f"({params.max_tokens}) need {kv_needed} KV pages, the largest KV pool has {largest}"
+                + (f" once the prefix cache's floor is kept (prefix_cache_floor {self.config.cache.floor})"
+                   if self.config.cache.floor else "")
+                + ": lower max_tokens or send a shorter prompt or smaller media")
         for item, m in enumerate(prompt.media):
             # One group is never split, so it must fit in the pool at once (then waiting for pages cannot deadlock).
             need = -(-m.patches_per_group // self.patch_page_size)

@@ -28,3 +28,18 @@ def test_a_video_files_probe_is_kept_until_the_file_changes(tmp_path, monkeypatc
         media.probe_media(item)
     media.probe_media(MediaInput("video", data=b"bytes"))  # bytes are probed every time
     assert probes[-1] == b"bytes"
+
+
+def test_a_file_replaced_with_its_old_size_and_times_is_another_item(tmp_path):
+    from flashcodec.sampling import ImagePlan
+    from orchestrator.media_identity import media_identity
+
+    path, plan = tmp_path / "a.bin", ImagePlan(28, 28, (1, 2, 2), 4, 1)
+    path.write_bytes(b"first")
+    item = MediaInput("image", path=str(path))
+    before, stat = media_identity(item, plan), path.stat()
+    assert media_identity(item, plan) == before
+    path.write_bytes(b"other")  # same size; the modification time put back, as cp -p or tar x do
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert media_identity(item, plan) != before
+    assert media_identity(MediaInput("image", data=b"other"), plan) != media_identity(item, plan)  # path, bytes

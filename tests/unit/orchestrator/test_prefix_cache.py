@@ -70,7 +70,7 @@ def test_the_region_floor_keeps_pages_from_sequences_and_the_ceiling_bounds_idle
     kv.free(pages)
     stats = kv.stats()
     assert stats.idle_pages == stats.cached_pages == 1 and stats.evictions == 2
-    assert kv.lookup([bytes([2])]) == pages[2:]  # the last released is kept
+    assert kv.lookup([bytes([0])]) == pages[:1]  # the prompt's start is kept: its end went first
     with pytest.raises(ValueError, match="floor"):
         pool(pages=4, floor=4)
 
@@ -140,3 +140,14 @@ def test_a_cached_prefix_stops_short_of_the_last_token_and_a_group_it_ends_in_is
     assert other.num_cached_tokens == 24 and not other.groups[0].encoded
     assert sched.schedule() is None  # its tokens 24.. wait for the group
     assert run(sched, patch, other) == [(24, 28)]  # encoded whole, its rows from 24 on prefilled
+
+
+def test_a_block_tables_end_is_evicted_before_the_prefix_it_extends():
+    kv = pool(pages=6, ceiling=2)
+    pages = kv.allocate(4)
+    for k, page in enumerate(pages):
+        kv.register(page, f"h{k}".encode())
+    kv.free(pages)  # idle beyond the ceiling: the end goes, the start stays reachable
+    assert kv.lookup([b"h0", b"h1", b"h2"]) == pages[:2]
+    kv.allocate(5)  # one more page needed than is free: the prompt's last idle page is evicted first
+    assert kv.lookup([b"h0", b"h1"]) == pages[:1]

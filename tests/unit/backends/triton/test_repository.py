@@ -155,3 +155,9 @@ def test_replicas_are_written_as_named_copies(tmp_path):
         parse_overrides(["orchestrator.replicas=0"])
     with pytest.raises(ValueError, match="orchestrator.replicas must be at most 64, got '100000'"):
         parse_overrides(["orchestrator.replicas=100000"])
+
+
+def test_fractional_parameters_take_fractions():
+    # the prefix cache's region, as docs/deployment.md sets it (its defaults are written as fractions for this)
+    assert parse_overrides(["orchestrator.prefix_cache_floor=0.1", "orchestrator.prefix_cache_ceiling=0.5"]) == {
+        "orchestrator": {"prefix_cache_floor": "0.1", "prefix_cache_ceiling": "0.5"}}
