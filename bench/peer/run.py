@@ -68,11 +68,12 @@ def paths(args: argparse.Namespace) -> dict[str, Path]:
 
 def prepare(args: argparse.Namespace) -> scenarios.Inputs:
     """The checkpoint directory (not for ``--smoke``: the tiny model has its own tokenizer) and the media, in
-    ``--work`` (kept: a second call reuses them)."""
+    ``--work`` (kept: a second call reuses them); the cache scenarios' media only when ``--scenarios`` names one."""
     p = paths(args)
     if not args.smoke and not (p["checkpoint"] / "config.json").exists():
         write_checkpoint(p["checkpoint"])
-    inputs = scenarios.build_inputs(p["media"], args.smoke, args.clips, args.clip_seconds)
+    cache_media = bool({"followup", "multiturn"} & set(args.scenarios or ()))
+    inputs = scenarios.build_inputs(p["media"], args.smoke, args.clips, args.clip_seconds, cache_media)
     print(f"media {p['media']}" + ("" if args.smoke else f", checkpoint {p['checkpoint']}"), flush=True)
     return inputs
 

@@ -81,19 +81,22 @@ class Inputs:
     long_video: Path
     images: tuple[Path, ...]
     goodput_images: dict[tuple[int, int], tuple[Path, ...]]
-    followup_video: Path
+    followup_video: Path | None  # the cache scenarios' media: None and () unless built (build_inputs' cache_media)
     clips: tuple[Path, ...]
 
 
-def build_inputs(media: Path, smoke: bool, clips: int = MULTITURN_CLIPS, clip_seconds: int = CLIP_SECONDS
-                 ) -> Inputs:
+def build_inputs(media: Path, smoke: bool, clips: int = MULTITURN_CLIPS, clip_seconds: int = CLIP_SECONDS,
+                 cache_media: bool = True) -> Inputs:
     """Build (or reuse, when already there) the media in ``media``: a few minutes on first use for the full set;
-    ``clips`` clips of ``clip_seconds`` s (a multiple of 20) for the multiturn scenario."""
+    with ``cache_media``, the cache scenarios' too: the follow-up's video and ``clips`` clips of ``clip_seconds`` s
+    (a multiple of 20) for the multiturn scenario (a lease that runs neither need not build them)."""
     setup = SMOKE_SETUP if smoke else FULL_SETUP
     video, images = build_media(media, setup)
     long_video = video if smoke else build_video(media, "bunny_720p_480s", LONG_VIDEO)
     sizes = ((160, 90), (320, 180), (480, 270)) if smoke else GOODPUT_IMAGE_SIZES
     resized = {size: tuple(_resized(p, size) for p in images) for size in sizes}
+    if not cache_media:
+        return Inputs(setup, video, long_video, tuple(images), resized, None, ())
     clip = (*setup.video[:-1], clip_seconds / 60)
     return Inputs(setup, video, long_video, tuple(images), resized, distinct_video(media, setup.video, 1),
                   tuple(distinct_video(media, clip, 2 + k) for k in range(clips)))

@@ -159,3 +159,14 @@ def test_summary_gains_the_cache_scenarios_figures_and_their_ratio(tmp_path):
     scenario = report["systems"]["vllm"]["scenarios"]["multiturn"]
     assert scenario["prefix_cache"] == {"queries": 6000.0, "hits": 1800.0} and scenario["server_argv"] == ["x"]
     assert "prefix_cache" not in report["systems"]["vllm"]["scenarios"]["followup"]
+
+
+def test_the_cache_scenarios_media_are_built_only_when_asked_for(tmp_path, monkeypatch):
+    monkeypatch.setattr(scenarios, "build_media", lambda media, setup: (media / "v.mp4", [media / "i.jpg"]))
+    monkeypatch.setattr(scenarios, "_resized", lambda path, size: path)
+    built = []
+    monkeypatch.setattr(scenarios, "distinct_video", lambda media, spec, k: built.append(k) or media / f"{k}.mp4")
+    plain = scenarios.build_inputs(tmp_path, smoke=True, clips=2, cache_media=False)
+    assert plain.followup_video is None and plain.clips == () and built == []
+    cached = scenarios.build_inputs(tmp_path, smoke=True, clips=2)
+    assert built == [1, 2, 3] and len(cached.clips) == 2 and cached.followup_video == tmp_path / "1.mp4"
