@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 
 from flashcodec.errors import MediaError
 from flashcodec.probe import ImageInfo, VideoInfo, probe_image, probe_video
 from flashcodec.sampling import ImagePlan, VideoPlan, plan_image, plan_video
 from orchestrator.inputs import MediaInput
+from orchestrator.media_identity import file_key
 from orchestrator.sampling_params import InvalidInput, RequestParams
 from orchestrator.visual_cap import CapApplied, fit_visual_tokens, plan_tokens
 
@@ -37,11 +37,7 @@ def probe_media(item: MediaInput, max_image_pixels: int | None = None) -> VideoI
     """
     with _named(item):
         if item.kind == "video" and item.path is not None:
-            try:
-                key = _file_key(item.path)
-            except OSError as exc:  # gone since the request was checked
-                raise InvalidInput(f"{item.input_name}: {item.path} cannot be read ({exc.strerror})") from None
-            return _probe_video_file(*key)
+            return _probe_video_file(*file_key(item))
         if item.kind == "video":
             return probe_video(item.data)
         info = probe_image(item.source)
@@ -51,18 +47,11 @@ def probe_media(item: MediaInput, max_image_pixels: int | None = None) -> VideoI
     return info
 
 
-def _file_key(path: str) -> tuple[str, int, int, int, int]:
-    """(resolved path, device, inode, size in bytes, status-change time in ns): a file rewritten or replaced is
-    another key, whatever its modification time says (``orchestrator.media_identity``)."""
-    path = os.path.realpath(path)
-    stat = os.stat(path)
-    return path, stat.st_dev, stat.st_ino, stat.st_size, stat.st_ctime_ns
-
-
 @functools.lru_cache(maxsize=PROBED_VIDEOS)
-def _probe_video_file(path: str, device: int, inode: int, size: int, ctime_ns: int) -> VideoInfo:
-    """A video file's probe, kept for the next requests about the same file (a follow-up question skips the demux
-    pass: about 80 ms for a 3-minute 720p video on the H200 machine). Errors are not kept."""
+def _probe_video_file(path: str, *content: int) -> VideoInfo:
+    """A video file's probe, kept for the next requests about the same file (``content``: the rest of its
+    ``file_key``, so a file rewritten or replaced is probed again; a follow-up question skips the demux pass: about
+    80 ms for a 3-minute 720p video on the H200 machine). Errors are not kept."""
     return probe_video(path)
 
 

@@ -17,21 +17,34 @@ import os
 
 from flashcodec.sampling import ImagePlan, VideoPlan
 from orchestrator.inputs import MediaInput
+from orchestrator.sampling_params import InvalidInput
+
+
+def file_key(item: MediaInput) -> tuple[str, int, int, int, int, int]:
+    """The content of ``item``'s file (``path`` set) as the module docstring names it: (resolved path, device,
+    inode, size in bytes, modification time in ns, status-change time in ns).
+
+    Raises:
+        InvalidInput: naming the item's input, the file can no longer be read (it was checked with the request).
+    """
+    path = os.path.realpath(item.path)
+    try:
+        stat = os.stat(path)
+    except OSError as exc:
+        raise InvalidInput(f"{item.input_name}: {item.path} cannot be read ({exc.strerror})") from None
+    return path, stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns
 
 
 def media_identity(item: MediaInput, plan: VideoPlan | ImagePlan) -> bytes:
     """16 bytes naming ``item``'s content and ``plan``: equal for equal content under the same plan.
 
     Raises:
-        OSError: the path can no longer be read (it was probed just before).
+        InvalidInput: as `file_key`.
     """
     digest = hashlib.blake2b(digest_size=16)
     digest.update(item.kind.encode() + b"\0" + repr(plan).encode() + b"\0")
     if item.path is not None:
-        path = os.path.realpath(item.path)
-        stat = os.stat(path)
-        digest.update(f"path\0{path}\0{stat.st_dev}\0{stat.st_ino}\0{stat.st_size}\0{stat.st_mtime_ns}\0"
-                      f"{stat.st_ctime_ns}".encode())
+        digest.update("\0".join(map(str, ("path", *file_key(item)))).encode())
     else:
         digest.update(b"data\0" + item.data)
     return digest.digest()

@@ -105,7 +105,7 @@ class CacheStats:
 
 
 class PrefixCache:
-    """A replica's KV pages as the scheduler grants them (``orchestrator.pages.PagePool`` plus ``allocate``), with
+    """A replica's KV pages as the scheduler grants them (``orchestrator.pages.PagePool`` plus ``grant``), with
     the prefix cache over them.
 
     Args:
@@ -172,12 +172,6 @@ class PrefixCache:
         self._queried += prompt_tokens
         self._hit += hit_tokens
         return hits + fresh
-
-    def allocate(self, n: int) -> list[int] | None:
-        """``n`` new pages for one sequence, no cached ones (``PageAllocator.allocate``'s contract)."""
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            raise ValueError(f"{self._pages.name}: cannot allocate {n!r} pages")
-        return self.grant([], n, 0, 0)
 
     def register(self, page: int, block_hash: bytes) -> None:
         """Page ``page``, held and now holding the whole KV of the prefix named ``block_hash``, joins the cache.

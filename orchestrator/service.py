@@ -330,12 +330,7 @@ class Orchestrator:
         Raises:
             InvalidInput: a media file could not be read (it was probed just before).
         """
-        identities = []
-        for item, plan in zip(parsed.media, plans):
-            try:
-                identities.append(media_identity(item, plan))
-            except OSError as exc:
-                raise InvalidInput(f"{item.input_name}: {item.path} cannot be read ({exc.strerror})") from None
+        identities = [media_identity(item, plan) for item, plan in zip(parsed.media, plans)]
         if not self.config.cache.enabled:
             return identities, ()
         spans = [(m.token_offset, m.token_offset + m.num_tokens, i) for m, i in zip(prompt.media, identities)]

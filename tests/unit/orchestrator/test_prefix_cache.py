@@ -29,7 +29,7 @@ def pool(pages=8, floor=0, ceiling=None):
 
 def test_pages_are_shared_by_reference_and_idle_once_no_sequence_holds_them():
     kv = pool()
-    a = kv.allocate(3)
+    a = kv.grant([], 3, 0, 0)
     kv.register(a[0], b"h0")
     kv.register(a[1], b"h1")
     assert kv.lookup([b"h0", b"h1", b"h2"]) == a[:2] and kv.lookup([b"h2", b"h0"]) == []
@@ -48,13 +48,13 @@ def test_pages_are_shared_by_reference_and_idle_once_no_sequence_holds_them():
 
 def test_idle_pages_are_evicted_least_recently_released_first_when_pages_are_needed():
     kv = pool(pages=4)
-    first, second = kv.allocate(1), kv.allocate(1)
+    first, second = kv.grant([], 1, 0, 0), kv.grant([], 1, 0, 0)
     kv.register(first[0], b"first")
     kv.register(second[0], b"second")
     kv.free(first)
     kv.free(second)
     assert kv.cost(3, []) == 3 <= kv.num_free == 4
-    kv.allocate(3)  # two free pages, then the least recently released idle one
+    kv.grant([], 3, 0, 0)  # two free pages, then the least recently released idle one
     assert kv.lookup([b"first"]) == [] and kv.lookup([b"second"]) == second
     assert kv.stats().evictions == 1
     assert kv.cost(1, second) == 1  # an idle hit takes a page of the region
@@ -63,8 +63,8 @@ def test_idle_pages_are_evicted_least_recently_released_first_when_pages_are_nee
 
 def test_the_region_floor_keeps_pages_from_sequences_and_the_ceiling_bounds_idle_pages():
     kv = pool(pages=8, floor=2, ceiling=1)
-    assert kv.num_total == 6 and kv.allocate(7) is None
-    pages = kv.allocate(3)
+    assert kv.num_total == 6 and kv.grant([], 7, 0, 0) is None
+    pages = kv.grant([], 3, 0, 0)
     for i, page in enumerate(pages):
         kv.register(page, bytes([i]))
     kv.free(pages)
@@ -144,10 +144,10 @@ def test_a_cached_prefix_stops_short_of_the_last_token_and_a_group_it_ends_in_is
 
 def test_a_block_tables_end_is_evicted_before_the_prefix_it_extends():
     kv = pool(pages=6, ceiling=2)
-    pages = kv.allocate(4)
+    pages = kv.grant([], 4, 0, 0)
     for k, page in enumerate(pages):
         kv.register(page, f"h{k}".encode())
     kv.free(pages)  # idle beyond the ceiling: the end goes, the start stays reachable
     assert kv.lookup([b"h0", b"h1", b"h2"]) == pages[:2]
-    kv.allocate(5)  # one more page needed than is free: the prompt's last idle page is evicted first
+    kv.grant([], 5, 0, 0)  # one more page needed than is free: the prompt's last idle page is evicted first
     assert kv.lookup([b"h0", b"h1"]) == pages[:1]

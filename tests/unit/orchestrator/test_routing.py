@@ -10,7 +10,7 @@ from orchestrator.sequence import Sequence
 def replica(index: int, pages: int, requests: int = 0, used: int = 0) -> Engine:
     """An engine (never started: routing reads its scheduler and its requests) with ``requests`` requests."""
     kv, patch = PrefixCache(PageAllocator(pages, "kv")), PageAllocator(4, "patch")
-    kv.allocate(used)
+    kv.grant([], used, 0, 0)
     engine = Engine(index, Scheduler(SchedulerConfig(), kv, patch), patch, stages=None, media=None)
     engine.requests.update({f"r{k}": None for k in range(requests)})
     return engine
