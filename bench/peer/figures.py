@@ -16,7 +16,9 @@ the later questions' cached tokens over their prompt tokens, as each response's 
 (``reusable_hit_rate``; vLLM reports them with ``--enable-prompt-tokens-details``: None without; it understates the
 rate over the reusable tokens alone by the new question's share of the prompt, under 0.5% for these clips),
 the TTFT p50 and p90 of the first questions and of the later ones, and the share of questions meeting both SLOs
-(``bench.peer.slo``) with the fastest first question of the scenario as every question's TTFT reference.
+(``bench.peer.slo``) with the fastest first question as every question's TTFT reference (``ttft_reference_ms``):
+of either system in a two-system summary (``bench.peer.summary.ttft_references``), else the system's own; and that
+share as the TTFT limit goes from 1x to 5x the reference (``slo_attainment_by_ttft_factor``).
 """
 from __future__ import annotations
 
@@ -90,30 +92,43 @@ def question_of(record: dict) -> int:
     return int(record["kind"].rpartition("_q")[2])
 
 
-def multiturn(records: list[dict], prefix_cache: dict | None) -> dict:
+def first_question_ttft(records: list[dict]) -> float | None:
+    """The fastest (ms) error-free first question of a multiturn scenario's records, None without one."""
+    first = [r["ttft_ms"] for r in records if r.get("error") is None and r.get("token_s") and question_of(r) == 0]
+    return min(first) if first else None
+
+
+def multiturn(records: list[dict], prefix_cache: dict | None, reference: dict[str, float] | None = None) -> dict:
     """Figures of the multiturn scenario; ``prefix_cache``: the server's counters' increase over it (``queries``,
-    ``hits``, tokens), None where it has none (the hit rates are None then, as where it looked nothing up)."""
+    ``hits``, tokens), None where it has none (the hit rates are None then, as where it looked nothing up);
+    ``reference``: the SLO's TTFT reference per kind (ms), by default the fastest first question of ``records``."""
     ok = [r for r in records if r.get("error") is None and r.get("token_s")]
     first = [r["ttft_ms"] for r in ok if question_of(r) == 0]
     later = [r["ttft_ms"] for r in ok if question_of(r) > 0]
     later_ok = [r for r in ok if question_of(r) > 0 and r.get("cached_tokens") is not None]
     reusable = sum(r.get("prompt_tokens") or 0 for r in later_ok)
     hits, queries = (prefix_cache or {}).get("hits"), (prefix_cache or {}).get("queries")
-    reference = {r["kind"]: min(first) for r in records} if first else None
+    if reference is None and first:
+        reference = {r["kind"]: min(first) for r in records}
     return {"prefix_hit_rate": hits / queries if hits is not None and queries else None,
             "reusable_hit_rate": sum(r["cached_tokens"] for r in later_ok) / reusable if reusable else None,
             "first_ttft_p50_ms": _stat(first, "p50"), "first_ttft_p90_ms": _stat(first, "p90"),
             "later_ttft_p50_ms": _stat(later, "p50"), "later_ttft_p90_ms": _stat(later, "p90"),
-            "slo_attainment": slo.attainment(records, reference) if reference else None}
+            "slo_attainment": slo.attainment(records, reference) if reference and ok else None,
+            "ttft_reference_ms": min(reference.values()) if reference and ok else None,
+            "slo_attainment_by_ttft_factor": {f"{factor}x": slo.attainment(records, reference, factor)
+                                              for factor in slo.FACTORS} if reference and ok else None}
 
 
-def scenario_figures(name: str, records: list[dict], prefix_cache: dict | None = None) -> dict:
+def scenario_figures(name: str, records: list[dict], prefix_cache: dict | None = None,
+                     ttft_reference: dict[str, float] | None = None) -> dict:
     """The summary's figures of scenario ``name`` (None where it was not run: no records, or its requests failed);
-    ``prefix_cache``: the server's prefix-cache counters' increase over it (multiturn's hit rates)."""
+    ``prefix_cache``: the server's prefix-cache counters' increase over it (multiturn's hit rates);
+    ``ttft_reference``: multiturn's SLO reference per kind (ms), by default its own fastest first question."""
     if name == "followup":
         return followup(records)
     if name == "multiturn":
-        return multiturn(records, prefix_cache)
+        return multiturn(records, prefix_cache, ttft_reference)
     if name == "video":
         return {"ttft_ms": _stat([r["ttft_ms"] for r in _ok(records, "video")], "max")}
     if name == "mixed_video":

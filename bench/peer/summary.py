@@ -15,7 +15,8 @@ per system and scenario the request and error counts, the server's command line,
 for UnifiedServe, the decode stage's mean step and batch from its metrics beside the clients' TBT mean and each of
 its processes' CPU time as a share of the scenario (``bench.peer.process_cpu``), and for both the GPU's busy share
 (``bench.peer.gpu_busy``),
-the goodput runs' best unloaded TTFT per request type, requests per rate and attainment tables (``bench.peer.slo``),
+the goodput runs' best unloaded TTFT per request type, requests per rate and attainment tables (``bench.peer.slo``;
+each SLO's TTFT reference is shared by the systems: :func:`ttft_references`),
 the cross-check against ``vllm bench serve``, and every summary figure as UnifiedServe's over vLLM's
 (:func:`ratios`). The plots: ``bench.peer.plots``; UnifiedServe's steps and timelines: ``bench.peer.timelines``.
 """
@@ -41,14 +42,35 @@ def load_raw(out: Path) -> dict[str, dict[str, dict]]:
     return raw
 
 
-def goodput(runs: dict[str, dict], workload: str) -> tuple[float | None, dict]:
-    """(goodput in requests/s, its report) of ``workload`` from one system's raw scenarios."""
+def ttft_references(raw: dict[str, dict[str, dict]]) -> dict[str, dict[str, float]]:
+    """The TTFT references (ms) of the SLOs, one per request kind and shared by the systems, so that both are judged
+    against the same SLO (a reference of each system's own would make the faster system's SLO the stricter):
+    ``<workload>`` the goodput workload's best unloaded TTFT per kind over every system's unloaded pass
+    (``bench.peer.slo.best_unloaded_ttft``); ``multiturn`` the fastest first question of either system
+    (``bench.peer.figures.first_question_ttft``), under each multiturn kind."""
+    refs: dict[str, dict[str, float]] = {}
+    for workload in WORKLOADS:
+        unloaded = [r for runs in raw.values() for r in runs.get(f"goodput_{workload}@unloaded", {}).get("records", [])]
+        if unloaded:
+            refs[workload] = slo.best_unloaded_ttft(unloaded)
+    firsts = [t for runs in raw.values() if (t := figures.first_question_ttft(runs.get("multiturn", {}).get(
+        "records", []))) is not None]
+    if firsts:
+        refs["multiturn"] = {r["kind"]: min(firsts) for runs in raw.values()
+                             for r in runs.get("multiturn", {}).get("records", [])}
+    return refs
+
+
+def goodput(runs: dict[str, dict], workload: str, best: dict[str, float] | None = None
+            ) -> tuple[float | None, dict]:
+    """(goodput in requests/s, its report) of ``workload`` from one system's raw scenarios; ``best``: the TTFT
+    reference per request kind (``ttft_references``), by default this system's best unloaded TTFT."""
     unloaded = runs.get(f"goodput_{workload}@unloaded")
     rated = {float(name.partition("@")[2]): data["records"] for name, data in runs.items()
              if name.startswith(f"goodput_{workload}@") and not name.endswith("@unloaded")}
     if unloaded is None or not rated:
         return None, {"note": "not run (needs the unloaded pass and at least one rate)"}
-    best = slo.best_unloaded_ttft(unloaded["records"])
+    best = best or slo.best_unloaded_ttft(unloaded["records"])
     missing = {r["kind"] for records in rated.values() for r in records} - set(best)
     if missing:  # a type whose unloaded requests all failed cannot be judged
         return None, {"note": f"no unloaded TTFT for request types {sorted(missing)}", "best_unloaded_ttft_ms": best}
@@ -60,13 +82,17 @@ def goodput(runs: dict[str, dict], workload: str) -> tuple[float | None, dict]:
                                                                 "tbt_p99_ms": slo.TBT_P99_SLO_MS}}
 
 
-def system_figures(runs: dict[str, dict]) -> tuple[dict, dict]:
-    """(the system's summary figures, its report)."""
+def system_figures(runs: dict[str, dict], references: dict[str, dict[str, float]] | None = None
+                   ) -> tuple[dict, dict]:
+    """(the system's summary figures, its report); ``references``: the SLOs' shared TTFT references
+    (``ttft_references``), by default the system's own."""
+    references = references or {}
     summary: dict = {}
     report: dict = {"scenarios": {}, "goodput": {}}
     for name in FIXED + CACHED:
         data = runs.get(name, {})
-        summary[name] = figures.scenario_figures(name, data.get("records", []), data.get("prefix_cache"))
+        summary[name] = figures.scenario_figures(name, data.get("records", []), data.get("prefix_cache"),
+                                                 references.get(name))
     for name, data in runs.items():
         if "records" in data:
             records = data["records"]
@@ -86,7 +112,7 @@ def system_figures(runs: dict[str, dict]) -> tuple[dict, dict]:
                                                                            "ours_over_vllm_bench")}
     summary["goodput"] = {}
     for workload in WORKLOADS:
-        rate, report["goodput"][workload] = goodput(runs, workload)
+        rate, report["goodput"][workload] = goodput(runs, workload, references.get(workload))
         summary["goodput"][workload] = {"max_rate_rps": rate}
     return summary, report
 
@@ -129,9 +155,10 @@ def write_summary(out: Path) -> Path:
     first = next(iter(next(iter(raw.values())).values()))
     versions = dict(first["versions"])
     systems, reports = {}, {}
+    references = ttft_references(raw)
     for system in SYSTEMS:
         if system in raw:
-            systems[system], reports[system] = system_figures(raw[system])
+            systems[system], reports[system] = system_figures(raw[system], references)
             versions[system] = next(iter(raw[system].values())).get("server_version")
     summary = {"date": first["date"], "device": first["device"], "versions": versions, "systems": systems}
     write(out, "report", {"systems": reports, "prompt_tokens_agree": prompt_tokens_agree(reports),

@@ -156,6 +156,7 @@ def test_summary_gains_the_cache_scenarios_figures_and_their_ratio(tmp_path):
     assert summary["systems"]["vllm"]["multiturn"]["prefix_hit_rate"] == pytest.approx(0.3)
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["unifiedserve_over_vllm"]["multiturn"]["prefix_hit_rate"] == 2.0
+    assert ours["multiturn"]["ttft_reference_ms"] == pytest.approx(1000.0)
     scenario = report["systems"]["vllm"]["scenarios"]["multiturn"]
     assert scenario["prefix_cache"] == {"queries": 6000.0, "hits": 1800.0} and scenario["server_argv"] == ["x"]
     assert "prefix_cache" not in report["systems"]["vllm"]["scenarios"]["followup"]
@@ -164,9 +165,31 @@ def test_summary_gains_the_cache_scenarios_figures_and_their_ratio(tmp_path):
 def test_the_cache_scenarios_media_are_built_only_when_asked_for(tmp_path, monkeypatch):
     monkeypatch.setattr(scenarios, "build_media", lambda media, setup: (media / "v.mp4", [media / "i.jpg"]))
     monkeypatch.setattr(scenarios, "_resized", lambda path, size: path)
-    built = []
-    monkeypatch.setattr(scenarios, "distinct_video", lambda media, spec, k: built.append(k) or media / f"{k}.mp4")
+    monkeypatch.setattr(scenarios, "distinct_video", _never_built)
     plain = scenarios.build_inputs(tmp_path, smoke=True, clips=2, cache_media=False)
-    assert plain.followup_video is None and plain.clips == () and built == []
+    assert plain.followup_video is None and plain.clips == ()
+    monkeypatch.setattr(scenarios, "distinct_video", _named_by_rate_step)  # called in the build's worker processes
     cached = scenarios.build_inputs(tmp_path, smoke=True, clips=2)
-    assert built == [1, 2, 3] and len(cached.clips) == 2 and cached.followup_video == tmp_path / "1.mp4"
+    assert cached.followup_video == tmp_path / "1.mp4" and cached.clips == (tmp_path / "2.mp4", tmp_path / "3.mp4")
+
+
+def _never_built(media: Path, spec: tuple, k: int) -> Path:
+    raise AssertionError("a cache scenario's video was built unasked")
+
+
+def _named_by_rate_step(media: Path, spec: tuple, k: int) -> Path:
+    return media / f"{k}.mp4"
+
+
+def test_both_systems_multiturn_slo_takes_the_fastest_first_question_of_either_as_reference(tmp_path):
+    # ours: first questions 1.0 and 1.5 s; theirs 2.5 and 3.0 s. Each against its own fastest, both meet every SLO;
+    # against the shared 1.0 s (2 s limit) all of ours do and neither of their first questions does.
+    for system, firsts in (("unifiedserve", (1.0, 1.5)), ("vllm", (2.5, 3.0))):
+        write(tmp_path / "raw" / system, "multiturn",
+              {"system": system, "scenario": "multiturn", "date": "2026-12-03", "device": "H200", "versions": {},
+               "server_version": "v", "records": multiturn_records([[t, 0.1] for t in firsts])})
+    systems = json.loads(write_summary(tmp_path).read_text())["systems"]
+    assert systems["unifiedserve"]["multiturn"]["slo_attainment"] == 1.0
+    assert systems["vllm"]["multiturn"]["slo_attainment"] == pytest.approx(0.5)
+    assert systems["vllm"]["multiturn"]["slo_attainment_by_ttft_factor"]["3.0x"] == 1.0
+    assert [s["multiturn"]["ttft_reference_ms"] for s in systems.values()] == pytest.approx([1000.0, 1000.0])

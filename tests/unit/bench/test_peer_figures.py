@@ -110,7 +110,8 @@ def test_summary_of_two_systems_holds_the_issues_keys_goodput_and_the_prompt_tok
 
     for system, prompt in (("unifiedserve", 10), ("vllm", 11)):
         raw(system, "text_c1", [{**record("text", 0, 0.02, 0.005), "prompt_tokens": prompt}])
-        raw(system, "goodput_video@unloaded", [record("video", 0, 1.0, 0.01)])
+        # vLLM's unloaded video at 2 s would pass its 3-s requests at 0.2 req/s; the shared reference is ours, 1 s
+        raw(system, "goodput_video@unloaded", [record("video", 0, 1.0 if system == "unifiedserve" else 2.0, 0.01)])
         raw(system, "goodput_video@0.1", [record("video", k, 1.5, 0.01) for k in range(10)])
         raw(system, "goodput_video@0.2", [record("video", k, 1.5 if k < 8 else 3.0, 0.01) for k in range(10)])
     summary = json.loads(write_summary(tmp_path).read_text())
@@ -127,6 +128,7 @@ def test_summary_of_two_systems_holds_the_issues_keys_goodput_and_the_prompt_tok
     assert (tmp_path / "attainment_video.png").exists()
     assert report["unifiedserve_over_vllm"]["text_c1"] == {"ttft_ms": 1.0, "tbt_mean_ms": 1.0}
     assert report["unifiedserve_over_vllm"]["goodput"] == {"video.max_rate_rps": 1.0}  # None (not run) has no ratio
+    assert report["systems"]["vllm"]["goodput"]["video"]["best_unloaded_ttft_ms"] == {"video": pytest.approx(1000.0)}
 
 
 def test_crosscheck_computes_vllm_bench_serves_metrics_from_our_records():
