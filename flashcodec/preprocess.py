@@ -67,7 +67,8 @@ def frames_tensor(frames: Sequence[np.ndarray | torch.Tensor]) -> torch.Tensor:
     on their device). Raises ValueError for frames of another shape or dtype, or of different sizes."""
     if frames and all(isinstance(f, torch.Tensor) for f in frames):
         if any(f.dtype != torch.uint8 or f.ndim != 3 or f.shape[0] != 3 or f.shape != frames[0].shape for f in frames):
-            raise ValueError(f"frames must be 3xHxW uint8 of one size, got {[(tuple(f.shape), f.dtype) for f in frames]}")
+            shapes = [(tuple(f.shape), f.dtype) for f in frames]
+            raise ValueError(f"frames must be 3xHxW uint8 of one size, got {shapes}")
         return torch.stack(list(frames))
     if any(not isinstance(f, np.ndarray) or f.dtype != np.uint8 or f.ndim != 3 or f.shape[2] != 3
            or f.shape != frames[0].shape for f in frames):

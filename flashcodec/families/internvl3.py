@@ -10,7 +10,7 @@ pixel work is `flashcodec.families.internvl3_pixels`.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import ClassVar
 
 from flashcodec.errors import MediaError
@@ -69,7 +69,8 @@ def _check_tiles(min_tiles: int, max_tiles: int) -> None:
 def tile_grids(min_tiles: int, max_tiles: int) -> list[tuple[int, int]]:
     """(columns, rows) of every grid with `min_tiles` .. `max_tiles` tiles, ordered by tile count (stable: columns
     then rows within a count). `get_all_supported_aspect_ratios` in image_processing_got_ocr2.py."""
-    grids = [(w, h) for w in range(1, max_tiles + 1) for h in range(1, max_tiles + 1) if min_tiles <= w * h <= max_tiles]
+    grids = [(w, h) for w in range(1, max_tiles + 1) for h in range(1, max_tiles + 1)
+             if min_tiles <= w * h <= max_tiles]
     return sorted(grids, key=lambda grid: grid[0] * grid[1])
 
 
@@ -95,8 +96,26 @@ def best_grid(height: int, width: int, tile_size: int, min_tiles: int, max_tiles
     return best
 
 
+class _Tiles:
+    """What both plans derive from their groups of square tiles."""
+
+    num_groups: int
+    patches_per_group: int
+    tokens_per_group: int
+
+    @property
+    def grid_thw(self) -> tuple[int, int, int]:
+        """(groups, 32, 32): each group's patches as a square grid."""
+        side = math.isqrt(self.patches_per_group)
+        return self.num_groups, side, side
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_groups * self.tokens_per_group
+
+
 @dataclass(frozen=True)
-class TiledImagePlan:
+class TiledImagePlan(_Tiles):
     """An image cut into tiles: resized to `columns * tile_size` x `rows * tile_size` px and cut row by row, then a
     `thumbnail` (the whole image resized to one tile) last when there is more than one tile.
 
@@ -114,18 +133,9 @@ class TiledImagePlan:
     patches_per_group: int
     tokens_per_group: int
 
-    @property
-    def grid_thw(self) -> tuple[int, int, int]:
-        side = math.isqrt(self.patches_per_group)
-        return self.num_groups, side, side
-
-    @property
-    def num_tokens(self) -> int:
-        return self.num_groups * self.tokens_per_group
-
 
 @dataclass(frozen=True)
-class SegmentVideoPlan:
+class SegmentVideoPlan(_Tiles):
     """A video sampled by segments: `frame_indices` (presentation order, increasing) at `frame_times_s` (seconds
     from the first frame), each frame resized to one `tile_size` tile (no tiling) and one group of
     `patches_per_group` patches / `tokens_per_group` tokens. `grid_thw` = (frames, 32, 32) in patches."""
@@ -135,21 +145,9 @@ class SegmentVideoPlan:
     frame_indices: tuple[int, ...]
     frame_times_s: tuple[float, ...]
     tile_size: int
+    num_groups: int
     patches_per_group: int
     tokens_per_group: int
-    num_groups: int = field(init=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "num_groups", len(self.frame_indices))
-
-    @property
-    def grid_thw(self) -> tuple[int, int, int]:
-        side = math.isqrt(self.patches_per_group)
-        return self.num_groups, side, side
-
-    @property
-    def num_tokens(self) -> int:
-        return self.num_groups * self.tokens_per_group
 
 
 def segment_indices(total_frames: int, num_frames: int) -> list[int]:
@@ -226,7 +224,7 @@ class InternVL3:
         indices = segment_indices(total, c.num_frames if num_frames is None else num_frames)
         start = info.frame_pts_s[0]
         return SegmentVideoPlan(tuple(indices), tuple(info.frame_pts_s[i] - start for i in indices), c.tile_size,
-                                c.patches_per_tile, c.tokens_per_tile)
+                                len(indices), c.patches_per_tile, c.tokens_per_tile)
 
     def expand(self, kind: str, grid_thw: tuple[int, int, int]) -> PromptExpansion:
         """What replaces one placeholder of `kind` for an item of `grid_thw` (tiles or frames, 32, 32).

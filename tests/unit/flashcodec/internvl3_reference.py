@@ -3,6 +3,8 @@
 `write_image_processor`), and a tokenizer with InternVL's image tokens and chat template over the offline one."""
 from __future__ import annotations
 
+import functools
+
 from transformers import GotOcr2ImageProcessor, InternVLProcessor, InternVLVideoProcessor, PreTrainedTokenizerFast
 from transformers.utils.constants import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
@@ -20,10 +22,12 @@ CHAT_TEMPLATE = (
 )
 
 
+@functools.cache
 def image_processor() -> GotOcr2ImageProcessor:
     return GotOcr2ImageProcessor(**SETTINGS, crop_to_patches=True)
 
 
+@functools.cache
 def video_processor() -> InternVLVideoProcessor:
     return InternVLVideoProcessor(**SETTINGS)
 
@@ -40,6 +44,7 @@ def tokenizer() -> PreTrainedTokenizerFast:
                               "context_image_token": CONTEXT, "video_token": VIDEO})
 
 
+@functools.cache
 def processor() -> InternVLProcessor:
     return InternVLProcessor(image_processor=image_processor(), tokenizer=tokenizer(),
                              video_processor=video_processor(), image_seq_length=256)

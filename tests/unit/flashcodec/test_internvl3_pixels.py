@@ -29,22 +29,12 @@ def as_rows(pixel_values: torch.Tensor) -> torch.Tensor:
     return F.unfold(pixel_values, 14, stride=14).transpose(1, 2).reshape(-1, 3 * 14 * 14)
 
 
-@pytest.fixture(scope="module")
-def image_processor():
-    return ref.image_processor()
-
-
-@pytest.fixture(scope="module")
-def video_processor():
-    return ref.video_processor()
-
-
 @pytest.mark.parametrize("width, height", [(1, 1), (1, 2000), (2000, 1), (13, 17), (448, 448), (896, 448),
                                            (449, 447), (1344, 896), (640, 480), (1280, 720), (3, 1000)])
-def test_image_rows_equal_the_image_processor(image_processor, width, height):
+def test_image_rows_equal_the_image_processor(width, height):
     data = make_image(width, height, "RGB", "PNG")
     plan = INTERNVL.plan_image(probe_image(data))
-    expected = image_processor(images=[load_image(data)], return_tensors="pt")
+    expected = ref.image_processor()(images=[load_image(data)], return_tensors="pt")
     assert expected["num_patches"].tolist() == [plan.num_groups]
     groups = list(iter_image_groups(data, plan))
     assert [g for g, _ in groups] == list(range(plan.num_groups))
@@ -52,17 +42,17 @@ def test_image_rows_equal_the_image_processor(image_processor, width, height):
     torch.testing.assert_close(image_group(data, plan), as_rows(expected["pixel_values"]), atol=0, rtol=0)
 
 
-def test_odd_modes_are_the_rgb_image_the_processor_is_given(image_processor):
+def test_odd_modes_are_the_rgb_image_the_processor_is_given():
     data = make_image(700, 300, "RGBA", "PNG")
     plan = INTERNVL.plan_image(probe_image(data))
-    expected = image_processor(images=[load_image(data)], return_tensors="pt")["pixel_values"]
+    expected = ref.image_processor()(images=[load_image(data)], return_tensors="pt")["pixel_values"]
     torch.testing.assert_close(image_group(data, plan), as_rows(expected), atol=0, rtol=0)
 
 
-def test_max_tiles_option_equals_the_processors(image_processor):
+def test_max_tiles_option_equals_the_processors():
     data = make_image(1920, 1080, "RGB", "JPEG")
     plan = INTERNVL.plan_image(probe_image(data), MediaOptions(max_tiles=4))
-    expected = image_processor(images=[load_image(data)], max_patches=4, return_tensors="pt")["pixel_values"]
+    expected = ref.image_processor()(images=[load_image(data)], max_patches=4, return_tensors="pt")["pixel_values"]
     torch.testing.assert_close(image_group(data, plan), as_rows(expected), atol=0, rtol=0)
 
 
@@ -73,14 +63,14 @@ def test_max_tiles_option_equals_the_processors(image_processor):
     (make_video(None, 150, 94, 40, 30, bframes=2, gop=10), MediaOptions(num_frames=40)),  # every frame
     (make_video(None, 64, 48, 9, 25), MediaOptions()),
 ], ids=["bikes-8", "bikes-32", "bigbuckbunny-fps1", "generated-all", "short"])
-def test_video_rows_equal_the_video_processor(video_processor, source, options):
+def test_video_rows_equal_the_video_processor(source, options):
     """The processor samples its own frames from every decoded frame and the metadata; ours decodes only the plan's."""
     info = probe_video(source)
     plan = INTERNVL.plan_video(info, options)
     every_frame = np.stack(list(CpuDecoder().decode(source, range(info.num_frames))))
     sampling = {"num_frames": options.num_frames or INTERNVL.config.num_frames} if options.fps is None \
         else {"fps": options.fps}
-    expected = video_processor(videos=[every_frame], do_sample_frames=True, return_tensors="pt",
+    expected = ref.video_processor()(videos=[every_frame], do_sample_frames=True, return_tensors="pt",
                                video_metadata=[VideoMetadata(total_num_frames=info.num_frames, fps=info.fps)],
                                **sampling)["pixel_values_videos"][0]
     assert expected.shape[0] == plan.num_groups

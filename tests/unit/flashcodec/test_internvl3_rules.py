@@ -28,16 +28,6 @@ SIZES = [(1, 1), (1, 2000), (2000, 1), (2, 3), (13, 17), (27, 1000), (448, 448),
          (224, 224), (300, 450), (4000, 3000), (600, 400), (896, 1343), (1000, 1000), (3, 1000)]
 
 
-@pytest.fixture(scope="module")
-def image_processor():
-    return ref.image_processor()
-
-
-@pytest.fixture(scope="module")
-def video_processor():
-    return ref.video_processor()
-
-
 @pytest.mark.parametrize("low, high", [(1, 12), (1, 1), (2, 6), (4, 4), (1, 40), (7, 12)])
 def test_tile_grids_are_the_processors(low, high):
     assert tile_grids(low, high) == get_all_supported_aspect_ratios(low, high)
@@ -54,11 +44,11 @@ def test_best_grid_is_the_processors_on_every_small_size():
 
 @pytest.mark.parametrize("width, height", SIZES)
 @pytest.mark.parametrize("low, high", [(1, 12), (1, 1), (1, 6), (2, 4), (12, 12)])
-def test_image_tiles_and_tokens_from_metadata_equal_the_processors(image_processor, width, height, low, high):
+def test_image_tiles_and_tokens_from_metadata_equal_the_processors(width, height, low, high):
     rules = InternVL3(InternVL3Config(min_tiles=low, max_tiles=high))
     plan = rules.plan_image(ImageInfo(width, height, "RGB", "PNG"))
     kwargs = {"min_patches": low, "max_patches": high, "crop_to_patches": True}
-    tiles = image_processor.get_number_of_image_patches(height, width, kwargs)
+    tiles = ref.image_processor().get_number_of_image_patches(height, width, kwargs)
     assert plan.num_groups == tiles and plan.thumbnail == (tiles > 1)
     assert (plan.columns, plan.rows) == get_optimal_tiled_canvas((height, width), (448, 448), low, high)
     assert plan.num_tokens == 256 * tiles and plan.grid_thw == (tiles, 32, 32) and plan.patches_per_group == 1024
@@ -80,22 +70,25 @@ def test_max_tiles_option_lowers_the_tile_count():
 
 @pytest.mark.parametrize("total, frames", [(1, 1), (8, 8), (9, 8), (10, 3), (25, 8), (250, 8), (250, 32), (3600, 32),
                                            (1801, 7), (100, 1), (7, 2)])
-def test_segments_are_the_processors(video_processor, total, frames):
+def test_segments_are_the_processors(total, frames):
     metadata = VideoMetadata(total_num_frames=total, fps=25)
-    assert segment_indices(total, frames) == video_processor.sample_frames(metadata, num_frames=frames).tolist()
+    expected = ref.video_processor().sample_frames(metadata, num_frames=frames).tolist()
+    assert segment_indices(total, frames) == expected
 
 
 @pytest.mark.parametrize("fps, video_fps, total", [(1.0, 25, 250), (2.0, 30, 95), (0.5, 24, 240), (4.0, 29.97, 300)])
-def test_fps_sampling_is_the_processors(video_processor, tmp_path, fps, video_fps, total):
+def test_fps_sampling_is_the_processors(tmp_path, fps, video_fps, total):
     path = make_video(tmp_path / "clip.mp4", 64, 48, total, video_fps)
     info = probe_video(path)
     plan = INTERNVL.plan_video(info, MediaOptions(fps=fps))
     metadata = VideoMetadata(total_num_frames=info.num_frames, fps=info.fps)
-    assert list(plan.frame_indices) == video_processor.sample_frames(metadata, fps=fps).tolist()
+    assert list(plan.frame_indices) == ref.video_processor().sample_frames(metadata, fps=fps).tolist()
 
 
-@pytest.mark.parametrize("frames, fps, options", [(40, 25, MediaOptions()), (40, 25, MediaOptions(num_frames=5)),
-                                                  (9, 30, MediaOptions(num_frames=9, fps=1.0)), (1, 25, MediaOptions(num_frames=1))])
+@pytest.mark.parametrize("frames, fps, options", [
+    (40, 25, MediaOptions()), (40, 25, MediaOptions(num_frames=5)), (9, 30, MediaOptions(num_frames=9, fps=1.0)),
+    (1, 25, MediaOptions(num_frames=1)),
+])
 def test_video_plan_from_metadata(tmp_path, frames, fps, options):
     path = make_video(tmp_path / "clip.mp4", 96, 64, frames, fps)
     info = probe_video(path)

@@ -32,9 +32,10 @@ def _turn(*parts: tuple[str, str]) -> Turn:
 @pytest.mark.parametrize("parts, images, frames", [
     ((("image", ""), ("text", "What is this?")), [(640, 480)], []),
     ((("video", ""), ("text", "What happens? Frame1: ")), [], [5]),
-    ((("text", "Compare"), ("image", ""), ("image", ""), ("video", ""), ("text", " them.")), [(1, 2000), (448, 448)],
-     [3]),
-    ((("video", ""), ("image", ""), ("video", ""), ("text", "Which?")), [(1920, 1080)], [4, 4]),  # the processor stacks a call's videos: one length
+    ((("text", "Compare"), ("image", ""), ("image", ""), ("video", ""), ("text", " them.")),
+     [(1, 2000), (448, 448)], [3]),
+    # the processor stacks a call's videos: one length for all
+    ((("video", ""), ("image", ""), ("video", ""), ("text", "Which?")), [(1920, 1080)], [4, 4]),
 ])
 def test_prompt_ids_equal_the_processors(processor, parts, images, frames):
     tokenizer = processor.tokenizer
