@@ -3,9 +3,10 @@
 The reference is transformers 5.17's InternVL processor (`models/internvl/processing_internvl.py`), its image
 processor (`models/got_ocr2/image_processing_got_ocr2.py`, `crop_to_patches=True`) and its video processor
 (`models/internvl/video_processing_internvl.py`), configured as the InternVL3 `-hf` checkpoints are (448 px tiles,
-ImageNet mean/std, 1..12 tiles; `models/internvl/convert_internvl_weights_to_hf.py`). The arithmetic is reproduced
-here (no torchvision at import); tests/unit/flashcodec/test_internvl3_*.py compare it with those classes. The
-pixel work is `flashcodec.families.internvl3_pixels`.
+ImageNet mean/std, 1..12 tiles; `convert_internvl_weights_to_hf.py` in transformers' repository, not in its wheel).
+The arithmetic is reproduced here (torchvision is not a dependency; torch only for the frame indices, imported when
+called); tests/unit/flashcodec/test_internvl3_*.py compare it with those classes. The pixel work is
+`flashcodec.families.internvl3_pixels`.
 """
 from __future__ import annotations
 
