@@ -1,4 +1,4 @@
-"""Media -> patch rows, one temporal-patch group at a time: decode (decoders), resize + patchify (preprocess).
+"""Media -> patch rows, one group at a time: decode (decoders), then the plan's family (resize, normalise, patchify).
 
 `make_decoder` picks the video decoder for a stage: NVDEC on a GPU when PyNvVideoCodec works there, else the
 GOP-parallel CPU decoder, else the sequential CPU decoder.
@@ -14,47 +14,50 @@ import torch
 
 from flashcodec.decoders import CpuDecoder, DecodePaths, FrameDecoder
 from flashcodec.errors import MediaError
+from flashcodec.families import MediaPlan, family_of
 from flashcodec.gop_plan import MAX_GOP_SIZE
 from flashcodec.gop_pool import PoolUnavailable
 from flashcodec.images import load_image
 from flashcodec.nvdec import NvdecDecoder, NvdecUnavailable
 from flashcodec.parallel import ParallelCpuDecoder
-from flashcodec.preprocess import image_patches, normalize, patchify_group, resize_frames, video_group_patches
 from flashcodec.probe import Source
-from flashcodec.sampling import TEMPORAL_PATCH_SIZE, ImagePlan, VideoPlan
 
 log = logging.getLogger(__name__)
 
 
 def iter_video_groups(
-    source: Source, plan: VideoPlan, decoder: FrameDecoder | None = None
+    source: Source, plan: MediaPlan, decoder: FrameDecoder | None = None
 ) -> Iterator[tuple[int, torch.Tensor]]:
-    """Yield `(group_index, patches)` for g = 0 .. plan.num_groups - 1 as soon as each group's 2 frames decode.
+    """Yield `(group_index, patches)` for g = 0 .. plan.num_groups - 1 as soon as each group's frames decode.
 
-    `patches`: float32 [plan.patches_per_group, 1176] (see `preprocess.video_group_patches`), on the device of
-    the decoder's frames: the CPU for numpy frames, the GPU for a GPU decoder's 3xHxW tensors (resized and
-    normalised there). Frames are those of `plan.frame_indices`, decoded by `decoder` (default `CpuDecoder()`);
-    memory is one group at a time. Raises MediaError if the decoder does (undecodable file) or yields fewer
-    frames than planned.
+    `plan` is a family's video plan (`flashcodec.families`): its family says how many frames make a group
+    (Qwen2.5-VL 2, InternVL3 1) and how they become patch rows. `patches`: float32 [plan.patches_per_group,
+    family.patch_dim], on the device of the decoder's frames: the CPU for numpy frames, the GPU for a GPU decoder's
+    3xHxW tensors (resized and normalised there). Frames are those of `plan.frame_indices`, decoded by `decoder`
+    (default `CpuDecoder()`); memory is one group at a time. Raises MediaError if the decoder does (undecodable
+    file) or yields fewer frames than planned.
     """
+    family = family_of(plan)
     frames = (decoder or CpuDecoder()).decode(source, plan.frame_indices)
     for group in range(plan.num_groups):
-        pair = [frame for _, frame in zip(range(TEMPORAL_PATCH_SIZE), frames)]
-        if len(pair) < TEMPORAL_PATCH_SIZE:
+        batch = [frame for _, frame in zip(range(family.frames_per_group), frames)]
+        if len(batch) < family.frames_per_group:
             raise MediaError(f"video: truncated: group {group} of {plan.num_groups} has no frames")
-        if isinstance(pair[0], torch.Tensor):
-            pixels = resize_frames(torch.stack(pair), plan.resized_height, plan.resized_width)
-            yield group, patchify_group(normalize(pixels))
-        else:
-            yield group, video_group_patches(pair, plan.resized_height, plan.resized_width)
+        yield group, family.video_group(batch, plan)
 
 
-def image_group(data: bytes, plan: ImagePlan) -> torch.Tensor:
-    """Image bytes -> float32 [plan.num_patches, 1176]: `images.load_image`, then `preprocess.image_patches`.
-
-    Raises MediaError for bytes that do not decode to an image.
+def iter_image_groups(data: bytes, plan: MediaPlan) -> Iterator[tuple[int, torch.Tensor]]:
+    """Yield `(group_index, patches)` of an image: float32 [plan.patches_per_group, family.patch_dim] per group
+    (Qwen2.5-VL: one group; InternVL3: one per tile, the thumbnail last): `images.load_image`, then the family's
+    `image_groups`. Raises MediaError for bytes that do not decode to an image.
     """
-    return image_patches(load_image(data), plan.resized_height, plan.resized_width)
+    return family_of(plan).image_groups(load_image(data), plan)
+
+
+def image_group(data: bytes, plan: MediaPlan) -> torch.Tensor:
+    """Every group of `iter_image_groups`, concatenated in group order: float32 [plan.num_groups *
+    plan.patches_per_group, family.patch_dim]. Raises as it does."""
+    return torch.cat([rows for _, rows in iter_image_groups(data, plan)])
 
 
 @dataclass(frozen=True)

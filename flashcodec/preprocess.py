@@ -1,4 +1,5 @@
-"""Resize, normalise and patchify one temporal-patch group: pixels in, rows of 1176 patch values out.
+"""Resize, normalise and patchify: pixels in, patch rows out (Qwen2.5-VL's temporal-patch groups of 1176 values;
+resize, normalise and the frame/image conversions are shared with `flashcodec.families.internvl3_pixels`).
 
 The reference is transformers' Qwen2_5_VLProcessor components, `Qwen2VLVideoProcessor(cap_pixels_per_frame=True)`
 and `Qwen2VLImageProcessor` (torchvision backend): the same torch ops in the same order, so the values are
@@ -6,6 +7,7 @@ bit-identical on CPU (tests/unit/flashcodec/test_preprocess.py measures it).
 """
 from __future__ import annotations
 
+import functools
 from typing import Sequence
 
 import numpy as np
@@ -18,9 +20,14 @@ from flashcodec.sampling import FACTOR, MERGE_SIZE, PATCH_DIM, PATCH_SIZE, TEMPO
 OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)  # transformers.utils.constants
 OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 RESCALE_FACTOR = 1 / 255
-# transformers fuses rescale into normalize: mean and std scaled by 1 / rescale_factor, in float32
-_MEAN = torch.tensor(OPENAI_CLIP_MEAN) * (1.0 / RESCALE_FACTOR)
-_STD = torch.tensor(OPENAI_CLIP_STD) * (1.0 / RESCALE_FACTOR)
+
+
+@functools.lru_cache(maxsize=8)
+def _fused(mean: tuple[float, ...], std: tuple[float, ...], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """transformers fuses rescale into normalize: mean and std scaled by 1 / rescale_factor, in float32
+    (`TorchvisionBackend._fuse_mean_std_and_rescale_factor`)."""
+    return (torch.tensor(mean, device=device).mul(1.0 / RESCALE_FACTOR).view(-1, 1, 1),
+            torch.tensor(std, device=device).mul(1.0 / RESCALE_FACTOR).view(-1, 1, 1))
 
 
 def resize_frames(frames: torch.Tensor, height: int, width: int) -> torch.Tensor:
@@ -47,11 +54,35 @@ def resize_frames_float(frames: torch.Tensor, height: int, width: int) -> torch.
     return out.clamp_(0, 255).round_().to(torch.uint8)
 
 
-def normalize(frames: torch.Tensor) -> torch.Tensor:
-    """uint8 [N, 3, H, W] -> float32 `(x / 255 - OPENAI_CLIP_MEAN) / OPENAI_CLIP_STD`, fused as transformers does."""
-    mean = _MEAN.to(frames.device).view(-1, 1, 1)
-    std = _STD.to(frames.device).view(-1, 1, 1)
-    return frames.to(torch.float32).sub(mean).div_(std)
+def normalize(frames: torch.Tensor, mean: tuple[float, ...] = OPENAI_CLIP_MEAN,
+              std: tuple[float, ...] = OPENAI_CLIP_STD) -> torch.Tensor:
+    """uint8 [N, 3, H, W] -> float32 `(x / 255 - mean) / std` (per channel), fused as transformers'
+    `TorchvisionBackend.rescale_and_normalize` does. Defaults: the CLIP mean/std of Qwen2.5-VL."""
+    fused_mean, fused_std = _fused(tuple(mean), tuple(std), frames.device)
+    return frames.to(torch.float32).sub(fused_mean).div_(fused_std)
+
+
+def frames_tensor(frames: Sequence[np.ndarray | torch.Tensor]) -> torch.Tensor:
+    """Decoded frames of one size -> uint8 [N, 3, H, W]: HxWx3 numpy frames (CPU decoders) or 3xHxW tensors (NVDEC,
+    on their device). Raises ValueError for frames of another shape or dtype, or of different sizes."""
+    if frames and all(isinstance(f, torch.Tensor) for f in frames):
+        if any(f.dtype != torch.uint8 or f.ndim != 3 or f.shape[0] != 3 or f.shape != frames[0].shape for f in frames):
+            shapes = [(tuple(f.shape), f.dtype) for f in frames]
+            raise ValueError(f"frames must be 3xHxW uint8 of one size, got {shapes}")
+        return torch.stack(list(frames))
+    if any(not isinstance(f, np.ndarray) or f.dtype != np.uint8 or f.ndim != 3 or f.shape[2] != 3
+           or f.shape != frames[0].shape for f in frames):
+        raise ValueError("frames must be HxWx3 uint8 of one size, got "
+                         f"{[(getattr(f, 'shape', None), str(getattr(f, 'dtype', type(f)))) for f in frames]}")
+    return torch.from_numpy(np.stack(frames)).permute(0, 3, 1, 2)
+
+
+def image_tensor(img: Image.Image) -> torch.Tensor:
+    """An RGB Pillow image -> uint8 [1, 3, H, W], the values of torchvision's `pil_to_tensor` (what transformers'
+    processors call). Raises ValueError if `img` is not RGB (see `flashcodec.images.load_image`)."""
+    if img.mode != "RGB":
+        raise ValueError(f"want an RGB image, got mode {img.mode}")
+    return torch.from_numpy(np.array(img)).permute(2, 0, 1).unsqueeze(0)
 
 
 def patchify_group(frames: torch.Tensor) -> torch.Tensor:
@@ -75,18 +106,15 @@ def _check_size(height: int, width: int) -> None:
         raise ValueError(f"resized size must be positive multiples of {FACTOR}, got {height}x{width}")
 
 
-def video_group_patches(frames: Sequence[np.ndarray], resized_h: int, resized_w: int) -> torch.Tensor:
-    """Two decoded frames (HxWx3 uint8 RGB, same size) -> float32 [(resized_h/14) * (resized_w/14), 1176].
+def video_group_patches(frames: Sequence[np.ndarray | torch.Tensor], resized_h: int, resized_w: int) -> torch.Tensor:
+    """Two decoded frames (see `frames_tensor`) -> float32 [(resized_h/14) * (resized_w/14), 1176], on their device.
 
     Raises ValueError for a wrong number, shape or dtype of frames, or a size that is not a multiple of 28.
     """
     _check_size(resized_h, resized_w)
     if len(frames) != TEMPORAL_PATCH_SIZE:
         raise ValueError(f"a temporal-patch group is {TEMPORAL_PATCH_SIZE} frames, got {len(frames)}")
-    if any(f.dtype != np.uint8 or f.ndim != 3 or f.shape[2] != 3 or f.shape != frames[0].shape for f in frames):
-        raise ValueError(f"frames must be HxWx3 uint8 of one size, got {[(f.shape, str(f.dtype)) for f in frames]}")
-    pixels = torch.from_numpy(np.stack(frames)).permute(0, 3, 1, 2)
-    return patchify_group(normalize(resize_frames(pixels, resized_h, resized_w)))
+    return patchify_group(normalize(resize_frames(frames_tensor(frames), resized_h, resized_w)))
 
 
 def image_patches(img: Image.Image, resized_h: int, resized_w: int) -> torch.Tensor:
@@ -96,8 +124,5 @@ def image_patches(img: Image.Image, resized_h: int, resized_w: int) -> torch.Ten
     Raises ValueError if `img` is not RGB (see `flashcodec.images.load_image`) or the size is not a multiple of 28.
     """
     _check_size(resized_h, resized_w)
-    if img.mode != "RGB":
-        raise ValueError(f"image_patches wants an RGB image, got mode {img.mode}")
-    pixels = torch.from_numpy(np.array(img)).permute(2, 0, 1).unsqueeze(0)
-    frame = normalize(resize_frames(pixels, resized_h, resized_w))
+    frame = normalize(resize_frames(image_tensor(img), resized_h, resized_w))
     return patchify_group(frame.expand(TEMPORAL_PATCH_SIZE, -1, -1, -1).contiguous())

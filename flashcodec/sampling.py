@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
 from flashcodec.errors import MediaError
 from flashcodec.probe import ImageInfo, VideoInfo
@@ -119,17 +120,30 @@ class VideoPlan:
     num_groups: int
     patches_per_group: int
     tokens_per_group: int
+    family: ClassVar[str] = "qwen2_5_vl"
+    kind: ClassVar[str] = "video"
 
 
 @dataclass(frozen=True)
 class ImagePlan:
-    """An image's resize target (pixels), `grid_thw` = (1, h/14, w/14), patch rows and LLM tokens."""
+    """An image's resize target (pixels), `grid_thw` = (1, h/14, w/14), patch rows and LLM tokens: one group."""
 
     resized_height: int
     resized_width: int
     grid_thw: tuple[int, int, int]
     num_patches: int
     num_tokens: int
+    family: ClassVar[str] = "qwen2_5_vl"
+    kind: ClassVar[str] = "image"
+    num_groups: ClassVar[int] = 1
+
+    @property
+    def patches_per_group(self) -> int:
+        return self.num_patches
+
+    @property
+    def tokens_per_group(self) -> int:
+        return self.num_tokens
 
 
 def _check_pixels(min_pixels: int | None, max_pixels: int | None) -> None:

@@ -1,9 +1,10 @@
-"""The prompt: chat template, visual-token expansion, and where each temporal-patch group's tokens sit (or a text
-prompt as it is, without the chat template).
+"""The prompt: chat template, visual-token expansion, and where each group's tokens sit (or a text prompt as it
+is, without the chat template).
 
-The visual-token count of each item comes from metadata alone (flashcodec's probe + sampling plan),
-before any frame is decoded: a group of grid (1, h, w) patches becomes ``h*w / merge**2`` tokens
-(Qwen2.5-VL: ``merge_size`` 2, transformers' ``Qwen2VLImageProcessor``).
+The visual-token count of each item comes from metadata alone (flashcodec's probe + the model family's plan), before
+any frame is decoded: a group of h x w patches becomes ``h*w / merge**2`` tokens (Qwen2.5-VL: ``merge_size`` 2,
+transformers' ``Qwen2VLImageProcessor``; InternVL3: pixel shuffle 0.5, 256 tokens a tile). What surrounds them in the
+prompt is the family's (``flashcodec.families``: ``expand``).
 """
 from __future__ import annotations
 
@@ -11,26 +12,35 @@ import re
 import threading
 from dataclasses import dataclass
 
+from flashcodec.families import Family, family
 from orchestrator.messages import Part, Turn, user_turn
 from orchestrator.sampling_params import InvalidInput
 
-MERGE = 2  # spatial_merge_size of Qwen2.5-VL's vision tower
+MERGE = 2  # patches per token side: Qwen2.5-VL's spatial_merge_size, InternVL3's pixel shuffle (0.5)
 # Stands for message text k while the template is applied (NUL bytes: no template writes them).
 _TEXT_MARK = "\x00unifiedserve-text-{}\x00"
 _TEXT_MARK_RE = re.compile("\x00unifiedserve-text-(\\d+)\x00")
 # transformers' encode(split_special_tokens=...) sets that flag on the tokenizer's one shared Rust object, and
 # prompts are built in worker threads: unserialised, a template's "<|image_pad|>" can be split into text.
 _ENCODE_LOCK = threading.Lock()
+QWEN = family("qwen2_5_vl")
 
 
 @dataclass(frozen=True)
 class MediaLayout:
-    """One image or video in the prompt. ``grid_thw`` in patches; ``token_offset``: its first visual token."""
+    """One image or video in the prompt. ``grid_thw`` (groups, h, w) in patches; ``group_offsets``: the position
+    of each group's first visual token (a group's tokens are contiguous; groups need not be: InternVL3 writes
+    ``Frame{i}:`` text between a video's frames)."""
 
     kind: str
     grid_thw: tuple[int, int, int]
     second_per_grid_t: float
-    token_offset: int
+    group_offsets: tuple[int, ...]
+
+    @property
+    def token_offset(self) -> int:
+        """The position of the item's first visual token."""
+        return self.group_offsets[0]
 
     @property
     def tokens_per_group(self) -> int:
@@ -83,21 +93,24 @@ class Prompt:
                            f"max_model_len {max_model_len} ({fix})")
 
 
-def build_prompt(tokenizer, text: str, media: list[tuple[str, tuple[int, int, int], float]]) -> Prompt:
+def build_prompt(tokenizer, text: str, media: list[tuple[str, tuple[int, int, int], float]],
+                 family: Family = QWEN) -> Prompt:
     """The prompt of one user turn: its images, then its videos, then ``text`` (the ``text_input`` request).
 
     ``media``: (kind, grid_thw in patches, second_per_grid_t in seconds; 0 for images), in prompt order.
     """
-    return build_chat_prompt(tokenizer, (user_turn(text, [kind for kind, _, _ in media]),), media)
+    return build_chat_prompt(tokenizer, (user_turn(text, [kind for kind, _, _ in media]),), media, family)
 
 
-def build_chat_prompt(tokenizer, turns: tuple[Turn, ...], media: list[tuple[str, tuple[int, int, int], float]]
-                      ) -> Prompt:
-    """Apply the model's chat template to a conversation (then the assistant's turn) and expand each
-    ``<|image_pad|>``/``<|video_pad|>`` to its item's visual-token count.
+def build_chat_prompt(tokenizer, turns: tuple[Turn, ...], media: list[tuple[str, tuple[int, int, int], float]],
+                      family: Family = QWEN) -> Prompt:
+    """Apply the model's chat template to a conversation (then the assistant's turn) and put each media item's text
+    and visual tokens in place of its placeholder (``family.expand``: the text its processor writes there).
 
     ``media``: (kind, grid_thw in patches, second_per_grid_t in seconds; 0 for images), one per placeholder of
-    ``turns``, in the same order. Raises RuntimeError when the template drops or repeats a text or a placeholder.
+    ``turns``, in the same order. Each run of visual tokens is tokenized as one special token and then repeated (the
+    ids equal tokenizing the processor's text, without tokenizing thousands of pads). Raises RuntimeError when the
+    template drops or repeats a text or a placeholder.
     """
     texts: list[str] = []
 
@@ -112,6 +125,21 @@ def build_chat_prompt(tokenizer, turns: tuple[Turn, ...], media: list[tuple[str,
     pieces = _TEXT_MARK_RE.split(templated)  # template, text index, template, text index, ..., template
     if sorted(int(i) for i in pieces[1::2]) != list(range(len(texts))):
         raise RuntimeError("the chat template dropped or repeated a message's text")
+    kinds = {token: kind for kind, token in family.placeholders.items()}
+    placeholder_re = re.compile("|".join(map(re.escape, kinds)))
+    pending = list(media)
+    runs: list[tuple[int, int, int]] = []  # (media item, token id, run length), in prompt order
+
+    def expand(match: re.Match) -> str:
+        if not pending or kinds[match.group()] != pending[0][0]:
+            raise RuntimeError(f"the chat template wrote {match.group()} where the media order has "
+                               f"{pending[0][0] if pending else 'none left'}")
+        kind, grid, _ = pending.pop(0)
+        expansion = family.expand(kind, tuple(grid))
+        token = tokenizer.convert_tokens_to_ids(expansion.token)
+        runs.extend((len(media) - len(pending) - 1, token, n) for n in expansion.runs)
+        return expansion.text
+
     # Message texts are tokenized on their own with special-token strings split into plain text, so a
     # prompt cannot inject "<|im_end|>" or a "<|video_pad|>" that no media backs.
     ids: list[int] = []
@@ -120,39 +148,47 @@ def build_chat_prompt(tokenizer, turns: tuple[Turn, ...], media: list[tuple[str,
             if k % 2:
                 ids += tokenizer.encode(texts[int(piece)], add_special_tokens=False, split_special_tokens=True)
             else:
-                ids += tokenizer.encode(piece, add_special_tokens=False)
-    pad_ids = {"image": tokenizer.convert_tokens_to_ids("<|image_pad|>"),
-               "video": tokenizer.convert_tokens_to_ids("<|video_pad|>")}
-    out: list[int] = []
-    layouts: list[MediaLayout] = []
-    pending = list(media)
-    for token in ids:
-        if pending and token == pad_ids[pending[0][0]]:
-            kind, grid, spg = pending.pop(0)
-            layout = MediaLayout(kind, tuple(grid), float(spg), len(out))
-            layouts.append(layout)
-            out.extend([token] * layout.num_tokens)
-        else:
-            out.append(token)
+                ids += tokenizer.encode(placeholder_re.sub(expand, piece), add_special_tokens=False)
     if pending:
         raise RuntimeError(f"the chat template dropped {len(pending)} media placeholders")
-    return Prompt(tuple(out), tuple(layouts))
+    return Prompt(*_place_runs(ids, runs, media))
 
 
-# Qwen2.5-VL's vision tokens: only the server places them (with the visual tokens of a media item); M-RoPE's
-# positions (transformers' get_rope_index) are read from them, so a prompt may not bring its own.
-VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")
+def _place_runs(ids: list[int], runs: list[tuple[int, int, int]], media: list[tuple[str, tuple[int, int, int], float]]
+                ) -> tuple[tuple[int, ...], tuple[MediaLayout, ...]]:
+    """``ids`` with each run's one token repeated to the run's length, and each item's layout (its groups' first
+    tokens: a group lies within one run)."""
+    out: list[int] = []
+    positions: list[list[int]] = [[] for _ in media]  # each item's visual-token positions
+    pending = iter(runs)
+    item, token, length = next(pending, (-1, -1, 0))
+    for i in ids:
+        if i != token:
+            out.append(i)
+            continue
+        positions[item].extend(range(len(out), len(out) + length))
+        out.extend([token] * length)
+        item, token, length = next(pending, (-1, -1, 0))
+    layouts = []
+    for (kind, grid, spg), where in zip(media, positions):
+        per_group = grid[1] * grid[2] // (MERGE * MERGE)
+        starts = tuple(where[g * per_group] for g in range(grid[0]))
+        if len(where) != grid[0] * per_group or any(where[s + per_group - 1] - where[s] != per_group - 1
+                                                    for s in range(0, len(where), per_group)):
+            raise RuntimeError(f"a {kind}'s visual tokens do not form its {grid[0]} groups of {per_group}")
+        layouts.append(MediaLayout(kind, tuple(grid), float(spg), starts))
+    return tuple(out), tuple(layouts)
 
 
-def build_raw_prompt(tokenizer, text: str) -> Prompt:
+def build_raw_prompt(tokenizer, text: str, family: Family = QWEN) -> Prompt:
     """A text prompt tokenized as it is, without the chat template (OpenAI's completions, the vLLM backend's
     ``text_input``): special tokens written in it (``<|im_start|>``) are special tokens, as in vLLM's completions
     (``add_special_tokens=True``, which adds nothing for Qwen's tokenizer). Raises InvalidInput when it holds one of
-    :data:`VISION_TOKENS`."""
+    ``family.reserved_tokens`` (the media tokens only the server places)."""
     with _ENCODE_LOCK:
         ids = tokenizer.encode(text, add_special_tokens=True)
-    vision = dict(zip(tokenizer.convert_tokens_to_ids(list(VISION_TOKENS)), VISION_TOKENS))
-    found = sorted({vision[i] for i in ids if i in vision})
+    reserved = dict(zip(tokenizer.convert_tokens_to_ids(list(family.reserved_tokens)), family.reserved_tokens))
+    found = sorted({reserved[i] for i in ids if i in reserved})
     if found:
         raise InvalidInput(f"prompt: holds {', '.join(found)}, which only the server places (send images and videos "
                            "with text_input or messages)")

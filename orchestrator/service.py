@@ -313,7 +313,7 @@ class Orchestrator:
             NewRequest(req_id, prompt.input_ids,
                        tuple(MediaGrid(m.kind, m.grid_thw, m.second_per_grid_t) for m in prompt.media),
                        params.sampling(), params.max_tokens),
-            tuple(Group(item, g, layout.token_offset + g * layout.tokens_per_group, layout.tokens_per_group,
+            tuple(Group(item, g, layout.group_offsets[g], layout.tokens_per_group,
                         layout.patches_per_group,
                         cache_key=group_key(identities[item], g) if cache.encoder_tokens else None)
                   for item, layout in enumerate(prompt.media) for g in range(layout.num_groups)),

@@ -41,7 +41,7 @@ class CapApplied:
 
 def plan_tokens(plan: Plan) -> int:
     """The LLM tokens of one plan (visual tokens after the 2x2 merge)."""
-    return plan.num_groups * plan.tokens_per_group if isinstance(plan, VideoPlan) else plan.num_tokens
+    return plan.num_groups * plan.tokens_per_group
 
 
 def _plan(info: Info, fps: float, max_pixels: int | None) -> Plan:

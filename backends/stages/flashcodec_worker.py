@@ -27,8 +27,8 @@ from backends.ipc.protocol import INVALID_INPUT, SERVER_FAULT, StageFailure
 from flashcodec.errors import MediaError
 from flashcodec.fair_queue import FairQueue
 from flashcodec.patch_pool import pages_needed, write_group
-from flashcodec.pipeline import image_group, iter_video_groups, make_decoder
-from flashcodec.sampling import ImagePlan, VideoPlan
+from flashcodec.pipeline import iter_image_groups, iter_video_groups, make_decoder
+from flashcodec.families import MediaPlan
 
 log = logging.getLogger(__name__)
 PATCH_DIM = 3 * 2 * 14 * 14  # channels x temporal_patch_size x patch x patch (Qwen2.5-VL)
@@ -39,7 +39,7 @@ class _Item:
     """One media item waiting for a decode thread (``FlashCodecWorker.submit``'s arguments)."""
 
     media: bytes | str
-    plan: VideoPlan | ImagePlan
+    plan: MediaPlan
     on_group: Callable[[int, list[int]], None]
     on_done: Callable[[StageFailure | None], None]
 
@@ -65,7 +65,7 @@ class FlashCodecWorker:
         self.lock = threading.Lock()
         self.futures: set[Future] = set()  # decodes submitted and not finished
 
-    def submit(self, request_id: str, media: bytes | str, plan: VideoPlan | ImagePlan,
+    def submit(self, request_id: str, media: bytes | str, plan: MediaPlan,
                on_group: Callable[[int, list[int]], None], on_done: Callable[[StageFailure | None], None]) -> None:
         """Decode ``media`` (bytes, or a path the orchestrator checked) by ``plan``; ``on_group(g, pages)``
         once group g is written into ``pages`` of the patch pool (from then on the caller's to free);
@@ -122,11 +122,11 @@ class FlashCodecWorker:
         try:
             if self.closing:
                 return
-            if isinstance(item.plan, VideoPlan):
+            if item.plan.kind == "video":
                 groups = iter_video_groups(item.media, item.plan, self.choice.decoder)
             else:  # an image_url arrives as a path the orchestrator checked
                 data = item.media if isinstance(item.media, bytes) else open(item.media, "rb").read()
-                groups = iter([(0, image_group(data, item.plan))])
+                groups = iter_image_groups(data, item.plan)
             for index, patches in groups:
                 if not self._write(request_id, index, patches, item.on_group):
                     break  # aborted, or the server is stopping: the stream just ends

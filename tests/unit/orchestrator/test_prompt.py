@@ -7,7 +7,8 @@ import pytest
 
 from backends.runtime.tokenizer import build_offline_tokenizer
 from orchestrator.detokenizer import Detokenizer
-from orchestrator.prompt import VISION_TOKENS, build_prompt, build_raw_prompt
+from flashcodec.families import family
+from orchestrator.prompt import build_prompt, build_raw_prompt
 from orchestrator.sampling_params import InvalidInput
 
 
@@ -152,7 +153,7 @@ def test_a_raw_prompt_is_the_tokenizers_ids_of_the_text(tokenizer):
     assert prompt.input_ids[0] == tokenizer.convert_tokens_to_ids("<|im_start|>")  # a special token, not text
 
 
-@pytest.mark.parametrize("token", VISION_TOKENS)
+@pytest.mark.parametrize("token", family("qwen2_5_vl").reserved_tokens)
 def test_a_raw_prompt_may_not_bring_vision_tokens(tokenizer, token):
     with pytest.raises(InvalidInput, match=f"prompt: holds {re.escape(token)}, which only the server places"):
         build_raw_prompt(tokenizer, f"Look: {token} here")

@@ -1,0 +1,83 @@
+"""What a model family contributes to media handling, behind one interface the stages call.
+
+A family (Qwen2.5-VL, InternVL3) decides, from metadata alone, which frames or tiles an image or video becomes and how
+many patches and LLM tokens each group of them gives (the orchestrator, before decoding); what text stands for an
+item in the prompt; and, from decoded pixels, each group's patch rows (FlashCodec). A *group* is what the vision
+tower encodes whole and the scheduler never splits: Qwen2.5-VL's temporal patch (2 frames, or an image), InternVL3's
+448x448 tile (one per video frame; an image's tiles and thumbnail). A plan's `grid_thw` is (groups, h, w) in
+patches, and each group's `h*w` patches become `h*w / 4` LLM tokens (Qwen's 2x2 merge, InternVL's pixel shuffle 0.5).
+Nothing here imports torch: the pixel methods import their family's torch module when called.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar, Iterator, Protocol, Sequence
+
+from flashcodec.probe import ImageInfo, VideoInfo
+
+
+@dataclass(frozen=True)
+class MediaOptions:
+    """A request's media settings; each family honours some and refuses the others (ValueError naming them).
+
+    `fps`: frames sampled per second of video; `max_pixels`: pixels of a resized frame or image (Qwen2.5-VL);
+    `num_frames`: segments a video is cut into; `max_tiles`: most tiles of an image (InternVL3). None: the family's
+    default.
+    """
+
+    fps: float | None = None
+    max_pixels: int | None = None
+    num_frames: int | None = None
+    max_tiles: int | None = None
+
+    def refuse(self, family: str, *names: str) -> None:
+        """Raises ValueError naming the first of `names` that is set: `family` has no such setting."""
+        for f in fields(self):
+            if f.name in names and getattr(self, f.name) is not None:
+                raise ValueError(f"{f.name} does not apply to {family} (got {getattr(self, f.name)!r})")
+
+
+@dataclass(frozen=True)
+class PromptExpansion:
+    """The text that replaces one media placeholder of the chat template, each run of visual tokens written as ONE
+    `token` (a special token: the text around it tokenizes the same whatever the run's length), and `runs`: the
+    length of each run in tokens, in order. Writing the runs out gives the processor's text."""
+
+    text: str
+    token: str
+    runs: tuple[int, ...]
+
+
+class MediaPlan(Protocol):
+    """What every family's image or video plan gives the stages (a frozen dataclass; `repr` names it whole)."""
+
+    family: ClassVar[str]  # the name of the family whose rules made it
+    kind: ClassVar[str]  # "image" or "video"
+    num_groups: int
+    patches_per_group: int
+    tokens_per_group: int
+
+    @property
+    def grid_thw(self) -> tuple[int, int, int]: ...
+
+
+class Family(Protocol):
+    """One model family's media rules. Metadata side (no torch): `plan_image`, `plan_video`, `expand`; pixel side:
+    `image_groups`, `video_group`, which give float32 rows of `patch_dim` values, `patches_per_group` per group, on
+    the device of the pixels they are given."""
+
+    name: str
+    frames_per_group: int  # decoded video frames per group
+    patch_dim: int  # values per patch row
+    placeholders: dict[str, str]  # media kind -> the chat template's placeholder for it
+    reserved_tokens: tuple[str, ...]  # tokens only the server may place in a prompt
+
+    def plan_image(self, info: ImageInfo, options: MediaOptions = MediaOptions()) -> MediaPlan: ...
+
+    def plan_video(self, info: VideoInfo, options: MediaOptions = MediaOptions()) -> MediaPlan: ...
+
+    def expand(self, kind: str, grid_thw: tuple[int, int, int]) -> PromptExpansion: ...
+
+    def image_groups(self, image: Any, plan: MediaPlan) -> Iterator[tuple[int, Any]]: ...
+
+    def video_group(self, frames: Sequence[Any], plan: MediaPlan) -> Any: ...
