@@ -62,6 +62,22 @@ def reference_generate(model, input_ids: list[int], max_new_tokens: int, *, vide
     return out.sequences[0, len(input_ids):].tolist(), [scores[0].float() for scores in out.scores]
 
 
+def internvl_prompt(tokenizer, images: list[int], frames: int, text: str = "Describe what you see, briefly."
+                    ) -> list[int]:
+    """An InternVL3 chat prompt (the chat template's) with transformers' InternVLProcessor expansions
+    (``replace_image_token``, ``replace_video_token``): an image of ``n`` tiles (``images``, in order) is ``<img>`` +
+    256 * n ``<IMG_CONTEXT>`` + ``</img>``; a video of ``frames`` frames is ``Frame{i}: <img>...</img>`` per frame,
+    one per line."""
+    content = [{"type": "image"} for _ in images] + ([{"type": "video"}] if frames else [])
+    content.append({"type": "text", "text": text})
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True,
+                                           tokenize=False)
+    for tiles in images:
+        prompt = prompt.replace("<IMG_CONTEXT>\n", f"<img>{'<IMG_CONTEXT>' * 256 * tiles}</img>\n", 1)
+    frame_text = "\n".join(f"Frame{i + 1}: <img>{'<IMG_CONTEXT>' * 256}</img>" for i in range(frames))
+    return tokenizer(prompt.replace("<video>", frame_text))["input_ids"]
+
+
 def assert_same_or_tie(ours: list[int], theirs: list[int], ref_logits: list[torch.Tensor]) -> None:
     """Equal ids; at the first difference the reference's top two logits must be a genuine tie."""
     assert len(ours) == len(theirs), f"{len(ours)} tokens, reference {len(theirs)}"

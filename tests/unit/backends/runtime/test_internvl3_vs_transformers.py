@@ -12,7 +12,7 @@ from backends.runtime.attention import TorchAttentionBackend
 from backends.runtime.language_model.kv_cache import KVCacheLayout
 from backends.runtime.loader import ModelSpec, load_model
 from backends.runtime.model_runner import ModelRunner
-from tests.reference import reference_generate
+from tests.reference import internvl_prompt, reference_generate
 from tests.unit.backends.runtime.runner_generate import assert_matches_reference, runner_generate
 
 PAGE_SIZE = 16
@@ -33,19 +33,6 @@ def runner():
     model, _ = load_model(SPEC)
     layout = KVCacheLayout.from_config(model.config, num_pages=200, page_size=PAGE_SIZE)
     return ModelRunner(model, torch.zeros(layout.shape, dtype=layout.dtype), PAGE_SIZE, TorchAttentionBackend())
-
-
-def _prompt(tokenizer, images: list[int], frames: int) -> list[int]:
-    """The chat template's prompt with transformers' InternVLProcessor expansions: an image of ``n`` tiles is
-    ``<img>`` + 256 * n ``<IMG_CONTEXT>`` + ``</img>``; a video ``Frame{i}: <img>...</img>`` per frame, one per line."""
-    content = [{"type": "image"} for _ in images] + ([{"type": "video"}] if frames else [])
-    content.append({"type": "text", "text": "Describe what you see, briefly."})
-    text = tokenizer.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True,
-                                         tokenize=False)
-    for tiles in images:
-        text = text.replace("<IMG_CONTEXT>\n", f"<img>{'<IMG_CONTEXT>' * 256 * tiles}</img>\n", 1)
-    frame_text = "\n".join(f"Frame{i + 1}: <img>{'<IMG_CONTEXT>' * 256}</img>" for i in range(frames))
-    return tokenizer(text.replace("<video>", frame_text))["input_ids"]
 
 
 def _our_generate(runner, ids, images, frames, tiles):
@@ -76,7 +63,7 @@ def _our_generate(runner, ids, images, frames, tiles):
 ])
 def test_greedy_tokens_match_generate(reference, runner, images, frames):
     model, tokenizer = reference
-    ids = _prompt(tokenizer, images, frames)
+    ids = internvl_prompt(tokenizer, images, frames)
     count = sum(images) + frames
     torch.manual_seed(1)
     tiles = torch.randn(count, 3, 448, 448) if count else None
