@@ -93,10 +93,10 @@ class ModelRunner:
     attention call (``backends.runtime.language_model.compile``; compiled by the first step of each shape).
     ``vision_devices``: more devices, each with a copy of the vision tower, over which :meth:`encode_many`
     spreads a step's items (``backends.runtime.vision.data_parallel``: vision data parallel); ``vision_tp``: more
-    devices over which the tower is split instead, one helper process per device (``backends.runtime.vision.tensor_parallel``:
-    tensor parallel; ValueError with ``vision_devices`` too, or for a family whose tower cannot be split), in towers
-    of ``vision_tp_size`` ranks (default all of them: one tower; fewer: hybrid, the towers sharing each step's
-    items). :meth:`close` stops them.
+    devices over which the tower is split instead, one helper process per device
+    (``backends.runtime.vision.tensor_parallel``: tensor parallel; ValueError with ``vision_devices`` too, or for a
+    family whose tower cannot be split), in towers of ``vision_tp_size`` ranks (default all of them: one tower;
+    fewer: hybrid, the towers sharing each step's items). :meth:`close` stops them.
     ``kv_cache`` is the pool ``[layers, 2, pages, page_size, kv_heads, head_dim]`` on the model's device
     in the model's dtype (ValueError otherwise). No method records autograd. ``encode``/``embed`` return
     ordinary tensors, which the caller may write into (visual embeddings into a prompt's embeddings);

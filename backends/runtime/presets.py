@@ -8,6 +8,16 @@ from __future__ import annotations
 
 from typing import Any
 
+# The CPU-test language model of both tiny presets. head_dim 64 (128 / 2 heads): the smallest flashinfer builds
+# kernels for, so the GPU tests can compare its backend with torch's on these models; GQA group 2. Random weights at
+# the library's 0.02 give greedy steps whose top-2 logit gap is a few 1e-4 (about 2% of steps below 1e-3, median
+# 0.07), close to float rounding; at 0.2 no gap below 7e-3 was seen in 96 steps (median 0.4), so token-level
+# comparisons with generate() hold.
+_TINY_TEXT = {
+    "vocab_size": None, "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
+    "num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 32768, "rms_norm_eps": 1e-6,
+    "initializer_range": 0.2,
+}
 # Shared by the InternVL3 presets: InternViT's fields in OpenGVLab's internvl_custom2hf conversion tool (the
 # vision_config of the InternVL3-*-hf checkpoints), and the Qwen2.5 language model's common fields.
 _INTERNVIT = {
@@ -26,24 +36,21 @@ _QWEN2_5_TEXT = {
     "use_sliding_window": False,
 }
 
+
+def _internvl3(vision_config: dict[str, Any], **text_config: Any) -> dict[str, Any]:
+    """A full-size InternVL3 preset in bf16: ``vision_config`` and the Qwen2.5 language model's sizes."""
+    return {"family": "internvl3", "dtype": "bfloat16", "text_config": dict(_QWEN2_5_TEXT, **text_config),
+            "vision_config": vision_config}
+
+
 # Each preset: its family, "dtype", and the text_config / vision_config keyword arguments of the family's config.
 # vocab_size None means "the tokenizer's length" (the offline tokenizer has a few hundred tokens).
 PRESETS: dict[str, dict[str, Any]] = {
     "tiny": {
         "family": "qwen2_5_vl",
         "dtype": "float32",
-        "text_config": {
-            # head_dim 64 (128 / 2 heads): the smallest flashinfer builds kernels for, so the GPU tests can
-            # compare its backend with torch's on this model; GQA group 2.
-            "vocab_size": None, "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
-            "num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 32768,
-            "rms_norm_eps": 1e-6, "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0,
-                                                      "mrope_section": [8, 12, 12]},
-            # Random weights at the library's 0.02 give greedy steps whose top-2 logit gap is a few 1e-4
-            # (about 2% of steps below 1e-3, median 0.07), close to float rounding; at 0.2 no gap below
-            # 7e-3 was seen in 96 steps (median 0.4), so token-level comparisons with generate() hold.
-            "initializer_range": 0.2,
-        },
+        "text_config": dict(_TINY_TEXT, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0,
+                                                         "mrope_section": [8, 12, 12]}),
         "vision_config": {
             "depth": 2, "hidden_size": 32, "num_heads": 2, "intermediate_size": 64, "out_hidden_size": 128,
             "patch_size": 14, "temporal_patch_size": 2, "spatial_merge_size": 2, "window_size": 112,
@@ -69,40 +76,25 @@ PRESETS: dict[str, dict[str, Any]] = {
             "hidden_act": "silu", "initializer_range": 0.02,
         },
     },
-    # InternVL3 at CPU-test size: the tiny Qwen2 language model (head_dim 64, GQA group 2, initializer 0.2 for the
-    # same reason as "tiny") under a two-layer InternViT of 448-pixel tiles (256 tokens a tile) with the 6B tower's
-    # RMSNorm and q/k norms, so the CPU tests run the path of internvl3_38b.
+    # InternVL3 at CPU-test size: the tiny language model (as Qwen2) under a two-layer InternViT of 448-pixel tiles
+    # (256 tokens a tile) with the 6B tower's RMSNorm and q/k norms, so the CPU tests run the path of internvl3_38b.
     "internvl3_tiny": {
         "family": "internvl3",
         "dtype": "float32",
-        "text_config": {
-            "vocab_size": None, "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
-            "num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 32768,
-            "rms_norm_eps": 1e-6, "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
-            "initializer_range": 0.2, "use_sliding_window": False,
-        },
+        "text_config": dict(_TINY_TEXT, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+                            use_sliding_window=False),
         "vision_config": dict(_INTERNVIT_6B, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                               intermediate_size=64, initializer_range=0.2),
     },
     # OpenGVLab/InternVL3-8B-hf: InternViT-300M-448px-V2_5 (OpenGVLab's internvl_custom2hf conversion tool,
     # vit_300m_config) and Qwen2.5-7B's language model with InternVL's 151674-token vocabulary (InternVL3-8B's
     # llm_config; Qwen2.5-7B's config.json).
-    "internvl3_8b": {
-        "family": "internvl3",
-        "dtype": "bfloat16",
-        "text_config": dict(_QWEN2_5_TEXT, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
-                            num_attention_heads=28, num_key_value_heads=4),
-        "vision_config": _INTERNVIT_300M,
-    },
+    "internvl3_8b": _internvl3(_INTERNVIT_300M, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+                               num_attention_heads=28, num_key_value_heads=4),
     # OpenGVLab/InternVL3-38B-hf: InternViT-6B-448px-V2_5 (the conversion tool's vit_6b_config) and Qwen2.5-32B's
     # language model (its config.json) with InternVL's vocabulary.
-    "internvl3_38b": {
-        "family": "internvl3",
-        "dtype": "bfloat16",
-        "text_config": dict(_QWEN2_5_TEXT, hidden_size=5120, intermediate_size=27648, num_hidden_layers=64,
-                            num_attention_heads=40, num_key_value_heads=8),
-        "vision_config": _INTERNVIT_6B,
-    },
+    "internvl3_38b": _internvl3(_INTERNVIT_6B, hidden_size=5120, intermediate_size=27648, num_hidden_layers=64,
+                                num_attention_heads=40, num_key_value_heads=8),
 }
 
 

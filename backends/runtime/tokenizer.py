@@ -64,8 +64,9 @@ def build_offline_tokenizer(model_vocab_size: int | None = None, special_tokens:
     Vocabulary: 256 byte tokens (ids 0..255), ``len(_MERGES)`` merged tokens, then ``special_tokens``;
     ``len(tokenizer)`` is the model's ``vocab_size`` in the ``tiny`` presets. With ``model_vocab_size`` (e.g.
     Qwen's 151643), filler tokens take the ids up to it, so the special tokens get Qwen's own ids
-    (151643..151656 for Qwen2.5-VL's): the ``tokenizers`` library numbers added tokens after the model vocabulary. The fillers are
-    byte-level strings no merge builds, so encoding is unchanged and they decode to text (``" filler<id>"``).
+    (151643..151656 for Qwen2.5-VL's): the ``tokenizers`` library numbers added tokens after the model
+    vocabulary. The fillers are byte-level strings no merge builds, so encoding is unchanged and they decode to
+    text (``" filler<id>"``).
     eos is ``<|im_end|>`` and pad ``<|endoftext|>``, as in Qwen2.5-VL-Instruct. Needs no files or network.
     Raises ValueError when ``model_vocab_size`` is smaller than the byte and merged tokens.
     """

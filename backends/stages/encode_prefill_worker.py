@@ -9,8 +9,8 @@ order:
   ``prompt_positions``: Qwen2.5-VL's M-RoPE via transformers' ``get_rope_index``, InternVL3's 1-D positions) and
   keeps them per request;
 * ``encode``: whole temporal-patch groups (InternVL3: tiles): patches are read from the shared patch pool pages,
-  laid out for the family's vision encoder (its ``pixels_from_patch_rows``), run through it, and their embeddings placed at the group's visual-token rows (and kept in the
-  encoder cache when the work names a key);
+  laid out for the family's vision encoder (its ``pixels_from_patch_rows``), run through it, and their embeddings
+  placed at the group's visual-token rows (and kept in the encoder cache when the work names a key);
 * ``prefill``: prompt chunks ``[start, end)`` written into the shared KV pool (block tables given);
   the chunk that ends a prompt yields its first sampled token (its repetition penalty over the prompt applied),
   with the stop rule's finish reason.

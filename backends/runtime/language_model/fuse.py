@@ -12,9 +12,9 @@ step, breakdown"). vLLM and SGLang fuse them the same way
 :func:`fuse_projections` replaces, in each layer, the three attention projections by one ``qkv_proj``
 (``[q; k; v]`` rows, biases likewise) and gate/up by one ``gate_up_proj`` (``[gate; up]``), and swaps the
 modules' classes for subclasses whose ``forward`` splits the product's output; everything else (the rotary
-embedding via transformers' ``apply_rotary_pos_emb``, the same function in both models, the attention function chosen by ``config._attn_implementation``,
-``o_proj``, the activation, ``down_proj``) is the library's. The same weights, so the same function; one
-copy of them (the old tensors are released layer by layer).
+embedding via transformers' ``apply_rotary_pos_emb``, the same function in both models, the attention function
+chosen by ``config._attn_implementation``, ``o_proj``, the activation, ``down_proj``) is the library's. The same
+weights, so the same function; one copy of them (the old tensors are released layer by layer).
 """
 from __future__ import annotations
 
