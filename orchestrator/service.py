@@ -22,6 +22,7 @@ from typing import AsyncIterator, Callable
 from backends.ipc import run_dir, shared_pages
 from backends.ipc.link import StageError
 from backends.ipc.protocol import RESERVED_KV_PAGES, SERVER_FAULT, MediaDecode, MediaGrid, NewRequest, StageFailure
+from backends.runtime.families import DEFAULT_BUDGETS, family_name
 from backends.triton import server_stop
 from backends.triton.replicas import replica_name
 from backends.triton.triton_io import float_parameter, int_parameter
@@ -78,8 +79,12 @@ class OrchestratorConfig:
             share = float(params.get("max_share", "0.5"))
         except ValueError:
             raise ValueError(f"parameter max_share must be a number in (0, 1], got {params['max_share']!r}") from None
-        scheduler = SchedulerConfig(encode_budget=int_parameter(params, "encode_budget", 10240),
-                                    prefill_budget=int_parameter(params, "prefill_budget", 2048), max_share=share)
+        # empty or absent: the served family's defaults (Qwen2.5-VL 10240 / 2048, InternVL3 5120 / 2048)
+        family = DEFAULT_BUDGETS[family_name(params.get("preset") or "tiny", params.get("model_path") or None)]
+        given = {key: value for key, value in params.items() if value.strip()}
+        scheduler = SchedulerConfig(encode_budget=int_parameter(given, "encode_budget", family.encode),
+                                    prefill_budget=int_parameter(given, "prefill_budget", family.prefill),
+                                    max_share=share)
         switch = params.get("slo_scheduling", "false").strip().lower()
         if switch not in ("true", "false"):
             raise ValueError(f"parameter slo_scheduling must be true or false, got {params['slo_scheduling']!r}")

@@ -30,11 +30,13 @@ class PresenceFrequencyPenalty(LogitsProcessor):
         return scores
 
 
-def reference_generate(model, input_ids: list[int], max_new_tokens: int, *, video=None, image=None,
+def reference_generate(model, input_ids: list[int], max_new_tokens: int, *, video=None, image=None, tiles=None,
                        params: RequestParams = RequestParams()):
     """Greedy ``generate()`` without EOS, with ``params``' penalties (transformers' own repetition penalty,
-    :class:`PresenceFrequencyPenalty`); ``video``/``image``: (pixel rows [n, 1176] float32, grid_thw,
-    second_per_grid_t). Returns (token ids, per-step scores [vocab]: the logits after the penalties)."""
+    :class:`PresenceFrequencyPenalty`); ``video``/``image`` (Qwen2.5-VL): (pixel rows [n, 1176] float32, grid_thw,
+    second_per_grid_t); ``tiles`` (InternVL3): ``pixel_values`` float32 [tiles, 3, 448, 448], every image's tiles and
+    video frame of the prompt in order. Returns (token ids, per-step scores [vocab]: the logits after the
+    penalties)."""
     device = model.device
     kwargs = {}
     if video is not None:
@@ -44,16 +46,36 @@ def reference_generate(model, input_ids: list[int], max_new_tokens: int, *, vide
     if image is not None:
         pixels, grid, _ = image
         kwargs.update(pixel_values=pixels.to(device), image_grid_thw=torch.tensor([grid], device=device))
+    if tiles is not None:
+        kwargs.update(pixel_values=tiles.to(device))
     ids = torch.tensor([input_ids], device=device)
-    # transformers 5.17 computes M-RoPE in generate() only when given each token's modality.
-    mm_types = (ids == model.config.image_token_id).int() + 2 * (ids == model.config.video_token_id).int()
+    if hasattr(model.config, "video_token_id"):  # M-RoPE (Qwen2.5-VL; InternVL3's positions are 1-D)
+        # transformers 5.17 computes M-RoPE in generate() only when given each token's modality.
+        kwargs["mm_token_type_ids"] = (ids == model.config.image_token_id).int() + 2 * (
+            ids == model.config.video_token_id).int()
     if params.presence_penalty or params.frequency_penalty:
         kwargs["logits_processor"] = LogitsProcessorList([
             PresenceFrequencyPenalty(len(input_ids), params.presence_penalty, params.frequency_penalty)])
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), mm_token_type_ids=mm_types, do_sample=False,
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
                          max_new_tokens=max_new_tokens, min_new_tokens=0, eos_token_id=None, output_scores=True,
                          repetition_penalty=params.repetition_penalty, return_dict_in_generate=True, **kwargs)
     return out.sequences[0, len(input_ids):].tolist(), [scores[0].float() for scores in out.scores]
+
+
+def internvl_prompt(tokenizer, images: list[int], frames: int, text: str = "Describe what you see, briefly."
+                    ) -> list[int]:
+    """An InternVL3 chat prompt (the chat template's) with transformers' InternVLProcessor expansions
+    (``replace_image_token``, ``replace_video_token``): an image of ``n`` tiles (``images``, in order) is ``<img>`` +
+    256 * n ``<IMG_CONTEXT>`` + ``</img>``; a video of ``frames`` frames is ``Frame{i}: <img>...</img>`` per frame,
+    one per line."""
+    content = [{"type": "image"} for _ in images] + ([{"type": "video"}] if frames else [])
+    content.append({"type": "text", "text": text})
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True,
+                                           tokenize=False)
+    for tiles in images:
+        prompt = prompt.replace("<IMG_CONTEXT>\n", f"<img>{'<IMG_CONTEXT>' * 256 * tiles}</img>\n", 1)
+    frame_text = "\n".join(f"Frame{i + 1}: <img>{'<IMG_CONTEXT>' * 256}</img>" for i in range(frames))
+    return tokenizer(prompt.replace("<video>", frame_text))["input_ids"]
 
 
 def assert_same_or_tie(ours: list[int], theirs: list[int], ref_logits: list[torch.Tensor]) -> None:

@@ -16,14 +16,16 @@ import torch
 from torch import nn
 
 from backends.ipc import shared_tensor
+from backends.runtime.families.registry import family_for
 
 log = logging.getLogger(__name__)
-VISION_PREFIX = "model.visual."  # transformers' Qwen2.5-VL: model.visual (vision tower), model.language_model, lm_head
 
 
 def lm_parameters(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
-    """The language model's parameters (everything but the vision tower), tied ones once, in module order."""
-    return [(name, p) for name, p in model.named_parameters() if not name.startswith(VISION_PREFIX)]
+    """The language model's parameters (everything but the vision side: the family's ``vision_prefixes``), tied ones
+    once, in module order."""
+    vision = family_for(model.config).vision_prefixes
+    return [(name, p) for name, p in model.named_parameters() if not name.startswith(vision)]
 
 
 def held_bytes(model: nn.Module, shared: shared_tensor.SharedTensor | None) -> dict[str, int]:

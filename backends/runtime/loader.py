@@ -1,13 +1,15 @@
-"""Builds the transformers Qwen2.5-VL model: seeded dummy weights from a preset, or a local checkpoint."""
+"""Builds a family's transformers model: seeded dummy weights from a preset, or a local checkpoint (its config.json's
+``model_type`` picks the family: ``families.registry``)."""
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, fields
 
 import torch
-from transformers import AutoConfig, PreTrainedTokenizerBase, Qwen2_5_VLForConditionalGeneration
+from transformers import AutoConfig, PreTrainedModel, PreTrainedTokenizerBase
 
-from backends.runtime.presets import PRESETS, build_config
+from backends.runtime.families.registry import build_config, family_for, offline_tokenizer
+from backends.runtime.presets import PRESETS
 from backends.runtime.tokenizer import load_tokenizer
 
 LOAD_FORMATS = ("auto", "dummy")
@@ -25,8 +27,8 @@ class ModelSpec:
       checkpoint's config when ``model_path`` is given (vLLM's meaning: for benchmarks; logged, since the
       answers are then meaningless). Identical bits in every process on the same kind of device (CPU and
       CUDA draw different numbers).
-    * ``dtype``: a torch dtype name, or ``"auto"`` for the preset's (``qwen2_5_vl_7b``: bfloat16) or the
-      checkpoint's.
+    * ``dtype``: a torch dtype name, or ``"auto"`` for the preset's (``qwen2_5_vl_7b``, ``internvl3_38b``:
+      bfloat16) or the checkpoint's.
     * ``device``: a torch device string, e.g. ``"cpu"`` or ``"cuda:0"``.
 
     Raises ValueError for an unknown format, preset or dtype, or a bad device.
@@ -72,19 +74,22 @@ def _torch_dtype(name: str, default: torch.dtype) -> torch.dtype:
     return default if name == "auto" else getattr(torch, name)
 
 
-def load_model(spec: ModelSpec) -> tuple[Qwen2_5_VLForConditionalGeneration, PreTrainedTokenizerBase]:
-    """The model (eval mode, on ``spec.device``, in the spec's dtype) and its tokenizer.
+def load_model(spec: ModelSpec) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """The model (eval mode, on ``spec.device``, in the spec's dtype) and its tokenizer: the family's transformers
+    class (``Qwen2_5_VLForConditionalGeneration``, ``InternVLForConditionalGeneration``).
 
     Vision tower and language model use the ``sdpa`` attention of transformers; a ModelRunner later
     routes the language model's attention through the paged KV cache. Raises OSError when
-    ``model_path`` is not a directory or lacks a config, weights or tokenizer.
+    ``model_path`` is not a directory or lacks a config, weights or tokenizer; ValueError when its config's
+    ``model_type`` is of no family.
     """
-    tokenizer = load_tokenizer(spec.model_path)  # first: it says when model_path is no directory
+    # first: it says when model_path is no directory
+    tokenizer = load_tokenizer(spec.model_path) if spec.model_path is not None else offline_tokenizer(spec.preset)
     device = torch.device(spec.device)
     if spec.load_format == "auto" and spec.model_path is not None:
         log.info("loading the weights of %s onto %s", spec.model_path, device)
         config = AutoConfig.from_pretrained(spec.model_path, local_files_only=True)
-        model = Qwen2_5_VLForConditionalGeneration.from_pretrained(
+        model = family_for(config).model_class.from_pretrained(
             spec.model_path, local_files_only=True, attn_implementation="sdpa",
             dtype=_torch_dtype(spec.dtype, config.dtype or torch.float32),
         ).to(device)
@@ -103,5 +108,5 @@ def load_model(spec: ModelSpec) -> tuple[Qwen2_5_VLForConditionalGeneration, Pre
     fork_devices = [device.index or 0] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=fork_devices, device_type=device.type), device:
         torch.manual_seed(spec.seed)
-        model = Qwen2_5_VLForConditionalGeneration._from_config(config, dtype=dtype, attn_implementation="sdpa")
+        model = family_for(config).model_class._from_config(config, dtype=dtype, attn_implementation="sdpa")
     return model.eval(), tokenizer

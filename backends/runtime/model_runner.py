@@ -1,13 +1,13 @@
-"""Runs the transformers Qwen2.5-VL model on the paged KV pool: vision encoding, chunked prefill, batched decode.
+"""Runs a transformers vision-language model on the paged KV pool: vision encoding, chunked prefill, batched decode.
 
 Everything model-specific is the library's: the vision tower, embeddings, decoder layers (norms,
-projections, M-RoPE via the rotary module and ``apply_rotary_pos_emb``, MLP), final norm and
-``lm_head``. Attention functions are replaced: the language model's layers are switched to
-:data:`PAGED_ATTENTION`, registered with transformers' ``AttentionInterface``, which hands q/k/v to the
-step's :class:`AttentionBackend` found in the forward context; the vision tower's to the varlen attention
-of ``attention/vision.py`` (all windows of a layer in one pass). The tower's MLP is zero-padded to an
-aligned width and, on CUDA, its blocks are compiled (``vision_speed.py``): same output, faster. A ragged
-batch of sequences runs as one packed sequence of batch size 1: every op but attention is per token.
+projections, rotary embedding via the rotary module and ``apply_rotary_pos_emb``, MLP), final norm and
+``lm_head``. What differs between families (Qwen2.5-VL, InternVL3) is asked of the model's family
+(``families.registry.family_for``): which module encodes pixels and how, its speed-ups, the shape of the rotary
+positions (M-RoPE's three rows or 1-D RoPE's one). Attention functions are replaced: the language model's layers are
+switched to :data:`PAGED_ATTENTION`, registered with transformers' ``AttentionInterface``, which hands q/k/v to the
+step's :class:`AttentionBackend` found in the forward context. A ragged batch of sequences runs as one packed
+sequence of batch size 1: every op but attention is per token.
 """
 from __future__ import annotations
 
@@ -15,19 +15,18 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import torch
-from transformers import AttentionInterface, Qwen2_5_VLForConditionalGeneration
+from transformers import AttentionInterface, PreTrainedModel
 
 from backends.runtime.attention.base import AttentionBackend, AttentionMetadata
-from backends.runtime.vision.attention import use_varlen_vision_attention
 from backends.runtime.context import ForwardContext, forward_context, get_forward_context
 from backends.runtime.language_model.cuda_graphs import DecodeGraphs
 from backends.runtime.language_model.kv_cache import head_dim
 from backends.runtime.language_model.compile import compile_decoder_layers
+from backends.runtime.families.base import VisionItem
+from backends.runtime.families.registry import family_for
 from backends.runtime.language_model.fuse import fuse_projections
-from backends.runtime.vision.batch import encode_batch
 from backends.runtime.vision.data_parallel import VisionReplicas
 from backends.runtime.vision.tensor_parallel import VisionTensorParallel
-from backends.runtime.vision.speed import compile_vision_blocks, pad_vision_mlp
 
 PAGED_ATTENTION = "unifiedserve_paged"
 
@@ -42,7 +41,7 @@ def _paged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
     if scaling is not None and abs(scaling - head_dim**-0.5) > 1e-9:
         raise ValueError(f"paged attention supports softmax scale 1/sqrt(head_dim) only, got {scaling}")
     if kwargs.get("sliding_window") is not None:
-        raise ValueError("paged attention has no sliding window (Qwen2.5-VL checkpoints set use_sliding_window=false)")
+        raise ValueError("paged attention has no sliding window (the served checkpoints set use_sliding_window=false)")
     context = get_forward_context()
     q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))
     out = context.backend.forward(module.layer_idx, q, k, v, context.kv_cache)
@@ -57,7 +56,8 @@ class PrefillChunk:
     """``n`` prompt tokens of one sequence, stored at KV indices ``num_cached .. num_cached + n - 1``.
 
     ``embeds``: ``[n, hidden]`` (text embeddings with visual embeddings at the pad positions);
-    ``positions``: int64 ``[3, n]`` M-RoPE positions (``mrope.mrope_positions``); ``block_table``: the
+    ``positions``: int64 ``[rows, n]`` rotary positions, ``rows`` the family's ``position_rows`` (3 for
+    Qwen2.5-VL's M-RoPE, 1 for InternVL3's 1-D RoPE: its ``prompt_positions``); ``block_table``: the
     sequence's KV pages (at least ``ceil((num_cached + n) / page_size)``); ``want_logits``: return the
     logits of the chunk's last token (the prompt's last chunk).
     """
@@ -71,8 +71,8 @@ class PrefillChunk:
 
 @dataclass(frozen=True)
 class DecodeSeq:
-    """One generated token of one sequence: its id, M-RoPE ``position`` (the same on all three axes:
-    token index + the prompt's delta), KV index ``num_cached`` and KV pages ``block_table`` (a list, or an
+    """One generated token of one sequence: its id, rotary ``position`` (token index + the prompt's delta; the
+    same on all three M-RoPE axes), KV index ``num_cached`` and KV pages ``block_table`` (a list, or an
     int32 numpy array, cheaper to lay out per step: ``AttentionMetadata.build``)."""
 
     token_id: int
@@ -84,17 +84,19 @@ class DecodeSeq:
 class ModelRunner:
     """Executes encode / prefill / decode steps; decides nothing (the orchestrator plans the steps).
 
-    Takes over ``model``'s language-model attention (``generate()`` on the same model then raises), fuses its
-    q/k/v and gate/up projections (``backends.runtime.language_model.fuse``) and speeds up its vision tower in place, with
-    the same output: varlen attention, padded MLP, and with
-    ``compile_vision`` on a CUDA model ``torch.compile``d blocks (compiled by the first ``encode``).
+    ``model``: a family's transformers model (``families.registry``). Takes over its language-model attention
+    (``generate()`` on the same model then raises), fuses its q/k/v and gate/up projections
+    (``backends.runtime.language_model.fuse``) and speeds up its vision tower in place with the same output (the
+    family's ``prepare_vision``; with ``compile_vision`` on a CUDA model its ``compile_vision``, compiled by the
+    first ``encode``).
     ``compile_language_model``: the decoder layers' small ops fused by ``torch.compile`` around the paged
     attention call (``backends.runtime.language_model.compile``; compiled by the first step of each shape).
     ``vision_devices``: more devices, each with a copy of the vision tower, over which :meth:`encode_many`
     spreads a step's items (``backends.runtime.vision.data_parallel``: vision data parallel); ``vision_tp``: more
-    devices over which the tower is split instead, one helper process per device (``backends.runtime.vision.tensor_parallel``:
-    tensor parallel; ValueError with ``vision_devices`` too), in towers of ``vision_tp_size`` ranks (default all
-    of them: one tower; fewer: hybrid, the towers sharing each step's items). :meth:`close` stops them.
+    devices over which the tower is split instead, one helper process per device
+    (``backends.runtime.vision.tensor_parallel``: tensor parallel; ValueError with ``vision_devices`` too, or for a
+    family whose tower cannot be split), in towers of ``vision_tp_size`` ranks (default all of them: one tower;
+    fewer: hybrid, the towers sharing each step's items). :meth:`close` stops them.
     ``kv_cache`` is the pool ``[layers, 2, pages, page_size, kv_heads, head_dim]`` on the model's device
     in the model's dtype (ValueError otherwise). No method records autograd. ``encode``/``embed`` return
     ordinary tensors, which the caller may write into (visual embeddings into a prompt's embeddings);
@@ -102,7 +104,7 @@ class ModelRunner:
     outside that mode.
     """
 
-    def __init__(self, model: Qwen2_5_VLForConditionalGeneration, kv_cache: torch.Tensor, page_size: int,
+    def __init__(self, model: PreTrainedModel, kv_cache: torch.Tensor, page_size: int,
                  backend: AttentionBackend, compile_vision: bool = True, compile_language_model: bool = False,
                  vision_devices: Sequence[torch.device] = (), vision_tp: Sequence[torch.device] = (),
                  vision_tp_size: int | None = None) -> None:
@@ -119,24 +121,28 @@ class ModelRunner:
             raise ValueError(f"kv_cache is {kv_cache.dtype} on {kv_cache.device}, "
                              f"the model {model.dtype} on {model.device}")
         self.model = model
+        self.family = family_for(model.config)
         self.kv_cache = kv_cache
         self.page_size = page_size
         self.backend = backend
         self.graphs: DecodeGraphs | None = None
         self.device = model.device
         self.dtype = model.dtype
-        self._visual = model.model.visual
+        self._visual = self.family.vision_encoder(model)
         self._language_model = model.model.language_model
         fuse_projections(self._language_model)
         self._language_model.set_attn_implementation(PAGED_ATTENTION)
-        use_varlen_vision_attention(self._visual)
-        pad_vision_mlp(self._visual)
+        self.family.prepare_vision(self._visual)
 
         def prepare(tower: torch.nn.Module) -> None:
             if compile_vision and next(tower.parameters()).device.type == "cuda":
-                compile_vision_blocks(tower)
+                self.family.compile_vision(tower)
 
-        self.vision = VisionReplicas(self._visual, vision_devices, prepare) if vision_devices else None
+        if vision_tp:
+            self.family.check_vision_tensor_parallel(model.config, 1 + len(vision_tp),
+                                                     vision_tp_size or 1 + len(vision_tp))
+        self.vision = (VisionReplicas(self._visual, vision_devices, prepare, self.family.encode_batch)
+                       if vision_devices else None)
         self.vision_tp = VisionTensorParallel(self._visual, vision_tp, prepare,
                                               vision_tp_size) if vision_tp else None
         if self.vision_tp is None:  # a split tower is prepared once split
@@ -147,25 +153,26 @@ class ModelRunner:
     # no_grad rather than inference_mode: callers write the result into place, which inference tensors forbid.
     @torch.no_grad()
     def encode(self, pixel_values: torch.Tensor, grid_thw: tuple[int, int, int]) -> torch.Tensor:
-        """Visual embeddings of one image, one temporal-patch group ``(1, h, w)`` or a whole video.
+        """Merged visual embeddings of one image, one group of a video, or a whole video.
 
-        ``pixel_values``: float ``[t*h*w, C*temporal_patch*patch*patch]`` (1176 for Qwen2.5-VL) patch rows in
-        the processor's order. Returns ``[t*h*w / merge**2, hidden]`` in the model dtype. The vision tower
-        attends within each temporal patch, so encoding a video group by group gives the same result.
-        Raises ValueError when the row count does not match ``grid_thw``.
+        ``pixel_values`` in the family's layout for ``grid_thw`` (its ``check_pixels``): for Qwen2.5-VL float
+        ``[t*h*w, C*temporal_patch*patch*patch]`` (1176) patch rows in the processor's order, ``t`` temporal
+        patches; for InternVL3 float ``[t, 3, h*14, w*14]`` tiles. Returns ``[t*h*w / 4, hidden]`` in the model
+        dtype. Both towers attend within a temporal patch or a tile, so encoding a video group by group gives the
+        same result. Raises ValueError when ``pixel_values`` do not fit ``grid_thw``.
         """
         return self.encode_many([(pixel_values, grid_thw)])[0]
 
     @torch.no_grad()
-    def encode_many(self, items: Sequence[tuple[torch.Tensor, tuple[int, int, int]]]) -> list[torch.Tensor]:
+    def encode_many(self, items: Sequence[VisionItem]) -> list[torch.Tensor]:
         """:meth:`encode` of each ``(pixel_values, grid_thw)``, in order, on the model's device; spread over the
         vision towers of ``vision_devices`` when there are any. Raises ValueError as :meth:`encode` does."""
         for pixel_values, grid_thw in items:
-            self._check_grid(pixel_values, grid_thw)
+            self.family.check_pixels(self.model.config, pixel_values, grid_thw)
         if self.vision_tp is not None:
             return self.vision_tp.encode_many(items)
         if self.vision is None:
-            return encode_batch(self._visual, items)
+            return self.family.encode_batch(self._visual, items)
         return self.vision.encode_many(items, self.device)
 
     def close(self) -> None:
@@ -173,13 +180,6 @@ class ModelRunner:
         for vision in (self.vision, self.vision_tp):
             if vision is not None:
                 vision.close()
-
-    def _check_grid(self, pixel_values: torch.Tensor, grid_thw: tuple[int, int, int]) -> None:
-        t, h, w = grid_thw
-        merge = self._visual.spatial_merge_size
-        if pixel_values.dim() != 2 or pixel_values.shape[0] != t * h * w or h % merge or w % merge:
-            raise ValueError(f"pixel_values {tuple(pixel_values.shape)} do not fit grid_thw {grid_thw} "
-                             f"(need t*h*w rows and h, w divisible by {merge})")
 
     @torch.no_grad()
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -197,7 +197,7 @@ class ModelRunner:
             raise ValueError("prefill needs at least one chunk")
         for chunk in chunks:
             n = chunk.embeds.shape[0]
-            if chunk.positions.shape != (3, n):
+            if chunk.positions.shape != (self.family.position_rows, n):
                 raise ValueError(f"chunk positions {tuple(chunk.positions.shape)} do not match {n} tokens")
         metadata = AttentionMetadata.build(
             [c.embeds.shape[0] for c in chunks], [c.num_cached for c in chunks], [c.block_table for c in chunks],
@@ -248,9 +248,9 @@ class ModelRunner:
                       metadata: AttentionMetadata) -> torch.Tensor:
         """The body of a decode step after ``backend.plan(metadata)``: no host sync, so a CUDA graph can
         capture it. ``token_ids``/``positions``: int64 or int32 (a graph's inputs) ``[b]`` on the device (the
-        position is the same on the three M-RoPE axes). Returns float32 logits ``[b, vocab]``."""
+        position is the same on every row of the family's positions). Returns float32 logits ``[b, vocab]``."""
         embeds = self._language_model.embed_tokens(token_ids)
-        hidden = self._layers(embeds, positions.expand(3, -1), backend, metadata)
+        hidden = self._layers(embeds, positions.expand(self.family.position_rows, -1), backend, metadata)
         return self.model.lm_head(hidden).float()
 
     def _forward(self, embeds: torch.Tensor, positions: torch.Tensor, metadata: AttentionMetadata) -> torch.Tensor:
@@ -260,9 +260,9 @@ class ModelRunner:
 
     def _layers(self, embeds: torch.Tensor, positions: torch.Tensor, backend: AttentionBackend,
                 metadata: AttentionMetadata) -> torch.Tensor:
-        """Decoder layers and final norm: packed ``[T, hidden]`` and positions ``[3, T]`` -> ``[T, hidden]``."""
+        """Decoder layers and final norm: packed ``[T, hidden]`` and positions ``[rows, T]`` -> ``[T, hidden]``."""
         hidden = embeds.unsqueeze(0)
-        position_embeddings = self._language_model.rotary_emb(hidden, positions.unsqueeze(1))
+        position_embeddings = self._language_model.rotary_emb(hidden, self.family.rotary_position_ids(positions))
         with forward_context(ForwardContext(backend, self.kv_cache, metadata)):
             for layer in self._language_model.layers:
                 hidden = layer(hidden, attention_mask=None, position_embeddings=position_embeddings)

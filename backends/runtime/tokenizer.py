@@ -1,15 +1,16 @@
-"""Tokenizers: a checkpoint's own, or an offline byte-level BPE with Qwen2.5-VL's special tokens and chat template.
+"""Tokenizers: a checkpoint's own, or an offline byte-level BPE with a family's special tokens and chat template.
 
 Preset runs (no ``model_path``: seeded random weights) have no checkpoint to read a tokenizer from and nothing
 can be downloaded, so :func:`build_offline_tokenizer` builds one in code with the ``tokenizers`` library. It
 follows Qwen2's pipeline (NFC, Qwen's split regex, byte-level BPE; see
 ``transformers.models.qwen2.tokenization_qwen2``) with a tiny vocabulary: the 256 byte tokens, a few
-merges, then Qwen's special tokens in Qwen's order. The vocabulary is a literal, so every process gets
-the same ids.
+merges, then the family's special tokens in its checkpoints' order (Qwen2.5-VL's by default; InternVL3's:
+``families.internvl3``). The vocabulary is a literal, so every process gets the same ids.
 """
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Sequence
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
@@ -56,14 +57,16 @@ def _byte_symbols() -> list[str]:
     return [chr(b) for b in printable] + [chr(256 + n) for n in range(len(others))]
 
 
-def build_offline_tokenizer(model_vocab_size: int | None = None) -> PreTrainedTokenizerFast:
-    """A deterministic byte-level BPE tokenizer with Qwen2.5-VL's special tokens and chat template.
+def build_offline_tokenizer(model_vocab_size: int | None = None, special_tokens: Sequence[str] = SPECIAL_TOKENS,
+                            chat_template: str = CHAT_TEMPLATE) -> PreTrainedTokenizerFast:
+    """A deterministic byte-level BPE tokenizer with ``special_tokens`` and ``chat_template`` (default: Qwen2.5-VL's).
 
-    Vocabulary: 256 byte tokens (ids 0..255), ``len(_MERGES)`` merged tokens, then :data:`SPECIAL_TOKENS`;
-    ``len(tokenizer)`` is the model's ``vocab_size`` in the ``tiny`` preset. With ``model_vocab_size`` (e.g.
+    Vocabulary: 256 byte tokens (ids 0..255), ``len(_MERGES)`` merged tokens, then ``special_tokens``;
+    ``len(tokenizer)`` is the model's ``vocab_size`` in the ``tiny`` presets. With ``model_vocab_size`` (e.g.
     Qwen's 151643), filler tokens take the ids up to it, so the special tokens get Qwen's own ids
-    (151643..151656): the ``tokenizers`` library numbers added tokens after the model vocabulary. The fillers are
-    byte-level strings no merge builds, so encoding is unchanged and they decode to text (``" filler<id>"``).
+    (151643..151656 for Qwen2.5-VL's): the ``tokenizers`` library numbers added tokens after the model
+    vocabulary. The fillers are byte-level strings no merge builds, so encoding is unchanged and they decode to
+    text (``" filler<id>"``).
     eos is ``<|im_end|>`` and pad ``<|endoftext|>``, as in Qwen2.5-VL-Instruct. Needs no files or network.
     Raises ValueError when ``model_vocab_size`` is smaller than the byte and merged tokens.
     """
@@ -81,12 +84,12 @@ def build_offline_tokenizer(model_vocab_size: int | None = None) -> PreTrainedTo
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
     ])
     backend.decoder = decoders.ByteLevel()
-    backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
+    backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in special_tokens])
     return PreTrainedTokenizerFast(
         tokenizer_object=backend,
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
-        chat_template=CHAT_TEMPLATE,
+        chat_template=chat_template,
         model_max_length=32768,
     )
 
@@ -95,7 +98,8 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json")
 
 
 def load_tokenizer(model_path: str | None) -> PreTrainedTokenizerFast:
-    """The checkpoint's tokenizer (``AutoTokenizer``, local files only) or, for ``None``, the offline one.
+    """The checkpoint's tokenizer (``AutoTokenizer``, local files only) or, for ``None``, Qwen2.5-VL's offline one
+    (a preset of another family: ``families.registry.offline_tokenizer``).
 
     Raises OSError when ``model_path`` is not a directory or holds no tokenizer (none of ``TOKENIZER_FILES``):
     transformers would look the name up as a Hub repository, or build a tokenizer without Qwen's special tokens.
@@ -103,7 +107,7 @@ def load_tokenizer(model_path: str | None) -> PreTrainedTokenizerFast:
     if model_path is None:
         return build_offline_tokenizer()
     if not Path(model_path).is_dir():
-        raise OSError(f"model_path {model_path!r} is not a directory (a local Qwen2.5-VL checkpoint)")
+        raise OSError(f"model_path {model_path!r} is not a directory (a local checkpoint)")
     if not any((Path(model_path) / name).is_file() for name in TOKENIZER_FILES):
         raise OSError(f"{model_path} holds no tokenizer (none of {', '.join(TOKENIZER_FILES)}): copy the "
                       "checkpoint's tokenizer files there")

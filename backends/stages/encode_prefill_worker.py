@@ -5,11 +5,12 @@ order:
 * ``finished``: requests that ended (finished, failed or cancelled): their state is dropped;
 * ``evict``: encoder-cache entries to drop;
 * ``new``: prompts seen for the first time: token ids, media grids; the worker embeds the text, copies the
-  embeddings of groups kept in its encoder cache, computes M-RoPE positions once (transformers'
-  ``get_rope_index``) and keeps them per request;
-* ``encode``: whole temporal-patch groups: patches are read from the shared patch pool pages, run
-  through the vision encoder, and their embeddings placed at the group's visual-token rows (and kept in the
-  encoder cache when the work names a key);
+  embeddings of groups kept in its encoder cache, computes the rotary positions once (the model family's
+  ``prompt_positions``: Qwen2.5-VL's M-RoPE via transformers' ``get_rope_index``, InternVL3's 1-D positions) and
+  keeps them per request;
+* ``encode``: whole temporal-patch groups (InternVL3: tiles): patches are read from the shared patch pool pages,
+  laid out for the family's vision encoder (its ``pixels_from_patch_rows``), run through it, and their embeddings
+  placed at the group's visual-token rows (and kept in the encoder cache when the work names a key);
 * ``prefill``: prompt chunks ``[start, end)`` written into the shared KV pool (block tables given);
   the chunk that ends a prompt yields its first sampled token (its repetition penalty over the prompt applied),
   with the stop rule's finish reason.
@@ -25,23 +26,23 @@ import torch
 from backends.ipc import shared_tensor, shared_weights
 from backends.ipc.protocol import EncodeWork, FirstToken, NewRequest, PrefillWork, SamplingParams, StepPlan, StepResult
 from backends.runtime.attention import make_backend
+from backends.runtime.families.registry import family_for
 from backends.runtime.language_model.fuse import fuse_projections
 from backends.runtime.loader import ModelSpec, load_model
 from backends.runtime.model_runner import ModelRunner, PrefillChunk
 from backends.runtime.phase_clock import PhaseClock
-from backends.runtime.language_model.mrope import mrope_positions
 from backends.runtime.sampling.penalties import penalize_first_tokens
 from backends.runtime.sampling.sampler import sample, warm_up
 from backends.runtime.sampling.stopping import finish_reason
 from backends.runtime.tokenizer import eos_token_ids
-from backends.runtime.vision.tensor_parallel import check_towers
 from flashcodec.patch_pool import read_group
 
 
 @dataclass
 class PromptState:
     """A prompt being prefilled: ``embeds`` [L, hidden] (visual rows filled as groups are encoded),
-    ``positions`` [3, L] int64 M-RoPE positions, ``mrope_delta`` for the decode positions, and the request."""
+    ``positions`` [rows, L] int64 rotary positions (the family's ``prompt_positions``), ``mrope_delta``: the offset
+    of the decode positions (0 for 1-D RoPE), and the request."""
 
     embeds: torch.Tensor
     positions: torch.Tensor
@@ -73,12 +74,14 @@ class EncodePrefillWorker:
             raise ValueError(f"vision_tp_size {vision_tp_size} needs vision_parallel=tensor")
         self.vision_parallel, self.vision_tp_size = vision_parallel, vision_tp_size
         self.model, tokenizer = load_model(spec)
+        self.family = family_for(self.model.config)
         fuse_projections(self.model.model.language_model)  # as ModelRunner would; decode shares fused weights
-        if vision_tp_size is not None:  # at load, not at the first step, where the split tower is made
+        if vision_parallel == "tensor":  # at load, not at the first step, where the split tower is made
             try:
-                check_towers(1 + len(vision_devices), vision_tp_size, self.model.config.vision_config.num_heads)
+                self.family.check_vision_tensor_parallel(self.model.config, 1 + len(vision_devices),
+                                                         vision_tp_size or 1 + len(vision_devices))
             except ValueError as exc:
-                raise ValueError(f"vision_tp_size {vision_tp_size}: {exc}") from None
+                raise ValueError(f"vision_parallel=tensor, vision_tp_size {vision_tp_size}: {exc}") from None
         self.device = device
         warm_up(device, self.model.lm_head.out_features)
         self.attention_backend = attention_backend
@@ -143,7 +146,7 @@ class EncodePrefillWorker:
 
     def _register(self, request: NewRequest) -> None:
         media = request.media
-        positions, delta = mrope_positions(
+        positions, delta = self.family.prompt_positions(
             self.model.config, list(request.input_ids),
             image_grid_thw=[m.grid_thw for m in media if m.kind == "image"],
             video_grid_thw=[m.grid_thw for m in media if m.kind == "video"],
@@ -161,7 +164,8 @@ class EncodePrefillWorker:
         items = []
         for w in works:
             _, h, w_ = self.prompts[w.req_id].request.media[w.item].grid_thw
-            items.append((read_group(self.patch_pool, list(w.patch_pages), w.num_patches), (1, h, w_)))
+            rows = read_group(self.patch_pool, list(w.patch_pages), w.num_patches)
+            items.append((self.family.pixels_from_patch_rows(self.model.config, rows, (1, h, w_)), (1, h, w_)))
         for work, embeds in zip(works, self.runner.encode_many(items)):
             state, start = self.prompts[work.req_id], work.token_offset
             state.embeds[start:start + embeds.shape[0]] = embeds.to(state.embeds.dtype)

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from transformers import Qwen2_5_VLProcessor, Qwen2VLImageProcessor, Qwen2VLVideoProcessor
 
-from backends.runtime.presets import build_config
+from backends.runtime.families.registry import build_config
 from backends.runtime.tokenizer import CHAT_TEMPLATE, build_offline_tokenizer
 from flashcodec.sampling import (FPS, IMAGE_MAX_PIXELS, IMAGE_MIN_PIXELS, VIDEO_MAX_PIXELS, VIDEO_MIN_PIXELS)
 

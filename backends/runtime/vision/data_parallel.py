@@ -20,7 +20,7 @@ from typing import Callable, Sequence
 import torch
 from torch import nn
 
-from backends.runtime.vision.batch import Item, encode_batch
+from backends.runtime.vision.batch import Item
 
 
 def deal(rows: Sequence[int], towers: int) -> list[list[int]]:
@@ -38,17 +38,18 @@ class VisionReplicas:
     """``visual`` (on the model's device) plus a copy on each of ``devices``.
 
     ``prepare(tower)`` is applied to each copy once it is on its device (e.g. ``torch.compile`` of its blocks); each
-    tower runs its share of a call's items in one forward (``batch.encode_batch``). Raises ValueError when a GPU would
-    hold two towers.
+    tower runs its share of a call's items in one forward, ``encode(tower, items)`` (the family's ``encode_batch``).
+    Raises ValueError when a GPU would hold two towers.
     """
 
-    def __init__(self, visual: nn.Module, devices: Sequence[torch.device], prepare: Callable[[nn.Module], None]):
+    def __init__(self, visual: nn.Module, devices: Sequence[torch.device], prepare: Callable[[nn.Module], None],
+                 encode: Callable[[nn.Module, Sequence[Item]], list[torch.Tensor]]):
         own = next(visual.parameters()).device
         all_devices = [own, *(torch.device(d) for d in devices)]
         gpus = [str(d) for d in all_devices if d.type == "cuda"]
         if len(set(gpus)) != len(gpus):  # CPU towers may repeat: the CPU tests run two there
             raise ValueError(f"one vision tower per GPU, got {[str(d) for d in all_devices]}")
-        self.devices = all_devices
+        self.devices, self._encode = all_devices, encode
         self.towers = [visual] + [copy.deepcopy(visual).to(d) for d in all_devices[1:]]
         for tower in self.towers[1:]:
             prepare(tower)
@@ -74,7 +75,7 @@ class VisionReplicas:
 
     def _run(self, t: int, items: list[Item], out_device: torch.device) -> list[torch.Tensor]:
         tower, device = self.towers[t], self.devices[t]
-        out = [e.to(out_device, non_blocking=True) for e in encode_batch(tower, items)]  # patches moved to the tower
+        out = [e.to(out_device, non_blocking=True) for e in self._encode(tower, items)]  # patches moved to the tower
         for used in {device, torch.device(out_device)}:  # the caller reads these on another thread
             if used.type == "cuda":
                 torch.cuda.current_stream(used).synchronize()

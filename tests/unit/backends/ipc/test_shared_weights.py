@@ -35,7 +35,7 @@ def test_a_second_model_computes_from_the_owners_weights(run_dir):
             start = buffer.data_ptr()
             end = start + buffer.numel() * buffer.element_size()
             for name, p in model.named_parameters():  # the language model in the buffer, the vision tower not
-                assert (start <= p.data_ptr() < end) != name.startswith(shared_weights.VISION_PREFIX), name
+                assert (start <= p.data_ptr() < end) != name.startswith("model.visual."), name
         assert torch.equal(logits(owner, ids), expected) and torch.equal(logits(mapper, ids), expected)
         first = shared_weights.lm_parameters(mapper)[0][1]
         shared.tensor[0] += 1  # one memory: the owner's write is the mapper's weight

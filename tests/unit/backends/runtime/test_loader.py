@@ -12,7 +12,7 @@ import torch
 
 from backends.runtime.loader import ModelSpec, load_model
 from backends.runtime.language_model.mrope import mrope_positions
-from backends.runtime.presets import build_config
+from backends.runtime.families.registry import build_config
 from backends.runtime.tokenizer import build_offline_tokenizer, eos_token_ids, special_token_ids
 
 REPO = Path(__file__).resolve().parents[4]

@@ -7,11 +7,12 @@ import pytest
 import torch
 
 from backends.runtime.attention import TorchAttentionBackend
-from backends.runtime.language_model.kv_cache import KVCacheLayout, pages_needed
+from backends.runtime.language_model.kv_cache import KVCacheLayout
 from backends.runtime.loader import ModelSpec, load_model
 from backends.runtime.model_runner import DecodeSeq, ModelRunner, PrefillChunk
 from backends.runtime.language_model.mrope import mrope_positions
-from tests.reference import assert_same_or_tie, reference_generate
+from tests.reference import reference_generate
+from tests.unit.backends.runtime.runner_generate import assert_matches_reference, runner_generate
 
 PAGE_SIZE = 4
 CHUNK = 13
@@ -65,30 +66,7 @@ def _our_generate(runner, ids, kind, pixels, grid, seconds, rng):
         image_grid_thw=[grid] if kind == "image" else [],
         video_grid_thw=[grid] if kind == "video" else [],
         second_per_grid_ts=[seconds] if kind == "video" else [])
-    total = len(ids) + NEW_TOKENS
-    block_table = rng.sample(range(runner.kv_cache.shape[2]), pages_needed(total, PAGE_SIZE))
-    logits = None
-    for start in range(0, len(ids), CHUNK):
-        end = min(start + CHUNK, len(ids))
-        chunk = PrefillChunk(embeds[start:end], positions[:, start:end], start, block_table, end == len(ids))
-        out = runner.prefill([chunk])
-        logits = out[0] if len(out) else logits
-    tokens, all_logits = [int(logits.argmax())], [logits]
-    for step in range(1, NEW_TOKENS):
-        index = len(ids) + step - 1
-        logits = runner.decode([DecodeSeq(tokens[-1], index + delta, index, block_table)])[0]
-        tokens.append(int(logits.argmax()))
-        all_logits.append(logits)
-    return tokens, all_logits
-
-
-def _assert_same_or_tie(ours, theirs, our_logits, ref_logits):
-    """Equal token ids (or a genuine tie at the first difference), with the logits agreeing up to it."""
-    for step, (a, b) in enumerate(zip(ours, theirs)):
-        torch.testing.assert_close(our_logits[step], ref_logits[step].float(), rtol=1e-4, atol=1e-4)
-        if a != b:
-            break
-    assert_same_or_tie(ours, theirs, ref_logits)
+    return runner_generate(runner, embeds, positions, delta, NEW_TOKENS, CHUNK, rng)
 
 
 @pytest.mark.parametrize("kind,grid,seconds", [
@@ -104,7 +82,7 @@ def test_greedy_tokens_match_generate(reference, runner, kind, grid, seconds):
     theirs, ref_logits = _reference_generate(model, ids, kind, pixels, grid, seconds)
     ours, our_logits = _our_generate(runner, ids, kind, pixels, grid, seconds, random.Random(0))
     assert len(theirs) == NEW_TOKENS
-    _assert_same_or_tie(ours, theirs, our_logits, ref_logits)
+    assert_matches_reference(ours, theirs, our_logits, ref_logits)
 
 
 def test_ragged_batches_equal_sequences_run_alone(runner):

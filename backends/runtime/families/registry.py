@@ -1,0 +1,36 @@
+"""The families by name and by config: the one place that lists them."""
+from __future__ import annotations
+
+from transformers import PreTrainedConfig, PreTrainedTokenizerFast
+
+from backends.runtime.families import FAMILY_OF_MODEL_TYPE
+from backends.runtime.families.base import ModelFamily
+from backends.runtime.families.internvl3 import InternVL3
+from backends.runtime.families.qwen2_5_vl import Qwen2_5_VL
+from backends.runtime.presets import PRESETS, preset_family
+from backends.runtime.tokenizer import build_offline_tokenizer
+
+FAMILIES: dict[str, ModelFamily] = {family.name: family for family in (Qwen2_5_VL(), InternVL3())}
+assert {FAMILIES[name].model_type: name for name in FAMILIES} == FAMILY_OF_MODEL_TYPE
+
+
+def family_for(config: PreTrainedConfig) -> ModelFamily:
+    """The family of a model's config (its ``model_type``). Raises ValueError for a model_type of no family."""
+    name = FAMILY_OF_MODEL_TYPE.get(config.model_type)
+    if name is None:
+        raise ValueError(f"model_type {config.model_type!r} is not served (one of {sorted(FAMILY_OF_MODEL_TYPE)})")
+    return FAMILIES[name]
+
+
+def offline_tokenizer(preset: str) -> PreTrainedTokenizerFast:
+    """The offline tokenizer of ``preset``'s family (``tokenizer.build_offline_tokenizer`` with the family's special
+    tokens and chat template). Raises ValueError for an unknown preset."""
+    family = FAMILIES[preset_family(preset)]
+    return build_offline_tokenizer(special_tokens=family.special_tokens, chat_template=family.chat_template)
+
+
+def build_config(preset: str, tokenizer: PreTrainedTokenizerFast) -> PreTrainedConfig:
+    """The transformers config of ``preset`` (its family's ``build_config``) with token ids taken from ``tokenizer``;
+    ``config.dtype`` is the preset's dtype name. Raises ValueError for an unknown preset and when the tokenizer has
+    more tokens than a fixed ``vocab_size``."""
+    return FAMILIES[preset_family(preset)].build_config(PRESETS[preset], tokenizer)
