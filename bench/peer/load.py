@@ -156,16 +156,18 @@ async def send(client: httpx.AsyncClient, target: Target, request: ChatRequest, 
     return record
 
 
-async def open_loop(target: Target, schedule: list[tuple[float, ChatRequest]], start: float | None = None
-                    ) -> list[RequestRecord]:
-    """Send each ``(time_s, request)`` at ``time_s`` after ``start`` (default: now), whatever is still running;
-    returns the records in schedule order once all have ended."""
+async def open_loop(target: Target, schedule: list[tuple[float, ChatRequest | tuple[ChatRequest, ...]]],
+                    start: float | None = None) -> list[RequestRecord]:
+    """Send each ``(time_s, request)`` at ``time_s`` after ``start`` (default: now), whatever is still running; a
+    request that is a tuple is a session, whose requests are sent one after another from then. Returns the records
+    in schedule order (a session's in its order) once all have ended."""
     start = time.perf_counter() if start is None else start
     async with new_client() as client:
-        async def at(time_s: float, request: ChatRequest) -> RequestRecord:
+        async def at(time_s: float, session: tuple[ChatRequest, ...]) -> list[RequestRecord]:
             await asyncio.sleep(max(0.0, start + time_s - time.perf_counter()))
-            return await send(client, target, request, start)
-        return list(await asyncio.gather(*(at(t, r) for t, r in schedule)))
+            return [await send(client, target, request, start) for request in session]
+        sessions = [at(t, r if isinstance(r, tuple) else (r,)) for t, r in schedule]
+        return [record for records in await asyncio.gather(*sessions) for record in records]
 
 
 async def closed_loop(target: Target, streams: int,

@@ -28,7 +28,8 @@ Issue 21's cache scenarios, in a results folder of their own (``--out``), both s
 
 Scenarios (``bench/peer/scenarios.py``): video, mixed_video, mixed_images, text_c1, text_c32, images16;
 ``goodput_<long_video|video|images>@unloaded`` and ``@<rate>`` (requests/s), or ``goodput_<workload>`` for the
-unloaded pass and every default rate; ``crosscheck`` (``bench/peer/crosscheck.py``); followup, multiturn.
+unloaded pass and every default rate (``goodput_multiturn``: sessions/s, with the caches on); ``crosscheck``
+(``bench/peer/crosscheck.py``); followup, multiturn.
 Every scenario's raw JSON holds the server's command line and its prefix-cache counters' increase
 (``bench/peer/prefix_cache.py``; None where it has none). bench/peer/README.md gives the device-call sequence.
 """
@@ -72,8 +73,12 @@ def prepare(args: argparse.Namespace) -> scenarios.Inputs:
     p = paths(args)
     if not args.smoke and not (p["checkpoint"] / "config.json").exists():
         write_checkpoint(p["checkpoint"])
-    cache_media = bool({"followup", "multiturn"} & set(args.scenarios or ()))
-    inputs = scenarios.build_inputs(p["media"], args.smoke, args.clips, args.clip_seconds, cache_media)
+    names = set(args.scenarios or ())
+    cache_media = bool({"followup", "multiturn"} & names)
+    goodput_sessions = (args.requests or scenarios.GOODPUT_REQUESTS["multiturn"]) \
+        if any(n.startswith("goodput_multiturn") for n in names) else 0
+    inputs = scenarios.build_inputs(p["media"], args.smoke, args.clips, args.clip_seconds, cache_media,
+                                    goodput_sessions)
     print(f"media {p['media']}" + ("" if args.smoke else f", checkpoint {p['checkpoint']}"), flush=True)
     return inputs
 

@@ -14,7 +14,8 @@ are the serve bench's (``Setup``: video 128, images 128, text 256 tokens; smoke 
 | ``text_c32`` | 32 text requests at once |
 | ``images16`` | 16 one-image requests at once |
 | ``goodput_<workload>@unloaded`` | each request type of the workload alone, ``UNLOADED_REPEATS`` times |
-| ``goodput_<workload>@<rate>`` | Poisson arrivals at ``rate`` requests/s (``--requests`` of them, seeded) |
+| ``goodput_<workload>@<rate>`` | Poisson arrivals at ``rate`` requests/s (``--requests`` of them, seeded); for |
+|  | ``multiturn``: sessions/s, each session ``questions`` questions about a clip of its own, one after another |
 | ``followup`` | a first question about a 3-minute video; once it has ended, a new question about the same video alone |
 |  | (kind ``followup``), then as a chat: the first question, a fixed answer, the new question (``followup_chat``) |
 | ``multiturn`` | ``questions`` questions about each of the ``clips`` clips, a clip's one after another (a session), |
@@ -22,7 +23,9 @@ are the serve bench's (``Setup``: video 128, images 128, text 256 tokens; smoke 
 
 Goodput workloads (each request a question with an output length drawn from 64..512 tokens): ``long_video``
 (the 8-minute video), ``video`` (the 3-minute one), ``images`` (1 or 2 images of one of three sizes: six request
-types, the type is the unit of the TTFT SLO).
+types, the type is the unit of the TTFT SLO), ``multiturn`` (issue 21's goodput: sessions of ``questions`` questions
+about a 20-s clip, each rate and the unloaded pass on clips of their own, :func:`goodput_clip_sets`; two request
+types, ``first_question`` (a cold clip) and ``later_question`` (the clip's prefix cached); run with the caches on).
 
 The cache scenarios (issue 21: a question again about the same media) draw on videos of their own, so that no cache
 keyed by content holds them from the warm-up or another scenario (:func:`distinct_video`): ``followup`` a 3-minute
@@ -40,7 +43,7 @@ import os
 import random
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from PIL import Image
@@ -57,8 +60,9 @@ LONG_VIDEO = ("libx264", 1280, 720, 3_000_000, "medium", 8)  # build_video spec:
 GOODPUT_IMAGE_SIZES = ((640, 360), (1280, 720), (1920, 1080))
 OUTPUT_TOKENS = (64, 512)  # the goodput requests' output lengths, drawn uniformly
 UNLOADED_REPEATS = 2
-GOODPUT_RATES = {"long_video": (0.02, 0.04, 0.06, 0.08), "video": (0.04, 0.08, 0.12, 0.16), "images": (1, 2, 4, 8)}
-GOODPUT_REQUESTS = {"long_video": 12, "video": 16, "images": 48}  # per rate, by default
+GOODPUT_RATES = {"long_video": (0.02, 0.04, 0.06, 0.08), "video": (0.04, 0.08, 0.12, 0.16), "images": (1, 2, 4, 8),
+                 "multiturn": (0.1, 0.2, 0.4, 0.6)}  # requests/s; multiturn: sessions/s
+GOODPUT_REQUESTS = {"long_video": 12, "video": 16, "images": 48, "multiturn": 8}  # per rate (multiturn: sessions)
 FIXED = ("video", "mixed_video", "mixed_images", "text_c1", "text_c32", "images16")
 WORKLOADS = tuple(GOODPUT_RATES)
 CACHED = ("followup", "multiturn")  # issue 21's, run with the systems' caches on (bench/peer/README.md)
@@ -85,26 +89,44 @@ class Inputs:
     goodput_images: dict[tuple[int, int], tuple[Path, ...]]
     followup_video: Path | None  # the cache scenarios' media: None and () unless built (build_inputs' cache_media)
     clips: tuple[Path, ...]
+    goodput_clips: dict[str, tuple[Path, ...]] = field(default_factory=dict)  # multiturn goodput's (goodput_clip_sets)
 
 
 def build_inputs(media: Path, smoke: bool, clips: int = MULTITURN_CLIPS, clip_seconds: int = CLIP_SECONDS,
-                 cache_media: bool = True) -> Inputs:
+                 cache_media: bool = True, goodput_sessions: int = 0) -> Inputs:
     """Build (or reuse, when already there) the media in ``media``: a few minutes on first use for the full set;
     with ``cache_media``, the cache scenarios' too: the follow-up's video and ``clips`` clips of ``clip_seconds`` s
-    (a multiple of 20) for the multiturn scenario (a lease that runs neither need not build them)."""
+    (a multiple of 20) for the multiturn scenario (a lease that runs neither need not build them); with
+    ``goodput_sessions``, the multiturn goodput's clip sets of that many sessions a rate (:func:`goodput_clip_sets`)."""
     setup = SMOKE_SETUP if smoke else FULL_SETUP
     video, images = build_media(media, setup)
     long_video = video if smoke else build_video(media, "bunny_720p_480s", LONG_VIDEO)
     sizes = ((160, 90), (320, 180), (480, 270)) if smoke else GOODPUT_IMAGE_SIZES
     resized = {size: tuple(_resized(p, size) for p in images) for size in sizes}
-    if not cache_media:
-        return Inputs(setup, video, long_video, tuple(images), resized, None, ())
     clip = (*setup.video[:-1], clip_seconds / 60)
-    specs = [setup.video] + [clip] * clips
-    # one x264 encode each (a 20-s 720p one took 18 s on 2 cores): in parallel processes
-    with ProcessPoolExecutor(max(1, min(len(specs), (os.cpu_count() or 1) // 2))) as pool:
-        built = list(pool.map(distinct_video, [media] * len(specs), specs, range(1, len(specs) + 1)))
-    return Inputs(setup, video, long_video, tuple(images), resized, built[0], tuple(built[1:]))
+    jobs: list[tuple[tuple, int]] = []  # (build_video spec, distinct_video step)
+    if cache_media:
+        jobs += [(setup.video, 1)] + [(clip, 2 + k) for k in range(clips)]
+    sets = goodput_clip_sets(goodput_sessions) if goodput_sessions else {}
+    jobs += [(clip, k) for ks in sets.values() for k in ks]
+    built: dict[int, Path] = {}
+    if jobs:  # one x264 encode each (a 20-s 720p one took 18 s on 2 cores; 17 took 90 s on 16): in processes
+        with ProcessPoolExecutor(max(1, min(len(jobs), (os.cpu_count() or 1) // 2))) as pool:
+            built = dict(zip([k for _, k in jobs], pool.map(distinct_video, [media] * len(jobs), *zip(*jobs))))
+    return Inputs(setup, video, long_video, tuple(images), resized, built.get(1),
+                  tuple(built[k] for k in range(2, 2 + clips)) if cache_media else (),
+                  {name: tuple(built[k] for k in ks) for name, ks in sets.items()})
+
+
+def goodput_clip_sets(sessions: int) -> dict[str, tuple[int, ...]]:
+    """The multiturn goodput's clips, as :func:`distinct_video` steps: ``UNLOADED_REPEATS`` for the unloaded pass
+    (key ``unloaded``) and ``sessions`` for each default rate (key ``str(rate)``), each clip its own step. The steps
+    are negative (bit rates below the base), so they never meet the follow-up's and multiturn's (1 and up)."""
+    names = ["unloaded"] * UNLOADED_REPEATS + [str(r) for r in GOODPUT_RATES["multiturn"] for _ in range(sessions)]
+    sets: dict[str, tuple[int, ...]] = {}
+    for k, name in enumerate(names, start=1):
+        sets[name] = (*sets.get(name, ()), -k)
+    return sets
 
 
 def distinct_video(media: Path, spec: tuple, k: int) -> Path:
@@ -164,13 +186,19 @@ async def followup(target: Target, inputs: Inputs) -> list[RequestRecord]:
     return await closed_loop(target, 1, [first, alone, chat])
 
 
-def multiturn_sessions(inputs: Inputs, questions: int) -> list[tuple[ChatRequest, ...]]:
-    """Per clip of ``inputs.clips`` the first ``questions`` of ``QUESTIONS`` about it, in order (kind
-    ``clip<k>_q<j>``). Raises ValueError for more questions than ``QUESTIONS`` holds."""
+def multiturn_sessions(inputs: Inputs, questions: int, clips: tuple[Path, ...] | None = None, by_type: bool = False
+                       ) -> list[tuple[ChatRequest, ...]]:
+    """Per clip of ``clips`` (default ``inputs.clips``) the first ``questions`` of ``QUESTIONS`` about it, in order
+    (kind ``clip<k>_q<j>``, or with ``by_type`` ``first_question`` / ``later_question``). Raises ValueError for more
+    questions than ``QUESTIONS`` holds."""
     if not 1 <= questions <= len(QUESTIONS):
         raise ValueError(f"{questions} questions per clip: 1 to {len(QUESTIONS)}")
-    return [tuple(ChatRequest(f"clip{k}_q{j}", chat_parts(q, videos=[media_url(clip)]), inputs.setup.video_tokens)
-                  for j, q in enumerate(QUESTIONS[:questions])) for k, clip in enumerate(inputs.clips)]
+
+    def kind(k: int, j: int) -> str:
+        return ("later_question" if j else "first_question") if by_type else f"clip{k}_q{j}"
+    return [tuple(ChatRequest(kind(k, j), chat_parts(q, videos=[media_url(clip)]), inputs.setup.video_tokens)
+                  for j, q in enumerate(QUESTIONS[:questions]))
+            for k, clip in enumerate(inputs.clips if clips is None else clips)]
 
 
 def goodput_requests(workload: str, inputs: Inputs, count: int, seed: int) -> list[ChatRequest]:
@@ -226,6 +254,13 @@ async def run(name: str, target: Target, inputs: Inputs, requests: int | None = 
     if not name.startswith("goodput_") or workload not in WORKLOADS or not rate:
         raise ValueError(f"unknown scenario {name!r}: one of {FIXED + CACHED} or "
                          f"goodput_<{'|'.join(WORKLOADS)}>@<rate|unloaded>")
+    if workload == "multiturn":
+        if rate not in inputs.goodput_clips:
+            raise ValueError(f"no clips for {name!r}: prepare builds them for the rates {GOODPUT_RATES[workload]}")
+        sessions = multiturn_sessions(inputs, questions, inputs.goodput_clips[rate], by_type=True)
+        if rate == "unloaded":
+            return await closed_loop(target, 1, sessions)
+        return await open_loop(target, list(zip(poisson_times(float(rate), len(sessions), seed), sessions)))
     if rate == "unloaded":  # one at a time
         return await closed_loop(target, 1, unloaded_requests(workload, inputs))
     count = requests or GOODPUT_REQUESTS[workload]

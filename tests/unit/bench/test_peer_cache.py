@@ -3,15 +3,18 @@ figures (bench/peer/figures.py), the prefix-cache counters (bench/peer/prefix_ca
 (bench/peer/scenarios.py), vLLM's command with its caches on (bench/peer/servers.py) and summary.json's keys."""
 from __future__ import annotations
 
+import asyncio
 import http.server
 import json
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from bench.common import write
-from bench.peer import figures, prefix_cache, scenarios, servers
+from bench.peer import figures, load, prefix_cache, scenarios, servers
+from bench.peer.load import ChatRequest, RequestRecord, Target
 from bench.peer.summary import write_summary
 from bench.serve_bench import SMOKE_SETUP
 from tests.unit.bench.test_peer_figures import record
@@ -193,3 +196,51 @@ def test_both_systems_multiturn_slo_takes_the_fastest_first_question_of_either_a
     assert systems["vllm"]["multiturn"]["slo_attainment"] == pytest.approx(0.5)
     assert systems["vllm"]["multiturn"]["slo_attainment_by_ttft_factor"]["3.0x"] == 1.0
     assert [s["multiturn"]["ttft_reference_ms"] for s in systems.values()] == pytest.approx([1000.0, 1000.0])
+
+
+def test_multiturn_goodput_clip_sets_are_the_unloaded_pass_and_each_rate_on_clips_of_their_own():
+    sets = scenarios.goodput_clip_sets(3)
+    rates = scenarios.GOODPUT_RATES["multiturn"]
+    assert list(sets) == ["unloaded", *map(str, rates)]
+    assert len(sets["unloaded"]) == scenarios.UNLOADED_REPEATS and all(len(sets[str(r)]) == 3 for r in rates)
+    steps = [k for ks in sets.values() for k in ks]
+    assert len(set(steps)) == len(steps) and max(steps) < 0  # the follow-up's and multiturn's steps are 1 and up
+
+
+def test_the_multiturn_goodput_clips_are_built_only_when_asked_for_and_typed_first_or_later(tmp_path, monkeypatch):
+    monkeypatch.setattr(scenarios, "build_media", lambda media, setup: (media / "v.mp4", [media / "i.jpg"]))
+    monkeypatch.setattr(scenarios, "_resized", lambda path, size: path)
+    monkeypatch.setattr(scenarios, "distinct_video", _named_by_rate_step)
+    assert scenarios.build_inputs(tmp_path, smoke=True, cache_media=False).goodput_clips == {}
+    built = scenarios.build_inputs(tmp_path, smoke=True, cache_media=False, goodput_sessions=2)
+    rate = str(scenarios.GOODPUT_RATES["multiturn"][1])
+    assert built.goodput_clips[rate] == (tmp_path / "-5.mp4", tmp_path / "-6.mp4")  # after unloaded's 2, rate 1's 2
+    sessions = scenarios.multiturn_sessions(built, 3, built.goodput_clips[rate], by_type=True)
+    assert [[r.kind for r in s] for s in sessions] == [["first_question", "later_question", "later_question"]] * 2
+
+
+def test_open_loop_sends_a_sessions_questions_one_after_another_from_its_arrival(monkeypatch):
+    events = []
+
+    async def fake_send(client, target, request, start):  # each request takes 0.2 s
+        events.append(("sent", request.kind, time.perf_counter() - start))
+        await asyncio.sleep(0.2)
+        events.append(("ended", request.kind, time.perf_counter() - start))
+        return RequestRecord(request.kind, 0.0)
+
+    monkeypatch.setattr(load, "send", fake_send)
+    a = tuple(ChatRequest(f"a{j}", (), 1) for j in range(3))
+    b = (ChatRequest("b0", (), 1),)
+    records = asyncio.run(load.open_loop(Target("s", "http://127.0.0.1:1", "m"), [(0.0, a), (0.3, b)]))
+    assert [r.kind for r in records] == ["a0", "a1", "a2", "b0"]
+    # a's questions in turn, each once the last has ended; b at its arrival (0.3 s), between a1's and a2's sends
+    assert [(e, k) for e, k, _ in events if k != "b0"] == [("sent", "a0"), ("ended", "a0"), ("sent", "a1"),
+                                                           ("ended", "a1"), ("sent", "a2"), ("ended", "a2")]
+    sent = [k for e, k, _ in events if e == "sent"]
+    assert sent == ["a0", "a1", "b0", "a2"] and [t for e, k, t in events if k == "b0"][0] >= 0.3
+
+
+def test_a_multiturn_goodput_rate_without_clips_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="no clips for 'goodput_multiturn@0.3'"):
+        asyncio.run(scenarios.run("goodput_multiturn@0.3", Target("s", "http://127.0.0.1:1", "m"),
+                                  inputs(tmp_path, 1)))

@@ -120,7 +120,7 @@ def test_summary_of_two_systems_holds_the_issues_keys_goodput_and_the_prompt_tok
     for figures_of in summary["systems"].values():
         assert figures_of["text_c1"] == pytest.approx({"ttft_ms": 20.0, "tbt_mean_ms": 5.0})
         assert figures_of["goodput"] == {"long_video": {"max_rate_rps": None}, "video": {"max_rate_rps": 0.1},
-                                         "images": {"max_rate_rps": None}}
+                                         "images": {"max_rate_rps": None}, "multiturn": {"max_rate_rps": None}}
         assert figures_of["video"] == {"ttft_ms": None}
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["prompt_tokens_agree"] == {"goodput_video@0.1": True, "goodput_video@0.2": True,
