@@ -1,19 +1,25 @@
 """InternVL3 at its published sizes on the GPU (dummy weights): the first-step logits of an image+text and a
 video+text prompt from our bf16 runner (flashinfer attention, tiles encoded a group at a time, paged prefill)
 against transformers' forward on the same weights and inputs (issue 22: relative error 1e-2, argmax equal unless the
-reference's top two are closer than that). ``internvl3_8b``'s reference runs in float32 (the exact reference; the
-library's own bf16 error is measured for scale); ``internvl3_38b`` does not fit one H200 in float32, so its reference
-is transformers in bf16.
+reference's top two are closer than that). The reference runs in float32; transformers' own bf16 error against it
+is measured for scale (random weights make deep stacks chaotic: ours passes within 1e-2 or within 1.25x the library's
+bf16 error). ``internvl3_38b`` does not fit one H200 in float32 (152 GB), so it runs at full width with 16 of its 64
+language layers and 12 of its 45 vision layers, every kernel and shape of the full model. At full depth in bf16 on
+2026-12-02 ours against transformers' bf16 differed by 8.2% on a text prompt and 12-21% with an image, both
+references bf16 (no float32 reference there): hence the float32 reference at reduced depth.
 
 Run on the device: `python3 -m pytest -q -s tests/gpu/test_internvl3_runtime.py` (skipped without CUDA or
 flashinfer).
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
 from backends.runtime.attention import make_backend
+from backends.runtime.families.registry import build_config, offline_tokenizer
 from backends.runtime.language_model.kv_cache import KVCacheLayout, pages_needed
 from backends.runtime.loader import ModelSpec, load_model
 from backends.runtime.model_runner import ModelRunner, PrefillChunk
@@ -33,9 +39,27 @@ def _flashinfer():
     pytest.importorskip("flashinfer")
 
 
-@pytest.mark.parametrize("preset,reference_dtype", [("internvl3_8b", "float32"), ("internvl3_38b", "bfloat16")])
-def test_first_step_logits_match_transformers(preset, reference_dtype):
-    model, tokenizer = load_model(ModelSpec(preset=preset, dtype=reference_dtype, device=str(DEVICE)))
+DEPTHS = {"internvl3_38b": (16, 12)}  # (language, vision) layers kept where float32 would not fit
+
+
+def spec_of(preset: str, folder: Path) -> ModelSpec:
+    """float32 ``preset`` on the GPU, as a dummy-weight checkpoint of its config cut to ``DEPTHS`` where listed."""
+    if preset not in DEPTHS:
+        return ModelSpec(preset=preset, dtype="float32", device=str(DEVICE))
+    tokenizer = offline_tokenizer(preset)
+    config = build_config(preset, tokenizer)
+    for sub, depth in zip((config.text_config, config.vision_config), DEPTHS[preset]):
+        sub.num_hidden_layers = depth
+        if getattr(sub, "layer_types", None):  # the language model's per-layer attention kinds
+            sub.layer_types = sub.layer_types[:depth]
+    config.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return ModelSpec(model_path=str(folder), load_format="dummy", dtype="float32", device=str(DEVICE))
+
+
+@pytest.mark.parametrize("preset", ["internvl3_8b", "internvl3_38b"])
+def test_first_step_logits_match_transformers(preset, tmp_path):
+    model, tokenizer = load_model(spec_of(preset, tmp_path))
     torch.manual_seed(0)
     inputs = {}
     for kind, (images, frames) in PROMPTS.items():
@@ -44,8 +68,8 @@ def test_first_step_logits_match_transformers(preset, reference_dtype):
     reference = {kind: reference_generate(model, ids, 1, tiles=tiles)[1][0] for kind, (ids, tiles, _, _) in
                  inputs.items()}
     model = model.to(torch.bfloat16)
-    library_bf16 = ({kind: reference_generate(model, ids, 1, tiles=tiles)[1][0]
-                     for kind, (ids, tiles, _, _) in inputs.items()} if reference_dtype == "float32" else reference)
+    library_bf16 = {kind: reference_generate(model, ids, 1, tiles=tiles)[1][0] for kind, (ids, tiles, _, _) in
+                    inputs.items()}
 
     config = model.config
     layout = KVCacheLayout.from_config(config, num_pages=256, page_size=PAGE_SIZE, dtype=torch.bfloat16)
@@ -62,8 +86,8 @@ def test_first_step_logits_match_transformers(preset, reference_dtype):
                                             list(range(pages_needed(len(ids), PAGE_SIZE))), want_logits=True)])[0]
         ref = reference[kind].float()
         err, lib_err = rel_err(ours, ref), rel_err(library_bf16[kind], ref)
-        print(f"{preset} {kind}: ours bf16 vs transformers {reference_dtype} {err:.4f}, "
-              f"transformers bf16 vs {reference_dtype} {lib_err:.4f}")
+        print(f"{preset} {kind}: ours bf16 vs transformers float32 {err:.4f}, "
+              f"transformers bf16 vs float32 {lib_err:.4f}")
         assert err < RTOL or err <= 1.25 * lib_err, (kind, err, lib_err)
         top2 = ref.topk(2)
         if float(top2.values[0] - top2.values[1]) > RTOL * float(ref.abs().max()):
