@@ -24,13 +24,14 @@ SUMMARY_KEYS = {
                     "text_ttft_window_max_ms", "text_tokens_window_per_s"},
     "mixed_images": {"text_tbt_window_p99_ms", "image_ttft_max_ms", "text_ttft_window_max_ms",
                      "text_tokens_window_per_s"},
-    "goodput": {"long_video", "video", "images"},
+    "goodput": {"long_video", "video", "images", "multiturn"},
     "text_c1": {"ttft_ms", "tbt_mean_ms"},
     "text_c32": {"ttft_p50_ms", "tbt_mean_ms", "tbt_p99_ms"},
     "images16": {"ttft_p50_ms", "ttft_max_ms"},
     "followup": {"ttft_ms", "first_ttft_ms", "chat_ttft_ms"},
     "multiturn": {"prefix_hit_rate", "reusable_hit_rate", "first_ttft_p50_ms", "first_ttft_p90_ms",
-                  "later_ttft_p50_ms", "later_ttft_p90_ms", "slo_attainment"},
+                  "later_ttft_p50_ms", "later_ttft_p90_ms", "slo_attainment", "ttft_reference_ms",
+                  "slo_attainment_by_ttft_factor"},
 }
 
 
