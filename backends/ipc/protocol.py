@@ -262,8 +262,9 @@ class DecodeStep:
 
 @dataclass(frozen=True)
 class MediaDecode(Call):
-    """Decode one media item of ``req_id`` by ``plan`` (a family's image or video plan, ``flashcodec.families.MediaPlan``:
-    its ``family`` says whose rules decode it) from ``path`` (checked by the orchestrator) when set, else from ``data`` (the file's bytes)."""
+    """Decode one media item of ``req_id`` by ``plan`` (a family's image or video plan,
+    ``flashcodec.families.MediaPlan``: its ``family`` says whose rules decode it) from ``path`` (checked by the
+    orchestrator) when set, else from ``data`` (the file's bytes)."""
 
     req_id: str
     plan: MediaPlan
