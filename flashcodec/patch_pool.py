@@ -1,4 +1,5 @@
-"""The paged patch pool layout (docs/structures.md): `pool` is [num_pages, page_size, 1176] float32.
+"""The paged patch pool layout (docs/structures.md): `pool` is [num_pages, page_size, patch_dim] float32, `patch_dim`
+the served family's values per patch row (`flashcodec.families`: Qwen2.5-VL 1176, InternVL3 588).
 
 A temporal-patch group's n patch rows fill its pages in order: row i is in `pages[i // page_size]`, slot
 `i % page_size`; only the last page is partly used. Pages come from the pool's free list
@@ -12,8 +13,6 @@ from typing import Sequence
 
 import torch
 
-from flashcodec.sampling import PATCH_DIM
-
 
 def pages_needed(num_patches: int, page_size: int) -> int:
     """ceil(num_patches / page_size): pages one group of `num_patches` rows occupies. Raises ValueError if < 0."""
@@ -23,8 +22,8 @@ def pages_needed(num_patches: int, page_size: int) -> int:
 
 
 def _check(pool: torch.Tensor, pages: Sequence[int], n: int) -> int:
-    if pool.dim() != 3 or pool.shape[2] != PATCH_DIM:
-        raise ValueError(f"pool must be [num_pages, page_size, {PATCH_DIM}], got {list(pool.shape)}")
+    if pool.dim() != 3:
+        raise ValueError(f"pool must be [num_pages, page_size, patch_dim], got {list(pool.shape)}")
     need = pages_needed(n, pool.shape[1])
     if len(pages) < need:
         raise ValueError(f"{n} patch rows need {need} pages of {pool.shape[1]}, got {len(pages)}")
@@ -35,14 +34,14 @@ def _check(pool: torch.Tensor, pages: Sequence[int], n: int) -> int:
 
 
 def write_group(pool: torch.Tensor, pages: Sequence[int], patches: torch.Tensor) -> None:
-    """Copy `patches` [n, 1176] into `pool` over the first ceil(n / page_size) of `pages`, in order.
+    """Copy `patches` [n, patch_dim] into `pool` over the first ceil(n / page_size) of `pages`, in order.
 
     Raises ValueError if the pool or patches have the wrong shape, or the pages cannot hold n rows
     (too few, repeated, or out of range). Slots after row n in the last page are left as they were.
     """
-    if patches.dim() != 2 or patches.shape[1] != PATCH_DIM:
-        raise ValueError(f"patches must be [n, {PATCH_DIM}], got {list(patches.shape)}")
     need = _check(pool, pages, patches.shape[0])
+    if patches.dim() != 2 or patches.shape[1] != pool.shape[2]:
+        raise ValueError(f"patches must be [n, {pool.shape[2]}] (the pool's patch_dim), got {list(patches.shape)}")
     size = pool.shape[1]
     for k in range(need):
         rows = patches[k * size : (k + 1) * size]
@@ -50,13 +49,13 @@ def write_group(pool: torch.Tensor, pages: Sequence[int], patches: torch.Tensor)
 
 
 def read_group(pool: torch.Tensor, pages: Sequence[int], n: int) -> torch.Tensor:
-    """The n rows written by `write_group(pool, pages, ...)`: a new [n, 1176] tensor on the pool's device.
+    """The n rows written by `write_group(pool, pages, ...)`: a new [n, patch_dim] tensor on the pool's device.
 
     Raises ValueError as `write_group` does.
     """
     need = _check(pool, pages, n)
     index = torch.tensor(list(pages[:need]), dtype=torch.long, device=pool.device)
-    return pool.index_select(0, index).reshape(-1, PATCH_DIM)[:n]
+    return pool.index_select(0, index).reshape(-1, pool.shape[2])[:n]
 
 
 @dataclass(frozen=True)

@@ -1,18 +1,21 @@
-"""Media metadata -> sampling plans, before any frame is decoded (flashcodec's probe + Qwen2.5-VL rules)."""
+"""Media metadata -> sampling plans, before any frame is decoded (flashcodec's probe + the served family's rules,
+``flashcodec.families``)."""
 from __future__ import annotations
 
 import contextlib
 import functools
+from dataclasses import fields
 
 from flashcodec.errors import MediaError
+from flashcodec.families import Family, MediaOptions, MediaPlan
 from flashcodec.probe import ImageInfo, VideoInfo, probe_image, probe_video
-from flashcodec.sampling import ImagePlan, VideoPlan, plan_image, plan_video
 from orchestrator.inputs import MediaInput
 from orchestrator.media_identity import file_key
 from orchestrator.sampling_params import InvalidInput, RequestParams
 from orchestrator.visual_cap import CapApplied, fit_visual_tokens, plan_tokens
 
 PROBED_VIDEOS = 256  # video files whose probe is kept (a probe holds each frame's timestamp: 8 bytes a frame)
+MEDIA_SETTINGS = tuple(f.name for f in fields(MediaOptions))  # the sampling_parameters keys a family may take
 
 
 @contextlib.contextmanager
@@ -24,7 +27,7 @@ def _named(item: MediaInput):
     except MediaError as exc:
         message = str(exc).removeprefix(f"{item.kind}: ")
         raise InvalidInput(f"{item.input_name}: {message}") from None
-    except ValueError as exc:  # fps / max_pixels out of range for this item (the message names the key)
+    except ValueError as exc:  # a media setting out of range for this item (the message names the key)
         raise InvalidInput(f"sampling_parameters: {exc}") from None
 
 
@@ -55,26 +58,41 @@ def _probe_video_file(path: str, *content: int) -> VideoInfo:
     return probe_video(path)
 
 
-def plan_probed(item: MediaInput, info: VideoInfo | ImageInfo, params: RequestParams) -> VideoPlan | ImagePlan:
-    """The sampling and size of a probed item by the request's ``fps`` and ``max_pixels``. Raises InvalidInput naming
-    the input (an aspect ratio over 200) or the sampling parameter out of range for it."""
+def check_media_settings(params: RequestParams, family: Family) -> None:
+    """Raises InvalidInput naming the first media setting of ``params`` (``fps``, ``max_pixels``, ``num_frames``,
+    ``max_tiles``) that ``family`` does not take (``Family.options``), with or without media in the request."""
+    try:
+        params.media.refuse(f"the served model family {family.name}",
+                            *(name for name in MEDIA_SETTINGS if name not in family.options))
+    except ValueError as exc:
+        raise InvalidInput(f"sampling_parameters: {exc}") from None
+
+
+def plan_probed(item: MediaInput, info: VideoInfo | ImageInfo, family: Family, options: MediaOptions) -> MediaPlan:
+    """The frames or tiles and sizes of a probed item by ``family``'s rules and ``options`` (the request's media
+    settings: ``MediaOptions.for_kind`` keeps those about the item's kind). Raises InvalidInput naming the input (an
+    aspect ratio over 200, a zero-size image, a video shorter than its segments) or the sampling parameter out of
+    range for it."""
     with _named(item):
         if isinstance(info, VideoInfo):
-            return plan_video(info, fps=params.fps, max_pixels=params.max_pixels)
-        return plan_image(info, max_pixels=params.max_pixels)
+            return family.plan_video(info, options.for_kind("video"))
+        return family.plan_image(info, options.for_kind("image"))
 
 
-def plan_media(item: MediaInput, params: RequestParams, max_image_pixels: int | None = None) -> VideoPlan | ImagePlan:
-    """:func:`probe_media`, then :func:`plan_probed`; raises as they do."""
-    return plan_probed(item, probe_media(item, max_image_pixels), params)
+def plan_media(item: MediaInput, params: RequestParams, family: Family, max_image_pixels: int | None = None
+               ) -> MediaPlan:
+    """:func:`probe_media`, then :func:`plan_probed` with ``params``' media settings; raises as they do."""
+    return plan_probed(item, probe_media(item, max_image_pixels), family, params.media)
 
 
-def plan_request(items: list[MediaInput], infos: list[VideoInfo | ImageInfo], params: RequestParams,
-                 max_visual_tokens: int) -> tuple[list[VideoPlan | ImagePlan], CapApplied | None]:
+def plan_request(items: list[MediaInput], infos: list[VideoInfo | ImageInfo], params: RequestParams, family: Family,
+                 max_visual_tokens: int) -> tuple[list[MediaPlan], CapApplied | None]:
     """Every probed item's plan (:func:`plan_probed`); when their visual tokens exceed ``max_visual_tokens`` (0: no
     cap), the plans lowered to fit it and what was changed (``orchestrator.visual_cap``), else None. Raises
-    InvalidInput as :func:`plan_probed`, or naming ``max_visual_tokens`` when even the lowest plans exceed it."""
-    plans = [plan_probed(item, info, params) for item, info in zip(items, infos)]
+    InvalidInput as :func:`check_media_settings` and :func:`plan_probed`, or naming ``max_visual_tokens`` when even
+    the lowest plans exceed it."""
+    check_media_settings(params, family)
+    plans = [plan_probed(item, info, family, params.media) for item, info in zip(items, infos)]
     if not max_visual_tokens or sum(map(plan_tokens, plans)) <= max_visual_tokens:
         return plans, None
-    return fit_visual_tokens(infos, params.fps, params.max_pixels, max_visual_tokens)
+    return fit_visual_tokens(family, infos, params.media, max_visual_tokens)

@@ -11,11 +11,14 @@ import math
 from dataclasses import dataclass
 
 from backends.ipc.protocol import SamplingParams
+from flashcodec.families.base import MediaOptions
 
 # Qwen2.5-VL's smallest and largest frame area (qwen_vl_utils MIN_PIXELS = 4*28*28, MAX_PIXELS = 16384*28*28).
 MIN_PIXELS = 4 * 28 * 28
 MAX_PIXELS = 16384 * 28 * 28
 MAX_FPS = 60.0
+MAX_FRAMES = 1024  # num_frames: segments of a video (InternVL3: 256 tokens each)
+MAX_TILES = 64  # max_tiles: tiles of an image (InternVL3's checkpoints use at most 12)
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 256
 MAX_STOP_TOKEN_IDS = 256
@@ -46,9 +49,14 @@ class RequestParams:
             most 256, distinct (repeats dropped, as vLLM does); checked against the vocabulary at admission.
         repetition_penalty: > 0, 1 is off; presence_penalty, frequency_penalty: in [-2, 2], 0 is off (their
             meaning: ``backends.ipc.protocol.SamplingParams``).
-        fps: video frames sampled per second of video, in (0, 60].
+        fps: video frames sampled per second of video, in (0, 60], or None for the model family's default
+            (Qwen2.5-VL 2.0; InternVL3 samples ``num_frames`` segments unless fps is set).
         max_pixels: largest area of a resized frame or image (pixels), in [4*28*28, 16384*28*28], or None
-            for the model's default.
+            for the model's default (Qwen2.5-VL).
+        num_frames: segments a video is cut into, one frame each, in [1, 1024], or None (InternVL3).
+        max_tiles: most 448-pixel tiles of an image, in [1, 64], or None for the checkpoint's (InternVL3).
+        Which media settings apply is the served family's (``flashcodec.families``; the orchestrator refuses the
+        others).
 
     Raises:
         InvalidInput: a value is out of range (the message names the key).
@@ -66,8 +74,10 @@ class RequestParams:
     repetition_penalty: float = 1.0
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
-    fps: float = 2.0
+    fps: float | None = None
     max_pixels: int | None = None
+    num_frames: int | None = None
+    max_tiles: int | None = None
 
     def __post_init__(self) -> None:
         if not 0 < self.max_tokens < _TOKENS_LIMIT:  # far beyond any max_model_len; bounds what messages print
@@ -98,10 +108,19 @@ class RequestParams:
         for key in ("presence_penalty", "frequency_penalty"):
             if not -MAX_PENALTY <= getattr(self, key) <= MAX_PENALTY:
                 _fail(key, f"must be in [-{MAX_PENALTY:g}, {MAX_PENALTY:g}]", getattr(self, key))
-        if not 0 < self.fps <= MAX_FPS:
+        if self.fps is not None and not 0 < self.fps <= MAX_FPS:
             _fail("fps", f"must be in (0, {MAX_FPS:g}]", self.fps)
+        if self.num_frames is not None and not 1 <= self.num_frames <= MAX_FRAMES:
+            _fail("num_frames", f"must be in [1, {MAX_FRAMES}]", self.num_frames)
+        if self.max_tiles is not None and not 1 <= self.max_tiles <= MAX_TILES:
+            _fail("max_tiles", f"must be in [1, {MAX_TILES}]", self.max_tiles)
         if self.max_pixels is not None and not MIN_PIXELS <= self.max_pixels <= MAX_PIXELS:
             _fail("max_pixels", f"must be in [{MIN_PIXELS}, {MAX_PIXELS}]", self.max_pixels)
+
+    @property
+    def media(self) -> MediaOptions:
+        """The media settings (``fps``, ``max_pixels``, ``num_frames``, ``max_tiles``) as the families take them."""
+        return MediaOptions(self.fps, self.max_pixels, self.num_frames, self.max_tiles)
 
     def sampling(self) -> SamplingParams:
         """The stages' part of these parameters (``backends.ipc.protocol.SamplingParams``)."""
@@ -191,6 +210,10 @@ def _as_optional_int(key: str, value: object) -> int | None:
     return None if value is None else _as_int(key, value)
 
 
+def _as_optional_float(key: str, value: object) -> float | None:
+    return None if value is None else _as_float(key, value)
+
+
 _CONVERTERS = {
     "max_tokens": _as_int,
     "min_tokens": _as_int,
@@ -204,8 +227,10 @@ _CONVERTERS = {
     "repetition_penalty": _as_float,
     "presence_penalty": _as_float,
     "frequency_penalty": _as_float,
-    "fps": _as_float,
+    "fps": _as_optional_float,
     "max_pixels": _as_optional_int,
+    "num_frames": _as_optional_int,
+    "max_tiles": _as_optional_int,
 }
 
 
@@ -214,8 +239,8 @@ def parse_sampling_parameters(text: str | None) -> RequestParams:
 
     None or an empty string gives the defaults. Integers are accepted for floats; integer-valued
     floats for integers; numeric strings for both (genai-perf's form); "true"/"false" for booleans;
-    a string or a list of strings for `stop`; a list of integers for `stop_token_ids`; null for `seed`, `max_pixels` and
-    `stop_token_ids`.
+    a string or a list of strings for `stop`; a list of integers for `stop_token_ids`; null for `seed`, `fps`,
+    `max_pixels`, `num_frames`, `max_tiles` and `stop_token_ids`.
 
     Raises:
         InvalidInput: invalid JSON, not an object, an unknown key, a wrong type or an out-of-range

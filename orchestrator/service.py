@@ -26,6 +26,7 @@ from backends.runtime.families import DEFAULT_BUDGETS, family_name
 from backends.triton import server_stop
 from backends.triton.replicas import replica_name
 from backends.triton.triton_io import float_parameter, int_parameter
+from flashcodec.families import family as media_family
 from orchestrator.budget_policy import BudgetPolicy, PolicyConfig, SloTargets
 from orchestrator.engine import Engine
 from orchestrator.engine_io import SHUTTING_DOWN, EngineRequest, Released, RequestCounts
@@ -60,7 +61,9 @@ class OrchestratorConfig:
     beyond them is refused at once as overloaded (UNAVAILABLE) instead of queueing without bound.
     ``slo_scheduling``: each step's budgets set by ``orchestrator.budget_policy`` from the ``slo`` targets and
     ``policy`` (off: the fixed budgets; off by default until measured against them on the H200);
-    ``cache``: the prefix cache (``orchestrator.prefix_cache.CacheConfig``)."""
+    ``cache``: the prefix cache (``orchestrator.prefix_cache.CacheConfig``);
+    ``preset`` / ``model_path``: the served model (``backends.runtime.families.family_name``), whose family's media
+    rules, prompt text and tokenizer the orchestrator uses; ``family``: its name."""
 
     scheduler: SchedulerConfig
     limits: InputLimits
@@ -72,6 +75,8 @@ class OrchestratorConfig:
     slo: SloTargets = SloTargets()
     policy: PolicyConfig = PolicyConfig()
     cache: CacheConfig = CacheConfig()
+    preset: str = "tiny"
+    family: str = "qwen2_5_vl"
 
     @classmethod
     def from_parameters(cls, params: dict[str, str]) -> "OrchestratorConfig":
@@ -79,11 +84,13 @@ class OrchestratorConfig:
             share = float(params.get("max_share", "0.5"))
         except ValueError:
             raise ValueError(f"parameter max_share must be a number in (0, 1], got {params['max_share']!r}") from None
+        preset = params.get("preset") or "tiny"
+        family = family_name(preset, params.get("model_path") or None)
         # empty or absent: the served family's defaults (Qwen2.5-VL 10240 / 2048, InternVL3 5120 / 2048)
-        family = DEFAULT_BUDGETS[family_name(params.get("preset") or "tiny", params.get("model_path") or None)]
+        budgets = DEFAULT_BUDGETS[family]
         given = {key: value for key, value in params.items() if value.strip()}
-        scheduler = SchedulerConfig(encode_budget=int_parameter(given, "encode_budget", family.encode),
-                                    prefill_budget=int_parameter(given, "prefill_budget", family.prefill),
+        scheduler = SchedulerConfig(encode_budget=int_parameter(given, "encode_budget", budgets.encode),
+                                    prefill_budget=int_parameter(given, "prefill_budget", budgets.prefill),
                                     max_share=share)
         switch = params.get("slo_scheduling", "false").strip().lower()
         if switch not in ("true", "false"):
@@ -93,7 +100,7 @@ class OrchestratorConfig:
                    int_parameter(params, "max_waiting_requests", cls.max_waiting_requests), switch == "true",
                    SloTargets.from_parameters(params),
                    PolicyConfig(float_parameter(params, "decode_priority_boost", PolicyConfig.decode_priority_boost)),
-                   CacheConfig.from_parameters(params))
+                   CacheConfig.from_parameters(params), preset, family)
 
 
 @dataclass(frozen=True)
@@ -122,11 +129,13 @@ def _shutting_down() -> StageError:
 
 class Orchestrator:
     def __init__(self, config: OrchestratorConfig, metrics):
-        from backends.runtime.tokenizer import load_tokenizer  # transformers' tokenizer: only where it is used
+        # transformers' tokenizer (and the runtime families with it): only where it is used
+        from backends.runtime.families.registry import model_tokenizer
 
         self.config = config
         self.metrics = metrics
-        self.tokenizer = load_tokenizer(config.model_path)
+        self.family = media_family(config.family)  # its media rules and prompt text
+        self.tokenizer = model_tokenizer(config.preset, config.model_path)
         self.outputs = OutputProcessor(self.tokenizer)
         self.links = Links()
         self.engines: list[Engine] = []
@@ -275,14 +284,14 @@ class Orchestrator:
         limits = self.config.limits
         infos = [await asyncio.to_thread(probe_media, item, limits.max_image_pixels) for item in parsed.media]
         timeline.mark("probed", items=len(infos))
-        plans, cap = await asyncio.to_thread(plan_request, list(parsed.media), infos, parsed.params,
+        plans, cap = await asyncio.to_thread(plan_request, list(parsed.media), infos, parsed.params, self.family,
                                              limits.max_visual_tokens)
         if parsed.raw:
-            prompt = await asyncio.to_thread(build_raw_prompt, self.tokenizer, parsed.text)
+            prompt = await asyncio.to_thread(build_raw_prompt, self.tokenizer, parsed.text, self.family)
         else:
             prompt = await asyncio.to_thread(build_chat_prompt, self.tokenizer, parsed.turns,
                                              [(m.kind, p.grid_thw, getattr(p, "second_per_grid_t", 0.0))
-                                              for m, p in zip(parsed.media, plans)])
+                                              for m, p in zip(parsed.media, plans)], self.family)
         timeline.mark("prompt_built", tokens=len(prompt.input_ids), visual_tokens=prompt.num_visual_tokens)
         params = parsed.params
         prompt.check_length(params.max_tokens, self.config.max_model_len)

@@ -90,32 +90,41 @@ def assert_same_or_tie(ours: list[int], theirs: list[int], ref_logits: list[torc
 
 
 def server_request_reference(model, tokenizer, text: str, max_new_tokens: int, *, video: bytes | None = None,
-                             image: bytes | None = None, params: RequestParams = RequestParams()):
-    """What the server must produce for a request with at most one video or image: the same
-    preprocessing (flashcodec's plan and patches, from the decoder its stage takes on the model's device: NVDEC
-    on a GPU, whose pixels the GPU tests hold to the CPU decoder's within a tolerance; the orchestrator's
-    prompt), then ``reference_generate``."""
+                             image: bytes | None = None, images: tuple[bytes, ...] = (),
+                             params: RequestParams = RequestParams()):
+    """What the server must produce for a ``text_input`` request (its images, then its video, then ``text``) to the
+    model's family: the same preprocessing (flashcodec's plan and patches, from the decoder its stage takes on the
+    model's device: NVDEC on a GPU, whose pixels the GPU tests hold to the CPU decoder's within a tolerance; the
+    orchestrator's prompt), then ``reference_generate``. Qwen2.5-VL: at most one ``image`` and one ``video``;
+    InternVL3: any ``images`` (or ``image``) and a ``video``, as one ``tiles`` tensor in prompt order."""
     # Imported here so the runtime tests that only need reference_generate run without PyAV.
+    from backends.runtime.families.registry import family_for
+    from flashcodec.families import family as media_family
+    from flashcodec.families.internvl3_pixels import tiles_from_rows
     from flashcodec.pipeline import image_group, iter_video_groups, make_decoder
     from orchestrator.inputs import MediaInput
     from orchestrator.media import plan_media
     from orchestrator.prompt import build_prompt
 
-    media, kwargs = [], {}
-    for kind, data in (("image", image), ("video", video)):
-        if data is None:
-            continue
-        plan = plan_media(MediaInput(kind, data=data), params)
+    family = media_family(family_for(model.config).name)
+    items = [("image", data) for data in ((image,) if image is not None else ()) + tuple(images)]
+    items += [("video", video)] if video is not None else []
+    media, rows = [], []
+    for kind, data in items:
+        plan = plan_media(MediaInput(kind, data=data), params, family)
         if kind == "video":
             choice = make_decoder(model.device, cpu_workers=1)
             try:
-                pixels = torch.cat([patches for _, patches in iter_video_groups(data, plan, choice.decoder)])
+                rows.append(torch.cat([patches for _, patches in iter_video_groups(data, plan, choice.decoder)]))
             finally:
                 choice.close()
-            media.append((kind, plan.grid_thw, plan.second_per_grid_t))
         else:
-            pixels = image_group(data, plan)
-            media.append((kind, plan.grid_thw, 0.0))
-        kwargs[kind] = (pixels, plan.grid_thw, media[-1][2])
-    prompt = build_prompt(tokenizer, text, media)
+            rows.append(image_group(data, plan))
+        media.append((kind, plan.grid_thw, getattr(plan, "second_per_grid_t", 0.0)))
+    prompt = build_prompt(tokenizer, text, media, family)
+    if family.name == "internvl3":
+        kwargs = {"tiles": torch.cat([tiles_from_rows(r, grid[0], 3, 14) for r, (_, grid, _) in zip(rows, media)])
+                  } if media else {}
+    else:
+        kwargs = {kind: (r, grid, seconds) for r, (kind, grid, seconds) in zip(rows, media)}
     return reference_generate(model, list(prompt.input_ids), max_new_tokens, params=params, **kwargs)

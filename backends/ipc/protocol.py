@@ -25,7 +25,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:  # annotations only: this module imports nothing of flashcodec at run time
+    from flashcodec.families import MediaPlan
 
 # The KV pool's last page is the decode runtime's scratch page (CUDA-graph padding rows write there): the
 # orchestrator grants pages 0 .. num_pages - 1 - RESERVED_KV_PAGES of a pool of num_pages.
@@ -115,8 +118,9 @@ class StageFailure:
 
 @dataclass(frozen=True)
 class MediaGrid:
-    """One media item of a prompt: ``kind`` image | video, ``grid_thw`` (t, h, w) in patches before the 2x2
-    merge, ``second_per_grid_t`` seconds per temporal-patch group (videos; M-RoPE's time axis)."""
+    """One media item of a prompt: ``kind`` image | video, ``grid_thw`` (groups, h, w) in patches before the 2x2
+    merge (a family's ``MediaPlan.grid_thw``, ``flashcodec.families``: Qwen2.5-VL's temporal patches, InternVL3's
+    448-pixel tiles), ``second_per_grid_t`` seconds per group (Qwen2.5-VL's videos: M-RoPE's time axis; else 0)."""
 
     kind: str
     grid_thw: tuple[int, int, int]
@@ -188,7 +192,9 @@ class StepPlan(Call):
 @dataclass(frozen=True)
 class FirstToken:
     """A prompt's first output token, sampled where its prefill ended; ``finish_reason`` by the stop rule
-    (``"stop"``, ``"length"``, or ``""`` to go on in decode); ``mrope_delta`` for the decode positions."""
+    (``"stop"``, ``"length"``, or ``""`` to go on in decode); ``mrope_delta``: the offset of the decode positions
+    (token ``p`` at position ``p + mrope_delta``; the family's ``prompt_positions``: M-RoPE's for Qwen2.5-VL, 0 for
+    1-D RoPE families such as InternVL3)."""
 
     req_id: str
     token: int
@@ -228,7 +234,7 @@ class DecodeAdmit(Call):
     block_table: tuple[int, ...]
     num_cached: int
     last_token: int
-    mrope_delta: int
+    mrope_delta: int  # decode positions: token p at p + mrope_delta (FirstToken's; 0 for 1-D RoPE families)
     num_generated: int
     max_tokens: int
     sampling: SamplingParams
@@ -256,11 +262,12 @@ class DecodeStep:
 
 @dataclass(frozen=True)
 class MediaDecode(Call):
-    """Decode one media item of ``req_id`` by ``plan`` (``flashcodec.sampling.VideoPlan`` or ``ImagePlan``):
-    from ``path`` (checked by the orchestrator) when set, else from ``data`` (the file's bytes)."""
+    """Decode one media item of ``req_id`` by ``plan`` (a family's image or video plan,
+    ``flashcodec.families.MediaPlan``: its ``family`` says whose rules decode it) from ``path`` (checked by the
+    orchestrator) when set, else from ``data`` (the file's bytes)."""
 
     req_id: str
-    plan: object
+    plan: MediaPlan
     data: bytes | None = None
     path: str | None = None
 

@@ -65,11 +65,14 @@ class StreamOptions(_Strict):
 
 
 class MediaOptions(_Strict):
-    """vLLM's ``mm_processor_kwargs``, the keys the orchestrator takes: frames sampled per second of video, and the
-    largest resized frame or image area in pixels."""
+    """vLLM's ``mm_processor_kwargs``, the keys the orchestrator takes (``orchestrator.sampling_params``; which apply is
+    the served family's): frames sampled per second of video, the largest resized frame or image area in pixels
+    (Qwen2.5-VL), the segments a video is cut into and the most tiles of an image (InternVL3)."""
 
     fps: float | None = None
     max_pixels: int | None = None
+    num_frames: int | None = None
+    max_tiles: int | None = None
 
 
 class GenerationRequest(_Body):

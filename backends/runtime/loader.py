@@ -8,9 +8,8 @@ from dataclasses import dataclass, fields
 import torch
 from transformers import AutoConfig, PreTrainedModel, PreTrainedTokenizerBase
 
-from backends.runtime.families.registry import build_config, family_for, offline_tokenizer
+from backends.runtime.families.registry import build_config, family_for, model_tokenizer
 from backends.runtime.presets import PRESETS
-from backends.runtime.tokenizer import load_tokenizer
 
 LOAD_FORMATS = ("auto", "dummy")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
@@ -84,7 +83,7 @@ def load_model(spec: ModelSpec) -> tuple[PreTrainedModel, PreTrainedTokenizerBas
     ``model_type`` is of no family.
     """
     # first: it says when model_path is no directory
-    tokenizer = load_tokenizer(spec.model_path) if spec.model_path is not None else offline_tokenizer(spec.preset)
+    tokenizer = model_tokenizer(spec.preset, spec.model_path)
     device = torch.device(spec.device)
     if spec.load_format == "auto" and spec.model_path is not None:
         log.info("loading the weights of %s onto %s", spec.model_path, device)

@@ -99,7 +99,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json")
 
 def load_tokenizer(model_path: str | None) -> PreTrainedTokenizerFast:
     """The checkpoint's tokenizer (``AutoTokenizer``, local files only) or, for ``None``, Qwen2.5-VL's offline one
-    (a preset of another family: ``families.registry.offline_tokenizer``).
+    (a preset of another family: ``families.registry.model_tokenizer``).
 
     Raises OSError when ``model_path`` is not a directory or holds no tokenizer (none of ``TOKENIZER_FILES``):
     transformers would look the name up as a Hub repository, or build a tokenizer without Qwen's special tokens.

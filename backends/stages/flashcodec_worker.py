@@ -31,7 +31,6 @@ from flashcodec.pipeline import iter_image_groups, iter_video_groups, make_decod
 from flashcodec.families import MediaPlan
 
 log = logging.getLogger(__name__)
-PATCH_DIM = 3 * 2 * 14 * 14  # channels x temporal_patch_size x patch x patch (Qwen2.5-VL)
 
 
 @dataclass(frozen=True)
@@ -45,15 +44,16 @@ class _Item:
 
 
 class FlashCodecWorker:
-    """``num_pages`` patch pages of ``page_size`` patch rows (1176 float32 values each). ``gpus``: the GPUs
+    """``num_pages`` patch pages of ``page_size`` patch rows of ``patch_dim`` float32 values each (the served family's
+    ``flashcodec.families.Family.patch_dim``: Qwen2.5-VL 1176, InternVL3 588). ``gpus``: the GPUs
     whose NVDEC sessions decode each video (``triton_io.gpus_value``; default the stage's own GPU);
     ``processes_per_gpu``: processes each GPU's sessions are split over (``pipeline.make_decoder``)."""
 
-    def __init__(self, device: torch.device, num_pages: int, page_size: int, threads: int,
+    def __init__(self, device: torch.device, num_pages: int, page_size: int, threads: int, patch_dim: int,
                  gpus: str | list[int] | None = None, processes_per_gpu: int = 1):
         # The free list first: the orchestrator maps it once the pool itself is published.
         self.free_pages = shared_pages.SharedPageList.create(shared_pages.path_for("patch_pool"), num_pages)
-        self.pool = shared_tensor.create("patch_pool", (num_pages, page_size, PATCH_DIM), torch.float32, device)
+        self.pool = shared_tensor.create("patch_pool", (num_pages, page_size, patch_dim), torch.float32, device)
         self.page_size = page_size
         # NVDEC on a GPU, else GOP-parallel PyAV processes, else sequential PyAV (logged, counted per video).
         self.choice = make_decoder(device, gpus=gpus, processes_per_gpu=processes_per_gpu)

@@ -10,7 +10,7 @@ Nothing here imports torch: the pixel methods import their family's torch module
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any, ClassVar, Iterator, Protocol, Sequence
 
 from flashcodec.probe import ImageInfo, VideoInfo
@@ -29,6 +29,12 @@ class MediaOptions:
     max_pixels: int | None = None
     num_frames: int | None = None
     max_tiles: int | None = None
+
+    def for_kind(self, kind: str) -> "MediaOptions":
+        """The settings about a media item of `kind`: an image drops `fps` and `num_frames`, a video `max_tiles`."""
+        if kind == "image":
+            return replace(self, fps=None, num_frames=None)
+        return replace(self, max_tiles=None)
 
     def refuse(self, family: str, *names: str) -> None:
         """Raises ValueError naming the first of `names` that is set: `family` has no such setting."""
@@ -69,6 +75,7 @@ class Family(Protocol):
     name: str
     frames_per_group: int  # decoded video frames per group
     patch_dim: int  # values per patch row
+    options: tuple[str, ...]  # the `MediaOptions` fields it honours (the others it refuses)
     placeholders: dict[str, str]  # media kind -> the chat template's placeholder for it
     reserved_tokens: tuple[str, ...]  # tokens only the server may place in a prompt
 

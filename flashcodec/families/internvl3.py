@@ -178,6 +178,7 @@ class InternVL3:
 
     name = "internvl3"
     frames_per_group = 1
+    options = ("fps", "num_frames", "max_tiles")
     placeholders = {"image": CONTEXT, "video": VIDEO}  # what the chat template writes for an image / a video
     reserved_tokens = (START_IMAGE, END_IMAGE, CONTEXT, VIDEO)
 

@@ -9,6 +9,7 @@ then rescale and normalise fused in float32 with ImageNet's mean/std. On the CPU
 """
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import numpy as np
@@ -28,6 +29,22 @@ def tile_rows(tiles: torch.Tensor, patch_size: int) -> torch.Tensor:
     g = s // patch_size
     patches = tiles.reshape(n, c, g, patch_size, g, patch_size)
     return patches.permute(0, 2, 4, 1, 3, 5).reshape(n * g * g, c * patch_size * patch_size)
+
+
+def tiles_from_rows(rows: torch.Tensor, tiles: int, channels: int, patch_size: int) -> torch.Tensor:
+    """`tile_rows` undone: float [tiles * g * g, channels * p * p] patch rows (g patches a side) -> a new
+    [tiles, channels, g * p, g * p] tensor (transformers' `pixel_values`), on the rows' device. What the encode stage
+    does to a group read from the patch pool, the one conversion between the pool's rows and the tower's tiles.
+    Raises ValueError when the rows are not whole square tiles of that patch size.
+    """
+    width = channels * patch_size * patch_size
+    per_tile = rows.shape[0] // tiles if rows.dim() == 2 and tiles > 0 else 0
+    g = math.isqrt(per_tile)
+    if rows.dim() != 2 or rows.shape[1] != width or not g or g * g * tiles != rows.shape[0]:
+        raise ValueError(f"patch rows {list(rows.shape)} are not {tiles} square tiles of [{channels}, {patch_size}, "
+                         f"{patch_size}] patches ({width} values a row)")
+    patches = rows.reshape(tiles, g, g, channels, patch_size, patch_size)
+    return patches.permute(0, 3, 1, 4, 2, 5).reshape(tiles, channels, g * patch_size, g * patch_size)
 
 
 def image_tiles(pixels: torch.Tensor, plan: TiledImagePlan, config: InternVL3Config) -> torch.Tensor:

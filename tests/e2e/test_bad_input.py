@@ -36,6 +36,10 @@ BAD = [
     ("a video in image", dict(text="Hi", image=_tiny_video()), ["image: not a decodable image (JPEG, PNG"]),
     ("max_pixels under a video's minimum", dict(text="Hi", video=_tiny_video(), sampling={**OK, "max_pixels": 100351}),
      ["sampling_parameters: max_pixels must be at least 100352"]),
+    ("max_tiles, an InternVL3 setting", dict(text="Hi", image=make_image(40, 30), sampling={**OK, "max_tiles": 2}),
+     ["sampling_parameters: max_tiles does not apply to the served model family qwen2_5_vl (got 2)"]),
+    ("num_frames, an InternVL3 setting", dict(text="Hi", sampling={**OK, "num_frames": 4}),
+     ["sampling_parameters: num_frames does not apply to the served model family qwen2_5_vl (got 4)"]),
 ]
 
 

@@ -21,6 +21,7 @@ from backends.runtime.loader import ModelSpec, load_model
 from client.api import Client
 from orchestrator.inputs import MediaInput
 from orchestrator.media import plan_media
+from orchestrator.prompt import QWEN
 from orchestrator.sampling_params import RequestParams
 from tests.e2e.conftest import read_metrics, settled, wait_for_idle_pools
 from tests.media import make_image, make_video
@@ -159,7 +160,7 @@ def test_a_conversation_equals_transformers_on_the_chat_template(sdk, hf):
                                      {"type": "image_url", "image_url": {"url": _data_url(image, "image/png")}}]},
     ]
     ours = sdk.chat.completions.create(model=MODEL, messages=messages, max_tokens=N, temperature=0, extra_body=EXTRA)
-    plan = plan_media(MediaInput("image", data=image), RequestParams())
+    plan = plan_media(MediaInput("image", data=image), RequestParams(), QWEN)
     template = [m if isinstance(m["content"], str) else
                 {"role": m["role"], "content": [{"type": "text", "text": "Now this:"}, {"type": "image"}]}
                 for m in messages]
@@ -284,7 +285,7 @@ def test_an_image_under_another_system_prompt_comes_from_the_encoder_cache_and_c
 
     _, before = ask("Be brief.", image)
     cached, after = ask("Be kind.", image)
-    visual = plan_media(MediaInput("image", data=image), RequestParams()).num_tokens
+    visual = plan_media(MediaInput("image", data=image), RequestParams(), QWEN).num_tokens
     assert after["encoder_cache_hits_total"] - before["encoder_cache_hits_total"] >= visual > 0
     fresh, later = ask("Be kind.", same_pixels.getvalue())
     assert later["encoder_cache_hits_total"] == after["encoder_cache_hits_total"]

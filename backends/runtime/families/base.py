@@ -71,7 +71,7 @@ class ModelFamily(ABC):
     @abstractmethod
     def pixels_from_patch_rows(self, config: PreTrainedConfig, rows: torch.Tensor, grid_thw: tuple[int, int, int]
                                ) -> torch.Tensor:
-        """One group's rows of the shared patch pool (float ``[n, 1176]``, ``flashcodec.patch_pool.read_group``) as
+        """One group's rows of the shared patch pool (float ``[n, patch_dim]``, ``flashcodec.patch_pool.read_group``) as
         the pixel input of :meth:`check_pixels` for ``grid_thw`` (a view where it can be). Raises ValueError when
         the rows do not hold ``grid_thw``'s pixels."""
 

@@ -20,6 +20,7 @@ from transformers import InternVLConfig, InternVLForConditionalGeneration, PreTr
 from transformers.models.internvl.modeling_internvl import InternVLModel
 
 from backends.runtime.families.base import ModelFamily, VisionItem, text_config_with_token_ids
+from flashcodec.families.internvl3_pixels import tiles_from_rows
 from backends.runtime.tokenizer import SPECIAL_TOKENS
 
 # After Qwen2.5-VL's 14: Qwen2.5's other added tokens (ids 151657..151664), then InternVL's (151665..151673:
@@ -124,15 +125,15 @@ class InternVL3(ModelFamily):
 
     def pixels_from_patch_rows(self, config: PreTrainedConfig, rows: torch.Tensor, grid_thw: tuple[int, int, int]
                                ) -> torch.Tensor:
-        """The pool holds a group's tiles as their ``[3, H, W]`` values back to back, 1176 a row (a 448-pixel tile is
-        512 rows: two 14x14 patches' worth each), so ``t`` tiles are ``t*h*w / 2`` rows."""
+        """The pool holds a group's tiles as FlashCodec writes them: ``[t*h*w, channels*patch*patch]`` rows (588 for
+        14-pixel patches), tile by tile, patches in raster order, each ``(C, p, p)``
+        (``flashcodec.families.internvl3_pixels.tile_rows``); ``tiles_from_rows`` folds them back into
+        ``[t, C, h*patch, w*patch]`` tiles (a copy)."""
         t, h, w = grid_thw
         vision = config.vision_config
-        shape = (t, vision.num_channels, h * vision.patch_size[0], w * vision.patch_size[1])
-        if rows.numel() != t * shape[1] * shape[2] * shape[3]:
-            raise ValueError(f"{tuple(rows.shape)} patch-pool rows do not hold the tiles of grid_thw {grid_thw} "
-                             f"({list(shape)})")
-        return rows.reshape(shape)
+        if rows.shape[0] != t * h * w or h != w:
+            raise ValueError(f"{tuple(rows.shape)} patch-pool rows do not hold the tiles of grid_thw {grid_thw}")
+        return tiles_from_rows(rows, t, vision.num_channels, vision.patch_size[0])
 
     def encode_batch(self, encoder: nn.Module, items: Sequence[VisionItem]) -> list[torch.Tensor]:
         """The items' tiles in one forward per tile size; each item's ``[t, h*w/4, hidden]`` flattened in tile

@@ -8,7 +8,7 @@ from backends.runtime.families.base import ModelFamily
 from backends.runtime.families.internvl3 import InternVL3
 from backends.runtime.families.qwen2_5_vl import Qwen2_5_VL
 from backends.runtime.presets import PRESETS, preset_family
-from backends.runtime.tokenizer import build_offline_tokenizer
+from backends.runtime.tokenizer import build_offline_tokenizer, load_tokenizer
 
 FAMILIES: dict[str, ModelFamily] = {family.name: family for family in (Qwen2_5_VL(), InternVL3())}
 assert {FAMILIES[name].model_type: name for name in FAMILIES} == FAMILY_OF_MODEL_TYPE
@@ -27,6 +27,12 @@ def offline_tokenizer(preset: str) -> PreTrainedTokenizerFast:
     tokens and chat template). Raises ValueError for an unknown preset."""
     family = FAMILIES[preset_family(preset)]
     return build_offline_tokenizer(special_tokens=family.special_tokens, chat_template=family.chat_template)
+
+
+def model_tokenizer(preset: str, model_path: str | None) -> PreTrainedTokenizerFast:
+    """The served model's tokenizer: the checkpoint's (``tokenizer.load_tokenizer``) when ``model_path`` is given,
+    else ``preset``'s family's offline one (:func:`offline_tokenizer`). Raises as they do."""
+    return load_tokenizer(model_path) if model_path is not None else offline_tokenizer(preset)
 
 
 def build_config(preset: str, tokenizer: PreTrainedTokenizerFast) -> PreTrainedConfig:

@@ -16,7 +16,7 @@ from flashcodec.sampling import VIDEO_MAX_PIXELS, VIDEO_MIN_PIXELS
 from orchestrator.inputs import MediaInput
 from orchestrator.media import plan_media
 from orchestrator.messages import user_turn
-from orchestrator.prompt import build_chat_prompt
+from orchestrator.prompt import QWEN, build_chat_prompt
 from orchestrator.sampling_params import RequestParams
 from tests.media import all_frames, make_image, make_video
 
@@ -51,7 +51,7 @@ def test_the_video_processor_caps_frames_as_qwen_vl_utils(processor):
 
 def unifiedserve_prompt_tokens(checkpoint, media: list[MediaInput]) -> int:
     """Prompt tokens as the orchestrator counts them: plan_media per item, then the chat template."""
-    plans = [plan_media(item, RequestParams()) for item in media]
+    plans = [plan_media(item, RequestParams(), QWEN) for item in media]
     turns = (user_turn(QUESTION, [item.kind for item in media]),)
     grids = [(m.kind, p.grid_thw, getattr(p, "second_per_grid_t", 0.0)) for m, p in zip(media, plans)]
     prompt = build_chat_prompt(load_tokenizer(str(checkpoint)), turns, grids)

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from flashcodec.decoders import CpuDecoder
 from flashcodec.families import MediaOptions, family
-from flashcodec.families.internvl3_pixels import frame_rows, image_tiles, tile_rows
+from flashcodec.families.internvl3_pixels import frame_rows, image_tiles, tile_rows, tiles_from_rows
 from flashcodec.images import load_image
 from flashcodec.pipeline import image_group, iter_image_groups, iter_video_groups
 from flashcodec.probe import probe_image, probe_video
@@ -94,6 +94,11 @@ def test_tile_rows_are_row_major_patches():
     rows = tile_rows(tiles, 14)
     assert rows.shape == (8, 588)
     assert rows.view(8, 3, 196).any(dim=2).nonzero().tolist() == [[6, 2]]
+    assert torch.equal(tiles_from_rows(rows, 2, 3, 14), tiles)  # the encode stage's way back
+    with pytest.raises(ValueError, match="not 3 square tiles"):
+        tiles_from_rows(rows, 3, 3, 14)
+    with pytest.raises(ValueError, match="588 values a row"):
+        tiles_from_rows(rows[:, :100], 2, 3, 14)
 
 
 def test_bad_pixels_are_refused():

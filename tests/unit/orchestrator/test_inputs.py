@@ -8,6 +8,7 @@ import pytest
 from flashcodec.sampling import VIDEO_MIN_PIXELS
 from orchestrator.inputs import InputLimits, MediaInput, RawRequest, parse_request
 from orchestrator.media import plan_media
+from orchestrator.prompt import QWEN
 from orchestrator.sampling_params import InvalidInput, RequestParams
 from tests.media import make_image, make_video
 
@@ -148,7 +149,7 @@ def test_limits_from_parameters_name_a_bad_size():
 def _media_error(limits, **kwargs) -> str:
     parsed = parse_request(raw(**kwargs), limits)
     with pytest.raises(InvalidInput) as e:
-        plan_media(parsed.media[0], parsed.params)
+        plan_media(parsed.media[0], parsed.params, QWEN)
     return str(e.value)
 
 
@@ -173,7 +174,7 @@ def test_video_max_pixels_below_the_frame_minimum_is_a_sampling_parameters_error
         f"minimum, 128*28*28), got {VIDEO_MIN_PIXELS - 1}")
     # images accept it (their minimum is 4*28*28)
     image = parse_request(raw(image=[make_image(64, 64, "RGB", "PNG")], sampling_parameters=[sampling]), limits)
-    assert plan_media(image.media[0], image.params).num_tokens > 0
+    assert plan_media(image.media[0], image.params, QWEN).num_tokens > 0
 
 
 def test_an_image_over_max_image_pixels_is_refused_from_its_header_at_once(tmp_path):
@@ -191,11 +192,11 @@ def test_an_image_over_max_image_pixels_is_refused_from_its_header_at_once(tmp_p
     started = time.perf_counter()
     with pytest.raises(InvalidInput, match=r"image_url: 10000x10000 is 100000000 pixels, over the limit of "
                                            r"50000000 \(parameter max_image_pixels\)"):
-        plan_media(item, RequestParams(), InputLimits().max_image_pixels)
+        plan_media(item, RequestParams(), QWEN, InputLimits().max_image_pixels)
     elapsed, peak = time.perf_counter() - started, tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     assert elapsed < 1 and peak < 20 << 20, (elapsed, peak)
-    assert plan_media(item, RequestParams(), 100_000_000).num_tokens > 0  # within a raised limit it is planned
+    assert plan_media(item, RequestParams(), QWEN, 100_000_000).num_tokens > 0  # within a raised limit it is planned
 
 
 def test_more_media_items_than_max_media_items_are_refused_before_any_is_read():

@@ -43,3 +43,29 @@ def test_a_file_replaced_with_its_old_size_and_times_is_another_item(tmp_path):
     os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
     assert media_identity(item, plan) != before
     assert media_identity(MediaInput("image", data=b"other"), plan) != media_identity(item, plan)  # path, bytes
+
+
+def test_media_settings_are_the_served_familys_and_each_kind_takes_its_own():
+    from flashcodec.families import family
+    from flashcodec.probe import ImageInfo
+    from orchestrator.sampling_params import RequestParams
+    from tests.unit.flashcodec.test_sampling import cfr_info
+
+    qwen, internvl = family("qwen2_5_vl"), family("internvl3")
+    video, image = cfr_info(640, 360, 300, 30.0), ImageInfo(1000, 500, "RGB", "PNG")
+    items = [MediaInput("video", data=b"v"), MediaInput("image", data=b"i")]
+    with pytest.raises(InvalidInput, match=r"^sampling_parameters: max_tiles does not apply to the served model "
+                                           r"family qwen2_5_vl \(got 2\)$"):
+        media.plan_request([], [], RequestParams(max_tiles=2), qwen, 0)  # even without media
+    with pytest.raises(InvalidInput, match="max_pixels does not apply to the served model family internvl3"):
+        media.plan_request([], [], RequestParams(max_pixels=200_000), internvl, 0)
+    # num_frames is the video's, max_tiles the image's: neither refuses the other kind
+    plans, cap = media.plan_request(items, [video, image], RequestParams(num_frames=3, max_tiles=1), internvl, 0)
+    assert cap is None and [p.num_groups for p in plans] == [3, 1]
+    plans, _ = media.plan_request(items, [video, image], RequestParams(fps=1.0), internvl, 0)
+    assert plans[0].num_groups == 10  # fps set: int(300 / 30 * 1) frames; unset, the default 8 segments
+    assert media.plan_request(items, [video, image], RequestParams(), internvl, 0)[0][0].num_groups == 8
+    plans, _ = media.plan_request(items, [video, image], RequestParams(fps=1.0), qwen, 0)  # fps for Qwen's video
+    assert plans[0].num_groups == 5  # 10 frames at 1 fps, two a temporal patch
+    with pytest.raises(InvalidInput, match=r"^video: 300 frames, fewer than the 400 segments to sample"):
+        media.plan_request(items[:1], [video], RequestParams(num_frames=400), internvl, 0)

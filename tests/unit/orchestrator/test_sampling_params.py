@@ -3,6 +3,7 @@ import json
 import pytest
 
 from backends.ipc.protocol import SamplingParams
+from flashcodec.families import MediaOptions
 from orchestrator.sampling_params import InvalidInput, RequestParams, parse_sampling_parameters
 
 
@@ -95,6 +96,10 @@ def test_stop_may_be_one_string():
     ({"fps": -2}, "fps"),
     ({"max_pixels": 100}, "max_pixels"),
     ({"max_pixels": 16384 * 28 * 28 + 1}, "max_pixels"),
+    ({"num_frames": 0}, r"num_frames must be in \[1, 1024\], got 0"),
+    ({"num_frames": 2.5}, "num_frames must be an integer"),
+    ({"max_tiles": 0}, r"max_tiles must be in \[1, 64\], got 0"),
+    ({"max_tiles": "many"}, "max_tiles must be an integer"),
     ({"repetition_penalty": 0}, "repetition_penalty must be a finite number > 0"),
     ({"repetition_penalty": -1}, "repetition_penalty"),
     ({"repetition_penalty": "inf"}, "repetition_penalty"),
@@ -168,3 +173,9 @@ def test_numbers_python_would_take_or_overflow_on_are_named(text, words):
 
 def test_an_integer_valued_string_counts_as_an_integer():
     assert parse_sampling_parameters('{"max_tokens": "4.0", "min_tokens": "2"}').max_tokens == 4
+
+
+def test_media_settings_reach_the_families_as_media_options():
+    params = parse_sampling_parameters('{"num_frames": "4", "max_tiles": 2, "fps": null}')
+    assert (params.fps, params.num_frames, params.max_tiles) == (None, 4, 2)  # fps unset: the family's default
+    assert params.media == MediaOptions(None, None, 4, 2)

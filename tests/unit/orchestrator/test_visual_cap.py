@@ -4,8 +4,10 @@ import random
 
 import pytest
 
+from flashcodec.families import MediaOptions, family
 from flashcodec.probe import ImageInfo
 from flashcodec.sampling import IMAGE_MIN_PIXELS, VIDEO_MIN_PIXELS, plan_image, plan_video
+from orchestrator.prompt import QWEN
 from orchestrator.sampling_params import InvalidInput
 from orchestrator.visual_cap import fit_visual_tokens, plan_tokens
 from tests.unit.flashcodec.test_sampling import cfr_info
@@ -19,16 +21,16 @@ def _tokens(plans) -> int:
 
 
 def test_media_within_the_cap_are_planned_as_sent():
-    plans, applied = fit_visual_tokens([PHOTO], 2.0, None, 100_000)
+    plans, applied = fit_visual_tokens(QWEN, [PHOTO], MediaOptions(2.0, None), 100_000)
     assert applied is None and plans == [plan_image(PHOTO)]
-    plans, applied = fit_visual_tokens([MINUTES_3_720P], 2.0, None, None)  # no cap
+    plans, applied = fit_visual_tokens(QWEN, [MINUTES_3_720P], MediaOptions(2.0, None), None)  # no cap
     assert applied is None and plans == [plan_video(MINUTES_3_720P, fps=2.0)]
 
 
 @pytest.mark.parametrize("cap", [60_000, 20_000, 8_000])
 def test_a_long_video_gets_the_highest_fps_that_fits(cap):
     full = _tokens([plan_video(MINUTES_3_720P, fps=2.0)])
-    plans, applied = fit_visual_tokens([MINUTES_3_720P], 2.0, None, cap)
+    plans, applied = fit_visual_tokens(QWEN, [MINUTES_3_720P], MediaOptions(2.0, None), cap)
     assert full > cap >= _tokens(plans) == applied.visual_tokens and applied.requested == full
     assert applied.fps < 2.0 and applied.max_pixels == (None,)  # fewer frames sufficed: pixels untouched
     assert plans == [plan_video(MINUTES_3_720P, fps=applied.fps)]  # the model's own rule at the new fps
@@ -36,7 +38,7 @@ def test_a_long_video_gets_the_highest_fps_that_fits(cap):
 
 
 def test_below_the_fewest_frames_pixels_are_lowered_but_not_under_the_minimum():
-    plans, applied = fit_visual_tokens([MINUTES_3_720P], 2.0, None, 600)
+    plans, applied = fit_visual_tokens(QWEN, [MINUTES_3_720P], MediaOptions(2.0, None), 600)
     (plan,) = plans
     assert len(plan.frame_indices) == 4 and _tokens(plans) <= 600  # qwen-vl-utils' FPS_MIN_FRAMES
     # the fps reported is the highest that gives those 4 frames (4 / 180 s .. 6 / 180 s), not a floor near 0
@@ -46,8 +48,8 @@ def test_below_the_fewest_frames_pixels_are_lowered_but_not_under_the_minimum():
 
 def test_images_are_shrunk_together_to_fit():
     infos = [PHOTO, ImageInfo(640, 480, "RGB", "PNG"), ImageInfo(8000, 200, "L", "PNG")]
-    before = _tokens(fit_visual_tokens(infos, 2.0, None, None)[0])
-    plans, applied = fit_visual_tokens(infos, 2.0, None, before // 4)
+    before = _tokens(fit_visual_tokens(QWEN, infos, MediaOptions(2.0, None), None)[0])
+    plans, applied = fit_visual_tokens(QWEN, infos, MediaOptions(2.0, None), before // 4)
     assert _tokens(plans) <= before // 4 and applied.fps is None
     assert all(px >= IMAGE_MIN_PIXELS for px in applied.max_pixels)
     assert [p.num_tokens for p in plans] == [plan_image(i, max_pixels=px).num_tokens
@@ -55,14 +57,14 @@ def test_images_are_shrunk_together_to_fit():
 
 
 def test_the_requests_own_fps_and_max_pixels_stay_upper_bounds():
-    plans, applied = fit_visual_tokens([MINUTES_3_720P, PHOTO], 1.0, 200_000, 5_000)
+    plans, applied = fit_visual_tokens(QWEN, [MINUTES_3_720P, PHOTO], MediaOptions(1.0, 200_000), 5_000)
     assert applied.fps is None or applied.fps <= 1.0
     assert all(p.resized_height * p.resized_width <= 200_000 for p in plans)
 
 
 def test_a_cap_below_the_smallest_plans_is_refused_naming_it():
     with pytest.raises(InvalidInput, match="^image and video inputs: .* over max_visual_tokens 100 .*send fewer"):
-        fit_visual_tokens([MINUTES_3_720P, PHOTO], 2.0, None, 100)
+        fit_visual_tokens(QWEN, [MINUTES_3_720P, PHOTO], MediaOptions(2.0, None), 100)
 
 
 def test_random_media_always_fit_or_are_refused():
@@ -73,8 +75,32 @@ def test_random_media_always_fit_or_are_refused():
                  for _ in range(rng.randrange(1, 5))]
         cap = rng.randrange(200, 50_000)
         try:
-            plans, applied = fit_visual_tokens(infos, 2.0, None, cap)
+            plans, applied = fit_visual_tokens(QWEN, infos, MediaOptions(2.0, None), cap)
         except InvalidInput:
             continue
         assert _tokens(plans) <= cap
         assert applied is None or applied.visual_tokens == _tokens(plans) < applied.requested
+
+
+INTERNVL = family("internvl3")
+
+
+def test_internvl_lowers_every_videos_frames_first_then_the_images_tiles():
+    infos = [MINUTES_3_720P, PHOTO]  # 8 frames (2048 tokens) and 12 tiles + a thumbnail (3328 tokens)
+    full = _tokens(fit_visual_tokens(INTERNVL, infos, MediaOptions(), None)[0])
+    assert full == 256 * (8 + 13)
+    plans, applied = fit_visual_tokens(INTERNVL, infos, MediaOptions(), full - 600)
+    assert (applied.num_frames, applied.max_tiles, applied.fps, applied.max_pixels) == (5, None, None, None)
+    assert plans[0] == INTERNVL.plan_video(MINUTES_3_720P, MediaOptions(num_frames=5))
+    plans, applied = fit_visual_tokens(INTERNVL, infos, MediaOptions(), 256 * 6)
+    assert applied.num_frames == 1 and applied.max_tiles is not None and _tokens(plans) <= 256 * 6
+    assert plans[1] == INTERNVL.plan_image(PHOTO, MediaOptions(max_tiles=applied.max_tiles))
+    assert _tokens([plans[0], INTERNVL.plan_image(PHOTO, MediaOptions(max_tiles=applied.max_tiles + 1))]) > 256 * 6
+    assert applied.to_json()["num_frames"] == 1
+
+
+def test_internvl_keeps_the_requests_max_tiles_as_a_bound_and_refuses_below_one_tile_and_frame():
+    _, applied = fit_visual_tokens(INTERNVL, [PHOTO, PHOTO], MediaOptions(max_tiles=4), 256 * 6)
+    assert applied.max_tiles is not None and applied.max_tiles < 4
+    with pytest.raises(InvalidInput, match="lowest num_frames and max_tiles, over max_visual_tokens 300"):
+        fit_visual_tokens(INTERNVL, [MINUTES_3_720P, PHOTO], MediaOptions(), 300)

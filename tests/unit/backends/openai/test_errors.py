@@ -11,11 +11,12 @@ from backends.openai.convert import OrchestratorRequest
 from backends.openai.errors import ApiError, from_orchestrator
 from backends.openai.orchestrator_client import OrchestratorClient
 from backends.runtime.tokenizer import build_offline_tokenizer
+from flashcodec.families import MediaOptions
 from flashcodec.probe import ImageInfo
 from orchestrator.engine_io import SHUTTING_DOWN
 from orchestrator.inputs import InputLimits, MediaInput, RawRequest, parse_request
-from orchestrator.media import plan_media
-from orchestrator.prompt import build_prompt, build_raw_prompt
+from orchestrator.media import check_media_settings, plan_media
+from orchestrator.prompt import QWEN, build_prompt, build_raw_prompt
 from orchestrator.sampling_params import InvalidInput, RequestParams, parse_sampling_parameters
 from orchestrator.visual_cap import fit_visual_tokens
 
@@ -37,12 +38,13 @@ def _orchestrator_messages() -> list[tuple[str, str]]:
         (_message(lambda: parse_sampling_parameters('{"top_k": -5}')), "top_k"),
         (_message(lambda: parse_sampling_parameters('{"presence_penalty": 5}')), "presence_penalty"),
         (_message(lambda: plan_media(MediaInput("image", data=b"GIF89a-broken", input="image_url"),
-                                     RequestParams())), "messages"),
+                                     RequestParams(), QWEN)), "messages"),
+        (_message(lambda: check_media_settings(RequestParams(max_tiles=2), QWEN)), "max_tiles"),
         (_message(lambda: prompt.check_length(10**6, 100)), "max_tokens"),
         (_message(lambda: prompt.check_length(1, 5)), "prompt"),
         (_message(lambda: parse_request(RawRequest(text_input=[], prompt=[b" "]), InputLimits())), "prompt"),
         (_message(lambda: build_raw_prompt(build_offline_tokenizer(), "<|image_pad|>")), "prompt"),
-        (_message(lambda: fit_visual_tokens([ImageInfo(640, 480, "RGB", "PNG")] * 3, 2.0, None, 5)), "messages"),
+        (_message(lambda: fit_visual_tokens(QWEN, [ImageInfo(640, 480, "RGB", "PNG")] * 3, MediaOptions(), 5)), "messages"),
     ]
 
 

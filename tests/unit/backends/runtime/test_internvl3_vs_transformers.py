@@ -12,6 +12,9 @@ from backends.runtime.attention import TorchAttentionBackend
 from backends.runtime.language_model.kv_cache import KVCacheLayout
 from backends.runtime.loader import ModelSpec, load_model
 from backends.runtime.model_runner import ModelRunner
+from flashcodec.families.internvl3 import InternVL3 as InternVL3Media
+from flashcodec.families.internvl3_pixels import tile_rows
+from flashcodec.patch_pool import read_group, write_group
 from tests.reference import internvl_prompt, reference_generate
 from tests.unit.backends.runtime.runner_generate import assert_matches_reference, runner_generate
 
@@ -82,9 +85,13 @@ def test_tiles_encoded_apart_equal_tiles_encoded_together(runner):
     torch.testing.assert_close(apart, whole, rtol=1e-5, atol=1e-5)
 
 
-def test_patch_pool_rows_hold_tiles_back_to_back(runner):
+def test_patch_pool_rows_round_trip_to_tiles(runner):
+    """FlashCodec's rows (tile_rows) through a pool of the family's width come back as the very tiles."""
     tiles = torch.randn(2, 3, 448, 448)
-    rows = tiles.reshape(-1, 1176)  # what the encode stage reads from the patch pool: 512 rows a tile
+    pool = torch.zeros(9, 256, InternVL3Media().patch_dim)  # 588 values a row
+    pages = [7, 2, 5, 0, 8, 1, 3, 4]  # 2 tiles x 1024 patches: 8 pages of 256, in any order
+    write_group(pool, pages, tile_rows(tiles, 14))
+    rows = read_group(pool, pages, 2 * 1024)
     config = runner.model.config
     assert torch.equal(runner.family.pixels_from_patch_rows(config, rows, (2, 32, 32)), tiles)
     with pytest.raises(ValueError, match="grid_thw"):

@@ -33,7 +33,7 @@ def video():
 def worker(tmp_path, monkeypatch):
     """A pool of 3 pages: exactly one group of the video."""
     monkeypatch.setenv(RUN_DIR_ENV, str(tmp_path / "run"))
-    worker = FlashCodecWorker(torch.device("cpu"), num_pages=3, page_size=PAGE, threads=2)
+    worker = FlashCodecWorker(torch.device("cpu"), num_pages=3, page_size=PAGE, threads=2, patch_dim=1176)
     yield worker
     worker.shutdown()
 
@@ -132,7 +132,7 @@ class HeldItems:
 @pytest.fixture
 def held(tmp_path, monkeypatch):
     monkeypatch.setenv(RUN_DIR_ENV, str(tmp_path / "run"))
-    worker = FlashCodecWorker(torch.device("cpu"), num_pages=16, page_size=PAGE, threads=2)
+    worker = FlashCodecWorker(torch.device("cpu"), num_pages=16, page_size=PAGE, threads=2, patch_dim=1176)
     items = HeldItems(worker)
     yield items
     for gate in items.gates.values():  # a failed test leaves no thread waiting

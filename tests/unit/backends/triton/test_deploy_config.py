@@ -41,7 +41,8 @@ def test_the_h200_example_has_the_papers_budgets_a_memory_share_and_slos():
     assert overrides["orchestrator"]["slo_video_ttft_ms"] == "15000"
     assert overrides["decode"]["kv_memory_fraction"] == "0.6"
     assert {m: overrides[m]["preset"] for m in overrides if "preset" in overrides[m]} == {
-        "orchestrator": "qwen2_5_vl_7b", "encode_prefill": "qwen2_5_vl_7b", "decode": "qwen2_5_vl_7b"}
+        "orchestrator": "qwen2_5_vl_7b", "encode_prefill": "qwen2_5_vl_7b", "decode": "qwen2_5_vl_7b",
+        "flashcodec": "qwen2_5_vl_7b"}
 
 
 def test_a_file_renders_its_values_and_leaves_the_rest(tmp_path):
@@ -117,7 +118,7 @@ def test_model_path_is_relative_to_the_file_and_model_wins_over_it_and_set_over_
     path = write(tmp_path, "model: {path: ckpt, dtype: bfloat16}")
     plan = launch_options.serve_plan(args(config=path), REPOSITORY)
     assert {m: v["model_path"] for m, v in plan.overrides.items()} == {
-        m: str(tmp_path / "ckpt") for m in ("decode", "encode_prefill", "orchestrator")}
+        m: str(tmp_path / "ckpt") for m in ("decode", "encode_prefill", "orchestrator", "flashcodec")}
     plan = launch_options.serve_plan(args(config=path, model=tmp_path / "other",
                                           overrides=["decode.model_path=/x", "decode.dtype=float16"]), REPOSITORY)
     assert plan.overrides["orchestrator"]["model_path"] == str(tmp_path / "other")

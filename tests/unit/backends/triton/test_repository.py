@@ -14,7 +14,7 @@ def test_star_sets_the_key_in_every_model_that_declares_it():
     overrides = parse_overrides(["*.preset=qwen2_5_vl_7b", "*.dtype=bfloat16", "decode.kv_pages=16384"])
     assert overrides == {"decode": {"preset": "qwen2_5_vl_7b", "dtype": "bfloat16", "kv_pages": "16384"},
                          "encode_prefill": {"preset": "qwen2_5_vl_7b", "dtype": "bfloat16"},
-                         "orchestrator": {"preset": "qwen2_5_vl_7b"}}
+                         "orchestrator": {"preset": "qwen2_5_vl_7b"}, "flashcodec": {"preset": "qwen2_5_vl_7b"}}
 
 
 def test_later_items_win_and_values_may_hold_equals_signs():

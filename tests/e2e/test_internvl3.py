@@ -1,0 +1,142 @@
+"""InternVL3 served end to end: ``internvl3_tiny`` (fp32, seeded dummy weights) started from
+deploy/internvl3_tiny_cpu.yaml plus ``--set '*.preset=internvl3_tiny'`` (the launcher's own plan), through a real
+tritonserver; greedy streamed tokens equal transformers' ``InternVLForConditionalGeneration.generate()`` on the same
+weights and processor-equal pixels for text, one image, several images and a video, over KServe gRPC and the
+OpenAI API; bad input is refused naming the problem and the server keeps serving.
+
+One server for the module (the tiny model loads in seconds on the CPU); every media item here is made for this
+module, so no cache of the shared Qwen server is involved."""
+from __future__ import annotations
+
+import argparse
+import base64
+import struct
+import zlib
+
+import openai
+import pytest
+
+from backends.openai.config import ApiConfig
+from backends.openai.process import ApiProcess
+from backends.runtime.loader import ModelSpec, load_model
+from backends.triton import launch_options
+from backends.triton.launcher import REPO_ROOT
+from backends.triton.ports import ServerPorts
+from backends.triton.repository import REPOSITORY
+from client.api import Client, ServerError
+from orchestrator.sampling_params import RequestParams
+from tests.e2e.conftest import repository_with, serve
+from tests.media import make_image, make_video
+from tests.reference import assert_same_or_tie, server_request_reference
+
+pytestmark = pytest.mark.e2e
+N = 8
+GREEDY = {"max_tokens": N, "temperature": 0, "ignore_eos": True}
+QUESTION = "Describe what you see, briefly."
+PRESET = "internvl3_tiny"
+# a 3:1 image: 3 tiles and a thumbnail (1024 tokens); a 5:4 one: 1 tile (256); a 12-frame clip: 8 segments (2048)
+WIDE, SQUARE = make_image(690, 230, "RGB", "PNG"), make_image(250, 200, "RGB", "PNG")
+CLIP = make_video(None, 88, 72, 12, 10)
+
+
+@pytest.fixture(scope="module")
+def internvl_server(media_dir, tmp_path_factory):
+    args = argparse.Namespace(config=REPO_ROOT / "deploy" / "internvl3_tiny_cpu.yaml", model=None, gpu_sharing=None,
+                              overrides=[f"*.preset={PRESET}"])
+    plan = launch_options.serve_plan(args, REPOSITORY)
+    assert {models.get("preset") for models in plan.overrides.values()} >= {PRESET}
+    repository = repository_with(tmp_path_factory.mktemp("internvl3") / "repository", plan.overrides)
+    with serve(media_dir, repository) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def client(internvl_server):
+    with Client(f"127.0.0.1:{internvl_server.ports.grpc}") as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def hf():
+    """The model the server runs (preset internvl3_tiny, seed 0, float32; the deployment puts every stage on the
+    CPU), in this process."""
+    return load_model(ModelSpec(preset=PRESET, device="cpu"))
+
+
+@pytest.mark.parametrize("media", [
+    {},
+    {"image": WIDE},
+    {"images": (SQUARE, WIDE)},
+    {"video": CLIP},
+], ids=["text", "one image", "several images", "video"])
+def test_streamed_tokens_equal_transformers_generate(client, hf, media):
+    reference = server_request_reference(*hf, QUESTION, N, **media)
+    images = media.get("images") or ([media["image"]] if "image" in media else None)
+    result = client.generate(QUESTION, image=images, video=media.get("video"), sampling=GREEDY,
+                             return_output_ids=True)
+    assert result.finish_reason == "length" and result.num_responses == N  # streamed: one response per token
+    visual = {"": 0, "image": 1024, "images": 256 + 1024, "video": 8 * 256}[next(iter(media), "")]
+    assert result.num_input_tokens > visual
+    assert_same_or_tie(result.token_ids, *reference)
+
+
+def test_num_frames_and_max_tiles_set_the_plan(client, hf):
+    """A request's num_frames and max_tiles reach the family's plan (3 segments; 1 tile, no thumbnail)."""
+    text_only = client.generate(QUESTION, sampling=GREEDY).num_input_tokens
+    clip, image = make_video(None, 80, 64, 9, 10), make_image(660, 200, "RGB", "PNG")
+    for media, setting, tiles in (({"video": clip}, {"num_frames": 3}, 3), ({"image": image}, {"max_tiles": 1}, 1)):
+        result = client.generate(QUESTION, sampling={**GREEDY, **setting}, return_output_ids=True, **media)
+        assert tiles * 256 < result.num_input_tokens - text_only < (tiles + 1) * 256
+        assert_same_or_tie(result.token_ids, *server_request_reference(*hf, QUESTION, N, **media,
+                                                                       params=RequestParams(**setting)))
+
+
+def _zero_width_png() -> bytes:
+    """A PNG whose header says 0 x 8 pixels (a valid chunk CRC): Pillow will not open it."""
+    png = make_image(8, 8, "RGB", "PNG")
+    at = png.index(b"IHDR")
+    header = png[at:at + 4] + struct.pack(">I", 0) + png[at + 8:at + 17]
+    return png[:at] + header + struct.pack(">I", zlib.crc32(header)) + png[at + 21:]
+
+
+BAD = [
+    # (what, request kwargs, words the error must contain)
+    ("a zero-width image", dict(image=_zero_width_png()), ["image: not a decodable image"]),
+    ("a video shorter than its segments", dict(video=make_video(None, 56, 40, 5, 10)),
+     ["video: 5 frames, fewer than the 8 segments to sample (num_frames)"]),
+    ("num_frames 0", dict(sampling={"num_frames": 0}), ["sampling_parameters: num_frames must be in [1, 1024], got 0"]),
+    ("max_pixels, a Qwen2.5-VL setting", dict(sampling={"max_pixels": 200704}),
+     ["max_pixels does not apply to the served model family internvl3"]),
+]
+
+
+@pytest.mark.parametrize("what,kwargs,words", BAD, ids=[b[0] for b in BAD])
+def test_bad_input_is_named_and_the_server_keeps_serving(client, what, kwargs, words):
+    kwargs = dict(kwargs)
+    with pytest.raises(ServerError) as error:
+        client.generate(QUESTION, sampling={**GREEDY, "max_tokens": 2, **kwargs.pop("sampling", {})}, **kwargs)
+    assert all(w in str(error.value) for w in words), f"{what}: {error.value}"
+    assert client.generate("Hi", sampling={**GREEDY, "max_tokens": 2}).num_output_tokens == 2
+
+
+@pytest.fixture(scope="module")
+def sdk(internvl_server, tmp_path_factory):
+    config = ApiConfig(grpc_url=f"127.0.0.1:{internvl_server.ports.grpc}", port=ServerPorts.unused().http)
+    with ApiProcess(config, tmp_path_factory.mktemp("openai") / "api.log") as api:
+        with openai.OpenAI(base_url=f"{api.url}/v1", api_key="unused", max_retries=0, timeout=120) as client:
+            yield client
+
+
+def test_openai_api_serves_it(sdk, hf):
+    """The chat route with an image (a data URL) gives transformers' tokens; a bad setting is an HTTP 400."""
+    image = make_image(300, 420, "RGB", "PNG")
+    url = "data:image/png;base64," + base64.b64encode(image).decode()
+    assert [m.id for m in sdk.models.list().data] == [PRESET]
+    content = [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": QUESTION}]
+    reply = sdk.chat.completions.create(model=PRESET, messages=[{"role": "user", "content": content}],
+                                        max_tokens=N, temperature=0,
+                                        extra_body={"ignore_eos": True, "return_token_ids": True})
+    assert_same_or_tie(reply.choices[0].token_ids, *server_request_reference(*hf, QUESTION, N, image=image))
+    with pytest.raises(openai.BadRequestError, match="num_frames must be in"):
+        sdk.chat.completions.create(model=PRESET, messages=[{"role": "user", "content": QUESTION}], max_tokens=2,
+                                    extra_body={"mm_processor_kwargs": {"num_frames": 0}})
