@@ -199,7 +199,8 @@ def main() -> None:
     parser.add_argument("--vllm-site", default="/tmp/vllm-site", help="the unpacked vLLM bundle (put on PYTHONPATH)")
     parser.add_argument("--ready-timeout", type=float, default=480.0,
                         help="seconds a server may take to load (a device call lasts at most 600 s)")
-    parser.add_argument("--requests", type=int, help="requests per goodput rate (default: per workload; multiturn: sessions)")
+    parser.add_argument("--requests", type=int,
+                        help="requests per goodput rate (default: per workload; multiturn: sessions)")
     parser.add_argument("--seed", type=int, default=0, help="the goodput arrivals' and output lengths' seed")
     parser.add_argument("--clips", type=int, default=scenarios.MULTITURN_CLIPS, help="multiturn's distinct clips")
     parser.add_argument("--clip-seconds", type=int, default=scenarios.CLIP_SECONDS,
