@@ -46,23 +46,30 @@ class ChatRequest:
     max_tokens: int
     history: tuple[dict, ...] = ()
 
-    def body(self, model: str, timeline: bool = False) -> dict:
+    def body(self, model: str, timeline: bool = False, video_kwargs: dict | None = None) -> dict:
         """The JSON body: streamed with usage, greedy, ``ignore_eos`` and ``return_token_ids`` (vLLM's extra
-        fields, which UnifiedServe takes); with ``timeline``, UnifiedServe's ``return_timeline``."""
-        return {"model": model, "messages": [*self.history, {"role": "user", "content": list(self.parts)}],
-                "max_tokens": self.max_tokens, "temperature": 0, "ignore_eos": True, "return_token_ids": True,
-                "stream": True, "stream_options": {"include_usage": True}, **({"return_timeline": True} if timeline
-                                                                              else {})}
+        fields, which UnifiedServe takes); with ``timeline``, UnifiedServe's ``return_timeline``; when the
+        conversation holds a video, ``video_kwargs`` as its ``mm_processor_kwargs`` (vLLM's field, which
+        UnifiedServe takes: InternVL3's frame count)."""
+        messages = [*self.history, {"role": "user", "content": list(self.parts)}]
+        video = video_kwargs and any(part.get("type") == "video_url" for m in messages
+                                     if isinstance(m["content"], list) for part in m["content"])
+        return {"model": model, "messages": messages, "max_tokens": self.max_tokens, "temperature": 0,
+                "ignore_eos": True, "return_token_ids": True, "stream": True,
+                "stream_options": {"include_usage": True}, **({"return_timeline": True} if timeline else {}),
+                **({"mm_processor_kwargs": dict(video_kwargs)} if video else {})}
 
 
 @dataclass(frozen=True)
 class Target:
-    """A running server: its system (``unifiedserve`` or ``vllm``), its OpenAI API's base URL and the model name
-    it serves. UnifiedServe is asked for each request's timeline (where its time went in the server)."""
+    """A running server: its system (``unifiedserve`` or ``vllm``), its OpenAI API's base URL, the model name
+    it serves, and what its requests holding a video carry as ``mm_processor_kwargs`` (``bench.peer.models``; the
+    same for both systems). UnifiedServe is asked for each request's timeline (where its time went in the server)."""
 
     system: str
     url: str
     model: str
+    video_kwargs: dict = field(default_factory=dict)
 
     @property
     def timeline(self) -> bool:
@@ -132,7 +139,7 @@ async def send(client: httpx.AsyncClient, target: Target, request: ChatRequest, 
     sent = time.perf_counter()
     record = RequestRecord(request.kind, sent - start)
     try:
-        body = request.body(target.model, target.timeline)
+        body = request.body(target.model, target.timeline, target.video_kwargs)
         async with client.stream("POST", f"{target.url}/v1/chat/completions", json=body) as response:
             if response.status_code != 200:
                 record.error = f"HTTP {response.status_code}: {(await response.aread()).decode()[:500]}"

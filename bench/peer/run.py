@@ -1,5 +1,6 @@
-"""The peer benchmark (issue 19, item 1): UnifiedServe and vLLM 0.26 on the same machine, the same weightless 7B
-checkpoint, the same inputs and the same load generator, one system after the other; writes
+"""The peer benchmark (issue 19, item 1): UnifiedServe and vLLM 0.26 on the same machine, the same weightless
+checkpoint (Qwen2.5-VL-7B; ``--model internvl3_38b`` or ``internvl3_8b``: issue 22's InternVL3, ``bench.peer.models``),
+the same inputs and the same load generator, one system after the other; writes
 ``<out>/summary.json`` (issue 19's Targets keys, with issue 20's short-request figures), ``<out>/report.json``
 (request counts, errors, prompt tokens of both systems side by side, goodput attainment tables, the load
 generator's cross-check) and the raw records, ``<out>/raw/<system>/<scenario>.json``.
@@ -17,6 +18,9 @@ calls (each is started in a session of its own; ``<work>/state`` says where it i
     python3 -m bench.peer.run stop --systems unifiedserve
     ... the same for vllm (and ``--scenarios crosscheck`` against it: ``vllm bench serve`` beside ours) ...
     python3 -m bench.peer.run summary
+
+The same steps serve InternVL3 with ``--model`` on every call: ``prepare`` writes its checkpoint, ``start`` records it
+in the server's state, ``scenarios`` refuses a server of another model (bench/peer/README.md).
 
 Issue 21's cache scenarios, in a results folder of their own (``--out``), both systems with their caches on:
 
@@ -55,6 +59,7 @@ from bench.peer import crosscheck, prefix_cache, process_cpu, scenarios, servers
 from bench.peer.checkpoint import write_checkpoint  # noqa: E402
 from bench.peer.gpu_busy import GpuSampler  # noqa: E402
 from bench.peer.load import Target, closed_loop  # noqa: E402
+from bench.peer.models import DEFAULT, MODELS  # noqa: E402
 from bench.peer.summary import write_summary  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -63,8 +68,8 @@ METRICS_SETTLE_S = 2.5  # the orchestrator sends its counters once a second: wai
 
 def paths(args: argparse.Namespace) -> dict[str, Path]:
     work = Path(args.work).resolve()  # the servers are given absolute media folders
-    return {"checkpoint": work / "qwen2_5_vl_7b_dummy", "media": work / "media", "state": work / "state",
-            "out": Path(args.out)}
+    return {"checkpoint": work / MODELS[args.model].checkpoint_dir, "media": work / "media",
+            "state": work / "state", "out": Path(args.out)}
 
 
 def prepare(args: argparse.Namespace) -> scenarios.Inputs:
@@ -72,7 +77,7 @@ def prepare(args: argparse.Namespace) -> scenarios.Inputs:
     ``--work`` (kept: a second call reuses them); the cache scenarios' media only when ``--scenarios`` names one."""
     p = paths(args)
     if not args.smoke and not (p["checkpoint"] / "config.json").exists():
-        write_checkpoint(p["checkpoint"])
+        write_checkpoint(p["checkpoint"], MODELS[args.model].preset)
     names = set(args.scenarios or ())
     cache_media = bool({"followup", "multiturn"} & names)
     goodput_sessions = (args.requests or scenarios.GOODPUT_REQUESTS["multiturn"]) \
@@ -93,20 +98,33 @@ def server_version(system: str, url: str) -> str | None:
 
 
 def start(args: argparse.Namespace, system: str) -> None:
-    """Start ``system``, wait until its API answers, record its version, send the warm-up requests."""
+    """Start ``system`` serving ``--model``, wait until its API answers, record its version and the model, send the
+    warm-up requests."""
     p = paths(args)
-    argv, env = servers.command(system, p["checkpoint"], p["media"], args.smoke, args.server_args, args.caches)
+    argv, env = servers.command(system, p["checkpoint"], p["media"], args.smoke, args.server_args, args.caches,
+                                MODELS[args.model])
     pythonpath = args.vllm_site if system == "vllm" else None
     state = servers.start(system, argv, env, p["state"], p["out"] / "logs" / f"{system}.log", pythonpath,
                           args.ready_timeout)
     state["version"] = server_version(system, state["url"])
+    state["peer_model"] = args.model
     (p["state"] / f"{system}.json").write_text(json.dumps(state, indent=1))
     print(f"{system} ready at {state['url']} (model {state['model']}, version {state['version']})", flush=True)
-    target = Target(system, state["url"], state["model"])
+    target = target_of(args, system, state)
     warm = asyncio.run(closed_loop(target, 1, scenarios.warmup_requests(prepare(args))))
     for record in warm:
         if record.error:
             print(f"warm-up {record.kind} request failed: {record.error}", flush=True)
+
+
+def target_of(args: argparse.Namespace, system: str, state: dict) -> Target:
+    """The running server of ``state`` (``servers.start``'s record) as the load generator's target, with
+    ``--model``'s video kwargs. Raises SystemExit when the server serves another model (a record without
+    ``peer_model`` served the default one)."""
+    served = state.get("peer_model", DEFAULT)
+    if served != args.model:
+        raise SystemExit(f"the {system} server serves {served}: give --model {served} (every call of a lease)")
+    return Target(system, state["url"], state["model"], MODELS[args.model].video_kwargs)
 
 
 def expand(names: list[str]) -> list[str]:
@@ -126,12 +144,13 @@ def run_scenarios(args: argparse.Namespace, system: str) -> int:
     Returns the number of failed requests."""
     p = paths(args)
     state = servers.running(system, p["state"])
-    target = Target(system, state["url"], state["model"])
+    target = target_of(args, system, state)
     inputs = prepare(args)
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     failed = 0
     for name in expand(args.scenarios or list(scenarios.FIXED)):
         base = {**header(device), "system": system, "server_version": state["version"], "scenario": name,
+                "peer_model": args.model,
                 "smoke": args.smoke, "setup": asdict(inputs.setup), "server_argv": state["argv"]}
         if name == "crosscheck":
             result = asyncio.run(crosscheck.run(target, p["checkpoint"], p["out"] / "raw" / system / "crosscheck",
@@ -175,10 +194,13 @@ def main() -> None:
     parser.add_argument("--work", default="/tmp/peer", help="checkpoint, media and server state (kept)")
     parser.add_argument("--out", default=str(REPO / "bench" / "results" / "peer"), help="results folder")
     parser.add_argument("--smoke", action="store_true", help="UnifiedServe's tiny default model, the small media")
+    parser.add_argument("--model", choices=sorted(MODELS), default=DEFAULT,
+                        help="the checkpoint (prepare) and the servers' settings (start); not with --smoke")
     parser.add_argument("--vllm-site", default="/tmp/vllm-site", help="the unpacked vLLM bundle (put on PYTHONPATH)")
     parser.add_argument("--ready-timeout", type=float, default=480.0,
                         help="seconds a server may take to load (a device call lasts at most 600 s)")
-    parser.add_argument("--requests", type=int, help="requests per goodput rate (default: per workload; multiturn: sessions)")
+    parser.add_argument("--requests", type=int,
+                        help="requests per goodput rate (default: per workload; multiturn: sessions)")
     parser.add_argument("--seed", type=int, default=0, help="the goodput arrivals' and output lengths' seed")
     parser.add_argument("--clips", type=int, default=scenarios.MULTITURN_CLIPS, help="multiturn's distinct clips")
     parser.add_argument("--clip-seconds", type=int, default=scenarios.CLIP_SECONDS,
@@ -194,6 +216,8 @@ def main() -> None:
                         help="one more argument for the server's command line (repeatable; e.g. --server-arg=--set "
                              "--server-arg=orchestrator.encode_budget=61440)")
     args = parser.parse_args()
+    if args.smoke and args.model != DEFAULT:
+        parser.error("--smoke serves UnifiedServe's tiny default model: leave --model out")
     failed = 0
     if args.command in ("prepare", "all"):
         prepare(args)

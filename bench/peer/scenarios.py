@@ -27,6 +27,11 @@ types, the type is the unit of the TTFT SLO), ``multiturn`` (issue 21's goodput:
 about a 20-s clip, each rate and the unloaded pass on clips of their own, :func:`goodput_clip_sets`; two request
 types, ``first_question`` (a cold clip) and ``later_question`` (the clip's prefix cached); run with the caches on).
 
+With InternVL3 (``run.py --model internvl3_38b``) every video is ``bench.peer.models.INTERNVL_FRAMES`` (64) frames of
+256 tokens whatever its length, so ``long_video`` counts the same 16,384 visual tokens as ``video`` (only reading its
+file costs more), a multiturn clip as many; a 1280x720 image is 9 tiles (2,304 tokens), the goodput images' 640x360
+3 and 1920x1080 9.
+
 The cache scenarios (issue 21: a question again about the same media) draw on videos of their own, so that no cache
 keyed by content holds them from the warm-up or another scenario (:func:`distinct_video`): ``followup`` a 3-minute
 video like ``video``'s, ``multiturn`` ``clips`` clips of ``clip_seconds`` each (default 6 of 20 s at 720p: about

@@ -1,15 +1,15 @@
 """Start, find and stop the two systems of the peer benchmark, each as its users start it.
 
 * ``unifiedserve``: ``python -m backends.triton.launcher --openai-port PORT`` serving the weightless checkpoint
-  (``--model DIR --set '*.load_format=dummy'`` and the serve bench's 7B settings: bf16, 16,384 KV pages,
-  ``max_model_len`` 128,000), the media folder allowed (``UNIFIEDSERVE_MEDIA_DIRS``); smoke: the tiny default model.
+  (``--model DIR --set '*.load_format=dummy'`` and the model's settings, ``bench.peer.models``: for the default
+  Qwen2.5-VL-7B the serve bench's, bf16, 16,384 KV pages, ``max_model_len`` 128,000), the media folder allowed
+  (``UNIFIEDSERVE_MEDIA_DIRS``); smoke: the tiny default model.
 * ``vllm``: ``python3 -m vllm.entrypoints.openai.api_server`` as the workspace's vllm-bundle.sh tool starts it
-  (``--load-format dummy --dtype bfloat16 --max-model-len 128000 --allowed-local-media-path``, ``HF_HUB_OFFLINE=1``,
-  ``VLLM_USE_FLASHINFER_SAMPLER=0``, and no ``STUB_SITE``), with ``--max-num-batched-tokens 110000`` (vLLM 0.26
-  refuses the 3-minute video's 106,920 visual tokens below that: its encoder cache follows this budget), at most 2
-  images and 1 video a prompt, the prefix and multimodal-processor caches off (the benchmark repeats the same
-  media), ``--mm-processor-kwargs '{"do_sample_frames": false}'`` (its loader samples the frames), the bundle's folder
-  first on ``PYTHONPATH``. UnifiedServe's prefix cache is off too (``orchestrator.prefix_caching=false``). With
+  (``--load-format dummy --dtype bfloat16 --allowed-local-media-path``, ``HF_HUB_OFFLINE=1``,
+  ``VLLM_USE_FLASHINFER_SAMPLER=0``, and no ``STUB_SITE``), with the model's arguments (``bench.peer.models``:
+  max-model-len, images and videos a prompt, batched tokens, how its video loader and processor sample frames),
+  the prefix and multimodal-processor caches off (the benchmark repeats the same media), the bundle's folder first
+  on ``PYTHONPATH``. UnifiedServe's prefix cache is off too (``orchestrator.prefix_caching=false``). With
   ``caches`` (issue 21's cache scenarios) both systems' caches are left at their defaults: on.
 
 A server is started in a session of its own (``setsid``), so it outlives the command that started it (a device
@@ -29,17 +29,11 @@ from pathlib import Path
 
 from backends.triton.launcher import REPO_ROOT
 from backends.triton.ports import ServerPorts
-from bench.serve_bench import FULL_SETUP
+from bench.peer.models import DEFAULT, MODELS, PeerModel
 
 SYSTEMS = ("unifiedserve", "vllm")
 PORTS = {"unifiedserve": 9000, "vllm": 9001}  # the OpenAI APIs'
 STOP_TIMEOUT_S = 60.0
-VLLM_MAX_BATCHED_TOKENS = 110_000
-# vLLM 0.26's video loader already samples Qwen's 2 fps (360 frames of the 3-minute video) and hands the HF processor
-# frames without their metadata: sampling again there fails ("Asked to sample `fps` frames per second but no video
-# metadata was provided"), so the processor is told not to (seen on the H200, 2026-12-01: then 107,002 prompt tokens,
-# as UnifiedServe counts)
-VLLM_PROCESSOR_KWARGS = '{"do_sample_frames": false}'
 # STUB_SITE emptied: on the device it puts the Triton stub's numpy 1.26 first on any Python's path (device_run.sh)
 VLLM_ENV = {"HF_HUB_OFFLINE": "1", "VLLM_USE_FLASHINFER_SAMPLER": "0", "STUB_SITE": ""}
 
@@ -52,11 +46,12 @@ def environment(extra: dict, pythonpath: str | None) -> dict:
     return env
 
 
-def command(system: str, checkpoint: Path, media: Path, smoke: bool, extra: list[str], caches: bool = False
-            ) -> tuple[list[str], dict]:
-    """(argv, extra environment) that start ``system`` on ``PORTS[system]``; ``extra`` is appended to argv;
-    ``caches``: both systems' prefix caches on (their defaults; vLLM's processor cache too), else off, as the
-    benchmark repeats the same media."""
+def command(system: str, checkpoint: Path, media: Path, smoke: bool, extra: list[str], caches: bool = False,
+            model: PeerModel = MODELS[DEFAULT]) -> tuple[list[str], dict]:
+    """(argv, extra environment) that start ``system`` on ``PORTS[system]`` serving ``model`` from ``checkpoint``
+    (smoke: UnifiedServe's tiny default model); ``extra`` is appended to argv; ``caches``: both systems' prefix
+    caches on (their defaults; vLLM's processor cache too), else off, as the benchmark repeats the same media.
+    Raises ValueError for an unknown system."""
     port = str(PORTS[system])
     if system == "unifiedserve":
         ports = ServerPorts.unused()
@@ -64,16 +59,14 @@ def command(system: str, checkpoint: Path, media: Path, smoke: bool, extra: list
                 "--http-port", str(ports.http), "--grpc-port", str(ports.grpc), "--metrics-port", str(ports.metrics)]
         if not smoke:
             argv += ["--model", str(checkpoint), "--set", "*.load_format=dummy"]
-            argv += [a for item in FULL_SETUP.overrides for a in ("--set", item)]
+            argv += [a for item in model.unifiedserve for a in ("--set", item)]
         if not caches:
             argv += ["--set", "orchestrator.prefix_caching=false"]
         return argv + extra, {"UNIFIEDSERVE_MEDIA_DIRS": str(media)}
     if system == "vllm":
         argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(checkpoint),
-                "--load-format", "dummy", "--dtype", "bfloat16", "--max-model-len", "128000",
-                "--allowed-local-media-path", str(media), "--limit-mm-per-prompt", '{"image": 2, "video": 1}',
-                "--max-num-batched-tokens", str(VLLM_MAX_BATCHED_TOKENS), "--mm-processor-kwargs",
-                VLLM_PROCESSOR_KWARGS, "--host", "127.0.0.1", "--port", port]
+                "--load-format", "dummy", "--dtype", "bfloat16", "--allowed-local-media-path", str(media),
+                *model.vllm, "--host", "127.0.0.1", "--port", port]
         if not caches:
             argv += ["--no-enable-prefix-caching", "--mm-processor-cache-gb", "0"]
         else:

@@ -1,6 +1,7 @@
 """``summary.json`` and ``report.json`` of the peer benchmark, from its raw records (``<out>/raw/<system>/*.json``).
 
-``summary.json`` holds issue 19's Targets keys: ``date``, ``device``, ``versions`` and per system
+``summary.json`` holds issue 19's Targets keys: ``date``, ``device``, ``versions``, ``model`` (``run.py --model``;
+null for runs before it) and per system
 ``video.ttft_ms``; ``mixed_video.{text_only_tbt_p99_ms, text_tbt_window_p99_ms, text_tbt_window_max_ms,
 video_ttft_ms}``; ``mixed_images.{text_tbt_window_p99_ms, image_ttft_max_ms}`` (and both mixed scenarios'
 ``text_ttft_window_max_ms`` and ``text_tokens_window_per_s``: the stall a text request sent in the window sees, and
@@ -160,7 +161,8 @@ def write_summary(out: Path) -> Path:
         if system in raw:
             systems[system], reports[system] = system_figures(raw[system], references)
             versions[system] = next(iter(raw[system].values())).get("server_version")
-    summary = {"date": first["date"], "device": first["device"], "versions": versions, "systems": systems}
+    summary = {"date": first["date"], "device": first["device"], "versions": versions,
+               "model": first.get("peer_model"), "systems": systems}
     write(out, "report", {"systems": reports, "prompt_tokens_agree": prompt_tokens_agree(reports),
                           "unifiedserve_over_vllm": ratios(systems), "smoke": first.get("smoke")})
     write_plots(out, raw, reports)

@@ -115,7 +115,7 @@ def test_summary_of_two_systems_holds_the_issues_keys_goodput_and_the_prompt_tok
         raw(system, "goodput_video@0.1", [record("video", k, 1.5, 0.01) for k in range(10)])
         raw(system, "goodput_video@0.2", [record("video", k, 1.5 if k < 8 else 3.0, 0.01) for k in range(10)])
     summary = json.loads(write_summary(tmp_path).read_text())
-    assert set(summary) == {"date", "device", "versions", "systems"}
+    assert set(summary) == {"date", "device", "versions", "model", "systems"} and summary["model"] is None
     assert summary["versions"] == {"unifiedserve": "v", "vllm": "v"}
     for figures_of in summary["systems"].values():
         assert figures_of["text_c1"] == pytest.approx({"ttft_ms": 20.0, "tbt_mean_ms": 5.0})

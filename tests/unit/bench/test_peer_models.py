@@ -1,0 +1,70 @@
+"""The peer benchmark's models (bench/peer/models.py): each system's command line per model (bench/peer/servers.py),
+the video kwargs every request holding a video carries to both systems (bench/peer/load.py), and a scenarios call
+refused against a server of another model (bench/peer/run.py)."""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.peer import run, servers
+from bench.peer.load import ChatRequest, Target, chat_parts
+from bench.peer.models import DEFAULT, INTERNVL_FRAMES, MODELS
+
+
+def _value(argv: list[str], flag: str) -> str:
+    return argv[argv.index(flag) + 1]
+
+
+def test_the_default_model_keeps_the_qwen_commands():
+    ours, _ = servers.command("unifiedserve", Path("ckpt"), Path("media"), False, [])
+    sets = [ours[k + 1] for k, a in enumerate(ours) if a == "--set"]
+    assert sets[:5] == ["*.load_format=dummy", "*.preset=qwen2_5_vl_7b", "*.dtype=bfloat16", "decode.kv_pages=16384",
+                        "orchestrator.max_model_len=128000"]
+    theirs, _ = servers.command("vllm", Path("ckpt"), Path("media"), False, [])
+    assert (_value(theirs, "--max-model-len"), _value(theirs, "--max-num-batched-tokens")) == ("128000", "110000")
+    assert json.loads(_value(theirs, "--mm-processor-kwargs")) == {"do_sample_frames": False}
+    assert "--media-io-kwargs" not in theirs and MODELS[DEFAULT].video_kwargs == {}
+
+
+@pytest.mark.parametrize("name, pages", [("internvl3_38b", "8192"), ("internvl3_8b", "16384")])
+def test_internvl3_commands(name, pages):
+    model = MODELS[name]
+    ours, env = servers.command("unifiedserve", Path("/w/ckpt"), Path("/w/media"), False, ["--x"], model=model)
+    sets = [ours[k + 1] for k, a in enumerate(ours) if a == "--set"]
+    assert sets == ["*.load_format=dummy", f"*.preset={name}", "*.dtype=bfloat16", f"decode.kv_pages={pages}",
+                    "orchestrator.max_model_len=32768", "orchestrator.prefix_caching=false"]
+    assert not any("budget" in s for s in sets)  # InternVL3's own defaults: encode 5120, prefill 2048
+    assert _value(ours, "--model") == "/w/ckpt" and ours[-1] == "--x" and env["UNIFIEDSERVE_MEDIA_DIRS"] == "/w/media"
+    theirs, _ = servers.command("vllm", Path("/w/ckpt"), Path("/w/media"), False, [], model=model)
+    assert (_value(theirs, "--model"), _value(theirs, "--max-model-len"),
+            _value(theirs, "--max-num-batched-tokens")) == ("/w/ckpt", "32768", "8192")
+    assert json.loads(_value(theirs, "--media-io-kwargs")) == {"video": {"num_frames": INTERNVL_FRAMES}}
+    assert json.loads(_value(theirs, "--limit-mm-per-prompt")) == {"image": 2, "video": 1}
+    assert "--mm-processor-kwargs" not in theirs  # InternVLVideoProcessor samples nothing by default
+    assert model.video_kwargs == {"num_frames": INTERNVL_FRAMES} and model.checkpoint_dir == f"{name}_dummy"
+
+
+def test_requests_holding_a_video_carry_the_models_video_kwargs():
+    kwargs = MODELS["internvl3_38b"].video_kwargs
+    video = ChatRequest("video", chat_parts("Q", videos=["file:///v.mp4"]), 8)
+    text = ChatRequest("text", chat_parts("Q"), 8)
+    chat = ChatRequest("followup_chat", chat_parts("Again?"), 8,
+                       history=({"role": "user", "content": list(video.parts)}, {"role": "assistant", "content": "A"}))
+    assert video.body("m", video_kwargs=kwargs)["mm_processor_kwargs"] == {"num_frames": INTERNVL_FRAMES}
+    assert chat.body("m", video_kwargs=kwargs)["mm_processor_kwargs"] == {"num_frames": INTERNVL_FRAMES}
+    assert "mm_processor_kwargs" not in text.body("m", video_kwargs=kwargs)
+    assert "mm_processor_kwargs" not in video.body("m")  # Qwen2.5-VL's requests are as before
+
+
+def test_scenarios_refuse_a_server_of_another_model():
+    state = {"url": "http://127.0.0.1:1", "model": "/w/internvl3_38b_dummy", "peer_model": "internvl3_38b"}
+    args = argparse.Namespace(model="internvl3_38b")
+    assert run.target_of(args, "vllm", state) == Target("vllm", state["url"], state["model"],
+                                                        {"num_frames": INTERNVL_FRAMES})
+    with pytest.raises(SystemExit, match="--model internvl3_38b"):
+        run.target_of(argparse.Namespace(model=DEFAULT), "vllm", state)
+    with pytest.raises(SystemExit, match=f"--model {DEFAULT}"):  # a server started before --model
+        run.target_of(args, "unifiedserve", {k: v for k, v in state.items() if k != "peer_model"})
