@@ -6,7 +6,9 @@ is measured for scale (random weights make deep stacks chaotic: ours passes with
 bf16 error). ``internvl3_38b`` does not fit one H200 in float32 (152 GB), so it runs at full width with 16 of its 64
 language layers and 12 of its 45 vision layers, every kernel and shape of the full model. At full depth in bf16 on
 2026-12-02 ours against transformers' bf16 differed by 8.2% on a text prompt and 12-21% with an image, both
-references bf16 (no float32 reference there): hence the float32 reference at reduced depth.
+references bf16 (no float32 reference there): hence the float32 reference at reduced depth. Measured on the H200
+(2026-12-02), ours / transformers' bf16 against float32: 8B image 0.087 / 0.089, video 0.156 / 0.154; 38B (cut) image
+0.114 / 0.115, video 0.232 / 0.231; the 38B video's argmax moved off float32's in transformers' bf16 too.
 
 Run on the device: `python3 -m pytest -q -s tests/gpu/test_internvl3_runtime.py` (skipped without CUDA or
 flashinfer).
@@ -91,4 +93,6 @@ def test_first_step_logits_match_transformers(preset, tmp_path):
         assert err < RTOL or err <= 1.25 * lib_err, (kind, err, lib_err)
         top2 = ref.topk(2)
         if float(top2.values[0] - top2.values[1]) > RTOL * float(ref.abs().max()):
-            assert int(ours.argmax()) == int(top2.indices[0]), kind
+            # where transformers' own bf16 argmax moves off the float32 one, ours may too (bf16 at this depth)
+            library_kept = int(library_bf16[kind].argmax()) == int(top2.indices[0])
+            assert int(ours.argmax()) == int(top2.indices[0]) or not library_kept, kind
