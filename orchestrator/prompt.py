@@ -69,25 +69,28 @@ class Prompt:
     def num_visual_tokens(self) -> int:
         return sum(m.num_tokens for m in self.media)
 
-    def check_length(self, max_tokens: int, max_model_len: int) -> None:
+    def check_length(self, max_tokens: int, max_model_len: int, family: Family = QWEN) -> None:
         """Refuses a request whose prompt plus ``max_tokens`` output tokens exceed ``max_model_len`` tokens.
 
         Raises InvalidInput naming what to change: ``max_tokens`` (with the largest value that fits) when the
-        prompt leaves room for output, else the prompt (fps / max_pixels when it has visual tokens).
+        prompt leaves room for output, else the prompt (when it has visual tokens, the settings of ``family`` that
+        lower them: ``Family.fewer_tokens``, e.g. fps / max_pixels).
         """
         n, visual = len(self.input_ids), self.num_visual_tokens
         if n + max_tokens <= max_model_len:
             return
         counts = f"{n - visual} text tokens + {visual} visual tokens"
-        video = any(m.kind == "video" for m in self.media)
-        knobs = "fps or max_pixels" if video else "max_pixels"
+        kinds = {m.kind for m in self.media}
+        video = "video" in kinds
+        knobs = " or ".join(dict.fromkeys(k for kind in ("video", "image") if kind in kinds
+                                          for k in family.fewer_tokens[kind]))
         fewer_visual = f" (lower {knobs} for fewer visual tokens)" if visual else ""
         if n < max_model_len:
             raise InvalidInput(
                 f"sampling_parameters: max_tokens {max_tokens} plus the prompt's {n} tokens ({counts}) exceeds "
                 f"max_model_len {max_model_len}: max_tokens can be at most {max_model_len - n}{fewer_visual}")
         room = max_model_len - (n - visual) - 1  # visual tokens that would leave one token of output
-        fewer = "lower fps or max_pixels, or send a shorter clip" if video else "lower max_pixels, or send fewer images"
+        fewer = f"lower {knobs}, or send a shorter clip" if video else f"lower {knobs}, or send fewer images"
         fix = f"at most {room} visual tokens fit: {fewer}" if visual and room > 0 else "shorten the prompt"
         raise InvalidInput(f"prompt too long: its {n} tokens ({counts}) leave no room for output within "
                            f"max_model_len {max_model_len} ({fix})")

@@ -130,12 +130,13 @@ def _shutting_down() -> StageError:
 class Orchestrator:
     def __init__(self, config: OrchestratorConfig, metrics):
         # transformers' tokenizer (and the runtime families with it): only where it is used
-        from backends.runtime.families.registry import model_tokenizer
+        from backends.runtime.families.registry import model_tokenizer, sampled_ids
 
         self.config = config
         self.metrics = metrics
         self.family = media_family(config.family)  # its media rules and prompt text
         self.tokenizer = model_tokenizer(config.preset, config.model_path)
+        self.sampled_ids = sampled_ids(config.preset, config.model_path, self.tokenizer)  # stop_token_ids' bound
         self.outputs = OutputProcessor(self.tokenizer)
         self.links = Links()
         self.engines: list[Engine] = []
@@ -276,9 +277,9 @@ class Orchestrator:
         if self.stopping:
             raise _shutting_down()
         stop_ids = parsed.params.stop_token_ids
-        if stop_ids and max(stop_ids) >= (vocab := len(self.tokenizer)):  # the sampler indexes logits by them
-            raise InvalidInput(f"sampling_parameters: stop_token_ids must be below the vocabulary size {vocab}, "
-                               f"got {max(stop_ids)}")
+        if stop_ids and max(stop_ids) >= self.sampled_ids:  # the sampler indexes logits by them
+            raise InvalidInput(f"sampling_parameters: stop_token_ids must be below the vocabulary size "
+                               f"{self.sampled_ids}, got {max(stop_ids)}")
         await self.ensure_started()
         self._refuse_when_overloaded()  # at once, before any work on the request
         limits = self.config.limits
@@ -294,7 +295,7 @@ class Orchestrator:
                                               for m, p in zip(parsed.media, plans)], self.family)
         timeline.mark("prompt_built", tokens=len(prompt.input_ids), visual_tokens=prompt.num_visual_tokens)
         params = parsed.params
-        prompt.check_length(params.max_tokens, self.config.max_model_len)
+        prompt.check_length(params.max_tokens, self.config.max_model_len, self.family)
         total = len(prompt.input_ids) + params.max_tokens
         kv_needed = max(e.scheduler.kv_pages_for(total) for e in self.engines)
         largest = max(e.scheduler.kv_pages_total for e in self.engines)

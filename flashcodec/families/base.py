@@ -78,6 +78,7 @@ class Family(Protocol):
     options: tuple[str, ...]  # the `MediaOptions` fields it honours (the others it refuses)
     placeholders: dict[str, str]  # media kind -> the chat template's placeholder for it
     reserved_tokens: tuple[str, ...]  # tokens only the server may place in a prompt
+    fewer_tokens: dict[str, tuple[str, ...]]  # media kind -> the request settings that lower its visual tokens
 
     def plan_image(self, info: ImageInfo, options: MediaOptions = MediaOptions()) -> MediaPlan: ...
 

@@ -181,6 +181,7 @@ class InternVL3:
     options = ("fps", "num_frames", "max_tiles")
     placeholders = {"image": CONTEXT, "video": VIDEO}  # what the chat template writes for an image / a video
     reserved_tokens = (START_IMAGE, END_IMAGE, CONTEXT, VIDEO)
+    fewer_tokens = {"image": ("max_tiles",), "video": ("num_frames",)}
 
     def __init__(self, config: InternVL3Config = InternVL3Config()):
         self.config = config

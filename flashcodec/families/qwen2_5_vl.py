@@ -23,6 +23,7 @@ class Qwen25VL:
     placeholders = {"image": IMAGE_PAD, "video": VIDEO_PAD}
     # M-RoPE's positions (transformers' get_rope_index) are read from these, so a prompt may not bring its own
     reserved_tokens = ("<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", IMAGE_PAD, VIDEO_PAD)
+    fewer_tokens = {"image": ("max_pixels",), "video": ("fps", "max_pixels")}
 
     def plan_image(self, info: ImageInfo, options: MediaOptions = MediaOptions()) -> ImagePlan:
         """`flashcodec.sampling.plan_image` with `options.max_pixels`; raises as it does."""

@@ -85,7 +85,7 @@ def test_scenarios_record_every_token_and_the_summary_has_the_issues_keys(server
         asked[clip].append(r)
     assert {clip: len(v) for clip, v in asked.items()} == {"clip0": 3, "clip1": 3, "clip2": 3}
     summary = json.loads(write_summary(tmp_path).read_text())
-    assert set(summary) == {"date", "device", "versions", "systems"}
+    assert set(summary) == {"date", "device", "model", "versions", "systems"}
     figures = summary["systems"]["unifiedserve"]
     assert {name: set(values) for name, values in figures.items()} == SUMMARY_KEYS
     assert figures["images16"]["ttft_max_ms"] > 0 and figures["text_c1"]["tbt_mean_ms"] > 0

@@ -1,7 +1,7 @@
 """The families by name and by config: the one place that lists them."""
 from __future__ import annotations
 
-from transformers import PreTrainedConfig, PreTrainedTokenizerFast
+from transformers import AutoConfig, PreTrainedConfig, PreTrainedTokenizerFast
 
 from backends.runtime.families import FAMILY_OF_MODEL_TYPE
 from backends.runtime.families.base import ModelFamily
@@ -33,6 +33,17 @@ def model_tokenizer(preset: str, model_path: str | None) -> PreTrainedTokenizerF
     """The served model's tokenizer: the checkpoint's (``tokenizer.load_tokenizer``) when ``model_path`` is given,
     else ``preset``'s family's offline one (:func:`offline_tokenizer`). Raises as they do."""
     return load_tokenizer(model_path) if model_path is not None else offline_tokenizer(preset)
+
+
+def sampled_ids(preset: str, model_path: str | None, tokenizer: PreTrainedTokenizerFast) -> int:
+    """How many token ids a request may name (its ``stop_token_ids``): the ids both the tokenizer knows and the
+    model has logits for, ``min(len(tokenizer), vocab_size)``; ``vocab_size`` from the checkpoint's ``config.json``
+    (text config) or the preset's. They differ both ways: Qwen2.5-VL-7B pads its logits to 152,064 rows past its
+    151,665 tokens, and an InternVL3-hf tokenizer's ``<video>`` (151,674) has no logit row. Raises as the config
+    reads do."""
+    config = AutoConfig.from_pretrained(model_path, local_files_only=True) if model_path is not None \
+        else build_config(preset, tokenizer)
+    return min(len(tokenizer), config.get_text_config().vocab_size)
 
 
 def build_config(preset: str, tokenizer: PreTrainedTokenizerFast) -> PreTrainedConfig:

@@ -89,3 +89,16 @@ def test_image_tokens_in_user_text_are_plain_text(processor):
 def test_a_raw_prompt_may_not_bring_internvl_image_tokens(processor, token):
     with pytest.raises(InvalidInput, match="which only the server places"):
         build_raw_prompt(processor.tokenizer, f"Look {token}", INTERNVL)
+
+
+def test_a_prompt_too_long_names_internvls_settings(processor):
+    video = build_chat_prompt(processor.tokenizer, (_turn(("video", ""), ("text", "What?")),),
+                              [("video", (2, 32, 32), 0.0)], INTERNVL)
+    with pytest.raises(InvalidInput, match=r"max_tokens can be at most \d+ \(lower num_frames for fewer visual"):
+        video.check_length(10**6, len(video.input_ids) + 1, INTERNVL)
+    with pytest.raises(InvalidInput, match=r"visual tokens fit: lower num_frames, or send a shorter clip\)$"):
+        video.check_length(1, len(video.input_ids) - 10, INTERNVL)
+    both = build_chat_prompt(processor.tokenizer, (_turn(("image", ""), ("video", ""), ("text", "?")),),
+                             [("image", (2, 32, 32), 0.0), ("video", (2, 32, 32), 0.0)], INTERNVL)
+    with pytest.raises(InvalidInput, match=r"lower num_frames or max_tiles, or send a shorter clip\)$"):
+        both.check_length(1, len(both.input_ids) - 10, INTERNVL)

@@ -11,7 +11,7 @@ import torch
 
 from backends.ipc import shared_weights
 from backends.runtime.families import DEFAULT_BUDGETS, Budgets, family_name
-from backends.runtime.families.registry import FAMILIES, build_config, family_for, offline_tokenizer
+from backends.runtime.families.registry import FAMILIES, build_config, family_for, offline_tokenizer, sampled_ids
 from backends.runtime.loader import ModelSpec, load_model
 from backends.runtime.presets import PRESETS
 from backends.runtime.tokenizer import build_offline_tokenizer, eos_token_ids, special_token_ids
@@ -63,6 +63,16 @@ def test_an_internvl3_checkpoint_loads_as_its_family(tmp_path):
         assert torch.equal(a, b), name
     assert loaded_tokenizer.get_vocab() == tokenizer.get_vocab()
     assert family_name("tiny", str(tmp_path)) == "internvl3"  # config.json decides, not the preset
+
+
+def test_the_ids_a_request_may_name_are_those_with_a_token_and_a_logit(tmp_path):
+    tokenizer = offline_tokenizer("internvl3_tiny")
+    assert sampled_ids("internvl3_tiny", None, tokenizer) == len(tokenizer)  # the tiny presets' vocab is the tokenizer
+    assert sampled_ids("internvl3_38b", None, tokenizer) == len(tokenizer)  # 151,674 logit rows, fewer tokens
+    config = build_config("internvl3_tiny", tokenizer)
+    config.text_config.vocab_size = len(tokenizer) - 1  # a checkpoint whose last token has no logit row (<video>)
+    config.save_pretrained(tmp_path)
+    assert sampled_ids("tiny", str(tmp_path), tokenizer) == len(tokenizer) - 1
 
 
 def test_default_budgets_per_family(tmp_path):
