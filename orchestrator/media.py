@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from dataclasses import fields
+from dataclasses import fields, replace
 
 from flashcodec.errors import MediaError
 from flashcodec.families import Family, MediaOptions, MediaPlan
 from flashcodec.probe import ImageInfo, VideoInfo, probe_image, probe_video
 from orchestrator.inputs import MediaInput
 from orchestrator.media_identity import file_key
-from orchestrator.sampling_params import InvalidInput, RequestParams
+from orchestrator.sampling_params import InvalidInput, RequestParams, parse_sampling_parameters
 from orchestrator.visual_cap import CapApplied, fit_visual_tokens, plan_tokens
 
 PROBED_VIDEOS = 256  # video files whose probe is kept (a probe holds each frame's timestamp: 8 bytes a frame)
@@ -66,6 +66,30 @@ def check_media_settings(params: RequestParams, family: Family) -> None:
                             *(name for name in MEDIA_SETTINGS if name not in family.options))
     except ValueError as exc:
         raise InvalidInput(f"sampling_parameters: {exc}") from None
+
+
+def media_defaults(text: str | None, family: Family) -> RequestParams:
+    """The server's media settings (the orchestrator's ``media_defaults`` parameter, a JSON object like
+    ``{"num_frames": 32}``; vLLM's ``--mm-processor-kwargs`` for these keys), which a request's own settings override.
+    Raises ValueError naming the parameter for a key other than ``MEDIA_SETTINGS``, a bad value (the request rules of
+    ``parse_sampling_parameters``), or a setting ``family`` does not take."""
+    try:
+        defaults = parse_sampling_parameters(text)
+        unknown = [f.name for f in fields(defaults)
+                   if f.name not in MEDIA_SETTINGS and getattr(defaults, f.name) != getattr(RequestParams(), f.name)]
+        if unknown:
+            raise InvalidInput(f"{unknown[0]} is not a media setting (one of {', '.join(MEDIA_SETTINGS)})")
+        check_media_settings(defaults, family)
+    except InvalidInput as exc:
+        raise ValueError(f"parameter media_defaults: {str(exc).removeprefix('sampling_parameters: ')}") from None
+    return defaults
+
+
+def with_media_defaults(params: RequestParams, defaults: RequestParams) -> RequestParams:
+    """``params`` with each media setting it leaves unset (None) taken from ``defaults`` (:func:`media_defaults`)."""
+    unset = {key: getattr(defaults, key) for key in MEDIA_SETTINGS
+             if getattr(params, key) is None and getattr(defaults, key) is not None}
+    return replace(params, **unset) if unset else params
 
 
 def plan_probed(item: MediaInput, info: VideoInfo | ImageInfo, family: Family, options: MediaOptions) -> MediaPlan:

@@ -31,7 +31,7 @@ from orchestrator.budget_policy import BudgetPolicy, PolicyConfig, SloTargets
 from orchestrator.engine import Engine
 from orchestrator.engine_io import SHUTTING_DOWN, EngineRequest, Released, RequestCounts
 from orchestrator.inputs import InputLimits, ParsedRequest
-from orchestrator.media import plan_request, probe_media
+from orchestrator.media import media_defaults, plan_request, probe_media, with_media_defaults
 from orchestrator.media_identity import media_identity
 from orchestrator.metrics import observe_engine_times
 from orchestrator.output_processor import OutputProcessor
@@ -40,7 +40,7 @@ from orchestrator.encoder_cache import EncoderCache, group_key
 from orchestrator.prefix_cache import CacheConfig, block_hashes
 from orchestrator.prompt import Prompt, build_chat_prompt, build_raw_prompt
 from orchestrator.routing import choose
-from orchestrator.sampling_params import InvalidInput
+from orchestrator.sampling_params import InvalidInput, RequestParams
 from orchestrator.scheduler import Scheduler, SchedulerConfig
 from orchestrator.sequence import Group
 from orchestrator.stage_clients import LinkMedia, Links, LinkStages
@@ -63,7 +63,8 @@ class OrchestratorConfig:
     ``policy`` (off: the fixed budgets; off by default until measured against them on the H200);
     ``cache``: the prefix cache (``orchestrator.prefix_cache.CacheConfig``);
     ``preset`` / ``model_path``: the served model (``backends.runtime.families.family_name``), whose family's media
-    rules, prompt text and tokenizer the orchestrator uses; ``family``: its name."""
+    rules, prompt text and tokenizer the orchestrator uses; ``family``: its name; ``media_defaults``: the server's
+    media settings a request's own override (``orchestrator.media.media_defaults``)."""
 
     scheduler: SchedulerConfig
     limits: InputLimits
@@ -77,6 +78,7 @@ class OrchestratorConfig:
     cache: CacheConfig = CacheConfig()
     preset: str = "tiny"
     family: str = "qwen2_5_vl"
+    media_defaults: RequestParams = RequestParams()
 
     @classmethod
     def from_parameters(cls, params: dict[str, str]) -> "OrchestratorConfig":
@@ -100,7 +102,8 @@ class OrchestratorConfig:
                    int_parameter(params, "max_waiting_requests", cls.max_waiting_requests), switch == "true",
                    SloTargets.from_parameters(params),
                    PolicyConfig(float_parameter(params, "decode_priority_boost", PolicyConfig.decode_priority_boost)),
-                   CacheConfig.from_parameters(params), preset, family)
+                   CacheConfig.from_parameters(params), preset, family,
+                   media_defaults(params.get("media_defaults"), media_family(family)))
 
 
 @dataclass(frozen=True)
@@ -285,7 +288,8 @@ class Orchestrator:
         limits = self.config.limits
         infos = [await asyncio.to_thread(probe_media, item, limits.max_image_pixels) for item in parsed.media]
         timeline.mark("probed", items=len(infos))
-        plans, cap = await asyncio.to_thread(plan_request, list(parsed.media), infos, parsed.params, self.family,
+        media_params = with_media_defaults(parsed.params, self.config.media_defaults)
+        plans, cap = await asyncio.to_thread(plan_request, list(parsed.media), infos, media_params, self.family,
                                              limits.max_visual_tokens)
         if parsed.raw:
             prompt = await asyncio.to_thread(build_raw_prompt, self.tokenizer, parsed.text, self.family)

@@ -1,12 +1,16 @@
 """orchestrator/media.py's probe of a video file is kept for the next request about the same file, and made again
-once the file is rewritten; a file gone since the request was checked is a bad input naming it."""
+once the file is rewritten; a file gone since the request was checked is a bad input naming it; the server's media
+defaults (the ``media_defaults`` parameter) fill what a request leaves unset, and bad ones name the parameter."""
 import os
+import re
 
 import pytest
 
+from flashcodec.families import family
 from orchestrator import media
 from orchestrator.inputs import MediaInput
-from orchestrator.sampling_params import InvalidInput
+from orchestrator.sampling_params import InvalidInput, parse_sampling_parameters
+from orchestrator.service import OrchestratorConfig
 from tests.media import make_video
 
 
@@ -69,3 +73,32 @@ def test_media_settings_are_the_served_familys_and_each_kind_takes_its_own():
     assert plans[0].num_groups == 5  # 10 frames at 1 fps, two a temporal patch
     with pytest.raises(InvalidInput, match=r"^video: 300 frames, fewer than the 400 segments to sample"):
         media.plan_request(items[:1], [video], RequestParams(num_frames=400), internvl, 0)
+
+
+def test_the_servers_media_defaults_fill_what_a_request_leaves_unset():
+    internvl, qwen = family("internvl3"), family("qwen2_5_vl")
+    defaults = media.media_defaults('{"num_frames": 32, "max_tiles": 6}', internvl)
+    assert (defaults.num_frames, defaults.max_tiles) == (32, 6)
+    asked = parse_sampling_parameters('{"num_frames": 4, "temperature": 0.5}')
+    merged = media.with_media_defaults(asked, defaults)
+    assert (merged.num_frames, merged.max_tiles, merged.temperature) == (4, 6, 0.5)  # the request's own wins
+    assert media.with_media_defaults(asked, media.media_defaults("", internvl)) is asked  # none set: unchanged
+    assert media.media_defaults('{"fps": 1.0}', qwen).fps == 1.0
+
+
+@pytest.mark.parametrize("text, message", [
+    ('{"num_frames": 32}', "parameter media_defaults: num_frames does not apply to the served model family qwen2_5_vl"),
+    ('{"temperature": 0.5}', "parameter media_defaults: temperature is not a media setting"),
+    ('{"fps": 0}', "parameter media_defaults: fps must be"),
+    ("[1]", "parameter media_defaults: must be a JSON object"),
+])
+def test_bad_media_defaults_stop_the_server_naming_the_parameter(text, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        media.media_defaults(text, family("qwen2_5_vl"))
+
+
+def test_the_orchestrator_config_reads_media_defaults():
+    config = OrchestratorConfig.from_parameters({"preset": "internvl3_tiny", "media_defaults": '{"num_frames": 16}'})
+    assert config.family == "internvl3" and config.media_defaults.num_frames == 16
+    with pytest.raises(ValueError, match="parameter media_defaults"):
+        OrchestratorConfig.from_parameters({"media_defaults": '{"num_frames": 16}'})  # tiny: a Qwen2.5-VL preset
