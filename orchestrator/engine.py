@@ -22,7 +22,7 @@ from typing import AsyncIterator, Callable
 from backends.ipc.link import StageError
 from backends.ipc.protocol import (INVALID_INPUT, SERVER_FAULT, DecodeAdmit, DecodeStep, FirstToken, GroupReady,
                                    StageFailure)
-from flashcodec.sampling import groups_from
+from flashcodec.families import family_of
 from orchestrator.budget_policy import BudgetPolicy, Waiting, work_units
 from orchestrator.engine_io import SHUTTING_DOWN, EngineRequest, Output, Released, RequestState
 from orchestrator.pages import PagePool
@@ -117,16 +117,25 @@ class Engine:
         seq = Sequence(new.req_id, len(new.input_ids), new.max_tokens, list(request.groups), request=new,
                        block_hashes=request.block_hashes)
         self.scheduler.add(seq)
-        tracked = self.requests[new.req_id] = _Tracked(request)
-        request.timeline.mark("engine_added", replica=self.index, cached_tokens=seq.num_cached_tokens)
-        loop = asyncio.get_running_loop()
+        calls = []
         for item, call in enumerate(request.media):
             # admitted at once with groups of the item in its cached prefix: only the others are decoded
             first = min((g.index for g in seq.groups if g.item == item and not g.encoded), default=None)
             if first is None:
                 continue
-            if first:
-                call = replace(call, plan=groups_from(call.plan, first))
+            if first and call.plan.kind == "video":
+                try:
+                    call = replace(call, plan=family_of(call.plan).video_groups_from(call.plan, first))
+                except Exception:
+                    self.scheduler.remove(new.req_id)  # its pages (shared ones included) go back before the error
+                    raise
+            else:  # an image (InternVL3: a group a tile) is decoded whole; its cached groups are reported "cached"
+                first = 0
+            calls.append((item, call, first))
+        tracked = self.requests[new.req_id] = _Tracked(request)
+        request.timeline.mark("engine_added", replica=self.index, cached_tokens=seq.num_cached_tokens)
+        loop = asyncio.get_running_loop()
+        for item, call, first in calls:
             replies = self.media.decode(call)  # queued now: an abort made later cannot overtake it
             tracked.media_tasks.append(loop.create_task(self._run_media(tracked, item, replies, first)))
         self.wake.set()

@@ -89,3 +89,7 @@ class Family(Protocol):
     def image_groups(self, image: Any, plan: MediaPlan) -> Iterator[tuple[int, Any]]: ...
 
     def video_group(self, frames: Sequence[Any], plan: MediaPlan) -> Any: ...
+
+    def video_groups_from(self, plan: MediaPlan, first: int) -> MediaPlan:
+        """A video plan's groups `first` .. `num_groups - 1` alone (their frames, renumbered from 0): what is left to
+        decode when its first groups are in the prefix cache. Raises ValueError when `first` is not a group."""

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from flashcodec.families.base import MediaOptions, PromptExpansion
 from flashcodec.probe import ImageInfo, VideoInfo
-from flashcodec.sampling import FPS, MERGE_SIZE, PATCH_DIM, TEMPORAL_PATCH_SIZE, ImagePlan, VideoPlan, plan_image, \
-    plan_video
+from flashcodec.sampling import FPS, MERGE_SIZE, PATCH_DIM, TEMPORAL_PATCH_SIZE, ImagePlan, VideoPlan, groups_from, \
+    plan_image, plan_video
 
 IMAGE_PAD, VIDEO_PAD = "<|image_pad|>", "<|video_pad|>"
 
@@ -46,6 +46,10 @@ class Qwen25VL:
         from flashcodec.preprocess import image_patches
 
         return iter([(0, image_patches(image, plan.resized_height, plan.resized_width))])
+
+    def video_groups_from(self, plan: VideoPlan, first: int) -> VideoPlan:
+        """`flashcodec.sampling.groups_from` (two frames a group)."""
+        return groups_from(plan, first)
 
     def video_group(self, frames, plan: VideoPlan):
         """Two decoded frames -> `preprocess.video_group_patches` at the plan's size."""

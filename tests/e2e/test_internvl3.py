@@ -91,6 +91,21 @@ def test_num_frames_and_max_tiles_set_the_plan(client, hf):
                                                                        params=RequestParams(**setting)))
 
 
+def test_a_video_partly_evicted_from_the_prefix_cache_is_decoded_from_its_first_uncached_frame(client, hf):
+    """A video whose last KV pages another request's prompt evicted (the pool: 2048 pages of 16 tokens), asked about
+    again: its cached start is shared, FlashCodec decodes only the frames after it, and the tokens equal the
+    reference (a partial hit once crashed the engine for InternVL3, whose groups are single frames)."""
+    first, big = make_video(None, 88, 72, 60, 10), make_video(None, 80, 64, 110, 10)
+    settings = {**GREEDY, "num_frames": 60}  # about 15,800 prompt tokens, 990 pages
+    client.generate(QUESTION, video=first, sampling=settings)
+    client.generate(QUESTION, video=big, sampling={**GREEDY, "num_frames": 110})  # about 1,800 pages: evicts
+    again = client.generate(QUESTION, video=first, sampling=settings, return_output_ids=True)
+    assert 0 < again.num_cached_tokens < again.num_input_tokens - 256  # part of it, at least a frame short
+    assert_same_or_tie(again.token_ids, *server_request_reference(*hf, QUESTION, N, video=first,
+                                                                  params=RequestParams(num_frames=60)))
+    assert client.generate(QUESTION, sampling=GREEDY).finish_reason == "length"  # the pool is whole again
+
+
 def _zero_width_png() -> bytes:
     """A PNG whose header says 0 x 8 pixels (a valid chunk CRC): Pillow will not open it."""
     png = make_image(8, 8, "RGB", "PNG")

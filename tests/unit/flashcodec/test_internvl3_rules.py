@@ -99,6 +99,18 @@ def test_video_plan_from_metadata(tmp_path, frames, fps, options):
     assert plan.frame_times_s == tuple(info.frame_pts_s[i] - info.frame_pts_s[0] for i in plan.frame_indices)
 
 
+def test_a_video_plans_later_groups_alone_are_its_later_frames(tmp_path):
+    """What flashcodec decodes of a video whose first groups are in the prefix cache (orchestrator.engine)."""
+    plan = INTERNVL.plan_video(probe_video(make_video(tmp_path / "clip.mp4", 96, 64, 40, 25)), MediaOptions())
+    tail = INTERNVL.video_groups_from(plan, 3)
+    assert tail.frame_indices == plan.frame_indices[3:] and tail.frame_times_s == plan.frame_times_s[3:]
+    assert tail.num_groups == plan.num_groups - 3 and tail.grid_thw == (plan.num_groups - 3, 32, 32)
+    assert INTERNVL.video_groups_from(plan, 0) == plan
+    for first in (-1, plan.num_groups):
+        with pytest.raises(ValueError, match="is not one of the plan's"):
+            INTERNVL.video_groups_from(plan, first)
+
+
 @pytest.mark.parametrize("frames", [1, 3, 8])
 def test_prompt_text_is_the_processors(frames):
     processor = ref.processor()
