@@ -3,7 +3,7 @@
     python -m client [--url 127.0.0.1:8001] [--http 127.0.0.1:8000]
                      [--video FILE | --video-url PATH] [--image FILE]... [--image-url PATH]...
                      [--max-tokens N] [--temperature T] [--top-p P] [--top-k K] [--seed S]
-                     [--fps F] [--max-pixels P] [--no-stream] [--timeout S] "question"
+                     [--fps F] [--max-pixels P] [--num-frames N] [--max-tiles N] [--no-stream] [--timeout S] "question"
 
 gRPC by default; ``--http`` uses generate_stream (SSE), which carries paths only (--video-url,
 --image-url). After the answer one line goes to stderr:
@@ -42,7 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int)
     p.add_argument("--ignore-eos", action="store_true")
     p.add_argument("--fps", type=float, help="video frames sampled per second")
-    p.add_argument("--max-pixels", type=int, help="pixel budget per frame or image")
+    p.add_argument("--max-pixels", type=int, help="pixel budget per frame or image (Qwen2.5-VL)")
+    p.add_argument("--num-frames", type=int, help="frames (segments) sampled from a video (InternVL3)")
+    p.add_argument("--max-tiles", type=int, help="most 448-pixel tiles of an image (InternVL3)")
     p.add_argument("--no-stream", action="store_true", help="ask for the whole text in one response")
     p.add_argument("--timeout", type=float, default=600.0, metavar="S")
     return p
@@ -50,7 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def sampling_from_args(args: argparse.Namespace) -> dict:
     """The sampling_parameters JSON object: only the options the user gave."""
-    keys = ("max_tokens", "min_tokens", "temperature", "top_p", "top_k", "seed", "fps", "max_pixels")
+    keys = ("max_tokens", "min_tokens", "temperature", "top_p", "top_k", "seed", "fps", "max_pixels", "num_frames",
+            "max_tiles")
     sampling = {k: getattr(args, k) for k in keys if getattr(args, k) is not None}
     if args.ignore_eos:
         sampling["ignore_eos"] = True

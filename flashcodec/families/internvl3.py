@@ -208,10 +208,12 @@ class InternVL3:
                               c.tokens_per_tile)
 
     def plan_video(self, info: VideoInfo, options: MediaOptions = MediaOptions()) -> SegmentVideoPlan:
-        """The frames of a video from its probe (`info.num_frames`, `info.fps`, `info.frame_pts_s`).
+        """The frames of a video from its probe (`info.num_frames`, `info.fps`, `info.frame_pts_s`): `num_frames`
+        segments (the request's, else `int(frames / video fps * fps)` (at least 1) when it sets `fps`, else the
+        config's), at most the video's frames. Where transformers' processor refuses a video with fewer frames than segments (case
+        C3: short clips), this takes every frame, as vLLM 0.26's video loader does (`min(num_frames, total)`).
 
-        Raises MediaError naming a video without frames, with fewer frames than segments, or so short that `fps`
-        gives no frame; ValueError for options it does not honour or out of range.
+        Raises MediaError for a video without frames; ValueError for options it does not honour or out of range.
         """
         options.refuse("InternVL3", "max_pixels", "max_tiles")
         c = self.config
@@ -220,11 +222,9 @@ class InternVL3:
             raise MediaError("video: no frames")
         num_frames = options.num_frames
         if num_frames is None and options.fps is not None:
-            num_frames = int(total / info.fps * options.fps)
-            if num_frames < 1:
-                raise MediaError(f"video: {total} frames at {info.fps:g} fps sampled at fps {options.fps:g} give no "
-                                 "frame (raise fps or set num_frames)")
-        indices = segment_indices(total, c.num_frames if num_frames is None else num_frames)
+            num_frames = max(1, int(total / info.fps * options.fps))  # shorter than a frame at fps: one frame
+        num_frames = c.num_frames if num_frames is None else num_frames
+        indices = segment_indices(total, min(num_frames, total))  # raises ValueError for num_frames < 1
         start = info.frame_pts_s[0]
         return SegmentVideoPlan(tuple(indices), tuple(info.frame_pts_s[i] - start for i in indices), c.tile_size,
                                 len(indices), c.patches_per_tile, c.tokens_per_tile)

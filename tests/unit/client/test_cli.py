@@ -11,6 +11,8 @@ def test_sampling_only_has_the_given_options():
     assert sampling_from_args(args) == {"max_tokens": 64, "seed": 7, "fps": 2.0, "max_pixels": 200704,
                                         "ignore_eos": True}
     assert args.question == "What happens?"
+    internvl = build_parser().parse_args(["--num-frames", "16", "--max-tiles", "6", "Q"])  # InternVL3's settings
+    assert sampling_from_args(internvl) == {"num_frames": 16, "max_tiles": 6}
 
 
 def test_images_repeat_and_question_stays_positional(tmp_path):

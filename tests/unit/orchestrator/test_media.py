@@ -71,8 +71,8 @@ def test_media_settings_are_the_served_familys_and_each_kind_takes_its_own():
     assert media.plan_request(items, [video, image], RequestParams(), internvl, 0)[0][0].num_groups == 8
     plans, _ = media.plan_request(items, [video, image], RequestParams(fps=1.0), qwen, 0)  # fps for Qwen's video
     assert plans[0].num_groups == 5  # 10 frames at 1 fps, two a temporal patch
-    with pytest.raises(InvalidInput, match=r"^video: 300 frames, fewer than the 400 segments to sample"):
-        media.plan_request(items[:1], [video], RequestParams(num_frames=400), internvl, 0)
+    plans, _ = media.plan_request(items[:1], [video], RequestParams(num_frames=400), internvl, 0)
+    assert plans[0].num_groups == 300  # more segments than frames: every frame
 
 
 def test_the_servers_media_defaults_fill_what_a_request_leaves_unset():
