@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import ClassVar
 
 from flashcodec.errors import MediaError
@@ -158,20 +158,6 @@ def _indices_by_time(info: VideoInfo, nframes: int) -> list[int]:
     step = info.duration_s / nframes
     # a micro-second slack absorbs time-base rounding of the timestamps
     return [max(0, bisect_right(info.frame_pts_s, start + k * step + 1e-6) - 1) for k in range(nframes)]
-
-
-def groups_from(plan: VideoPlan, first: int) -> VideoPlan:
-    """``plan``'s temporal-patch groups ``first`` .. ``num_groups - 1`` alone (their frames, renumbered from 0): what
-    is left to decode of a video whose first groups are in the prefix cache (``orchestrator.prefix_cache``).
-
-    Raises:
-        ValueError: ``first`` is not in [0, num_groups).
-    """
-    if not 0 <= first < plan.num_groups:
-        raise ValueError(f"video: group {first} is not one of the plan's {plan.num_groups}")
-    t, h, w = plan.grid_thw
-    return replace(plan, frame_indices=plan.frame_indices[2 * first:], frame_times_s=plan.frame_times_s[2 * first:],
-                   grid_thw=(t - first, h, w), num_groups=plan.num_groups - first)
 
 
 def plan_video(

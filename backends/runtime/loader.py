@@ -6,9 +6,9 @@ import logging
 from dataclasses import dataclass, fields
 
 import torch
-from transformers import AutoConfig, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from backends.runtime.families.registry import build_config, family_for, model_tokenizer
+from backends.runtime.families.registry import family_for, model_config, model_tokenizer
 from backends.runtime.presets import PRESETS
 
 LOAD_FORMATS = ("auto", "dummy")
@@ -87,7 +87,7 @@ def load_model(spec: ModelSpec) -> tuple[PreTrainedModel, PreTrainedTokenizerBas
     device = torch.device(spec.device)
     if spec.load_format == "auto" and spec.model_path is not None:
         log.info("loading the weights of %s onto %s", spec.model_path, device)
-        config = AutoConfig.from_pretrained(spec.model_path, local_files_only=True)
+        config = model_config(spec.preset, spec.model_path, tokenizer)
         model = family_for(config).model_class.from_pretrained(
             spec.model_path, local_files_only=True, attn_implementation="sdpa",
             dtype=_torch_dtype(spec.dtype, config.dtype or torch.float32),
@@ -97,9 +97,7 @@ def load_model(spec: ModelSpec) -> tuple[PreTrainedModel, PreTrainedTokenizerBas
     if spec.model_path is not None:
         log.warning("load_format=dummy: random weights (seed %d) in the architecture of %s, not its weights",
                     spec.seed, spec.model_path)
-        config = AutoConfig.from_pretrained(spec.model_path, local_files_only=True)
-    else:
-        config = build_config(spec.preset, tokenizer)
+    config = model_config(spec.preset, spec.model_path, tokenizer)
     dtype = _torch_dtype(spec.dtype, config.dtype or torch.float32)
     log.info("building %s with random weights on %s", spec.model_path or f"preset {spec.preset}", device)
     # Initialise straight on the device (a 7B model in fp32 on the CPU would take minutes and 30 GB), from

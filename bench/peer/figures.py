@@ -108,8 +108,8 @@ def multiturn(records: list[dict], prefix_cache: dict | None, reference: dict[st
     later_ok = [r for r in ok if question_of(r) > 0 and r.get("cached_tokens") is not None]
     reusable = sum(r.get("prompt_tokens") or 0 for r in later_ok)
     hits, queries = (prefix_cache or {}).get("hits"), (prefix_cache or {}).get("queries")
-    if reference is None and first:
-        reference = {r["kind"]: min(first) for r in records}
+    if reference is None and (fastest := first_question_ttft(records)) is not None:
+        reference = {r["kind"]: fastest for r in records}
     return {"prefix_hit_rate": hits / queries if hits is not None and queries else None,
             "reusable_hit_rate": sum(r["cached_tokens"] for r in later_ok) / reusable if reusable else None,
             "first_ttft_p50_ms": _stat(first, "p50"), "first_ttft_p90_ms": _stat(first, "p90"),

@@ -67,6 +67,17 @@ class MediaPlan(Protocol):
     def grid_thw(self) -> tuple[int, int, int]: ...
 
 
+def groups_from(plan: Any, first: int, frames_per_group: int, **changed: Any) -> Any:
+    """A video `plan`'s groups `first` .. `num_groups - 1` alone: its frames from group `first` on (`frame_indices`
+    and `frame_times_s`, `frames_per_group` a group), `num_groups` less `first`, and `changed` (the family's other
+    fields that count groups). What `Family.video_groups_from` gives. Raises ValueError when `first` is not a group."""
+    if not 0 <= first < plan.num_groups:
+        raise ValueError(f"video: group {first} is not one of the plan's {plan.num_groups}")
+    skipped = frames_per_group * first
+    return replace(plan, frame_indices=plan.frame_indices[skipped:], frame_times_s=plan.frame_times_s[skipped:],
+                   num_groups=plan.num_groups - first, **changed)
+
+
 class Family(Protocol):
     """One model family's media rules. Metadata side (no torch): `plan_image`, `plan_video`, `expand`; pixel side:
     `image_groups`, `video_group`, which give float32 rows of `patch_dim` values, `patches_per_group` per group, on

@@ -11,11 +11,11 @@ called); tests/unit/flashcodec/test_internvl3_*.py compare it with those classes
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import ClassVar
 
 from flashcodec.errors import MediaError
-from flashcodec.families.base import MediaOptions, PromptExpansion
+from flashcodec.families.base import MediaOptions, PromptExpansion, groups_from
 from flashcodec.probe import ImageInfo, VideoInfo
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)  # transformers.utils.constants.IMAGENET_DEFAULT_MEAN
@@ -251,11 +251,8 @@ class InternVL3:
         return enumerate(image_rows(image, plan, self.config).split(plan.patches_per_group))
 
     def video_groups_from(self, plan: SegmentVideoPlan, first: int) -> SegmentVideoPlan:
-        """Frames `first` on (a frame a group); raises ValueError when `first` is not one of the plan's groups."""
-        if not 0 <= first < plan.num_groups:
-            raise ValueError(f"video: group {first} is not one of the plan's {plan.num_groups}")
-        return replace(plan, frame_indices=plan.frame_indices[first:], frame_times_s=plan.frame_times_s[first:],
-                       num_groups=plan.num_groups - first)
+        """`base.groups_from`, a frame a group (`grid_thw` follows `num_groups`)."""
+        return groups_from(plan, first, self.frames_per_group)
 
     def video_group(self, frames, plan: SegmentVideoPlan):
         """See `flashcodec.families.internvl3_pixels.frame_rows`."""

@@ -2,10 +2,10 @@
 `flashcodec.preprocess` (transformers' Qwen2-VL processors) hold them; this adapts their calls."""
 from __future__ import annotations
 
-from flashcodec.families.base import MediaOptions, PromptExpansion
+from flashcodec.families.base import MediaOptions, PromptExpansion, groups_from
 from flashcodec.probe import ImageInfo, VideoInfo
-from flashcodec.sampling import FPS, MERGE_SIZE, PATCH_DIM, TEMPORAL_PATCH_SIZE, ImagePlan, VideoPlan, groups_from, \
-    plan_image, plan_video
+from flashcodec.sampling import FPS, MERGE_SIZE, PATCH_DIM, TEMPORAL_PATCH_SIZE, ImagePlan, VideoPlan, plan_image, \
+    plan_video
 
 IMAGE_PAD, VIDEO_PAD = "<|image_pad|>", "<|video_pad|>"
 
@@ -48,8 +48,9 @@ class Qwen25VL:
         return iter([(0, image_patches(image, plan.resized_height, plan.resized_width))])
 
     def video_groups_from(self, plan: VideoPlan, first: int) -> VideoPlan:
-        """`flashcodec.sampling.groups_from` (two frames a group)."""
-        return groups_from(plan, first)
+        """`base.groups_from`, two frames a group; `grid_thw` counts the groups left."""
+        t, h, w = plan.grid_thw
+        return groups_from(plan, first, self.frames_per_group, grid_thw=(t - first, h, w))
 
     def video_group(self, frames, plan: VideoPlan):
         """Two decoded frames -> `preprocess.video_group_patches` at the plan's size."""

@@ -41,9 +41,15 @@ def sampled_ids(preset: str, model_path: str | None, tokenizer: PreTrainedTokeni
     (text config) or the preset's. They differ both ways: Qwen2.5-VL-7B pads its logits to 152,064 rows past its
     151,665 tokens, and an InternVL3-hf tokenizer's ``<video>`` (151,674) has no logit row. Raises as the config
     reads do."""
-    config = AutoConfig.from_pretrained(model_path, local_files_only=True) if model_path is not None \
-        else build_config(preset, tokenizer)
-    return min(len(tokenizer), config.get_text_config().vocab_size)
+    return min(len(tokenizer), model_config(preset, model_path, tokenizer).get_text_config().vocab_size)
+
+
+def model_config(preset: str, model_path: str | None, tokenizer: PreTrainedTokenizerFast) -> PreTrainedConfig:
+    """The served model's config: the checkpoint's ``config.json`` when ``model_path`` is given, else ``preset``'s
+    (:func:`build_config`). Raises as they do."""
+    if model_path is not None:
+        return AutoConfig.from_pretrained(model_path, local_files_only=True)
+    return build_config(preset, tokenizer)
 
 
 def build_config(preset: str, tokenizer: PreTrainedTokenizerFast) -> PreTrainedConfig:

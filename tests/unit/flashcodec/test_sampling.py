@@ -5,10 +5,12 @@ import pytest
 
 from flashcodec import sampling as S
 from flashcodec.errors import MediaError
+from flashcodec.families import family
 from flashcodec.probe import ImageInfo, VideoInfo
 
 SIDES = [1, 13, 27, 28, 29, 55, 56, 100, 224, 333, 480, 720, 1080, 1920, 3840, 5000]
 PIXEL_BOUNDS = [(None, None), (S.VIDEO_MIN_PIXELS, S.VIDEO_MAX_PIXELS), (256 * 784, 1280 * 784), (3136, 12544)]
+QWEN = family("qwen2_5_vl")
 
 
 def cfr_info(width: int, height: int, num_frames: int, fps: float) -> VideoInfo:
@@ -134,9 +136,9 @@ def test_plan_image_rejects_bad_options():
 
 def test_groups_from_keeps_the_later_groups_frames_renumbered():
     plan = S.plan_video(cfr_info(64, 48, 250, 25.0))  # 10 s at 2 fps: 20 frames, 10 groups
-    tail = S.groups_from(plan, 7)
+    tail = QWEN.video_groups_from(plan, 7)
     assert tail.num_groups == 3 and tail.grid_thw == (3, *plan.grid_thw[1:])
     assert tail.frame_indices == plan.frame_indices[14:] and tail.frame_times_s == plan.frame_times_s[14:]
-    assert tail.patches_per_group == plan.patches_per_group and S.groups_from(plan, 0) == plan
+    assert tail.patches_per_group == plan.patches_per_group and QWEN.video_groups_from(plan, 0) == plan
     with pytest.raises(ValueError, match="group 10"):
-        S.groups_from(plan, 10)
+        QWEN.video_groups_from(plan, 10)
