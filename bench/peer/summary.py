@@ -17,7 +17,8 @@ for UnifiedServe, the decode stage's mean step and batch from its metrics beside
 its processes' CPU time as a share of the scenario (``bench.peer.process_cpu``), and for both the GPU's busy share
 (``bench.peer.gpu_busy``),
 the goodput runs' best unloaded TTFT per request type, requests per rate and attainment tables (``bench.peer.slo``;
-each SLO's TTFT reference is shared by the systems: :func:`ttft_references`),
+each SLO's TTFT reference is shared by the systems: :func:`ttft_references`; ``own_reference`` gives the same with
+each system's own best unloaded TTFT as the reference, the rule of runs before 2026-12-02),
 the cross-check against ``vllm bench serve``, and every summary figure as UnifiedServe's over vLLM's
 (:func:`ratios`). The plots: ``bench.peer.plots``; UnifiedServe's steps and timelines: ``bench.peer.timelines``.
 """
@@ -115,6 +116,11 @@ def system_figures(runs: dict[str, dict], references: dict[str, dict[str, float]
     for workload in WORKLOADS:
         rate, report["goodput"][workload] = goodput(runs, workload, references.get(workload))
         summary["goodput"][workload] = {"max_rate_rps": rate}
+        if references.get(workload) and "attainment" in report["goodput"][workload]:
+            own_rate, own = goodput(runs, workload)
+            report["goodput"][workload]["own_reference"] = {"max_rate_rps": own_rate,
+                                                            "best_unloaded_ttft_ms": own["best_unloaded_ttft_ms"],
+                                                            "attainment": own.get("attainment")}
     return summary, report
 
 
