@@ -129,6 +129,8 @@ def test_summary_of_two_systems_holds_the_issues_keys_goodput_and_the_prompt_tok
     assert report["unifiedserve_over_vllm"]["text_c1"] == {"ttft_ms": 1.0, "tbt_mean_ms": 1.0}
     assert report["unifiedserve_over_vllm"]["goodput"] == {"video.max_rate_rps": 1.0}  # None (not run) has no ratio
     assert report["systems"]["vllm"]["goodput"]["video"]["best_unloaded_ttft_ms"] == {"video": pytest.approx(1000.0)}
+    own = report["systems"]["vllm"]["goodput"]["video"]["own_reference"]  # its own 2 s: 3-s requests pass too
+    assert own["max_rate_rps"] == 0.2 and own["best_unloaded_ttft_ms"] == {"video": pytest.approx(2000.0)}
 
 
 def test_crosscheck_computes_vllm_bench_serves_metrics_from_our_records():
