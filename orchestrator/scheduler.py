@@ -5,13 +5,14 @@ Each step the encode_prefill worker runs the plan's encode (whole temporal-patch
 step is bounded and decode, in its own process, is never starved. One step is in flight at a time:
 `schedule()` hands out a plan, `complete()` applies it once the worker has run it. The plan is the whole
 of what the stage needs (`backends.ipc.protocol.StepPlan`): the requests it sees for the first time and
-those it may forget come with the work.
+those it may forget come with the work. What a step holds: `orchestrator.step_fill` (a normal step, or a short
+one of prefills about to end their prompts).
 """
 
-from collections import defaultdict, deque
 from dataclasses import dataclass, replace
 
-from backends.ipc.protocol import EncodeWork, PrefillWork, StepPlan
+from backends.ipc.protocol import EncodeWork, StepPlan
+from orchestrator import step_fill
 from orchestrator.admission import backfill
 from orchestrator.encoder_cache import EncoderCache
 from orchestrator.pages import PagePool
@@ -32,21 +33,28 @@ class SchedulerConfig:
             exempt, as groups are not split); what is left then goes out again in FCFS order without
             the cap, so a lone sequence may still use the whole budget. 1.0 is plain FCFS.
         kv_page_size: tokens per KV page.
+        short_prefill_tokens: a prefill that ends its prompt within this many tokens, every embedding ready, goes
+            into a short step of such prefills only, ahead of other work (``orchestrator.step_fill``); 0: off.
+        max_short_steps: short steps in a row while other work waits; then a normal step (no starvation).
 
     Raises:
-        ValueError: a budget or page size is not a positive integer, or max_share is not in (0, 1].
+        ValueError: a budget or page size is not a positive integer, short_prefill_tokens is negative,
+            max_short_steps below 1, or max_share not in (0, 1].
     """
 
     encode_budget: int = 10240
     prefill_budget: int = 2048
     max_share: float = 1.0
     kv_page_size: int = 16
+    short_prefill_tokens: int = 0
+    max_short_steps: int = 4
 
     def __post_init__(self) -> None:
-        for name in ("encode_budget", "prefill_budget", "kv_page_size"):
+        for name, least in (("encode_budget", 1), ("prefill_budget", 1), ("kv_page_size", 1),
+                            ("short_prefill_tokens", 0), ("max_short_steps", 1)):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"SchedulerConfig.{name} must be a positive integer, got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"SchedulerConfig.{name} must be an integer >= {least}, got {value!r}")
         if not 0 < self.max_share <= 1:
             raise ValueError(f"SchedulerConfig.max_share must be in (0, 1], got {self.max_share!r}")
 
@@ -94,6 +102,7 @@ class Scheduler:
         self._held: set[str] = set()  # sequences being removed: planned no more, their pages kept until `remove`
         self._finished: list[str] = []  # announced sequences removed since the last plan
         self._hits: dict[str, tuple[int, list[int]]] = {}  # req_id -> (cache version, its cached pages then)
+        self._short_streak = 0  # short steps in a row (``SchedulerConfig.max_short_steps``)
 
     def add(self, seq: Sequence) -> None:
         """Queues a new sequence and grants it its KV pages at once when the admission rule lets it (`_admit`; a
@@ -147,7 +156,9 @@ class Scheduler:
     def schedule(self, budgets: tuple[int, int] | None = None) -> StepPlan | None:
         """Admits what fits and plans the next step; None when nothing can run now. ``budgets``: this step's
         (encode patches, prefill tokens), each >= 1, instead of the configured ones (an SLO policy's:
-        ``orchestrator.budget_policy``).
+        ``orchestrator.budget_policy``). The step is a short one (``step_fill.short_prefills``) while prefills within
+        ``short_prefill_tokens`` of their prompt's end wait beside other work, at most ``max_short_steps`` in a row;
+        else a normal one (``step_fill.fill_encode``, ``fill_prefill``).
 
         Raises:
             RuntimeError: the previous plan has not been completed.
@@ -159,8 +170,17 @@ class Scheduler:
         if encode_budget < 1 or prefill_budget < 1:
             raise ValueError(f"budgets must be >= 1, got {budgets}")
         self._admit()
-        encode = self._fill_encode(encode_budget)
-        prefill = self._fill_prefill(encode, prefill_budget)
+        live = [seq for seq in self._seqs.values() if seq.req_id not in self._held]
+        short = (step_fill.short_prefills(live, prefill_budget, self.config.short_prefill_tokens)
+                 if self._short_streak < self.config.max_short_steps else [])
+        if short and step_fill.has_other_work(live, {w.req_id for w in short}):
+            encode, prefill = [], short
+            self._short_streak += 1
+        else:
+            encode = [self._encode_work(seq, group)
+                      for seq, group in step_fill.fill_encode(live, encode_budget, self.config.max_share)]
+            prefill = step_fill.fill_prefill(live, encode, prefill_budget, self.config.max_share)
+            self._short_streak = 0
         if not encode and not prefill:
             return None
         planned = dict.fromkeys(w.req_id for w in (*encode, *prefill))
@@ -345,54 +365,6 @@ class Scheduler:
         if new_pages is not None:
             needs.append((new_pages, False))
         return backfill(needs, self._kv.num_free, self._kv.num_total)
-
-    def _fill_encode(self, budget: int) -> list[EncodeWork]:
-        """Whole ready groups up to ``budget`` patches, prompt order within a sequence, sequences FCFS (waiting ones
-        too: encoding needs no KV pages, so it goes on while the KV pool is full)."""
-        queues = [(seq, deque(g for g in seq.groups if g.patch_pages is not None))
-                  for seq in self._seqs.values() if seq.req_id not in self._held]
-        taken: list[tuple[Sequence, Group]] = []
-        used = 0
-        seq_used: dict[str, int] = defaultdict(int)
-        for limit in (self.config.max_share * budget, budget):
-            for seq, queue in queues:
-                while queue:
-                    group = queue[0]
-                    if used == 0 and group.num_patches > budget:
-                        # Too big for any step: it runs alone, with nothing else encoded.
-                        return [self._encode_work(seq, group)]
-                    mine = seq_used[seq.req_id]
-                    # A sequence's first group of the step is exempt from the share: groups are not split.
-                    over_share = mine > 0 and mine + group.num_patches > limit
-                    if used + group.num_patches > budget or over_share:
-                        break  # keep prompt order within the sequence
-                    queue.popleft()
-                    taken.append((seq, group))
-                    used += group.num_patches
-                    seq_used[seq.req_id] = mine + group.num_patches
-        return [self._encode_work(seq, group) for seq, group in taken]
-
-    def _fill_prefill(self, encode: list[EncodeWork], budget: int) -> list[PrefillWork]:
-        """One chunk per admitted sequence, in arrival order, of tokens whose embeddings are ready (the worker runs
-        the step's `encode` first), ``budget`` tokens in all."""
-        encoding: dict[str, set[tuple[int, int]]] = defaultdict(set)
-        for work in encode:
-            encoding[work.req_id].add((work.item, work.index))
-        demand = [(seq, seq.ready_end(encoding.get(seq.req_id, ())))
-                  for seq in self._seqs.values()
-                  if seq.block_table is not None and not seq.prefill_done and seq.req_id not in self._held]
-        ends = {seq.req_id: seq.num_computed_tokens for seq, _ in demand}
-        used = 0
-        for limit in (max(1, int(self.config.max_share * budget)), budget):
-            for seq, ready_end in demand:
-                start, end = seq.num_computed_tokens, ends[seq.req_id]
-                n = min(ready_end - end, budget - used, limit - (end - start))
-                if n > 0:
-                    ends[seq.req_id] = end + n
-                    used += n
-        return [PrefillWork(seq.req_id, seq.num_computed_tokens, ends[seq.req_id], tuple(seq.block_table),
-                            ends[seq.req_id] == seq.prompt_len)
-                for seq, _ in demand if ends[seq.req_id] > seq.num_computed_tokens]
 
     def _encode_work(self, seq: Sequence, group: Group) -> EncodeWork:
         """The work of encoding ``group``, its embeddings kept in the encoder cache where it makes room."""

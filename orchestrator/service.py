@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import AsyncIterator, Callable
 
 from backends.ipc import run_dir, shared_pages
@@ -55,6 +55,8 @@ class OrchestratorConfig:
     """From the orchestrator's model parameters. ``max_share`` (default 0.5): while several requests want a
     step's encode or prefill budget, each first gets at most this share of it (``SchedulerConfig``), so a long
     video's prefill cannot hold a short request back; a lone request still uses the whole budget.
+    ``short_prefill_tokens`` (default 512, 0 off): prefills that end their prompts within this many tokens go ahead
+    of other work in short steps of their own (``SchedulerConfig``, ``orchestrator.step_fill``).
     ``max_model_len``: prompt + output tokens per request;
     ``replicas``: encode_prefill/decode replicas to drive (``backends/triton/replicas.py``);
     ``max_waiting_requests``: requests that may wait for KV pages at once (over all replicas); a request arriving
@@ -93,7 +95,8 @@ class OrchestratorConfig:
         given = {key: value for key, value in params.items() if value.strip()}
         scheduler = SchedulerConfig(encode_budget=int_parameter(given, "encode_budget", budgets.encode),
                                     prefill_budget=int_parameter(given, "prefill_budget", budgets.prefill),
-                                    max_share=share)
+                                    max_share=share,
+                                    short_prefill_tokens=int_parameter(given, "short_prefill_tokens", 512))
         switch = params.get("slo_scheduling", "false").strip().lower()
         if switch not in ("true", "false"):
             raise ValueError(f"parameter slo_scheduling must be true or false, got {params['slo_scheduling']!r}")
@@ -175,8 +178,7 @@ class Orchestrator:
                 raise StageError(StageFailure(SERVER_FAULT, (
                     f"replicas={self.config.replicas} but replica {index}'s KV pool {pool} is not there: serve "
                     f"with the launcher, which writes the replicas' models ({exc})"))) from exc
-            config = SchedulerConfig(self.config.scheduler.encode_budget, self.config.scheduler.prefill_budget,
-                                     self.config.scheduler.max_share, kv["shape"][3])
+            config = replace(self.config.scheduler, kv_page_size=kv["shape"][3])
             kv_pages = self.config.cache.pool(PageAllocator(kv["shape"][2] - RESERVED_KV_PAGES, "kv"))
             policy = (BudgetPolicy(config.encode_budget, config.prefill_budget, self.config.slo, self.config.policy)
                       if self.config.slo_scheduling else None)

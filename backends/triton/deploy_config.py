@@ -15,7 +15,7 @@ keys):
   a list of ids. Each stage is one Triton instance (its stage-link socket is named after its model), so a stage is
   placed by its ``device``, and more copies of encode_prefill + decode are ``replicas``.
 * ``budgets``: the scheduler's per-step ``prefill_budget`` (LLM tokens) and ``encode_budget`` (vision patches),
-  ``max_share``, ``max_model_len`` (tokens), decode's ``max_batch`` (sequences per step).
+  ``max_share``, ``short_prefill_tokens``, ``max_model_len`` (tokens), decode's ``max_batch`` (sequences per step).
 * ``slo``: per modality (``text``, ``image``, ``video``) ``ttft_ms`` and ``tbt_ms``: the targets of SLO scheduling,
   carried into the orchestrator's parameters (``slo_<modality>_ttft_ms``, ...); they act only with the orchestrator
   parameter ``slo_scheduling`` true (``orchestrator.budget_policy``).
@@ -178,12 +178,14 @@ class Resources:
 @dataclass(frozen=True)
 class Budgets:
     """``budgets``: per scheduler step ``prefill_budget`` (LLM tokens) and ``encode_budget`` (vision-encoder patches
-    before the 2x2 merge), ``max_share`` of a budget per request while several want it (0, 1], ``max_model_len``
-    (tokens), decode's ``max_batch`` (sequences per step)."""
+    before the 2x2 merge), ``max_share`` of a budget per request while several want it (0, 1],
+    ``short_prefill_tokens`` (prefills this close to their prompt's end go first in short steps; 0 off),
+    ``max_model_len`` (tokens), decode's ``max_batch`` (sequences per step)."""
 
     prefill_budget: int | None = _to("orchestrator.prefill_budget")
     encode_budget: int | None = _to("orchestrator.encode_budget")
     max_share: float | None = _to("orchestrator.max_share")
+    short_prefill_tokens: int | None = _to("orchestrator.short_prefill_tokens")
     max_model_len: int | None = _to("orchestrator.max_model_len")
     max_batch: int | None = _to("decode.max_batch")
 
@@ -191,6 +193,8 @@ class Budgets:
         _positive(self, "prefill_budget", "encode_budget", "max_model_len", "max_batch")
         if self.max_share is not None and not 0 < self.max_share <= 1:
             raise ConfigError("max_share", f"must be in (0, 1], got {self.max_share!r}")
+        if self.short_prefill_tokens is not None and self.short_prefill_tokens < 0:
+            raise ConfigError("short_prefill_tokens", f"must be at least 0, got {self.short_prefill_tokens!r}")
 
 
 @dataclass(frozen=True)

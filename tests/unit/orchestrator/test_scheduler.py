@@ -173,6 +173,46 @@ def test_max_share_caps_encode_but_never_a_first_group():
     assert encoded(step(sched)[0]) == [("a", 0, 0), ("b", 0, 0), ("a", 0, 1)]
 
 
+def test_a_prefill_about_to_end_its_prompt_gets_a_short_step_ahead_of_a_long_prompts_work():
+    sched, _, patch = make(kv_pages=400, encode_budget=100, prefill_budget=100, max_share=0.5,
+                           short_prefill_tokens=20)
+    long = video_seq("long", groups=3, patches=40)
+    sched.add(long)
+    ready(sched, patch, long)
+    step(sched)
+    sched.add(Sequence("question", 15, 4))  # a later question: all text, within 20 tokens of its end
+    sched.add(Sequence("text", 30, 4))  # more than 20 tokens left: a normal step's
+    plan, finished = step(sched)
+    assert chunks(plan) == [("question", 0, 15)] and plan.encode == () and finished == ["question"]
+    plan, _ = step(sched)  # back to normal steps: the long prompt and the other request share it
+    assert [w.req_id for w in plan.prefill] == ["long", "text"] and encoded(plan) == [("long", 0, 2)]
+
+
+def test_a_short_step_waits_for_its_media_and_is_not_taken_when_nothing_else_waits():
+    sched, _, patch = make(kv_pages=400, prefill_budget=100, short_prefill_tokens=50)
+    image = video_seq("image", groups=1, text_before=2, text_after=2)  # 20 tokens, its group not yet decoded
+    sched.add(image)
+    sched.add(Sequence("big", 1000, 1))
+    assert chunks(step(sched)[0]) == [("image", 0, 2), ("big", 0, 98)]  # the image's group is not ready: normal
+    ready(sched, patch, image)
+    plan, _ = step(sched)  # ready only once encoded, and its encode is a normal step's
+    assert encoded(plan) == [("image", 0, 0)] and chunks(plan) == [("image", 2, 20), ("big", 98, 180)]
+    sched.remove("big")
+    sched.add(Sequence("alone", 10, 1))
+    plan, _ = step(sched)  # nothing else waits: the same as a normal step
+    assert chunks(plan) == [("alone", 0, 10)] and sched._short_streak == 0
+
+
+def test_short_steps_in_a_row_are_bounded_so_a_long_prompt_still_progresses():
+    sched, _, _ = make(kv_pages=400, prefill_budget=100, max_share=0.5, short_prefill_tokens=10, max_short_steps=2)
+    sched.add(Sequence("long", 1000, 1))
+    owners = []
+    for k in range(6):
+        sched.add(Sequence(f"q{k}", 5, 1))  # a short one arrives before every step
+        owners.append([w.req_id for w in step(sched)[0].prefill])
+    assert owners == [["q0"], ["q1"], ["long", "q2"], ["q3"], ["q4"], ["long", "q5"]]
+
+
 def test_remove_mid_flight_returns_the_pages_when_the_step_completes():
     sched, kv, patch = make(prefill_budget=16)
     seq = video_seq("v", groups=2)
@@ -255,6 +295,7 @@ def test_sequence_rejects_a_bad_group_layout(groups):
 
 @pytest.mark.parametrize("kwargs", [
     {"encode_budget": 0}, {"prefill_budget": -1}, {"kv_page_size": 1.5}, {"max_share": 0}, {"max_share": 1.5},
+    {"short_prefill_tokens": -1}, {"max_short_steps": 0},
 ])
 def test_config_is_checked(kwargs):
     with pytest.raises(ValueError):
@@ -266,6 +307,10 @@ def test_the_orchestrator_shares_a_step_by_default_and_names_a_bad_max_share():
     from orchestrator.service import OrchestratorConfig
 
     assert OrchestratorConfig.from_parameters({}).scheduler.max_share == 0.5
+    assert OrchestratorConfig.from_parameters({}).scheduler.short_prefill_tokens == 512
+    assert OrchestratorConfig.from_parameters({"short_prefill_tokens": "0"}).scheduler.short_prefill_tokens == 0
+    with pytest.raises(ValueError, match="short_prefill_tokens"):
+        OrchestratorConfig.from_parameters({"short_prefill_tokens": "-3"})
     assert OrchestratorConfig.from_parameters({"max_share": "1"}).scheduler.max_share == 1.0
     for bad in ("half", "0", "1.5"):
         with pytest.raises(ValueError, match="max_share"):

@@ -86,7 +86,32 @@ def kv_pages(seq, config):
     return -(-(seq.prompt_len + seq.max_tokens) // config.kv_page_size)
 
 
-def check_plan(sched, config, plan, live, arrival):
+def is_short_step(config, plan, live):
+    """A short step (``orchestrator.step_fill.short_prefills``): only prefills that end their prompts within
+    ``short_prefill_tokens``, every embedding ready, within the budget, while other work waits."""
+    if plan.encode or not plan.prefill or not config.short_prefill_tokens:
+        return False
+    for w in plan.prefill:
+        seq = live[w.req_id]
+        if not (w.is_last and w.end - w.start <= config.short_prefill_tokens and demand_end(seq, set()) == w.end):
+            return False
+    named = {w.req_id for w in plan.prefill}
+    others = [seq for r, seq in live.items() if r not in named]
+    return any(any(g.patch_pages is not None for g in seq.groups) or (
+        seq.block_table is not None and demand_end(seq, set()) > seq.num_computed_tokens) for seq in others)
+
+
+def check_plan(sched, config, plan, live, arrival, streak):
+    """Returns the short steps in a row, this one included."""
+    if is_short_step(config, plan, live):
+        assert streak < config.max_short_steps, "more short steps in a row than max_short_steps"
+        assert plan.num_prefill_tokens <= config.prefill_budget, "prefill budget exceeded"
+        for seq in live.values():  # every short prefill that fits alongside is in
+            left = seq.prompt_len - seq.num_computed_tokens
+            if seq.block_table is not None and 0 < left <= config.short_prefill_tokens and \
+                    demand_end(seq, set()) == seq.prompt_len and seq.req_id not in {w.req_id for w in plan.prefill}:
+                assert plan.num_prefill_tokens + left > config.prefill_budget, "a short prefill left out"
+        return streak + 1
     encode_total = sum(w.num_patches for w in plan.encode)
     assert encode_total == plan.num_encode_patches
     assert encode_total <= config.encode_budget or len(plan.encode) == 1, "encode budget exceeded"
@@ -126,6 +151,7 @@ def check_plan(sched, config, plan, live, arrival):
         assert got == demands, "prefill budget left unused while ready tokens wait"
     if any(n > cap for n in got.values()):
         assert all(got[r] >= min(cap, demands[r]) for r in demands), "share cap not honoured"
+    return 0
 
 
 def check_admission(sched, config, live, arrival, newly_admitted, shared=False):
@@ -163,7 +189,8 @@ def check_idle(sched, live):
 def run_scenario(seed, tmp_path):
     rng = random.Random(seed)
     config = SchedulerConfig(encode_budget=rng.choice([64, 256, 1000]), prefill_budget=rng.choice([16, 100, 512]),
-                             max_share=rng.choice([1.0, 0.5, 0.3, 0.1]), kv_page_size=rng.choice([1, 4, 16]))
+                             max_share=rng.choice([1.0, 0.5, 0.3, 0.1]), kv_page_size=rng.choice([1, 4, 16]),
+                             short_prefill_tokens=rng.choice([0, 0, 8, 64, 512]), max_short_steps=rng.choice([1, 4]))
     patch_page_size = rng.choice([16, 64, 256])
     arrivals = sorted((rng.randint(0, 60), f"r{i}") for i in range(rng.randint(1, 12)))
     seqs = {req_id: random_sequence(rng, req_id, config.encode_budget) for _, req_id in arrivals}
@@ -187,6 +214,7 @@ def run_scenario(seed, tmp_path):
     arrival = {req_id: t for t, req_id in arrivals}
     live, pending, decoding, decoded = {}, [], {}, []
     in_decode_pages = 0  # patch pages the simulated media stage holds between decode and report
+    streak = 0  # short steps in a row
     for tick in range(MAX_TICKS):
         for t, req_id in arrivals:
             if t == tick:
@@ -221,7 +249,7 @@ def run_scenario(seed, tmp_path):
         if plan is None:
             check_idle(sched, live)
         else:
-            check_plan(sched, step_config, plan, live, arrival)
+            streak = check_plan(sched, step_config, plan, live, arrival, streak)
         if live and rng.random() < 0.03:  # cancellation, possibly of a sequence in the step in flight
             victim = rng.choice(sorted(live))
             sched.remove(victim)
