@@ -76,10 +76,15 @@ def fit_visual_tokens(family: Family, infos: list[Info], options: MediaOptions, 
     return plans, CapApplied(cap, before, _total(plans), **changed)
 
 
-def _too_many(lowest: int, cap: int, knobs: str) -> InvalidInput:
-    return InvalidInput(
-        f"image and video inputs: the request's media need at least {lowest} visual tokens at the lowest {knobs}, "
-        f"over max_visual_tokens {cap} (the server's limit): send fewer or shorter images and videos")
+def _too_many(infos: list[Info], lowest: int, cap: int, knobs: str) -> InvalidInput:
+    """The refusal of media that stay over ``cap`` at the lowest ``knobs``, naming the kinds the request sent."""
+    videos = any(isinstance(info, VideoInfo) for info in infos)
+    images = any(isinstance(info, ImageInfo) for info in infos)
+    inputs, advice = {(True, True): ("image and video inputs", "fewer or shorter images and videos"),
+                      (False, True): ("video inputs", "fewer or shorter videos"),
+                      (True, False): ("image inputs", "fewer or smaller images")}[images, videos]
+    return InvalidInput(f"{inputs}: the request's media need at least {lowest} visual tokens at the lowest {knobs}, "
+                        f"over max_visual_tokens {cap} (the server's limit): send {advice}")
 
 
 def _fps_then_pixels(family: Family, infos: list[Info], options: MediaOptions, plans: list[MediaPlan], cap: int
@@ -112,7 +117,7 @@ def _fps_then_pixels(family: Family, infos: list[Info], options: MediaOptions, p
 
         smallest = at(new_fps, scaled(0.0))
         if _total(smallest) > cap:
-            raise _too_many(_total(smallest), cap, "fps and pixels")
+            raise _too_many(infos, _total(smallest), cap, "fps and pixels")
         pixels = tuple(scaled(_highest(lambda s: _total(at(new_fps, scaled(s))) <= cap, 0.0, 1.0)))
         plans = at(new_fps, list(pixels))
     return plans, {"fps": new_fps if has_video and new_fps != fps else None,
@@ -134,7 +139,7 @@ def _frames_then_tiles(family: Family, infos: list[Info], options: MediaOptions,
     new_tiles = _highest_int(lambda m: _total(at(new_frames, m)) <= cap, tiles)
     plans = at(new_frames, new_tiles)
     if _total(plans) > cap:
-        raise _too_many(_total(plans), cap, "num_frames and max_tiles")
+        raise _too_many(infos, _total(plans), cap, "num_frames and max_tiles")
     return plans, {"num_frames": new_frames if new_frames < max(frames) else None,
                    "max_tiles": new_tiles if new_tiles < tiles else None}
 

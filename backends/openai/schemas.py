@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import AliasChoices, BaseModel, BeforeValidator, ConfigDict, Field
 
 
 class _Body(BaseModel):
@@ -67,12 +67,13 @@ class StreamOptions(_Strict):
 class MediaOptions(_Strict):
     """vLLM's ``mm_processor_kwargs``, the keys the orchestrator takes (``orchestrator.sampling_params``; which apply is
     the served family's): frames sampled per second of video, the largest resized frame or image area in pixels
-    (Qwen2.5-VL), the segments a video is cut into and the most tiles of an image (InternVL3)."""
+    (Qwen2.5-VL), the segments a video is cut into and the most tiles of an image (InternVL3; also under vLLM's
+    InternVL name ``max_dynamic_patch``)."""
 
     fps: float | None = None
     max_pixels: int | None = None
     num_frames: int | None = None
-    max_tiles: int | None = None
+    max_tiles: int | None = Field(None, validation_alias=AliasChoices("max_tiles", "max_dynamic_patch"))
 
 
 class GenerationRequest(_Body):

@@ -65,6 +65,10 @@ def test_the_requests_own_fps_and_max_pixels_stay_upper_bounds():
 def test_a_cap_below_the_smallest_plans_is_refused_naming_it():
     with pytest.raises(InvalidInput, match="^image and video inputs: .* over max_visual_tokens 100 .*send fewer"):
         fit_visual_tokens(QWEN, [MINUTES_3_720P, PHOTO], MediaOptions(2.0, None), 100)
+    with pytest.raises(InvalidInput, match="^image inputs: .* send fewer or smaller images$"):
+        fit_visual_tokens(QWEN, [PHOTO, PHOTO], MediaOptions(2.0, None), 1)
+    with pytest.raises(InvalidInput, match="^video inputs: .* send fewer or shorter videos$"):
+        fit_visual_tokens(QWEN, [MINUTES_3_720P], MediaOptions(2.0, None), 100)
 
 
 def test_random_media_always_fit_or_are_refused():

@@ -81,6 +81,12 @@ def test_sampling_fields_take_vllm_names():
     assert parsed.return_output_ids and not parsed.stream
 
 
+def test_vllms_internvl_name_max_dynamic_patch_is_max_tiles():
+    for key in ("max_tiles", "max_dynamic_patch"):
+        request = chat_request(_chat(messages=[{"role": "user", "content": "hi"}], mm_processor_kwargs={key: 6}))
+        assert request.sampling == {"max_tiles": 6}
+
+
 def test_the_penalties_pass_through_for_the_orchestrator_to_judge():
     request = chat_request(_chat(messages=[{"role": "user", "content": "hi"}], repetition_penalty=1.1,
                                  presence_penalty=0.5, frequency_penalty=0.25, stop_token_ids=[5]))
