@@ -1,11 +1,13 @@
 """What every benchmark shares: the run's header (device, date, versions), CUDA-event timing, a bar chart and
-an x-y chart (drawn with Pillow, so no plotting library is needed), and writing ``<out>/<stem>.json`` + ``.png``.
+an x-y chart (drawn with Pillow, so no plotting library is needed), writing ``<out>/<stem>.json`` + ``.png``, and the
+``--preset`` option of the benchmarks that build a preset's model.
 
 A benchmark writes into the folder its ``--out`` names. The project keeps each benchmark's latest run in a folder
 ``results/<benchmark>-<device>-<date>/`` beside these scripts (its README says what ran and what it shows), and
 the figures that defaults and the README rely on in ``RESULTS.md``, one row each."""
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
 import math
@@ -18,8 +20,18 @@ from typing import Callable
 import torch
 from PIL import Image, ImageDraw
 
+from backends.runtime.presets import PRESETS
+
 H200_HBM_BYTES_PER_S = 4.3e12  # measured device-to-device copy (bench/RESULTS.md, "HBM bandwidth")
 H200_BF16_FLOPS = 790e12  # measured dense bf16 matrix throughput (bench/RESULTS.md, "bf16 matrix throughput")
+DEFAULT_PRESET = "qwen2_5_vl_7b"  # the preset of every result in bench/RESULTS.md that names none
+
+
+def add_preset_argument(parser: argparse.ArgumentParser) -> None:
+    """``--preset``: a name of ``backends.runtime.presets.PRESETS`` (default :data:`DEFAULT_PRESET`); the benchmark
+    builds it with dummy bfloat16 weights whatever the preset's own dtype (flashinfer has no float32 kernels)."""
+    parser.add_argument("--preset", choices=sorted(PRESETS), default=DEFAULT_PRESET,
+                        help="model preset, dummy bf16 weights (default %(default)s)")
 
 
 def header(device: torch.device, extra_modules: tuple[str, ...] = ()) -> dict:

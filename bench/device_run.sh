@@ -8,6 +8,7 @@
 #   device-wheels.sh $(grep -v '^#' bench/device_extra_wheels.txt)
 #   bash bench/device_run.sh install                      # with .devwheels/<bundle> carried
 #   bash bench/device_run.sh install runtime-tests runtime-bench    # with .devwheels/kernels carried
+#   bash bench/device_run.sh install internvl-bench       # with .devwheels/kernels (and .devcache/) carried
 #   bash bench/device_run.sh install nvdec                # with .devwheels/video carried (av installed before)
 #   bash bench/device_run.sh install e2e serve-bench      # with the triton and extra bundles installed
 # Steps:
@@ -19,6 +20,12 @@
 #                  sized from free GPU memory;
 #                  packs the flashinfer JIT cache into $OUT for the next machine (in parts: cat them together)
 #   runtime-bench  bench/runtime_bench.py and bench/vision_bench.py
+#   internvl-bench issue 22's figures for INTERNVL_PRESET (default internvl3_38b, dummy bf16 weights) into
+#                  $OUT/<preset>/: bench/runtime_bench.py --preset (decode at batch 1 / 8 / 32 against the memory
+#                  floor, a 2,048-token prefill chunk; no generate() baseline, no torch backend) and
+#                  bench/vision_bench.py --preset (a 16-image burst of 13 tiles each: one call, and in encode-budget
+#                  steps; transformers' path and the compiled one served), two timed forwards a case. flashinfer's
+#                  JIT may build kernels the carried cache lacks on first use (minutes, once per machine)
 #   decode-profile bench/decode_profile.py: where a decode step's time goes (host, kernels by kind, linears, attention)
 #   sampler-bench  tests/gpu/test_runtime_sampler_cuda.py and bench/sampler_bench.py: the sampler alone
 #   attention-probe bench/attention_probe.py: decode attention and KV writes alone, per library kernel and option
@@ -116,6 +123,16 @@ runtime_bench() {
   python3 bench/vision_bench.py --out "$OUT" 2>&1 | tee "$OUT/vision_bench.log" || status=1
 }
 
+internvl_bench() {  # short enough for one call with a 38B model: the options below leave out the slow parts
+  local preset=${INTERNVL_PRESET:-internvl3_38b}
+  local out=$OUT/$preset
+  mkdir -p "$out"
+  python3 bench/runtime_bench.py --preset "$preset" --out "$out" --batches 1 8 32 --chunks 2048 --skip-baseline \
+    --skip-torch-backend 2>&1 | tee "$out/runtime_bench.log" || status=1
+  python3 bench/vision_bench.py --preset "$preset" --out "$out" --repeats 2 --warmup 0 2>&1 \
+    | tee "$out/vision_bench.log" || status=1
+}
+
 sampler_bench() {
   run_pytest sampler_tests tests/gpu/test_runtime_sampler_cuda.py
   python3 bench/sampler_bench.py --out "$OUT" 2>&1 | tee "$OUT/sampler_bench.log" || status=1
@@ -188,7 +205,7 @@ peer() {  # the servers it starts (setsid) read STUB_SITE too; PEER_OUT: a resul
   [ -d "$out" ] && (cd /tmp/peer && tar -czf "$OUT/peer_results.tar.gz" results*)
 }
 
-[ $# -gt 0 ] || { echo "usage: $0 STEP... (install gpu-tests runtime-tests runtime-bench decode-profile sampler-bench attention-probe nvdec multi-gpu e2e serve-bench perf-analyzer vllm-part vllm-unpack peer jit-cache)" >&2
+[ $# -gt 0 ] || { echo "usage: $0 STEP... (install gpu-tests runtime-tests runtime-bench internvl-bench decode-profile sampler-bench attention-probe nvdec multi-gpu e2e serve-bench perf-analyzer vllm-part vllm-unpack peer jit-cache)" >&2
   exit 2; }
 describe_device
 for step in "$@"; do
@@ -196,6 +213,7 @@ for step in "$@"; do
     install) install ;;
     runtime-tests) runtime_tests ;;
     runtime-bench) runtime_bench ;;
+    internvl-bench) internvl_bench ;;
     decode-profile) decode_profile ;;
     sampler-bench) sampler_bench ;;
     attention-probe) attention_probe ;;

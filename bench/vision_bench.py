@@ -1,9 +1,13 @@
-"""Vision-encoder throughput (issue 4): Qwen2.5-VL-7B's vision tower, transformers' sdpa path vs our speed-ups.
+"""Vision-encoder throughput (issues 4, 22): a preset's vision side, transformers' sdpa path vs ours.
 
-    python3 bench/vision_bench.py [--out DIR] [--repeats 10]     # needs a CUDA GPU
+    python3 bench/vision_bench.py [--out DIR] [--repeats 10] [--preset qwen2_5_vl_7b]     # needs a CUDA GPU
 
-The tower alone (``Qwen2_5_VisionTransformerPretrainedModel`` from the ``qwen2_5_vl_7b`` preset's vision
-config: 32 blocks, hidden 1280, 16 heads of 80, gated-SiLU MLP of 3420, windows of 8x8 patches, full
+``--preset`` picks the path by the preset's family (:data:`PATHS`): an InternVL3 preset (``internvl3_38b``,
+``internvl3_8b``, ``internvl3_tiny``) runs ``bench/vision_tiles.py`` (its tiles as UnifiedServe encodes them, a
+16-image burst; its docstring says what), a Qwen2.5-VL one (default ``qwen2_5_vl_7b``; ``tiny``) what follows.
+
+The tower alone (``Qwen2_5_VisionTransformerPretrainedModel`` from the preset's vision config; ``qwen2_5_vl_7b``'s:
+32 blocks, hidden 1280, 16 heads of 80, gated-SiLU MLP of 3420, windows of 8x8 patches, full
 attention in blocks 7, 15, 23, 31) in bfloat16 on cuda:0 with seeded dummy weights. One model, changed step
 by step, each variant adding to the one before (all cases run for one variant before the next is applied):
 * ``transformers_sdpa``: the baseline, one SDPA call per window or frame;
@@ -28,32 +32,31 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import statistics
 import sys
-import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
-from torch._dynamo.utils import counters  # noqa: E402
 from transformers import Qwen2_5_VLVisionConfig  # noqa: E402
 from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel  # noqa: E402
 from transformers.vision_utils import get_vision_cu_seqlens, get_vision_window_index  # noqa: E402
 
 from backends.runtime.vision.attention import use_varlen_vision_attention  # noqa: E402
-from backends.runtime.presets import PRESETS  # noqa: E402
+from backends.runtime.presets import PRESETS, preset_family  # noqa: E402
 from backends.runtime.vision.speed import compile_vision_blocks, pad_vision_mlp  # noqa: E402
-from bench.common import H200_BF16_FLOPS, bar_chart, cuda_times_ms, header, write  # noqa: E402
+from bench import vision_tiles  # noqa: E402
+from bench.common import add_preset_argument, header, write  # noqa: E402
+from bench.vision_common import BASELINE, PEAK_FLOPS, plot, time_variants  # noqa: E402
 
-PEAK_FLOPS = H200_BF16_FLOPS  # dense bf16 FLOP/s the issue measures MFU against
 CASES = {  # name: grid_thw rows
     "video_120f_448x252": [(60, 18, 32)],
     "images_16x1024x1024": [(1, 74, 74)] * 16,
     "mixed_image_video_small": [(1, 36, 64), (4, 18, 32), (1, 20, 20)],
 }
-VARIANTS = ("transformers_sdpa", "varlen", "padded", "compiled")
-BASELINE = "transformers_sdpa"
+VARIANTS = (BASELINE, "varlen", "padded", "compiled")
 
 
 def vision_flops(config: Qwen2_5_VLVisionConfig, grid_thw: list[tuple[int, int, int]]) -> dict[str, int]:
@@ -96,8 +99,8 @@ def vision_flops(config: Qwen2_5_VLVisionConfig, grid_thw: list[tuple[int, int, 
     return parts
 
 
-def build_tower(device: torch.device, seed: int) -> Qwen2_5_VisionTransformerPretrainedModel:
-    config = Qwen2_5_VLVisionConfig(**PRESETS["qwen2_5_vl_7b"]["vision_config"])
+def build_tower(device: torch.device, seed: int, preset: str) -> Qwen2_5_VisionTransformerPretrainedModel:
+    config = Qwen2_5_VLVisionConfig(**PRESETS[preset]["vision_config"])
     config._attn_implementation = "sdpa"
     with torch.random.fork_rng(devices=[device.index or 0]), device:
         torch.manual_seed(seed)
@@ -117,12 +120,12 @@ def apply_variant(tower: Qwen2_5_VisionTransformerPretrainedModel, name: str) ->
         compile_vision_blocks(tower)
 
 
-def tensor_parallel_tower(device: torch.device, seed: int, gpus: int, tp: int | None):
+def tensor_parallel_tower(device: torch.device, seed: int, preset: str, gpus: int, tp: int | None):
     """The same tower (same seed) split over cuda:0 .. gpus-1 (``backends.runtime.vision.tensor_parallel``), compiled as
     ``ModelRunner`` does; returns (the rank-0 driver, forward(pixels, grid) -> merged rows)."""
     from backends.runtime.vision.tensor_parallel import VisionTensorParallel
 
-    tower = build_tower(device, seed)
+    tower = build_tower(device, seed, preset)
     for name in VARIANTS[1:3]:  # varlen, padded (compiled after the split)
         apply_variant(tower, name)
     split = VisionTensorParallel(tower, [torch.device("cuda", g) for g in range(1, gpus)], compile_vision_blocks, tp=tp)
@@ -134,122 +137,104 @@ def tensor_parallel_tower(device: torch.device, seed: int, gpus: int, tp: int | 
     return split, forward
 
 
-@torch.inference_mode()
-def time_forward(forward, pixels: torch.Tensor, grid: torch.Tensor, warmup: int, repeats: int) -> dict:
-    """For ``forward(pixels, grid)`` (merged rows): seconds of the first forward (host clock), milliseconds of each
-    timed forward (CUDA events), the last output, peak bytes allocated, and the graphs dynamo compiled meanwhile."""
-    graphs = counters["stats"]["unique_graphs"]
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    forward(pixels, grid)
-    torch.cuda.synchronize()
-    first_s = time.perf_counter() - start
-    for _ in range(warmup):
-        forward(pixels, grid)
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    last: dict[str, torch.Tensor] = {}
-    times = cuda_times_ms(lambda: last.update(out=forward(pixels, grid)), repeats, warmup=0)
-    return {"first_s": first_s, "times_ms": times, "out": last["out"], "peak": torch.cuda.max_memory_allocated(),
-            "graphs": counters["stats"]["unique_graphs"] - graphs}
-
-
 def run(args: argparse.Namespace, out: Path, device: torch.device) -> dict:
-    tower = build_tower(device, args.seed)
+    """The Qwen2.5-VL tower's variants and cases (the module docstring), written to ``out`` as they run."""
+    tower = build_tower(device, args.seed, args.preset)
     results = header(device)
     results["versions"]["cuda"] = torch.version.cuda
-    results.update(peak_flops=PEAK_FLOPS, dtype="bfloat16", warmup=args.warmup, repeats=args.repeats,
-                   baseline=BASELINE, variants=list(args.variants), cases={})
+    results.update(preset=args.preset, peak_flops=PEAK_FLOPS, dtype="bfloat16", warmup=args.warmup,
+                   repeats=args.repeats, baseline=BASELINE, variants=list(args.variants), cases={})
     if args.tp_gpus > 1:
         results["variants"].append(f"tensor_parallel_{args.tp_gpus}" + (f"_tp{args.tp_size}" if args.tp_size else ""))
-    inputs, baseline = {}, {}
+    inputs = {}
     for case in args.cases:
         grid_thw = CASES[case]
         grid = torch.tensor(grid_thw, device=device)
         generator = torch.Generator(device).manual_seed(args.seed)
         patches = int(grid.prod(-1).sum())
-        inputs[case] = (grid, torch.randn(patches, 1176, device=device, generator=generator).to(torch.bfloat16))
+        inputs[case] = (torch.randn(patches, 1176, device=device, generator=generator).to(torch.bfloat16), grid)
         results["cases"][case] = {"grid_thw": grid_thw, "patches": patches,
                                   "flops": vision_flops(tower.config, grid_thw)}
 
     def whole(pixels, grid):
         return tower(pixels, grid_thw=grid).pooler_output
 
-    split, forward = None, whole
-    for name in results["variants"]:
-        try:
-            if name.startswith("tensor_parallel"):
-                split, forward = tensor_parallel_tower(device, args.seed, args.tp_gpus, args.tp_size)
-            else:
-                apply_variant(tower, name)
-            for case in args.cases:
-                entry, (grid, pixels) = results["cases"][case], inputs[case]
-                timed = time_forward(forward, pixels, grid, args.warmup, args.repeats)
-                median_s = statistics.median(timed["times_ms"]) / 1e3
-                row = {"median_ms": median_s * 1e3, "times_ms": timed["times_ms"],
-                       "patches_per_s": entry["patches"] / median_s,
-                       "tflops_per_s": entry["flops"]["total"] / median_s / 1e12,
-                       "mfu": entry["flops"]["total"] / median_s / PEAK_FLOPS,
-                       "peak_memory_gib": timed["peak"] / 2**30, "first_forward_s": timed["first_s"],
-                       "graphs_compiled": timed["graphs"]}
-                entry[name] = row
-                if name == BASELINE:
-                    baseline[case] = timed["out"]
-                if case in baseline:
-                    ours, theirs = timed["out"].float(), baseline[case].float()
-                    row["speedup"] = entry[BASELINE]["median_ms"] / row["median_ms"]
-                    # Relative to the output's scale: elementwise ratios blow up at near-zero entries.
-                    row["max_abs_err"] = float((ours - theirs).abs().max())
-                    row["max_rel_err"] = row["max_abs_err"] / float(theirs.abs().max())
-                print(f"{case} {name}: {row['median_ms']:.1f} ms, {row['patches_per_s']:,.0f} patches/s, "
-                      f"MFU {row['mfu']:.1%}, {row.get('speedup', float('nan')):.2f}x, "
-                      f"rel err {row.get('max_rel_err', float('nan')):.1e}, "
-                      f"first forward {row['first_forward_s']:.1f} s, {row['graphs_compiled']} graphs compiled",
-                      flush=True)
-                del timed
-        except Exception as error:  # keep the variants that ran; the error goes into the JSON
-            results.setdefault("errors", {})[name] = f"{type(error).__name__}: {error}"
-            print(f"{name} failed: {results['errors'][name]}", flush=True)
-        write(out, "vision_bench", results)
-    if split is not None:
+    splits = []
+
+    def apply(name: str):
+        if not name.startswith("tensor_parallel"):
+            apply_variant(tower, name)
+            return whole
+        split, forward = tensor_parallel_tower(device, args.seed, args.preset, args.tp_gpus, args.tp_size)
+        splits.append(split)
+        return forward
+
+    time_variants(results, out, apply, inputs, ("patches",), args.warmup, args.repeats)
+    for split in splits:
         split.close()
     return results
 
 
-def plot(results: dict, path: Path) -> None:
-    """One bar per case and variant: patches/s, with MFU and the speed-up over the baseline."""
-    rows = []
-    for case, entry in results["cases"].items():
-        for name in results["variants"]:
-            if name in entry:
-                row = entry[name]
-                rows.append((f"{case} {name}", row["patches_per_s"],
-                             f"{row['patches_per_s']:,.0f}/s  MFU {row['mfu']:.0%}  {row.get('speedup', 1):.2f}x"))
-    bar_chart(f"Qwen2.5-VL-7B vision tower, bf16, patches/s, {results['device']} ({results['date']})", rows, path)
+@dataclass(frozen=True)
+class VisionPath:
+    """A family's benchmark: its case names, its variants in order, ``run(args, out, device) -> results``, the unit
+    its chart counts, and whether its tower can be split (``--tp-gpus``)."""
+
+    cases: tuple[str, ...]
+    variants: tuple[str, ...]
+    run: Callable[[argparse.Namespace, Path, torch.device], dict]
+    unit: str
+    tensor_parallel: bool
 
 
-def main() -> None:
+PATHS = {"qwen2_5_vl": VisionPath(tuple(CASES), VARIANTS, run, "patches", tensor_parallel=True),
+         "internvl3": VisionPath(tuple(vision_tiles.CASES), vision_tiles.VARIANTS, vision_tiles.run, "tiles",
+                                 tensor_parallel=False)}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line (``argv``, default ``sys.argv[1:]``); ``cases`` and ``variants`` default to all of the
+    preset's family (:data:`PATHS`). Exits with a usage error for a case or variant of another family, tensor
+    parallel for a family whose tower has no split, or counts out of range."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out",
                         help="folder for vision_bench.json/.png (default results/vision-<date> beside this script)")
+    add_preset_argument(parser)
     parser.add_argument("--repeats", type=int, default=10, help="timed forwards per case and variant")
     parser.add_argument("--warmup", type=int, default=2, help="untimed forwards after the first")
-    parser.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES))
-    parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS),
-                        help="in this order; each adds to the ones before it")
+    all_cases = [case for path in PATHS.values() for case in path.cases]
+    parser.add_argument("--cases", nargs="+", choices=all_cases, help="default: all of the preset's family")
+    parser.add_argument("--variants", nargs="+", choices=VARIANTS,
+                        help="in this order; each adds to the ones before it (default: all of the preset's family)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the dummy weights and pixels")
     parser.add_argument("--tp-gpus", type=int, default=1,
                         help="also the tower split over this many GPUs (backends.runtime.vision.tensor_parallel), after the variants")
     parser.add_argument("--tp-size", type=int, help="GPUs per split tower (default all --tp-gpus): hybrid DP x TP")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.repeats < 1 or args.warmup < 0:
         parser.error("--repeats must be at least 1 and --warmup at least 0")
+    family = preset_family(args.preset)
+    path = PATHS[family]
+    args.cases = args.cases or list(path.cases)
+    args.variants = args.variants or list(path.variants)
+    for kind, chosen, known in (("case", args.cases, path.cases), ("variant", args.variants, path.variants)):
+        other = [name for name in chosen if name not in known]
+        if other:
+            parser.error(f"{kind} {', '.join(other)} is not one of preset {args.preset}'s: {', '.join(known)}")
+    if args.tp_gpus > 1 and not path.tensor_parallel:
+        parser.error(f"--tp-gpus: the {family} vision tower has no tensor-parallel split in this benchmark")
+    return args
+
+
+def main() -> None:
+    args = parse_args()
     if not torch.cuda.is_available():
         sys.exit("vision_bench.py needs a CUDA GPU: torch.cuda.is_available() is False here "
                  f"(torch {torch.__version__}, built for CUDA {torch.version.cuda})")
     out = Path(args.out or Path(__file__).parent / "results" / f"vision-{datetime.date.today().isoformat()}")
-    results = run(args, out, torch.device("cuda", 0))
-    plot(results, out / "vision_bench.png")
+    path = PATHS[preset_family(args.preset)]
+    results = path.run(args, out, torch.device("cuda", 0))
+    plot(results, out / "vision_bench.png", f"{args.preset} vision", path.unit)
     print(f"wrote {write(out, 'vision_bench', results)} and vision_bench.png")
 
 
