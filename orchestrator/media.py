@@ -8,11 +8,12 @@ from dataclasses import fields, replace
 
 from flashcodec.errors import MediaError
 from flashcodec.families import Family, MediaOptions, MediaPlan
+from flashcodec.families.cap import plan_tokens
 from flashcodec.probe import ImageInfo, VideoInfo, probe_image, probe_video
 from orchestrator.inputs import MediaInput
 from orchestrator.media_identity import file_key
 from orchestrator.sampling_params import InvalidInput, RequestParams, parse_sampling_parameters
-from orchestrator.visual_cap import CapApplied, fit_visual_tokens, plan_tokens
+from orchestrator.visual_cap import CapApplied, fit_visual_tokens
 
 PROBED_VIDEOS = 256  # video files whose probe is kept (a probe holds each frame's timestamp: 8 bytes a frame)
 MEDIA_SETTINGS = tuple(f.name for f in fields(MediaOptions))  # the sampling_parameters keys a family may take

@@ -22,11 +22,10 @@ from typing import AsyncIterator, Callable
 from backends.ipc import run_dir, shared_pages
 from backends.ipc.link import StageError
 from backends.ipc.protocol import RESERVED_KV_PAGES, SERVER_FAULT, MediaDecode, MediaGrid, NewRequest, StageFailure
-from backends.runtime.families import DEFAULT_BUDGETS, family_name
+from backends.runtime.families import ServedModel
 from backends.triton import server_stop
 from backends.triton.replicas import replica_name
 from backends.triton.triton_io import float_parameter, int_parameter
-from flashcodec.families import family as media_family
 from orchestrator.budget_policy import BudgetPolicy, PolicyConfig, SloTargets
 from orchestrator.engine import Engine
 from orchestrator.engine_io import SHUTTING_DOWN, EngineRequest, Released, RequestCounts
@@ -64,22 +63,20 @@ class OrchestratorConfig:
     ``slo_scheduling``: each step's budgets set by ``orchestrator.budget_policy`` from the ``slo`` targets and
     ``policy`` (off: the fixed budgets; off by default until measured against them on the H200);
     ``cache``: the prefix cache (``orchestrator.prefix_cache.CacheConfig``);
-    ``preset`` / ``model_path``: the served model (``backends.runtime.families.family_name``), whose family's media
-    rules, prompt text and tokenizer the orchestrator uses; ``family``: its name; ``media_defaults``: the server's
-    media settings a request's own override (``orchestrator.media.media_defaults``)."""
+    ``model``: the served model (``backends.runtime.families.ServedModel``: its config.json, read once here), whose
+    family's media rules, prompt text and tokenizer the orchestrator uses; ``media_defaults``: the server's media
+    settings a request's own override (``orchestrator.media.media_defaults``)."""
 
     scheduler: SchedulerConfig
     limits: InputLimits
     max_model_len: int
-    model_path: str | None
+    model: ServedModel
     replicas: int = 1
     max_waiting_requests: int = 256
     slo_scheduling: bool = False
     slo: SloTargets = SloTargets()
     policy: PolicyConfig = PolicyConfig()
     cache: CacheConfig = CacheConfig()
-    preset: str = "tiny"
-    family: str = "qwen2_5_vl"
     media_defaults: RequestParams = RequestParams()
 
     @classmethod
@@ -88,10 +85,9 @@ class OrchestratorConfig:
             share = float(params.get("max_share", "0.5"))
         except ValueError:
             raise ValueError(f"parameter max_share must be a number in (0, 1], got {params['max_share']!r}") from None
-        preset = params.get("preset") or "tiny"
-        family = family_name(preset, params.get("model_path") or None)
-        # empty or absent: the served family's defaults (Qwen2.5-VL 10240 / 2048, InternVL3 5120 / 2048)
-        budgets = DEFAULT_BUDGETS[family]
+        model = ServedModel.read(params.get("preset") or "tiny", params.get("model_path") or None)
+        # empty or absent: the served family's defaults (its Family.budgets)
+        budgets = model.family.budgets
         given = {key: value for key, value in params.items() if value.strip()}
         scheduler = SchedulerConfig(encode_budget=int_parameter(given, "encode_budget", budgets.encode),
                                     prefill_budget=int_parameter(given, "prefill_budget", budgets.prefill),
@@ -101,12 +97,11 @@ class OrchestratorConfig:
         if switch not in ("true", "false"):
             raise ValueError(f"parameter slo_scheduling must be true or false, got {params['slo_scheduling']!r}")
         return cls(scheduler, InputLimits.from_parameters(params), int_parameter(params, "max_model_len", 32768),
-                   params.get("model_path") or None, int_parameter(params, "replicas", 1),
+                   model, int_parameter(params, "replicas", 1),
                    int_parameter(params, "max_waiting_requests", cls.max_waiting_requests), switch == "true",
                    SloTargets.from_parameters(params),
                    PolicyConfig(float_parameter(params, "decode_priority_boost", PolicyConfig.decode_priority_boost)),
-                   CacheConfig.from_parameters(params), preset, family,
-                   media_defaults(params.get("media_defaults"), media_family(family)))
+                   CacheConfig.from_parameters(params), media_defaults(params.get("media_defaults"), model.family))
 
 
 @dataclass(frozen=True)
@@ -140,9 +135,9 @@ class Orchestrator:
 
         self.config = config
         self.metrics = metrics
-        self.family = media_family(config.family)  # its media rules and prompt text
-        self.tokenizer = model_tokenizer(config.preset, config.model_path)
-        self.sampled_ids = sampled_ids(config.preset, config.model_path, self.tokenizer)  # stop_token_ids' bound
+        self.family = config.model.family  # its media rules and prompt text
+        self.tokenizer = model_tokenizer(config.model)
+        self.sampled_ids = sampled_ids(config.model, self.tokenizer)  # stop_token_ids' bound
         self.outputs = OutputProcessor(self.tokenizer)
         self.links = Links()
         self.engines: list[Engine] = []

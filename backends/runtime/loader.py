@@ -8,6 +8,7 @@ from dataclasses import dataclass, fields
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from backends.runtime.families import ServedModel
 from backends.runtime.families.registry import family_for, model_config, model_tokenizer
 from backends.runtime.presets import PRESETS
 
@@ -82,12 +83,12 @@ def load_model(spec: ModelSpec) -> tuple[PreTrainedModel, PreTrainedTokenizerBas
     ``model_path`` is not a directory or lacks a config, weights or tokenizer; ValueError when its config's
     ``model_type`` is of no family.
     """
-    # first: it says when model_path is no directory
-    tokenizer = model_tokenizer(spec.preset, spec.model_path)
+    served = ServedModel.read(spec.preset, spec.model_path)  # first: it says when model_path is no directory
+    tokenizer = model_tokenizer(served)
+    config = model_config(served, tokenizer)
     device = torch.device(spec.device)
     if spec.load_format == "auto" and spec.model_path is not None:
         log.info("loading the weights of %s onto %s", spec.model_path, device)
-        config = model_config(spec.preset, spec.model_path, tokenizer)
         model = family_for(config).model_class.from_pretrained(
             spec.model_path, local_files_only=True, attn_implementation="sdpa",
             dtype=_torch_dtype(spec.dtype, config.dtype or torch.float32),
@@ -97,7 +98,6 @@ def load_model(spec: ModelSpec) -> tuple[PreTrainedModel, PreTrainedTokenizerBas
     if spec.model_path is not None:
         log.warning("load_format=dummy: random weights (seed %d) in the architecture of %s, not its weights",
                     spec.seed, spec.model_path)
-    config = model_config(spec.preset, spec.model_path, tokenizer)
     dtype = _torch_dtype(spec.dtype, config.dtype or torch.float32)
     log.info("building %s with random weights on %s", spec.model_path or f"preset {spec.preset}", device)
     # Initialise straight on the device (a 7B model in fp32 on the CPU would take minutes and 30 GB), from

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Sequence
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
-from transformers import AutoTokenizer, PreTrainedTokenizerFast
+from transformers import AutoTokenizer, PreTrainedConfig, PreTrainedTokenizerFast
 
 # Qwen2's pre-tokenizer split (transformers.models.qwen2.tokenization_qwen2.PRETOKENIZE_REGEX).
 _SPLIT_REGEX = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
@@ -97,9 +97,10 @@ def build_offline_tokenizer(model_vocab_size: int | None = None, special_tokens:
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json")
 
 
-def load_tokenizer(model_path: str | None) -> PreTrainedTokenizerFast:
-    """The checkpoint's tokenizer (``AutoTokenizer``, local files only) or, for ``None``, Qwen2.5-VL's offline one
-    (a preset of another family: ``families.registry.model_tokenizer``).
+def load_tokenizer(model_path: str | None, config: PreTrainedConfig | None = None) -> PreTrainedTokenizerFast:
+    """The checkpoint's tokenizer (``AutoTokenizer``, local files only; ``config``: the checkpoint's config when the
+    caller has it, else ``AutoTokenizer`` reads config.json) or, for ``None``, Qwen2.5-VL's offline one (a preset of
+    another family: ``families.registry.model_tokenizer``).
 
     Raises OSError when ``model_path`` is not a directory or holds no tokenizer (none of ``TOKENIZER_FILES``):
     transformers would look the name up as a Hub repository, or build a tokenizer without Qwen's special tokens.
@@ -111,7 +112,7 @@ def load_tokenizer(model_path: str | None) -> PreTrainedTokenizerFast:
     if not any((Path(model_path) / name).is_file() for name in TOKENIZER_FILES):
         raise OSError(f"{model_path} holds no tokenizer (none of {', '.join(TOKENIZER_FILES)}): copy the "
                       "checkpoint's tokenizer files there")
-    return AutoTokenizer.from_pretrained(model_path, local_files_only=True)
+    return AutoTokenizer.from_pretrained(model_path, local_files_only=True, config=config)
 
 
 def special_token_ids(tokenizer: PreTrainedTokenizerFast) -> dict[str, int]:

@@ -7,23 +7,23 @@ import threading
 
 from backends.ipc.link import LinkServer, Reply
 from backends.ipc.protocol import SERVER_FAULT, Call, GroupReady, MediaAbort, MediaDecode, StageFailure
-from backends.runtime.families import family_name
+from backends.runtime.families import ServedModel
 from backends.stages.device import stage_setup
 from backends.stages.flashcodec_worker import FlashCodecWorker
 from backends.triton import triton_io
 from backends.triton.server_stop import StopWatch, before_exit
-from flashcodec.families import family
 
 
 class FlashCodecStage(triton_io.InternalModel):
     def __init__(self, args: dict):
         params, device = stage_setup(args)
+        # the pool's rows are the served family's patch rows (preset, or the checkpoint's model_type)
+        served = ServedModel.read(params.get("preset") or "tiny", params.get("model_path") or None)
         self.worker = FlashCodecWorker(
             device, num_pages=triton_io.int_parameter(params, "patch_pages"),
             page_size=triton_io.int_parameter(params, "patch_page_size"),
             threads=triton_io.int_parameter(params, "decode_threads"),
-            # the pool's rows are the served family's patch rows (preset, or the checkpoint's model_type)
-            patch_dim=family(family_name(params.get("preset") or "tiny", params.get("model_path") or None)).patch_dim,
+            patch_dim=served.family.patch_dim,
             gpus=triton_io.gpus_value("nvdec_gpus", params.get("nvdec_gpus", "own")),
             processes_per_gpu=triton_io.int_parameter(params, "nvdec_processes_per_gpu", 2))
         pb = triton_io.pb()

@@ -30,7 +30,7 @@ Qwen2.5-VL-7B's settings are the serve bench's (``bench.serve_bench.FULL_SETUP``
   the other stages; they hold every fixed scenario (the most at once: 16 images of 2,304 tokens and 16 text
   streams, about 45,000 tokens) and 7 of the multiturn scenario's 64-frame clips. InternVL3-8B's (Qwen2.5-7B)
   holds 56 KiB a token: 16,384 pages are 14 GiB, as Qwen2.5-VL-7B's. Budgets: the family's defaults (encode 5,120
-  patches, prefill 2,048 tokens; ``backends.runtime.families.DEFAULT_BUDGETS``).
+  patches, prefill 2,048 tokens; ``flashcodec.families``: ``Family.budgets``).
 """
 from __future__ import annotations
 

@@ -1,8 +1,10 @@
 """What a model family contributes to media handling, behind one interface the stages call.
 
 A family (Qwen2.5-VL, InternVL3) decides, from metadata alone, which frames or tiles an image or video becomes and how
-many patches and LLM tokens each group of them gives (the orchestrator, before decoding); what text stands for an
-item in the prompt; and, from decoded pixels, each group's patch rows (FlashCodec). A *group* is what the vision
+many patches and LLM tokens each group of them gives (the orchestrator, before decoding), and how a request's media
+are lowered to fit a visual-token cap; what text stands for an item in the prompt; and, from decoded pixels, each
+group's patch rows (FlashCodec). It also names its checkpoints' `model_type` and its default per-step budgets, so that
+the orchestrator learns all it needs of the served family without torch. A *group* is what the vision
 tower encodes whole and the scheduler never splits: Qwen2.5-VL's temporal patch (2 frames, or an image), InternVL3's
 448x448 tile (one per video frame; an image's tiles and thumbnail). A plan's `grid_thw` is (groups, h, w) in
 patches, and each group's `h*w` patches become `h*w / 4` LLM tokens (Qwen's 2x2 merge, InternVL's pixel shuffle 0.5).
@@ -14,6 +16,19 @@ from dataclasses import dataclass, fields, replace
 from typing import Any, ClassVar, Iterator, Protocol, Sequence
 
 from flashcodec.probe import ImageInfo, VideoInfo
+
+
+@dataclass(frozen=True)
+class Budgets:
+    """Default per-step budgets: `encode` vision-encoder input patches (before the 2x2 merge / pixel shuffle),
+    `prefill` LLM tokens (docs/design.md, "Scheduling"). Raises ValueError for non-positive values."""
+
+    encode: int
+    prefill: int
+
+    def __post_init__(self) -> None:
+        if self.encode < 1 or self.prefill < 1:
+            raise ValueError(f"budgets must be positive, got {self}")
 
 
 @dataclass(frozen=True)
@@ -83,7 +98,9 @@ class Family(Protocol):
     `image_groups`, `video_group`, which give float32 rows of `patch_dim` values, `patches_per_group` per group, on
     the device of the pixels they are given."""
 
-    name: str
+    name: str  # the family's name in presets and in a plan's `family`
+    model_type: str  # the `model_type` of its checkpoints' config.json
+    budgets: Budgets  # the scheduler's default budgets for it
     frames_per_group: int  # decoded video frames per group
     patch_dim: int  # values per patch row
     options: tuple[str, ...]  # the `MediaOptions` fields it honours (the others it refuses)
@@ -100,6 +117,14 @@ class Family(Protocol):
     def image_groups(self, image: Any, plan: MediaPlan) -> Iterator[tuple[int, Any]]: ...
 
     def video_group(self, frames: Sequence[Any], plan: MediaPlan) -> Any: ...
+
+    def lower_visual_tokens(self, infos: list[ImageInfo | VideoInfo], options: MediaOptions, plans: list[MediaPlan],
+                            cap: int) -> tuple[list[MediaPlan], dict[str, Any]]:
+        """The plans of `infos` (a request's media, in order; `plans`: theirs at `options`, over `cap`) lowered by the
+        family's own settings until their visual tokens are at most `cap`; the request's settings stay upper bounds.
+        Returns the plans and the settings it changed (`orchestrator.visual_cap.CapApplied`'s fields; None where
+        unchanged). Raises `cap.OverCap` when even the lowest settings exceed `cap`, ValueError / MediaError as
+        `plan_image` and `plan_video`."""
 
     def video_groups_from(self, plan: MediaPlan, first: int) -> MediaPlan:
         """A video plan's groups `first` .. `num_groups - 1` alone (their frames, renumbered from 0): what is left to

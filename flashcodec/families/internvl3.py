@@ -11,11 +11,12 @@ called); tests/unit/flashcodec/test_internvl3_*.py compare it with those classes
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from flashcodec.errors import MediaError
-from flashcodec.families.base import MediaOptions, PromptExpansion, groups_from
+from flashcodec.families.base import Budgets, MediaOptions, PromptExpansion, groups_from
+from flashcodec.families.cap import Info, OverCap, highest_int, plan_all, total_tokens
 from flashcodec.probe import ImageInfo, VideoInfo
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)  # transformers.utils.constants.IMAGENET_DEFAULT_MEAN
@@ -177,6 +178,8 @@ class InternVL3:
     """
 
     name = "internvl3"
+    model_type = "internvl"
+    budgets = Budgets(encode=5120, prefill=2048)  # the paper's deployment notes (docs/design.md, "Scheduling")
     frames_per_group = 1
     options = ("fps", "num_frames", "max_tiles")
     placeholders = {"image": CONTEXT, "video": VIDEO}  # what the chat template writes for an image / a video
@@ -210,8 +213,9 @@ class InternVL3:
     def plan_video(self, info: VideoInfo, options: MediaOptions = MediaOptions()) -> SegmentVideoPlan:
         """The frames of a video from its probe (`info.num_frames`, `info.fps`, `info.frame_pts_s`): `num_frames`
         segments (the request's, else `int(frames / video fps * fps)` (at least 1) when it sets `fps`, else the
-        config's), at most the video's frames. Where transformers' processor refuses a video with fewer frames than segments (case
-        C3: short clips), this takes every frame, as vLLM 0.26's video loader does (`min(num_frames, total)`).
+        config's), at most the video's frames. Where transformers' processor refuses a video with fewer frames than
+        segments (case C3: short clips), this takes every frame, as vLLM 0.26's video loader does
+        (`min(num_frames, total)`).
 
         Raises MediaError for a video without frames; ValueError for options it does not honour or out of range.
         """
@@ -259,3 +263,26 @@ class InternVL3:
         from flashcodec.families.internvl3_pixels import frame_rows
 
         return frame_rows(frames, plan, self.config)
+
+    def lower_visual_tokens(self, infos: list[Info], options: MediaOptions,
+                            plans: list[TiledImagePlan | SegmentVideoPlan], cap: int
+                            ) -> tuple[list[TiledImagePlan | SegmentVideoPlan], dict]:
+        """`base.Family.lower_visual_tokens` by frames, then tiles: first one frame count n for every video (each keeps
+        min(n, its frames now)), the highest that fits; at one frame a video still over, then one `max_tiles` for
+        every image, the highest that fits. Returns the plans and `num_frames` (the most frames of a video) and
+        `max_tiles` (None: unchanged). Raises OverCap when one frame and one tile exceed `cap`; ValueError /
+        MediaError as `plan_video` and `plan_image`."""
+        frames = [p.num_groups if isinstance(i, VideoInfo) else 0 for i, p in zip(infos, plans)]
+        tiles = max((p.num_groups for i, p in zip(infos, plans) if isinstance(i, ImageInfo)), default=1)
+        tiles = min(tiles, options.max_tiles or tiles)  # the request's max_tiles stays an upper bound
+
+        def at(n: int, m: int) -> list[TiledImagePlan | SegmentVideoPlan]:
+            return plan_all(self, infos, [replace(options, num_frames=min(n, f) or None, max_tiles=m) for f in frames])
+
+        new_frames = highest_int(lambda n: total_tokens(at(n, tiles)) <= cap, max(frames))
+        new_tiles = highest_int(lambda m: total_tokens(at(new_frames, m)) <= cap, tiles)
+        plans = at(new_frames, new_tiles)
+        if total_tokens(plans) > cap:
+            raise OverCap(total_tokens(plans), cap, "num_frames and max_tiles")
+        return plans, {"num_frames": new_frames if new_frames < max(frames) else None,
+                       "max_tiles": new_tiles if new_tiles < tiles else None}

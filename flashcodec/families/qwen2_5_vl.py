@@ -2,10 +2,13 @@
 `flashcodec.preprocess` (transformers' Qwen2-VL processors) hold them; this adapts their calls."""
 from __future__ import annotations
 
-from flashcodec.families.base import MediaOptions, PromptExpansion, groups_from
+from dataclasses import replace
+
+from flashcodec.families.base import Budgets, MediaOptions, PromptExpansion, groups_from
+from flashcodec.families.cap import STEPS, Info, OverCap, highest, plan_all, total_tokens
 from flashcodec.probe import ImageInfo, VideoInfo
-from flashcodec.sampling import FPS, MERGE_SIZE, PATCH_DIM, TEMPORAL_PATCH_SIZE, ImagePlan, VideoPlan, plan_image, \
-    plan_video
+from flashcodec.sampling import FPS, IMAGE_MIN_PIXELS, MERGE_SIZE, PATCH_DIM, TEMPORAL_PATCH_SIZE, VIDEO_MIN_PIXELS, \
+    ImagePlan, VideoPlan, plan_image, plan_video
 
 IMAGE_PAD, VIDEO_PAD = "<|image_pad|>", "<|video_pad|>"
 
@@ -17,6 +20,8 @@ class Qwen25VL:
     """
 
     name = "qwen2_5_vl"
+    model_type = "qwen2_5_vl"
+    budgets = Budgets(encode=10240, prefill=2048)  # the paper's deployment notes (docs/design.md, "Scheduling")
     frames_per_group = TEMPORAL_PATCH_SIZE
     patch_dim = PATCH_DIM
     options = ("fps", "max_pixels")
@@ -57,3 +62,42 @@ class Qwen25VL:
         from flashcodec.preprocess import video_group_patches
 
         return video_group_patches(frames, plan.resized_height, plan.resized_width)
+
+    def lower_visual_tokens(self, infos: list[Info], options: MediaOptions, plans: list[ImagePlan | VideoPlan],
+                            cap: int) -> tuple[list[ImagePlan | VideoPlan], dict]:
+        """`base.Family.lower_visual_tokens` by fps, then pixels: first one fps for every video, the highest that fits
+        (bisection in (0, the request's fps]); at the lowest (each video at its minimum frame count,
+        `sampling.FPS_MIN_FRAMES`) still over, then one scale s in (0, 1] of every item's resized area, the highest
+        that fits (each item's `max_pixels` = s x its area at that fps, at least its kind's minimum:
+        `sampling.VIDEO_MIN_PIXELS`, `IMAGE_MIN_PIXELS`). Returns the plans and `fps` (None: unchanged) and
+        `max_pixels` (per item). Raises OverCap when even the lowest fps and pixels exceed `cap`; ValueError /
+        MediaError as `plan_video` and `plan_image`."""
+        fps = FPS if options.fps is None else options.fps
+
+        def at(f: float, pixels: list[int | None]) -> list[ImagePlan | VideoPlan]:
+            return plan_all(self, infos, [replace(options, fps=f, max_pixels=px) for px in pixels])
+
+        requested = [options.max_pixels] * len(infos)
+        has_video = any(isinstance(info, VideoInfo) for info in infos)
+        lowest_fps = fps * 2.0 ** -STEPS  # below any clip's minimum frame count: smart_nframes' floor applies
+        new_fps = fps
+        if has_video:
+            fewest = total_tokens(at(lowest_fps, requested))  # every video at its fewest frames
+            # the highest fps that fits, or (none fits) the highest that still gives the fewest frames
+            new_fps = highest(lambda f: total_tokens(at(f, requested)) <= max(cap, fewest), lowest_fps, fps)
+            plans = at(new_fps, requested)
+        pixels: tuple[int | None, ...] | None = None
+        if total_tokens(plans) > cap:
+            areas = [p.resized_height * p.resized_width for p in plans]
+            floors = [VIDEO_MIN_PIXELS if isinstance(i, VideoInfo) else IMAGE_MIN_PIXELS for i in infos]
+
+            def scaled(s: float) -> list[int]:
+                return [max(int(floor), int(s * area)) for floor, area in zip(floors, areas)]
+
+            smallest = at(new_fps, scaled(0.0))
+            if total_tokens(smallest) > cap:
+                raise OverCap(total_tokens(smallest), cap, "fps and pixels")
+            pixels = tuple(scaled(highest(lambda s: total_tokens(at(new_fps, scaled(s))) <= cap, 0.0, 1.0)))
+            plans = at(new_fps, list(pixels))
+        return plans, {"fps": new_fps if has_video and new_fps != fps else None,
+                       "max_pixels": pixels or (None,) * len(infos)}

@@ -26,16 +26,16 @@ VisionItem = tuple[torch.Tensor, tuple[int, int, int]]
 class ModelFamily(ABC):
     """A model family's runtime parts (stateless; one instance per family in ``families.registry``).
 
-    ``name``: the family's name in presets and budgets (``families.FAMILY_OF_MODEL_TYPE``); ``model_type``: the
-    ``model_type`` of its checkpoints' config.json; ``model_class``: the transformers class built or loaded;
-    ``vision_prefixes``: parameter-name prefixes of the vision side (all other parameters are the language model's,
-    which ``backends.ipc.shared_weights`` shares between stages); ``position_rows``: rows of a prompt's positions
-    (3 for M-RoPE, 1 for 1-D RoPE); ``special_tokens`` / ``chat_template``: what the offline tokenizer adds to its
-    byte-level vocabulary (``tokenizer.build_offline_tokenizer``), in the checkpoint tokenizer's order.
+    ``name``: the family's name in presets and in ``flashcodec.families``, whose ``Family`` of that name is its
+    torch-free side (the checkpoints' ``model_type``, default budgets, media rules); ``model_class``: the
+    transformers class built or loaded; ``vision_prefixes``: parameter-name prefixes of the vision side (all other
+    parameters are the language model's, which ``backends.ipc.shared_weights`` shares between stages);
+    ``position_rows``: rows of a prompt's positions (3 for M-RoPE, 1 for 1-D RoPE); ``special_tokens`` /
+    ``chat_template``: what the offline tokenizer adds to its byte-level vocabulary
+    (``tokenizer.build_offline_tokenizer``), in the checkpoint tokenizer's order.
     """
 
     name: str
-    model_type: str
     model_class: type[PreTrainedModel]
     vision_prefixes: tuple[str, ...]
     position_rows: int

@@ -72,7 +72,6 @@ class InternVL3(ModelFamily):
     """InternVL3: 1-D RoPE, tiles as vision inputs, pixel shuffle 0.5 (four patches a token)."""
 
     name = "internvl3"
-    model_type = "internvl"
     model_class = InternVLForConditionalGeneration
     vision_prefixes = ("model.vision_tower.", "model.multi_modal_projector.")
     position_rows = 1

@@ -25,7 +25,6 @@ class Qwen2_5_VL(ModelFamily):
     """Qwen2.5-VL: 3-D M-RoPE positions, patch-row vision inputs, a tower that can be split over GPUs."""
 
     name = "qwen2_5_vl"
-    model_type = "qwen2_5_vl"
     model_class = Qwen2_5_VLForConditionalGeneration
     vision_prefixes = ("model.visual.",)
     position_rows = 3

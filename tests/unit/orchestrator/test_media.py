@@ -99,6 +99,6 @@ def test_bad_media_defaults_stop_the_server_naming_the_parameter(text, message):
 
 def test_the_orchestrator_config_reads_media_defaults():
     config = OrchestratorConfig.from_parameters({"preset": "internvl3_tiny", "media_defaults": '{"num_frames": 16}'})
-    assert config.family == "internvl3" and config.media_defaults.num_frames == 16
+    assert config.model.family.name == "internvl3" and config.media_defaults.num_frames == 16
     with pytest.raises(ValueError, match="parameter media_defaults"):
         OrchestratorConfig.from_parameters({"media_defaults": '{"num_frames": 16}'})  # tiny: a Qwen2.5-VL preset

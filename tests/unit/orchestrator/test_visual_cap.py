@@ -5,19 +5,16 @@ import random
 import pytest
 
 from flashcodec.families import MediaOptions, family
+from flashcodec.families.cap import total_tokens
 from flashcodec.probe import ImageInfo
 from flashcodec.sampling import IMAGE_MIN_PIXELS, VIDEO_MIN_PIXELS, plan_image, plan_video
 from orchestrator.prompt import QWEN
 from orchestrator.sampling_params import InvalidInput
-from orchestrator.visual_cap import fit_visual_tokens, plan_tokens
+from orchestrator.visual_cap import fit_visual_tokens
 from tests.unit.flashcodec.test_sampling import cfr_info
 
 MINUTES_3_720P = cfr_info(1280, 720, 180 * 30, 30.0)  # 3 minutes at 30 fps: 360 frames at 2 fps
 PHOTO = ImageInfo(4032, 3024, "RGB", "JPEG")
-
-
-def _tokens(plans) -> int:
-    return sum(map(plan_tokens, plans))
 
 
 def test_media_within_the_cap_are_planned_as_sent():
@@ -29,18 +26,18 @@ def test_media_within_the_cap_are_planned_as_sent():
 
 @pytest.mark.parametrize("cap", [60_000, 20_000, 8_000])
 def test_a_long_video_gets_the_highest_fps_that_fits(cap):
-    full = _tokens([plan_video(MINUTES_3_720P, fps=2.0)])
+    full = total_tokens([plan_video(MINUTES_3_720P, fps=2.0)])
     plans, applied = fit_visual_tokens(QWEN, [MINUTES_3_720P], MediaOptions(2.0, None), cap)
-    assert full > cap >= _tokens(plans) == applied.visual_tokens and applied.requested == full
+    assert full > cap >= total_tokens(plans) == applied.visual_tokens and applied.requested == full
     assert applied.fps < 2.0 and applied.max_pixels == (None,)  # fewer frames sufficed: pixels untouched
     assert plans == [plan_video(MINUTES_3_720P, fps=applied.fps)]  # the model's own rule at the new fps
-    assert _tokens([plan_video(MINUTES_3_720P, fps=applied.fps * 1.01)]) > cap  # no higher fps fits
+    assert total_tokens([plan_video(MINUTES_3_720P, fps=applied.fps * 1.01)]) > cap  # no higher fps fits
 
 
 def test_below_the_fewest_frames_pixels_are_lowered_but_not_under_the_minimum():
     plans, applied = fit_visual_tokens(QWEN, [MINUTES_3_720P], MediaOptions(2.0, None), 600)
     (plan,) = plans
-    assert len(plan.frame_indices) == 4 and _tokens(plans) <= 600  # qwen-vl-utils' FPS_MIN_FRAMES
+    assert len(plan.frame_indices) == 4 and total_tokens(plans) <= 600  # qwen-vl-utils' FPS_MIN_FRAMES
     # the fps reported is the highest that gives those 4 frames (4 / 180 s .. 6 / 180 s), not a floor near 0
     assert 0.03 < applied.fps < 6 / 180 and len(plan_video(MINUTES_3_720P, fps=applied.fps * 1.01).frame_indices) > 4
     assert applied.max_pixels[0] >= VIDEO_MIN_PIXELS and plan.resized_height * plan.resized_width <= applied.max_pixels[0]
@@ -48,9 +45,9 @@ def test_below_the_fewest_frames_pixels_are_lowered_but_not_under_the_minimum():
 
 def test_images_are_shrunk_together_to_fit():
     infos = [PHOTO, ImageInfo(640, 480, "RGB", "PNG"), ImageInfo(8000, 200, "L", "PNG")]
-    before = _tokens(fit_visual_tokens(QWEN, infos, MediaOptions(2.0, None), None)[0])
+    before = total_tokens(fit_visual_tokens(QWEN, infos, MediaOptions(2.0, None), None)[0])
     plans, applied = fit_visual_tokens(QWEN, infos, MediaOptions(2.0, None), before // 4)
-    assert _tokens(plans) <= before // 4 and applied.fps is None
+    assert total_tokens(plans) <= before // 4 and applied.fps is None
     assert all(px >= IMAGE_MIN_PIXELS for px in applied.max_pixels)
     assert [p.num_tokens for p in plans] == [plan_image(i, max_pixels=px).num_tokens
                                              for i, px in zip(infos, applied.max_pixels)]
@@ -63,7 +60,8 @@ def test_the_requests_own_fps_and_max_pixels_stay_upper_bounds():
 
 
 def test_a_cap_below_the_smallest_plans_is_refused_naming_it():
-    with pytest.raises(InvalidInput, match="^image and video inputs: .* over max_visual_tokens 100 .*send fewer"):
+    refused = "^image and video inputs: .* at the lowest fps and pixels, over max_visual_tokens 100 .*send fewer"
+    with pytest.raises(InvalidInput, match=refused):
         fit_visual_tokens(QWEN, [MINUTES_3_720P, PHOTO], MediaOptions(2.0, None), 100)
     with pytest.raises(InvalidInput, match="^image inputs: .* send fewer or smaller images$"):
         fit_visual_tokens(QWEN, [PHOTO, PHOTO], MediaOptions(2.0, None), 1)
@@ -82,8 +80,8 @@ def test_random_media_always_fit_or_are_refused():
             plans, applied = fit_visual_tokens(QWEN, infos, MediaOptions(2.0, None), cap)
         except InvalidInput:
             continue
-        assert _tokens(plans) <= cap
-        assert applied is None or applied.visual_tokens == _tokens(plans) < applied.requested
+        assert total_tokens(plans) <= cap
+        assert applied is None or applied.visual_tokens == total_tokens(plans) < applied.requested
 
 
 INTERNVL = family("internvl3")
@@ -91,15 +89,15 @@ INTERNVL = family("internvl3")
 
 def test_internvl_lowers_every_videos_frames_first_then_the_images_tiles():
     infos = [MINUTES_3_720P, PHOTO]  # 8 frames (2048 tokens) and 12 tiles + a thumbnail (3328 tokens)
-    full = _tokens(fit_visual_tokens(INTERNVL, infos, MediaOptions(), None)[0])
+    full = total_tokens(fit_visual_tokens(INTERNVL, infos, MediaOptions(), None)[0])
     assert full == 256 * (8 + 13)
     plans, applied = fit_visual_tokens(INTERNVL, infos, MediaOptions(), full - 600)
     assert (applied.num_frames, applied.max_tiles, applied.fps, applied.max_pixels) == (5, None, None, None)
     assert plans[0] == INTERNVL.plan_video(MINUTES_3_720P, MediaOptions(num_frames=5))
     plans, applied = fit_visual_tokens(INTERNVL, infos, MediaOptions(), 256 * 6)
-    assert applied.num_frames == 1 and applied.max_tiles is not None and _tokens(plans) <= 256 * 6
+    assert applied.num_frames == 1 and applied.max_tiles is not None and total_tokens(plans) <= 256 * 6
     assert plans[1] == INTERNVL.plan_image(PHOTO, MediaOptions(max_tiles=applied.max_tiles))
-    assert _tokens([plans[0], INTERNVL.plan_image(PHOTO, MediaOptions(max_tiles=applied.max_tiles + 1))]) > 256 * 6
+    assert total_tokens([plans[0], INTERNVL.plan_image(PHOTO, MediaOptions(max_tiles=applied.max_tiles + 1))]) > 256 * 6
     assert applied.to_json()["num_frames"] == 1
 
 

@@ -1,6 +1,8 @@
 """Model families: presets, offline tokenizers, checkpoints of either family, default budgets, shared weights."""
 from __future__ import annotations
 
+import builtins
+import io
 import json
 import subprocess
 import sys
@@ -10,11 +12,12 @@ import pytest
 import torch
 
 from backends.ipc import shared_weights
-from backends.runtime.families import DEFAULT_BUDGETS, Budgets, family_name
+from backends.runtime.families import ServedModel
 from backends.runtime.families.registry import FAMILIES, build_config, family_for, offline_tokenizer, sampled_ids
 from backends.runtime.loader import ModelSpec, load_model
 from backends.runtime.presets import PRESETS
 from backends.runtime.tokenizer import build_offline_tokenizer, eos_token_ids, special_token_ids
+from flashcodec.families import FAMILIES as MEDIA_FAMILIES, Budgets
 
 
 def test_internvl3_presets_are_the_published_configurations():
@@ -62,32 +65,41 @@ def test_an_internvl3_checkpoint_loads_as_its_family(tmp_path):
     for (name, a), (_, b) in zip(sorted(model.state_dict().items()), sorted(loaded.state_dict().items())):
         assert torch.equal(a, b), name
     assert loaded_tokenizer.get_vocab() == tokenizer.get_vocab()
-    assert family_name("tiny", str(tmp_path)) == "internvl3"  # config.json decides, not the preset
+    assert ServedModel.read("tiny", str(tmp_path)).family.name == "internvl3"  # config.json decides, not the preset
 
 
 def test_the_ids_a_request_may_name_are_those_with_a_token_and_a_logit(tmp_path):
     tokenizer = offline_tokenizer("internvl3_tiny")
-    assert sampled_ids("internvl3_tiny", None, tokenizer) == len(tokenizer)  # the tiny presets' vocab is the tokenizer
-    assert sampled_ids("internvl3_38b", None, tokenizer) == len(tokenizer)  # 151,674 logit rows, fewer tokens
+    assert sampled_ids(ServedModel.read("internvl3_tiny", None), tokenizer) == len(tokenizer)  # the tokenizer's vocab
+    assert sampled_ids(ServedModel.read("internvl3_38b", None), tokenizer) == len(tokenizer)  # 151,674 logit rows
     config = build_config("internvl3_tiny", tokenizer)
     config.text_config.vocab_size = len(tokenizer) - 1  # a checkpoint whose last token has no logit row (<video>)
     config.save_pretrained(tmp_path)
-    assert sampled_ids("tiny", str(tmp_path), tokenizer) == len(tokenizer) - 1
+    assert sampled_ids(ServedModel.read("tiny", str(tmp_path)), tokenizer) == len(tokenizer) - 1
 
 
 def test_default_budgets_per_family(tmp_path):
-    assert DEFAULT_BUDGETS[family_name("tiny", None)] == Budgets(encode=10240, prefill=2048)
-    assert DEFAULT_BUDGETS[family_name("internvl3_38b", None)] == Budgets(encode=5120, prefill=2048)
+    assert ServedModel.read("tiny", None).family.budgets == Budgets(encode=10240, prefill=2048)
+    assert ServedModel.read("internvl3_38b", None).family.budgets == Budgets(encode=5120, prefill=2048)
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llava"}))
     with pytest.raises(ValueError, match="llava"):
-        family_name("tiny", str(tmp_path))
+        ServedModel.read("tiny", str(tmp_path))
     with pytest.raises(OSError):
-        family_name("tiny", str(tmp_path / "missing"))
+        ServedModel.read("tiny", str(tmp_path / "missing"))
     with pytest.raises(ValueError):
         Budgets(encode=0, prefill=1)
-    # The orchestrator reads the budgets without torch.
-    code = "import sys, backends.runtime.families; assert 'torch' not in sys.modules"
+    # The orchestrator reads the served model and its budgets without torch.
+    code = ("import sys; from backends.runtime.families import ServedModel; ServedModel.read('internvl3_tiny', None); "
+            "assert 'torch' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[4])
+
+
+def test_each_family_has_both_sides_and_its_own_model_type():
+    assert set(FAMILIES) == set(MEDIA_FAMILIES)
+    for name, media in MEDIA_FAMILIES.items():
+        preset = next(p for p in PRESETS if PRESETS[p]["family"] == name)
+        config = build_config(preset, offline_tokenizer(preset))  # the runtime side's transformers config
+        assert config.model_type == media.model_type and family_for(config) is FAMILIES[name]
 
 
 def test_shared_weights_leave_the_internvl3_vision_side_out():
@@ -108,3 +120,25 @@ def test_the_orchestrator_takes_its_familys_budgets_unless_given():
     assert budgets({}) == budgets({"encode_budget": "", "prefill_budget": " "}) == (10240, 2048)
     assert budgets({"preset": "internvl3_38b"}) == (5120, 2048)
     assert budgets({"preset": "internvl3_38b", "encode_budget": "4096"}) == (4096, 2048)
+
+
+def test_the_orchestrator_reads_the_checkpoints_config_once(tmp_path, monkeypatch):
+    from orchestrator.service import Orchestrator, OrchestratorConfig
+
+    model, tokenizer = load_model(ModelSpec(preset="internvl3_tiny"))
+    model.config.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    reads, real_open = [], io.open
+
+    def counted(file, *args, **kwargs):
+        reads.extend([file] if Path(str(file)).name == "config.json" else [])
+        return real_open(file, *args, **kwargs)
+
+    with monkeypatch.context() as patch:  # pathlib opens files with io.open, transformers with open
+        patch.setattr(builtins, "open", counted)
+        patch.setattr(io, "open", counted)
+        config = OrchestratorConfig.from_parameters({"model_path": str(tmp_path)})
+        orchestrator = Orchestrator(config, metrics=None)
+    assert reads == [tmp_path / "config.json"]  # not again for the tokenizer or the vocabulary size
+    assert orchestrator.family.name == "internvl3" and config.scheduler.encode_budget == 5120
+    assert orchestrator.sampled_ids == len(tokenizer) and orchestrator.tokenizer.get_vocab() == tokenizer.get_vocab()
