@@ -4,27 +4,28 @@ A plan (``backends.ipc.protocol.StepPlan``, the orchestrator's scheduler's outpu
 order:
 * ``finished``: requests that ended (finished, failed or cancelled): their state is dropped;
 * ``evict``: encoder-cache entries to drop;
-* ``new``: prompts seen for the first time: token ids, media grids; the worker embeds the text, copies the
-  embeddings of groups kept in its encoder cache, computes the rotary positions once (the model family's
-  ``prompt_positions``: Qwen2.5-VL's M-RoPE via transformers' ``get_rope_index``, InternVL3's 1-D positions) and
-  keeps them per request;
+* ``new``: prompts seen for the first time: token ids, media grids; the worker computes the rotary positions once
+  (the model family's ``prompt_positions``: Qwen2.5-VL's M-RoPE via transformers' ``get_rope_index``, InternVL3's
+  1-D positions) and keeps them with the ids and the embeddings of groups kept in its encoder cache
+  (``prompt_state.PromptState``); nothing is embedded yet;
 * ``encode``: whole temporal-patch groups (InternVL3: tiles): patches are read from the shared patch pool pages,
   laid out for the family's vision encoder (its ``pixels_from_patch_rows``), run through it, and their embeddings
-  placed at the group's visual-token rows (and kept in the encoder cache when the work names a key);
-* ``prefill``: prompt chunks ``[start, end)`` written into the shared KV pool (block tables given);
-  the chunk that ends a prompt yields its first sampled token (its repetition penalty over the prompt applied),
-  with the stop rule's finish reason.
+  kept for the group's visual-token rows (and in the encoder cache when the work names a key);
+* ``prefill``: prompt chunks ``[start, end)`` embedded (their text rows, then their groups' visual rows:
+  ``PromptState.chunk``; a cached prefix is never embedded) and written into the shared KV pool (block tables
+  given); the chunk that ends a prompt yields its first sampled token (its repetition penalty over the prompt
+  applied), with the stop rule's finish reason.
 The runtime decides nothing: what runs in a step is the orchestrator's scheduler's call.
 """
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from backends.ipc import shared_tensor, shared_weights
-from backends.ipc.protocol import EncodeWork, FirstToken, NewRequest, PrefillWork, SamplingParams, StepPlan, StepResult
+from backends.ipc.protocol import EncodeWork, FirstToken, NewRequest, PrefillWork, StepPlan, StepResult
 from backends.runtime.attention import make_backend
 from backends.runtime.families.registry import family_for
 from backends.runtime.language_model.fuse import fuse_projections
@@ -35,23 +36,8 @@ from backends.runtime.sampling.penalties import penalize_first_tokens
 from backends.runtime.sampling.sampler import sample, warm_up
 from backends.runtime.sampling.stopping import finish_reason
 from backends.runtime.tokenizer import eos_token_ids
+from backends.stages.prompt_state import PromptState
 from flashcodec.patch_pool import read_group
-
-
-@dataclass
-class PromptState:
-    """A prompt being prefilled: ``embeds`` [L, hidden] (visual rows filled as groups are encoded),
-    ``positions`` [rows, L] int64 rotary positions (the family's ``prompt_positions``), ``mrope_delta``: the offset
-    of the decode positions (0 for 1-D RoPE), and the request."""
-
-    embeds: torch.Tensor
-    positions: torch.Tensor
-    mrope_delta: int
-    request: NewRequest
-
-    @property
-    def sampling(self) -> SamplingParams:
-        return self.request.sampling
 
 
 class EncodePrefillWorker:
@@ -146,19 +132,20 @@ class EncodePrefillWorker:
 
     def _register(self, request: NewRequest) -> None:
         media = request.media
+        # numpy reads a long tuple of ints several times faster than torch.tensor does
+        ids = torch.from_numpy(np.fromiter(request.input_ids, np.int64, len(request.input_ids)))
         positions, delta = self.family.prompt_positions(
-            self.model.config, list(request.input_ids),
+            self.model.config, ids,
             image_grid_thw=[m.grid_thw for m in media if m.kind == "image"],
             video_grid_thw=[m.grid_thw for m in media if m.kind == "video"],
             second_per_grid_ts=[m.second_per_grid_t for m in media if m.kind == "video"])
-        embeds = self.runner.embed(torch.tensor(request.input_ids, dtype=torch.long, device=self.device))
+        state = PromptState(ids, positions, int(delta), request)
         for start, key in request.cached_embeds:  # kept by an earlier request's encode
-            cached = self.encoder_cache[key]
-            embeds[start:start + cached.shape[0]] = cached
-        self.prompts[request.req_id] = PromptState(embeds, positions.to(self.device), int(delta), request)
+            state.visual[start] = self.encoder_cache[key]
+        self.prompts[request.req_id] = state
 
     def _encode(self, works: tuple[EncodeWork, ...]) -> None:
-        """The step's groups through the vision tower(s), each group's embeddings into its prompt's rows."""
+        """The step's groups through the vision tower(s), each group's embeddings kept in its prompt's state."""
         if not works:
             return
         items = []
@@ -167,19 +154,19 @@ class EncodePrefillWorker:
             rows = read_group(self.patch_pool, list(w.patch_pages), w.num_patches)
             items.append((self.family.pixels_from_patch_rows(self.model.config, rows, (1, h, w_)), (1, h, w_)))
         for work, embeds in zip(works, self.runner.encode_many(items)):
-            state, start = self.prompts[work.req_id], work.token_offset
-            state.embeds[start:start + embeds.shape[0]] = embeds.to(state.embeds.dtype)
-            if work.cache_key is not None:
-                self.encoder_cache[work.cache_key] = state.embeds[start:start + embeds.shape[0]].clone()
+            # a copy: the views encode_many returns would keep the step's whole batch output alive
+            rows = embeds.to(self.runner.dtype, copy=True)
+            self.prompts[work.req_id].visual[work.token_offset] = rows
+            if work.cache_key is not None:  # both read it, neither writes it
+                self.encoder_cache[work.cache_key] = rows
 
     def _prefill(self, works: tuple[PrefillWork, ...]) -> tuple[FirstToken, ...]:
         if not works:
             return ()
         chunks = []
         for w in works:
-            state = self.prompts[w.req_id]
-            chunks.append(PrefillChunk(state.embeds[w.start:w.end], state.positions[:, w.start:w.end], w.start,
-                                       list(w.block_table), want_logits=w.is_last))
+            embeds, positions = self.prompts[w.req_id].chunk(w.start, w.end, self.runner.embed)
+            chunks.append(PrefillChunk(embeds, positions, w.start, list(w.block_table), want_logits=w.is_last))
         logits = self.runner.prefill(chunks)
         last = [w for w in works if w.is_last]
         if not last:
@@ -190,7 +177,7 @@ class EncodePrefillWorker:
         tokens = sample(logits, params, [0] * len(last), self.eos_ids)
         out = []
         for w, token in zip(last, tokens):
-            state = self.prompts.pop(w.req_id)  # prefill done: the embeddings are no longer needed
+            state = self.prompts.pop(w.req_id)
             reason = finish_reason(int(token), 1, state.request.max_tokens, state.sampling, self.eos_ids)
             out.append(FirstToken(w.req_id, int(token), state.mrope_delta, reason or ""))
         return tuple(out)

@@ -81,14 +81,15 @@ class ModelFamily(ABC):
         the encoder's dtype, on its device (the pixels are moved there). Empty ``items``: an empty list."""
 
     @abstractmethod
-    def prompt_positions(self, config: PreTrainedConfig, input_ids: Sequence[int],
+    def prompt_positions(self, config: PreTrainedConfig, input_ids: Sequence[int] | torch.Tensor,
                          image_grid_thw: Sequence[tuple[int, int, int]] = (),
                          video_grid_thw: Sequence[tuple[int, int, int]] = (),
                          second_per_grid_ts: Sequence[float] = ()) -> tuple[torch.Tensor, int]:
         """Rotary positions of a whole prompt whose visual pad tokens are expanded (``t*h*w / 4`` per item), and the
-        offset decode continues with: int64 ``[position_rows, L]`` on the CPU and ``delta`` (token index ``p >= L``
-        has position ``p + delta``). Raises ValueError when the pad tokens do not match the grids or
-        ``second_per_grid_ts`` does not match the videos."""
+        offset decode continues with. ``input_ids``: ints, or int64 ``[L]`` on the CPU (read, not copied). Returns
+        int64 ``[position_rows, L]`` on the CPU and ``delta`` (token index ``p >= L`` has position ``p + delta``).
+        Raises ValueError when the pad tokens do not match the grids or ``second_per_grid_ts`` does not match the
+        videos."""
 
     @abstractmethod
     def rotary_position_ids(self, positions: torch.Tensor) -> torch.Tensor:

@@ -147,14 +147,14 @@ class InternVL3(ModelFamily):
                 out[i] = part.reshape(-1, part.shape[-1])
         return out
 
-    def prompt_positions(self, config: PreTrainedConfig, input_ids: Sequence[int],
+    def prompt_positions(self, config: PreTrainedConfig, input_ids: Sequence[int] | torch.Tensor,
                          image_grid_thw: Sequence[tuple[int, int, int]] = (),
                          video_grid_thw: Sequence[tuple[int, int, int]] = (),
                          second_per_grid_ts: Sequence[float] = ()) -> tuple[torch.Tensor, int]:
         """``arange(L)`` as ``[1, L]`` and delta 0 (transformers' Qwen2 positions: ``cache_position``); the
         ``<IMG_CONTEXT>`` tokens must number ``t*h*w/4`` per image and video. ``second_per_grid_ts`` does not move
         1-D positions but must still match the videos."""
-        ids = torch.tensor(list(input_ids), dtype=torch.long)
+        ids = torch.as_tensor(input_ids, dtype=torch.long)
         found = int((ids == config.image_token_id).sum())
         grids = [*image_grid_thw, *video_grid_thw]
         expected = sum(t * h * w // 4 for t, h, w in grids)

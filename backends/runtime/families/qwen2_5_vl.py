@@ -75,7 +75,7 @@ class Qwen2_5_VL(ModelFamily):
     def encode_batch(self, encoder: nn.Module, items: Sequence[VisionItem]) -> list[torch.Tensor]:
         return encode_batch(encoder, items)
 
-    def prompt_positions(self, config: PreTrainedConfig, input_ids: Sequence[int],
+    def prompt_positions(self, config: PreTrainedConfig, input_ids: Sequence[int] | torch.Tensor,
                          image_grid_thw: Sequence[tuple[int, int, int]] = (),
                          video_grid_thw: Sequence[tuple[int, int, int]] = (),
                          second_per_grid_ts: Sequence[float] = ()) -> tuple[torch.Tensor, int]:

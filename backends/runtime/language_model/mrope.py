@@ -23,18 +23,18 @@ class _RopeIndex:
         self.config = config
 
 
-def mrope_positions(model_config: PreTrainedConfig, input_ids: Sequence[int],
+def mrope_positions(model_config: PreTrainedConfig, input_ids: Sequence[int] | torch.Tensor,
                     image_grid_thw: Sequence[tuple[int, int, int]] = (),
                     video_grid_thw: Sequence[tuple[int, int, int]] = (),
                     second_per_grid_ts: Sequence[float] = ()) -> tuple[torch.Tensor, int]:
     """Positions of a whole prompt and the offset decode continues with.
 
-    ``input_ids``: the prompt with each ``<|image_pad|>``/``<|video_pad|>`` already expanded to
-    ``t*h*w / spatial_merge_size**2`` tokens; ``image_grid_thw``/``video_grid_thw``: one ``(t, h, w)`` in
-    patches per image/video, in prompt order; ``second_per_grid_ts``: seconds per temporal patch of each
-    video. Returns ``(positions, delta)``: int64 ``[3, L]`` on the CPU, and ``delta`` such that token index
-    ``p >= L`` (generated tokens) has position ``p + delta`` on all three axes. Text-only prompts get
-    ``arange(L)`` and ``delta = 0``.
+    ``input_ids``: the prompt (ints, or int64 ``[L]`` on the CPU, used without a copy) with each
+    ``<|image_pad|>``/``<|video_pad|>`` already expanded to ``t*h*w / spatial_merge_size**2`` tokens;
+    ``image_grid_thw``/``video_grid_thw``: one ``(t, h, w)`` in patches per image/video, in prompt order;
+    ``second_per_grid_ts``: seconds per temporal patch of each video. Returns ``(positions, delta)``: int64
+    ``[3, L]`` on the CPU, and ``delta`` such that token index ``p >= L`` (generated tokens) has position
+    ``p + delta`` on all three axes. Text-only prompts get ``arange(L)`` and ``delta = 0``.
 
     Note (transformers 5.17): the time step of a video is ``tokens_per_second * int(second_per_grid_t)``,
     so fractional seconds are truncated, and text after a video continues at
@@ -44,7 +44,7 @@ def mrope_positions(model_config: PreTrainedConfig, input_ids: Sequence[int],
     match the videos.
     """
     merge = model_config.vision_config.spatial_merge_size
-    ids = torch.tensor([list(input_ids)], dtype=torch.long)
+    ids = torch.as_tensor(input_ids, dtype=torch.long).unsqueeze(0)
     token_type = torch.zeros_like(ids, dtype=torch.int32)
     for modality, token_id, grids in ((1, model_config.image_token_id, image_grid_thw),
                                       (2, model_config.video_token_id, video_grid_thw)):

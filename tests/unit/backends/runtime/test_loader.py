@@ -137,6 +137,8 @@ def test_mrope_positions():
     # The 2x3 merged grid starts at 2: rows 2..3, columns 2..4; text resumes at 2 + max(2, 3).
     assert positions[:, 2:8].tolist() == [[2] * 6, [2, 2, 2, 3, 3, 3], [2, 3, 4, 2, 3, 4]]
     assert positions[:, 8].tolist() == [5, 5, 5] and delta == 7 - len(ids)
+    from_tensor, tensor_delta = mrope_positions(config, torch.tensor(ids), image_grid_thw=[(1, 4, 6)])
+    assert torch.equal(from_tensor, positions) and tensor_delta == delta
     with pytest.raises(ValueError, match="pad tokens"):
         mrope_positions(config, ids, image_grid_thw=[(1, 4, 4)])
     with pytest.raises(ValueError, match="second_per_grid_ts"):
