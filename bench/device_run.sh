@@ -29,6 +29,8 @@
 #   decode-profile bench/decode_profile.py: where a decode step's time goes (host, kernels by kind, linears, attention)
 #   sampler-bench  tests/gpu/test_runtime_sampler_cuda.py and bench/sampler_bench.py: the sampler alone
 #   attention-probe bench/attention_probe.py: decode attention and KV writes alone, per library kernel and option
+#   prefill-probe  bench/prefill_probe.py: short prefill chunks over empty and long cached contexts, eager and with
+#                  the decoder layers compiled
 #   nvdec          tests/gpu/test_nvdec.py and bench/flashcodec_bench.py
 #   multi-gpu      (two GPUs or more) NVDEC on every GPU, vision data, tensor and (4 GPUs) hybrid parallel:
 #                  their GPU tests, then bench/flashcodec_multi_gpu_bench.py (with the video bundle installed;
@@ -142,6 +144,10 @@ attention_probe() {
   python3 bench/attention_probe.py --out "$OUT" 2>&1 | tee "$OUT/attention_probe.log" || status=1
 }
 
+prefill_probe() {
+  python3 bench/prefill_probe.py --out "$OUT" 2>&1 | tee "$OUT/prefill_probe.log" || status=1
+}
+
 decode_profile() {
   python3 bench/decode_profile.py --out "$OUT" ${PROFILE_ARGS:-} 2>&1 | tee "$OUT/decode_profile.log" || status=1
 }
@@ -205,7 +211,7 @@ peer() {  # the servers it starts (setsid) read STUB_SITE too; PEER_OUT: a resul
   [ -d "$out" ] && (cd /tmp/peer && tar -czf "$OUT/peer_results.tar.gz" results*)
 }
 
-[ $# -gt 0 ] || { echo "usage: $0 STEP... (install gpu-tests runtime-tests runtime-bench internvl-bench decode-profile sampler-bench attention-probe nvdec multi-gpu e2e serve-bench perf-analyzer vllm-part vllm-unpack peer jit-cache)" >&2
+[ $# -gt 0 ] || { echo "usage: $0 STEP... (install gpu-tests runtime-tests runtime-bench internvl-bench decode-profile sampler-bench attention-probe prefill-probe nvdec multi-gpu e2e serve-bench perf-analyzer vllm-part vllm-unpack peer jit-cache)" >&2
   exit 2; }
 describe_device
 for step in "$@"; do
@@ -217,6 +223,7 @@ for step in "$@"; do
     decode-profile) decode_profile ;;
     sampler-bench) sampler_bench ;;
     attention-probe) attention_probe ;;
+    prefill-probe) prefill_probe ;;
     nvdec) nvdec ;;
     multi-gpu) multi_gpu ;;
     e2e) e2e ;;
