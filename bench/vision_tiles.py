@@ -9,7 +9,7 @@ plus the thumbnail: 13 tiles of 3x448x448 an image, 208 tiles, 212,992 patches, 
 
 * ``burst_16x13_tiles``: the 16 images in one ``encode_batch`` call (one forward of 208 tiles);
 * ``burst_16x13_tiles_in_steps``: the same tiles as encode_prefill gets them, a tile an item (``grid_thw``
-  (1, 32, 32)), as many whole tiles a call as the family's default encode budget holds (``families.DEFAULT_BUDGETS``:
+  (1, 32, 32)), as many whole tiles a call as the family's default encode budget holds (its ``Family.budgets``:
   5,120 patches, 5 tiles; 42 calls). ``orchestrator.budget_policy`` may scale that budget per step.
 
 Variants: ``transformers_sdpa``: the encoder as loaded (transformers' modules, SDPA attention); ``compiled``: + the
@@ -25,12 +25,12 @@ from pathlib import Path
 
 import torch
 
-from backends.runtime.families import DEFAULT_BUDGETS
 from backends.runtime.families.base import VisionItem
 from backends.runtime.families.registry import family_for
 from backends.runtime.loader import ModelSpec, load_model
 from bench.common import header
 from bench.vision_common import BASELINE, PEAK_FLOPS, time_variants
+from flashcodec.families import family as media_family
 from flashcodec.families.internvl3 import InternVL3, TiledImagePlan
 from flashcodec.probe import ImageInfo
 
@@ -117,7 +117,7 @@ def run(args: argparse.Namespace, out: Path, device: torch.device) -> dict:
     encoder = family.vision_encoder(model)
     plan = burst_plan()
     items = burst_items(plan, device, model.dtype, args.seed)
-    budget = DEFAULT_BUDGETS[family.name].encode
+    budget = media_family(family.name).budgets.encode
     steps = budget_steps(items, budget)
     one_call, in_steps = forwards(family, encoder)
     tiles = sum(grid[0] for _, grid in items)

@@ -243,13 +243,13 @@ class Orchestrator:
         m.set("unifiedserve_prefix_cache_pages", sum(c.cached_pages for c in caches))
         m.set("unifiedserve_prefix_cache_idle_pages", sum(c.idle_pages for c in caches))
         m.set("unifiedserve_encoder_cache_tokens", sum(c.tokens for c in encoders))
-        for name, stats, field in (("prefix_cache_queries", caches, "queried_tokens"),
-                                   ("prefix_cache_hits", caches, "hit_tokens"),
-                                   ("prefix_cache_evictions", caches, "evictions"),
-                                   ("encoder_cache_queries", encoders, "queried_tokens"),
-                                   ("encoder_cache_hits", encoders, "hit_tokens"),
-                                   ("encoder_cache_evictions", encoders, "evicted_tokens")):
-            total, counted = sum(getattr(s, field) for s in stats), self._cache_counted.get(name, 0)
+        for name, stats, attr in (("prefix_cache_queries", caches, "queried_tokens"),
+                                  ("prefix_cache_hits", caches, "hit_tokens"),
+                                  ("prefix_cache_evictions", caches, "evictions"),
+                                  ("encoder_cache_queries", encoders, "queried_tokens"),
+                                  ("encoder_cache_hits", encoders, "hit_tokens"),
+                                  ("encoder_cache_evictions", encoders, "evicted_tokens")):
+            total, counted = sum(getattr(s, attr) for s in stats), self._cache_counted.get(name, 0)
             if total != counted:
                 m.increment(f"unifiedserve_{name}_total", by=total - counted)
                 self._cache_counted[name] = total
