@@ -104,15 +104,19 @@ COLOURS = ((70, 110, 180), (200, 90, 50), (60, 150, 80), (150, 80, 160))
 
 
 def xy_chart(title: str, series: dict[str, list[tuple[float, float]]], path: Path, x_label: str, y_label: str,
-             log_y: bool = False, lines: bool = False, marks_x: tuple[float, ...] = ()) -> None:
+             log_y: bool = False, lines: bool = False, marks_x: tuple[float, ...] = (),
+             y_range: tuple[float, float] | None = None, marks_y: tuple[float, ...] = (),
+             ticks_x: tuple[float, ...] = ()) -> None:
     """Points ``(x, y)`` of each series in its own colour (joined when ``lines``), a legend, the axes' ranges;
-    ``log_y``: a log10 y axis (positive values only); ``marks_x``: vertical grey lines at those x values."""
+    ``log_y``: a log10 y axis (positive values only); ``marks_x`` / ``marks_y``: grey lines at those x / y values
+    (labelled on the y axis); ``y_range``: the y axis' (low, high) instead of the data's (linear axes);
+    ``ticks_x``: x values labelled under the axis besides its ends."""
     points = [(x, y) for values in series.values() for x, y in values if not log_y or y > 0]
     if not points:
         return
     fy = (lambda y: math.log10(y)) if log_y else (lambda y: y)  # noqa: E731
     x0, x1 = min(x for x, _ in points), max(x for x, _ in points)
-    y0, y1 = min(fy(y) for _, y in points), max(fy(y) for _, y in points)
+    y0, y1 = y_range or (min(fy(y) for _, y in points), max(fy(y) for _, y in points))
     width, height, left, top = 1000, 520, 80, 60
     image = Image.new("RGB", (width + left + 20, height + top + 50), "white")
     draw = ImageDraw.Draw(image)
@@ -122,6 +126,12 @@ def xy_chart(title: str, series: dict[str, list[tuple[float, float]]], path: Pat
     draw.rectangle([left, top, left + width, top + height], outline="black")
     for x in marks_x:
         draw.line([px(x), top, px(x), top + height], fill=(170, 170, 170))
+    for y in marks_y:
+        draw.line([left, py(y), left + width, py(y)], fill=(170, 170, 170))
+        draw.text((4, py(y) - 6), f"{y:.3g}", fill=(120, 120, 120))
+    for x in ticks_x:
+        if x0 < x < x1:
+            draw.text((px(x) - 10, top + height + 8), f"{x:.3g}", fill="black")
     low, high = (10 ** y0, 10 ** y1) if log_y else (y0, y1)
     draw.text((4, top + height - 6), f"{low:.3g}", fill="black")
     draw.text((4, top - 6), f"{high:.3g}", fill="black")
