@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import AliasChoices, BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 
 class _Body(BaseModel):
@@ -73,7 +73,20 @@ class MediaOptions(_Strict):
     fps: float | None = None
     max_pixels: int | None = None
     num_frames: int | None = None
-    max_tiles: int | None = Field(None, validation_alias=AliasChoices("max_tiles", "max_dynamic_patch"))
+    max_tiles: int | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _vllm_name(cls, data: Any) -> Any:
+        """``max_dynamic_patch`` is ``max_tiles``; both at once must agree (ValueError naming both otherwise)."""
+        if isinstance(data, dict) and "max_dynamic_patch" in data:
+            data = dict(data)
+            value = data.pop("max_dynamic_patch")
+            if "max_tiles" in data and data["max_tiles"] != value:
+                raise ValueError(f"max_tiles {data['max_tiles']!r} and max_dynamic_patch {value!r} are one setting "
+                                 "(vLLM's name for max_tiles): send one, or equal values")
+            data["max_tiles"] = value
+        return data
 
 
 class GenerationRequest(_Body):

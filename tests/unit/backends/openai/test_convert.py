@@ -82,9 +82,11 @@ def test_sampling_fields_take_vllm_names():
 
 
 def test_vllms_internvl_name_max_dynamic_patch_is_max_tiles():
-    for key in ("max_tiles", "max_dynamic_patch"):
-        request = chat_request(_chat(messages=[{"role": "user", "content": "hi"}], mm_processor_kwargs={key: 6}))
+    for kwargs in ({"max_tiles": 6}, {"max_dynamic_patch": 6}, {"max_tiles": 6, "max_dynamic_patch": 6}):
+        request = chat_request(_chat(messages=[{"role": "user", "content": "hi"}], mm_processor_kwargs=kwargs))
         assert request.sampling == {"max_tiles": 6}
+    with pytest.raises(ValueError, match="max_tiles 2 and max_dynamic_patch 6 are one setting"):
+        _chat(messages=[{"role": "user", "content": "hi"}], mm_processor_kwargs={"max_tiles": 2, "max_dynamic_patch": 6})
 
 
 def test_the_penalties_pass_through_for_the_orchestrator_to_judge():
