@@ -46,8 +46,8 @@ def stage_setup(args: dict) -> tuple[dict[str, str], torch.device]:
     see :func:`stage_device`), made this process's current CUDA device when it is a GPU (CUDA-graph capture,
     compiled kernels and flashinfer work on the current device's streams: a stage on GPU 1 capturing while
     GPU 0 is current fails with cudaErrorStreamCaptureInvalidated); also turns on stack dumps to the server log.
-    Its ``sm_share`` (``backends.triton.mps``) is set for CUDA before anything here touches it. Raises ValueError for
-    a bad ``sm_share``, ``replica`` or ``device``."""
+    Its ``sm_share`` and ``mps_priority`` (``backends.triton.mps``) are set for CUDA before anything here touches it.
+    Raises ValueError for a bad ``sm_share``, ``mps_priority``, ``replica`` or ``device``."""
     from backends.triton import triton_io
 
     triton_io.enable_stack_dumps()
@@ -55,13 +55,16 @@ def stage_setup(args: dict) -> tuple[dict[str, str], torch.device]:
     share = mps.sm_share(params)
     if share is not None:  # read by CUDA when this process creates its context, i.e. below or later
         os.environ[mps.SHARE_ENV] = str(share)
+    priority = mps.mps_priority(params)
+    if priority is not None:
+        os.environ[mps.PRIORITY_ENV] = mps.PRIORITIES[priority]
     replica = triton_io.int_parameter(params, "replica", 0)
     device = stage_device(params.get("device", "auto"), int(args.get("model_instance_device_id", 0)), replica)
     if device.type == "cuda":
         torch.cuda.set_device(device)
         if os.environ.get(mps.PIPE_ENV):  # what the share became: the SMs CUDA shows this MPS client
-            log.info("MPS client, sm_share %s: %d SMs of %s", f"{share}%" if share else "none",
-                     torch.cuda.get_device_properties(device).multi_processor_count, device)
+            log.info("MPS client, sm_share %s: %d SMs of %s, priority %s", f"{share}%" if share else "none",
+                     torch.cuda.get_device_properties(device).multi_processor_count, device, priority or "normal")
     return params, device
 
 

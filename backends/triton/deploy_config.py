@@ -11,7 +11,8 @@ keys):
   ``gpu_sharing`` (``time_slicing``, CUDA's default, or ``mps``: ``backends.triton.mps``), and per stage where it
   runs: ``flashcodec`` (``device``, ``nvdec_gpus``, ``nvdec_processes_per_gpu``, ``decode_threads``),
   ``encode_prefill`` (``device``, ``vision_gpus``, ``vision_parallel``, ``vision_tp_size``), ``decode``
-  (``device``); each stage's ``sm_share`` (percent of the GPU's SMs under ``mps``). A GPU set is ``own``, ``all`` or
+  (``device``); each stage's ``sm_share`` (percent of the GPU's SMs under ``mps``) and ``mps_priority``
+  (``normal`` or ``below_normal`` under ``mps``). A GPU set is ``own``, ``all`` or
   a list of ids. Each stage is one Triton instance (its stage-link socket is named after its model), so a stage is
   placed by its ``device``, and more copies of encode_prefill + decode are ``replicas``.
 * ``budgets``: the scheduler's per-step ``prefill_budget`` (LLM tokens) and ``encode_budget`` (vision patches),
@@ -37,7 +38,7 @@ from pathlib import Path
 
 import yaml
 
-from backends.triton.mps import GPU_SHARING, sm_share
+from backends.triton.mps import GPU_SHARING, mps_priority, sm_share
 from backends.triton.triton_io import UPPER_BOUNDS, gpus_value
 
 DEFAULT_SHM_BYTES = 16 * 1024 * 1024  # the launcher's --backend-config=python,shm-default-byte-size
@@ -71,13 +72,16 @@ def _device(value: str | None, key: str = "device") -> None:
         raise ConfigError(key, f"must be auto, cpu or cuda:N, got {value!r}")
 
 
-def _sm_share(value: int | None) -> None:
-    """The stage's own rule (``mps.sm_share``), checked when the file is read."""
-    if value is not None:
-        try:
-            sm_share({"sm_share": str(value)})
-        except ValueError as exc:
-            raise ConfigError("sm_share", str(exc).removeprefix("sm_share ")) from None
+def _mps(section) -> None:
+    """The stage's own rules for ``sm_share`` and ``mps_priority`` (``backends.triton.mps``), checked when the file
+    is read."""
+    for key, rule in (("sm_share", sm_share), ("mps_priority", mps_priority)):
+        value = getattr(section, key)
+        if value is not None:
+            try:
+                rule({key: str(value)})
+            except ValueError as exc:
+                raise ConfigError(key, str(exc).removeprefix(f"{key} ")) from None
 
 
 def _gpus(value: str | tuple[int, ...] | None, key: str) -> None:
@@ -113,10 +117,11 @@ class FlashcodecResources:
     nvdec_processes_per_gpu: int | None = _to("flashcodec.nvdec_processes_per_gpu")
     decode_threads: int | None = _to("flashcodec.decode_threads")
     sm_share: int | None = _to("flashcodec.sm_share")
+    mps_priority: str | None = _to("flashcodec.mps_priority")
 
     def __post_init__(self):
         _device(self.device)
-        _sm_share(self.sm_share)
+        _mps(self)
         _gpus(self.nvdec_gpus, "nvdec_gpus")
         _positive(self, "nvdec_processes_per_gpu", "decode_threads")
 
@@ -131,10 +136,11 @@ class EncodePrefillResources:
     vision_parallel: str | None = _to("encode_prefill.vision_parallel")
     vision_tp_size: int | str | None = _to("encode_prefill.vision_tp_size")
     sm_share: int | None = _to("encode_prefill.sm_share")
+    mps_priority: str | None = _to("encode_prefill.mps_priority")
 
     def __post_init__(self):
         _device(self.device)
-        _sm_share(self.sm_share)
+        _mps(self)
         _gpus(self.vision_gpus, "vision_gpus")
         if self.vision_parallel not in (None, "data", "tensor"):
             raise ConfigError("vision_parallel", f"must be data or tensor, got {self.vision_parallel!r}")
@@ -146,14 +152,15 @@ class EncodePrefillResources:
 
 @dataclass(frozen=True)
 class DecodeResources:
-    """``resources.decode``: its device (it owns the KV pool) and SM share."""
+    """``resources.decode``: its device (it owns the KV pool), SM share and MPS priority."""
 
     device: str | None = _to("decode.device")
     sm_share: int | None = _to("decode.sm_share")
+    mps_priority: str | None = _to("decode.mps_priority")
 
     def __post_init__(self):
         _device(self.device)
-        _sm_share(self.sm_share)
+        _mps(self)
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,10 @@ step gets the GPU only between them, and the other way round (bench/RESULTS.md, 
 the same step 138 ms alone, 237-270 ms beside decode). Under MPS the processes' kernels run at once, and each
 process may be held to a share of the SMs (``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``, read by CUDA when the process
 creates its context: the stages set it from their ``sm_share`` parameter before touching CUDA, in
-``backends.stages.device.stage_setup``). NVIDIA's MPS guide ("Multi-Process Service", sections on the control daemon
-and on the active thread percentage) is the source of the environment variables and commands used here.
+``backends.stages.device.stage_setup``), and may be given a lower scheduling priority than the others
+(``CUDA_MPS_CLIENT_PRIORITY``, from its ``mps_priority`` parameter: while its kernels and a normal client's both wait
+for SMs, the normal client's go first). NVIDIA's MPS guide ("Multi-Process Service", sections on the control daemon,
+the active thread percentage and the client priority) is the source of the environment variables and commands used here.
 
 :class:`MpsDaemon` gives a server its control daemon: its own one (``nvidia-cuda-mps-control -d`` with its pipe and
 log folders in the server's run directory, stopped with ``quit`` after the server), or, when the launcher's
@@ -25,6 +27,8 @@ CONTROL = "nvidia-cuda-mps-control"
 PIPE_ENV = "CUDA_MPS_PIPE_DIRECTORY"
 LOG_ENV = "CUDA_MPS_LOG_DIRECTORY"
 SHARE_ENV = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
+PRIORITY_ENV = "CUDA_MPS_CLIENT_PRIORITY"
+PRIORITIES = {"normal": "0", "below_normal": "1"}  # the guide's client priority levels and their values
 GPU_SHARING = ("time_slicing", "mps")
 CONTROL_TIMEOUT_S = 30.0
 
@@ -83,3 +87,13 @@ def sm_share(params: dict[str, str]) -> int | None:
     if not text.isdigit() or not 1 <= int(text) <= 100:
         raise ValueError(f"sm_share must be a whole percentage from 1 to 100 (or empty: no limit), got {text!r}")
     return int(text)
+
+
+def mps_priority(params: dict[str, str]) -> str | None:
+    """A stage's ``mps_priority`` parameter: ``normal`` or ``below_normal``, the MPS client priority its process takes
+    (NVIDIA's MPS guide, ``CUDA_MPS_CLIENT_PRIORITY``), or None (empty or absent: CUDA's default, normal). Raises
+    ValueError naming the parameter for anything else."""
+    text = params.get("mps_priority", "").strip()
+    if text and text not in PRIORITIES:
+        raise ValueError(f"mps_priority must be {' or '.join(PRIORITIES)} (or empty: normal), got {text!r}")
+    return text or None

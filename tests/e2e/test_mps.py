@@ -38,7 +38,8 @@ def test_without_mps_the_launcher_says_what_is_missing_and_exits_1():
 @pytest.mark.skipif(not torch.cuda.is_available() or shutil.which(CONTROL) is None, reason="needs a GPU and MPS")
 def test_under_mps_each_stage_gets_its_sm_share_and_serves(tmp_path, media_dir):
     repository = repository_with(tmp_path / "repository", {"decode": {"sm_share": "30"},
-                                                           "encode_prefill": {"sm_share": "80"}})
+                                                           "encode_prefill": {"sm_share": "80",
+                                                                              "mps_priority": "below_normal"}})
     server = TritonServer(repository, ports=ServerPorts.unused(), gpu_sharing="mps",
                           extra_env={"UNIFIEDSERVE_MEDIA_DIRS": str(media_dir)}).start()
     try:
@@ -47,10 +48,11 @@ def test_under_mps_each_stage_gets_its_sm_share_and_serves(tmp_path, media_dir):
             assert len(client.generate("Tell me about the sea.", sampling=GREEDY,
                                        return_output_ids=True).token_ids) == 8
         log = server.log_tail(1_000_000)
-        shares = {model: (share, int(sms)) for model, share, sms in re.findall(
-            r"unifiedserve\[(\w+)\] INFO MPS client, sm_share (\S+): (\d+) SMs", log)}
+        shares = {model: (share, int(sms), priority) for model, share, sms, priority in re.findall(
+            r"unifiedserve\[(\w+)\] INFO MPS client, sm_share (\S+): (\d+) SMs of \S+, priority (\w+)", log)}
         assert shares["decode"][0] == "30%" and shares["encode_prefill"][0] == "80%", shares
         assert shares["decode"][1] < shares["encode_prefill"][1] <= shares["flashcodec"][1], shares
+        assert shares["encode_prefill"][2] == "below_normal" and shares["decode"][2] == "normal", shares
     except BaseException:
         server.stop()
         raise

@@ -152,11 +152,12 @@ def test_gpu_sharing_and_sm_shares_come_from_the_file_and_the_option_wins(tmp_pa
         resources:
           gpu_sharing: mps
           decode: {sm_share: 40}
-          encode_prefill: {sm_share: 100}
+          encode_prefill: {sm_share: 100, mps_priority: below_normal}
     """)
     plan = launch_options.serve_plan(args(config=path), REPOSITORY)
     assert plan.gpu_sharing == "mps"
     assert plan.overrides["decode"]["sm_share"] == "40" and plan.overrides["encode_prefill"]["sm_share"] == "100"
+    assert plan.overrides["encode_prefill"]["mps_priority"] == "below_normal"
     assert launch_options.serve_plan(args(config=path, gpu_sharing="time_slicing"), REPOSITORY).gpu_sharing == \
         "time_slicing"
     assert launch_options.serve_plan(args(), REPOSITORY).gpu_sharing == "time_slicing"
@@ -164,7 +165,9 @@ def test_gpu_sharing_and_sm_shares_come_from_the_file_and_the_option_wins(tmp_pa
 
 @pytest.mark.parametrize("text, key", [("resources: {gpu_sharing: mig}", "resources.gpu_sharing"),
                                        ("resources: {decode: {sm_share: 0}}", "resources.decode.sm_share"),
-                                       ("resources: {flashcodec: {sm_share: 120}}", "resources.flashcodec.sm_share")])
+                                       ("resources: {flashcodec: {sm_share: 120}}", "resources.flashcodec.sm_share"),
+                                       ("resources: {encode_prefill: {mps_priority: low}}",
+                                        "resources.encode_prefill.mps_priority")])
 def test_bad_gpu_sharing_or_sm_share_is_refused_by_key(tmp_path, text, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         DeployConfig.load(write(tmp_path, text))

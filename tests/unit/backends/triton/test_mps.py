@@ -19,6 +19,19 @@ def test_a_bad_sm_share_is_refused_by_name(text):
         mps.sm_share({"sm_share": text})
 
 
+@pytest.mark.parametrize("text, priority", [("", None), ("normal", "normal"), (" below_normal ", "below_normal")])
+def test_mps_priority_is_a_client_priority_level_or_the_default(text, priority):
+    assert mps.mps_priority({"mps_priority": text}) == priority
+    assert mps.mps_priority({}) is None
+    assert priority is None or mps.PRIORITIES[priority] in ("0", "1")  # CUDA_MPS_CLIENT_PRIORITY's values
+
+
+@pytest.mark.parametrize("text", ["high", "low", "1", "BELOW_NORMAL"])
+def test_a_bad_mps_priority_is_refused_by_name(text):
+    with pytest.raises(ValueError, match=r"mps_priority must be normal or below_normal"):
+        mps.mps_priority({"mps_priority": text})
+
+
 def test_a_daemon_the_environment_names_is_used_and_left_running(tmp_path):
     environ = {mps.PIPE_ENV: str(tmp_path / "pipe"), mps.LOG_ENV: str(tmp_path / "log"), "PATH": ""}
     daemon = mps.MpsDaemon.start(tmp_path / "run", environ)
