@@ -86,6 +86,17 @@ def test_the_servers_media_defaults_fill_what_a_request_leaves_unset():
     assert media.media_defaults('{"fps": 1.0}', qwen).fps == 1.0
 
 
+def test_media_defaults_take_vllms_internvl_name_max_dynamic_patch_as_requests_do():
+    internvl = family("internvl3")
+    assert media.media_defaults('{"max_dynamic_patch": 6}', internvl).max_tiles == 6
+    assert media.media_defaults('{"max_tiles": 6, "max_dynamic_patch": 6}', internvl).max_tiles == 6
+    with pytest.raises(ValueError, match=r"^parameter media_defaults: max_tiles 2 and max_dynamic_patch 6 are one "):
+        media.media_defaults('{"max_tiles": 2, "max_dynamic_patch": 6}', internvl)
+    with pytest.raises(ValueError, match="^parameter media_defaults: max_tiles does not apply to the served model "
+                                         "family qwen2_5_vl"):
+        media.media_defaults('{"max_dynamic_patch": 6}', family("qwen2_5_vl"))
+
+
 @pytest.mark.parametrize("text, message", [
     ('{"num_frames": 32}', "parameter media_defaults: num_frames does not apply to the served model family qwen2_5_vl"),
     ('{"temperature": 0.5}', "parameter media_defaults: temperature is not a media setting"),
