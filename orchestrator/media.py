@@ -72,14 +72,11 @@ def check_media_settings(params: RequestParams, family: Family) -> None:
 def media_defaults(text: str | None, family: Family) -> RequestParams:
     """The server's media settings (the orchestrator's ``media_defaults`` parameter, a JSON object like
     ``{"num_frames": 32}``; vLLM's ``--mm-processor-kwargs`` for these keys), which a request's own settings override.
-    Raises ValueError naming the parameter for a key other than ``MEDIA_SETTINGS``, a bad value (the request rules of
-    ``parse_sampling_parameters``), or a setting ``family`` does not take."""
+    Raises ValueError naming the parameter for a key other than ``MEDIA_SETTINGS`` (and their aliases; the message
+    lists those), a bad value (the request rules of ``parse_sampling_parameters``), or a setting ``family`` does not
+    take."""
     try:
-        defaults = parse_sampling_parameters(text)
-        unknown = [f.name for f in fields(defaults)
-                   if f.name not in MEDIA_SETTINGS and getattr(defaults, f.name) != getattr(RequestParams(), f.name)]
-        if unknown:
-            raise InvalidInput(f"{unknown[0]} is not a media setting (one of {', '.join(MEDIA_SETTINGS)})")
+        defaults = parse_sampling_parameters(text, MEDIA_SETTINGS)
         check_media_settings(defaults, family)
     except InvalidInput as exc:
         raise ValueError(f"parameter media_defaults: {str(exc).removeprefix('sampling_parameters: ')}") from None

@@ -237,8 +237,9 @@ _CONVERTERS = {
 ALIASES = {"max_dynamic_patch": "max_tiles"}  # vLLM's InternVL name for the most tiles of an image
 
 
-def parse_sampling_parameters(text: str | None) -> RequestParams:
-    """Parses the `sampling_parameters` input (a JSON object in a string).
+def parse_sampling_parameters(text: str | None, keys: tuple[str, ...] = tuple(_CONVERTERS)) -> RequestParams:
+    """Parses the `sampling_parameters` input (a JSON object in a string) that may hold `keys` (all, by default; the
+    orchestrator's `media_defaults` takes the media settings alone) and their `ALIASES`.
 
     None or an empty string gives the defaults. Integers are accepted for floats; integer-valued
     floats for integers; numeric strings for both (genai-perf's form); "true"/"false" for booleans;
@@ -261,9 +262,10 @@ def parse_sampling_parameters(text: str | None) -> RequestParams:
                            "not a value any key takes") from None
     if not isinstance(raw, dict):
         raise InvalidInput(f"{_PREFIX}: must be a JSON object, got {type(raw).__name__}")
-    unknown = sorted(set(raw) - set(_CONVERTERS) - set(ALIASES))
+    known = [*keys, *(alias for alias, key in ALIASES.items() if key in keys)]
+    unknown = sorted(set(raw) - set(known))
     if unknown:
-        raise InvalidInput(f"{_PREFIX}: unknown key {unknown[0]!r} (known: {', '.join([*_CONVERTERS, *ALIASES])})")
+        raise InvalidInput(f"{_PREFIX}: unknown key {unknown[0]!r} (known: {', '.join(known)})")
     values = {key: _CONVERTERS[ALIASES.get(key, key)](key, value) for key, value in raw.items()}
     for alias, key in ALIASES.items():
         value = values.pop(alias, None)
