@@ -83,10 +83,16 @@ def media_defaults(text: str | None, family: Family) -> RequestParams:
     return defaults
 
 
-def with_media_defaults(params: RequestParams, defaults: RequestParams) -> RequestParams:
-    """``params`` with each media setting it leaves unset (None) taken from ``defaults`` (:func:`media_defaults`)."""
+def with_media_defaults(params: RequestParams, defaults: RequestParams, family: Family) -> RequestParams:
+    """``params`` with the media settings it leaves unset (None) taken from ``defaults`` (:func:`media_defaults`):
+    a request's own setting, then the server's, then (None) the family's. ``family.frame_settings`` choose one
+    thing, a video's frames: a request that sets one of them takes none of them from ``defaults`` (InternVL3: a
+    request's fps is not overridden by the server's num_frames; ``family.plan_video`` follows the request's first)."""
+    given = {key for key in MEDIA_SETTINGS if getattr(params, key) is not None}
+    if given & set(family.frame_settings):
+        given |= set(family.frame_settings)
     unset = {key: getattr(defaults, key) for key in MEDIA_SETTINGS
-             if getattr(params, key) is None and getattr(defaults, key) is not None}
+             if key not in given and getattr(defaults, key) is not None}
     return replace(params, **unset) if unset else params
 
 
