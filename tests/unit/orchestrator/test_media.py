@@ -147,3 +147,10 @@ def test_the_orchestrator_config_reads_media_defaults():
     assert config.model.family.name == "internvl3" and config.media_defaults.num_frames == 16
     with pytest.raises(ValueError, match="parameter media_defaults"):
         OrchestratorConfig.from_parameters({"media_defaults": '{"num_frames": 16}'})  # tiny: a Qwen2.5-VL preset
+
+
+def test_the_launchers_set_gives_media_defaults_vllms_name_too():
+    from backends.triton.repository import parse_overrides
+
+    params = parse_overrides(['orchestrator.media_defaults={"max_dynamic_patch": 6}', "*.preset=internvl3_tiny"])
+    assert OrchestratorConfig.from_parameters(params["orchestrator"]).media_defaults.max_tiles == 6
