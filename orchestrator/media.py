@@ -72,24 +72,27 @@ def check_media_settings(params: RequestParams, family: Family) -> None:
 def media_defaults(text: str | None, family: Family) -> RequestParams:
     """The server's media settings (the orchestrator's ``media_defaults`` parameter, a JSON object like
     ``{"num_frames": 32}``; vLLM's ``--mm-processor-kwargs`` for these keys), which a request's own settings override.
-    Raises ValueError naming the parameter for a key other than ``MEDIA_SETTINGS``, a bad value (the request rules of
-    ``parse_sampling_parameters``), or a setting ``family`` does not take."""
+    Raises ValueError naming the parameter for a key other than ``MEDIA_SETTINGS`` (and their aliases; the message
+    lists those), a bad value (the request rules of ``parse_sampling_parameters``), or a setting ``family`` does not
+    take."""
     try:
-        defaults = parse_sampling_parameters(text)
-        unknown = [f.name for f in fields(defaults)
-                   if f.name not in MEDIA_SETTINGS and getattr(defaults, f.name) != getattr(RequestParams(), f.name)]
-        if unknown:
-            raise InvalidInput(f"{unknown[0]} is not a media setting (one of {', '.join(MEDIA_SETTINGS)})")
+        defaults = parse_sampling_parameters(text, MEDIA_SETTINGS)
         check_media_settings(defaults, family)
     except InvalidInput as exc:
         raise ValueError(f"parameter media_defaults: {str(exc).removeprefix('sampling_parameters: ')}") from None
     return defaults
 
 
-def with_media_defaults(params: RequestParams, defaults: RequestParams) -> RequestParams:
-    """``params`` with each media setting it leaves unset (None) taken from ``defaults`` (:func:`media_defaults`)."""
+def with_media_defaults(params: RequestParams, defaults: RequestParams, family: Family) -> RequestParams:
+    """``params`` with the media settings it leaves unset (None) taken from ``defaults`` (:func:`media_defaults`):
+    a request's own setting, then the server's, then (None) the family's. ``family.frame_settings`` choose one
+    thing, a video's frames: a request that sets one of them takes none of them from ``defaults`` (InternVL3: a
+    request's fps is not overridden by the server's num_frames; ``family.plan_video`` follows the request's first)."""
+    given = {key for key in MEDIA_SETTINGS if getattr(params, key) is not None}
+    if given & set(family.frame_settings):
+        given |= set(family.frame_settings)
     unset = {key: getattr(defaults, key) for key in MEDIA_SETTINGS
-             if getattr(params, key) is None and getattr(defaults, key) is not None}
+             if key not in given and getattr(defaults, key) is not None}
     return replace(params, **unset) if unset else params
 
 

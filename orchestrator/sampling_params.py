@@ -232,15 +232,20 @@ _CONVERTERS = {
     "num_frames": _as_optional_int,
     "max_tiles": _as_optional_int,
 }
+# Other clients' names for a key, read as that key wherever sampling_parameters' rules apply (a request, the
+# orchestrator's media_defaults; the OpenAI API passes its mm_processor_kwargs on as they are)
+ALIASES = {"max_dynamic_patch": "max_tiles"}  # vLLM's InternVL name for the most tiles of an image
 
 
-def parse_sampling_parameters(text: str | None) -> RequestParams:
-    """Parses the `sampling_parameters` input (a JSON object in a string).
+def parse_sampling_parameters(text: str | None, keys: tuple[str, ...] = tuple(_CONVERTERS)) -> RequestParams:
+    """Parses the `sampling_parameters` input (a JSON object in a string) that may hold `keys` (all, by default; the
+    orchestrator's `media_defaults` takes the media settings alone) and their `ALIASES`.
 
     None or an empty string gives the defaults. Integers are accepted for floats; integer-valued
     floats for integers; numeric strings for both (genai-perf's form); "true"/"false" for booleans;
     a string or a list of strings for `stop`; a list of integers for `stop_token_ids`; null for `seed`, `fps`,
-    `max_pixels`, `num_frames`, `max_tiles` and `stop_token_ids`.
+    `max_pixels`, `num_frames`, `max_tiles` and `stop_token_ids`. A key of `ALIASES` is read as its key; both sent
+    are one setting: equal values (or one of them null) pass, different ones are refused naming both.
 
     Raises:
         InvalidInput: invalid JSON, not an object, an unknown key, a wrong type or an out-of-range
@@ -257,7 +262,16 @@ def parse_sampling_parameters(text: str | None) -> RequestParams:
                            "not a value any key takes") from None
     if not isinstance(raw, dict):
         raise InvalidInput(f"{_PREFIX}: must be a JSON object, got {type(raw).__name__}")
-    unknown = sorted(set(raw) - set(_CONVERTERS))
+    known = [*keys, *(alias for alias, key in ALIASES.items() if key in keys)]
+    unknown = sorted(set(raw) - set(known))
     if unknown:
-        raise InvalidInput(f"{_PREFIX}: unknown key {unknown[0]!r} (known: {', '.join(_CONVERTERS)})")
-    return RequestParams(**{key: _CONVERTERS[key](key, value) for key, value in raw.items()})
+        raise InvalidInput(f"{_PREFIX}: unknown key {unknown[0]!r} (known: {', '.join(known)})")
+    values = {key: _CONVERTERS[ALIASES.get(key, key)](key, value) for key, value in raw.items()}
+    for alias, key in ALIASES.items():
+        value = values.pop(alias, None)
+        if value is not None and values.get(key) not in (None, value):
+            raise InvalidInput(f"{_PREFIX}: {key} {values[key]!r} and {alias} {value!r} are one setting ({alias} is "
+                               f"vLLM's name for {key}): send one, or equal values")
+        if value is not None:
+            values[key] = value
+    return RequestParams(**values)

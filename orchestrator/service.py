@@ -285,7 +285,7 @@ class Orchestrator:
         limits = self.config.limits
         infos = [await asyncio.to_thread(probe_media, item, limits.max_image_pixels) for item in parsed.media]
         timeline.mark("probed", items=len(infos))
-        media_params = with_media_defaults(parsed.params, self.config.media_defaults)
+        media_params = with_media_defaults(parsed.params, self.config.media_defaults, self.family)
         plans, cap = await asyncio.to_thread(plan_request, list(parsed.media), infos, media_params, self.family,
                                              limits.max_visual_tokens)
         if parsed.raw:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 
 class _Body(BaseModel):
@@ -68,25 +68,13 @@ class MediaOptions(_Strict):
     """vLLM's ``mm_processor_kwargs``, the keys the orchestrator takes (``orchestrator.sampling_params``; which apply is
     the served family's): frames sampled per second of video, the largest resized frame or image area in pixels
     (Qwen2.5-VL), the segments a video is cut into and the most tiles of an image (InternVL3; also under vLLM's
-    InternVL name ``max_dynamic_patch``)."""
+    InternVL name ``max_dynamic_patch``, passed on as it is: the orchestrator's ``ALIASES`` read it as max_tiles)."""
 
     fps: float | None = None
     max_pixels: int | None = None
     num_frames: int | None = None
     max_tiles: int | None = None
-
-    @model_validator(mode="before")
-    @classmethod
-    def _vllm_name(cls, data: Any) -> Any:
-        """``max_dynamic_patch`` is ``max_tiles``; both at once must agree (ValueError naming both otherwise)."""
-        if isinstance(data, dict) and "max_dynamic_patch" in data:
-            data = dict(data)
-            value = data.pop("max_dynamic_patch")
-            if "max_tiles" in data and data["max_tiles"] != value:
-                raise ValueError(f"max_tiles {data['max_tiles']!r} and max_dynamic_patch {value!r} are one setting "
-                                 "(vLLM's name for max_tiles): send one, or equal values")
-            data["max_tiles"] = value
-        return data
+    max_dynamic_patch: int | None = None
 
 
 class GenerationRequest(_Body):

@@ -104,6 +104,9 @@ class Family(Protocol):
     frames_per_group: int  # decoded video frames per group
     patch_dim: int  # values per patch row
     options: tuple[str, ...]  # the `MediaOptions` fields it honours (the others it refuses)
+    # the `options` that each choose a video's frames, the one `plan_video` follows first when several are set; a
+    # server default fills none of them when a request sets one (`orchestrator.media.with_media_defaults`)
+    frame_settings: tuple[str, ...]
     placeholders: dict[str, str]  # media kind -> the chat template's placeholder for it
     reserved_tokens: tuple[str, ...]  # tokens only the server may place in a prompt
     fewer_tokens: dict[str, tuple[str, ...]]  # media kind -> the request settings that lower its visual tokens

@@ -182,6 +182,7 @@ class InternVL3:
     budgets = Budgets(encode=5120, prefill=2048)  # the paper's deployment notes (docs/design.md, "Scheduling")
     frames_per_group = 1
     options = ("fps", "num_frames", "max_tiles")
+    frame_settings = ("num_frames", "fps")  # num_frames segments, else fps's (plan_video)
     placeholders = {"image": CONTEXT, "video": VIDEO}  # what the chat template writes for an image / a video
     reserved_tokens = (START_IMAGE, END_IMAGE, CONTEXT, VIDEO)
     fewer_tokens = {"image": ("max_tiles",), "video": ("num_frames",)}

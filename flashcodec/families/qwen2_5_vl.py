@@ -25,6 +25,7 @@ class Qwen25VL:
     frames_per_group = TEMPORAL_PATCH_SIZE
     patch_dim = PATCH_DIM
     options = ("fps", "max_pixels")
+    frame_settings = ("fps",)
     placeholders = {"image": IMAGE_PAD, "video": VIDEO_PAD}
     # M-RoPE's positions (transformers' get_rope_index) are read from these, so a prompt may not bring its own
     reserved_tokens = ("<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", IMAGE_PAD, VIDEO_PAD)

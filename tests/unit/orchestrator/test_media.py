@@ -80,20 +80,65 @@ def test_the_servers_media_defaults_fill_what_a_request_leaves_unset():
     defaults = media.media_defaults('{"num_frames": 32, "max_tiles": 6}', internvl)
     assert (defaults.num_frames, defaults.max_tiles) == (32, 6)
     asked = parse_sampling_parameters('{"num_frames": 4, "temperature": 0.5}')
-    merged = media.with_media_defaults(asked, defaults)
+    merged = media.with_media_defaults(asked, defaults, internvl)
     assert (merged.num_frames, merged.max_tiles, merged.temperature) == (4, 6, 0.5)  # the request's own wins
-    assert media.with_media_defaults(asked, media.media_defaults("", internvl)) is asked  # none set: unchanged
+    assert media.with_media_defaults(asked, media.media_defaults("", internvl), internvl) is asked  # none: unchanged
     assert media.media_defaults('{"fps": 1.0}', qwen).fps == 1.0
+
+
+def test_a_requests_own_frame_setting_wins_over_the_servers_default_which_wins_over_the_familys():
+    """InternVL3 chooses a video's frames by num_frames, else fps (Family.frame_settings): a request's fps is not
+    overridden by the server's num_frames; a request's num_frames wins over its own fps, as without defaults."""
+    from flashcodec.families import FAMILIES
+    from tests.unit.flashcodec.test_sampling import cfr_info
+
+    internvl, qwen = family("internvl3"), family("qwen2_5_vl")
+    video = cfr_info(640, 360, 300, 30.0)  # 10 s at 30 fps
+
+    def frames(asked: str, defaults: str, served=internvl) -> int:
+        params = media.with_media_defaults(parse_sampling_parameters(asked), media.media_defaults(defaults, served),
+                                           served)
+        return media.plan_request([MediaInput("video", data=b"v")], [video], params, served, 0)[0][0].num_groups
+
+    assert frames("", "") == 8  # the family's default segments
+    assert frames("", '{"num_frames": 32}') == frames("", '{"fps": 3.2}') == 32  # the server's default
+    assert frames('{"fps": 1.0}', '{"num_frames": 32}') == 10  # the request's fps: int(300 / 30 * 1)
+    assert frames('{"num_frames": 4}', '{"fps": 1.0}') == 4
+    assert frames('{"num_frames": 4, "fps": 1.0}', '{"num_frames": 32}') == 4  # a request's num_frames over its fps
+    assert frames("", '{"num_frames": 5, "fps": 1.0}') == 5  # and a default's over its own
+    merged = media.with_media_defaults(parse_sampling_parameters('{"fps": 1.0}'),
+                                       media.media_defaults('{"num_frames": 32, "max_tiles": 6}', internvl), internvl)
+    assert (merged.fps, merged.num_frames, merged.max_tiles) == (1.0, None, 6)  # max_tiles: another setting
+    assert frames('{"fps": 1.0}', '{"fps": 0.5}', qwen) == 5 and frames("", '{"fps": 0.5}', qwen) == 2  # 2 a group
+    with pytest.raises(InvalidInput, match="num_frames does not apply to the served model family qwen2_5_vl"):
+        frames('{"num_frames": 4}', '{"fps": 0.5}', qwen)  # refused, not overridden by the server's fps
+    for served in FAMILIES.values():  # each lists the settings its plan_video reads for the frames, first the winner
+        assert set(served.frame_settings) <= set(served.options)
+    assert internvl.frame_settings == ("num_frames", "fps") and qwen.frame_settings == ("fps",)
+
+
+def test_media_defaults_take_vllms_internvl_name_max_dynamic_patch_as_requests_do():
+    internvl = family("internvl3")
+    assert media.media_defaults('{"max_dynamic_patch": 6}', internvl).max_tiles == 6
+    assert media.media_defaults('{"max_tiles": 6, "max_dynamic_patch": 6}', internvl).max_tiles == 6
+    with pytest.raises(ValueError, match=r"^parameter media_defaults: max_tiles 2 and max_dynamic_patch 6 are one "):
+        media.media_defaults('{"max_tiles": 2, "max_dynamic_patch": 6}', internvl)
+    with pytest.raises(ValueError, match="^parameter media_defaults: max_tiles does not apply to the served model "
+                                         "family qwen2_5_vl"):
+        media.media_defaults('{"max_dynamic_patch": 6}', family("qwen2_5_vl"))
 
 
 @pytest.mark.parametrize("text, message", [
     ('{"num_frames": 32}', "parameter media_defaults: num_frames does not apply to the served model family qwen2_5_vl"),
-    ('{"temperature": 0.5}', "parameter media_defaults: temperature is not a media setting"),
+    ('{"temperature": 0.5}', "parameter media_defaults: unknown key 'temperature' (known: fps, max_pixels, "
+                             "num_frames, max_tiles, max_dynamic_patch)"),  # the media keys alone, not sampling's
+    ('{"fsp": 1}', "parameter media_defaults: unknown key 'fsp' (known: fps, max_pixels, num_frames, max_tiles, "
+                   "max_dynamic_patch)"),
     ('{"fps": 0}', "parameter media_defaults: fps must be"),
     ("[1]", "parameter media_defaults: must be a JSON object"),
 ])
 def test_bad_media_defaults_stop_the_server_naming_the_parameter(text, message):
-    with pytest.raises(ValueError, match=re.escape(message)):
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}"):
         media.media_defaults(text, family("qwen2_5_vl"))
 
 
@@ -102,3 +147,10 @@ def test_the_orchestrator_config_reads_media_defaults():
     assert config.model.family.name == "internvl3" and config.media_defaults.num_frames == 16
     with pytest.raises(ValueError, match="parameter media_defaults"):
         OrchestratorConfig.from_parameters({"media_defaults": '{"num_frames": 16}'})  # tiny: a Qwen2.5-VL preset
+
+
+def test_the_launchers_set_gives_media_defaults_vllms_name_too():
+    from backends.triton.repository import parse_overrides
+
+    params = parse_overrides(['orchestrator.media_defaults={"max_dynamic_patch": 6}', "*.preset=internvl3_tiny"])
+    assert OrchestratorConfig.from_parameters(params["orchestrator"]).media_defaults.max_tiles == 6

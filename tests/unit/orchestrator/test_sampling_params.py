@@ -179,3 +179,17 @@ def test_media_settings_reach_the_families_as_media_options():
     params = parse_sampling_parameters('{"num_frames": "4", "max_tiles": 2, "fps": null}')
     assert (params.fps, params.num_frames, params.max_tiles) == (None, 4, 2)  # fps unset: the family's default
     assert params.media == MediaOptions(None, None, 4, 2)
+
+
+def test_vllms_internvl_name_max_dynamic_patch_is_max_tiles():
+    for text in ('{"max_tiles": 6}', '{"max_dynamic_patch": 6}', '{"max_tiles": 6, "max_dynamic_patch": "6"}',
+                 '{"max_tiles": null, "max_dynamic_patch": 6}', '{"max_tiles": 6, "max_dynamic_patch": null}'):
+        assert parse_sampling_parameters(text) == RequestParams(max_tiles=6), text  # null: not given
+    with pytest.raises(InvalidInput, match=r"^sampling_parameters: max_tiles 2 and max_dynamic_patch 6 are one "
+                                           r"setting \(max_dynamic_patch is vLLM's name for max_tiles\): send one, "
+                                           r"or equal values$"):
+        parse_sampling_parameters('{"max_tiles": 2, "max_dynamic_patch": 6}')
+    with pytest.raises(InvalidInput, match="^sampling_parameters: max_dynamic_patch must be an integer, got 'many'"):
+        parse_sampling_parameters('{"max_dynamic_patch": "many"}')
+    with pytest.raises(InvalidInput, match=r"unknown key 'max_dynamic_patches' \(known: .*, max_dynamic_patch\)$"):
+        parse_sampling_parameters('{"max_dynamic_patches": 6}')

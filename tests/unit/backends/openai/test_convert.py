@@ -10,6 +10,7 @@ from pydantic import ValidationError
 from tritonclient.utils import deserialize_bytes_tensor
 
 from backends.openai.convert import MediaRef, chat_request, completion_request
+from backends.openai.errors import from_orchestrator
 from backends.openai.schemas import ChatCompletionRequest, CompletionRequest
 from orchestrator.inputs import InputLimits, RawRequest, parse_request
 from orchestrator.messages import Part, Turn
@@ -81,12 +82,19 @@ def test_sampling_fields_take_vllm_names():
     assert parsed.return_output_ids and not parsed.stream
 
 
-def test_vllms_internvl_name_max_dynamic_patch_is_max_tiles():
+def test_vllms_internvl_name_max_dynamic_patch_is_the_orchestrators_to_judge():
+    """mm_processor_kwargs' max_dynamic_patch goes on as it is: the orchestrator reads it as max_tiles (its one
+    alias rule, orchestrator.sampling_params.ALIASES), as it does from a KServe client or in media_defaults."""
     for kwargs in ({"max_tiles": 6}, {"max_dynamic_patch": 6}, {"max_tiles": 6, "max_dynamic_patch": 6}):
         request = chat_request(_chat(messages=[{"role": "user", "content": "hi"}], mm_processor_kwargs=kwargs))
-        assert request.sampling == {"max_tiles": 6}
-    with pytest.raises(ValueError, match="max_tiles 2 and max_dynamic_patch 6 are one setting"):
-        _chat(messages=[{"role": "user", "content": "hi"}], mm_processor_kwargs={"max_tiles": 2, "max_dynamic_patch": 6})
+        assert request.sampling == kwargs
+        assert parse_sampling_parameters(json.dumps(request.sampling)).max_tiles == 6
+    request = chat_request(_chat(messages=[{"role": "user", "content": "hi"}],
+                                 mm_processor_kwargs={"max_tiles": 2, "max_dynamic_patch": 6}))
+    with pytest.raises(ValueError, match="max_tiles 2 and max_dynamic_patch 6 are one setting") as refused:
+        parse_sampling_parameters(json.dumps(request.sampling))
+    answer = from_orchestrator(str(refused.value))  # the orchestrator's refusal, as the API answers it
+    assert (answer.status, answer.param) == (400, "max_tiles")
 
 
 def test_the_penalties_pass_through_for_the_orchestrator_to_judge():
