@@ -57,8 +57,8 @@ def command(system: str, checkpoint: Path, media: Path, smoke: bool, extra: list
         ports = ServerPorts.unused()
         argv = [sys.executable, "-m", "backends.triton.launcher", "--openai-port", port, "--ready-timeout", "900",
                 "--http-port", str(ports.http), "--grpc-port", str(ports.grpc), "--metrics-port", str(ports.metrics)]
-        if not smoke:
-            argv += ["--model", str(checkpoint), "--set", "*.load_format=dummy"]
+        if not smoke:  # the H200 deployment file's GPU sharing (docs/deployment.md, "Sharing a GPU")
+            argv += ["--model", str(checkpoint), "--set", "*.load_format=dummy", "--gpu-sharing", "mps"]
             argv += [a for item in model.unifiedserve for a in ("--set", item)]
         if not caches:
             argv += ["--set", "orchestrator.prefix_caching=false"]
