@@ -124,6 +124,24 @@ class Overloaded(RuntimeError):
     """A request refused for the server's load, not its content (Triton's UNAVAILABLE; HTTP 503): retry later."""
 
 
+INLINE_TEXT_CHARS = 16_384
+
+
+def _off_loop(parsed: ParsedRequest) -> Callable:
+    """How admission runs a request's planning, prompt building and hashing: on the event loop for a request with no
+    media and at most ``INLINE_TEXT_CHARS`` characters of text (about 0.4 ms of CPU for a 350-token chat prompt), in a
+    worker thread otherwise. A thread hop costs more than such a prompt takes, and 32 requests arriving together, each
+    hopping three times, interleaved their admissions for up to 40 ms on a 2-core machine (about 5 ms alone) before
+    any of them reached the scheduler."""
+    text = len(parsed.text) + sum(len(part.text) for turn in parsed.turns for part in turn.parts)
+    if parsed.media or text > INLINE_TEXT_CHARS:
+        return asyncio.to_thread
+
+    async def inline(fn: Callable, *args):
+        return fn(*args)
+    return inline
+
+
 def _shutting_down() -> StageError:
     return StageError(StageFailure(SERVER_FAULT, SHUTTING_DOWN))
 
@@ -286,14 +304,15 @@ class Orchestrator:
         infos = [await asyncio.to_thread(probe_media, item, limits.max_image_pixels) for item in parsed.media]
         timeline.mark("probed", items=len(infos))
         media_params = with_media_defaults(parsed.params, self.config.media_defaults, self.family)
-        plans, cap = await asyncio.to_thread(plan_request, list(parsed.media), infos, media_params, self.family,
-                                             limits.max_visual_tokens)
+        off_loop = _off_loop(parsed)
+        plans, cap = await off_loop(plan_request, list(parsed.media), infos, media_params, self.family,
+                                    limits.max_visual_tokens)
         if parsed.raw:
-            prompt = await asyncio.to_thread(build_raw_prompt, self.tokenizer, parsed.text, self.family)
+            prompt = await off_loop(build_raw_prompt, self.tokenizer, parsed.text, self.family)
         else:
-            prompt = await asyncio.to_thread(build_chat_prompt, self.tokenizer, parsed.turns,
-                                             [(m.kind, p.grid_thw, getattr(p, "second_per_grid_t", 0.0))
-                                              for m, p in zip(parsed.media, plans)], self.family)
+            prompt = await off_loop(build_chat_prompt, self.tokenizer, parsed.turns,
+                                    [(m.kind, p.grid_thw, getattr(p, "second_per_grid_t", 0.0))
+                                     for m, p in zip(parsed.media, plans)], self.family)
         timeline.mark("prompt_built", tokens=len(prompt.input_ids), visual_tokens=prompt.num_visual_tokens)
         params = parsed.params
         prompt.check_length(params.max_tokens, self.config.max_model_len, self.family)
@@ -324,7 +343,7 @@ class Orchestrator:
             raise StageError(StageFailure(SERVER_FAULT, next(e.decode_ended for e in self.engines if e.decode_ended)))
         identities, hashes, cache = (), (), self.config.cache
         if cache.enabled or cache.encoder_tokens:
-            identities, hashes = await asyncio.to_thread(self._identify, parsed, plans, prompt, engine.scheduler.config)
+            identities, hashes = await off_loop(self._identify, parsed, plans, prompt, engine.scheduler.config)
         req_id = uuid.uuid4().hex
         request = EngineRequest(
             NewRequest(req_id, prompt.input_ids,
