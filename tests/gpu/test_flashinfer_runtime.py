@@ -1,6 +1,7 @@
 """flashinfer attention and CUDA-graph decode against the torch reference backend, on the GPU.
 
-* the kernels on random paged layouts (shuffled pages, ragged chunks on cached prefixes, decode rows);
+* the kernels on random paged layouts (shuffled pages, ragged chunks on cached prefixes, decode rows), each
+  prefill step on the kernel ``prefill_kernel`` picks (FA2 for a short chunk over a long context);
 * ``tiny`` and ``internvl3_tiny`` in bf16: the whole runner with flashinfer against the runner with torch attention
   (logits within 1e-2 relative error, greedy tokens equal except genuine ties);
 * CUDA graphs (both families): replayed decode equals eager decode, padding rows touch only the scratch page; steps
@@ -58,6 +59,7 @@ def test_kernels_match_torch_on_random_paged_layouts(heads, kv_heads, head_dim):
     rng.shuffle(pages)
     for new, cached in [([1] * 7, [0, 5, 16, 33, 100, 255, 700]),        # decode rows
                         ([37, 1, 300, 16], [0, 90, 17, 512]),             # ragged chunks on cached prefixes
+                        ([16], [3000]),                                   # short over long: FA2, split KV
                         ([1000], [0])]:                                   # one long first chunk
         tables, at = [], 0
         for n, c in zip(new, cached):
