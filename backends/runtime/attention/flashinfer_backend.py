@@ -189,12 +189,13 @@ class FlashInferAttentionBackend(AttentionBackend):
         elif not self._prefill:
             raise ValueError("a decode-graph backend runs decode steps only (one token per sequence)")
         else:
-            kernels = list(self._prefill)
-            kernel = kernels[0] if len(kernels) == 1 else self.prefill_kernel(np.diff(metadata.cu_seqlens_q.numpy()))
-            self._prefill[kernel].plan(metadata.cu_seqlens_q, metadata.kv_indptr, metadata.kv_indices,
-                                       metadata.kv_last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size,
-                                       causal=True, **common)
-            self._active = self._prefill[kernel]
+            if len(self._prefill) == 1:  # a graph's backend: the kernel it was captured with
+                (wrapper,) = self._prefill.values()
+            else:
+                wrapper = self._prefill[self.prefill_kernel(np.diff(metadata.cu_seqlens_q.numpy()).tolist())]
+            wrapper.plan(metadata.cu_seqlens_q, metadata.kv_indptr, metadata.kv_indices, metadata.kv_last_page_len,
+                         num_qo_heads, num_kv_heads, head_dim, page_size, causal=True, **common)
+            self._active = wrapper
         self._append = self._static_append or _AppendIndices.upload(metadata, self.workspace.device)
 
     def forward(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -73,7 +73,7 @@ class DecodeGraphs(CapturedGraphs):
         super().__init__(runner, batch_sizes)
         self.scratch = scratch_page(runner.kv_cache.shape[2])
         self.max_batch = self.max_rows
-        self._staging = PinnedStaging((3, self.max_batch), torch.int32, runner.device)
+        self._staging = PinnedStaging(3 * self.max_batch, torch.int32, runner.device)
         # Every sequence may hold pages; together they cannot hold more than the pool (plus padding rows).
         self._max_pages = runner.kv_cache.shape[2] + self.max_batch
         self._layout = LayoutStaging(self.max_batch, self._max_pages, runner.device)
@@ -120,7 +120,7 @@ class DecodeGraphs(CapturedGraphs):
         prepared, self._prepared = self._prepared, None
         planned = prepared if prepared is not None and prepared.fits(seqs) else self._plan(seqs)
         g = planned.graph
-        staging = self._staging.take()[:, :g.batch_size]
+        staging = self._staging.take(3, g.batch_size)
         staging[0] = 0
         if token_ids is None:
             staging[0, :n] = torch.tensor([s.token_id for s in seqs])

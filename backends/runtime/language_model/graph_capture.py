@@ -14,6 +14,7 @@ recommends), and the pinned buffers through which a step's host arrays reach the
 """
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import TYPE_CHECKING, Callable, Sequence, TypeVar
 
@@ -44,19 +45,21 @@ def rung_for(rungs: Sequence[int], n: int) -> int:
 
 
 class PinnedStaging:
-    """A pinned host buffer (``shape``, ``dtype``) whose contents reach ``device`` by asynchronous copies queued on
-    the current stream. :meth:`take` waits until the copies queued before the last :meth:`sent` have run (normally
-    long done: the caller has read a step's results since), so the host never rewrites memory a copy still reads."""
+    """A pinned host buffer of ``numel`` elements of ``dtype`` whose contents reach ``device`` by asynchronous copies
+    queued on the current stream. :meth:`take` waits until the copies queued before the last :meth:`sent` have run
+    (normally long done: the caller has read a step's results since), so the host never rewrites memory a copy still
+    reads."""
 
-    def __init__(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> None:
-        self.buffer = torch.zeros(shape, dtype=dtype, pin_memory=True)
+    def __init__(self, numel: int, dtype: torch.dtype, device: torch.device) -> None:
+        self.buffer = torch.zeros(numel, dtype=dtype, pin_memory=True)
         self.device = device
         self._copied = torch.cuda.Event()
 
-    def take(self) -> torch.Tensor:
-        """The whole buffer, once free to rewrite."""
+    def take(self, *shape: int) -> torch.Tensor:
+        """The buffer's first elements as a contiguous tensor of ``shape`` (pinned: a copy out of it is asynchronous),
+        once free to rewrite. Raises RuntimeError when ``shape`` holds more than ``numel`` elements."""
         self._copied.synchronize()
-        return self.buffer
+        return self.buffer[:math.prod(shape)].view(shape)
 
     def sent(self) -> None:
         """Mark the copies out of the buffer queued so far (on the current stream of ``device``)."""
@@ -74,14 +77,14 @@ class LayoutStaging:
 
     def __init__(self, max_seqs: int, max_pages: int, device: torch.device) -> None:
         # qo indptr, kv indptr, last page lengths, pages (pinned); the page list again on the device
-        self._host = PinnedStaging((3 * max_seqs + 2 + max_pages,), torch.int32, device)
+        self._host = PinnedStaging(3 * max_seqs + 2 + max_pages, torch.int32, device)
         self._pages = torch.zeros(max_pages, dtype=torch.int32, device=device)
 
     def plan(self, backend: FlashInferAttentionBackend, metadata: AttentionMetadata) -> None:
         """``backend.plan(metadata)`` through the staging buffers; the host does not wait for the GPU. Raises
         ValueError as the backend's plan does."""
         b, pages = metadata.num_seqs, metadata.kv_indices.numel()
-        qo, indptr, last, indices = self._host.take()[:3 * b + 2 + pages].split([b + 1, b + 1, b, pages])
+        qo, indptr, last, indices = self._host.take(3 * b + 2 + pages).split([b + 1, b + 1, b, pages])
         qo.copy_(metadata.cu_seqlens_q)
         indptr.copy_(metadata.kv_indptr)
         last.copy_(metadata.kv_last_page_len)

@@ -89,7 +89,7 @@ class PrefillGraphs(CapturedGraphs):
         # pages[1:] (flashinfer's fixed indices buffer, shared by all rungs: one graph is planned and replayed at once).
         self._pages = torch.full((1 + max_pages,), self.scratch, dtype=torch.int32, device=device)
         self._layout = LayoutStaging(1, max_pages, device)
-        self._staging = PinnedStaging((runner.family.position_rows + 1, self.max_rows), torch.int32, device)
+        self._staging = PinnedStaging((runner.family.position_rows + 1) * self.max_rows, torch.int32, device)
         self._graphs = {r: self._capture(r) for r in reversed(self.rungs)}
 
     def _capture(self, rows: int) -> _Graph:
@@ -114,7 +114,7 @@ class PrefillGraphs(CapturedGraphs):
         g = self._graphs[rung_for(self.rungs, n)]
         metadata = AttentionMetadata.build([n], [chunk.num_cached], [chunk.block_table], runner.page_size, "cpu")
         self._layout.plan(g.backend, metadata)
-        staging = self._staging.take()[:, :g.rows]
+        staging = self._staging.take(runner.family.position_rows + 1, g.rows)
         staging[:-1, :n] = chunk.positions
         staging[:-1, n:] = 0
         staging[-1] = append_positions(metadata.kv_positions, g.rows, runner.page_size)
