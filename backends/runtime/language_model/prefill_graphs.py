@@ -14,9 +14,12 @@ rungs). What goes in and out:
 * out: the final norm's hidden states ``[R, hidden]``; the LM head runs outside the graph on the last real row only.
 
 flashinfer's layout for the attention is the real rows only: ``qo_indptr = [0, n]`` over the sequence's ``c + n``
-KV tokens. Its ``use_cuda_graph`` mode fixes a graph's tiles and work lists for the rows of its first ``plan()``
-(``R``, at capture) and takes fewer rows later (FA2 reads the real row count from the device, FA3's work lists come
-from the plan), leaving the other query rows unread and their output rows zero. Declaring the padding rows as query
+KV tokens. Its ``use_cuda_graph`` mode sizes a graph's grid and buffers for the rows of the wrapper's first
+``plan()`` (``R``, at capture) and takes fewer rows later: ``plan()`` refuses only more ("cannot exceed the number of
+rows set during initialization"); in flashinfer 0.6's scheduler.cuh, FA2's ``PrefillSplitQOKVIndptr`` assumes "the
+dummy data based on which the CUDA graph is created fixes the maximum number of tokens" and its kernels read the real
+row count from the device, and FA3's ``PrefillSM90Plan`` makes work items for the real rows only. The other query
+rows are left unread and their output rows zero (``run()`` zero-fills its output). Declaring the padding rows as query
 rows instead would need keys for them: KV slots past the chunk in the sequence's own pages (which its block table
 need not have, and which the next chunk overwrites) or a second sequence of up to 511 tokens over the scratch page;
 ``qo_indptr`` of the real rows needs neither. The KV writes (``append_paged_kv_cache``) take any page list: they see
