@@ -33,8 +33,9 @@ class SchedulerConfig:
             exempt, as groups are not split); what is left then goes out again in FCFS order without
             the cap, so a lone sequence may still use the whole budget. 1.0 is plain FCFS.
         kv_page_size: tokens per KV page.
-        short_prefill_tokens: a prefill that ends its prompt within this many tokens, every embedding ready, goes
-            into a short step of such prefills only, ahead of other work (``orchestrator.step_fill``); 0: off.
+        short_prefill_tokens: a prompt not started (but for its cached prefix) that ends within this many tokens,
+            every embedding ready, goes into a short step of such prefills only, ahead of other work
+            (``orchestrator.step_fill``); 0: off.
         max_short_steps: short steps in a row while other work waits; then a normal step (no starvation).
 
     Raises:

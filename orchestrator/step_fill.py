@@ -3,10 +3,12 @@ docs/design.md, "Scheduling").
 
 A normal step fills the encode budget with whole ready groups and then the prefill budget with prompt chunks whose
 embeddings are ready, sequences in arrival order, each first capped at ``max_share`` of a budget (``fill_encode``,
-``fill_prefill``). A short step (``short_prefills``) holds only prefills that end their prompt within a few tokens:
-a question about a clip whose KV is cached, or a text request, arriving while a long prompt is encoded and prefilled,
-then waits for one small step instead of one that also carries the long prompt's encode and chunk (on an H200, a
-50-token prefill alone took 23-30 ms in the worker, and 90-110 ms in a step beside a 20-s clip's work).
+``fill_prefill``). A short step (``short_prefills``) holds only short prompts that have not started: a question about
+a clip whose KV is cached, or a text request, arriving while a long prompt is encoded and prefilled, then waits for
+one small step instead of one that also carries the long prompt's encode and chunk (on an H200, a 50-token prefill
+alone took 23-30 ms in the worker, and 90-110 ms in a step beside a 20-s clip's work). The last chunk of a long
+prompt is not one: it goes into the next normal step (in 16 one-image requests at once, giving the images' last
+254-token chunks short steps of their own made 16 steps of 0.5k and 2k tokens where 10 full ones would do).
 """
 from __future__ import annotations
 
@@ -66,14 +68,15 @@ def fill_prefill(seqs: Iterable[Sequence], encode: list[EncodeWork], budget: int
 
 
 def short_prefills(seqs: Iterable[Sequence], budget: int, short_tokens: int) -> list[PrefillWork]:
-    """The short step's work: the admitted sequences, in the given (arrival) order, whose prompt ends within
-    ``short_tokens`` tokens with every embedding ready (no group left to encode), each prefilled to its end, while
-    ``budget`` tokens last. Empty when there are none (or ``short_tokens`` is 0)."""
+    """The short step's work: the admitted sequences, in the given (arrival) order, with nothing prefilled yet but
+    their cached prefix, whose prompt ends within ``short_tokens`` tokens with every embedding ready (no group left to
+    encode), each prefilled to its end, while ``budget`` tokens last. Empty when there are none (or ``short_tokens``
+    is 0)."""
     works, used = [], 0
     for seq in seqs:
         left = seq.prompt_len - seq.num_computed_tokens
-        if (seq.block_table is not None and 0 < left <= min(short_tokens, budget - used)
-                and seq.ready_end() == seq.prompt_len):
+        if (seq.block_table is not None and seq.num_computed_tokens == seq.num_cached_tokens
+                and 0 < left <= min(short_tokens, budget - used) and seq.ready_end() == seq.prompt_len):
             works.append(_chunk(seq, seq.prompt_len))
             used += left
     return works

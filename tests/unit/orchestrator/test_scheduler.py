@@ -188,6 +188,16 @@ def test_a_prefill_about_to_end_its_prompt_gets_a_short_step_ahead_of_a_long_pro
     assert [w.req_id for w in plan.prefill] == ["long", "text"] and encoded(plan) == [("long", 0, 2)]
 
 
+def test_the_last_chunk_of_a_long_prompt_goes_into_the_next_normal_step_not_a_short_one():
+    sched, _, _ = make(kv_pages=400, prefill_budget=100, max_share=0.5, short_prefill_tokens=50)
+    for name in "abcd":
+        sched.add(Sequence(name, 70, 1))  # like images at once: each more than half the budget
+    assert chunks(step(sched)[0]) == [("a", 0, 50), ("b", 0, 50)]
+    plan, finished = step(sched)  # a's and b's 20-token tails share a normal step with c and d
+    assert chunks(plan) == [("a", 50, 70), ("b", 50, 70), ("c", 0, 50), ("d", 0, 10)]
+    assert finished == ["a", "b"] and sched._short_streak == 0
+
+
 def test_a_short_step_waits_for_its_media_and_is_not_taken_when_nothing_else_waits():
     sched, _, patch = make(kv_pages=400, prefill_budget=100, short_prefill_tokens=50)
     image = video_seq("image", groups=1, text_before=2, text_after=2)  # 20 tokens, its group not yet decoded

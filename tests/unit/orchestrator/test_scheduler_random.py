@@ -87,13 +87,14 @@ def kv_pages(seq, config):
 
 
 def is_short_step(config, plan, live):
-    """A short step (``orchestrator.step_fill.short_prefills``): only prefills that end their prompts within
-    ``short_prefill_tokens``, every embedding ready, within the budget, while other work waits."""
+    """A short step (``orchestrator.step_fill.short_prefills``): only prompts not started but for their cached prefix
+    that end within ``short_prefill_tokens``, every embedding ready, within the budget, while other work waits."""
     if plan.encode or not plan.prefill or not config.short_prefill_tokens:
         return False
     for w in plan.prefill:
         seq = live[w.req_id]
-        if not (w.is_last and w.end - w.start <= config.short_prefill_tokens and demand_end(seq, set()) == w.end):
+        if not (w.is_last and w.end - w.start <= config.short_prefill_tokens and demand_end(seq, set()) == w.end
+                and w.start == seq.num_cached_tokens):
             return False
     named = {w.req_id for w in plan.prefill}
     others = [seq for r, seq in live.items() if r not in named]
@@ -109,6 +110,7 @@ def check_plan(sched, config, plan, live, arrival, streak):
         for seq in live.values():  # every short prefill that fits alongside is in
             left = seq.prompt_len - seq.num_computed_tokens
             if seq.block_table is not None and 0 < left <= config.short_prefill_tokens and \
+                    seq.num_computed_tokens == seq.num_cached_tokens and \
                     demand_end(seq, set()) == seq.prompt_len and seq.req_id not in {w.req_id for w in plan.prefill}:
                 assert plan.num_prefill_tokens + left > config.prefill_budget, "a short prefill left out"
         return streak + 1
