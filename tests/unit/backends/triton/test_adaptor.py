@@ -1,10 +1,12 @@
 """Every model.py is the same adaptor; the class comes from the model's name (replicas too)."""
+import gc
 from pathlib import Path
 
 import pytest
 
 from backends.stages.decode_stage import DecodeStage
 from backends.stages.encode_prefill_stage import EncodePrefillStage
+from backends.triton import adaptor
 from backends.triton.adaptor import model_class
 from backends.triton.launcher import REPO_ROOT
 from orchestrator.triton_model import OrchestratorModel
@@ -21,3 +23,21 @@ def test_the_class_follows_the_model_name_and_replicas_share_their_stage_class()
 def test_every_model_file_is_the_one_adaptor():
     files = sorted((REPO_ROOT / "model_repository").glob("*/1/model.py"))
     assert len(files) == 4 and len({Path(f).read_text() for f in files}) == 1
+
+
+def test_the_heap_is_collected_and_frozen_once_the_model_is_built(monkeypatch):
+    built = []
+
+    class Model:
+        def __init__(self, args):
+            built.append([object() for _ in range(100)])  # what a model keeps from its start-up
+
+    monkeypatch.setattr(adaptor, "model_class", lambda name: Model)
+    monkeypatch.setattr(adaptor.model_log, "install", lambda name: None)
+    monkeypatch.setattr(adaptor.standalone, "adopt", lambda: None)
+    gc.unfreeze()
+    try:
+        adaptor.TritonPythonModel().initialize({"model_name": "decode"})
+        assert gc.get_freeze_count() > len(built[0])  # its objects, and all before them, are never walked again
+    finally:
+        gc.unfreeze()
