@@ -55,7 +55,7 @@ import torch  # noqa: E402
 
 from bench.common import header, write  # noqa: E402
 from bench.serve_bench import decode_overhead, distribution, read_metrics  # noqa: E402
-from bench.peer import crosscheck, prefix_cache, process_cpu, scenarios, servers  # noqa: E402
+from bench.peer import crosscheck, prefix_cache, process_cpu, py_spy, scenarios, servers  # noqa: E402
 from bench.peer.checkpoint import write_checkpoint  # noqa: E402
 from bench.peer.gpu_busy import GpuSampler  # noqa: E402
 from bench.peer.load import Target, closed_loop  # noqa: E402
@@ -139,6 +139,16 @@ def expand(names: list[str]) -> list[str]:
     return out
 
 
+def profiled_processes(state: dict, names: list[str]) -> dict[str, int]:
+    """The pids of the server processes named in ``names`` (``process_cpu.server_processes``' names), one entry
+    each (``openai_api_1``... for the API's workers). Raises SystemExit for a name the server has not."""
+    found = process_cpu.server_processes(state["pid"])
+    missing = sorted(set(names) - set(found))
+    if missing:
+        raise SystemExit(f"--py-spy: no process {missing} (the server's: {sorted(found)})")
+    return {(n if k == 0 else f"{n}_{k}"): pid for n in names for k, pid in enumerate(found[n])}
+
+
 def run_scenarios(args: argparse.Namespace, system: str) -> int:
     """Run the chosen scenarios against ``system``'s running server, each written as soon as it ends.
     Returns the number of failed requests."""
@@ -162,10 +172,13 @@ def run_scenarios(args: argparse.Namespace, system: str) -> int:
         before = (read_metrics(port), process_cpu.snapshot(state["pid"])) if port else None
         cache_before = prefix_cache.read(system, state)
         started = time.monotonic()
-        with GpuSampler() as gpu:
+        profiled = profiled_processes(state, args.py_spy) if port else {}
+        with GpuSampler() as gpu, py_spy.Profiles(profiled, p["out"] / "py_spy" / system / name) as profiles:
             records = asyncio.run(scenarios.run(name, target, inputs, args.requests, args.seed, args.questions,
                                                 args.streams))
         base["gpu_busy"] = gpu.result
+        if profiled:
+            write(p["out"], f"py_spy_{name.replace('@', '_at_')}", {**base, "py_spy": profiles.result})
         if before is not None:
             # which of its processes were busy, for how much of the scenario
             base["process_busy"] = process_cpu.busy(before[1], process_cpu.snapshot(state["pid"]),
@@ -209,6 +222,9 @@ def main() -> None:
                         help=f"multiturn's questions per clip (at most {len(scenarios.QUESTIONS)})")
     parser.add_argument("--streams", type=int, default=scenarios.MULTITURN_STREAMS,
                         help="multiturn's clips asked about at once (each clip's questions one after another)")
+    parser.add_argument("--py-spy", nargs="+", default=[], metavar="PROCESS",
+                        help="UnifiedServe processes to sample with py-spy during each scenario (orchestrator, "
+                             "decode, encode_prefill, flashcodec, tritonserver, openai_api): py_spy.py")
     parser.add_argument("--caches", action="store_true",
                         help="start the systems with their prefix caches on (vLLM's processor cache too; issue 21's "
                              "cache scenarios); off by default")
