@@ -1,15 +1,18 @@
 """Token ids -> text deltas, holding back incomplete UTF-8 and possible stop-string prefixes.
 
 Byte-level BPE can split one character over several tokens; a delta is released only once it
-decodes without U+FFFD at its end (the approach of vLLM's incremental detokenizer, simplified to
-decoding a window of recent tokens). Stop strings follow vLLM v1's ``IncrementalDetokenizer.update``:
+decodes without U+FFFD at its end. The tokenizers library's ``DecodeStream`` does that per token (as vLLM's
+fast incremental detokenizer does; about 1 us a token against 14 us for two windowed ``decode`` calls on the
+CPU machine). Stop strings follow vLLM v1's ``IncrementalDetokenizer.update``:
 they are not looked for while at most ``min_tokens`` tokens are out, and afterwards only where they
 end in text that arrived later, so a stop string wholly inside the first ``min_tokens`` tokens' text
 never ends the output.
 """
 from __future__ import annotations
 
-WINDOW = 6  # tokens of left context: enough for any multi-token UTF-8 character
+from tokenizers.decoders import DecodeStream
+
+WINDOW = 6  # tokens of left context at the end (flush): enough for any multi-token UTF-8 character
 
 
 class Detokenizer:
@@ -21,6 +24,8 @@ class Detokenizer:
 
     def __init__(self, tokenizer, stop: tuple[str, ...] = (), min_tokens: int = 0):
         self.tokenizer = tokenizer
+        self._backend = tokenizer.backend_tokenizer  # the tokenizers library's Tokenizer (a fast tokenizer's)
+        self._stream = DecodeStream(skip_special_tokens=True)
         self.stop = tuple(s for s in stop if s)
         self.min_tokens = min_tokens
         self._exempt = 0        # characters of _decoded produced within the first min_tokens tokens
@@ -38,14 +43,12 @@ class Detokenizer:
         ``stopped`` is True and the text ends before it."""
         if self.stopped:
             return ""
-        self.ids.extend(token_ids)
-        start = max(0, self._offset - WINDOW)
-        prefix = self._decode(self.ids[start:self._offset])
-        full = self._decode(self.ids[start:])
-        if full.endswith("\ufffd"):
-            return ""  # an incomplete character: wait for the next token
-        self._decoded += full[len(prefix):]
-        self._offset = len(self.ids)
+        for token in token_ids:
+            self.ids.append(token)
+            piece = self._stream.step(self._backend, token)  # None: an incomplete character so far
+            if piece:
+                self._decoded += piece
+                self._offset = len(self.ids)
         if len(self.ids) <= self.min_tokens:
             self._exempt = len(self._decoded)
         return self._release()

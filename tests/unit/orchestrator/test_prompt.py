@@ -1,6 +1,7 @@
 """Prompt building (orchestrator/prompt.py) and incremental detokenization (orchestrator/detokenizer.py)."""
 from __future__ import annotations
 
+import random
 import re
 
 import pytest
@@ -74,6 +75,16 @@ def test_detokenizer_holds_back_split_characters(tokenizer):
     pieces = [detok.add([i]) for i in ids] + [detok.flush()]
     assert "".join(pieces) == "héllo wörld ✓"
     assert all("\ufffd" not in p for p in pieces)
+
+
+def test_detokenized_deltas_join_to_the_whole_decode_for_any_tokens(tokenizer):
+    rng = random.Random(7)
+    special = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    for _ in range(50):  # byte tokens (split characters, invalid UTF-8), merged tokens and a special token
+        ids = [rng.choice([rng.randrange(256), rng.randrange(256, special), special]) for _ in range(40)]
+        detok = Detokenizer(tokenizer)
+        joined = "".join(detok.add([i]) for i in ids) + detok.flush()
+        assert joined == tokenizer.decode(ids, skip_special_tokens=True)
 
 
 def test_detokenizer_stops_before_a_stop_string(tokenizer):
