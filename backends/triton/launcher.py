@@ -227,6 +227,15 @@ class TritonServer:
         self.stop()
 
 
+def _stop_signal(signum, frame) -> None:
+    """The first SIGINT or SIGTERM: a KeyboardInterrupt, which stops the server; the later ones are ignored, so that a
+    second Ctrl-C, sent while the stop takes its few seconds, cannot cut the stop short and leave tritonserver (in its
+    own session) running. The stop ends by itself: its steps have timeouts, then the server is killed."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model-repository", type=Path, default=REPO_ROOT / "model_repository")
@@ -254,8 +263,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--openai-workers must be at least 1, got {args.openai_workers}")
     # SIGTERM stops it like Ctrl-C, also while the repository copy is written or the server starts; SIGINT too
     # when started in the background (where it is inherited as ignored).
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _stop_signal)
+    signal.signal(signal.SIGINT, _stop_signal)
     source = args.model_repository.resolve()
     try:
         plan = launch_options.serve_plan(args, source)

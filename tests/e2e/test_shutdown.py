@@ -87,6 +87,22 @@ def test_sigterm_while_starting_leaves_no_server():
     assert not left, f"tritonserver left running: pids {left}"
 
 
+def test_a_second_ctrl_c_during_the_stop_leaves_no_server():
+    """Two SIGINTs 50 ms apart (an impatient Ctrl-C, or a wrapper passing the signal on): the second is ignored, the
+    stop runs to its end and nothing is left running (a new user's finding: tritonserver kept serving, orphaned)."""
+    import signal
+
+    launcher, ports, _ = start_launcher()
+    launcher.send_signal(signal.SIGINT)
+    time.sleep(0.05)
+    launcher.send_signal(signal.SIGINT)
+    _, err = launcher.communicate(timeout=90)
+    assert launcher.returncode == 0, err
+    assert "stopped before the server started" not in err, err
+    left = _servers(ports)
+    assert not left, f"tritonserver left running: pids {left}"
+
+
 def test_a_sweep_beside_a_live_server_keeps_its_pools(media_dir):
     """Another launcher's start removes stale shared memory: a running server's pools (here after a request, so
     they exist) are kept, since its lock is held (backends.triton.stale_shm.remove_stale_shared_memory)."""
