@@ -188,6 +188,8 @@ def _as_bool(key: str, value: object) -> bool:
 
 
 def _as_stop(key: str, value: object) -> tuple[str, ...]:
+    if value is None:  # none, as the OpenAI API's and vLLM's null
+        return ()
     if isinstance(value, str):
         return (value,)
     if isinstance(value, list) and all(isinstance(s, str) for s in value):

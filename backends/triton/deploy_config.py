@@ -104,7 +104,7 @@ class ModelSection:
 
     def __post_init__(self):
         if self.path is not None and not Path(self.path).is_dir():
-            raise ConfigError("path", f"{self.path} is not a directory (a local Qwen2.5-VL checkpoint)")
+            raise ConfigError("path", f"{self.path} is not a directory (a local Qwen2.5-VL or InternVL3 checkpoint)")
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", type=Path, metavar="DEPLOY.yaml",
                         help="a deployment file (deploy/*.yaml): resources, budgets, SLOs, pools, IPC buffer")
     parser.add_argument("--model", type=Path, metavar="PATH",
-                        help="a local Qwen2.5-VL checkpoint directory: the model_path of every model")
+                        help="a local Qwen2.5-VL or InternVL3 checkpoint directory: the model_path of every model")
     parser.add_argument("--gpu-sharing", choices=GPU_SHARING,
                         help="how the model processes share a GPU: time_slicing (CUDA's default) or mps (CUDA MPS "
                              "started for the server, SM shares from each stage's sm_share); default: the "
@@ -51,7 +51,7 @@ def serve_plan(args: argparse.Namespace, source: Path) -> ServePlan:
     items = config.set_items()
     if args.model is not None:
         if not args.model.is_dir():
-            raise ValueError(f"--model {args.model}: not a directory (a local Qwen2.5-VL checkpoint)")
+            raise ValueError(f"--model {args.model}: not a directory (a local Qwen2.5-VL or InternVL3 checkpoint)")
         items.append(f"*.model_path={args.model.resolve()}")  # the server's working folder is not the caller's
     sharing = args.gpu_sharing or config.resources.gpu_sharing or "time_slicing"
     return ServePlan(parse_overrides([*items, *args.overrides], source), config.ipc.shm_default_byte_size, sharing)

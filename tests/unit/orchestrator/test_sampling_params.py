@@ -38,6 +38,10 @@ def test_stop_token_ids_repeats_are_dropped_as_vllm_does():
     assert parse_sampling_parameters('{"stop_token_ids": null}').stop_token_ids == ()
 
 
+def test_a_null_stop_is_no_stop_string_as_the_openai_api_takes_it():
+    assert parse_sampling_parameters('{"stop": null}').stop == ()
+
+
 def test_genai_perf_sends_numbers_as_strings():
     params = parse_sampling_parameters('{"max_tokens": "256", "min_tokens": "256"}')
     assert params.max_tokens == 256 and params.min_tokens == 256
