@@ -153,14 +153,17 @@ class ChatCompletionRequest(GenerationRequest):
 
 class CompletionRequest(GenerationRequest):
     """``prompt``: one string (or a list holding one); the orchestrator wraps it in the chat template as one user
-    message (it has no raw-prompt input)."""
+    message (it has no raw-prompt input). Token ids (a list of integers, or of such lists), which vLLM takes, are
+    parsed only to be refused by name."""
 
-    prompt: str | list[str]
+    prompt: str | list[str] | list[int] | list[list[int]]
     echo: bool = False
     best_of: int | None = None
     suffix: str | None = None
 
     def refusal(self) -> tuple[str, str] | None:
+        if isinstance(self.prompt, list) and self.prompt and not isinstance(self.prompt[0], str):
+            return "prompt", "prompt: token ids are not taken by this server: send the prompt as text"
         if isinstance(self.prompt, list) and len(self.prompt) != 1:
             return "prompt", f"prompt: one prompt per request is supported, got a list of {len(self.prompt)}"
         if self.echo:
@@ -173,7 +176,10 @@ class CompletionRequest(GenerationRequest):
 
     @property
     def text(self) -> str:
-        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+        """The prompt's text; "" for what :meth:`refusal` refuses (no prompt, token ids), read before it is asked."""
+        if isinstance(self.prompt, str):
+            return self.prompt
+        return self.prompt[0] if self.prompt and isinstance(self.prompt[0], str) else ""
 
 
 # ---- responses --------------------------------------------------------------------------------------------------

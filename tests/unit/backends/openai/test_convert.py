@@ -131,6 +131,12 @@ def test_defaults_are_no_refusal():
                  response_format={"type": "text"}).refusal() is None
     assert CompletionRequest(model="m", prompt="p", echo=False, best_of=1).refusal() is None
     assert CompletionRequest(model="m", prompt=["a", "b"]).refusal()[0] == "prompt"
+    for ids in ([1, 2, 3], [[1, 2], [3]]):  # vLLM's token-id prompts: refused by name, not by three schema errors
+        body = CompletionRequest(model="m", prompt=ids)
+        assert completion_request(body) and body.refusal() == (
+            "prompt", "prompt: token ids are not taken by this server: send the prompt as text")
+    empty = CompletionRequest(model="m", prompt=[])  # converted before it is refused: no IndexError (a 500)
+    assert completion_request(empty) and empty.refusal()[0] == "prompt"
     assert CompletionRequest(model="m", prompt="p", echo=True).refusal()[0] == "echo"
 
 
