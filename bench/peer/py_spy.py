@@ -70,7 +70,8 @@ class Profiles:
 
     def __enter__(self) -> "Profiles":
         program = binary()
-        self.folder.mkdir(parents=True, exist_ok=True)
+        if program is not None and self.processes:
+            self.folder.mkdir(parents=True, exist_ok=True)
         for name, pid in self.processes.items():
             if program is None:
                 self.result[name] = {"error": "py-spy is not installed (the extra wheel bundle carries it)"}

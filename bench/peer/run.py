@@ -172,7 +172,7 @@ def run_scenarios(args: argparse.Namespace, system: str) -> int:
         before = (read_metrics(port), process_cpu.snapshot(state["pid"])) if port else None
         cache_before = prefix_cache.read(system, state)
         started = time.monotonic()
-        profiled = profiled_processes(state, args.py_spy) if port else {}
+        profiled = profiled_processes(state, args.py_spy) if port and args.py_spy else {}
         with GpuSampler() as gpu, py_spy.Profiles(profiled, p["out"] / "py_spy" / system / name) as profiles:
             records = asyncio.run(scenarios.run(name, target, inputs, args.requests, args.seed, args.questions,
                                                 args.streams))
