@@ -19,6 +19,10 @@
 #   runtime-tests  flashinfer / CUDA-graph / vision-attention tests, the runtime against transformers, the KV pool
 #                  sized from free GPU memory;
 #                  packs the flashinfer JIT cache into $OUT for the next machine (in parts: cat them together)
+#   prefill-graph-tests  tests/gpu/test_prefill_graphs.py (prefill CUDA graphs against eager prefill), the flashinfer
+#                  kernel and decode-graph tests of tests/gpu/test_flashinfer_runtime.py (they share graph_capture.py and
+#                  the prefill kernel rule) and the graphs' CPU rules; packs the flashinfer JIT cache as runtime-tests
+#                  does (FA2's paged prefill kernels are built on their first use)
 #   runtime-bench  bench/runtime_bench.py and bench/vision_bench.py
 #   internvl-bench issue 22's figures for INTERNVL_PRESET (default internvl3_38b, dummy bf16 weights) into
 #                  $OUT/<preset>/: bench/runtime_bench.py --preset (decode at batch 1 / 8 / 32 against the memory
@@ -29,8 +33,9 @@
 #   decode-profile bench/decode_profile.py: where a decode step's time goes (host, kernels by kind, linears, attention)
 #   sampler-bench  tests/gpu/test_runtime_sampler_cuda.py and bench/sampler_bench.py: the sampler alone
 #   attention-probe bench/attention_probe.py: decode attention and KV writes alone, per library kernel and option
-#   prefill-probe  bench/prefill_probe.py: short prefill chunks over empty and long cached contexts, eager and with
-#                  the decoder layers compiled
+#   prefill-probe  bench/prefill_probe.py: short prefill chunks over empty and long cached contexts, eager, as
+#                  prefill CUDA graphs and with the decoder layers compiled (PROBE_ARGS adds options, e.g.
+#                  PROBE_ARGS="--passes eager graphs")
 #   nvdec          tests/gpu/test_nvdec.py and bench/flashcodec_bench.py
 #   multi-gpu      (two GPUs or more) NVDEC on every GPU, vision data, tensor and (4 GPUs) hybrid parallel:
 #                  their GPU tests, then bench/flashcodec_multi_gpu_bench.py (with the video bundle installed;
@@ -114,6 +119,13 @@ runtime_tests() {
   jit_cache
 }
 
+prefill_graph_tests() {
+  run_pytest prefill_graph_tests -rP tests/gpu/test_prefill_graphs.py \
+    tests/gpu/test_flashinfer_runtime.py -k "not qwen2_5_vl_7b_first_step" \
+    tests/unit/backends/runtime/language_model/test_graph_rules.py
+  jit_cache
+}
+
 jit_cache() {
   # in 15 MB parts (the device tool brings back no larger file): cat them into .devcache/flashinfer_cache.tar.gz
   tar -czf - -C "$FLASHINFER_WORKSPACE_BASE" . | split -b 15M - "$OUT/flashinfer_cache.tar.gz.part-" \
@@ -145,7 +157,7 @@ attention_probe() {
 }
 
 prefill_probe() {
-  python3 bench/prefill_probe.py --out "$OUT" 2>&1 | tee "$OUT/prefill_probe.log" || status=1
+  python3 bench/prefill_probe.py --out "$OUT" ${PROBE_ARGS:-} 2>&1 | tee "$OUT/prefill_probe.log" || status=1
 }
 
 decode_profile() {
@@ -211,13 +223,14 @@ peer() {  # the servers it starts (setsid) read STUB_SITE too; PEER_OUT: a resul
   [ -d "$out" ] && (cd /tmp/peer && tar -czf "$OUT/peer_results.tar.gz" results*)
 }
 
-[ $# -gt 0 ] || { echo "usage: $0 STEP... (install gpu-tests runtime-tests runtime-bench internvl-bench decode-profile sampler-bench attention-probe prefill-probe nvdec multi-gpu e2e serve-bench perf-analyzer vllm-part vllm-unpack peer jit-cache)" >&2
+[ $# -gt 0 ] || { echo "usage: $0 STEP... (install gpu-tests runtime-tests prefill-graph-tests runtime-bench internvl-bench decode-profile sampler-bench attention-probe prefill-probe nvdec multi-gpu e2e serve-bench perf-analyzer vllm-part vllm-unpack peer jit-cache)" >&2
   exit 2; }
 describe_device
 for step in "$@"; do
   case "$step" in
     install) install ;;
     runtime-tests) runtime_tests ;;
+    prefill-graph-tests) prefill_graph_tests ;;
     runtime-bench) runtime_bench ;;
     internvl-bench) internvl_bench ;;
     decode-profile) decode_profile ;;

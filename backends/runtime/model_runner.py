@@ -21,6 +21,7 @@ from backends.runtime.attention.base import AttentionBackend, AttentionMetadata
 from backends.runtime.context import ForwardContext, forward_context, get_forward_context
 from backends.runtime.language_model.cuda_graphs import DecodeGraphs
 from backends.runtime.language_model.kv_cache import head_dim
+from backends.runtime.language_model.prefill_graphs import PREFILL_RUNGS, PrefillGraphs
 from backends.runtime.language_model.compile import compile_decoder_layers
 from backends.runtime.families.base import VisionItem
 from backends.runtime.families.registry import family_for
@@ -126,6 +127,7 @@ class ModelRunner:
         self.page_size = page_size
         self.backend = backend
         self.graphs: DecodeGraphs | None = None
+        self.prefill_graphs: PrefillGraphs | None = None
         self.device = model.device
         self.dtype = model.dtype
         self._visual = self.family.vision_encoder(model)
@@ -190,8 +192,9 @@ class ModelRunner:
     def prefill(self, chunks: list[PrefillChunk]) -> torch.Tensor:
         """Run prompt chunks of several sequences as one ragged batch, writing their KV.
 
-        Returns float32 ``[number of chunks with want_logits, vocab]``, in chunk order. Raises
-        ValueError for an empty list or chunks whose shapes disagree.
+        Returns float32 ``[number of chunks with want_logits, vocab]``, in chunk order. One chunk of at most
+        ``prefill_graphs.max_rows`` tokens replays a captured CUDA graph when :meth:`enable_prefill_graphs` was
+        called; other steps run eagerly. Raises ValueError for an empty list or chunks whose shapes disagree.
         """
         if not chunks:
             raise ValueError("prefill needs at least one chunk")
@@ -199,6 +202,9 @@ class ModelRunner:
             n = chunk.embeds.shape[0]
             if chunk.positions.shape != (self.family.position_rows, n):
                 raise ValueError(f"chunk positions {tuple(chunk.positions.shape)} do not match {n} tokens")
+        graphs = self.prefill_graphs
+        if graphs is not None and len(chunks) == 1 and chunks[0].embeds.shape[0] <= graphs.max_rows:
+            return graphs.run(chunks[0])
         metadata = AttentionMetadata.build(
             [c.embeds.shape[0] for c in chunks], [c.num_cached for c in chunks], [c.block_table for c in chunks],
             self.page_size, self.device)
@@ -244,23 +250,31 @@ class ModelRunner:
         run eagerly. Needs the flashinfer backend on a CUDA device (ValueError otherwise)."""
         self.graphs = DecodeGraphs(self, batch_sizes)
 
+    def enable_prefill_graphs(self, rungs: Sequence[int] = PREFILL_RUNGS) -> None:
+        """Capture prefill chunks of one sequence for these token counts
+        (``backends.runtime.language_model.prefill_graphs``); larger chunks and steps of several sequences run
+        eagerly. Needs the flashinfer backend on a CUDA device (ValueError otherwise)."""
+        self.prefill_graphs = PrefillGraphs(self, rungs)
+
     def decode_logits(self, token_ids: torch.Tensor, positions: torch.Tensor, backend: AttentionBackend,
                       metadata: AttentionMetadata) -> torch.Tensor:
         """The body of a decode step after ``backend.plan(metadata)``: no host sync, so a CUDA graph can
         capture it. ``token_ids``/``positions``: int64 or int32 (a graph's inputs) ``[b]`` on the device (the
         position is the same on every row of the family's positions). Returns float32 logits ``[b, vocab]``."""
         embeds = self._language_model.embed_tokens(token_ids)
-        hidden = self._layers(embeds, positions.expand(self.family.position_rows, -1), backend, metadata)
+        hidden = self.run_layers(embeds, positions.expand(self.family.position_rows, -1), backend, metadata)
         return self.model.lm_head(hidden).float()
 
     def _forward(self, embeds: torch.Tensor, positions: torch.Tensor, metadata: AttentionMetadata) -> torch.Tensor:
-        """Plan the step, then run the layers (see :meth:`_layers`)."""
+        """Plan the step, then run the layers (see :meth:`run_layers`)."""
         self.backend.plan(metadata)
-        return self._layers(embeds, positions, self.backend, metadata)
+        return self.run_layers(embeds, positions, self.backend, metadata)
 
-    def _layers(self, embeds: torch.Tensor, positions: torch.Tensor, backend: AttentionBackend,
-                metadata: AttentionMetadata) -> torch.Tensor:
-        """Decoder layers and final norm: packed ``[T, hidden]`` and positions ``[rows, T]`` -> ``[T, hidden]``."""
+    def run_layers(self, embeds: torch.Tensor, positions: torch.Tensor, backend: AttentionBackend,
+                   metadata: AttentionMetadata) -> torch.Tensor:
+        """Decoder layers and final norm after ``backend.plan(metadata)``: packed embeddings ``[T, hidden]`` (model
+        dtype) and int positions ``[position_rows, T]`` on the device -> ``[T, hidden]``. No host sync, so a CUDA graph
+        can capture it."""
         hidden = embeds.unsqueeze(0)
         position_embeddings = self._language_model.rotary_emb(hidden, self.family.rotary_position_ids(positions))
         with forward_context(ForwardContext(backend, self.kv_cache, metadata)):

@@ -19,6 +19,7 @@ The runtime decides nothing: what runs in a step is the orchestrator's scheduler
 """
 from __future__ import annotations
 
+import logging
 import time
 
 import numpy as np
@@ -26,9 +27,11 @@ import torch
 
 from backends.ipc import shared_tensor, shared_weights
 from backends.ipc.protocol import EncodeWork, FirstToken, NewRequest, PrefillWork, StepPlan, StepResult
-from backends.runtime.attention import make_backend
+from backends.runtime.attention import FlashInferAttentionBackend, make_backend
+from backends.runtime.attention.flashinfer_backend import flashinfer_supports
 from backends.runtime.families.registry import family_for
 from backends.runtime.language_model.fuse import fuse_projections
+from backends.runtime.language_model.kv_cache import head_dim
 from backends.runtime.loader import ModelSpec, load_model
 from backends.runtime.model_runner import ModelRunner, PrefillChunk
 from backends.runtime.phase_clock import PhaseClock
@@ -38,6 +41,8 @@ from backends.runtime.sampling.stopping import finish_reason
 from backends.runtime.tokenizer import eos_token_ids
 from backends.stages.prompt_state import PromptState
 from flashcodec.patch_pool import read_group
+
+log = logging.getLogger(__name__)
 
 
 class EncodePrefillWorker:
@@ -49,11 +54,18 @@ class EncodePrefillWorker:
     of ``vision_tp_size`` GPUs each (None: all; fewer: hybrid, data parallel over the towers);
     ``kv_pool``: the name of the decode stage's pool to write (``backends.triton.replicas``); ``lm_weights``: the name
     of the decode stage's shared language-model weights, used in place of this stage's own copy when published
-    (``backends.ipc.shared_weights``)."""
+    (``backends.ipc.shared_weights``). ``prefill_graphs``: CUDA graphs for prefill chunks of one sequence of up to
+    512 tokens (``backends.runtime.language_model.prefill_graphs``), captured with the runner at the first step (a
+    capture that fails fails that step; later steps run eagerly): ``"auto"`` (when the attention backend is
+    flashinfer: on CUDA, off on the CPU), ``"on"`` (ValueError here when flashinfer cannot run, naming why) or
+    ``"off"``. Raises ValueError for other values of the options."""
 
     def __init__(self, spec: ModelSpec, device: torch.device, attention_backend: str = "auto",
                  vision_devices: list[torch.device] | tuple = (), kv_pool: str = "kv_pool",
-                 lm_weights: str = "lm_weights", vision_parallel: str = "data", vision_tp_size: int | None = None):
+                 lm_weights: str = "lm_weights", vision_parallel: str = "data", vision_tp_size: int | None = None,
+                 prefill_graphs: str = "auto"):
+        if prefill_graphs not in ("auto", "on", "off"):
+            raise ValueError(f"prefill_graphs must be auto, on or off, got {prefill_graphs!r}")
         if vision_parallel not in ("data", "tensor"):
             raise ValueError(f"vision_parallel must be data or tensor, got {vision_parallel!r}")
         if vision_tp_size is not None and vision_parallel != "tensor":
@@ -69,6 +81,12 @@ class EncodePrefillWorker:
             except ValueError as exc:
                 raise ValueError(f"vision_parallel=tensor, vision_tp_size {vision_tp_size}: {exc}") from None
         self.device = device
+        if prefill_graphs == "on":  # at load, not at the first step, where the graphs are captured
+            reason = ("attention_backend is torch" if attention_backend == "torch"
+                      else flashinfer_supports(head_dim(self.model.config), self.model.dtype, device))
+            if reason:
+                raise ValueError(f"prefill_graphs=on needs the flashinfer attention backend: {reason}")
+        self.prefill_graphs = prefill_graphs
         warm_up(device, self.model.lm_head.out_features)
         self.attention_backend = attention_backend
         self.vision_devices = list(vision_devices)
@@ -97,6 +115,12 @@ class EncodePrefillWorker:
                                        vision_devices=() if split else self.vision_devices,
                                        vision_tp=self.vision_devices if split else (),
                                        vision_tp_size=self.vision_tp_size)
+            if self.prefill_graphs == "on" or (self.prefill_graphs == "auto"
+                                               and isinstance(backend, FlashInferAttentionBackend)):
+                started = time.perf_counter()  # a capture that fails fails this step; later ones run eagerly
+                self._runner.enable_prefill_graphs()
+                log.info("encode_prefill: prefill CUDA graphs for one sequence's chunks of %s tokens, captured in "
+                         "%.1f s", "/".join(map(str, self._runner.prefill_graphs.rungs)), time.perf_counter() - started)
         return self._runner
 
     def shutdown(self) -> None:

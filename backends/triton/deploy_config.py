@@ -10,8 +10,8 @@ keys):
 * ``resources``: ``replicas`` (encode_prefill + decode pairs, replica k on GPU k mod GPUs under ``device: auto``),
   ``gpu_sharing`` (``time_slicing``, CUDA's default, or ``mps``: ``backends.triton.mps``), and per stage where it
   runs: ``flashcodec`` (``device``, ``nvdec_gpus``, ``nvdec_processes_per_gpu``, ``decode_threads``),
-  ``encode_prefill`` (``device``, ``vision_gpus``, ``vision_parallel``, ``vision_tp_size``), ``decode``
-  (``device``); each stage's ``sm_share`` (percent of the GPU's SMs under ``mps``) and ``mps_priority``
+  ``encode_prefill`` (``device``, ``vision_gpus``, ``vision_parallel``, ``vision_tp_size``, ``prefill_graphs``),
+  ``decode`` (``device``); each stage's ``sm_share`` (percent of the GPU's SMs under ``mps``) and ``mps_priority``
   (``normal`` or ``below_normal`` under ``mps``). A GPU set is ``own``, ``all`` or
   a list of ids. Each stage is one Triton instance (its stage-link socket is named after its model), so a stage is
   placed by its ``device``, and more copies of encode_prefill + decode are ``replicas``.
@@ -129,12 +129,14 @@ class FlashcodecResources:
 @dataclass(frozen=True)
 class EncodePrefillResources:
     """``resources.encode_prefill``: its device; the vision tower's GPUs (a GPU set), ``data`` or ``tensor``
-    parallel, GPUs per split tower (``all`` or a number)."""
+    parallel, GPUs per split tower (``all`` or a number); CUDA graphs for short prefill chunks of one sequence
+    (``prefill_graphs``: ``auto``, ``on``, ``off``)."""
 
     device: str | None = _to("encode_prefill.device")
     vision_gpus: str | tuple[int, ...] | None = _to("encode_prefill.vision_gpus")
     vision_parallel: str | None = _to("encode_prefill.vision_parallel")
     vision_tp_size: int | str | None = _to("encode_prefill.vision_tp_size")
+    prefill_graphs: str | bool | None = _to("encode_prefill.prefill_graphs")  # YAML reads a bare on/off as a bool
     sm_share: int | None = _to("encode_prefill.sm_share")
     mps_priority: str | None = _to("encode_prefill.mps_priority")
 
@@ -144,6 +146,10 @@ class EncodePrefillResources:
         _gpus(self.vision_gpus, "vision_gpus")
         if self.vision_parallel not in (None, "data", "tensor"):
             raise ConfigError("vision_parallel", f"must be data or tensor, got {self.vision_parallel!r}")
+        if isinstance(self.prefill_graphs, bool):
+            object.__setattr__(self, "prefill_graphs", "on" if self.prefill_graphs else "off")
+        if self.prefill_graphs not in (None, "auto", "on", "off"):
+            raise ConfigError("prefill_graphs", f"must be auto, on or off, got {self.prefill_graphs!r}")
         if isinstance(self.vision_tp_size, str) and self.vision_tp_size != "all":
             raise ConfigError("vision_tp_size", f"must be all or a number of GPUs, got {self.vision_tp_size!r}")
         if isinstance(self.vision_tp_size, int):
@@ -326,8 +332,8 @@ def build(cls: type, data: object, where: str = ""):
 
 
 def _value(value: object, hint: object, key: str):
-    """``value`` checked against a field's type: a section (dataclass), or a union of int, float, str, None and
-    tuple[int, ...] (a YAML list)."""
+    """``value`` checked against a field's type: a section (dataclass), or a union of int, float, str, bool, None
+    and tuple[int, ...] (a YAML list)."""
     options = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
     for option in options:
         if dataclasses.is_dataclass(option) and (value is None or isinstance(value, dict)):
@@ -340,10 +346,12 @@ def _value(value: object, hint: object, key: str):
             return float(value)
         if option is str and isinstance(value, str):
             return value
+        if option is bool and isinstance(value, bool):
+            return value
         if typing.get_origin(option) is tuple and isinstance(value, list) and all(
                 isinstance(v, int) and not isinstance(v, bool) for v in value):
             return tuple(value)
-    kinds = {int: "an integer", float: "a number", str: "a string", type(None): "null"}
+    kinds = {int: "an integer", float: "a number", str: "a string", bool: "on/off", type(None): "null"}
     wanted = " or ".join(kinds.get(o, "a list of integers" if typing.get_origin(o) is tuple else "a mapping")
                          for o in options)
     raise ConfigError(key, f"must be {wanted}, got {value!r}")

@@ -1,6 +1,7 @@
 """flashinfer attention and CUDA-graph decode against the torch reference backend, on the GPU.
 
-* the kernels on random paged layouts (shuffled pages, ragged chunks on cached prefixes, decode rows);
+* the kernels on random paged layouts (shuffled pages, ragged chunks on cached prefixes, decode rows), each
+  prefill step on the kernel ``prefill_kernel`` picks (FA2 for a short chunk over a long context);
 * ``tiny`` and ``internvl3_tiny`` in bf16: the whole runner with flashinfer against the runner with torch attention
   (logits within 1e-2 relative error, greedy tokens equal except genuine ties);
 * CUDA graphs (both families): replayed decode equals eager decode, padding rows touch only the scratch page; steps
@@ -58,6 +59,7 @@ def test_kernels_match_torch_on_random_paged_layouts(heads, kv_heads, head_dim):
     rng.shuffle(pages)
     for new, cached in [([1] * 7, [0, 5, 16, 33, 100, 255, 700]),        # decode rows
                         ([37, 1, 300, 16], [0, 90, 17, 512]),             # ragged chunks on cached prefixes
+                        ([16], [3000]),                                   # short over long: FA2, split KV
                         ([1000], [0])]:                                   # one long first chunk
         tables, at = [], 0
         for n, c in zip(new, cached):
@@ -80,7 +82,7 @@ def test_kernels_match_torch_on_random_paged_layouts(heads, kv_heads, head_dim):
         assert rel_err(outs[1], outs[0]) < RTOL, (new, cached)
 
 
-def _runner(preset: str, backend: str, dtype: torch.dtype = torch.bfloat16, pages: int = 257,
+def paged_runner(preset: str, backend: str, dtype: torch.dtype = torch.bfloat16, pages: int = 257,
             page_size: int = 16) -> ModelRunner:
     """The preset's float32 dummy weights cast to ``dtype``: every dtype holds the same values, so the float32
     torch runner is the exact reference of the bf16 ones."""
@@ -145,9 +147,9 @@ def test_tiny_bf16_flashinfer_matches_torch_backend(preset):
     (the bf16 noise floor of this 2-layer model with large random weights is about 1e-2 itself)."""
     rng = random.Random(1)
     prompts = [[rng.randrange(3, 250) for _ in range(n)] for n in (5, 40, 130, 17)]
-    fp32_tokens, fp32_logits = _greedy(_runner(preset, "torch", torch.float32), prompts, 12)
-    ref_tokens, ref_logits = _greedy(_runner(preset, "torch"), prompts, 12)
-    fi_tokens, fi_logits = _greedy(_runner(preset, "flashinfer"), prompts, 12)
+    fp32_tokens, fp32_logits = _greedy(paged_runner(preset, "torch", torch.float32), prompts, 12)
+    ref_tokens, ref_logits = _greedy(paged_runner(preset, "torch"), prompts, 12)
+    fi_tokens, fi_logits = _greedy(paged_runner(preset, "flashinfer"), prompts, 12)
     report = []
     for step in range(12):
         if any(a[step] != b[step] or a[step] != c[step] for a, b, c in zip(fi_tokens, ref_tokens, fp32_tokens)):
@@ -165,8 +167,8 @@ def test_tiny_bf16_flashinfer_matches_torch_backend(preset):
 
 @pytest.mark.parametrize("preset", ["tiny", "internvl3_tiny"])
 def test_cuda_graph_decode_equals_eager_and_keeps_padding_in_the_scratch_page(preset):
-    eager = _runner(preset, "flashinfer")
-    graphs = _runner(preset, "flashinfer")
+    eager = paged_runner(preset, "flashinfer")
+    graphs = paged_runner(preset, "flashinfer")
     graphs.enable_cuda_graphs(batch_ladder(8))
     assert graphs.graphs is not None and graphs.graphs.max_batch == 8
     rng = random.Random(2)
@@ -187,7 +189,7 @@ def test_steps_planned_ahead_equal_steps_planned_when_they_run():
     """``prepare_decode`` during a step (the plan's copies queued behind the running graph, from pinned memory)
     gives bit-identical logits and KV to planning each step when it runs; a prepared plan for another layout is
     dropped, not replayed."""
-    plain, ahead = _runner("tiny", "flashinfer"), _runner("tiny", "flashinfer")
+    plain, ahead = paged_runner("tiny", "flashinfer"), paged_runner("tiny", "flashinfer")
     for runner in (plain, ahead):
         runner.enable_cuda_graphs(batch_ladder(8))
     rng = random.Random(3)
@@ -200,7 +202,7 @@ def test_steps_planned_ahead_equal_steps_planned_when_they_run():
 
 
 def test_cuda_graph_runs_larger_batches_eagerly():
-    runner = _runner("tiny", "flashinfer")
+    runner = paged_runner("tiny", "flashinfer")
     runner.enable_cuda_graphs((1, 2))
     seqs = [DecodeSeq(5, 0, 0, [i]) for i in range(3)]
     assert runner.decode(seqs).shape[0] == 3  # above the ladder: eager path

@@ -9,14 +9,20 @@ written before the kernel reads the pages, by flashinfer's ``append_paged_kv_cac
 layer in one kernel, in about a third of the time of two indexing kernels (bench/RESULTS.md, "KV writes").
 flashinfer has no float32 kernels: float16 and bfloat16 only, head_dim 64, 128 or 256.
 
-For CUDA graphs, :meth:`FlashInferAttentionBackend.for_cuda_graph` builds a decode-only backend whose
-index buffers have fixed addresses (flashinfer's ``use_cuda_graph`` mode); ``plan()`` then copies a new
-layout into them, and a captured graph replays with it.
+Prefill steps pick flashinfer's kernel (its ``backend`` argument) by :func:`prefill_kernel`: FA2, which splits a
+long KV over several CTAs, where FA3's work items would leave SMs idle, else ``"auto"`` (FA3 on Hopper).
+
+For CUDA graphs, :meth:`FlashInferAttentionBackend.for_cuda_graph` builds a decode-only backend and
+:meth:`FlashInferAttentionBackend.for_prefill_graph` a backend for one sequence's prefill chunk, whose index buffers
+have fixed addresses (flashinfer's ``use_cuda_graph`` mode); ``plan()`` then copies a new layout into them, and a
+captured graph replays with it.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
+import numpy as np
 import torch
 
 from backends.runtime.attention.base import AttentionBackend, AttentionMetadata
@@ -24,6 +30,7 @@ from backends.runtime.attention.base import AttentionBackend, AttentionMetadata
 SUPPORTED_HEAD_DIMS = (64, 128, 256)
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
 WORKSPACE_BYTES = 256 << 20  # flashinfer's split-KV scratch; its docs recommend 128 MB or more
+PREFILL_KERNELS = ("fa2", "auto")  # flashinfer's BatchPrefillWithPagedKVCacheWrapper(backend=...) values we use
 
 
 def flashinfer_supports(head_dim: int, dtype: torch.dtype, device: torch.device) -> str | None:
@@ -39,6 +46,22 @@ def flashinfer_supports(head_dim: int, dtype: torch.dtype, device: torch.device)
     except ImportError as exc:
         return f"flashinfer is not installed ({exc})"
     return None
+
+
+def prefill_kernel(qo_lens: Sequence[int], num_qo_heads: int, head_dim: int, num_sms: int) -> str:
+    """flashinfer's prefill ``backend`` for a step whose sequences bring ``qo_lens`` new tokens each: ``"fa2"`` when
+    FA3 would make fewer work items than the GPU has SMs (``num_sms``), else ``"auto"`` (FA3 on Hopper, FA2
+    elsewhere).
+
+    Source: flashinfer 0.6's ``PrefillSM90Plan`` (include/flashinfer/attention/scheduler.cuh), FA3's plan on Hopper,
+    makes one work item per query head and query tile of 128 rows (192 for head_dim 64), query heads not packed by
+    GQA group, and never splits the KV: each item reads its sequence's whole KV on one SM, so a short chunk over a
+    long cached context runs on ``num_qo_heads * tiles`` SMs (28 of 132 for a chunk of up to 128 tokens of
+    Qwen2.5-VL-7B). FA2's plan (``PrefillSplitQOKVIndptr``) splits the KV into chunks until the CTAs fill the GPU.
+    """
+    tile = 192 if head_dim == 64 else 128
+    items = num_qo_heads * sum(-(-n // tile) for n in qo_lens)
+    return "fa2" if items < num_sms else "auto"
 
 
 @dataclass(frozen=True)
@@ -65,12 +88,13 @@ class FlashInferAttentionBackend(AttentionBackend):
 
     ``num_qo_heads``/``num_kv_heads``/``head_dim``: the language model's attention shape; ``page_size``:
     tokens per KV page; ``dtype``: the pool's and activations' dtype. Raises ValueError where
-    :func:`flashinfer_supports` says no.
+    :func:`flashinfer_supports` says no. The keyword arguments are for the graph backends' constructors.
     """
 
     def __init__(self, num_qo_heads: int, num_kv_heads: int, head_dim: int, page_size: int,
                  dtype: torch.dtype, device: torch.device, *, workspace: torch.Tensor | None = None,
-                 decode_wrapper=None, static_append: _AppendIndices | None = None) -> None:
+                 decode_wrapper=None, prefill_wrappers: dict | None = None,
+                 static_append: _AppendIndices | None = None) -> None:
         reason = flashinfer_supports(head_dim, dtype, device)
         if reason:
             raise ValueError(reason)
@@ -78,17 +102,24 @@ class FlashInferAttentionBackend(AttentionBackend):
 
         self.shape = (num_qo_heads, num_kv_heads, head_dim, page_size)
         self.dtype = dtype
+        self.num_sms = torch.cuda.get_device_properties(device).multi_processor_count  # under MPS: the share's
         self.workspace = workspace if workspace is not None else torch.empty(
             WORKSPACE_BYTES, dtype=torch.uint8, device=device)
-        self._decode = decode_wrapper or flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-            self.workspace, "NHD", use_tensor_cores=True)
-        # A graph backend decodes only; eager backends also prefill (same workspace: steps never overlap).
-        self._prefill = None if decode_wrapper is not None else flashinfer.BatchPrefillWithPagedKVCacheWrapper(
-            self.workspace, "NHD")
+        if decode_wrapper is None and prefill_wrappers is None:  # eager: every kind of step, same workspace
+            decode_wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(self.workspace, "NHD",
+                                                                           use_tensor_cores=True)
+            prefill_wrappers = {kernel: flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+                self.workspace, "NHD", backend=kernel) for kernel in PREFILL_KERNELS}
+        self._decode = decode_wrapper
+        self._prefill = prefill_wrappers or {}  # by kernel; a prefill graph's backend holds the one it captured
         self._append_kv = flashinfer.append_paged_kv_cache
         self._active = None
         self._static_append = static_append
         self._append: _AppendIndices | None = None
+
+    def prefill_kernel(self, qo_lens: Sequence[int]) -> str:
+        """:func:`prefill_kernel` for this backend's heads and GPU."""
+        return prefill_kernel(qo_lens, self.shape[0], self.shape[2], self.num_sms)
 
     @classmethod
     def for_cuda_graph(cls, like: "FlashInferAttentionBackend", batch_size: int, max_pages: int,
@@ -112,22 +143,59 @@ class FlashInferAttentionBackend(AttentionBackend):
         return cls(*like.shape, like.dtype, device, workspace=like.workspace, decode_wrapper=wrapper,
                    static_append=append)
 
+    @classmethod
+    def for_prefill_graph(cls, like: "FlashInferAttentionBackend", rows: int, pages: torch.Tensor,
+                          kv_positions: torch.Tensor) -> "FlashInferAttentionBackend":
+        """A prefill backend for graphs of ``rows`` query rows of one sequence; shares ``like``'s workspace, its
+        kernel is ``like.prefill_kernel([rows])``.
+
+        ``pages``: int32 ``[1 + max_pages]`` on the device, the scratch page first: ``plan()`` copies the
+        sequence's page list into ``pages[1:]`` (the wrapper's fixed indices buffer). The KV writes see ``pages``
+        whole as one sequence and write row ``i`` at its position ``kv_positions[i]`` (int32 ``[rows]`` on the
+        device, the graph's input buffer): ``page_size + c + j`` for the chunk's token ``j`` over ``c`` cached
+        tokens, ``0`` (the scratch page's slot 0) for padding rows.
+
+        The first ``plan()`` must describe all ``rows`` query rows: flashinfer sizes the graph's tiles and work lists
+        for it, and later plans may hold fewer rows (its ``use_cuda_graph`` mode allows up to the first plan's),
+        the rest of ``q`` unread and their output rows zero.
+        """
+        import flashinfer
+
+        device = like.workspace.device
+        num_pages, page_size = pages.numel(), like.shape[3]
+        append = _AppendIndices(
+            batch_indices=torch.zeros(rows, dtype=torch.int32, device=device), kv_positions=kv_positions,
+            kv_indices=pages, kv_indptr=torch.tensor([0, num_pages], dtype=torch.int32, device=device),
+            kv_last_page_len=torch.tensor([page_size], dtype=torch.int32, device=device))
+        kernel = like.prefill_kernel([rows])
+        wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+            like.workspace, "NHD", use_cuda_graph=True, backend=kernel,
+            qo_indptr_buf=torch.zeros(2, dtype=torch.int32, device=device),
+            paged_kv_indptr_buf=torch.zeros(2, dtype=torch.int32, device=device),
+            paged_kv_indices_buf=pages[1:],
+            paged_kv_last_page_len_buf=torch.ones(1, dtype=torch.int32, device=device))
+        return cls(*like.shape, like.dtype, device, workspace=like.workspace, prefill_wrappers={kernel: wrapper},
+                   static_append=append)
+
     def plan(self, metadata: AttentionMetadata) -> None:
         num_qo_heads, num_kv_heads, head_dim, page_size = self.shape
         if page_size != metadata.page_size:
             raise ValueError(f"metadata page_size {metadata.page_size} != backend page_size {page_size}")
         common = dict(q_data_type=self.dtype, kv_data_type=self.dtype)
-        if metadata.is_decode:
+        if metadata.is_decode and self._decode is not None:
             self._decode.plan(metadata.kv_indptr, metadata.kv_indices, metadata.kv_last_page_len,
                               num_qo_heads, num_kv_heads, head_dim, page_size, **common)
             self._active = self._decode
-        elif self._prefill is None:
-            raise ValueError("a CUDA-graph backend runs decode steps only (one token per sequence)")
+        elif not self._prefill:
+            raise ValueError("a decode-graph backend runs decode steps only (one token per sequence)")
         else:
-            self._prefill.plan(metadata.cu_seqlens_q, metadata.kv_indptr, metadata.kv_indices,
-                               metadata.kv_last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size,
-                               causal=True, **common)
-            self._active = self._prefill
+            if len(self._prefill) == 1:  # a graph's backend: the kernel it was captured with
+                (wrapper,) = self._prefill.values()
+            else:
+                wrapper = self._prefill[self.prefill_kernel(np.diff(metadata.cu_seqlens_q.numpy()).tolist())]
+            wrapper.plan(metadata.cu_seqlens_q, metadata.kv_indptr, metadata.kv_indices, metadata.kv_last_page_len,
+                         num_qo_heads, num_kv_heads, head_dim, page_size, causal=True, **common)
+            self._active = wrapper
         self._append = self._static_append or _AppendIndices.upload(metadata, self.workspace.device)
 
     def forward(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

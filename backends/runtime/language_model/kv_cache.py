@@ -7,7 +7,7 @@ block table lists its pages: token ``i`` lives in page ``block_table[i // page_s
 and V caches ``[num_pages, page_size, num_kv_heads, head_dim]``.
 
 The pool's last page (``backends.ipc.protocol.RESERVED_KV_PAGES``) is never handed to a sequence: the padding rows of a
-CUDA-graph decode batch write their keys/values there (``scratch_page``).
+CUDA-graph decode batch or prefill chunk write their keys/values there (``scratch_page``).
 """
 from __future__ import annotations
 

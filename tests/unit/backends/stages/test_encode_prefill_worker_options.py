@@ -1,0 +1,62 @@
+"""The encode_prefill stage's ``prefill_graphs`` option: checked before the model loads, ``on`` refused at load where
+flashinfer cannot run, and what ``auto`` picks on a CPU; the parameter as the repository and a deployment file
+declare it."""
+import textwrap
+
+import pytest
+import torch
+
+from backends.ipc import shared_tensor
+from backends.ipc.run_dir import RUN_DIR_ENV
+from backends.runtime.language_model.kv_cache import KVCacheLayout
+from backends.runtime.loader import ModelSpec
+from backends.stages.encode_prefill_worker import EncodePrefillWorker
+from backends.triton.deploy_config import ConfigError, DeployConfig
+from backends.triton.repository import model_parameters, parse_overrides
+
+
+@pytest.fixture(autouse=True)
+def run_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv(RUN_DIR_ENV, str(tmp_path))
+
+
+def test_a_bad_value_is_named():
+    with pytest.raises(ValueError, match="prefill_graphs must be auto, on or off, got 'yes'"):
+        EncodePrefillWorker(ModelSpec(), torch.device("cpu"), prefill_graphs="yes")
+
+
+@pytest.mark.parametrize("backend, reason", [("auto", "flashinfer needs a CUDA device, got cpu"),
+                                             ("torch", "attention_backend is torch")])
+def test_on_without_flashinfer_is_refused_at_load_with_the_reason(backend, reason):
+    with pytest.raises(ValueError, match=f"prefill_graphs=on needs the flashinfer attention backend: {reason}"):
+        EncodePrefillWorker(ModelSpec(), torch.device("cpu"), attention_backend=backend, prefill_graphs="on")
+
+
+@pytest.mark.parametrize("option", ["auto", "off"])
+def test_the_cpu_prefills_eagerly(option):
+    worker = EncodePrefillWorker(ModelSpec(), torch.device("cpu"), prefill_graphs=option)
+    layout = KVCacheLayout.from_config(worker.model.config, num_pages=8, page_size=16)
+    pool = shared_tensor.create("kv_pool", layout.shape, layout.dtype, torch.device("cpu"))
+    try:
+        assert worker.runner.prefill_graphs is None
+    finally:
+        worker.shutdown()
+        pool.release()
+
+
+def test_the_repository_declares_it_and_a_deployment_file_sets_it(tmp_path):
+    assert model_parameters()["encode_prefill"]["prefill_graphs"] == "auto"
+    assert parse_overrides(["encode_prefill.prefill_graphs=off"]) == {"encode_prefill": {"prefill_graphs": "off"}}
+    path = tmp_path / "deploy.yaml"
+    for text, value in [("prefill_graphs: auto", "auto"), ("prefill_graphs: off", "off"),  # YAML's off: a bool
+                        ("prefill_graphs: 'on'", "on")]:
+        path.write_text(f"resources:\n  encode_prefill: {{{text}}}\n")
+        config = DeployConfig.load(path)
+        assert config.resources.encode_prefill.prefill_graphs == value
+        assert f"encode_prefill.prefill_graphs={value}" in config.set_items()
+    path.write_text(textwrap.dedent("""
+        resources:
+          encode_prefill: {prefill_graphs: sometimes}
+    """))
+    with pytest.raises(ConfigError, match="resources.encode_prefill.prefill_graphs: must be auto, on or off"):
+        DeployConfig.load(path)
