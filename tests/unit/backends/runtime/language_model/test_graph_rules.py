@@ -1,8 +1,10 @@
 """What CUDA graphs decide on the host (CPU): rung ladders and the rung a step replays
-(``graph_capture``), the prefill graphs' padding and scratch-page rules and capture layout (``prefill_graphs``),
-which prefill steps run graphed (``ModelRunner.prefill``), and the prefill kernel rule (``flashinfer_backend``).
+(``graph_capture``), the prefill graphs' padding and scratch-page rules, capture layout and what a graphed chunk plans
+and stages (``prefill_graphs``: its graphs stood in for), which prefill steps run graphed (``ModelRunner.prefill``),
+and the prefill kernel rule (``flashinfer_backend``).
 The graphs themselves: tests/gpu/test_prefill_graphs.py and test_flashinfer_runtime.py."""
 import random
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -12,7 +14,8 @@ from backends.runtime.attention.flashinfer_backend import prefill_kernel
 from backends.runtime.language_model.cuda_graphs import batch_ladder
 from backends.runtime.language_model.graph_capture import ladder, rung_for
 from backends.runtime.language_model.kv_cache import KVCacheLayout, pages_needed
-from backends.runtime.language_model.prefill_graphs import PREFILL_RUNGS, append_positions, capture_layout
+from backends.runtime.language_model.prefill_graphs import (PREFILL_RUNGS, PrefillGraphs, _Graph, append_positions,
+                                                             capture_layout)
 from backends.runtime.loader import ModelSpec, load_model
 from backends.runtime.model_runner import ModelRunner, PrefillChunk
 
@@ -116,3 +119,75 @@ def test_one_sequence_of_at_most_the_top_rung_runs_graphed_and_other_steps_eager
     assert runner.prefill([chunk(17, [1, 2])]).shape == (1, vocab)             # above the top rung
     assert runner.prefill([chunk(5, [3]), chunk(5, [4])]).shape == (2, vocab)  # two sequences
     assert graphs.chunks == [one]
+
+
+class _Staging:
+    """Stands in for ``PinnedStaging`` (pinned memory needs CUDA): a CPU buffer, as ``take`` hands it out."""
+
+    def __init__(self, numel):
+        self.buffer = torch.full((numel,), -1, dtype=torch.int32)
+
+    def take(self, *shape):
+        return self.buffer[:torch.Size(shape).numel()].view(shape)
+
+    def sent(self):
+        pass
+
+
+class _Layout:
+    """Stands in for ``LayoutStaging``: records each plan's layout."""
+
+    def __init__(self):
+        self.plans = []
+
+    def plan(self, backend, metadata):
+        self.plans.append((backend, metadata))
+
+
+def _host_side_graphs(rungs, hidden_size=8, position_rows=3, page_size=16):
+    """A ``PrefillGraphs`` whose host part is real (``run``: rung, layout, staged positions, embeddings, last row) and
+    whose graphs are stand-ins that copy the embeddings to the hidden states, so that a run returns its chunk's last
+    embedding row (through an identity LM head)."""
+    graphs = object.__new__(PrefillGraphs)
+    graphs.rungs, graphs.max_rows = tuple(rungs), max(rungs)
+    graphs.runner = SimpleNamespace(family=SimpleNamespace(position_rows=position_rows), page_size=page_size,
+                                    model=SimpleNamespace(lm_head=torch.nn.Identity()))
+    graphs._layout, graphs._staging = _Layout(), _Staging((position_rows + 1) * max(rungs))
+    graphs._graphs = {}
+    for rows in rungs:
+        embeds = torch.full((rows, hidden_size), float("nan"))
+        hidden = torch.zeros(rows, hidden_size)
+        replay = (lambda e, h: lambda: h.copy_(e))(embeds, hidden)
+        graphs._graphs[rows] = _Graph(rows, SimpleNamespace(replay=replay), f"backend-{rows}", embeds,
+                                      torch.full((position_rows + 1, rows), -1, dtype=torch.int32), hidden)
+    return graphs
+
+
+def test_a_graphed_chunk_plans_its_real_rows_over_its_whole_context_and_stages_its_own_rows():
+    """The host part of a graphed chunk over a cached context, after larger chunks left their rows in the buffers:
+    flashinfer is planned for the chunk's real rows over all ``c + n`` KV tokens (qo indptr ``[0, n]``, the
+    sequence's pages, the last page's length), the graph's positions are the chunk's then zeros, its KV positions
+    those of the eager step's slots (``append_positions``) then the scratch slot, and the returned row is the chunk's
+    last."""
+    graphs = _host_side_graphs((16, 64, 128))
+    rng = random.Random(11)
+    table = rng.sample(range(500), 40)
+    for n, cached in [(100, 0), (60, 100), (5, 160), (1, 165), (16, 166), (64, 182)]:
+        embeds = torch.randn(n, 8)
+        positions = torch.arange(cached, cached + n).expand(3, -1) + torch.tensor([[0], [1000], [2000]])
+        out = graphs.run(PrefillChunk(embeds, positions, cached, table, want_logits=True))
+        rows = rung_for(graphs.rungs, n)
+        g = graphs._graphs[rows]
+        backend, metadata = graphs._layout.plans[-1]
+        pages = pages_needed(cached + n, 16)
+        assert backend == f"backend-{rows}"
+        assert metadata.cu_seqlens_q.tolist() == [0, n] and metadata.num_cached.tolist() == [cached]
+        assert metadata.kv_indptr.tolist() == [0, pages] and metadata.kv_indices.tolist() == table[:pages]
+        assert metadata.kv_last_page_len.tolist() == [cached + n - (pages - 1) * 16]
+        assert g.inputs[:3, :n].tolist() == positions.tolist() and not g.inputs[:3, n:].any()
+        eager = AttentionMetadata.build([n], [cached], [table], 16, "cpu")
+        slots = [_slot([9999, *table], int(p), 16) for p in g.inputs[3]]
+        assert slots[:n] == eager.slot_mapping.tolist() and set(slots[n:]) <= {9999 * 16}
+        assert torch.equal(g.embeds[:n], embeds) and torch.equal(out, embeds[-1:])
+    assert graphs.run(PrefillChunk(torch.randn(3, 8), torch.zeros(3, 3, dtype=torch.long), 246, table, False)
+                      ).shape == (0, 8)
