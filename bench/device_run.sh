@@ -67,15 +67,16 @@ BENCH_DIR=$(cd "$(dirname "$0")" && pwd)
 cd "$BENCH_DIR/.."
 SITE=/tmp/site
 STUBSITE=/tmp/stubsite
+SITEBIN=/tmp/site-bin  # the wheels' programs (py-spy): pip --target --upgrade replaces $SITE/bin with each wheel's own
 OUT=${OUT:-$BENCH_DIR/results/device}
 mkdir -p "$OUT"
 export FLASHINFER_WORKSPACE_BASE=/tmp/flashinfer_ws PYTHONUNBUFFERED=1
-export PYTHONPATH=$SITE NCCL_NVLS_ENABLE=0
+export PYTHONPATH=$SITE NCCL_NVLS_ENABLE=0 PATH=$SITEBIN:$PATH
 STUB_PATH=$STUBSITE:$SITE  # given as STUB_SITE to tritonserver only: other programs keep the machine's numpy 2
 status=0
 
 install() {
-  mkdir -p "$SITE" "$STUBSITE" "$FLASHINFER_WORKSPACE_BASE"
+  mkdir -p "$SITE" "$STUBSITE" "$SITEBIN" "$FLASHINFER_WORKSPACE_BASE"
   local wheel target
   for wheel in .devwheels/*/*.whl; do
     [ -e "$wheel" ] || continue
@@ -83,7 +84,8 @@ install() {
     grep -qxF "$(basename "$wheel")" "$SITE/.installed" 2>/dev/null && continue
     case "$(basename "$wheel")" in numpy-*|scipy-*) target=$STUBSITE ;; *) target=$SITE ;; esac
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$target" "$wheel" \
-      && echo "installed $(basename "$wheel") -> $target" && basename "$wheel" >> "$SITE/.installed"
+      && echo "installed $(basename "$wheel") -> $target" && basename "$wheel" >> "$SITE/.installed" \
+      && { [ ! -d "$target/bin" ] || cp -a "$target/bin/." "$SITEBIN/"; }
   done
   # The stub ignores PYTHONPATH: this .pth line puts STUB_SITE's folders first where it is set.
   local sp

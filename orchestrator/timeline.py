@@ -32,8 +32,11 @@ class Timeline:
         self.events.append((self.ms(time.monotonic() if at is None else at), event, fields))
 
     def to_json(self) -> str:
-        """``{"events": [{"ms": ..., "event": ..., **fields}, ...]}``, in the order recorded."""
-        return json.dumps({"events": [{"ms": ms, "event": event, **fields} for ms, event, fields in self.events]})
+        """``{"arrived_monotonic_s": ..., "events": [{"ms": ..., "event": ..., **fields}, ...]}``, events in the order
+        recorded; ``arrived_monotonic_s``, the arrival as ``time.monotonic()`` seconds, places other processes'
+        moments on the same host on this scale (the OpenAI API's: ``backends.openai.timing``)."""
+        return json.dumps({"arrived_monotonic_s": round(self.arrived, 6),
+                           "events": [{"ms": ms, "event": event, **fields} for ms, event, fields in self.events]})
 
 
 class _NoTimeline(Timeline):

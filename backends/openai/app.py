@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -27,6 +28,7 @@ from backends.openai.orchestrator_client import OrchestratorClient
 from backends.openai.responses import ChatShape, CompletionShape, Reply, usage
 from backends.openai.schemas import (ChatCompletionRequest, CompletionRequest, GenerationRequest, ModelCard,
                                      ModelList)
+from backends.openai.timing import ApiMarks
 from client.api import ResponsePiece
 
 T = TypeVar("T")
@@ -101,6 +103,7 @@ async def _generate(request: Request, body: GenerationRequest, orchestrator_requ
     """Check the model and the fields, fetch http(s) media, send the request, answer in ``shape_type``'s bodies.
     Raises ApiError (404 unknown model, 400 refused fields or bad input, 503, 500)."""
     state: ApiState = request.app.state.api
+    marks = ApiMarks()
     card = await state.model_card()
     if body.model != card.id:
         raise ApiError(404, f"The model `{body.model}` does not exist (this server serves `{card.id}`)",
@@ -110,17 +113,20 @@ async def _generate(request: Request, body: GenerationRequest, orchestrator_requ
         raise ApiError(400, refusal[1], param=refusal[0])
     orchestrator_request = await state.fetcher.resolve(orchestrator_request)
     shape = shape_type(card.id, body.return_token_ids)
+    marks.mark("api_sent")
     pieces = state.orchestrator.generate(orchestrator_request)
     if not body.stream:
         async with contextlib.aclosing(pieces):
             reply = await _unless_disconnected(request, _gathered(pieces))
+        reply.timeline = marks.into(reply.timeline)
         return shape.whole(reply)
     try:
         first = await _unless_disconnected(request, anext(pieces))
     except BaseException:
         await pieces.aclose()
         raise
-    return EventSourceResponse(_events(first, pieces, shape, body.include_usage), sep="\n",
+    marks.mark("api_first_response")
+    return EventSourceResponse(_events(first, pieces, shape, body.include_usage, marks), sep="\n",
                                shutdown_grace_period=state.config.shutdown_grace_s)
 
 
@@ -131,13 +137,16 @@ async def _gathered(pieces: AsyncIterator[ResponsePiece]) -> Reply:
     return reply
 
 
-async def _events(first: ResponsePiece, pieces: AsyncIterator[ResponsePiece], shape, include_usage: bool):
-    """The stream's events (dicts for sse-starlette); closing it (the client went away) cancels the request."""
+async def _events(first: ResponsePiece, pieces: AsyncIterator[ResponsePiece], shape, include_usage: bool,
+                  marks: ApiMarks):
+    """The stream's events (dicts for sse-starlette); closing it (the client went away) cancels the request. The
+    piece with the request's timeline gets ``marks`` joined to it."""
     try:
         piece = first
-        yield {"data": shape.chunk(piece).model_dump_json(exclude_none=True)}
+        marks.mark("api_first_chunk")
+        yield {"data": _chunk(shape, piece, marks)}
         async for piece in pieces:
-            yield {"data": shape.chunk(piece).model_dump_json(exclude_none=True)}
+            yield {"data": _chunk(shape, piece, marks)}
         counts = usage(piece)
         if include_usage and counts is not None:
             yield {"data": shape.usage_chunk(counts).model_dump_json(exclude_none=True)}
@@ -146,6 +155,12 @@ async def _events(first: ResponsePiece, pieces: AsyncIterator[ResponsePiece], sh
     finally:
         await pieces.aclose()
     yield {"data": "[DONE]"}
+
+
+def _chunk(shape, piece: ResponsePiece, marks: ApiMarks) -> str:
+    if piece.timeline is not None:
+        piece = dataclasses.replace(piece, timeline=marks.into(piece.timeline))
+    return shape.chunk(piece).model_dump_json(exclude_none=True)
 
 
 async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T:

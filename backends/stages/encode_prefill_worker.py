@@ -58,13 +58,12 @@ class EncodePrefillWorker:
     512 tokens (``backends.runtime.language_model.prefill_graphs``), captured with the runner at the first step (a
     capture that fails fails that step; later steps run eagerly): ``"auto"`` (when the attention backend is
     flashinfer: on CUDA, off on the CPU), ``"on"`` (ValueError here when flashinfer cannot run, naming why) or
-    ``"off"`` (the default until the graphs' GPU tests pass on the H200: docs/deployment.md). Raises ValueError for
-    other values of the options."""
+    ``"off"``. Raises ValueError for other values of the options."""
 
     def __init__(self, spec: ModelSpec, device: torch.device, attention_backend: str = "auto",
                  vision_devices: list[torch.device] | tuple = (), kv_pool: str = "kv_pool",
                  lm_weights: str = "lm_weights", vision_parallel: str = "data", vision_tp_size: int | None = None,
-                 prefill_graphs: str = "off"):
+                 prefill_graphs: str = "auto"):
         if prefill_graphs not in ("auto", "on", "off"):
             raise ValueError(f"prefill_graphs must be auto, on or off, got {prefill_graphs!r}")
         if vision_parallel not in ("data", "tensor"):

@@ -74,7 +74,8 @@ class Profiles:
             self.folder.mkdir(parents=True, exist_ok=True)
         for name, pid in self.processes.items():
             if program is None:
-                self.result[name] = {"error": "py-spy is not installed (the extra wheel bundle carries it)"}
+                self.result[name] = {"error": "py-spy is not installed (the extra wheel bundle carries it); looked on "
+                                              "PATH and in the bin folders beside sys.path"}
                 continue
             out = self.folder / f"{name}.txt"
             command = [program, "record", "--pid", str(pid), "--rate", str(RATE_HZ), "--nonblocking", "--gil",

@@ -122,8 +122,12 @@ def test_return_timeline_brings_the_requests_timeline(sdk, stream):
     reply = sdk.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi."}], max_tokens=N,
                                         temperature=0, stream=stream, extra_body=extra)
     last = list(reply)[-1] if stream else reply
-    events = [e["event"] for e in last.model_extra["timeline"]["events"]]
-    assert events[0] == "parsed" and "first_token" in events and events[-1] == "final_response"
+    timeline = last.model_extra["timeline"]
+    events, ms = [e["event"] for e in timeline["events"]], [e["ms"] for e in timeline["events"]]
+    # the API process's moments join the orchestrator's, on its scale (ms since the request arrived there)
+    assert events[:3] == ["api_received", "api_sent", "parsed"] and ms == sorted(ms) and ms[0] <= ms[1] <= 0 <= ms[2]
+    assert "first_token" in events and events[-1] == "final_response"
+    assert ({"api_first_response", "api_first_chunk"} <= set(events)) == stream
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])

@@ -93,6 +93,8 @@ def test_short_request_figures():
     assert m["ttft_max_ms"] == pytest.approx(1600.0) and m["ttft_p50_ms"] == pytest.approx(850.0)
     c1 = figures.scenario_figures("text_c1", [record("text", 0, 0.05, [0.004, 0.006])])
     assert c1 == pytest.approx({"ttft_ms": 50.0, "tbt_mean_ms": 5.0})
+    repeated = [record("text", 2 * k, ttft, 0.005) for k, ttft in enumerate((0.03, 0.12, 0.02, 0.05, 0.04))]
+    assert figures.scenario_figures("text_c1", repeated)["ttft_ms"] == pytest.approx(40.0)  # the median, not the max
 
 
 def test_poisson_arrivals_are_seeded_and_at_the_rate():

@@ -45,7 +45,7 @@ def test_the_cpu_prefills_eagerly(option):
 
 
 def test_the_repository_declares_it_and_a_deployment_file_sets_it(tmp_path):
-    assert model_parameters()["encode_prefill"]["prefill_graphs"] == "off"  # until the GPU tests pass on the H200
+    assert model_parameters()["encode_prefill"]["prefill_graphs"] == "auto"
     assert parse_overrides(["encode_prefill.prefill_graphs=off"]) == {"encode_prefill": {"prefill_graphs": "off"}}
     path = tmp_path / "deploy.yaml"
     for text, value in [("prefill_graphs: auto", "auto"), ("prefill_graphs: off", "off"),  # YAML's off: a bool

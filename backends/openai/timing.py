@@ -1,0 +1,32 @@
+"""Where a request's time goes in the OpenAI API process, joined to the orchestrator's timeline
+(``return_timeline``, orchestrator/timeline.py).
+
+The orchestrator's timeline counts ms from the request's arrival there and gives that moment as
+``arrived_monotonic_s`` (``time.monotonic()``); the API process runs beside tritonserver on the same host, so its own
+moments convert to the same scale: ``api_received`` (the route began; negative), ``api_sent`` (the request handed to
+the gRPC stream), ``api_first_response`` (the orchestrator's first response read back) and ``api_first_chunk`` (the
+first streamed chunk made). They show the time outside the orchestrator: the hops before it and after it.
+"""
+from __future__ import annotations
+
+import time
+
+
+class ApiMarks:
+    """One request's moments in this process, from its start (``api_received``)."""
+
+    def __init__(self):
+        self._marks: list[tuple[str, float]] = [("api_received", time.monotonic())]
+
+    def mark(self, event: str) -> None:
+        """Record ``event`` now."""
+        self._marks.append((event, time.monotonic()))
+
+    def into(self, timeline: dict | None) -> dict | None:
+        """``timeline`` (the orchestrator's JSON object) with these moments among its events, all in ms since the
+        orchestrator's arrival, in time order; unchanged when it is None or gives no ``arrived_monotonic_s``."""
+        if not timeline or "arrived_monotonic_s" not in timeline:
+            return timeline
+        origin = timeline["arrived_monotonic_s"]
+        ours = [{"ms": round((at - origin) * 1e3, 3), "event": event} for event, at in self._marks]
+        return {**timeline, "events": sorted([*ours, *timeline.get("events", ())], key=lambda e: e["ms"])}
