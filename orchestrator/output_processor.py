@@ -2,16 +2,16 @@
 cancellation, next to the frontend.
 
 The engine queues each token with the finish reason of the stage that sampled it (eos, ``max_tokens``);
-this module turns them into text deltas, ends the output at a stop string, and notices a cancelled client.
-Either of those ends the request early, so it is aborted in its engine (which returns its pages once the
-stages have let go of them). Tokens that queued up while the request's handler was busy leave in one item
-(one client response for them, not one each), with the same ids and text as one by one.
+this module turns them into text deltas, ends the output at a stop string, and ends it with ``"abort"`` when
+the client's cancellation reaches the request's queue (:meth:`OutputProcessor.cancel`, which the frontend's cancel
+watch has the event loop call). Either of those ends the request early, so it is aborted in its engine (which
+returns its pages once the stages have let go of them). Tokens that queued up while the request's handler was busy
+leave in one item (one client response for them, not one each), with the same ids and text as one by one.
 """
 from __future__ import annotations
 
 import asyncio
-import time
-from typing import AsyncIterator, Callable
+from typing import AsyncIterator
 
 from backends.ipc.link import StageError
 from backends.ipc.protocol import INVALID_INPUT
@@ -20,7 +20,7 @@ from orchestrator.engine import Engine
 from orchestrator.engine_io import Output
 from orchestrator.sampling_params import InvalidInput, RequestParams
 
-CANCEL_POLL_S = 0.05  # seconds between looks at the client's cancellation
+CANCELLED = Output(finish_reason="abort")  # what cancel() queues: the stream ends with "abort" when it comes to it
 
 
 class OutputProcessor:
@@ -29,34 +29,28 @@ class OutputProcessor:
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
 
-    async def stream(self, engine: Engine, req_id: str, outputs: asyncio.Queue, params: RequestParams,
-                     is_cancelled: Callable[[], bool]) -> AsyncIterator[tuple[str, list[int], str | None]]:
+    @staticmethod
+    def cancel(outputs: asyncio.Queue) -> None:
+        """End the stream reading ``outputs`` with ``"abort"`` after the outputs queued already; on the event
+        loop."""
+        outputs.put_nowait(CANCELLED)
+
+    async def stream(self, engine: Engine, req_id: str, outputs: asyncio.Queue, params: RequestParams
+                     ) -> AsyncIterator[tuple[str, list[int], str | None]]:
         """Yield ``(text_delta, token_ids, finish_reason or None)`` as tokens arrive from ``outputs`` (the
         request's queue in ``engine``); the last item has a finish reason: the stage's, ``"stop"`` for a stop
-        string, or ``"abort"`` when ``is_cancelled()`` (polled every ``CANCEL_POLL_S`` s) turned true. However
+        string, or ``"abort"`` (no tokens) once :meth:`cancel` reached it, after the tokens queued before. However
         it ends (a consumer that stops early too), the request is aborted in ``engine``.
 
         Raises InvalidInput or StageError when a stage failed the request, after the tokens before the failure.
         """
         detok = Detokenizer(self.tokenizer, params.stop, params.min_tokens)
         try:
-            checked, output = time.monotonic(), None
             while True:
-                if output is None:
-                    try:
-                        output = await asyncio.wait_for(outputs.get(), CANCEL_POLL_S)
-                    except asyncio.TimeoutError:
-                        pass
-                # Polled by time, not only when idle: tokens can arrive faster than the poll period.
-                if time.monotonic() - checked >= CANCEL_POLL_S:
-                    checked = time.monotonic()
-                    if is_cancelled():
-                        yield "", [], "abort"
-                        return
-                if output is None:
-                    continue
+                output = await outputs.get()
                 deltas, ids = [], []
-                while output is not None and output.failure is None:  # this token and those queued behind it
+                # this token and those queued behind it
+                while output is not None and output is not CANCELLED and output.failure is None:
                     deltas.append(detok.add([output.token]))
                     ids.append(output.token)
                     reason = "stop" if detok.stopped else output.finish_reason
@@ -66,6 +60,9 @@ class OutputProcessor:
                     output = _next_queued(outputs)
                 if ids:
                     yield "".join(deltas), ids, None
+                if output is CANCELLED:
+                    yield "", [], "abort"
+                    return
                 if output is not None:  # a failure, after the tokens before it
                     if output.failure.kind == INVALID_INPUT:
                         raise InvalidInput(output.failure.message)

@@ -1,11 +1,13 @@
-"""Client responses sent from a few threads, not the orchestrator's event loop.
+"""Client responses built and sent from a few threads, not the orchestrator's event loop.
 
 Each ``ResponseSender.send`` is a round trip to the Triton process: the 2.51 stub releases the GIL and waits
 until one of the server's threads has taken the response (python_backend ``src/response_sender.cc``); about
 0.4 ms each on the 2-core CPU machine, under load. Sent from the event loop, the sends of one decode step's
 tokens run one after the other and hold up everything else the loop does; from ``lanes`` threads they overlap,
-and the loop goes on. A request keeps one lane for all its responses, so they leave in order and its final
-flag comes last.
+and the loop goes on. The loop queues plain-Python items; the lane builds each item's response. A request keeps
+one lane for all its responses, so they leave in order and its final flag comes last. A lane that fell behind
+finds several items of one request queued and merges consecutive ones into one response (vLLM's output collector
+does the same when its consumer is slow), so that a backlog costs fewer sends instead of delaying every token.
 """
 from __future__ import annotations
 
@@ -13,14 +15,26 @@ import itertools
 import logging
 import queue
 import threading
+from typing import Protocol
 
 log = logging.getLogger(__name__)
 
 
+class Item(Protocol):
+    """What a lane sends: ``sender.send(item.build(), flags=item.flags)``."""
+
+    flags: int
+
+    def merge(self, later: Item) -> Item | None:
+        """This item and ``later`` (the same request's next) as one item, or None when they do not merge."""
+
+    def build(self):
+        """The Triton response (None: a response without outputs, e.g. an empty final one)."""
+
+
 class SendLanes:
     """``lanes`` sender threads (at least 1). :meth:`lane` picks one for a new request (round robin);
-    :meth:`send` queues ``sender.send(response, flags=flags)`` on it; :meth:`close` sends what is queued and
-    stops the threads."""
+    :meth:`send` queues a request's item on it; :meth:`close` sends what is queued and stops the threads."""
 
     def __init__(self, lanes: int = 4):
         if lanes < 1:
@@ -35,8 +49,10 @@ class SendLanes:
     def lane(self) -> int:
         return next(self._next) % len(self._queues)
 
-    def send(self, lane: int, sender, response=None, flags: int = 0) -> None:
-        self._queues[lane].put((sender, response, flags))
+    def send(self, lane: int, sender, item: Item) -> None:
+        """Queue ``item`` for ``sender`` (one request's ``ResponseSender``) on ``lane``; the items of one sender
+        must all go to one lane, its final one last."""
+        self._queues[lane].put((sender, item))
 
     def close(self, timeout_s: float = 5.0) -> None:
         for q in self._queues:
@@ -46,9 +62,39 @@ class SendLanes:
 
     @staticmethod
     def _run(q: queue.SimpleQueue) -> None:
-        while (item := q.get()) is not None:
-            sender, response, flags = item
-            try:
-                sender.send(response, flags=flags)
-            except Exception:  # e.g. the client's stream was closed: nothing to tell it, the lane goes on
-                log.exception("orchestrator: a response could not be sent")
+        stopped = False
+        while not stopped:
+            queued, stopped = _take(q)
+            for sender, item in merged(queued):
+                try:
+                    sender.send(item.build(), flags=item.flags)
+                except Exception:  # e.g. the client's stream was closed: nothing to tell it, the lane goes on
+                    log.exception("orchestrator: a response could not be sent")
+
+
+def _take(q: queue.SimpleQueue) -> tuple[list[tuple[object, Item]], bool]:
+    """Every ``(sender, item)`` in ``q``, waiting for the first, and whether ``close`` stopped the lane."""
+    entry, queued = q.get(), []
+    while entry is not None:
+        queued.append(entry)
+        try:
+            entry = q.get_nowait()
+        except queue.Empty:
+            return queued, False
+    return queued, True
+
+
+def merged(queued: list[tuple[object, Item]]) -> list[tuple[object, Item]]:
+    """``queued`` with each item merged into the same sender's item before it where they merge; each sender's
+    items keep their order (those of different senders may pass one another)."""
+    out: list[tuple[object, Item]] = []
+    last: dict[int, int] = {}  # id(sender) -> index in out of its latest item (the senders are alive: in queued)
+    for sender, item in queued:
+        at = last.get(id(sender))
+        both = out[at][1].merge(item) if at is not None else None
+        if both is not None:
+            out[at] = (sender, both)
+        else:
+            last[id(sender)] = len(out)
+            out.append((sender, item))
+    return out

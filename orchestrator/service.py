@@ -383,9 +383,12 @@ class Orchestrator:
             raise Overloaded(f"{OVERLOADED}: {waiting} requests wait for KV pages, the most that may (parameter "
                              "max_waiting_requests); retry later")
 
-    def stream(self, admitted: Admitted, is_cancelled: Callable[[], bool]
-               ) -> AsyncIterator[tuple[str, list[int], str | None]]:
+    def stream(self, admitted: Admitted) -> AsyncIterator[tuple[str, list[int], str | None]]:
         """The request's ``(text_delta, token_ids, finish_reason or None)`` items
         (``OutputProcessor.stream``)."""
-        return self.outputs.stream(admitted.engine, admitted.req_id, admitted.outputs, admitted.parsed.params,
-                                   is_cancelled)
+        return self.outputs.stream(admitted.engine, admitted.req_id, admitted.outputs, admitted.parsed.params)
+
+    def cancel(self, admitted: Admitted) -> None:
+        """End the request's stream with ``"abort"`` after the tokens queued already (the client cancelled); on
+        the event loop."""
+        self.outputs.cancel(admitted.outputs)

@@ -1,13 +1,16 @@
 """A request's outputs as its client sees them (``orchestrator.output_processor``): tokens that queued up while
 the request's handler was busy leave as one item (one client response), with the same ids and text as one by
 one; stop strings end the output at the right token and abort the request; a failure comes after the tokens
-before it, typed as the stage said; a cancelled client ends the stream; the request is always aborted in its
-engine at the end."""
+before it, typed as the stage said; a cancellation ends the stream after the tokens queued before it, also while
+no token comes; the request is always aborted in its engine at the end."""
 import asyncio
+import threading
+import time
 
 from backends.ipc.link import StageError
 from backends.ipc.protocol import INVALID_INPUT, SERVER_FAULT, StageFailure
 from backends.runtime.tokenizer import load_tokenizer
+from orchestrator.cancel_watch import CancelWatch
 from orchestrator.engine_io import Output
 from orchestrator.output_processor import OutputProcessor
 from orchestrator.sampling_params import InvalidInput, RequestParams
@@ -26,17 +29,18 @@ class Engine:
         self.aborted.append(req_id)
 
 
-def stream(outputs: list[Output], cancelled=lambda: False, **params):
-    """Every item of the stream of a request whose ``outputs`` are all queued before it starts, the exception it
-    ended with (or None), and the requests aborted."""
+def stream(outputs: list[Output], cancel=False, **params):
+    """Every item of the stream of a request whose ``outputs`` are all queued before it starts (then a
+    cancellation, with ``cancel``), the exception it ended with (or None), and the requests aborted."""
 
     async def run():
         queue, engine, items = asyncio.Queue(), Engine(), []
         for output in outputs:
             queue.put_nowait(output)
+        if cancel:
+            OutputProcessor.cancel(queue)
         try:
-            async for item in OutputProcessor(TOKENIZER).stream(engine, "r", queue, RequestParams(**params),
-                                                                cancelled):
+            async for item in OutputProcessor(TOKENIZER).stream(engine, "r", queue, RequestParams(**params)):
                 items.append(item)
         except Exception as exc:  # noqa: BLE001 - returned for the test to check
             return items, exc, engine.aborted
@@ -72,6 +76,38 @@ def test_a_failure_comes_after_the_tokens_before_it_typed_as_the_stage_said():
     assert isinstance(error, InvalidInput) and str(error) == "video: no keyframe"
 
 
-def test_a_cancelled_client_ends_the_stream_with_abort():
-    items, error, aborted = stream([], cancelled=lambda: True)
+def test_a_cancelled_client_ends_the_stream_with_abort_after_the_tokens_queued_before():
+    items, error, aborted = stream([], cancel=True)
     assert items == [("", [], "abort")] and error is None and aborted == ["r"]
+    items, error, aborted = stream(tokens(WORDS[:3], last_reason=""), cancel=True, max_tokens=100)
+    assert [ids for _, ids, _ in items] == [WORDS[:3], []] and items[-1][2] == "abort" and aborted == ["r"]
+
+
+def test_a_cancellation_from_the_watch_thread_ends_a_stream_that_waits_for_tokens():
+    """The frontend's path: the cancel watch's thread hands the cancellation to the loop; no token comes after
+    the first, and the stream ends (with no further tokens) within about the watch's period."""
+
+    async def run():
+        loop, queue, engine = asyncio.get_running_loop(), asyncio.Queue(), Engine()
+        watch = CancelWatch(period_s=0.01)
+        asked = threading.Event()
+
+        def is_cancelled():
+            return asked.is_set()
+
+        watch.watch(is_cancelled, lambda: loop.call_soon_threadsafe(OutputProcessor.cancel, queue))
+        queue.put_nowait(Output(WORDS[0]))
+        items = []
+        try:
+            async for item in OutputProcessor(TOKENIZER).stream(engine, "r", queue, RequestParams(max_tokens=100)):
+                items.append(item)
+                if len(items) == 1:
+                    asked.set()
+                    started = time.monotonic()
+        finally:
+            watch.close()
+        return items, time.monotonic() - started, engine.aborted
+
+    items, waited_s, aborted = asyncio.run(asyncio.wait_for(run(), 10))
+    assert [(ids, reason) for _, ids, reason in items] == [([WORDS[0]], None), ([], "abort")]
+    assert waited_s < 1.0 and aborted == ["r"]

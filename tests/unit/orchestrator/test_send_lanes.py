@@ -1,19 +1,42 @@
-"""Client responses sent from lane threads (orchestrator/send_lanes.py): in order per request, final last."""
+"""Client responses built and sent from lane threads (orchestrator/send_lanes.py): in order per request, final
+last; a lane that fell behind merges a request's queued items into one response."""
 import threading
 import time
+from dataclasses import dataclass
 
 import pytest
 
-from orchestrator.send_lanes import SendLanes
+from orchestrator.send_lanes import SendLanes, merged
+
+
+@dataclass(frozen=True)
+class Piece:
+    """An item whose response is the list of its ``values``; merges unless it is final or ``alone``."""
+
+    values: tuple
+    flags: int = 0
+    alone: bool = False
+
+    def merge(self, later):
+        if self.flags or self.alone or later.alone:
+            return None
+        return Piece(self.values + later.values, later.flags)
+
+    def build(self):
+        return list(self.values)
 
 
 class Sender:
-    """Records what was sent; each send takes a while (a round trip) and may fail."""
+    """Records what was sent; each send takes a while (a round trip), may fail, and may wait for ``go``."""
 
-    def __init__(self, log, name, fail_on=None):
-        self.log, self.name, self.fail_on = log, name, fail_on
+    def __init__(self, log, name, fail_on=None, go=None):
+        self.log, self.name, self.fail_on, self.go = log, name, fail_on, go
+        self.waiting = threading.Event()  # set once a send waits for go
 
     def send(self, response=None, flags=0):
+        if self.go is not None:
+            self.waiting.set()
+            self.go.wait(5)
         time.sleep(0.001)
         if response == self.fail_on:
             raise RuntimeError("Response sender has been closed")
@@ -26,24 +49,52 @@ def test_each_requests_responses_leave_in_order_on_one_lane():
     senders = {k: (Sender(log, k), lanes.lane()) for k in range(6)}
     for i in range(20):
         for k, (sender, lane) in senders.items():
-            lanes.send(lane, sender, i, 1 if i == 19 else 0)
+            lanes.send(lane, sender, Piece((i,), 1 if i == 19 else 0))
     lanes.close()
     for k in senders:
         mine = [(r, f, t) for name, r, f, t in log if name == k]
-        assert [r for r, _, _ in mine] == list(range(20)) and mine[-1][1] == 1
+        assert [v for r, _, _ in mine for v in r] == list(range(20))  # merged or not, in order
+        assert mine[-1][1] == 1 and all(f == 0 for _, f, _ in mine[:-1])  # final last
         assert len({t for _, _, t in mine}) == 1  # one lane
     assert len({t for *_, t in log}) == 3  # all lanes used
+
+
+def test_a_blocked_lane_sends_one_requests_queued_items_as_one_response():
+    log, go = [], threading.Event()
+    lanes = SendLanes(1)
+    lane = lanes.lane()
+    a, b = Sender(log, "a", go=go), Sender(log, "b")
+    lanes.send(lane, a, Piece((0,)))
+    assert a.waiting.wait(5)  # the lane has taken it and is held in its send
+    for i in range(1, 5):
+        lanes.send(lane, a, Piece((i,)))
+        lanes.send(lane, b, Piece((i,)))
+    lanes.send(lane, a, Piece((5,), flags=1))
+    go.set()
+    lanes.close()
+    assert [(name, r, f) for name, r, f, _ in log] == [
+        ("a", [0], 0), ("a", [1, 2, 3, 4, 5], 1), ("b", [1, 2, 3, 4], 0)]
+
+
+def test_merging_keeps_each_requests_order_and_what_does_not_merge():
+    a, b = object(), object()
+    queued = [(a, Piece((1,))), (b, Piece((1,))), (a, Piece((2,), alone=True)), (a, Piece((3,))),
+              (b, Piece((2,), flags=1)), (a, Piece((4,), flags=1))]
+    assert [(s, p.values, p.flags) for s, p in merged(queued)] == [
+        (a, (1,), 0), (b, (1, 2), 1), (a, (2,), 0), (a, (3, 4), 1)]
+    final_first = [(a, Piece((1,), flags=1)), (a, Piece((2,)))]
+    assert merged(final_first) == final_first  # a final item takes nothing after it
 
 
 def test_a_failed_send_does_not_stop_the_lane():
     log = []
     lanes = SendLanes(1)
     lane = lanes.lane()
-    sender = Sender(log, "a", fail_on="bad")
-    for response in ("one", "bad", "two"):
-        lanes.send(lane, sender, response)
+    sender = Sender(log, "a", fail_on=["bad"])
+    for value in ("one", "bad", "two"):
+        lanes.send(lane, sender, Piece((value,), alone=True))
     lanes.close()
-    assert [r for _, r, _, _ in log] == ["one", "two"]
+    assert [r for _, r, _, _ in log] == [["one"], ["two"]]
 
 
 def test_at_least_one_lane():

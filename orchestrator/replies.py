@@ -1,0 +1,93 @@
+"""A client's responses described in plain Python on the event loop, built into Triton responses on a send lane
+(``orchestrator.send_lanes``), where a lane that fell behind merges a request's queued replies into one.
+
+A merged reply is what one response for those tokens would have been: texts joined, token ids concatenated, the
+later reply's finish reason and flags. The vLLM backend's ``return_*`` outputs keep their meaning
+(``orchestrator.frontend``): ``num_output_tokens`` counts that response's tokens (after a merge, the merged
+response's), ``finish_reason`` is ``"None"`` until the last; ``visual_cap`` goes on the first response only and
+``timeline`` on the last.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+
+from backends.triton import triton_io as io
+from orchestrator.inputs import ParsedRequest
+from orchestrator.timeline import NO_TIMELINE, Timeline
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One response with tokens: ``text`` (the delta when streaming), ``ids`` the token ids it brings, ``reason``
+    the finish reason (None: more follow), ``num_output`` the tokens of the whole output so far, ``flags`` the
+    Triton send flags (final with a reason), ``visual_cap`` (JSON) what max_visual_tokens changed in the request's
+    media, on its first response; the last carries the request's ``timeline`` when it asked for it."""
+
+    parsed: ParsedRequest
+    text: str
+    ids: list[int]
+    reason: str | None
+    num_input: int
+    num_output: int
+    flags: int = 0
+    visual_cap: str | None = None
+    timeline: Timeline = NO_TIMELINE
+    num_cached: int = 0
+
+    def merge(self, later) -> Reply | None:
+        """This reply followed by ``later`` (the same request's next) as one, or None: ``later`` is no Reply, or
+        this one is the last."""
+        if not isinstance(later, Reply) or self.reason is not None:
+            return None
+        return Reply(self.parsed, self.text + later.text, self.ids + later.ids, later.reason, self.num_input,
+                     later.num_output, later.flags, self.visual_cap, later.timeline, later.num_cached)
+
+    def build(self):
+        """The ``InferenceResponse``; an INTERNAL error response if building it failed (a bug must not leave the
+        client without its final flag)."""
+        try:
+            return io.pb().InferenceResponse(self._outputs())
+        except Exception as exc:
+            log.exception("orchestrator: a response could not be built")
+            return io.error(f"internal error: {type(exc).__name__}: {exc}", invalid_argument=False)
+
+    def _outputs(self) -> list:
+        extra, last = self.parsed.extra_outputs, self.reason is not None
+        outputs = [io.str_tensor("text_output", [self.text])]
+        if self.visual_cap is not None:
+            outputs.append(io.str_tensor("visual_cap", [self.visual_cap]))
+        if last and extra.timeline:
+            self.timeline.mark("final_response")
+            outputs.append(io.str_tensor("timeline", [self.timeline.to_json()]))
+        if self.parsed.return_output_ids:
+            outputs.append(io.int_tensor("output_ids", self.ids))
+        if extra.finish_reason or last:  # "None" until the last: the vLLM backend's str()
+            outputs.append(io.str_tensor("finish_reason", [str(self.reason)]))
+        if extra.num_input_tokens or last:
+            outputs.append(io.int_tensor("num_input_tokens", [self.num_input], np.uint32))
+        if extra.num_output_tokens or last:
+            count = len(self.ids) if extra.num_output_tokens else self.num_output
+            outputs.append(io.int_tensor("num_output_tokens", [count], np.uint32))
+        if last:
+            outputs.append(io.int_tensor("num_cached_tokens", [self.num_cached], np.uint32))
+        return outputs
+
+
+@dataclass(frozen=True)
+class Built:
+    """A response built already (an error), or none (``response`` None: the empty final response after an
+    abort): sent as it is, never merged."""
+
+    response: object = None
+    flags: int = 0
+
+    def merge(self, later) -> None:
+        return None
+
+    def build(self):
+        return self.response
