@@ -4,8 +4,9 @@ Events are recorded in the orchestrator as they happen, in ms since the request 
 ``parsed``, ``probed`` (every media item's metadata read), ``prompt_built`` (tokens), ``engine_added`` (its
 media decodes start), ``group_ready`` (a temporal-patch group decoded into patch pages by flashcodec), ``step``
 (one encode_prefill step with work of this request: when it was launched, its groups and prefill tokens, and the
-worker's own time), ``first_token``, ``decode_admitted``, ``last_token``, ``first_response_sent`` and
-``final_response_sent``. A request without the flag gets :data:`NO_TIMELINE`, whose ``mark`` does nothing.
+worker's own time), ``first_token``, ``decode_admitted``, ``last_token``, ``first_response`` and
+``final_response`` (its response built). A request without the flag gets :data:`NO_TIMELINE`, whose ``mark`` does
+nothing.
 """
 from __future__ import annotations
 
