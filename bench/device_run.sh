@@ -44,7 +44,9 @@
 #                  (and --tp-gpus 4 --tp-size 2 on 4 GPUs)
 #   e2e            the end-to-end suite through tritonserver on the GPU (E2E_TESTS names a part of it: the whole
 #                  suite outlasts one 10-minute call once the OpenAI bundle is installed)
-#   gpu-tests      tests/gpu/test_sampling_penalties_cuda.py and test_kv_memory_fraction.py
+#   gpu-tests      tests/gpu/test_sampling_penalties_cuda.py and test_kv_memory_fraction.py, then
+#                  tests/gpu/test_step_streams.py (encode_prefill's green-context stream, sms_while_decoding) in a
+#                  process of its own (log step_streams)
 #   serve-bench    bench/serve_bench.py (7B preset through tritonserver); SERVE_ARGS adds options, e.g.
 #                  SERVE_ARGS="--set orchestrator.replicas=2" for two replicas
 #   perf-analyzer  bench/perf_analyzer_bench.py: perf_analyzer (the perf-analyzer wheel, .devwheels/pa) with the
@@ -183,6 +185,7 @@ e2e() {
 
 gpu_tests() {  # the GPU tests no other step runs
   run_pytest gpu_tests -rP tests/gpu/test_sampling_penalties_cuda.py tests/gpu/test_kv_memory_fraction.py
+  run_pytest step_streams -rsP tests/gpu/test_step_streams.py  # -rs: without GreenContext.Stream it skips, saying why
 }
 
 serve_bench() {

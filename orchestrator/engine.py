@@ -215,7 +215,8 @@ class Engine:
     # ---- the step loop ----------------------------------------------------------------------------------
     async def _step_loop(self) -> None:
         while not self.stopping:
-            plan = self.scheduler.schedule(self._budgets())
+            decoding = any(t.in_decode and not t.decode_done for t in self.requests.values())
+            plan = self.scheduler.schedule(self._budgets(), decode_running=decoding)
             if plan is None:
                 self.wake.clear()
                 await self.wake.wait()

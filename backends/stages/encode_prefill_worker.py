@@ -40,6 +40,7 @@ from backends.runtime.sampling.sampler import sample, warm_up
 from backends.runtime.sampling.stopping import finish_reason
 from backends.runtime.tokenizer import eos_token_ids
 from backends.stages.prompt_state import PromptState
+from backends.stages.step_streams import StepStreams
 from flashcodec.patch_pool import read_group
 
 log = logging.getLogger(__name__)
@@ -58,18 +59,21 @@ class EncodePrefillWorker:
     512 tokens (``backends.runtime.language_model.prefill_graphs``), captured with the runner at the first step (a
     capture that fails fails that step; later steps run eagerly): ``"auto"`` (when the attention backend is
     flashinfer: on CUDA, off on the CPU), ``"on"`` (ValueError here when flashinfer cannot run, naming why) or
-    ``"off"``. Raises ValueError for other values of the options."""
+    ``"off"``. ``sms_while_decoding``: SMs (an int; 0, the default, is off) that a step planned while decode held
+    sequences may use, on a CUDA green context's stream (``backends.stages.step_streams``; other steps use the whole
+    GPU); checked before the model loads. Raises ValueError for other values of the options."""
 
     def __init__(self, spec: ModelSpec, device: torch.device, attention_backend: str = "auto",
                  vision_devices: list[torch.device] | tuple = (), kv_pool: str = "kv_pool",
                  lm_weights: str = "lm_weights", vision_parallel: str = "data", vision_tp_size: int | None = None,
-                 prefill_graphs: str = "auto"):
+                 prefill_graphs: str = "auto", sms_while_decoding: int = 0):
         if prefill_graphs not in ("auto", "on", "off"):
             raise ValueError(f"prefill_graphs must be auto, on or off, got {prefill_graphs!r}")
         if vision_parallel not in ("data", "tensor"):
             raise ValueError(f"vision_parallel must be data or tensor, got {vision_parallel!r}")
         if vision_tp_size is not None and vision_parallel != "tensor":
             raise ValueError(f"vision_tp_size {vision_tp_size} needs vision_parallel=tensor")
+        self.streams = StepStreams(device, sms_while_decoding)
         self.vision_parallel, self.vision_tp_size = vision_parallel, vision_tp_size
         self.model, tokenizer = load_model(spec)
         self.family = family_for(self.model.config)
@@ -136,22 +140,24 @@ class EncodePrefillWorker:
 
     def execute(self, plan: StepPlan) -> StepResult:
         """Run one step plan; returns the first tokens of the prompts whose prefill it completed, once the device has
-        run the step: the orchestrator hands the encoded groups' patch pages back to flashcodec on this result."""
+        run the step: the orchestrator hands the encoded groups' patch pages back to flashcodec on this result. The
+        step runs on the stream ``self.streams`` picks for ``plan.decode_running``."""
         started = time.perf_counter()
-        for req_id in plan.finished:
-            self.prompts.pop(req_id, None)
-        for key in plan.evict:
-            self.encoder_cache.pop(key, None)
-        for request in plan.new:
-            self._register(request)
-        clock = PhaseClock(self.device)
-        self._encode(plan.encode)
-        clock.mark()
-        first_tokens = self._prefill(plan.prefill)
-        clock.mark()
-        phases = None
-        if plan.encode or first_tokens:  # waits for the device: its patch pages are read (a sampled token has waited)
-            phases = clock.phases_ms()
+        with self.streams.for_step(plan.decode_running):
+            for req_id in plan.finished:
+                self.prompts.pop(req_id, None)
+            for key in plan.evict:
+                self.encoder_cache.pop(key, None)
+            for request in plan.new:
+                self._register(request)
+            clock = PhaseClock(self.device)
+            self._encode(plan.encode)
+            clock.mark()
+            first_tokens = self._prefill(plan.prefill)
+            clock.mark()
+            phases = None
+            if plan.encode or first_tokens:  # waits for the device: the patch pages are read (a sampled token waited)
+                phases = clock.phases_ms()
         return StepResult(first_tokens, (time.perf_counter() - started) * 1e3, *(phases or (None, None)))
 
     def _register(self, request: NewRequest) -> None:

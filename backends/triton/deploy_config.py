@@ -10,7 +10,8 @@ keys):
 * ``resources``: ``replicas`` (encode_prefill + decode pairs, replica k on GPU k mod GPUs under ``device: auto``),
   ``gpu_sharing`` (``time_slicing``, CUDA's default, or ``mps``: ``backends.triton.mps``), and per stage where it
   runs: ``flashcodec`` (``device``, ``nvdec_gpus``, ``nvdec_processes_per_gpu``, ``decode_threads``),
-  ``encode_prefill`` (``device``, ``vision_gpus``, ``vision_parallel``, ``vision_tp_size``, ``prefill_graphs``),
+  ``encode_prefill`` (``device``, ``vision_gpus``, ``vision_parallel``, ``vision_tp_size``, ``prefill_graphs``,
+  ``sms_while_decoding``),
   ``decode`` (``device``); each stage's ``sm_share`` (percent of the GPU's SMs under ``mps``) and ``mps_priority``
   (``normal`` or ``below_normal`` under ``mps``). A GPU set is ``own``, ``all`` or
   a list of ids. Each stage is one Triton instance (its stage-link socket is named after its model), so a stage is
@@ -130,13 +131,15 @@ class FlashcodecResources:
 class EncodePrefillResources:
     """``resources.encode_prefill``: its device; the vision tower's GPUs (a GPU set), ``data`` or ``tensor``
     parallel, GPUs per split tower (``all`` or a number); CUDA graphs for short prefill chunks of one sequence
-    (``prefill_graphs``: ``auto``, ``on``, ``off``)."""
+    (``prefill_graphs``: ``auto``, ``on``, ``off``); SMs of a step planned while decode has sequences
+    (``sms_while_decoding``: 0, off, or a number of SMs; ``backends.stages.step_streams``)."""
 
     device: str | None = _to("encode_prefill.device")
     vision_gpus: str | tuple[int, ...] | None = _to("encode_prefill.vision_gpus")
     vision_parallel: str | None = _to("encode_prefill.vision_parallel")
     vision_tp_size: int | str | None = _to("encode_prefill.vision_tp_size")
     prefill_graphs: str | bool | None = _to("encode_prefill.prefill_graphs")  # YAML reads a bare on/off as a bool
+    sms_while_decoding: int | None = _to("encode_prefill.sms_while_decoding")
     sm_share: int | None = _to("encode_prefill.sm_share")
     mps_priority: str | None = _to("encode_prefill.mps_priority")
 
@@ -150,6 +153,9 @@ class EncodePrefillResources:
             object.__setattr__(self, "prefill_graphs", "on" if self.prefill_graphs else "off")
         if self.prefill_graphs not in (None, "auto", "on", "off"):
             raise ConfigError("prefill_graphs", f"must be auto, on or off, got {self.prefill_graphs!r}")
+        sms = self.sms_while_decoding
+        if sms is not None and sms < 0:
+            raise ConfigError("sms_while_decoding", f"must be 0 (off) or a number of SMs, got {sms!r}")
         if isinstance(self.vision_tp_size, str) and self.vision_tp_size != "all":
             raise ConfigError("vision_tp_size", f"must be all or a number of GPUs, got {self.vision_tp_size!r}")
         if isinstance(self.vision_tp_size, int):

@@ -215,6 +215,21 @@ def test_abort_while_decoding_frees_only_after_decode_dropped_the_sequence():
     run(body)
 
 
+def test_a_plan_says_whether_decode_holds_sequences():
+    """Planned while "a" decodes, "b"'s step says so (the stage may run it on fewer SMs); once "a" has ended, "c"'s
+    step does not."""
+    async def body(w: World):
+        out = w.text("a", max_tokens=2)
+        await outputs_of(out, 1)
+        await outputs_of(w.text("b", max_tokens=1), 1)
+        w.stages.emit(("a", 8, "length"))
+        await outputs_of(out, 1)
+        await settle()
+        await outputs_of(w.text("c", max_tokens=1), 1)
+        assert [p.decode_running for p in w.stages.plans] == [False, True, False]
+    run(body)
+
+
 def test_a_media_item_that_will_not_decode_fails_its_request_as_bad_input():
     async def body(w: World):
         out = w.image("a")

@@ -52,6 +52,16 @@ def test_text_prompt_is_prefilled_in_budget_sized_chunks():
     assert kv.num_free == 400 and sched.get("a") is None
 
 
+def test_the_plan_carries_whether_decode_is_running():
+    sched, _, _ = make(prefill_budget=100)
+    sched.add(Sequence("a", 500, 10))
+    plans = []
+    for running in ({}, {"decode_running": True}, {"decode_running": False}):
+        plans.append(sched.schedule(**running))
+        sched.complete(plans[-1])
+    assert [p.decode_running for p in plans] == [False, True, False]
+
+
 def test_prefill_stops_before_an_unencoded_group_and_resumes_once_it_is_encoded():
     sched, kv, patch = make()
     seq = video_seq("v", groups=2)  # text [0, 10), groups [10, 26) and [26, 42), text [42, 47)

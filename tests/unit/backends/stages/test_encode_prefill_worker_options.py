@@ -1,6 +1,6 @@
 """The encode_prefill stage's ``prefill_graphs`` option: checked before the model loads, ``on`` refused at load where
 flashinfer cannot run, and what ``auto`` picks on a CPU; the parameter as the repository and a deployment file
-declare it."""
+declare it; and ``sms_while_decoding`` as they declare it (its checks at load: test_step_streams.py)."""
 import textwrap
 
 import pytest
@@ -60,3 +60,19 @@ def test_the_repository_declares_it_and_a_deployment_file_sets_it(tmp_path):
     """))
     with pytest.raises(ConfigError, match="resources.encode_prefill.prefill_graphs: must be auto, on or off"):
         DeployConfig.load(path)
+
+
+def test_the_repository_declares_sms_while_decoding_off_and_a_deployment_file_sets_it(tmp_path):
+    assert model_parameters()["encode_prefill"]["sms_while_decoding"] == "0"
+    assert parse_overrides(["encode_prefill.sms_while_decoding=66"]) == {"encode_prefill": {"sms_while_decoding": "66"}}
+    with pytest.raises(ValueError, match="encode_prefill.sms_while_decoding must be an integer, got 'half'"):
+        parse_overrides(["encode_prefill.sms_while_decoding=half"])
+    path = tmp_path / "deploy.yaml"
+    path.write_text("resources:\n  encode_prefill: {sms_while_decoding: 66}\n")
+    config = DeployConfig.load(path)
+    assert config.resources.encode_prefill.sms_while_decoding == 66
+    assert "encode_prefill.sms_while_decoding=66" in config.set_items()
+    for value, message in [("-8", "must be 0 \\(off\\) or a number of SMs, got -8"), ("half", "")]:
+        path.write_text(f"resources:\n  encode_prefill: {{sms_while_decoding: {value}}}\n")
+        with pytest.raises(ConfigError, match=f"resources.encode_prefill.sms_while_decoding: {message}"):
+            DeployConfig.load(path)
