@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 
 from backends.triton.replicas import REPLICATED_STAGES, replica_name
-from backends.triton.triton_io import int_value
+from backends.triton.triton_io import choice_value, int_value
 
 REPOSITORY = Path(__file__).resolve().parents[2] / "model_repository"
 
@@ -82,14 +82,17 @@ def parse_overrides(items: list[str], source: Path = REPOSITORY) -> dict[str, di
 
 def check_value(model: str, key: str, current: str, value: str) -> None:
     """Refuses ``value`` for ``model``'s parameter ``key`` when ``current`` (its value in config.pbtxt) is an
-    integer and ``value`` is not (empty included), or is below 1 for a size or count.
+    integer and ``value`` is not (empty included), or is below 1 for a size or below 0 for a count
+    (``triton_io.int_value``); or when the parameter takes one of a few words (``triton_io.CHOICES``) and ``value``
+    is none of them. Other parameters are checked by their model at load.
 
     Raises ValueError naming MODEL.KEY and the value given.
     """
+    choice_value(key, value, f"{model}.{key}")
     try:
         int(current)
     except ValueError:
-        return  # not a number in the repository: its model checks it at load
+        return
     int_value(key, value, f"{model}.{key}")
 
 

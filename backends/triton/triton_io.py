@@ -42,13 +42,30 @@ POSITIVE_INT_PARAMETERS = frozenset({
     "max_image_pixels", "max_media_items", "max_waiting_requests",
     "vision_tp_size",                                                 # encode_prefill
 })
+NON_NEGATIVE_INT_PARAMETERS = frozenset({"sms_while_decoding"})  # 0: off
+# Parameters that take one of a few words; the stages check them again at load.
+SWITCHES = ("auto", "on", "off")
+CHOICES = {"cuda_graphs": SWITCHES, "compile_layers": SWITCHES, "overlap_steps": SWITCHES, "prefill_graphs": SWITCHES,
+           "share_weights": ("on", "off"), "vision_parallel": ("data", "tensor")}
+
+
+def choice_value(key: str, value: str, name: str | None = None) -> str:
+    """``value`` of a parameter in CHOICES, if it is one of that parameter's words.
+
+    Raises ValueError naming ``name`` (default: "parameter KEY"), the words and the value given.
+    """
+    if key in CHOICES and value not in CHOICES[key]:
+        raise ValueError(f"{name or f'parameter {key}'} must be {', '.join(CHOICES[key][:-1])} or "
+                         f"{CHOICES[key][-1]}, got {value!r}")
+    return value
 
 
 def int_value(key: str, value: str, name: str | None = None) -> int:
-    """A parameter's string ``value`` as an int; >= 1 when ``key`` is in POSITIVE_INT_PARAMETERS.
+    """A parameter's string ``value`` as an int; >= 1 when ``key`` is in POSITIVE_INT_PARAMETERS, >= 0 in
+    NON_NEGATIVE_INT_PARAMETERS.
 
     Raises ValueError naming ``name`` (default: "parameter KEY") and the value: empty, not an integer,
-    or a size below 1.
+    a size below 1 or a count below 0.
     """
     name = name or f"parameter {key}"
     if not value.strip():
@@ -59,6 +76,8 @@ def int_value(key: str, value: str, name: str | None = None) -> int:
         raise ValueError(f"{name} must be an integer, got {value!r}") from None
     if key in POSITIVE_INT_PARAMETERS and number < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if key in NON_NEGATIVE_INT_PARAMETERS and number < 0:
+        raise ValueError(f"{name} must be 0 or more, got {value!r}")
     if key in UPPER_BOUNDS and number > UPPER_BOUNDS[key]:
         raise ValueError(f"{name} must be at most {UPPER_BOUNDS[key]}, got {value!r}")
     return number

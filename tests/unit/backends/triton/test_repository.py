@@ -7,7 +7,7 @@ import pytest
 
 from backends.triton import launcher
 from backends.triton.repository import REPOSITORY, edited_config, model_parameters, parse_overrides, repository_with
-from backends.triton.triton_io import POSITIVE_INT_PARAMETERS, int_parameter
+from backends.triton.triton_io import CHOICES, POSITIVE_INT_PARAMETERS, int_parameter
 
 
 def test_star_sets_the_key_in_every_model_that_declares_it():
@@ -104,6 +104,10 @@ def test_launcher_set_with_an_unknown_key_stops_before_starting(monkeypatch, cap
     ("flashcodec.patch_pages=0", "flashcodec.patch_pages must be a positive integer, got '0'"),
     ("orchestrator.max_model_len=1.5", "orchestrator.max_model_len must be an integer, got '1.5'"),
     ("*.seed=x", "decode.seed must be an integer, got 'x'"),
+    ("encode_prefill.sms_while_decoding=-1", "encode_prefill.sms_while_decoding must be 0 or more, got '-1'"),
+    ("encode_prefill.prefill_graphs=maybe", "encode_prefill.prefill_graphs must be auto, on or off, got 'maybe'"),
+    ("decode.cuda_graphs=yes", "decode.cuda_graphs must be auto, on or off, got 'yes'"),
+    ("decode.share_weights=auto", "decode.share_weights must be on or off, got 'auto'"),
 ])
 def test_values_a_model_cannot_load_with_are_refused_before_start(item, message):
     with pytest.raises(ValueError, match=re.escape(f"--set '{item}': {message}")):
@@ -115,6 +119,14 @@ def test_integer_checks_follow_the_repository_and_leave_other_values_alone():
                             "decode.dtype=bfloat16"]) == {
         "decode": {"seed": "-1", "kv_pages": "8", "dtype": "bfloat16"},
         "encode_prefill": {"seed": "-1"}, "orchestrator": {"allowed_media_dirs": ""}}
+
+
+def test_every_word_parameter_in_the_repository_has_its_choices_and_its_default_among_them():
+    declared = {(m, k): v for m, keys in model_parameters().items() for k, v in keys.items()}
+    for (model, key), default in declared.items():
+        if key in CHOICES:
+            assert default in CHOICES[key], (model, key)
+    assert {k for _, k in declared} >= CHOICES.keys()
 
 
 def test_every_size_or_count_in_the_repository_is_checked_for_positivity():
