@@ -46,6 +46,7 @@ from backends.runtime.sampling.stopping import finish_reason
 from backends.runtime.sampling.token_readback import TokenReadback
 from backends.runtime.tokenizer import eos_token_ids
 from backends.stages.kv_pool_size import pool_layout
+from backends.triton.triton_io import choice_value
 
 log = logging.getLogger(__name__)
 
@@ -128,8 +129,7 @@ class DecodeWorker:
                  overlap_steps: str = "auto", kv_memory_fraction: float | None = None):
         for name, value in (("cuda_graphs", cuda_graphs), ("compile_layers", compile_layers),
                             ("overlap_steps", overlap_steps)):
-            if value not in ("auto", "on", "off"):
-                raise ValueError(f"{name} must be auto, on or off, got {value!r}")
+            choice_value(name, value, name)
         model, tokenizer = load_model(spec)
         fuse_projections(model.model.language_model)  # as ModelRunner would, but before the weights are shared
         # published before the KV pool, which encode_prefill waits for: by then it can find the weights too

@@ -7,6 +7,7 @@ import os
 import torch
 
 from backends.triton import mps
+from backends.triton.triton_io import choice_value
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +72,4 @@ def stage_setup(args: dict) -> tuple[dict[str, str], torch.device]:
 def shared_weights_on(params: dict[str, str]) -> bool:
     """The ``share_weights`` parameter: on (default: decode publishes its language-model weights and encode_prefill
     maps them instead of holding a copy) or off. Raises ValueError for anything else."""
-    value = params.get("share_weights", "on")
-    if value not in ("on", "off"):
-        raise ValueError(f"share_weights must be on or off, got {value!r}")
-    return value == "on"
+    return choice_value("share_weights", params.get("share_weights", "on"), "share_weights") == "on"

@@ -41,6 +41,7 @@ from backends.runtime.sampling.stopping import finish_reason
 from backends.runtime.tokenizer import eos_token_ids
 from backends.stages.prompt_state import PromptState
 from backends.stages.step_streams import StepStreams
+from backends.triton.triton_io import choice_value
 from flashcodec.patch_pool import read_group
 
 log = logging.getLogger(__name__)
@@ -67,10 +68,8 @@ class EncodePrefillWorker:
                  vision_devices: list[torch.device] | tuple = (), kv_pool: str = "kv_pool",
                  lm_weights: str = "lm_weights", vision_parallel: str = "data", vision_tp_size: int | None = None,
                  prefill_graphs: str = "auto", sms_while_decoding: int = 0):
-        if prefill_graphs not in ("auto", "on", "off"):
-            raise ValueError(f"prefill_graphs must be auto, on or off, got {prefill_graphs!r}")
-        if vision_parallel not in ("data", "tensor"):
-            raise ValueError(f"vision_parallel must be data or tensor, got {vision_parallel!r}")
+        choice_value("prefill_graphs", prefill_graphs, "prefill_graphs")
+        choice_value("vision_parallel", vision_parallel, "vision_parallel")
         if vision_tp_size is not None and vision_parallel != "tensor":
             raise ValueError(f"vision_tp_size {vision_tp_size} needs vision_parallel=tensor")
         self.streams = StepStreams(device, sms_while_decoding)

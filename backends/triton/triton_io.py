@@ -43,7 +43,8 @@ POSITIVE_INT_PARAMETERS = frozenset({
     "vision_tp_size",                                                 # encode_prefill
 })
 NON_NEGATIVE_INT_PARAMETERS = frozenset({"sms_while_decoding"})  # 0: off
-# Parameters that take one of a few words; the stages check them again at load.
+# Parameters that take one of a few words: the launcher checks --set values (repository.check_value), the stages and
+# workers what they are given (choice_value).
 SWITCHES = ("auto", "on", "off")
 CHOICES = {"cuda_graphs": SWITCHES, "compile_layers": SWITCHES, "overlap_steps": SWITCHES, "prefill_graphs": SWITCHES,
            "share_weights": ("on", "off"), "vision_parallel": ("data", "tensor")}
