@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import time
 
+from orchestrator.timeline import Timeline
+
 
 class ApiMarks:
     """One request's moments in this process, from its start (``api_received``)."""
@@ -27,6 +29,6 @@ class ApiMarks:
         orchestrator's arrival, in time order; unchanged when it is None or gives no ``arrived_monotonic_s``."""
         if not timeline or "arrived_monotonic_s" not in timeline:
             return timeline
-        origin = timeline["arrived_monotonic_s"]
-        ours = [{"ms": round((at - origin) * 1e3, 3), "event": event} for event, at in self._marks]
+        scale = Timeline(timeline["arrived_monotonic_s"])
+        ours = [{"ms": scale.ms(at), "event": event} for event, at in self._marks]
         return {**timeline, "events": sorted([*ours, *timeline.get("events", ())], key=lambda e: e["ms"])}
