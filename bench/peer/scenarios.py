@@ -68,7 +68,7 @@ UNLOADED_REPEATS = 2
 GOODPUT_RATES = {"long_video": (0.02, 0.04, 0.06, 0.08), "video": (0.04, 0.08, 0.12, 0.16), "images": (1, 2, 4, 8),
                  "multiturn": (0.1, 0.2, 0.4, 0.6)}  # requests/s; multiturn: sessions/s
 GOODPUT_REQUESTS = {"long_video": 12, "video": 16, "images": 48, "multiturn": 8}  # per rate (multiturn: sessions)
-TEXT_C1_REQUESTS = 5  # one request's TTFT is one sample: the first lease's four single runs ranged 95-145 ms
+TEXT_C1_REQUESTS = 5  # one request's TTFT is one sample: four single runs on 2026-12-02 ranged 95-145 ms
 FIXED = ("video", "mixed_video", "mixed_images", "text_c1", "text_c32", "images16")
 WORKLOADS = tuple(GOODPUT_RATES)
 CACHED = ("followup", "multiturn")  # issue 21's, run with the systems' caches on (bench/peer/README.md)
