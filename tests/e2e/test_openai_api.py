@@ -126,7 +126,9 @@ def test_return_timeline_brings_the_requests_timeline(sdk, stream):
     events, ms = [e["event"] for e in timeline["events"]], [e["ms"] for e in timeline["events"]]
     # the API process's moments join the orchestrator's, on its scale (ms since the request arrived there)
     assert events[:3] == ["api_received", "api_sent", "parsed"] and ms == sorted(ms) and ms[0] <= ms[1] <= 0 <= ms[2]
-    assert "first_token" in events and events[-1] == "final_response"
+    # the orchestrator's last event is its final response; a short streamed reply can be over before the API
+    # process has made its first chunk, so the API's moments may come after it
+    assert "first_token" in events and [e for e in events if not e.startswith("api_")][-1] == "final_response"
     assert ({"api_first_response", "api_first_chunk"} <= set(events)) == stream
 
 
