@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import AsyncIterator, Callable
 
 from backends.ipc.link import StageError
@@ -24,7 +24,7 @@ from backends.ipc.protocol import (INVALID_INPUT, SERVER_FAULT, DecodeAdmit, Dec
                                    StageFailure)
 from flashcodec.families import family_of
 from orchestrator.budget_policy import BudgetPolicy, Waiting, work_units
-from orchestrator.engine_io import SHUTTING_DOWN, EngineRequest, Output, Released, RequestState
+from orchestrator.engine_io import SHUTTING_DOWN, EngineRequest, Output, Released, RequestState, Tracked
 from orchestrator.pages import PagePool
 from orchestrator.scheduler import Scheduler
 from orchestrator.sequence import Sequence
@@ -32,24 +32,6 @@ from orchestrator.stage_clients import MediaStage, ReplicaStages
 from orchestrator.timeline import NO_TIMELINE, mark_steps
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(eq=False)
-class _Tracked:
-    request: EngineRequest
-    admitted: float = field(default_factory=time.monotonic)
-    scheduled: float = 0.0  # the first step with work for it was launched (time.monotonic() seconds)
-    first_token: float = 0.0
-    last_token: float = 0.0
-    outputs: asyncio.Queue = field(default_factory=asyncio.Queue)
-    media_tasks: list[asyncio.Task] = field(default_factory=list)
-    patch_pages_held: int = 0  # reported by flashcodec and not yet encoded (pages)
-    patch_pages_peak: int = 0  # the most it held at once (pages)
-    mrope_delta: int = 0
-    in_decode: bool = False
-    decode_done: bool = False  # decode no longer holds it (last row sent, failed, or its stream ended)
-    ended: bool = False  # its last output (finish reason or failure) is queued
-    releasing: bool = False
 
 
 class Engine:
@@ -68,7 +50,7 @@ class Engine:
         self.index, self.scheduler, self.patch_pages = index, scheduler, patch_pages
         self.stages, self.media = stages, media
         self.on_change, self.on_step, self.on_release, self._server_stopping = on_change, on_step, on_release, stopping
-        self.requests: dict[str, _Tracked] = {}
+        self.requests: dict[str, Tracked] = {}
         self.wake = asyncio.Event()
         self.decode_ended: str | None = None  # why the decode stream has ended, once it has
         self.stopping = False
@@ -132,7 +114,7 @@ class Engine:
             else:  # an image (InternVL3: a group a tile) is decoded whole; its cached groups are reported "cached"
                 first = 0
             calls.append((item, call, first))
-        tracked = self.requests[new.req_id] = _Tracked(request)
+        tracked = self.requests[new.req_id] = Tracked(request)
         request.timeline.mark("engine_added", replica=self.index, cached_tokens=seq.num_cached_tokens)
         loop = asyncio.get_running_loop()
         for item, call, first in calls:
@@ -159,7 +141,7 @@ class Engine:
         if tracked is not None:
             await self._release(tracked)
 
-    async def _release(self, tracked: _Tracked) -> None:
+    async def _release(self, tracked: Tracked) -> None:
         """Abort, then free (idempotent): decode drops the sequence and flashcodec's calls end before the
         scheduler returns the request's pages."""
         if tracked.releasing:
@@ -168,7 +150,7 @@ class Engine:
         req_id = tracked.request.new.req_id
         self.scheduler.hold(req_id)  # no more steps for it while the stages let go of it
         if not self.stopping:  # stopping: the stages end their work themselves and no page is reused
-            if tracked.in_decode and not tracked.decode_done:
+            if tracked.decoding:
                 await self._quietly(self.stages.decode_abort(req_id))
             if any(not task.done() for task in tracked.media_tasks):
                 await self._quietly(self.media.abort(req_id))
@@ -195,7 +177,7 @@ class Engine:
         task.add_done_callback(self._background.discard)
         task.add_done_callback(_log_failure)
 
-    def _end(self, tracked: _Tracked, output: Output) -> None:
+    def _end(self, tracked: Tracked, output: Output) -> None:
         """Queue a request's last output and release it."""
         if tracked.ended:
             return
@@ -204,10 +186,10 @@ class Engine:
         tracked.outputs.put_nowait(output)
         self._spawn(self._release(tracked))
 
-    def _fail(self, tracked: _Tracked, failure: StageFailure) -> None:
+    def _fail(self, tracked: Tracked, failure: StageFailure) -> None:
         self._end(tracked, Output(failure=failure))
 
-    def _live(self, req_id: str) -> _Tracked | None:
+    def _live(self, req_id: str) -> Tracked | None:
         """The request, unless it has ended or is being released (then nothing new may start for it)."""
         tracked = self.requests.get(req_id)
         return None if tracked is None or tracked.ended or tracked.releasing else tracked
@@ -215,7 +197,7 @@ class Engine:
     # ---- the step loop ----------------------------------------------------------------------------------
     async def _step_loop(self) -> None:
         while not self.stopping:
-            decoding = any(t.in_decode and not t.decode_done for t in self.requests.values())
+            decoding = any(t.decoding for t in self.requests.values())
             plan = self.scheduler.schedule(self._budgets(), decode_running=decoding)
             if plan is None:
                 self.wake.clear()
@@ -257,7 +239,7 @@ class Engine:
             return None
         now, decoding, waiting = time.monotonic(), set(), []
         for tracked in self.requests.values():
-            if tracked.in_decode and not tracked.decode_done:
+            if tracked.decoding:
                 decoding.add(tracked.request.kind)
             elif not tracked.first_token and (seq := self.scheduler.get(tracked.request.new.req_id)) is not None:
                 units = work_units(seq.prompt_len - seq.num_computed_tokens, seq.patches_left)
@@ -299,7 +281,7 @@ class Engine:
             tuple(sorted(set(new.input_ids))) if new.sampling.repetition_penalty != 1 else ()))
         self._spawn(self._admitted(tracked, replies))
 
-    async def _admitted(self, tracked: _Tracked, replies: AsyncIterator) -> None:
+    async def _admitted(self, tracked: Tracked, replies: AsyncIterator) -> None:
         try:
             async for _ in replies:
                 pass
@@ -325,7 +307,7 @@ class Engine:
         finally:
             attached.set()  # start() must not wait for a stream that has ended
         for tracked in list(self.requests.values()):  # no more tokens will come
-            if tracked.in_decode and not tracked.decode_done:
+            if tracked.decoding:
                 tracked.decode_done = True
                 self._fail(tracked, StageFailure(SERVER_FAULT, self.decode_ended))
 
@@ -350,7 +332,7 @@ class Engine:
                 tracked.outputs.put_nowait(Output(token))
 
     # ---- media --------------------------------------------------------------------------------------------
-    async def _run_media(self, tracked: _Tracked, item: int, replies: AsyncIterator[GroupReady], first: int = 0
+    async def _run_media(self, tracked: Tracked, item: int, replies: AsyncIterator[GroupReady], first: int = 0
                          ) -> None:
         """Hands the groups that flashcodec reports for ``item`` to the scheduler; ``first``: the group the call's
         plan starts at (those before are cached)."""

@@ -1,8 +1,10 @@
 """What goes into and comes out of a replica's engine (``orchestrator.engine``): the request it runs, the outputs
-and states of a request, and the record of a request that has left it."""
+and states of a request, the engine's state of a request it runs, and the record of a request that has left it."""
 from __future__ import annotations
 
+import asyncio
 import enum
+import time
 from dataclasses import dataclass, field
 
 from backends.ipc.protocol import MediaDecode, NewRequest, StageFailure
@@ -72,3 +74,29 @@ class Released:
     scheduled: float
     first_token: float
     last_token: float
+
+
+@dataclass(eq=False)
+class Tracked:
+    """The engine's state of a request it runs (``orchestrator.engine``): when it reached each point, its output
+    queue and media calls, the patch pages it holds, and where it stands with decode and its release."""
+
+    request: EngineRequest
+    admitted: float = field(default_factory=time.monotonic)
+    scheduled: float = 0.0  # the first step with work for it was launched (time.monotonic() seconds)
+    first_token: float = 0.0
+    last_token: float = 0.0
+    outputs: asyncio.Queue = field(default_factory=asyncio.Queue)
+    media_tasks: list[asyncio.Task] = field(default_factory=list)
+    patch_pages_held: int = 0  # reported by flashcodec and not yet encoded (pages)
+    patch_pages_peak: int = 0  # the most it held at once (pages)
+    mrope_delta: int = 0
+    in_decode: bool = False
+    decode_done: bool = False  # decode no longer holds it (last row sent, failed, or its stream ended)
+    ended: bool = False  # its last output (finish reason or failure) is queued
+    releasing: bool = False
+
+    @property
+    def decoding(self) -> bool:
+        """Decode holds it: handed to decode, with no last row, failure or end of decode's stream yet."""
+        return self.in_decode and not self.decode_done

@@ -40,7 +40,7 @@ from pathlib import Path
 import yaml
 
 from backends.triton.mps import GPU_SHARING, mps_priority, sm_share
-from backends.triton.triton_io import UPPER_BOUNDS, gpus_value
+from backends.triton.triton_io import UPPER_BOUNDS, choice_value, gpus_value
 
 DEFAULT_SHM_BYTES = 16 * 1024 * 1024  # the launcher's --backend-config=python,shm-default-byte-size
 MODALITIES = ("text", "image", "video")
@@ -81,6 +81,17 @@ def _mps(section) -> None:
         if value is not None:
             try:
                 rule({key: str(value)})
+            except ValueError as exc:
+                raise ConfigError(key, str(exc).removeprefix(f"{key} ")) from None
+
+
+def _choices(section, *keys: str) -> None:
+    """Each of ``keys`` that is set must be one of its words in ``triton_io.CHOICES`` (as the stages check them)."""
+    for key in keys:
+        value = getattr(section, key)
+        if value is not None:
+            try:
+                choice_value(key, value, key)
             except ValueError as exc:
                 raise ConfigError(key, str(exc).removeprefix(f"{key} ")) from None
 
@@ -147,12 +158,9 @@ class EncodePrefillResources:
         _device(self.device)
         _mps(self)
         _gpus(self.vision_gpus, "vision_gpus")
-        if self.vision_parallel not in (None, "data", "tensor"):
-            raise ConfigError("vision_parallel", f"must be data or tensor, got {self.vision_parallel!r}")
         if isinstance(self.prefill_graphs, bool):
             object.__setattr__(self, "prefill_graphs", "on" if self.prefill_graphs else "off")
-        if self.prefill_graphs not in (None, "auto", "on", "off"):
-            raise ConfigError("prefill_graphs", f"must be auto, on or off, got {self.prefill_graphs!r}")
+        _choices(self, "vision_parallel", "prefill_graphs")
         sms = self.sms_while_decoding
         if sms is not None and sms < 0:
             raise ConfigError("sms_while_decoding", f"must be 0 (off) or a number of SMs, got {sms!r}")
