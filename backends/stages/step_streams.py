@@ -13,6 +13,7 @@ runs on another stream than the step before, that stream first waits for the oth
 from __future__ import annotations
 
 import contextlib
+import ctypes
 from typing import Iterator
 
 import torch
@@ -49,8 +50,12 @@ class StepStreams:
             raise ValueError(f"sms_while_decoding needs GreenContext.Stream, which torch {torch.__version__} lacks; "
                              f"set it to 0")
         index = device.index if device.index is not None else torch.cuda.current_device()
-        self._context = GreenContext.create(num_sms=sms_while_decoding, device_id=index)  # kept alive: owns stream
-        self.green = self._context.Stream()
+        context = GreenContext.create(num_sms=sms_while_decoding, device_id=index)
+        # Never destroyed: a tensor that was used on the green stream and is freed after its context (at exit, or
+        # when this object goes first) aborts the process ("CUDA error: context is destroyed" recording its event;
+        # torch 2.11 on the H200, 2026-12-02). One context per stage process; the driver frees it at exit.
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(context))
+        self.green = context.Stream()
 
     @contextlib.contextmanager
     def for_step(self, decode_running: bool) -> Iterator[None]:
