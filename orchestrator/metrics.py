@@ -4,10 +4,14 @@ Names and kinds follow vLLM's (``vllm:time_to_first_token_seconds`` -> ``unified
 latency histograms in seconds, ``_total`` counters, KV-cache usage as a fraction. Free-page gauges make leaks
 visible (docs/design.md, invariant 2): at idle they equal the totals.
 
-Every update is a round trip to the Triton process, so only the gauges are set at once (when their value
-changes). Counter increments and histogram observations made on the event loop are summed and binned here, under
-a lock and without a Triton call, and a thread of their own sends them once a second
-(``backends.triton.histograms``: a histogram costs at most its bucket count per flush, whatever the load).
+Every update is a round trip to the Triton process that holds the GIL until Triton answers (the 2.51 stub's
+``Metric.set``), so none is made on the event loop. A gauge set there is recorded here and sent soon by the
+metrics thread, which wakes for it and sends the gauges that changed since its last send, at most every
+``GAUGE_PERIOD_S`` seconds (a burst of changes costs one send per gauge); on 2 CPU cores, 32 text requests
+arriving at once spent about a fifth of the orchestrator's GIL time in gauge sets made on the loop. Counter
+increments and histogram observations are summed and binned here, under a lock and without a Triton call, and
+the same thread sends them once a second (``backends.triton.histograms``: a histogram costs at most its bucket
+count per flush, whatever the load).
 """
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ from backends.triton.histograms import Bins, CounterHistogram, HistogramSpec
 from orchestrator.engine_io import Released
 
 FLUSH_S = 1.0  # seconds between sends of the counters and histograms (a scrape lags by at most this)
+GAUGE_PERIOD_S = 0.005  # least seconds between two sends of changed gauges
 
 GAUGES = {
     "unifiedserve_kv_pages_free": "KV pages not held by any request",
@@ -93,10 +98,11 @@ HISTOGRAMS = {spec.name: spec for spec in (
 
 
 class Metrics:
-    """Creates the metric families once (the orchestrator's initialize, with its number of ``replicas``), sets the
-    gauges, and sends counters and histograms from its own thread every ``flush_s`` seconds."""
+    """Creates the metric families once (the orchestrator's initialize, with its number of ``replicas``); its own
+    thread sends the gauges that changed soon after they change (at most every ``gauge_period_s`` seconds) and the
+    counters and histograms every ``flush_s`` seconds."""
 
-    def __init__(self, replicas: int = 1, flush_s: float = FLUSH_S):
+    def __init__(self, replicas: int = 1, flush_s: float = FLUSH_S, gauge_period_s: float = GAUGE_PERIOD_S):
         pb = triton_io.pb()
         # A family must outlive its metrics, so both are kept.
         self._gauge_families = {n: pb.MetricFamily(n, d, pb.MetricFamily.GAUGE)
@@ -104,7 +110,9 @@ class Metrics:
         self._gauges = {n: self._gauge_families[n].Metric() for n in GAUGES}
         self._gauges.update({(n, k): self._gauge_families[n].Metric(labels={"replica": str(k)})
                              for n in REPLICA_GAUGES for k in range(replicas)})
-        self._values: dict = {}  # the last value set per gauge: each set is a round trip to Triton, skip repeats
+        self._values: dict = {}  # the last value set per gauge (the event loop's view)
+        self._changed: dict = {}  # gauge -> value set since the thread's last send (under _lock)
+        self._sent: dict = {}  # gauge -> the value Triton has (the thread's): a repeat is not sent
         self._counter_families = {n: pb.MetricFamily(n, d, pb.MetricFamily.COUNTER) for n, d in COUNTERS.items()}
         self._counters: dict[tuple[str, str], object] = {}
         for key in [*((n, "") for n in COUNTERS if n != SUCCESS), *((SUCCESS, r) for r in FINISHED_REASONS)]:
@@ -113,17 +121,23 @@ class Metrics:
         self._lock = threading.Lock()  # guards the pending sums and bins (the event loop adds, the thread takes)
         self._pending: dict[tuple[str, str], float] = {}
         self._bins = {n: Bins(spec.bounds) for n, spec in HISTOGRAMS.items()}
-        self._flush_s = flush_s
+        self._flush_s, self._gauge_period_s = flush_s, gauge_period_s
         self._closed = threading.Event()
+        self._gauges_changed = threading.Event()  # wakes the thread
+        self._send_lock = threading.Lock()  # one send of gauges at a time (the thread's or a flush's), in order
         self._thread = threading.Thread(target=self._run, name="orchestrator-metrics", daemon=True)
         self._thread.start()
 
     def set(self, name: str, value: float, replica: int | None = None) -> None:
-        """Set gauge ``name`` (of REPLICA_GAUGES: ``replica``'s series) now."""
+        """Set gauge ``name`` (of REPLICA_GAUGES: ``replica``'s series) to ``value``: sent by the metrics thread
+        within about ``gauge_period_s`` seconds, if it changed."""
         key = name if replica is None else (name, replica)
-        if self._gauges and self._values.get(key) != value:
-            self._gauges[key].set(value)
-            self._values[key] = value
+        if self._values.get(key) == value:
+            return
+        self._values[key] = value
+        with self._lock:
+            self._changed[key] = value
+        self._gauges_changed.set()
 
     def increment(self, name: str, label: str = "", by: float = 1) -> None:
         """Add ``by`` to counter ``name`` (``label``: the ``finished_reason`` of SUCCESS), sent with the next flush."""
@@ -140,6 +154,7 @@ class Metrics:
         once closed."""
         if not self._counter_families:
             return
+        self.send_gauges()
         with self._lock:
             pending, self._pending = self._pending, {}
             deltas = [(n, d) for n, bins in self._bins.items() if (d := bins.take()) is not None]
@@ -154,14 +169,33 @@ class Metrics:
             self._counters[(name, label)] = self._counter_families[name].Metric(labels=labels)
         return self._counters[(name, label)]
 
+    def send_gauges(self) -> None:
+        """Send the gauges set since the last send whose value Triton does not have yet (the metrics thread's job;
+        ``flush`` does it too)."""
+        with self._send_lock:
+            with self._lock:
+                changed, self._changed = self._changed, {}
+            for key, value in changed.items():
+                if self._gauges and self._sent.get(key) != value:
+                    self._gauges[key].set(value)
+                    self._sent[key] = value
+
     def _run(self) -> None:
-        while not self._closed.wait(self._flush_s):
-            self.flush()
+        next_flush = time.monotonic() + self._flush_s
+        while not self._closed.is_set():
+            if self._gauges_changed.wait(max(0.0, next_flush - time.monotonic())):
+                self._gauges_changed.clear()
+                self.send_gauges()
+                self._closed.wait(self._gauge_period_s)  # changes made meanwhile wait for the next send
+            if time.monotonic() >= next_flush:
+                self.flush()
+                next_flush = time.monotonic() + self._flush_s
 
     def close(self) -> None:
         """For ``finalize``: stop the thread, send what is pending, drop every metric and family (later updates
         are not sent). Metrics still alive when the stub exits crash it (triton-inference-server/server#8662)."""
         self._closed.set()
+        self._gauges_changed.set()
         self._thread.join(timeout=10)
         self.flush()
         for histogram in self._histograms.values():

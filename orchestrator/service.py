@@ -29,6 +29,7 @@ from backends.triton.triton_io import float_parameter, int_parameter
 from orchestrator.budget_policy import BudgetPolicy, PolicyConfig, SloTargets
 from orchestrator.engine import Engine
 from orchestrator.engine_io import SHUTTING_DOWN, EngineRequest, Released, RequestCounts
+from orchestrator.gauges import Gauges, num_waiting
 from orchestrator.inputs import InputLimits, ParsedRequest
 from orchestrator.media import media_defaults, plan_request, probe_media, with_media_defaults
 from orchestrator.media_identity import media_identity
@@ -161,7 +162,7 @@ class Orchestrator:
         self.engines: list[Engine] = []
         self._ready: asyncio.Future | None = None
         self.stopping = False  # the server is stopping: no new work, no aborts to the stages
-        self._cache_counted: dict[str, int] = {}  # the prefix caches' counts already added to the counters
+        self.gauges = Gauges(metrics, lambda: (self.engines, self.patch_pages))
 
     # ---- start-up: the stages may still be loading, so the pools and engines start on first use ----------
     async def _start(self) -> None:
@@ -179,7 +180,7 @@ class Orchestrator:
             await asyncio.gather(*(engine.close() for engine in engines), return_exceptions=True)
             raise
         self.engines = engines
-        self._update_gauges()
+        self.gauges.update()
 
     async def _start_engines(self, media: LinkMedia, engines: list) -> None:
         """One engine per replica, appended to ``engines`` as made, started, and every stage link connected."""
@@ -198,7 +199,7 @@ class Orchestrator:
             engines.append(Engine(
                 index, Scheduler(config, kv_pages, self.patch_pages, EncoderCache(self.config.cache.encoder_tokens)),
                 self.patch_pages,
-                LinkStages(self.links, index), media, on_change=self._update_gauges,
+                LinkStages(self.links, index), media, on_change=self.gauges.changed,
                 on_step=lambda: self.metrics.increment("unifiedserve_scheduler_steps_total"),
                 on_release=self._on_release, stopping=server_stop.announced, policy=policy))
         await asyncio.gather(*(engine.start() for engine in engines))
@@ -243,39 +244,6 @@ class Orchestrator:
         except asyncio.TimeoutError:
             log.warning("orchestrator: work on threads still running at finalize")
         self.links.close()
-
-    # ---- gauges --------------------------------------------------------------------------------------------
-    def _update_gauges(self) -> None:
-        m, engines = self.metrics, self.engines
-        kv_free, kv_total = (sum(e.scheduler.kv_pages_free for e in engines),
-                             sum(e.scheduler.kv_pages_total for e in engines))
-        m.set("unifiedserve_kv_pages_free", kv_free)
-        m.set("unifiedserve_kv_pages_total", kv_total)
-        m.set("unifiedserve_kv_cache_usage_perc", 1 - kv_free / kv_total if kv_total else 0.0)
-        m.set("unifiedserve_patch_pages_free", self.patch_pages.num_free)
-        m.set("unifiedserve_patch_pages_total", self.patch_pages.num_total)
-        m.set("unifiedserve_requests_running", sum(len(e.requests) for e in engines))
-        m.set("unifiedserve_requests_waiting", self._waiting())
-        caches = [e.scheduler.cache_stats() for e in engines]
-        encoders = [e.scheduler.encoder_cache.stats() for e in engines]
-        m.set("unifiedserve_prefix_cache_pages", sum(c.cached_pages for c in caches))
-        m.set("unifiedserve_prefix_cache_idle_pages", sum(c.idle_pages for c in caches))
-        m.set("unifiedserve_encoder_cache_tokens", sum(c.tokens for c in encoders))
-        for name, stats, attr in (("prefix_cache_queries", caches, "queried_tokens"),
-                                  ("prefix_cache_hits", caches, "hit_tokens"),
-                                  ("prefix_cache_evictions", caches, "evictions"),
-                                  ("encoder_cache_queries", encoders, "queried_tokens"),
-                                  ("encoder_cache_hits", encoders, "hit_tokens"),
-                                  ("encoder_cache_evictions", encoders, "evicted_tokens")):
-            total, counted = sum(getattr(s, attr) for s in stats), self._cache_counted.get(name, 0)
-            if total != counted:
-                m.increment(f"unifiedserve_{name}_total", by=total - counted)
-                self._cache_counted[name] = total
-        for e in engines:
-            m.set("unifiedserve_replica_kv_pages_free", e.scheduler.kv_pages_free, e.index)
-            m.set("unifiedserve_replica_kv_pages_total", e.scheduler.kv_pages_total, e.index)
-            m.set("unifiedserve_replica_requests", len(e.requests), e.index)
-            m.set("unifiedserve_replica_budget_scale", e.policy.scale if e.policy is not None else 1.0, e.index)
 
     def _on_release(self, released: Released) -> None:
         if released.had_media:
@@ -372,13 +340,9 @@ class Orchestrator:
         spans = [(m.token_offset, m.token_offset + m.num_tokens, i) for m, i in zip(prompt.media, identities)]
         return identities, block_hashes(prompt.input_ids, spans, config.kv_page_size)
 
-    def _waiting(self) -> int:
-        """Requests waiting for KV pages, all replicas."""
-        return sum(e.scheduler.stats().num_waiting for e in self.engines)
-
     def _refuse_when_overloaded(self) -> None:
         """Raises Overloaded when ``max_waiting_requests`` requests already wait for KV pages (all replicas)."""
-        waiting = self._waiting()
+        waiting = num_waiting(self.engines)
         if waiting >= self.config.max_waiting_requests:
             raise Overloaded(f"{OVERLOADED}: {waiting} requests wait for KV pages, the most that may (parameter "
                              "max_waiting_requests); retry later")

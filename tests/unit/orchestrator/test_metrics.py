@@ -80,14 +80,41 @@ def test_close_sends_what_is_pending_and_nothing_after(registry, metrics):
     assert registry.value(GENERATED) == 4 and registry.value("unifiedserve_kv_pages_free") == 0
 
 
-def test_gauges_are_set_at_once_and_only_when_they_change(registry, metrics):
+def _sent(registry, name: str, value: float, **labels) -> None:
+    deadline = time.monotonic() + 5
+    while registry.value(name, **labels) != value:
+        assert time.monotonic() < deadline, f"{name} not sent"
+        time.sleep(0.005)
+
+
+def test_gauges_are_sent_soon_by_the_thread_not_by_the_caller(registry, metrics):
+    before = registry.calls
     metrics.set("unifiedserve_kv_cache_usage_perc", 0.25)
     metrics.set("unifiedserve_replica_requests", 3, replica=1)
-    calls = registry.calls
-    metrics.set("unifiedserve_kv_cache_usage_perc", 0.25)
-    assert registry.calls == calls
-    assert registry.value("unifiedserve_kv_cache_usage_perc") == 0.25
-    assert registry.value("unifiedserve_replica_requests", replica="1") == 3
+    _sent(registry, "unifiedserve_kv_cache_usage_perc", 0.25)  # flush_s is an hour: the thread woke for them
+    _sent(registry, "unifiedserve_replica_requests", 3, replica="1")
+    assert registry.calls - before == 2
+
+
+def test_a_burst_of_changes_costs_one_send_per_gauge_and_repeats_none(registry):
+    metrics = Metrics(flush_s=3600.0, gauge_period_s=1.0)
+    try:
+        metrics.set("unifiedserve_requests_running", 1)
+        _sent(registry, "unifiedserve_requests_running", 1)
+        before = registry.calls
+        for n in range(2, 50):  # within the period after that send: they wait for the next one
+            metrics.set("unifiedserve_requests_running", n)
+        metrics.set("unifiedserve_kv_pages_free", 7)
+        metrics.set("unifiedserve_kv_pages_free", 7)
+        _sent(registry, "unifiedserve_requests_running", 49)
+        _sent(registry, "unifiedserve_kv_pages_free", 7)
+        assert registry.calls - before == 2
+        metrics.set("unifiedserve_requests_running", 5)
+        metrics.set("unifiedserve_requests_running", 49)  # back to what Triton has: nothing to send
+        metrics.flush()
+        assert registry.calls - before == 2
+    finally:
+        metrics.close()
 
 
 def test_a_request_timer_measures_ttft_gaps_and_end_to_end(registry, metrics):
