@@ -1,14 +1,16 @@
 """``python -m backends.openai [--grpc-url 127.0.0.1:8001] [--port 9000] [--workers 1] ...``: the OpenAI-compatible
 API, served by uvicorn until SIGTERM or Ctrl-C (then requests in flight get ``--shutdown-grace`` seconds to end). The
 app is built by :func:`app_from_env` from the command line passed on in ``CONFIG_ENV``, so that with ``--workers N``
-each of uvicorn's N processes on the port builds its own."""
+each of the N processes on the port (``backends.openai.workers``) builds its own."""
 from __future__ import annotations
 
 import json
 import os
+import sys
 
 import uvicorn
 
+from backends.openai import workers
 from backends.openai.app import create_app
 from backends.openai.config import parse_args
 
@@ -23,8 +25,10 @@ def app_from_env():
 def main(argv: list[str] | None = None) -> None:
     config = parse_args(argv)
     os.environ[CONFIG_ENV] = json.dumps(config.to_args())  # workers are new processes: they read it there
-    uvicorn.run("backends.openai.__main__:app_from_env", factory=True, workers=config.workers, host=config.host,
-                port=config.port, timeout_graceful_shutdown=config.shutdown_grace_s)
+    if config.workers > 1:  # a listening socket each (backends.openai.workers), not uvicorn's shared one
+        sys.exit(workers.serve(config))
+    uvicorn.run("backends.openai.__main__:app_from_env", factory=True, host=config.host, port=config.port,
+                timeout_graceful_shutdown=config.shutdown_grace_s)
 
 
 if __name__ == "__main__":

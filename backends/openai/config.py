@@ -16,9 +16,9 @@ class ApiConfig:
     ``max_http_media_bytes`` bytes each within ``http_media_timeout_s`` seconds; ``shutdown_grace_s``: seconds
     requests in flight may still run after a stop is asked for; ``max_requests``: requests in flight at once, more
     are answered 503 (0: no limit; the orchestrator queues what its KV pool cannot hold yet), counted per worker;
-    ``workers``: processes serving the API on the one port (uvicorn's workers; each with its own connection to
-    tritonserver), for when one Python process cannot keep up with the streams' chunks (vLLM's
-    ``--api-server-count``).
+    ``workers``: processes serving the API on the one port (each with its own listening socket, the kernel
+    spreading connections over them: ``backends.openai.workers``; and its own connection to tritonserver), for when
+    one Python process cannot keep up with the streams' chunks (vLLM's ``--api-server-count``).
 
     Raises ValueError for a port outside 0..65535, a non-positive size or timeout, a negative ``max_requests``, fewer
     than one worker.

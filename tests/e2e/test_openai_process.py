@@ -23,18 +23,61 @@ from tests.e2e.test_openai_api import EXTRA, MODEL, _api, _unused_port
 pytestmark = pytest.mark.e2e
 
 
+def _connections(pids: set[str], port: int) -> dict[str, int]:
+    """Each of ``pids``' established TCP connections on local port ``port`` (/proc/net/tcp and the pids' fds)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "01" and int(fields[1].rsplit(":", 1)[1], 16) == port:  # 01: ESTABLISHED
+                inodes.add(f"socket:[{fields[9]}]")
+    counts = {}
+    for pid in pids:
+        links = []
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            try:
+                links.append(os.readlink(fd))
+            except OSError:  # closed meanwhile
+                pass
+        counts[pid] = sum(link in inodes for link in links)
+    return counts
+
+
 def test_several_workers_serve_one_port_and_stop_together(server, tmp_path):
-    """--workers 2: two uvicorn processes on the API's port, each with its own connection to tritonserver; streams
-    sent at once are all served, and a stop ends every process of the API."""
-    with _api(server.ports.grpc, tmp_path / "api.log", workers=2) as process, \
-            openai.OpenAI(base_url=f"{process.url}/v1", api_key="unused", max_retries=0, timeout=60) as client:
-        def ask(k: int) -> str | None:
-            return client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": f"Count {k}."}],
-                                                  max_tokens=4, temperature=0).choices[0].finish_reason
-        with ThreadPoolExecutor(8) as pool:
-            assert set(pool.map(ask, range(16))) <= {"length", "stop"}
+    """--workers 2: two processes on the API's port, each with its own listening socket and connection to
+    tritonserver; streams sent at once are all served, spread over both (uvicorn's shared socket gave one worker
+    most of them), and a stop ends every process of the API."""
+    with _api(server.ports.grpc, tmp_path / "api.log", workers=2) as process:
+        with openai.OpenAI(base_url=f"{process.url}/v1", api_key="unused", max_retries=0, timeout=60) as client:
+            def ask(k: int) -> str | None:
+                return client.chat.completions.create(
+                    model=MODEL, messages=[{"role": "user", "content": f"Count {k}."}], max_tokens=4,
+                    temperature=0).choices[0].finish_reason
+            with ThreadPoolExecutor(8) as pool:
+                assert set(pool.map(ask, range(16))) <= {"length", "stop"}
+        time.sleep(0.5)  # its connections closed
         workers = set(re.findall(r"Started server process \[(\d+)\]", (tmp_path / "api.log").read_text()))
         assert len(workers) == 2, (tmp_path / "api.log").read_text()[-3000:]
+
+        opened, counted = threading.Barrier(13), threading.Event()
+
+        def hold() -> None:  # a stream on a connection of its own (kept alive after the stream) until counted
+            with openai.OpenAI(base_url=f"{process.url}/v1", api_key="unused", max_retries=0, timeout=60) as own:
+                stream = own.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Go on."}],
+                                                     max_tokens=200, temperature=0, stream=True, extra_body=EXTRA)
+                next(iter(stream))
+                opened.wait()
+                counted.wait(60)
+                stream.close()
+        with ThreadPoolExecutor(12) as pool:
+            held = [pool.submit(hold) for _ in range(12)]
+            opened.wait(60)
+            per_worker = _connections(workers, process.config.port)
+            counted.set()
+            for future in held:
+                future.result()
+        # the kernel hashes each connection to a worker's socket: all 12 on one has odds of 1 in 2048
+        assert sum(per_worker.values()) >= 12 and min(per_worker.values()) > 0, per_worker
     for pid in workers:  # gone with the API
         assert not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
 

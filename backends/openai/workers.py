@@ -1,0 +1,94 @@
+"""The API's worker processes on one port (``--workers N``, N > 1), each with a listening socket of its own.
+
+uvicorn's own workers share one listening socket, and the worker that wakes first accepts every connection waiting
+(asyncio accepts up to its backlog per wake-up): on the H200 peer benchmark one of four workers held 83% of the
+API's samples while 32 streams arrived at once (``bench/results/peer/text-c32-pyspy-2026-12-02/``). Here each worker
+listens on a socket of its own with ``SO_REUSEPORT``, and Linux hashes each new connection to one of them (socket(7)),
+so the streams spread over the workers.
+
+The parent binds the port first with ``SO_REUSEPORT`` but never listens on it: that checks the port and reserves it
+(port 0: picks it) for the workers, and no connection goes to a socket that does not listen. It then watches them:
+SIGTERM or SIGINT stops them all (each gives the requests in flight ``shutdown_grace_s`` seconds: uvicorn's graceful
+shutdown); a worker that exits is started again, unless it exited within ``STARTUP_S`` seconds of its start (a broken
+configuration: the parent stops the others and exits with status 1).
+"""
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import signal
+import socket
+import threading
+import time
+from dataclasses import replace
+
+import uvicorn
+
+from backends.openai.config import ApiConfig, parse_args
+
+log = logging.getLogger(__name__)
+STARTUP_S = 10.0
+BACKLOG = 2048  # uvicorn's default
+
+
+def reuse_port_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host:port`` with ``SO_REUSEPORT`` (and ``SO_REUSEADDR``), not listening. Raises
+    OSError when the port is taken by a socket without ``SO_REUSEPORT`` or of another user."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def _worker(args: list[str]) -> None:
+    """One worker process: the app on a listening socket of its own (``args``: its ``ApiConfig.to_args``)."""
+    config = parse_args(args)
+    sock = reuse_port_socket(config.host, config.port)
+    sock.listen(BACKLOG)
+    uvicorn.Server(uvicorn.Config("backends.openai.__main__:app_from_env", factory=True,
+                                  timeout_graceful_shutdown=config.shutdown_grace_s, backlog=BACKLOG)
+                   ).run(sockets=[sock])
+
+
+def serve(config: ApiConfig) -> int:
+    """Run ``config.workers`` worker processes until SIGTERM or SIGINT; returns the exit status (0, or 1 when a worker
+    failed at its start). The workers build their apps from ``CONFIG_ENV`` (``backends.openai.__main__``), which the
+    caller sets."""
+    reserved = reuse_port_socket(config.host, config.port)  # kept, never listening, until the workers have stopped
+    args = replace(config, port=reserved.getsockname()[1]).to_args()
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    spawn = multiprocessing.get_context("spawn")
+
+    def start() -> tuple[multiprocessing.Process, float]:
+        process = spawn.Process(target=_worker, args=(args,), name="openai-api-worker")
+        process.start()
+        return process, time.monotonic()
+
+    workers, status = [start() for _ in range(config.workers)], 0
+    while not stop.wait(0.5):
+        for k, (process, started) in enumerate(workers):
+            if process.is_alive():
+                continue
+            if time.monotonic() - started < STARTUP_S:
+                log.error("OpenAI API worker %d exited with status %s at its start: stopping", process.pid,
+                          process.exitcode)
+                status = 1
+                stop.set()
+                break
+            log.warning("OpenAI API worker %d exited with status %s: starting another", process.pid,
+                        process.exitcode)
+            workers[k] = start()
+    for process, _ in workers:
+        if process.is_alive():
+            process.terminate()  # SIGTERM: uvicorn's graceful shutdown
+    for process, _ in workers:
+        process.join()
+    reserved.close()
+    return status
