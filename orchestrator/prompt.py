@@ -8,6 +8,8 @@ prompt is the family's (``flashcodec.families``: ``expand``).
 """
 from __future__ import annotations
 
+import functools
+import itertools
 import re
 import threading
 from dataclasses import dataclass
@@ -124,7 +126,7 @@ def build_chat_prompt(tokenizer, turns: tuple[Turn, ...], media: list[tuple[str,
         return {"type": "text", "text": _TEXT_MARK.format(len(texts) - 1)}
 
     conversation = [{"role": turn.role, "content": [template_part(p) for p in turn.parts]} for turn in turns]
-    templated = tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
+    templated = _templated(tokenizer, conversation)
     pieces = _TEXT_MARK_RE.split(templated)  # template, text index, template, text index, ..., template
     if sorted(int(i) for i in pieces[1::2]) != list(range(len(texts))):
         raise RuntimeError("the chat template dropped or repeated a message's text")
@@ -151,10 +153,35 @@ def build_chat_prompt(tokenizer, turns: tuple[Turn, ...], media: list[tuple[str,
             if k % 2:
                 ids += tokenizer.encode(texts[int(piece)], add_special_tokens=False, split_special_tokens=True)
             else:
-                ids += tokenizer.encode(placeholder_re.sub(expand, piece), add_special_tokens=False)
+                ids += _template_ids(tokenizer, placeholder_re.sub(expand, piece))
     if pending:
         raise RuntimeError(f"the chat template dropped {len(pending)} media placeholders")
     return Prompt(*_place_runs(ids, runs, media))
+
+
+def _templated(tokenizer, conversation: list[dict]) -> str:
+    """The chat template applied to ``conversation`` (its texts already marks), cached by what the template sees: the
+    roles and part kinds (the marks follow from them), unless the template reads the clock (``strftime_now``)."""
+    if "strftime_now" in (tokenizer.chat_template or ""):
+        return tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
+    shape = tuple((m["role"], tuple(part["type"] for part in m["content"])) for m in conversation)
+    return _templated_shape(tokenizer, shape)
+
+
+@functools.lru_cache(maxsize=256)
+def _templated_shape(tokenizer, shape: tuple[tuple[str, tuple[str, ...]], ...]) -> str:
+    texts = itertools.count()
+    conversation = [{"role": role, "content": [{"type": "text", "text": _TEXT_MARK.format(next(texts))}
+                                               if kind == "text" else {"type": kind} for kind in kinds]}
+                    for role, kinds in shape]
+    return tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
+
+
+@functools.lru_cache(maxsize=1024)
+def _template_ids(tokenizer, piece: str) -> list[int]:
+    """The ids of a piece of the template's text (media expansions in it), cached: the same pieces come back in every
+    prompt of a shape. Called under ``_ENCODE_LOCK``; the caller copies the list it gets (``ids += ...``)."""
+    return tokenizer.encode(piece, add_special_tokens=False)
 
 
 def _place_runs(ids: list[int], runs: list[tuple[int, int, int]], media: list[tuple[str, tuple[int, int, int], float]]
