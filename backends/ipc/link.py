@@ -111,10 +111,11 @@ def _fault(message: str) -> StageError:
 
 
 class Reply:
-    """One call, as the stage's handler answers it: ``send(payload)`` any number of times, then ``end()`` or
-    ``end(failure)`` once. Both are thread-safe and never raise; ``send`` returns False when the payload
-    could not be delivered (the orchestrator has gone, or the call has ended), so that a stage can take back
-    what the payload would have handed over (flashcodec: a group's patch pages)."""
+    """One call, as the stage's handler answers it: ``send(payload)`` any number of times, then ``end()``,
+    ``end(failure)`` or ``end(last=payload)`` (the last payload and the end in one message) once. Both are
+    thread-safe and never raise; ``send`` returns False when the payload could not be delivered (the orchestrator
+    has gone, or the call has ended), so that a stage can take back what the payload would have handed over
+    (flashcodec: a group's patch pages)."""
 
     def __init__(self, conn: "_Served", call_id: int):
         self._conn, self._id, self._ended = conn, call_id, False
@@ -122,10 +123,10 @@ class Reply:
     def send(self, payload: Any) -> bool:
         return not self._ended and self._conn.reply((self._id, payload, False, None))
 
-    def end(self, failure: StageFailure | None = None) -> None:
+    def end(self, failure: StageFailure | None = None, last: Any = None) -> None:
         if not self._ended:
             self._ended = True
-            self._conn.reply((self._id, None, True, failure))
+            self._conn.reply((self._id, last, True, failure))
 
 
 Handler = Callable[[Call, Reply], None]  # (message, reply): must not block; ends the reply sooner or later
@@ -376,6 +377,8 @@ class LinkClient:
                 if failure is not None:
                     raise StageError(failure)
                 if final:
+                    if payload is not None:  # end(last=payload)
+                        yield payload
                     return
                 yield payload
         finally:  # also when the caller stops early (cancelled): later replies are dropped

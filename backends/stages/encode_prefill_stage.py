@@ -56,8 +56,7 @@ class EncodePrefillStage(triton_io.InternalModel):
             log.exception("encode_prefill: step failed")
             reply.end(StageFailure(SERVER_FAULT, f"encode_prefill: {type(exc).__name__}: {exc}"))
             return
-        reply.send(result)
-        reply.end()
+        reply.end(last=result)  # one message: the orchestrator's next step waits for it
         self.weights_gauge.set(self.worker.weights_held)  # changes once, when the first step maps decode's copy
 
     def finalize(self):

@@ -54,7 +54,7 @@ SENT: list[bool] = []
 
 def counting(message, call):
     """A stage: "count" streams 0..n-1 from another thread, "fail" ends with an error, "boom" raises,
-    "hold" replies once and never ends, "note" records (op, body size) in ORDER, "bad" replies with a
+    "hold" replies once and never ends, "last" ends with a payload, "note" records (op, body size) in ORDER, "bad" replies with a
     payload that will not unpickle, "late" replies after 0.5 s and records whether that was delivered."""
     op, body = message.op, message.body
     if op in ("note", "note_big"):
@@ -81,6 +81,9 @@ def counting(message, call):
                 call.send(i)
             call.end()
         threading.Thread(target=run).start()
+    elif op == "last":  # two payloads, the second with the end (one message)
+        call.send(0)
+        call.end(last=body)
     elif op == "fail":
         call.end(StageFailure(INVALID_INPUT, body))
     elif op == "boom":
@@ -112,6 +115,12 @@ def test_replies_stream_in_order_and_concurrent_calls_stay_apart(link):
     assert not client.busy()
     server.close()
     assert not Path(wire.address("decode")).exists()
+
+
+def test_an_end_may_carry_the_last_payload(link):
+    _, client = link
+    assert asyncio.run(collect(client, "last", {"first_tokens": 1})) == [0, {"first_tokens": 1}]
+    assert not client.busy()
 
 
 def test_errors_end_the_call_with_the_stage_message(link):
