@@ -18,6 +18,7 @@ import logging
 import multiprocessing
 import signal
 import socket
+import sys
 import threading
 import time
 from dataclasses import replace
@@ -60,7 +61,8 @@ def serve(config: ApiConfig) -> int:
     failed at its start). The workers build their apps from ``CONFIG_ENV`` (``backends.openai.__main__``), which the
     caller sets."""
     reserved = reuse_port_socket(config.host, config.port)  # kept, never listening, until the workers have stopped
-    args = replace(config, port=reserved.getsockname()[1]).to_args()
+    port = reserved.getsockname()[1]
+    args = replace(config, port=port).to_args()
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -72,6 +74,9 @@ def serve(config: ApiConfig) -> int:
         return process, time.monotonic()
 
     workers, status = [start() for _ in range(config.workers)], 0
+    host = f"[{config.host}]" if ":" in config.host else config.host
+    print(f"INFO:     OpenAI API on http://{host}:{port}: {config.workers} worker processes "
+          f"(pids {', '.join(str(p.pid) for p, _ in workers)}), a listening socket each", file=sys.stderr, flush=True)
     while not stop.wait(0.5):
         for k, (process, started) in enumerate(workers):
             if process.is_alive():
