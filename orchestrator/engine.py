@@ -24,6 +24,7 @@ from backends.ipc.protocol import (INVALID_INPUT, SERVER_FAULT, DecodeAdmit, Dec
                                    StageFailure)
 from flashcodec.families import family_of
 from orchestrator.budget_policy import BudgetPolicy, Waiting, work_units
+from orchestrator.burst import gather_burst
 from orchestrator.engine_io import SHUTTING_DOWN, EngineRequest, Output, Released, RequestState, Tracked
 from orchestrator.pages import PagePool
 from orchestrator.scheduler import Scheduler
@@ -40,13 +41,15 @@ class Engine:
     each executed step, ``on_release(Released)`` per request released; ``stopping()`` says
     whether the server has begun to stop (a media stream that ends early then fails its request as shutting
     down, not as bad input); ``policy`` sets each step's budgets from the measured decode gaps and step times
-    (None: the scheduler's configured budgets)."""
+    (None: the scheduler's configured budgets); ``admitting()``: requests being admitted, for which a step may wait
+    (``burst_wait_ms``: ``orchestrator.burst``)."""
 
     def __init__(self, index: int, scheduler: Scheduler, patch_pages: PagePool, stages: ReplicaStages,
                  media: MediaStage, on_change: Callable[[], None] = lambda: None,
                  on_step: Callable[[], None] = lambda: None,
                  on_release: Callable[[Released], None] = lambda released: None,
-                 stopping: Callable[[], bool] = lambda: False, policy: BudgetPolicy | None = None):
+                 stopping: Callable[[], bool] = lambda: False, policy: BudgetPolicy | None = None,
+                 admitting: Callable[[], int] = lambda: 0):
         self.index, self.scheduler, self.patch_pages = index, scheduler, patch_pages
         self.stages, self.media = stages, media
         self.on_change, self.on_step, self.on_release, self._server_stopping = on_change, on_step, on_release, stopping
@@ -57,6 +60,7 @@ class Engine:
         self._loops: list[asyncio.Task] = []
         self._background: set[asyncio.Task] = set()
         self.policy = policy  # each step's budgets, when SLO scheduling is on
+        self.admitting = admitting  # requests handed over by Triton and not yet admitted or refused (all replicas)
         self._last_decode = 0.0  # when the last decode step with sequences arrived (time.monotonic() seconds)
 
     # ---- life -------------------------------------------------------------------------------------------
@@ -197,6 +201,9 @@ class Engine:
     # ---- the step loop ----------------------------------------------------------------------------------
     async def _step_loop(self) -> None:
         while not self.stopping:
+            config = self.scheduler.config
+            await gather_burst(self.wake, self.admitting, self._prompt_tokens_waiting, config.prefill_budget,
+                               config.burst_wait_ms / 1e3)
             decoding = any(t.decoding for t in self.requests.values())
             plan = self.scheduler.schedule(self._budgets(), decode_running=decoding)
             if plan is None:
@@ -231,6 +238,11 @@ class Engine:
             for first in result.first_tokens:
                 self._first_token(first)
             self.on_change()
+
+    def _prompt_tokens_waiting(self) -> int:
+        """Prompt tokens of the requests before their first token still to be prefilled."""
+        return sum(seq.prompt_len - seq.num_computed_tokens for t in self.requests.values()
+                   if not t.first_token and (seq := self.scheduler.get(t.request.new.req_id)) is not None)
 
     def _budgets(self) -> tuple[int, int] | None:
         """The policy's budgets for the next step, from the modalities decoding and the requests before their first

@@ -55,7 +55,7 @@ async def handle(orchestrator: Orchestrator, request, lanes: SendLanes, cancels:
     raises."""
     final = io.pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL
     timer = RequestTimer(orchestrator.metrics, arrived)
-    sender, lane, watched = request.get_response_sender(), lanes.lane(), None
+    sender, lane, watched, admitting = request.get_response_sender(), lanes.lane(), None, True
 
     def send(item: Reply | Built) -> None:
         if item.flags == final and watched is not None:  # the request is not asked about after its final response
@@ -67,6 +67,8 @@ async def handle(orchestrator: Orchestrator, request, lanes: SendLanes, cancels:
         timeline = Timeline(arrived) if parsed.extra_outputs.timeline else NO_TIMELINE
         timeline.mark("parsed")
         admitted = await orchestrator.admit(parsed, timeline)
+        admitting = False
+        orchestrator.admission_ended()
         timer.admitted(len(admitted.prompt.input_ids), admitted.prompt.num_visual_tokens)
         loop = asyncio.get_running_loop()
         watched = cancels.watch(sender.is_cancelled,
@@ -87,6 +89,9 @@ async def handle(orchestrator: Orchestrator, request, lanes: SendLanes, cancels:
         log.exception("orchestrator: request failed")
         timer.finished("error")
         send(Built(io.error(f"internal error: {type(exc).__name__}: {exc}", invalid_argument=False), final))
+    finally:
+        if admitting:  # refused, failed or cancelled before it was admitted
+            orchestrator.admission_ended()
 
 
 async def _send_tokens(admitted: Admitted, tokens, send, timer: RequestTimer, timeline: Timeline) -> None:

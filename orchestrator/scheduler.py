@@ -37,10 +37,12 @@ class SchedulerConfig:
             every embedding ready, goes into a short step of such prefills only, ahead of other work
             (``orchestrator.step_fill``); 0: off.
         max_short_steps: short steps in a row while other work waits; then a normal step (no starvation).
+        burst_wait_ms: ms a step may wait for requests still being admitted while the prompts waiting for prefill
+            do not fill ``prefill_budget`` (the engine's, ``orchestrator.burst``); 0: off.
 
     Raises:
         ValueError: a budget or page size is not a positive integer, short_prefill_tokens is negative,
-            max_short_steps below 1, or max_share not in (0, 1].
+            max_short_steps below 1, burst_wait_ms negative, or max_share not in (0, 1].
     """
 
     encode_budget: int = 10240
@@ -49,10 +51,11 @@ class SchedulerConfig:
     kv_page_size: int = 16
     short_prefill_tokens: int = 0
     max_short_steps: int = 4
+    burst_wait_ms: int = 0
 
     def __post_init__(self) -> None:
         for name, least in (("encode_budget", 1), ("prefill_budget", 1), ("kv_page_size", 1),
-                            ("short_prefill_tokens", 0), ("max_short_steps", 1)):
+                            ("short_prefill_tokens", 0), ("max_short_steps", 1), ("burst_wait_ms", 0)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise ValueError(f"SchedulerConfig.{name} must be an integer >= {least}, got {value!r}")

@@ -56,7 +56,8 @@ class OrchestratorConfig:
     step's encode or prefill budget, each first gets at most this share of it (``SchedulerConfig``), so a long
     video's prefill cannot hold a short request back; a lone request still uses the whole budget.
     ``short_prefill_tokens`` (default 512, 0 off): prefills that end their prompts within this many tokens go ahead
-    of other work in short steps of their own (``SchedulerConfig``, ``orchestrator.step_fill``).
+    of other work in short steps of their own (``SchedulerConfig``, ``orchestrator.step_fill``); ``burst_wait_ms``
+    (default 0, off): how long a step may wait for requests still being admitted (``orchestrator.burst``).
     ``max_model_len``: prompt + output tokens per request;
     ``replicas``: encode_prefill/decode replicas to drive (``backends/triton/replicas.py``);
     ``max_waiting_requests``: requests that may wait for KV pages at once (over all replicas); a request arriving
@@ -93,7 +94,8 @@ class OrchestratorConfig:
         scheduler = SchedulerConfig(encode_budget=int_parameter(given, "encode_budget", budgets.encode),
                                     prefill_budget=int_parameter(given, "prefill_budget", budgets.prefill),
                                     max_share=share,
-                                    short_prefill_tokens=int_parameter(given, "short_prefill_tokens", 512))
+                                    short_prefill_tokens=int_parameter(given, "short_prefill_tokens", 512),
+                                    burst_wait_ms=int_parameter(given, "burst_wait_ms", 0))
         switch = params.get("slo_scheduling", "false").strip().lower()
         if switch not in ("true", "false"):
             raise ValueError(f"parameter slo_scheduling must be true or false, got {params['slo_scheduling']!r}")
@@ -163,6 +165,8 @@ class Orchestrator:
         self._ready: asyncio.Future | None = None
         self.stopping = False  # the server is stopping: no new work, no aborts to the stages
         self.gauges = Gauges(metrics, lambda: (self.engines, self.patch_pages))
+        self.arrived = 0  # requests Triton handed over (counted by its execute thread: note_arrivals)
+        self.settled = 0  # of those, admitted or refused (counted on the event loop: admission_ended)
 
     # ---- start-up: the stages may still be loading, so the pools and engines start on first use ----------
     async def _start(self) -> None:
@@ -201,7 +205,8 @@ class Orchestrator:
                 self.patch_pages,
                 LinkStages(self.links, index), media, on_change=self.gauges.changed,
                 on_step=lambda: self.metrics.increment("unifiedserve_scheduler_steps_total"),
-                on_release=self._on_release, stopping=server_stop.announced, policy=policy))
+                on_release=self._on_release, stopping=server_stop.announced, policy=policy,
+                admitting=lambda: self.arrived - self.settled))
         await asyncio.gather(*(engine.start() for engine in engines))
         # every link connected before the first request: from then on a call is queued when it is made, so an abort
         # never overtakes the call it stops (decode's is connected by its stream)
@@ -251,6 +256,17 @@ class Orchestrator:
         observe_engine_times(self.metrics, released)
 
     # ---- admission -----------------------------------------------------------------------------------------
+    def note_arrivals(self, n: int) -> None:
+        """``n`` requests handed over by Triton (its execute thread; each ends with :meth:`admission_ended`)."""
+        self.arrived += n
+
+    def admission_ended(self) -> None:
+        """A request handed over is admitted or refused (on the event loop): a step waiting for the burst's requests
+        looks again (``orchestrator.burst``)."""
+        self.settled += 1
+        for engine in self.engines:
+            engine.wake.set()
+
     async def admit(self, parsed: ParsedRequest, timeline: Timeline = NO_TIMELINE) -> Admitted:
         """Plan media, build the prompt, check limits, hand the request to an engine (its media decoding starts).
         No patch page is reserved: flashcodec takes each group's pages once it is decoded, so a media item needs

@@ -43,6 +43,7 @@ class OrchestratorModel:
 
     def execute(self, requests):
         arrived = time.monotonic()  # latencies count from here: the loop may pick a request up later
+        self.orchestrator.note_arrivals(len(requests))  # each handler ends its admission (admission_ended)
         for request in requests:
             future = asyncio.run_coroutine_threadsafe(
                 frontend.handle(self.orchestrator, request, self.lanes, self.cancels, arrived), self.loop)
