@@ -26,7 +26,10 @@ def main(argv: list[str] | None = None) -> None:
     config = parse_args(argv)
     os.environ[CONFIG_ENV] = json.dumps(config.to_args())  # workers are new processes: they read it there
     if config.workers > 1:  # a listening socket each (backends.openai.workers), not uvicorn's shared one
-        sys.exit(workers.serve(config))
+        try:
+            sys.exit(workers.serve(config))
+        except (RuntimeError, OSError) as exc:  # the port is taken
+            sys.exit(f"OpenAI API: cannot serve on {config.host}:{config.port}: {exc}")
     uvicorn.run("backends.openai.__main__:app_from_env", factory=True, host=config.host, port=config.port,
                 timeout_graceful_shutdown=config.shutdown_grace_s)
 

@@ -95,20 +95,25 @@ class ApiProcess:
         while it runs or before :meth:`start`."""
         if self.process is None or self.process.poll() is None:
             return None
-        return crashed(self.process.returncode, "the OpenAI API") or "the OpenAI API exited by itself"
+        why = crashed(self.process.returncode, "the OpenAI API") or "the OpenAI API exited by itself"
+        return why if self.log_path is None else f"{why} (its log: {self.log_path})"
 
     def stop(self) -> None:
-        """SIGTERM (uvicorn then gives requests in flight ``shutdown_grace_s`` seconds and stops its workers),
-        SIGKILL to its whole session 5 s after that."""
-        if self.process is None or self.process.poll() is not None:
+        """SIGTERM (the API then gives requests in flight ``shutdown_grace_s`` seconds and stops its workers),
+        SIGKILL to its whole session 5 s after that, or at once to what is left of it when the API's first process
+        has already ended (its workers, if it was killed)."""
+        if self.process is None or self.process.poll() == 0:  # not started, or ended cleanly (its workers too)
             return
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(timeout=self.config.shutdown_grace_s + 5)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGKILL)  # its session: the workers too
-            self.process.wait()
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=self.config.shutdown_grace_s + 5)
+                return
+            except subprocess.TimeoutExpired:
+                pass
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)  # its session: the workers too
+        self.process.wait()
 
     def __enter__(self) -> "ApiProcess":
         return self.start()
