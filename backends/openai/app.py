@@ -86,6 +86,20 @@ async def models(request: Request) -> ModelList:
     return ModelList(data=[await request.app.state.api.model_card()])
 
 
+@router.get("/v1/models/{model:path}")
+async def model(model: str, request: Request) -> ModelCard:
+    """The served model's card when ``model`` names it (the SDK's ``models.retrieve``), else 404 model_not_found."""
+    card = await request.app.state.api.model_card()
+    if model != card.id:
+        raise _unknown_model(model, card.id)
+    return card
+
+
+def _unknown_model(model: str, served: str) -> ApiError:
+    return ApiError(404, f"The model `{model}` does not exist (this server serves `{served}`)", param="model",
+                    code="model_not_found")
+
+
 @router.post("/v1/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, request: Request):
     """A chat completion, whole or streamed (the module docstring); errors as ``errors`` says."""
@@ -106,8 +120,7 @@ async def _generate(request: Request, body: GenerationRequest, orchestrator_requ
     marks = ApiMarks()
     card = await state.model_card()
     if body.model != card.id:
-        raise ApiError(404, f"The model `{body.model}` does not exist (this server serves `{card.id}`)",
-                       param="model", code="model_not_found")
+        raise _unknown_model(body.model, card.id)
     refusal = body.refusal()
     if refusal is not None:
         raise ApiError(400, refusal[1], param=refusal[0])

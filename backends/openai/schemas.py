@@ -110,6 +110,8 @@ class GenerationRequest(_Body):
             return "logprobs", "logprobs: not supported by this server"
         if self.logit_bias:
             return "logit_bias", "logit_bias: not supported by this server"
+        if self.stream_options is not None and not self.stream:  # as OpenAI's API and vLLM answer
+            return "stream_options", "stream_options: only allowed when stream is true"
         return None
 
     def sampling_parameters(self) -> dict[str, Any]:

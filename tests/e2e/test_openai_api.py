@@ -86,6 +86,10 @@ def _streamed(chunks) -> tuple[str, list[int], str | None, object]:
 def test_models_and_health(sdk, api):
     (model,) = sdk.models.list().data
     assert model.id == MODEL and model.max_model_len == 32768
+    assert sdk.models.retrieve(MODEL).id == MODEL  # GET /v1/models/{model}
+    with pytest.raises(openai.NotFoundError) as unknown:
+        sdk.models.retrieve("gpt-4")
+    assert unknown.value.body["code"] == "model_not_found"
     assert urllib.request.urlopen(f"{api.url}/health", timeout=10).status == 200
 
 

@@ -120,6 +120,7 @@ def test_a_completion_is_a_prompt_without_the_chat_template():
     (dict(tool_choice="required"), "tools", "tools: tool calls are not supported"),
     (dict(response_format={"type": "json_object"}), "response_format", "response_format: only"),
     (dict(logit_bias={"5": 1.0}), "logit_bias", "logit_bias: not supported"),
+    (dict(stream_options={"include_usage": True}), "stream_options", "stream_options: only allowed when stream"),
 ])
 def test_what_the_server_cannot_do_is_refused(fields, param, words):
     refusal = _chat(messages=[{"role": "user", "content": "hi"}], **fields).refusal()
@@ -156,7 +157,8 @@ def test_stream_options_take_include_usage_only():
     assert _chat(messages=[{"role": "user", "content": "x"}], stream=True,
                  stream_options={"include_usage": True}).include_usage
     with pytest.raises(ValidationError, match="continuous_usage_stats"):
-        _chat(messages=[{"role": "user", "content": "x"}], stream_options={"continuous_usage_stats": True})
+        _chat(messages=[{"role": "user", "content": "x"}], stream=True,
+              stream_options={"continuous_usage_stats": True})
 
 
 def test_flags_sent_as_null_are_false_and_other_types_are_refused():
