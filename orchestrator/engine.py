@@ -17,7 +17,7 @@ import asyncio
 import logging
 import time
 from dataclasses import replace
-from typing import AsyncIterator, Callable
+from typing import AsyncIterator, Callable, Iterator
 
 from backends.ipc.link import StageError
 from backends.ipc.protocol import (INVALID_INPUT, SERVER_FAULT, DecodeAdmit, DecodeStep, FirstToken, GroupReady,
@@ -239,23 +239,26 @@ class Engine:
                 self._first_token(first)
             self.on_change()
 
+    def _before_first_token(self) -> Iterator[tuple[Tracked, Sequence]]:
+        """The requests before their first token (none of them decoding), each with its scheduler sequence."""
+        for tracked in self.requests.values():
+            if not tracked.first_token and (seq := self.scheduler.get(tracked.request.new.req_id)) is not None:
+                yield tracked, seq
+
     def _prompt_tokens_waiting(self) -> int:
         """Prompt tokens of the requests before their first token still to be prefilled."""
-        return sum(seq.prompt_len - seq.num_computed_tokens for t in self.requests.values()
-                   if not t.first_token and (seq := self.scheduler.get(t.request.new.req_id)) is not None)
+        return sum(seq.prompt_len - seq.num_computed_tokens for _, seq in self._before_first_token())
 
     def _budgets(self) -> tuple[int, int] | None:
         """The policy's budgets for the next step, from the modalities decoding and the requests before their first
         token; None without a policy."""
         if self.policy is None:
             return None
-        now, decoding, waiting = time.monotonic(), set(), []
-        for tracked in self.requests.values():
-            if tracked.decoding:
-                decoding.add(tracked.request.kind)
-            elif not tracked.first_token and (seq := self.scheduler.get(tracked.request.new.req_id)) is not None:
-                units = work_units(seq.prompt_len - seq.num_computed_tokens, seq.patches_left)
-                waiting.append(Waiting(tracked.request.kind, (now - tracked.admitted) * 1e3, units))
+        now = time.monotonic()
+        decoding = {tracked.request.kind for tracked in self.requests.values() if tracked.decoding}
+        waiting = [Waiting(tracked.request.kind, (now - tracked.admitted) * 1e3,
+                           work_units(seq.prompt_len - seq.num_computed_tokens, seq.patches_left))
+                   for tracked, seq in self._before_first_token()]
         return self.policy.budgets(decoding, waiting)
 
     def _step_loop_died(self, task: asyncio.Task) -> None:

@@ -15,7 +15,7 @@ import threading
 from dataclasses import dataclass
 
 from flashcodec.families import Family, family
-from orchestrator.messages import Part, Turn, user_turn
+from orchestrator.messages import Turn, user_turn
 from orchestrator.sampling_params import InvalidInput
 
 MERGE = 2  # patches per token side: Qwen2.5-VL's spatial_merge_size, InternVL3's pixel shuffle (0.5)
@@ -117,16 +117,8 @@ def build_chat_prompt(tokenizer, turns: tuple[Turn, ...], media: list[tuple[str,
     ids equal tokenizing the processor's text, without tokenizing thousands of pads). Raises RuntimeError when the
     template drops or repeats a text or a placeholder.
     """
-    texts: list[str] = []
-
-    def template_part(part: Part) -> dict:
-        if part.kind != "text":
-            return {"type": part.kind}
-        texts.append(part.text)
-        return {"type": "text", "text": _TEXT_MARK.format(len(texts) - 1)}
-
-    conversation = [{"role": turn.role, "content": [template_part(p) for p in turn.parts]} for turn in turns]
-    templated = _templated(tokenizer, conversation)
+    texts = [part.text for turn in turns for part in turn.parts if part.kind == "text"]
+    templated = _templated(tokenizer, tuple((turn.role, tuple(part.kind for part in turn.parts)) for turn in turns))
     pieces = _TEXT_MARK_RE.split(templated)  # template, text index, template, text index, ..., template
     if sorted(int(i) for i in pieces[1::2]) != list(range(len(texts))):
         raise RuntimeError("the chat template dropped or repeated a message's text")
@@ -159,12 +151,11 @@ def build_chat_prompt(tokenizer, turns: tuple[Turn, ...], media: list[tuple[str,
     return Prompt(*_place_runs(ids, runs, media))
 
 
-def _templated(tokenizer, conversation: list[dict]) -> str:
-    """The chat template applied to ``conversation`` (its texts already marks), cached by what the template sees: the
-    roles and part kinds (the marks follow from them), unless the template reads the clock (``strftime_now``)."""
+def _templated(tokenizer, shape: tuple[tuple[str, tuple[str, ...]], ...]) -> str:
+    """The chat template applied to the conversation of ``shape`` ((role, part kinds) per message; message text k
+    written as ``_TEXT_MARK`` k), cached by the shape unless the template reads the clock (``strftime_now``)."""
     if "strftime_now" in (tokenizer.chat_template or ""):
-        return tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
-    shape = tuple((m["role"], tuple(part["type"] for part in m["content"])) for m in conversation)
+        return _templated_shape.__wrapped__(tokenizer, shape)
     return _templated_shape(tokenizer, shape)
 
 

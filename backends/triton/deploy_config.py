@@ -61,11 +61,11 @@ def _to(target: str):
     return field(default=None, metadata={"to": target})
 
 
-def _positive(section, *names: str) -> None:
+def _at_least(section, least: int, *names: str) -> None:
     for name in names:
         value = getattr(section, name)
-        if value is not None and value < 1:
-            raise ConfigError(name, f"must be at least 1, got {value!r}")
+        if value is not None and value < least:
+            raise ConfigError(name, f"must be at least {least}, got {value!r}")
 
 
 def _device(value: str | None, key: str = "device") -> None:
@@ -135,7 +135,7 @@ class FlashcodecResources:
         _device(self.device)
         _mps(self)
         _gpus(self.nvdec_gpus, "nvdec_gpus")
-        _positive(self, "nvdec_processes_per_gpu", "decode_threads")
+        _at_least(self, 1, "nvdec_processes_per_gpu", "decode_threads")
 
 
 @dataclass(frozen=True)
@@ -167,7 +167,7 @@ class EncodePrefillResources:
         if isinstance(self.vision_tp_size, str) and self.vision_tp_size != "all":
             raise ConfigError("vision_tp_size", f"must be all or a number of GPUs, got {self.vision_tp_size!r}")
         if isinstance(self.vision_tp_size, int):
-            _positive(self, "vision_tp_size")
+            _at_least(self, 1, "vision_tp_size")
 
 
 @dataclass(frozen=True)
@@ -195,7 +195,7 @@ class Resources:
     decode: DecodeResources = field(default_factory=DecodeResources)
 
     def __post_init__(self):
-        _positive(self, "replicas")
+        _at_least(self, 1, "replicas")
         if self.gpu_sharing not in (None, *GPU_SHARING):
             raise ConfigError("gpu_sharing", f"must be {' or '.join(GPU_SHARING)}, got {self.gpu_sharing!r}")
         if self.replicas is not None and self.replicas > UPPER_BOUNDS["replicas"]:
@@ -219,12 +219,10 @@ class Budgets:
     max_batch: int | None = _to("decode.max_batch")
 
     def __post_init__(self):
-        _positive(self, "prefill_budget", "encode_budget", "max_model_len", "max_batch")
+        _at_least(self, 1, "prefill_budget", "encode_budget", "max_model_len", "max_batch")
         if self.max_share is not None and not 0 < self.max_share <= 1:
             raise ConfigError("max_share", f"must be in (0, 1], got {self.max_share!r}")
-        for name in ("short_prefill_tokens", "burst_wait_ms"):
-            if getattr(self, name) is not None and getattr(self, name) < 0:
-                raise ConfigError(name, f"must be at least 0, got {getattr(self, name)!r}")
+        _at_least(self, 0, "short_prefill_tokens", "burst_wait_ms")
 
 
 @dataclass(frozen=True)
@@ -267,7 +265,7 @@ class Pools:
     patch_page_size: int | None = _to("flashcodec.patch_page_size")
 
     def __post_init__(self):
-        _positive(self, "kv_pages", "kv_page_size", "patch_pages", "patch_page_size")
+        _at_least(self, 1, "kv_pages", "kv_page_size", "patch_pages", "patch_page_size")
         if self.kv_pages is not None and self.kv_memory_fraction is not None:
             raise ConfigError("kv_memory_fraction", "give kv_pages or kv_memory_fraction, not both")
         if self.kv_memory_fraction is not None and not 0 < self.kv_memory_fraction < 1:
@@ -285,7 +283,7 @@ class Ipc:
     shm_default_byte_size: int = DEFAULT_SHM_BYTES
 
     def __post_init__(self):
-        _positive(self, "shm_default_byte_size")
+        _at_least(self, 1, "shm_default_byte_size")
 
 
 @dataclass(frozen=True)
