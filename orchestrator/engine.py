@@ -20,12 +20,14 @@ from dataclasses import replace
 from typing import AsyncIterator, Callable, Iterator
 
 from backends.ipc.link import StageError
-from backends.ipc.protocol import (INVALID_INPUT, SERVER_FAULT, DecodeAdmit, DecodeStep, FirstToken, GroupReady,
-                                   StageFailure)
+from backends.ipc.protocol import SERVER_FAULT, DecodeAdmit, DecodeStep, FirstToken, StageFailure, StepPlan, StepResult
 from flashcodec.families import family_of
 from orchestrator.budget_policy import BudgetPolicy, Waiting, work_units
 from orchestrator.burst import gather_burst
-from orchestrator.engine_io import SHUTTING_DOWN, EngineRequest, Output, Released, RequestState, Tracked
+from orchestrator.decode_pace import PACE_FOR_MS, DecodePacer
+from orchestrator.engine_io import (SHUTTING_DOWN, EngineRequest, Output, Released, RequestState, Tracked,
+                                   failure_of)
+from orchestrator.media_task import run_media
 from orchestrator.pages import PagePool
 from orchestrator.scheduler import Scheduler
 from orchestrator.sequence import Sequence
@@ -37,22 +39,23 @@ log = logging.getLogger(__name__)
 
 class Engine:
     """Replica ``index``: ``scheduler`` (its KV page table; the shared patch pool ``patch_pages``), ``stages``
-    and the shared ``media`` stage. ``on_change()`` after pages or requests changed (gauges), ``on_step()`` after
+    and the shared ``media`` stage. ``on_change()`` after pages or requests changed (gauges), ``on_step(paced)`` after
     each executed step, ``on_release(Released)`` per request released; ``stopping()`` says
     whether the server has begun to stop (a media stream that ends early then fails its request as shutting
     down, not as bad input); ``policy`` sets each step's budgets from the measured decode gaps and step times
     (None: the scheduler's configured budgets); ``admitting()``: requests being admitted, for which a step may wait
-    (``burst_wait_ms``: ``orchestrator.burst``)."""
+    (``burst_wait_ms``: ``orchestrator.burst``); ``pacer`` spaces decode's steps while a step that ends prompts runs
+    (``orchestrator.decode_pace``; None: never)."""
 
     def __init__(self, index: int, scheduler: Scheduler, patch_pages: PagePool, stages: ReplicaStages,
                  media: MediaStage, on_change: Callable[[], None] = lambda: None,
-                 on_step: Callable[[], None] = lambda: None,
+                 on_step: Callable[[bool], None] = lambda paced: None,
                  on_release: Callable[[Released], None] = lambda released: None,
                  stopping: Callable[[], bool] = lambda: False, policy: BudgetPolicy | None = None,
-                 admitting: Callable[[], int] = lambda: 0):
+                 admitting: Callable[[], int] = lambda: 0, pacer: DecodePacer | None = None):
         self.index, self.scheduler, self.patch_pages = index, scheduler, patch_pages
         self.stages, self.media = stages, media
-        self.on_change, self.on_step, self.on_release, self._server_stopping = on_change, on_step, on_release, stopping
+        self.on_change, self.on_step, self.on_release, self.server_stopping = on_change, on_step, on_release, stopping
         self.requests: dict[str, Tracked] = {}
         self.wake = asyncio.Event()
         self.decode_ended: str | None = None  # why the decode stream has ended, once it has
@@ -61,6 +64,7 @@ class Engine:
         self._background: set[asyncio.Task] = set()
         self.policy = policy  # each step's budgets, when SLO scheduling is on
         self.admitting = admitting  # requests handed over by Triton and not yet admitted or refused (all replicas)
+        self.pacer = pacer
         self._last_decode = 0.0  # when the last decode step with sequences arrived (time.monotonic() seconds)
 
     # ---- life -------------------------------------------------------------------------------------------
@@ -80,7 +84,7 @@ class Engine:
         which end their own work."""
         self.stopping = True
         for tracked in list(self.requests.values()):
-            self._fail(tracked, StageFailure(SERVER_FAULT, SHUTTING_DOWN))
+            self.fail(tracked, StageFailure(SERVER_FAULT, SHUTTING_DOWN))
         self.wake.set()
 
     def busy(self) -> bool:
@@ -123,7 +127,7 @@ class Engine:
         loop = asyncio.get_running_loop()
         for item, call, first in calls:
             replies = self.media.decode(call)  # queued now: an abort made later cannot overtake it
-            tracked.media_tasks.append(loop.create_task(self._run_media(tracked, item, replies, first)))
+            tracked.media_tasks.append(loop.create_task(run_media(self, tracked, item, replies, first)))
         self.wake.set()
         self.on_change()
         return tracked.outputs
@@ -190,10 +194,10 @@ class Engine:
         tracked.outputs.put_nowait(output)
         self._spawn(self._release(tracked))
 
-    def _fail(self, tracked: Tracked, failure: StageFailure) -> None:
+    def fail(self, tracked: Tracked, failure: StageFailure) -> None:
         self._end(tracked, Output(failure=failure))
 
-    def _live(self, req_id: str) -> Tracked | None:
+    def live(self, req_id: str) -> Tracked | None:
         """The request, unless it has ended or is being released (then nothing new may start for it)."""
         tracked = self.requests.get(req_id)
         return None if tracked is None or tracked.ended or tracked.releasing else tracked
@@ -214,19 +218,20 @@ class Engine:
             for new in plan.new:  # a request is in `new` in the first step with work for it
                 if (tracked := self.requests.get(new.req_id)) is not None:
                     tracked.scheduled = launched
+            paced = self._pace(plan)
             try:
-                result = await self.stages.step(plan)
+                result = await self._run_step(plan, paced)
             except Exception as exc:  # the step failed: fail its requests, keep the loop (and the server) alive
-                failure = _failure(exc, "scheduler step failed")
+                failure = failure_of(exc, "scheduler step failed")
                 for req_id in dict.fromkeys(w.req_id for w in (*plan.encode, *plan.prefill)):
                     self.scheduler.remove(req_id)  # its pages come back when the plan completes
-                    if (tracked := self._live(req_id)) is not None:
-                        self._fail(tracked, failure)
+                    if (tracked := self.live(req_id)) is not None:
+                        self.fail(tracked, failure)
                 self.scheduler.complete(plan)
                 self.on_change()
                 continue
             self.scheduler.complete(plan)
-            self.on_step()
+            self.on_step(bool(paced))
             if self.policy is not None:
                 self.policy.observe_step((time.monotonic() - launched) * 1e3,
                                          work_units(plan.num_prefill_tokens, plan.num_encode_patches))
@@ -238,6 +243,26 @@ class Engine:
             for first in result.first_tokens:
                 self._first_token(first)
             self.on_change()
+
+    def _pace(self, plan: StepPlan) -> float:
+        """The spacing of decode's launches while ``plan`` runs (ms; 0: none; ``orchestrator.decode_pace``)."""
+        kinds = {tracked.request.kind for tracked in self.requests.values() if tracked.decoding}
+        return self.pacer.interval_ms(plan, kinds) if self.pacer is not None and kinds else 0.0
+
+    async def _run_step(self, plan: StepPlan, pace: float) -> StepResult:
+        """``plan`` on encode_prefill, decode's launches spaced ``pace`` ms apart meanwhile (0: not)."""
+        if pace:
+            self._tell_decode(pace, PACE_FOR_MS)
+        try:
+            return await self.stages.step(plan)
+        finally:
+            if pace:
+                self._tell_decode(0.0, 0.0)
+
+    def _tell_decode(self, interval_ms: float, for_ms: float) -> None:
+        """Queue a pacing for decode now (in order with the admits and aborts sent to it); a link that is gone is
+        the decode stream's failure, seen by ``_follow_decode``."""
+        self._spawn(_drain(self.stages.decode_pace(interval_ms, for_ms)))
 
     def _before_first_token(self) -> Iterator[tuple[Tracked, Sequence]]:
         """The requests before their first token (none of them decoding), each with its scheduler sequence."""
@@ -268,12 +293,12 @@ class Engine:
         log.error("orchestrator: the step loop of replica %d failed", self.index, exc_info=task.exception())
         self.decode_ended = self.decode_ended or f"internal error: the step loop failed: {task.exception()!r}"
         for tracked in list(self.requests.values()):
-            self._fail(tracked, StageFailure(SERVER_FAULT, self.decode_ended))
+            self.fail(tracked, StageFailure(SERVER_FAULT, self.decode_ended))
 
     def _first_token(self, first: FirstToken) -> None:
         """Hand the sequence to decode before its first token goes out (so any abort the token may cause is sent
         after the admit), or end it there."""
-        tracked = self._live(first.req_id)
+        tracked = self.live(first.req_id)
         if tracked is None:
             return
         tracked.first_token = tracked.last_token = time.monotonic()
@@ -286,7 +311,7 @@ class Engine:
             return
         tracked.outputs.put_nowait(Output(first.token))
         if self.decode_ended:
-            self._fail(tracked, StageFailure(SERVER_FAULT, self.decode_ended))
+            self.fail(tracked, StageFailure(SERVER_FAULT, self.decode_ended))
             return
         new, seq = tracked.request.new, self.scheduler.get(first.req_id)
         tracked.in_decode = True
@@ -302,7 +327,7 @@ class Engine:
                 pass
         except StageError as exc:  # decode has gone: it holds nothing
             tracked.decode_done = True
-            self._fail(tracked, exc.failure)
+            self.fail(tracked, exc.failure)
 
     async def _follow_decode(self, attached: asyncio.Event) -> None:
         try:
@@ -310,7 +335,7 @@ class Engine:
                 attached.set()
                 if step is not None:
                     self._decode_step(step)
-            if self.stopping or self._server_stopping():  # the decode stage ends its stream when the server stops
+            if self.stopping or self.server_stopping():  # the decode stage ends its stream when the server stops
                 self.decode_ended = SHUTTING_DOWN
             else:  # or when its loop thread has died: the replica is gone, its clients must not hear "shutting down"
                 log.error("orchestrator: the decode stream of replica %d ended while the server runs", self.index)
@@ -324,7 +349,7 @@ class Engine:
         for tracked in list(self.requests.values()):  # no more tokens will come
             if tracked.decoding:
                 tracked.decode_done = True
-                self._fail(tracked, StageFailure(SERVER_FAULT, self.decode_ended))
+                self.fail(tracked, StageFailure(SERVER_FAULT, self.decode_ended))
 
     def _decode_step(self, step: DecodeStep) -> None:
         now = time.monotonic()
@@ -332,12 +357,12 @@ class Engine:
             self.policy.observe_decode_gap((now - self._last_decode) * 1e3)
         self._last_decode = now if step.seq_ids else 0.0
         for seq_id, token, reason in zip(step.seq_ids, step.token_ids, step.finish_reasons):
-            tracked = self._live(seq_id)
+            tracked = self.live(seq_id)
             if tracked is None:
                 continue
             if reason == "error":
                 tracked.decode_done = True
-                self._fail(tracked, StageFailure(SERVER_FAULT, "decode: the decode step failed"))
+                self.fail(tracked, StageFailure(SERVER_FAULT, "decode: the decode step failed"))
                 continue
             tracked.last_token = now
             if reason:
@@ -346,51 +371,16 @@ class Engine:
             else:
                 tracked.outputs.put_nowait(Output(token))
 
-    # ---- media --------------------------------------------------------------------------------------------
-    async def _run_media(self, tracked: Tracked, item: int, replies: AsyncIterator[GroupReady], first: int = 0
-                         ) -> None:
-        """Hands the groups that flashcodec reports for ``item`` to the scheduler; ``first``: the group the call's
-        plan starts at (those before are cached)."""
-        req_id, reported, bad = tracked.request.new.req_id, first, []
-        try:
-            async for ready in replies:
-                # The pages are ours from here on: a bad report frees them and the stream is read to its end.
-                index = ready.index + first
-                try:
-                    report = self.scheduler.group_ready(req_id, item, index, list(ready.pages))
-                except (KeyError, ValueError) as exc:
-                    self.patch_pages.free(ready.pages)
-                    bad.append(str(exc))
-                    continue
-                reported += report == "cached"  # in the prefix cache since it was admitted: not encoded
-                if report == "taken":
-                    tracked.request.timeline.mark("group_ready", item=item, index=index, pages=len(ready.pages))
-                    reported += 1
-                    tracked.patch_pages_held += len(ready.pages)
-                    tracked.patch_pages_peak = max(tracked.patch_pages_peak, tracked.patch_pages_held)
-                    self.wake.set()
-            if bad:
-                raise StageError(StageFailure(SERVER_FAULT, f"flashcodec: {bad[0]}"))
-            if reported < tracked.request.groups_per_item[item] and not tracked.releasing:
-                if self.stopping or self._server_stopping():  # flashcodec ends its calls when the server stops
-                    raise StageError(StageFailure(SERVER_FAULT, SHUTTING_DOWN))
-                kind = tracked.request.new.media[item].kind
-                raise StageError(StageFailure(
-                    INVALID_INPUT, f"{kind}: decoding ended before all sampled frames were found"))
-        except Exception as exc:
-            if (live := self._live(req_id)) is not None:
-                self._fail(live, _failure(exc, f"media task failed for {req_id}"))
+
+async def _drain(replies: AsyncIterator) -> None:
+    try:
+        async for _ in replies:
+            pass
+    except StageError as exc:
+        log.warning("orchestrator: decode's pacing not delivered (%s)", exc)
 
 
 def _log_failure(task: asyncio.Task) -> None:
     """A background task's unexpected exception goes to the log at once, not when the task is collected."""
     if not task.cancelled() and task.exception() is not None:
         log.error("orchestrator: %s failed", task.get_coro().__qualname__, exc_info=task.exception())
-
-
-def _failure(exc: Exception, what: str) -> StageFailure:
-    """A stage's own failure, or an internal error (logged) that must fail the request, not hang it."""
-    if isinstance(exc, StageError):
-        return exc.failure
-    log.exception("orchestrator: %s", what)
-    return StageFailure(SERVER_FAULT, f"internal error: {type(exc).__name__}: {exc}")

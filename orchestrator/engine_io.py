@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import logging
 import time
 from dataclasses import dataclass, field
 
-from backends.ipc.protocol import MediaDecode, NewRequest, StageFailure
+from backends.ipc.link import StageError
+from backends.ipc.protocol import SERVER_FAULT, MediaDecode, NewRequest, StageFailure
 from orchestrator.sequence import Group
 from orchestrator.timeline import NO_TIMELINE, Timeline
+
+log = logging.getLogger("orchestrator.engine")
 
 SHUTTING_DOWN = "the server is shutting down"
 
@@ -100,3 +104,11 @@ class Tracked:
     def decoding(self) -> bool:
         """Decode holds it: handed to decode, with no last row, failure or end of decode's stream yet."""
         return self.in_decode and not self.decode_done
+
+
+def failure_of(exc: Exception, what: str) -> StageFailure:
+    """A stage's own failure, or an internal error (logged) that must fail the request, not hang it."""
+    if isinstance(exc, StageError):
+        return exc.failure
+    log.exception("orchestrator: %s", what)
+    return StageFailure(SERVER_FAULT, f"internal error: {type(exc).__name__}: {exc}")

@@ -58,6 +58,8 @@ COUNTERS = {
     "unifiedserve_prompt_tokens_total": "prompt tokens (text and visual) of the requests that got a first token",
     "unifiedserve_generation_tokens_total": "tokens generated and handed to the clients' responses",
     "unifiedserve_scheduler_steps_total": "encode+prefill steps executed",
+    "unifiedserve_decode_paced_steps_total": "encode+prefill steps during which decode's launches were spaced "
+                                             "(decode_pace_ms)",
     "unifiedserve_prefix_cache_queries_total": "prompt tokens of the requests granted KV pages (looked up in the "
                                                "prefix cache)",
     "unifiedserve_prefix_cache_hits_total": "prompt tokens found in the prefix cache (not computed again)",

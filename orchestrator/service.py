@@ -27,6 +27,7 @@ from backends.triton import server_stop
 from backends.triton.replicas import replica_name
 from backends.triton.triton_io import float_parameter, int_parameter
 from orchestrator.budget_policy import BudgetPolicy, PolicyConfig, SloTargets
+from orchestrator.decode_pace import DecodePacer
 from orchestrator.engine import Engine
 from orchestrator.engine_io import SHUTTING_DOWN, EngineRequest, Released, RequestCounts
 from orchestrator.gauges import Gauges, num_waiting
@@ -57,7 +58,9 @@ class OrchestratorConfig:
     video's prefill cannot hold a short request back; a lone request still uses the whole budget.
     ``short_prefill_tokens`` (default 512, 0 off): prefills that end their prompts within this many tokens go ahead
     of other work in short steps of their own (``SchedulerConfig``, ``orchestrator.step_fill``); ``burst_wait_ms``
-    (default 0, off): how long a step may wait for requests still being admitted (``orchestrator.burst``).
+    (default 0, off): how long a step may wait for requests still being admitted (``orchestrator.burst``);
+    ``decode_pace_ms`` (default 0, off): the spacing of decode's steps while a step that ends prompts runs, at most
+    the decoding modalities' TBT targets (``orchestrator.decode_pace``).
     ``max_model_len``: prompt + output tokens per request;
     ``replicas``: encode_prefill/decode replicas to drive (``backends/triton/replicas.py``);
     ``max_waiting_requests``: requests that may wait for KV pages at once (over all replicas); a request arriving
@@ -80,6 +83,7 @@ class OrchestratorConfig:
     policy: PolicyConfig = PolicyConfig()
     cache: CacheConfig = CacheConfig()
     media_defaults: RequestParams = RequestParams()
+    decode_pace_ms: int = 0
 
     @classmethod
     def from_parameters(cls, params: dict[str, str]) -> "OrchestratorConfig":
@@ -104,7 +108,8 @@ class OrchestratorConfig:
                    int_parameter(params, "max_waiting_requests", cls.max_waiting_requests), switch == "true",
                    SloTargets.from_parameters(params),
                    PolicyConfig(float_parameter(params, "decode_priority_boost", PolicyConfig.decode_priority_boost)),
-                   CacheConfig.from_parameters(params), media_defaults(params.get("media_defaults"), model.family))
+                   CacheConfig.from_parameters(params), media_defaults(params.get("media_defaults"), model.family),
+                   int_parameter(given, "decode_pace_ms", 0))
 
 
 @dataclass(frozen=True)
@@ -200,13 +205,15 @@ class Orchestrator:
             kv_pages = self.config.cache.pool(PageAllocator(kv["shape"][2] - RESERVED_KV_PAGES, "kv"))
             policy = (BudgetPolicy(config.encode_budget, config.prefill_budget, self.config.slo, self.config.policy)
                       if self.config.slo_scheduling else None)
+            pacer = (DecodePacer(self.config.decode_pace_ms, config.prefill_budget, self.config.slo,
+                                 self.config.policy.decode_priority_boost) if self.config.decode_pace_ms else None)
             engines.append(Engine(
                 index, Scheduler(config, kv_pages, self.patch_pages, EncoderCache(self.config.cache.encoder_tokens)),
                 self.patch_pages,
                 LinkStages(self.links, index), media, on_change=self.gauges.changed,
-                on_step=lambda: self.metrics.increment("unifiedserve_scheduler_steps_total"),
+                on_step=self._on_step,
                 on_release=self._on_release, stopping=server_stop.announced, policy=policy,
-                admitting=lambda: self.arrived - self.settled))
+                admitting=lambda: self.arrived - self.settled, pacer=pacer))
         await asyncio.gather(*(engine.start() for engine in engines))
         # every link connected before the first request: from then on a call is queued when it is made, so an abort
         # never overtakes the call it stops (decode's is connected by its stream)
@@ -249,6 +256,11 @@ class Orchestrator:
         except asyncio.TimeoutError:
             log.warning("orchestrator: work on threads still running at finalize")
         self.links.close()
+
+    def _on_step(self, paced: bool) -> None:
+        self.metrics.increment("unifiedserve_scheduler_steps_total")
+        if paced:
+            self.metrics.increment("unifiedserve_decode_paced_steps_total")
 
     def _on_release(self, released: Released) -> None:
         if released.had_media:

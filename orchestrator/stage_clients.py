@@ -15,8 +15,8 @@ from __future__ import annotations
 from typing import AsyncIterator, Protocol
 
 from backends.ipc.link import LinkClient
-from backends.ipc.protocol import (DecodeAbort, DecodeAdmit, DecodeAttach, DecodeStep, GroupReady, MediaAbort,
-                                   MediaDecode, StepPlan, StepResult)
+from backends.ipc.protocol import (DecodeAbort, DecodeAdmit, DecodeAttach, DecodePace, DecodeStep, GroupReady,
+                                   MediaAbort, MediaDecode, StepPlan, StepResult)
 from backends.triton.replicas import replica_name
 
 
@@ -33,6 +33,9 @@ class ReplicaStages(Protocol):
 
     async def decode_abort(self, seq_id: str) -> None:
         """Returns once decode no longer touches ``seq_id``'s KV pages."""
+
+    def decode_pace(self, interval_ms: float, for_ms: float) -> AsyncIterator[None]:
+        """Space decode's step launches (``DecodePace``; queued now, in order with the admits and aborts)."""
 
 
 class MediaStage(Protocol):
@@ -83,6 +86,9 @@ class LinkStages:
 
     async def decode_abort(self, seq_id: str) -> None:
         await self._decode.request(DecodeAbort(seq_id))
+
+    def decode_pace(self, interval_ms: float, for_ms: float) -> AsyncIterator[None]:
+        return self._decode.call(DecodePace(interval_ms, for_ms))
 
 
 class LinkMedia:

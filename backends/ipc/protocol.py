@@ -249,6 +249,16 @@ class DecodeAbort(Call):
 
 
 @dataclass(frozen=True)
+class DecodePace(Call):
+    """Space the decode loop's step launches at least ``interval_ms`` apart (ms; 0 ends the pacing), for at most
+    ``for_ms`` from its arrival (ms; a pacing not ended by then ends itself): sent while an encode/prefill step that
+    ends prompts runs, so that step gets more of the GPU (``orchestrator.decode_pace``)."""
+
+    interval_ms: float
+    for_ms: float = 0.0
+
+
+@dataclass(frozen=True)
 class DecodeStep:
     """One decode step's tokens for all sequences in it: row i is ``seq_ids[i]``'s ``token_ids[i]`` with its
     ``finish_reasons[i]`` (``""`` running, ``"stop"``, ``"length"``, or ``"error"``: the step failed and the

@@ -1,12 +1,12 @@
 """The decode stage as a Triton model (``backends.triton.adaptor``): the decode worker, its metrics, and its end
-of the stage link (``backends.ipc.protocol``: ``DecodeAttach``, ``DecodeAdmit``, ``DecodeAbort``). Triton requests
-are refused: the model is internal."""
+of the stage link (``backends.ipc.protocol``: ``DecodeAttach``, ``DecodeAdmit``, ``DecodeAbort``, ``DecodePace``).
+Triton requests are refused: the model is internal."""
 from __future__ import annotations
 
 import time
 
 from backends.ipc.link import LinkServer, Reply
-from backends.ipc.protocol import SERVER_FAULT, Call, DecodeAbort, DecodeAdmit, DecodeAttach, StageFailure
+from backends.ipc.protocol import SERVER_FAULT, Call, DecodeAbort, DecodeAdmit, DecodeAttach, DecodePace, StageFailure
 from backends.runtime.loader import ModelSpec
 from backends.stages.decode_worker import DecodeWorker
 from backends.stages.device import shared_weights_on, stage_setup
@@ -96,6 +96,9 @@ class DecodeStage(triton_io.InternalModel):
             reply.end()
         elif isinstance(message, DecodeAbort):
             self.worker.abort(message.seq_id, reply.end)
+        elif isinstance(message, DecodePace):
+            self.worker.pace(message.interval_ms, message.for_ms)
+            reply.end()
         else:
             reply.end(StageFailure(SERVER_FAULT, f"decode: no such call {type(message).__name__}"))
 

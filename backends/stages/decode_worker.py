@@ -27,14 +27,12 @@ import logging
 import queue
 import threading
 import time
-from dataclasses import dataclass
 from typing import Callable
 
-import numpy as np
 import torch
 
 from backends.ipc import shared_tensor, shared_weights
-from backends.ipc.protocol import DecodeAdmit, DecodeStep, SamplingParams
+from backends.ipc.protocol import DecodeAdmit, DecodeStep
 from backends.runtime.attention import FlashInferAttentionBackend, make_backend
 from backends.runtime.language_model.cuda_graphs import batch_ladder
 from backends.runtime.loader import ModelSpec, load_model
@@ -45,6 +43,8 @@ from backends.runtime.sampling.sampler import sample_tensor, warm_up
 from backends.runtime.sampling.stopping import finish_reason
 from backends.runtime.sampling.token_readback import TokenReadback
 from backends.runtime.tokenizer import eos_token_ids
+from backends.stages.decode_pace import Pacing
+from backends.stages.decode_seqs import Launched, RunningSeq
 from backends.stages.kv_pool_size import pool_layout
 from backends.triton.triton_io import choice_value
 
@@ -57,47 +57,6 @@ StepSink = Callable[[DecodeStep], None]
 # thread after the step's message; also (0, 0.0, idle) when the batch may have emptied without a step (abort,
 # end) and at shutdown.
 StepTimer = Callable[[int, float, bool], None]
-
-
-@dataclass
-class RunningSeq:
-    """A sequence in the decode batch. ``num_cached`` tokens are in the KV pool, or will be once the step in
-    flight has run; ``last_token`` is not yet (while the sequence is in the step in flight, ``last_token`` is
-    the one before and the current one is on the device). ``num_generated`` counts the tokens of launched steps;
-    ``ending``: the step in flight makes its ``max_tokens``-th token, so it is not launched again.
-    ``prompt_token_ids``: the admission's (``DecodeAdmit``), for the penalty state."""
-
-    seq_id: str
-    block_table: np.ndarray  # int32: the KV pages granted at admission (a step's page list is views of these)
-    num_cached: int
-    last_token: int
-    mrope_delta: int
-    num_generated: int
-    max_tokens: int
-    sampling: SamplingParams
-    ending: bool = False
-    prompt_token_ids: tuple[int, ...] = ()
-
-    @classmethod
-    def from_admit(cls, admit: DecodeAdmit) -> "RunningSeq":
-        """From the orchestrator's admit message."""
-        return cls(admit.seq_id, np.asarray(admit.block_table, dtype=np.int32), admit.num_cached, admit.last_token,
-                   admit.mrope_delta, admit.num_generated, admit.max_tokens, admit.sampling,
-                   prompt_token_ids=admit.prompt_token_ids)
-
-
-@dataclass(frozen=True)
-class _Launched:
-    """A step launched on the device whose tokens the host has not read: its sequences in row order, each row's
-    ``num_generated`` before the step, and the sampled tokens."""
-
-    seqs: list[RunningSeq]
-    counts: list[int]
-    tokens: TokenReadback
-    started: float  # time.perf_counter() at launch
-
-    def holds(self, seq: RunningSeq) -> bool:
-        return any(s is seq for s in self.seqs)
 
 
 class DecodeWorker:
@@ -156,9 +115,11 @@ class DecodeWorker:
         self.max_batch = max_batch
         self.running: dict[str, RunningSeq] = {}
         self.commands: queue.Queue = queue.Queue()
-        self._in_flight: _Launched | None = None  # the loop thread's: the step whose tokens are not read yet
+        self._in_flight: Launched | None = None  # the loop thread's: the step whose tokens are not read yet
         self._held: list[tuple[str, int, str]] = []  # last rows waiting for the step in flight (_read)
         self._last_read = 0.0  # time.perf_counter() when the last step's tokens reached the host
+        self._last_launch = 0.0  # time.perf_counter() when the last step was launched
+        self._pacing = Pacing()
         self.sink: StepSink | None = None
         self.end: Callable[[], None] | None = None  # ends the attached stream (sends its final flag)
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()  # (callable, args) for the send thread; None stops it
@@ -182,6 +143,11 @@ class DecodeWorker:
 
     def admit(self, admit: DecodeAdmit) -> None:
         self.commands.put(("admit", RunningSeq.from_admit(admit), None))
+
+    def pace(self, interval_ms: float, for_ms: float) -> None:
+        """Launch steps at least ``interval_ms`` apart for ``for_ms`` from now (``backends.stages.decode_pace``);
+        a step's tokens are read and sent before the wait. ``interval_ms`` 0 ends the pacing."""
+        self.commands.put(("pace", (interval_ms, for_ms), None))
 
     def abort(self, seq_id: str, done: Callable[[], None]) -> None:
         """Drop ``seq_id``; ``done()`` runs on the loop thread once it no longer touches its KV pages."""
@@ -235,6 +201,8 @@ class DecodeWorker:
                 log.exception("decode: could not admit %s", value.seq_id)
                 del self.running[value.seq_id]
                 self._send([(value.seq_id, -1, "error")])
+        elif kind == "pace":
+            self._pacing = Pacing.starting(*value, time.perf_counter())
         elif kind == "abort":
             self.running.pop(value, None)
             done()
@@ -261,10 +229,11 @@ class DecodeWorker:
         while not self._stop.is_set():
             # Idle: block until a command arrives; busy: drain what is there and step.
             idle = not self.running or self.sink is None
-            if idle:
+            wait = 0.0 if idle else self._pacing.wait_s(self._last_launch, time.perf_counter())
+            if idle or wait:  # paced: the step in flight goes out before the wait
                 self._guarded(self._read_in_flight)
             try:
-                command = self.commands.get(block=idle, timeout=None if idle else 0)
+                command = self.commands.get(block=idle or wait > 0, timeout=None if idle else wait)
             except queue.Empty:
                 self._guarded(self._step)
                 continue
@@ -324,7 +293,7 @@ class DecodeWorker:
         most ``max_batch``."""
         return [s for s in self.running.values() if not s.ending][: self.max_batch]
 
-    def _launch(self) -> _Launched | None:
+    def _launch(self) -> Launched | None:
         """Launch a step of :meth:`_batch` on the device (forward and sampling; nothing waits for the device) and
         advance its sequences' counts; None when no sequence has a token left to make. The token ids of the
         sequences in the step in flight come from the device, the others' (joining the batch) from the host."""
@@ -336,7 +305,7 @@ class DecodeWorker:
             rows = {id(s): i for i, s in enumerate(self._in_flight.seqs)}
             token_ids = self._in_flight.tokens.next_inputs([rows.get(id(s)) for s in batch],
                                                            [s.last_token for s in batch])
-        started = time.perf_counter()
+        started = self._last_launch = time.perf_counter()
         logits = self.runner.decode([
             DecodeSeq(s.last_token, s.num_cached + s.mrope_delta, s.num_cached, s.block_table) for s in batch
         ], token_ids)
@@ -349,7 +318,7 @@ class DecodeWorker:
             s.num_cached += 1
             s.num_generated += 1
             s.ending = s.num_generated >= s.max_tokens
-        return _Launched(batch, counts, tokens, started)
+        return Launched(batch, counts, tokens, started)
 
     def _read_in_flight(self) -> None:
         """Read the step in flight, if there is one (:meth:`_read`)."""
@@ -357,7 +326,7 @@ class DecodeWorker:
         if step is not None:
             self._read(step)
 
-    def _read(self, step: _Launched) -> None:
+    def _read(self, step: Launched) -> None:
         """Bring ``step``'s tokens to the host (waits for the device), end the sequences that stop, and send the
         step's message. Rows of sequences that ended before (an eos token in the step before) are dropped. The last
         row of a sequence that the step in flight still holds (it ended with an eos token) is held back and sent

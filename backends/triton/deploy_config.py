@@ -207,7 +207,8 @@ class Budgets:
     """``budgets``: per scheduler step ``prefill_budget`` (LLM tokens) and ``encode_budget`` (vision-encoder patches
     before the 2x2 merge), ``max_share`` of a budget per request while several want it (0, 1],
     ``short_prefill_tokens`` (prefills this close to their prompt's end go first in short steps; 0 off),
-    ``burst_wait_ms`` (ms a step may wait for a burst's requests still being admitted; 0 off),
+    ``burst_wait_ms`` (ms a step may wait for a burst's requests still being admitted; 0 off), ``decode_pace_ms``
+    (ms between decode's steps while a step that ends prompts runs; 0 off),
     ``max_model_len`` (tokens), decode's ``max_batch`` (sequences per step)."""
 
     prefill_budget: int | None = _to("orchestrator.prefill_budget")
@@ -215,6 +216,7 @@ class Budgets:
     max_share: float | None = _to("orchestrator.max_share")
     short_prefill_tokens: int | None = _to("orchestrator.short_prefill_tokens")
     burst_wait_ms: int | None = _to("orchestrator.burst_wait_ms")
+    decode_pace_ms: int | None = _to("orchestrator.decode_pace_ms")
     max_model_len: int | None = _to("orchestrator.max_model_len")
     max_batch: int | None = _to("decode.max_batch")
 
@@ -222,7 +224,7 @@ class Budgets:
         _at_least(self, 1, "prefill_budget", "encode_budget", "max_model_len", "max_batch")
         if self.max_share is not None and not 0 < self.max_share <= 1:
             raise ConfigError("max_share", f"must be in (0, 1], got {self.max_share!r}")
-        _at_least(self, 0, "short_prefill_tokens", "burst_wait_ms")
+        _at_least(self, 0, "short_prefill_tokens", "burst_wait_ms", "decode_pace_ms")
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,7 @@ POSITIVE_INT_PARAMETERS = frozenset({
     "max_image_pixels", "max_media_items", "max_waiting_requests",
     "vision_tp_size",                                                 # encode_prefill
 })
-NON_NEGATIVE_INT_PARAMETERS = frozenset({"sms_while_decoding", "burst_wait_ms"})  # 0: off
+NON_NEGATIVE_INT_PARAMETERS = frozenset({"sms_while_decoding", "burst_wait_ms", "decode_pace_ms"})  # 0: off
 # Parameters that take one of a few words: the launcher checks --set values (repository.check_value), the stages and
 # workers what they are given (choice_value).
 SWITCHES = ("auto", "on", "off")

@@ -71,9 +71,11 @@ def test_non_streaming_returns_the_whole_text_once(grpc_url, bunny, bunny_refere
 
 @pytest.fixture(scope="module")
 def slo_server(media_dir, tmp_path_factory):
-    """A server whose budgets follow the SLO policy (orchestrator/budget_policy.py)."""
+    """A server whose budgets follow the SLO policy (orchestrator/budget_policy.py), small enough that requests take
+    several steps, and whose decode is paced while a step ends prompts (orchestrator/decode_pace.py)."""
     repository = repository_with(tmp_path_factory.mktemp("slo") / "repository", {"orchestrator": {
-        "slo_scheduling": "true", "slo_text_ttft_ms": "500", "slo_video_tbt_ms": "40"}})
+        "slo_scheduling": "true", "slo_text_ttft_ms": "500", "slo_video_tbt_ms": "40", "prefill_budget": "64",
+        "decode_pace_ms": "20"}})
     with serve(media_dir, repository) as server:
         yield server
 
@@ -107,6 +109,38 @@ def test_concurrent_requests_equal_their_solo_results(grpc_url, budgets, request
         (scale,) = [float(line.split()[-1]) for line in text.splitlines()
                     if line.startswith("unifiedserve_replica_budget_scale{")]
         assert 0.25 <= scale <= 8
+
+
+def test_decode_paced_beside_steps_that_end_prompts_streams_the_same_tokens(slo_server):
+    """While a long text request decodes, an image request's steps end its prompt: decode's launches are spaced
+    (the paced-steps counter grows) and both requests stream the tokens they stream alone."""
+    grpc_url = f"127.0.0.1:{slo_server.ports.grpc}"
+    image = make_image(320, 208, "RGB", "PNG")  # no other test's: not in the prefix cache
+    long = {"max_tokens": 1500, "temperature": 0, "ignore_eos": True}
+
+    def run(prompt, sampling, **kwargs):
+        with Client(grpc_url) as client:
+            return client.generate(prompt, sampling=sampling, return_output_ids=True, timeout_s=300,
+                                   **kwargs).token_ids
+
+    def paced() -> float:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{slo_server.ports.metrics}/metrics", timeout=10).read()
+        return sum(float(line.split()[-1]) for line in text.decode().splitlines()
+                   if line.startswith("unifiedserve_decode_paced_steps_total"))
+
+    before, together = paced(), {}
+    story = threading.Thread(target=lambda: together.__setitem__("story", run("Tell a long story.", long)))
+    story.start()
+    time.sleep(0.5)  # the story is decoding (1,500 tokens take seconds on the tiny model)
+    together["image"] = run("Describe it.", GREEDY, image=image)
+    story.join(timeout=300)
+    # alone afterwards: before, the image's prompt would be in the prefix cache, its step too short to pace decode
+    assert (together["story"], together["image"]) == (run("Tell a long story.", long),
+                                                     run("Describe it.", GREEDY, image=image))
+    deadline = time.monotonic() + 10  # the counter reaches the metrics within the orchestrator's flush period
+    while paced() == before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert paced() > before
 
 
 def test_image_request_equals_the_reference(grpc_url, hf):

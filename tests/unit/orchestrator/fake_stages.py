@@ -77,6 +77,12 @@ class FakeStages:
         await asyncio.sleep(0)  # the decode loop acknowledges later
         self.decoding.discard(seq_id)
 
+    def decode_pace(self, interval_ms: float, for_ms: float):
+        self.log.append(("decode_pace", interval_ms))
+        done: asyncio.Queue = asyncio.Queue()
+        done.put_nowait(END)
+        return _drain(done)
+
 
 class FakeMedia:
     """flashcodec: the test reports groups with ``ready`` and ends an item's call with ``finish``."""

@@ -13,6 +13,7 @@ from backends.ipc.protocol import INVALID_INPUT, SERVER_FAULT, MediaDecode, Medi
     StageFailure
 from flashcodec.sampling import ImagePlan
 from orchestrator.budget_policy import BudgetPolicy, SloTargets
+from orchestrator.decode_pace import DecodePacer
 from orchestrator.engine import Engine
 from orchestrator.engine_io import SHUTTING_DOWN, EngineRequest, Output, Released, RequestState
 from orchestrator.pages import PageAllocator
@@ -29,13 +30,14 @@ class World:
     """An engine over fake stages, with ``kv`` KV pages and 8 patch pages; ``log`` holds the calls in order,
     ``released`` the record of each request whose pages came back."""
 
-    def __init__(self, kv: int = 32, prefill_budget: int = 2048, policy: BudgetPolicy | None = None):
+    def __init__(self, kv: int = 32, prefill_budget: int = 2048, policy: BudgetPolicy | None = None,
+                 pacer: DecodePacer | None = None):
         self.log: list = []
         self.kv, self.patch = PrefixCache(PageAllocator(kv, "kv")), PageAllocator(8, "patch")
         self.stages, self.media = FakeStages(self.log), FakeMedia(self.log, self.patch)
         self.engine = Engine(0, Scheduler(SchedulerConfig(prefill_budget=prefill_budget, kv_page_size=PAGE),
                                           self.kv, self.patch), self.patch, self.stages, self.media,
-                             on_release=self._released, policy=policy)
+                             on_release=self._released, policy=policy, pacer=pacer)
         self.released: dict = {}  # req_id -> its Released record
 
     def _released(self, r: Released) -> None:

@@ -168,7 +168,7 @@ def test_a_sequence_leaving_an_early_row_while_the_others_go_on():
 
 
 @dataclass(frozen=True)
-class _Watched(decode_worker._Launched):
+class _Watched(decode_worker.Launched):
     """A launched step that stays pending, as on a GPU running behind the host, until the host waits for its tokens
     (or a later step's: one stream runs them in order)."""
 
@@ -191,7 +191,7 @@ def test_no_last_message_or_abort_while_a_pending_step_holds_the_sequence(monkey
     """With steps pending until waited for (a GPU behind the host), the orchestrator is never told that a sequence
     ended (it frees the pages then), nor an abort done, while a launched step not yet run holds that sequence; and
     each sequence streams its tokens made alone. Seven sequences, three rows, eos and max_tokens endings, aborts."""
-    monkeypatch.setattr(decode_worker, "_Launched", _Watched)
+    monkeypatch.setattr(decode_worker, "Launched", _Watched)
     monkeypatch.setattr(decode_worker, "TokenReadback", _PendingReadback)
     _PENDING.clear()
     rng = random.Random(1)
@@ -356,5 +356,23 @@ def test_an_admission_that_fails_fails_that_sequence_and_the_loop_goes_on(monkey
         tokens, reasons, _ = collect(steps, ["bad", "good"])
         assert reasons == {"bad": "error", "good": "length"} and len(tokens["good"]) == 4
         assert worker.thread.is_alive() and not worker.running
+    finally:
+        worker.shutdown()
+
+
+def test_a_paced_loop_spaces_its_launches_and_streams_the_same_tokens():
+    """Paced 60 ms apart (``DecodeWorker.pace``), a sequence's step messages come at least that far apart (each
+    step's tokens are sent before the wait), with the tokens of the sequence stepped alone."""
+    worker = worker_on("cpu", max_batch=2)
+    try:
+        reference = alone(worker, first=5, page=1, steps=5)
+        worker.eos_ids = []
+        arrivals: queue.Queue = queue.Queue()
+        worker.pace(60, 60_000)
+        worker.attach(lambda step: arrivals.put((time.monotonic(), step.token_ids[0])), lambda: None)
+        admit(worker, "a", 5, 1, max_tokens=5)
+        got = [arrivals.get(timeout=60) for _ in range(5)]
+        assert [token for _, token in got] == reference
+        assert all(later - earlier >= 0.055 for (earlier, _), (later, _) in zip(got, got[1:]))
     finally:
         worker.shutdown()

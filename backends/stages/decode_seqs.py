@@ -1,0 +1,51 @@
+"""The decode batch's records: a running sequence (``RunningSeq``) and a step launched but not yet read
+(``Launched``), kept by ``backends.stages.decode_worker``'s loop thread."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from backends.ipc.protocol import DecodeAdmit, SamplingParams
+from backends.runtime.sampling.token_readback import TokenReadback
+
+
+@dataclass
+class RunningSeq:
+    """A sequence in the decode batch. ``num_cached`` tokens are in the KV pool, or will be once the step in
+    flight has run; ``last_token`` is not yet (while the sequence is in the step in flight, ``last_token`` is
+    the one before and the current one is on the device). ``num_generated`` counts the tokens of launched steps;
+    ``ending``: the step in flight makes its ``max_tokens``-th token, so it is not launched again.
+    ``prompt_token_ids``: the admission's (``DecodeAdmit``), for the penalty state."""
+
+    seq_id: str
+    block_table: np.ndarray  # int32: the KV pages granted at admission (a step's page list is views of these)
+    num_cached: int
+    last_token: int
+    mrope_delta: int
+    num_generated: int
+    max_tokens: int
+    sampling: SamplingParams
+    ending: bool = False
+    prompt_token_ids: tuple[int, ...] = ()
+
+    @classmethod
+    def from_admit(cls, admit: DecodeAdmit) -> "RunningSeq":
+        """From the orchestrator's admit message."""
+        return cls(admit.seq_id, np.asarray(admit.block_table, dtype=np.int32), admit.num_cached, admit.last_token,
+                   admit.mrope_delta, admit.num_generated, admit.max_tokens, admit.sampling,
+                   prompt_token_ids=admit.prompt_token_ids)
+
+
+@dataclass(frozen=True)
+class Launched:
+    """A step launched on the device whose tokens the host has not read: its sequences in row order, each row's
+    ``num_generated`` before the step, and the sampled tokens."""
+
+    seqs: list[RunningSeq]
+    counts: list[int]
+    tokens: TokenReadback
+    started: float  # time.perf_counter() at launch
+
+    def holds(self, seq: RunningSeq) -> bool:
+        return any(s is seq for s in self.seqs)

@@ -1,0 +1,42 @@
+"""Decode yields to a prefill that ends prompts (decode pacing): while an encode/prefill step runs that ends at least
+one prompt and prefills at least half the prefill budget, the decode loop launches its steps at least
+``decode_pace_ms`` apart instead of back to back, and at most the tightest TBT target of the modalities decoding
+(``slo_<modality>_tbt_ms``, default 50 ms, divided by ``decode_priority_boost``) apart, so every stream still gets
+a token within its target.
+
+Why: the two stages share the GPU, and under MPS decode's steps run beside encode_prefill's at a higher priority. On
+the H200 a 2,048-token prefill step took 88-95 ms with one sequence decoding beside it, where a chunk alone runs in
+about 54 ms (bench/results/peer/README.md, "Where the time goes"): each waiting prompt's first token paid for decode
+steps that had TBT to spare. vLLM puts the decode tokens into its prefill batch, so its streams wait the whole step.
+Pacing keeps the wait within the streams' TBT target. A long video's chunks end no prompt and short steps (a text
+question) fill less than half the budget, so neither slows decode: decode isolation (docs/design.md) is kept where
+the prompt's own TTFT is seconds away or the step is over in a decode step's time.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from backends.ipc.protocol import StepPlan
+from orchestrator.budget_policy import DEFAULT_TBT_MS, SloTargets
+
+PACE_FOR_MS = 1000.0  # a pacing the orchestrator does not end (a step longer than this) ends itself
+
+
+@dataclass(frozen=True)
+class DecodePacer:
+    """``pace_ms`` (ms, > 0): the spacing of decode's launches during a qualifying step (module docstring);
+    ``prefill_budget`` (tokens): the configured one; ``targets``: the per-modality TBT targets; ``boost``:
+    ``decode_priority_boost`` (>= 1)."""
+
+    pace_ms: float
+    prefill_budget: int
+    targets: SloTargets = SloTargets()
+    boost: float = 1.0
+
+    def interval_ms(self, plan: StepPlan, decoding: set[str]) -> float:
+        """The spacing of decode's launches while ``plan`` runs (ms; 0: none), ``decoding`` the modalities of the
+        sequences in the decode batch."""
+        if (not decoding or 2 * plan.num_prefill_tokens < self.prefill_budget
+                or not any(work.is_last for work in plan.prefill)):
+            return 0.0
+        return min(self.pace_ms, min(self.targets.tbt_ms.get(kind, DEFAULT_TBT_MS) for kind in decoding) / self.boost)
