@@ -360,10 +360,11 @@ def test_an_admission_that_fails_fails_that_sequence_and_the_loop_goes_on(monkey
         worker.shutdown()
 
 
-def test_a_paced_loop_spaces_its_launches_and_streams_the_same_tokens():
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_a_paced_loop_spaces_its_launches_and_streams_the_same_tokens(device):
     """Paced 60 ms apart (``DecodeWorker.pace``), a sequence's step messages come at least that far apart (each
     step's tokens are sent before the wait), with the tokens of the sequence stepped alone."""
-    worker = worker_on("cpu", max_batch=2)
+    worker = worker_on(device, max_batch=2)
     try:
         reference = alone(worker, first=5, page=1, steps=5)
         worker.eos_ids = []
