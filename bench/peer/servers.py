@@ -38,6 +38,10 @@ STOP_TIMEOUT_S = 60.0
 VLLM_ENV = {"HF_HUB_OFFLINE": "1", "VLLM_USE_FLASHINFER_SAMPLER": "0", "STUB_SITE": ""}
 
 
+# deploy/qwen2_5_vl_7b_h200.yaml's decode pacing: 40 ms, text streams (TBT target 25 ms) left unpaced
+H200_PACING = ("orchestrator.decode_pace_ms=40", "orchestrator.slo_text_tbt_ms=25")
+
+
 def environment(extra: dict, pythonpath: str | None) -> dict:
     """This process's environment with ``extra`` set and ``pythonpath`` first on PYTHONPATH."""
     env = {**os.environ, **extra}
@@ -57,9 +61,9 @@ def command(system: str, checkpoint: Path, media: Path, smoke: bool, extra: list
         ports = ServerPorts.unused()
         argv = [sys.executable, "-m", "backends.triton.launcher", "--openai-port", port, "--ready-timeout", "900",
                 "--http-port", str(ports.http), "--grpc-port", str(ports.grpc), "--metrics-port", str(ports.metrics)]
-        if not smoke:  # the H200 deployment file's GPU sharing (docs/deployment.md, "Sharing a GPU")
+        if not smoke:  # the H200 deployment file's GPU sharing (docs/deployment.md, "Sharing a GPU") and pacing
             argv += ["--model", str(checkpoint), "--set", "*.load_format=dummy", "--gpu-sharing", "mps"]
-            argv += [a for item in model.unifiedserve for a in ("--set", item)]
+            argv += [a for item in (*model.unifiedserve, *H200_PACING) for a in ("--set", item)]
         if not caches:
             argv += ["--set", "orchestrator.prefix_caching=false"]
         return argv + extra, {"UNIFIEDSERVE_MEDIA_DIRS": str(media)}
