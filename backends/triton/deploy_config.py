@@ -143,7 +143,8 @@ class EncodePrefillResources:
     """``resources.encode_prefill``: its device; the vision tower's GPUs (a GPU set), ``data`` or ``tensor``
     parallel, GPUs per split tower (``all`` or a number); CUDA graphs for short prefill chunks of one sequence
     (``prefill_graphs``: ``auto``, ``on``, ``off``); SMs of a step planned while decode has sequences
-    (``sms_while_decoding``: 0, off, or a number of SMs; ``backends.stages.step_streams``)."""
+    (``sms_while_decoding``: 0, off, or a number of SMs; ``backends.stages.step_streams``) and its prefill attention
+    kernel (``prefill_kernel_while_decoding``: ``auto`` or ``fa2``)."""
 
     device: str | None = _to("encode_prefill.device")
     vision_gpus: str | tuple[int, ...] | None = _to("encode_prefill.vision_gpus")
@@ -151,6 +152,7 @@ class EncodePrefillResources:
     vision_tp_size: int | str | None = _to("encode_prefill.vision_tp_size")
     prefill_graphs: str | bool | None = _to("encode_prefill.prefill_graphs")  # YAML reads a bare on/off as a bool
     sms_while_decoding: int | None = _to("encode_prefill.sms_while_decoding")
+    prefill_kernel_while_decoding: str | None = _to("encode_prefill.prefill_kernel_while_decoding")
     sm_share: int | None = _to("encode_prefill.sm_share")
     mps_priority: str | None = _to("encode_prefill.mps_priority")
 
@@ -160,7 +162,7 @@ class EncodePrefillResources:
         _gpus(self.vision_gpus, "vision_gpus")
         if isinstance(self.prefill_graphs, bool):
             object.__setattr__(self, "prefill_graphs", "on" if self.prefill_graphs else "off")
-        _choices(self, "vision_parallel", "prefill_graphs")
+        _choices(self, "vision_parallel", "prefill_graphs", "prefill_kernel_while_decoding")
         sms = self.sms_while_decoding
         if sms is not None and sms < 0:
             raise ConfigError("sms_while_decoding", f"must be 0 (off) or a number of SMs, got {sms!r}")
