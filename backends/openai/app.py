@@ -20,6 +20,7 @@ from typing import AsyncIterator, Awaitable, TypeVar
 from fastapi import APIRouter, FastAPI, Request, Response
 from sse_starlette import EventSourceResponse
 
+from backends.openai.body_limit import BodyLimit
 from backends.openai.config import ApiConfig
 from backends.openai.convert import OrchestratorRequest, chat_request, completion_request
 from backends.openai.errors import ApiError, install_handlers
@@ -71,6 +72,7 @@ def create_app(config: ApiConfig) -> FastAPI:
     app = FastAPI(title="UnifiedServe OpenAI-compatible API", lifespan=lifespan)
     install_handlers(app)
     app.include_router(router)
+    app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
     return app
 
 

@@ -18,7 +18,9 @@ class ApiConfig:
     are answered 503 (0: no limit; the orchestrator queues what its KV pool cannot hold yet), counted per worker;
     ``workers``: processes serving the API on the one port (each with its own listening socket, the kernel
     spreading connections over them: ``backends.openai.workers``; and its own connection to tritonserver), for when
-    one Python process cannot keep up with the streams' chunks (vLLM's ``--api-server-count``).
+    one Python process cannot keep up with the streams' chunks (vLLM's ``--api-server-count``); ``max_body_bytes``:
+    the largest request body taken (bytes), larger ones are answered 413 before they are read
+    (``backends.openai.body_limit``; the default holds a 3-minute 720p video inline in base64 several times over).
 
     Raises ValueError for a port outside 0..65535, a non-positive size or timeout, a negative ``max_requests``, fewer
     than one worker.
@@ -35,12 +37,15 @@ class ApiConfig:
     shutdown_grace_s: float = 5.0
     max_requests: int = 0
     workers: int = 1
+    max_body_bytes: int = 256 * 1024 * 1024
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in 0..65535, got {self.port}")
-        if self.max_http_media_bytes < 1 or self.http_media_timeout_s <= 0 or self.shutdown_grace_s < 0:
-            raise ValueError("max_http_media_bytes and http_media_timeout_s must be positive, shutdown_grace_s >= 0")
+        if (self.max_http_media_bytes < 1 or self.max_body_bytes < 1 or self.http_media_timeout_s <= 0
+                or self.shutdown_grace_s < 0):
+            raise ValueError("max_http_media_bytes, max_body_bytes and http_media_timeout_s must be positive, "
+                             "shutdown_grace_s >= 0")
         if self.max_requests < 0:
             raise ValueError(f"max_requests must be >= 0 (0: no limit), got {self.max_requests}")
         if self.workers < 1:
@@ -52,7 +57,8 @@ class ApiConfig:
                 "--orchestrator-model", self.orchestrator_model,
                 "--max-http-media-bytes", str(self.max_http_media_bytes),
                 "--http-media-timeout", str(self.http_media_timeout_s), "--shutdown-grace", str(self.shutdown_grace_s),
-                "--max-requests", str(self.max_requests), "--workers", str(self.workers)]
+                "--max-requests", str(self.max_requests), "--workers", str(self.workers),
+                "--max-body-bytes", str(self.max_body_bytes)]
         if self.served_model_name:
             args += ["--served-model-name", self.served_model_name]
         if self.allow_http_media:
@@ -81,9 +87,12 @@ def parse_args(argv: list[str] | None = None) -> ApiConfig:
                         help="requests in flight at once per worker, more are answered 503 (0: no limit)")
     parser.add_argument("--workers", type=int, default=d.workers,
                         help="processes serving the API on its port (each with its own connection to tritonserver)")
+    parser.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes,
+                        help="the largest request body taken, in bytes; larger ones are answered 413")
     a = parser.parse_args(argv)
     try:
         return ApiConfig(a.grpc_url, a.host, a.port, a.orchestrator_model, a.served_model_name, a.allow_http_media,
-                         a.max_http_media_bytes, a.http_media_timeout, a.shutdown_grace, a.max_requests, a.workers)
+                         a.max_http_media_bytes, a.http_media_timeout, a.shutdown_grace, a.max_requests, a.workers,
+                         a.max_body_bytes)
     except ValueError as exc:
         parser.error(str(exc))

@@ -252,6 +252,8 @@ def main(argv: list[str] | None = None) -> int:
                              "default: one per 4 CPU cores, at most 4)")
     parser.add_argument("--openai-max-requests", type=int, default=0,
                         help="OpenAI API requests in flight at once per worker, more are answered 503 (0: no limit)")
+    parser.add_argument("--openai-max-body-bytes", type=int, default=ApiConfig.max_body_bytes,
+                        help="the largest OpenAI API request body, in bytes; larger ones are answered 413")
     parser.add_argument("--log-stdout", action="store_true", help="server log to stdout instead of a file")
     parser.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for the models to load")
     parser.add_argument("--set", action="append", default=[], metavar="MODEL.KEY=VALUE", dest="overrides",
@@ -311,7 +313,8 @@ def _serve(args: argparse.Namespace, repository: Path, plan: launch_options.Serv
             api = ApiProcess(ApiConfig(grpc_url=f"{local}:{args.grpc_port}",
                                        host=args.openai_address or args.address, port=args.openai_port,
                                        allow_http_media=args.openai_allow_http_media,
-                                       max_requests=args.openai_max_requests, workers=args.openai_workers),
+                                       max_requests=args.openai_max_requests, workers=args.openai_workers,
+                                       max_body_bytes=args.openai_max_body_bytes),
                              None if args.log_stdout else server.log_path.with_suffix(".openai.log"))
             api.start()
             print(f"OpenAI-compatible API: {api.url}/v1, log {api.log_path or 'stdout'}", flush=True)

@@ -66,3 +66,27 @@ def test_without_a_server_everything_else_is_503(client):
     assert _error(client.get("/v1/models"), 503)["code"] == "service_unavailable"
     body = {"model": "m", "messages": [{"role": "user", "content": "x"}]}
     assert _error(client.post("/v1/chat/completions", json=body), 503)["type"] == "server_error"
+
+
+def test_a_body_over_the_limit_is_413_before_it_is_read():
+    """``max_body_bytes``: a body whose Content-Length passes it, or a chunked one whose bytes do, is answered 413
+    (OpenAI's error shape, ``code`` ``request_too_large``); one within it goes on (here to the 503 of an unreachable
+    server)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    body = b'{"model": "m", "messages": [{"role": "user", "content": "' + b"x" * 2000 + b'"}]}'
+    with TestClient(create_app(ApiConfig(grpc_url=f"127.0.0.1:{port}", max_body_bytes=1000))) as limited:
+        error = _error(limited.post("/v1/chat/completions", content=body,
+                                    headers={"content-type": "application/json"}), 413)
+        assert error["code"] == "request_too_large" and "limit of 1000 bytes" in error["message"]
+
+        def chunks():  # no Content-Length: the bytes are counted as they are read
+            yield body[:600]
+            yield body[600:]
+        error = _error(limited.post("/v1/chat/completions", content=chunks(),
+                                    headers={"content-type": "application/json"}), 413)
+        assert error["code"] == "request_too_large"
+    with TestClient(create_app(ApiConfig(grpc_url=f"127.0.0.1:{port}", max_body_bytes=len(body)))) as roomy:
+        assert roomy.post("/v1/chat/completions", content=body,
+                          headers={"content-type": "application/json"}).status_code == 503

@@ -1,0 +1,68 @@
+"""The API's request-body limit (``--max-body-bytes``, ``ApiConfig.max_body_bytes``): a body larger than the limit is
+answered 413 with an OpenAI-shaped error (``code`` ``request_too_large``) before it is read, when its Content-Length
+says so, or as soon as the bytes read pass the limit (a chunked body: the app is told the client has gone and its
+answer is replaced by the 413), instead of being read whole, converted and sent to tritonserver for the orchestrator
+to refuse (a 300 MiB body took 10 s and 1.09 GB in one API worker before this). An ASGI middleware around the app."""
+from __future__ import annotations
+
+from typing import Awaitable, Callable
+
+from backends.openai.errors import ApiError
+
+Scope = dict
+Message = dict
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+
+def too_large(max_bytes: int) -> ApiError:
+    """The error for a body over ``max_bytes`` (bytes)."""
+    return ApiError(413, f"the request body is larger than this API's limit of {max_bytes} bytes (--max-body-bytes; "
+                         "send large media by path or URL)", code="request_too_large")
+
+
+class BodyLimit:
+    """ASGI middleware: HTTP requests whose body passes ``max_bytes`` (bytes) are answered 413."""
+
+    def __init__(self, app, max_bytes: int):
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length = dict(scope.get("headers") or ()).get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_bytes:
+            await too_large(self.max_bytes).response()(scope, receive, send)
+            return
+        read, over, answered = 0, False, False
+
+        async def limited() -> Message:
+            nonlocal read, over
+            message = await receive()
+            if message["type"] == "http.request":
+                read += len(message.get("body", b""))
+                if read > self.max_bytes:  # the app reads no more: to it the client has gone
+                    over = True
+                    return {"type": "http.disconnect"}
+            return message
+
+        async def refuse() -> None:
+            nonlocal answered
+            if not answered:
+                answered = True
+                await too_large(self.max_bytes).response()(scope, receive, send)
+
+        async def answer(message: Message) -> None:
+            if over:  # whatever the app answers to a body it could not read, the client gets the 413
+                await refuse()
+            else:
+                await send(message)
+
+        try:
+            await self.app(scope, limited, answer)
+        except Exception:
+            if not over:
+                raise
+        if over:
+            await refuse()
