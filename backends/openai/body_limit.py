@@ -2,12 +2,17 @@
 answered 413 with an OpenAI-shaped error (``code`` ``request_too_large``) before it is read, when its Content-Length
 says so, or as soon as the bytes read pass the limit (a chunked body: the app is told the client has gone and its
 answer is replaced by the 413), instead of being read whole, converted and sent to tritonserver for the orchestrator
-to refuse (a 300 MiB body took 10 s and 1.09 GB in one API worker before this). An ASGI middleware around the app."""
+to refuse (a 300 MiB body took 10 s and 1.09 GB in one API worker before this). The rest of a refused body is read and
+dropped (at most ``LINGER_S``), so that the client, still sending, reads the 413. An ASGI middleware around the app."""
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from typing import Awaitable, Callable
 
 from backends.openai.errors import ApiError
+
+LINGER_S = 30.0  # the longest the rest of a refused body is read and dropped (seconds; nginx's lingering_time)
 
 Scope = dict
 Message = dict
@@ -33,15 +38,17 @@ class BodyLimit:
             return
         length = dict(scope.get("headers") or ()).get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.max_bytes:
+            await _drain(receive)
             await too_large(self.max_bytes).response()(scope, receive, send)
             return
-        read, over, answered = 0, False, False
+        read, over, ended, answered = 0, False, False, False
 
         async def limited() -> Message:
-            nonlocal read, over
+            nonlocal read, over, ended
             message = await receive()
             if message["type"] == "http.request":
                 read += len(message.get("body", b""))
+                ended = not message.get("more_body", False)
                 if read > self.max_bytes:  # the app reads no more: to it the client has gone
                     over = True
                     return {"type": "http.disconnect"}
@@ -51,6 +58,8 @@ class BodyLimit:
             nonlocal answered
             if not answered:
                 answered = True
+                if not ended:
+                    await _drain(receive)
                 await too_large(self.max_bytes).response()(scope, receive, send)
 
         async def answer(message: Message) -> None:
@@ -66,3 +75,16 @@ class BodyLimit:
                 raise
         if over:
             await refuse()
+
+
+async def _drain(receive: Receive, linger_s: float = LINGER_S) -> None:
+    """Read what is left of the body and drop it, for at most ``linger_s`` seconds: a client still sending a body
+    gets a connection reset instead of the 413 when the server answers and closes first (nginx's lingering close)."""
+    async def rest() -> None:
+        while True:
+            message = await receive()
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                return
+
+    with contextlib.suppress(asyncio.TimeoutError):
+        await asyncio.wait_for(rest(), linger_s)

@@ -81,12 +81,12 @@ def test_a_body_over_the_limit_is_413_before_it_is_read():
                                     headers={"content-type": "application/json"}), 413)
         assert error["code"] == "request_too_large" and "limit of 1000 bytes" in error["message"]
 
-        def chunks():  # no Content-Length: the bytes are counted as they are read
-            yield body[:600]
-            yield body[600:]
-        error = _error(limited.post("/v1/chat/completions", content=chunks(),
-                                    headers={"content-type": "application/json"}), 413)
-        assert error["code"] == "request_too_large"
+        for cuts in ([600], [600, 1200]):  # over the limit in the last chunk; before it (the rest read and dropped)
+            def chunks():  # no Content-Length: the bytes are counted as they are read
+                yield from (body[a:b] for a, b in zip([0, *cuts], [*cuts, len(body)]))
+            error = _error(limited.post("/v1/chat/completions", content=chunks(),
+                                        headers={"content-type": "application/json"}), 413)
+            assert error["code"] == "request_too_large"
     with TestClient(create_app(ApiConfig(grpc_url=f"127.0.0.1:{port}", max_body_bytes=len(body)))) as roomy:
         assert roomy.post("/v1/chat/completions", content=body,
                           headers={"content-type": "application/json"}).status_code == 503
