@@ -256,7 +256,7 @@ class Engine:
         try:
             return await self.stages.step(plan)
         finally:
-            if pace:
+            if pace and not self.stopping:  # stopping: decode's stream ends, its pacing with it
                 self._tell_decode(0.0, 0.0)
 
     def _tell_decode(self, interval_ms: float, for_ms: float) -> None:

@@ -37,7 +37,7 @@ class BodyLimit:
             await self.app(scope, receive, send)
             return
         length = dict(scope.get("headers") or ()).get(b"content-length")
-        if length is not None and length.isdigit() and int(length) > self.max_bytes:
+        if length is not None and length.isdigit() and (len(length) > 18 or int(length) > self.max_bytes):
             await _drain(receive)
             await too_large(self.max_bytes).response()(scope, receive, send)
             return

@@ -97,7 +97,11 @@ class DecodeStage(triton_io.InternalModel):
         elif isinstance(message, DecodeAbort):
             self.worker.abort(message.seq_id, reply.end)
         elif isinstance(message, DecodePace):
-            self.worker.pace(message.interval_ms, message.for_ms)
+            try:
+                self.worker.pace(message.interval_ms, message.for_ms)
+            except (TypeError, ValueError) as exc:
+                reply.end(StageFailure(SERVER_FAULT, f"decode: bad pacing {message}: {exc}"))
+                return
             reply.end()
         else:
             reply.end(StageFailure(SERVER_FAULT, f"decode: no such call {type(message).__name__}"))

@@ -146,8 +146,9 @@ class DecodeWorker:
 
     def pace(self, interval_ms: float, for_ms: float) -> None:
         """Launch steps at least ``interval_ms`` apart for ``for_ms`` from now (``backends.stages.decode_pace``);
-        a step's tokens are read and sent before the wait. ``interval_ms`` 0 ends the pacing."""
-        self.commands.put(("pace", (interval_ms, for_ms), None))
+        a step's tokens are read and sent before the wait. ``interval_ms`` 0 ends the pacing. Raises ValueError for
+        values that are not numbers (checked here: the loop thread must not fail on them)."""
+        self.commands.put(("pace", (float(interval_ms), float(for_ms)), None))
 
     def abort(self, seq_id: str, done: Callable[[], None]) -> None:
         """Drop ``seq_id``; ``done()`` runs on the loop thread once it no longer touches its KV pages."""
@@ -238,7 +239,7 @@ class DecodeWorker:
             except queue.Empty:
                 self._guarded(self._step)
                 continue
-            if command[0] != "admit":  # abort, end, attach: no step in flight may still write their sequences' pages
+            if command[0] not in ("admit", "pace"):  # abort, end, attach: no step in flight may still write their pages
                 self._guarded(self._read_in_flight)
             self._apply(command)
 

@@ -11,16 +11,16 @@ keys):
   ``gpu_sharing`` (``time_slicing``, CUDA's default, or ``mps``: ``backends.triton.mps``), and per stage where it
   runs: ``flashcodec`` (``device``, ``nvdec_gpus``, ``nvdec_processes_per_gpu``, ``decode_threads``),
   ``encode_prefill`` (``device``, ``vision_gpus``, ``vision_parallel``, ``vision_tp_size``, ``prefill_graphs``,
-  ``sms_while_decoding``),
-  ``decode`` (``device``); each stage's ``sm_share`` (percent of the GPU's SMs under ``mps``) and ``mps_priority``
-  (``normal`` or ``below_normal`` under ``mps``). A GPU set is ``own``, ``all`` or
-  a list of ids. Each stage is one Triton instance (its stage-link socket is named after its model), so a stage is
-  placed by its ``device``, and more copies of encode_prefill + decode are ``replicas``.
+  ``sms_while_decoding``, ``prefill_kernel_while_decoding``), ``decode`` (``device``); each stage's ``sm_share``
+  (percent of the GPU's SMs under ``mps``) and ``mps_priority`` (``normal`` or ``below_normal`` under ``mps``). A GPU
+  set is ``own``, ``all`` or a list of ids. Each stage is one Triton instance (its stage-link socket is named after its
+  model), so a stage is placed by its ``device``, and more copies of encode_prefill + decode are ``replicas``.
 * ``budgets``: the scheduler's per-step ``prefill_budget`` (LLM tokens) and ``encode_budget`` (vision patches),
-  ``max_share``, ``short_prefill_tokens``, ``max_model_len`` (tokens), decode's ``max_batch`` (sequences per step).
+  ``max_share``, ``short_prefill_tokens``, ``burst_wait_ms``, ``decode_pace_ms``, ``max_model_len`` (tokens), decode's
+  ``max_batch`` (sequences per step).
 * ``slo``: per modality (``text``, ``image``, ``video``) ``ttft_ms`` and ``tbt_ms``: the targets of SLO scheduling,
-  carried into the orchestrator's parameters (``slo_<modality>_ttft_ms``, ...); they act only with the orchestrator
-  parameter ``slo_scheduling`` true (``orchestrator.budget_policy``).
+  carried into the orchestrator's parameters (``slo_<modality>_ttft_ms``, ...); they act with the orchestrator
+  parameter ``slo_scheduling`` true (``orchestrator.budget_policy``), and the TBT targets bound ``decode_pace_ms``.
 * ``pools``: ``kv_pages`` or ``kv_memory_fraction`` (the KV pool as a share of the GPU memory free once decode's
   weights are loaded), ``kv_page_size`` (tokens), ``patch_pages``, ``patch_page_size`` (patches).
 * ``ipc``: ``shm_default_byte_size``, the Python backend's shared-memory region per model process (bytes).
@@ -140,11 +140,10 @@ class FlashcodecResources:
 
 @dataclass(frozen=True)
 class EncodePrefillResources:
-    """``resources.encode_prefill``: its device; the vision tower's GPUs (a GPU set), ``data`` or ``tensor``
-    parallel, GPUs per split tower (``all`` or a number); CUDA graphs for short prefill chunks of one sequence
-    (``prefill_graphs``: ``auto``, ``on``, ``off``); SMs of a step planned while decode has sequences
-    (``sms_while_decoding``: 0, off, or a number of SMs; ``backends.stages.step_streams``) and its prefill attention
-    kernel (``prefill_kernel_while_decoding``: ``auto`` or ``fa2``)."""
+    """``resources.encode_prefill``: its device; the vision tower's GPUs (a GPU set), ``data``/``tensor`` parallel,
+    GPUs per split tower (``all`` or a number); CUDA graphs for short prefill chunks of one sequence
+    (``prefill_graphs``: auto, on, off); SMs of a step planned while decode has sequences (``sms_while_decoding``:
+    0, off, or a number; ``backends.stages.step_streams``), its attention (``prefill_kernel_while_decoding``)."""
 
     device: str | None = _to("encode_prefill.device")
     vision_gpus: str | tuple[int, ...] | None = _to("encode_prefill.vision_gpus")

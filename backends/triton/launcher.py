@@ -261,8 +261,12 @@ def main(argv: list[str] | None = None) -> int:
                              " *.KEY=VALUE sets it in every model that has it")
     launch_options.add_arguments(parser)
     args = parser.parse_args(argv)
-    if args.openai_workers < 1:  # now, not once the models have loaded
-        parser.error(f"--openai-workers must be at least 1, got {args.openai_workers}")
+    # checked now, not once the models have loaded
+    for option, value, least in (("--openai-workers", args.openai_workers, 1),
+                                 ("--openai-max-body-bytes", args.openai_max_body_bytes, 1),
+                                 ("--openai-max-requests", args.openai_max_requests, 0)):
+        if value < least:
+            parser.error(f"{option} must be at least {least}, got {value}")
     # SIGTERM stops it like Ctrl-C, also while the repository copy is written or the server starts; SIGINT too
     # when started in the background (where it is inherited as ignored).
     signal.signal(signal.SIGTERM, _stop_signal)

@@ -1,7 +1,14 @@
-"""The decode loop's pacing clock (``backends/stages/decode_pace.py``)."""
+"""The decode loop's pacing (``backends/stages/decode_pace.py``, ``DecodeWorker.pace``): the clock, and a paced loop
+(tiny model on the CPU, and on CUDA where there is one; helpers of test_decode_worker_steps.py)."""
+import queue
+import time
+
+import pytest
 from pytest import approx
 
 from backends.stages.decode_pace import Pacing
+from tests.unit.backends.stages.test_decode_worker_steps import admit, alone, attach_queue, collect, worker_on
+from tests.unit.backends.stages.test_decode_worker_steps import run_dir  # noqa: F401 (autouse: the run directory)
 
 
 def test_launches_wait_for_the_interval_until_the_pacing_ends():
@@ -15,3 +22,53 @@ def test_launches_wait_for_the_interval_until_the_pacing_ends():
 def test_no_pacing():
     for pacing in (Pacing(), Pacing.starting(0, 100, now=1.0), Pacing.starting(40, 0, now=1.0)):
         assert pacing.wait_s(last_launch=1.0, now=1.0) == 0.0
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_a_paced_loop_spaces_its_launches_and_streams_the_same_tokens(device):
+    """Paced 60 ms apart (``DecodeWorker.pace``), a sequence's step messages come at least that far apart (each
+    step's tokens are sent before the wait), with the tokens of the sequence stepped alone."""
+    worker = worker_on(device, max_batch=2)
+    try:
+        reference = alone(worker, first=5, page=1, steps=5)
+        worker.eos_ids = []
+        arrivals: queue.Queue = queue.Queue()
+        worker.pace(60, 60_000)
+        worker.attach(lambda step: arrivals.put((time.monotonic(), step.token_ids[0])), lambda: None)
+        admit(worker, "a", 5, 1, max_tokens=5)
+        got = [arrivals.get(timeout=60) for _ in range(5)]
+        assert [token for _, token in got] == reference
+        assert all(later - earlier >= 0.055 for (earlier, _), (later, _) in zip(got, got[1:]))
+    finally:
+        worker.shutdown()
+
+
+def test_the_pacing_counts_the_read_of_the_step_in_flight(monkeypatch):
+    """Launches are paced from launch to launch: a read of the step in flight that takes 80 ms (a slow device) is part
+    of the 120-ms spacing, not added to it (before the fix each launch came 120 ms after the read ended)."""
+    worker = worker_on("cpu", max_batch=2)
+    launches: list[float] = []
+    launch, read = worker._launch, worker._read
+
+    def timed_launch():
+        launched = launch()
+        if launched is not None:
+            launches.append(launched.started)
+        return launched
+
+    def slow_read(step):
+        time.sleep(0.08)
+        read(step)
+
+    monkeypatch.setattr(worker, "_launch", timed_launch)
+    monkeypatch.setattr(worker, "_read", slow_read)
+    try:
+        worker.eos_ids = []
+        worker.pace(120, 60_000)
+        steps = attach_queue(worker)
+        admit(worker, "a", 5, 1, max_tokens=5)
+        collect(steps, ["a"])
+        gaps = [later - earlier for earlier, later in zip(launches, launches[1:])]
+        assert len(gaps) == 4 and all(0.115 <= gap < 0.19 for gap in gaps), gaps
+    finally:
+        worker.shutdown()
