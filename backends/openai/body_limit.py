@@ -3,7 +3,8 @@ answered 413 with an OpenAI-shaped error (``code`` ``request_too_large``) before
 says so, or as soon as the bytes read pass the limit (a chunked body: the app is told the client has gone and its
 answer is replaced by the 413), instead of being read whole, converted and sent to tritonserver for the orchestrator
 to refuse (a 300 MiB body took 10 s and 1.09 GB in one API worker before this). The rest of a refused body is read and
-dropped (at most ``LINGER_S``), so that the client, still sending, reads the 413. An ASGI middleware around the app."""
+dropped, never kept (at most ``LINGER_S``, ``LINGER_IDLE_S`` without a byte), so that the client, still sending, reads
+the 413; a client that asked ``Expect: 100-continue`` gets it at once, its body unsent. An ASGI middleware."""
 from __future__ import annotations
 
 import asyncio
@@ -13,6 +14,7 @@ from typing import Awaitable, Callable
 from backends.openai.errors import ApiError
 
 LINGER_S = 30.0  # the longest the rest of a refused body is read and dropped (seconds; nginx's lingering_time)
+LINGER_IDLE_S = 5.0  # ... and the longest wait for its next bytes (seconds; nginx's lingering_timeout)
 
 Scope = dict
 Message = dict
@@ -22,8 +24,8 @@ Send = Callable[[Message], Awaitable[None]]
 
 def too_large(max_bytes: int) -> ApiError:
     """The error for a body over ``max_bytes`` (bytes)."""
-    return ApiError(413, f"the request body is larger than this API's limit of {max_bytes} bytes (--max-body-bytes; "
-                         "send large media by path or URL)", code="request_too_large")
+    return ApiError(413, f"the request body is larger than this API's limit of {max_bytes} bytes (the launcher's "
+                         "--openai-max-body-bytes; send large media by path or URL)", code="request_too_large")
 
 
 class BodyLimit:
@@ -36,9 +38,11 @@ class BodyLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        length = dict(scope.get("headers") or ()).get(b"content-length")
+        headers = dict(scope.get("headers") or ())
+        length = headers.get(b"content-length")
         if length is not None and length.isdigit() and (len(length) > 18 or int(length) > self.max_bytes):
-            await _drain(receive)
+            if headers.get(b"expect", b"").lower() != b"100-continue":  # else the client waits: nothing to drain
+                await _drain(receive)
             await too_large(self.max_bytes).response()(scope, receive, send)
             return
         read, over, ended, answered = 0, False, False, False
@@ -77,12 +81,13 @@ class BodyLimit:
             await refuse()
 
 
-async def _drain(receive: Receive, linger_s: float = LINGER_S) -> None:
-    """Read what is left of the body and drop it, for at most ``linger_s`` seconds: a client still sending a body
-    gets a connection reset instead of the 413 when the server answers and closes first (nginx's lingering close)."""
+async def _drain(receive: Receive, linger_s: float = LINGER_S, idle_s: float = LINGER_IDLE_S) -> None:
+    """Read what is left of the body and drop it, for at most ``linger_s`` seconds in all and ``idle_s`` seconds
+    without a byte (nginx's lingering_time and lingering_timeout): a client still sending a body gets a connection
+    reset instead of the 413 when the server answers and closes first."""
     async def rest() -> None:
         while True:
-            message = await receive()
+            message = await asyncio.wait_for(receive(), idle_s)
             if message["type"] != "http.request" or not message.get("more_body", False):
                 return
 

@@ -42,10 +42,10 @@ class ApiConfig:
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in 0..65535, got {self.port}")
-        if (self.max_http_media_bytes < 1 or self.max_body_bytes < 1 or self.http_media_timeout_s <= 0
-                or self.shutdown_grace_s < 0):
-            raise ValueError("max_http_media_bytes, max_body_bytes and http_media_timeout_s must be positive, "
-                             "shutdown_grace_s >= 0")
+        if self.max_body_bytes < 1:
+            raise ValueError(f"max_body_bytes must be at least 1, got {self.max_body_bytes}")
+        if self.max_http_media_bytes < 1 or self.http_media_timeout_s <= 0 or self.shutdown_grace_s < 0:
+            raise ValueError("max_http_media_bytes and http_media_timeout_s must be positive, shutdown_grace_s >= 0")
         if self.max_requests < 0:
             raise ValueError(f"max_requests must be >= 0 (0: no limit), got {self.max_requests}")
         if self.workers < 1:

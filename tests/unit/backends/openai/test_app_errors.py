@@ -90,3 +90,27 @@ def test_a_body_over_the_limit_is_413_before_it_is_read():
     with TestClient(create_app(ApiConfig(grpc_url=f"127.0.0.1:{port}", max_body_bytes=len(body)))) as roomy:
         assert roomy.post("/v1/chat/completions", content=body,
                           headers={"content-type": "application/json"}).status_code == 503
+
+
+def test_a_client_that_expects_100_continue_gets_the_413_at_once():
+    """Content-Length over the limit and ``Expect: 100-continue``: the 413 without reading (the client sends no
+    body until told to, so a read would wait; an app behind the limit is not called)."""
+    import asyncio
+
+    from backends.openai.body_limit import BodyLimit
+
+    async def never() -> dict:
+        await asyncio.Event().wait()
+        return {}
+
+    async def app(scope, receive, send):
+        raise AssertionError("the app was called")
+
+    sent: list[dict] = []
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "headers": [(b"content-length", b"5000"), (b"expect", b"100-continue")]}
+    asyncio.run(asyncio.wait_for(BodyLimit(app, 1000)(scope, never, send), 5))
+    assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 413
