@@ -244,10 +244,13 @@ class Engine:
                 self._first_token(first)
             self.on_change()
 
+    def _decoding_kinds(self) -> set[str]:
+        """The modalities of the requests in the decode batch."""
+        return {tracked.request.kind for tracked in self.requests.values() if tracked.decoding}
+
     def _pace(self, plan: StepPlan) -> float:
         """The spacing of decode's launches while ``plan`` runs (ms; 0: none; ``orchestrator.decode_pace``)."""
-        kinds = {tracked.request.kind for tracked in self.requests.values() if tracked.decoding}
-        return self.pacer.interval_ms(plan, kinds) if self.pacer is not None and kinds else 0.0
+        return self.pacer.interval_ms(plan, self._decoding_kinds()) if self.pacer is not None else 0.0
 
     async def _run_step(self, plan: StepPlan, pace: float) -> StepResult:
         """``plan`` on encode_prefill, decode's launches spaced ``pace`` ms apart meanwhile (0: not)."""
@@ -280,7 +283,7 @@ class Engine:
         if self.policy is None:
             return None
         now = time.monotonic()
-        decoding = {tracked.request.kind for tracked in self.requests.values() if tracked.decoding}
+        decoding = self._decoding_kinds()
         waiting = [Waiting(tracked.request.kind, (now - tracked.admitted) * 1e3,
                            work_units(seq.prompt_len - seq.num_computed_tokens, seq.patches_left))
                    for tracked, seq in self._before_first_token()]

@@ -41,9 +41,8 @@ class BodyLimit:
         headers = dict(scope.get("headers") or ())
         length = headers.get(b"content-length")
         if length is not None and length.isdigit() and (len(length) > 18 or int(length) > self.max_bytes):
-            if headers.get(b"expect", b"").lower() != b"100-continue":  # else the client waits: nothing to drain
-                await _drain(receive)
-            await too_large(self.max_bytes).response()(scope, receive, send)
+            # a client that expects 100-continue waits for it: nothing to drain
+            await self._refuse(scope, receive, send, drain=headers.get(b"expect", b"").lower() != b"100-continue")
             return
         read, over, ended, answered = 0, False, False, False
 
@@ -62,9 +61,7 @@ class BodyLimit:
             nonlocal answered
             if not answered:
                 answered = True
-                if not ended:
-                    await _drain(receive)
-                await too_large(self.max_bytes).response()(scope, receive, send)
+                await self._refuse(scope, receive, send, drain=not ended)
 
         async def answer(message: Message) -> None:
             if over:  # whatever the app answers to a body it could not read, the client gets the 413
@@ -79,6 +76,12 @@ class BodyLimit:
                 raise
         if over:
             await refuse()
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send, drain: bool) -> None:
+        """The 413, after reading and dropping what is left of the body when ``drain``."""
+        if drain:
+            await _drain(receive)
+        await too_large(self.max_bytes).response()(scope, receive, send)
 
 
 async def _drain(receive: Receive, linger_s: float = LINGER_S, idle_s: float = LINGER_IDLE_S) -> None:

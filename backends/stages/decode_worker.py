@@ -230,10 +230,10 @@ class DecodeWorker:
         while not self._stop.is_set():
             # Idle: block until a command arrives; busy: drain what is there and step.
             idle = not self.running or self.sink is None
-            wait = 0.0 if idle else self._pacing.wait_s(self._last_launch, time.perf_counter())
+            wait = 0.0 if idle else self._pace_wait()
             if idle or wait:  # paced: the step in flight goes out before the wait, which counts the read's time
                 self._guarded(self._read_in_flight)
-                wait = 0.0 if idle else self._pacing.wait_s(self._last_launch, time.perf_counter())
+                wait = 0.0 if idle else self._pace_wait()
             try:
                 command = self.commands.get(block=idle or wait > 0, timeout=None if idle else wait)
             except queue.Empty:
@@ -242,6 +242,10 @@ class DecodeWorker:
             if command[0] not in ("admit", "pace"):  # abort, end, attach: no step in flight may still write their pages
                 self._guarded(self._read_in_flight)
             self._apply(command)
+
+    def _pace_wait(self) -> float:
+        """Seconds until the pacing lets the next step be launched (0: now)."""
+        return self._pacing.wait_s(self._last_launch, time.perf_counter())
 
     def _guarded(self, work: Callable[[], None]) -> None:
         """``work()``; an error must not kill the loop: it is logged and fails the batch (:meth:`_fail_batch`)."""

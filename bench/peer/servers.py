@@ -27,6 +27,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from backends.triton.deploy_config import DeployConfig
 from backends.triton.launcher import REPO_ROOT
 from backends.triton.ports import ServerPorts
 from bench.peer.models import DEFAULT, MODELS, PeerModel
@@ -38,8 +39,14 @@ STOP_TIMEOUT_S = 60.0
 VLLM_ENV = {"HF_HUB_OFFLINE": "1", "VLLM_USE_FLASHINFER_SAMPLER": "0", "STUB_SITE": ""}
 
 
-# deploy/qwen2_5_vl_7b_h200.yaml's decode pacing: 40 ms, text streams (TBT target 20 ms) at most 16 ms
-H200_PACING = ("orchestrator.decode_pace_ms=40", "orchestrator.slo_text_tbt_ms=20")
+H200_DEPLOY = REPO_ROOT / "deploy" / "qwen2_5_vl_7b_h200.yaml"
+PACING_KEYS = ("orchestrator.decode_pace_ms", "orchestrator.slo_text_tbt_ms")
+
+
+def h200_pacing() -> list[str]:
+    """The H200 deployment file's decode pacing and text's TBT target that bounds it, as the launcher's ``--set``
+    items (read from the file, so the benchmark serves what it says)."""
+    return [item for item in DeployConfig.load(H200_DEPLOY).set_items() if item.split("=", 1)[0] in PACING_KEYS]
 
 
 def environment(extra: dict, pythonpath: str | None) -> dict:
@@ -63,7 +70,7 @@ def command(system: str, checkpoint: Path, media: Path, smoke: bool, extra: list
                 "--http-port", str(ports.http), "--grpc-port", str(ports.grpc), "--metrics-port", str(ports.metrics)]
         if not smoke:  # the H200 deployment file's GPU sharing (docs/deployment.md, "Sharing a GPU") and pacing
             argv += ["--model", str(checkpoint), "--set", "*.load_format=dummy", "--gpu-sharing", "mps"]
-            argv += [a for item in (*model.unifiedserve, *H200_PACING) for a in ("--set", item)]
+            argv += [a for item in (*model.unifiedserve, *h200_pacing()) for a in ("--set", item)]
         if not caches:
             argv += ["--set", "orchestrator.prefix_caching=false"]
         return argv + extra, {"UNIFIEDSERVE_MEDIA_DIRS": str(media)}
