@@ -7,11 +7,11 @@ gap passes the target, is not set off by the pacing).
 
 Why: the two stages share the GPU, and under MPS decode's steps run beside encode_prefill's at a higher priority. On
 the H200 a 2,048-token prefill step took 88-95 ms with one sequence decoding beside it, where a chunk alone runs in
-about 54 ms (bench/results/peer/README.md, "Where the time goes"): each waiting prompt's first token paid for decode
-steps that had TBT to spare. vLLM puts the decode tokens into its prefill batch, so its streams wait the whole step.
-Pacing keeps the wait within the streams' TBT target. A long video's chunks end no prompt and short steps (a text
-question) fill less than half the budget, so neither slows decode: decode isolation (docs/design.md) is kept where
-the prompt's own TTFT is seconds away or the step is over in a decode step's time.
+about 54 ms (bench/results/peer/fifth-run-2026-12-03/README.md, "Where the time goes"): each waiting prompt's first
+token paid for decode steps that had TBT to spare. vLLM puts the decode tokens into its prefill batch, so its
+streams wait the whole step. Pacing keeps the wait within the streams' TBT target. A long video's chunks end no
+prompt and short steps (a text question) fill less than half the budget, so neither slows decode: decode isolation
+(docs/design.md) is kept where the prompt's own TTFT is seconds away or the step is over in a decode step's time.
 """
 from __future__ import annotations
 

@@ -62,18 +62,13 @@ class EncodePrefillWorker:
     flashinfer: on CUDA, off on the CPU), ``"on"`` (ValueError here when flashinfer cannot run, naming why) or
     ``"off"``. ``sms_while_decoding``: SMs (an int; 0, the default, is off) that a step planned while decode held
     sequences may use, on a CUDA green context's stream (``backends.stages.step_streams``; other steps use the whole
-    GPU); checked before the model loads. ``prefill_kernel_while_decoding``: ``"auto"`` (the attention backend's own
-    choice) or ``"fa2"`` (flashinfer's FA2 for the eager prefill of a step planned while decode held sequences:
-    ``backends.runtime.attention.flashinfer_backend``). Raises ValueError for other values of the options."""
+    GPU); checked before the model loads. Raises ValueError for other values of the options."""
 
     def __init__(self, spec: ModelSpec, device: torch.device, attention_backend: str = "auto",
                  vision_devices: list[torch.device] | tuple = (), kv_pool: str = "kv_pool",
                  lm_weights: str = "lm_weights", vision_parallel: str = "data", vision_tp_size: int | None = None,
-                 prefill_graphs: str = "auto", sms_while_decoding: int = 0,
-                 prefill_kernel_while_decoding: str = "auto"):
+                 prefill_graphs: str = "auto", sms_while_decoding: int = 0):
         choice_value("prefill_graphs", prefill_graphs, "prefill_graphs")
-        choice_value("prefill_kernel_while_decoding", prefill_kernel_while_decoding, "prefill_kernel_while_decoding")
-        self.kernel_while_decoding = None if prefill_kernel_while_decoding == "auto" else prefill_kernel_while_decoding
         choice_value("vision_parallel", vision_parallel, "vision_parallel")
         if vision_tp_size is not None and vision_parallel != "tensor":
             raise ValueError(f"vision_tp_size {vision_tp_size} needs vision_parallel=tensor")
@@ -157,8 +152,6 @@ class EncodePrefillWorker:
             clock = PhaseClock(self.device)
             self._encode(plan.encode)
             clock.mark()
-            if plan.prefill:
-                self.runner.backend.set_prefill_kernel(self.kernel_while_decoding if plan.decode_running else None)
             first_tokens = self._prefill(plan.prefill)
             clock.mark()
             phases = None

@@ -47,8 +47,7 @@ NON_NEGATIVE_INT_PARAMETERS = frozenset({"sms_while_decoding", "burst_wait_ms", 
 # workers what they are given (choice_value).
 SWITCHES = ("auto", "on", "off")
 CHOICES = {"cuda_graphs": SWITCHES, "compile_layers": SWITCHES, "overlap_steps": SWITCHES, "prefill_graphs": SWITCHES,
-           "share_weights": ("on", "off"), "vision_parallel": ("data", "tensor"),
-           "prefill_kernel_while_decoding": ("auto", "fa2")}
+           "share_weights": ("on", "off"), "vision_parallel": ("data", "tensor")}
 
 
 def choice_value(key: str, value: str, name: str | None = None) -> str:

@@ -47,15 +47,13 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm().clamp_min(1e-12))
 
 
-@pytest.mark.parametrize("kernel", [None, "fa2"])  # the backend's choice; FA2 forced (prefill_kernel_while_decoding)
 @pytest.mark.parametrize("heads,kv_heads,head_dim", [(28, 4, 128), (2, 1, 64)])
-def test_kernels_match_torch_on_random_paged_layouts(heads, kv_heads, head_dim, kernel):
+def test_kernels_match_torch_on_random_paged_layouts(heads, kv_heads, head_dim):
     rng = random.Random(0)
     torch.manual_seed(0)
     page_size, num_pages, layers = 16, 512, 2
     cache = torch.randn(layers, 2, num_pages, page_size, kv_heads, head_dim, dtype=torch.bfloat16, device=DEVICE)
     fi = FlashInferAttentionBackend(heads, kv_heads, head_dim, page_size, torch.bfloat16, DEVICE)
-    fi.set_prefill_kernel(kernel)
     ref = TorchAttentionBackend()
     pages = list(range(num_pages))
     rng.shuffle(pages)

@@ -109,10 +109,6 @@ class AttentionBackend(ABC):
     def plan(self, metadata: AttentionMetadata) -> None:
         """Prepare for a step with this batch layout (host-side work, done once for all layers)."""
 
-    def set_prefill_kernel(self, kernel: str | None) -> None:
-        """The kernel family of the prefill steps planned from now on, where the backend has several (None: its own
-        choice per step). A backend with one family ignores it."""
-
     @abstractmethod
     def forward(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 kv_cache: torch.Tensor) -> torch.Tensor:

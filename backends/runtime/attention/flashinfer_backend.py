@@ -10,9 +10,7 @@ layer in one kernel, in about a third of the time of two indexing kernels (bench
 flashinfer has no float32 kernels: float16 and bfloat16 only, head_dim 64, 128 or 256.
 
 Prefill steps pick flashinfer's kernel (its ``backend`` argument) by :func:`prefill_kernel`: FA2, which splits a
-long KV over several CTAs, where FA3's work items would leave SMs idle, else ``"auto"`` (FA3 on Hopper), unless
-``set_prefill_kernel`` names one (encode_prefill's ``prefill_kernel_while_decoding``: FA2's CTAs each run a slice of
-the step, where FA3's persistent CTAs hold their SMs for the whole kernel, so a decode step beside it waits less).
+long KV over several CTAs, where FA3's work items would leave SMs idle, else ``"auto"`` (FA3 on Hopper).
 
 For CUDA graphs, :meth:`FlashInferAttentionBackend.for_cuda_graph` builds a decode-only backend and
 :meth:`FlashInferAttentionBackend.for_prefill_graph` a backend for one sequence's prefill chunk, whose index buffers
@@ -118,13 +116,6 @@ class FlashInferAttentionBackend(AttentionBackend):
         self._active = None
         self._static_append = static_append
         self._append: _AppendIndices | None = None
-        self._kernel: str | None = None  # set_prefill_kernel's
-
-    def set_prefill_kernel(self, kernel: str | None) -> None:
-        """Raises ValueError for a kernel other than ``PREFILL_KERNELS``' (a graph's backend keeps its own)."""
-        if kernel is not None and kernel not in PREFILL_KERNELS:
-            raise ValueError(f"prefill kernel must be one of {PREFILL_KERNELS} or None, got {kernel!r}")
-        self._kernel = kernel
 
     def prefill_kernel(self, qo_lens: Sequence[int]) -> str:
         """:func:`prefill_kernel` for this backend's heads and GPU."""
@@ -201,8 +192,7 @@ class FlashInferAttentionBackend(AttentionBackend):
             if len(self._prefill) == 1:  # a graph's backend: the kernel it was captured with
                 (wrapper,) = self._prefill.values()
             else:
-                wrapper = self._prefill[self._kernel or
-                                        self.prefill_kernel(np.diff(metadata.cu_seqlens_q.numpy()).tolist())]
+                wrapper = self._prefill[self.prefill_kernel(np.diff(metadata.cu_seqlens_q.numpy()).tolist())]
             wrapper.plan(metadata.cu_seqlens_q, metadata.kv_indptr, metadata.kv_indices, metadata.kv_last_page_len,
                          num_qo_heads, num_kv_heads, head_dim, page_size, causal=True, **common)
             self._active = wrapper

@@ -1,14 +1,12 @@
 """The encode_prefill stage's ``prefill_graphs`` option: checked before the model loads, ``on`` refused at load where
 flashinfer cannot run, and what ``auto`` picks on a CPU; the parameter as the repository and a deployment file
-declare it; ``sms_while_decoding`` as they declare it (its checks at load: test_step_streams.py); and
-``prefill_kernel_while_decoding``."""
+declare it; and ``sms_while_decoding`` as they declare it (its checks at load: test_step_streams.py)."""
 import textwrap
 
 import pytest
 import torch
 
 from backends.ipc import shared_tensor
-from backends.ipc.protocol import NewRequest, PrefillWork, SamplingParams, StepPlan
 from backends.ipc.run_dir import RUN_DIR_ENV
 from backends.runtime.language_model.kv_cache import KVCacheLayout
 from backends.runtime.loader import ModelSpec
@@ -78,33 +76,3 @@ def test_the_repository_declares_sms_while_decoding_off_and_a_deployment_file_se
         path.write_text(f"resources:\n  encode_prefill: {{sms_while_decoding: {value}}}\n")
         with pytest.raises(ConfigError, match=f"resources.encode_prefill.sms_while_decoding: {message}"):
             DeployConfig.load(path)
-
-
-def test_prefill_kernel_while_decoding_reaches_the_backend_in_steps_planned_while_decode_runs(tmp_path, monkeypatch):
-    """``fa2``: a step planned while decode held sequences asks the attention backend for FA2, any other step for its
-    own choice (None); a bad value is named before the model loads; the repository and a deployment file declare it."""
-    with pytest.raises(ValueError, match="prefill_kernel_while_decoding must be auto or fa2, got 'fa3'"):
-        EncodePrefillWorker(ModelSpec(), torch.device("cpu"), prefill_kernel_while_decoding="fa3")
-    worker = EncodePrefillWorker(ModelSpec(), torch.device("cpu"), attention_backend="torch",
-                                 prefill_kernel_while_decoding="fa2")
-    layout = KVCacheLayout.from_config(worker.model.config, num_pages=8, page_size=16)
-    pool = shared_tensor.create("kv_pool", layout.shape, layout.dtype, torch.device("cpu"))
-    try:
-        asked = []
-        monkeypatch.setattr(worker.runner.backend, "set_prefill_kernel", asked.append)
-        for n, running in enumerate([False, True, False]):
-            request = NewRequest(f"r{n}", tuple(range(5, 25)), (), SamplingParams(temperature=0.0), 2)
-            worker.execute(StepPlan((request,), (), (PrefillWork(f"r{n}", 0, 20, (2 * n, 2 * n + 1), True),),
-                                    decode_running=running))
-        assert asked == [None, "fa2", None]
-    finally:
-        worker.shutdown()
-        pool.release()
-    assert model_parameters()["encode_prefill"]["prefill_kernel_while_decoding"] == "auto"
-    path = tmp_path / "deploy.yaml"
-    path.write_text("resources:\n  encode_prefill: {prefill_kernel_while_decoding: fa2}\n")
-    assert "encode_prefill.prefill_kernel_while_decoding=fa2" in DeployConfig.load(path).set_items()
-    path.write_text("resources:\n  encode_prefill: {prefill_kernel_while_decoding: fa3}\n")
-    with pytest.raises(ConfigError,
-                       match="resources.encode_prefill.prefill_kernel_while_decoding: must be auto or fa2"):
-        DeployConfig.load(path)
