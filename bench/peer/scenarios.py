@@ -183,11 +183,11 @@ def text_request(inputs: Inputs, max_tokens: int | None = None) -> ChatRequest:
 
 
 def image_request(path: Path, max_tokens: int) -> ChatRequest:
-    return ChatRequest("image", chat_parts(QUESTION, images=[media_url(path)]), max_tokens)
+    return ChatRequest("image", chat_parts(QUESTION, images=[media_url(path)]), max_tokens, fresh_media=True)
 
 
 def video_request(path: Path, max_tokens: int, kind: str = "video") -> ChatRequest:
-    return ChatRequest(kind, chat_parts(QUESTION, videos=[media_url(path)]), max_tokens)
+    return ChatRequest(kind, chat_parts(QUESTION, videos=[media_url(path)]), max_tokens, fresh_media=True)
 
 
 async def mixed(target: Target, inputs: Inputs, burst: list[ChatRequest]) -> list[RequestRecord]:
@@ -245,7 +245,8 @@ def goodput_requests(workload: str, inputs: Inputs, count: int, seed: int, key: 
             n = rng.randint(1, 2)
             urls = [media_url(distinct_image(p, f"{key}/{k}/{slot}"))
                     for slot, p in enumerate(rng.sample(inputs.goodput_images[size], n))]
-            requests.append(ChatRequest(f"{n}x{size[0]}x{size[1]}", chat_parts(QUESTION, images=urls), max_tokens))
+            requests.append(ChatRequest(f"{n}x{size[0]}x{size[1]}", chat_parts(QUESTION, images=urls), max_tokens,
+                                        fresh_media=True))
         else:
             requests.append(video_request(inputs.long_video if workload == "long_video" else inputs.video,
                                           max_tokens, workload))
@@ -257,10 +258,11 @@ def unloaded_requests(workload: str, inputs: Inputs, key: str = "") -> list[Chat
     request's images marked for ``key``, its repeat and its count (:func:`distinct_image`), so none is found in a
     cache."""
     if workload != "images":
-        return [ChatRequest(workload, goodput_requests(workload, inputs, 1, 0)[0].parts, OUTPUT_TOKENS[0])
-                ] * UNLOADED_REPEATS
+        return [ChatRequest(workload, goodput_requests(workload, inputs, 1, 0)[0].parts, OUTPUT_TOKENS[0],
+                            fresh_media=True)] * UNLOADED_REPEATS
     return [ChatRequest(f"{n}x{w}x{h}", chat_parts(QUESTION, images=[
-        media_url(distinct_image(p, f"{key}/{repeat}/{n}")) for p in paths[:n]]), OUTPUT_TOKENS[0])
+        media_url(distinct_image(p, f"{key}/{repeat}/{n}")) for p in paths[:n]]), OUTPUT_TOKENS[0],
+        fresh_media=True)
         for repeat in range(UNLOADED_REPEATS) for (w, h), paths in sorted(inputs.goodput_images.items())
         for n in (1, 2)]
 

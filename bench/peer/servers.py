@@ -9,8 +9,10 @@
   ``VLLM_USE_FLASHINFER_SAMPLER=0``, and no ``STUB_SITE``), with the model's arguments (``bench.peer.models``:
   max-model-len, images and videos a prompt, batched tokens, how its video loader and processor sample frames),
   the prefix and multimodal-processor caches off (the benchmark repeats the same media), the bundle's folder first
-  on ``PYTHONPATH``. UnifiedServe's prefix cache is off too (``orchestrator.prefix_caching=false``). With
-  ``caches`` (issue 21's cache scenarios) both systems' caches are left at their defaults: on.
+  on ``PYTHONPATH``. UnifiedServe's prefix and encoder caches are off too (``orchestrator.prefix_caching=false``,
+  ``orchestrator.encoder_cache_tokens=0``); vLLM's encoder cache cannot be turned off, so the load generator names
+  each request's media by a new ``uuid`` (``bench.peer.load.ChatRequest.fresh_media``). With ``caches`` (issue 21's
+  cache scenarios) both systems' caches are left at their defaults: on.
 
 A server is started in a session of its own (``setsid``), so it outlives the command that started it (a device
 call): its pid, URL, model name and log are written to ``<state>/<system>.json``, which later commands read and
@@ -71,8 +73,8 @@ def command(system: str, checkpoint: Path, media: Path, smoke: bool, extra: list
         if not smoke:  # the H200 deployment file's GPU sharing (docs/deployment.md, "Sharing a GPU") and pacing
             argv += ["--model", str(checkpoint), "--set", "*.load_format=dummy", "--gpu-sharing", "mps"]
             argv += [a for item in (*model.unifiedserve, *h200_pacing()) for a in ("--set", item)]
-        if not caches:
-            argv += ["--set", "orchestrator.prefix_caching=false"]
+        if not caches:  # the encoder cache keeps vision outputs by media identity across requests
+            argv += ["--set", "orchestrator.prefix_caching=false", "--set", "orchestrator.encoder_cache_tokens=0"]
         return argv + extra, {"UNIFIEDSERVE_MEDIA_DIRS": str(media)}
     if system == "vllm":
         argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(checkpoint),

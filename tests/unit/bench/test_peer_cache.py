@@ -134,7 +134,8 @@ def test_distinct_videos_differ_only_in_bit_rate(tmp_path, monkeypatch):
 def test_both_systems_start_with_their_caches_off_unless_asked():
     plain, _ = servers.command("unifiedserve", Path("ckpt"), Path("media"), False, [])
     cached, _ = servers.command("unifiedserve", Path("ckpt"), Path("media"), False, [], caches=True)
-    assert "orchestrator.prefix_caching=false" in plain and "orchestrator.prefix_caching=false" not in cached
+    off = ("orchestrator.prefix_caching=false", "orchestrator.encoder_cache_tokens=0")
+    assert all(a in plain and a not in cached for a in off)
     plain, _ = servers.command("vllm", Path("ckpt"), Path("media"), False, [])
     cached, _ = servers.command("vllm", Path("ckpt"), Path("media"), False, [], caches=True)
     assert "--no-enable-prefix-caching" in plain and plain[plain.index("--mm-processor-cache-gb") + 1] == "0"

@@ -70,3 +70,17 @@ def test_the_video_workloads_unloaded_pass_repeats_its_request():
     requests = scenarios.unloaded_requests("long_video", given, "goodput_long_video@unloaded")
     assert [r.kind for r in requests] == ["long_video"] * scenarios.UNLOADED_REPEATS
     assert all(r.max_tokens == scenarios.OUTPUT_TOKENS[0] for r in requests)
+
+
+def test_cold_scenarios_name_their_media_anew_on_every_send_and_the_cache_scenarios_do_not(tmp_path):
+    (tmp_path / "big").mkdir()
+    given = inputs(tmp_path)
+    video = scenarios.video_request(Path("v.mp4"), 8)
+    first, again = (part["uuid"] for body in (video.body("m"), video.body("m"))
+                    for part in body["messages"][-1]["content"] if part["type"] == "video_url")
+    assert first != again  # text_c1-style repeats of one request object are new media to vLLM too
+    image = scenarios.goodput_requests("images", given, 1, 0, "goodput_images@2")[0].body("m")
+    assert all("uuid" in p for p in image["messages"][-1]["content"] if p["type"] == "image_url")
+    assert all("uuid" not in p for p in image["messages"][-1]["content"] if p["type"] == "text")
+    followup = scenarios.ChatRequest("followup", scenarios.chat_parts("q", videos=["file:///v.mp4"]), 8)
+    assert all("uuid" not in p for p in followup.body("m")["messages"][-1]["content"])
