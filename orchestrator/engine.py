@@ -250,7 +250,10 @@ class Engine:
 
     def _pace(self, plan: StepPlan) -> float:
         """The spacing of decode's launches while ``plan`` runs (ms; 0: none; ``orchestrator.decode_pace``)."""
-        return self.pacer.interval_ms(plan, self._decoding_kinds()) if self.pacer is not None else 0.0
+        if self.pacer is None:
+            return 0.0
+        ending = {t.request.kind for w in plan.prefill if w.is_last and (t := self.requests.get(w.req_id))}
+        return self.pacer.interval_ms(plan, self._decoding_kinds(), ending)
 
     async def _run_step(self, plan: StepPlan, pace: float) -> StepResult:
         """``plan`` on encode_prefill, decode's launches spaced ``pace`` ms apart meanwhile (0: not)."""

@@ -18,38 +18,48 @@ def plan(*works: tuple[int, bool]) -> StepPlan:
 PACER = DecodePacer(40, 2048, SloTargets(tbt_ms={"text": 15.0}))  # image, video: 50 ms targets, 40 ms at most
 
 
-@pytest.mark.parametrize("step, decoding, interval", [
-    (plan((2048, True)), {"image"}, 40.0),             # a full step ending a prompt: the pacing, within 50 ms
-    (plan((2048, True)), {"text"}, 12.0),              # 80% of text's 15-ms target: tighter than the pacing
-    (plan((1500, False), (524, True)), {"image"}, 40.0),  # any prompt ending in it will do
-    (plan((1024, True)), {"image"}, 40.0),             # half the budget is enough
-    (plan((1023, True)), {"image"}, 0.0),              # a short step is over within a decode step or two
-    (plan((2048, False)), {"image"}, 0.0),             # a video's chunk that ends no prompt: decode left alone
-    (plan((2048, True)), set(), 0.0),                  # nothing decoding
-    (plan((2048, True)), {"image", "text"}, 12.0),     # the tightest TBT target of the modalities decoding
-    (plan((2048, True)), {"video"}, 40.0),
+@pytest.mark.parametrize("step, decoding, ending, interval", [
+    (plan((2048, True)), {"image"}, {"image"}, 40.0),           # a full step ending a prompt: the pacing, within 50 ms
+    (plan((2048, True)), {"text"}, {"image"}, 12.0),            # 80% of text's 15-ms target: tighter than the pacing
+    (plan((1500, False), (524, True)), {"image"}, {"video"}, 40.0),  # any media prompt ending in it will do
+    (plan((1024, True)), {"image"}, {"image"}, 40.0),           # half the budget is enough
+    (plan((1023, True)), {"image"}, {"image"}, 0.0),            # a short step is over within a decode step or two
+    (plan((2048, False)), {"image"}, set(), 0.0),               # a video's chunk that ends no prompt: decode left alone
+    (plan((2048, True)), set(), {"image"}, 0.0),                # nothing decoding
+    (plan((2048, True)), {"image", "text"}, {"image"}, 12.0),   # the tightest TBT target of the modalities decoding
+    (plan((2048, True)), {"video"}, {"video"}, 40.0),
+    (plan((2048, True)), {"text"}, {"text"}, 0.0),              # text questions only: their prefill is short
+    (plan((2048, True)), {"text"}, {"text", "image"}, 12.0),    # an image among them: paced
 ])
-def test_which_steps_pace_decode_and_how_far_apart(step, decoding, interval):
-    assert PACER.interval_ms(step, decoding) == interval
+def test_which_steps_pace_decode_and_how_far_apart(step, decoding, ending, interval):
+    assert PACER.interval_ms(step, decoding, ending) == interval
 
 
 def test_decode_priority_boost_tightens_the_spacing():
-    assert DecodePacer(40, 2048, SloTargets(), boost=2.0).interval_ms(plan((2048, True)), {"text"}) == 20.0
+    assert DecodePacer(40, 2048, SloTargets(), boost=2.0).interval_ms(plan((2048, True)), {"text"}, {"image"}) == 20.0
 
 
-def test_the_engine_paces_decode_around_a_step_that_ends_prompts_only():
-    """"a" decodes; "b"'s step ends its 40-token prompt (over half the 64-token budget): decode is paced before the
-    step and released after it. "c"'s 20-token step is short: no pacing. Pacing off: never."""
+def test_the_engine_paces_decode_around_a_step_that_ends_media_prompts_only():
+    """"a" decodes; "b"'s last step encodes its image and ends its prompt (20 tokens, over half the 32-token
+    budget): decode is paced before the step and released after it. "c"'s 20-token text prompt fills as much of a
+    step but ends no media prompt, "d"'s 12 tokens are short: no pacing for either."""
     async def body(w: World):
         out = w.text("a", max_tokens=3)
         await outputs_of(out, 1)
-        await outputs_of(w.text("b", prompt_len=40, max_tokens=1), 1)
+        image = w.image("b", max_tokens=1)
+        await settle()  # its 4 tokens before the image prefilled: a short step, no pacing
+        w.media.ready("b", 0, 0, pages=1)
+        w.media.finish("b", 0)
+        await outputs_of(image, 1)
         await outputs_of(w.text("c", prompt_len=20, max_tokens=1), 1)
+        await outputs_of(w.text("d", prompt_len=12, max_tokens=1), 1)
         w.stages.emit(("a", 8, ""))
         w.stages.emit(("a", 9, "length"))
         await outputs_of(out, 2)
         await settle()
         calls = [entry for entry in w.log if entry[0] in ("step", "decode_pace")]
-        assert calls == [("step", ("a",)), ("decode_pace", 30.0), ("step", ("b",)), ("decode_pace", 0.0),
-                         ("step", ("c",))]
-    run(body, prefill_budget=64, pacer=DecodePacer(30, 64))
+        paced = [k for k, entry in enumerate(calls) if entry[0] == "decode_pace"]
+        assert [calls[k] for k in paced] == [("decode_pace", 30.0), ("decode_pace", 0.0)]
+        assert calls[paced[0] + 1] == ("step", ("b",)) and paced[1] == paced[0] + 2  # around b's last step only
+        assert ("step", ("c",)) in calls and ("step", ("d",)) in calls
+    run(body, prefill_budget=32, pacer=DecodePacer(30, 32))
