@@ -12,10 +12,10 @@ token paid for decode steps that had TBT to spare. vLLM puts the decode tokens i
 streams wait the whole step. Pacing keeps the wait within the streams' TBT target.
 
 Where decode is left alone (decode isolation, docs/design.md): a long video's chunks end no prompt (its TTFT is
-seconds away); a short step is over in a decode step or two; and a step that ends only text prompts, whose own
-prefill is short: 32 text questions at once on the H200 (bench/results/peer/README.md, the sixth run) ended 11 of
-them in a 1,287-token step paced at 16 ms, which gave the 21 streams decoding beside it about 80 gaps of 15-26 ms and
-a TBT p99 of 13.8 ms, against 10.3 unpaced in the fifth run; the 11 prompts' TTFT lay beyond the p50 either way.
+seconds away); a short step is over in a decode step or two; and a step that ends only text prompts, whose TTFT
+needs no help: 32 text questions at once on the H200 (bench/results/peer/README.md, the sixth run) ended the last 11
+in a 1,287-token step paced at 16 ms, and the 21 streams decoding beside it got 72 of the run's 81 largest gaps (its
+top 1%, 14-26 ms; the TBT p99 13.8 ms), while those 11 prompts' TTFT lay beyond the p50 either way.
 """
 from __future__ import annotations
 

@@ -44,8 +44,8 @@ class Engine:
     whether the server has begun to stop (a media stream that ends early then fails its request as shutting
     down, not as bad input); ``policy`` sets each step's budgets from the measured decode gaps and step times
     (None: the scheduler's configured budgets); ``admitting()``: requests being admitted, for which a step may wait
-    (``burst_wait_ms``: ``orchestrator.burst``); ``pacer`` spaces decode's steps while a step that ends prompts runs
-    (``orchestrator.decode_pace``; None: never)."""
+    (``burst_wait_ms``: ``orchestrator.burst``); ``pacer`` spaces decode's steps while a step that ends media
+    prompts runs (``orchestrator.decode_pace``; None: never)."""
 
     def __init__(self, index: int, scheduler: Scheduler, patch_pages: PagePool, stages: ReplicaStages,
                  media: MediaStage, on_change: Callable[[], None] = lambda: None,

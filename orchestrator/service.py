@@ -59,8 +59,8 @@ class OrchestratorConfig:
     ``short_prefill_tokens`` (default 512, 0 off): prefills that end their prompts within this many tokens go ahead
     of other work in short steps of their own (``SchedulerConfig``, ``orchestrator.step_fill``); ``burst_wait_ms``
     (default 0, off): how long a step may wait for requests still being admitted (``orchestrator.burst``);
-    ``decode_pace_ms`` (default 0, off): the spacing of decode's steps while a step that ends prompts runs, at most
-    the decoding modalities' TBT targets (``orchestrator.decode_pace``).
+    ``decode_pace_ms`` (default 0, off): the spacing of decode's steps while a step that ends image or video
+    prompts runs, at most the decoding modalities' TBT targets (``orchestrator.decode_pace``).
     ``max_model_len``: prompt + output tokens per request;
     ``replicas``: encode_prefill/decode replicas to drive (``backends/triton/replicas.py``);
     ``max_waiting_requests``: requests that may wait for KV pages at once (over all replicas); a request arriving

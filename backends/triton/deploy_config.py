@@ -208,7 +208,7 @@ class Budgets:
     before the 2x2 merge), ``max_share`` of a budget per request while several want it (0, 1],
     ``short_prefill_tokens`` (prefills this close to their prompt's end go first in short steps; 0 off),
     ``burst_wait_ms`` (ms a step may wait for a burst's requests still being admitted; 0 off), ``decode_pace_ms``
-    (ms between decode's steps while a step that ends prompts runs; 0 off),
+    (ms between decode's steps while a step that ends media prompts runs; 0 off),
     ``max_model_len`` (tokens), decode's ``max_batch`` (sequences per step)."""
 
     prefill_budget: int | None = _to("orchestrator.prefill_budget")

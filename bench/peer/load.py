@@ -27,13 +27,11 @@ import json
 import mimetypes
 import random
 import time
-import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import httpx
 
-MEDIA_PARTS = ("image_url", "video_url")
 REQUEST_TIMEOUT_S = 900.0  # a 10-minute video's prefill under load stays well inside
 
 
@@ -41,26 +39,19 @@ REQUEST_TIMEOUT_S = 900.0  # a 10-minute video's prefill under load stays well i
 class ChatRequest:
     """One chat request: ``kind`` names its type for the figures ("text", "image", "video", ...);
     ``parts`` is the last user message's content (OpenAI parts); ``max_tokens`` its fixed output length (tokens);
-    ``history`` the conversation's earlier messages (OpenAI message dicts; none: a one-message chat);
-    ``fresh_media``: every send names each image and video of ``parts`` by a new ``uuid`` (vLLM's field for a
-    media item's identity, which UnifiedServe ignores), so that vLLM's encoder cache, which cannot be turned off and
-    keeps outputs by that identity across requests, never serves it from an earlier request."""
+    ``history`` the conversation's earlier messages (OpenAI message dicts; none: a one-message chat)."""
 
     kind: str
     parts: tuple[dict, ...]
     max_tokens: int
     history: tuple[dict, ...] = ()
-    fresh_media: bool = False
 
     def body(self, model: str, timeline: bool = False, video_kwargs: dict | None = None) -> dict:
         """The JSON body: streamed with usage, greedy, ``ignore_eos`` and ``return_token_ids`` (vLLM's extra
         fields, which UnifiedServe takes); with ``timeline``, UnifiedServe's ``return_timeline``; when the
         conversation holds a video, ``video_kwargs`` as its ``mm_processor_kwargs`` (vLLM's field, which
         UnifiedServe takes: InternVL3's frame count)."""
-        fresh = self.fresh_media
-        parts = [{**part, "uuid": uuid.uuid4().hex} if fresh and part.get("type") in MEDIA_PARTS else part
-                 for part in self.parts]
-        messages = [*self.history, {"role": "user", "content": parts}]
+        messages = [*self.history, {"role": "user", "content": list(self.parts)}]
         video = video_kwargs and any(part.get("type") == "video_url" for m in messages
                                      if isinstance(m["content"], list) for part in m["content"])
         return {"model": model, "messages": messages, "max_tokens": self.max_tokens, "temperature": 0,

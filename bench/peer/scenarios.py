@@ -21,9 +21,6 @@ are the serve bench's (``Setup``: video 128, images 128, text 256 tokens; smoke 
 | ``multiturn`` | ``questions`` questions about each of the ``clips`` clips, a clip's one after another (a session), |
 |  | ``streams`` sessions at once (kinds ``clip<k>_q<j>``) |
 
-Every image sent is a :func:`distinct_image` of its frame, marked for its scenario and request, so that no cache
-keyed by content (ours, vLLM's) holds it from an earlier scenario, request or the warm-up.
-
 Goodput workloads (each request a question with an output length drawn from 64..512 tokens): ``long_video``
 (the 8-minute video), ``video`` (the 3-minute one), ``images`` (1 or 2 images of one of three sizes: six request
 types, the type is the unit of the TTFT SLO), ``multiturn`` (issue 21's goodput: sessions of ``questions`` questions
@@ -47,7 +44,6 @@ noise, a different noise on each system; one text keeps both systems' prompts th
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import os
 import random
 import time
@@ -86,7 +82,6 @@ MULTITURN_QUESTIONS = 4
 MULTITURN_STREAMS = 3
 CLIP_SECONDS = 20  # build_video's lengths are multiples of its 20-s base clip
 DISTINCT_KBPS = 8  # the bit rate step (kb/s) between distinct encodings of one video spec
-VARIANT_BLOCKS, VARIANT_LEVELS, VARIANT_BLOCK_PX = 8, 8, 16  # distinct_image's marks: 8^8 variants of an image
 
 
 @dataclass(frozen=True)
@@ -150,27 +145,6 @@ def distinct_video(media: Path, spec: tuple, k: int) -> Path:
                        (codec, width, height, rate, preset, minutes))
 
 
-def distinct_image(image: Path, key: str) -> Path:
-    """``image`` marked for ``key``: the same size, so the same prompt tokens, with other pixels, so that no cache
-    keyed by content (UnifiedServe's encoder cache, vLLM's encoder cache) holds it from a request with another key
-    or the image itself. Eight 16x16 blocks in its top-left corner (two rows of four) take grey levels from a hash
-    of ``key`` (8 levels 36 apart: still apart after JPEG at quality 90). Built beside ``image`` on first use."""
-    digest = hashlib.sha256(key.encode()).hexdigest()
-    path = image.with_name(f"{image.stem}_v{digest[:12]}.jpg")
-    if not path.exists():
-        code = int(digest, 16) % VARIANT_LEVELS ** VARIANT_BLOCKS
-        with Image.open(image) as source:
-            marked = source.convert("RGB")
-        for block in range(VARIANT_BLOCKS):
-            code, level = divmod(code, VARIANT_LEVELS)
-            x, y = (block % 4) * VARIANT_BLOCK_PX, (block // 4) * VARIANT_BLOCK_PX
-            marked.paste((level * 36,) * 3, (x, y, x + VARIANT_BLOCK_PX, y + VARIANT_BLOCK_PX))
-        partial = path.with_suffix(".part")
-        marked.save(partial, format="JPEG", quality=90)
-        partial.replace(path)
-    return path
-
-
 def _resized(image: Path, size: tuple[int, int]) -> Path:
     path = image.with_name(f"{image.stem}_{size[0]}x{size[1]}.jpg")
     if not path.exists():
@@ -183,11 +157,11 @@ def text_request(inputs: Inputs, max_tokens: int | None = None) -> ChatRequest:
 
 
 def image_request(path: Path, max_tokens: int) -> ChatRequest:
-    return ChatRequest("image", chat_parts(QUESTION, images=[media_url(path)]), max_tokens, fresh_media=True)
+    return ChatRequest("image", chat_parts(QUESTION, images=[media_url(path)]), max_tokens)
 
 
 def video_request(path: Path, max_tokens: int, kind: str = "video") -> ChatRequest:
-    return ChatRequest(kind, chat_parts(QUESTION, videos=[media_url(path)]), max_tokens, fresh_media=True)
+    return ChatRequest(kind, chat_parts(QUESTION, videos=[media_url(path)]), max_tokens)
 
 
 async def mixed(target: Target, inputs: Inputs, burst: list[ChatRequest]) -> list[RequestRecord]:
@@ -233,9 +207,8 @@ def multiturn_sessions(inputs: Inputs, questions: int, clips: tuple[Path, ...] |
             for k, clip in enumerate(inputs.clips if clips is None else clips)]
 
 
-def goodput_requests(workload: str, inputs: Inputs, count: int, seed: int, key: str = "") -> list[ChatRequest]:
-    """``count`` requests of ``workload`` with seeded output lengths (and image counts and sizes); every image
-    marked for ``key``, the request and its place in it (:func:`distinct_image`), so no two requests share one."""
+def goodput_requests(workload: str, inputs: Inputs, count: int, seed: int) -> list[ChatRequest]:
+    """``count`` requests of ``workload`` with seeded output lengths (and image counts and sizes)."""
     rng = random.Random(seed)
     requests = []
     for k in range(count):
@@ -243,28 +216,22 @@ def goodput_requests(workload: str, inputs: Inputs, count: int, seed: int, key: 
         if workload == "images":
             size = rng.choice(sorted(inputs.goodput_images))
             n = rng.randint(1, 2)
-            urls = [media_url(distinct_image(p, f"{key}/{k}/{slot}"))
-                    for slot, p in enumerate(rng.sample(inputs.goodput_images[size], n))]
-            requests.append(ChatRequest(f"{n}x{size[0]}x{size[1]}", chat_parts(QUESTION, images=urls), max_tokens,
-                                        fresh_media=True))
+            urls = [media_url(p) for p in rng.sample(inputs.goodput_images[size], n)]
+            requests.append(ChatRequest(f"{n}x{size[0]}x{size[1]}", chat_parts(QUESTION, images=urls), max_tokens))
         else:
             requests.append(video_request(inputs.long_video if workload == "long_video" else inputs.video,
                                           max_tokens, workload))
     return requests
 
 
-def unloaded_requests(workload: str, inputs: Inputs, key: str = "") -> list[ChatRequest]:
-    """One request of each type of ``workload``, ``UNLOADED_REPEATS`` times over, with the shortest output; every
-    request's images marked for ``key``, its repeat and its count (:func:`distinct_image`), so none is found in a
-    cache."""
+def unloaded_requests(workload: str, inputs: Inputs) -> list[ChatRequest]:
+    """One request of each type of ``workload``, ``UNLOADED_REPEATS`` times over, with the shortest output."""
     if workload != "images":
-        return [ChatRequest(workload, goodput_requests(workload, inputs, 1, 0)[0].parts, OUTPUT_TOKENS[0],
-                            fresh_media=True)] * UNLOADED_REPEATS
-    return [ChatRequest(f"{n}x{w}x{h}", chat_parts(QUESTION, images=[
-        media_url(distinct_image(p, f"{key}/{repeat}/{n}")) for p in paths[:n]]), OUTPUT_TOKENS[0],
-        fresh_media=True)
-        for repeat in range(UNLOADED_REPEATS) for (w, h), paths in sorted(inputs.goodput_images.items())
-        for n in (1, 2)]
+        kinds = [goodput_requests(workload, inputs, 1, 0)[0]]
+    else:
+        kinds = [ChatRequest(f"{n}x{w}x{h}", chat_parts(QUESTION, images=[media_url(p) for p in paths[:n]]), 0)
+                 for (w, h), paths in sorted(inputs.goodput_images.items()) for n in (1, 2)]
+    return [ChatRequest(r.kind, r.parts, OUTPUT_TOKENS[0]) for r in kinds] * UNLOADED_REPEATS
 
 
 async def run(name: str, target: Target, inputs: Inputs, requests: int | None = None, seed: int = 0,
@@ -278,15 +245,13 @@ async def run(name: str, target: Target, inputs: Inputs, requests: int | None = 
     if name == "mixed_video":
         return await mixed(target, inputs, [video_request(inputs.video, s.video_tokens)])
     if name == "mixed_images":
-        return await mixed(target, inputs, [image_request(distinct_image(p, name), s.image_tokens)
-                                            for p in inputs.images])
+        return await mixed(target, inputs, [image_request(p, s.image_tokens) for p in inputs.images])
     if name == "text_c1":
         return await closed_loop(target, 1, [text_request(inputs)] * TEXT_C1_REQUESTS)
     if name == "text_c32":
         return await open_loop(target, [(0.0, text_request(inputs))] * 32)
     if name == "images16":
-        return await open_loop(target, [(0.0, image_request(distinct_image(p, name), s.image_tokens))
-                                        for p in inputs.images])
+        return await open_loop(target, [(0.0, image_request(p, s.image_tokens)) for p in inputs.images])
     if name == "followup":
         return await followup(target, inputs)
     if name == "multiturn":
@@ -303,10 +268,10 @@ async def run(name: str, target: Target, inputs: Inputs, requests: int | None = 
             return await closed_loop(target, 1, sessions)
         return await open_loop(target, list(zip(poisson_times(float(rate), len(sessions), seed), sessions)))
     if rate == "unloaded":  # one at a time
-        return await closed_loop(target, 1, unloaded_requests(workload, inputs, name))
+        return await closed_loop(target, 1, unloaded_requests(workload, inputs))
     count = requests or GOODPUT_REQUESTS[workload]
     arrivals = poisson_times(float(rate), count, seed)
-    return await open_loop(target, list(zip(arrivals, goodput_requests(workload, inputs, count, seed, name))))
+    return await open_loop(target, list(zip(arrivals, goodput_requests(workload, inputs, count, seed))))
 
 
 def warmup_requests(inputs: Inputs) -> list[ChatRequest]:

@@ -9,10 +9,10 @@
   ``VLLM_USE_FLASHINFER_SAMPLER=0``, and no ``STUB_SITE``), with the model's arguments (``bench.peer.models``:
   max-model-len, images and videos a prompt, batched tokens, how its video loader and processor sample frames),
   the prefix and multimodal-processor caches off (the benchmark repeats the same media), the bundle's folder first
-  on ``PYTHONPATH``. UnifiedServe's prefix and encoder caches are off too (``orchestrator.prefix_caching=false``,
-  ``orchestrator.encoder_cache_tokens=0``); vLLM's encoder cache cannot be turned off, so the load generator names
-  each request's media by a new ``uuid`` (``bench.peer.load.ChatRequest.fresh_media``). With ``caches`` (issue 21's
-  cache scenarios) both systems' caches are left at their defaults: on.
+  on ``PYTHONPATH``: with both off, vLLM 0.26 names each media item by its request's id (``vllm/renderers/base.py``,
+  ``_process_mm_uuids``), so no encoder output or feature is reused across requests. UnifiedServe's prefix and
+  encoder caches are off too (``orchestrator.prefix_caching=false``, ``orchestrator.encoder_cache_tokens=0``). With
+  ``caches`` (issue 21's cache scenarios) both systems' caches are left at their defaults: on.
 
 A server is started in a session of its own (``setsid``), so it outlives the command that started it (a device
 call): its pid, URL, model name and log are written to ``<state>/<system>.json``, which later commands read and

@@ -72,7 +72,7 @@ def test_non_streaming_returns_the_whole_text_once(grpc_url, bunny, bunny_refere
 @pytest.fixture(scope="module")
 def slo_server(media_dir, tmp_path_factory):
     """A server whose budgets follow the SLO policy (orchestrator/budget_policy.py), small enough that requests take
-    several steps, and whose decode is paced while a step ends prompts (orchestrator/decode_pace.py)."""
+    several steps, and whose decode is paced while a step ends image or video prompts (orchestrator/decode_pace.py)."""
     repository = repository_with(tmp_path_factory.mktemp("slo") / "repository", {"orchestrator": {
         "slo_scheduling": "true", "slo_text_ttft_ms": "500", "slo_video_tbt_ms": "40", "prefill_budget": "64",
         "decode_pace_ms": "20"}})
@@ -111,7 +111,7 @@ def test_concurrent_requests_equal_their_solo_results(grpc_url, budgets, request
         assert 0.25 <= scale <= 8
 
 
-def test_decode_paced_beside_steps_that_end_prompts_streams_the_same_tokens(slo_server):
+def test_decode_paced_beside_steps_that_end_an_image_prompt_streams_the_same_tokens(slo_server):
     """While a long text request decodes, an image request's steps end its prompt: decode's launches are spaced
     (the paced-steps counter grows) and both requests stream the tokens they stream alone."""
     grpc_url = f"127.0.0.1:{slo_server.ports.grpc}"
