@@ -37,15 +37,16 @@ _RETURN_FLAGS = ("return_output_ids", "return_finish_reason", "return_num_input_
 
 
 def read_request(request) -> RawRequest:
+    arrays = io.input_arrays(request)
     return RawRequest(
-        text_input=io.bytes_list(request, "text_input"), messages=io.bytes_list(request, "messages"),
-        prompt=io.bytes_list(request, "prompt"),
-        image=io.bytes_list(request, "image"), video=io.bytes_list(request, "video"),
-        image_url=io.bytes_list(request, "image_url"), video_url=io.bytes_list(request, "video_url"),
-        sampling_parameters=io.bytes_list(request, "sampling_parameters"),
-        stream=io.boolean(request, "stream", False),
-        exclude_input_in_output=io.boolean(request, "exclude_input_in_output", False),
-        **{flag: io.boolean(request, flag, False) for flag in _RETURN_FLAGS})
+        text_input=io.bytes_list(arrays, "text_input"), messages=io.bytes_list(arrays, "messages"),
+        prompt=io.bytes_list(arrays, "prompt"),
+        image=io.bytes_list(arrays, "image"), video=io.bytes_list(arrays, "video"),
+        image_url=io.bytes_list(arrays, "image_url"), video_url=io.bytes_list(arrays, "video_url"),
+        sampling_parameters=io.bytes_list(arrays, "sampling_parameters"),
+        stream=io.boolean(arrays, "stream", False),
+        exclude_input_in_output=io.boolean(arrays, "exclude_input_in_output", False),
+        **{flag: io.boolean(arrays, flag, False) for flag in _RETURN_FLAGS})
 
 
 async def handle(orchestrator: Orchestrator, request, lanes: SendLanes, cancels: CancelWatch,

@@ -128,21 +128,23 @@ def gpus_value(key: str, value: str) -> str | list[int] | None:
     return ids
 
 
-def _array(request, name: str):
-    tensor = pb().get_input_tensor_by_name(request, name)
-    return None if tensor is None else tensor.as_numpy()
+def input_arrays(request) -> dict[str, np.ndarray]:
+    """Every input of a Triton request, by name, as numpy arrays: one pass over ``request.inputs()`` (the stub's
+    ``get_input_tensor_by_name`` walks that list, built anew, on every call)."""
+    return {tensor.name(): tensor.as_numpy() for tensor in request.inputs()}
 
 
-def bytes_list(request, name: str) -> list[bytes]:
-    """All elements of a BYTES input as bytes ([] when absent)."""
-    array = _array(request, name)
+def bytes_list(arrays: dict[str, np.ndarray], name: str) -> list[bytes]:
+    """All elements of BYTES input ``name`` of ``arrays`` (:func:`input_arrays`) as bytes ([] when absent)."""
+    array = arrays.get(name)
     if array is None:
         return []
     return [x if isinstance(x, bytes) else str(x).encode() for x in np.ravel(array)]
 
 
-def boolean(request, name: str, default: bool) -> bool:
-    array = _array(request, name)
+def boolean(arrays: dict[str, np.ndarray], name: str, default: bool) -> bool:
+    """BOOL input ``name`` of ``arrays`` (:func:`input_arrays`); ``default`` when absent or empty."""
+    array = arrays.get(name)
     return default if array is None or array.size == 0 else bool(np.ravel(array)[0])
 
 
