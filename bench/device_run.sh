@@ -44,7 +44,8 @@
 #                  (and --tp-gpus 4 --tp-size 2 on 4 GPUs)
 #   e2e            the end-to-end suite through tritonserver on the GPU (E2E_TESTS names a part of it: the whole
 #                  suite outlasts one 10-minute call once the OpenAI bundle is installed)
-#   gpu-tests      tests/gpu/test_sampling_penalties_cuda.py and test_kv_memory_fraction.py, then
+#   gpu-tests      tests/gpu/test_sampling_penalties_cuda.py, test_kv_memory_fraction.py and
+#                  test_image_rows_cuda.py, then
 #                  tests/gpu/test_step_streams.py (encode_prefill's green-context stream, sms_while_decoding) in a
 #                  process of its own (log step_streams)
 #   serve-bench    bench/serve_bench.py (7B preset through tritonserver); SERVE_ARGS adds options, e.g.
@@ -184,7 +185,8 @@ e2e() {
 }
 
 gpu_tests() {  # the GPU tests no other step runs
-  run_pytest gpu_tests -rP tests/gpu/test_sampling_penalties_cuda.py tests/gpu/test_kv_memory_fraction.py
+  run_pytest gpu_tests -rP tests/gpu/test_sampling_penalties_cuda.py tests/gpu/test_kv_memory_fraction.py \
+    tests/gpu/test_image_rows_cuda.py
   run_pytest step_streams -rsP tests/gpu/test_step_streams.py  # -rs: without GreenContext.Stream it skips, saying why
 }
 

@@ -46,12 +46,13 @@ def iter_video_groups(
         yield group, family.video_group(batch, plan)
 
 
-def iter_image_groups(data: bytes, plan: MediaPlan) -> Iterator[tuple[int, torch.Tensor]]:
+def iter_image_groups(data: bytes, plan: MediaPlan,
+                      device: torch.device | str | None = None) -> Iterator[tuple[int, torch.Tensor]]:
     """Yield `(group_index, patches)` of an image: float32 [plan.patches_per_group, family.patch_dim] per group
-    (Qwen2.5-VL: one group; InternVL3: one per tile, the thumbnail last): `images.load_image`, then the family's
-    `image_groups`. Raises MediaError for bytes that do not decode to an image.
+    (Qwen2.5-VL: one group; InternVL3: one per tile, the thumbnail last) on `device` (None: the CPU):
+    `images.load_image`, then the family's `image_groups`. Raises MediaError for bytes that do not decode to an image.
     """
-    return family_of(plan).image_groups(load_image(data), plan)
+    return family_of(plan).image_groups(load_image(data), plan, device)
 
 
 def image_group(data: bytes, plan: MediaPlan) -> torch.Tensor:

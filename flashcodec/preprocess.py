@@ -117,12 +117,17 @@ def video_group_patches(frames: Sequence[np.ndarray | torch.Tensor], resized_h: 
     return patchify_group(normalize(resize_frames(frames_tensor(frames), resized_h, resized_w)))
 
 
-def image_patches(img: Image.Image, resized_h: int, resized_w: int) -> torch.Tensor:
-    """An RGB image -> float32 [(resized_h/14) * (resized_w/14), 1176]: one group, the image twice in time.
+def image_patches(img: Image.Image, resized_h: int, resized_w: int,
+                  device: torch.device | str | None = None) -> torch.Tensor:
+    """An RGB image -> float32 [(resized_h/14) * (resized_w/14), 1176] on `device` (None: the CPU): one group, the
+    image twice in time.
 
-    `Qwen2VLImageProcessor.patchify` repeats the image over the temporal patch of 2; resized once here.
-    Raises ValueError if `img` is not RGB (see `flashcodec.images.load_image`) or the size is not a multiple of 28.
+    `Qwen2VLImageProcessor.patchify` repeats the image over the temporal patch of 2; resized once here, on the CPU
+    (the reference's uint8 path), then normalised and cut on `device`: a GPU gets the resized uint8 pixels (a 1280x720
+    image: 2.8 MB) instead of the float32 rows (22 MB), and the same values (subtraction, IEEE division and a
+    permutation). Raises ValueError if `img` is not RGB (see `flashcodec.images.load_image`) or the size is not a
+    multiple of 28.
     """
     _check_size(resized_h, resized_w)
-    frame = normalize(resize_frames(image_tensor(img), resized_h, resized_w))
+    frame = normalize(resize_frames(image_tensor(img), resized_h, resized_w).to(device))
     return patchify_group(frame.expand(TEMPORAL_PATCH_SIZE, -1, -1, -1).contiguous())

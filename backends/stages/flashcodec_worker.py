@@ -126,7 +126,7 @@ class FlashCodecWorker:
                 groups = iter_video_groups(item.media, item.plan, self.choice.decoder)
             else:  # an image_url arrives as a path the orchestrator checked
                 data = item.media if isinstance(item.media, bytes) else open(item.media, "rb").read()
-                groups = iter_image_groups(data, item.plan)
+                groups = iter_image_groups(data, item.plan, self.pool.tensor.device)  # normalised where it goes
             for index, patches in groups:
                 if not self._write(request_id, index, patches, item.on_group):
                     break  # aborted, or the server is stopping: the stream just ends

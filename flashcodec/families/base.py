@@ -96,7 +96,8 @@ def groups_from(plan: Any, first: int, frames_per_group: int, **changed: Any) ->
 class Family(Protocol):
     """One model family's media rules. Metadata side (no torch): `plan_image`, `plan_video`, `expand`; pixel side:
     `image_groups`, `video_group`, which give float32 rows of `patch_dim` values, `patches_per_group` per group, on
-    the device of the pixels they are given."""
+    the device of the pixels they are given (an image's: `device`, where its resized uint8 pixels are normalised and
+    cut, the same values on any device)."""
 
     name: str  # the family's name in presets and in a plan's `family`
     model_type: str  # the `model_type` of its checkpoints' config.json
@@ -117,7 +118,7 @@ class Family(Protocol):
 
     def expand(self, kind: str, grid_thw: tuple[int, int, int]) -> PromptExpansion: ...
 
-    def image_groups(self, image: Any, plan: MediaPlan) -> Iterator[tuple[int, Any]]: ...
+    def image_groups(self, image: Any, plan: MediaPlan, device: Any = None) -> Iterator[tuple[int, Any]]: ...
 
     def video_group(self, frames: Sequence[Any], plan: MediaPlan) -> Any: ...
 

@@ -249,11 +249,11 @@ class InternVL3:
             return PromptExpansion(frames, CONTEXT, (tokens,) * grid_thw[0])
         raise ValueError(f"media kind must be image or video, got {kind!r}")
 
-    def image_groups(self, image, plan: TiledImagePlan):
-        """See `flashcodec.families.internvl3_pixels.image_rows`; yields (tile, rows) per tile."""
+    def image_groups(self, image, plan: TiledImagePlan, device=None):
+        """See `flashcodec.families.internvl3_pixels.image_rows`; yields (tile, rows) per tile, on `device`."""
         from flashcodec.families.internvl3_pixels import image_rows
 
-        return enumerate(image_rows(image, plan, self.config).split(plan.patches_per_group))
+        return enumerate(image_rows(image, plan, self.config, device).split(plan.patches_per_group))
 
     def video_groups_from(self, plan: SegmentVideoPlan, first: int) -> SegmentVideoPlan:
         """`base.groups_from`, a frame a group (`grid_thw` follows `num_groups`)."""

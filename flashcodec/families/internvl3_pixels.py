@@ -47,11 +47,13 @@ def tiles_from_rows(rows: torch.Tensor, tiles: int, channels: int, patch_size: i
     return patches.permute(0, 3, 1, 4, 2, 5).reshape(tiles, channels, g * patch_size, g * patch_size)
 
 
-def image_tiles(pixels: torch.Tensor, plan: TiledImagePlan, config: InternVL3Config) -> torch.Tensor:
+def image_tiles(pixels: torch.Tensor, plan: TiledImagePlan, config: InternVL3Config,
+                device: torch.device | str | None = None) -> torch.Tensor:
     """uint8 [1, 3, H, W] -> float32 [plan.num_groups, 3, S, S] (S = `plan.tile_size`): the image resized to
     `plan.columns` x `plan.rows` tiles and cut row by row, then its thumbnail (the whole image resized to one tile)
     when `plan.thumbnail`. `crop_image_to_patches`, then `rescale_and_normalize` (the per-tile resize to S x S that
-    `_preprocess` runs next leaves S x S tiles as they are). Raises ValueError for pixels of another shape.
+    `_preprocess` runs next leaves S x S tiles as they are), normalised on `device` (None: the pixels' own; resized
+    where the pixels are). Raises ValueError for pixels of another shape.
     """
     if pixels.ndim != 4 or pixels.shape[:2] != (1, 3) or pixels.dtype != torch.uint8:
         raise ValueError(f"image_tiles wants uint8 [1, 3, H, W], got {pixels.dtype} {list(pixels.shape)}")
@@ -60,13 +62,14 @@ def image_tiles(pixels: torch.Tensor, plan: TiledImagePlan, config: InternVL3Con
     tiles = canvas.view(3, plan.rows, s, plan.columns, s).permute(1, 3, 0, 2, 4).reshape(-1, 3, s, s)
     if plan.thumbnail:
         tiles = torch.cat([tiles, resize_frames(pixels, s, s)])
-    return normalize(tiles, config.mean, config.std)
+    return normalize(tiles.to(device), config.mean, config.std)
 
 
-def image_rows(image: Image.Image, plan: TiledImagePlan, config: InternVL3Config) -> torch.Tensor:
+def image_rows(image: Image.Image, plan: TiledImagePlan, config: InternVL3Config,
+               device: torch.device | str | None = None) -> torch.Tensor:
     """An RGB Pillow image (`flashcodec.images.load_image`) -> float32 [plan.num_groups * plan.patches_per_group,
-    3 * 14 * 14]: `image_tiles` as `tile_rows`. Raises ValueError for a non-RGB image."""
-    return tile_rows(image_tiles(image_tensor(image), plan, config), config.patch_size)
+    3 * 14 * 14] on `device` (None: the CPU): `image_tiles` as `tile_rows`. Raises ValueError for a non-RGB image."""
+    return tile_rows(image_tiles(image_tensor(image), plan, config, device), config.patch_size)
 
 
 def frame_rows(frames: Sequence[np.ndarray | torch.Tensor], plan: SegmentVideoPlan,

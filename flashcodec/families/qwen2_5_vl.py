@@ -47,11 +47,11 @@ class Qwen25VL:
         t, h, w = grid_thw
         return PromptExpansion(pad, pad, (t * h * w // (MERGE_SIZE * MERGE_SIZE),))
 
-    def image_groups(self, image, plan: ImagePlan):
-        """An RGB Pillow image -> its one group: (0, `preprocess.image_patches`)."""
+    def image_groups(self, image, plan: ImagePlan, device=None):
+        """An RGB Pillow image -> its one group: (0, `preprocess.image_patches`) on `device` (None: the CPU)."""
         from flashcodec.preprocess import image_patches
 
-        return iter([(0, image_patches(image, plan.resized_height, plan.resized_width))])
+        return iter([(0, image_patches(image, plan.resized_height, plan.resized_width, device))])
 
     def video_groups_from(self, plan: VideoPlan, first: int) -> VideoPlan:
         """`base.groups_from`, two frames a group; `grid_thw` counts the groups left."""
