@@ -96,7 +96,7 @@ def patchify_group(frames: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"patchify_group: want [2, 3, h, w] with h, w multiples of {FACTOR}, got {list(frames.shape)}")
     gh, gw = h // PATCH_SIZE, w // PATCH_SIZE
     m, p = MERGE_SIZE, PATCH_SIZE
-    patches = frames.contiguous().view(t, c, gh // m, m, p, gw // m, m, p)
+    patches = frames.reshape(t, c, gh // m, m, p, gw // m, m, p)  # a view, also of an expanded image: one copy below
     # (h/28, w/28, merge_h, merge_w, C, T, 14, 14)
     return patches.permute(2, 5, 3, 6, 1, 0, 4, 7).reshape(gh * gw, PATCH_DIM)
 
@@ -130,4 +130,4 @@ def image_patches(img: Image.Image, resized_h: int, resized_w: int,
     """
     _check_size(resized_h, resized_w)
     frame = normalize(resize_frames(image_tensor(img), resized_h, resized_w).to(device))
-    return patchify_group(frame.expand(TEMPORAL_PATCH_SIZE, -1, -1, -1).contiguous())
+    return patchify_group(frame.expand(TEMPORAL_PATCH_SIZE, -1, -1, -1))  # the repeat is written once, by the cut

@@ -20,6 +20,7 @@ top 1%, 14-26 ms; the TBT p99 13.8 ms), while those 11 prompts' TTFT lay beyond 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 from backends.ipc.protocol import StepPlan
 from orchestrator.budget_policy import DEFAULT_TBT_MS, SloTargets
@@ -40,10 +41,12 @@ class DecodePacer:
     targets: SloTargets = SloTargets()
     boost: float = 1.0
 
-    def interval_ms(self, plan: StepPlan, decoding: set[str], ending: set[str]) -> float:
+    def interval_ms(self, plan: StepPlan, decoding: set[str], kind_of: Callable[[str], str | None]) -> float:
         """The spacing of decode's launches while ``plan`` runs (ms; 0: none), ``decoding`` the modalities of the
-        sequences in the decode batch, ``ending`` those of the prompts ``plan`` ends."""
-        if not decoding or 2 * plan.num_prefill_tokens < self.prefill_budget or not ending & MEDIA:
+        sequences in the decode batch, ``kind_of(req_id)`` a request's modality (None: it has gone)."""
+        if not decoding or 2 * plan.num_prefill_tokens < self.prefill_budget:
+            return 0.0
+        if not any(work.is_last and kind_of(work.req_id) in MEDIA for work in plan.prefill):
             return 0.0
         target = min(self.targets.tbt_ms.get(kind, DEFAULT_TBT_MS) for kind in decoding) / self.boost
         return min(self.pace_ms, TARGET_SHARE * target)

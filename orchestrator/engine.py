@@ -252,8 +252,8 @@ class Engine:
         """The spacing of decode's launches while ``plan`` runs (ms; 0: none; ``orchestrator.decode_pace``)."""
         if self.pacer is None:
             return 0.0
-        ending = {t.request.kind for w in plan.prefill if w.is_last and (t := self.requests.get(w.req_id))}
-        return self.pacer.interval_ms(plan, self._decoding_kinds(), ending)
+        return self.pacer.interval_ms(plan, self._decoding_kinds(),
+                                      lambda req_id: t.request.kind if (t := self.requests.get(req_id)) else None)
 
     async def _run_step(self, plan: StepPlan, pace: float) -> StepResult:
         """``plan`` on encode_prefill, decode's launches spaced ``pace`` ms apart meanwhile (0: not)."""

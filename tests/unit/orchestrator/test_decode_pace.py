@@ -18,25 +18,33 @@ def plan(*works: tuple[int, bool]) -> StepPlan:
 PACER = DecodePacer(40, 2048, SloTargets(tbt_ms={"text": 15.0}))  # image, video: 50 ms targets, 40 ms at most
 
 
-@pytest.mark.parametrize("step, decoding, ending, interval", [
-    (plan((2048, True)), {"image"}, {"image"}, 40.0),           # a full step ending a prompt: the pacing, within 50 ms
-    (plan((2048, True)), {"text"}, {"image"}, 12.0),            # 80% of text's 15-ms target: tighter than the pacing
-    (plan((1500, False), (524, True)), {"image"}, {"video"}, 40.0),  # any media prompt ending in it will do
-    (plan((1024, True)), {"image"}, {"image"}, 40.0),           # half the budget is enough
-    (plan((1023, True)), {"image"}, {"image"}, 0.0),            # a short step is over within a decode step or two
-    (plan((2048, False)), {"image"}, set(), 0.0),               # a video's chunk that ends no prompt: decode left alone
-    (plan((2048, True)), set(), {"image"}, 0.0),                # nothing decoding
-    (plan((2048, True)), {"image", "text"}, {"image"}, 12.0),   # the tightest TBT target of the modalities decoding
-    (plan((2048, True)), {"video"}, {"video"}, 40.0),
-    (plan((2048, True)), {"text"}, {"text"}, 0.0),              # text questions only: their prefill is short
-    (plan((2048, True)), {"text"}, {"text", "image"}, 12.0),    # an image among them: paced
+def kinds(*names: str):
+    """``kind_of`` for requests r0, r1, ... of these modalities."""
+    return {f"r{i}": name for i, name in enumerate(names)}.get
+
+
+@pytest.mark.parametrize("step, decoding, kind_of, interval", [
+    (plan((2048, True)), {"image"}, kinds("image"), 40.0),      # a full step ending a prompt: the pacing, within 50 ms
+    (plan((2048, True)), {"text"}, kinds("image"), 12.0),       # 80% of text's 15-ms target: tighter than the pacing
+    (plan((1500, False), (524, True)), {"image"}, kinds("text", "video"), 40.0),  # any media prompt ending will do
+    (plan((1500, True), (524, False)), {"image"}, kinds("text", "video"), 0.0),   # the video's chunk ends nothing
+    (plan((1024, True)), {"image"}, kinds("image"), 40.0),      # half the budget is enough
+    (plan((1023, True)), {"image"}, kinds("image"), 0.0),       # a short step is over within a decode step or two
+    (plan((2048, False)), {"image"}, kinds("video"), 0.0),      # a video's chunk that ends no prompt: decode left alone
+    (plan((2048, True)), set(), kinds("image"), 0.0),           # nothing decoding
+    (plan((2048, True)), {"image", "text"}, kinds("image"), 12.0),  # the tightest TBT target of the modalities decoding
+    (plan((2048, True)), {"video"}, kinds("video"), 40.0),
+    (plan((2048, True)), {"text"}, kinds("text"), 0.0),         # text questions only: not paced
+    (plan((1024, True), (1024, True)), {"text"}, kinds("text", "image"), 12.0),  # an image among them: paced
+    (plan((2048, True)), {"text"}, kinds(), 0.0),               # its request has gone
 ])
-def test_which_steps_pace_decode_and_how_far_apart(step, decoding, ending, interval):
-    assert PACER.interval_ms(step, decoding, ending) == interval
+def test_which_steps_pace_decode_and_how_far_apart(step, decoding, kind_of, interval):
+    assert PACER.interval_ms(step, decoding, kind_of) == interval
 
 
 def test_decode_priority_boost_tightens_the_spacing():
-    assert DecodePacer(40, 2048, SloTargets(), boost=2.0).interval_ms(plan((2048, True)), {"text"}, {"image"}) == 20.0
+    pacer = DecodePacer(40, 2048, SloTargets(), boost=2.0)
+    assert pacer.interval_ms(plan((2048, True)), {"text"}, kinds("image")) == 20.0
 
 
 def test_the_engine_paces_decode_around_a_step_that_ends_media_prompts_only():

@@ -1,0 +1,42 @@
+"""A Triton request's inputs as the orchestrator reads them (orchestrator.frontend.read_request over
+backends.triton.triton_io.input_arrays): one pass over ``request.inputs()``, absent inputs at their defaults."""
+from __future__ import annotations
+
+import numpy as np
+
+from orchestrator.frontend import read_request
+
+
+class FakeTensor:
+    def __init__(self, name: str, array: np.ndarray):
+        self._name, self._array = name, array
+
+    def name(self) -> str:
+        return self._name
+
+    def as_numpy(self) -> np.ndarray:
+        return self._array
+
+
+class FakeRequest:
+    """The stub's InferenceRequest as read_request uses it; counts the calls of ``inputs()``."""
+
+    def __init__(self, **inputs: np.ndarray):
+        self._tensors = [FakeTensor(name, array) for name, array in inputs.items()]
+        self.calls = 0
+
+    def inputs(self) -> list[FakeTensor]:
+        self.calls += 1
+        return list(self._tensors)
+
+
+def test_inputs_are_read_in_one_pass_with_absent_ones_at_their_defaults():
+    request = FakeRequest(messages=np.array([b'[{"role": "user"}]'], dtype=np.object_),
+                          image_url=np.array([b"file:///a.jpg", "file:///b.jpg"], dtype=np.object_),
+                          stream=np.array([True]), return_output_ids=np.array([], dtype=bool))
+    raw = read_request(request)
+    assert request.calls == 1
+    assert raw.messages == [b'[{"role": "user"}]'] and raw.image_url == [b"file:///a.jpg", b"file:///b.jpg"]
+    assert raw.text_input == [] and raw.video == [] and raw.sampling_parameters == []
+    assert raw.stream is True and raw.exclude_input_in_output is False
+    assert raw.return_output_ids is False  # an empty BOOL input: its default
