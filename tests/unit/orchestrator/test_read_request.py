@@ -5,27 +5,17 @@ from __future__ import annotations
 import numpy as np
 
 from orchestrator.frontend import read_request
-
-
-class FakeTensor:
-    def __init__(self, name: str, array: np.ndarray):
-        self._name, self._array = name, array
-
-    def name(self) -> str:
-        return self._name
-
-    def as_numpy(self) -> np.ndarray:
-        return self._array
+from tests.unit.orchestrator.fake_responses import Tensor
 
 
 class FakeRequest:
     """The stub's InferenceRequest as read_request uses it; counts the calls of ``inputs()``."""
 
     def __init__(self, **inputs: np.ndarray):
-        self._tensors = [FakeTensor(name, array) for name, array in inputs.items()]
+        self._tensors = [Tensor(name, array) for name, array in inputs.items()]
         self.calls = 0
 
-    def inputs(self) -> list[FakeTensor]:
+    def inputs(self) -> list[Tensor]:
         self.calls += 1
         return list(self._tensors)
 
