@@ -13,9 +13,10 @@ streams wait the whole step. Pacing keeps the wait within the streams' TBT targe
 
 Where decode is left alone (decode isolation, docs/design.md): a long video's chunks end no prompt (its TTFT is
 seconds away); a short step is over in a decode step or two; and a step that ends only text prompts, whose TTFT
-needs no help: 32 text questions at once on the H200 (bench/results/peer/README.md, the sixth run) ended the last 11
-in a 1,287-token step paced at 16 ms, and the 21 streams decoding beside it got 72 of the run's 81 largest gaps (its
-top 1%, 14-26 ms; the TBT p99 13.8 ms), while those 11 prompts' TTFT lay beyond the p50 either way.
+needs no help: 32 text questions at once on the H200 (bench/results/peer/sixth-run-2026-12-03/README.md) ended the
+last 11 in a 1,287-token step paced at 16 ms, and the 21 streams decoding beside it got 72 of the run's 81 largest gaps
+(its top 1%, 14-26 ms; the TBT p99 13.8 ms), while those 11 prompts' TTFT lay beyond the p50 either way; without
+pacing such steps the seventh run's p99 was 11.0 ms (bench/results/peer/README.md).
 """
 from __future__ import annotations
 
