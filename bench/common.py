@@ -8,6 +8,7 @@ the figures that defaults and the README rely on in ``RESULTS.md``, one row each
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import math
@@ -72,15 +73,10 @@ def cuda_time_ms(fn: Callable[[], object], repeats: int, warmup: int = 3) -> flo
 def graph_ms(body: Callable[[], object], repeats: int = 50, warmup: int = 1) -> float:
     """Median CUDA-event time (ms) of replaying a CUDA graph that captures ``body()``, after ``warmup`` runs of
     it on a side stream (lazy initialisation and compilation stay out of the graph)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(warmup):
-            body()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        body()
+    from backends.runtime.language_model.graph_capture import capture_graph
+
+    graph, _ = capture_graph(torch.device("cuda", torch.cuda.current_device()), None, body,
+                             mode=contextlib.nullcontext, runs=warmup)
     return cuda_time_ms(graph.replay, repeats)
 
 

@@ -34,6 +34,8 @@
 #   decode-profile bench/decode_profile.py: where a decode step's time goes (host, kernels by kind, linears, attention)
 #   sampler-bench  tests/gpu/test_runtime_sampler_cuda.py and bench/sampler_bench.py: the sampler alone
 #   attention-probe bench/attention_probe.py: decode attention and KV writes alone, per library kernel and option
+#   vision-graphs  tests/gpu/test_vision_graphs.py (log vision_graph_tests) and bench/vision_graphs_bench.py: the vision
+#                  tower's CUDA graphs per item grid against its eager forward (needs nothing installed)
 #   prefill-probe  bench/prefill_probe.py: short prefill chunks over empty and long cached contexts, eager, as
 #                  prefill CUDA graphs and with the decoder layers compiled (PROBE_ARGS adds options, e.g.
 #                  PROBE_ARGS="--passes eager graphs")
@@ -165,6 +167,11 @@ attention_probe() {
   python3 bench/attention_probe.py --out "$OUT" 2>&1 | tee "$OUT/attention_probe.log" || status=1
 }
 
+vision_graphs() {
+  run_pytest vision_graph_tests -rP tests/gpu/test_vision_graphs.py
+  python3 bench/vision_graphs_bench.py --out "$OUT" 2>&1 | tee "$OUT/vision_graphs_bench.log" || status=1
+}
+
 prefill_probe() {
   python3 bench/prefill_probe.py --out "$OUT" ${PROBE_ARGS:-} 2>&1 | tee "$OUT/prefill_probe.log" || status=1
 }
@@ -234,7 +241,7 @@ peer() {  # the servers it starts (setsid) read STUB_SITE too; PEER_OUT: a resul
   [ -d "$out" ] && (cd /tmp/peer && tar -czf "$OUT/peer_results.tar.gz" results*)
 }
 
-[ $# -gt 0 ] || { echo "usage: $0 STEP... (install gpu-tests runtime-tests prefill-graph-tests runtime-bench internvl-bench decode-profile sampler-bench attention-probe prefill-probe nvdec multi-gpu e2e serve-bench perf-analyzer vllm-part vllm-unpack peer jit-cache)" >&2
+[ $# -gt 0 ] || { echo "usage: $0 STEP... (install gpu-tests vision-graphs runtime-tests prefill-graph-tests runtime-bench internvl-bench decode-profile sampler-bench attention-probe prefill-probe nvdec multi-gpu e2e serve-bench perf-analyzer vllm-part vllm-unpack peer jit-cache)" >&2
   exit 2; }
 describe_device
 for step in "$@"; do
@@ -252,6 +259,7 @@ for step in "$@"; do
     multi-gpu) multi_gpu ;;
     e2e) e2e ;;
     gpu-tests) gpu_tests ;;
+    vision-graphs) vision_graphs ;;
     serve-bench) serve_bench ;;
     perf-analyzer) perf_analyzer_bench ;;
     vllm-part) vllm_part ;;

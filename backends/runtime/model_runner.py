@@ -12,7 +12,8 @@ sequence of batch size 1: every op but attention is per token.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from functools import partial
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 from transformers import AttentionInterface, PreTrainedModel
@@ -28,6 +29,9 @@ from backends.runtime.families.registry import family_for
 from backends.runtime.language_model.fuse import fuse_projections
 from backends.runtime.vision.data_parallel import VisionReplicas
 from backends.runtime.vision.tensor_parallel import VisionTensorParallel
+
+if TYPE_CHECKING:
+    from backends.runtime.vision.graphs import VisionGraphs
 
 PAGED_ATTENTION = "unifiedserve_paged"
 
@@ -128,6 +132,7 @@ class ModelRunner:
         self.backend = backend
         self.graphs: DecodeGraphs | None = None
         self.prefill_graphs: PrefillGraphs | None = None
+        self.vision_graphs: VisionGraphs | None = None
         self.device = model.device
         self.dtype = model.dtype
         self._visual = self.family.vision_encoder(model)
@@ -168,14 +173,17 @@ class ModelRunner:
     @torch.no_grad()
     def encode_many(self, items: Sequence[VisionItem]) -> list[torch.Tensor]:
         """:meth:`encode` of each ``(pixel_values, grid_thw)``, in order, on the model's device; spread over the
-        vision towers of ``vision_devices`` when there are any. Raises ValueError as :meth:`encode` does."""
+        vision towers of ``vision_devices`` when there are any; an item whose grid has a CUDA graph replays it
+        (:meth:`enable_vision_graphs`). Raises ValueError as :meth:`encode` does."""
         for pixel_values, grid_thw in items:
             self.family.check_pixels(self.model.config, pixel_values, grid_thw)
         if self.vision_tp is not None:
             return self.vision_tp.encode_many(items)
-        if self.vision is None:
-            return self.family.encode_batch(self._visual, items)
-        return self.vision.encode_many(items, self.device)
+        if self.vision is not None:
+            return self.vision.encode_many(items, self.device)
+        if self.vision_graphs is not None:
+            return self.vision_graphs.encode_many(items, partial(self.family.encode_batch, self._visual))
+        return self.family.encode_batch(self._visual, items)
 
     def close(self) -> None:
         """Stop the vision helpers (threads of the data-parallel towers, processes of the split one)."""
@@ -255,6 +263,14 @@ class ModelRunner:
         (``backends.runtime.language_model.prefill_graphs``); larger chunks and steps of several sequences run
         eagerly. Needs the flashinfer backend on a CUDA device (ValueError otherwise)."""
         self.prefill_graphs = PrefillGraphs(self, rungs)
+
+    def enable_vision_graphs(self) -> None:
+        """Replay CUDA graphs of the vision tower per item grid (the family's ``vision_graphs``, e.g.
+        ``backends.runtime.vision.graphs``: captured as grids recur). Raises ValueError where the tower is spread or
+        split over several GPUs, is not on a CUDA device, or its family has no such graphs."""
+        if self.vision is not None or self.vision_tp is not None:
+            raise ValueError("vision graphs need one vision tower, on the model's GPU (no vision_devices, vision_tp)")
+        self.vision_graphs = self.family.vision_graphs(self._visual)
 
     def decode_logits(self, token_ids: torch.Tensor, positions: torch.Tensor, backend: AttentionBackend,
                       metadata: AttentionMetadata) -> torch.Tensor:

@@ -62,13 +62,17 @@ class EncodePrefillWorker:
     flashinfer: on CUDA, off on the CPU), ``"on"`` (ValueError here when flashinfer cannot run, naming why) or
     ``"off"``. ``sms_while_decoding``: SMs (an int; 0, the default, is off) that a step planned while decode held
     sequences may use, on a CUDA green context's stream (``backends.stages.step_streams``; other steps use the whole
-    GPU); checked before the model loads. Raises ValueError for other values of the options."""
+    GPU); checked before the model loads. ``vision_graphs``: CUDA graphs of the vision tower per item grid, captured
+    as grids recur (``backends.runtime.vision.graphs``): ``"auto"`` (on where they can run: a CUDA device, one
+    tower, a family that has them), ``"on"`` (ValueError here where they cannot, naming why) or ``"off"``. Raises
+    ValueError for other values of the options."""
 
     def __init__(self, spec: ModelSpec, device: torch.device, attention_backend: str = "auto",
                  vision_devices: list[torch.device] | tuple = (), kv_pool: str = "kv_pool",
                  lm_weights: str = "lm_weights", vision_parallel: str = "data", vision_tp_size: int | None = None,
-                 prefill_graphs: str = "auto", sms_while_decoding: int = 0):
+                 prefill_graphs: str = "auto", sms_while_decoding: int = 0, vision_graphs: str = "auto"):
         choice_value("prefill_graphs", prefill_graphs, "prefill_graphs")
+        choice_value("vision_graphs", vision_graphs, "vision_graphs")
         choice_value("vision_parallel", vision_parallel, "vision_parallel")
         if vision_tp_size is not None and vision_parallel != "tensor":
             raise ValueError(f"vision_tp_size {vision_tp_size} needs vision_parallel=tensor")
@@ -90,6 +94,12 @@ class EncodePrefillWorker:
             if reason:
                 raise ValueError(f"prefill_graphs=on needs the flashinfer attention backend: {reason}")
         self.prefill_graphs = prefill_graphs
+        why_not = ("the device is not a GPU" if device.type != "cuda" else "the tower is on several GPUs"
+                   if vision_devices else None if self.family.graphed_vision
+                   else f"the {self.family.name} vision tower has none")
+        if vision_graphs == "on" and why_not:
+            raise ValueError(f"vision_graphs=on: {why_not}")
+        self.vision_graphs = vision_graphs != "off" and not why_not
         warm_up(device, self.model.lm_head.out_features)
         self.attention_backend = attention_backend
         self.vision_devices = list(vision_devices)
@@ -124,6 +134,8 @@ class EncodePrefillWorker:
                 self._runner.enable_prefill_graphs()
                 log.info("encode_prefill: prefill CUDA graphs for one sequence's chunks of %s tokens, captured in "
                          "%.1f s", "/".join(map(str, self._runner.prefill_graphs.rungs)), time.perf_counter() - started)
+            if self.vision_graphs:
+                self._runner.enable_vision_graphs()
         return self._runner
 
     def shutdown(self) -> None:

@@ -86,9 +86,11 @@ def _mps(section) -> None:
 
 
 def _choices(section, *keys: str) -> None:
-    """Each of ``keys`` that is set must be one of its words in ``triton_io.CHOICES`` (as the stages check them)."""
+    """Each of ``keys`` set must be one of its words (``triton_io.CHOICES``); a YAML bare on/off (bool) becomes it."""
     for key in keys:
         value = getattr(section, key)
+        if isinstance(value, bool):
+            object.__setattr__(section, key, value := "on" if value else "off")
         if value is not None:
             try:
                 choice_value(key, value, key)
@@ -141,15 +143,16 @@ class FlashcodecResources:
 @dataclass(frozen=True)
 class EncodePrefillResources:
     """``resources.encode_prefill``: its device; the vision tower's GPUs (a GPU set), ``data``/``tensor`` parallel,
-    GPUs per split tower (``all`` or a number); CUDA graphs for short prefill chunks of one sequence
-    (``prefill_graphs``: auto, on, off); SMs of a step planned while decode has sequences (``sms_while_decoding``:
-    0, off, or a number; ``backends.stages.step_streams``)."""
+    GPUs per split tower (``all`` or a number); CUDA graphs of one sequence's short prefill chunks (``prefill_graphs``:
+    auto, on, off) and of the vision tower per item grid (``vision_graphs``: the same); SMs of a step planned while
+    decode has sequences (``sms_while_decoding``: 0, off, or a number; ``backends.stages.step_streams``)."""
 
     device: str | None = _to("encode_prefill.device")
     vision_gpus: str | tuple[int, ...] | None = _to("encode_prefill.vision_gpus")
     vision_parallel: str | None = _to("encode_prefill.vision_parallel")
     vision_tp_size: int | str | None = _to("encode_prefill.vision_tp_size")
-    prefill_graphs: str | bool | None = _to("encode_prefill.prefill_graphs")  # YAML reads a bare on/off as a bool
+    prefill_graphs: str | bool | None = _to("encode_prefill.prefill_graphs")  # YAML reads bare on/off as bools
+    vision_graphs: str | bool | None = _to("encode_prefill.vision_graphs")
     sms_while_decoding: int | None = _to("encode_prefill.sms_while_decoding")
     sm_share: int | None = _to("encode_prefill.sm_share")
     mps_priority: str | None = _to("encode_prefill.mps_priority")
@@ -158,9 +161,7 @@ class EncodePrefillResources:
         _device(self.device)
         _mps(self)
         _gpus(self.vision_gpus, "vision_gpus")
-        if isinstance(self.prefill_graphs, bool):
-            object.__setattr__(self, "prefill_graphs", "on" if self.prefill_graphs else "off")
-        _choices(self, "vision_parallel", "prefill_graphs")
+        _choices(self, "vision_parallel", "prefill_graphs", "vision_graphs")
         sms = self.sms_while_decoding
         if sms is not None and sms < 0:
             raise ConfigError("sms_while_decoding", f"must be 0 (off) or a number of SMs, got {sms!r}")

@@ -47,6 +47,7 @@ NON_NEGATIVE_INT_PARAMETERS = frozenset({"sms_while_decoding", "burst_wait_ms", 
 # workers what they are given (choice_value).
 SWITCHES = ("auto", "on", "off")
 CHOICES = {"cuda_graphs": SWITCHES, "compile_layers": SWITCHES, "overlap_steps": SWITCHES, "prefill_graphs": SWITCHES,
+           "vision_graphs": SWITCHES,
            "share_weights": ("on", "off"), "vision_parallel": ("data", "tensor")}
 
 

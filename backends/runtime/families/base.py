@@ -11,13 +11,16 @@ shared weights and sampler are common.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 from torch import nn
 from transformers import PreTrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from backends.runtime.tokenizer import special_token_ids
+
+if TYPE_CHECKING:
+    from backends.runtime.vision.graphs import VisionGraphs
 
 # One item for the vision encoder: (pixel input in the family's layout, grid_thw (t, h, w) in patches).
 VisionItem = tuple[torch.Tensor, tuple[int, int, int]]
@@ -32,7 +35,8 @@ class ModelFamily(ABC):
     parameters are the language model's, which ``backends.ipc.shared_weights`` shares between stages);
     ``position_rows``: rows of a prompt's positions (3 for M-RoPE, 1 for 1-D RoPE); ``special_tokens`` /
     ``chat_template``: what the offline tokenizer adds to its byte-level vocabulary
-    (``tokenizer.build_offline_tokenizer``), in the checkpoint tokenizer's order.
+    (``tokenizer.build_offline_tokenizer``), in the checkpoint tokenizer's order; ``graphed_vision``: whether
+    :meth:`vision_graphs` gives CUDA graphs of the vision tower.
     """
 
     name: str
@@ -41,6 +45,7 @@ class ModelFamily(ABC):
     position_rows: int
     special_tokens: tuple[str, ...]
     chat_template: str
+    graphed_vision: bool = False
 
     @abstractmethod
     def build_config(self, preset: dict[str, Any], tokenizer: PreTrainedTokenizerBase) -> PreTrainedConfig:
@@ -95,6 +100,12 @@ class ModelFamily(ABC):
     def rotary_position_ids(self, positions: torch.Tensor) -> torch.Tensor:
         """``positions`` int ``[position_rows, T]`` of one packed sequence -> the ``position_ids`` the language
         model's rotary module takes for a batch of one."""
+
+    def vision_graphs(self, encoder: nn.Module) -> VisionGraphs:
+        """CUDA graphs of ``encoder`` (prepared and compiled, on a CUDA device) per item grid, replayed by
+        ``ModelRunner.encode_many``; :attr:`graphed_vision` says whether the family has them. By default it has
+        none: raises ValueError."""
+        raise ValueError(f"the {self.name} vision tower has no CUDA graphs")
 
     def check_vision_tensor_parallel(self, config: PreTrainedConfig, ranks: int, tp: int) -> None:
         """Raises ValueError unless the vision tower can be split over ``ranks`` GPUs in towers of ``tp``

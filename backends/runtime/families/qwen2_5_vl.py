@@ -17,6 +17,7 @@ from backends.runtime.language_model.mrope import mrope_positions
 from backends.runtime.tokenizer import CHAT_TEMPLATE, SPECIAL_TOKENS, special_token_ids
 from backends.runtime.vision.attention import use_varlen_vision_attention
 from backends.runtime.vision.batch import encode_batch
+from backends.runtime.vision.graphs import VisionGraphs
 from backends.runtime.vision.speed import compile_vision_blocks, pad_vision_mlp
 from backends.runtime.vision.tensor_parallel import check_towers
 
@@ -30,6 +31,7 @@ class Qwen2_5_VL(ModelFamily):
     position_rows = 3
     special_tokens = tuple(SPECIAL_TOKENS)
     chat_template = CHAT_TEMPLATE
+    graphed_vision = True
 
     def build_config(self, preset: dict[str, Any], tokenizer: PreTrainedTokenizerBase) -> Qwen2_5_VLConfig:
         """Image/video/vision-start/end ids, bos/pad (``<|endoftext|>``) and eos (``<|im_end|>``) come from the
@@ -55,6 +57,10 @@ class Qwen2_5_VL(ModelFamily):
 
     def compile_vision(self, encoder: nn.Module) -> None:
         compile_vision_blocks(encoder)
+
+    def vision_graphs(self, encoder: nn.Module) -> VisionGraphs:
+        """``backends.runtime.vision.graphs``: one graph per item grid, captured as grids recur."""
+        return VisionGraphs(encoder)
 
     def check_pixels(self, config: PreTrainedConfig, pixel_values: torch.Tensor, grid_thw: tuple[int, int, int]
                      ) -> None:

@@ -9,8 +9,8 @@ index buffers (its ``use_cuda_graph`` mode), which ``plan()`` rewrites before ea
 
 Shared here: the rung choice (:func:`ladder`, :func:`rung_for`), capture (:meth:`CapturedGraphs.capture`:
 warm-up on a side stream, then capture into one memory pool for all rungs, captured largest first as torch
-recommends), and the pinned buffers through which a step's host arrays reach the device without a host sync
-(:class:`PinnedStaging`, :class:`LayoutStaging`).
+recommends; :func:`capture_graph`, which the vision tower's graphs use too), and the pinned buffers through which a
+step's host arrays reach the device without a host sync (:class:`PinnedStaging`, :class:`LayoutStaging`).
 """
 from __future__ import annotations
 
@@ -116,18 +116,28 @@ class CapturedGraphs:
         self._pool = torch.cuda.graph_pool_handle()
 
     def capture(self, body: Callable[[], T]) -> tuple[torch.cuda.CUDAGraph, T]:
-        """Capture ``body()`` (no host syncs; its backend planned) into a graph in the shared pool, after two runs on
-        a side stream (lazy initialisation and autotuning stay out of the graph). Returns the graph and what the
-        captured ``body()`` returned: its output buffers, rewritten by each replay."""
-        device = self.runner.device
-        with torch.inference_mode():
-            side = torch.cuda.Stream(device)
-            side.wait_stream(torch.cuda.current_stream(device))
-            with torch.cuda.stream(side):
-                for _ in range(2):
-                    body()
-            torch.cuda.current_stream(device).wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool):
-                out = body()
-        return graph, out
+        """Capture ``body()`` (no host syncs; its backend planned) into a graph in the shared pool
+        (:func:`capture_graph`, under ``torch.inference_mode``). Returns the graph and what the captured ``body()``
+        returned: its output buffers, rewritten by each replay."""
+        return capture_graph(self.runner.device, self._pool, body)
+
+
+def capture_graph(device: torch.device, pool: tuple, body: Callable[[], T], mode: Callable = torch.inference_mode,
+                  runs: int = 2, error_mode: str = "global") -> tuple[torch.cuda.CUDAGraph, T]:
+    """Capture ``body()`` (no host syncs) into a graph in the memory pool ``pool`` (``torch.cuda.graph_pool_handle``)
+    after ``runs`` runs on a side stream (lazy initialisation and autotuning stay out of the graph), all under the
+    context ``mode()`` (a compiled module is captured under the grad mode it was compiled for). ``error_mode``: the
+    ``capture_error_mode`` of ``torch.cuda.graph`` ("thread_local" where other threads of the process may use CUDA
+    meanwhile). Returns the graph and what the captured ``body()`` returned: its output buffers, rewritten by each
+    replay."""
+    with mode():
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            for _ in range(runs):
+                body()
+        torch.cuda.current_stream(device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool, capture_error_mode=error_mode):
+            out = body()
+    return graph, out

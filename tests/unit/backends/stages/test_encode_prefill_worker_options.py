@@ -76,3 +76,35 @@ def test_the_repository_declares_sms_while_decoding_off_and_a_deployment_file_se
         path.write_text(f"resources:\n  encode_prefill: {{sms_while_decoding: {value}}}\n")
         with pytest.raises(ConfigError, match=f"resources.encode_prefill.sms_while_decoding: {message}"):
             DeployConfig.load(path)
+
+
+def test_vision_graphs_on_where_they_cannot_run_is_refused_at_load_with_the_reason():
+    with pytest.raises(ValueError, match="vision_graphs must be auto, on or off, got 'yes'"):
+        EncodePrefillWorker(ModelSpec(), torch.device("cpu"), vision_graphs="yes")
+    with pytest.raises(ValueError, match="vision_graphs=on: the device is not a GPU"):
+        EncodePrefillWorker(ModelSpec(), torch.device("cpu"), vision_graphs="on")
+
+
+def test_the_cpu_encodes_without_vision_graphs():
+    worker = EncodePrefillWorker(ModelSpec(), torch.device("cpu"))  # auto
+    layout = KVCacheLayout.from_config(worker.model.config, num_pages=8, page_size=16)
+    pool = shared_tensor.create("kv_pool", layout.shape, layout.dtype, torch.device("cpu"))
+    try:
+        assert worker.vision_graphs is False and worker.runner.vision_graphs is None
+    finally:
+        worker.shutdown()
+        pool.release()
+
+
+def test_the_repository_declares_vision_graphs_and_a_deployment_file_sets_them(tmp_path):
+    assert model_parameters()["encode_prefill"]["vision_graphs"] == "auto"
+    path = tmp_path / "deploy.yaml"
+    for text, value in [("vision_graphs: off", "off"), ("vision_graphs: auto", "auto")]:
+        path.write_text(f"resources:\n  encode_prefill: {{{text}}}\n")
+        assert DeployConfig.load(path).resources.encode_prefill.vision_graphs == value
+        assert f"encode_prefill.vision_graphs={value}" in DeployConfig.load(path).set_items()
+    path.write_text("resources:\n  encode_prefill: {vision_graphs: always}\n")
+    with pytest.raises(ConfigError, match="resources.encode_prefill.vision_graphs: must be auto, on or off"):
+        DeployConfig.load(path)
+    with pytest.raises(ValueError, match="vision_graphs"):
+        parse_overrides(["encode_prefill.vision_graphs=always"])
