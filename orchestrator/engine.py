@@ -205,9 +205,9 @@ class Engine:
     # ---- the step loop ----------------------------------------------------------------------------------
     async def _step_loop(self) -> None:
         while not self.stopping:
-            config = self.scheduler.config
-            await gather_burst(self.wake, self.admitting, self._prompt_tokens_waiting, config.prefill_budget,
-                               config.burst_wait_ms / 1e3)
+            config, decoding = self.scheduler.config, any(t.decoding for t in self.requests.values())
+            await gather_burst(self.wake, self.admitting, self._prompt_tokens_waiting,
+                               config.step_budgets(decoding)[1], config.burst_wait_ms / 1e3)
             decoding = any(t.decoding for t in self.requests.values())
             plan = self.scheduler.schedule(self._budgets(), decode_running=decoding)
             if plan is None:

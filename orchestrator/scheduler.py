@@ -39,10 +39,13 @@ class SchedulerConfig:
         max_short_steps: short steps in a row while other work waits; then a normal step (no starvation).
         burst_wait_ms: ms a step may wait for requests still being admitted while the prompts waiting for prefill
             do not fill ``prefill_budget`` (the engine's, ``orchestrator.burst``); 0: off.
+        idle_budget_scale: both budgets are this many times larger in a step planned while decode holds no
+            sequence (no stream's TBT to protect: a lone video or a burst of prompts reaches its first tokens in
+            fewer, larger steps, as the SLO policy's idle rule does, ``orchestrator.budget_policy``); 1: off.
 
     Raises:
         ValueError: a budget or page size is not a positive integer, short_prefill_tokens is negative,
-            max_short_steps below 1, burst_wait_ms negative, or max_share not in (0, 1].
+            max_short_steps or idle_budget_scale below 1, burst_wait_ms negative, or max_share not in (0, 1].
     """
 
     encode_budget: int = 10240
@@ -52,15 +55,23 @@ class SchedulerConfig:
     short_prefill_tokens: int = 0
     max_short_steps: int = 4
     burst_wait_ms: int = 0
+    idle_budget_scale: int = 1
 
     def __post_init__(self) -> None:
         for name, least in (("encode_budget", 1), ("prefill_budget", 1), ("kv_page_size", 1),
-                            ("short_prefill_tokens", 0), ("max_short_steps", 1), ("burst_wait_ms", 0)):
+                            ("short_prefill_tokens", 0), ("max_short_steps", 1), ("burst_wait_ms", 0),
+                            ("idle_budget_scale", 1)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise ValueError(f"SchedulerConfig.{name} must be an integer >= {least}, got {value!r}")
         if not 0 < self.max_share <= 1:
             raise ValueError(f"SchedulerConfig.max_share must be in (0, 1], got {self.max_share!r}")
+
+    def step_budgets(self, decode_running: bool) -> tuple[int, int]:
+        """(encode patches, prefill tokens) of a step planned with the configured budgets: ``idle_budget_scale``
+        times them while decode holds no sequence (``decode_running`` false)."""
+        scale = 1 if decode_running else self.idle_budget_scale
+        return self.encode_budget * scale, self.prefill_budget * scale
 
 
 @dataclass(frozen=True)
@@ -161,7 +172,8 @@ class Scheduler:
         """Admits what fits and plans the next step; None when nothing can run now. ``budgets``: this step's
         (encode patches, prefill tokens), each >= 1, instead of the configured ones (an SLO policy's:
         ``orchestrator.budget_policy``); ``decode_running``: decode holds sequences now (the engine knows), carried
-        in the plan as ``StepPlan.decode_running``. The step is a short one (``step_fill.short_prefills``) while
+        in the plan as ``StepPlan.decode_running`` (without it the configured budgets are scaled:
+        ``SchedulerConfig.step_budgets``). The step is a short one (``step_fill.short_prefills``) while
         prefills within ``short_prefill_tokens`` of their prompt's end wait beside other work, at most
         ``max_short_steps`` in a row; else a normal one (``step_fill.fill_encode``, ``fill_prefill``).
 
@@ -171,7 +183,7 @@ class Scheduler:
         """
         if self._in_flight is not None:
             raise RuntimeError("a step is in flight: complete() it before scheduling the next")
-        encode_budget, prefill_budget = budgets or (self.config.encode_budget, self.config.prefill_budget)
+        encode_budget, prefill_budget = budgets or self.config.step_budgets(decode_running)
         if encode_budget < 1 or prefill_budget < 1:
             raise ValueError(f"budgets must be >= 1, got {budgets}")
         self._admit()

@@ -59,6 +59,7 @@ class OrchestratorConfig:
     ``short_prefill_tokens`` (default 512, 0 off): prefills that end their prompts within this many tokens go ahead
     of other work in short steps of their own (``SchedulerConfig``, ``orchestrator.step_fill``); ``burst_wait_ms``
     (default 0, off): how long a step may wait for requests still being admitted (``orchestrator.burst``);
+    ``idle_budget_scale`` (default 1, off): both budgets' factor in a step planned while nothing decodes;
     ``decode_pace_ms`` (default 0, off): the spacing of decode's steps while a step that ends image or video
     prompts runs, at most the decoding modalities' TBT targets (``orchestrator.decode_pace``).
     ``max_model_len``: prompt + output tokens per request;
@@ -99,7 +100,8 @@ class OrchestratorConfig:
                                     prefill_budget=int_parameter(given, "prefill_budget", budgets.prefill),
                                     max_share=share,
                                     short_prefill_tokens=int_parameter(given, "short_prefill_tokens", 512),
-                                    burst_wait_ms=int_parameter(given, "burst_wait_ms", 0))
+                                    burst_wait_ms=int_parameter(given, "burst_wait_ms", 0),
+                                    idle_budget_scale=int_parameter(given, "idle_budget_scale", 1))
         switch = params.get("slo_scheduling", "false").strip().lower()
         if switch not in ("true", "false"):
             raise ValueError(f"parameter slo_scheduling must be true or false, got {params['slo_scheduling']!r}")

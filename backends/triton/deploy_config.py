@@ -2,8 +2,7 @@
 server's command line. ``python -m backends.triton.launcher --config deploy.yaml`` serves the model repository
 rendered from it (``backends.triton.repository``); ``deploy/`` holds examples.
 
-Sections, every key optional (what is left out keeps the repository's value; ``slo.<modality>`` needs both its
-keys):
+Sections, every key optional (what is left out keeps the repository's value; ``slo.<modality>`` needs both keys):
 
 * ``model``: ``path`` (the checkpoint directory of every model; relative to the file's folder), ``preset``,
   ``dtype``, ``load_format``.
@@ -11,13 +10,13 @@ keys):
   ``gpu_sharing`` (``time_slicing``, CUDA's default, or ``mps``: ``backends.triton.mps``), and per stage where it
   runs: ``flashcodec`` (``device``, ``nvdec_gpus``, ``nvdec_processes_per_gpu``, ``decode_threads``),
   ``encode_prefill`` (``device``, ``vision_gpus``, ``vision_parallel``, ``vision_tp_size``, ``prefill_graphs``,
-  ``sms_while_decoding``), ``decode`` (``device``); each stage's ``sm_share``
+  ``vision_graphs``, ``sms_while_decoding``), ``decode`` (``device``); each stage's ``sm_share``
   (percent of the GPU's SMs under ``mps``) and ``mps_priority`` (``normal`` or ``below_normal`` under ``mps``). A GPU
   set is ``own``, ``all`` or a list of ids. Each stage is one Triton instance (its stage-link socket is named after its
   model), so a stage is placed by its ``device``, and more copies of encode_prefill + decode are ``replicas``.
 * ``budgets``: the scheduler's per-step ``prefill_budget`` (LLM tokens) and ``encode_budget`` (vision patches),
-  ``max_share``, ``short_prefill_tokens``, ``burst_wait_ms``, ``decode_pace_ms``, ``max_model_len`` (tokens), decode's
-  ``max_batch`` (sequences per step).
+  ``max_share``, ``short_prefill_tokens``, ``burst_wait_ms``, ``decode_pace_ms``, ``idle_budget_scale``,
+  ``max_model_len`` (tokens), decode's ``max_batch`` (sequences per step).
 * ``slo``: per modality (``text``, ``image``, ``video``) ``ttft_ms`` and ``tbt_ms``: the targets of SLO scheduling,
   carried into the orchestrator's parameters (``slo_<modality>_ttft_ms``, ...); they act with the orchestrator
   parameter ``slo_scheduling`` true (``orchestrator.budget_policy``), and the TBT targets bound ``decode_pace_ms``.
@@ -209,8 +208,8 @@ class Budgets:
     before the 2x2 merge), ``max_share`` of a budget per request while several want it (0, 1],
     ``short_prefill_tokens`` (prefills this close to their prompt's end go first in short steps; 0 off),
     ``burst_wait_ms`` (ms a step may wait for a burst's requests still being admitted; 0 off), ``decode_pace_ms``
-    (ms between decode's steps while a step that ends media prompts runs; 0 off),
-    ``max_model_len`` (tokens), decode's ``max_batch`` (sequences per step)."""
+    (ms between decode's steps while a step that ends media prompts runs; 0 off), ``idle_budget_scale`` (both
+    budgets' factor while nothing decodes; 1 off), ``max_model_len`` (tokens), decode's ``max_batch`` (sequences)."""
 
     prefill_budget: int | None = _to("orchestrator.prefill_budget")
     encode_budget: int | None = _to("orchestrator.encode_budget")
@@ -218,11 +217,12 @@ class Budgets:
     short_prefill_tokens: int | None = _to("orchestrator.short_prefill_tokens")
     burst_wait_ms: int | None = _to("orchestrator.burst_wait_ms")
     decode_pace_ms: int | None = _to("orchestrator.decode_pace_ms")
+    idle_budget_scale: int | None = _to("orchestrator.idle_budget_scale")
     max_model_len: int | None = _to("orchestrator.max_model_len")
     max_batch: int | None = _to("decode.max_batch")
 
     def __post_init__(self):
-        _at_least(self, 1, "prefill_budget", "encode_budget", "max_model_len", "max_batch")
+        _at_least(self, 1, "prefill_budget", "encode_budget", "max_model_len", "max_batch", "idle_budget_scale")
         if self.max_share is not None and not 0 < self.max_share <= 1:
             raise ConfigError("max_share", f"must be in (0, 1], got {self.max_share!r}")
         _at_least(self, 0, "short_prefill_tokens", "burst_wait_ms", "decode_pace_ms")

@@ -62,6 +62,22 @@ def test_the_plan_carries_whether_decode_is_running():
     assert [p.decode_running for p in plans] == [False, True, False]
 
 
+def test_budgets_scale_while_nothing_decodes_and_not_while_decode_runs():
+    sched, _, patch = make(kv_pages=400, prefill_budget=100, encode_budget=64, idle_budget_scale=3)
+    seq = video_seq("v", groups=6, text_before=10, tokens=16, patches=64)  # 6 groups of 64 patches, 111 tokens
+    sched.add(seq)
+    sched.add(Sequence("t", 1000, 10))
+    ready(sched, patch, seq)
+    idle = sched.schedule(decode_running=False)  # 3 x 64 patches: three groups; 3 x 100 tokens
+    assert len(idle.encode) == 3 and idle.num_prefill_tokens == 300
+    sched.complete(idle)
+    busy = sched.schedule(decode_running=True)  # the configured budgets
+    assert len(busy.encode) == 1 and busy.num_prefill_tokens == 100
+    sched.complete(busy)
+    assert SchedulerConfig(idle_budget_scale=4).step_budgets(False) == (4 * 10240, 4 * 2048)
+    assert SchedulerConfig(idle_budget_scale=4).step_budgets(True) == (10240, 2048)
+
+
 def test_prefill_stops_before_an_unencoded_group_and_resumes_once_it_is_encoded():
     sched, kv, patch = make()
     seq = video_seq("v", groups=2)  # text [0, 10), groups [10, 26) and [26, 42), text [42, 47)
@@ -315,7 +331,7 @@ def test_sequence_rejects_a_bad_group_layout(groups):
 
 @pytest.mark.parametrize("kwargs", [
     {"encode_budget": 0}, {"prefill_budget": -1}, {"kv_page_size": 1.5}, {"max_share": 0}, {"max_share": 1.5},
-    {"short_prefill_tokens": -1}, {"max_short_steps": 0},
+    {"short_prefill_tokens": -1}, {"max_short_steps": 0}, {"idle_budget_scale": 0}, {"idle_budget_scale": 1.5},
 ])
 def test_config_is_checked(kwargs):
     with pytest.raises(ValueError):
@@ -328,6 +344,8 @@ def test_the_orchestrator_shares_a_step_by_default_and_names_a_bad_max_share():
 
     assert OrchestratorConfig.from_parameters({}).scheduler.max_share == 0.5
     assert OrchestratorConfig.from_parameters({}).scheduler.short_prefill_tokens == 512
+    assert OrchestratorConfig.from_parameters({}).scheduler.idle_budget_scale == 1  # off until measured
+    assert OrchestratorConfig.from_parameters({"idle_budget_scale": "4"}).scheduler.idle_budget_scale == 4
     assert OrchestratorConfig.from_parameters({"short_prefill_tokens": "0"}).scheduler.short_prefill_tokens == 0
     with pytest.raises(ValueError, match="short_prefill_tokens"):
         OrchestratorConfig.from_parameters({"short_prefill_tokens": "-3"})

@@ -50,7 +50,7 @@ def test_a_file_renders_its_values_and_leaves_the_rest(tmp_path):
         resources:
           replicas: 2
           encode_prefill: {device: cuda:1, vision_gpus: [0, 1]}
-        budgets: {prefill_budget: 4096, max_share: 1, short_prefill_tokens: 0, burst_wait_ms: 20}
+        budgets: {prefill_budget: 4096, max_share: 1, short_prefill_tokens: 0, burst_wait_ms: 20, idle_budget_scale: 4}
         slo:
           image: {ttft_ms: 1500.5, tbt_ms: 40}
         pools: {kv_pages: 100}
@@ -58,7 +58,8 @@ def test_a_file_renders_its_values_and_leaves_the_rest(tmp_path):
     plan = launch_options.serve_plan(args(config=path), REPOSITORY)
     assert plan.overrides == {
         "orchestrator": {"replicas": "2", "prefill_budget": "4096", "max_share": "1", "short_prefill_tokens": "0",
-                         "burst_wait_ms": "20", "slo_image_ttft_ms": "1500.5", "slo_image_tbt_ms": "40"},
+                         "burst_wait_ms": "20", "idle_budget_scale": "4", "slo_image_ttft_ms": "1500.5",
+                         "slo_image_tbt_ms": "40"},
         "encode_prefill": {"device": "cuda:1", "vision_gpus": "0,1"},
         "decode": {"kv_pages": "100", "kv_memory_fraction": ""},  # a fraction in the repository would win
     }
@@ -80,6 +81,7 @@ def test_an_empty_file_changes_nothing(tmp_path):
     ("budgets: {max_share: 0}", "budgets.max_share", "must be in (0, 1]"),
     ("budgets: {short_prefill_tokens: -1}", "budgets.short_prefill_tokens", "must be at least 0"),
     ("budgets: {burst_wait_ms: -5}", "budgets.burst_wait_ms", "must be at least 0"),
+    ("budgets: {idle_budget_scale: 0}", "budgets.idle_budget_scale", "must be at least 1, got 0"),
     ("budgets: {prefill_budgets: 2048}", "budgets.prefill_budgets", "unknown key; known here: prefill_budget"),
     ("slo: {audio: {ttft_ms: 1, tbt_ms: 1}}", "slo.audio", "unknown key; known here: text, image, video"),
     ("slo: {text: {ttft_ms: 100}}", "slo.text.tbt_ms", "missing"),
