@@ -63,7 +63,8 @@ def main() -> None:
     tower = Qwen2_5_VisionTransformerPretrainedModel._from_config(config, dtype=torch.bfloat16).to(device).eval()
     family.prepare_vision(tower)
     family.compile_vision(tower)
-    graphs = VisionGraphs(tower, GraphChoice(max_patches=10 ** 6, max_graphs=64, capture_after=1))
+    graphs = VisionGraphs(tower, GraphChoice(max_patches=10 ** 6, max_graphs=64, capture_after=1,
+                                             max_total_patches=10 ** 7))
     results = {**header(device), "repeats": args.repeats, "cases": {}}
     generator = torch.Generator(device=device).manual_seed(1)
     for name, grids in CASES.items():

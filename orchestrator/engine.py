@@ -206,8 +206,9 @@ class Engine:
     async def _step_loop(self) -> None:
         while not self.stopping:
             config, decoding = self.scheduler.config, any(t.decoding for t in self.requests.values())
-            await gather_burst(self.wake, self.admitting, self._prompt_tokens_waiting,
-                               config.step_budgets(decoding)[1], config.burst_wait_ms / 1e3)
+            enough = config.prefill_budget if self.policy else config.step_budgets(decoding)[1]  # tokens
+            await gather_burst(self.wake, self.admitting, self._prompt_tokens_waiting, enough,
+                               config.burst_wait_ms / 1e3)
             decoding = any(t.decoding for t in self.requests.values())
             plan = self.scheduler.schedule(self._budgets(), decode_running=decoding)
             if plan is None:

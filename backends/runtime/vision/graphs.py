@@ -18,11 +18,13 @@ with a window index built on the host. The varlen window attention's segment pla
 ``cu_seqlens`` tensor, and the graph keeps its tensors.
 
 When: a grid is captured the second time it is seen (a size seen once costs no capture: about two eager forwards of
-host time, once per grid), if it has at most ``max_patches`` patches (a larger item keeps the GPU busy longer than
-the host takes to launch it); the ``max_graphs`` most recently used are kept. Items without a graph run in one eager
-forward, as before. All graphs share one memory pool (their intermediates; a graph's output is copied out at once,
-before any other replay reuses that memory), outside the KV pool's count: about 45 KB per patch of the largest graph
-(0.7 GB for 16,384 patches, the default ``max_patches``).
+host time, once per grid; the capture also synchronises the device and empties PyTorch's cache), if it has at most
+``max_patches`` patches (a larger item keeps the GPU busy longer than the host takes to launch it); the most recently
+used are kept, at most ``max_graphs`` graphs and ``max_total_patches`` patches in all. Items without a graph run in
+one eager forward, as before. Memory outside the KV pool's count: each graph's input and output buffers (about 4 KB
+a patch: at most about 270 MB with the defaults) and one memory pool shared by all graphs for their intermediates (a
+graph's output is copied out at once, before another replay may reuse that memory), about the largest graph's
+activations; ``tests/gpu/test_vision_graphs.py`` prints what the GPU reserved.
 """
 from __future__ import annotations
 
@@ -45,7 +47,12 @@ log = logging.getLogger(__name__)
 Grid = tuple[int, int, int]
 MAX_PATCHES = 16384  # the largest item graphed (patches)
 MAX_GRAPHS = 32  # graphs kept, the most recently used
+MAX_TOTAL_PATCHES = 4 * MAX_PATCHES  # patches of all graphs kept (their input and output buffers: about 4 KB a patch)
 CAPTURE_AFTER = 2  # the sighting of a grid that captures it
+
+
+def _patches(grid: Grid) -> int:
+    return grid[0] * grid[1] * grid[2]
 
 
 def grid_metadata(tower: nn.Module, grid_thw: torch.Tensor) -> dict[str, torch.Tensor | int]:
@@ -66,36 +73,42 @@ def grid_metadata(tower: nn.Module, grid_thw: torch.Tensor) -> dict[str, torch.T
 
 class GraphChoice:
     """Which item grids have a CUDA graph (module docstring, "When"): the bookkeeping alone, no CUDA. ``max_patches``
-    (patches), ``max_graphs``, ``capture_after`` (sightings) as there. Raises ValueError for limits below 1."""
+    (patches), ``max_graphs``, ``capture_after`` (sightings), ``max_total_patches`` (patches) as there. Raises
+    ValueError for limits below 1 or a total below ``max_patches``."""
 
     def __init__(self, max_patches: int = MAX_PATCHES, max_graphs: int = MAX_GRAPHS,
-                 capture_after: int = CAPTURE_AFTER) -> None:
-        if min(max_patches, max_graphs, capture_after) < 1:
-            raise ValueError(f"max_patches, max_graphs and capture_after must be at least 1, got {max_patches}, "
-                             f"{max_graphs}, {capture_after}")
+                 capture_after: int = CAPTURE_AFTER, max_total_patches: int = MAX_TOTAL_PATCHES) -> None:
+        if min(max_patches, max_graphs, capture_after) < 1 or max_total_patches < max_patches:
+            raise ValueError(f"max_patches, max_graphs and capture_after must be at least 1 and max_total_patches at "
+                             f"least max_patches, got {max_patches}, {max_graphs}, {capture_after}, "
+                             f"{max_total_patches}")
         self.max_patches, self.max_graphs, self.capture_after = max_patches, max_graphs, capture_after
+        self.max_total_patches = max_total_patches
         self.held: OrderedDict[Grid, None] = OrderedDict()  # grids with a graph, least recently used first
         self._seen: OrderedDict[Grid, int] = OrderedDict()  # sightings of other grids (the latest 4x max_graphs)
         self._refused: set[Grid] = set()  # grids whose capture failed: eager from then on
 
-    def see(self, grid: Grid) -> tuple[bool, Grid | None]:
+    def see(self, grid: Grid) -> tuple[bool, tuple[Grid, ...]]:
         """One more item of ``grid``: (whether it has a graph now: held, or to capture, the ``capture_after``-th
-        sighting of a grid of at most ``max_patches`` patches; the least recently used grid whose graph to drop to
-        make room, or None)."""
+        sighting of a grid of at most ``max_patches`` patches; the grids whose graphs to drop to make room, least
+        recently used first: beyond ``max_graphs`` graphs or ``max_total_patches`` patches in all)."""
         if grid in self.held:
             self.held.move_to_end(grid)
-            return True, None
-        if grid in self._refused or grid[0] * grid[1] * grid[2] > self.max_patches:
-            return False, None
+            return True, ()
+        if grid in self._refused or _patches(grid) > self.max_patches:
+            return False, ()
         seen = self._seen.pop(grid, 0) + 1
         if seen < self.capture_after:
             self._seen[grid] = seen
             while len(self._seen) > 4 * self.max_graphs:
                 self._seen.popitem(last=False)
-            return False, None
-        dropped = self.held.popitem(last=False)[0] if len(self.held) >= self.max_graphs else None
+            return False, ()
+        dropped = []
+        while self.held and (len(self.held) >= self.max_graphs
+                             or sum(map(_patches, self.held)) + _patches(grid) > self.max_total_patches):
+            dropped.append(self.held.popitem(last=False)[0])
         self.held[grid] = None
-        return True, dropped
+        return True, tuple(dropped)
 
     def refuse(self, grid: Grid) -> None:
         """``grid``'s capture failed: it has no graph, and never gets one."""
@@ -152,9 +165,12 @@ class VisionGraphs:
 
     def _entry(self, grid: Grid) -> _Graph | None:
         graphed, dropped = self.choice.see(grid)
-        self._graphs.pop(dropped, None)
+        for old in dropped:
+            del self._graphs[old]
         if not graphed or grid in self._graphs:
             return self._graphs.get(grid)
+        if not self._graphs:  # a new pool: torch cannot capture into one whose graphs are all gone
+            self._pool = torch.cuda.graph_pool_handle()
         try:
             self._graphs[grid] = self._capture(grid)
         except Exception:  # the step goes on eagerly; the grid is not tried again
@@ -166,7 +182,7 @@ class VisionGraphs:
     def _capture(self, grid: Grid) -> _Graph:
         grid_thw = torch.tensor([grid], dtype=torch.long, device=self.device)
         metadata = grid_metadata(self.tower, grid_thw)
-        pixels = torch.zeros(grid[0] * grid[1] * grid[2], self.patch_dim, dtype=self.dtype, device=self.device)
+        pixels = torch.zeros(_patches(grid), self.patch_dim, dtype=self.dtype, device=self.device)
 
         def forward() -> torch.Tensor:
             return self.tower(pixels, grid_thw=grid_thw, **metadata).pooler_output

@@ -42,35 +42,43 @@ def test_the_forward_with_precomputed_metadata_equals_the_plain_forward(grid):
 def test_a_grid_gets_a_graph_at_its_second_sighting_and_the_least_recently_used_makes_room():
     choice = GraphChoice(max_patches=1000, max_graphs=2, capture_after=2)
     a, b, c = (1, 10, 10), (1, 12, 12), (2, 10, 10)
-    assert choice.see(a) == (False, None)  # first sighting: eager
-    assert choice.see(a) == (True, None)  # second: captured
-    assert choice.see(a) == (True, None)  # replayed
-    assert choice.see(b) == (False, None) and choice.see(b) == (True, None)
-    assert choice.see(a) == (True, None)  # a is now the most recently used
-    assert choice.see(c) == (False, None) and choice.see(c) == (True, b)  # room made: b, the least recently used
+    assert choice.see(a) == (False, ())  # first sighting: eager
+    assert choice.see(a) == (True, ())  # second: captured
+    assert choice.see(a) == (True, ())  # replayed
+    assert choice.see(b) == (False, ()) and choice.see(b) == (True, ())
+    assert choice.see(a) == (True, ())  # a is now the most recently used
+    assert choice.see(c) == (False, ()) and choice.see(c) == (True, (b,))  # room made: b, the least recently used
     assert list(choice.held) == [a, c]
-    assert choice.see(b) == (False, None)  # b starts over
+    assert choice.see(b) == (False, ())  # b starts over
+
+
+def test_the_graphs_patches_in_all_are_bounded_too():
+    choice = GraphChoice(max_patches=100, max_graphs=8, capture_after=1, max_total_patches=250)
+    a, b, c = (1, 10, 10), (1, 8, 10), (1, 9, 10)  # 100, 80, 90 patches
+    assert choice.see(a) == (True, ()) and choice.see(b) == (True, ())
+    assert choice.see(c) == (True, (a,))  # 270 > 250: the least recently used goes
+    assert list(choice.held) == [b, c]
 
 
 def test_large_grids_run_eagerly_and_a_failed_capture_is_not_tried_again():
     choice = GraphChoice(max_patches=100, max_graphs=4, capture_after=1)
-    assert choice.see((1, 10, 12)) == (False, None)  # 120 patches: over the limit
-    assert choice.see((1, 10, 10)) == (True, None)  # capture_after 1: the first sighting captures
+    assert choice.see((1, 10, 12)) == (False, ())  # 120 patches: over the limit
+    assert choice.see((1, 10, 10)) == (True, ())  # capture_after 1: the first sighting captures
     choice.refuse((1, 10, 10))
-    assert choice.see((1, 10, 10)) == (False, None) and not choice.held
+    assert choice.see((1, 10, 10)) == (False, ()) and not choice.held
 
 
 def test_sightings_are_remembered_for_a_bounded_number_of_grids():
-    choice = GraphChoice(max_patches=10 ** 6, max_graphs=1, capture_after=2)
+    choice = GraphChoice(max_patches=10 ** 6, max_graphs=1, capture_after=2, max_total_patches=10 ** 6)
     choice.see((1, 2, 2))
     for k in range(1, 5):  # four more grids: the first one's sighting is forgotten (4 x max_graphs kept)
         choice.see((1, 2, 2 * k + 2))
-    assert choice.see((1, 2, 2)) == (False, None)
+    assert choice.see((1, 2, 2)) == (False, ())
 
 
-@pytest.mark.parametrize("limits", [(0, 1, 1), (1, 0, 1), (1, 1, 0)])
+@pytest.mark.parametrize("limits", [(0, 1, 1, 1), (1, 0, 1, 1), (1, 1, 0, 1), (2, 1, 1, 1)])
 def test_limits_below_one_are_refused(limits):
-    with pytest.raises(ValueError, match="must be at least 1"):
+    with pytest.raises(ValueError, match="must be at least 1 and max_total_patches at least max_patches"):
         GraphChoice(*limits)
 
 
