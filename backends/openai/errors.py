@@ -115,4 +115,7 @@ def install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(HTTPException)
     async def http_error(_: Request, exc: HTTPException) -> JSONResponse:
+        if isinstance(bad := exc.__cause__, UnicodeDecodeError):  # FastAPI's body parsing says only "an error"
+            return ApiError(400, f"the body is not valid UTF-8 JSON: byte {bad.object[bad.start]:#04x} at offset "
+                                 f"{bad.start} ({bad.reason})").response()
         return ApiError(exc.status_code, str(exc.detail)).response()

@@ -56,6 +56,13 @@ def test_a_body_that_is_not_json_is_400(client):
     assert error["message"].startswith("the body is not valid JSON")
 
 
+def test_a_body_that_is_not_utf8_is_400_naming_the_byte(client):
+    body = b'{"model": "m", "messages": [{"role": "user", "content": "caf\xe9"}]}'
+    error = _error(client.post("/v1/chat/completions", content=body, headers={"content-type": "application/json"}),
+                   400)
+    assert error["message"] == "the body is not valid UTF-8 JSON: byte 0xe9 at offset 60 (invalid continuation byte)"
+
+
 def test_unknown_paths_and_methods(client):
     assert _error(client.get("/v1/nothing"), 404)["message"] == "Not Found"
     assert _error(client.get("/v1/chat/completions"), 405)["type"] == "invalid_request_error"
