@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 
 from backends.triton.replicas import REPLICATED_STAGES, replica_name
-from backends.triton.triton_io import choice_value, int_value
+from backends.triton.triton_io import POSITIVE_FLOAT_PARAMETERS, choice_value, float_parameter, int_value
 
 REPOSITORY = Path(__file__).resolve().parents[2] / "model_repository"
 
@@ -84,11 +84,17 @@ def check_value(model: str, key: str, current: str, value: str) -> None:
     """Refuses ``value`` for ``model``'s parameter ``key`` when ``current`` (its value in config.pbtxt) is an
     integer and ``value`` is not (empty included), or is below 1 for a size or below 0 for a count
     (``triton_io.int_value``); or when the parameter takes one of a few words (``triton_io.CHOICES``) and ``value``
-    is none of them. Other parameters are checked by their model at load.
+    is none of them; or when it is a positive number when set (``triton_io.POSITIVE_FLOAT_PARAMETERS``: the SLO
+    targets) and ``value`` is neither empty nor one. Other parameters are checked by their model at load.
 
     Raises ValueError naming MODEL.KEY and the value given.
     """
     choice_value(key, value, f"{model}.{key}")
+    if key in POSITIVE_FLOAT_PARAMETERS:
+        try:
+            float_parameter({key: value}, key)
+        except ValueError:
+            raise ValueError(f"{model}.{key} must be a positive number (or empty: no target), got {value!r}") from None
     try:
         int(current)
     except ValueError:

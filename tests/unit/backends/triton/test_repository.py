@@ -108,6 +108,10 @@ def test_launcher_set_with_an_unknown_key_stops_before_starting(monkeypatch, cap
     ("encode_prefill.prefill_graphs=maybe", "encode_prefill.prefill_graphs must be auto, on or off, got 'maybe'"),
     ("decode.cuda_graphs=yes", "decode.cuda_graphs must be auto, on or off, got 'yes'"),
     ("decode.share_weights=auto", "decode.share_weights must be on or off, got 'auto'"),
+    ("orchestrator.slo_text_tbt_ms=fast", "orchestrator.slo_text_tbt_ms must be a positive number (or empty: no "
+                                          "target), got 'fast'"),
+    ("orchestrator.slo_video_ttft_ms=-3", "orchestrator.slo_video_ttft_ms must be a positive number"),
+    ("orchestrator.slo_image_tbt_ms=nan", "orchestrator.slo_image_tbt_ms must be a positive number"),
 ])
 def test_values_a_model_cannot_load_with_are_refused_before_start(item, message):
     with pytest.raises(ValueError, match=re.escape(f"--set '{item}': {message}")):
@@ -116,9 +120,11 @@ def test_values_a_model_cannot_load_with_are_refused_before_start(item, message)
 
 def test_integer_checks_follow_the_repository_and_leave_other_values_alone():
     assert parse_overrides(["*.seed=-1", "decode.kv_pages=8", "orchestrator.allowed_media_dirs=",
-                            "decode.dtype=bfloat16"]) == {
+                            "decode.dtype=bfloat16", "orchestrator.slo_text_tbt_ms=25.5",
+                            "orchestrator.slo_video_ttft_ms="]) == {
         "decode": {"seed": "-1", "kv_pages": "8", "dtype": "bfloat16"},
-        "encode_prefill": {"seed": "-1"}, "orchestrator": {"allowed_media_dirs": ""}}
+        "encode_prefill": {"seed": "-1"}, "orchestrator": {"allowed_media_dirs": "", "slo_text_tbt_ms": "25.5",
+                                                           "slo_video_ttft_ms": ""}}
 
 
 def test_every_word_parameter_in_the_repository_has_its_choices_and_its_default_among_them():
