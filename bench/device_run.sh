@@ -35,7 +35,7 @@
 #   sampler-bench  tests/gpu/test_runtime_sampler_cuda.py and bench/sampler_bench.py: the sampler alone
 #   attention-probe bench/attention_probe.py: decode attention and KV writes alone, per library kernel and option
 #   vision-graphs  tests/gpu/test_vision_graphs.py (log vision_graph_tests) and bench/vision_graphs_bench.py: the vision
-#                  tower's CUDA graphs per item grid against its eager forward (needs nothing installed)
+#                  tower's CUDA graphs per item grid against its eager forward (needs the av bundle installed)
 #   prefill-probe  bench/prefill_probe.py: short prefill chunks over empty and long cached contexts, eager, as
 #                  prefill CUDA graphs and with the decoder layers compiled (PROBE_ARGS adds options, e.g.
 #                  PROBE_ARGS="--passes eager graphs")
