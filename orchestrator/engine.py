@@ -140,7 +140,7 @@ class Engine:
             return RequestState.DECODING
         if seq.block_table is None:
             return RequestState.WAITING
-        return RequestState.PREFILLING if seq.ready_end() > seq.num_computed_tokens else RequestState.ENCODING
+        return RequestState.PREFILLING if seq.prefill_end() > seq.num_computed_tokens else RequestState.ENCODING
 
     async def abort(self, req_id: str) -> None:
         """Stop the request's work and return its pages (cancelled, a stop string, its client gone); nothing if

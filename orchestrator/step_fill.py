@@ -8,7 +8,8 @@ a clip whose KV is cached, or a text request, arriving while a long prompt is en
 one small step instead of one that also carries the long prompt's encode and chunk (on an H200, a 50-token prefill
 alone took 23-30 ms in the worker, and 90-110 ms in a step beside a 20-s clip's work). The last chunk of a long
 prompt is not one: it goes into the next normal step (in 16 one-image requests at once, giving the images' last
-254-token chunks short steps of their own made 16 steps of 0.5k and 2k tokens where 10 full ones would do).
+254-token chunks short steps of their own made 16 steps of 0.5k and 2k tokens where 10 full ones would do). A prompt's
+text stub before media still being decoded waits for it (``Sequence.prefill_end``).
 """
 from __future__ import annotations
 
@@ -48,12 +49,13 @@ def fill_encode(seqs: Iterable[Sequence], budget: int, max_share: float) -> list
 def fill_prefill(seqs: Iterable[Sequence], encode: list[EncodeWork], budget: int,
                  max_share: float) -> list[PrefillWork]:
     """One chunk per admitted sequence that still prefills, in the given (arrival) order, of tokens whose embeddings
-    are ready (the worker runs the step's ``encode`` first), ``budget`` tokens in all, each sequence first capped at
-    ``max_share`` of it (at least one token), what is left then given out again without the cap."""
+    are ready (the worker runs the step's ``encode`` first; ``Sequence.prefill_end``), ``budget`` tokens in all, each
+    sequence first capped at ``max_share`` of it (at least one token), what is left then given out again without the
+    cap."""
     encoding: dict[str, set[tuple[int, int]]] = defaultdict(set)
     for work in encode:
         encoding[work.req_id].add((work.item, work.index))
-    demand = [(seq, seq.ready_end(encoding.get(seq.req_id, ()))) for seq in seqs
+    demand = [(seq, seq.prefill_end(encoding.get(seq.req_id, ()))) for seq in seqs
               if seq.block_table is not None and not seq.prefill_done]
     ends = {seq.req_id: seq.num_computed_tokens for seq, _ in demand}
     used = 0
@@ -86,7 +88,7 @@ def has_other_work(seqs: Iterable[Sequence], besides: set[str]) -> bool:
     """Whether a sequence not named in ``besides`` has a group ready to encode or prompt tokens ready to prefill."""
     return any(seq.req_id not in besides and (
         any(g.patch_pages is not None for g in seq.groups)
-        or (seq.block_table is not None and seq.ready_end() > seq.num_computed_tokens)) for seq in seqs)
+        or (seq.block_table is not None and seq.prefill_end() > seq.num_computed_tokens)) for seq in seqs)
 
 
 def _chunk(seq: Sequence, end: int) -> PrefillWork:

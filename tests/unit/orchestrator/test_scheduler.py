@@ -3,7 +3,7 @@ import pytest
 from orchestrator.pages import PageAllocator
 from orchestrator.prefix_cache import PrefixCache
 from orchestrator.scheduler import Scheduler, SchedulerConfig, StepPlan
-from orchestrator.sequence import Group, Sequence
+from orchestrator.sequence import STUB_TOKENS, Group, Sequence
 
 
 def make(kv_pages=64, patch_pages=64, **config):
@@ -80,10 +80,10 @@ def test_budgets_scale_while_nothing_decodes_and_not_while_decode_runs():
 
 def test_prefill_stops_before_an_unencoded_group_and_resumes_once_it_is_encoded():
     sched, kv, patch = make()
-    seq = video_seq("v", groups=2)  # text [0, 10), groups [10, 26) and [26, 42), text [42, 47)
+    seq = video_seq("v", groups=2, text_before=STUB_TOKENS + 1)  # text, two groups of 16 tokens, 5 tokens of text
     sched.add(seq)
     plan, _ = step(sched)
-    assert chunks(plan) == [("v", 0, 10)] and plan.encode == ()
+    assert chunks(plan) == [("v", 0, STUB_TOKENS + 1)] and plan.encode == ()  # longer than a stub: prefilled ahead
     assert sched.schedule() is None and sched.has_work()
     sched.group_ready("v", 0, 1, patch.allocate(1))  # out of order: group 1 first
     plan, _ = step(sched)
@@ -92,8 +92,22 @@ def test_prefill_stops_before_an_unencoded_group_and_resumes_once_it_is_encoded(
     sched.group_ready("v", 0, 0, pages := patch.allocate(2))
     plan, finished = step(sched)
     # The group encoded in this step counts: the worker runs the encode before the prefill.
-    assert plan.encode[0].patch_pages == tuple(pages) and chunks(plan) == [("v", 10, 47)]
+    assert plan.encode[0].patch_pages == tuple(pages) and chunks(plan) == [("v", STUB_TOKENS + 1, seq.prompt_len)]
     assert finished == ["v"] and patch.num_free == 64
+
+
+def test_a_text_stub_waits_for_its_media_while_it_is_decoded_not_while_it_waits_for_the_encoder():
+    sched, _, patch = make(encode_budget=64)
+    a, b = video_seq("a", groups=1, text_before=10), video_seq("b", groups=1, text_before=10)
+    sched.add(a)
+    sched.add(b)
+    assert sched.schedule() is None  # both stubs wait: their groups are being decoded (no step of 20 tokens)
+    ready(sched, patch, a)
+    ready(sched, patch, b)
+    plan, _ = step(sched)  # a's group fills the encode budget: b's waits for the encoder, so b's stub goes now
+    assert encoded(plan) == [("a", 0, 0)] and chunks(plan) == [("a", 0, a.prompt_len), ("b", 0, 10)]
+    plan, _ = step(sched)
+    assert encoded(plan) == [("b", 0, 0)] and chunks(plan) == [("b", 10, b.prompt_len)]
 
 
 def test_prefill_chunks_may_split_a_group():
@@ -229,10 +243,10 @@ def test_a_short_step_waits_for_its_media_and_is_not_taken_when_nothing_else_wai
     image = video_seq("image", groups=1, text_before=2, text_after=2)  # 20 tokens, its group not yet decoded
     sched.add(image)
     sched.add(Sequence("big", 1000, 1))
-    assert chunks(step(sched)[0]) == [("image", 0, 2), ("big", 0, 98)]  # the image's group is not ready: normal
+    assert chunks(step(sched)[0]) == [("big", 0, 100)]  # the image's group is not ready (its stub waits): normal
     ready(sched, patch, image)
     plan, _ = step(sched)  # ready only once encoded, and its encode is a normal step's
-    assert encoded(plan) == [("image", 0, 0)] and chunks(plan) == [("image", 2, 20), ("big", 98, 180)]
+    assert encoded(plan) == [("image", 0, 0)] and chunks(plan) == [("image", 0, 20), ("big", 100, 180)]
     sched.remove("big")
     sched.add(Sequence("alone", 10, 1))
     plan, _ = step(sched)  # nothing else waits: the same as a normal step

@@ -17,7 +17,7 @@ from orchestrator.encoder_cache import EncoderCache
 from orchestrator.pages import PageAllocator
 from orchestrator.prefix_cache import PrefixCache
 from orchestrator.scheduler import Scheduler, SchedulerConfig
-from orchestrator.sequence import Group, Sequence
+from orchestrator.sequence import STUB_TOKENS, Group, Sequence
 
 MAX_TICKS = 5000
 
@@ -74,10 +74,14 @@ def check_shared_pages(kv, live, config):
 
 
 def demand_end(seq, encoding):
-    """First prompt token whose embedding is not ready: an independent reading of the rule."""
+    """First prompt token whose embedding is not ready, or the prefill's start when the ready tokens are a stub of at
+    most STUB_TOKENS before a group still being decoded: an independent reading of the rule."""
     for group in seq.groups:
         if group.token_end > seq.num_computed_tokens and not group.encoded and group.key not in encoding:
-            return max(group.token_offset, seq.num_computed_tokens)  # a group a cached prefix ends in
+            end = max(group.token_offset, seq.num_computed_tokens)  # a group a cached prefix ends in
+            visual = [g for g in seq.groups if g.token_end > seq.num_computed_tokens and g.token_offset < end]
+            stub = 0 < end - seq.num_computed_tokens <= STUB_TOKENS and group.patch_pages is None and not visual
+            return seq.num_computed_tokens if stub else end
     return seq.prompt_len
 
 
