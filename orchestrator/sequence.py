@@ -149,7 +149,8 @@ class Sequence:
     def prefill_end(self, encoding: Container[tuple[int, int]] = ()) -> int:
         """End (exclusive, tokens) of what a step may prefill now: :meth:`ready_end`, except that a text stub (at most
         :data:`STUB_TOKENS` ready tokens, none of them visual) that stops before a group still being decoded (no
-        patch pages yet) waits to go with that group's tokens (the end is then ``num_computed_tokens``)."""
+        patch pages yet) waits to go with that group's tokens (the end is then ``num_computed_tokens``): a prompt's
+        leading text, text between groups, or the rest of longer text already partly prefilled."""
         start, end = self.num_computed_tokens, self.ready_end(encoding)
         text_only = not any(g.token_end > start and g.token_offset < end for g in self.groups)
         if 0 < end - start <= STUB_TOKENS and text_only and any(

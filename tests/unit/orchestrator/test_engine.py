@@ -180,7 +180,7 @@ def test_abort_while_encoding_waits_for_the_media_call_to_end_before_freeing_pag
     async def body(w: World):
         w.image("a")
         await settle()
-        assert w.engine.state("a") is RequestState.ENCODING  # prefilled up to its image, which is not decoded
+        assert w.engine.state("a") is RequestState.ENCODING  # its text waits for its image, not yet decoded
         w.media.ready("a", 0, 0, pages=1)  # reported while the abort is on its way
         await w.engine.abort("a")
         kinds = [entry[0] for entry in w.log]

@@ -96,6 +96,16 @@ def test_prefill_stops_before_an_unencoded_group_and_resumes_once_it_is_encoded(
     assert finished == ["v"] and patch.num_free == 64
 
 
+def test_a_stub_is_at_most_stub_tokens_long():
+    sched, _, patch = make()
+    at, over = (video_seq(name, groups=1, text_before=n) for name, n in [("at", STUB_TOKENS),
+                                                                          ("over", STUB_TOKENS + 1)])
+    sched.add(at)
+    sched.add(over)
+    plan, _ = step(sched)
+    assert chunks(plan) == [("over", 0, STUB_TOKENS + 1)]  # "at" waits for its media
+
+
 def test_a_text_stub_waits_for_its_media_while_it_is_decoded_not_while_it_waits_for_the_encoder():
     sched, _, patch = make(encode_budget=64)
     a, b = video_seq("a", groups=1, text_before=10), video_seq("b", groups=1, text_before=10)

@@ -23,7 +23,8 @@ MAX_TICKS = 5000
 
 
 def random_sequence(rng, req_id, encode_budget):
-    offset, groups = rng.randint(1, 40), []
+    # leading text mostly a stub (Sequence.prefill_end), now and then longer than one
+    offset, groups = rng.choice([rng.randint(1, 40), rng.randint(100, 300)]), []
     for item in range(rng.choice([0, 0, 1, 1, 2, 3])):
         offset += 1  # <|vision_start|>
         for index in range(rng.randint(1, 6)):
@@ -31,7 +32,7 @@ def random_sequence(rng, req_id, encode_budget):
             tokens = rng.randint(1, max(1, encode_budget // 4 // rng.choice([1, 2, 3]) + rng.choice([0, 0, 0, 40])))
             groups.append(Group(item, index, offset, tokens, 4 * tokens))
             offset += tokens
-        offset += 1 + rng.randint(0, 30)
+        offset += 1 + rng.choice([rng.randint(0, 30), rng.randint(100, 300)])
     return Sequence(req_id, offset, rng.randint(1, 40), groups)
 
 
