@@ -31,6 +31,7 @@ activations; ``tests/gpu/test_vision_graphs.py`` prints what the GPU reserved.
 from __future__ import annotations
 
 import logging
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -173,8 +174,11 @@ class VisionGraphs:
             return self._graphs.get(grid)
         if not self._graphs:  # a new pool: torch cannot capture into one whose graphs are all gone
             self._pool = torch.cuda.graph_pool_handle()
+        started = time.perf_counter()
         try:
             self._graphs[grid] = self._capture(grid)
+            log.info("vision graph of grid_thw %s captured in %.2f s (%d held)", grid, time.perf_counter() - started,
+                     len(self._graphs))
         except Exception:  # the step goes on eagerly; the grid is not tried again
             log.exception("vision graph of grid_thw %s: capture failed, the grid runs eagerly", grid)
             self.choice.refuse(grid)
