@@ -79,6 +79,7 @@ class TritonServer:
     regions: set[str] = field(default_factory=set)  # its stubs' shm regions once ready (`stubs.stub_regions`)
     mps: MpsDaemon | None = None  # with gpu_sharing mps: the daemon its processes are clients of
     _lock: object = field(default=None, init=False, repr=False)  # the open lock file (stale_shm)
+    _log: object = field(default=None, init=False, repr=False)  # the log as tritonserver writes it (shared offset)
 
     def start(self) -> "TritonServer":
         """Start and wait until ready. Raises RuntimeError when a port is taken (before starting: otherwise
@@ -107,7 +108,7 @@ class TritonServer:
             environment.update(self.mps.env())
         command = server_command(binary, backends, self.model_repository, self.ports, self.shm_default_byte_size,
                                  TRITON_EXIT_TIMEOUT_S)
-        log = None if self.log_to_stdout else open(self.log_path, "wb")
+        self._log = log = None if self.log_to_stdout else open(self.log_path, "wb")
         if log is not None and self.on_log is not None:
             self.on_log(self.log_path)
         self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=environment,
@@ -203,6 +204,8 @@ class TritonServer:
                 (SHM / region).unlink(missing_ok=True)
         if self.mps is not None:  # its clients are gone; its folders are in the run directory
             self.mps.stop()
+        if self._log is not None:
+            self._log.close()
         if self.run_dir is not None:
             remove_run_files(self.run_dir.name)  # its pools and its lock
             self._lock.close()
@@ -217,8 +220,15 @@ class TritonServer:
         return stub_processes(self.process.pid)
 
     def _dump_stub_stacks(self) -> None:
-        """Each stub of this server writes all its threads' stacks to the log (``stubs.dump_stacks``)."""
-        dump_stacks(self.stubs())
+        """Each stub of this server writes all its threads' stacks to the log, one after the other, each after a line
+        naming its model (``stubs.dump_stacks``)."""
+        out = self._log or sys.stdout  # the file tritonserver and its stubs write: their offset, not another
+
+        def note(line: str) -> None:
+            out.write(f"{line}\n".encode() if out is self._log else f"{line}\n")
+            out.flush()
+
+        dump_stacks(self.stubs(), note=note)
 
     def __enter__(self) -> "TritonServer":
         return self.start()

@@ -51,13 +51,17 @@ def stub_regions(group: int) -> set[str]:
     return {argv[2].decode(errors="replace") for _, argv in _live_stubs(group) if argv[2].startswith(prefix)}
 
 
-def dump_stacks(pids, wait_s: float = 2.0) -> None:
-    """SIGUSR1 to each stub of ``pids``: each writes all its threads' stacks to the server log (the models turn
-    on faulthandler for that signal); then waits ``wait_s`` seconds for them to write."""
-    for pid in pids:
+def dump_stacks(stubs: dict[int, str], wait_s: float = 2.0, note: Callable[[str], None] | None = None) -> None:
+    """SIGUSR1 to each stub of ``stubs`` (pid -> model), one at a time: each writes all its threads' stacks to the
+    server log (the models turn on faulthandler for that signal), ``note(line)`` (if given) first writing a line that
+    names the model and pid; ``wait_s`` seconds in all are shared between them, so that their stacks do not
+    interleave (all at once, four processes' stacks came out mixed line by line)."""
+    for pid, model in stubs.items():
+        if note is not None:
+            note(f"--- stacks of model {model} (stub pid {pid}) ---")
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGUSR1)
-    time.sleep(wait_s)
+        time.sleep(wait_s / len(stubs))
 
 
 def watch_stages(server: "TritonServer", companion: Callable[[], str | None] | None = None,

@@ -143,7 +143,9 @@ def test_a_server_that_does_not_exit_is_killed_and_the_launcher_says_so():
     assert not _servers(ports), "tritonserver left running"
     assert not sorted(SHM.glob(f"unifiedserve-{run.group(1)}[-.]*")), "its pools or lock outlived it"
     log = Path(tempfile.gettempdir()) / f"{run.group(1)}.log"
-    assert "(most recent call first)" in log.read_text(errors="replace"), "no stub stacks in the log"
+    text = log.read_text(errors="replace")
+    assert "(most recent call first)" in text, "no stub stacks in the log"
+    assert re.search(r"--- stacks of model (orchestrator|decode|encode_prefill|flashcodec) \(stub pid \d+\) ---", text)
     assert str(log) in err
     log.unlink()
 
