@@ -22,9 +22,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from backends.triton.triton_io import float_parameter
+from backends.triton.triton_io import MODALITIES, float_parameter
 
-MODALITIES = ("text", "image", "video")
 DEFAULT_TBT_MS = 50.0  # the per-request p99 TBT SLO of the peer benchmark (issue 19)
 
 

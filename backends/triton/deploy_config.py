@@ -39,10 +39,9 @@ from pathlib import Path
 import yaml
 
 from backends.triton.mps import GPU_SHARING, mps_priority, sm_share
-from backends.triton.triton_io import UPPER_BOUNDS, choice_value, gpus_value
+from backends.triton.triton_io import MODALITIES, UPPER_BOUNDS, choice_value, gpus_value
 
 DEFAULT_SHM_BYTES = 16 * 1024 * 1024  # the launcher's --backend-config=python,shm-default-byte-size
-MODALITIES = ("text", "image", "video")
 _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 
 
