@@ -80,6 +80,7 @@ class TritonServer:
     mps: MpsDaemon | None = None  # with gpu_sharing mps: the daemon its processes are clients of
     _lock: object = field(default=None, init=False, repr=False)  # the open lock file (stale_shm)
     _log: object = field(default=None, init=False, repr=False)  # the log as tritonserver writes it (shared offset)
+    _stop_announced: bool = field(default=False, init=False, repr=False)
 
     def start(self) -> "TritonServer":
         """Start and wait until ready. Raises RuntimeError when a port is taken (before starting: otherwise
@@ -171,6 +172,18 @@ class TritonServer:
         except (OSError, AttributeError):
             return ""
 
+    def announce_stop(self) -> None:
+        """Tell the models the server is stopping (``server_stop``): they fail their requests in flight, so that each
+        client gets an error naming the stop. The first step of :meth:`stop`; the launcher calls it earlier, as it
+        stops the OpenAI API, so that the API's streams in flight end with that error within its grace. With
+        ``UNIFIEDSERVE_DUMP_STACKS=1`` the stubs' stacks go to the server log first."""
+        if self._stop_announced or self.process is None or self.process.poll() is not None:
+            return
+        self._stop_announced = True
+        if os.environ.get("UNIFIEDSERVE_DUMP_STACKS") == "1":
+            self._dump_stub_stacks()
+        server_stop.announce(self.run_dir)
+
     def stop(self, drain_timeout_s: float = 10.0, exit_timeout_s: float = EXIT_TIMEOUT_S) -> str | None:
         """Tell the models and let them drain (``server_stop``: requests in flight fail, streams end; at most
         ``drain_timeout_s`` seconds), SIGINT, then SIGKILL of the whole process group after ``exit_timeout_s``
@@ -182,9 +195,7 @@ class TritonServer:
         exit timeout (model NAME had not unloaded)"."""
         killed = None
         if self.process is not None and self.process.poll() is None:
-            if os.environ.get("UNIFIEDSERVE_DUMP_STACKS") == "1":
-                self._dump_stub_stacks()
-            server_stop.announce(self.run_dir)
+            self.announce_stop()
             server_stop.wait_drained(self.run_dir, drain_timeout_s)
             os.killpg(self.process.pid, signal.SIGINT)
             try:
@@ -343,7 +354,9 @@ def _serve(args: argparse.Namespace, repository: Path, plan: launch_options.Serv
         print(exc, file=sys.stderr, flush=True)
         api_failed = True
     finally:
-        if api is not None:  # before the drain: no new request reaches a server that is stopping
+        if api is not None:  # before the drain: no new request reaches a server that is stopping; those in
+            if not died:  # flight end with the models' "shutting down" error, relayed within the API's grace
+                server.announce_stop()
             api.stop()
         if died:  # its requests can neither drain nor end: Triton would wait out its exit timeout (20 s, twice)
             server.stop(drain_timeout_s=2.0, exit_timeout_s=DIED_EXIT_TIMEOUT_S)

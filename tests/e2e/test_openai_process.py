@@ -158,15 +158,36 @@ def _launch_with_api() -> tuple[subprocess.Popen, int]:
 
 def test_the_launcher_serves_the_api_and_stops_it_first():
     """``python -m backends.triton.launcher --openai-port P``: the API's URL once the server is ready, a chat through
-    it, and on SIGTERM both stop (exit status 0, nothing left listening on P)."""
+    it, and on SIGTERM both stop (exit status 0, nothing left listening on P); a stream in flight, longer than the
+    API's grace, ends with the "shutting down" error event, not a dropped connection."""
     launcher, api_port = _launch_with_api()
+    outcome: dict[str, object] = {}
+    streaming = threading.Event()
     try:
         with openai.OpenAI(base_url=f"http://127.0.0.1:{api_port}/v1", api_key="unused", max_retries=0,
                            timeout=120) as client:
             reply = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}],
                                                    max_tokens=2)
-        assert reply.choices[0].finish_reason in ("length", "stop")
-        launcher.send_signal(signal.SIGTERM)
+            assert reply.choices[0].finish_reason in ("length", "stop")
+
+            def ask() -> None:
+                try:
+                    for _ in client.chat.completions.create(
+                            model=MODEL, messages=[{"role": "user", "content": "Tell me everything."}],
+                            max_tokens=20000, temperature=0, stream=True, extra_body=EXTRA):
+                        streaming.set()
+                    outcome["error"] = None
+                except openai.APIError as exc:
+                    outcome["error"] = exc
+
+            asking = threading.Thread(target=ask)
+            asking.start()
+            assert streaming.wait(120), "the streaming request produced no token"
+            launcher.send_signal(signal.SIGTERM)
+            asking.join(timeout=30)
+            assert not asking.is_alive(), "the stream did not end when the launcher stopped"
+        error = outcome["error"]
+        assert isinstance(error, openai.APIError) and "shutting down" in error.message, repr(error)
         assert launcher.wait(timeout=60) == 0, launcher.stderr.read()
     finally:
         if launcher.poll() is None:
