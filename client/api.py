@@ -46,7 +46,10 @@ class GenerationResult:
     ("stop", "length", "abort"), ``"cancelled"`` when the client cancelled, ``None`` if never sent.
     ``visual_cap``: what the server's ``max_visual_tokens`` changed in the request's media (its ``visual_cap``
     output: ``max_visual_tokens``, ``requested_visual_tokens``, ``visual_tokens``, ``fps``, ``max_pixels``), or
-    None when nothing was. ``timeline``: the server's record of where the request's time went (``return_timeline``;
+    None when nothing was. ``media``: what the server did with each image and video, in the prompt's order (its
+    ``media`` output, docs/requests.md: ``kind``, ``grid_thw``, ``visual_tokens``; an image's ``width``, ``height``;
+    a video's ``frames_in_file``, ``duration_s``, ``frames`` used, ``sampled_frames``, ``fps``), None without media.
+    ``timeline``: the server's record of where the request's time went (``return_timeline``;
     ``{"events": [{"ms": ..., "event": ..., ...}]}``, orchestrator/timeline.py), else None.
     ``num_cached_tokens``: of the prompt's tokens, those the server found in its prefix cache (not computed again).
     """
@@ -61,6 +64,7 @@ class GenerationResult:
     tbt_ms: list[float] = field(default_factory=list)
     num_responses: int = 0  # responses that carried text or token ids
     visual_cap: dict | None = None
+    media: list[dict] | None = None
     timeline: dict | None = None
 
     @property
@@ -82,6 +86,7 @@ class ResponsePiece:
     finish_reason: str | None = None
     final: bool = False
     visual_cap: dict | None = None
+    media: list[dict] | None = None
     timeline: dict | None = None
 
     @property
@@ -120,6 +125,8 @@ class _Collector:
             r.finish_reason = piece.finish_reason
         if piece.visual_cap is not None:
             r.visual_cap = piece.visual_cap
+        if piece.media is not None:
+            r.media = piece.media
         if piece.timeline is not None:
             r.timeline = piece.timeline
         if piece.has_output:
@@ -229,6 +236,11 @@ def _scalar(result: grpcclient.InferResult, name: str):
     return None if a is None or a.size == 0 else a.reshape(-1)[0]
 
 
+def json_output(value: str | bytes | None):
+    """A JSON output's value (``visual_cap``, ``media``, ``timeline``) read, or None where it is absent or empty."""
+    return None if value is None or len(value) == 0 else json.loads(value)
+
+
 def piece_from_grpc(result: grpcclient.InferResult) -> ResponsePiece:
     """Reads one streamed gRPC response (any subset of the orchestrator's outputs may be present)."""
     params = result.get_response().parameters
@@ -238,7 +250,7 @@ def piece_from_grpc(result: grpcclient.InferResult) -> ResponsePiece:
     n_in, n_out, n_cached = (_scalar(result, name) for name in
                              ("num_input_tokens", "num_output_tokens", "num_cached_tokens"))
     reason = _scalar(result, "finish_reason")
-    cap, timeline = _scalar(result, "visual_cap"), _scalar(result, "timeline")
+    cap, media, timeline = (_scalar(result, name) for name in ("visual_cap", "media", "timeline"))
     return ResponsePiece(
         text=b"".join(x if isinstance(x, bytes) else str(x).encode() for x in text.reshape(-1))
         if text is not None else b"",
@@ -248,8 +260,9 @@ def piece_from_grpc(result: grpcclient.InferResult) -> ResponsePiece:
         num_cached_tokens=None if n_cached is None else int(n_cached),
         finish_reason=None if reason is None else (reason.decode() if isinstance(reason, bytes) else str(reason)),
         final=final,
-        visual_cap=None if cap is None else json.loads(cap),
-        timeline=None if timeline is None else json.loads(timeline),
+        visual_cap=json_output(cap),
+        media=json_output(media),
+        timeline=json_output(timeline),
     )
 
 

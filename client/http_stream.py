@@ -18,7 +18,7 @@ import urllib.error
 import urllib.request
 from typing import Callable, Iterable, Iterator, Sequence
 
-from client.api import DEFAULT_MODEL, GenerationResult, ResponsePiece, ServerError, _Collector
+from client.api import DEFAULT_MODEL, GenerationResult, ResponsePiece, ServerError, _Collector, json_output
 
 DEFAULT_HTTP_URL = "127.0.0.1:8000"
 
@@ -62,8 +62,9 @@ def piece_from_event(event: dict) -> ResponsePiece:
         text = "".join(str(t) for t in text)
     ids = event.get("output_ids")
     ids = () if ids is None else tuple(int(i) for i in ids) if isinstance(ids, list) else (int(ids),)
-    n_in, n_out, n_cached, reason, cap, timeline = (_one(event.get(k)) for k in (
-        "num_input_tokens", "num_output_tokens", "num_cached_tokens", "finish_reason", "visual_cap", "timeline"))
+    n_in, n_out, n_cached, reason, cap, media, timeline = (_one(event.get(k)) for k in (
+        "num_input_tokens", "num_output_tokens", "num_cached_tokens", "finish_reason", "visual_cap", "media",
+        "timeline"))
     return ResponsePiece(
         text=str(text).encode(),
         token_ids=ids,
@@ -71,8 +72,9 @@ def piece_from_event(event: dict) -> ResponsePiece:
         num_output_tokens=None if n_out is None else int(n_out),
         num_cached_tokens=None if n_cached is None else int(n_cached),
         finish_reason=None if reason in (None, "") else str(reason),
-        visual_cap=None if cap in (None, "") else json.loads(cap),
-        timeline=None if timeline in (None, "") else json.loads(timeline),
+        visual_cap=json_output(cap),
+        media=json_output(media),
+        timeline=json_output(timeline),
     )
 
 

@@ -2,7 +2,9 @@
 
 Streaming (``stream`` true) sends one response per output item with the text delta (a send lane that fell behind
 merges a request's queued replies into one: ``orchestrator.replies``); otherwise one response with the whole text
-(prefixed by the prompt unless ``exclude_input_in_output``, as the vLLM backend does). The last response carries
+(prefixed by the prompt unless ``exclude_input_in_output``, as the vLLM backend does). The first response carries
+``media`` (what was done with each image and video) and ``visual_cap`` (what max_visual_tokens changed) where the
+request has them (``orchestrator.replies.first_outputs``). The last response carries
 ``finish_reason``, ``num_input_tokens``, ``num_output_tokens`` (the whole output's) and ``num_cached_tokens`` (the
 prompt's tokens found in the prefix cache), and always the final flag, also after a cancellation or an error. The
 vLLM backend's ``return_*`` flags put their output on every response, with that backend's meaning (its
@@ -16,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 
 from backends.ipc.link import StageError
@@ -24,7 +25,7 @@ from backends.triton import triton_io as io
 from orchestrator.cancel_watch import CancelWatch
 from orchestrator.inputs import RawRequest, parse_request
 from orchestrator.metrics import RequestTimer
-from orchestrator.replies import Built, Reply
+from orchestrator.replies import Built, Reply, first_outputs
 from orchestrator.sampling_params import InvalidInput
 from orchestrator.send_lanes import SendLanes
 from orchestrator.service import Admitted, Orchestrator, Overloaded
@@ -100,7 +101,8 @@ async def _send_tokens(admitted: Admitted, tokens, send, timer: RequestTimer, ti
     streaming, else one with the whole text at the end; an abort ends it with an empty final response."""
     final, parsed = io.pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL, admitted.parsed
     texts, ids, first = [], [], True
-    cap = json.dumps(admitted.visual_cap.to_json()) if admitted.visual_cap is not None else None
+    cap = None if admitted.visual_cap is None else admitted.visual_cap.to_json()
+    head = first_outputs(visual_cap=cap, media=admitted.media)
     num_input = len(admitted.prompt.input_ids)
     async for delta, token_ids, reason in tokens:
         texts.append(delta)
@@ -116,9 +118,9 @@ async def _send_tokens(admitted: Admitted, tokens, send, timer: RequestTimer, ti
             if first:
                 timeline.mark("first_response")
             send(Reply(parsed, delta, token_ids, reason, num_input, len(ids), final if reason else 0,
-                       cap if first else None, timeline, admitted.counts.cached_tokens))
+                       head if first else (), timeline, admitted.counts.cached_tokens))
             first = False
         elif reason is not None:
             text = "".join(texts) if parsed.exclude_input_in_output else parsed.text + "".join(texts)
-            send(Reply(parsed, text, ids, reason, num_input, len(ids), final, cap, timeline,
+            send(Reply(parsed, text, ids, reason, num_input, len(ids), final, head, timeline,
                        admitted.counts.cached_tokens))

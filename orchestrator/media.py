@@ -124,3 +124,31 @@ def plan_request(items: list[MediaInput], infos: list[VideoInfo | ImageInfo], pa
     if not max_visual_tokens or sum(map(plan_tokens, plans)) <= max_visual_tokens:
         return plans, None
     return fit_visual_tokens(family, infos, params.media, max_visual_tokens)
+
+
+def media_report(infos: list[VideoInfo | ImageInfo], plans: list[MediaPlan]) -> list[dict]:
+    """What was done with each media item (the ``media`` output of a request's first response): one JSON object an
+    item, in the request's media order, from its probe (``infos``) and its plan (``plans``: :func:`plan_request`'s,
+    after any visual-token cap). Any family's plans (Qwen2.5-VL's, InternVL3's): their common fields only.
+
+    Every item: ``kind`` ("image" or "video"); ``grid_thw`` [t, h, w], the plan's grid (Qwen2.5-VL: 14-px patches,
+    t = sampled frames / 2; InternVL3: tiles or frames, 32, 32); ``visual_tokens``, the LLM tokens it takes
+    (``plan_tokens``). An image: ``width``, ``height``, its pixels as displayed (``ImageInfo``, from its header).
+    A video: ``frames_in_file`` (``VideoInfo.num_frames``); ``duration_s``, seconds to the millisecond
+    (``VideoInfo.duration_s``); ``frames``, the file's distinct frames used; ``sampled_frames``, the frames the model
+    sees, repeats counted (Qwen2.5-VL's temporal patch of 2 takes a 1-frame clip's frame twice: frames 1,
+    sampled_frames 2); ``fps``, the sample's frames per second to 1/1000 (Qwen2.5-VL's ``sampled_fps``), null
+    where the family samples by segments (InternVL3). Raises ValueError when ``infos`` and ``plans`` differ in
+    length."""
+    report = []
+    for info, plan in zip(infos, plans, strict=True):
+        item = {"kind": plan.kind, "grid_thw": list(plan.grid_thw), "visual_tokens": plan_tokens(plan)}
+        if isinstance(info, VideoInfo):
+            fps = getattr(plan, "sampled_fps", None)
+            item.update(frames_in_file=info.num_frames, duration_s=round(info.duration_s, 3),
+                        frames=len(set(plan.frame_indices)), sampled_frames=len(plan.frame_indices),
+                        fps=None if fps is None else round(fps, 3))
+        else:
+            item.update(width=info.width, height=info.height)
+        report.append(item)
+    return report

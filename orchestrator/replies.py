@@ -4,11 +4,12 @@
 A merged reply is what one response for those tokens would have been: texts joined, token ids concatenated, the
 later reply's finish reason and flags. The vLLM backend's ``return_*`` outputs keep their meaning
 (``orchestrator.frontend``): ``num_output_tokens`` counts that response's tokens (after a merge, the merged
-response's), ``finish_reason`` is ``"None"`` until the last; ``visual_cap`` goes on the first response only and
-``timeline`` on the last.
+response's), ``finish_reason`` is ``"None"`` until the last; ``visual_cap`` and ``media`` go on the first response
+only and ``timeline`` on the last.
 """
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
 
@@ -21,12 +22,19 @@ from orchestrator.timeline import NO_TIMELINE, Timeline
 log = logging.getLogger(__name__)
 
 
+def first_outputs(**values) -> tuple[tuple[str, str], ...]:
+    """The STRING outputs of a request's first response only (``Reply.first_outputs``): each of ``values`` (output
+    name -> its JSON-able value: ``visual_cap``, what max_visual_tokens changed in the request's media; ``media``,
+    what was done with each item, ``orchestrator.media.media_report``) that is not None, as JSON text."""
+    return tuple((name, json.dumps(value)) for name, value in values.items() if value is not None)
+
+
 @dataclass(frozen=True)
 class Reply:
     """One response with tokens: ``text`` (the delta when streaming), ``ids`` the token ids it brings, ``reason``
     the finish reason (None: more follow), ``num_output`` the tokens of the whole output so far, ``flags`` the
-    Triton send flags (final with a reason), ``visual_cap`` (JSON) what max_visual_tokens changed in the request's
-    media, on its first response; the last carries the request's ``timeline`` when it asked for it."""
+    Triton send flags (final with a reason), ``first_outputs`` the (output name, JSON text) pairs of the request's
+    first response only (:func:`first_outputs`); the last carries the request's ``timeline`` when it asked for it."""
 
     parsed: ParsedRequest
     text: str
@@ -35,7 +43,7 @@ class Reply:
     num_input: int
     num_output: int
     flags: int = 0
-    visual_cap: str | None = None
+    first_outputs: tuple[tuple[str, str], ...] = ()
     timeline: Timeline = NO_TIMELINE
     num_cached: int = 0
 
@@ -45,7 +53,7 @@ class Reply:
         if not isinstance(later, Reply) or self.reason is not None:
             return None
         return Reply(self.parsed, self.text + later.text, self.ids + later.ids, later.reason, self.num_input,
-                     later.num_output, later.flags, self.visual_cap, later.timeline, later.num_cached)
+                     later.num_output, later.flags, self.first_outputs, later.timeline, later.num_cached)
 
     def build(self):
         """The ``InferenceResponse``; an INTERNAL error response if building it failed (a bug must not leave the
@@ -59,8 +67,7 @@ class Reply:
     def _outputs(self) -> list:
         extra, last = self.parsed.extra_outputs, self.reason is not None
         outputs = [io.str_tensor("text_output", [self.text])]
-        if self.visual_cap is not None:
-            outputs.append(io.str_tensor("visual_cap", [self.visual_cap]))
+        outputs += [io.str_tensor(name, [text]) for name, text in self.first_outputs]
         if last and extra.timeline:
             self.timeline.mark("final_response")
             outputs.append(io.str_tensor("timeline", [self.timeline.to_json()]))

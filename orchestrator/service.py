@@ -32,7 +32,7 @@ from orchestrator.engine import Engine
 from orchestrator.engine_io import SHUTTING_DOWN, EngineRequest, Released, RequestCounts
 from orchestrator.gauges import Gauges, num_waiting
 from orchestrator.inputs import InputLimits, ParsedRequest
-from orchestrator.media import media_defaults, plan_request, probe_media, with_media_defaults
+from orchestrator.media import media_defaults, media_report, plan_request, probe_media, with_media_defaults
 from orchestrator.media_identity import media_identity
 from orchestrator.metrics import observe_engine_times
 from orchestrator.output_processor import OutputProcessor
@@ -125,6 +125,7 @@ class Admitted:
     outputs: asyncio.Queue
     visual_cap: CapApplied | None = None  # what max_visual_tokens changed in its media
     counts: RequestCounts = field(default_factory=RequestCounts)  # its prompt tokens found cached, once known
+    media: list[dict] | None = None  # what was done with each media item (orchestrator.media.media_report)
 
 
 OVERLOADED = "the server is overloaded"
@@ -354,7 +355,8 @@ class Orchestrator:
             tuple(MediaDecode(req_id, plan, data=media.data or None, path=media.path)
                   for media, plan in zip(parsed.media, plans)),
             tuple(layout.num_groups for layout in prompt.media), timeline, hashes)
-        return Admitted(req_id, parsed, prompt, engine, engine.add(request), cap, request.counts)
+        return Admitted(req_id, parsed, prompt, engine, engine.add(request), cap, request.counts,
+                        media_report(infos, plans) or None)
 
     def _identify(self, parsed: ParsedRequest, plans: list, prompt: Prompt, config: SchedulerConfig
                   ) -> tuple[list[bytes], tuple[bytes, ...]]:

@@ -25,7 +25,8 @@ def usage(piece: ResponsePiece) -> Usage | None:
 
 class Reply:
     """A whole reply gathered from its responses: ``text``, ``token_ids``, ``finish_reason``, ``usage``,
-    ``visual_cap`` (what max_visual_tokens lowered, or None), ``timeline`` (with ``return_timeline``, or None)."""
+    ``visual_cap`` (what max_visual_tokens lowered, or None), ``media`` (what was done with each image and video,
+    or None without media), ``timeline`` (with ``return_timeline``, or None)."""
 
     def __init__(self):
         self._text: list[str] = []
@@ -33,6 +34,7 @@ class Reply:
         self.finish_reason: str | None = None
         self.usage: Usage | None = None
         self.visual_cap: dict | None = None
+        self.media: list[dict] | None = None
         self.timeline: dict | None = None
 
     def add(self, piece: ResponsePiece) -> None:
@@ -41,6 +43,7 @@ class Reply:
         self.finish_reason = piece.finish_reason or self.finish_reason
         self.usage = usage(piece) or self.usage
         self.visual_cap = piece.visual_cap or self.visual_cap
+        self.media = piece.media or self.media
         self.timeline = piece.timeline or self.timeline
 
     @property
@@ -73,14 +76,14 @@ class ChatShape(_Shape):
         choice = ChatChoice(message=AssistantMessage(content=reply.text), finish_reason=reply.finish_reason,
                             token_ids=self._ids(reply.token_ids))
         return ChatCompletion(id=self.id, created=self.created, model=self.model, choices=[choice], usage=reply.usage,
-                              visual_cap=reply.visual_cap, timeline=reply.timeline)
+                              visual_cap=reply.visual_cap, media=reply.media, timeline=reply.timeline)
 
     def chunk(self, piece: ResponsePiece) -> ChatCompletionChunk:
         delta = Delta(role="assistant" if self._first else None, content=piece.text.decode("utf-8", errors="replace"))
         self._first = False
         choice = ChatChunkChoice(delta=delta, finish_reason=piece.finish_reason, token_ids=self._ids(piece.token_ids))
         return ChatCompletionChunk(id=self.id, created=self.created, model=self.model, choices=[choice],
-                                   visual_cap=piece.visual_cap, timeline=piece.timeline)
+                                   visual_cap=piece.visual_cap, media=piece.media, timeline=piece.timeline)
 
     def usage_chunk(self, counts: Usage) -> ChatCompletionChunk:
         """The last chunk when ``stream_options.include_usage``: no choices, the usage."""

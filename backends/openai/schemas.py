@@ -216,6 +216,7 @@ class ChatCompletion(BaseModel):
     choices: list[ChatChoice]
     usage: Usage
     visual_cap: dict | None = None  # ours: what max_visual_tokens lowered in the request's media (docs/requests.md)
+    media: list[dict] | None = None  # ours: what was done with each image and video (docs/requests.md)
     timeline: dict | None = None  # ours, with return_timeline: where the request's time went (docs/requests.md)
 
 
@@ -239,6 +240,7 @@ class ChatCompletionChunk(BaseModel):
     choices: list[ChatChunkChoice]
     usage: Usage | None = None
     visual_cap: dict | None = None  # on the first chunk, as on ChatCompletion
+    media: list[dict] | None = None  # on the first chunk, as on ChatCompletion
     timeline: dict | None = None  # on the last chunk with a choice, as on ChatCompletion
 
 

@@ -83,12 +83,17 @@ def test_a_bad_request_does_not_disturb_a_good_one_running_beside_it(grpc_url):
     assert results["good"].num_output_tokens >= 1
 
 
-@pytest.mark.parametrize("frames", [1, 2, 3])
-def test_short_clips_are_answered(grpc_url, frames):
-    """Case C3: fewer frames than the sampler wants: sample what exists (the last repeated)."""
+@pytest.mark.parametrize("frames, used", [(1, 1), (2, 2), (3, 2)])
+def test_short_clips_are_answered(grpc_url, frames, used):
+    """Case C3: fewer frames than the sampler wants: sample what exists (rounded down to the temporal patch of 2, the
+    only frame of a 1-frame clip repeated), answer, and report the real count (the first response's ``media``)."""
     with Client(grpc_url) as client:
         result = client.generate("Describe.", video=_tiny_video(frames), sampling=OK)
     assert result.num_output_tokens >= 1
+    (media,) = result.media
+    assert media["kind"] == "video" and media["frames_in_file"] == frames and media["frames"] == used
+    assert media["sampled_frames"] == 2 * media["grid_thw"][0] >= used and media["sampled_frames"] % 2 == 0
+    assert media["duration_s"] == pytest.approx(frames / 10, abs=0.01)  # 10 fps: the 2-frame clip lasts 0.2 s
 
 
 @pytest.mark.parametrize("size", [(1, 1), (26, 28), (27, 1000)])

@@ -104,6 +104,7 @@ def test_text_chat_equals_the_kserve_path(sdk, kserve):
     assert choice.finish_reason == "length" and ours.object == "chat.completion" and ours.model == MODEL
     assert (ours.usage.prompt_tokens, ours.usage.completion_tokens) == (theirs.num_input_tokens, N)
     assert ours.usage.total_tokens == theirs.num_input_tokens + N
+    assert ours.model_extra.get("media") is None and theirs.media is None  # no media, no report
 
 
 def test_streamed_image_chat_equals_the_kserve_path(sdk, kserve):
@@ -144,9 +145,14 @@ def test_video_file_url_equals_the_kserve_path(sdk, kserve, media_dir, stream):
     content = [{"type": "video_url", "video_url": {"url": f"file://{path}"}}, {"type": "text", "text": "Describe."}]
     reply = sdk.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": content}], max_tokens=N,
                                         temperature=0, stream=stream, extra_body=EXTRA)
-    ids = _streamed(reply)[1] if stream else reply.choices[0].token_ids
+    chunks = list(reply) if stream else []
+    ids = _streamed(chunks)[1] if stream else reply.choices[0].token_ids
     theirs = kserve.generate("Describe.", video_url=str(path), sampling=GREEDY, return_output_ids=True)
     assert ids == theirs.token_ids and len(ids) == N
+    # what was done with the video, on the reply or the first chunk alone, as the KServe path's first response has it
+    media = (chunks[0] if stream else reply).model_extra["media"]
+    assert media == theirs.media and media[0]["frames_in_file"] == 20 and media[0]["kind"] == "video"
+    assert all(chunk.model_extra.get("media") is None for chunk in chunks[1:])
 
 
 @pytest.fixture(scope="module")

@@ -33,6 +33,8 @@ def test_a_video_over_the_cap_gets_a_lower_fps_and_the_tokens_of_that_fps(capped
     assert cap is not None and cap["max_visual_tokens"] == CAP, cap
     assert cap["requested_visual_tokens"] > CAP >= cap["visual_tokens"] and 0 < cap["fps"] < 2.0
     assert cap["max_pixels"] == [None]  # fewer frames sufficed
+    (media,) = capped_reply.media  # what was done: the lowered plan's, fewer than the 12 frames at 2 fps
+    assert media["visual_tokens"] == cap["visual_tokens"] and media["frames"] == media["sampled_frames"] < 12
     same = client.generate("Describe.", video=video, sampling={**GREEDY, "fps": cap["fps"]}, return_output_ids=True)
     assert same.visual_cap is None  # within the cap as sent
     assert (same.token_ids, same.num_input_tokens) == (capped_reply.token_ids, capped_reply.num_input_tokens)

@@ -9,6 +9,8 @@ from tritonclient.utils import serialize_byte_tensor
 from client.api import (CANCELLED, GenerationResult, ResponsePiece, _Collector, grpc_inputs, piece_from_grpc,
                         request_tensors)
 
+MEDIA = [{"kind": "video", "grid_thw": [1, 20, 28], "frames_in_file": 1, "frames": 1, "sampled_frames": 2}]
+
 
 def by_name(tensors):
     return {name: (array, dtype) for name, array, dtype in tensors}
@@ -88,10 +90,11 @@ def test_piece_from_grpc_reads_every_output():
         "num_output_tokens": (np.array([3], np.int32), "INT32"),
         "finish_reason": (np.array([b"stop"], dtype=object), "BYTES"),
         "output_ids": (np.array([7, 8], np.int64), "INT64"),
+        "media": (np.array([json.dumps(MEDIA).encode()], dtype=object), "BYTES"),
     }, final=True)
     p = piece_from_grpc(r)
     assert p == ResponsePiece(text="wörld".encode(), token_ids=(7, 8), num_input_tokens=12, num_output_tokens=3,
-                              finish_reason="stop", final=True)
+                              finish_reason="stop", final=True, media=MEDIA)
 
 
 def test_empty_final_response_is_final_without_output():
@@ -102,14 +105,14 @@ def test_empty_final_response_is_final_without_output():
 def test_collector_times_and_concatenates():
     got = []
     c = _Collector(t0=10.0, on_text=got.append)
-    c.add(10.100, ResponsePiece(text=b"Hel", token_ids=(1,), num_input_tokens=5, num_output_tokens=1))
+    c.add(10.100, ResponsePiece(text=b"Hel", token_ids=(1,), num_input_tokens=5, num_output_tokens=1, media=MEDIA))
     c.add(10.110, ResponsePiece(text=b"lo", token_ids=(2,), num_output_tokens=2))
     c.add(10.125, ResponsePiece(text=b"!", token_ids=(3,), num_output_tokens=3, finish_reason="stop"))
     c.add(10.200, ResponsePiece(final=True))  # the empty final response is neither a token nor a gap
     r = c.finish()
     assert r.text == "Hello!" and got == ["Hel", "lo", "!"]
     assert r.token_ids == [1, 2, 3] and r.num_input_tokens == 5 and r.num_output_tokens == 3
-    assert r.finish_reason == "stop" and r.num_responses == 3
+    assert r.finish_reason == "stop" and r.num_responses == 3 and r.media == MEDIA  # from the first response
     assert r.ttft_ms == pytest.approx(100.0)
     assert r.tbt_ms == pytest.approx([10.0, 15.0])
     assert r.mean_tbt_ms == pytest.approx(12.5)

@@ -25,10 +25,11 @@ def test_sse_events_split_on_blank_lines():
 
 
 def test_event_with_scalars_as_triton_writes_one_element_outputs():
+    media = [{"kind": "image", "width": 3, "height": 2}]
     p = piece_from_event({"model_name": "orchestrator", "model_version": "1", "text_output": "ü",
-                          "num_input_tokens": 9, "num_output_tokens": 1, "output_ids": 42})
+                          "num_input_tokens": 9, "num_output_tokens": 1, "output_ids": 42, "media": json.dumps(media)})
     assert p.text == "ü".encode() and p.token_ids == (42,) and p.num_input_tokens == 9
-    assert p.num_output_tokens == 1 and p.finish_reason is None
+    assert p.num_output_tokens == 1 and p.finish_reason is None and p.media == media and p.visual_cap is None
 
 
 def test_event_with_lists_and_finish_reason():

@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from orchestrator.inputs import ExtraOutputs, ParsedRequest
-from orchestrator.replies import Built, Reply
+from orchestrator.replies import Built, Reply, first_outputs
 from orchestrator.sampling_params import RequestParams
 from orchestrator.send_lanes import SendLanes, merged
 from orchestrator.timeline import Timeline
@@ -25,13 +25,17 @@ def parsed(**extra) -> ParsedRequest:
                          ExtraOutputs(**extra))
 
 
-def replies(request: ParsedRequest, texts: list[str], timeline=None, cap='{"fps": 1}') -> list[Reply]:
-    """One streamed reply per text (token id k for the k-th), the last one final."""
+MEDIA = [{"kind": "video", "frames_in_file": 1, "frames": 1, "sampled_frames": 2}]
+HEAD = first_outputs(visual_cap={"fps": 1}, media=MEDIA)
+
+
+def replies(request: ParsedRequest, texts: list[str], timeline=None) -> list[Reply]:
+    """One streamed reply per text (token id k for the k-th), the last one final; the first carries ``HEAD``."""
     out = []
     for k, text in enumerate(texts):
         last = k == len(texts) - 1
         out.append(Reply(request, text, [k], "length" if last else None, 7, k + 1, FINAL if last else 0,
-                         cap if k == 0 else None, timeline or Timeline(0.0), num_cached=3))
+                         HEAD if k == 0 else (), timeline or Timeline(0.0), num_cached=3))
     return out
 
 
@@ -55,9 +59,10 @@ def test_return_flags_keep_their_meaning_after_a_merge():
     first, second, third, last = replies(request, ["a", "b", "c", "d"], timeline=Timeline(0.0))
     head = first.merge(second).build().outputs()  # the first response, merged
     tail = third.merge(last).build().outputs()
-    assert head == {"text_output": ["ab"], "visual_cap": ['{"fps": 1}'], "output_ids": [0, 1],
-                    "finish_reason": ["None"], "num_input_tokens": [7], "num_output_tokens": [2]}
-    assert tail["text_output"] == ["cd"] and tail["output_ids"] == [2, 3] and "visual_cap" not in tail
+    assert head == {"text_output": ["ab"], "visual_cap": ['{"fps": 1}'], "media": [json.dumps(MEDIA)],
+                    "output_ids": [0, 1], "finish_reason": ["None"], "num_input_tokens": [7], "num_output_tokens": [2]}
+    assert tail["text_output"] == ["cd"] and tail["output_ids"] == [2, 3]
+    assert "visual_cap" not in tail and "media" not in tail
     assert tail["finish_reason"] == ["length"] and tail["num_output_tokens"] == [2]  # that response's tokens
     assert tail["num_cached_tokens"] == [3] and tail["num_input_tokens"] == [7]
     assert [e["event"] for e in json.loads(tail["timeline"][0])["events"]] == ["final_response"]
@@ -66,10 +71,22 @@ def test_return_flags_keep_their_meaning_after_a_merge():
 def test_without_flags_the_merged_last_response_carries_the_whole_outputs_count():
     request = parsed(output_ids=False)
     first, second, last = replies(request, ["a", "b", "c"])
-    assert first.merge(second).build().outputs() == {"text_output": ["ab"], "visual_cap": ['{"fps": 1}']}
+    assert first.merge(second).build().outputs() == {"text_output": ["ab"], "visual_cap": ['{"fps": 1}'],
+                                                     "media": [json.dumps(MEDIA)]}
     assert replies(request, ["a", "b", "c"])[1].merge(last).build().outputs() == {
         "text_output": ["bc"], "finish_reason": ["length"], "num_input_tokens": [7], "num_output_tokens": [3],
         "num_cached_tokens": [3]}
+
+
+def test_the_first_response_carries_media_and_visual_cap_only_where_the_request_has_them():
+    """A request without media has neither output; one without a cap has media alone, on its first response only."""
+    assert first_outputs(visual_cap=None, media=None) == ()
+    first, later = (Reply(parsed(output_ids=False), "x", [k], None, 7, k + 1, 0,
+                          first_outputs(visual_cap=None, media=MEDIA) if k == 0 else ()) for k in range(2))
+    assert first.build().outputs() == {"text_output": ["x"], "media": [json.dumps(MEDIA)]}
+    assert json.loads(first.build().outputs()["media"][0]) == MEDIA
+    assert first.merge(later).build().outputs()["media"] == [json.dumps(MEDIA)]  # a merged first response keeps it
+    assert later.build().outputs() == {"text_output": ["x"]}
 
 
 def test_errors_and_the_abort_are_never_merged():
