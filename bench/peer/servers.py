@@ -42,13 +42,15 @@ VLLM_ENV = {"HF_HUB_OFFLINE": "1", "VLLM_USE_FLASHINFER_SAMPLER": "0", "STUB_SIT
 
 
 H200_DEPLOY = REPO_ROOT / "deploy" / "qwen2_5_vl_7b_h200.yaml"
-PACING_KEYS = ("orchestrator.decode_pace_ms", "orchestrator.slo_text_tbt_ms")
+SCHEDULING_KEYS = ("orchestrator.decode_pace_ms", "orchestrator.slo_text_tbt_ms", "orchestrator.idle_budget_scale",
+                   "orchestrator.burst_wait_ms")
 
 
-def h200_pacing() -> list[str]:
-    """The H200 deployment file's decode pacing and text's TBT target that bounds it, as the launcher's ``--set``
-    items (read from the file, so the benchmark serves what it says)."""
-    return [item for item in DeployConfig.load(H200_DEPLOY).set_items() if item.split("=", 1)[0] in PACING_KEYS]
+def h200_scheduling() -> list[str]:
+    """The H200 deployment file's scheduling settings that hold for any model (decode pacing, text's TBT target that
+    bounds it, the idle budgets' scale, the burst wait), as the launcher's ``--set`` items (read from the file, so
+    the benchmark serves what it says; its budgets are Qwen2.5-VL's and stay out)."""
+    return [item for item in DeployConfig.load(H200_DEPLOY).set_items() if item.split("=", 1)[0] in SCHEDULING_KEYS]
 
 
 def environment(extra: dict, pythonpath: str | None) -> dict:
@@ -70,9 +72,9 @@ def command(system: str, checkpoint: Path, media: Path, smoke: bool, extra: list
         ports = ServerPorts.unused()
         argv = [sys.executable, "-m", "backends.triton.launcher", "--openai-port", port, "--ready-timeout", "900",
                 "--http-port", str(ports.http), "--grpc-port", str(ports.grpc), "--metrics-port", str(ports.metrics)]
-        if not smoke:  # the H200 deployment file's GPU sharing (docs/deployment.md, "Sharing a GPU") and pacing
+        if not smoke:  # the H200 deployment file's GPU sharing (docs/deployment.md, "Sharing a GPU") and scheduling
             argv += ["--model", str(checkpoint), "--set", "*.load_format=dummy", "--gpu-sharing", "mps"]
-            argv += [a for item in (*model.unifiedserve, *h200_pacing()) for a in ("--set", item)]
+            argv += [a for item in (*model.unifiedserve, *h200_scheduling()) for a in ("--set", item)]
         if not caches:  # the encoder cache keeps vision outputs by media identity across requests
             argv += ["--set", "orchestrator.prefix_caching=false", "--set", "orchestrator.encoder_cache_tokens=0"]
         return argv + extra, {"UNIFIEDSERVE_MEDIA_DIRS": str(media)}

@@ -36,9 +36,10 @@ def test_internvl3_commands(name, pages):
     sets = [ours[k + 1] for k, a in enumerate(ours) if a == "--set"]
     assert sets == ["*.load_format=dummy", f"*.preset={name}", "*.dtype=bfloat16", f"decode.kv_pages={pages}",
                     "orchestrator.max_model_len=32768", "orchestrator.decode_pace_ms=40",
-                    "orchestrator.slo_text_tbt_ms=20", "orchestrator.prefix_caching=false",
+                    "orchestrator.idle_budget_scale=4", "orchestrator.slo_text_tbt_ms=20",
+                    "orchestrator.prefix_caching=false",
                     "orchestrator.encoder_cache_tokens=0"]
-    assert not any("budget" in s for s in sets)  # InternVL3's own defaults: encode 5120, prefill 2048
+    assert not any(s.split("=")[0].endswith("_budget") for s in sets)  # InternVL3's own: encode 5120, prefill 2048
     assert _value(ours, "--model") == "/w/ckpt" and ours[-1] == "--x" and env["UNIFIEDSERVE_MEDIA_DIRS"] == "/w/media"
     theirs, _ = servers.command("vllm", Path("/w/ckpt"), Path("/w/media"), False, [], model=model)
     assert (_value(theirs, "--model"), _value(theirs, "--max-model-len"),
