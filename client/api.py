@@ -237,7 +237,8 @@ def _scalar(result: grpcclient.InferResult, name: str):
 
 
 def json_output(value: str | bytes | None):
-    """A JSON output's value (``visual_cap``, ``media``, ``timeline``) read, or None where it is absent or empty."""
+    """A JSON output's value (``visual_cap``, ``media``, ``timeline``) read, or None where it is absent or empty.
+    Raises json.JSONDecodeError when it is not JSON."""
     return None if value is None or len(value) == 0 else json.loads(value)
 
 

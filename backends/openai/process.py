@@ -1,5 +1,6 @@
 """The API as a child process (``python -m backends.openai``): started once tritonserver is ready, stopped before
-the server drains (the launcher; the end-to-end tests)."""
+the server drains (the launcher, which tells the models of the stop near the end of the API's grace; the end-to-end
+tests)."""
 from __future__ import annotations
 
 import contextlib
@@ -12,11 +13,13 @@ import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from backends.openai.config import ApiConfig
 from backends.triton.stubs import crashed
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+RELAY_S = 1.5  # seconds before the API's grace ends that its requests still in flight are failed (``ApiProcess.stop``)
 
 
 def default_openai_workers() -> int:
@@ -98,16 +101,28 @@ class ApiProcess:
         why = crashed(self.process.returncode, "the OpenAI API") or "the OpenAI API exited by itself"
         return why if self.log_path is None else f"{why} (its log: {self.log_path})"
 
-    def stop(self) -> None:
-        """SIGTERM (the API then gives requests in flight ``shutdown_grace_s`` seconds and stops its workers),
-        SIGKILL to its whole session 5 s after that, or at once to what is left of it when the API's first process
-        has already ended (its workers, if it was killed)."""
+    def stop(self, before_grace_ends: Callable[[], None] | None = None) -> None:
+        """SIGTERM (the API takes no new connection and gives requests in flight ``shutdown_grace_s`` seconds, then
+        stops its workers), SIGKILL to its whole session 5 s after that, or at once to what is left of it when the
+        API's first process has already ended (its workers, if it was killed).
+
+        ``before_grace_ends()`` is called :data:`RELAY_S` seconds before the grace ends (at once for a shorter
+        grace) if the API has not exited by then, i.e. requests are still in flight: the launcher tells the models
+        then, so that those requests end with the server's "shutting down" error, which the API relays within the
+        grace, instead of a closed connection."""
         if self.process is None or self.process.poll() == 0:  # not started, or ended cleanly (its workers too)
             return
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
+            grace = self.config.shutdown_grace_s
             try:
-                self.process.wait(timeout=self.config.shutdown_grace_s + 5)
+                if before_grace_ends is not None:
+                    try:
+                        self.process.wait(timeout=max(0.0, grace - RELAY_S))
+                        return
+                    except subprocess.TimeoutExpired:
+                        before_grace_ends()
+                self.process.wait(timeout=grace + 5)
                 return
             except subprocess.TimeoutExpired:
                 pass

@@ -11,8 +11,9 @@ Usage: ``python -m backends.triton.launcher [--http-port 8000] [--grpc-port 8001
 server. ``--config``, ``--model`` and ``--set`` serve a copy of the repository with model parameters changed
 (``backends/triton/launch_options.py``). While the models load, it prints their progress to stderr
 (``backends/triton/load_progress.py``). Once the server is ready, the OpenAI-compatible API starts beside it
-(``backends.openai``; ``--openai-port 0``: none), and it stops first. Tests use :class:`TritonServer` as a
-context manager.
+(``backends.openai``; ``--openai-port 0``: none), and it stops first (its requests in flight get its grace; the
+models fail those left near its end, so that each gets an error). Tests use :class:`TritonServer` as a context
+manager.
 """
 from __future__ import annotations
 
@@ -88,6 +89,7 @@ class TritonServer:
         (``MpsDaemon.start``), when the server exits or is not ready in time; an interrupt while waiting (Ctrl-C, or
         SIGTERM through main) stops the server before it propagates."""
         self.ports.check_free()
+        self._stop_announced = False
         binary, backends, env = server_binary()
         remove_stale_shared_memory()
         self.run_dir = Path(tempfile.mkdtemp(prefix="unifiedserve-run-"))
@@ -173,16 +175,20 @@ class TritonServer:
             return ""
 
     def announce_stop(self) -> None:
-        """Tell the models the server is stopping (``server_stop``): they fail their requests in flight, so that each
-        client gets an error naming the stop. The first step of :meth:`stop`; the launcher calls it earlier, as it
-        stops the OpenAI API, so that the API's streams in flight end with that error within its grace. With
-        ``UNIFIEDSERVE_DUMP_STACKS=1`` the stubs' stacks go to the server log first."""
+        """Tell the models the server is stopping (``server_stop``), once: they fail their requests in flight, so
+        that each client gets an error naming the stop. The first step of :meth:`stop`; the launcher calls it
+        earlier, near the end of the OpenAI API's grace (``ApiProcess.stop``), so that the API's requests still in
+        flight end with that error, relayed. With ``UNIFIEDSERVE_DUMP_STACKS=1`` the stubs' stacks go to the server
+        log first. Raises nothing: a stop goes on whatever fails here (logged to stderr)."""
         if self._stop_announced or self.process is None or self.process.poll() is not None:
             return
         self._stop_announced = True
-        if os.environ.get("UNIFIEDSERVE_DUMP_STACKS") == "1":
-            self._dump_stub_stacks()
-        server_stop.announce(self.run_dir)
+        try:
+            if os.environ.get("UNIFIEDSERVE_DUMP_STACKS") == "1":
+                self._dump_stub_stacks()
+            server_stop.announce(self.run_dir)
+        except Exception as exc:  # the drain then waits out its timeout; the stop itself goes on
+            print(f"the stop could not be announced to the models: {exc!r}", file=sys.stderr, flush=True)
 
     def stop(self, drain_timeout_s: float = 10.0, exit_timeout_s: float = EXIT_TIMEOUT_S) -> str | None:
         """Tell the models and let them drain (``server_stop``: requests in flight fail, streams end; at most
@@ -354,10 +360,9 @@ def _serve(args: argparse.Namespace, repository: Path, plan: launch_options.Serv
         print(exc, file=sys.stderr, flush=True)
         api_failed = True
     finally:
-        if api is not None:  # before the drain: no new request reaches a server that is stopping; those in
-            if not died:  # flight end with the models' "shutting down" error, relayed within the API's grace
-                server.announce_stop()
-            api.stop()
+        if api is not None:  # before the drain: no new connection reaches a server that is stopping; requests in
+            # flight get the API's grace, those still running near its end the models' "shutting down" error
+            api.stop(before_grace_ends=None if died else server.announce_stop)
         if died:  # its requests can neither drain nor end: Triton would wait out its exit timeout (20 s, twice)
             server.stop(drain_timeout_s=2.0, exit_timeout_s=DIED_EXIT_TIMEOUT_S)
         else:

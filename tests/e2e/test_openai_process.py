@@ -158,11 +158,12 @@ def _launch_with_api() -> tuple[subprocess.Popen, int]:
 
 def test_the_launcher_serves_the_api_and_stops_it_first():
     """``python -m backends.triton.launcher --openai-port P``: the API's URL once the server is ready, a chat through
-    it, and on SIGTERM both stop (exit status 0, nothing left listening on P); a stream in flight, longer than the
-    API's grace, ends with the "shutting down" error event, not a dropped connection."""
+    it, and on SIGTERM both stop (exit status 0, nothing left listening on P). Of two streams in flight at the stop,
+    the short one ends normally within the API's grace and the long one (20,000 tokens, far past it) with the "shutting
+    down" error event, not a dropped connection."""
     launcher, api_port = _launch_with_api()
-    outcome: dict[str, object] = {}
-    streaming = threading.Event()
+    outcomes: dict[int, object] = {}
+    streaming = {n: threading.Event() for n in (60, 20000)}
     try:
         with openai.OpenAI(base_url=f"http://127.0.0.1:{api_port}/v1", api_key="unused", max_retries=0,
                            timeout=120) as client:
@@ -170,23 +171,29 @@ def test_the_launcher_serves_the_api_and_stops_it_first():
                                                    max_tokens=2)
             assert reply.choices[0].finish_reason in ("length", "stop")
 
-            def ask() -> None:
+            def ask(max_tokens: int) -> None:
                 try:
-                    for _ in client.chat.completions.create(
+                    reason = None
+                    for chunk in client.chat.completions.create(
                             model=MODEL, messages=[{"role": "user", "content": "Tell me everything."}],
-                            max_tokens=20000, temperature=0, stream=True, extra_body=EXTRA):
-                        streaming.set()
-                    outcome["error"] = None
-                except openai.APIError as exc:
-                    outcome["error"] = exc
+                            max_tokens=max_tokens, temperature=0, stream=True, extra_body=EXTRA):
+                        streaming[max_tokens].set()
+                        reason = chunk.choices[0].finish_reason if chunk.choices else reason
+                    outcomes[max_tokens] = reason
+                except Exception as exc:  # the long one: openai.APIError; any other is the test's failure
+                    outcomes[max_tokens] = exc
 
-            asking = threading.Thread(target=ask)
-            asking.start()
-            assert streaming.wait(120), "the streaming request produced no token"
+            asking = [threading.Thread(target=ask, args=(n,)) for n in streaming]
+            for thread in asking:
+                thread.start()
+            assert all(event.wait(120) for event in streaming.values()), "a streaming request produced no token"
             launcher.send_signal(signal.SIGTERM)
-            asking.join(timeout=30)
-            assert not asking.is_alive(), "the stream did not end when the launcher stopped"
-        error = outcome["error"]
+            assert 60 not in outcomes, "the short stream ended before the stop: it tests nothing"
+            for thread in asking:
+                thread.join(timeout=30)
+            assert not any(thread.is_alive() for thread in asking), "a stream did not end when the launcher stopped"
+        assert outcomes[60] == "length", repr(outcomes[60])
+        error = outcomes[20000]
         assert isinstance(error, openai.APIError) and "shutting down" in error.message, repr(error)
         assert launcher.wait(timeout=60) == 0, launcher.stderr.read()
     finally:
