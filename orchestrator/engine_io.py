@@ -47,8 +47,9 @@ class RequestCounts:
 @dataclass(frozen=True)
 class EngineRequest:
     """A request ready to run: ``new`` (prompt, media grids, sampling), its media ``groups`` in prompt order,
-    one ``MediaDecode`` call per media item with ``groups_per_item`` groups, and its prompt's ``block_hashes``
-    (``orchestrator.prefix_cache``; empty: no prefix caching)."""
+    one ``MediaDecode`` call per media item with ``groups_per_item`` groups, what errors call each item
+    (``media_names``: ``MediaInput.input_name``), and its prompt's ``block_hashes`` (``orchestrator.prefix_cache``;
+    empty: no prefix caching)."""
 
     new: NewRequest
     groups: tuple[Group, ...]
@@ -57,6 +58,7 @@ class EngineRequest:
     timeline: Timeline = NO_TIMELINE  # where its time goes, when the client asked (orchestrator.timeline)
     block_hashes: tuple[bytes, ...] = ()
     counts: RequestCounts = field(default_factory=RequestCounts)
+    media_names: tuple[str, ...] = ()
 
     @property
     def kind(self) -> str:

@@ -17,7 +17,7 @@ import binascii
 import os
 import re
 import urllib.parse
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from backends.triton.triton_io import int_parameter
@@ -34,10 +34,14 @@ class MediaInput:
     data: bytes = b""
     path: str | None = None
     input: str = ""
+    position: str = ""  # "item K of N" in a request of several media items (prompt order), else ""
 
     @property
     def input_name(self) -> str:
-        return self.input or self.kind
+        """What errors about this item name: its input, and its place when the request has several items, e.g.
+        ``image_url (item 2 of 3)``."""
+        name = self.input or self.kind
+        return f"{name} ({self.position})" if self.position else name
 
     @property
     def source(self) -> bytes | str:
@@ -237,6 +241,8 @@ def parse_request(raw: RawRequest, limits: InputLimits) -> ParsedRequest:
         media = _in_placeholder_order(turns, media)
     else:
         turns = (user_turn(text, [m.kind for m in media]),)
+    if len(media) > 1:
+        media = [replace(m, position=f"item {k} of {len(media)}") for k, m in enumerate(media, 1)]
     return ParsedRequest(text, tuple(media), params, raw.stream, raw.exclude_input_in_output, raw.return_output_ids,
                          turns, ExtraOutputs(raw.return_finish_reason, raw.return_num_input_tokens,
                                              raw.return_num_output_tokens, raw.return_timeline),

@@ -40,9 +40,23 @@ async def run_media(engine: "Engine", tracked: Tracked, item: int, replies: Asyn
         if reported < tracked.request.groups_per_item[item] and not tracked.releasing:
             if engine.stopping or engine.server_stopping():  # flashcodec ends its calls when the server stops
                 raise StageError(StageFailure(SERVER_FAULT, SHUTTING_DOWN))
-            kind = tracked.request.new.media[item].kind
             raise StageError(StageFailure(
-                INVALID_INPUT, f"{kind}: decoding ended before all sampled frames were found"))
+                INVALID_INPUT, f"{_name(tracked, item)}: decoding ended before all sampled frames were found"))
     except Exception as exc:
         if (live := engine.live(req_id)) is not None:
-            engine.fail(live, failure_of(exc, f"media task failed for {req_id}"))
+            engine.fail(live, _named(failure_of(exc, f"media task failed for {req_id}"), tracked, item))
+
+
+def _name(tracked: Tracked, item: int) -> str:
+    """What errors call the request's media ``item`` (``EngineRequest.media_names``, else its kind)."""
+    names = tracked.request.media_names
+    return names[item] if item < len(names) else tracked.request.new.media[item].kind
+
+
+def _named(failure: StageFailure, tracked: Tracked, item: int) -> StageFailure:
+    """flashcodec's error about the item's content ("image: truncated or corrupt ..."), which knows only its kind,
+    naming the item as the request's other errors do (``image_url (item 2 of 3): truncated or corrupt ...``)."""
+    kind = tracked.request.new.media[item].kind
+    if failure.kind != INVALID_INPUT or not failure.message.startswith(f"{kind}: "):
+        return failure
+    return StageFailure(INVALID_INPUT, f"{_name(tracked, item)}: {failure.message.removeprefix(f'{kind}: ')}")

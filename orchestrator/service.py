@@ -354,7 +354,8 @@ class Orchestrator:
                   for item, layout in enumerate(prompt.media) for g in range(layout.num_groups)),
             tuple(MediaDecode(req_id, plan, data=media.data or None, path=media.path)
                   for media, plan in zip(parsed.media, plans)),
-            tuple(layout.num_groups for layout in prompt.media), timeline, hashes)
+            tuple(layout.num_groups for layout in prompt.media), timeline, hashes,
+            media_names=tuple(m.input_name for m in parsed.media))
         return Admitted(req_id, parsed, prompt, engine, engine.add(request), cap, request.counts,
                         media_report(infos, plans) or None)
 

@@ -15,6 +15,12 @@ def _tiny_video(frames: int = 8) -> bytes:
     return make_video(None, 64, 48, frames, 10)
 
 
+def _truncated_png() -> bytes:
+    """A 640x360 PNG cut in half: its header is whole (the probe passes), its pixels are not."""
+    data = make_image(640, 360, "RGB", "PNG")
+    return data[: len(data) // 2]
+
+
 BAD = [
     # (what, request kwargs, words the error must contain)
     ("bytes that are not a video", dict(text="Describe.", video=b"\x00not a video" * 50), ["video"]),
@@ -34,6 +40,10 @@ BAD = [
     ("an empty video_url", dict(text="Hi", video_url=""), ["video_url: empty"]),
     ("an empty image_url", dict(text="Hi", image_url=[""]), ["image_url: empty"]),
     ("a video in image", dict(text="Hi", image=_tiny_video()), ["image: not a decodable image (JPEG, PNG"]),
+    ("a truncated second image", dict(text="Hi", image=[make_image(64, 48), _truncated_png()]),
+     ["image (item 2 of 2): truncated or corrupt"]),
+    ("a second image that is a video", dict(text="Hi", image=[make_image(64, 48), _tiny_video()]),
+     ["image (item 2 of 2): not a decodable image"]),
     ("max_pixels under a video's minimum", dict(text="Hi", video=_tiny_video(), sampling={**OK, "max_pixels": 100351}),
      ["sampling_parameters: max_pixels must be at least 100352"]),
     ("max_tiles, an InternVL3 setting", dict(text="Hi", image=make_image(40, 30), sampling={**OK, "max_tiles": 2}),

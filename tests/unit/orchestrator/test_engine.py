@@ -48,12 +48,15 @@ class World:
         new = NewRequest(req_id, tuple(range(prompt_len)), (), SamplingParams(), max_tokens)
         return self.engine.add(EngineRequest(new, ()))
 
-    def image(self, req_id: str, max_tokens: int = 4, timeline: Timeline = NO_TIMELINE) -> asyncio.Queue:
-        """A 24-token prompt whose tokens 4..19 are one image group of 64 patches (one patch page)."""
+    def image(self, req_id: str, max_tokens: int = 4, timeline: Timeline = NO_TIMELINE,
+              names: tuple[str, ...] = ()) -> asyncio.Queue:
+        """A 24-token prompt whose tokens 4..19 are one image group of 64 patches (one patch page); ``names``: the
+        request's ``media_names``."""
         new = NewRequest(req_id, tuple(range(24)), (MediaGrid("image", (1, 8, 8)),), SamplingParams(), max_tokens)
         plan = ImagePlan(resized_height=112, resized_width=112, grid_thw=(1, 8, 8), num_patches=64, num_tokens=16)
         return self.engine.add(EngineRequest(new, (Group(0, 0, 4, 16, 64),),
-                                             (MediaDecode(req_id, plan, data=b"png"),), (1,), timeline))
+                                             (MediaDecode(req_id, plan, data=b"png"),), (1,), timeline,
+                                             media_names=names))
 
     def all_free(self) -> bool:
         return self.kv.num_free == self.kv.num_total and self.patch.num_free == self.patch.num_total
@@ -238,6 +241,22 @@ def test_a_media_item_that_will_not_decode_fails_its_request_as_bad_input():
         await settle()
         w.media.finish("a", 0, StageFailure(INVALID_INPUT, "image: not a decodable image"))
         assert await outputs_of(out, 1) == [Output(failure=StageFailure(INVALID_INPUT, "image: not a decodable image"))]
+    run(body)
+
+
+def test_a_media_items_decoding_error_names_it_as_the_request_does():
+    """flashcodec knows only the item's kind; the client's error names its input and place (``media_names``)."""
+    async def body(w: World):
+        out = w.image("a", names=("image_url (item 2 of 2)",))
+        await settle()
+        w.media.finish("a", 0, StageFailure(INVALID_INPUT, "image: truncated or corrupt (image file is truncated)"))
+        assert await outputs_of(out, 1) == [Output(failure=StageFailure(
+            INVALID_INPUT, "image_url (item 2 of 2): truncated or corrupt (image file is truncated)"))]
+        out = w.image("b", names=("image_url (item 1 of 2)",))
+        await settle()
+        w.media.finish("b", 0)  # ended early
+        (failure,) = await outputs_of(out, 1)
+        assert failure.failure.message == "image_url (item 1 of 2): decoding ended before all sampled frames were found"
     run(body)
 
 

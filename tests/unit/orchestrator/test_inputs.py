@@ -32,6 +32,16 @@ def test_good_request_with_path_and_data_url(limits, tmp_path):
     assert parsed.stream and parsed.params.max_tokens == 16
 
 
+def test_each_item_of_several_is_named_with_its_place(limits, tmp_path):
+    """Errors about one of several media items say which (prompt order); a lone item is named by its input alone."""
+    (tmp_path / "a.mp4").write_bytes(b"x" * 10)
+    data_url = ("data:image/png;base64," + base64.b64encode(b"png-bytes").decode()).encode()
+    parsed = parse_request(raw(video_url=[str(tmp_path / "a.mp4").encode()], image_url=[data_url, data_url]), limits)
+    assert [m.input_name for m in parsed.media] == ["image_url (item 1 of 3)", "image_url (item 2 of 3)",
+                                                    "video_url (item 3 of 3)"]
+    assert parse_request(raw(image_url=[data_url]), limits).media[0].input_name == "image_url"
+
+
 def test_file_url_under_allowed_folder(limits, tmp_path):
     (tmp_path / "b c.mp4").write_bytes(b"x")
     parsed = parse_request(raw(video_url=[f"file://{tmp_path}/b%20c.mp4".encode()]), limits)
