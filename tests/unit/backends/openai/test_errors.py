@@ -39,6 +39,8 @@ def _orchestrator_messages() -> list[tuple[str, str]]:
         (_message(lambda: parse_sampling_parameters('{"presence_penalty": 5}')), "presence_penalty"),
         (_message(lambda: plan_media(MediaInput("image", data=b"GIF89a-broken", input="image_url"),
                                      RequestParams(), QWEN)), "messages"),
+        (_message(lambda: plan_media(MediaInput("image", data=b"GIF89a-broken", input="image_url",
+                                                position="item 2 of 3"), RequestParams(), QWEN)), "messages"),
         (_message(lambda: check_media_settings(RequestParams(max_tiles=2), QWEN)), "max_tiles"),
         (_message(lambda: prompt.check_length(10**6, 100)), "max_tokens"),
         (_message(lambda: prompt.check_length(1, 5)), "prompt"),
