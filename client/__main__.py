@@ -67,6 +67,18 @@ def summary_line(r: GenerationResult) -> str:
     return f"TTFT {ttft}, mean TBT {tbt}, {n} output tokens, finish_reason={r.finish_reason}"
 
 
+def media_lines(r: GenerationResult) -> list[str]:
+    """One line a media item of the result's ``media`` report (what the server did with it: size, frames in the file
+    and used, grid, visual tokens), then what ``max_visual_tokens`` lowered (``visual_cap``), if anything."""
+    lines = []
+    for k, item in enumerate(r.media or (), 1):
+        details = ", ".join(f"{key} {value}" for key, value in item.items() if key != "kind")
+        lines.append(f"{item.get('kind', 'media')} {k}: {details}")
+    if r.visual_cap:
+        lines.append("visual_cap: " + ", ".join(f"{k} {v}" for k, v in r.visual_cap.items() if v is not None))
+    return lines
+
+
 class _Printer:
     """Writes each text delta to stdout at once; remembers whether anything was written."""
 
@@ -112,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 1
     printer.end_line()
+    for line in media_lines(result):
+        print(line, file=sys.stderr)
     print(summary_line(result), file=sys.stderr)
     return 0
 

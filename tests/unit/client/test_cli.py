@@ -1,7 +1,7 @@
-"""python -m client: argument handling and the summary line (no server)."""
+"""python -m client: argument handling, the summary and media lines (no server)."""
 import pytest
 
-from client.__main__ import build_parser, main, sampling_from_args, summary_line
+from client.__main__ import build_parser, main, media_lines, sampling_from_args, summary_line
 from client.api import GenerationResult
 
 
@@ -42,3 +42,17 @@ def test_summary_line():
     r = GenerationResult(text="x", num_output_tokens=3, finish_reason="stop", ttft_ms=123.44, tbt_ms=[5.0, 6.2])
     assert summary_line(r) == "TTFT 123.4 ms, mean TBT 5.6 ms, 3 output tokens, finish_reason=stop"
     assert summary_line(GenerationResult()) == "TTFT n/a, mean TBT n/a, ? output tokens, finish_reason=None"
+
+
+def test_media_lines_say_what_the_server_did_with_each_item():
+    video = {"kind": "video", "grid_thw": [1, 20, 28], "visual_tokens": 140, "frames_in_file": 1, "duration_s": 0.1,
+             "frames": 1, "sampled_frames": 2, "fps": 20.0}
+    r = GenerationResult(media=[{"kind": "image", "grid_thw": [1, 26, 46], "visual_tokens": 299, "width": 640,
+                                 "height": 360}, video],
+                         visual_cap={"max_visual_tokens": 500, "visual_tokens": 439, "fps": None})
+    assert media_lines(r) == [
+        "image 1: grid_thw [1, 26, 46], visual_tokens 299, width 640, height 360",
+        "video 2: grid_thw [1, 20, 28], visual_tokens 140, frames_in_file 1, duration_s 0.1, frames 1, "
+        "sampled_frames 2, fps 20.0",
+        "visual_cap: max_visual_tokens 500, visual_tokens 439"]
+    assert media_lines(GenerationResult()) == []
