@@ -19,6 +19,7 @@ from backends.ipc import shared_tensor
 from backends.runtime.families.registry import family_for
 
 log = logging.getLogger(__name__)
+STAGING_MARGIN_BYTES = 4 << 30  # free memory kept beyond a second copy before publish copies on the device
 
 
 def lm_parameters(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
@@ -32,8 +33,22 @@ def held_bytes(model: nn.Module, shared: shared_tensor.SharedTensor | None) -> d
     """Bytes of ``model``'s language-model weights by where they live: ``{"own": n, "shared": 0}`` for a stage
     that keeps its own copy, ``{"own": 0, "shared": n}`` for one whose parameters are views of the shared
     tensor (``shared``: what ``publish`` or ``adopt`` returned). Exposed as a gauge (``triton_io.WeightsGauge``)."""
-    total = sum(p.numel() * p.element_size() for _, p in lm_parameters(model))
+    total = sum(p.numel() * p.element_size() for _, p in lm_parameters(model) if not p.is_meta)  # meta: unbuilt
     return {"own": 0, "shared": total} if shared is not None else {"own": total, "shared": 0}
+
+
+def rebind(model: nn.Module, tensors: dict[str, torch.Tensor]) -> None:
+    """Make each parameter of ``model`` named in ``tensors`` (as :func:`lm_parameters` names it) hold that tensor,
+    wherever the parameter is used (tied ones too). Unlike ``p.data = tensor``, this works for parameters on the
+    meta device (unbuilt: ``backends.runtime.dummy_weights``)."""
+    new: dict[int, nn.Parameter] = {}
+    for name, p in model.named_parameters():  # tied parameters once, by their first name
+        if name in tensors:
+            new[id(p)] = nn.Parameter(tensors[name], requires_grad=p.requires_grad)
+    for module in model.modules():
+        for key, p in module._parameters.items():
+            if p is not None and id(p) in new:
+                module._parameters[key] = new[id(p)]
 
 
 def _manifest(params: list[tuple[str, nn.Parameter]]) -> list[list]:
@@ -50,7 +65,8 @@ def _slices(params: list[tuple[str, nn.Parameter]], flat: torch.Tensor):
 
 def publish(model: nn.Module, name: str, device: torch.device) -> shared_tensor.SharedTensor:
     """Owner side: copy ``model``'s language-model parameters (all of one dtype, on ``device``) into the shared
-    tensor ``name`` and make them views of it. Returns the shared tensor (``release()`` it at shutdown).
+    tensor ``name`` and make them views of it (through host memory when the device lacks room for both copies and
+    :data:`STAGING_MARGIN_BYTES`). Returns the shared tensor (``release()`` it at shutdown).
     Raises ValueError when the parameters are of several dtypes."""
     params = lm_parameters(model)
     dtypes = {p.dtype for _, p in params}
@@ -58,6 +74,14 @@ def publish(model: nn.Module, name: str, device: torch.device) -> shared_tensor.
         raise ValueError(f"language-model parameters of several dtypes {sorted(map(str, dtypes))}: not shared")
     dtype = dtypes.pop()
     total = sum(p.numel() for _, p in params)
+    nbytes = total * params[0][1].element_size()
+    if device.type == "cuda" and torch.cuda.mem_get_info(device)[0] < nbytes + STAGING_MARGIN_BYTES:
+        # no room for a second copy (InternVL3-38B's 64 GB beside encode_prefill's vision tower on one H200): the
+        # parameters wait in host memory while the shared tensor takes their place
+        log.info("language-model weights staged in host memory (%.2f GiB) to be shared", nbytes / 2**30)
+        for _, p in params:
+            p.data = p.data.cpu()
+        torch.cuda.empty_cache()
     shared = shared_tensor.create(name, (total,), dtype, device, extra={"manifest": _manifest(params)})
     with torch.no_grad():
         for p, view in _slices(params, shared.tensor):
@@ -93,8 +117,7 @@ def adopt(model: nn.Module, name: str, device: torch.device) -> shared_tensor.Sh
         log.warning("shared language-model weights %r could not be mapped (%s: %s): this stage keeps its own copy",
                     name, type(exc).__name__, exc)
         return None
-    for p, view in _slices(params, shared.tensor):
-        p.data = view
+    rebind(model, {name: view for (name, _), (_, view) in zip(params, _slices(params, shared.tensor))})
     if device.type == "cuda":
         torch.cuda.empty_cache()
     log.info("language-model weights mapped from %r: this stage's own copy let go", name)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, fields
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from backends.runtime import dummy_weights
 from backends.runtime.families import ServedModel
 from backends.runtime.families.registry import family_for, model_config, model_tokenizer
 from backends.runtime.presets import PRESETS
@@ -74,12 +75,15 @@ def _torch_dtype(name: str, default: torch.dtype) -> torch.dtype:
     return default if name == "auto" else getattr(torch, name)
 
 
-def load_model(spec: ModelSpec) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+def load_model(spec: ModelSpec, parts: tuple[str, ...] = dummy_weights.PARTS
+               ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """The model (eval mode, on ``spec.device``, in the spec's dtype) and its tokenizer: the family's transformers
     class (``Qwen2_5_VLForConditionalGeneration``, ``InternVLForConditionalGeneration``).
 
     Vision tower and language model use the ``sdpa`` attention of transformers; a ModelRunner later
-    routes the language model's attention through the paged KV cache. Raises OSError when
+    routes the language model's attention through the paged KV cache. ``parts``: with dummy weights, the parts
+    built (``dummy_weights.PARTS``); the others stay on the meta device until ``dummy_weights.materialize`` builds
+    them (the same values); a checkpoint's weights are all loaded. Raises OSError when
     ``model_path`` is not a directory or lacks a config, weights or tokenizer; ValueError when its config's
     ``model_type`` is of no family.
     """
@@ -99,11 +103,6 @@ def load_model(spec: ModelSpec) -> tuple[PreTrainedModel, PreTrainedTokenizerBas
         log.warning("load_format=dummy: random weights (seed %d) in the architecture of %s, not its weights",
                     spec.seed, spec.model_path)
     dtype = _torch_dtype(spec.dtype, config.dtype or torch.float32)
-    log.info("building %s with random weights on %s", spec.model_path or f"preset {spec.preset}", device)
-    # Initialise straight on the device (a 7B model in fp32 on the CPU would take minutes and 30 GB), from
-    # a private RNG stream so that the caller's global RNG state is left as it was.
-    fork_devices = [device.index or 0] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=fork_devices, device_type=device.type), device:
-        torch.manual_seed(spec.seed)
-        model = family_for(config).model_class._from_config(config, dtype=dtype, attn_implementation="sdpa")
-    return model.eval(), tokenizer
+    log.info("building %s with random weights on %s (%s)", spec.model_path or f"preset {spec.preset}", device,
+             ", ".join(parts))
+    return dummy_weights.build(family_for(config).model_class, config, dtype, device, spec.seed, parts), tokenizer

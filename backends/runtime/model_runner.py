@@ -122,9 +122,10 @@ class ModelRunner:
         if kv_cache.dim() != 6 or got != expected:
             raise ValueError(f"kv_cache shape {tuple(kv_cache.shape)} does not fit the model: want "
                              f"[{expected[0]}, 2, pages, {page_size}, {expected[3]}, {expected[4]}]")
-        if kv_cache.dtype != model.dtype or kv_cache.device != model.device:
+        device = model.get_output_embeddings().weight.device  # the vision tower may be unbuilt (decode: meta)
+        if kv_cache.dtype != model.dtype or kv_cache.device != device:
             raise ValueError(f"kv_cache is {kv_cache.dtype} on {kv_cache.device}, "
-                             f"the model {model.dtype} on {model.device}")
+                             f"the model {model.dtype} on {device}")
         self.model = model
         self.family = family_for(model.config)
         self.kv_cache = kv_cache
@@ -133,7 +134,7 @@ class ModelRunner:
         self.graphs: DecodeGraphs | None = None
         self.prefill_graphs: PrefillGraphs | None = None
         self.vision_graphs: VisionGraphs | None = None
-        self.device = model.device
+        self.device = device
         self.dtype = model.dtype
         self._visual = self.family.vision_encoder(model)
         self._language_model = model.model.language_model

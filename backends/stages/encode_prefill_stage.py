@@ -12,7 +12,7 @@ import torch
 from backends.ipc.link import LinkServer, Reply
 from backends.ipc.protocol import SERVER_FAULT, Call, StageFailure, StepPlan
 from backends.runtime.loader import ModelSpec
-from backends.stages.device import helper_gpus, stage_setup
+from backends.stages.device import helper_gpus, shared_weights_on, stage_setup
 from backends.stages.encode_prefill_worker import EncodePrefillWorker
 from backends.triton import triton_io
 from backends.triton.replicas import replica_name
@@ -29,7 +29,8 @@ class EncodePrefillStage(triton_io.InternalModel):
             ModelSpec.from_parameters(params, device=str(device)), device,
             attention_backend=params.get("attention_backend", "auto"),
             vision_devices=helper_gpus(triton_io.gpus_value("vision_gpus", params.get("vision_gpus", "own")), device),
-            kv_pool=replica_name("kv_pool", replica), lm_weights=replica_name("lm_weights", replica),
+            kv_pool=replica_name("kv_pool", replica),
+            lm_weights=replica_name("lm_weights", replica) if shared_weights_on(params) else None,
             vision_parallel=params.get("vision_parallel", "data"),
             vision_tp_size=None if params.get("vision_tp_size", "all") == "all"
             else triton_io.int_value("vision_tp_size", params["vision_tp_size"]),

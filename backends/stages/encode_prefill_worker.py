@@ -27,6 +27,7 @@ import torch
 
 from backends.ipc import shared_tensor, shared_weights
 from backends.ipc.protocol import EncodeWork, FirstToken, NewRequest, PrefillWork, StepPlan, StepResult
+from backends.runtime import dummy_weights
 from backends.runtime.attention import FlashInferAttentionBackend, make_backend
 from backends.runtime.attention.flashinfer_backend import flashinfer_supports
 from backends.runtime.families.registry import family_for
@@ -78,7 +79,10 @@ class EncodePrefillWorker:
             raise ValueError(f"vision_tp_size {vision_tp_size} needs vision_parallel=tensor")
         self.streams = StepStreams(device, sms_while_decoding)
         self.vision_parallel, self.vision_tp_size = vision_parallel, vision_tp_size
-        self.model, tokenizer = load_model(spec)
+        # with weights to share and dummy weights, the language model is left unbuilt (meta) until the first step
+        # maps decode's copy: two copies of InternVL3-38B's 64 GB would not fit one H200 at start
+        self.model, tokenizer = load_model(spec, ("vision",) if lm_weights else dummy_weights.PARTS)
+        self.spec = spec
         self.family = family_for(self.model.config)
         fuse_projections(self.model.model.language_model)  # as ModelRunner would; decode shares fused weights
         if vision_parallel == "tensor":  # at load, not at the first step, where the split tower is made
@@ -119,7 +123,10 @@ class EncodePrefillWorker:
     def runner(self) -> ModelRunner:
         if self._runner is None:
             kv = shared_tensor.open_(self.kv_pool).tensor  # [layers, 2, pages, page_size, kv_heads, head_dim]
-            self._weights = shared_weights.adopt(self.model, self.lm_weights, self.device)  # before any forward
+            # before any forward
+            self._weights = shared_weights.adopt(self.model, self.lm_weights, self.device) if self.lm_weights else None
+            if self._weights is None and any(p.is_meta for _, p in shared_weights.lm_parameters(self.model)):
+                self._build_language_model()
             self.weights_held = shared_weights.held_bytes(self.model, self._weights)
             backend = make_backend(self.attention_backend, self.model.config, kv.shape[3], self.model.dtype,
                                    self.device)
@@ -137,6 +144,15 @@ class EncodePrefillWorker:
             if self.vision_graphs:
                 self._runner.enable_vision_graphs()
         return self._runner
+
+    def _build_language_model(self) -> None:
+        """This stage's own language model, as decode built it (``dummy_weights``: the same values): decode's copy
+        could not be mapped (``shared_weights.adopt`` logged why). Built whole, fused, and its tensors given to this
+        stage's model, whose language model was fused unbuilt (its buffers are built already)."""
+        log.warning("encode_prefill: building its own copy of the language model")
+        built, _ = load_model(self.spec, ("language_model",))
+        fuse_projections(built.model.language_model)
+        shared_weights.rebind(self.model, {name: p.data for name, p in shared_weights.lm_parameters(built)})
 
     def shutdown(self) -> None:
         """Stop the vision helpers, if the runner was made."""

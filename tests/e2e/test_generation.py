@@ -189,10 +189,12 @@ def test_seeded_sampling_is_reproducible(grpc_url):
 
 
 def test_min_tokens_holds_back_stop_strings(grpc_url):
-    """vLLM's rule: a stop string cannot end the output before min_tokens tokens (the dummy model writes
-    "MC" early in this reply, so without min_tokens the same request stops there)."""
-    sampling = {"max_tokens": 60, "temperature": 0, "ignore_eos": False, "stop": ["MC"]}
+    """vLLM's rule: a stop string cannot end the output before min_tokens tokens (the stop string is a piece of the
+    dummy model's reply near its start, so without min_tokens the same request stops there)."""
+    sampling = {"max_tokens": 60, "temperature": 0, "ignore_eos": True}
     with Client(grpc_url) as client:
+        plain = client.generate("Write a long story about a cat.", sampling=sampling)
+        sampling["stop"] = [plain.text[4:8]]
         early = client.generate("Write a long story about a cat.", sampling=sampling)
         held = client.generate("Write a long story about a cat.", sampling={**sampling, "min_tokens": 59})
     assert early.finish_reason == "stop" and early.num_output_tokens < 59

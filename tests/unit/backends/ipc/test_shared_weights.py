@@ -56,3 +56,31 @@ def test_nothing_published_or_another_model_keeps_its_own_copy(run_dir):
         assert [p.data_ptr() for _, p in shared_weights.lm_parameters(mapper)] == before
     finally:
         shared.release()
+
+
+def test_a_mapper_built_without_its_language_model_computes_from_the_owners(run_dir):
+    """encode_prefill's start with dummy weights: its language model unbuilt (meta, no memory) until it maps decode's;
+    the buffers (rotary tables) are built, the tied and fused parameters rebound."""
+    cpu = torch.device("cpu")
+    owner, _ = load_model(ModelSpec(preset="internvl3_tiny"))
+    mapper, _ = load_model(ModelSpec(preset="internvl3_tiny"), ("vision",))
+    assert all(p.is_meta for _, p in shared_weights.lm_parameters(mapper))
+    assert not any(b.is_meta for b in mapper.buffers())
+    assert shared_weights.held_bytes(mapper, None) == {"own": 0, "shared": 0}
+    ids = torch.tensor([[1, 5, 9, 42, 7]])
+    expected = logits(owner, ids)
+    shared = shared_weights.publish(owner, "lm_weights", cpu)
+    try:
+        assert shared_weights.adopt(mapper, "lm_weights", cpu) is not None
+        assert not any(p.is_meta for p in mapper.parameters())
+        assert torch.equal(logits(mapper, ids), expected)
+    finally:
+        shared.release()
+
+
+def test_rebind_keeps_tied_parameters_tied():
+    model = torch.nn.ModuleDict({"a": torch.nn.Linear(2, 2, bias=False, device="meta"),
+                                 "b": torch.nn.Linear(2, 2, bias=False, device="meta")})
+    model["b"].weight = model["a"].weight
+    shared_weights.rebind(model, {"a.weight": torch.ones(2, 2)})
+    assert model["a"].weight is model["b"].weight and torch.equal(model["b"].weight, torch.ones(2, 2))

@@ -108,3 +108,26 @@ def test_the_repository_declares_vision_graphs_and_a_deployment_file_sets_them(t
         DeployConfig.load(path)
     with pytest.raises(ValueError, match="vision_graphs"):
         parse_overrides(["encode_prefill.vision_graphs=always"])
+
+
+@pytest.mark.parametrize("lm_weights", ["lm_weights", None])
+def test_without_decodes_weights_to_map_the_language_model_is_its_own_and_as_decode_builds_it(lm_weights):
+    """With weights to share the language model waits unbuilt for decode's; none published: built at the first step,
+    the values decode's build has (fused as decode fuses). Without sharing it is built at load."""
+    from backends.ipc import shared_weights
+    from backends.runtime.language_model.fuse import fuse_projections
+    from backends.runtime.loader import load_model
+    worker = EncodePrefillWorker(ModelSpec(seed=5), torch.device("cpu"), lm_weights=lm_weights)
+    assert all(p.is_meta for _, p in shared_weights.lm_parameters(worker.model)) == (lm_weights is not None)
+    layout = KVCacheLayout.from_config(worker.model.config, num_pages=8, page_size=16)
+    pool = shared_tensor.create("kv_pool", layout.shape, layout.dtype, torch.device("cpu"))
+    try:
+        worker.runner
+        decode_side, _ = load_model(ModelSpec(seed=5))
+        fuse_projections(decode_side.model.language_model)
+        expected = dict(shared_weights.lm_parameters(decode_side))
+        for name, p in shared_weights.lm_parameters(worker.model):
+            assert torch.equal(p, expected[name]), name
+    finally:
+        worker.shutdown()
+        pool.release()
