@@ -40,7 +40,7 @@ def held_bytes(model: nn.Module, shared: shared_tensor.SharedTensor | None) -> d
 def rebind(model: nn.Module, tensors: dict[str, torch.Tensor]) -> None:
     """Make each parameter of ``model`` named in ``tensors`` (as :func:`lm_parameters` names it) hold that tensor,
     wherever the parameter is used (tied ones too). Unlike ``p.data = tensor``, this works for parameters on the
-    meta device (unbuilt: ``backends.runtime.dummy_weights``)."""
+    meta device (unbuilt: ``backends.runtime.model_parts``)."""
     new: dict[int, nn.Parameter] = {}
     for name, p in model.named_parameters():  # tied parameters once, by their first name
         if name in tensors:

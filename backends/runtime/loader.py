@@ -8,7 +8,7 @@ from dataclasses import dataclass, fields
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from backends.runtime import dummy_weights
+from backends.runtime import model_parts
 from backends.runtime.families import ServedModel
 from backends.runtime.families.registry import family_for, model_config, model_tokenizer
 from backends.runtime.presets import PRESETS
@@ -75,15 +75,15 @@ def _torch_dtype(name: str, default: torch.dtype) -> torch.dtype:
     return default if name == "auto" else getattr(torch, name)
 
 
-def load_model(spec: ModelSpec, parts: tuple[str, ...] = dummy_weights.PARTS
+def load_model(spec: ModelSpec, parts: tuple[str, ...] = model_parts.PARTS
                ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """The model (eval mode, on ``spec.device``, in the spec's dtype) and its tokenizer: the family's transformers
     class (``Qwen2_5_VLForConditionalGeneration``, ``InternVLForConditionalGeneration``).
 
     Vision tower and language model use the ``sdpa`` attention of transformers; a ModelRunner later
-    routes the language model's attention through the paged KV cache. ``parts``: with dummy weights, the parts
-    built (``dummy_weights.PARTS``); the others stay on the meta device until ``dummy_weights.materialize`` builds
-    them (the same values); a checkpoint's weights are all loaded. Raises OSError when
+    routes the language model's attention through the paged KV cache. ``parts``: the parts given memory
+    (``model_parts.PARTS``); the others stay on the meta device (dummy weights: ``model_parts.materialize`` builds
+    them later with the same values; a checkpoint's are read whole into host memory, then let go). Raises OSError when
     ``model_path`` is not a directory or lacks a config, weights or tokenizer; ValueError when its config's
     ``model_type`` is of no family.
     """
@@ -95,8 +95,8 @@ def load_model(spec: ModelSpec, parts: tuple[str, ...] = dummy_weights.PARTS
         log.info("loading the weights of %s onto %s", spec.model_path, device)
         model = family_for(config).model_class.from_pretrained(
             spec.model_path, local_files_only=True, attn_implementation="sdpa",
-            dtype=_torch_dtype(spec.dtype, config.dtype or torch.float32),
-        ).to(device)
+            dtype=_torch_dtype(spec.dtype, config.dtype or torch.float32))
+        model_parts.keep(model, device, parts)
         return model.eval(), tokenizer
 
     if spec.model_path is not None:
@@ -105,4 +105,4 @@ def load_model(spec: ModelSpec, parts: tuple[str, ...] = dummy_weights.PARTS
     dtype = _torch_dtype(spec.dtype, config.dtype or torch.float32)
     log.info("building %s with random weights on %s (%s)", spec.model_path or f"preset {spec.preset}", device,
              ", ".join(parts))
-    return dummy_weights.build(family_for(config).model_class, config, dtype, device, spec.seed, parts), tokenizer
+    return model_parts.build(family_for(config).model_class, config, dtype, device, spec.seed, parts), tokenizer

@@ -27,7 +27,7 @@ import torch
 
 from backends.ipc import shared_tensor, shared_weights
 from backends.ipc.protocol import EncodeWork, FirstToken, NewRequest, PrefillWork, StepPlan, StepResult
-from backends.runtime import dummy_weights
+from backends.runtime import model_parts
 from backends.runtime.attention import FlashInferAttentionBackend, make_backend
 from backends.runtime.attention.flashinfer_backend import flashinfer_supports
 from backends.runtime.families.registry import family_for
@@ -79,9 +79,9 @@ class EncodePrefillWorker:
             raise ValueError(f"vision_tp_size {vision_tp_size} needs vision_parallel=tensor")
         self.streams = StepStreams(device, sms_while_decoding)
         self.vision_parallel, self.vision_tp_size = vision_parallel, vision_tp_size
-        # with weights to share and dummy weights, the language model is left unbuilt (meta) until the first step
-        # maps decode's copy: two copies of InternVL3-38B's 64 GB would not fit one H200 at start
-        self.model, tokenizer = load_model(spec, ("vision",) if lm_weights else dummy_weights.PARTS)
+        # with weights to share, the language model gets no memory (meta) until the first step maps decode's copy:
+        # two copies of InternVL3-38B's 61 GiB would not fit one H200 at start
+        self.model, tokenizer = load_model(spec, ("vision",) if lm_weights else model_parts.PARTS)
         self.spec = spec
         self.family = family_for(self.model.config)
         fuse_projections(self.model.model.language_model)  # as ModelRunner would; decode shares fused weights
@@ -146,9 +146,9 @@ class EncodePrefillWorker:
         return self._runner
 
     def _build_language_model(self) -> None:
-        """This stage's own language model, as decode built it (``dummy_weights``: the same values): decode's copy
-        could not be mapped (``shared_weights.adopt`` logged why). Built whole, fused, and its tensors given to this
-        stage's model, whose language model was fused unbuilt (its buffers are built already)."""
+        """This stage's own language model, as decode built or loaded it (``model_parts``: the same values):
+        decode's copy could not be mapped (``shared_weights.adopt`` logged why). Built or loaded, fused, and its
+        tensors given to this stage's model, whose language model was fused without memory (its buffers have it)."""
         log.warning("encode_prefill: building its own copy of the language model")
         built, _ = load_model(self.spec, ("language_model",))
         fuse_projections(built.model.language_model)

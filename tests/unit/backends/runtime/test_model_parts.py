@@ -1,11 +1,11 @@
-"""Dummy weights built by parts (backends/runtime/dummy_weights.py): any part, built alone, later or in another process,
+"""Dummy weights built by parts (backends/runtime/model_parts.py): any part, built alone, later or in another process,
 holds the values the whole model's build gives it."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from backends.runtime import dummy_weights
+from backends.runtime import model_parts
 from backends.runtime.families.registry import family_for
 from backends.runtime.loader import ModelSpec, load_model
 
@@ -17,7 +17,7 @@ def test_parts_built_apart_equal_the_whole(preset):
     prefixes = family_for(whole.config).vision_prefixes
     assert {n for n, p in vision_only.named_parameters() if not p.is_meta} == \
         {n for n, _ in whole.named_parameters() if n.startswith(prefixes)}
-    dummy_weights.materialize(vision_only, torch.device("cpu"), 3, ("language_model",))
+    model_parts.materialize(vision_only, torch.device("cpu"), 3, ("language_model",))
     for (name, a), (_, b) in zip(whole.state_dict().items(), vision_only.state_dict().items()):
         assert torch.equal(a, b), name
 
@@ -43,10 +43,25 @@ def test_a_tensor_the_library_leaves_unset_is_named(monkeypatch):
 
     monkeypatch.setattr(cls, "_init_weights", skip_lm_head)
     with pytest.raises(RuntimeError, match="left 1 tensors unset: lm_head.weight"):
-        dummy_weights.materialize(model, torch.device("cpu"), 0, ("language_model",))
+        model_parts.materialize(model, torch.device("cpu"), 0, ("language_model",))
 
 
 def test_an_unknown_part_is_refused():
     model, _ = load_model(ModelSpec(), ("vision",))
     with pytest.raises(ValueError, match="parts must be among"):
-        dummy_weights.materialize(model, torch.device("cpu"), 0, ("text",))
+        model_parts.materialize(model, torch.device("cpu"), 0, ("text",))
+
+
+def test_a_checkpoint_keeps_the_parts_asked_for_and_lets_the_others_go(tmp_path):
+    model, tokenizer = load_model(ModelSpec(seed=3))
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    prefixes = family_for(model.config).vision_prefixes
+    for parts in (("vision",), ("language_model",)):
+        loaded, _ = load_model(ModelSpec(model_path=str(tmp_path), dtype="auto"), parts)
+        for name, p in loaded.named_parameters():
+            kept = ("vision" if name.startswith(prefixes) else "language_model") in parts
+            assert p.is_meta != kept, name
+            if kept:
+                assert torch.equal(p, model.get_parameter(name)), name
+        assert not any(b.is_meta for b in loaded.buffers())
