@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, fields
+from pathlib import Path
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -69,6 +70,22 @@ class ModelSpec:
             except ValueError:
                 raise ValueError(f"parameter seed must be an integer, got {values['seed']!r}") from None
         return cls(**values, device=device)
+
+
+def checkpoint_bytes(model_path: str) -> int:
+    """Bytes of the weight files (``*.safetensors``, ``*.bin``) in the checkpoint directory ``model_path``: what
+    :func:`load_model` reads into host memory."""
+    return sum(p.stat().st_size for pattern in ("*.safetensors", "*.bin") for p in Path(model_path).glob(pattern))
+
+
+def host_available_bytes() -> int | None:
+    """The host memory available to new allocations (Linux ``/proc/meminfo`` MemAvailable, bytes); None elsewhere."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            kib = next(int(line.split()[1]) for line in meminfo if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        return None
+    return kib * 1024
 
 
 def _torch_dtype(name: str, default: torch.dtype) -> torch.dtype:

@@ -52,7 +52,7 @@ def materialize(model: PreTrainedModel, device: torch.device, seed: int, parts: 
             for tensor in _own_tensors(module):
                 if tensor.is_floating_point():
                     tensor.fill_(float("nan"))  # what an init that missed a tensor would leave: caught below
-            torch.manual_seed(zlib.crc32(f"{seed}:{name}".encode()))
+            _seed(device, zlib.crc32(f"{seed}:{name}".encode()))
             owner._init_weights(module)
         unset = [f"{name}.{key}" if name else key for name, module, _ in chosen
                  for key, tensor in (*module.named_parameters(recurse=False), *module.named_buffers(recurse=False))
@@ -93,6 +93,15 @@ def _modules(model: PreTrainedModel, parts: Iterable[str]):
         part = "vision" if f"{name}.".startswith(vision) else "language_model"
         if part in parts or not any(True for _ in module.parameters(recurse=False)):
             yield name, module, owners[name]
+
+
+def _seed(device: torch.device, seed: int) -> None:
+    """Seed the generator that draws ``device``'s tensors (and the CPU's), no other GPU's: ``fork_rng`` restores
+    only these."""
+    torch.random.default_generator.manual_seed(seed)
+    if device.type == "cuda":
+        torch.cuda.default_generators[device.index if device.index is not None else torch.cuda.current_device()
+                                      ].manual_seed(seed)
 
 
 def _own_tensors(module: nn.Module) -> list[torch.Tensor]:

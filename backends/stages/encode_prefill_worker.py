@@ -33,7 +33,7 @@ from backends.runtime.attention.flashinfer_backend import flashinfer_supports
 from backends.runtime.families.registry import family_for
 from backends.runtime.language_model.fuse import fuse_projections
 from backends.runtime.language_model.kv_cache import head_dim
-from backends.runtime.loader import ModelSpec, load_model
+from backends.runtime.loader import ModelSpec, checkpoint_bytes, host_available_bytes, load_model
 from backends.runtime.model_runner import ModelRunner, PrefillChunk
 from backends.runtime.phase_clock import PhaseClock
 from backends.runtime.sampling.penalties import penalize_first_tokens
@@ -46,6 +46,24 @@ from backends.triton.triton_io import choice_value
 from flashcodec.patch_pool import read_group
 
 log = logging.getLogger(__name__)
+
+
+HOST_WAIT_S = 900.0  # the longest encode_prefill waits for decode's load before reading the checkpoint anyway
+
+
+def _wait_for_room_on_the_host(model_path: str, lm_weights: str) -> None:
+    """Both stages read a checkpoint whole on the host (``loader.load_model``): where two reads at once would not fit
+    the host's available memory (InternVL3-38B: 77 GB each), wait until decode has loaded and shared its weights (its
+    read let go) or :data:`HOST_WAIT_S` has passed."""
+    size, available = checkpoint_bytes(model_path), host_available_bytes()
+    if available is None or 2 * size <= available:
+        return
+    log.info("encode_prefill: waiting for decode to load and share its weights before reading %s (%.1f GB; the "
+             "host has %.1f GB available, not enough for both reads at once)", model_path, size / 1e9, available / 1e9)
+    try:
+        shared_tensor.describe(lm_weights, timeout_s=HOST_WAIT_S)
+    except TimeoutError:
+        log.warning("encode_prefill: decode shared no weights within %.0f s: reading the checkpoint now", HOST_WAIT_S)
 
 
 class EncodePrefillWorker:
@@ -81,6 +99,8 @@ class EncodePrefillWorker:
         self.vision_parallel, self.vision_tp_size = vision_parallel, vision_tp_size
         # with weights to share, the language model gets no memory (meta) until the first step maps decode's copy:
         # two copies of InternVL3-38B's 61 GiB would not fit one H200 at start
+        if lm_weights and spec.load_format == "auto" and spec.model_path:
+            _wait_for_room_on_the_host(spec.model_path, lm_weights)
         self.model, tokenizer = load_model(spec, ("vision",) if lm_weights else model_parts.PARTS)
         self.spec = spec
         self.family = family_for(self.model.config)
@@ -117,6 +137,7 @@ class EncodePrefillWorker:
         # (orchestrator/encoder_cache.py decides; nothing is evicted here)
         self.encoder_cache: dict[bytes, torch.Tensor] = {}
         self._runner: ModelRunner | None = None
+        self._no_language_model = ""  # why the fallback could not build one (runner), once it failed
         self._patches: torch.Tensor | None = None
 
     @property
@@ -126,7 +147,14 @@ class EncodePrefillWorker:
             # before any forward
             self._weights = shared_weights.adopt(self.model, self.lm_weights, self.device) if self.lm_weights else None
             if self._weights is None and any(p.is_meta for _, p in shared_weights.lm_parameters(self.model)):
-                self._build_language_model()
+                if self._no_language_model:
+                    raise RuntimeError(self._no_language_model)
+                try:
+                    self._build_language_model()
+                except Exception as exc:  # e.g. out of memory beside decode's KV pool: every later step says so
+                    self._no_language_model = (f"encode_prefill has no language model: decode's copy could not be "
+                                               f"mapped and its own could not be made ({type(exc).__name__}: {exc})")
+                    raise RuntimeError(self._no_language_model) from exc
             self.weights_held = shared_weights.held_bytes(self.model, self._weights)
             backend = make_backend(self.attention_backend, self.model.config, kv.shape[3], self.model.dtype,
                                    self.device)

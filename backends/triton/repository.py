@@ -136,6 +136,7 @@ def repository_with(target: Path, parameters: dict[str, dict[str, str]], source:
     unknown = sorted(set(parameters) - set(models))
     if unknown:
         raise ValueError(f"no model {', '.join(map(repr, unknown))} in {source}; models: {', '.join(models)}")
+    parameters = _paired(parameters, source)
     for name, model_dir in models.items():
         _write_model(target, model_dir, name, parameters.get(name, {}))
     declared = model_parameters(source).get("orchestrator", {}).get("replicas", "1")
@@ -145,6 +146,24 @@ def repository_with(target: Path, parameters: dict[str, dict[str, str]], source:
             values = {**parameters.get(stage, {}), "replica": str(k)}
             _write_model(target, models[stage], replica_name(stage, k), values)
     return target
+
+
+PAIRED = ("decode", "encode_prefill", "share_weights")  # one setting both models must hold (decode's is the one)
+
+
+def _paired(parameters: dict[str, dict[str, str]], source: Path) -> dict[str, dict[str, str]]:
+    """``parameters`` with decode's and encode_prefill's ``share_weights`` equal: the one given (decode's declared
+    value when neither is). Raises ValueError when both are given and differ."""
+    owner, follower, key = PAIRED
+    declared = model_parameters(source)
+    if key not in declared.get(owner, {}) or key not in declared.get(follower, {}):
+        return parameters
+    given = parameters.get(follower, {}).get(key)
+    value = parameters.get(owner, {}).get(key, declared[owner][key])
+    if given is not None and key in parameters.get(owner, {}) and given != value:
+        raise ValueError(f"{follower}.{key}={given} differs from {owner}.{key}={value}: set {owner}.{key} alone")
+    return {**parameters, owner: {**parameters.get(owner, {}), key: given or value},
+            follower: {**parameters.get(follower, {}), key: given or value}}
 
 
 def _write_model(target: Path, model_dir: Path, name: str, values: dict[str, str]) -> None:

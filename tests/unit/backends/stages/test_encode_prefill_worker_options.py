@@ -131,3 +131,55 @@ def test_without_decodes_weights_to_map_the_language_model_is_its_own_and_as_dec
     finally:
         worker.shutdown()
         pool.release()
+
+
+def test_a_language_model_that_cannot_be_made_fails_every_step_with_the_reason(monkeypatch):
+    worker = EncodePrefillWorker(ModelSpec(), torch.device("cpu"))  # nothing published: the fallback runs
+    layout = KVCacheLayout.from_config(worker.model.config, num_pages=8, page_size=16)
+    pool = shared_tensor.create("kv_pool", layout.shape, layout.dtype, torch.device("cpu"))
+    calls = []
+
+    def no_memory():
+        calls.append(1)
+        raise MemoryError("out of memory")
+
+    monkeypatch.setattr(worker, "_build_language_model", no_memory)
+    try:
+        for _ in range(2):
+            with pytest.raises(RuntimeError, match="decode's copy could not be mapped and its own could not be made "
+                                                   r"\(MemoryError: out of memory\)"):
+                worker.runner
+        assert len(calls) == 1  # tried once, not again at every step
+    finally:
+        pool.release()
+
+
+def test_a_checkpoint_too_large_to_read_twice_is_read_after_decode_shared_its_weights(tmp_path, monkeypatch):
+    import threading
+    import time
+    from backends.ipc import shared_weights
+    from backends.runtime.loader import load_model
+    from backends.stages import encode_prefill_worker
+    model, tokenizer = load_model(ModelSpec(seed=2))
+    model.save_pretrained(tmp_path / "checkpoint")
+    tokenizer.save_pretrained(tmp_path / "checkpoint")
+    monkeypatch.setattr(encode_prefill_worker, "host_available_bytes", lambda: 1000)  # room for less than one read
+    sharing, published = threading.Event(), []
+
+    def decode_shares():
+        time.sleep(0.5)
+        sharing.set()  # decode's own read is let go by now (load_model kept its parts on the device)
+        published.append(shared_weights.publish(model, "lm_weights", torch.device("cpu")))
+
+    loads = []
+    load = encode_prefill_worker.load_model
+    monkeypatch.setattr(encode_prefill_worker, "load_model", lambda *a: loads.append(sharing.is_set()) or load(*a))
+    decode = threading.Thread(target=decode_shares)
+    decode.start()
+    try:
+        EncodePrefillWorker(ModelSpec(model_path=str(tmp_path / "checkpoint")), torch.device("cpu"))
+        assert loads == [True]  # read once decode had shared
+    finally:
+        decode.join()
+        for shared in published:
+            shared.release()

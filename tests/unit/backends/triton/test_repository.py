@@ -179,3 +179,20 @@ def test_fractional_parameters_take_fractions():
     # the prefix cache's region, as docs/deployment.md sets it (its defaults are written as fractions for this)
     assert parse_overrides(["orchestrator.prefix_cache_floor=0.1", "orchestrator.prefix_cache_ceiling=0.5"]) == {
         "orchestrator": {"prefix_cache_floor": "0.1", "prefix_cache_ceiling": "0.5"}}
+
+
+@pytest.mark.parametrize("given, expected", [
+    ({}, "on"),
+    ({"decode": {"share_weights": "off"}}, "off"),
+    ({"encode_prefill": {"share_weights": "off"}}, "off"),
+    ({"decode": {"share_weights": "off"}, "encode_prefill": {"share_weights": "off"}}, "off"),
+])
+def test_encode_prefill_learns_whether_decode_shares_its_weights(tmp_path, given, expected):
+    """encode_prefill gives its language model no memory when decode shares its copy, so the two must agree."""
+    written = model_parameters(repository_with(tmp_path, given))
+    assert written["decode"]["share_weights"] == written["encode_prefill"]["share_weights"] == expected
+
+
+def test_two_share_weights_that_differ_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="encode_prefill.share_weights=on differs from decode.share_weights=off"):
+        repository_with(tmp_path, {"decode": {"share_weights": "off"}, "encode_prefill": {"share_weights": "on"}})
