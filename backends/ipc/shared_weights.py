@@ -103,7 +103,7 @@ def adopt(model: nn.Module, name: str, device: torch.device) -> shared_tensor.Sh
     try:
         meta = shared_tensor.describe(name, timeout_s=0)
     except TimeoutError:
-        log.info("no shared language-model weights %r: this stage keeps its own copy", name)
+        log.info("no shared language-model weights %r: this stage holds its own copy", name)
         return None
     params = lm_parameters(model)
     dtypes = {p.dtype for _, p in params}
@@ -111,16 +111,17 @@ def adopt(model: nn.Module, name: str, device: torch.device) -> shared_tensor.Sh
            f"dtype {meta['dtype']} against {sorted(map(str, dtypes))}" if dtypes != {getattr(torch, meta["dtype"])} else
            f"device {meta['device']} against {device}" if torch.device(meta["device"]) != device else "")
     if why:  # equal manifests (names and shapes) mean equal sizes
-        log.warning("shared language-model weights %r not used (%s): this stage keeps its own copy", name, why)
+        log.warning("shared language-model weights %r not used (%s): this stage holds its own copy", name, why)
         return None
     try:
         shared = shared_tensor.open_(name, timeout_s=0)
     except Exception as exc:  # a handle that will not map: serve from this stage's own copy rather than not at all
-        log.warning("shared language-model weights %r could not be mapped (%s: %s): this stage keeps its own copy",
+        log.warning("shared language-model weights %r could not be mapped (%s: %s): this stage holds its own copy",
                     name, type(exc).__name__, exc)
         return None
+    had_copy = not all(p.is_meta for _, p in params)  # else: built without one (backends.runtime.model_parts)
     rebind(model, {name: view for (name, _), (_, view) in zip(params, _slices(params, shared.tensor))})
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    log.info("language-model weights mapped from %r: this stage's own copy let go", name)
+    log.info("language-model weights mapped from %r%s", name, ": this stage's own copy let go" if had_copy else "")
     return shared

@@ -284,8 +284,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log-stdout", action="store_true", help="server log to stdout instead of a file")
     parser.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for the models to load")
     parser.add_argument("--set", action="append", default=[], metavar="MODEL.KEY=VALUE", dest="overrides",
-                        help="change a model parameter of config.pbtxt (repeatable), e.g. decode.preset=qwen2_5_vl_7b;"
-                             " *.KEY=VALUE sets it in every model that has it")
+                        help="change a model parameter of config.pbtxt (repeatable), e.g. decode.kv_pages=8192;"
+                             " *.KEY=VALUE sets it in every model that has it, as does naming one model for the"
+                             " served model's keys (preset, model_path, load_format, dtype, seed, share_weights)")
     launch_options.add_arguments(parser)
     args = parser.parse_args(argv)
     # checked now, not once the models have loaded

@@ -1,7 +1,7 @@
 """Model repositories with some ``config.pbtxt`` parameters changed, without editing the repo's own.
 
-``parse_overrides(["decode.preset=qwen2_5_vl_7b", "*.dtype=bfloat16"])`` turns the launcher's ``--set``
-items into ``{model: {key: value}}``; :func:`repository_with` writes a copy of the repository with those
+``parse_overrides(["decode.kv_pages=8192", "*.dtype=bfloat16"])`` turns the launcher's ``--set``
+items into ``{model: {key: value}}`` (the served model's keys, :data:`MODEL_WIDE`, go to every stage); :func:`repository_with` writes a copy of the repository with those
 values (the tests, ``python -m backends.triton.launcher --set ...`` and ``bench/serve_bench.py`` use it).
 Only parameters that the repository already declares can be set: a misspelt model or key is an error
 before any server starts, not a silently ignored value. So is a value the model could not load with, as
@@ -44,9 +44,14 @@ def model_parameters(source: Path = REPOSITORY) -> dict[str, dict[str, str]]:
             for d in _models(source)}
 
 
+# Settings of the served model, not of one stage: the stages must load one model (and decode's shared weights tell
+# encode_prefill whether to hold a language model of its own), so naming one model sets every model that declares it.
+MODEL_WIDE = ("preset", "model_path", "load_format", "dtype", "seed", "share_weights")
+
+
 def parse_overrides(items: list[str], source: Path = REPOSITORY) -> dict[str, dict[str, str]]:
-    """``MODEL.KEY=VALUE`` items -> ``{model: {key: value}}``; ``*.KEY=VALUE`` sets KEY in every model of
-    ``source`` that declares it. Later items win over earlier ones.
+    """``MODEL.KEY=VALUE`` items -> ``{model: {key: value}}``; ``*.KEY=VALUE``, and ``MODEL.KEY=VALUE`` for a key of
+    :data:`MODEL_WIDE`, set KEY in every model of ``source`` that declares it. Later items win over earlier ones.
 
     Raises ValueError, naming the item, for a malformed item, an unknown model, a key the model does not
     declare, a ``*`` key that no model declares (the message lists what exists), or a value that
@@ -70,7 +75,7 @@ def parse_overrides(items: list[str], source: Path = REPOSITORY) -> dict[str, di
             raise ValueError(f"--set {item!r}: model {model!r} has no parameter {key!r}; "
                              f"its parameters: {', '.join(declared[model])}")
         else:
-            models = [model]
+            models = [m for m, keys in declared.items() if key in keys] if key in MODEL_WIDE else [model]
         for m in models:
             try:
                 check_value(m, key, declared[m][key], value)
@@ -136,7 +141,6 @@ def repository_with(target: Path, parameters: dict[str, dict[str, str]], source:
     unknown = sorted(set(parameters) - set(models))
     if unknown:
         raise ValueError(f"no model {', '.join(map(repr, unknown))} in {source}; models: {', '.join(models)}")
-    parameters = _paired(parameters, source)
     for name, model_dir in models.items():
         _write_model(target, model_dir, name, parameters.get(name, {}))
     declared = model_parameters(source).get("orchestrator", {}).get("replicas", "1")
@@ -146,24 +150,6 @@ def repository_with(target: Path, parameters: dict[str, dict[str, str]], source:
             values = {**parameters.get(stage, {}), "replica": str(k)}
             _write_model(target, models[stage], replica_name(stage, k), values)
     return target
-
-
-PAIRED = ("decode", "encode_prefill", "share_weights")  # one setting both models must hold (decode's is the one)
-
-
-def _paired(parameters: dict[str, dict[str, str]], source: Path) -> dict[str, dict[str, str]]:
-    """``parameters`` with decode's and encode_prefill's ``share_weights`` equal: the one given (decode's declared
-    value when neither is). Raises ValueError when both are given and differ."""
-    owner, follower, key = PAIRED
-    declared = model_parameters(source)
-    if key not in declared.get(owner, {}) or key not in declared.get(follower, {}):
-        return parameters
-    given = parameters.get(follower, {}).get(key)
-    value = parameters.get(owner, {}).get(key, declared[owner][key])
-    if given is not None and key in parameters.get(owner, {}) and given != value:
-        raise ValueError(f"{follower}.{key}={given} differs from {owner}.{key}={value}: set {owner}.{key} alone")
-    return {**parameters, owner: {**parameters.get(owner, {}), key: given or value},
-            follower: {**parameters.get(follower, {}), key: given or value}}
 
 
 def _write_model(target: Path, model_dir: Path, name: str, values: dict[str, str]) -> None:

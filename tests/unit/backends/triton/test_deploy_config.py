@@ -125,9 +125,10 @@ def test_model_path_is_relative_to_the_file_and_model_wins_over_it_and_set_over_
         m: str(tmp_path / "ckpt") for m in ("decode", "encode_prefill", "orchestrator", "flashcodec")}
     plan = launch_options.serve_plan(args(config=path, model=tmp_path / "other",
                                           overrides=["decode.model_path=/x", "decode.dtype=float16"]), REPOSITORY)
-    assert plan.overrides["orchestrator"]["model_path"] == str(tmp_path / "other")
-    assert plan.overrides["decode"]["model_path"] == "/x"
-    assert (plan.overrides["decode"]["dtype"], plan.overrides["encode_prefill"]["dtype"]) == ("float16", "bfloat16")
+    # a --set naming one stage sets the served model's keys in every stage (repository.MODEL_WIDE)
+    assert {m: v["model_path"] for m, v in plan.overrides.items()} == {
+        m: "/x" for m in ("decode", "encode_prefill", "orchestrator", "flashcodec")}
+    assert (plan.overrides["decode"]["dtype"], plan.overrides["encode_prefill"]["dtype"]) == ("float16", "float16")
 
 
 def test_model_must_be_a_directory(tmp_path):

@@ -18,8 +18,8 @@ def test_star_sets_the_key_in_every_model_that_declares_it():
 
 
 def test_later_items_win_and_values_may_hold_equals_signs():
-    assert parse_overrides(["decode.seed=1", "decode.seed=2", "orchestrator.model_path=/m=1"]) == {
-        "decode": {"seed": "2"}, "orchestrator": {"model_path": "/m=1"}}
+    assert parse_overrides(["decode.kv_pages=1", "decode.kv_pages=2", "orchestrator.allowed_media_dirs=/m=1"]) == {
+        "decode": {"kv_pages": "2"}, "orchestrator": {"allowed_media_dirs": "/m=1"}}
 
 
 @pytest.mark.parametrize("item, message", [
@@ -123,7 +123,8 @@ def test_integer_checks_follow_the_repository_and_leave_other_values_alone():
                             "decode.dtype=bfloat16", "orchestrator.slo_text_tbt_ms=25.5",
                             "orchestrator.slo_video_ttft_ms="]) == {
         "decode": {"seed": "-1", "kv_pages": "8", "dtype": "bfloat16"},
-        "encode_prefill": {"seed": "-1"}, "orchestrator": {"allowed_media_dirs": "", "slo_text_tbt_ms": "25.5",
+        "encode_prefill": {"seed": "-1", "dtype": "bfloat16"},
+        "orchestrator": {"allowed_media_dirs": "", "slo_text_tbt_ms": "25.5",
                                                            "slo_video_ttft_ms": ""}}
 
 
@@ -181,18 +182,24 @@ def test_fractional_parameters_take_fractions():
         "orchestrator": {"prefix_cache_floor": "0.1", "prefix_cache_ceiling": "0.5"}}
 
 
-@pytest.mark.parametrize("given, expected", [
-    ({}, "on"),
-    ({"decode": {"share_weights": "off"}}, "off"),
-    ({"encode_prefill": {"share_weights": "off"}}, "off"),
-    ({"decode": {"share_weights": "off"}, "encode_prefill": {"share_weights": "off"}}, "off"),
+@pytest.mark.parametrize("items, expected", [
+    ([], "on"),
+    (["decode.share_weights=off"], "off"),
+    (["encode_prefill.share_weights=off"], "off"),
+    (["*.share_weights=on", "decode.share_weights=off"], "off"),
+    (["decode.share_weights=off", "encode_prefill.share_weights=on"], "on"),  # the later item wins, for both
 ])
-def test_encode_prefill_learns_whether_decode_shares_its_weights(tmp_path, given, expected):
+def test_encode_prefill_learns_whether_decode_shares_its_weights(tmp_path, items, expected):
     """encode_prefill gives its language model no memory when decode shares its copy, so the two must agree."""
-    written = model_parameters(repository_with(tmp_path, given))
+    written = model_parameters(repository_with(tmp_path, parse_overrides(items)))
     assert written["decode"]["share_weights"] == written["encode_prefill"]["share_weights"] == expected
 
 
-def test_two_share_weights_that_differ_are_refused(tmp_path):
-    with pytest.raises(ValueError, match="encode_prefill.share_weights=on differs from decode.share_weights=off"):
-        repository_with(tmp_path, {"decode": {"share_weights": "off"}, "encode_prefill": {"share_weights": "on"}})
+def test_the_served_models_keys_set_every_stage_that_has_them():
+    """One model is served: a seed or dtype named for one stage is every stage's (a fresh user's find: decode.seed=7
+    alone made the answer depend on share_weights; decode.dtype alone failed every request)."""
+    overrides = parse_overrides(["decode.seed=7", "encode_prefill.dtype=bfloat16", "decode.preset=internvl3_tiny"])
+    assert overrides["decode"]["seed"] == overrides["encode_prefill"]["seed"] == "7"
+    assert overrides["decode"]["dtype"] == overrides["encode_prefill"]["dtype"] == "bfloat16"
+    assert {m for m, values in overrides.items() if values.get("preset") == "internvl3_tiny"} == {
+        "decode", "encode_prefill", "flashcodec", "orchestrator"}
