@@ -77,13 +77,13 @@ def publish(model: nn.Module, name: str, device: torch.device) -> shared_tensor.
     nbytes = total * params[0][1].element_size()
     if device.type == "cuda":
         torch.cuda.empty_cache()  # this process's cached blocks count as free for the check below
-    if device.type == "cuda" and torch.cuda.mem_get_info(device)[0] < nbytes + STAGING_MARGIN_BYTES:
-        # no room for a second copy (InternVL3-38B's 64 GB beside encode_prefill's vision tower on one H200): the
-        # parameters wait in host memory while the shared tensor takes their place
-        log.info("language-model weights staged in host memory (%.2f GiB) to be shared", nbytes / 2**30)
-        for _, p in params:
-            p.data = p.data.cpu()
-        torch.cuda.empty_cache()
+        if torch.cuda.mem_get_info(device)[0] < nbytes + STAGING_MARGIN_BYTES:
+            # no room for a second copy (InternVL3-38B's 64 GB beside encode_prefill's vision tower on one H200):
+            # the parameters wait in host memory while the shared tensor takes their place
+            log.info("language-model weights staged in host memory (%.2f GiB) to be shared", nbytes / 2**30)
+            for _, p in params:
+                p.data = p.data.cpu()
+            torch.cuda.empty_cache()
     shared = shared_tensor.create(name, (total,), dtype, device, extra={"manifest": _manifest(params)})
     with torch.no_grad():
         for p, view in _slices(params, shared.tensor):

@@ -45,14 +45,14 @@ def materialize(model: PreTrainedModel, device: torch.device, seed: int, parts: 
     would hold whatever the memory held)."""
     chosen = [(name, module, owner) for name, module, owner in _modules(model, parts)
               if any(t.is_meta for t in _own_tensors(module))]
-    fork = [device.index or 0] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=fork, device_type=device.type), torch.no_grad():
+    gpu = (torch.cuda.current_device() if device.index is None else device.index) if device.type == "cuda" else None
+    with torch.random.fork_rng(devices=[] if gpu is None else [gpu], device_type=device.type), torch.no_grad():
         for name, module, owner in chosen:
             module.to_empty(device=device, recurse=False)
             for tensor in _own_tensors(module):
                 if tensor.is_floating_point():
                     tensor.fill_(float("nan"))  # what an init that missed a tensor would leave: caught below
-            _seed(device, zlib.crc32(f"{seed}:{name}".encode()))
+            _seed(gpu, zlib.crc32(f"{seed}:{name}".encode()))
             owner._init_weights(module)
         unset = [f"{name}.{key}" if name else key for name, module, _ in chosen
                  for key, tensor in (*module.named_parameters(recurse=False), *module.named_buffers(recurse=False))
@@ -95,13 +95,11 @@ def _modules(model: PreTrainedModel, parts: Iterable[str]):
             yield name, module, owners[name]
 
 
-def _seed(device: torch.device, seed: int) -> None:
-    """Seed the generator that draws ``device``'s tensors (and the CPU's), no other GPU's: ``fork_rng`` restores
-    only these."""
+def _seed(gpu: int | None, seed: int) -> None:
+    """Seed the CPU's generator and GPU ``gpu``'s (None: none), no other GPU's: ``fork_rng`` restores only these."""
     torch.random.default_generator.manual_seed(seed)
-    if device.type == "cuda":
-        torch.cuda.default_generators[device.index if device.index is not None else torch.cuda.current_device()
-                                      ].manual_seed(seed)
+    if gpu is not None:
+        torch.cuda.default_generators[gpu].manual_seed(seed)
 
 
 def _own_tensors(module: nn.Module) -> list[torch.Tensor]:

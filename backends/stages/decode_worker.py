@@ -89,7 +89,7 @@ class DecodeWorker:
         for name, value in (("cuda_graphs", cuda_graphs), ("compile_layers", compile_layers),
                             ("overlap_steps", overlap_steps)):
             choice_value(name, value, name)
-        model, tokenizer = load_model(spec, ("language_model",))  # dummy weights: no vision tower (meta)
+        model, tokenizer = load_model(spec, ("language_model",))  # no vision tower (meta: no memory)
         fuse_projections(model.model.language_model)  # as ModelRunner would, but before the weights are shared
         # published before the KV pool, which encode_prefill waits for: by then it can find the weights too
         self.weights = shared_weights.publish(model, lm_weights, device) if lm_weights else None

@@ -1,8 +1,9 @@
 """Model repositories with some ``config.pbtxt`` parameters changed, without editing the repo's own.
 
 ``parse_overrides(["decode.kv_pages=8192", "*.dtype=bfloat16"])`` turns the launcher's ``--set``
-items into ``{model: {key: value}}`` (the served model's keys, :data:`MODEL_WIDE`, go to every stage); :func:`repository_with` writes a copy of the repository with those
-values (the tests, ``python -m backends.triton.launcher --set ...`` and ``bench/serve_bench.py`` use it).
+items into ``{model: {key: value}}`` (the served model's keys, :data:`MODEL_WIDE`, go to every stage);
+:func:`repository_with` writes a copy of the repository with those values (the tests,
+``python -m backends.triton.launcher --set ...`` and ``bench/serve_bench.py`` use it).
 Only parameters that the repository already declares can be set: a misspelt model or key is an error
 before any server starts, not a silently ignored value. So is a value the model could not load with, as
 far as the repository says: a parameter written as an integer takes an integer, and the sizes and counts
@@ -64,8 +65,9 @@ def parse_overrides(items: list[str], source: Path = REPOSITORY) -> dict[str, di
         model, dot, key = target.partition(".")
         if not (eq and dot and model and key):
             raise ValueError(f"--set {item!r}: expected MODEL.KEY=VALUE (or *.KEY=VALUE)")
+        everywhere = [m for m, keys in declared.items() if key in keys]
         if model == "*":
-            models = [m for m, keys in declared.items() if key in keys]
+            models = everywhere
             if not models:
                 known = sorted({k for keys in declared.values() for k in keys})
                 raise ValueError(f"--set {item!r}: no model has a parameter {key!r}; parameters: {', '.join(known)}")
@@ -75,7 +77,7 @@ def parse_overrides(items: list[str], source: Path = REPOSITORY) -> dict[str, di
             raise ValueError(f"--set {item!r}: model {model!r} has no parameter {key!r}; "
                              f"its parameters: {', '.join(declared[model])}")
         else:
-            models = [m for m, keys in declared.items() if key in keys] if key in MODEL_WIDE else [model]
+            models = everywhere if key in MODEL_WIDE else [model]
         for m in models:
             try:
                 check_value(m, key, declared[m][key], value)
