@@ -35,7 +35,8 @@ class EncodePrefillStage(triton_io.InternalModel):
             vision_tp_size=None if params.get("vision_tp_size", "all") == "all"
             else triton_io.int_value("vision_tp_size", params["vision_tp_size"]),
             prefill_graphs=params.get("prefill_graphs", "auto"), vision_graphs=params.get("vision_graphs", "auto"),
-            sms_while_decoding=triton_io.int_parameter(params, "sms_while_decoding", 0))
+            sms_while_decoding=triton_io.int_parameter(params, "sms_while_decoding", 0),
+            compile_layers=params.get("compile_layers", "auto"))
         self.weights_gauge = triton_io.WeightsGauge("encode_prefill", replica)
         self.weights_gauge.set(self.worker.weights_held)
         # the current CUDA device is per thread: the steps' thread works on the stage's

@@ -79,18 +79,25 @@ class EncodePrefillWorker:
     512 tokens (``backends.runtime.language_model.prefill_graphs``), captured with the runner at the first step (a
     capture that fails fails that step; later steps run eagerly): ``"auto"`` (when the attention backend is
     flashinfer: on CUDA, off on the CPU), ``"on"`` (ValueError here when flashinfer cannot run, naming why) or
-    ``"off"``. ``sms_while_decoding``: SMs (an int; 0, the default, is off) that a step planned while decode held
-    sequences may use, on a CUDA green context's stream (``backends.stages.step_streams``; other steps use the whole
-    GPU); checked before the model loads. ``vision_graphs``: CUDA graphs of the vision tower per item grid, captured
-    as grids recur (``backends.runtime.vision.graphs``): ``"auto"`` (on where they can run: a CUDA device, one
-    tower, a family that has them), ``"on"`` (ValueError here where they cannot, naming why) or ``"off"``. Raises
-    ValueError for other values of the options."""
+    ``"off"``. ``compile_layers``: the decoder layers' small ops fused by ``torch.compile``
+    (``backends.runtime.language_model.compile``; compiled at the first step, by the prefill graphs' warm-up or its
+    first forward; decode compiles the same layers at its start, whose inductor cache this compile finds): ``"auto"``
+    (with flashinfer attention, as ``prefill_graphs``; a 2,048-token chunk 49.2 ms against 59.4 eager on the H200:
+    bench/RESULTS.md, "prefill, compiled layers"), ``"on"`` or ``"off"``. ``sms_while_decoding``: SMs (an int; 0,
+    the default, is off) that a step planned while decode held sequences may use, on a CUDA green context's stream
+    (``backends.stages.step_streams``; other steps use the whole GPU); checked before the model loads.
+    ``vision_graphs``: CUDA graphs of the vision tower per item grid, captured as grids recur
+    (``backends.runtime.vision.graphs``): ``"auto"`` (on where they can run: a CUDA device, one tower, a family that
+    has them), ``"on"`` (ValueError here where they cannot, naming why) or ``"off"``. Raises ValueError for other
+    values of the options."""
 
     def __init__(self, spec: ModelSpec, device: torch.device, attention_backend: str = "auto",
                  vision_devices: list[torch.device] | tuple = (), kv_pool: str = "kv_pool",
                  lm_weights: str = "lm_weights", vision_parallel: str = "data", vision_tp_size: int | None = None,
-                 prefill_graphs: str = "auto", sms_while_decoding: int = 0, vision_graphs: str = "auto"):
+                 prefill_graphs: str = "auto", sms_while_decoding: int = 0, vision_graphs: str = "auto",
+                 compile_layers: str = "auto"):
         choice_value("prefill_graphs", prefill_graphs, "prefill_graphs")
+        choice_value("compile_layers", compile_layers, "compile_layers")
         choice_value("vision_graphs", vision_graphs, "vision_graphs")
         choice_value("vision_parallel", vision_parallel, "vision_parallel")
         if vision_tp_size is not None and vision_parallel != "tensor":
@@ -117,7 +124,7 @@ class EncodePrefillWorker:
                       else flashinfer_supports(head_dim(self.model.config), self.model.dtype, device))
             if reason:
                 raise ValueError(f"prefill_graphs=on needs the flashinfer attention backend: {reason}")
-        self.prefill_graphs = prefill_graphs
+        self.prefill_graphs, self.compile_layers = prefill_graphs, compile_layers
         why_not = ("the device is not a GPU" if device.type != "cuda" else "the tower is on several GPUs"
                    if vision_devices else None if self.family.graphed_vision
                    else f"the {self.family.name} vision tower has none")
@@ -159,16 +166,18 @@ class EncodePrefillWorker:
             backend = make_backend(self.attention_backend, self.model.config, kv.shape[3], self.model.dtype,
                                    self.device)
             split = self.vision_parallel == "tensor"
+            flashinfer = isinstance(backend, FlashInferAttentionBackend)
+            compiled = self.compile_layers == "on" or (self.compile_layers == "auto" and flashinfer)
             self._runner = ModelRunner(self.model, kv, kv.shape[3], backend,
                                        vision_devices=() if split else self.vision_devices,
                                        vision_tp=self.vision_devices if split else (),
-                                       vision_tp_size=self.vision_tp_size)
-            if self.prefill_graphs == "on" or (self.prefill_graphs == "auto"
-                                               and isinstance(backend, FlashInferAttentionBackend)):
+                                       vision_tp_size=self.vision_tp_size, compile_language_model=compiled)
+            if self.prefill_graphs == "on" or (self.prefill_graphs == "auto" and flashinfer):
                 started = time.perf_counter()  # a capture that fails fails this step; later ones run eagerly
                 self._runner.enable_prefill_graphs()
                 log.info("encode_prefill: prefill CUDA graphs for one sequence's chunks of %s tokens, captured in "
-                         "%.1f s", "/".join(map(str, self._runner.prefill_graphs.rungs)), time.perf_counter() - started)
+                         "%.1f s%s", "/".join(map(str, self._runner.prefill_graphs.rungs)),
+                         time.perf_counter() - started, " (the decoder layers compiled first)" if compiled else "")
             if self.vision_graphs:
                 self._runner.enable_vision_graphs()
         return self._runner

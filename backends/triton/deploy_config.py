@@ -10,7 +10,7 @@ Sections, every key optional (what is left out keeps the repository's value; ``s
   ``gpu_sharing`` (``time_slicing``, CUDA's default, or ``mps``: ``backends.triton.mps``), and per stage where it
   runs: ``flashcodec`` (``device``, ``nvdec_gpus``, ``nvdec_processes_per_gpu``, ``decode_threads``),
   ``encode_prefill`` (``device``, ``vision_gpus``, ``vision_parallel``, ``vision_tp_size``, ``prefill_graphs``,
-  ``vision_graphs``, ``sms_while_decoding``), ``decode`` (``device``); each stage's ``sm_share``
+  ``vision_graphs``, ``compile_layers``, ``sms_while_decoding``), ``decode`` (``device``); each stage's ``sm_share``
   (percent of the GPU's SMs under ``mps``) and ``mps_priority`` (``normal`` or ``below_normal`` under ``mps``). A GPU
   set is ``own``, ``all`` or a list of ids. Each stage is one Triton instance (its stage-link socket is named after its
   model), so a stage is placed by its ``device``, and more copies of encode_prefill + decode are ``replicas``.
@@ -141,9 +141,9 @@ class FlashcodecResources:
 @dataclass(frozen=True)
 class EncodePrefillResources:
     """``resources.encode_prefill``: its device; the vision tower's GPUs (a GPU set), ``data``/``tensor`` parallel,
-    GPUs per split tower (``all`` or a number); CUDA graphs of one sequence's short prefill chunks (``prefill_graphs``:
-    auto, on, off) and of the vision tower per item grid (``vision_graphs``: the same); SMs of a step planned while
-    decode has sequences (``sms_while_decoding``: 0, off, or a number; ``backends.stages.step_streams``)."""
+    GPUs per split tower (``all`` or a number); ``prefill_graphs``, ``vision_graphs``, ``compile_layers`` (auto, on,
+    off: ``EncodePrefillWorker``); SMs of a step planned while decode has sequences (``sms_while_decoding``: 0, off,
+    or a number; ``backends.stages.step_streams``)."""
 
     device: str | None = _to("encode_prefill.device")
     vision_gpus: str | tuple[int, ...] | None = _to("encode_prefill.vision_gpus")
@@ -151,6 +151,7 @@ class EncodePrefillResources:
     vision_tp_size: int | str | None = _to("encode_prefill.vision_tp_size")
     prefill_graphs: str | bool | None = _to("encode_prefill.prefill_graphs")  # YAML reads bare on/off as bools
     vision_graphs: str | bool | None = _to("encode_prefill.vision_graphs")
+    compile_layers: str | bool | None = _to("encode_prefill.compile_layers")
     sms_while_decoding: int | None = _to("encode_prefill.sms_while_decoding")
     sm_share: int | None = _to("encode_prefill.sm_share")
     mps_priority: str | None = _to("encode_prefill.mps_priority")
@@ -159,7 +160,7 @@ class EncodePrefillResources:
         _device(self.device)
         _mps(self)
         _gpus(self.vision_gpus, "vision_gpus")
-        _choices(self, "vision_parallel", "prefill_graphs", "vision_graphs")
+        _choices(self, "vision_parallel", "prefill_graphs", "vision_graphs", "compile_layers")
         sms = self.sms_while_decoding
         if sms is not None and sms < 0:
             raise ConfigError("sms_while_decoding", f"must be 0 (off) or a number of SMs, got {sms!r}")

@@ -1,6 +1,7 @@
 """The encode_prefill stage's ``prefill_graphs`` option: checked before the model loads, ``on`` refused at load where
 flashinfer cannot run, and what ``auto`` picks on a CPU; the parameter as the repository and a deployment file
-declare it; and ``sms_while_decoding`` as they declare it (its checks at load: test_step_streams.py)."""
+declare it; ``sms_while_decoding`` as they declare it (its checks at load: test_step_streams.py); ``vision_graphs``
+and ``compile_layers`` the same way."""
 import textwrap
 
 import pytest
@@ -96,18 +97,36 @@ def test_the_cpu_encodes_without_vision_graphs():
         pool.release()
 
 
-def test_the_repository_declares_vision_graphs_and_a_deployment_file_sets_them(tmp_path):
-    assert model_parameters()["encode_prefill"]["vision_graphs"] == "auto"
+@pytest.mark.parametrize("key", ["vision_graphs", "compile_layers"])
+def test_the_repository_declares_the_switch_and_a_deployment_file_sets_it(tmp_path, key):
+    assert model_parameters()["encode_prefill"][key] == "auto"
     path = tmp_path / "deploy.yaml"
-    for text, value in [("vision_graphs: off", "off"), ("vision_graphs: auto", "auto")]:
+    for text, value in [(f"{key}: off", "off"), (f"{key}: auto", "auto")]:
         path.write_text(f"resources:\n  encode_prefill: {{{text}}}\n")
-        assert DeployConfig.load(path).resources.encode_prefill.vision_graphs == value
-        assert f"encode_prefill.vision_graphs={value}" in DeployConfig.load(path).set_items()
-    path.write_text("resources:\n  encode_prefill: {vision_graphs: always}\n")
-    with pytest.raises(ConfigError, match="resources.encode_prefill.vision_graphs: must be auto, on or off"):
+        assert getattr(DeployConfig.load(path).resources.encode_prefill, key) == value
+        assert f"encode_prefill.{key}={value}" in DeployConfig.load(path).set_items()
+    path.write_text(f"resources:\n  encode_prefill: {{{key}: always}}\n")
+    with pytest.raises(ConfigError, match=f"resources.encode_prefill.{key}: must be auto, on or off"):
         DeployConfig.load(path)
-    with pytest.raises(ValueError, match="vision_graphs"):
-        parse_overrides(["encode_prefill.vision_graphs=always"])
+    with pytest.raises(ValueError, match=key):
+        parse_overrides([f"encode_prefill.{key}=always"])
+
+
+@pytest.mark.parametrize("option, compiled", [("auto", False), ("off", False), ("on", True)])
+def test_the_decoder_layers_are_compiled_with_flashinfer_or_when_asked(option, compiled):
+    """``auto`` on the CPU (torch attention): eager layers; ``on``: every decoder layer compiled (lazily: by its first
+    call). The compiled layers' output equals the eager layers': test_compile.py."""
+    with pytest.raises(ValueError, match="compile_layers must be auto, on or off, got 'yes'"):
+        EncodePrefillWorker(ModelSpec(), torch.device("cpu"), compile_layers="yes")
+    worker = EncodePrefillWorker(ModelSpec(), torch.device("cpu"), compile_layers=option)
+    layout = KVCacheLayout.from_config(worker.model.config, num_pages=8, page_size=16)
+    pool = shared_tensor.create("kv_pool", layout.shape, layout.dtype, torch.device("cpu"))
+    try:
+        layers = worker.runner.model.model.language_model.layers
+        assert [layer._compiled_call_impl is not None for layer in layers] == [compiled] * len(layers)
+    finally:
+        worker.shutdown()
+        pool.release()
 
 
 @pytest.mark.parametrize("lm_weights", ["lm_weights", None])
