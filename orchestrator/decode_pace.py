@@ -1,9 +1,10 @@
-"""Decode yields to a prefill that ends media prompts (decode pacing): while an encode/prefill step runs that ends at
-least one image or video prompt and prefills at least half the prefill budget, the decode loop launches its steps at
-least ``decode_pace_ms`` apart instead of back to back, and at most ``TARGET_SHARE`` of the tightest TBT target of
-the modalities decoding (``slo_<modality>_tbt_ms``, default 50 ms, divided by ``decode_priority_boost``) apart, so
-every stream still gets its tokens within its target, jitter included (and the SLO policy, which halves the budgets
-when a gap passes the target, is not set off by the pacing).
+"""Decode yields to a prefill that ends media prompts, or more prompts than decode holds (decode pacing): while an
+encode/prefill step runs that prefills at least half the prefill budget and ends at least one image or video prompt,
+or more prompts than there are requests decoding, the decode loop launches its steps at least ``decode_pace_ms``
+apart instead of back to back, and at most ``TARGET_SHARE`` of the tightest TBT target of the modalities decoding
+(``slo_<modality>_tbt_ms``, default 50 ms, divided by ``decode_priority_boost``) apart, so every stream still gets its
+tokens within its target, jitter included (and the SLO policy, which halves the budgets when a gap passes the target,
+is not set off by the pacing).
 
 Why: the two stages share the GPU, and under MPS decode's steps run beside encode_prefill's at a higher priority. On
 the H200 a 2,048-token prefill step took 88-95 ms with one sequence decoding beside it, where a chunk alone runs in
@@ -12,16 +13,19 @@ token paid for decode steps that had TBT to spare. vLLM puts the decode tokens i
 streams wait the whole step. Pacing keeps the wait within the streams' TBT target.
 
 Where decode is left alone (decode isolation, docs/design.md): a long video's chunks end no prompt (its TTFT is
-seconds away); a short step is over in a decode step or two; and a step that ends only text prompts, whose TTFT
-needs no help: 32 text questions at once on the H200 (bench/results/peer/sixth-run-2026-12-03/README.md) ended the
-last 11 in a 1,287-token step paced at 16 ms, and the 21 streams decoding beside it got 72 of the run's 81 largest gaps
-(its top 1%, 14-26 ms; the TBT p99 13.8 ms), while those 11 prompts' TTFT lay beyond the p50 either way; without
-pacing such steps the seventh run's p99 was 11.0 ms (bench/results/peer/README.md).
+seconds away); a short step is over in a decode step or two; and a step that ends text prompts only, no more of them
+than the requests decoding: 32 text questions at once on the H200 (bench/results/peer/sixth-run-2026-12-03/README.md)
+ended the last 11 in a 1,287-token step paced at 16 ms, and the 21 streams decoding beside it got 72 of the run's 81
+largest gaps (its top 1%, 14-26 ms; the TBT p99 13.8 ms), while those 11 prompts' TTFT lay beyond the p50 either way;
+without pacing such steps the seventh run's p99 was 11.0 ms (bench/results/peer/seventh-run-2026-12-03/README.md).
+The same burst's step before it, 17 prompts beside the first one's decode (97 ms against about 60 alone; the ninth
+run, bench/results/peer/README.md), is paced: the waiting prompts outnumber the streams whose gaps grow, and a lone
+stream's few paced gaps are far from the TBT p99 of all of them.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 from backends.ipc.protocol import StepPlan
 from orchestrator.budget_policy import DEFAULT_TBT_MS, SloTargets
@@ -42,12 +46,13 @@ class DecodePacer:
     targets: SloTargets = SloTargets()
     boost: float = 1.0
 
-    def interval_ms(self, plan: StepPlan, decoding: set[str], kind_of: Callable[[str], str | None]) -> float:
-        """The spacing of decode's launches while ``plan`` runs (ms; 0: none), ``decoding`` the modalities of the
-        sequences in the decode batch, ``kind_of(req_id)`` a request's modality (None: it has gone)."""
+    def interval_ms(self, plan: StepPlan, decoding: Sequence[str], kind_of: Callable[[str], str | None]) -> float:
+        """The spacing of decode's launches while ``plan`` runs (ms; 0: none), ``decoding`` the modality of each
+        request in the decode batch, ``kind_of(req_id)`` a request's modality (None: it has gone)."""
         if not decoding or 2 * plan.num_prefill_tokens < self.prefill_budget:
             return 0.0
-        if not any(work.is_last and kind_of(work.req_id) in MEDIA for work in plan.prefill):
+        ending = [kind for work in plan.prefill if work.is_last and (kind := kind_of(work.req_id)) is not None]
+        if not MEDIA.intersection(ending) and len(ending) <= len(decoding):
             return 0.0
         target = min(self.targets.tbt_ms.get(kind, DEFAULT_TBT_MS) for kind in decoding) / self.boost
         return min(self.pace_ms, TARGET_SHARE * target)

@@ -45,7 +45,7 @@ class Engine:
     down, not as bad input); ``policy`` sets each step's budgets from the measured decode gaps and step times
     (None: the scheduler's configured budgets); ``admitting()``: requests being admitted, for which a step may wait
     (``burst_wait_ms``: ``orchestrator.burst``); ``pacer`` spaces decode's steps while a step that ends media
-    prompts runs (``orchestrator.decode_pace``; None: never)."""
+    prompts, or more prompts than decode holds, runs (``orchestrator.decode_pace``; None: never)."""
 
     def __init__(self, index: int, scheduler: Scheduler, patch_pages: PagePool, stages: ReplicaStages,
                  media: MediaStage, on_change: Callable[[], None] = lambda: None,
@@ -245,9 +245,9 @@ class Engine:
                 self._first_token(first)
             self.on_change()
 
-    def _decoding_kinds(self) -> set[str]:
-        """The modalities of the requests in the decode batch."""
-        return {tracked.request.kind for tracked in self.requests.values() if tracked.decoding}
+    def _decoding_kinds(self) -> list[str]:
+        """The modality of each request in the decode batch."""
+        return [tracked.request.kind for tracked in self.requests.values() if tracked.decoding]
 
     def _pace(self, plan: StepPlan) -> float:
         """The spacing of decode's launches while ``plan`` runs (ms; 0: none; ``orchestrator.decode_pace``)."""
@@ -287,7 +287,7 @@ class Engine:
         if self.policy is None:
             return None
         now = time.monotonic()
-        decoding = self._decoding_kinds()
+        decoding = set(self._decoding_kinds())
         waiting = [Waiting(tracked.request.kind, (now - tracked.admitted) * 1e3,
                            work_units(seq.prompt_len - seq.num_computed_tokens, seq.patches_left))
                    for tracked, seq in self._before_first_token()]

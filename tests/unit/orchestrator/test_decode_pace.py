@@ -24,19 +24,26 @@ def kinds(*names: str):
 
 
 @pytest.mark.parametrize("step, decoding, kind_of, interval", [
-    (plan((2048, True)), {"image"}, kinds("image"), 40.0),      # a full step ending a prompt: the pacing, within 50 ms
-    (plan((2048, True)), {"text"}, kinds("image"), 12.0),       # 80% of text's 15-ms target: tighter than the pacing
-    (plan((1500, False), (524, True)), {"image"}, kinds("text", "video"), 40.0),  # any media prompt ending will do
-    (plan((1500, True), (524, False)), {"image"}, kinds("text", "video"), 0.0),   # the video's chunk ends nothing
-    (plan((1024, True)), {"image"}, kinds("image"), 40.0),      # half the budget is enough
-    (plan((1023, True)), {"image"}, kinds("image"), 0.0),       # a short step is over within a decode step or two
-    (plan((2048, False)), {"image"}, kinds("video"), 0.0),      # a video's chunk that ends no prompt: decode left alone
-    (plan((2048, True)), set(), kinds("image"), 0.0),           # nothing decoding
-    (plan((2048, True)), {"image", "text"}, kinds("image"), 12.0),  # the tightest TBT target of the modalities decoding
-    (plan((2048, True)), {"video"}, kinds("video"), 40.0),
-    (plan((2048, True)), {"text"}, kinds("text"), 0.0),         # text questions only: not paced
-    (plan((1024, True), (1024, True)), {"text"}, kinds("text", "image"), 12.0),  # an image among them: paced
-    (plan((2048, True)), {"text"}, kinds(), 0.0),               # its request has gone
+    (plan((2048, True)), ["image"], kinds("image"), 40.0),      # a full step ending a prompt: the pacing, within 50 ms
+    (plan((2048, True)), ["text"], kinds("image"), 12.0),       # 80% of text's 15-ms target: tighter than the pacing
+    (plan((1500, False), (524, True)), ["image"], kinds("text", "video"), 40.0),  # any media prompt ending will do
+    (plan((1500, True), (524, False)), ["image"], kinds("text", "video"), 0.0),   # the video's chunk ends nothing
+    (plan((1024, True)), ["image"], kinds("image"), 40.0),      # half the budget is enough
+    (plan((1023, True)), ["image"], kinds("image"), 0.0),       # a short step is over within a decode step or two
+    (plan((2048, False)), ["image"], kinds("video"), 0.0),      # a video's chunk that ends no prompt: decode left alone
+    (plan((2048, True)), [], kinds("image"), 0.0),              # nothing decoding
+    (plan((2048, True)), ["image", "text"], kinds("image"), 12.0),  # the tightest TBT target of the modalities decoding
+    (plan((2048, True)), ["video"], kinds("video"), 40.0),
+    (plan((2048, True)), ["text"], kinds("text"), 0.0),         # one text prompt, one stream decoding: not paced
+    (plan((1024, True), (1024, True)), ["text"], kinds("text", "image"), 12.0),  # an image among them: paced
+    (plan((2048, True)), ["text"], kinds(), 0.0),               # its request has gone
+    # text prompts only: paced when they outnumber the requests decoding
+    (plan((1024, True), (1024, True)), ["text"], kinds("text", "text"), 12.0),
+    (plan((1024, True), (1024, True)), ["text", "text"], kinds("text", "text"), 0.0),
+    (plan((1024, True), (1024, False), (10, True)), ["text", "image"], kinds("text", "text", "text"), 0.0),
+    (plan(*[(117, True)] * 17), ["text"], kinds(*["text"] * 17), 12.0),  # the 32-request burst's second step
+    (plan(*[(117, True)] * 11), ["text"] * 21, kinds(*["text"] * 11), 0.0),  # its last step: 21 streams decoding
+    (plan((1024, True), (1024, True)), ["text"], kinds("text"), 0.0),  # one of the two has gone
 ])
 def test_which_steps_pace_decode_and_how_far_apart(step, decoding, kind_of, interval):
     assert PACER.interval_ms(step, decoding, kind_of) == interval
@@ -44,13 +51,27 @@ def test_which_steps_pace_decode_and_how_far_apart(step, decoding, kind_of, inte
 
 def test_decode_priority_boost_tightens_the_spacing():
     pacer = DecodePacer(40, 2048, SloTargets(), boost=2.0)
-    assert pacer.interval_ms(plan((2048, True)), {"text"}, kinds("image")) == 20.0
+    assert pacer.interval_ms(plan((2048, True)), ["text"], kinds("image")) == 20.0
+
+
+async def _paced_step(w: World, decoding) -> tuple[tuple, list]:
+    """Let ``decoding`` (request "a"'s output) end with two more tokens; then the one step decode was paced around
+    (30 ms before it, released after it) and every step and pacing in order."""
+    w.stages.emit(("a", 8, ""))
+    w.stages.emit(("a", 9, "length"))
+    await outputs_of(decoding, 2)
+    await settle()
+    calls = [entry for entry in w.log if entry[0] in ("step", "decode_pace")]
+    paced = [k for k, entry in enumerate(calls) if entry[0] == "decode_pace"]
+    assert [calls[k] for k in paced] == [("decode_pace", 30.0), ("decode_pace", 0.0)]
+    assert paced[1] == paced[0] + 2
+    return calls[paced[0] + 1], calls
 
 
 def test_the_engine_paces_decode_around_a_step_that_ends_media_prompts_only():
     """"a" decodes; "b"'s last step encodes its image and ends its prompt (20 tokens, over half the 32-token
     budget): decode is paced before the step and released after it. "c"'s 20-token text prompt fills as much of a
-    step but ends no media prompt, "d"'s 12 tokens are short: no pacing for either."""
+    step but ends no media prompt (one prompt, one stream decoding), "d"'s 12 tokens are short: no pacing for either."""
     async def body(w: World):
         out = w.text("a", max_tokens=3)
         await outputs_of(out, 1)
@@ -61,13 +82,21 @@ def test_the_engine_paces_decode_around_a_step_that_ends_media_prompts_only():
         await outputs_of(image, 1)
         await outputs_of(w.text("c", prompt_len=20, max_tokens=1), 1)
         await outputs_of(w.text("d", prompt_len=12, max_tokens=1), 1)
-        w.stages.emit(("a", 8, ""))
-        w.stages.emit(("a", 9, "length"))
-        await outputs_of(out, 2)
-        await settle()
-        calls = [entry for entry in w.log if entry[0] in ("step", "decode_pace")]
-        paced = [k for k, entry in enumerate(calls) if entry[0] == "decode_pace"]
-        assert [calls[k] for k in paced] == [("decode_pace", 30.0), ("decode_pace", 0.0)]
-        assert calls[paced[0] + 1] == ("step", ("b",)) and paced[1] == paced[0] + 2  # around b's last step only
+        step, calls = await _paced_step(w, out)
+        assert step == ("step", ("b",))  # around b's last step only
         assert ("step", ("c",)) in calls and ("step", ("d",)) in calls
+    run(body, prefill_budget=32, pacer=DecodePacer(30, 32))
+
+
+def test_the_engine_paces_decode_around_a_step_that_ends_more_text_prompts_than_it_decodes():
+    """"a" decodes; "b" and "c" (10 tokens each) arrive together and end their prompts in one step of 20 tokens, over
+    half the 32-token budget: two prompts against one stream decoding, so decode is paced around that step."""
+    async def body(w: World):
+        out = w.text("a", max_tokens=3)
+        await outputs_of(out, 1)
+        b, c = w.text("b", prompt_len=10, max_tokens=1), w.text("c", prompt_len=10, max_tokens=1)
+        await outputs_of(b, 1)
+        await outputs_of(c, 1)
+        step, _ = await _paced_step(w, out)
+        assert step == ("step", ("b", "c"))
     run(body, prefill_budget=32, pacer=DecodePacer(30, 32))
