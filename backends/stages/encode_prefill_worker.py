@@ -81,7 +81,9 @@ class EncodePrefillWorker:
     flashinfer: on CUDA, off on the CPU), ``"on"`` (ValueError here when flashinfer cannot run, naming why) or
     ``"off"``. ``compile_layers``: the decoder layers' small ops fused by ``torch.compile``
     (``backends.runtime.language_model.compile``; compiled at the first step, by the prefill graphs' warm-up or its
-    first forward; decode compiles the same layers at its start, whose inductor cache this compile finds): ``"auto"``
+    first forward, and once more by the first eager chunk of one token, torch's 0/1 specialisation, which the prefill
+    graphs take when on; on a GPU decode compiled the same layers at its start, whose inductor cache this compile
+    finds): ``"auto"``
     (with flashinfer attention, as ``prefill_graphs``; a 2,048-token chunk 49.2 ms against 59.4 eager on the H200:
     bench/RESULTS.md, "prefill, compiled layers"), ``"on"`` or ``"off"``. ``sms_while_decoding``: SMs (an int; 0,
     the default, is off) that a step planned while decode held sequences may use, on a CUDA green context's stream
@@ -180,6 +182,10 @@ class EncodePrefillWorker:
                          time.perf_counter() - started, " (the decoder layers compiled first)" if compiled else "")
             if self.vision_graphs:
                 self._runner.enable_vision_graphs()
+            log.info("encode_prefill: %s attention, decoder layers %s, prefill graphs %s, vision graphs %s",
+                     type(backend).__name__, "compiled (by their first call of each shape)" if compiled else "eager",
+                     "on" if self._runner.prefill_graphs is not None else "off",
+                     "on" if self._runner.vision_graphs is not None else "off")
         return self._runner
 
     def _build_language_model(self) -> None:

@@ -113,17 +113,19 @@ def test_the_repository_declares_the_switch_and_a_deployment_file_sets_it(tmp_pa
 
 
 @pytest.mark.parametrize("option, compiled", [("auto", False), ("off", False), ("on", True)])
-def test_the_decoder_layers_are_compiled_with_flashinfer_or_when_asked(option, compiled):
+def test_the_decoder_layers_are_compiled_with_flashinfer_or_when_asked(option, compiled, caplog):
     """``auto`` on the CPU (torch attention): eager layers; ``on``: every decoder layer compiled (lazily: by its first
-    call). The compiled layers' output equals the eager layers': test_compile.py."""
+    call), and the log says which. The compiled layers' output equals the eager layers': test_compile.py."""
     with pytest.raises(ValueError, match="compile_layers must be auto, on or off, got 'yes'"):
         EncodePrefillWorker(ModelSpec(), torch.device("cpu"), compile_layers="yes")
     worker = EncodePrefillWorker(ModelSpec(), torch.device("cpu"), compile_layers=option)
     layout = KVCacheLayout.from_config(worker.model.config, num_pages=8, page_size=16)
     pool = shared_tensor.create("kv_pool", layout.shape, layout.dtype, torch.device("cpu"))
     try:
-        layers = worker.runner.model.model.language_model.layers
+        with caplog.at_level("INFO", logger="backends.stages.encode_prefill_worker"):
+            layers = worker.runner.model.model.language_model.layers
         assert [layer._compiled_call_impl is not None for layer in layers] == [compiled] * len(layers)
+        assert f"TorchAttentionBackend attention, decoder layers {'compiled' if compiled else 'eager'}" in caplog.text
     finally:
         worker.shutdown()
         pool.release()
