@@ -32,6 +32,7 @@ from backends.runtime.attention import FlashInferAttentionBackend, make_backend
 from backends.runtime.attention.flashinfer_backend import flashinfer_supports
 from backends.runtime.families.registry import family_for
 from backends.runtime.language_model.fuse import fuse_projections
+from backends.runtime.language_model.compile import WARM_UP_TOKENS, warm_up_compiled
 from backends.runtime.language_model.kv_cache import head_dim
 from backends.runtime.loader import ModelSpec, checkpoint_bytes, host_available_bytes, load_model
 from backends.runtime.model_runner import ModelRunner, PrefillChunk
@@ -80,10 +81,10 @@ class EncodePrefillWorker:
     capture that fails fails that step; later steps run eagerly): ``"auto"`` (when the attention backend is
     flashinfer: on CUDA, off on the CPU), ``"on"`` (ValueError here when flashinfer cannot run, naming why) or
     ``"off"``. ``compile_layers``: the decoder layers' small ops fused by ``torch.compile``
-    (``backends.runtime.language_model.compile``; compiled at the first step, by the prefill graphs' warm-up or its
-    first forward, and once more by the first eager chunk of one token, torch's 0/1 specialisation, which the prefill
-    graphs take when on; on a GPU decode compiled the same layers at its start, whose inductor cache this compile
-    finds): ``"auto"``
+    (``backends.runtime.language_model.compile``; compiled at the first step, before the prefill graphs' capture, by
+    a forward of ``WARM_UP_TOKENS`` tokens and, without prefill graphs, one of a single token, torch's 0/1
+    specialisation; a compile that fails is logged and the layers run eagerly; on a GPU decode compiled the same
+    layers at its start, whose inductor cache this compile finds): ``"auto"``
     (with flashinfer attention, as ``prefill_graphs``; a 2,048-token chunk 49.2 ms against 59.4 eager on the H200:
     bench/RESULTS.md, "prefill, compiled layers"), ``"on"`` or ``"off"``. ``sms_while_decoding``: SMs (an int; 0,
     the default, is off) that a step planned while decode held sequences may use, on a CUDA green context's stream
@@ -174,7 +175,13 @@ class EncodePrefillWorker:
                                        vision_devices=() if split else self.vision_devices,
                                        vision_tp=self.vision_devices if split else (),
                                        vision_tp_size=self.vision_tp_size, compile_language_model=compiled)
-            if self.prefill_graphs == "on" or (self.prefill_graphs == "auto" and flashinfer):
+            graphed = self.prefill_graphs == "on" or (self.prefill_graphs == "auto" and flashinfer)
+            if compiled:  # now, before the graphs' capture: a compile that fails leaves the layers eager
+                failed = warm_up_compiled(self._runner, (WARM_UP_TOKENS,) if graphed else (WARM_UP_TOKENS, 1))
+                if failed:
+                    log.warning("encode_prefill: compiling the decoder layers failed, they run eagerly: %s", failed)
+                    compiled = False
+            if graphed:
                 started = time.perf_counter()  # a capture that fails fails this step; later ones run eagerly
                 self._runner.enable_prefill_graphs()
                 log.info("encode_prefill: prefill CUDA graphs for one sequence's chunks of %s tokens, captured in "
@@ -183,7 +190,7 @@ class EncodePrefillWorker:
             if self.vision_graphs:
                 self._runner.enable_vision_graphs()
             log.info("encode_prefill: %s attention, decoder layers %s, prefill graphs %s, vision graphs %s",
-                     type(backend).__name__, "compiled (by their first call of each shape)" if compiled else "eager",
+                     type(backend).__name__, "compiled" if compiled else "eager",
                      "on" if self._runner.prefill_graphs is not None else "off",
                      "on" if self._runner.vision_graphs is not None else "off")
         return self._runner

@@ -281,6 +281,8 @@ def warmup_requests(inputs: Inputs) -> list[ChatRequest]:
     files' first reads) of the text, image and video paths. The image twice: UnifiedServe captures a vision CUDA
     graph the second time a grid is seen (``backends/runtime/vision/graphs.py``), and without the second the capture
     fell on the first scenario to send a 1280x720 image (the ninth run's ``mixed_images``: its first step's encode
-    147 ms against 17 graphed), a first-use cost the scenarios' steady state does not have."""
+    147 ms against 17 graphed), a first-use cost the scenarios' steady state does not have. With the caches off only
+    (the fixed scenarios' setting): with ``--caches`` the second image is an encoder-cache hit, and the goodput
+    workload's other sizes are first seen by its unloaded pass."""
     image = image_request(inputs.images[0], 4)
     return [text_request(inputs, 4), image, image, video_request(inputs.video, 4)]

@@ -68,7 +68,7 @@ async def _paced_step(w: World, decoding) -> tuple[tuple, list]:
     return calls[paced[0] + 1], calls
 
 
-def test_the_engine_paces_decode_around_a_step_that_ends_media_prompts_only():
+def test_the_engine_paces_decode_around_the_step_that_ends_an_image_prompt_only():
     """"a" decodes; "b"'s last step encodes its image and ends its prompt (20 tokens, over half the 32-token
     budget): decode is paced before the step and released after it. "c"'s 20-token text prompt fills as much of a
     step but ends no media prompt (one prompt, one stream decoding), "d"'s 12 tokens are short: no pacing for either."""

@@ -131,6 +131,37 @@ def test_the_decoder_layers_are_compiled_with_flashinfer_or_when_asked(option, c
         pool.release()
 
 
+def test_a_compile_that_fails_leaves_the_layers_eager_and_says_why(monkeypatch, caplog):
+    """The compile's warm-up at the runner's making fails (as inductor does without a C compiler): logged, the layers
+    back to eager, and the stage's prefill runs."""
+    from backends.runtime import model_runner
+    from backends.runtime.model_runner import PrefillChunk
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("InvalidCxxCompiler: no working C++ compiler found")
+
+    def compile_broken(language_model):
+        for module in (*language_model.layers, language_model.norm):
+            module._compiled_call_impl = broken
+
+    monkeypatch.setattr(model_runner, "compile_decoder_layers", compile_broken)
+    worker = EncodePrefillWorker(ModelSpec(), torch.device("cpu"), compile_layers="on")
+    layout = KVCacheLayout.from_config(worker.model.config, num_pages=8, page_size=16)
+    pool = shared_tensor.create("kv_pool", layout.shape, layout.dtype, torch.device("cpu"))
+    try:
+        with caplog.at_level("INFO", logger="backends.stages.encode_prefill_worker"):
+            runner = worker.runner
+        assert "compiling the decoder layers failed, they run eagerly: RuntimeError: InvalidCxxCompiler" in caplog.text
+        assert "decoder layers eager" in caplog.text
+        assert all(layer._compiled_call_impl is None for layer in runner.model.model.language_model.layers)
+        embeds = runner.embed(torch.arange(3, 12))
+        logits = runner.prefill([PrefillChunk(embeds, torch.arange(9).expand(3, -1), 0, [0], True)])
+        assert logits.shape == (1, runner.model.config.get_text_config().vocab_size) and torch.isfinite(logits).all()
+    finally:
+        worker.shutdown()
+        pool.release()
+
+
 @pytest.mark.parametrize("lm_weights", ["lm_weights", None])
 def test_without_decodes_weights_to_map_the_language_model_is_its_own_and_as_decode_builds_it(lm_weights):
     """With weights to share the language model waits unbuilt for decode's; none published: built at the first step,
