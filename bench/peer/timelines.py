@@ -1,14 +1,16 @@
 """Where UnifiedServe's time went in the peer benchmark (issue 20, item 1), from the timelines its requests bring
 back (``return_timeline``; orchestrator/timeline.py).
 
-``<out>/timelines.json``: per scenario of ``SCENARIOS``, the server's encode_prefill steps rebuilt from the timelines
-of all its requests (:func:`steps_of`); ``<out>/gantt_<scenario>.png``: the first request's Gantt chart
+``<out>/timelines.json``: per scenario, where each kind of request's time to first token went (:func:`ttft_parts`),
+and for those of ``SCENARIOS`` the server's encode_prefill steps rebuilt from the timelines of all its requests
+(:func:`steps_of`); ``<out>/gantt_<scenario>.png``: the first request's Gantt chart
 (``bench/timeline_chart.py``); the raw records keep every timeline. Each request's timeline names only its own
 share of a step (its groups and prompt tokens), so a step is the set of shares with the same worker time, launched
 at about the same time (each request's clock starts at its own arrival, a few ms apart).
 """
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 
 from bench.common import write
@@ -47,15 +49,49 @@ def steps_of(records: list[dict]) -> list[dict]:
     return out
 
 
+# The parts of a request's time to first token, each between two moments of its timeline (ms since the orchestrator
+# received it: the API process's moments are negative); "outside" is what the client saw beyond the API's own span.
+TTFT_PARTS = {"api_to_orchestrator": ("api_sent", None), "admission": (None, "engine_added"),
+              "to_first_step": ("engine_added", "first_step"), "steps": ("first_step", "first_token"),
+              "first_token_to_api": ("first_token", "api_first_chunk")}
+
+
+def ttft_parts(records: list[dict]) -> dict[str, dict]:
+    """Per request kind, the median and largest of each part of the time to first token (ms; :data:`TTFT_PARTS`:
+    the API process to the orchestrator, admission (parse, media probe, prompt), waiting for the first step that
+    holds the request (its media decoded, a step free), the steps up to its first token, the first token back to the
+    API process) and ``outside``: the client's TTFT less the API's span from receiving the request to sending its
+    first chunk (HTTP both ways and the client itself). Records without those moments are left out."""
+    parts: dict[str, dict[str, list[float]]] = {}
+    for r in records:
+        events = (r.get("timeline") or {}).get("events", ())
+        at = {e["event"]: e["ms"] for e in reversed(events)}  # the first of each name
+        steps = [e["launched_ms"] for e in events if e["event"] == "step"]
+        if steps:
+            at["first_step"] = min(steps)
+        names = {"api_received", "api_first_chunk", "first_step", "first_token", "api_sent", "engine_added"}
+        if r.get("ttft_ms") is None or not names <= at.keys():
+            continue
+        kind = parts.setdefault(r["kind"], {name: [] for name in (*TTFT_PARTS, "outside")})
+        for name, (start, end) in TTFT_PARTS.items():
+            kind[name].append((at[end] if end else 0.0) - (at[start] if start else 0.0))
+        kind["outside"].append(r["ttft_ms"] - (at["api_first_chunk"] - at["api_received"]))
+    return {kind: {name: {"p50_ms": statistics.median(v), "max_ms": max(v)} for name, v in by_part.items()}
+            for kind, by_part in parts.items()}
+
+
 def write_timelines(out: Path, runs: dict[str, dict]) -> list[Path]:
     """Write ``timelines.json`` and the Gantt charts from UnifiedServe's raw scenarios ``runs`` ({scenario: raw
     JSON}); returns the files written (none when no request brought a timeline)."""
     found, written = {}, []
-    for name in SCENARIOS:
-        records = [r for r in runs.get(name, {}).get("records", []) if r.get("timeline")]
+    for name, run in runs.items():
+        records = [r for r in run.get("records", []) if r.get("timeline")]
         if not records:
             continue
-        found[name] = {"steps": steps_of(records)}
+        found[name] = {"ttft_parts": ttft_parts(records)}
+        if name not in SCENARIOS:
+            continue
+        found[name]["steps"] = steps_of(records)
         path = out / f"gantt_{name}.png"
         gantt_chart(f"unifiedserve, {name}: the first request's timeline (ms since it arrived)",
                     spans(records[0]["timeline"]["events"]), path)

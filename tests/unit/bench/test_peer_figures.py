@@ -12,7 +12,7 @@ from bench.peer import figures, slo
 from bench.peer.crosscheck import our_metrics
 from bench.peer.load import RequestRecord, poisson_times
 from bench.peer.summary import write_summary
-from bench.peer.timelines import steps_of
+from bench.peer.timelines import steps_of, ttft_parts
 
 
 def record(kind: str, sent_s: float, ttft_s: float, gap_s: float | list[float], tokens: int = 5,
@@ -159,3 +159,27 @@ def test_steps_are_rebuilt_from_the_requests_shares_and_count_the_requests_decod
         (9568, 2048, 2), (0, 1278, 2), (0, 254, 1)]
     assert [s["decoding"] for s in steps] == [0, 0, 1]  # a's first token (0.3 s) came before the third step
     assert (steps[0]["encode_ms"], steps[0]["prefill_ms"]) == (30.0, 60.0) and "encode_ms" not in steps[1]
+
+
+def test_ttft_parts_split_each_kinds_first_token_by_its_timeline():
+    def timeline(sent_ms, added_ms, steps_ms, first_ms, chunk_ms):
+        moments = [("api_received", -10.0), ("api_sent", sent_ms), ("parsed", 1.0), ("engine_added", added_ms),
+                   ("first_token", first_ms), ("first_response", first_ms + 0.5), ("api_first_chunk", chunk_ms)]
+        return {"events": [{"event": name, "ms": ms} for name, ms in moments]
+                + [{"event": "step", "ms": s + 50, "launched_ms": s} for s in steps_ms]}
+
+    # TTFT at the client 130 ms; the API's span from receiving to the first chunk 122 ms: 8 ms outside
+    a = {**record("text", 0.0, 0.130, 0.01), "timeline": timeline(-6.0, 2.0, [20.0, 70.0], 100.0, 112.0)}
+    b = {**record("text", 0.0, 0.250, 0.01), "timeline": timeline(-2.0, 4.0, [10.0], 200.0, 204.0)}
+    no_timeline = record("text", 0.0, 0.1, 0.01)
+    failed = {**record("image", 0.0, 0.1, 0.01, error="HTTP 500"), "ttft_ms": None,
+              "timeline": timeline(-1.0, 1.0, [5.0], 50.0, 51.0)}
+    parts = ttft_parts([a, b, no_timeline, failed])
+    assert list(parts) == ["text"]
+    text = parts["text"]
+    assert text["api_to_orchestrator"] == {"p50_ms": 4.0, "max_ms": 6.0}
+    assert text["admission"] == {"p50_ms": 3.0, "max_ms": 4.0}
+    assert text["to_first_step"] == {"p50_ms": 12.0, "max_ms": 18.0}  # added at 2 and 4, first steps at 20 and 10
+    assert text["steps"] == {"p50_ms": 135.0, "max_ms": 190.0}
+    assert text["first_token_to_api"] == {"p50_ms": 8.0, "max_ms": 12.0}
+    assert text["outside"]["p50_ms"] == pytest.approx(22.0) and text["outside"]["max_ms"] == pytest.approx(36.0)
