@@ -46,7 +46,7 @@ from backends.runtime.tokenizer import eos_token_ids
 from backends.stages.decode_pace import Pacing
 from backends.stages.decode_seqs import Launched, RunningSeq
 from backends.stages.kv_pool_size import pool_layout
-from backends.triton.triton_io import choice_value
+from backends.triton.triton_io import choice_value, switched_on
 
 log = logging.getLogger(__name__)
 
@@ -97,14 +97,14 @@ class DecodeWorker:
         layout = pool_layout(model.config, model.dtype, page_size, kv_pages, kv_memory_fraction, device)
         self.pool = shared_tensor.create(kv_pool, layout.shape, layout.dtype, device)
         backend = make_backend(attention_backend, model.config, page_size, model.dtype, device)
-        graphs = cuda_graphs == "on" or (cuda_graphs == "auto" and isinstance(backend, FlashInferAttentionBackend))
-        compiled = compile_layers == "on" or (compile_layers == "auto" and graphs)
+        graphs = switched_on(cuda_graphs, isinstance(backend, FlashInferAttentionBackend))
+        compiled = switched_on(compile_layers, graphs)
         self.runner = ModelRunner(model, self.pool.tensor, page_size, backend, compile_language_model=compiled)
         if graphs:
             log.info("capturing CUDA graphs for batch sizes up to %d%s", max_batch,
                      " (the decoder layers are compiled first)" if compiled else "")
             self.runner.enable_cuda_graphs(batch_ladder(max_batch))
-        self.overlap = overlap_steps == "on" or (overlap_steps == "auto" and graphs)
+        self.overlap = switched_on(overlap_steps, graphs)
         log.info("decode: %s attention, CUDA graphs %s, decoder layers %s, steps %s", type(backend).__name__,
                  "off" if self.runner.graphs is None else f"for batch sizes up to {max_batch}",
                  "compiled" if compiled else "eager", "overlapped" if self.overlap else "one at a time")

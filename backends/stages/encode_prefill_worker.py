@@ -43,7 +43,7 @@ from backends.runtime.sampling.stopping import finish_reason
 from backends.runtime.tokenizer import eos_token_ids
 from backends.stages.prompt_state import PromptState
 from backends.stages.step_streams import StepStreams
-from backends.triton.triton_io import choice_value
+from backends.triton.triton_io import choice_value, switched_on
 from flashcodec.patch_pool import read_group
 
 log = logging.getLogger(__name__)
@@ -170,12 +170,12 @@ class EncodePrefillWorker:
                                    self.device)
             split = self.vision_parallel == "tensor"
             flashinfer = isinstance(backend, FlashInferAttentionBackend)
-            compiled = self.compile_layers == "on" or (self.compile_layers == "auto" and flashinfer)
+            compiled = switched_on(self.compile_layers, flashinfer)
             self._runner = ModelRunner(self.model, kv, kv.shape[3], backend,
                                        vision_devices=() if split else self.vision_devices,
                                        vision_tp=self.vision_devices if split else (),
                                        vision_tp_size=self.vision_tp_size, compile_language_model=compiled)
-            graphed = self.prefill_graphs == "on" or (self.prefill_graphs == "auto" and flashinfer)
+            graphed = switched_on(self.prefill_graphs, flashinfer)
             if compiled:  # now, before the graphs' capture: a compile that fails leaves the layers eager
                 failed = warm_up_compiled(self._runner, (WARM_UP_TOKENS,) if graphed else (WARM_UP_TOKENS, 1))
                 if failed:

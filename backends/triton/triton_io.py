@@ -65,6 +65,12 @@ def choice_value(key: str, value: str, name: str | None = None) -> str:
     return value
 
 
+def switched_on(value: str, auto: bool) -> bool:
+    """Whether a parameter of ``SWITCHES`` (checked by :func:`choice_value`) is on: ``"on"``, or ``"auto"`` where
+    ``auto`` (the stage's rule for it) holds."""
+    return value == "on" or (value == "auto" and auto)
+
+
 def int_value(key: str, value: str, name: str | None = None) -> int:
     """A parameter's string ``value`` as an int; >= 1 when ``key`` is in POSITIVE_INT_PARAMETERS, >= 0 in
     NON_NEGATIVE_INT_PARAMETERS.

@@ -54,6 +54,7 @@ def steps_of(records: list[dict]) -> list[dict]:
 TTFT_PARTS = {"api_to_orchestrator": ("api_sent", None), "admission": (None, "engine_added"),
               "to_first_step": ("engine_added", "first_step"), "steps": ("first_step", "first_token"),
               "first_token_to_api": ("first_token", "api_first_chunk")}
+_MOMENTS = {m for pair in TTFT_PARTS.values() for m in pair if m} | {"api_received"}  # a record must have them all
 
 
 def ttft_parts(records: list[dict]) -> dict[str, dict]:
@@ -69,8 +70,7 @@ def ttft_parts(records: list[dict]) -> dict[str, dict]:
         steps = [e["launched_ms"] for e in events if e["event"] == "step"]
         if steps:
             at["first_step"] = min(steps)
-        names = {"api_received", "api_first_chunk", "first_step", "first_token", "api_sent", "engine_added"}
-        if r.get("ttft_ms") is None or not names <= at.keys():
+        if r.get("ttft_ms") is None or not _MOMENTS <= at.keys():
             continue
         kind = parts.setdefault(r["kind"], {name: [] for name in (*TTFT_PARTS, "outside")})
         for name, (start, end) in TTFT_PARTS.items():

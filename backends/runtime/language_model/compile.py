@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Sequence
 import torch
 from torch import nn
 
-from backends.runtime.attention.base import AttentionMetadata
-from backends.runtime.language_model.kv_cache import pages_needed, scratch_page
+from backends.runtime.language_model.kv_cache import scratch_page
+from backends.runtime.language_model.prefill_graphs import capture_layout
 
 if TYPE_CHECKING:
     from backends.runtime.model_runner import ModelRunner
@@ -60,8 +60,7 @@ def warm_up_compiled(runner: ModelRunner, token_counts: Sequence[int] = (WARM_UP
     try:
         with torch.inference_mode():
             for n in token_counts:
-                metadata = AttentionMetadata.build([n], [0], [[scratch] * pages_needed(n, runner.page_size)],
-                                                   runner.page_size, runner.device)
+                metadata = capture_layout(n, scratch, runner.page_size, runner.device)
                 runner.backend.plan(metadata)
                 embeds = torch.zeros(n, hidden, dtype=runner.dtype, device=runner.device)
                 positions = torch.zeros(runner.family.position_rows, n, dtype=torch.long, device=runner.device)

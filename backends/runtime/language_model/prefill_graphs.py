@@ -58,11 +58,12 @@ def append_positions(kv_positions: torch.Tensor, rows: int, page_size: int) -> t
     return out
 
 
-def capture_layout(rows: int, scratch: int, page_size: int) -> AttentionMetadata:
+def capture_layout(rows: int, scratch: int, page_size: int, device: torch.device | str = "cpu") -> AttentionMetadata:
     """The layout a graph of ``rows`` rows is captured with: all rows as one sequence's first tokens over KV pages
     that are all the scratch page (flashinfer sizes the graph for the rows of its first plan; the warm-up and capture
-    runs then read and write nothing but the scratch page). Host arrays (``AttentionMetadata.build`` on the CPU)."""
-    return AttentionMetadata.build([rows], [0], [[scratch] * pages_needed(rows, page_size)], page_size, "cpu")
+    runs then read and write nothing but the scratch page); also the compile's warm-up forward
+    (``compile.warm_up_compiled``). ``AttentionMetadata.build`` with ``device`` (its slot mapping's)."""
+    return AttentionMetadata.build([rows], [0], [[scratch] * pages_needed(rows, page_size)], page_size, device)
 
 
 @dataclass(frozen=True)
