@@ -19,8 +19,8 @@ ended the last 11 in a 1,287-token step paced at 16 ms, and the 21 streams decod
 largest gaps (its top 1%, 14-26 ms; the TBT p99 13.8 ms), while those 11 prompts' TTFT lay beyond the p50 either way;
 without pacing such steps the seventh run's p99 was 11.0 ms (bench/results/peer/seventh-run-2026-12-03/README.md).
 The same burst's step before it, 17 prompts beside the first one's decode (97 ms against about 60 alone; the ninth
-run, bench/results/peer/README.md), is paced: the waiting prompts outnumber the streams whose gaps grow, and a lone
-stream's few paced gaps are far from the TBT p99 of all of them.
+run, bench/results/peer/ninth-run-2026-12-03/README.md), is paced: the waiting prompts outnumber the streams whose
+gaps grow, and a lone stream's few paced gaps are far from the TBT p99 of all of them.
 """
 from __future__ import annotations
 

@@ -10,7 +10,8 @@ from backends.ipc.protocol import NewRequest
 
 # A prompt's few text tokens before media still being decoded (a chat template's start, a short question) wait for
 # that media instead of taking a step of their own: 16 one-image requests at once on the H200 prefilled their 39-token
-# stubs in one eager step of 59.5 ms while their images became ready (bench/results/peer/README.md, the seventh run).
+# stubs in one eager step of 59.5 ms while their images became ready
+# (bench/results/peer/seventh-run-2026-12-03/README.md).
 STUB_TOKENS = 128
 
 

@@ -1,8 +1,8 @@
 """CUDA graphs of the Qwen2.5-VL vision tower, one per item grid: a small image's encode no longer waits on the host.
 
-On the H200 (``bench/results/peer/README.md``, the seventh run) the compiled tower took 45-96 ms of the step whatever
-the item's size up to about 10,000 patches: 58-96 ms for a 640x360 image's 1,196 patches, 63-75 ms for a 1280x720
-one's 4,784, 59-99 ms for a 1920x1080 one's 10,764, where the GPU needs about 4, 16 and 36 ms at the tower's
+On the H200 (``bench/results/peer/seventh-run-2026-12-03/README.md``) the compiled tower took 45-96 ms of the step
+whatever the item's size up to about 10,000 patches: 58-96 ms for a 640x360 image's 1,196 patches, 63-75 ms for a
+1280x720 one's 4,784, 59-99 ms for a 1920x1080 one's 10,764, where the GPU needs about 4, 16 and 36 ms at the tower's
 300k patches/s (``bench/RESULTS.md``, "vision tower, compiled"). The host launching 32 blocks' kernels sets the pace,
 as it does for a decode step. A graph replays them in one launch: on the H200, alone, a call of one 640x360 image
 went from 36.5 to 5.7 ms, a 1280x720 one from 40.6 to 17.0, two 1280x720 from 59.7 to 34.2, bit for bit the same
