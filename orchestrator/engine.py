@@ -372,6 +372,7 @@ class Engine:
                 self.fail(tracked, StageFailure(SERVER_FAULT, "decode: the decode step failed"))
                 continue
             tracked.last_token = now
+            tracked.request.timeline.decoded(step.launched_s, step.read_s, now)
             if reason:
                 tracked.decode_done = True
                 self._end(tracked, Output(token, reason))

@@ -64,6 +64,10 @@ class Reply:
             log.exception("orchestrator: a response could not be built")
             return io.error(f"internal error: {type(exc).__name__}: {exc}", invalid_argument=False)
 
+    def sent(self) -> None:
+        """Its tokens handed to Triton: noted on the request's timeline (``Timeline.sent``)."""
+        self.timeline.sent(len(self.ids))
+
     def _outputs(self) -> list:
         extra, last = self.parsed.extra_outputs, self.reason is not None
         outputs = [io.str_tensor("text_output", [self.text])]
@@ -98,3 +102,6 @@ class Built:
 
     def build(self):
         return self.response
+
+    def sent(self) -> None:
+        pass

@@ -31,6 +31,9 @@ class Item(Protocol):
     def build(self):
         """The Triton response (None: a response without outputs, e.g. an empty final one)."""
 
+    def sent(self) -> None:
+        """Called once the response has been handed to Triton (e.g. to note when on a request's timeline)."""
+
 
 class SendLanes:
     """``lanes`` sender threads (at least 1). :meth:`lane` picks one for a new request (round robin);
@@ -68,6 +71,7 @@ class SendLanes:
             for sender, item in merged(queued):
                 try:
                     sender.send(item.build(), flags=item.flags)
+                    item.sent()
                 except Exception:  # e.g. the client's stream was closed: nothing to tell it, the lane goes on
                     log.exception("orchestrator: a response could not be sent")
 

@@ -5,8 +5,11 @@ Events are recorded in the orchestrator as they happen, in ms since the request 
 media decodes start), ``group_ready`` (a temporal-patch group decoded into patch pages by flashcodec), ``step``
 (one encode_prefill step with work of this request: when it was launched, its groups and prefill tokens, and the
 worker's own time), ``first_token``, ``decode_admitted``, ``last_token``, ``first_response`` and
-``final_response`` (its response built). A request without the flag gets :data:`NO_TIMELINE`, whose ``mark`` does
-nothing.
+``final_response`` (its response built). Beside the events, each token's way out (``tokens``): for every token
+from decode, when its step was launched on the decode stage, when the stage read it and when it arrived here; for
+every response but the last, when a send lane handed it to Triton, once per token it brought. Compared with the
+client's arrival times, they say at which hop a gap between tokens opened (``bench/peer/timelines.py``). A request
+without the flag gets :data:`NO_TIMELINE`, which records nothing.
 """
 from __future__ import annotations
 
@@ -16,6 +19,9 @@ from typing import Callable
 
 from backends.ipc.protocol import StepPlan, StepResult
 
+# a timeline's per-token lists (ms since arrival): decode's launch and read of the token's step and its arrival in
+# the orchestrator (tokens from decode: all but the first), then the send of the response that brought it
+TOKEN_MOMENTS = ("decode_launched_ms", "decode_read_ms", "received_ms", "sent_ms")
 
 class Timeline:
     """The events of one request that arrived at ``arrived`` (``time.monotonic()`` seconds)."""
@@ -23,6 +29,7 @@ class Timeline:
     def __init__(self, arrived: float):
         self.arrived = arrived
         self.events: list[tuple[float, str, dict]] = []
+        self.tokens: dict[str, list[float | None]] = {name: [] for name in TOKEN_MOMENTS}
 
     def ms(self, at: float) -> float:
         """``at`` (``time.monotonic()`` seconds) in ms since arrival, to the microsecond."""
@@ -32,16 +39,34 @@ class Timeline:
         """Record ``event`` at ``at`` (default: now) with its ``fields`` (JSON values)."""
         self.events.append((self.ms(time.monotonic() if at is None else at), event, fields))
 
+    def decoded(self, launched_s: float, read_s: float, received_s: float) -> None:
+        """One token from decode: its step's launch and read on the decode stage (``DecodeStep``; 0.0: not
+        measured, recorded as None) and its arrival in the orchestrator (``time.monotonic()`` seconds)."""
+        for name, at in zip(TOKEN_MOMENTS, (launched_s, read_s, received_s)):
+            self.tokens[name].append(self.ms(at) if at else None)
+
+    def sent(self, count: int) -> None:
+        """A response bringing ``count`` tokens has just been handed to Triton (called from its send lane)."""
+        self.tokens["sent_ms"] += [self.ms(time.monotonic())] * count
+
     def to_json(self) -> str:
         """``{"arrived_monotonic_s": ..., "events": [{"ms": ..., "event": ..., **fields}, ...]}``, events in the order
         recorded; ``arrived_monotonic_s``, the arrival as ``time.monotonic()`` seconds, places other processes'
         moments on the same host on this scale (the OpenAI API's: ``backends.openai.timing``)."""
+        tokens = {name: at for name, at in self.tokens.items() if at}
         return json.dumps({"arrived_monotonic_s": round(self.arrived, 6),
-                           "events": [{"ms": ms, "event": event, **fields} for ms, event, fields in self.events]})
+                           "events": [{"ms": ms, "event": event, **fields} for ms, event, fields in self.events],
+                           **({"tokens": tokens} if tokens else {})})
 
 
 class _NoTimeline(Timeline):
     def mark(self, event: str, at: float | None = None, **fields) -> None:
+        pass
+
+    def decoded(self, launched_s: float, read_s: float, received_s: float) -> None:
+        pass
+
+    def sent(self, count: int) -> None:
         pass
 
 

@@ -263,11 +263,16 @@ class DecodePace(Call):
 class DecodeStep:
     """One decode step's tokens for all sequences in it: row i is ``seq_ids[i]``'s ``token_ids[i]`` with its
     ``finish_reasons[i]`` (``""`` running, ``"stop"``, ``"length"``, or ``"error"``: the step failed and the
-    sequence is dropped, its token meaningless). A sequence's last row comes once no step writes its pages."""
+    sequence is dropped, its token meaningless). A sequence's last row comes once no step writes its pages.
+    ``launched_s`` and ``read_s``: when the step was launched on the device and its tokens read on the host
+    (``time.monotonic()`` seconds, comparable across the host's processes; 0.0: not measured, e.g. a failed step's
+    rows), for request timelines (``orchestrator.timeline``)."""
 
     seq_ids: tuple[str, ...]
     token_ids: tuple[int, ...]
     finish_reasons: tuple[str, ...]
+    launched_s: float = 0.0
+    read_s: float = 0.0
 
 
 # ---- flashcodec -----------------------------------------------------------------------------------------

@@ -173,6 +173,7 @@ async def _events(first: ResponsePiece, pieces: AsyncIterator[ResponsePiece], sh
 
 
 def _chunk(shape, piece: ResponsePiece, marks: ApiMarks) -> str:
+    marks.chunk(len(piece.token_ids) or int(piece.has_output))
     if piece.timeline is not None:
         piece = dataclasses.replace(piece, timeline=marks.into(piece.timeline))
     return shape.chunk(piece).model_dump_json(exclude_none=True)

@@ -339,7 +339,7 @@ class DecodeWorker:
         with that step's message: the orchestrator frees a sequence's pages on its last message, and that step
         writes them until it has run."""
         tokens = step.tokens.tolist()
-        now = time.perf_counter()
+        now, read_s = time.perf_counter(), time.monotonic()
         elapsed, self._last_read = now - max(step.started, self._last_read), now
         rows, self._held = self._held, []
         for seq, token, count in zip(step.seqs, tokens, step.counts):
@@ -354,13 +354,14 @@ class DecodeWorker:
                     self._held.append(row)
                     continue
             rows.append(row)
-        self._send(rows)
+        self._send(rows, read_s - (now - step.started), read_s)  # the launch on the monotonic clock
         self._told(len(step.seqs), elapsed)
 
-    def _send(self, rows: list[tuple[str, int, str]]) -> None:
-        """Post one message of ``(seq_id, token_id, finish_reason)`` rows to the stream, if any and attached."""
+    def _send(self, rows: list[tuple[str, int, str]], launched_s: float = 0.0, read_s: float = 0.0) -> None:
+        """Post one message of ``(seq_id, token_id, finish_reason)`` rows to the stream, if any and attached, with
+        the step's launch and read times (``DecodeStep``)."""
         if rows and self.sink is not None:
-            self._post(self.sink, DecodeStep(*map(tuple, zip(*rows))))
+            self._post(self.sink, DecodeStep(*map(tuple, zip(*rows)), launched_s, read_s))
 
     def _next_layout(self) -> list[DecodeSeq]:
         """The next step's batch as it will be if no sequence of the step in flight ends with an eos token and no

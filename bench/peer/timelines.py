@@ -2,11 +2,12 @@
 back (``return_timeline``; orchestrator/timeline.py).
 
 ``<out>/timelines.json``: per scenario, where each kind of request's time to first token went (:func:`ttft_parts`),
-and for those of ``SCENARIOS`` the server's encode_prefill steps rebuilt from the timelines of all its requests
-(:func:`steps_of`); ``<out>/gantt_<scenario>.png``: the first request's Gantt chart
-(``bench/timeline_chart.py``); the raw records keep every timeline. Each request's timeline names only its own
-share of a step (its groups and prompt tokens), so a step is the set of shares with the same worker time, launched
-at about the same time (each request's clock starts at its own arrival, a few ms apart).
+at which hop the gaps between tokens open (:func:`token_gaps`), and for those of ``SCENARIOS`` the server's
+encode_prefill steps rebuilt from the timelines of all its requests (:func:`steps_of`);
+``<out>/gantt_<scenario>.png``: the first request's Gantt chart (``bench/timeline_chart.py``); the raw records keep
+every timeline. Each request's timeline names only its own share of a step (its groups and prompt tokens), so a step
+is the set of shares with the same worker time, launched at about the same time (each request's clock starts at its
+own arrival, a few ms apart).
 """
 from __future__ import annotations
 
@@ -80,6 +81,52 @@ def ttft_parts(records: list[dict]) -> dict[str, dict]:
             for kind, by_part in parts.items()}
 
 
+# A token's hops on its way out, in order (the timeline's ``tokens``, orchestrator/timeline.py): decode's launch of
+# its step, decode's read of it, its arrival in the orchestrator, the send of its response to Triton, the API's chunk
+# of it; then the client. A decode token's lists start at the second token (the first comes from prefill).
+HOPS = ("decode_launched_ms", "decode_read_ms", "received_ms", "sent_ms", "api_chunk_ms", "client")
+DECODE_HOPS = HOPS[:3]
+OPENED_SHARE = 0.6  # a large gap opened at the first hop where the gap between the two tokens is this share of it
+
+
+def _hop_gaps(record: dict) -> list[dict[str, float]]:
+    """Per token from the third on (both it and the one before from decode), the gap before it at each hop (ms)
+    where the record has that hop for both tokens."""
+    tokens = (record.get("timeline") or {}).get("tokens") or {}
+    client = [t * 1e3 for t in record.get("token_s") or ()]
+    out = []
+    for i in range(2, len(client)):
+        gaps = {"client": client[i] - client[i - 1]}
+        for hop in HOPS[:-1]:
+            at = tokens.get(hop) or ()
+            k = i - 1 if hop in DECODE_HOPS else i  # decode's lists start at the second token
+            if k < len(at) and at[k] is not None and at[k - 1] is not None:
+                gaps[hop] = at[k] - at[k - 1]
+        out.append(gaps)
+    return out
+
+
+def token_gaps(records: list[dict]) -> dict | None:
+    """Where the gaps between tokens open: per hop (:data:`HOPS`) the p50 and p99 of the gaps between successive
+    tokens (ms), and for the client's gaps at or above its p99 (``large_from_ms``) how many opened at each hop: the
+    first hop whose gap is at least ``OPENED_SHARE`` of the client's (a slow decode step shows at every hop from
+    decode's launch on; a stalled send only from the send on). None when no record has per-token moments."""
+    gaps = [g for r in records if (r.get("timeline") or {}).get("tokens") for g in _hop_gaps(r)]
+    if not gaps:
+        return None
+    client = sorted(g["client"] for g in gaps)
+    large_from = client[min(len(client) - 1, int(0.99 * len(client)))]
+    opened: dict[str, int] = {}
+    for g in gaps:
+        if g["client"] >= large_from:
+            hop = next(h for h in HOPS if g.get(h, 0.0) >= OPENED_SHARE * g["client"])  # the client's own at last
+            opened[hop] = opened.get(hop, 0) + 1
+    by_hop = {h: sorted(g[h] for g in gaps if h in g) for h in HOPS}
+    return {"gaps": len(gaps), "large_from_ms": large_from, "large_opened_at": opened,
+            **{h: {"p50_ms": statistics.median(v), "p99_ms": v[min(len(v) - 1, int(0.99 * len(v)))]}
+               for h, v in by_hop.items() if v}}
+
+
 def write_timelines(out: Path, runs: dict[str, dict]) -> list[Path]:
     """Write ``timelines.json`` and the Gantt charts from UnifiedServe's raw scenarios ``runs`` ({scenario: raw
     JSON}); returns the files written (none when no request brought a timeline)."""
@@ -89,6 +136,8 @@ def write_timelines(out: Path, runs: dict[str, dict]) -> list[Path]:
         if not records:
             continue
         found[name] = {"ttft_parts": ttft_parts(records)}
+        if (gaps := token_gaps(records)) is not None:
+            found[name]["token_gaps"] = gaps
         if name not in SCENARIOS:
             continue
         found[name]["steps"] = steps_of(records)

@@ -176,6 +176,12 @@ def test_a_timeline_says_where_the_requests_time_went(grpc_url, stream):
             assert 0 <= step["encode_ms"] and 0 <= step["prefill_ms"] and \
                 step["encode_ms"] + step["prefill_ms"] <= step["worker_ms"], step
     assert events[-1]["ms"] <= result.ttft_ms + sum(result.tbt_ms) + 1000  # within the client's own time
+    # each decode token's way out: decode launched its step, read it, the orchestrator got it, in that order
+    tokens = result.timeline["tokens"]
+    hops = list(zip(tokens["decode_launched_ms"], tokens["decode_read_ms"], tokens["received_ms"]))
+    assert len(hops) == N - 1 and all(launched <= read <= received for launched, read, received in hops), hops
+    sent = tokens.get("sent_ms", ())  # streamed: the tokens of every response but the last (merged ones in it)
+    assert (1 <= len(sent) <= N - 1 if stream else not sent) and list(sent) == sorted(sent)
 
 
 def test_seeded_sampling_is_reproducible(grpc_url):

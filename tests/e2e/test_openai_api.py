@@ -135,6 +135,12 @@ def test_return_timeline_brings_the_requests_timeline(sdk, stream):
     # process has made its first chunk, so the API's moments may come after it
     assert "first_token" in events and [e for e in events if not e.startswith("api_")][-1] == "final_response"
     assert ({"api_first_response", "api_first_chunk"} <= set(events)) == stream
+    # per token: decode's moments from the second token on; the API's chunk of each token when streamed (the last
+    # chunk, which brings the timeline, is made after its own mark)
+    tokens = timeline["tokens"]
+    assert len(tokens["received_ms"]) == N - 1 and ("api_chunk_ms" in tokens) == stream
+    if stream:
+        assert len(tokens["api_chunk_ms"]) == N and tokens["api_chunk_ms"] == sorted(tokens["api_chunk_ms"])
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])

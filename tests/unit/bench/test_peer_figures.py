@@ -12,7 +12,7 @@ from bench.peer import figures, slo
 from bench.peer.crosscheck import our_metrics
 from bench.peer.load import RequestRecord, poisson_times
 from bench.peer.summary import write_summary
-from bench.peer.timelines import steps_of, ttft_parts
+from bench.peer.timelines import steps_of, token_gaps, ttft_parts
 
 
 def record(kind: str, sent_s: float, ttft_s: float, gap_s: float | list[float], tokens: int = 5,
@@ -183,3 +183,29 @@ def test_ttft_parts_split_each_kinds_first_token_by_its_timeline():
     assert text["steps"] == {"p50_ms": 135.0, "max_ms": 190.0}
     assert text["first_token_to_api"] == {"p50_ms": 8.0, "max_ms": 12.0}
     assert text["outside"]["p50_ms"] == pytest.approx(22.0) and text["outside"]["max_ms"] == pytest.approx(36.0)
+
+
+def test_token_gaps_find_the_hop_where_each_large_gap_opened():
+    """300 tokens 5 ms apart at every hop but three 30-ms gaps (the top 1%): before token 10 a slow decode step
+    (every hop from decode's launch on), before token 20 a stalled send (from the send on), before token 30 the
+    client alone."""
+    n, opened_at = 300, {10: "decode_launched_ms", 20: "sent_ms", 30: "client"}
+    hops = ["decode_launched_ms", "decode_read_ms", "received_ms", "sent_ms", "api_chunk_ms", "client"]
+
+    def times(hop: str) -> list[float]:  # token i's moment at ``hop`` (ms), from token 0 on
+        at = [100.0]
+        for i in range(1, n):
+            late = i in opened_at and hops.index(hop) >= hops.index(opened_at[i])
+            at.append(at[-1] + (30.0 if late else 5.0))
+        return at
+
+    rec = record("text", 0.0, 0.1, [(b - a) / 1e3 for a, b in zip(times("client"), times("client")[1:])])
+    tokens = {hop: times(hop)[1:] for hop in hops[:3]}  # decode's: from the second token
+    tokens |= {"sent_ms": times("sent_ms")[:-1], "api_chunk_ms": times("api_chunk_ms")}  # the last send: not in it
+    tokens["decode_read_ms"][5] = None  # a step decode did not time
+    gaps = token_gaps([{**rec, "timeline": {"events": [], "tokens": tokens}}, record("text", 0.0, 0.1, 0.005)])
+    assert gaps["gaps"] == n - 2 and gaps["large_from_ms"] == pytest.approx(30.0)
+    assert gaps["large_opened_at"] == {"decode_launched_ms": 1, "sent_ms": 1, "client": 1}
+    assert gaps["decode_launched_ms"]["p50_ms"] == pytest.approx(5.0)
+    assert gaps["client"]["p99_ms"] == pytest.approx(30.0)
+    assert token_gaps([record("text", 0.0, 0.1, 0.005)]) is None  # no per-token moments

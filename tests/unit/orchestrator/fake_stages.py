@@ -55,12 +55,13 @@ class FakeStages:
         self._decode.put_nowait(None)
         return _drain(self._decode)
 
-    def emit(self, *rows: tuple[str, int, str]) -> None:
-        """One decode step: ``(seq_id, token, finish_reason)`` rows; ended sequences leave the batch."""
+    def emit(self, *rows: tuple[str, int, str], at: tuple[float, float] = (0.0, 0.0)) -> None:
+        """One decode step: ``(seq_id, token, finish_reason)`` rows, launched and read ``at`` (``DecodeStep``'s
+        ``launched_s``, ``read_s``); ended sequences leave the batch."""
         for seq_id, _, reason in rows:
             if reason:
                 self.decoding.discard(seq_id)
-        self._decode.put_nowait(DecodeStep(*map(tuple, zip(*rows))))
+        self._decode.put_nowait(DecodeStep(*map(tuple, zip(*rows)), *at))
 
     def end_decode(self, failure: StageFailure | None = None) -> None:
         self._decode.put_nowait(failure or END)

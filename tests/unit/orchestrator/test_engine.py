@@ -295,9 +295,12 @@ def test_a_timeline_records_the_request_in_order():
         w.media.ready("a", 0, 0, pages=1)
         w.media.finish("a", 0)
         await outputs_of(out, 1)
-        w.stages.emit(("a", 3, "length"))
+        w.stages.emit(("a", 3, "length"), at=(timeline.arrived + 0.010, timeline.arrived + 0.015))
         await outputs_of(out, 1)
     run(body)
+    tokens = json.loads(timeline.to_json())["tokens"]  # the decode token's way: launched, read, received
+    assert tokens["decode_launched_ms"] == [10.0] and tokens["decode_read_ms"] == [15.0]
+    assert len(tokens["received_ms"]) == 1 and "sent_ms" not in tokens  # nothing sent: no frontend here
     events = json.loads(timeline.to_json())["events"]
     names = [e["event"] for e in events]
     # the text before the image is prefilled while the image decodes: a step may come before group_ready

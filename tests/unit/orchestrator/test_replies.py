@@ -131,3 +131,20 @@ def test_a_lane_that_fell_behind_sends_the_queued_tokens_as_one_response():
     lanes.close()
     assert [(outputs["text_output"], outputs["num_output_tokens"], flags) for outputs, flags in sender.sent] == [
         (["one"], [1], 0), ([" two three four"], [3], FINAL)]
+
+
+def test_each_sent_token_is_noted_on_the_timeline_once_the_response_is_handed_over():
+    lanes, sender, timeline = SendLanes(1), BlockedSender(), Timeline(0.0)
+    lane = lanes.lane()
+    first, *rest = replies(parsed(timeline=True), ["one", " two", " three"], timeline=timeline)
+    lanes.send(lane, sender, first)
+    assert sender.waiting.wait(5)
+    assert timeline.tokens["sent_ms"] == []  # not yet handed over
+    for reply in rest:
+        lanes.send(lane, sender, reply)
+    sender.go.set()
+    lanes.close()
+    one, two, three = timeline.tokens["sent_ms"]  # the last two in one response, noted once each
+    assert one <= two == three
+    final_json = json.loads(sender.sent[-1][0]["timeline"][0])
+    assert final_json["tokens"] == {"sent_ms": [one]}  # built before its own send: the earlier ones only

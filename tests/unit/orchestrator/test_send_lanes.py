@@ -11,19 +11,25 @@ from orchestrator.send_lanes import SendLanes, merged
 
 @dataclass(frozen=True)
 class Piece:
-    """An item whose response is the list of its ``values``; merges unless it is final or ``alone``."""
+    """An item whose response is the list of its ``values``; merges unless it is final or ``alone``; once sent, its
+    values go to ``noted`` (when given)."""
 
     values: tuple
     flags: int = 0
     alone: bool = False
+    noted: list | None = None
 
     def merge(self, later):
         if self.flags or self.alone or later.alone:
             return None
-        return Piece(self.values + later.values, later.flags)
+        return Piece(self.values + later.values, later.flags, noted=later.noted)
 
     def build(self):
         return list(self.values)
+
+    def sent(self):
+        if self.noted is not None:
+            self.noted.append(self.values)
 
 
 class Sender:
@@ -86,15 +92,16 @@ def test_merging_keeps_each_requests_order_and_what_does_not_merge():
     assert merged(final_first) == final_first  # a final item takes nothing after it
 
 
-def test_a_failed_send_does_not_stop_the_lane():
-    log = []
+def test_a_failed_send_does_not_stop_the_lane_and_only_what_was_handed_over_is_noted_as_sent():
+    log, noted = [], []
     lanes = SendLanes(1)
     lane = lanes.lane()
     sender = Sender(log, "a", fail_on=["bad"])
     for value in ("one", "bad", "two"):
-        lanes.send(lane, sender, Piece((value,), alone=True))
+        lanes.send(lane, sender, Piece((value,), alone=True, noted=noted))
     lanes.close()
     assert [r for _, r, _, _ in log] == [["one"], ["two"]]
+    assert noted == [("one",), ("two",)]  # Item.sent: after the send, not for the one that failed
 
 
 def test_at_least_one_lane():

@@ -25,3 +25,18 @@ def test_a_timeline_without_its_arrival_or_none_is_left_as_it_is():
     assert marks.into(None) is None
     old = {"events": [{"ms": 1.0, "event": "parsed"}]}
     assert marks.into(old) is old
+
+
+def test_each_tokens_chunk_joins_the_timelines_tokens():
+    marks = ApiMarks()
+    marks.chunk(1)
+    time.sleep(0.002)
+    marks.chunk(2)  # a merged response: two tokens in one chunk
+    marks.chunk(0)  # e.g. the usage chunk
+    arrived = time.monotonic()
+    timeline = {"arrived_monotonic_s": arrived, "events": [], "tokens": {"received_ms": [1.0, 2.0, 3.0]}}
+    tokens = marks.into(timeline)["tokens"]
+    assert tokens["received_ms"] == [1.0, 2.0, 3.0]
+    first, second, third = tokens["api_chunk_ms"]
+    assert first < second == third <= 0  # made before the orchestrator's arrival on this made-up scale
+    assert "api_chunk_ms" not in ApiMarks().into(timeline)["tokens"]  # no chunk, nothing added

@@ -358,3 +358,22 @@ def test_an_admission_that_fails_fails_that_sequence_and_the_loop_goes_on(monkey
         assert worker.thread.is_alive() and not worker.running
     finally:
         worker.shutdown()
+
+
+def test_each_steps_message_says_when_it_was_launched_and_read():
+    """``DecodeStep.launched_s`` / ``read_s`` (``time.monotonic()``): within the run, a step read after its launch,
+    the steps launched in order (request timelines place each token's hops with them)."""
+    worker = worker_on("cpu", max_batch=2)
+    try:
+        worker.eos_ids = []
+        messages: queue.Queue = queue.Queue()
+        worker.attach(messages.put, lambda: None)
+        before = time.monotonic()
+        admit(worker, "a", 5, 1, max_tokens=4)
+        steps = [messages.get(timeout=60) for _ in range(4)]
+        after = time.monotonic()
+        assert [step.token_ids for step in steps] and steps[-1].finish_reasons == ("length",)
+        assert all(before <= step.launched_s <= step.read_s <= after for step in steps)
+        assert [s.launched_s for s in steps] == sorted(s.launched_s for s in steps)
+    finally:
+        worker.shutdown()
