@@ -266,7 +266,8 @@ class DecodeStep:
     sequence is dropped, its token meaningless). A sequence's last row comes once no step writes its pages.
     ``launched_s`` and ``read_s``: when the step was launched on the device and its tokens read on the host
     (``time.monotonic()`` seconds, comparable across the host's processes; 0.0: not measured, e.g. a failed step's
-    rows), for request timelines (``orchestrator.timeline``)."""
+    rows; a last row held back for the step after its own comes with that step's), for request timelines
+    (``orchestrator.timeline``)."""
 
     seq_ids: tuple[str, ...]
     token_ids: tuple[int, ...]
