@@ -50,7 +50,8 @@ class GenerationResult:
     ``media`` output, docs/requests.md: ``kind``, ``grid_thw``, ``visual_tokens``; an image's ``width``, ``height``;
     a video's ``frames_in_file``, ``duration_s``, ``frames`` used, ``sampled_frames``, ``fps``), None without media.
     ``timeline``: the server's record of where the request's time went (``return_timeline``;
-    ``{"events": [{"ms": ..., "event": ..., ...}]}``, orchestrator/timeline.py), else None.
+    ``{"arrived_monotonic_s": ..., "events": [{"ms": ..., "event": ..., ...}], "tokens": {...}}``, docs/requests.md,
+    orchestrator/timeline.py), else None.
     ``num_cached_tokens``: of the prompt's tokens, those the server found in its prefix cache (not computed again).
     """
 

@@ -6,10 +6,11 @@ media decodes start), ``group_ready`` (a temporal-patch group decoded into patch
 (one encode_prefill step with work of this request: when it was launched, its groups and prefill tokens, and the
 worker's own time), ``first_token``, ``decode_admitted``, ``last_token``, ``first_response`` and
 ``final_response`` (its response built). Beside the events, each token's way out (``tokens``): for every token
-from decode, when its step was launched on the decode stage, when the stage read it and when it arrived here; for
-every response but the last, when a send lane handed it to Triton, once per token it brought. Compared with the
-client's arrival times, they say at which hop a gap between tokens opened (``bench/peer/timelines.py``). A request
-without the flag gets :data:`NO_TIMELINE`, which records nothing.
+from decode, when its step was launched on the decode stage, when the stage read it and when it arrived here (a
+stop string may end the reply before the last tokens decode made, which are recorded all the same); for every
+response but the last, when Triton's send of it returned on its send lane, once per token it brought. Compared with
+the client's arrival times, they say at which hop a gap between tokens opened (``bench/peer/timelines.py``). A
+request without the flag gets :data:`NO_TIMELINE`, which records nothing.
 """
 from __future__ import annotations
 
@@ -46,14 +47,15 @@ class Timeline:
             self.tokens[name].append(self.ms(at) if at else None)
 
     def sent(self, count: int) -> None:
-        """A response bringing ``count`` tokens has just been handed to Triton (called from its send lane)."""
+        """Triton's send of a response bringing ``count`` tokens has just returned (called from its send lane)."""
         self.tokens["sent_ms"] += [self.ms(time.monotonic())] * count
 
     def to_json(self) -> str:
-        """``{"arrived_monotonic_s": ..., "events": [{"ms": ..., "event": ..., **fields}, ...]}``, events in the order
-        recorded; ``arrived_monotonic_s``, the arrival as ``time.monotonic()`` seconds, places other processes'
+        """``{"arrived_monotonic_s": ..., "events": [{"ms": ..., "event": ..., **fields}, ...], "tokens": {...}}``,
+        events in the order recorded, ``tokens`` the per-token lists (:data:`TOKEN_MOMENTS`) that have entries (none:
+        no ``tokens``); ``arrived_monotonic_s``, the arrival as ``time.monotonic()`` seconds, places other processes'
         moments on the same host on this scale (the OpenAI API's: ``backends.openai.timing``)."""
-        tokens = {name: at for name, at in self.tokens.items() if at}
+        tokens = {name: list(at) for name, at in self.tokens.items() if at}  # copies: the loop may still append
         return json.dumps({"arrived_monotonic_s": round(self.arrived, 6),
                            "events": [{"ms": ms, "event": event, **fields} for ms, event, fields in self.events],
                            **({"tokens": tokens} if tokens else {})})

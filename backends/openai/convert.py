@@ -33,7 +33,8 @@ class MediaRef:
 class OrchestratorRequest:
     """One request's orchestrator inputs: ``prompt`` (a completion) or ``messages`` (JSON, a chat);
     ``media`` in placeholder order; ``sampling`` (``sampling_parameters``); ``stream``; ``return_token_ids``
-    (``return_output_ids``); ``return_timeline``."""
+    (``return_output_ids``); ``return_timeline`` (it asks for the output ids too: the timeline counts the tokens each
+    chunk brings, ``backends.openai.timing``; the reply shows them only with ``return_token_ids``)."""
 
     prompt: str | None
     messages: str | None
@@ -61,7 +62,7 @@ class OrchestratorRequest:
             urls = [m.url for m in self.media if m.kind == kind]
             if urls:
                 tensors.append((f"{kind}_url", _strings(urls)))
-        if self.return_token_ids:
+        if self.return_token_ids or self.return_timeline:
             tensors.append(("return_output_ids", np.array([True])))
         if self.return_timeline:
             tensors.append(("return_timeline", np.array([True])))

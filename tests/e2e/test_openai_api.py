@@ -143,6 +143,17 @@ def test_return_timeline_brings_the_requests_timeline(sdk, stream):
         assert len(tokens["api_chunk_ms"]) == N and tokens["api_chunk_ms"] == sorted(tokens["api_chunk_ms"])
 
 
+def test_a_timeline_counts_each_chunks_tokens_without_return_token_ids(sdk):
+    """The API asks for the output ids to count each chunk's tokens, but shows them only when asked."""
+    reply = sdk.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi."}], max_tokens=64,
+                                        temperature=0, stream=True,
+                                        extra_body={"ignore_eos": True, "return_timeline": True})
+    chunks = [chunk for chunk in reply if chunk.choices]
+    assert all(getattr(chunk.choices[0], "token_ids", None) is None for chunk in chunks)
+    # 64 tokens, though some chunks bring none (part of a character) and some several
+    assert len(chunks[-1].model_extra["timeline"]["tokens"]["api_chunk_ms"]) == 64
+
+
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 def test_video_file_url_equals_the_kserve_path(sdk, kserve, media_dir, stream):
     path = media_dir / "openai-clip.mp4"

@@ -171,9 +171,9 @@ def test_flags_sent_as_null_are_false_and_other_types_are_refused():
             _chat(messages=[{"role": "user", "content": "x"}], return_timeline=value)
 
 
-def test_return_timeline_goes_to_the_orchestrator():
+def test_return_timeline_goes_to_the_orchestrator_with_the_output_ids():
     inputs = {t.name() for t in chat_request(_chat(messages=[{"role": "user", "content": "x"}],
                                                    return_timeline=True)).inputs()}
-    assert "return_timeline" in inputs
-    assert "return_timeline" not in {t.name() for t in chat_request(_chat(messages=[{"role": "user",
-                                                                                     "content": "x"}])).inputs()}
+    assert {"return_timeline", "return_output_ids"} <= inputs  # the ids: each chunk's tokens on the timeline
+    plain = {t.name() for t in chat_request(_chat(messages=[{"role": "user", "content": "x"}])).inputs()}
+    assert not {"return_timeline", "return_output_ids"} & plain
