@@ -25,7 +25,7 @@ def test_cancelled_stream_stops_and_returns_its_pages(server, grpc_url):
         m = wait_for_idle_pools(server)
         assert m["unifiedserve_kv_pages_free"] == m["unifiedserve_kv_pages_total"], m
         assert m["unifiedserve_patch_pages_free"] == m["unifiedserve_patch_pages_total"], m
-        assert client.generate("Next one.", sampling={"max_tokens": 3}).num_output_tokens == 3
+        assert client.generate("Next one.", sampling={"max_tokens": 3, "ignore_eos": True}).num_output_tokens == 3
 
 
 def test_cancel_while_media_is_still_decoding(server, grpc_url):
@@ -39,7 +39,7 @@ def test_cancel_while_media_is_still_decoding(server, grpc_url):
                 pass  # the client cancels the request when it times out
         m = wait_for_idle_pools(server)
         assert m["unifiedserve_patch_pages_free"] == m["unifiedserve_patch_pages_total"], m
-        assert client.generate("Next one.", sampling={"max_tokens": 2}).num_output_tokens == 2
+        assert client.generate("Next one.", sampling={"max_tokens": 2, "ignore_eos": True}).num_output_tokens == 2
 
 
 def test_http_client_going_away_mid_stream(server, http_url):
