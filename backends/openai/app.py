@@ -119,7 +119,7 @@ async def _generate(request: Request, body: GenerationRequest, orchestrator_requ
     """Check the model and the fields, fetch http(s) media, send the request, answer in ``shape_type``'s bodies.
     Raises ApiError (404 unknown model, 400 refused fields or bad input, 503, 500)."""
     state: ApiState = request.app.state.api
-    marks = ApiMarks()
+    marks = ApiMarks(per_token=body.return_timeline)
     card = await state.model_card()
     if body.model != card.id:
         raise _unknown_model(body.model, card.id)
@@ -173,7 +173,7 @@ async def _events(first: ResponsePiece, pieces: AsyncIterator[ResponsePiece], sh
 
 
 def _chunk(shape, piece: ResponsePiece, marks: ApiMarks) -> str:
-    marks.chunk(len(piece.token_ids) or int(piece.has_output))
+    marks.chunk(len(piece.token_ids))  # with return_timeline the orchestrator sends them (convert.py)
     if piece.timeline is not None:
         piece = dataclasses.replace(piece, timeline=marks.into(piece.timeline))
     return shape.chunk(piece).model_dump_json(exclude_none=True)

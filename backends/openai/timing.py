@@ -16,10 +16,13 @@ from orchestrator.timeline import Timeline
 
 
 class ApiMarks:
-    """One request's moments in this process, from its start (``api_received``)."""
+    """One request's moments in this process, from its start (``api_received``); ``per_token``: the chunks' times
+    too (a request with ``return_timeline``, whose responses carry their output ids), else :meth:`chunk` records
+    nothing."""
 
-    def __init__(self):
+    def __init__(self, per_token: bool = False):
         self._marks: list[tuple[str, float]] = [("api_received", time.monotonic())]
+        self._per_token = per_token
         self._chunks: list[float] = []  # per token, when the chunk bringing it was made
 
     def mark(self, event: str) -> None:
@@ -27,8 +30,9 @@ class ApiMarks:
         self._marks.append((event, time.monotonic()))
 
     def chunk(self, tokens: int) -> None:
-        """A streamed chunk bringing ``tokens`` tokens is made now."""
-        self._chunks += [time.monotonic()] * tokens
+        """A streamed chunk bringing ``tokens`` tokens is made now (recorded with ``per_token``)."""
+        if self._per_token:
+            self._chunks += [time.monotonic()] * tokens
 
     def into(self, timeline: dict | None) -> dict | None:
         """``timeline`` (the orchestrator's JSON object) with these moments among its events, all in ms since the

@@ -114,17 +114,20 @@ def token_gaps(records: list[dict]) -> dict | None:
     gaps = [g for r in records if (r.get("timeline") or {}).get("tokens") for g in _hop_gaps(r)]
     if not gaps:
         return None
-    client = sorted(g["client"] for g in gaps)
-    large_from = client[min(len(client) - 1, int(0.99 * len(client)))]
+    by_hop = {h: sorted(g[h] for g in gaps if h in g) for h in HOPS}
+    large_from = _p99(by_hop["client"])
     opened: dict[str, int] = {}
     for g in gaps:
         if g["client"] >= large_from:
             hop = next(h for h in HOPS if g.get(h, 0.0) >= OPENED_SHARE * g["client"])  # the client's own at last
             opened[hop] = opened.get(hop, 0) + 1
-    by_hop = {h: sorted(g[h] for g in gaps if h in g) for h in HOPS}
     return {"gaps": len(gaps), "large_from_ms": large_from, "large_opened_at": opened,
-            **{h: {"p50_ms": statistics.median(v), "p99_ms": v[min(len(v) - 1, int(0.99 * len(v)))]}
-               for h, v in by_hop.items() if v}}
+            **{h: {"p50_ms": statistics.median(v), "p99_ms": _p99(v)} for h, v in by_hop.items() if v}}
+
+
+def _p99(ordered: list[float]) -> float:
+    """The 99th percentile of ``ordered`` (sorted, not empty) by nearest rank: a value of the list."""
+    return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
 
 
 def write_timelines(out: Path, runs: dict[str, dict]) -> list[Path]:

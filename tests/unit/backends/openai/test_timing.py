@@ -28,7 +28,7 @@ def test_a_timeline_without_its_arrival_or_none_is_left_as_it_is():
 
 
 def test_each_tokens_chunk_joins_the_timelines_tokens():
-    marks = ApiMarks()
+    marks = ApiMarks(per_token=True)
     marks.chunk(1)
     time.sleep(0.002)
     marks.chunk(2)  # a merged response: two tokens in one chunk
@@ -39,4 +39,7 @@ def test_each_tokens_chunk_joins_the_timelines_tokens():
     assert tokens["received_ms"] == [1.0, 2.0, 3.0]
     first, second, third = tokens["api_chunk_ms"]
     assert first < second == third <= 0  # made before the orchestrator's arrival on this made-up scale
-    assert "api_chunk_ms" not in ApiMarks().into(timeline)["tokens"]  # no chunk, nothing added
+    assert "api_chunk_ms" not in ApiMarks(per_token=True).into(timeline)["tokens"]  # no chunk, nothing added
+    unasked = ApiMarks()  # a request without return_timeline: its chunks are not recorded
+    unasked.chunk(3)
+    assert "api_chunk_ms" not in unasked.into(timeline)["tokens"]
