@@ -30,6 +30,7 @@ from orchestrator.sampling_params import InvalidInput
 from orchestrator.send_lanes import SendLanes
 from orchestrator.service import Admitted, Orchestrator, Overloaded
 from orchestrator.timeline import NO_TIMELINE, Timeline
+from orchestrator.token_channels import TokenChannels, channel_name, send_on
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +42,8 @@ def read_request(request) -> RawRequest:
     arrays = io.input_arrays(request)
     return RawRequest(
         text_input=io.bytes_list(arrays, "text_input"), messages=io.bytes_list(arrays, "messages"),
-        prompt=io.bytes_list(arrays, "prompt"),
+        prompt=io.bytes_list(arrays, "prompt"), open_token_channel=io.bytes_list(arrays, "open_token_channel"),
+        token_channel=io.bytes_list(arrays, "token_channel"),
         image=io.bytes_list(arrays, "image"), video=io.bytes_list(arrays, "video"),
         image_url=io.bytes_list(arrays, "image_url"), video_url=io.bytes_list(arrays, "video_url"),
         sampling_parameters=io.bytes_list(arrays, "sampling_parameters"),
@@ -51,21 +53,39 @@ def read_request(request) -> RawRequest:
 
 
 async def handle(orchestrator: Orchestrator, request, lanes: SendLanes, cancels: CancelWatch,
-                 arrived: float) -> None:
-    """Serve one client request to the end, its responses sent on one of ``lanes``, its cancellation watched by
-    ``cancels`` once admitted, its latencies measured from ``arrived`` (``time.monotonic()`` seconds); never
-    raises."""
+                 channels: TokenChannels, arrived: float) -> None:
+    """Serve one client request to the end, its responses sent on one of ``lanes`` (a streamed request bound to a
+    token channel: its replies on the channel's, ``orchestrator.token_channels``), its cancellation watched by
+    ``cancels`` once admitted, its latencies measured from ``arrived`` (``time.monotonic()`` seconds); a request
+    opening a channel holds it open (``TokenChannels.serve``). Never raises."""
     final = io.pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL
     timer = RequestTimer(orchestrator.metrics, arrived)
-    sender, lane, watched, admitting = request.get_response_sender(), lanes.lane(), None, True
+    sender, lane, watched, admitting, channel = request.get_response_sender(), lanes.lane(), None, True, None
 
     def send(item: Reply | Built) -> None:
         if item.flags == final and watched is not None:  # the request is not asked about after its final response
             cancels.unwatch(watched)
+        if channel is not None and isinstance(item, Reply):
+            send_on(channel, request.request_id(), item, lanes)
+            if item.flags != final:
+                return
+            item = Built(io.pb().InferenceResponse([io.str_tensor("finish_reason", [str(item.reason)])]), final)
         lanes.send(lane, sender, item)
 
     try:
-        parsed = parse_request(read_request(request), orchestrator.config.limits)
+        raw = read_request(request)
+        opening = channel_name(raw.open_token_channel, "open_token_channel")
+        if opening:
+            admitting = False
+            orchestrator.admission_ended()
+            await _serve_channel(opening, raw, sender, channels, lanes, cancels)
+            return
+        parsed = parse_request(raw, orchestrator.config.limits)
+        bound = channel_name(raw.token_channel, "token_channel")
+        if bound and parsed.stream:
+            if not request.request_id():
+                raise InvalidInput("token_channel: a request on a channel needs a request id (its entries' \"id\")")
+            channel = channels.get(bound)
         timeline = Timeline(arrived) if parsed.extra_outputs.timeline else NO_TIMELINE
         timeline.mark("parsed")
         admitted = await orchestrator.admit(parsed, timeline)
@@ -94,6 +114,16 @@ async def handle(orchestrator: Orchestrator, request, lanes: SendLanes, cancels:
     finally:
         if admitting:  # refused, failed or cancelled before it was admitted
             orchestrator.admission_ended()
+
+
+async def _serve_channel(name: str, raw: RawRequest, sender, channels: TokenChannels, lanes: SendLanes,
+                         cancels: CancelWatch) -> None:
+    """Hold channel ``name`` open (``TokenChannels.serve``); raises InvalidInput when the request has other inputs
+    than the channel's name."""
+    if raw.text_input or raw.messages or raw.prompt or raw.image or raw.video or raw.image_url or raw.video_url:
+        raise InvalidInput("open_token_channel: a request opening a channel carries no prompt or media (send "
+                           "those in requests naming it in token_channel)")
+    await channels.serve(name, sender, lanes, cancels)
 
 
 async def _send_tokens(admitted: Admitted, tokens, send, timer: RequestTimer, timeline: Timeline) -> None:

@@ -69,6 +69,8 @@ class RawRequest:
     messages: list[bytes] = field(default_factory=list)
     prompt: list[bytes] = field(default_factory=list)
     return_timeline: bool = False
+    open_token_channel: list[bytes] = field(default_factory=list)  # orchestrator.token_channels
+    token_channel: list[bytes] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,9 @@ from orchestrator.timeline import NO_TIMELINE, Timeline
 
 log = logging.getLogger(__name__)
 
+_INT_OUTPUTS = {"output_ids": np.int64, "num_input_tokens": np.uint32, "num_output_tokens": np.uint32,
+                "num_cached_tokens": np.uint32}
+
 
 def first_outputs(**values) -> tuple[tuple[str, str], ...]:
     """The STRING outputs of a request's first response only (``Reply.first_outputs``): each of ``values`` (output
@@ -68,25 +71,30 @@ class Reply:
         """Its tokens handed to Triton: noted on the request's timeline (``Timeline.sent``)."""
         self.timeline.sent(len(self.ids))
 
-    def _outputs(self) -> list:
+    def fields(self) -> dict[str, str | int | list[int]]:
+        """The response's outputs, by name, as Python values (``output_ids`` a list, the JSON outputs as their
+        text), in the order they are sent; the request's timeline is marked ``final_response`` when the last one's
+        are taken."""
         extra, last = self.parsed.extra_outputs, self.reason is not None
-        outputs = [io.str_tensor("text_output", [self.text])]
-        outputs += [io.str_tensor(name, [text]) for name, text in self.first_outputs]
+        out: dict[str, str | int | list[int]] = {"text_output": self.text, **dict(self.first_outputs)}
         if last and extra.timeline:
             self.timeline.mark("final_response")
-            outputs.append(io.str_tensor("timeline", [self.timeline.to_json()]))
+            out["timeline"] = self.timeline.to_json()
         if self.parsed.return_output_ids:
-            outputs.append(io.int_tensor("output_ids", self.ids))
+            out["output_ids"] = self.ids
         if extra.finish_reason or last:  # "None" until the last: the vLLM backend's str()
-            outputs.append(io.str_tensor("finish_reason", [str(self.reason)]))
+            out["finish_reason"] = str(self.reason)
         if extra.num_input_tokens or last:
-            outputs.append(io.int_tensor("num_input_tokens", [self.num_input], np.uint32))
+            out["num_input_tokens"] = self.num_input
         if extra.num_output_tokens or last:
-            count = len(self.ids) if extra.num_output_tokens else self.num_output
-            outputs.append(io.int_tensor("num_output_tokens", [count], np.uint32))
+            out["num_output_tokens"] = len(self.ids) if extra.num_output_tokens else self.num_output
         if last:
-            outputs.append(io.int_tensor("num_cached_tokens", [self.num_cached], np.uint32))
-        return outputs
+            out["num_cached_tokens"] = self.num_cached
+        return out
+
+    def _outputs(self) -> list:
+        return [io.int_tensor(name, value if isinstance(value, list) else [value], _INT_OUTPUTS[name])
+                if name in _INT_OUTPUTS else io.str_tensor(name, [value]) for name, value in self.fields().items()]
 
 
 @dataclass(frozen=True)

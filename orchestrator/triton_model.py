@@ -21,6 +21,7 @@ from orchestrator.cancel_watch import CancelWatch
 from orchestrator.metrics import Metrics
 from orchestrator.send_lanes import SendLanes
 from orchestrator.service import Orchestrator, OrchestratorConfig
+from orchestrator.token_channels import TokenChannels
 
 log = logging.getLogger(__name__)
 
@@ -34,22 +35,26 @@ class OrchestratorModel:
         self.lanes = SendLanes(triton_io.int_parameter(params, "send_lanes", 4))  # threads sending client responses
         self.cancels = CancelWatch()  # the thread asking whether clients have cancelled
         self.orchestrator = Orchestrator(config, self.metrics)
+        self.channels = TokenChannels()  # streams carrying many requests' replies (orchestrator.token_channels)
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="orchestrator-loop", daemon=True)
         self.thread.start()
         self.pending = set()  # futures of requests in flight (asyncio keeps only weak references to tasks)
-        self.watch = server_stop.StopWatch(
-            lambda: self.loop.call_soon_threadsafe(self.orchestrator.stop_serving, server_stop.mark_drained))
+        self.watch = server_stop.StopWatch(lambda: self.loop.call_soon_threadsafe(self._stop_serving))
 
     def execute(self, requests):
         arrived = time.monotonic()  # latencies count from here: the loop may pick a request up later
         self.orchestrator.note_arrivals(len(requests))  # each handler ends its admission (admission_ended)
         for request in requests:
-            future = asyncio.run_coroutine_threadsafe(
-                frontend.handle(self.orchestrator, request, self.lanes, self.cancels, arrived), self.loop)
+            handling = frontend.handle(self.orchestrator, request, self.lanes, self.cancels, self.channels, arrived)
+            future = asyncio.run_coroutine_threadsafe(handling, self.loop)
             self.pending.add(future)
             future.add_done_callback(self.pending.discard)
         return None
+
+    def _stop_serving(self) -> None:  # on the loop
+        self.channels.close_all()
+        self.orchestrator.stop_serving(server_stop.mark_drained)
 
     def finalize(self):
         # Every client stream has its final flag (else Triton would not call this); nothing may touch Triton

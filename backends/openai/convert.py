@@ -47,8 +47,9 @@ class OrchestratorRequest:
     def with_media(self, media: tuple[MediaRef, ...]) -> "OrchestratorRequest":
         return dataclasses.replace(self, media=media)
 
-    def inputs(self) -> list[InferInput]:
-        """The Triton inputs. The reply comes without the prompt (``exclude_input_in_output``)."""
+    def inputs(self, token_channel: str | None = None) -> list[InferInput]:
+        """The Triton inputs, with ``token_channel`` where given (``backends.openai.token_channel``). The reply
+        comes without the prompt (``exclude_input_in_output``)."""
         tensors: list[tuple[str, np.ndarray]] = [
             ("sampling_parameters", _strings([json.dumps(self.sampling)])),
             ("stream", np.array([self.stream])),
@@ -66,6 +67,8 @@ class OrchestratorRequest:
             tensors.append(("return_output_ids", np.array([True])))
         if self.return_timeline:
             tensors.append(("return_timeline", np.array([True])))
+        if token_channel is not None:
+            tensors.append(("token_channel", _strings([token_channel])))
         inputs = []
         for name, array in tensors:
             tensor = InferInput(name, list(array.shape), "BOOL" if array.dtype == bool else "BYTES")

@@ -10,7 +10,10 @@ finished: client/api.py says more).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import uuid
+from dataclasses import dataclass
 from typing import AsyncIterator
 
 import grpc
@@ -19,7 +22,10 @@ from tritonclient.utils import InferenceServerException
 
 from backends.openai.convert import OrchestratorRequest
 from backends.openai.errors import ApiError, from_orchestrator, from_transport
+from backends.openai.token_channel import ChannelRefused, TokenChannel
 from client.api import ResponsePiece, piece_from_grpc
+
+log = logging.getLogger(__name__)
 
 
 class OrchestratorClient:
@@ -30,6 +36,10 @@ class OrchestratorClient:
         self.model, self.max_requests = model, max_requests
         self.in_flight = 0
         self._client = grpc_aio.InferenceServerClient(grpc_url)
+        self._token_channel: TokenChannel | None = None
+        self._opening = asyncio.Lock()
+        self._refused = False  # the orchestrator has no token channels
+        self._background: set[asyncio.Task] = set()  # channel requests' own streams, awaiting their final responses
 
     async def ready(self) -> bool:
         """Whether the server and the orchestrator model are ready (False when the server cannot be reached)."""
@@ -48,19 +58,34 @@ class OrchestratorClient:
 
     async def generate(self, request: OrchestratorRequest) -> AsyncIterator[ResponsePiece]:
         """The request's responses, the last one with ``finish_reason``. Close the iterator (``aclosing``) to give
-        the request up: it is then cancelled on the server unless it has ended.
+        the request up: it is then cancelled on the server unless it has ended. A streamed request's replies come
+        over the process's token channel (``backends.openai.token_channel``) when the orchestrator has one.
 
-        Raises ApiError: 503 when ``max_requests`` are in flight; the orchestrator's error (``errors.from_orchestrator``),
-        or the transport's (``from_transport``: 503 when tritonserver cannot be reached or went away).
+        Raises ApiError: 503 when ``max_requests`` are in flight; the orchestrator's error
+        (``errors.from_orchestrator``), or the transport's (``from_transport``: 503 when tritonserver cannot be reached or went away).
         """
         if self.max_requests and self.in_flight >= self.max_requests:
             raise ApiError(503, f"the server is overloaded: {self.in_flight} requests in flight, its limit (try again "
                                 "later)", code="overloaded")
         self.in_flight += 1
+        try:
+            channel = await self._channel() if request.stream else None
+            pieces = self._own_stream(request) if channel is None else self._on_channel(request, channel)
+            async with contextlib.aclosing(pieces):
+                async for piece in pieces:
+                    yield piece
+        finally:
+            self.in_flight -= 1
+
+    async def _own_stream(self, request: OrchestratorRequest, request_id: str | None = None,
+                          token_channel: str | None = None) -> AsyncIterator[ResponsePiece]:
+        """The responses of the request's own stream (with ``token_channel``: its errors and its final response
+        only); the call is cancelled if the iterator is closed before the last."""
         ended = asyncio.Event()
 
         async def requests():
-            yield {"model_name": self.model, "inputs": request.inputs(), "request_id": uuid.uuid4().hex}
+            yield {"model_name": self.model, "inputs": request.inputs(token_channel),
+                   "request_id": request_id or uuid.uuid4().hex}
             await ended.wait()  # the stream's sending side stays open until the request is over
 
         responses = self._client.stream_infer(requests())
@@ -80,10 +105,74 @@ class OrchestratorClient:
             finished = True  # the call is over: nothing to cancel
             raise from_transport(exc) from None
         finally:
-            self.in_flight -= 1
             if not finished:
                 responses.cancel()
             ended.set()
 
+    async def _on_channel(self, request: OrchestratorRequest, channel: TokenChannel) -> AsyncIterator[ResponsePiece]:
+        """A streamed request's pieces from ``channel``, its own stream watched for errors and its end; the request
+        is cancelled if the iterator is closed before its last piece (not after: its own final response is then
+        awaited in the background, and a finished request is never cancelled: the module docstring)."""
+        request_id = uuid.uuid4().hex
+        queue = channel.register(request_id)
+
+        async def own_end() -> None:  # the own stream's outcome, into the queue
+            try:
+                async for piece in self._own_stream(request, request_id, channel.name):
+                    if piece.final or piece.finish_reason is not None:
+                        queue.put_nowait(_OwnEnd(piece.finish_reason))
+            except ApiError as exc:
+                queue.put_nowait(_OwnEnd(None, exc))
+
+        watcher = asyncio.get_running_loop().create_task(own_end())
+        self._background.add(watcher)
+        watcher.add_done_callback(self._background.discard)
+        own, lost, done = None, None, False
+        try:
+            while not done:
+                item = await queue.get()
+                if isinstance(item, _OwnEnd):
+                    own = item
+                    if item.error is not None:
+                        raise item.error
+                    done = item.reason is None  # cancelled on the server: no entries follow; else they are on the way
+                elif isinstance(item, ApiError):  # the channel broke: the own stream says how the request ends
+                    lost = item
+                else:
+                    done = item.finish_reason is not None
+                    yield item
+                if lost is not None and own is not None and not done:
+                    raise lost  # the request has ended, and its last entries cannot come
+        finally:
+            channel.unregister(request_id)
+            if not done and own is None:
+                watcher.cancel()  # its stream's iterator is closed mid-way: the request is cancelled
+
+    async def _channel(self) -> TokenChannel | None:
+        """The process's open token channel, opened now if there is none or the last one broke; None when the
+        orchestrator refuses channels (then requests keep their own streams)."""
+        async with self._opening:
+            if self._refused:
+                return None
+            if self._token_channel is None or self._token_channel.broken is not None:
+                try:
+                    self._token_channel = await TokenChannel.open(self._client, self.model)
+                except ChannelRefused as exc:
+                    self._refused = True
+                    log.warning("the orchestrator has no token channels (%s): each request streams on its own", exc)
+                    return None
+            return self._token_channel
+
     async def close(self) -> None:
+        if self._token_channel is not None:
+            await self._token_channel.close()
         await self._client.close()
+
+
+@dataclass(frozen=True)
+class _OwnEnd:
+    """A channel request's own stream ended: ``error`` the orchestrator's or the transport's, else ``reason`` its
+    finish reason (None: cancelled on the server)."""
+
+    reason: str | None
+    error: ApiError | None = None

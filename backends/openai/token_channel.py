@@ -1,0 +1,118 @@
+"""The API process's token channel to the orchestrator (``orchestrator.token_channels``): one Triton stream carrying
+the replies of this process's streamed requests, a response per decode step for all of them instead of one per
+request and token.
+
+It is opened at the first streamed request; its first (empty) response says it is open. Each later response's
+``channel_items`` entries go to the queue of the request named by their ``id``, read as the generate endpoint's
+events are read (``client.http_stream.piece_from_event``). If it breaks (the orchestrator closed it, tritonserver
+went away), every request's queue gets that error (the request's own stream then says how it ends) and the next
+streamed request opens another.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import uuid
+
+import grpc
+import numpy as np
+import tritonclient.grpc.aio as grpc_aio
+from tritonclient.grpc import InferInput
+from tritonclient.utils import InferenceServerException
+
+from backends.openai.errors import ApiError, from_orchestrator, from_transport
+from client.http_stream import piece_from_event
+
+
+class ChannelRefused(Exception):
+    """The orchestrator refused to open a channel (one without channels: Triton names the unknown input)."""
+
+
+class TokenChannel:
+    """An open channel: :meth:`open` it, :meth:`register` each request (by its Triton request id) before sending it
+    with ``token_channel`` = :attr:`name`, read its pieces (``client.api.ResponsePiece``) from the returned queue,
+    :meth:`unregister` it when done. A queue gets an ApiError when the channel breaks (:attr:`broken` says why)."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.broken: ApiError | None = None
+        self._queues: dict[str, asyncio.Queue] = {}
+        self._closing = asyncio.Event()
+        self._responses = None
+        self._reader: asyncio.Task | None = None
+
+    @classmethod
+    async def open(cls, client: grpc_aio.InferenceServerClient, model: str) -> TokenChannel:
+        """A channel opened on ``model`` (the orchestrator) through ``client``. Raises ChannelRefused with the
+        orchestrator's error, ApiError with the transport's (``errors.from_transport``)."""
+        channel = cls(f"openai-{os.getpid()}-{uuid.uuid4().hex}")
+        name = InferInput("open_token_channel", [1], "BYTES")
+        name.set_data_from_numpy(np.array([channel.name.encode()], dtype=np.object_))
+
+        async def requests():
+            yield {"model_name": model, "inputs": [name], "request_id": channel.name}
+            await channel._closing.wait()  # the stream's sending side stays open while the channel is
+
+        channel._responses = client.stream_infer(requests())
+        try:
+            _, error = await anext(channel._responses)
+        except (grpc.RpcError, InferenceServerException) as exc:
+            channel._closing.set()
+            raise from_transport(exc) from None
+        except StopAsyncIteration:
+            channel._closing.set()
+            raise ApiError(503, "the inference server closed the token channel at once",
+                           code="service_unavailable") from None
+        if error is not None:
+            channel._closing.set()
+            raise ChannelRefused(error.message())
+        channel._reader = asyncio.get_running_loop().create_task(channel._read())
+        return channel
+
+    def register(self, request_id: str) -> asyncio.Queue:
+        queue: asyncio.Queue = asyncio.Queue()
+        if self.broken is not None:
+            queue.put_nowait(self.broken)
+        self._queues[request_id] = queue
+        return queue
+
+    def unregister(self, request_id: str) -> None:
+        self._queues.pop(request_id, None)
+
+    async def close(self) -> None:
+        """Cancel the channel's request (the orchestrator then closes it) and wait for the reader."""
+        self._closing.set()
+        if self._responses is not None:
+            self._responses.cancel()
+        if self._reader is not None:
+            await asyncio.gather(self._reader, return_exceptions=True)
+
+    async def _read(self) -> None:
+        try:
+            async for result, error in self._responses:
+                if error is not None:
+                    raise from_orchestrator(error.message())
+                items = result.as_numpy("channel_items")
+                for entry in [] if items is None else json.loads(items.reshape(-1)[0]):
+                    queue = self._queues.get(entry.pop("id", None))
+                    if queue is not None:
+                        queue.put_nowait(piece_from_event(entry))
+                params = result.get_response().parameters
+                if "triton_final_response" in params and params["triton_final_response"].bool_param:
+                    break  # the orchestrator closed the channel (the server stops)
+            self.broken = ApiError(503, "the orchestrator closed its token channel (is the server stopping?)",
+                                   code="service_unavailable")
+        except ApiError as exc:
+            self.broken = exc
+        except (grpc.RpcError, InferenceServerException) as exc:
+            self.broken = from_transport(exc)
+        except asyncio.CancelledError:
+            self.broken = ApiError(503, "the token channel was closed", code="service_unavailable")
+            raise
+        except Exception as exc:  # a response it cannot read: a bug; its requests must not hang
+            self.broken = ApiError(500, f"the token channel failed: {type(exc).__name__}: {exc}")
+        finally:
+            self._closing.set()
+            for queue in self._queues.values():
+                queue.put_nowait(self.broken)

@@ -1,0 +1,144 @@
+"""Token channels: one Triton stream carrying the streamed replies of many requests, so that a decode step costs
+one response per channel instead of one per request.
+
+Every Triton response costs the orchestrator a build (its output tensors, under the GIL) and a round trip to the
+Triton process (``orchestrator.send_lanes``): 32 streams of 5-ms decode steps are 6,400 responses a second. On the
+H200 (2026-12-03, 7B, 32 text streams; ``bench/results/peer/``, ``timelines.json``'s ``token_gaps``) the streams'
+TBT p99 grew from 10.7 ms where the orchestrator received the tokens to 16.4 ms where their responses were sent,
+and on the CPU machine building the responses held the orchestrator's GIL more than anything else. vLLM's engine
+core likewise hands its API server one message a step for all its requests. The OpenAI API's processes
+(``backends.openai.token_channel``) open one channel each; any gRPC client may.
+
+The protocol (inputs and outputs of the orchestrator's ``config.pbtxt``):
+
+* A request holding ``open_token_channel`` (a name of the client's choosing, not that of a channel already open)
+  and no other input opens a channel. Its first response has an empty ``channel_items`` (``[]``): the channel is
+  open from then on. It stays open until the client cancels that request or the server stops; a last response,
+  its ``channel_items`` empty, then brings the final flag.
+* A streamed request (``stream`` true) whose ``token_channel`` names an open channel, with a request id, has its
+  replies sent on that channel: each channel response's ``channel_items`` is a JSON list of entries, each one
+  reply of a request in the order of that request's replies: the request's id under ``"id"`` and the outputs the
+  reply would have carried on the request's own stream, named as the generate endpoint names them
+  (``text_output``, ``output_ids``, ``finish_reason``, ``num_input_tokens``, ...; ``visual_cap``, ``media`` and
+  ``timeline`` as JSON text). The request's own stream gets its errors, and at its end one response with only
+  ``finish_reason`` and the final flag (a cancelled request: the empty final response, no ``finish_reason``). Its
+  channel entries and that final response may arrive in either order. A name that is not an open channel is
+  INVALID_ARG; a request not streamed keeps its one response on its own stream.
+* Replies of a request whose channel has closed are dropped (the client that closed it is gone or going); the
+  request's own final response still comes.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from dataclasses import dataclass, field
+
+from backends.triton import triton_io as io
+from orchestrator.replies import Reply
+from orchestrator.sampling_params import InvalidInput
+
+log = logging.getLogger(__name__)
+
+MAX_NAME_BYTES = 256
+
+
+def channel_name(values: list[bytes], input_name: str) -> str:
+    """The channel name an ``open_token_channel`` / ``token_channel`` input holds ("" when absent). Raises
+    InvalidInput naming ``input_name`` for more than one value, an empty or over-long name, or one not UTF-8."""
+    if not values:
+        return ""
+    if len(values) > 1:
+        raise InvalidInput(f"{input_name}: expected one channel name, got {len(values)}")
+    if not values[0] or len(values[0]) > MAX_NAME_BYTES:
+        raise InvalidInput(f"{input_name}: a channel name is 1 to {MAX_NAME_BYTES} bytes, got {len(values[0])}")
+    try:
+        return values[0].decode("utf-8")
+    except UnicodeDecodeError:
+        raise InvalidInput(f"{input_name}: not valid UTF-8") from None
+
+
+@dataclass(eq=False)
+class Channel:
+    """An open channel: its request's response ``sender`` and send ``lane``; ``closed`` once the client cancelled
+    it or the server stops."""
+
+    name: str
+    sender: object
+    lane: int
+    closed: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+@dataclass(frozen=True)
+class ChannelItem:
+    """Replies for one channel, ``entries`` of (request id, reply) in order: a send lane's item
+    (``orchestrator.send_lanes.Item``) that takes in the channel's later items, so a lane sends one response for
+    everything queued on the channel."""
+
+    entries: tuple[tuple[str, Reply], ...]
+    flags: int = 0
+
+    def merge(self, later) -> ChannelItem | None:
+        if not isinstance(later, ChannelItem) or self.flags:
+            return None
+        return ChannelItem(self.entries + later.entries, later.flags)
+
+    def build(self):
+        """The response with ``channel_items``; a non-final INTERNAL error response if building it failed."""
+        try:
+            items = json.dumps([{"id": request_id, **reply.fields()} for request_id, reply in self.entries])
+            return io.pb().InferenceResponse([io.str_tensor("channel_items", [items])])
+        except Exception as exc:
+            log.exception("orchestrator: a channel response could not be built")
+            return io.error(f"internal error: {type(exc).__name__}: {exc}", invalid_argument=False)
+
+    def sent(self) -> None:
+        for _, reply in self.entries:
+            reply.sent()
+
+
+class TokenChannels:
+    """The open channels by name, on the orchestrator's event loop."""
+
+    def __init__(self):
+        self._open: dict[str, Channel] = {}
+        self._stopping = False
+
+    def get(self, name: str) -> Channel:
+        """The open channel ``name``; raises InvalidInput when none is open by that name."""
+        channel = self._open.get(name)
+        if channel is None:
+            raise InvalidInput(f"token_channel: no channel {name!r} is open (open one with open_token_channel)")
+        return channel
+
+    async def serve(self, name: str, sender, lanes, cancels) -> None:
+        """Open channel ``name`` on ``sender`` (its request's), send the empty first response, and hold it open
+        until its client cancels it (asked by ``cancels``, a ``CancelWatch``) or :meth:`close_all`; its final flag
+        then follows on the same ``lanes`` lane. Raises InvalidInput when a channel of that name is open."""
+        if name in self._open:
+            raise InvalidInput(f"open_token_channel: a channel {name!r} is open already (choose another name)")
+        channel = self._open[name] = Channel(name, sender, lanes.lane())
+        if self._stopping:
+            channel.closed.set()
+        loop = asyncio.get_running_loop()
+        watched = cancels.watch(sender.is_cancelled, lambda: loop.call_soon_threadsafe(channel.closed.set))
+        try:
+            lanes.send(channel.lane, sender, ChannelItem(()))
+            await channel.closed.wait()
+        finally:
+            cancels.unwatch(watched)
+            del self._open[name]
+            # not an empty final response: tritonclient's asyncio client would not hand it over
+            lanes.send(channel.lane, sender, ChannelItem((), io.pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL))
+
+    def close_all(self) -> None:
+        """The server stops: every channel, and any opened later, gets its final flag."""
+        self._stopping = True
+        for channel in self._open.values():
+            channel.closed.set()
+
+
+def send_on(channel: Channel, request_id: str, reply: Reply, lanes) -> None:
+    """Queue ``reply`` (request ``request_id``'s) on ``channel``'s lane, or drop it if the channel has closed."""
+    if not channel.closed.is_set():
+        lanes.send(channel.lane, channel.sender, ChannelItem(((request_id, reply),)))

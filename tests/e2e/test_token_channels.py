@@ -1,0 +1,140 @@
+"""Token channels (orchestrator/token_channels.py) through a real tritonserver with tritonclient: a channel's entries
+carry the same tokens as the requests' own streams would, each request's own stream ends with its finish reason
+alone, errors name the input at fault, and a cancelled channel closes with its final flag."""
+from __future__ import annotations
+
+import json
+import queue
+import uuid
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+
+from client.api import ServerError, grpc_inputs, request_tensors
+from tests.e2e.conftest import wait_for_idle_pools
+from tests.e2e.test_vllm_parity import vllm_request
+
+pytestmark = pytest.mark.e2e
+GREEDY = {"max_tokens": 10, "temperature": 0, "ignore_eos": True}
+PROMPTS = {"first": "Say the same thing again and again.", "second": "Count from one to ten."}
+TIMEOUT_S = 120
+
+
+def _text(name: str, value: str) -> tuple[str, np.ndarray, str]:
+    return name, np.array([value.encode()], dtype=np.object_), "BYTES"
+
+
+def _is_final(result) -> bool:
+    return result.get_response().parameters["triton_final_response"].bool_param
+
+
+class Stream:
+    """One gRPC stream of tritonclient's, its responses (or errors) in a queue as (request id, result, error)."""
+
+    def __init__(self, grpc_url: str):
+        self.client = grpcclient.InferenceServerClient(grpc_url)
+        self.responses: queue.Queue = queue.Queue()
+        self.client.start_stream(callback=lambda result, error: self.responses.put((result, error)))
+
+    def send(self, tensors, request_id: str) -> None:
+        self.client.async_stream_infer("orchestrator", grpc_inputs(tensors), request_id=request_id,
+                                       enable_empty_final_response=True)
+
+    def next(self):
+        return self.responses.get(timeout=TIMEOUT_S)
+
+    def close(self, cancel: bool = False) -> None:
+        self.client.stop_stream(cancel_requests=cancel)
+        self.client.close()
+
+
+def open_channel(grpc_url: str) -> tuple[str, Stream]:
+    name = f"test-{uuid.uuid4().hex}"
+    stream = Stream(grpc_url)
+    stream.send([_text("open_token_channel", name)], request_id=name)
+    result, error = stream.next()
+    assert error is None, error
+    assert json.loads(result.as_numpy("channel_items")[0]) == [] and not _is_final(result)
+    return name, stream
+
+
+def test_a_channel_carries_its_requests_tokens_and_their_own_streams_end_with_the_reason(grpc_url, server):
+    name, channel = open_channel(grpc_url)
+    own = Stream(grpc_url)
+    try:
+        for key, prompt in PROMPTS.items():
+            tensors = request_tensors(prompt, sampling=GREEDY, return_output_ids=True)
+            own.send(tensors + [_text("token_channel", name)], request_id=key)
+        ends = {}
+        while len(ends) < len(PROMPTS):  # each own stream: its finish reason alone, with the final flag
+            result, error = own.next()
+            assert error is None, error
+            assert _is_final(result) and result.as_numpy("text_output") is None
+            ends[result.get_response().id] = result.as_numpy("finish_reason")[0].decode()
+        assert ends == {"first": "length", "second": "length"}
+        entries: dict[str, list[dict]] = {key: [] for key in PROMPTS}
+        while not all(e and e[-1].get("finish_reason") not in (None, "None") for e in entries.values()):
+            result, error = channel.next()
+            assert error is None, error
+            for entry in json.loads(result.as_numpy("channel_items")[0]):
+                entries[entry.pop("id")].append(entry)
+        for key, prompt in PROMPTS.items():  # the same tokens, text and totals as the request's own stream gives
+            alone = vllm_request(grpc_url, prompt, GREEDY, return_output_ids=True)
+            assert [i for e in entries[key] for i in e["output_ids"]] == \
+                [int(i) for r in alone for i in r.as_numpy("output_ids")]
+            assert "".join(e["text_output"] for e in entries[key]) == \
+                b"".join(r.as_numpy("text_output")[0] for r in alone).decode()
+            last = entries[key][-1]
+            assert (last["finish_reason"], last["num_output_tokens"]) == ("length", GREEDY["max_tokens"])
+            assert last["num_input_tokens"] == int(alone[-1].as_numpy("num_input_tokens")[0])
+    finally:
+        own.close()
+        channel.close(cancel=True)
+    wait_for_idle_pools(server)
+
+
+def _until_final(grpc_url: str, tensors) -> None:
+    """Send ``tensors`` as one streamed request and read it to its final response; raises ServerError."""
+    stream = Stream(grpc_url)
+    try:
+        stream.send(tensors, request_id=uuid.uuid4().hex)
+        while True:
+            result, error = stream.next()
+            if error is not None:
+                raise ServerError(str(error))
+            if _is_final(result):
+                return
+    finally:
+        stream.close()
+
+
+def test_a_cancelled_channel_closes_and_its_name_is_then_refused(grpc_url):
+    name, channel = open_channel(grpc_url)
+    channel.client.stop_stream(cancel_requests=True)
+    channel.client.close()
+    tensors = request_tensors("Hi", sampling={**GREEDY, "max_tokens": 1}) + [_text("token_channel", name)]
+    for _ in range(100):  # the cancel watch asks every 50 ms
+        try:
+            _until_final(grpc_url, tensors)
+        except ServerError as exc:
+            assert "token_channel: no channel" in str(exc) and name in str(exc)
+            return
+    pytest.fail("the cancelled channel stayed open")
+
+
+@pytest.mark.parametrize("tensors, words", [
+    (lambda name: request_tensors("Hi", sampling=GREEDY) + [_text("token_channel", "no-such-channel")],
+     "token_channel: no channel 'no-such-channel' is open"),
+    (lambda name: [_text("open_token_channel", name)], "open_token_channel: a channel"),
+    (lambda name: request_tensors("Hi") + [_text("open_token_channel", "other")],
+     "open_token_channel: a request opening a channel carries no prompt"),
+    (lambda name: [_text("open_token_channel", "")], "open_token_channel: a channel name is 1 to 256 bytes"),
+])
+def test_channel_errors_name_the_input(grpc_url, tensors, words):
+    name, channel = open_channel(grpc_url)
+    try:
+        with pytest.raises(ServerError, match=words):
+            _until_final(grpc_url, tensors(name))
+    finally:
+        channel.close(cancel=True)

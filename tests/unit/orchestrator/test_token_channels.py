@@ -1,0 +1,147 @@
+"""Token channels (orchestrator/token_channels.py): a lane sends one response for everything queued on a channel,
+each entry the outputs its reply would have had on its request's own stream; a channel answers at once, closes on
+its client's cancellation or the server's stop with a final response, and names are checked."""
+import asyncio
+import json
+import threading
+
+import pytest
+
+from orchestrator.replies import Reply
+from orchestrator.sampling_params import InvalidInput
+from orchestrator.send_lanes import merged
+from orchestrator.timeline import Timeline
+from orchestrator.token_channels import ChannelItem, TokenChannels, channel_name, send_on
+from tests.unit.orchestrator import fake_responses
+from tests.unit.orchestrator.fake_responses import FINAL
+from tests.unit.orchestrator.test_replies import parsed, replies
+
+
+@pytest.fixture(autouse=True)
+def pb(monkeypatch):
+    fake_responses.install(monkeypatch)
+
+
+def entries(response) -> list[dict]:
+    return json.loads(response.outputs()["channel_items"][0])
+
+
+def test_a_channels_queued_items_go_as_one_response_each_entry_as_its_own_stream_would_carry_it():
+    channel, other = object(), object()
+    a, b = replies(parsed(), ["A0", "A1"]), replies(parsed(), ["B0"])
+    queued = [(channel, ChannelItem((("a", a[0]),))), (other, a[0]), (channel, ChannelItem((("b", b[0]),))),
+              (channel, ChannelItem((("a", a[1]),)))]
+    out = merged(queued)
+    assert [s for s, _ in out] == [channel, other]
+    sent = entries(out[0][1].build())
+    assert [e["id"] for e in sent] == ["a", "b", "a"]
+    assert sent[0] == {"id": "a", **{k: v[0] if k != "output_ids" else v for k, v in a[0].build().outputs().items()}}
+    assert (sent[2]["finish_reason"], sent[2]["num_output_tokens"], sent[2]["num_cached_tokens"]) == ("length", 2, 3)
+    assert json.loads(sent[0]["media"]) == json.loads(a[0].build().outputs()["media"][0])
+
+
+def test_nothing_merges_into_a_channels_final_response_and_its_flag_survives_a_merge():
+    last = ChannelItem((), FINAL)
+    assert last.merge(ChannelItem(())) is None
+    merged_item = ChannelItem((("a", replies(parsed(), ["x"])[0]),)).merge(last)
+    assert merged_item.flags == FINAL and len(merged_item.entries) == 1
+
+
+def test_sent_notes_every_entrys_tokens_on_its_timeline():
+    timeline = Timeline(0.0)
+    first, second = replies(parsed(timeline=True), ["one", " two"], timeline=timeline)
+    ChannelItem((("a", first), ("a", second))).sent()
+    assert len(json.loads(timeline.to_json())["tokens"]["sent_ms"]) == 2
+
+
+def test_an_entry_that_cannot_be_built_makes_an_internal_error_response():
+    bad = Reply(parsed(), "x", [object()], "length", 1, 1, FINAL)
+    response = ChannelItem((("a", bad),)).build()
+    assert response.error.code == "INTERNAL" and "internal error" in response.error.message
+
+
+@pytest.mark.parametrize("values, words", [
+    ([b"a", b"b"], "expected one channel name, got 2"),
+    ([b""], "a channel name is 1 to 256 bytes, got 0"),
+    ([b"x" * 257], "a channel name is 1 to 256 bytes, got 257"),
+    ([b"\xff"], "not valid UTF-8"),
+])
+def test_channel_names_are_checked(values, words):
+    with pytest.raises(InvalidInput, match=f"token_channel: {words}"):
+        channel_name(values, "token_channel")
+    assert channel_name([], "token_channel") == "" and channel_name(["é".encode()], "token_channel") == "é"
+
+
+class Lanes:
+    """Records what would be sent: (lane, sender, item)."""
+
+    def __init__(self):
+        self.sent = []
+
+    def lane(self) -> int:
+        return 3
+
+    def send(self, lane, sender, item) -> None:
+        self.sent.append((lane, sender, item))
+
+
+class Cancels:
+    def __init__(self):
+        self.watched, self.unwatched = [], []
+
+    def watch(self, is_cancelled, on_cancel):
+        self.watched.append(on_cancel)
+        return on_cancel
+
+    def unwatch(self, entry) -> None:
+        self.unwatched.append(entry)
+
+
+class Sender:
+    def is_cancelled(self) -> bool:
+        return False
+
+
+def test_a_channel_answers_at_once_takes_replies_and_closes_with_its_final_response_on_cancel():
+    async def run():
+        channels, lanes, cancels, sender = TokenChannels(), Lanes(), Cancels(), Sender()
+        serving = asyncio.ensure_future(channels.serve("c", sender, lanes, cancels))
+        await asyncio.sleep(0)
+        assert [(lane, s, item.entries, item.flags) for lane, s, item in lanes.sent] == [(3, sender, (), 0)]
+        with pytest.raises(InvalidInput, match="open_token_channel: a channel 'c' is open already"):
+            await channels.serve("c", Sender(), lanes, cancels)
+        reply = replies(parsed(), ["x"])[0]
+        send_on(channels.get("c"), "r1", reply, lanes)
+        assert lanes.sent[-1][2].entries == (("r1", reply),)
+        threading.Thread(target=cancels.watched[0]).start()  # the cancel watch's thread sees the cancellation
+        await asyncio.wait_for(serving, 5)
+        assert lanes.sent[-1][2].flags == FINAL and cancels.unwatched == cancels.watched[:1]
+        with pytest.raises(InvalidInput, match="token_channel: no channel 'c' is open"):
+            channels.get("c")
+    asyncio.run(run())
+
+
+def test_the_servers_stop_closes_every_channel_and_any_opened_later():
+    async def run():
+        channels, lanes = TokenChannels(), Lanes()
+        serving = [asyncio.ensure_future(channels.serve(name, Sender(), lanes, Cancels())) for name in "ab"]
+        await asyncio.sleep(0)
+        channels.close_all()
+        await asyncio.wait_for(asyncio.gather(*serving), 5)
+        await asyncio.wait_for(channels.serve("late", Sender(), lanes, Cancels()), 5)
+        assert [item.flags for _, _, item in lanes.sent].count(FINAL) == 3
+    asyncio.run(run())
+
+
+def test_replies_for_a_closed_channel_are_dropped():
+    async def run():
+        channels, lanes = TokenChannels(), Lanes()
+        serving = asyncio.ensure_future(channels.serve("c", Sender(), lanes, Cancels()))
+        await asyncio.sleep(0)
+        channel = channels.get("c")
+        channels.close_all()
+        await serving
+        count = len(lanes.sent)
+        send_on(channel, "r1", replies(parsed(), ["x"])[0], lanes)
+        assert len(lanes.sent) == count
+    asyncio.run(run())
