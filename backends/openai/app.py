@@ -41,7 +41,8 @@ class ApiState:
 
     def __init__(self, config: ApiConfig):
         self.config = config
-        self.orchestrator = OrchestratorClient(config.grpc_url, config.orchestrator_model, config.max_requests)
+        self.orchestrator = OrchestratorClient(config.grpc_url, config.orchestrator_model, config.max_requests,
+                                               config.token_channel)
         self.fetcher = MediaFetcher(config.allow_http_media, config.max_http_media_bytes, config.http_media_timeout_s)
         self._card: ModelCard | None = None
 

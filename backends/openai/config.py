@@ -20,7 +20,9 @@ class ApiConfig:
     spreading connections over them: ``backends.openai.workers``; and its own connection to tritonserver), for when
     one Python process cannot keep up with the streams' chunks (vLLM's ``--api-server-count``); ``max_body_bytes``:
     the largest request body taken (bytes), larger ones are answered 413 before they are read
-    (``backends.openai.body_limit``; the default holds a 3-minute 720p video inline in base64 several times over).
+    (``backends.openai.body_limit``; the default holds a 3-minute 720p video inline in base64 several times over);
+    ``token_channel``: streamed requests' replies over the process's token channel (``backends.openai.token_channel``;
+    off: each request's own stream carries them, one response per token).
 
     Raises ValueError for a port outside 0..65535, a non-positive size or timeout, a negative ``max_requests``, fewer
     than one worker.
@@ -38,6 +40,7 @@ class ApiConfig:
     max_requests: int = 0
     workers: int = 1
     max_body_bytes: int = 256 * 1024 * 1024
+    token_channel: bool = True
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -63,6 +66,8 @@ class ApiConfig:
             args += ["--served-model-name", self.served_model_name]
         if self.allow_http_media:
             args.append("--allow-http-media")
+        if not self.token_channel:
+            args.append("--no-token-channel")
         return args
 
 
@@ -89,10 +94,13 @@ def parse_args(argv: list[str] | None = None) -> ApiConfig:
                         help="processes serving the API on its port (each with its own connection to tritonserver)")
     parser.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes,
                         help="the largest request body taken, in bytes; larger ones are answered 413")
+    parser.add_argument("--no-token-channel", action="store_true",
+                        help="each streamed request's tokens on its own gRPC stream, not over the process's token "
+                             "channel (one response a step for all its requests)")
     a = parser.parse_args(argv)
     try:
         return ApiConfig(a.grpc_url, a.host, a.port, a.orchestrator_model, a.served_model_name, a.allow_http_media,
                          a.max_http_media_bytes, a.http_media_timeout, a.shutdown_grace, a.max_requests, a.workers,
-                         a.max_body_bytes)
+                         a.max_body_bytes, not a.no_token_channel)
     except ValueError as exc:
         parser.error(str(exc))

@@ -30,15 +30,16 @@ log = logging.getLogger(__name__)
 
 class OrchestratorClient:
     """Requests to ``model`` (the orchestrator) on the tritonserver at ``grpc_url`` (host:port), at most
-    ``max_requests`` at once (0: no limit); ``in_flight`` counts those whose responses are still awaited."""
+    ``max_requests`` at once (0: no limit); ``in_flight`` counts those whose responses are still awaited;
+    ``token_channel``: streamed requests' replies over the process's token channel (off: on their own streams)."""
 
-    def __init__(self, grpc_url: str, model: str, max_requests: int = 0):
+    def __init__(self, grpc_url: str, model: str, max_requests: int = 0, token_channel: bool = True):
         self.model, self.max_requests = model, max_requests
         self.in_flight = 0
         self._client = grpc_aio.InferenceServerClient(grpc_url)
         self._token_channel: TokenChannel | None = None
         self._opening = asyncio.Lock()
-        self._refused = False  # the orchestrator has no token channels
+        self._refused = not token_channel  # asked not to, or the orchestrator has no token channels
         self._background: set[asyncio.Task] = set()  # channel requests' own streams, awaiting their final responses
 
     async def ready(self) -> bool:

@@ -279,6 +279,8 @@ def main(argv: list[str] | None = None) -> int:
                              "default: one per 4 CPU cores, at most 4)")
     parser.add_argument("--openai-max-requests", type=int, default=0,
                         help="OpenAI API requests in flight at once per worker, more are answered 503 (0: no limit)")
+    parser.add_argument("--openai-no-token-channel", action="store_true",
+                        help="the API's streamed requests each on their own gRPC stream, not over a token channel")
     parser.add_argument("--openai-max-body-bytes", type=int, default=ApiConfig.max_body_bytes,
                         help="the largest OpenAI API request body, in bytes; larger ones are answered 413")
     parser.add_argument("--log-stdout", action="store_true", help="server log to stdout instead of a file")
@@ -346,7 +348,8 @@ def _serve(args: argparse.Namespace, repository: Path, plan: launch_options.Serv
                                        host=args.openai_address or args.address, port=args.openai_port,
                                        allow_http_media=args.openai_allow_http_media,
                                        max_requests=args.openai_max_requests, workers=args.openai_workers,
-                                       max_body_bytes=args.openai_max_body_bytes),
+                                       max_body_bytes=args.openai_max_body_bytes,
+                                       token_channel=not args.openai_no_token_channel),
                              None if args.log_stdout else server.log_path.with_suffix(".openai.log"))
             api.start()
             print(f"OpenAI-compatible API: {api.url}/v1, log {api.log_path or 'stdout'}", flush=True)

@@ -1,18 +1,22 @@
 """Token channels (orchestrator/token_channels.py) through a real tritonserver with tritonclient: a channel's entries
 carry the same tokens as the requests' own streams would, each request's own stream ends with its finish reason
-alone, errors name the input at fault, and a cancelled channel closes with its final flag."""
+alone, errors name the input at fault, a cancelled channel closes with its final flag, and the OpenAI API streams the
+same with its channel as without."""
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import queue
 import uuid
 
 import numpy as np
+import openai
 import pytest
 import tritonclient.grpc as grpcclient
 
 from client.api import ServerError, grpc_inputs, request_tensors
 from tests.e2e.conftest import wait_for_idle_pools
+from tests.e2e.test_openai_api import _api
 from tests.e2e.test_vllm_parity import vllm_request
 
 pytestmark = pytest.mark.e2e
@@ -138,3 +142,26 @@ def test_channel_errors_name_the_input(grpc_url, tensors, words):
             _until_final(grpc_url, tensors(name))
     finally:
         channel.close(cancel=True)
+
+
+def test_the_openai_api_streams_the_same_with_and_without_its_token_channel(server, tmp_path):
+    """`--no-token-channel` (each request on its own stream) and the default give the same chunks' tokens, text and
+    usage for concurrent streamed chats."""
+    def answers(channel: bool) -> list[tuple]:
+        with _api(server.ports.grpc, tmp_path / f"api_{channel}.log", token_channel=channel) as process, \
+                openai.OpenAI(base_url=f"{process.url}/v1", api_key="unused", max_retries=0, timeout=120) as sdk:
+            def ask(prompt: str) -> tuple:
+                chunks = list(sdk.chat.completions.create(
+                    model="tiny", messages=[{"role": "user", "content": prompt}], max_tokens=12, temperature=0,
+                    stream=True, stream_options={"include_usage": True},
+                    extra_body={"ignore_eos": True, "return_token_ids": True}))
+                ids = [i for c in chunks if c.choices for i in (c.choices[0].model_extra.get("token_ids") or [])]
+                text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+                reasons = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+                return ids, text, reasons, chunks[-1].usage.completion_tokens
+            with concurrent.futures.ThreadPoolExecutor(8) as pool:
+                return list(pool.map(ask, [f"Story number {k}." for k in range(8)]))
+
+    with_channel, without = answers(True), answers(False)
+    assert with_channel == without
+    assert all(len(ids) == 12 and reasons == ["length"] and used == 12 for ids, _, reasons, used in with_channel)
