@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 
 from backends.ipc.link import StageError
@@ -30,7 +31,7 @@ from orchestrator.sampling_params import InvalidInput
 from orchestrator.send_lanes import SendLanes
 from orchestrator.service import Admitted, Orchestrator, Overloaded
 from orchestrator.timeline import NO_TIMELINE, Timeline
-from orchestrator.token_channels import TokenChannels, channel_name, send_on
+from orchestrator.token_channels import TokenChannels, channel_name, routed
 
 log = logging.getLogger(__name__)
 
@@ -60,17 +61,16 @@ async def handle(orchestrator: Orchestrator, request, lanes: SendLanes, cancels:
     opening a channel holds it open (``TokenChannels.serve``). Never raises."""
     final = io.pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL
     timer = RequestTimer(orchestrator.metrics, arrived)
-    sender, lane, watched, admitting, channel = request.get_response_sender(), lanes.lane(), None, True, None
+    sender, lane, watched, admitting = request.get_response_sender(), lanes.lane(), None, True
+    channel, bound_key = None, None  # the token channel its replies go on, and its key there once admitted
 
     def send(item: Reply | Built) -> None:
         if item.flags == final and watched is not None:  # the request is not asked about after its final response
             cancels.unwatch(watched)
-        if channel is not None and isinstance(item, Reply):
-            send_on(channel, request.request_id(), item, lanes)
-            if item.flags != final:
-                return
-            item = Built(io.pb().InferenceResponse([io.str_tensor("finish_reason", [str(item.reason)])]), final)
-        lanes.send(lane, sender, item)
+        if channel is not None:
+            item = routed(channel, request.request_id(), item, lanes, final)
+        if item is not None:
+            lanes.send(lane, sender, item)
 
     try:
         raw = read_request(request)
@@ -82,10 +82,12 @@ async def handle(orchestrator: Orchestrator, request, lanes: SendLanes, cancels:
             return
         parsed = parse_request(raw, orchestrator.config.limits)
         bound = channel_name(raw.token_channel, "token_channel")
-        if bound and parsed.stream:
-            if not request.request_id():
+        if bound:
+            channel = channels.get(bound)  # a name that is not open is refused, streamed or not
+            if not parsed.stream:
+                channel = None  # its one response goes on its own stream
+            elif not request.request_id():
                 raise InvalidInput("token_channel: a request on a channel needs a request id (its entries' \"id\")")
-            channel = channels.get(bound)
         timeline = Timeline(arrived) if parsed.extra_outputs.timeline else NO_TIMELINE
         timeline.mark("parsed")
         admitted = await orchestrator.admit(parsed, timeline)
@@ -95,6 +97,9 @@ async def handle(orchestrator: Orchestrator, request, lanes: SendLanes, cancels:
         loop = asyncio.get_running_loop()
         watched = cancels.watch(sender.is_cancelled,
                                 lambda: loop.call_soon_threadsafe(orchestrator.cancel, admitted))
+        if channel is not None:
+            channel.bind(id(admitted), lambda: orchestrator.cancel(admitted))
+            bound_key = id(admitted)
         # aclosing: leaving the loop early (cancellation) releases the request's pages now, not at GC.
         async with contextlib.aclosing(orchestrator.stream(admitted)) as tokens:
             await _send_tokens(admitted, tokens, send, timer, timeline)
@@ -112,6 +117,8 @@ async def handle(orchestrator: Orchestrator, request, lanes: SendLanes, cancels:
         timer.finished("error")
         send(Built(io.error(f"internal error: {type(exc).__name__}: {exc}", invalid_argument=False), final))
     finally:
+        if bound_key is not None:
+            channel.unbind(bound_key)
         if admitting:  # refused, failed or cancelled before it was admitted
             orchestrator.admission_ended()
 
@@ -120,9 +127,10 @@ async def _serve_channel(name: str, raw: RawRequest, sender, channels: TokenChan
                          cancels: CancelWatch) -> None:
     """Hold channel ``name`` open (``TokenChannels.serve``); raises InvalidInput when the request has other inputs
     than the channel's name."""
-    if raw.text_input or raw.messages or raw.prompt or raw.image or raw.video or raw.image_url or raw.video_url:
-        raise InvalidInput("open_token_channel: a request opening a channel carries no prompt or media (send "
-                           "those in requests naming it in token_channel)")
+    given = [f.name for f in dataclasses.fields(raw) if f.name != "open_token_channel" and getattr(raw, f.name)]
+    if given:
+        raise InvalidInput(f"open_token_channel: a request opening a channel carries no other input, got "
+                           f"{', '.join(given)} (send those in requests naming it in token_channel)")
     await channels.serve(name, sender, lanes, cancels)
 
 

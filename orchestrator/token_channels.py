@@ -21,11 +21,11 @@ The protocol (inputs and outputs of the orchestrator's ``config.pbtxt``):
   reply would have carried on the request's own stream, named as the generate endpoint names them
   (``text_output``, ``output_ids``, ``finish_reason``, ``num_input_tokens``, ...; ``visual_cap``, ``media`` and
   ``timeline`` as JSON text). The request's own stream gets its errors, and at its end one response with only
-  ``finish_reason`` and the final flag (a cancelled request: the empty final response, no ``finish_reason``). Its
-  channel entries and that final response may arrive in either order. A name that is not an open channel is
-  INVALID_ARG; a request not streamed keeps its one response on its own stream.
-* Replies of a request whose channel has closed are dropped (the client that closed it is gone or going); the
-  request's own final response still comes.
+  ``finish_reason`` and the final flag (``abort`` for a cancelled request). Its channel entries and that final
+  response may arrive in either order. A name that is not an open channel is INVALID_ARG; a request not streamed
+  keeps its one response on its own stream.
+* When a channel closes, the requests bound to it are cancelled (no client reads their replies any more): their own
+  streams end with ``abort``, their pages are freed.
 """
 from __future__ import annotations
 
@@ -33,9 +33,10 @@ import asyncio
 import json
 import logging
 from dataclasses import dataclass, field
+from typing import Callable
 
 from backends.triton import triton_io as io
-from orchestrator.replies import Reply
+from orchestrator.replies import Built, Reply
 from orchestrator.sampling_params import InvalidInput
 
 log = logging.getLogger(__name__)
@@ -61,12 +62,24 @@ def channel_name(values: list[bytes], input_name: str) -> str:
 @dataclass(eq=False)
 class Channel:
     """An open channel: its request's response ``sender`` and send ``lane``; ``closed`` once the client cancelled
-    it or the server stops."""
+    it or the server stops; ``bound``: each running request's cancellation, called when the channel closes."""
 
     name: str
     sender: object
     lane: int
     closed: asyncio.Event = field(default_factory=asyncio.Event)
+    bound: dict[int, Callable[[], None]] = field(default_factory=dict)
+
+    def bind(self, key: int, cancel: Callable[[], None]) -> None:
+        """Call ``cancel()`` (on the event loop) when the channel closes, or now if it has; ``key``: the request's,
+        for :meth:`unbind`."""
+        if self.closed.is_set():
+            cancel()
+        else:
+            self.bound[key] = cancel
+
+    def unbind(self, key: int) -> None:
+        self.bound.pop(key, None)
 
 
 @dataclass(frozen=True)
@@ -128,6 +141,8 @@ class TokenChannels:
         finally:
             cancels.unwatch(watched)
             del self._open[name]
+            for cancel in list(channel.bound.values()):  # no client reads their replies any more
+                cancel()
             # not an empty final response: tritonclient's asyncio client would not hand it over
             lanes.send(channel.lane, sender, ChannelItem((), io.pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL))
 
@@ -138,7 +153,19 @@ class TokenChannels:
             channel.closed.set()
 
 
-def send_on(channel: Channel, request_id: str, reply: Reply, lanes) -> None:
-    """Queue ``reply`` (request ``request_id``'s) on ``channel``'s lane, or drop it if the channel has closed."""
-    if not channel.closed.is_set():
-        lanes.send(channel.lane, channel.sender, ChannelItem(((request_id, reply),)))
+def routed(channel: Channel, request_id: str, item: Reply | Built, lanes, final: int) -> Reply | Built | None:
+    """A channel-bound request's ``item``: a reply is queued on ``channel``'s lane (dropped if the channel has
+    closed); returns what goes on the request's own stream instead: nothing for a reply, its finish reason alone for
+    the last one (``final`` its flag), ``"abort"`` for the empty final response of a cancelled request, an error as
+    it is."""
+    if isinstance(item, Reply):
+        if not channel.closed.is_set():
+            lanes.send(channel.lane, channel.sender, ChannelItem(((request_id, item),)))
+        return _finished(item.reason, final) if item.flags == final else None
+    if item.flags == final and item.response is None:
+        return _finished("abort", final)
+    return item
+
+
+def _finished(reason: str | None, final: int) -> Built:
+    return Built(io.pb().InferenceResponse([io.str_tensor("finish_reason", [str(reason)])]), final)

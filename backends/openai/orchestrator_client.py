@@ -123,6 +123,9 @@ class OrchestratorClient:
                     if piece.final or piece.finish_reason is not None:
                         queue.put_nowait(_OwnEnd(piece.finish_reason))
             except ApiError as exc:
+                if exc.message.startswith("token_channel: no channel"):  # it closed after this request took it
+                    exc = ApiError(503, "the API's token channel closed (the server is stopping?): try again",
+                                   code="service_unavailable")
                 queue.put_nowait(_OwnEnd(None, exc))
 
         watcher = asyncio.get_running_loop().create_task(own_end())
@@ -136,7 +139,11 @@ class OrchestratorClient:
                     own = item
                     if item.error is not None:
                         raise item.error
-                    done = item.reason is None  # cancelled on the server: no entries follow; else they are on the way
+                    if item.reason == "abort":  # cancelled on the server, as its channel closed: nothing follows
+                        done = True
+                        raise lost or ApiError(503, "the request was cancelled: the API's token channel closed",
+                                               code="service_unavailable")
+                    done = item.reason is None  # else its last entries are on the way
                 elif isinstance(item, ApiError):  # the channel broke: the own stream says how the request ends
                     lost = item
                 else:

@@ -26,7 +26,7 @@ from client.http_stream import piece_from_event
 
 
 class ChannelRefused(Exception):
-    """The orchestrator refused to open a channel (one without channels: Triton names the unknown input)."""
+    """The orchestrator has no token channels (Triton refused the ``open_token_channel`` input)."""
 
 
 class TokenChannel:
@@ -44,8 +44,9 @@ class TokenChannel:
 
     @classmethod
     async def open(cls, client: grpc_aio.InferenceServerClient, model: str) -> TokenChannel:
-        """A channel opened on ``model`` (the orchestrator) through ``client``. Raises ChannelRefused with the
-        orchestrator's error, ApiError with the transport's (``errors.from_transport``)."""
+        """A channel opened on ``model`` (the orchestrator) through ``client``. Raises ChannelRefused when the
+        orchestrator has no channels, ApiError with its other errors (``errors.from_orchestrator``: e.g. the server
+        is stopping) or the transport's (``errors.from_transport``)."""
         channel = cls(f"openai-{os.getpid()}-{uuid.uuid4().hex}")
         name = InferInput("open_token_channel", [1], "BYTES")
         name.set_data_from_numpy(np.array([channel.name.encode()], dtype=np.object_))
@@ -57,16 +58,21 @@ class TokenChannel:
         channel._responses = client.stream_infer(requests())
         try:
             _, error = await anext(channel._responses)
-        except (grpc.RpcError, InferenceServerException) as exc:
-            channel._closing.set()
-            raise from_transport(exc) from None
         except StopAsyncIteration:
             channel._closing.set()
             raise ApiError(503, "the inference server closed the token channel at once",
                            code="service_unavailable") from None
+        except BaseException as exc:  # the transport's error, or this request given up while the channel opens
+            channel._responses.cancel()
+            channel._closing.set()
+            if isinstance(exc, (grpc.RpcError, InferenceServerException)):
+                raise from_transport(exc) from None
+            raise
         if error is not None:
             channel._closing.set()
-            raise ChannelRefused(error.message())
+            if "open_token_channel" in error.message():  # Triton names an input the model does not have
+                raise ChannelRefused(error.message())
+            raise from_orchestrator(error.message())
         channel._reader = asyncio.get_running_loop().create_task(channel._read())
         return channel
 
@@ -89,6 +95,7 @@ class TokenChannel:
             await asyncio.gather(self._reader, return_exceptions=True)
 
     async def _read(self) -> None:
+        ended = False  # the orchestrator sent the channel's final response (a finished call is not cancelled)
         try:
             async for result, error in self._responses:
                 if error is not None:
@@ -100,7 +107,8 @@ class TokenChannel:
                         queue.put_nowait(piece_from_event(entry))
                 params = result.get_response().parameters
                 if "triton_final_response" in params and params["triton_final_response"].bool_param:
-                    break  # the orchestrator closed the channel (the server stops)
+                    ended = True  # the orchestrator closed the channel (the server stops)
+                    break
             self.broken = ApiError(503, "the orchestrator closed its token channel (is the server stopping?)",
                                    code="service_unavailable")
         except ApiError as exc:
@@ -113,6 +121,8 @@ class TokenChannel:
         except Exception as exc:  # a response it cannot read: a bug; its requests must not hang
             self.broken = ApiError(500, f"the token channel failed: {type(exc).__name__}: {exc}")
         finally:
+            if not ended:  # else the orchestrator would keep it open, its replies read by nobody
+                self._responses.cancel()
             self._closing.set()
             for queue in self._queues.values():
                 queue.put_nowait(self.broken)

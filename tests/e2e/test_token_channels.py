@@ -113,6 +113,31 @@ def _until_final(grpc_url: str, tensors) -> None:
         stream.close()
 
 
+def test_closing_a_channel_cancels_its_running_requests(grpc_url, server):
+    """Nobody reads a closed channel's replies: its requests are cancelled, their own streams end with "abort" and
+    their pages come back."""
+    name, channel = open_channel(grpc_url)
+    own = Stream(grpc_url)
+    try:
+        long = request_tensors("Tell me everything.", sampling={**GREEDY, "max_tokens": 4000})
+        for key in ("x", "y"):
+            own.send(long + [_text("token_channel", name)], request_id=key)
+        result, error = channel.next()  # the requests are running
+        assert error is None and json.loads(result.as_numpy("channel_items")[0])
+        channel.client.stop_stream(cancel_requests=True)
+        ends = {}
+        while len(ends) < 2:
+            result, error = own.next()
+            assert error is None and _is_final(result), error
+            ends[result.get_response().id] = result.as_numpy("finish_reason")[0].decode()
+        assert ends == {"x": "abort", "y": "abort"}
+    finally:
+        own.close()
+        channel.client.close()
+    m = wait_for_idle_pools(server, timeout_s=30)
+    assert m["unifiedserve_kv_pages_free"] == m["unifiedserve_kv_pages_total"]
+
+
 def test_a_cancelled_channel_closes_and_its_name_is_then_refused(grpc_url):
     name, channel = open_channel(grpc_url)
     channel.client.stop_stream(cancel_requests=True)
@@ -132,7 +157,11 @@ def test_a_cancelled_channel_closes_and_its_name_is_then_refused(grpc_url):
      "token_channel: no channel 'no-such-channel' is open"),
     (lambda name: [_text("open_token_channel", name)], "open_token_channel: a channel"),
     (lambda name: request_tensors("Hi") + [_text("open_token_channel", "other")],
-     "open_token_channel: a request opening a channel carries no prompt"),
+     "open_token_channel: a request opening a channel carries no other input, got text_input"),
+    (lambda name: [_text("open_token_channel", "other"), _text("token_channel", name)],
+     "open_token_channel: a request opening a channel carries no other input, got token_channel"),
+    (lambda name: request_tensors("Hi", stream=False) + [_text("token_channel", "no-such-channel")],
+     "token_channel: no channel 'no-such-channel' is open"),
     (lambda name: [_text("open_token_channel", "")], "open_token_channel: a channel name is 1 to 256 bytes"),
 ])
 def test_channel_errors_name_the_input(grpc_url, tensors, words):

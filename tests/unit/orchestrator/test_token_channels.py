@@ -11,7 +11,8 @@ from orchestrator.replies import Reply
 from orchestrator.sampling_params import InvalidInput
 from orchestrator.send_lanes import merged
 from orchestrator.timeline import Timeline
-from orchestrator.token_channels import ChannelItem, TokenChannels, channel_name, send_on
+from orchestrator.replies import Built
+from orchestrator.token_channels import ChannelItem, TokenChannels, channel_name, routed
 from tests.unit.orchestrator import fake_responses
 from tests.unit.orchestrator.fake_responses import FINAL
 from tests.unit.orchestrator.test_replies import parsed, replies
@@ -110,12 +111,17 @@ def test_a_channel_answers_at_once_takes_replies_and_closes_with_its_final_respo
         assert [(lane, s, item.entries, item.flags) for lane, s, item in lanes.sent] == [(3, sender, (), 0)]
         with pytest.raises(InvalidInput, match="open_token_channel: a channel 'c' is open already"):
             await channels.serve("c", Sender(), lanes, cancels)
-        reply = replies(parsed(), ["x"])[0]
-        send_on(channels.get("c"), "r1", reply, lanes)
+        reply = replies(parsed(), ["x", "y"])[0]
+        assert routed(channels.get("c"), "r1", reply, lanes, FINAL) is None
         assert lanes.sent[-1][2].entries == (("r1", reply),)
+        cancelled = []
+        channels.get("c").bind(1, lambda: cancelled.append(1))
+        channels.get("c").bind(2, lambda: cancelled.append(2))
+        channels.get("c").unbind(2)  # ended before the channel closed
         threading.Thread(target=cancels.watched[0]).start()  # the cancel watch's thread sees the cancellation
         await asyncio.wait_for(serving, 5)
         assert lanes.sent[-1][2].flags == FINAL and cancels.unwatched == cancels.watched[:1]
+        assert cancelled == [1]  # its running requests are cancelled: nobody reads their replies
         with pytest.raises(InvalidInput, match="token_channel: no channel 'c' is open"):
             channels.get("c")
     asyncio.run(run())
@@ -133,15 +139,26 @@ def test_the_servers_stop_closes_every_channel_and_any_opened_later():
     asyncio.run(run())
 
 
-def test_replies_for_a_closed_channel_are_dropped():
+def test_a_requests_own_stream_gets_its_errors_and_its_end_only():
+    """The last reply's own final response holds its finish reason alone; a cancelled request's empty final one
+    says "abort"; an error goes as it is; replies for a closed channel are dropped, a request bound then is cancelled
+    at once."""
     async def run():
         channels, lanes = TokenChannels(), Lanes()
         serving = asyncio.ensure_future(channels.serve("c", Sender(), lanes, Cancels()))
         await asyncio.sleep(0)
         channel = channels.get("c")
+        *_, last = replies(parsed(), ["x", "y"])
+        assert routed(channel, "r1", last, lanes, FINAL).build().outputs() == {"finish_reason": ["length"]}
+        assert routed(channel, "r1", Built(flags=FINAL), lanes, FINAL).build().outputs() == {"finish_reason": ["abort"]}
+        error = Built("an error response", FINAL)
+        assert routed(channel, "r1", error, lanes, FINAL) is error
         channels.close_all()
         await serving
         count = len(lanes.sent)
-        send_on(channel, "r1", replies(parsed(), ["x"])[0], lanes)
+        assert routed(channel, "r1", replies(parsed(), ["x", "y"])[0], lanes, FINAL) is None
         assert len(lanes.sent) == count
+        cancelled = []
+        channel.bind(3, lambda: cancelled.append(3))
+        assert cancelled == [3]
     asyncio.run(run())

@@ -128,3 +128,14 @@ def test_a_request_given_up_before_its_end_is_cancelled():
         await asyncio.sleep(0.01)
         assert own.closed and not client._background and not channel.queues
     asyncio.run(run())
+
+
+def test_a_request_cancelled_on_the_server_as_its_channel_closed_fails_at_once():
+    async def run():
+        _, channel, own, pieces = await _setup()
+        collecting = asyncio.ensure_future(_collect(pieces))
+        await asyncio.sleep(0)
+        own.items.put_nowait(ResponsePiece(finish_reason="abort", final=True))
+        return await asyncio.wait_for(asyncio.gather(collecting, return_exceptions=True), 5)
+    (error,) = asyncio.run(run())
+    assert isinstance(error, ApiError) and error.status == 503 and "token channel closed" in error.message
