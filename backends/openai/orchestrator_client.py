@@ -63,7 +63,8 @@ class OrchestratorClient:
         over the process's token channel (``backends.openai.token_channel``) when the orchestrator has one.
 
         Raises ApiError: 503 when ``max_requests`` are in flight; the orchestrator's error
-        (``errors.from_orchestrator``), or the transport's (``from_transport``: 503 when tritonserver cannot be reached or went away).
+        (``errors.from_orchestrator``), or the transport's (``from_transport``: 503 when tritonserver cannot be
+        reached or went away).
         """
         if self.max_requests and self.in_flight >= self.max_requests:
             raise ApiError(503, f"the server is overloaded: {self.in_flight} requests in flight, its limit (try again "
