@@ -67,7 +67,11 @@ def create_app(config: ApiConfig) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         app.state.api = ApiState(config)
+        # the token channel now, not in a burst's first request (where its open waits on a busy orchestrator)
+        opening = asyncio.get_running_loop().create_task(app.state.api.orchestrator.open_channel())
         yield
+        opening.cancel()
+        await asyncio.gather(opening, return_exceptions=True)
         await app.state.api.close()
 
     app = FastAPI(title="UnifiedServe OpenAI-compatible API", lifespan=lifespan)

@@ -157,6 +157,14 @@ class OrchestratorClient:
             if not done and own is None:
                 watcher.cancel()  # its stream's iterator is closed mid-way: the request is cancelled
 
+    async def open_channel(self) -> None:
+        """Open the token channel ahead of the first streamed request (the API's start); if the server cannot be
+        reached yet, the first streamed request opens it."""
+        try:
+            await self._channel()
+        except ApiError as exc:
+            log.info("token channel not opened at start (%s): the first streamed request opens it", exc.message)
+
     async def _channel(self) -> TokenChannel | None:
         """The process's open token channel, opened now if there is none or the last one broke; None when the
         orchestrator refuses channels (then requests keep their own streams)."""
