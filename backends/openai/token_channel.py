@@ -4,9 +4,10 @@ request and token.
 
 It is opened when the API process starts (``OrchestratorClient.open_channel``; else by the first streamed
 request); its first (empty) response says it is open. Each later response's ``channel_items`` entries go to the
-queue of the request named by their ``id``, read as the generate endpoint's events are read (``client.http_stream.piece_from_event``). If it breaks (the orchestrator closed it, tritonserver
-went away), every request's queue gets that error (the request's own stream then says how it ends) and the next
-streamed request opens another.
+queue of the request named by their ``id``, read as the generate endpoint's events are read
+(``client.http_stream.piece_from_event``). If it breaks (the orchestrator closed it, tritonserver went away), every
+request's queue gets that error (the request's own stream then says how it ends) and the next streamed request
+opens another.
 """
 from __future__ import annotations
 
