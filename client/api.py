@@ -243,10 +243,15 @@ def json_output(value: str | bytes | None):
     return None if value is None or len(value) == 0 else json.loads(value)
 
 
+def is_final(result: grpcclient.InferResult) -> bool:
+    """Whether a streamed gRPC response is its request's last (Triton's ``triton_final_response`` parameter)."""
+    params = result.get_response().parameters
+    return "triton_final_response" in params and params["triton_final_response"].bool_param
+
+
 def piece_from_grpc(result: grpcclient.InferResult) -> ResponsePiece:
     """Reads one streamed gRPC response (any subset of the orchestrator's outputs may be present)."""
-    params = result.get_response().parameters
-    final = "triton_final_response" in params and params["triton_final_response"].bool_param
+    final = is_final(result)
     text = result.as_numpy("text_output")
     ids = result.as_numpy("output_ids")
     n_in, n_out, n_cached = (_scalar(result, name) for name in

@@ -62,13 +62,13 @@ async def handle(orchestrator: Orchestrator, request, lanes: SendLanes, cancels:
     final = io.pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL
     timer = RequestTimer(orchestrator.metrics, arrived)
     sender, lane, watched, admitting = request.get_response_sender(), lanes.lane(), None, True
-    channel, bound_key = None, None  # the token channel its replies go on, and its key there once admitted
+    channel, bound_key, request_id = None, None, ""  # the token channel its replies go on, its key there, its id
 
     def send(item: Reply | Built) -> None:
         if item.flags == final and watched is not None:  # the request is not asked about after its final response
             cancels.unwatch(watched)
         if channel is not None:
-            item = routed(channel, request.request_id(), item, lanes, final)
+            item = routed(channel, request_id, item, lanes, final)
         if item is not None:
             lanes.send(lane, sender, item)
 
@@ -83,10 +83,10 @@ async def handle(orchestrator: Orchestrator, request, lanes: SendLanes, cancels:
         parsed = parse_request(raw, orchestrator.config.limits)
         bound = channel_name(raw.token_channel, "token_channel")
         if bound:
-            channel = channels.get(bound)  # a name that is not open is refused, streamed or not
+            channel, request_id = channels.get(bound), request.request_id()  # a name not open: refused either way
             if not parsed.stream:
                 channel = None  # its one response goes on its own stream
-            elif not request.request_id():
+            elif not request_id:
                 raise InvalidInput("token_channel: a request on a channel needs a request id (its entries' \"id\")")
         timeline = Timeline(arrived) if parsed.extra_outputs.timeline else NO_TIMELINE
         timeline.mark("parsed")

@@ -23,6 +23,7 @@ from tritonclient.grpc import InferInput
 from tritonclient.utils import InferenceServerException
 
 from backends.openai.errors import ApiError, from_orchestrator, from_transport
+from client.api import is_final
 from client.http_stream import piece_from_event
 
 
@@ -106,8 +107,7 @@ class TokenChannel:
                     queue = self._queues.get(entry.pop("id", None))
                     if queue is not None:
                         queue.put_nowait(piece_from_event(entry))
-                params = result.get_response().parameters
-                if "triton_final_response" in params and params["triton_final_response"].bool_param:
+                if is_final(result):
                     ended = True  # the orchestrator closed the channel (the server stops)
                     break
             self.broken = ApiError(503, "the orchestrator closed its token channel (is the server stopping?)",
