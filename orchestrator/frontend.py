@@ -136,7 +136,9 @@ async def _serve_channel(name: str, raw: RawRequest, sender, channels: TokenChan
 
 async def _send_tokens(admitted: Admitted, tokens, send, timer: RequestTimer, timeline: Timeline) -> None:
     """Hand the request's ``tokens`` (``Orchestrator.stream``) to ``send`` as replies: one per item when
-    streaming, else one with the whole text at the end; an abort ends it with an empty final response."""
+    streaming, else one with the whole text at the end; an abort ends it with an empty final response. A streamed
+    request's timeline (``return_timeline``) comes after its last tokens, in a reply of its own (``Reply.trailing``):
+    the JSON is built once they have been sent, and holds their send."""
     final, parsed = io.pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL, admitted.parsed
     texts, ids, first = [], [], True
     cap = None if admitted.visual_cap is None else admitted.visual_cap.to_json()
@@ -155,6 +157,10 @@ async def _send_tokens(admitted: Admitted, tokens, send, timer: RequestTimer, ti
         if parsed.stream:
             if first:
                 timeline.mark("first_response")
+            if reason is not None and parsed.extra_outputs.timeline and (delta or token_ids):
+                # the last tokens go out before the timeline's JSON is built, in a reply of their own
+                send(Reply(parsed, delta, token_ids, None, num_input, len(ids), 0, head if first else (), timeline))
+                delta, token_ids, first = "", [], False
             send(Reply(parsed, delta, token_ids, reason, num_input, len(ids), final if reason else 0,
                        head if first else (), timeline, admitted.counts.cached_tokens))
             first = False

@@ -5,7 +5,8 @@ A merged reply is what one response for those tokens would have been: texts join
 later reply's finish reason and flags. The vLLM backend's ``return_*`` outputs keep their meaning
 (``orchestrator.frontend``): ``num_output_tokens`` counts that response's tokens (after a merge, the merged
 response's), ``finish_reason`` is ``"None"`` until the last; ``visual_cap`` and ``media`` go on the first response
-only and ``timeline`` on the last.
+only and ``timeline`` on the last (streamed: a response of its own after the last tokens', sent after them so that
+they do not wait for its JSON: :attr:`Reply.trailing`).
 """
 from __future__ import annotations
 
@@ -49,6 +50,13 @@ class Reply:
     first_outputs: tuple[tuple[str, str], ...] = ()
     timeline: Timeline = NO_TIMELINE
     num_cached: int = 0
+
+    @property
+    def trailing(self) -> bool:
+        """The last reply of a streamed request that asked for its timeline, after its last tokens' reply
+        (``orchestrator.frontend``): no tokens, the finish reason and the timeline. A send lane sends it after the
+        other replies it has queued (``send_lanes.merged``), so that their tokens do not wait for its JSON."""
+        return self.reason is not None and self.parsed.stream and not self.ids and self.parsed.extra_outputs.timeline
 
     def merge(self, later) -> Reply | None:
         """This reply followed by ``later`` (the same request's next) as one, or None: ``later`` is no Reply, or
@@ -104,6 +112,7 @@ class Built:
 
     response: object = None
     flags: int = 0
+    trailing = False
 
     def merge(self, later) -> None:
         return None

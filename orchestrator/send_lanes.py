@@ -21,9 +21,11 @@ log = logging.getLogger(__name__)
 
 
 class Item(Protocol):
-    """What a lane sends: ``sender.send(item.build(), flags=item.flags)``."""
+    """What a lane sends: ``sender.send(item.build(), flags=item.flags)``; ``trailing`` items (e.g. a request's
+    timeline, whose JSON takes a while to build) go after the other items queued with them (:func:`merged`)."""
 
     flags: int
+    trailing: bool
 
     def merge(self, later: Item) -> Item | None:
         """This item and ``later`` (the same request's next) as one item, or None when they do not merge."""
@@ -89,8 +91,13 @@ def _take(q: queue.SimpleQueue) -> tuple[list[tuple[object, Item]], bool]:
 
 
 def merged(queued: list[tuple[object, Item]]) -> list[tuple[object, Item]]:
-    """``queued`` with each item merged into the same sender's item before it where they merge; each sender's
-    items keep their order (those of different senders may pass one another)."""
+    """``queued`` with each item merged into the same sender's item before it where they merge, the ``trailing``
+    items after the others (a trailing item is its request's last: a sender's items keep their order, those of
+    different senders may pass one another)."""
+    return [*_merged([x for x in queued if not x[1].trailing]), *_merged([x for x in queued if x[1].trailing])]
+
+
+def _merged(queued: list[tuple[object, Item]]) -> list[tuple[object, Item]]:
     out: list[tuple[object, Item]] = []
     last: dict[int, int] = {}  # id(sender) -> index in out of its latest item (the senders are alive: in queued)
     for sender, item in queued:

@@ -91,6 +91,12 @@ class ChannelItem:
     entries: tuple[tuple[str, Reply], ...]
     flags: int = 0
 
+    @property
+    def trailing(self) -> bool:
+        """Sent after the lane's other items (``send_lanes.merged``): a timeline's reply (``Reply.trailing``), or
+        the channel's final flag, which stays after them."""
+        return bool(self.flags) or any(reply.trailing for _, reply in self.entries)
+
     def merge(self, later) -> ChannelItem | None:
         if not isinstance(later, ChannelItem) or self.flags:
             return None

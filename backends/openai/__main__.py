@@ -10,6 +10,7 @@ import sys
 
 import uvicorn
 
+from backends.gc_heap import freeze_startup_heap, log_long_pauses
 from backends.openai import workers
 from backends.openai.app import create_app
 from backends.openai.config import parse_args
@@ -18,8 +19,12 @@ CONFIG_ENV = "UNIFIEDSERVE_OPENAI_ARGS"
 
 
 def app_from_env():
-    """A worker's app, from the command line its parent put in ``CONFIG_ENV`` (JSON list)."""
-    return create_app(parse_args(json.loads(os.environ[CONFIG_ENV])))
+    """A worker's app, from the command line its parent put in ``CONFIG_ENV`` (JSON list); the process's heap is
+    then frozen and its long garbage collections logged (``backends.gc_heap``)."""
+    app = create_app(parse_args(json.loads(os.environ[CONFIG_ENV])))
+    freeze_startup_heap()
+    log_long_pauses(f"openai-api[{os.getpid()}]")
+    return app
 
 
 def main(argv: list[str] | None = None) -> None:

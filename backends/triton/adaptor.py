@@ -7,17 +7,17 @@ built from Triton's ``args``; it has ``execute(requests)`` (a list of responses,
 and ``finalize()``. A stage replica's model (``decode_r1``, ``backends.triton.replicas``) is its stage's class.
 Before the class is built, our packages' log lines are tagged with the model's name (``model_log``) and, for a
 server started without the launcher, the run directory is found (``standalone``); it is let go of last. Once it is
-built, the heap is collected and frozen (``gc.freeze``, as vLLM's engine core and SGLang's scheduler do after start-up):
-the model's modules, weights' wrappers and tokenizer are never walked again by a full collection, which would
-otherwise pause a step for as long as the walk takes (about a second for a stage's heap at exit:
-``server_stop.before_exit``).
+built, the heap is collected and frozen (``backends.gc_heap``, as vLLM's engine core and SGLang's scheduler do after
+start-up): the model's modules, weights' wrappers and tokenizer are never walked again by a full collection, which
+would otherwise pause a step for as long as the walk takes (about a second for a stage's heap at exit:
+``server_stop.before_exit``); collections of 20 ms or more are logged.
 """
 from __future__ import annotations
 
-import gc
 import importlib
 import re
 
+from backends.gc_heap import freeze_startup_heap, log_long_pauses
 from backends.triton import model_log, standalone
 
 MODELS = {
@@ -44,8 +44,8 @@ class TritonPythonModel:
             if self.run_dir is not None:
                 self.run_dir.release()
             raise
-        gc.collect()
-        gc.freeze()
+        freeze_startup_heap()
+        log_long_pauses(args["model_name"])
 
     def execute(self, requests):
         return self.model.execute(requests)

@@ -135,12 +135,13 @@ def test_return_timeline_brings_the_requests_timeline(sdk, stream):
     # process has made its first chunk, so the API's moments may come after it
     assert "first_token" in events and [e for e in events if not e.startswith("api_")][-1] == "final_response"
     assert ({"api_first_response", "api_first_chunk"} <= set(events)) == stream
-    # per token: decode's moments from the second token on; the API's chunk of each token when streamed (the last
-    # chunk, which brings the timeline, is made after its own mark)
+    # per token: decode's moments from the second token on; the API's chunk of each token when streamed (the
+    # timeline comes in a chunk of its own after the last tokens', with the finish reason)
     tokens = timeline["tokens"]
     assert len(tokens["received_ms"]) == N - 1 and ("api_chunk_ms" in tokens) == stream
     if stream:
         assert len(tokens["api_chunk_ms"]) == N and tokens["api_chunk_ms"] == sorted(tokens["api_chunk_ms"])
+        assert len(tokens["sent_ms"]) == N and last.choices[0].delta.content == "" and last.choices[0].finish_reason
 
 
 def test_a_timeline_counts_each_chunks_tokens_without_return_token_ids(sdk):

@@ -18,6 +18,7 @@ class Piece:
     flags: int = 0
     alone: bool = False
     noted: list | None = None
+    trailing: bool = False
 
     def merge(self, later):
         if self.flags or self.alone or later.alone:
@@ -90,6 +91,15 @@ def test_merging_keeps_each_requests_order_and_what_does_not_merge():
         (a, (1,), 0), (b, (1, 2), 1), (a, (2,), 0), (a, (3, 4), 1)]
     final_first = [(a, Piece((1,), flags=1)), (a, Piece((2,)))]
     assert merged(final_first) == final_first  # a final item takes nothing after it
+
+
+def test_trailing_items_go_after_the_others_queued_with_them_each_senders_order_kept():
+    """A timeline's reply (Reply.trailing) does not hold up tokens queued after it for other requests."""
+    a, b = object(), object()
+    queued = [(a, Piece((1,))), (a, Piece(("a-timeline",), flags=1, trailing=True)), (b, Piece((1,))),
+              (b, Piece((2,))), (b, Piece(("b-timeline",), flags=1, trailing=True))]
+    assert [(s, p.values, p.flags) for s, p in merged(queued)] == [
+        (a, (1,), 0), (b, (1, 2), 0), (a, ("a-timeline",), 1), (b, ("b-timeline",), 1)]
 
 
 def test_a_failed_send_does_not_stop_the_lane_and_only_what_was_handed_over_is_noted_as_sent():

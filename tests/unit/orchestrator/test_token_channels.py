@@ -48,6 +48,23 @@ def test_nothing_merges_into_a_channels_final_response_and_its_flag_survives_a_m
     assert merged_item.flags == FINAL and len(merged_item.entries) == 1
 
 
+def test_timelines_and_the_final_flag_go_after_the_tokens_queued_with_them():
+    """A request's timeline comes in a reply of its own after its last tokens (Reply.trailing): on a channel the
+    lane sends the other requests' tokens first, then the timelines, the channel's final flag last."""
+    channel = object()
+    a_last, b_last = (Reply(parsed(timeline=True), t, [1], None, 7, 2) for t in ("a", "b"))
+    a_end, b_end = (Reply(parsed(timeline=True), "", [], "length", 7, 2, FINAL, timeline=Timeline(0.0))
+                    for _ in range(2))
+    assert a_end.trailing and not a_last.trailing and ChannelItem((), FINAL).trailing
+    queued = [(channel, ChannelItem((("a", a_last),))), (channel, ChannelItem((("a", a_end),))),
+              (channel, ChannelItem((("b", b_last),))), (channel, ChannelItem((("b", b_end),))),
+              (channel, ChannelItem((), FINAL))]
+    (_, tokens), (_, ends) = merged(queued)
+    assert [e["text_output"] for e in entries(tokens.build())] == ["a", "b"] and tokens.flags == 0
+    assert [("timeline" in e, e["finish_reason"]) for e in entries(ends.build())] == [(True, "length")] * 2
+    assert ends.flags == FINAL
+
+
 def test_sent_notes_every_entrys_tokens_on_its_timeline():
     timeline = Timeline(0.0)
     first, second = replies(parsed(timeline=True), ["one", " two"], timeline=timeline)

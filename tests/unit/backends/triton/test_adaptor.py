@@ -35,9 +35,12 @@ def test_the_heap_is_collected_and_frozen_once_the_model_is_built(monkeypatch):
     monkeypatch.setattr(adaptor, "model_class", lambda name: Model)
     monkeypatch.setattr(adaptor.model_log, "install", lambda name: None)
     monkeypatch.setattr(adaptor.standalone, "adopt", lambda: None)
+    callbacks = list(gc.callbacks)
     gc.unfreeze()
     try:
         adaptor.TritonPythonModel().initialize({"model_name": "decode"})
         assert gc.get_freeze_count() > len(built[0])  # its objects, and all before them, are never walked again
+        assert len(gc.callbacks) == len(callbacks) + 1  # long collections are logged
     finally:
         gc.unfreeze()
+        gc.callbacks[:] = callbacks

@@ -1,0 +1,60 @@
+"""How a request's tokens become its replies (orchestrator.frontend._send_tokens): streamed, one reply per item, the
+last with the finish reason; with ``return_timeline`` the last tokens go in a reply of their own and the timeline in
+a trailing one after it, so that their send is on the timeline and does not wait for its JSON."""
+import asyncio
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from orchestrator.frontend import _send_tokens
+from orchestrator.replies import Reply
+from orchestrator.send_lanes import merged
+from orchestrator.timeline import Timeline
+from tests.unit.orchestrator import fake_responses
+from tests.unit.orchestrator.fake_responses import FINAL
+from tests.unit.orchestrator.test_replies import parsed
+
+
+@pytest.fixture(autouse=True)
+def pb(monkeypatch):
+    fake_responses.install(monkeypatch)
+
+
+def replies_of(request, timeline: Timeline) -> list[Reply]:
+    """The replies ``_send_tokens`` hands over for three items, the last ending the request."""
+    items = [("He", [1], None), ("llo", [2], None), ("!", [3], "length")]
+
+    async def tokens():
+        for item in items:
+            yield item
+
+    admitted = SimpleNamespace(parsed=request, visual_cap=None, media=None, prompt=SimpleNamespace(input_ids=[0] * 7),
+                               counts=SimpleNamespace(cached_tokens=0))
+    timer = SimpleNamespace(output=lambda n: None, finished=lambda reason: None)
+    out: list[Reply] = []
+    asyncio.run(_send_tokens(admitted, tokens(), out.append, timer, timeline))
+    return out
+
+
+def test_without_a_timeline_the_last_tokens_reply_ends_the_request():
+    out = replies_of(parsed(), Timeline(0.0))
+    assert [(r.text, r.ids, r.reason, r.flags) for r in out] == [
+        ("He", [1], None, 0), ("llo", [2], None, 0), ("!", [3], "length", FINAL)]
+    assert not any(r.trailing for r in out)
+
+
+def test_a_streamed_timeline_trails_the_last_tokens_and_records_their_send():
+    timeline = Timeline(0.0)
+    out = replies_of(parsed(timeline=True), timeline)
+    assert [(r.text, r.ids, r.reason, r.flags, r.trailing) for r in out] == [
+        ("He", [1], None, 0, False), ("llo", [2], None, 0, False), ("!", [3], None, 0, False),
+        ("", [], "length", FINAL, True)]
+    built, sender = [], object()
+    for _, reply in merged([(sender, r) for r in out]):  # a lane's drain: the tokens as one response, then the end
+        built.append(reply.build().outputs())
+        reply.sent()
+    assert [b["text_output"][0] for b in built] == ["Hello!", ""]
+    last = built[-1]
+    assert (last["finish_reason"][0], last["num_output_tokens"][0]) == ("length", 3)
+    assert len(json.loads(last["timeline"][0])["tokens"]["sent_ms"]) == 3  # every token's send, the last one's too
