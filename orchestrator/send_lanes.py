@@ -22,7 +22,8 @@ log = logging.getLogger(__name__)
 
 class Item(Protocol):
     """What a lane sends: ``sender.send(item.build(), flags=item.flags)``; ``trailing`` items (e.g. a request's
-    timeline, whose JSON takes a while to build) go after the other items queued with them (:func:`merged`)."""
+    timeline, whose JSON takes a while to build) go after the other items queued with them (:func:`merged`), and
+    wait while more items come (a step's tokens reach a lane one request at a time)."""
 
     flags: int
     trailing: bool
@@ -67,10 +68,14 @@ class SendLanes:
 
     @staticmethod
     def _run(q: queue.SimpleQueue) -> None:
-        stopped = False
+        stopped, held = False, []
         while not stopped:
             queued, stopped = _take(q)
-            for sender, item in merged(queued):
+            out, held = merged(held + queued), []
+            for k, (sender, item) in enumerate(out):
+                if item.trailing and not stopped and not q.empty():
+                    held = out[k:]  # more was queued meanwhile (the step's other tokens): it goes first
+                    break
                 try:
                     sender.send(item.build(), flags=item.flags)
                     item.sent()

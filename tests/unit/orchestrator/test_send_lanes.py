@@ -102,6 +102,25 @@ def test_trailing_items_go_after_the_others_queued_with_them_each_senders_order_
         (a, (1,), 0), (b, (1, 2), 0), (a, ("a-timeline",), 1), (b, ("b-timeline",), 1)]
 
 
+def test_a_trailing_item_waits_while_more_items_come():
+    """A step's tokens reach a lane one request at a time: a timeline queued behind one request's tokens is sent
+    once no other request's tokens are queued."""
+    log, go_a, go_b = [], threading.Event(), threading.Event()
+    lanes = SendLanes(1)
+    lane = lanes.lane()
+    a, b, c = Sender(log, "a", go=go_a), Sender(log, "b", go=go_b), Sender(log, "c")
+    lanes.send(lane, a, Piece((1,)))
+    assert a.waiting.wait(5)
+    lanes.send(lane, a, Piece(("a-timeline",), flags=1, trailing=True))
+    lanes.send(lane, b, Piece((1,)))
+    go_a.set()
+    assert b.waiting.wait(5)  # the lane sends b's token; c's comes meanwhile
+    lanes.send(lane, c, Piece((1,)))
+    go_b.set()
+    lanes.close()
+    assert [(name, r) for name, r, _, _ in log] == [("a", [1]), ("b", [1]), ("c", [1]), ("a", ["a-timeline"])]
+
+
 def test_a_failed_send_does_not_stop_the_lane_and_only_what_was_handed_over_is_noted_as_sent():
     log, noted = [], []
     lanes = SendLanes(1)
