@@ -11,8 +11,10 @@ stall of that size shows in the text streams' TBT tail (``bench/peer/``), and th
 """
 from __future__ import annotations
 
+import collections
 import gc
 import logging
+import threading
 import time
 
 log = logging.getLogger(__name__)
@@ -26,10 +28,13 @@ def freeze_startup_heap() -> None:
     gc.freeze()
 
 
-def log_long_pauses(process: str, threshold_ms: float = LONG_PAUSE_MS) -> None:
-    """From now on, log a warning naming ``process`` for every collection of ``threshold_ms`` ms or more
-    (``gc.callbacks``; a collection runs in the thread whose allocation started it, under the GIL)."""
+def log_long_pauses(process: str, threshold_ms: float = LONG_PAUSE_MS, every_s: float = 1.0) -> None:
+    """From now on, log a warning naming ``process`` for every collection of ``threshold_ms`` ms or more. The
+    collector's callback (``gc.callbacks``, run in whichever thread's allocation started the collection) only notes
+    the pause; a thread of its own logs the notes every ``every_s`` seconds, so that no log line is written from
+    inside a collection (which may have started inside a write to the same stream)."""
     started: list[float] = []
+    pauses: collections.deque = collections.deque(maxlen=1000)
 
     def timed(phase: str, info: dict) -> None:
         if phase == "start":
@@ -37,7 +42,15 @@ def log_long_pauses(process: str, threshold_ms: float = LONG_PAUSE_MS) -> None:
         elif started:
             ms = (time.perf_counter() - started.pop()) * 1e3
             if ms >= threshold_ms:
+                pauses.append((info["generation"], ms, info["collected"]))
+
+    def report() -> None:
+        while True:
+            time.sleep(every_s)
+            while pauses:
+                generation, ms, collected = pauses.popleft()
                 log.warning("%s: a generation-%d garbage collection paused the process for %.0f ms (%d objects "
-                            "freed)", process, info["generation"], ms, info["collected"])
+                            "freed)", process, generation, ms, collected)
 
     gc.callbacks.append(timed)
+    threading.Thread(target=report, name="gc-pause-log", daemon=True).start()

@@ -23,7 +23,8 @@ log = logging.getLogger(__name__)
 class Item(Protocol):
     """What a lane sends: ``sender.send(item.build(), flags=item.flags)``; ``trailing`` items (e.g. a request's
     timeline, whose JSON takes a while to build) go after the other items queued with them (:func:`merged`), and
-    wait while more items come (a step's tokens reach a lane one request at a time)."""
+    after those queued while these were sent, if any (a step's tokens reach a lane one request at a time); no
+    later."""
 
     flags: int
     trailing: bool
@@ -71,16 +72,22 @@ class SendLanes:
         stopped, held = False, []
         while not stopped:
             queued, stopped = _take(q)
-            out, held = merged(held + queued), []
-            for k, (sender, item) in enumerate(out):
-                if item.trailing and not stopped and not q.empty():
-                    held = out[k:]  # more was queued meanwhile (the step's other tokens): it goes first
-                    break
-                try:
-                    sender.send(item.build(), flags=item.flags)
-                    item.sent()
-                except Exception:  # e.g. the client's stream was closed: nothing to tell it, the lane goes on
-                    log.exception("orchestrator: a response could not be sent")
+            out = merged(queued)
+            _send([x for x in out if not x[1].trailing] + held)  # held one round already: not again
+            trailing = [x for x in out if x[1].trailing]
+            # more was queued while the tokens went (a step's other requests): it goes before these, once
+            held = trailing if trailing and not stopped and not q.empty() else []
+            if not held:
+                _send(trailing)
+
+
+def _send(out: list[tuple[object, Item]]) -> None:
+    for sender, item in out:
+        try:
+            sender.send(item.build(), flags=item.flags)
+            item.sent()
+        except Exception:  # e.g. the client's stream was closed: nothing to tell it, the lane goes on
+            log.exception("orchestrator: a response could not be sent")
 
 
 def _take(q: queue.SimpleQueue) -> tuple[list[tuple[object, Item]], bool]:
@@ -97,8 +104,8 @@ def _take(q: queue.SimpleQueue) -> tuple[list[tuple[object, Item]], bool]:
 
 def merged(queued: list[tuple[object, Item]]) -> list[tuple[object, Item]]:
     """``queued`` with each item merged into the same sender's item before it where they merge, the ``trailing``
-    items after the others (a trailing item is its request's last: a sender's items keep their order, those of
-    different senders may pass one another)."""
+    items after the others. Each request's items keep their order (a trailing item is its request's last); those
+    of different requests may pass one another, on one sender too (a token channel's)."""
     return [*_merged([x for x in queued if not x[1].trailing]), *_merged([x for x in queued if x[1].trailing])]
 
 

@@ -22,8 +22,9 @@ The protocol (inputs and outputs of the orchestrator's ``config.pbtxt``):
   (``text_output``, ``output_ids``, ``finish_reason``, ``num_input_tokens``, ...; ``visual_cap``, ``media`` and
   ``timeline`` as JSON text). The request's own stream gets its errors, and at its end one response with only
   ``finish_reason`` and the final flag (``abort`` for a cancelled request). Its channel entries and that final
-  response may arrive in either order. A name that is not an open channel is INVALID_ARG; a request not streamed
-  keeps its one response on its own stream.
+  response may arrive in either order (a request asking for its timeline gets it in an entry of its own, with the
+  finish reason, after its last tokens' entry). A name that is not an open channel is INVALID_ARG; a request not
+  streamed keeps its one response on its own stream.
 * When a channel closes, the requests bound to it are cancelled (no client reads their replies any more): their own
   streams end with ``abort``, their pages are freed.
 """

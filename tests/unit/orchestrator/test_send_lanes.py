@@ -121,6 +121,28 @@ def test_a_trailing_item_waits_while_more_items_come():
     assert [(name, r) for name, r, _, _ in log] == [("a", [1]), ("b", [1]), ("c", [1]), ("a", ["a-timeline"])]
 
 
+def test_a_trailing_item_waits_one_round_at_most_on_a_busy_lane():
+    """Items arriving faster than the lane sends them keep its queue from ever being empty: a timeline still goes
+    out after the items queued while the tokens before it were sent, not after all that come later."""
+    log, go = [], threading.Event()
+    lanes = SendLanes(1)
+    lane = lanes.lane()
+    a = Sender(log, "a", go=go)
+    lanes.send(lane, a, Piece((1,)))
+    assert a.waiting.wait(5)  # the lane is in a's first send
+    lanes.send(lane, a, Piece(("a-timeline",), flags=1, trailing=True))
+    go.set()
+    for k in range(200):  # other requests' tokens, one every 0.5 ms; each send takes 1 ms or more
+        lanes.send(lane, Sender(log, f"b{k}"), Piece((k,)))
+        time.sleep(0.0005)
+    lanes.close()
+    names = [name for name, *_ in log]
+    assert len(names) == 202 and names[0] == "a"
+    assert [r for name, r, _, _ in log if name == "a"] == [[1], ["a-timeline"]]
+    # after b0 and what came while b0 was sent (a few items; without the one-round rule: after all 200)
+    assert names.index("a", 1) < 100, names
+
+
 def test_a_failed_send_does_not_stop_the_lane_and_only_what_was_handed_over_is_noted_as_sent():
     log, noted = [], []
     lanes = SendLanes(1)
