@@ -102,7 +102,7 @@ async def handle(orchestrator: Orchestrator, request, lanes: SendLanes, cancels:
             bound_key = id(admitted)
         # aclosing: leaving the loop early (cancellation) releases the request's pages now, not at GC.
         async with contextlib.aclosing(orchestrator.stream(admitted)) as tokens:
-            await _send_tokens(admitted, tokens, send, timer, timeline)
+            await _send_tokens(admitted, tokens, send, timer, timeline, trail_timeline=channel is not None)
     except InvalidInput as exc:
         timer.finished("invalid")
         send(Built(io.error(str(exc)), final))
@@ -134,11 +134,15 @@ async def _serve_channel(name: str, raw: RawRequest, sender, channels: TokenChan
     await channels.serve(name, sender, lanes, cancels)
 
 
-async def _send_tokens(admitted: Admitted, tokens, send, timer: RequestTimer, timeline: Timeline) -> None:
+async def _send_tokens(admitted: Admitted, tokens, send, timer: RequestTimer, timeline: Timeline,
+                       trail_timeline: bool = False) -> None:
     """Hand the request's ``tokens`` (``Orchestrator.stream``) to ``send`` as replies: one per item when
-    streaming, else one with the whole text at the end; an abort ends it with an empty final response. A streamed
-    request's timeline (``return_timeline``) comes after its last tokens, in a reply of its own (``Reply.trailing``):
-    the JSON is built once they have been sent, and holds their send."""
+    streaming, else one with the whole text at the end; an abort ends it with an empty final response. With
+    ``trail_timeline`` (a request on a token channel) a streamed request's timeline (``return_timeline``) comes
+    after its last tokens, in an entry of its own (``Reply.trailing``): the JSON is built once they have been sent,
+    and holds their send. On a request's own stream it stays on the last tokens' final response: a client that
+    cancels between the two (it has all its tokens) would cancel a request Triton is finishing, which left
+    Triton 2.51 unable to unload the orchestrator at stop (a fresh user's test, 2026-12-04)."""
     final, parsed = io.pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL, admitted.parsed
     texts, ids, first = [], [], True
     cap = None if admitted.visual_cap is None else admitted.visual_cap.to_json()
@@ -157,7 +161,7 @@ async def _send_tokens(admitted: Admitted, tokens, send, timer: RequestTimer, ti
         if parsed.stream:
             if first:
                 timeline.mark("first_response")
-            if reason is not None and parsed.extra_outputs.timeline and (delta or token_ids):
+            if reason is not None and trail_timeline and parsed.extra_outputs.timeline and (delta or token_ids):
                 # the last tokens go out before the timeline's JSON is built, in a reply of their own
                 send(Reply(parsed, delta, token_ids, None, num_input, len(ids), 0, head if first else (), timeline))
                 delta, token_ids, first = "", [], False

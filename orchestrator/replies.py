@@ -5,8 +5,8 @@ A merged reply is what one response for those tokens would have been: texts join
 later reply's finish reason and flags. The vLLM backend's ``return_*`` outputs keep their meaning
 (``orchestrator.frontend``): ``num_output_tokens`` counts that response's tokens (after a merge, the merged
 response's), ``finish_reason`` is ``"None"`` until the last; ``visual_cap`` and ``media`` go on the first response
-only and ``timeline`` on the last (streamed: a response of its own after the last tokens', sent after them so that
-they do not wait for its JSON: :attr:`Reply.trailing`).
+only and ``timeline`` on the last (streamed on a token channel: an entry of its own after the last tokens', sent
+after them so that they do not wait for its JSON: :attr:`Reply.trailing`).
 """
 from __future__ import annotations
 
@@ -53,9 +53,10 @@ class Reply:
 
     @property
     def trailing(self) -> bool:
-        """The last reply of a streamed request that asked for its timeline, after its last tokens' reply
-        (``orchestrator.frontend``): no tokens, the finish reason and the timeline. A send lane sends it after the
-        other replies it has queued (``send_lanes.merged``), so that their tokens do not wait for its JSON."""
+        """The last reply of a streamed request on a token channel that asked for its timeline, after its last
+        tokens' reply (``orchestrator.frontend``): no tokens, the finish reason and the timeline. A send lane sends
+        it after the other replies it has queued (``send_lanes.merged``), so that their tokens do not wait for its
+        JSON."""
         return self.reason is not None and self.parsed.stream and not self.ids and self.parsed.extra_outputs.timeline
 
     def merge(self, later) -> Reply | None:

@@ -1,6 +1,7 @@
 """How a request's tokens become its replies (orchestrator.frontend._send_tokens): streamed, one reply per item, the
-last with the finish reason; with ``return_timeline`` the last tokens go in a reply of their own and the timeline in
-a trailing one after it, so that their send is on the timeline and does not wait for its JSON."""
+last with the finish reason; with ``return_timeline`` on a token channel the last tokens go in a reply of their own
+and the timeline in a trailing one after it, so that their send is on the timeline and does not wait for its JSON;
+on a request's own stream the timeline stays on the last tokens' final reply."""
 import asyncio
 import json
 from types import SimpleNamespace
@@ -21,7 +22,7 @@ def pb(monkeypatch):
     fake_responses.install(monkeypatch)
 
 
-def replies_of(request, timeline: Timeline) -> list[Reply]:
+def replies_of(request, timeline: Timeline, trail_timeline: bool = False) -> list[Reply]:
     """The replies ``_send_tokens`` hands over for three items, the last ending the request."""
     items = [("He", [1], None), ("llo", [2], None), ("!", [3], "length")]
 
@@ -33,7 +34,7 @@ def replies_of(request, timeline: Timeline) -> list[Reply]:
                                counts=SimpleNamespace(cached_tokens=0))
     timer = SimpleNamespace(output=lambda n: None, finished=lambda reason: None)
     out: list[Reply] = []
-    asyncio.run(_send_tokens(admitted, tokens(), out.append, timer, timeline))
+    asyncio.run(_send_tokens(admitted, tokens(), out.append, timer, timeline, trail_timeline))
     return out
 
 
@@ -44,9 +45,15 @@ def test_without_a_timeline_the_last_tokens_reply_ends_the_request():
     assert not any(r.trailing for r in out)
 
 
-def test_a_streamed_timeline_trails_the_last_tokens_and_records_their_send():
+def test_on_its_own_stream_a_requests_timeline_stays_on_its_last_tokens_final_reply():
+    out = replies_of(parsed(timeline=True), Timeline(0.0))
+    assert [(r.text, r.reason, r.flags, r.trailing) for r in out][-1] == ("!", "length", FINAL, False)
+    assert "timeline" in out[-1].build().outputs() and len(out) == 3
+
+
+def test_on_a_channel_a_streamed_timeline_trails_the_last_tokens_and_records_their_send():
     timeline = Timeline(0.0)
-    out = replies_of(parsed(timeline=True), timeline)
+    out = replies_of(parsed(timeline=True), timeline, trail_timeline=True)
     assert [(r.text, r.ids, r.reason, r.flags, r.trailing) for r in out] == [
         ("He", [1], None, 0, False), ("llo", [2], None, 0, False), ("!", [3], None, 0, False),
         ("", [], "length", FINAL, True)]
