@@ -72,9 +72,8 @@ class SendLanes:
         stopped, held = False, []
         while not stopped:
             queued, stopped = _take(q)
-            out = merged(queued)
-            _send([x for x in out if not x[1].trailing] + held)  # held one round already: not again
-            trailing = [x for x in out if x[1].trailing]
+            now, trailing = _partition(queued)
+            _send(now + held)  # held one round already: not again
             # more was queued while the tokens went (a step's other requests): it goes before these, once
             held = trailing if trailing and not stopped and not q.empty() else []
             if not held:
@@ -106,7 +105,16 @@ def merged(queued: list[tuple[object, Item]]) -> list[tuple[object, Item]]:
     """``queued`` with each item merged into the same sender's item before it where they merge, the ``trailing``
     items after the others. Each request's items keep their order (a trailing item is its request's last); those
     of different requests may pass one another, on one sender too (a token channel's)."""
-    return [*_merged([x for x in queued if not x[1].trailing]), *_merged([x for x in queued if x[1].trailing])]
+    now, trailing = _partition(queued)
+    return now + trailing
+
+
+def _partition(queued: list[tuple[object, Item]]) -> tuple[list[tuple[object, Item]], list[tuple[object, Item]]]:
+    """:func:`merged`'s two parts: the items that are not ``trailing``, merged, and the trailing ones, merged."""
+    now, trailing = [], []
+    for entry in queued:
+        (trailing if entry[1].trailing else now).append(entry)
+    return _merged(now), _merged(trailing)
 
 
 def _merged(queued: list[tuple[object, Item]]) -> list[tuple[object, Item]]:

@@ -9,9 +9,9 @@ worker's own time), ``first_token``, ``decode_admitted``, ``last_token``, ``firs
 from decode, when its step was launched on the decode stage, when the stage read it and when it arrived here (a
 stop string may end the reply before the last tokens decode made, which are recorded all the same); for every
 streamed response with tokens but the one with the timeline, when Triton's send of it returned on its send lane,
-once per token it brought (on a token channel the timeline trails the last tokens: ``orchestrator.frontend``). Compared with
-the client's arrival times, they say at which hop a gap between tokens opened (``bench/peer/timelines.py``). A
-request without the flag gets :data:`NO_TIMELINE`, which records nothing.
+once per token it brought (on a token channel the timeline trails the last tokens: ``orchestrator.frontend``).
+Compared with the client's arrival times, they say at which hop a gap between tokens opened
+(``bench/peer/timelines.py``). A request without the flag gets :data:`NO_TIMELINE`, which records nothing.
 """
 from __future__ import annotations
 
