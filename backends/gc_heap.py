@@ -7,7 +7,10 @@ full collection of them took 200 ms on the 2-core CPU machine (86,000 objects an
 ``gc.freeze()`` moves what exists into a permanent generation that collections skip, so later ones walk only what
 serving has made since; vLLM's engine core and API server and SGLang's scheduler do the same after start-up.
 Collections of 20 ms or more are logged as warnings with their generation and what they freed: on the H200 a
-stall of that size shows in the text streams' TBT tail (``bench/peer/``), and the log says whether it was one.
+stall of that size shows in the text streams' TBT tail (``bench/peer/``), and the log says whether it was one. The
+first few such lines also say what the collector walked: how many objects it tracks outside the frozen heap and their
+most common types (what serving made and kept since the freeze; the H200's encode_prefill paused 46 and 70 ms in
+full collections despite its frozen heap: bench/results/peer/settings-2026-12-04/README.md).
 """
 from __future__ import annotations
 
@@ -20,6 +23,8 @@ import time
 log = logging.getLogger(__name__)
 
 LONG_PAUSE_MS = 20.0
+DESCRIBED_PAUSES = 3  # the first long pauses whose log line also counts the unfrozen heap (a walk of it: O(objects))
+TOP_TYPES = 5
 
 
 def freeze_startup_heap() -> None:
@@ -34,6 +39,7 @@ def log_long_pauses(process: str, threshold_ms: float = LONG_PAUSE_MS, every_s: 
     the pause; a thread of its own logs the notes every ``every_s`` seconds, so that no log line is written from
     inside a collection (which may have started inside a write to the same stream)."""
     started: list[float] = []
+    described_left = [True] * DESCRIBED_PAUSES
     pauses: collections.deque = collections.deque(maxlen=1000)
 
     def timed(phase: str, info: dict) -> None:
@@ -49,8 +55,16 @@ def log_long_pauses(process: str, threshold_ms: float = LONG_PAUSE_MS, every_s: 
             time.sleep(every_s)
             while pauses:
                 generation, ms, collected = pauses.popleft()
+                described = bool(described_left) and described_left.pop()
                 log.warning("%s: a generation-%d garbage collection paused the process for %.0f ms (%d objects "
-                            "freed)", process, generation, ms, collected)
+                            "freed)%s", process, generation, ms, collected, unfrozen_heap() if described else "")
 
     gc.callbacks.append(timed)
     threading.Thread(target=report, name="gc-pause-log", daemon=True).start()
+
+
+def unfrozen_heap() -> str:
+    """What a full collection walks: ``"; N objects tracked outside the frozen heap, most: dict 812, ..."``."""
+    tracked = gc.get_objects()  # every generation but the permanent (frozen) one
+    top = collections.Counter(type(o).__name__ for o in tracked).most_common(TOP_TYPES)
+    return f"; {len(tracked)} objects tracked outside the frozen heap, most: " + ", ".join(f"{n} {c}" for n, c in top)

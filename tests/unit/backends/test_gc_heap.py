@@ -41,9 +41,17 @@ def test_a_collection_over_the_threshold_is_logged_and_a_short_one_is_not(caplog
         gc.collect(2)
         lines = logged(caplog, 5.0)
     assert lines and lines[0].startswith("decode: a generation-2 garbage collection paused the process for"), lines
+    assert "objects tracked outside the frozen heap, most: " in lines[0], lines  # the first lines say what it walked
     gc.callbacks[:] = [c for c in gc.callbacks if getattr(c, "__qualname__", "").split(".")[0] != "log_long_pauses"]
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="backends.gc_heap"):
         gc_heap.log_long_pauses("decode", threshold_ms=60_000.0, every_s=0.01)
         gc.collect(2)
         assert not logged(caplog, 0.2)
+
+
+def test_the_unfrozen_heap_is_counted_by_type():
+    kept = [{"k": k} for k in range(5000)]
+    counted = gc_heap.unfrozen_heap()
+    tracked = int(counted.split(";")[1].split()[0])
+    assert tracked >= len(kept) and "dict " in counted, counted
