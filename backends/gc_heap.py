@@ -1,5 +1,5 @@
-"""Python's garbage collector in the serving processes: the heap frozen once the process has started, and any long
-collection logged.
+"""Python's garbage collector in the serving processes: the heap frozen once the process has started and again after
+a long full collection, and any long collection logged.
 
 A full (generation 2) collection walks every object the collector tracks, and holds the GIL while it does: every
 thread of the process stops. After ``import torch`` and transformers a process tracks about 400,000 objects, and a
@@ -11,6 +11,14 @@ stall of that size shows in the text streams' TBT tail (``bench/peer/``), and th
 first few such lines also say what the collector walked: how many objects it tracks outside the frozen heap and their
 most common types (what serving made and kept since the freeze; the H200's encode_prefill paused 46 and 70 ms in
 full collections despite its frozen heap: bench/results/peer/settings-2026-12-04/README.md).
+
+What serving makes and keeps after the start-up freeze is walked by every later full collection: on the H200
+encode_prefill's vision blocks, compiled at its first image, left about 100,000 objects (torch's fake-tensor cache
+entries, ``_PySymInputStub`` and ``_DeconstructedSymType``, with tuples and dicts), and two full collections paused it
+for 74 and 73 ms (bench/results/peer/twelfth-run-2026-12-04/README.md). So what a long full collection leaves is
+frozen too: those objects survived it, so they are long-lived, and later collections skip them. The cost: young
+objects that are cyclic garbage at that moment are frozen with them and never freed (at most one young generation's
+worth per long full collection, which becomes rare once the heap is frozen).
 """
 from __future__ import annotations
 
@@ -33,11 +41,12 @@ def freeze_startup_heap() -> None:
     gc.freeze()
 
 
-def log_long_pauses(process: str, threshold_ms: float = LONG_PAUSE_MS, every_s: float = 1.0) -> None:
-    """From now on, log a warning naming ``process`` for every collection of ``threshold_ms`` ms or more. The
-    collector's callback (``gc.callbacks``, run in whichever thread's allocation started the collection) only notes
-    the pause; a thread of its own logs the notes every ``every_s`` seconds, so that no log line is written from
-    inside a collection (which may have started inside a write to the same stream)."""
+def watch_collections(process: str, threshold_ms: float = LONG_PAUSE_MS, every_s: float = 1.0) -> None:
+    """From now on, log a warning naming ``process`` for every collection of ``threshold_ms`` ms or more, and
+    freeze the heap after such a full (generation 2) one (module docstring). The collector's callback
+    (``gc.callbacks``, run in whichever thread's allocation started the collection) only notes the pause; a thread of
+    its own logs the notes and freezes every ``every_s`` seconds, so that no log line is written from inside a
+    collection (which may have started inside a write to the same stream)."""
     started: list[float] = []
     described_left = [True] * DESCRIBED_PAUSES
     pauses: collections.deque = collections.deque(maxlen=1000)
@@ -53,11 +62,15 @@ def log_long_pauses(process: str, threshold_ms: float = LONG_PAUSE_MS, every_s: 
     def report() -> None:
         while True:
             time.sleep(every_s)
+            full = False
             while pauses:
                 generation, ms, collected = pauses.popleft()
                 described = bool(described_left) and described_left.pop()
                 log.warning("%s: a generation-%d garbage collection paused the process for %.0f ms (%d objects "
                             "freed)%s", process, generation, ms, collected, unfrozen_heap() if described else "")
+                full = full or generation == 2
+            if full:
+                gc.freeze()
 
     gc.callbacks.append(timed)
     threading.Thread(target=report, name="gc-pause-log", daemon=True).start()

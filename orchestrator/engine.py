@@ -27,6 +27,7 @@ from orchestrator.burst import gather_burst
 from orchestrator.decode_pace import PACE_FOR_MS, DecodePacer
 from orchestrator.engine_io import (SHUTTING_DOWN, EngineRequest, Output, Released, RequestState, Tracked,
                                    failure_of)
+from orchestrator.fewer_sms import FewerSms
 from orchestrator.media_task import run_media
 from orchestrator.pages import PagePool
 from orchestrator.scheduler import Scheduler
@@ -45,14 +46,16 @@ class Engine:
     down, not as bad input); ``policy`` sets each step's budgets from the measured decode gaps and step times
     (None: the scheduler's configured budgets); ``admitting()``: requests being admitted, for which a step may wait
     (``burst_wait_ms``: ``orchestrator.burst``); ``pacer`` spaces decode's steps while a step that ends media
-    prompts, or more prompts than decode holds, runs (``orchestrator.decode_pace``; None: never)."""
+    prompts, or more prompts than decode holds, runs (``orchestrator.decode_pace``; None: never); ``fewer_sms`` marks
+    the steps the stage runs on fewer SMs (``orchestrator.fewer_sms``)."""
 
     def __init__(self, index: int, scheduler: Scheduler, patch_pages: PagePool, stages: ReplicaStages,
                  media: MediaStage, on_change: Callable[[], None] = lambda: None,
                  on_step: Callable[[bool], None] = lambda paced: None,
                  on_release: Callable[[Released], None] = lambda released: None,
                  stopping: Callable[[], bool] = lambda: False, policy: BudgetPolicy | None = None,
-                 admitting: Callable[[], int] = lambda: 0, pacer: DecodePacer | None = None):
+                 admitting: Callable[[], int] = lambda: 0, pacer: DecodePacer | None = None,
+                 fewer_sms: FewerSms = FewerSms()):
         self.index, self.scheduler, self.patch_pages = index, scheduler, patch_pages
         self.stages, self.media = stages, media
         self.on_change, self.on_step, self.on_release, self.server_stopping = on_change, on_step, on_release, stopping
@@ -64,7 +67,7 @@ class Engine:
         self._background: set[asyncio.Task] = set()
         self.policy = policy  # each step's budgets, when SLO scheduling is on
         self.admitting = admitting  # requests handed over by Triton and not yet admitted or refused (all replicas)
-        self.pacer = pacer
+        self.pacer, self.fewer_sms = pacer, fewer_sms
         self._last_decode = 0.0  # when the last decode step with sequences arrived (time.monotonic() seconds)
 
     # ---- life -------------------------------------------------------------------------------------------
@@ -245,23 +248,26 @@ class Engine:
                 self._first_token(first)
             self.on_change()
 
+    def _kind_of(self, req_id: str) -> str | None:
+        """A request's modality; None when it has gone."""
+        return tracked.request.kind if (tracked := self.requests.get(req_id)) is not None else None
+
     def _decoding_kinds(self) -> list[str]:
         """The modality of each request in the decode batch."""
         return [tracked.request.kind for tracked in self.requests.values() if tracked.decoding]
 
     def _pace(self, plan: StepPlan) -> float:
         """The spacing of decode's launches while ``plan`` runs (ms; 0: none; ``orchestrator.decode_pace``)."""
-        if self.pacer is None:
-            return 0.0
-        return self.pacer.interval_ms(plan, self._decoding_kinds(),
-                                      lambda req_id: t.request.kind if (t := self.requests.get(req_id)) else None)
+        return self.pacer.interval_ms(plan, self._decoding_kinds(), self._kind_of) if self.pacer else 0.0
 
     async def _run_step(self, plan: StepPlan, pace: float) -> StepResult:
-        """``plan`` on encode_prefill, decode's launches spaced ``pace`` ms apart meanwhile (0: not)."""
+        """``plan`` on encode_prefill (marked ``fewer_sms`` where ``self.fewer_sms`` says so; the scheduler completes
+        the plan it made), decode's launches spaced ``pace`` ms apart meanwhile (0: not)."""
+        fewer = self.fewer_sms(plan, self._decoding_kinds(), self._kind_of)
         if pace:
             self._tell_decode(pace, PACE_FOR_MS)
         try:
-            return await self.stages.step(plan)
+            return await self.stages.step(replace(plan, fewer_sms=True) if fewer else plan)
         finally:
             if pace and not self.stopping:  # stopping: decode's stream ends, its pacing with it
                 self._tell_decode(0.0, 0.0)

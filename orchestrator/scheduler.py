@@ -171,11 +171,11 @@ class Scheduler:
     def schedule(self, budgets: tuple[int, int] | None = None, *, decode_running: bool = False) -> StepPlan | None:
         """Admits what fits and plans the next step; None when nothing can run now. ``budgets``: this step's
         (encode patches, prefill tokens), each >= 1, instead of the configured ones (an SLO policy's:
-        ``orchestrator.budget_policy``); ``decode_running``: decode holds sequences now (the engine knows), carried
-        in the plan as ``StepPlan.decode_running`` (without it the configured budgets are scaled:
-        ``SchedulerConfig.step_budgets``). The step is a short one (``step_fill.short_prefills``) while
-        prefills within ``short_prefill_tokens`` of their prompt's end wait beside other work, at most
-        ``max_short_steps`` in a row; else a normal one (``step_fill.fill_encode``, ``fill_prefill``).
+        ``orchestrator.budget_policy``); ``decode_running``: decode holds sequences now (the engine knows; without
+        ``budgets`` the configured ones are scaled: ``SchedulerConfig.step_budgets``). The step is a short one
+        (``step_fill.short_prefills``) while prefills within ``short_prefill_tokens`` of their prompt's end wait
+        beside other work, at most ``max_short_steps`` in a row; else a normal one (``step_fill.fill_encode``,
+        ``fill_prefill``).
 
         Raises:
             RuntimeError: the previous plan has not been completed.
@@ -207,7 +207,7 @@ class Scheduler:
                 self._announced.add(req_id)
                 new.append(self._seqs[req_id].request)
         plan = StepPlan(tuple(new), tuple(encode), tuple(prefill), tuple(self._finished),
-                        self.encoder_cache.take_evicted(), decode_running=decode_running)
+                        self.encoder_cache.take_evicted())
         self._finished.clear()
         self._in_flight = plan
         self._in_flight_seqs = {w.req_id: self._seqs[w.req_id] for w in (*encode, *prefill)}

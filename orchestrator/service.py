@@ -31,6 +31,7 @@ from orchestrator.budget_policy import BudgetPolicy, PolicyConfig, SloTargets
 from orchestrator.decode_pace import DecodePacer
 from orchestrator.engine import Engine
 from orchestrator.engine_io import SHUTTING_DOWN, EngineRequest, Released, RequestCounts
+from orchestrator.fewer_sms import FewerSms
 from orchestrator.gauges import Gauges, num_waiting
 from orchestrator.inputs import InputLimits, ParsedRequest
 from orchestrator.media import media_defaults, media_report, plan_request, probe_media, with_media_defaults
@@ -217,7 +218,8 @@ class Orchestrator:
                 LinkStages(self.links, index), media, on_change=self.gauges.changed,
                 on_step=self._on_step,
                 on_release=self._on_release, stopping=server_stop.announced, policy=policy,
-                admitting=lambda: self.arrived - self.settled, pacer=pacer))
+                admitting=lambda: self.arrived - self.settled, pacer=pacer,
+                fewer_sms=FewerSms(self.config.slo, self.config.policy.decode_priority_boost)))
         await asyncio.gather(*(engine.start() for engine in engines))
         # every link connected before the first request: from then on a call is queued when it is made, so an abort
         # never overtakes the call it stops (decode's is connected by its stream)

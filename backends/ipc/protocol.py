@@ -174,15 +174,15 @@ class StepPlan(Call):
     """One scheduler step, the whole of it (vLLM v1's ``SchedulerOutput``): the stage first forgets ``finished``
     (requests that ended, failed or were cancelled after it saw them) and the encoder-cache keys in ``evict``,
     registers ``new``, runs all of ``encode``, then all of ``prefill``. ``num_encode_patches`` and
-    ``num_prefill_tokens`` are the totals. ``decode_running``: decode held sequences when the step was planned (the
-    stage may then run the step on fewer SMs: ``backends.stages.step_streams``)."""
+    ``num_prefill_tokens`` are the totals. ``fewer_sms``: the stage runs the step on fewer SMs where it has a green
+    context (``backends.stages.step_streams``); the orchestrator sets it (``orchestrator.fewer_sms``)."""
 
     new: tuple[NewRequest, ...]
     encode: tuple[EncodeWork, ...]
     prefill: tuple[PrefillWork, ...]
     finished: tuple[str, ...] = ()
     evict: tuple[bytes, ...] = ()
-    decode_running: bool = False
+    fewer_sms: bool = False
     num_encode_patches: int = field(init=False)
     num_prefill_tokens: int = field(init=False)
 

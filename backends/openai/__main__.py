@@ -10,7 +10,7 @@ import sys
 
 import uvicorn
 
-from backends.gc_heap import freeze_startup_heap, log_long_pauses
+from backends.gc_heap import freeze_startup_heap, watch_collections
 from backends.openai import workers
 from backends.openai.app import create_app
 from backends.openai.config import parse_args
@@ -23,7 +23,7 @@ def app_from_env():
     then frozen and its long garbage collections logged (``backends.gc_heap``)."""
     app = create_app(parse_args(json.loads(os.environ[CONFIG_ENV])))
     freeze_startup_heap()
-    log_long_pauses(f"openai-api[{os.getpid()}]")
+    watch_collections(f"openai-api[{os.getpid()}]")
     return app
 
 

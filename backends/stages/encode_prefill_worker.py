@@ -87,8 +87,9 @@ class EncodePrefillWorker:
     layers at its start, whose inductor cache this compile finds): ``"auto"``
     (with flashinfer attention, as ``prefill_graphs``; a 2,048-token chunk 49.2 ms against 59.4 eager on the H200:
     bench/RESULTS.md, "prefill, compiled layers"), ``"on"`` or ``"off"``. ``sms_while_decoding``: SMs (an int; 0,
-    the default, is off) that a step planned while decode held sequences may use, on a CUDA green context's stream
-    (``backends.stages.step_streams``; other steps use the whole GPU); checked before the model loads.
+    the default, is off) that a step the orchestrator marks ``fewer_sms`` may use, on a CUDA green context's stream
+    (``backends.stages.step_streams``, ``orchestrator.fewer_sms``; other steps use the whole GPU); checked before the
+    model loads.
     ``vision_graphs``: CUDA graphs of the vision tower per item grid, captured as grids recur
     (``backends.runtime.vision.graphs``): ``"auto"`` (on where they can run: a CUDA device, one tower, a family that
     has them), ``"on"`` (ValueError here where they cannot, naming why) or ``"off"``. Raises ValueError for other
@@ -218,9 +219,9 @@ class EncodePrefillWorker:
     def execute(self, plan: StepPlan) -> StepResult:
         """Run one step plan; returns the first tokens of the prompts whose prefill it completed, once the device has
         run the step: the orchestrator hands the encoded groups' patch pages back to flashcodec on this result. The
-        step runs on the stream ``self.streams`` picks for ``plan.decode_running``."""
+        step runs on the stream ``self.streams`` picks for ``plan.fewer_sms``."""
         started = time.perf_counter()
-        with self.streams.for_step(plan.decode_running):
+        with self.streams.for_step(plan.fewer_sms):
             for req_id in plan.finished:
                 self.prompts.pop(req_id, None)
             for key in plan.evict:

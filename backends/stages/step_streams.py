@@ -1,8 +1,9 @@
-"""encode_prefill's steps on fewer SMs while decode has sequences (issue 19), on the whole GPU otherwise.
+"""encode_prefill's steps on fewer SMs where the orchestrator asks (issue 19), on the whole GPU otherwise.
 
 A CUDA green context (``torch.cuda.green_contexts.GreenContext``) of ``sms_while_decoding`` SMs is made once, at load,
-with one stream of its own; a step planned while decode held sequences (``StepPlan.decode_running``) runs on that
-stream, any other on the stage's ordinary stream (the step thread's current one). Kernels on the green stream use
+with one stream of its own; a step the orchestrator marks (``StepPlan.fewer_sms``: a video's chunks beside streams
+with a tight TBT target, ``orchestrator.fewer_sms``) runs on that stream, any other on the stage's ordinary stream
+(the step thread's current one). Kernels on the green stream use
 only the context's SMs, so decode's kernels, in their own process, find the others free; this helps only where the
 two processes' kernels run at once (CUDA MPS), never under time slicing.
 
@@ -58,16 +59,16 @@ class StepStreams:
         self.green = context.Stream()
 
     @contextlib.contextmanager
-    def for_step(self, decode_running: bool) -> Iterator[None]:
-        """Runs the block (one step's device work) on the green stream when ``decode_running``, on the current
-        stream otherwise, after that stream waits for the other one if the last step ran there."""
+    def for_step(self, fewer_sms: bool) -> Iterator[None]:
+        """Runs the block (one step's device work) on the green stream when ``fewer_sms``, on the current stream
+        otherwise, after that stream waits for the other one if the last step ran there."""
         if self.green is None:
             yield
             return
         ordinary = torch.cuda.current_stream(self.device)
-        if decode_running != self._on_green:
-            new, old = (self.green, ordinary) if decode_running else (ordinary, self.green)
+        if fewer_sms != self._on_green:
+            new, old = (self.green, ordinary) if fewer_sms else (ordinary, self.green)
             new.wait_stream(old)
-            self._on_green = decode_running
-        with torch.cuda.stream(self.green) if decode_running else contextlib.nullcontext():
+            self._on_green = fewer_sms
+        with torch.cuda.stream(self.green) if fewer_sms else contextlib.nullcontext():
             yield

@@ -17,7 +17,7 @@ from __future__ import annotations
 import importlib
 import re
 
-from backends.gc_heap import freeze_startup_heap, log_long_pauses
+from backends.gc_heap import freeze_startup_heap, watch_collections
 from backends.triton import model_log, standalone
 
 MODELS = {
@@ -45,7 +45,7 @@ class TritonPythonModel:
                 self.run_dir.release()
             raise
         freeze_startup_heap()
-        log_long_pauses(args["model_name"])
+        watch_collections(args["model_name"])
 
     def execute(self, requests):
         return self.model.execute(requests)

@@ -11,10 +11,11 @@ from backends import gc_heap
 
 @pytest.fixture
 def callbacks():
-    """gc.callbacks as it was before the test, after it (the collector holds that very list)."""
+    """gc.callbacks as it was before the test, after it (the collector holds that very list), and the heap unfrozen."""
     saved = list(gc.callbacks)
     yield
     gc.callbacks[:] = saved
+    gc.unfreeze()
 
 
 def test_the_startup_heap_is_frozen():
@@ -37,15 +38,15 @@ def logged(caplog, wait_s: float) -> list[str]:
 @pytest.mark.usefixtures("callbacks")
 def test_a_collection_over_the_threshold_is_logged_and_a_short_one_is_not(caplog):
     with caplog.at_level(logging.WARNING, logger="backends.gc_heap"):
-        gc_heap.log_long_pauses("decode", threshold_ms=0.0, every_s=0.01)
+        gc_heap.watch_collections("decode", threshold_ms=0.0, every_s=0.01)
         gc.collect(2)
         lines = logged(caplog, 5.0)
     assert lines and lines[0].startswith("decode: a generation-2 garbage collection paused the process for"), lines
     assert "objects tracked outside the frozen heap, most: " in lines[0], lines  # the first lines say what it walked
-    gc.callbacks[:] = [c for c in gc.callbacks if getattr(c, "__qualname__", "").split(".")[0] != "log_long_pauses"]
+    gc.callbacks[:] = [c for c in gc.callbacks if getattr(c, "__qualname__", "").split(".")[0] != "watch_collections"]
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="backends.gc_heap"):
-        gc_heap.log_long_pauses("decode", threshold_ms=60_000.0, every_s=0.01)
+        gc_heap.watch_collections("decode", threshold_ms=60_000.0, every_s=0.01)
         gc.collect(2)
         assert not logged(caplog, 0.2)
 
@@ -55,3 +56,19 @@ def test_the_unfrozen_heap_is_counted_by_type():
     counted = gc_heap.unfrozen_heap()
     tracked = int(counted.split(";")[1].split()[0])
     assert tracked >= len(kept) and "dict " in counted, counted
+
+
+@pytest.mark.usefixtures("callbacks")
+def test_what_a_long_full_collection_leaves_is_frozen_and_a_young_one_freezes_nothing(caplog):
+    gc.unfreeze()
+    with caplog.at_level(logging.WARNING, logger="backends.gc_heap"):
+        gc_heap.watch_collections("encode_prefill", threshold_ms=0.0, every_s=0.01)
+        gc.collect(1)
+        assert logged(caplog, 5.0)
+        assert gc.get_freeze_count() == 0  # a generation-1 collection, however long, leaves the heap as it was
+        kept = [[k] for k in range(1000)]
+        gc.collect(2)
+        deadline = time.monotonic() + 5.0
+        while gc.get_freeze_count() == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert gc.get_freeze_count() > len(kept)

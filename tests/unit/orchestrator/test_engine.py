@@ -16,6 +16,7 @@ from orchestrator.budget_policy import BudgetPolicy, SloTargets
 from orchestrator.decode_pace import DecodePacer
 from orchestrator.engine import Engine
 from orchestrator.engine_io import SHUTTING_DOWN, EngineRequest, Output, Released, RequestState
+from orchestrator.fewer_sms import FewerSms
 from orchestrator.pages import PageAllocator
 from orchestrator.prefix_cache import PrefixCache
 from orchestrator.scheduler import Scheduler, SchedulerConfig
@@ -31,13 +32,13 @@ class World:
     ``released`` the record of each request whose pages came back."""
 
     def __init__(self, kv: int = 32, prefill_budget: int = 2048, policy: BudgetPolicy | None = None,
-                 pacer: DecodePacer | None = None):
+                 pacer: DecodePacer | None = None, fewer_sms: FewerSms = FewerSms()):
         self.log: list = []
         self.kv, self.patch = PrefixCache(PageAllocator(kv, "kv")), PageAllocator(8, "patch")
         self.stages, self.media = FakeStages(self.log), FakeMedia(self.log, self.patch)
         self.engine = Engine(0, Scheduler(SchedulerConfig(prefill_budget=prefill_budget, kv_page_size=PAGE),
                                           self.kv, self.patch), self.patch, self.stages, self.media,
-                             on_release=self._released, policy=policy, pacer=pacer)
+                             on_release=self._released, policy=policy, pacer=pacer, fewer_sms=fewer_sms)
         self.released: dict = {}  # req_id -> its Released record
 
     def _released(self, r: Released) -> None:
@@ -49,10 +50,11 @@ class World:
         return self.engine.add(EngineRequest(new, ()))
 
     def image(self, req_id: str, max_tokens: int = 4, timeline: Timeline = NO_TIMELINE,
-              names: tuple[str, ...] = ()) -> asyncio.Queue:
+              names: tuple[str, ...] = (), kind: str = "image") -> asyncio.Queue:
         """A 24-token prompt whose tokens 4..19 are one image group of 64 patches (one patch page); ``names``: the
-        request's ``media_names``."""
-        new = NewRequest(req_id, tuple(range(24)), (MediaGrid("image", (1, 8, 8)),), SamplingParams(), max_tokens)
+        request's ``media_names``; ``kind`` "video": the same group announced as a video's (the request's
+        modality)."""
+        new = NewRequest(req_id, tuple(range(24)), (MediaGrid(kind, (1, 8, 8)),), SamplingParams(), max_tokens)
         plan = ImagePlan(resized_height=112, resized_width=112, grid_thw=(1, 8, 8), num_patches=64, num_tokens=16)
         return self.engine.add(EngineRequest(new, (Group(0, 0, 4, 16, 64),),
                                              (MediaDecode(req_id, plan, data=b"png"),), (1,), timeline,
@@ -220,19 +222,22 @@ def test_abort_while_decoding_frees_only_after_decode_dropped_the_sequence():
     run(body)
 
 
-def test_a_plan_says_whether_decode_holds_sequences():
-    """Planned while "a" decodes, "b"'s step says so (the stage may run it on fewer SMs); once "a" has ended, "c"'s
-    step does not."""
+@pytest.mark.parametrize("kind, marked", [("video", [True, True, False]), ("image", [False, False, False])])
+def test_a_videos_middle_steps_beside_a_tight_stream_go_to_the_stage_on_fewer_sms(kind, marked):
+    """While text "a" (15-ms TBT target) decodes, a video's steps that end no prompt are sent marked ``fewer_sms``
+    (``orchestrator/fewer_sms.py``), its last not; an image's never. The scheduler completes the plans it made."""
     async def body(w: World):
-        out = w.text("a", max_tokens=2)
+        out = w.text("a", prompt_len=8, max_tokens=2)
         await outputs_of(out, 1)
-        await outputs_of(w.text("b", max_tokens=1), 1)
+        video = w.image("v", kind=kind, max_tokens=1)
+        await settle()
+        w.media.ready("v", 0, 0, 1)
+        w.media.finish("v", 0)
+        await outputs_of(video, 1)
+        assert [p.fewer_sms for p in w.stages.plans] == [False, *marked]
         w.stages.emit(("a", 8, "length"))
         await outputs_of(out, 1)
-        await settle()
-        await outputs_of(w.text("c", max_tokens=1), 1)
-        assert [p.decode_running for p in w.stages.plans] == [False, True, False]
-    run(body)
+    run(body, prefill_budget=8, fewer_sms=FewerSms(SloTargets(tbt_ms={"text": 15.0})))
 
 
 def test_a_media_item_that_will_not_decode_fails_its_request_as_bad_input():

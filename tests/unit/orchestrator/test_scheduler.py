@@ -52,16 +52,6 @@ def test_text_prompt_is_prefilled_in_budget_sized_chunks():
     assert kv.num_free == 400 and sched.get("a") is None
 
 
-def test_the_plan_carries_whether_decode_is_running():
-    sched, _, _ = make(prefill_budget=100)
-    sched.add(Sequence("a", 500, 10))
-    plans = []
-    for running in ({}, {"decode_running": True}, {"decode_running": False}):
-        plans.append(sched.schedule(**running))
-        sched.complete(plans[-1])
-    assert [p.decode_running for p in plans] == [False, True, False]
-
-
 def test_budgets_scale_while_nothing_decodes_and_not_while_decode_runs():
     sched, _, patch = make(kv_pages=400, prefill_budget=100, encode_budget=64, idle_budget_scale=3)
     seq = video_seq("v", groups=6, text_before=10, tokens=16, patches=64)  # 6 groups of 64 patches, 111 tokens

@@ -1,0 +1,45 @@
+"""Which steps run on fewer SMs (``orchestrator/fewer_sms.py``): a video's steps that end no video prompt, with no
+image work, beside a stream whose TBT target is tighter than 50 ms."""
+from __future__ import annotations
+
+import pytest
+
+from backends.ipc.protocol import EncodeWork, PrefillWork, StepPlan
+from orchestrator.budget_policy import SloTargets
+from orchestrator.fewer_sms import FewerSms
+
+RULE = FewerSms(SloTargets(tbt_ms={"text": 15.0}))  # image, video: the default 50-ms target
+
+
+def plan(*works: tuple[int, bool], encode: tuple[int, ...] = ()) -> StepPlan:
+    """A step prefilling ``(tokens, ends its prompt)`` for requests r0, r1, ... and encoding a group of each
+    request index in ``encode``."""
+    return StepPlan((), tuple(EncodeWork(f"r{i}", 0, 0, (0,), 64, 0) for i in encode),
+                    tuple(PrefillWork(f"r{i}", 0, tokens, (), last) for i, (tokens, last) in enumerate(works)))
+
+
+def kinds(*names: str):
+    """``kind_of`` for requests r0, r1, ... of these modalities."""
+    return {f"r{i}": name for i, name in enumerate(names)}.get
+
+
+@pytest.mark.parametrize("step, decoding, kind_of, fewer", [
+    (plan((2048, False)), ["text"], kinds("video"), True),                # a video's middle chunk beside a text stream
+    (plan(encode=(0,)), ["text"], kinds("video"), True),                  # its encode alone
+    (plan((2000, False), (48, True)), ["text"], kinds("video", "text"), True),  # a text prompt ending beside it
+    (plan((2048, True)), ["text"], kinds("video"), False),                # the chunk that ends the video's prompt
+    (plan((2048, False)), [], kinds("video"), False),                     # nothing decoding
+    (plan((2048, False)), ["video", "image"], kinds("video"), False),     # streams with the default 50-ms target
+    (plan((2048, False)), ["video", "text"], kinds("video"), True),       # the tightest target decides
+    (plan((1024, False), (1024, False)), ["text"], kinds("video", "image"), False),  # an image's work beside it
+    (plan((2048, False), encode=(1,)), ["text"], kinds("video", "image"), False),    # an image's encode
+    (plan((117, True)), ["text"], kinds("text"), False),                  # text prompts only
+    (plan((2048, False)), ["text"], kinds(), False),                      # its request has gone
+])
+def test_which_steps_run_on_fewer_sms(step, decoding, kind_of, fewer):
+    assert RULE(step, decoding, kind_of) is fewer
+
+
+def test_decode_priority_boost_makes_a_default_target_tight():
+    assert FewerSms(SloTargets(), boost=2.0)(plan((2048, False)), ["video"], kinds("video"))
+    assert not FewerSms(SloTargets())(plan((2048, False)), ["video"], kinds("video"))
