@@ -6,16 +6,18 @@ thread of the process stops. After ``import torch`` and transformers a process t
 full collection of them took 200 ms on the 2-core CPU machine (86,000 objects and 43 ms in an OpenAI API process).
 ``gc.freeze()`` moves what exists into a permanent generation that collections skip, so later ones walk only what
 serving has made since; vLLM's engine core and API server and SGLang's scheduler do the same after start-up.
-Collections of 20 ms or more are logged as warnings with their generation and what they freed: on the H200 a
-stall of that size shows in the text streams' TBT tail (``bench/peer/``), and the log says whether it was one. The
+Collections of 10 ms or more (two decode steps' gap on the H200) are logged as warnings with their generation and
+what they freed: a stall of that size shows in the text streams' TBT tail (``bench/peer/``), and the log says whether
+it was one. The
 first few such lines also say what the collector walked: how many objects it tracks outside the frozen heap and their
 most common types (what serving made and kept since the freeze; the H200's encode_prefill paused 46 and 70 ms in
 full collections despite its frozen heap: bench/results/peer/settings-2026-12-04/README.md).
 
 What serving makes and keeps after the start-up freeze is walked by every later full collection: on the H200
-encode_prefill's vision blocks, compiled at its first image, left about 100,000 objects (torch's fake-tensor cache
-entries, ``_PySymInputStub`` and ``_DeconstructedSymType``, with tuples and dicts), and two full collections paused it
-for 74 and 73 ms (bench/results/peer/twelfth-run-2026-12-04/README.md). So what a long full collection leaves is
+encode_prefill held about 100,000 such objects once serving (most common: tuples, dicts, lists and torch.compile's
+fake-tensor cache entries, ``_PySymInputStub`` and ``_DeconstructedSymType``: its compiled layers and vision blocks
+are traced at its first steps, after the freeze), and two full collections paused it for 74 and 73 ms
+(bench/results/peer/settings-twelfth-2026-12-04/README.md). So what a long full collection leaves is
 frozen too: those objects survived it, so they are long-lived, and later collections skip them. The cost: young
 objects that are cyclic garbage at that moment are frozen with them and never freed (at most one young generation's
 worth per long full collection, which becomes rare once the heap is frozen).
@@ -30,7 +32,7 @@ import time
 
 log = logging.getLogger(__name__)
 
-LONG_PAUSE_MS = 20.0
+LONG_PAUSE_MS = 10.0
 DESCRIBED_PAUSES = 3  # the first long pauses whose log line also counts the unfrozen heap (a walk of it: O(objects))
 TOP_TYPES = 5
 

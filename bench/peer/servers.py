@@ -43,13 +43,14 @@ VLLM_ENV = {"HF_HUB_OFFLINE": "1", "VLLM_USE_FLASHINFER_SAMPLER": "0", "STUB_SIT
 
 H200_DEPLOY = REPO_ROOT / "deploy" / "qwen2_5_vl_7b_h200.yaml"
 SCHEDULING_KEYS = ("orchestrator.decode_pace_ms", "orchestrator.slo_text_tbt_ms", "orchestrator.idle_budget_scale",
-                   "orchestrator.burst_wait_ms")
+                   "orchestrator.burst_wait_ms", "encode_prefill.sms_while_decoding")
 
 
 def h200_scheduling() -> list[str]:
     """The H200 deployment file's scheduling settings that hold for any model (decode pacing, text's TBT target that
-    bounds it, the idle budgets' scale, the burst wait), as the launcher's ``--set`` items (read from the file, so
-    the benchmark serves what it says; its budgets are Qwen2.5-VL's and stay out)."""
+    bounds it, the idle budgets' scale, the burst wait, the SMs of a video's steps beside text streams), as the
+    launcher's ``--set`` items (read from the file, so the benchmark serves what it says; its budgets are Qwen2.5-VL's
+    and stay out)."""
     return [item for item in DeployConfig.load(H200_DEPLOY).set_items() if item.split("=", 1)[0] in SCHEDULING_KEYS]
 
 
