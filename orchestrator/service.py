@@ -214,10 +214,8 @@ class Orchestrator:
                                  self.config.policy.decode_priority_boost) if self.config.decode_pace_ms else None)
             engines.append(Engine(
                 index, Scheduler(config, kv_pages, self.patch_pages, EncoderCache(self.config.cache.encoder_tokens)),
-                self.patch_pages,
-                LinkStages(self.links, index), media, on_change=self.gauges.changed,
-                on_step=self._on_step,
-                on_release=self._on_release, stopping=server_stop.announced, policy=policy,
+                self.patch_pages, LinkStages(self.links, index), media, on_change=self.gauges.changed,
+                on_step=self._on_step, on_release=self._on_release, stopping=server_stop.announced, policy=policy,
                 admitting=lambda: self.arrived - self.settled, pacer=pacer,
                 fewer_sms=FewerSms(self.config.slo, self.config.policy.decode_priority_boost)))
         await asyncio.gather(*(engine.start() for engine in engines))

@@ -222,24 +222,6 @@ def test_abort_while_decoding_frees_only_after_decode_dropped_the_sequence():
     run(body)
 
 
-@pytest.mark.parametrize("kind, marked", [("video", [True, True, False]), ("image", [False, False, False])])
-def test_a_videos_middle_steps_beside_a_tight_stream_go_to_the_stage_on_fewer_sms(kind, marked):
-    """While text "a" (15-ms TBT target) decodes, a video's steps that end no prompt are sent marked ``fewer_sms``
-    (``orchestrator/fewer_sms.py``), its last not; an image's never. The scheduler completes the plans it made."""
-    async def body(w: World):
-        out = w.text("a", prompt_len=8, max_tokens=2)
-        await outputs_of(out, 1)
-        video = w.image("v", kind=kind, max_tokens=1)
-        await settle()
-        w.media.ready("v", 0, 0, 1)
-        w.media.finish("v", 0)
-        await outputs_of(video, 1)
-        assert [p.fewer_sms for p in w.stages.plans] == [False, *marked]
-        w.stages.emit(("a", 8, "length"))
-        await outputs_of(out, 1)
-    run(body, prefill_budget=8, fewer_sms=FewerSms(SloTargets(tbt_ms={"text": 15.0})))
-
-
 def test_a_media_item_that_will_not_decode_fails_its_request_as_bad_input():
     async def body(w: World):
         out = w.image("a")

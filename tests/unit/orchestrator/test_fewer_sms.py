@@ -1,5 +1,6 @@
 """Which steps run on fewer SMs (``orchestrator/fewer_sms.py``): a video's steps that end no video prompt, with no
-image work, beside a stream whose TBT target is tighter than 50 ms."""
+image work, beside a stream whose TBT target is tighter than 50 ms; the engine sending such steps marked (fake
+stages: ``fake_stages.py``)."""
 from __future__ import annotations
 
 import pytest
@@ -7,6 +8,7 @@ import pytest
 from backends.ipc.protocol import EncodeWork, PrefillWork, StepPlan
 from orchestrator.budget_policy import SloTargets
 from orchestrator.fewer_sms import FewerSms
+from tests.unit.orchestrator.test_engine import World, outputs_of, run, settle
 
 RULE = FewerSms(SloTargets(tbt_ms={"text": 15.0}))  # image, video: the default 50-ms target
 
@@ -43,3 +45,21 @@ def test_which_steps_run_on_fewer_sms(step, decoding, kind_of, fewer):
 def test_decode_priority_boost_makes_a_default_target_tight():
     assert FewerSms(SloTargets(), boost=2.0)(plan((2048, False)), ["video"], kinds("video"))
     assert not FewerSms(SloTargets())(plan((2048, False)), ["video"], kinds("video"))
+
+
+@pytest.mark.parametrize("kind, marked", [("video", [True, True, False]), ("image", [False, False, False])])
+def test_a_videos_middle_steps_beside_a_tight_stream_go_to_the_stage_on_fewer_sms(kind, marked):
+    """While text "a" (15-ms TBT target) decodes, a video's steps that end no prompt are sent marked ``fewer_sms``
+    (``orchestrator/fewer_sms.py``), its last not; an image's never. The scheduler completes the plans it made."""
+    async def body(w: World):
+        out = w.text("a", prompt_len=8, max_tokens=2)
+        await outputs_of(out, 1)
+        video = w.image("v", kind=kind, max_tokens=1)
+        await settle()
+        w.media.ready("v", 0, 0, 1)
+        w.media.finish("v", 0)
+        await outputs_of(video, 1)
+        assert [p.fewer_sms for p in w.stages.plans] == [False, *marked]
+        w.stages.emit(("a", 8, "length"))
+        await outputs_of(out, 1)
+    run(body, prefill_budget=8, fewer_sms=FewerSms(SloTargets(tbt_ms={"text": 15.0})))
