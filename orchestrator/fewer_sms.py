@@ -9,11 +9,12 @@ middle chunks can give up SMs, while an image's TTFT and the step that ends a vi
 instead, ``orchestrator.decode_pace``); and streams with the default 50-ms target (the video goodput workload's
 answers) keep their TBT beside chunks on the whole GPU.
 
-Measured on one H200 (bench/results/peer/twelfth-run-2026-12-04/README.md): 16 text streams (15-ms target) beside the
-3-minute video's chunks on 120 of 132 SMs while decoding, text TBT p99 14.3 ms in the window against 10.3 text-only
-(26.2 against 11.7 on the whole GPU), the video's TTFT 17.7 s (12.8 s; vLLM 25.5 s in the same lease); every
-step planned while decoding went on the green context then, and 16 images beside the streams reached their first
-token 18% later (1,351 against 1,146 ms), hence no image work.
+Measured on one H200 (bench/results/peer/settings-twelfth-2026-12-04/README.md, the whole-GPU figures in
+bench/results/peer/README.md, the twelfth run): 16 text streams (15-ms target) beside the 3-minute video's chunks on
+120 of 132 SMs while decoding, text TBT p99 14.3 ms in the window against 10.3 text-only (26.2 against 11.7 on the
+whole GPU), the video's TTFT 17.7 s (12.8 s; vLLM 25.5 s in the same lease); every step planned while decoding went
+on the green context then (the rule before this one, not yet measured), and 16 images beside the streams reached
+their first token 18% later (1,351 against 1,146 ms), hence no image work here.
 """
 from __future__ import annotations
 

@@ -10,7 +10,8 @@ server started without the launcher, the run directory is found (``standalone``)
 built, the heap is collected and frozen (``backends.gc_heap``, as vLLM's engine core and SGLang's scheduler do after
 start-up): the model's modules, weights' wrappers and tokenizer are never walked again by a full collection, which
 would otherwise pause a step for as long as the walk takes (about a second for a stage's heap at exit:
-``server_stop.before_exit``); collections of 20 ms or more are logged.
+``server_stop.before_exit``); long collections are logged, and a stage's heap is frozen again after a long full one
+(what its compiled graphs made after start-up; not the orchestrator's, whose requests' state forms cycles).
 """
 from __future__ import annotations
 
@@ -30,8 +31,13 @@ MODELS = {
 
 def model_class(model_name: str) -> type:
     """The class serving Triton model ``model_name``; raises KeyError for a model that is not ours."""
-    module_name, class_name = MODELS[re.sub(r"_r\d+$", "", model_name)].split(":")
+    module_name, class_name = MODELS[_base_name(model_name)].split(":")
     return getattr(importlib.import_module(module_name), class_name)
+
+
+def _base_name(model_name: str) -> str:
+    """The stage's name of a replica's model (``decode_r1``: ``decode``); other names as they are."""
+    return re.sub(r"_r\d+$", "", model_name)
 
 
 class TritonPythonModel:
@@ -45,7 +51,7 @@ class TritonPythonModel:
                 self.run_dir.release()
             raise
         freeze_startup_heap()
-        watch_collections(args["model_name"])
+        watch_collections(args["model_name"], refreeze=_base_name(args["model_name"]) != "orchestrator")
 
     def execute(self, requests):
         return self.model.execute(requests)

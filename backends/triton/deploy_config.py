@@ -142,8 +142,8 @@ class FlashcodecResources:
 class EncodePrefillResources:
     """``resources.encode_prefill``: its device; the vision tower's GPUs (a GPU set), ``data``/``tensor`` parallel,
     GPUs per split tower (``all`` or a number); ``prefill_graphs``, ``vision_graphs``, ``compile_layers`` (auto, on,
-    off: ``EncodePrefillWorker``); SMs of a step planned while decode has sequences (``sms_while_decoding``: 0, off,
-    or a number; ``backends.stages.step_streams``)."""
+    off: ``EncodePrefillWorker``); SMs of the steps the orchestrator marks ``fewer_sms`` (``sms_while_decoding``: 0,
+    off, or a number; ``orchestrator.fewer_sms``, ``backends.stages.step_streams``)."""
 
     device: str | None = _to("encode_prefill.device")
     vision_gpus: str | tuple[int, ...] | None = _to("encode_prefill.vision_gpus")

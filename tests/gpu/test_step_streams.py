@@ -3,7 +3,7 @@
 * inside ``for_step(True)`` the green context's stream is the current one, inside ``for_step(False)`` the ordinary
   (default) stream;
 * one prompt prefilled in chunks whose steps alternate between the green stream and the ordinary one (as steps
-  planned while decode runs and while it does not), no step waiting for the device, gives the logits and the KV of
+  the orchestrator marks ``fewer_sms`` and others), no step waiting for the device, gives the logits and the KV of
   the same chunks all on the ordinary stream: eager with the torch attention backend (float32), and with flashinfer
   and prefill CUDA graphs (bf16; the graphs captured on the green stream, as the worker's first step may, and
   replayed on both).
@@ -28,7 +28,7 @@ pytestmark = [
 ]
 SMS = 16  # of the H200's 132
 BOUNDS = [0, 700, 1000, 1017, 1529, 1800, 2333]  # one step a chunk: eager (> 512) and graphed ones
-STREAMS = [True, False, True, True, False, True]  # decode running at each step
+STREAMS = [True, False, True, True, False, True]  # each step marked fewer_sms or not
 
 
 def green_streams() -> StepStreams:
@@ -38,7 +38,7 @@ def green_streams() -> StepStreams:
         pytest.skip(str(exc))
 
 
-def test_the_green_stream_is_current_while_decode_runs():
+def test_the_green_stream_is_current_in_a_fewer_sms_step():
     streams = green_streams()
     with streams.for_step(True):
         assert torch.cuda.current_stream(DEVICE) == streams.green
@@ -47,12 +47,12 @@ def test_the_green_stream_is_current_while_decode_runs():
     assert torch.cuda.current_stream(DEVICE) == torch.cuda.default_stream(DEVICE)
 
 
-def _steps(runner, streams: StepStreams, running: list[bool], ids: list[int], table: list[int]) -> list[torch.Tensor]:
-    """The prompt's chunks, one step each on the stream ``running`` picks, with no wait for the device between them;
+def _steps(runner, streams: StepStreams, fewer: list[bool], ids: list[int], table: list[int]) -> list[torch.Tensor]:
+    """The prompt's chunks, one step each on the stream ``fewer`` picks, with no wait for the device between them;
     each chunk's last-token logits (float32 ``[vocab]``), read once every step is queued."""
     out = []
-    for start, end, decode_running in zip(BOUNDS, BOUNDS[1:], running):
-        with streams.for_step(decode_running):
+    for start, end, fewer_sms in zip(BOUNDS, BOUNDS[1:], fewer):
+        with streams.for_step(fewer_sms):
             out.append(runner.prefill([chunk(runner, ids[start:end], start, table)])[0])
     with streams.for_step(False):  # the ordinary stream, after the green one
         return [logits.cpu() for logits in out]

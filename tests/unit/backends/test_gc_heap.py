@@ -59,16 +59,29 @@ def test_the_unfrozen_heap_is_counted_by_type():
 
 
 @pytest.mark.usefixtures("callbacks")
-def test_what_a_long_full_collection_leaves_is_frozen_and_a_young_one_freezes_nothing(caplog):
+@pytest.mark.parametrize("refreeze", [True, False])
+def test_a_stage_freezes_what_a_long_full_collection_left(caplog, refreeze):
+    """With ``refreeze`` (a stage's process) a long generation-2 collection freezes the heap; a long generation-1
+    one does not, nor does any collection without ``refreeze`` (the orchestrator, the OpenAI API)."""
     gc.unfreeze()
     with caplog.at_level(logging.WARNING, logger="backends.gc_heap"):
-        gc_heap.watch_collections("encode_prefill", threshold_ms=0.0, every_s=0.01)
+        gc_heap.watch_collections("encode_prefill", refreeze=refreeze, threshold_ms=0.0, every_s=0.01)
         gc.collect(1)
         assert logged(caplog, 5.0)
-        assert gc.get_freeze_count() == 0  # a generation-1 collection, however long, leaves the heap as it was
+        time.sleep(0.1)  # ten of the reporter's rounds
+        assert gc.get_freeze_count() == 0
         kept = [[k] for k in range(1000)]
         gc.collect(2)
-        deadline = time.monotonic() + 5.0
+        deadline = time.monotonic() + (5.0 if refreeze else 0.1)
         while gc.get_freeze_count() == 0 and time.monotonic() < deadline:
             time.sleep(0.01)
-    assert gc.get_freeze_count() > len(kept)
+    assert (gc.get_freeze_count() > len(kept)) is refreeze
+
+
+@pytest.mark.usefixtures("callbacks")
+def test_a_short_full_collection_freezes_nothing():
+    gc.unfreeze()
+    gc_heap.watch_collections("encode_prefill", refreeze=True, threshold_ms=60_000.0, every_s=0.01)
+    gc.collect(2)
+    time.sleep(0.1)
+    assert gc.get_freeze_count() == 0
