@@ -11,15 +11,19 @@ built, the heap is collected and frozen (``backends.gc_heap``, as vLLM's engine 
 start-up): the model's modules, weights' wrappers and tokenizer are never walked again by a full collection, which
 would otherwise pause a step for as long as the walk takes (about a second for a stage's heap at exit:
 ``server_stop.before_exit``); long collections are logged, and a stage's heap is frozen again after a long full one
-(what its compiled graphs made after start-up; not the orchestrator's, whose requests' state forms cycles).
+(what its compiled graphs made after start-up; not the orchestrator's, whose requests' state forms cycles). Every
+model's ``gil_switch_interval_ms`` (empty: Python's 5 ms) is its process's ``sys.setswitchinterval``: the longest a
+thread that wants the GIL waits while another thread computes (the orchestrator's Triton thread, event loop and send
+lanes, a stage's step and send threads).
 """
 from __future__ import annotations
 
 import importlib
 import re
+import sys
 
 from backends.gc_heap import freeze_startup_heap, watch_collections
-from backends.triton import model_log, standalone
+from backends.triton import model_log, standalone, triton_io
 
 MODELS = {
     "orchestrator": "orchestrator.triton_model:OrchestratorModel",
@@ -52,6 +56,9 @@ class TritonPythonModel:
             raise
         freeze_startup_heap()
         watch_collections(args["model_name"], refreeze=_base_name(args["model_name"]) != "orchestrator")
+        interval_ms = triton_io.float_parameter(triton_io.parameters(args), "gil_switch_interval_ms")
+        if interval_ms is not None:
+            sys.setswitchinterval(interval_ms / 1e3)
 
     def execute(self, requests):
         return self.model.execute(requests)

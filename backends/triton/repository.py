@@ -101,7 +101,7 @@ def check_value(model: str, key: str, current: str, value: str) -> None:
         try:
             float_parameter({key: value}, key)
         except ValueError:
-            raise ValueError(f"{model}.{key} must be a positive number (or empty: no target), got {value!r}") from None
+            raise ValueError(f"{model}.{key} must be a positive number (or empty: unset), got {value!r}") from None
     try:
         int(current)
     except ValueError:

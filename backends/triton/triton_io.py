@@ -48,7 +48,8 @@ POSITIVE_INT_PARAMETERS = frozenset({
 NON_NEGATIVE_INT_PARAMETERS = frozenset({"sms_while_decoding", "burst_wait_ms", "decode_pace_ms"})  # 0: off
 MODALITIES = ("text", "image", "video")  # what a request counts as (any video: video; any image: image)
 # Parameters that are positive numbers when set (empty: unset): float_parameter reads them; the launcher checks --set
-POSITIVE_FLOAT_PARAMETERS = frozenset(f"slo_{m}_{t}_ms" for m in MODALITIES for t in ("ttft", "tbt"))
+POSITIVE_FLOAT_PARAMETERS = frozenset({*(f"slo_{m}_{t}_ms" for m in MODALITIES for t in ("ttft", "tbt")),
+                                       "gil_switch_interval_ms"})
 # Parameters that take one of a few words: the launcher checks --set values (repository.check_value), the stages and
 # workers what they are given (choice_value).
 SWITCHES = ("auto", "on", "off")

@@ -1,5 +1,7 @@
 """Every model.py is the same adaptor; the class comes from the model's name (replicas too)."""
 import gc
+import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -38,9 +40,26 @@ def test_the_heap_is_collected_and_frozen_once_the_model_is_built(monkeypatch):
     callbacks = list(gc.callbacks)
     gc.unfreeze()
     try:
-        adaptor.TritonPythonModel().initialize({"model_name": "decode"})
+        adaptor.TritonPythonModel().initialize({"model_name": "decode", "model_config": "{}"})
         assert gc.get_freeze_count() > len(built[0])  # its objects, and all before them, are never walked again
         assert len(gc.callbacks) == len(callbacks) + 1  # long collections are logged
     finally:
         gc.unfreeze()
         gc.callbacks[:] = callbacks
+
+
+@pytest.mark.parametrize("value, interval_s", [("", 0.005), ("0.5", 0.0005)])
+def test_gil_switch_interval_ms_sets_the_process_switch_interval(monkeypatch, value, interval_s):
+    monkeypatch.setattr(adaptor, "model_class", lambda name: lambda args: None)
+    monkeypatch.setattr(adaptor.model_log, "install", lambda name: None)
+    monkeypatch.setattr(adaptor.standalone, "adopt", lambda: None)
+    monkeypatch.setattr(adaptor, "watch_collections", lambda name, refreeze: None)
+    config = json.dumps({"parameters": {"gil_switch_interval_ms": {"string_value": value}}})
+    saved = sys.getswitchinterval()
+    sys.setswitchinterval(0.005)
+    try:
+        adaptor.TritonPythonModel().initialize({"model_name": "orchestrator", "model_config": config})
+        assert sys.getswitchinterval() == pytest.approx(interval_s)
+    finally:
+        sys.setswitchinterval(saved)
+        gc.unfreeze()

@@ -108,8 +108,9 @@ def test_launcher_set_with_an_unknown_key_stops_before_starting(monkeypatch, cap
     ("encode_prefill.prefill_graphs=maybe", "encode_prefill.prefill_graphs must be auto, on or off, got 'maybe'"),
     ("decode.cuda_graphs=yes", "decode.cuda_graphs must be auto, on or off, got 'yes'"),
     ("decode.share_weights=auto", "decode.share_weights must be on or off, got 'auto'"),
-    ("orchestrator.slo_text_tbt_ms=fast", "orchestrator.slo_text_tbt_ms must be a positive number (or empty: no "
-                                          "target), got 'fast'"),
+    ("orchestrator.slo_text_tbt_ms=fast", "orchestrator.slo_text_tbt_ms must be a positive number (or empty: unset), "
+                                          "got 'fast'"),
+    ("*.gil_switch_interval_ms=0", "decode.gil_switch_interval_ms must be a positive number (or empty: unset), got '0'"),
     ("orchestrator.slo_video_ttft_ms=-3", "orchestrator.slo_video_ttft_ms must be a positive number"),
     ("orchestrator.slo_image_tbt_ms=nan", "orchestrator.slo_image_tbt_ms must be a positive number"),
 ])
