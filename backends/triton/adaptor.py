@@ -47,6 +47,9 @@ def _base_name(model_name: str) -> str:
 class TritonPythonModel:
     def initialize(self, args):
         model_log.install(args["model_name"])
+        interval_ms = triton_io.float_parameter(triton_io.parameters(args), "gil_switch_interval_ms")
+        if interval_ms is not None:  # before anything exists that a refused value would leave behind
+            sys.setswitchinterval(interval_ms / 1e3)
         self.run_dir = standalone.adopt()
         try:
             self.model = model_class(args["model_name"])(args)
@@ -56,9 +59,6 @@ class TritonPythonModel:
             raise
         freeze_startup_heap()
         watch_collections(args["model_name"], refreeze=_base_name(args["model_name"]) != "orchestrator")
-        interval_ms = triton_io.float_parameter(triton_io.parameters(args), "gil_switch_interval_ms")
-        if interval_ms is not None:
-            sys.setswitchinterval(interval_ms / 1e3)
 
     def execute(self, requests):
         return self.model.execute(requests)

@@ -15,7 +15,8 @@ import re
 from pathlib import Path
 
 from backends.triton.replicas import REPLICATED_STAGES, replica_name
-from backends.triton.triton_io import POSITIVE_FLOAT_PARAMETERS, choice_value, float_parameter, int_value
+from backends.triton.triton_io import (POSITIVE_FLOAT_PARAMETERS, choice_value, float_parameter, float_requirement,
+                                       int_value)
 
 REPOSITORY = Path(__file__).resolve().parents[2] / "model_repository"
 
@@ -101,7 +102,8 @@ def check_value(model: str, key: str, current: str, value: str) -> None:
         try:
             float_parameter({key: value}, key)
         except ValueError:
-            raise ValueError(f"{model}.{key} must be a positive number (or empty: unset), got {value!r}") from None
+            raise ValueError(f"{model}.{key} must be {float_requirement(key)} (or empty: unset), got {value!r}") \
+                from None
     try:
         int(current)
     except ValueError:

@@ -50,6 +50,7 @@ MODALITIES = ("text", "image", "video")  # what a request counts as (any video: 
 # Parameters that are positive numbers when set (empty: unset): float_parameter reads them; the launcher checks --set
 POSITIVE_FLOAT_PARAMETERS = frozenset({*(f"slo_{m}_{t}_ms" for m in MODALITIES for t in ("ttft", "tbt")),
                                        "gil_switch_interval_ms"})
+FLOAT_UPPER_BOUNDS = {"gil_switch_interval_ms": 1000.0}  # a GIL held a second by one thread: no process serves so
 # Parameters that take one of a few words: the launcher checks --set values (repository.check_value), the stages and
 # workers what they are given (choice_value).
 SWITCHES = ("auto", "on", "off")
@@ -111,8 +112,8 @@ def int_parameter(params: dict[str, str], key: str, default: int | None = None) 
 
 
 def float_parameter(params: dict[str, str], key: str, default: float | None = None) -> float | None:
-    """``params[key]`` as a positive finite number; ``default`` when absent or empty. Raises ValueError naming the
-    parameter and the value otherwise."""
+    """``params[key]`` as a positive finite number (at most ``FLOAT_UPPER_BOUNDS[key]`` where it has one);
+    ``default`` when absent or empty. Raises ValueError naming the parameter and the value otherwise."""
     text = params.get(key, "").strip()
     if not text:
         return default
@@ -120,9 +121,15 @@ def float_parameter(params: dict[str, str], key: str, default: float | None = No
         number = float(text)
     except ValueError:
         number = math.nan
-    if not (math.isfinite(number) and number > 0):
-        raise ValueError(f"parameter {key} must be a positive number, got {params[key]!r}")
+    if not (math.isfinite(number) and 0 < number <= FLOAT_UPPER_BOUNDS.get(key, math.inf)):
+        raise ValueError(f"parameter {key} must be {float_requirement(key)}, got {params[key]!r}")
     return number
+
+
+def float_requirement(key: str) -> str:
+    """What :func:`float_parameter` takes for ``key``: ``"a positive number"`` (``"... of at most N"``)."""
+    upper = FLOAT_UPPER_BOUNDS.get(key)
+    return "a positive number" + (f" of at most {upper:g}" if upper is not None else "")
 
 
 def gpus_value(key: str, value: str) -> str | list[int] | None:

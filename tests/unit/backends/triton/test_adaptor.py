@@ -48,7 +48,7 @@ def test_the_heap_is_collected_and_frozen_once_the_model_is_built(monkeypatch):
         gc.callbacks[:] = callbacks
 
 
-@pytest.mark.parametrize("value, interval_s", [("", 0.005), ("0.5", 0.0005)])
+@pytest.mark.parametrize("value, interval_s", [("", 0.005), ("0.5", 0.0005), ("1000", 1.0)])
 def test_gil_switch_interval_ms_sets_the_process_switch_interval(monkeypatch, value, interval_s):
     monkeypatch.setattr(adaptor, "model_class", lambda name: lambda args: None)
     monkeypatch.setattr(adaptor.model_log, "install", lambda name: None)
@@ -63,3 +63,13 @@ def test_gil_switch_interval_ms_sets_the_process_switch_interval(monkeypatch, va
     finally:
         sys.setswitchinterval(saved)
         gc.unfreeze()
+
+
+@pytest.mark.parametrize("value", ["0", "1001", "1e20", "abc"])
+def test_a_gil_switch_interval_out_of_range_is_refused_before_the_model_is_built(monkeypatch, value):
+    monkeypatch.setattr(adaptor, "model_class", lambda name: pytest.fail("the model was built"))
+    monkeypatch.setattr(adaptor.model_log, "install", lambda name: None)
+    monkeypatch.setattr(adaptor.standalone, "adopt", lambda: pytest.fail("a run directory was adopted"))
+    config = json.dumps({"parameters": {"gil_switch_interval_ms": {"string_value": value}}})
+    with pytest.raises(ValueError, match="gil_switch_interval_ms must be a positive number of at most 1000, got"):
+        adaptor.TritonPythonModel().initialize({"model_name": "decode", "model_config": config})

@@ -110,7 +110,9 @@ def test_launcher_set_with_an_unknown_key_stops_before_starting(monkeypatch, cap
     ("decode.share_weights=auto", "decode.share_weights must be on or off, got 'auto'"),
     ("orchestrator.slo_text_tbt_ms=fast", "orchestrator.slo_text_tbt_ms must be a positive number (or empty: unset), "
                                           "got 'fast'"),
-    ("*.gil_switch_interval_ms=0", "decode.gil_switch_interval_ms must be a positive number (or empty: unset), got '0'"),
+    ("*.gil_switch_interval_ms=0", "decode.gil_switch_interval_ms must be a positive number of at most 1000 (or empty: "
+                                   "unset), got '0'"),
+    ("*.gil_switch_interval_ms=1e9", "decode.gil_switch_interval_ms must be a positive number of at most 1000"),
     ("orchestrator.slo_video_ttft_ms=-3", "orchestrator.slo_video_ttft_ms must be a positive number"),
     ("orchestrator.slo_image_tbt_ms=nan", "orchestrator.slo_image_tbt_ms must be a positive number"),
 ])
