@@ -54,7 +54,7 @@ class MpsDaemon:
         control = shutil.which(CONTROL, path=environ.get("PATH"))
         if control is None:
             raise RuntimeError(f"gpu_sharing mps needs {CONTROL} (the NVIDIA driver's MPS control program) on PATH; "
-                               "without it, serve with gpu_sharing time_slicing")
+                               "without it, serve with gpu_sharing time_slicing (--gpu-sharing time_slicing)")
         daemon = cls(run_dir / "mps-pipe", run_dir / "mps-log", control, own=True)
         daemon.pipe_dir.mkdir(parents=True, exist_ok=True)
         daemon.log_dir.mkdir(parents=True, exist_ok=True)
