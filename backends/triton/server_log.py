@@ -10,14 +10,19 @@ _LOAD_FAILED = re.compile(r"failed to load '([^']+)' version \d+: (?:Internal: )
 # Its lines for a model's load starting and ending well: "loading: NAME:1", "successfully loaded 'NAME'"
 _LOADING = re.compile(r'"loading: ([^:"]+):\d+"')
 _LOADED = re.compile(r"successfully loaded '([^']+)'")
+# The Python backend's reason when a model's stub process died during its load (no exception to give)
+_DEAD_STUB = "is not healthy"
+DEAD_STUB_HINT = ("its process died without an error of its own: killed by a signal (the kernel's out-of-memory "
+                  "killer when the host ran out of memory: see dmesg) or a crash in native code")
 
 
 def load_errors(log: str) -> list[str]:
     """"model NAME did not load: REASON" for each model that a tritonserver log says failed to load (the
-    exception its ``initialize`` raised, first line), in log order, each model once."""
+    exception its ``initialize`` raised, first line; where its stub process died instead, :data:`DEAD_STUB_HINT`
+    follows Triton's reason), in log order, each model once."""
     found: dict[str, str] = {}
     for model, reason in _LOAD_FAILED.findall(log):
-        found.setdefault(model, reason)
+        found.setdefault(model, f"{reason} ({DEAD_STUB_HINT})" if _DEAD_STUB in reason else reason)
     return [f"model {model} did not load: {reason}" for model, reason in found.items()]
 
 

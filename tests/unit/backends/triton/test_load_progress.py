@@ -8,7 +8,7 @@ import pytest
 
 from backends.triton import model_log
 from backends.triton.load_progress import LoadProgress
-from backends.triton.server_log import load_event
+from backends.triton.server_log import DEAD_STUB_HINT, load_errors, load_event
 
 # Lines as tritonserver 2.51 writes them (copied from a server log of this project)
 LOADING = 'I1201 15:29:48.334359 10823 model_lifecycle.cc:472] "loading: decode:1"'
@@ -110,3 +110,11 @@ def test_follow_reads_the_log_as_it_grows_and_everything_before_stop(tmp_path):
     progress.stop()
     assert said[0] == f"tritonserver starting, log: {log}"
     assert said[1] == "decode: loading" and said[2].startswith("decode: loaded in ")
+
+
+def test_a_stub_that_died_while_loading_is_said_to_have_died():
+    log = ("E1204 failed to load 'decode' version 1: Internal: Stub process 'decode_0_0' is not healthy.\n"
+           "E1204 failed to load 'orchestrator' version 1: Internal: ValueError: bad max_share\\nAt:\n")
+    assert load_errors(log) == [
+        f"model decode did not load: Stub process 'decode_0_0' is not healthy. ({DEAD_STUB_HINT})",
+        "model orchestrator did not load: ValueError: bad max_share"]
