@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Iterable
 
 from backends.triton.triton_io import MODALITIES, float_parameter
 
@@ -46,6 +47,11 @@ class SloTargets:
         file's ``slo`` section). Raises ValueError naming a parameter that is not a positive number."""
         return cls(*({m: v for m in MODALITIES if (v := float_parameter(params, f"slo_{m}_{name}")) is not None}
                      for name in ("ttft_ms", "tbt_ms")))
+
+    def tightest_tbt_ms(self, decoding: Iterable[str], boost: float = 1.0) -> float:
+        """The tightest TBT target (ms) of the modalities ``decoding`` (not empty), divided by ``boost``
+        (``decode_priority_boost``)."""
+        return min(self.tbt_ms.get(kind, DEFAULT_TBT_MS) for kind in decoding) / boost
 
 
 @dataclass(frozen=True)
@@ -108,7 +114,7 @@ class BudgetPolicy:
             self.scale = c.max_scale
             self._gaps.clear()  # gaps of another batch say nothing about the next one
         elif self._gaps:
-            target = min(self.targets.tbt_ms.get(k, DEFAULT_TBT_MS) for k in decoding) / c.decode_priority_boost
+            target = self.targets.tightest_tbt_ms(decoding, c.decode_priority_boost)
             worst = max(self._gaps)
             if worst > target:
                 self.scale = max(c.min_scale, self.scale / 2)

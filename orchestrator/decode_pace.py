@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from backends.ipc.protocol import StepPlan
-from orchestrator.budget_policy import DEFAULT_TBT_MS, SloTargets
+from orchestrator.budget_policy import SloTargets
 
 PACE_FOR_MS = 1000.0  # a pacing the orchestrator does not end (a step longer than this) ends itself
 TARGET_SHARE = 0.8  # the most of a TBT target a paced gap may take
@@ -54,5 +54,4 @@ class DecodePacer:
         ending = [kind for work in plan.prefill if work.is_last and (kind := kind_of(work.req_id)) is not None]
         if not MEDIA.intersection(ending) and len(ending) <= len(decoding):
             return 0.0
-        target = min(self.targets.tbt_ms.get(kind, DEFAULT_TBT_MS) for kind in decoding) / self.boost
-        return min(self.pace_ms, TARGET_SHARE * target)
+        return min(self.pace_ms, TARGET_SHARE * self.targets.tightest_tbt_ms(decoding, self.boost))

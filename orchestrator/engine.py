@@ -222,9 +222,10 @@ class Engine:
             for new in plan.new:  # a request is in `new` in the first step with work for it
                 if (tracked := self.requests.get(new.req_id)) is not None:
                     tracked.scheduled = launched
-            paced = self._pace(plan)
+            kinds = self._decoding_kinds()
+            paced = self.pacer.interval_ms(plan, kinds, self._kind_of) if self.pacer else 0.0  # ms; decode_pace.py
             try:
-                result = await self._run_step(plan, paced)
+                result = await self._run_step(plan, paced, self.fewer_sms(plan, kinds, self._kind_of))
             except Exception as exc:  # the step failed: fail its requests, keep the loop (and the server) alive
                 failure = failure_of(exc, "scheduler step failed")
                 for req_id in dict.fromkeys(w.req_id for w in (*plan.encode, *plan.prefill)):
@@ -256,18 +257,13 @@ class Engine:
         """The modality of each request in the decode batch."""
         return [tracked.request.kind for tracked in self.requests.values() if tracked.decoding]
 
-    def _pace(self, plan: StepPlan) -> float:
-        """The spacing of decode's launches while ``plan`` runs (ms; 0: none; ``orchestrator.decode_pace``)."""
-        return self.pacer.interval_ms(plan, self._decoding_kinds(), self._kind_of) if self.pacer else 0.0
-
-    async def _run_step(self, plan: StepPlan, pace: float) -> StepResult:
-        """``plan`` on encode_prefill (marked ``fewer_sms`` where ``self.fewer_sms`` says so; the scheduler completes
-        the plan it made), decode's launches spaced ``pace`` ms apart meanwhile (0: not)."""
-        fewer = self.fewer_sms(plan, self._decoding_kinds(), self._kind_of)
+    async def _run_step(self, plan: StepPlan, pace: float, fewer_sms: bool) -> StepResult:
+        """``plan`` on encode_prefill (sent marked ``fewer_sms`` when so; the scheduler completes the plan it made),
+        decode's launches spaced ``pace`` ms apart meanwhile (0: not)."""
         if pace:
             self._tell_decode(pace, PACE_FOR_MS)
         try:
-            return await self.stages.step(replace(plan, fewer_sms=True) if fewer else plan)
+            return await self.stages.step(replace(plan, fewer_sms=True) if fewer_sms else plan)
         finally:
             if pace and not self.stopping:  # stopping: decode's stream ends, its pacing with it
                 self._tell_decode(0.0, 0.0)

@@ -38,7 +38,7 @@ class FewerSms:
         ``kind_of(req_id)`` a request's modality (None: it has gone)."""
         if not decoding:
             return False
-        if min(self.targets.tbt_ms.get(kind, DEFAULT_TBT_MS) for kind in decoding) / self.boost >= DEFAULT_TBT_MS:
+        if self.targets.tightest_tbt_ms(decoding, self.boost) >= DEFAULT_TBT_MS:
             return False
         kinds = {kind_of(work.req_id) for work in (*plan.encode, *plan.prefill)}
         if "video" not in kinds or "image" in kinds:
