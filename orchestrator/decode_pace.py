@@ -1,6 +1,6 @@
-"""Decode yields to a prefill that ends media prompts, or more prompts than decode holds (decode pacing): while an
-encode/prefill step runs that prefills at least half the prefill budget and ends at least one image or video prompt,
-or more prompts than there are requests decoding, the decode loop launches its steps at least ``decode_pace_ms``
+"""Decode yields to a prefill that ends image prompts, or more prompts than decode holds (decode pacing): while an
+encode/prefill step runs that prefills at least half the prefill budget and ends at least one image prompt, or more
+prompts than there are requests decoding, the decode loop launches its steps at least ``decode_pace_ms``
 apart instead of back to back, and at most ``TARGET_SHARE`` of the tightest TBT target of the modalities decoding
 (``slo_<modality>_tbt_ms``, default 50 ms, divided by ``decode_priority_boost``) apart, so every stream still gets its
 tokens within its target, jitter included (and the SLO policy, which halves the budgets when a gap passes the target,
@@ -12,12 +12,15 @@ about 54 ms (bench/results/peer/fifth-run-2026-12-03/README.md, "Where the time 
 token paid for decode steps that had TBT to spare. vLLM puts the decode tokens into its prefill batch, so its
 streams wait the whole step. Pacing keeps the wait within the streams' TBT target.
 
-Where decode is left alone (decode isolation, docs/design.md): a long video's chunks end no prompt (its TTFT is
-seconds away); a short step is over in a decode step or two; and a step that ends text prompts only, no more of them
-than the requests decoding: 32 text questions at once on the H200 (bench/results/peer/sixth-run-2026-12-03/README.md)
-ended the last 11 in a 1,287-token step paced at 16 ms, and the 21 streams decoding beside it got 72 of the run's 81
-largest gaps (its top 1%, 14-26 ms; the TBT p99 13.8 ms), while those 11 prompts' TTFT lay beyond the p50 either way;
-without pacing such steps the seventh run's p99 was 11.0 ms (bench/results/peer/seventh-run-2026-12-03/README.md).
+Where decode is left alone (decode isolation, docs/design.md): a video's chunks, its last one included: its TTFT is
+seconds away, and on the H200 the 3-minute video's last step, paced 12 ms apart on the whole GPU, was 255 ms of a
+16.8-s TTFT and gave a quarter of the text streams' gaps over 1.5x their text-only TBT p99 (those steps run on fewer
+SMs instead, ``orchestrator.fewer_sms``, which gives the figures); a short step is over in a decode step or two; and
+a step that ends text prompts only, no more of them than the requests decoding: 32 text questions at once on the
+H200 (bench/results/peer/sixth-run-2026-12-03/README.md) ended the last 11 in a 1,287-token step paced at 16 ms, and
+the 21 streams decoding beside it got 72 of the run's 81 largest gaps (its top 1%, 14-26 ms; the TBT p99 13.8 ms),
+while those 11 prompts' TTFT lay beyond the p50 either way; without pacing such steps the seventh run's p99 was
+11.0 ms (bench/results/peer/seventh-run-2026-12-03/README.md).
 The same burst's step before it, 17 prompts beside the first one's decode (97 ms against about 60 alone; the ninth
 run, bench/results/peer/ninth-run-2026-12-03/README.md), is paced: the waiting prompts outnumber the streams whose
 gaps grow, and a lone stream's few paced gaps are far from the TBT p99 of all of them.
@@ -32,7 +35,7 @@ from orchestrator.budget_policy import SloTargets
 
 PACE_FOR_MS = 1000.0  # a pacing the orchestrator does not end (a step longer than this) ends itself
 TARGET_SHARE = 0.8  # the most of a TBT target a paced gap may take
-MEDIA = frozenset({"image", "video"})  # the modalities whose prompts ending in a step pace decode
+PACING_KINDS = frozenset({"image"})  # the modalities whose prompts ending in a step pace decode
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,6 @@ class DecodePacer:
         if not decoding or 2 * plan.num_prefill_tokens < self.prefill_budget:
             return 0.0
         ending = [kind for work in plan.prefill if work.is_last and (kind := kind_of(work.req_id)) is not None]
-        if not MEDIA.intersection(ending) and len(ending) <= len(decoding):
+        if not PACING_KINDS.intersection(ending) and len(ending) <= len(decoding):
             return 0.0
         return min(self.pace_ms, TARGET_SHARE * self.targets.tightest_tbt_ms(decoding, self.boost))

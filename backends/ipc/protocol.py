@@ -252,7 +252,7 @@ class DecodeAbort(Call):
 class DecodePace(Call):
     """Space the decode loop's step launches at least ``interval_ms`` apart (ms; 0 ends the pacing), for at most
     ``for_ms`` from its arrival (ms; a pacing not ended by then ends itself): sent while an encode/prefill step that
-    ends image or video prompts, or more prompts than decode holds, runs, so that step gets more of the GPU
+    ends image prompts, or more prompts than decode holds, runs, so that step gets more of the GPU
     (``orchestrator.decode_pace``)."""
 
     interval_ms: float

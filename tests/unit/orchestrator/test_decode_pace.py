@@ -26,14 +26,15 @@ def kinds(*names: str):
 @pytest.mark.parametrize("step, decoding, kind_of, interval", [
     (plan((2048, True)), ["image"], kinds("image"), 40.0),      # a full step ending a prompt: the pacing, within 50 ms
     (plan((2048, True)), ["text"], kinds("image"), 12.0),       # 80% of text's 15-ms target: tighter than the pacing
-    (plan((1500, False), (524, True)), ["image"], kinds("text", "video"), 40.0),  # any media prompt ending will do
-    (plan((1500, True), (524, False)), ["image"], kinds("text", "video"), 0.0),   # the video's chunk ends nothing
+    (plan((1500, False), (524, True)), ["image"], kinds("text", "image"), 40.0),  # any image prompt ending will do
+    (plan((1500, True), (524, False)), ["image"], kinds("text", "image"), 0.0),   # the image's chunk ends nothing
     (plan((1024, True)), ["image"], kinds("image"), 40.0),      # half the budget is enough
     (plan((1023, True)), ["image"], kinds("image"), 0.0),       # a short step is over within a decode step or two
     (plan((2048, False)), ["image"], kinds("video"), 0.0),      # a video's chunk that ends no prompt: decode left alone
     (plan((2048, True)), [], kinds("image"), 0.0),              # nothing decoding
     (plan((2048, True)), ["image", "text"], kinds("image"), 12.0),  # the tightest TBT target of the modalities decoding
-    (plan((2048, True)), ["video"], kinds("video"), 40.0),
+    (plan((2048, True)), ["video"], kinds("video"), 0.0),      # a video's last chunk: on fewer SMs, not paced
+    (plan((1500, True), (524, True)), ["text"], kinds("video", "image"), 12.0),  # an image ending beside it: paced
     (plan((2048, True)), ["text"], kinds("text"), 0.0),         # one text prompt, one stream decoding: not paced
     (plan((1024, True), (1024, True)), ["text"], kinds("text", "image"), 12.0),  # an image among them: paced
     (plan((2048, True)), ["text"], kinds(), 0.0),               # its request has gone

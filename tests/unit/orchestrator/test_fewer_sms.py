@@ -1,5 +1,5 @@
-"""Which steps run on fewer SMs (``orchestrator/fewer_sms.py``): a video's steps that end no video prompt, with no
-image work, beside a stream whose TBT target is tighter than 50 ms; the engine sending such steps marked (fake
+"""Which steps run on fewer SMs (``orchestrator/fewer_sms.py``): a video's steps, its last included, with no image
+work, beside a stream whose TBT target is tighter than 50 ms; the engine sending such steps marked (fake
 stages: ``fake_stages.py``)."""
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def kinds(*names: str):
     (plan((2048, False)), ["text"], kinds("video"), True),                # a video's middle chunk beside a text stream
     (plan(encode=(0,)), ["text"], kinds("video"), True),                  # its encode alone
     (plan((2000, False), (48, True)), ["text"], kinds("video", "text"), True),  # a text prompt ending beside it
-    (plan((2048, True)), ["text"], kinds("video"), False),                # the chunk that ends the video's prompt
+    (plan((2048, True)), ["text"], kinds("video"), True),                 # the chunk that ends the video's prompt
     (plan((2048, False)), [], kinds("video"), False),                     # nothing decoding
     (plan((2048, False)), ["video", "image"], kinds("video"), False),     # streams with the default 50-ms target
     (plan((2048, False)), ["video", "text"], kinds("video"), True),       # the tightest target decides
@@ -47,10 +47,10 @@ def test_decode_priority_boost_makes_a_default_target_tight():
     assert not FewerSms(SloTargets())(plan((2048, False)), ["video"], kinds("video"))
 
 
-@pytest.mark.parametrize("kind, marked", [("video", [True, True, False]), ("image", [False, False, False])])
-def test_a_videos_middle_steps_beside_a_tight_stream_go_to_the_stage_on_fewer_sms(kind, marked):
-    """While text "a" (15-ms TBT target) decodes, a video's steps that end no prompt are sent marked ``fewer_sms``
-    (``orchestrator/fewer_sms.py``), its last not; an image's never. The scheduler completes the plans it made."""
+@pytest.mark.parametrize("kind, marked", [("video", [True, True, True]), ("image", [False, False, False])])
+def test_a_videos_steps_beside_a_tight_stream_go_to_the_stage_on_fewer_sms(kind, marked):
+    """While text "a" (15-ms TBT target) decodes, a video's steps are sent marked ``fewer_sms``
+    (``orchestrator/fewer_sms.py``), its last too; an image's never. The scheduler completes the plans it made."""
     async def body(w: World):
         out = w.text("a", prompt_len=8, max_tokens=2)
         await outputs_of(out, 1)
