@@ -23,7 +23,7 @@ from backends.ipc.link import StageError
 from backends.ipc.protocol import SERVER_FAULT, DecodeAdmit, DecodeStep, FirstToken, StageFailure, StepPlan, StepResult
 from flashcodec.families import family_of
 from orchestrator.budget_policy import BudgetPolicy, Waiting, work_units
-from orchestrator.burst import gather_burst
+from orchestrator.burst import Arrivals, gather_burst
 from orchestrator.decode_pace import PACE_FOR_MS, DecodePacer
 from orchestrator.engine_io import (SHUTTING_DOWN, EngineRequest, Output, Released, RequestState, Tracked,
                                    failure_of)
@@ -44,9 +44,9 @@ class Engine:
     each executed step, ``on_release(Released)`` per request released; ``stopping()`` says
     whether the server has begun to stop (a media stream that ends early then fails its request as shutting
     down, not as bad input); ``policy`` sets each step's budgets from the measured decode gaps and step times
-    (None: the scheduler's configured budgets); ``admitting()``: requests being admitted, for which a step may wait
-    (``burst_wait_ms``: ``orchestrator.burst``); ``pacer`` spaces decode's steps while a step that ends media
-    prompts, or more prompts than decode holds, runs (``orchestrator.decode_pace``; None: never); ``fewer_sms`` marks
+    (None: the scheduler's configured budgets); ``arrivals``: the requests Triton has handed over, for the rest of
+    which a step may wait (``burst_wait_ms``: ``orchestrator.burst``); ``pacer`` spaces decode's steps while a step
+    that ends image prompts, or more prompts than decode holds, runs (``orchestrator.decode_pace``; None: never); ``fewer_sms`` marks
     the steps the stage runs on fewer SMs (``orchestrator.fewer_sms``)."""
 
     def __init__(self, index: int, scheduler: Scheduler, patch_pages: PagePool, stages: ReplicaStages,
@@ -54,7 +54,7 @@ class Engine:
                  on_step: Callable[[bool], None] = lambda paced: None,
                  on_release: Callable[[Released], None] = lambda released: None,
                  stopping: Callable[[], bool] = lambda: False, policy: BudgetPolicy | None = None,
-                 admitting: Callable[[], int] = lambda: 0, pacer: DecodePacer | None = None,
+                 arrivals: Arrivals | None = None, pacer: DecodePacer | None = None,
                  fewer_sms: FewerSms = FewerSms()):
         self.index, self.scheduler, self.patch_pages = index, scheduler, patch_pages
         self.stages, self.media = stages, media
@@ -66,7 +66,7 @@ class Engine:
         self._loops: list[asyncio.Task] = []
         self._background: set[asyncio.Task] = set()
         self.policy = policy  # each step's budgets, when SLO scheduling is on
-        self.admitting = admitting  # requests handed over by Triton and not yet admitted or refused (all replicas)
+        self.arrivals = arrivals or Arrivals()  # requests handed over by Triton (all replicas)
         self.pacer, self.fewer_sms = pacer, fewer_sms
         self._last_decode = 0.0  # when the last decode step with sequences arrived (time.monotonic() seconds)
 
@@ -210,8 +210,7 @@ class Engine:
         while not self.stopping:
             config, decoding = self.scheduler.config, any(t.decoding for t in self.requests.values())
             enough = config.prefill_budget if self.policy else config.step_budgets(decoding)[1]  # tokens
-            await gather_burst(self.wake, self.admitting, self._prompt_tokens_waiting, enough,
-                               config.burst_wait_ms / 1e3)
+            await gather_burst(self.wake, self.arrivals, self._prompts_waiting, enough, config.burst_wait_ms / 1e3)
             decoding = any(t.decoding for t in self.requests.values())
             plan = self.scheduler.schedule(self._budgets(), decode_running=decoding)
             if plan is None:
@@ -279,9 +278,10 @@ class Engine:
             if not tracked.first_token and (seq := self.scheduler.get(tracked.request.new.req_id)) is not None:
                 yield tracked, seq
 
-    def _prompt_tokens_waiting(self) -> int:
-        """Prompt tokens of the requests before their first token still to be prefilled."""
-        return sum(seq.prompt_len - seq.num_computed_tokens for _, seq in self._before_first_token())
+    def _prompts_waiting(self) -> tuple[int, int]:
+        """The requests before their first token with prompt tokens still to prefill, and those tokens."""
+        left = [seq.prompt_len - seq.num_computed_tokens for _, seq in self._before_first_token()]
+        return sum(n > 0 for n in left), sum(left)
 
     def _budgets(self) -> tuple[int, int] | None:
         """The policy's budgets for the next step, from the modalities decoding and the requests before their first

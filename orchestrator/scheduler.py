@@ -37,7 +37,7 @@ class SchedulerConfig:
             every embedding ready, goes into a short step of such prefills only, ahead of other work
             (``orchestrator.step_fill``); 0: off.
         max_short_steps: short steps in a row while other work waits; then a normal step (no starvation).
-        burst_wait_ms: ms a step may wait for requests still being admitted while the prompts waiting for prefill
+        burst_wait_ms: ms a step may wait for the rest of a burst while two prompts or more wait for prefill and
             do not fill ``prefill_budget`` (the engine's, ``orchestrator.burst``); 0: off.
         idle_budget_scale: both budgets are this many times larger in a step planned while decode holds no
             sequence (no stream's TBT to protect: a lone video or a burst of prompts reaches its first tokens in

@@ -28,6 +28,7 @@ from backends.triton import server_stop
 from backends.triton.replicas import replica_name
 from backends.triton.triton_io import float_parameter, int_parameter
 from orchestrator.budget_policy import BudgetPolicy, PolicyConfig, SloTargets
+from orchestrator.burst import Arrivals
 from orchestrator.decode_pace import DecodePacer
 from orchestrator.engine import Engine
 from orchestrator.engine_io import SHUTTING_DOWN, EngineRequest, Released, RequestCounts
@@ -60,10 +61,10 @@ class OrchestratorConfig:
     video's prefill cannot hold a short request back; a lone request still uses the whole budget.
     ``short_prefill_tokens`` (default 512, 0 off): prefills that end their prompts within this many tokens go ahead
     of other work in short steps of their own (``SchedulerConfig``, ``orchestrator.step_fill``); ``burst_wait_ms``
-    (default 0, off): how long a step may wait for requests still being admitted (``orchestrator.burst``);
+    (default 0, off): how long a step may wait for the rest of a burst of requests (``orchestrator.burst``);
     ``idle_budget_scale`` (default 1, off): both budgets' factor in a step planned while nothing decodes;
-    ``decode_pace_ms`` (default 0, off): the spacing of decode's steps while a step that ends image or video
-    prompts runs, at most the decoding modalities' TBT targets (``orchestrator.decode_pace``).
+    ``decode_pace_ms`` (default 0, off): the spacing of decode's steps while a step that ends image prompts, or
+    more prompts than decode holds, runs, at most the decoding modalities' TBT targets (``orchestrator.decode_pace``).
     ``max_model_len``: prompt + output tokens per request;
     ``replicas``: encode_prefill/decode replicas to drive (``backends/triton/replicas.py``);
     ``max_waiting_requests``: requests that may wait for KV pages at once (over all replicas); a request arriving
@@ -175,8 +176,7 @@ class Orchestrator:
         self._ready: asyncio.Future | None = None
         self.stopping = False  # the server is stopping: no new work, no aborts to the stages
         self.gauges = Gauges(metrics, lambda: (self.engines, self.patch_pages))
-        self.arrived = 0  # requests Triton handed over (counted by its execute thread: note_arrivals)
-        self.settled = 0  # of those, admitted or refused (counted on the event loop: admission_ended)
+        self.arrivals = Arrivals()  # requests Triton handed over (its execute thread: note_arrivals), admitted since
 
     # ---- start-up: the stages may still be loading, so the pools and engines start on first use ----------
     async def _start(self) -> None:
@@ -216,7 +216,7 @@ class Orchestrator:
                 index, Scheduler(config, kv_pages, self.patch_pages, EncoderCache(self.config.cache.encoder_tokens)),
                 self.patch_pages, LinkStages(self.links, index), media, on_change=self.gauges.changed,
                 on_step=self._on_step, on_release=self._on_release, stopping=server_stop.announced, policy=policy,
-                admitting=lambda: self.arrived - self.settled, pacer=pacer,
+                arrivals=self.arrivals, pacer=pacer,
                 fewer_sms=FewerSms(self.config.slo, self.config.policy.decode_priority_boost)))
         await asyncio.gather(*(engine.start() for engine in engines))
         # every link connected before the first request: from then on a call is queued when it is made, so an abort
@@ -274,12 +274,12 @@ class Orchestrator:
     # ---- admission -----------------------------------------------------------------------------------------
     def note_arrivals(self, n: int) -> None:
         """``n`` requests handed over by Triton (its execute thread; each ends with :meth:`admission_ended`)."""
-        self.arrived += n
+        self.arrivals.note(n)
 
     def admission_ended(self) -> None:
         """A request handed over is admitted or refused (on the event loop): a step waiting for the burst's requests
         looks again (``orchestrator.burst``)."""
-        self.settled += 1
+        self.arrivals.settle()
         for engine in self.engines:
             engine.wake.set()
 
