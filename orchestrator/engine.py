@@ -46,8 +46,8 @@ class Engine:
     down, not as bad input); ``policy`` sets each step's budgets from the measured decode gaps and step times
     (None: the scheduler's configured budgets); ``arrivals``: the requests Triton has handed over, for the rest of
     which a step may wait (``burst_wait_ms``: ``orchestrator.burst``); ``pacer`` spaces decode's steps while a step
-    that ends image prompts, or more prompts than decode holds, runs (``orchestrator.decode_pace``; None: never); ``fewer_sms`` marks
-    the steps the stage runs on fewer SMs (``orchestrator.fewer_sms``)."""
+    that ends image prompts, or more prompts than decode holds, runs (``orchestrator.decode_pace``; None: never);
+    ``fewer_sms`` marks the steps the stage runs on fewer SMs (``orchestrator.fewer_sms``)."""
 
     def __init__(self, index: int, scheduler: Scheduler, patch_pages: PagePool, stages: ReplicaStages,
                  media: MediaStage, on_change: Callable[[], None] = lambda: None,
