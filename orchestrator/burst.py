@@ -8,10 +8,13 @@ ms). Planned at once, the burst's steps follow that trickle: one request, then t
 17 beside their decode (69 ms where about 45 would do alone), then 4; the 16th request's first token came with the
 third step.
 
-So a step waits while a burst is still coming: only when at least two prompts wait for their prefill (a lone request
-is never held, and the burst's first request goes alone, in a prefill CUDA graph where one fits), until the waiting
-prompts fill the step's prefill budget (more would not go in the step anyway), or no request is being admitted and
-none has reached the orchestrator for :data:`QUIET_S` (the burst is over), or ``wait_s`` has passed.
+So a step waits while a burst is still coming: only when at least two prompts wait for their prefill (any request
+before its first token with prompt tokens left, also one waiting for KV pages or for its media to be decoded; a
+request alone is never held, and a burst's first request goes alone, in a prefill CUDA graph where one fits), until
+the waiting prompts fill the step's prefill budget (``idle_budget_scale`` times it while nothing decodes; more would
+not go in the step anyway), or no request is being admitted and none has reached the orchestrator for
+:data:`QUIET_S` (the burst is over), or ``wait_s`` has passed. A slow admission (a media probe) holds such a step for
+up to ``wait_s``, as it did under the rule before.
 
 The rule before (2026-12-03) waited while any request was being admitted, from the first step on: on the H200 the
 7B's first step then held two prompts, run eagerly (49 ms where one runs as a graph in 10), and the wait ended at
@@ -36,8 +39,9 @@ class Arrivals:
         self.last_s = float("-inf")  # time.monotonic() of the last hand-over
 
     def note(self, n: int) -> None:
-        self.arrived += n
-        self.last_s = time.monotonic()
+        if n > 0:
+            self.arrived += n
+            self.last_s = time.monotonic()
 
     def settle(self) -> None:
         self.settled += 1

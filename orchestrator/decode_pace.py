@@ -1,10 +1,10 @@
 """Decode yields to a prefill that ends image prompts, or more prompts than decode holds (decode pacing): while an
 encode/prefill step runs that prefills at least half the prefill budget and ends at least one image prompt, or more
-prompts than there are requests decoding, the decode loop launches its steps at least ``decode_pace_ms``
-apart instead of back to back, and at most ``TARGET_SHARE`` of the tightest TBT target of the modalities decoding
-(``slo_<modality>_tbt_ms``, default 50 ms, divided by ``decode_priority_boost``) apart, so every stream still gets its
-tokens within its target, jitter included (and the SLO policy, which halves the budgets when a gap passes the target,
-is not set off by the pacing).
+prompts than there are requests decoding (a video's prompt not counted), the decode loop launches its steps at least
+``decode_pace_ms`` apart instead of back to back, and at most ``TARGET_SHARE`` of the tightest TBT target of the
+modalities decoding (``slo_<modality>_tbt_ms``, default 50 ms, divided by ``decode_priority_boost``) apart, so every
+stream still gets its tokens within its target, jitter included (and the SLO policy, which halves the budgets when a
+gap passes the target, is not set off by the pacing).
 
 Why: the two stages share the GPU, and under MPS decode's steps run beside encode_prefill's at a higher priority. On
 the H200 a 2,048-token prefill step took 88-95 ms with one sequence decoding beside it, where a chunk alone runs in
@@ -14,8 +14,10 @@ streams wait the whole step. Pacing keeps the wait within the streams' TBT targe
 
 Where decode is left alone (decode isolation, docs/design.md): a video's chunks, its last one included: its TTFT is
 seconds away, and on the H200 the 3-minute video's last step, paced 12 ms apart on the whole GPU, was 255 ms of a
-16.8-s TTFT and gave a quarter of the text streams' gaps over 1.5x their text-only TBT p99 (those steps run on fewer
-SMs instead, ``orchestrator.fewer_sms``, which gives the figures); a short step is over in a decode step or two; and
+16.8-s TTFT and gave a quarter of the text streams' gaps over 1.5x their text-only TBT p99 (with
+``sms_while_decoding`` set, those steps run on fewer SMs beside streams with a TBT target under 50 ms,
+``orchestrator.fewer_sms``, which gives the figures; without it they share the whole GPU with decode, unpaced); a
+short step is over in a decode step or two; and
 a step that ends text prompts only, no more of them than the requests decoding: 32 text questions at once on the
 H200 (bench/results/peer/sixth-run-2026-12-03/README.md) ended the last 11 in a 1,287-token step paced at 16 ms, and
 the 21 streams decoding beside it got 72 of the run's 81 largest gaps (its top 1%, 14-26 ms; the TBT p99 13.8 ms),
@@ -55,6 +57,6 @@ class DecodePacer:
         if not decoding or 2 * plan.num_prefill_tokens < self.prefill_budget:
             return 0.0
         ending = [kind for work in plan.prefill if work.is_last and (kind := kind_of(work.req_id)) is not None]
-        if not PACING_KINDS.intersection(ending) and len(ending) <= len(decoding):
-            return 0.0
+        if not PACING_KINDS.intersection(ending) and sum(kind != "video" for kind in ending) <= len(decoding):
+            return 0.0  # a video's prompt ending does not count: its steps are never paced
         return min(self.pace_ms, TARGET_SHARE * self.targets.tightest_tbt_ms(decoding, self.boost))

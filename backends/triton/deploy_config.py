@@ -208,7 +208,7 @@ class Budgets:
     before the 2x2 merge), ``max_share`` of a budget per request while several want it (0, 1],
     ``short_prefill_tokens`` (prefills this close to their prompt's end go first in short steps; 0 off),
     ``burst_wait_ms`` (ms a step may wait for a burst's requests; 0 off), ``decode_pace_ms`` (ms between decode's
-    steps while a step ending media prompts, or more than decode holds, runs; 0 off), ``idle_budget_scale`` (both
+    steps while a step ending image prompts, or more than decode holds, runs; 0 off), ``idle_budget_scale`` (both
     budgets' factor while nothing decodes; 1 off), ``max_model_len`` (tokens), decode's ``max_batch`` (sequences)."""
 
     prefill_budget: int | None = _to("orchestrator.prefill_budget")

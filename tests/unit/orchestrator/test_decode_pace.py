@@ -33,7 +33,8 @@ def kinds(*names: str):
     (plan((2048, False)), ["image"], kinds("video"), 0.0),      # a video's chunk that ends no prompt: decode left alone
     (plan((2048, True)), [], kinds("image"), 0.0),              # nothing decoding
     (plan((2048, True)), ["image", "text"], kinds("image"), 12.0),  # the tightest TBT target of the modalities decoding
-    (plan((2048, True)), ["video"], kinds("video"), 0.0),      # a video's last chunk: on fewer SMs, not paced
+    (plan((2048, True)), ["video"], kinds("video"), 0.0),      # a video's last chunk: never paced
+    (plan((1500, True), (524, True)), ["text"], kinds("video", "text"), 0.0),  # nor with one text prompt beside it
     (plan((1500, True), (524, True)), ["text"], kinds("video", "image"), 12.0),  # an image ending beside it: paced
     (plan((2048, True)), ["text"], kinds("text"), 0.0),         # one text prompt, one stream decoding: not paced
     (plan((1024, True), (1024, True)), ["text"], kinds("text", "image"), 12.0),  # an image among them: paced
