@@ -2,9 +2,9 @@
 
 Triton hands the orchestrator one request per ``execute`` call, and the next call waits for the last to return and
 for the GIL the event loop shares: on the H200, 32 text requests that the OpenAI API had within 3 ms reached the
-orchestrator 1.1 ms apart, over 4-36 ms (the thirteenth run's timelines, bench/results/peer/README.md; a trivial
-Python model behind the same tritonserver 2.51 took them 0.3-0.5 ms apart, 0.9 ms once its ``execute`` took 0.5
-ms). Planned at once, the burst's steps follow that trickle: one request, then the 10 that came during its step, then
+orchestrator 1.1 ms apart, over 4-36 ms (the thirteenth run's timelines, bench/results/peer/thirteenth-run-2026-12-04/;
+a trivial Python model behind the same tritonserver 2.51 took them 0.3-0.5 ms apart, 0.9 ms once its ``execute``
+took 0.5 ms). Planned at once, the burst's steps follow that trickle: one request, then the 10 that came during its step, then
 17 beside their decode (69 ms where about 45 would do alone), then 4; the 16th request's first token came with the
 third step.
 
