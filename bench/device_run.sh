@@ -34,6 +34,8 @@
 #   decode-profile bench/decode_profile.py: where a decode step's time goes (host, kernels by kind, linears, attention)
 #   sampler-bench  tests/gpu/test_runtime_sampler_cuda.py and bench/sampler_bench.py: the sampler alone
 #   attention-probe bench/attention_probe.py: decode attention and KV writes alone, per library kernel and option
+#   green-probe    bench/green_context_probe.py: a GEMM and FA3 prefill on a green context of fewer SMs, with and
+#                  without their remedies (PROBE_ARGS adds options, e.g. PROBE_ARGS="--sms 120 104")
 #   vision-graphs  tests/gpu/test_vision_graphs.py (log vision_graph_tests) and bench/vision_graphs_bench.py: the vision
 #                  tower's CUDA graphs per item grid against its eager forward (needs the av bundle installed)
 #   prefill-probe  bench/prefill_probe.py: short prefill chunks over empty and long cached contexts, eager, as
@@ -167,6 +169,10 @@ attention_probe() {
   python3 bench/attention_probe.py --out "$OUT" 2>&1 | tee "$OUT/attention_probe.log" || status=1
 }
 
+green_probe() {
+  python3 bench/green_context_probe.py --out "$OUT" ${PROBE_ARGS:-} 2>&1 | tee "$OUT/green_context_probe.log" || status=1
+}
+
 vision_graphs() {
   run_pytest vision_graph_tests -rP tests/gpu/test_vision_graphs.py
   python3 bench/vision_graphs_bench.py --out "$OUT" 2>&1 | tee "$OUT/vision_graphs_bench.log" || status=1
@@ -254,6 +260,7 @@ for step in "$@"; do
     decode-profile) decode_profile ;;
     sampler-bench) sampler_bench ;;
     attention-probe) attention_probe ;;
+    green-probe) green_probe ;;
     prefill-probe) prefill_probe ;;
     nvdec) nvdec ;;
     multi-gpu) multi_gpu ;;

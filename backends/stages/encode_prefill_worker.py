@@ -231,7 +231,7 @@ class EncodePrefillWorker:
             clock = PhaseClock(self.device)
             self._encode(plan.encode)
             clock.mark()
-            first_tokens = self._prefill(plan.prefill)
+            first_tokens = self._prefill(plan.prefill, self.streams.step_sms(plan.fewer_sms))
             clock.mark()
             phases = None
             if plan.encode or first_tokens:  # waits for the device: the patch pages are read (a sampled token waited)
@@ -268,9 +268,12 @@ class EncodePrefillWorker:
             if work.cache_key is not None:  # both read it, neither writes it
                 self.encoder_cache[work.cache_key] = rows
 
-    def _prefill(self, works: tuple[PrefillWork, ...]) -> tuple[FirstToken, ...]:
+    def _prefill(self, works: tuple[PrefillWork, ...], sms: int | None) -> tuple[FirstToken, ...]:
+        """The step's prefill chunks, their attention sized to ``sms`` SMs (None: the device's); the first tokens of
+        the prompts they end."""
         if not works:
             return ()
+        self.runner.backend.sms_limit = sms
         chunks = []
         for w in works:
             embeds, positions = self.prompts[w.req_id].chunk(w.start, w.end, self.runner.embed)

@@ -33,6 +33,7 @@ class StepStreams:
 
     def __init__(self, device: torch.device, sms_while_decoding: int = 0):
         self.device = device
+        self.sms = sms_while_decoding
         self.green: torch.cuda.Stream | None = None
         self._on_green = False  # the last step ran on the green stream
         if sms_while_decoding < 0:
@@ -57,6 +58,11 @@ class StepStreams:
         # torch 2.11 on the H200, 2026-12-02). One context per stage process; the driver frees it at exit.
         ctypes.pythonapi.Py_IncRef(ctypes.py_object(context))
         self.green = context.Stream()
+
+    def step_sms(self, fewer_sms: bool) -> int | None:
+        """The SMs a step's kernels may use: the green context's count for a step marked ``fewer_sms`` (the count
+        asked for: the driver may give a few more), None (the device's) for any other or without a green context."""
+        return self.sms if fewer_sms and self.green is not None else None
 
     @contextlib.contextmanager
     def for_step(self, fewer_sms: bool) -> Iterator[None]:

@@ -47,13 +47,15 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm().clamp_min(1e-12))
 
 
+@pytest.mark.parametrize("sms_limit", [None, 100])  # 100: FA3 in row groups (sm_partition), as on a green context
 @pytest.mark.parametrize("heads,kv_heads,head_dim", [(28, 4, 128), (2, 1, 64)])
-def test_kernels_match_torch_on_random_paged_layouts(heads, kv_heads, head_dim):
+def test_kernels_match_torch_on_random_paged_layouts(heads, kv_heads, head_dim, sms_limit):
     rng = random.Random(0)
     torch.manual_seed(0)
     page_size, num_pages, layers = 16, 512, 2
     cache = torch.randn(layers, 2, num_pages, page_size, kv_heads, head_dim, dtype=torch.bfloat16, device=DEVICE)
     fi = FlashInferAttentionBackend(heads, kv_heads, head_dim, page_size, torch.bfloat16, DEVICE)
+    fi.sms_limit = sms_limit
     ref = TorchAttentionBackend()
     pages = list(range(num_pages))
     rng.shuffle(pages)
@@ -80,6 +82,30 @@ def test_kernels_match_torch_on_random_paged_layouts(heads, kv_heads, head_dim):
                 assert torch.equal(pool, expected_pool)
             expected_pool = pool
         assert rel_err(outs[1], outs[0]) < RTOL, (new, cached)
+    if sms_limit is not None and heads > sms_limit // 8:  # the 28-head layouts exceed 100 work items: row groups ran
+        assert fi._row_group_wrappers
+
+
+def test_fa3_in_row_groups_equals_one_call():
+    """A step limited to fewer SMs than the device has (encode_prefill's green context) runs FA3 in row groups
+    (backends/runtime/attention/sm_partition.py): a 2,048-token chunk over 3,000 cached tokens (448 work items of the
+    7B's 28 heads, in six groups of at most 84 for 100 SMs) gives the one call's output exactly (each tile is
+    computed alike)."""
+    torch.manual_seed(0)
+    heads, kv_heads, head_dim, page_size, new, cached = 28, 4, 128, 16, 2048, 3000
+    pages = pages_needed(new + cached, page_size)
+    cache = torch.randn(1, 2, pages, page_size, kv_heads, head_dim, dtype=torch.bfloat16, device=DEVICE)
+    meta = AttentionMetadata.build([new], [cached], [list(range(pages))], page_size, DEVICE)
+    q = torch.randn(new, heads, head_dim, dtype=torch.bfloat16, device=DEVICE)
+    k, v = (torch.randn(new, kv_heads, head_dim, dtype=torch.bfloat16, device=DEVICE) for _ in range(2))
+    outs = []
+    for sms_limit in (None, 100):
+        backend = FlashInferAttentionBackend(heads, kv_heads, head_dim, page_size, torch.bfloat16, DEVICE)
+        backend.sms_limit = sms_limit
+        backend.plan(meta)
+        outs.append(backend.forward(0, q, k, v, cache.clone()))
+    assert len(backend._row_group_wrappers) == 5  # six groups: the backend's FA3 wrapper and five more
+    assert torch.equal(outs[0], outs[1])
 
 
 def paged_runner(preset: str, backend: str, dtype: torch.dtype = torch.bfloat16, pages: int = 257,

@@ -6,7 +6,7 @@
   the orchestrator marks ``fewer_sms`` and others), no step waiting for the device, gives the logits and the KV of
   the same chunks all on the ordinary stream: eager with the torch attention backend (float32), and with flashinfer
   and prefill CUDA graphs (bf16; the graphs captured on the green stream, as the worker's first step may, and
-  replayed on both).
+  replayed on both; a long chunk's FA3 in row groups sized to the green context's SMs).
 
 A missed wait between the streams shows as a chunk reading KV the last one has not written yet. Skipped without CUDA
 (or flashinfer, for its case), and where the installed torch's ``GreenContext`` lacks ``Stream`` (the reason given).
@@ -27,8 +27,10 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
 SMS = 16  # of the H200's 132
-BOUNDS = [0, 700, 1000, 1017, 1529, 1800, 2333]  # one step a chunk: eager (> 512) and graphed ones
-STREAMS = [True, False, True, True, False, True]  # each step marked fewer_sms or not
+# one step a chunk: eager (> 512) and graphed ones; the last, 9 FA3 tiles of the tiny model's 192 rows x 2 heads, in
+# two row groups on the green context's 16 SMs (backends/runtime/attention/sm_partition.py)
+BOUNDS = [0, 700, 1000, 1017, 1529, 1800, 2333, 4000]
+STREAMS = [True, False, True, True, False, True, True]  # each step marked fewer_sms or not
 
 
 def green_streams() -> StepStreams:
@@ -52,6 +54,7 @@ def _steps(runner, streams: StepStreams, fewer: list[bool], ids: list[int], tabl
     each chunk's last-token logits (float32 ``[vocab]``), read once every step is queued."""
     out = []
     for start, end, fewer_sms in zip(BOUNDS, BOUNDS[1:], fewer):
+        runner.backend.sms_limit = streams.step_sms(fewer_sms)  # as the worker sets it
         with streams.for_step(fewer_sms):
             out.append(runner.prefill([chunk(runner, ids[start:end], start, table)])[0])
     with streams.for_step(False):  # the ordinary stream, after the green one

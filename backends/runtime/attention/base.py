@@ -105,6 +105,11 @@ class AttentionBackend(ABC):
     layers. Implementations may keep per-step state (index tensors, kernel plans) between the two.
     """
 
+    # SMs the kernels of the steps planned from now on may use (a CUDA green context's count, set by encode_prefill
+    # per step: backends/stages/step_streams.py); None: the device's. A backend whose kernels size no work to the SM
+    # count ignores it.
+    sms_limit: int | None = None
+
     @abstractmethod
     def plan(self, metadata: AttentionMetadata) -> None:
         """Prepare for a step with this batch layout (host-side work, done once for all layers)."""

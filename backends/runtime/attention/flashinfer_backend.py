@@ -10,7 +10,11 @@ layer in one kernel, in about a third of the time of two indexing kernels (bench
 flashinfer has no float32 kernels: float16 and bfloat16 only, head_dim 64, 128 or 256.
 
 Prefill steps pick flashinfer's kernel (its ``backend`` argument) by :func:`prefill_kernel`: FA2, which splits a
-long KV over several CTAs, where FA3's work items would leave SMs idle, else ``"auto"`` (FA3 on Hopper).
+long KV over several CTAs, where FA3's work items would leave SMs idle, else ``"auto"`` (FA3 on Hopper). A step
+whose kernels may use fewer SMs than the device has (``sms_limit``: encode_prefill's green context) runs FA3 as one
+call per group of query rows (``sm_partition.row_groups``): flashinfer deals FA3's work to one CTA per SM of the
+device, which on fewer SMs runs in two rounds (a 2,048-row chunk over 100,000 cached tokens on 120 of the H200's 132
+SMs: 9.3 ms in one call, 5.6 in four; 5.6 on the whole GPU: bench/results/green-context-probe-h200-2026-12-04/).
 
 For CUDA graphs, :meth:`FlashInferAttentionBackend.for_cuda_graph` builds a decode-only backend and
 :meth:`FlashInferAttentionBackend.for_prefill_graph` a backend for one sequence's prefill chunk, whose index buffers
@@ -26,6 +30,7 @@ import numpy as np
 import torch
 
 from backends.runtime.attention.base import AttentionBackend, AttentionMetadata
+from backends.runtime.attention.sm_partition import group_layout, row_groups, tile_rows
 
 SUPPORTED_HEAD_DIMS = (64, 128, 256)
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
@@ -59,7 +64,7 @@ def prefill_kernel(qo_lens: Sequence[int], num_qo_heads: int, head_dim: int, num
     long cached context runs on ``num_qo_heads * tiles`` SMs (28 of 132 for a chunk of up to 128 tokens of
     Qwen2.5-VL-7B). FA2's plan (``PrefillSplitQOKVIndptr``) splits the KV into chunks until the CTAs fill the GPU.
     """
-    tile = 192 if head_dim == 64 else 128
+    tile = tile_rows(head_dim)
     items = num_qo_heads * sum(-(-n // tile) for n in qo_lens)
     return "fa2" if items < num_sms else "auto"
 
@@ -81,6 +86,20 @@ class _AppendIndices:
         parts = (metadata.batch_indices, metadata.kv_positions, metadata.kv_indices, metadata.kv_indptr,
                  metadata.kv_last_page_len)
         return cls(*torch.cat(parts).to(device, non_blocking=True).split([p.numel() for p in parts]))
+
+
+class _RowGroups:
+    """FA3 over a step's query rows cut into groups (``sm_partition.row_groups``): ``(rows, wrapper)`` per group, each
+    wrapper planned for its rows; :meth:`run` is a wrapper's ``run`` over all of them."""
+
+    def __init__(self, groups: list[tuple[slice, object]]) -> None:
+        self.groups = groups
+
+    def run(self, q: torch.Tensor, paged: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        out = torch.empty_like(q)
+        for rows, wrapper in self.groups:
+            wrapper.run(q[rows], paged, out=out[rows])
+        return out
 
 
 class FlashInferAttentionBackend(AttentionBackend):
@@ -112,6 +131,7 @@ class FlashInferAttentionBackend(AttentionBackend):
                 self.workspace, "NHD", backend=kernel) for kernel in PREFILL_KERNELS}
         self._decode = decode_wrapper
         self._prefill = prefill_wrappers or {}  # by kernel; a prefill graph's backend holds the one it captured
+        self._row_group_wrappers: list = []  # FA3 wrappers of row groups 1.. (group 0 uses self._prefill["auto"])
         self._append_kv = flashinfer.append_paged_kv_cache
         self._active = None
         self._static_append = static_append
@@ -189,14 +209,43 @@ class FlashInferAttentionBackend(AttentionBackend):
         elif not self._prefill:
             raise ValueError("a decode-graph backend runs decode steps only (one token per sequence)")
         else:
-            if len(self._prefill) == 1:  # a graph's backend: the kernel it was captured with
-                (wrapper,) = self._prefill.values()
-            else:
-                wrapper = self._prefill[self.prefill_kernel(np.diff(metadata.cu_seqlens_q.numpy()).tolist())]
+            self._active = self._plan_prefill(metadata, common)
+        self._append = self._static_append or _AppendIndices.upload(metadata, self.workspace.device)
+
+    def _plan_prefill(self, metadata: AttentionMetadata, common: dict):
+        """A prefill step's kernel, planned: a graph's backend the one it was captured with; else FA2 or FA3
+        (:func:`prefill_kernel`, for ``sms_limit`` SMs), FA3 as one wrapper per group of query rows (more wrappers
+        made as a step first needs them) where the step may use fewer SMs than the device has and its work items
+        exceed them."""
+        import flashinfer
+
+        num_qo_heads, num_kv_heads, head_dim, page_size = self.shape
+        qo_lens = np.diff(metadata.cu_seqlens_q.numpy()).tolist()
+        sms = min(self.sms_limit or self.num_sms, self.num_sms)
+        if len(self._prefill) == 1:  # a graph's backend: the kernel it was captured with, all rows in one call
+            (kernel,), groups = self._prefill, []
+        else:
+            kernel = prefill_kernel(qo_lens, num_qo_heads, head_dim, sms)
+            groups = row_groups(qo_lens, num_qo_heads, head_dim, sms) if kernel == "auto" and sms < self.num_sms else []
+        if len(groups) < 2:
+            wrapper = self._prefill[kernel]
             wrapper.plan(metadata.cu_seqlens_q, metadata.kv_indptr, metadata.kv_indices, metadata.kv_last_page_len,
                          num_qo_heads, num_kv_heads, head_dim, page_size, causal=True, **common)
-            self._active = wrapper
-        self._append = self._static_append or _AppendIndices.upload(metadata, self.workspace.device)
+            return wrapper
+        while len(self._row_group_wrappers) < len(groups) - 1:
+            self._row_group_wrappers.append(flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+                self.workspace, "NHD", backend="auto"))
+        starts = metadata.cu_seqlens_q.numpy()
+        layout = (metadata.kv_indptr.numpy(), metadata.kv_indices.numpy(), metadata.kv_last_page_len.numpy())
+        planned = []
+        for pieces, wrapper in zip(groups, [self._prefill["auto"], *self._row_group_wrappers]):
+            qo, indptr, indices, last = (torch.from_numpy(a) for a in group_layout(pieces, qo_lens, *layout,
+                                                                                    page_size))
+            wrapper.plan(qo, indptr, indices, last, num_qo_heads, num_kv_heads, head_dim, page_size, causal=True,
+                         **common)
+            (first_seq, first_row, _), (last_seq, _, last_row) = pieces[0], pieces[-1]
+            planned.append((slice(int(starts[first_seq]) + first_row, int(starts[last_seq]) + last_row), wrapper))
+        return _RowGroups(planned)
 
     def forward(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 kv_cache: torch.Tensor) -> torch.Tensor:

@@ -23,6 +23,7 @@ def test_off_is_a_no_op_without_cuda_calls(monkeypatch):
         with streams.for_step(running):
             pass
     assert streams.green is None
+    assert streams.step_sms(True) is None and streams.step_sms(False) is None  # every step on the whole GPU
 
 
 @pytest.mark.parametrize("sms, message", [
@@ -61,7 +62,8 @@ def test_a_step_on_the_other_stream_first_waits_for_the_last_one(monkeypatch):
     monkeypatch.setattr(step_streams.torch.cuda, "current_stream", lambda device=None: current[-1])
     monkeypatch.setattr(step_streams.torch.cuda, "stream", stream)
     streams = StepStreams(CPU)
-    streams.green = FakeStream("green", log)  # as a green context's stream would be
+    streams.green, streams.sms = FakeStream("green", log), 120  # as a green context of 120 SMs would be
+    assert (streams.step_sms(True), streams.step_sms(False)) == (120, None)  # the SMs attention is sized to
     for running in (False, True, True, False, False, True):
         with streams.for_step(running):
             log.append(f"step on {current[-1].name}")
