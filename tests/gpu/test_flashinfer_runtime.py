@@ -82,7 +82,7 @@ def test_kernels_match_torch_on_random_paged_layouts(heads, kv_heads, head_dim, 
                 assert torch.equal(pool, expected_pool)
             expected_pool = pool
         assert rel_err(outs[1], outs[0]) < RTOL, (new, cached)
-    if sms_limit is not None and heads > sms_limit // 8:  # the 28-head layouts exceed 100 work items: row groups ran
+    if sms_limit is not None and heads == 28:  # 168 and 224 FA3 work items over 100 SMs: a step ran in row groups
         assert fi._row_group_wrappers
 
 

@@ -30,12 +30,15 @@ import numpy as np
 import torch
 
 from backends.runtime.attention.base import AttentionBackend, AttentionMetadata
-from backends.runtime.attention.sm_partition import group_layout, row_groups, tile_rows
+from backends.runtime.attention.sm_partition import group_layout, group_rows, row_groups, tile_rows
 
 SUPPORTED_HEAD_DIMS = (64, 128, 256)
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
 WORKSPACE_BYTES = 256 << 20  # flashinfer's split-KV scratch; its docs recommend 128 MB or more
 PREFILL_KERNELS = ("fa2", "auto")  # flashinfer's BatchPrefillWithPagedKVCacheWrapper(backend=...) values we use
+# FA3 row groups a step may be cut into (sm_partition); a step that would need more runs in one call. Each group past
+# the first holds a wrapper of its own, made on first need: 8 MiB of device and 8 MiB of pinned host memory.
+MAX_ROW_GROUPS = 8
 
 
 def flashinfer_supports(head_dim: int, dtype: torch.dtype, device: torch.device) -> str | None:
@@ -121,7 +124,9 @@ class FlashInferAttentionBackend(AttentionBackend):
 
         self.shape = (num_qo_heads, num_kv_heads, head_dim, page_size)
         self.dtype = dtype
-        self.num_sms = torch.cuda.get_device_properties(device).multi_processor_count  # under MPS: the share's
+        properties = torch.cuda.get_device_properties(device)
+        self.num_sms = properties.multi_processor_count  # under MPS: the share's
+        self.fa3 = properties.major == 9  # flashinfer's "auto" prefill kernel is FA3 on Hopper (sm90) only
         self.workspace = workspace if workspace is not None else torch.empty(
             WORKSPACE_BYTES, dtype=torch.uint8, device=device)
         if decode_wrapper is None and prefill_wrappers is None:  # eager: every kind of step, same workspace
@@ -215,8 +220,8 @@ class FlashInferAttentionBackend(AttentionBackend):
     def _plan_prefill(self, metadata: AttentionMetadata, common: dict):
         """A prefill step's kernel, planned: a graph's backend the one it was captured with; else FA2 or FA3
         (:func:`prefill_kernel`, for ``sms_limit`` SMs), FA3 as one wrapper per group of query rows (more wrappers
-        made as a step first needs them) where the step may use fewer SMs than the device has and its work items
-        exceed them."""
+        made as a step first needs them) where the step may use fewer SMs than the device has, at least as many as
+        the model has query heads, and its work items exceed them in at most ``MAX_ROW_GROUPS`` groups."""
         import flashinfer
 
         num_qo_heads, num_kv_heads, head_dim, page_size = self.shape
@@ -226,8 +231,10 @@ class FlashInferAttentionBackend(AttentionBackend):
             (kernel,), groups = self._prefill, []
         else:
             kernel = prefill_kernel(qo_lens, num_qo_heads, head_dim, sms)
-            groups = row_groups(qo_lens, num_qo_heads, head_dim, sms) if kernel == "auto" and sms < self.num_sms else []
-        if len(groups) < 2:
+            # each group holds every head's items of a tile at least: with fewer SMs than heads, one call does better
+            fewer = self.fa3 and kernel == "auto" and num_qo_heads <= sms < self.num_sms
+            groups = row_groups(qo_lens, num_qo_heads, head_dim, sms) if fewer else []
+        if not 1 < len(groups) <= MAX_ROW_GROUPS:
             wrapper = self._prefill[kernel]
             wrapper.plan(metadata.cu_seqlens_q, metadata.kv_indptr, metadata.kv_indices, metadata.kv_last_page_len,
                          num_qo_heads, num_kv_heads, head_dim, page_size, causal=True, **common)
@@ -243,8 +250,7 @@ class FlashInferAttentionBackend(AttentionBackend):
                                                                                     page_size))
             wrapper.plan(qo, indptr, indices, last, num_qo_heads, num_kv_heads, head_dim, page_size, causal=True,
                          **common)
-            (first_seq, first_row, _), (last_seq, _, last_row) = pieces[0], pieces[-1]
-            planned.append((slice(int(starts[first_seq]) + first_row, int(starts[last_seq]) + last_row), wrapper))
+            planned.append((group_rows(pieces, starts), wrapper))
         return _RowGroups(planned)
 
     def forward(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

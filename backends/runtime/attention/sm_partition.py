@@ -54,6 +54,13 @@ def row_groups(qo_lens: Sequence[int], num_qo_heads: int, head_dim: int, sms: in
     return groups
 
 
+def group_rows(pieces: Sequence[Piece], cu_seqlens_q: Sequence[int]) -> slice:
+    """The rows of the step's ragged query tensor that a group's pieces hold (``cu_seqlens_q``: each sequence's
+    first row, then the total); contiguous, as :func:`row_groups` makes them."""
+    (first_seq, first_row, _), (last_seq, _, last_row) = pieces[0], pieces[-1]
+    return slice(int(cu_seqlens_q[first_seq]) + first_row, int(cu_seqlens_q[last_seq]) + last_row)
+
+
 def group_layout(pieces: Sequence[Piece], qo_lens: Sequence[int], kv_indptr: np.ndarray, kv_indices: np.ndarray,
                  kv_last_page_len: np.ndarray, page_size: int) -> tuple[np.ndarray, ...]:
     """flashinfer's plan arrays (int32 ``qo_indptr``, ``kv_indptr``, ``kv_indices``, ``kv_last_page_len``) for one

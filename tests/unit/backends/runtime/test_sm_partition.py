@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from backends.runtime.attention import AttentionMetadata, TorchAttentionBackend
-from backends.runtime.attention.sm_partition import group_layout, row_groups, tile_rows
+from backends.runtime.attention.sm_partition import group_layout, group_rows, row_groups, tile_rows
 from backends.runtime.language_model.kv_cache import pages_needed
 
 PAGE_SIZE, KV_HEADS, HEADS, HEAD_DIM, PAGES = 4, 2, 6, 8, 400
@@ -59,8 +59,9 @@ def _step(new: list[int], cached: list[int], rng: random.Random):
     ([25, 25], [0, 0], 3),  # first chunks: causal within the chunk only
 ])
 def test_each_groups_layout_attends_as_the_whole_step(monkeypatch, new, cached, heads_per_group):
-    """Group rows through their own layout (sm_partition.group_layout), with the reference backend, equal the same
-    rows of the whole step: each piece's KV ends where its last row's does, and the causal mask does the rest."""
+    """Group rows (sm_partition.group_rows) through their own layout (group_layout), with the reference backend,
+    equal the same rows of the whole step: each piece's KV ends where its last row's does, and the causal mask does
+    the rest; the groups' rows are the step's, each once, in order."""
     monkeypatch.setattr("backends.runtime.attention.sm_partition.tile_rows", lambda head_dim: 8)
     rng = random.Random(sum(new))
     torch.manual_seed(len(new))
@@ -75,10 +76,11 @@ def test_each_groups_layout_attends_as_the_whole_step(monkeypatch, new, cached, 
     assert len(groups) > 1
     starts = metadata.cu_seqlens_q.tolist()
     layout = (metadata.kv_indptr.numpy(), metadata.kv_indices.numpy(), metadata.kv_last_page_len.numpy())
-    for pieces in groups:
+    slices = [group_rows(pieces, starts) for pieces in groups]
+    assert [r.start for r in slices] == [0, *(r.stop for r in slices[:-1])] and slices[-1].stop == total
+    for pieces, rows in zip(groups, slices):
         qo, indptr, indices, last = group_layout(pieces, new, *layout, PAGE_SIZE)
         kv_lens = [(indptr[i + 1] - indptr[i] - 1) * PAGE_SIZE + last[i] for i in range(len(pieces))]
-        rows = slice(starts[pieces[0][0]] + pieces[0][1], starts[pieces[-1][0]] + pieces[-1][2])
         num_new = [end - start for _, start, end in pieces]
         tables = [indices[indptr[i]:indptr[i + 1]].tolist() for i in range(len(pieces))]
         group = AttentionMetadata.build(num_new, [kv - n for kv, n in zip(kv_lens, num_new)], tables, PAGE_SIZE,

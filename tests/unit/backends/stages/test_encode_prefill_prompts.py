@@ -104,3 +104,19 @@ def test_a_group_is_let_go_once_prefill_has_passed_it():
     assert embeds[:, 0].tolist() == [-1, 5, -2] and sorted(state.visual) == [6]
     embeds, _ = state.chunk(7, 10, embed)
     assert embeds[:, 0].tolist() == [-2, 8, 9] and not state.visual
+
+
+def test_a_steps_attention_is_sized_to_the_sms_of_its_stream(worker, monkeypatch):
+    """The runner's attention backend plans each step for the SMs its stream may use (StepStreams.step_sms: a green
+    context's count in a fewer_sms step, None on the whole GPU), set before the step's prefill."""
+    seen = []
+    prefill, backend = worker.runner.prefill, worker.runner.backend
+    monkeypatch.setattr(worker.runner, "prefill", lambda cs: seen.append(backend.sms_limit) or prefill(cs))
+    monkeypatch.setattr(worker.streams, "step_sms", lambda fewer_sms: 120 if fewer_sms else None)
+    ids, pages = tuple(range(7, 40)), tuple(range(3))
+    request = NewRequest("sms", ids, (), GREEDY, 4, ())
+    worker.execute(StepPlan(new=(request,), encode=(), prefill=(PrefillWork("sms", 0, 16, pages, False),),
+                            fewer_sms=True))
+    worker.execute(StepPlan(new=(), encode=(), prefill=(PrefillWork("sms", 16, len(ids), pages, True),)))
+    assert seen == [120, None]
+    assert not worker.prompts
