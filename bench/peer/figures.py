@@ -124,7 +124,8 @@ def scenario_figures(name: str, records: list[dict], prefix_cache: dict | None =
                      ttft_reference: dict[str, float] | None = None) -> dict:
     """The summary's figures of scenario ``name`` (None where it was not run: no records, or its requests failed);
     ``prefix_cache``: the server's prefix-cache counters' increase over it (multiturn's hit rates);
-    ``ttft_reference``: multiturn's SLO reference per kind (ms), by default its own fastest first question."""
+    ``ttft_reference``: multiturn's SLO reference per kind (ms), by default its own fastest first question. Raises
+    ValueError for a scenario without summary figures (goodput, crosscheck)."""
     if name == "followup":
         return followup(records)
     if name == "multiturn":
@@ -149,3 +150,13 @@ def scenario_figures(name: str, records: list[dict], prefix_cache: dict | None =
     if name == "images16":
         return {"ttft_p50_ms": _stat(ttft, "p50"), "ttft_max_ms": _stat(ttft, "max")}
     raise ValueError(f"no figures for scenario {name!r}")
+
+
+def figures_line(name: str, records: list[dict]) -> str:
+    """Scenario ``name``'s figures (:func:`scenario_figures`) as one line, ``key value`` with two decimals, those it
+    could not compute left out; empty for a scenario without summary figures (goodput, crosscheck, the cache ones)."""
+    try:
+        figures = scenario_figures(name, records)
+    except ValueError:  # a scenario of no summary figures
+        return ""
+    return ", ".join(f"{key} {value:.2f}" for key, value in figures.items() if isinstance(value, float))

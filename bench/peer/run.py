@@ -57,6 +57,7 @@ from bench.common import header, write  # noqa: E402
 from bench.serve_bench import decode_overhead, distribution, read_metrics  # noqa: E402
 from bench.peer import crosscheck, prefix_cache, process_cpu, py_spy, scenarios, servers  # noqa: E402
 from bench.peer.checkpoint import write_checkpoint  # noqa: E402
+from bench.peer.figures import figures_line  # noqa: E402
 from bench.peer.gpu_busy import GpuSampler  # noqa: E402
 from bench.peer.load import Target, closed_loop  # noqa: E402
 from bench.peer.models import DEFAULT, MODELS  # noqa: E402
@@ -190,10 +191,12 @@ def run_scenarios(args: argparse.Namespace, system: str) -> int:
         base["prefix_cache"] = prefix_cache.increase(cache_before, prefix_cache.read(system, state))
         errors = [r.error for r in records if r.error]
         failed += len(errors)
-        write(p["out"] / "raw" / system, name.replace("@", "_at_"),
-              {**base, "records": [r.to_json() for r in records]})
+        rows = [r.to_json() for r in records]
+        write(p["out"] / "raw" / system, name.replace("@", "_at_"), {**base, "records": rows})
         ttfts = [r.ttft_ms for r in records if r.ttft_ms is not None]
         shown = f"TTFT max {max(ttfts):.0f} ms" if ttfts else "no token"
+        line = figures_line(name, rows)  # this pass's: a scenario run again in the call overwrites its raw file
+        shown += f"; {line}" if line else ""
         print(f"{system} {name}: {len(records)} requests, {len(errors)} failed, {shown}"
               + (f"; first error: {errors[0]}" if errors else ""), flush=True)
     return failed

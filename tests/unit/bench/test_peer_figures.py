@@ -97,6 +97,13 @@ def test_short_request_figures():
     assert figures.scenario_figures("text_c1", repeated)["ttft_ms"] == pytest.approx(40.0)  # the median, not the max
 
 
+def test_a_passes_figures_fit_one_line():
+    c1 = [record("text", 0, 0.05, [0.004, 0.006])]
+    assert figures.figures_line("text_c1", c1) == "ttft_ms 50.00, tbt_mean_ms 5.00"
+    assert figures.figures_line("images16", []) == ""  # not computed: left out
+    assert figures.figures_line("goodput_video@0.04", c1) == ""  # no summary figures of its own
+
+
 def test_poisson_arrivals_are_seeded_and_at_the_rate():
     times = poisson_times(4.0, 4000, seed=3)
     assert times == poisson_times(4.0, 4000, seed=3) and times != poisson_times(4.0, 4000, seed=4)
