@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from backends.runtime.attention.sm_partition import group_layout, row_groups  # noqa: E402
+from backends.runtime.attention.sm_partition import group_layout, group_rows, row_groups  # noqa: E402
 from bench.common import cuda_time_ms, header, write  # noqa: E402
 
 DEVICE = torch.device("cuda", 0)
@@ -86,7 +86,7 @@ class Fa3Chunk:
             wrapper = self._new()
             wrapper.plan(qo, indptr, indices, last, QO_HEADS, KV_HEADS, HEAD_DIM, PAGE, causal=True,
                          q_data_type=DTYPE, kv_data_type=DTYPE)
-            planned.append((slice(pieces[0][1], pieces[-1][2]), wrapper))
+            planned.append((group_rows(pieces, [0, CHUNK]), wrapper))
         return planned
 
     def run(self, planned: list, out: torch.Tensor) -> None:

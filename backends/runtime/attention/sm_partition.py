@@ -35,10 +35,10 @@ def row_groups(qo_lens: Sequence[int], num_qo_heads: int, head_dim: int, sms: in
     if sms < 1:
         raise ValueError(f"sms must be at least 1, got {sms}")
     tile = tile_rows(head_dim)
-    group_rows = max(1, sms // num_qo_heads) * tile
+    rows_per_group = max(1, sms // num_qo_heads) * tile
     groups: list[list[Piece]] = []
     current: list[Piece] = []
-    room = group_rows
+    room = rows_per_group
     for seq, n in enumerate(qo_lens):
         start = 0
         while start < n:
@@ -48,7 +48,7 @@ def row_groups(qo_lens: Sequence[int], num_qo_heads: int, head_dim: int, sms: in
             start = end
             if room <= 0:
                 groups.append(current)
-                current, room = [], group_rows
+                current, room = [], rows_per_group
     if current:
         groups.append(current)
     return groups
