@@ -35,7 +35,7 @@ def test_internvl3_commands(name, pages):
     ours, env = servers.command("unifiedserve", Path("/w/ckpt"), Path("/w/media"), False, ["--x"], model=model)
     sets = [ours[k + 1] for k, a in enumerate(ours) if a == "--set"]
     assert sets == ["*.load_format=dummy", f"*.preset={name}", "*.dtype=bfloat16", f"decode.kv_pages={pages}",
-                    "orchestrator.max_model_len=32768", "encode_prefill.sms_while_decoding=120",
+                    "orchestrator.max_model_len=32768", "encode_prefill.sms_while_decoding=104",
                     "orchestrator.burst_wait_ms=20", "orchestrator.decode_pace_ms=40",
                     "orchestrator.idle_budget_scale=4", "orchestrator.slo_text_tbt_ms=15",
                     "orchestrator.prefix_caching=false",
