@@ -89,13 +89,19 @@ def prepare(args: argparse.Namespace) -> scenarios.Inputs:
     return inputs
 
 
-def server_version(system: str, url: str) -> str | None:
-    """vLLM's ``/version``; for UnifiedServe the commit of this tree (None outside a git checkout)."""
+def server_version(system: str, url: str, repo: Path = REPO) -> str | None:
+    """vLLM's ``/version``; for UnifiedServe the commit of the tree in ``repo``, with ``+modified`` where tracked
+    files differ from it (a device machine's copy of the tree may be newer than its copy of the history); None
+    outside a git checkout."""
     if system == "vllm":
         with urllib.request.urlopen(f"{url}/version", timeout=10) as response:
             return json.loads(response.read())["version"]
-    done = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    return done.stdout.strip() or None
+    git = ["git", "-C", str(repo)]
+    commit = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    if not commit:
+        return None
+    changed = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True)
+    return commit + ("+modified" if changed.stdout.strip() else "")
 
 
 def start(args: argparse.Namespace, system: str) -> None:

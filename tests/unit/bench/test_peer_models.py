@@ -1,10 +1,11 @@
 """The peer benchmark's models (bench/peer/models.py): each system's command line per model (bench/peer/servers.py),
-the video kwargs every request holding a video carries to both systems (bench/peer/load.py), and a scenarios call
-refused against a server of another model (bench/peer/run.py)."""
+the video kwargs every request holding a video carries to both systems (bench/peer/load.py), a scenarios call
+refused against a server of another model, and the version recorded for UnifiedServe (bench/peer/run.py)."""
 from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -72,3 +73,17 @@ def test_scenarios_refuse_a_server_of_another_model():
         run.target_of(argparse.Namespace(model=DEFAULT), "vllm", state)
     with pytest.raises(SystemExit, match=f"--model {DEFAULT}"):  # a server started before --model
         run.target_of(args, "unifiedserve", {k: v for k, v in state.items() if k != "peer_model"})
+
+
+def test_unifiedserve_version_is_the_commit_and_says_when_the_tree_differs_from_it(tmp_path):
+    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    (tmp_path / "f.py").write_text("a = 1\n")
+    subprocess.run([*git, "add", "f.py"], check=True)
+    subprocess.run([*git, "commit", "-qm", "one"], check=True)
+    commit = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    (tmp_path / "new.txt").write_text("untracked\n")
+    assert run.server_version("unifiedserve", "", repo=tmp_path) == commit
+    (tmp_path / "f.py").write_text("a = 2\n")
+    assert run.server_version("unifiedserve", "", repo=tmp_path) == commit + "+modified"
+    assert run.server_version("unifiedserve", "", repo=tmp_path / "nowhere") is None
