@@ -100,6 +100,12 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     return message, field or None
 
 
+def _is_json(content_type: str) -> bool:
+    """Whether FastAPI parses a body of ``content_type`` as JSON (``application/json``, ``*/*+json``)."""
+    subtype = content_type.split(";")[0].strip().lower().rpartition("/")[2]
+    return subtype == "json" or subtype.endswith("+json")
+
+
 def install_handlers(app: FastAPI) -> None:
     """Every error the app answers, its own and FastAPI's (a body that fails validation is 400, as OpenAI answers,
     not FastAPI's 422; an unknown path 404), in OpenAI's shape."""
@@ -109,7 +115,11 @@ def install_handlers(app: FastAPI) -> None:
         return exc.response()
 
     @app.exception_handler(RequestValidationError)
-    async def invalid_body(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def invalid_body(request: Request, exc: RequestValidationError) -> JSONResponse:
+        kind = request.headers.get("content-type", "")
+        if kind and not _is_json(kind):  # FastAPI hands such a body over unparsed: "not a valid dictionary"
+            return ApiError(400, f"the body must be JSON, sent with Content-Type: application/json (got "
+                                 f"{kind!r})").response()
         message, param = _validation_message(exc)
         return ApiError(400, message, param=param).response()
 

@@ -56,6 +56,20 @@ def test_a_body_that_is_not_json_is_400(client):
     assert error["message"].startswith("the body is not valid JSON")
 
 
+@pytest.mark.parametrize("kind", ["text/plain", "application/x-www-form-urlencoded"])
+def test_a_json_body_sent_as_another_content_type_is_400_naming_it(client, kind):
+    body = b'{"model": "m", "messages": [{"role": "user", "content": "x"}]}'
+    error = _error(client.post("/v1/chat/completions", content=body, headers={"content-type": kind}), 400)
+    assert error["message"] == f"the body must be JSON, sent with Content-Type: application/json (got '{kind}')"
+
+
+def test_a_json_content_type_with_parameters_or_a_suffix_is_parsed(client):
+    body = b'{"model": "m", "messages": []}'
+    for kind in ("application/json; charset=utf-8", "application/vnd.api+json"):
+        error = _error(client.post("/v1/chat/completions", content=body, headers={"content-type": kind}), 400)
+        assert error["param"] == "messages", (kind, error)
+
+
 def test_a_body_that_is_not_utf8_is_400_naming_the_byte(client):
     body = b'{"model": "m", "messages": [{"role": "user", "content": "caf\xe9"}]}'
     error = _error(client.post("/v1/chat/completions", content=body, headers={"content-type": "application/json"}),
