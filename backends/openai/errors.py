@@ -100,10 +100,11 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     return message, field or None
 
 
-def _is_json(content_type: str) -> bool:
-    """Whether FastAPI parses a body of ``content_type`` as JSON (``application/json``, ``*/*+json``)."""
-    subtype = content_type.split(";")[0].strip().lower().rpartition("/")[2]
-    return subtype == "json" or subtype.endswith("+json")
+def _unparsed(exc: RequestValidationError) -> bool:
+    """FastAPI handed the body over as bytes, not parsed: its Content-Type is not ``application/json`` (or
+    ``application/*+json``), or it has none (FastAPI's ``strict_content_type``)."""
+    return any(tuple(e.get("loc", ())) == ("body",) and isinstance(e.get("input"), (bytes, bytearray))
+               for e in exc.errors())
 
 
 def install_handlers(app: FastAPI) -> None:
@@ -116,10 +117,10 @@ def install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def invalid_body(request: Request, exc: RequestValidationError) -> JSONResponse:
-        kind = request.headers.get("content-type", "")
-        if kind and not _is_json(kind):  # FastAPI hands such a body over unparsed: "not a valid dictionary"
-            return ApiError(400, f"the body must be JSON, sent with Content-Type: application/json (got "
-                                 f"{kind!r})").response()
+        if _unparsed(exc):  # else pydantic's "Input should be a valid dictionary" says nothing of the cause
+            kind = request.headers.get("content-type")
+            return ApiError(400, "the body must be JSON, sent with Content-Type: application/json (got "
+                                 + (repr(kind) if kind else "no Content-Type") + ")").response()
         message, param = _validation_message(exc)
         return ApiError(400, message, param=param).response()
 

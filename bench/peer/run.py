@@ -91,17 +91,22 @@ def prepare(args: argparse.Namespace) -> scenarios.Inputs:
 
 def server_version(system: str, url: str, repo: Path = REPO) -> str | None:
     """vLLM's ``/version``; for UnifiedServe the commit of the tree in ``repo``, with ``+modified`` where tracked
-    files differ from it (a device machine's copy of the tree may be newer than its copy of the history); None
-    outside a git checkout."""
+    files outside ``bench/results`` differ from it (a device machine's copy of the tree may be newer than its copy
+    of the history; results unpacked between calls are no change to the server); None outside a git checkout or
+    without git."""
     if system == "vllm":
         with urllib.request.urlopen(f"{url}/version", timeout=10) as response:
             return json.loads(response.read())["version"]
     git = ["git", "-C", str(repo)]
-    commit = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    if not commit:
+    try:
+        commit = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+        changed = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no", "--", ".",
+                                  ":(exclude)bench/results"], capture_output=True, text=True)
+    except FileNotFoundError:
         return None
-    changed = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True)
-    return commit + ("+modified" if changed.stdout.strip() else "")
+    if commit.returncode or not commit.stdout.strip():
+        return None
+    return commit.stdout.strip() + ("+modified" if changed.returncode or changed.stdout.strip() else "")
 
 
 def start(args: argparse.Namespace, system: str) -> None:

@@ -286,7 +286,10 @@ def test_a_client_that_goes_away_has_its_request_cancelled(sdk, server):
                                          max_tokens=20000, temperature=0, stream=True, extra_body=EXTRA)
     for _, _chunk in zip(range(3), stream):
         pass
-    assert read_metrics(server)["unifiedserve_requests_running"] >= 1
+    deadline = time.monotonic() + 10  # gauges reach Triton within GAUGE_PERIOD_S (orchestrator/metrics.py)
+    while read_metrics(server)["unifiedserve_requests_running"] < 1:
+        assert time.monotonic() < deadline, "the streaming request is not counted as running"
+        time.sleep(0.02)
     stream.close()
     started = time.monotonic()
     m = wait_for_idle_pools(server, timeout_s=30)

@@ -81,8 +81,13 @@ def test_unifiedserve_version_is_the_commit_and_says_when_the_tree_differs_from_
     (tmp_path / "f.py").write_text("a = 1\n")
     subprocess.run([*git, "add", "f.py"], check=True)
     subprocess.run([*git, "commit", "-qm", "one"], check=True)
-    commit = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     (tmp_path / "new.txt").write_text("untracked\n")
+    (tmp_path / "bench" / "results").mkdir(parents=True)
+    (tmp_path / "bench" / "results" / "r.json").write_text("{}\n")
+    subprocess.run([*git, "add", "bench"], check=True)
+    subprocess.run([*git, "commit", "-qm", "results"], check=True)
+    commit = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    (tmp_path / "bench" / "results" / "r.json").write_text('{"new": 1}\n')  # results unpacked: no server change
     assert run.server_version("unifiedserve", "", repo=tmp_path) == commit
     (tmp_path / "f.py").write_text("a = 2\n")
     assert run.server_version("unifiedserve", "", repo=tmp_path) == commit + "+modified"

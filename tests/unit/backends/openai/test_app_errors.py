@@ -56,11 +56,18 @@ def test_a_body_that_is_not_json_is_400(client):
     assert error["message"].startswith("the body is not valid JSON")
 
 
-@pytest.mark.parametrize("kind", ["text/plain", "application/x-www-form-urlencoded"])
+@pytest.mark.parametrize("kind", ["text/plain", "application/x-www-form-urlencoded", "text/json", None])
 def test_a_json_body_sent_as_another_content_type_is_400_naming_it(client, kind):
     body = b'{"model": "m", "messages": [{"role": "user", "content": "x"}]}'
-    error = _error(client.post("/v1/chat/completions", content=body, headers={"content-type": kind}), 400)
-    assert error["message"] == f"the body must be JSON, sent with Content-Type: application/json (got '{kind}')"
+    error = _error(client.post("/v1/chat/completions", content=body, headers={"content-type": kind} if kind else {}),
+                   400)
+    got = repr(kind) if kind else "no Content-Type"
+    assert error["message"] == f"the body must be JSON, sent with Content-Type: application/json (got {got})"
+
+
+def test_an_empty_body_is_400_as_missing(client):
+    error = _error(client.post("/v1/chat/completions", content=b"", headers={"content-type": "text/plain"}), 400)
+    assert "Field required" in error["message"], error
 
 
 def test_a_json_content_type_with_parameters_or_a_suffix_is_parsed(client):
