@@ -1,5 +1,6 @@
-"""Which encode/prefill steps run on fewer SMs: a video's steps beside decode (``StepPlan.fewer_sms``; the stage runs
-them on its green context of ``sms_while_decoding`` SMs where one is configured, ``backends.stages.step_streams``).
+"""Which encode/prefill steps run on fewer SMs: a video's steps beside decode, and optionally a burst's text steps
+(``StepPlan.fewer_sms``; the stage runs them on its green context of ``sms_while_decoding`` SMs where one is
+configured, ``backends.stages.step_streams``).
 
 A step is marked when decode holds a stream whose TBT target (``slo_<modality>_tbt_ms`` divided by
 ``decode_priority_boost``) is tighter than :data:`~orchestrator.budget_policy.DEFAULT_TBT_MS`, and the step carries
