@@ -1,18 +1,12 @@
-"""Which encode/prefill steps run on fewer SMs: a video's steps beside decode, and optionally a burst's text steps
-(``StepPlan.fewer_sms``; the stage runs them on its green context of ``sms_while_decoding`` SMs where one is
-configured, ``backends.stages.step_streams``).
+"""Which encode/prefill steps run on fewer SMs: a video's steps beside decode (``StepPlan.fewer_sms``; the stage runs
+them on its green context of ``sms_while_decoding`` SMs where one is configured, ``backends.stages.step_streams``).
 
 A step is marked when decode holds a stream whose TBT target (``slo_<modality>_tbt_ms`` divided by
 ``decode_priority_boost``) is tighter than :data:`~orchestrator.budget_policy.DEFAULT_TBT_MS`, and the step carries
 a video's encode or prefill and no image's. Why those: a video's TTFT is seconds away, so its chunks can give up SMs,
 its last one too, while an image's TTFT cannot (its steps are paced instead, ``orchestrator.decode_pace``); and
 streams with the default 50-ms target (the video goodput workload's answers) keep their TBT beside chunks on the
-whole GPU. With ``text_prompts`` (the orchestrator's ``fewer_sms_text_prompts``; 0, the default, off) a step
-prefilling at least that many text prompts and no media, and no more of them than decode holds (more are decode
-pacing's case, ``orchestrator.decode_pace``: decode yields to them), is marked too: the second step of a burst of
-text requests beside the first ones' decode (on the H200 at 120 SMs, before FA3's row groups: 13 prompts in 52 ms on the whole
-GPU, the 19 decoding streams' steps 22-34 ms from launch to read meanwhile: 64 of text_c32's 99 gaps over 9 ms;
-bench/results/peer/README.md, the fifteenth run). Not yet measured.
+whole GPU.
 
 Measured on one H200, 16 text streams (15-ms TBT target) beside the 3-minute video, 120 of 132 SMs
 (bench/results/peer/settings-thirteenth-2026-12-04/README.md and the runs it names):
@@ -38,12 +32,10 @@ from orchestrator.budget_policy import DEFAULT_TBT_MS, SloTargets
 @dataclass(frozen=True)
 class FewerSms:
     """The rule of the module docstring; ``targets``: the per-modality TBT targets; ``boost``:
-    ``decode_priority_boost`` (>= 1); ``text_prompts``: the text prompts a step without media prefills from which it
-    is marked (0: never)."""
+    ``decode_priority_boost`` (>= 1)."""
 
     targets: SloTargets = SloTargets()
     boost: float = 1.0
-    text_prompts: int = 0
 
     def __call__(self, plan: StepPlan, decoding: Sequence[str], kind_of: Callable[[str], str | None]) -> bool:
         """Whether ``plan`` runs on fewer SMs, ``decoding`` the modality of each request in the decode batch,
@@ -52,8 +44,5 @@ class FewerSms:
             return False
         if self.targets.tightest_tbt_ms(decoding, self.boost) >= DEFAULT_TBT_MS:
             return False
-        kinds = [kind_of(work.req_id) for work in (*plan.encode, *plan.prefill)]
-        if "image" in kinds or "video" in kinds:
-            return "image" not in kinds
-        prompts = len({work.req_id for work in plan.prefill if kind_of(work.req_id) == "text"})
-        return 0 < self.text_prompts <= prompts <= len(decoding)
+        kinds = {kind_of(work.req_id) for work in (*plan.encode, *plan.prefill)}
+        return "video" in kinds and "image" not in kinds

@@ -64,9 +64,9 @@ class OrchestratorConfig:
     (default 0, off): how long a step may wait for the rest of a burst of requests (``orchestrator.burst``);
     ``idle_budget_scale`` (default 1, off): both budgets' factor in a step planned while nothing decodes;
     ``decode_pace_ms`` (default 0, off): the spacing of decode's steps while a step that ends image prompts, or
-    more prompts than decode holds, runs, at most the decoding modalities' TBT targets (``orchestrator.decode_pace``);
-    ``fewer_sms_text_prompts`` (default 0, off): ``orchestrator.fewer_sms``'s ``text_prompts``. ``max_model_len``:
-    prompt + output tokens per request; ``replicas``: encode_prefill/decode replicas (``backends/triton/replicas.py``);
+    more prompts than decode holds, runs, at most the decoding modalities' TBT targets (``orchestrator.decode_pace``).
+    ``max_model_len``: prompt + output tokens per request;
+    ``replicas``: encode_prefill/decode replicas to drive (``backends/triton/replicas.py``);
     ``max_waiting_requests``: requests that may wait for KV pages at once (over all replicas); a request arriving
     beyond them is refused at once as overloaded (UNAVAILABLE) instead of queueing without bound.
     ``slo_scheduling``: each step's budgets set by ``orchestrator.budget_policy`` from the ``slo`` targets and
@@ -88,7 +88,6 @@ class OrchestratorConfig:
     cache: CacheConfig = CacheConfig()
     media_defaults: RequestParams = RequestParams()
     decode_pace_ms: int = 0
-    fewer_sms_text_prompts: int = 0
 
     @classmethod
     def from_parameters(cls, params: dict[str, str]) -> "OrchestratorConfig":
@@ -115,7 +114,7 @@ class OrchestratorConfig:
                    SloTargets.from_parameters(params),
                    PolicyConfig(float_parameter(params, "decode_priority_boost", PolicyConfig.decode_priority_boost)),
                    CacheConfig.from_parameters(params), media_defaults(params.get("media_defaults"), model.family),
-                   int_parameter(given, "decode_pace_ms", 0), int_parameter(given, "fewer_sms_text_prompts", 0))
+                   int_parameter(given, "decode_pace_ms", 0))
 
 
 @dataclass(frozen=True)
@@ -217,8 +216,8 @@ class Orchestrator:
                 index, Scheduler(config, kv_pages, self.patch_pages, EncoderCache(self.config.cache.encoder_tokens)),
                 self.patch_pages, LinkStages(self.links, index), media, on_change=self.gauges.changed,
                 on_step=self._on_step, on_release=self._on_release, stopping=server_stop.announced, policy=policy,
-                arrivals=self.arrivals, pacer=pacer, fewer_sms=FewerSms(
-                    self.config.slo, self.config.policy.decode_priority_boost, self.config.fewer_sms_text_prompts)))
+                arrivals=self.arrivals, pacer=pacer,
+                fewer_sms=FewerSms(self.config.slo, self.config.policy.decode_priority_boost)))
         await asyncio.gather(*(engine.start() for engine in engines))
         # every link connected before the first request: from then on a call is queued when it is made, so an abort
         # never overtakes the call it stops (decode's is connected by its stream)

@@ -45,8 +45,7 @@ POSITIVE_INT_PARAMETERS = frozenset({
     "max_image_pixels", "max_media_items", "max_waiting_requests", "idle_budget_scale",
     "vision_tp_size",                                                 # encode_prefill
 })
-NON_NEGATIVE_INT_PARAMETERS = frozenset({"sms_while_decoding", "burst_wait_ms", "decode_pace_ms",
-                                         "fewer_sms_text_prompts"})  # 0: off
+NON_NEGATIVE_INT_PARAMETERS = frozenset({"sms_while_decoding", "burst_wait_ms", "decode_pace_ms"})  # 0: off
 MODALITIES = ("text", "image", "video")  # what a request counts as (any video: video; any image: image)
 # Parameters that are positive numbers when set (empty: unset): float_parameter reads them; the launcher checks --set
 POSITIVE_FLOAT_PARAMETERS = frozenset({*(f"slo_{m}_{t}_ms" for m in MODALITIES for t in ("ttft", "tbt")),

@@ -1,6 +1,6 @@
 """Which steps run on fewer SMs (``orchestrator/fewer_sms.py``): a video's steps, its last included, with no image
-work, beside a stream whose TBT target is tighter than 50 ms, and with ``text_prompts`` a step prefilling that many
-text prompts there; the engine sending such steps marked (fake stages: ``fake_stages.py``)."""
+work, beside a stream whose TBT target is tighter than 50 ms; the engine sending such steps marked (fake
+stages: ``fake_stages.py``)."""
 from __future__ import annotations
 
 import pytest
@@ -42,34 +42,6 @@ def test_which_steps_run_on_fewer_sms(step, decoding, kind_of, fewer):
     assert RULE(step, decoding, kind_of) is fewer
 
 
-TEXT_RULE = FewerSms(SloTargets(tbt_ms={"text": 15.0}), text_prompts=2)
-
-
-@pytest.mark.parametrize("step, decoding, kind_of, fewer", [
-    (plan((117, True), (117, True)), ["text"], kinds("text", "text"), False),  # more prompts than decode holds
-    (plan((117, True)), ["text"], kinds("text"), False),                       # one prompt: the whole GPU
-    (plan((117, True), (117, True)), ["text"] * 2, kinds("text", "text"), True),  # a burst's later step
-    (plan((117, True), (117, True), (117, True)), ["text"] * 2, kinds("text", "text", "text"), False),  # more: paced
-    (plan((117, True), (117, True)), [], kinds("text", "text"), False),        # nothing decoding
-    (plan((117, True), (117, True)), ["image"] * 2, kinds("text", "text"), False),  # streams with the 50-ms target
-    (plan((117, True), (117, True)), ["text"] * 2, kinds("text", "image"), False),  # an image's prefill
-    (plan((117, True), (117, True), encode=(2,)), ["text"] * 2, kinds("text", "text", "image"), False),  # its encode
-    (plan((117, True), (2048, False)), ["text"], kinds("text", "video"), True),  # a video's chunk, as before
-    (plan((117, True), (117, True)), ["text"] * 2, kinds("text"), False),      # one of them has gone
-])
-def test_with_text_prompts_a_burst_of_text_prompts_runs_on_fewer_sms(step, decoding, kind_of, fewer):
-    assert TEXT_RULE(step, decoding, kind_of) is fewer
-
-
-def test_text_prompts_are_off_by_default_and_read_from_the_orchestrators_parameters():
-    from orchestrator.service import OrchestratorConfig
-
-    assert OrchestratorConfig.from_parameters({}).fewer_sms_text_prompts == 0
-    assert OrchestratorConfig.from_parameters({"fewer_sms_text_prompts": "2"}).fewer_sms_text_prompts == 2
-    with pytest.raises(ValueError, match="fewer_sms_text_prompts must be 0 or more, got '-1'"):
-        OrchestratorConfig.from_parameters({"fewer_sms_text_prompts": "-1"})
-
-
 def test_decode_priority_boost_makes_a_default_target_tight():
     assert FewerSms(SloTargets(), boost=2.0)(plan((2048, False)), ["video"], kinds("video"))
     assert not FewerSms(SloTargets())(plan((2048, False)), ["video"], kinds("video"))
@@ -91,22 +63,3 @@ def test_a_videos_steps_beside_a_tight_stream_go_to_the_stage_on_fewer_sms(kind,
         w.stages.emit(("a", 8, "length"))
         await outputs_of(out, 1)
     run(body, prefill_budget=8, fewer_sms=FewerSms(SloTargets(tbt_ms={"text": 15.0})))
-
-
-def test_a_burst_of_text_prompts_beside_a_tight_stream_goes_to_the_stage_on_fewer_sms():
-    """With ``text_prompts=2``, while texts "a" and "d" decode, the step prefilling "b" and "c" together is sent
-    marked; "a"'s step (nothing decoding) and "d"'s (one prompt) are not."""
-    async def body(w: World):
-        first = w.text("a", prompt_len=8, max_tokens=2)
-        await outputs_of(first, 1)
-        second = w.text("d", prompt_len=8, max_tokens=2)
-        await outputs_of(second, 1)
-        later = [w.text(name, prompt_len=4, max_tokens=1) for name in ("b", "c")]
-        for queue in later:
-            await outputs_of(queue, 1)
-        assert [p.fewer_sms for p in w.stages.plans] == [False, False, True]
-        assert {work.req_id for work in w.stages.plans[2].prefill} == {"b", "c"}
-        w.stages.emit(("a", 8, "length"), ("d", 8, "length"))
-        await outputs_of(first, 1)
-        await outputs_of(second, 1)
-    run(body, prefill_budget=8, fewer_sms=TEXT_RULE)

@@ -105,7 +105,6 @@ def test_launcher_set_with_an_unknown_key_stops_before_starting(monkeypatch, cap
     ("orchestrator.max_model_len=1.5", "orchestrator.max_model_len must be an integer, got '1.5'"),
     ("*.seed=x", "decode.seed must be an integer, got 'x'"),
     ("encode_prefill.sms_while_decoding=-1", "encode_prefill.sms_while_decoding must be 0 or more, got '-1'"),
-    ("orchestrator.fewer_sms_text_prompts=-1", "orchestrator.fewer_sms_text_prompts must be 0 or more, got '-1'"),
     ("encode_prefill.prefill_graphs=maybe", "encode_prefill.prefill_graphs must be auto, on or off, got 'maybe'"),
     ("decode.cuda_graphs=yes", "decode.cuda_graphs must be auto, on or off, got 'yes'"),
     ("decode.share_weights=auto", "decode.share_weights must be on or off, got 'auto'"),
