@@ -90,6 +90,7 @@ class RequestRecord:
     done_s: float | None = None  # after the send
     error: str | None = None
     timeline: dict | None = None  # UnifiedServe's record of the request (events in ms since it arrived there)
+    sent_clock_s: float | None = None  # the send on time.perf_counter()'s clock (bench.peer.client_loop's stalls')
 
     @property
     def ttft_ms(self) -> float | None:
@@ -137,7 +138,7 @@ async def send(client: httpx.AsyncClient, target: Target, request: ChatRequest, 
     ``start``: the scenario's start (``time.perf_counter()``). An HTTP error, an error event or a broken stream
     is recorded in ``error``, never raised."""
     sent = time.perf_counter()
-    record = RequestRecord(request.kind, sent - start)
+    record = RequestRecord(request.kind, sent - start, sent_clock_s=sent)
     try:
         body = request.body(target.model, target.timeline, target.video_kwargs)
         async with client.stream("POST", f"{target.url}/v1/chat/completions", json=body) as response:

@@ -55,7 +55,7 @@ import torch  # noqa: E402
 
 from bench.common import header, write  # noqa: E402
 from bench.serve_bench import decode_overhead, distribution, read_metrics  # noqa: E402
-from bench.peer import crosscheck, prefix_cache, process_cpu, py_spy, scenarios, servers  # noqa: E402
+from bench.peer import client_loop, crosscheck, prefix_cache, process_cpu, py_spy, scenarios, servers  # noqa: E402
 from bench.peer.checkpoint import write_checkpoint  # noqa: E402
 from bench.peer.figures import figures_line  # noqa: E402
 from bench.peer.gpu_busy import GpuSampler  # noqa: E402
@@ -186,8 +186,8 @@ def run_scenarios(args: argparse.Namespace, system: str) -> int:
         started = time.monotonic()
         profiled = profiled_processes(state, args.py_spy) if port and args.py_spy else {}
         with GpuSampler() as gpu, py_spy.Profiles(profiled, p["out"] / "py_spy" / system / name) as profiles:
-            records = asyncio.run(scenarios.run(name, target, inputs, args.requests, args.seed, args.questions,
-                                                args.streams))
+            records, base["client_loop"] = asyncio.run(client_loop.watched(scenarios.run(
+                name, target, inputs, args.requests, args.seed, args.questions, args.streams)))
         base["gpu_busy"] = gpu.result
         if profiled:
             write(p["out"], f"py_spy_{name.replace('@', '_at_')}", {**base, "py_spy": profiles.result})

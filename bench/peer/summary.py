@@ -15,7 +15,7 @@ per system and scenario the request and error counts, the server's command line,
 (``bench.peer.prefix_cache``), the prompt tokens per request kind (both systems must count the same) and,
 for UnifiedServe, the decode stage's mean step and batch from its metrics beside the clients' TBT mean and each of
 its processes' CPU time as a share of the scenario (``bench.peer.process_cpu``), and for both the GPU's busy share
-(``bench.peer.gpu_busy``),
+(``bench.peer.gpu_busy``) and the load generator's own loop lag (``bench.peer.client_loop``, its stalls left out),
 the goodput runs' best unloaded TTFT per request type, requests per rate and attainment tables (``bench.peer.slo``;
 each SLO's TTFT reference is shared by the systems: :func:`ttft_references`; ``own_reference`` gives the same with
 each system's own best unloaded TTFT as the reference, the rule of runs before 2026-12-02),
@@ -108,7 +108,9 @@ def system_figures(runs: dict[str, dict], references: dict[str, dict[str, float]
                                          "prompt_tokens": tokens,
                                          **{key: data[key] for key in ("server_metrics", "process_busy", "gpu_busy",
                                                                        "prefix_cache", "server_argv")
-                                            if data.get(key) is not None}}
+                                            if data.get(key) is not None},
+                                         **({"client_loop": {k: v for k, v in data["client_loop"].items()
+                                                             if k != "stalls"}} if data.get("client_loop") else {})}
         elif name == "crosscheck":
             report["crosscheck"] = {k: v for k, v in data.items() if k in ("workload", "vllm_bench_serve", "ours",
                                                                            "ours_over_vllm_bench")}

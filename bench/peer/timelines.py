@@ -15,6 +15,7 @@ import statistics
 from pathlib import Path
 
 from bench.common import write
+from bench.peer import client_loop
 from bench.timeline_chart import gantt_chart, spans
 
 SCENARIOS = ("video", "images16", "text_c32")
@@ -89,14 +90,18 @@ DECODE_HOPS = HOPS[:3]
 OPENED_SHARE = 0.6  # a large gap opened at the first hop where the gap between the two tokens is this share of it
 
 
-def _hop_gaps(record: dict) -> list[dict[str, float]]:
+def _hop_gaps(record: dict) -> list[dict]:
     """Per token from the third on (both it and the one before from decode), the gap before it at each hop (ms)
-    where the record has that hop for both tokens."""
+    where the record has that hop for both tokens, and with the record's ``sent_clock_s`` the two tokens' arrivals
+    on ``time.perf_counter()``'s clock (``span_s``)."""
     tokens = (record.get("timeline") or {}).get("tokens") or {}
     client = [t * 1e3 for t in record.get("token_s") or ()]
     out = []
+    clock = record.get("sent_clock_s")
     for i in range(2, len(client)):
         gaps = {"client": client[i] - client[i - 1]}
+        if clock is not None:  # the gap on time.perf_counter()'s clock (bench.peer.client_loop)
+            gaps["span_s"] = (clock + client[i - 1] / 1e3, clock + client[i] / 1e3)
         for hop in HOPS[:-1]:
             at = tokens.get(hop) or ()
             k = i - 1 if hop in DECODE_HOPS else i  # decode's lists start at the second token
@@ -106,22 +111,30 @@ def _hop_gaps(record: dict) -> list[dict[str, float]]:
     return out
 
 
-def token_gaps(records: list[dict]) -> dict | None:
+def token_gaps(records: list[dict], stalls: list[list[float]] | None = None) -> dict | None:
     """Where the gaps between tokens open: per hop (:data:`HOPS`) the p50 and p99 of the gaps between successive
     tokens (ms), and for the client's gaps at or above its p99 (``large_from_ms``) how many opened at each hop: the
     first hop whose gap is at least ``OPENED_SHARE`` of the client's (a slow decode step shows at every hop from
-    decode's launch on; a stalled send only from the send on). None when no record has per-token moments."""
+    decode's launch on; a stalled send only from the send on). With the load generator's loop ``stalls``
+    (``bench.peer.client_loop``; records with ``sent_clock_s``), ``client_loop_stalled``: of those opened at the
+    client, how many spanned a stall of its loop of at least ``OPENED_SHARE`` of their excess over the p50 gap (the
+    client was busy); the others were late in the API's send or on the way. None when no record has per-token
+    moments."""
     gaps = [g for r in records if (r.get("timeline") or {}).get("tokens") for g in _hop_gaps(r)]
     if not gaps:
         return None
     by_hop = {h: sorted(g[h] for g in gaps if h in g) for h in HOPS}
-    large_from = _p99(by_hop["client"])
+    large_from, p50 = _p99(by_hop["client"]), statistics.median(by_hop["client"])
     opened: dict[str, int] = {}
+    stalled = 0
     for g in gaps:
         if g["client"] >= large_from:
             hop = next(h for h in HOPS if g.get(h, 0.0) >= OPENED_SHARE * g["client"])  # the client's own at last
             opened[hop] = opened.get(hop, 0) + 1
+            stalled += hop == "client" and "span_s" in g and client_loop.overlaps(
+                stalls or [], *g["span_s"], OPENED_SHARE * (g["client"] - p50))
     return {"gaps": len(gaps), "large_from_ms": large_from, "large_opened_at": opened,
+            **({"client_loop_stalled": stalled} if stalls is not None else {}),
             **{h: {"p50_ms": statistics.median(v), "p99_ms": _p99(v)} for h, v in by_hop.items() if v}}
 
 
@@ -139,7 +152,7 @@ def write_timelines(out: Path, runs: dict[str, dict]) -> list[Path]:
         if not records:
             continue
         found[name] = {"ttft_parts": ttft_parts(records)}
-        if (gaps := token_gaps(records)) is not None:
+        if (gaps := token_gaps(records, (run.get("client_loop") or {}).get("stalls"))) is not None:
             found[name]["token_gaps"] = gaps
         if name not in SCENARIOS:
             continue

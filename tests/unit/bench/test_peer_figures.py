@@ -112,10 +112,12 @@ def test_poisson_arrivals_are_seeded_and_at_the_rate():
 
 
 def test_summary_of_two_systems_holds_the_issues_keys_goodput_and_the_prompt_token_check(tmp_path):
+    lag = {"ticks": 900, "lag_p99_ms": 1.2, "lag_max_ms": 9.0, "stalled_ms": 9.0, "stalls": [[10.0, 9.0]]}
+
     def raw(system: str, scenario: str, records: list[dict]) -> None:
         write(tmp_path / "raw" / system, scenario.replace("@", "_at_"),
               {"system": system, "scenario": scenario, "date": "2026-12-01", "device": "H200", "versions": {},
-               "server_version": "v", "records": records})
+               "server_version": "v", "records": records, "client_loop": lag})
 
     for system, prompt in (("unifiedserve", 10), ("vllm", 11)):
         raw(system, "text_c1", [{**record("text", 0, 0.02, 0.005), "prompt_tokens": prompt}])
@@ -135,6 +137,8 @@ def test_summary_of_two_systems_holds_the_issues_keys_goodput_and_the_prompt_tok
     assert report["prompt_tokens_agree"] == {"goodput_video@0.1": True, "goodput_video@0.2": True,
                                              "goodput_video@unloaded": True, "text_c1": False}
     assert (tmp_path / "attainment_video.png").exists()
+    lag.pop("stalls")  # the report gives the load generator's loop lag without its stalls
+    assert report["systems"]["vllm"]["scenarios"]["text_c1"]["client_loop"] == lag
     assert report["unifiedserve_over_vllm"]["text_c1"] == {"ttft_ms": 1.0, "tbt_mean_ms": 1.0}
     assert report["unifiedserve_over_vllm"]["goodput"] == {"video.max_rate_rps": 1.0}  # None (not run) has no ratio
     assert report["systems"]["vllm"]["goodput"]["video"]["best_unloaded_ttft_ms"] == {"video": pytest.approx(1000.0)}
@@ -216,3 +220,12 @@ def test_token_gaps_find_the_hop_where_each_large_gap_opened():
     assert gaps["decode_launched_ms"]["p50_ms"] == pytest.approx(5.0)
     assert gaps["client"]["p99_ms"] == pytest.approx(30.0)
     assert token_gaps([record("text", 0.0, 0.1, 0.005)]) is None  # no per-token moments
+    assert "client_loop_stalled" not in gaps  # no stalls given (runs before bench.peer.client_loop)
+
+    # the client's gap (before token 30) on the send's clock, and the load generator's loop stalls around it
+    clocked = {**rec, "timeline": {"events": [], "tokens": tokens}, "sent_clock_s": 1000.0}
+    end_s = 1000.0 + rec["token_s"][30]
+    for lag_ms, stalled in ((20.0, 1), (10.0, 0)):  # 60% of its 25-ms excess over the p50 gap: 15 ms
+        gaps = token_gaps([clocked], [[end_s, lag_ms]])
+        assert gaps["client_loop_stalled"] == stalled and gaps["large_opened_at"]["client"] == 1
+    assert token_gaps([clocked], [[end_s - 1.0, 20.0]])["client_loop_stalled"] == 0  # a stall a second before

@@ -1,0 +1,38 @@
+"""The load generator's loop lag (bench/peer/client_loop.py): a callback that holds the loop shows as a stall on the
+records' clock; the work's result and exceptions pass through."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from bench.peer import client_loop
+
+
+def test_a_blocked_loop_is_a_stall_and_the_result_comes_back():
+    async def work() -> str:
+        await asyncio.sleep(0.01)
+        blocked_from = time.perf_counter()
+        time.sleep(0.03)  # a callback holding the loop 30 ms
+        await asyncio.sleep(0.01)
+        return f"{blocked_from}"
+
+    result, lag = asyncio.run(client_loop.watched(work()))
+    blocked_from = float(result)
+    assert lag["ticks"] > 0 and lag["lag_max_ms"] >= 25.0 and lag["stalled_ms"] >= 25.0
+    assert client_loop.overlaps(lag["stalls"], blocked_from, blocked_from + 0.03, 25.0)
+    assert not client_loop.overlaps(lag["stalls"], blocked_from + 1.0, blocked_from + 2.0, 2.0)
+
+
+def test_the_works_exception_propagates_and_the_ticker_stops():
+    async def failing() -> None:
+        await asyncio.sleep(0.005)
+        raise ValueError("boom")
+
+    async def main() -> None:
+        with pytest.raises(ValueError, match="boom"):
+            await client_loop.watched(failing())
+        assert len(asyncio.all_tasks()) == 1  # only main: the ticker was cancelled
+
+    asyncio.run(main())
