@@ -64,16 +64,18 @@ class ChatRequest:
 class Target:
     """A running server: its system (``unifiedserve`` or ``vllm``), its OpenAI API's base URL, the model name
     it serves, and what its requests holding a video carry as ``mm_processor_kwargs`` (``bench.peer.models``; the
-    same for both systems). UnifiedServe is asked for each request's timeline (where its time went in the server)."""
+    same for both systems). UnifiedServe is asked for each request's timeline (where its time went in the server)
+    unless ``timelines`` is false (``run.py --no-timelines``: its figures without the timelines' upkeep)."""
 
     system: str
     url: str
     model: str
     video_kwargs: dict = field(default_factory=dict)
+    timelines: bool = True
 
     @property
     def timeline(self) -> bool:
-        return self.system == "unifiedserve"
+        return self.timelines and self.system == "unifiedserve"
 
 
 @dataclass

@@ -136,7 +136,7 @@ def target_of(args: argparse.Namespace, system: str, state: dict) -> Target:
     served = state.get("peer_model", DEFAULT)
     if served != args.model:
         raise SystemExit(f"the {system} server serves {served}: give --model {served} (every call of a lease)")
-    return Target(system, state["url"], state["model"], MODELS[args.model].video_kwargs)
+    return Target(system, state["url"], state["model"], MODELS[args.model].video_kwargs, not args.no_timelines)
 
 
 def expand(names: list[str]) -> list[str]:
@@ -239,6 +239,9 @@ def main() -> None:
     parser.add_argument("--py-spy", nargs="+", default=[], metavar="PROCESS",
                         help="UnifiedServe processes to sample with py-spy during each scenario (orchestrator, "
                              "decode, encode_prefill, flashcodec, tritonserver, openai_api): py_spy.py")
+    parser.add_argument("--no-timelines", action="store_true",
+                        help="do not ask UnifiedServe for its requests' timelines (their per-token upkeep in the "
+                             "orchestrator is left out of its figures; timelines.json and the gap analysis go too)")
     parser.add_argument("--caches", action="store_true",
                         help="start the systems with their prefix caches on (vLLM's processor cache too; issue 21's "
                              "cache scenarios); off by default")

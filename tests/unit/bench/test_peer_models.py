@@ -66,13 +66,23 @@ def test_requests_holding_a_video_carry_the_models_video_kwargs():
 
 def test_scenarios_refuse_a_server_of_another_model():
     state = {"url": "http://127.0.0.1:1", "model": "/w/internvl3_38b_dummy", "peer_model": "internvl3_38b"}
-    args = argparse.Namespace(model="internvl3_38b")
+    args = argparse.Namespace(model="internvl3_38b", no_timelines=False)
     assert run.target_of(args, "vllm", state) == Target("vllm", state["url"], state["model"],
                                                         {"num_frames": INTERNVL_FRAMES})
     with pytest.raises(SystemExit, match="--model internvl3_38b"):
-        run.target_of(argparse.Namespace(model=DEFAULT), "vllm", state)
+        run.target_of(argparse.Namespace(model=DEFAULT, no_timelines=False), "vllm", state)
     with pytest.raises(SystemExit, match=f"--model {DEFAULT}"):  # a server started before --model
         run.target_of(args, "unifiedserve", {k: v for k, v in state.items() if k != "peer_model"})
+
+
+def test_only_unifiedserve_is_asked_for_timelines_and_not_with_no_timelines():
+    state = {"url": "http://127.0.0.1:1", "model": "m", "peer_model": DEFAULT}
+    request = ChatRequest("text", ({"type": "text", "text": "hi"},), 4)
+    for system, no_timelines, asked in (("unifiedserve", False, True), ("unifiedserve", True, False),
+                                        ("vllm", False, False)):
+        target = run.target_of(argparse.Namespace(model=DEFAULT, no_timelines=no_timelines), system, state)
+        assert target.timeline is asked
+        assert ("return_timeline" in request.body("m", target.timeline)) is asked
 
 
 def test_unifiedserve_version_is_the_commit_and_says_when_the_tree_differs_from_it(tmp_path):
