@@ -44,7 +44,7 @@ from backends.triton.mps import MpsDaemon
 from backends.triton.ports import ServerPorts
 from backends.triton.repository import repository_with
 from backends.triton.server_binary import HEAP_ENV, server_binary, server_command
-from backends.triton.server_log import load_errors, not_unloaded
+from backends.triton.server_log import load_errors, not_unloaded, still_loading
 from backends.triton.stale_shm import SHM, lock_path, remove_run_files, remove_stale_shared_memory
 from backends.triton.stubs import dump_stacks, stub_processes, stub_regions, watch_stages
 from flashcodec.parallel import TMP_PREFIX_ENV
@@ -144,6 +144,7 @@ class TritonServer:
         """``what`` happened, then each model's reason for not loading (:func:`load_errors`), then the log's tail."""
         log = self.log_tail(1_000_000)
         reasons = "".join(f"\n  {reason}" for reason in load_errors(log))
+        reasons += "".join(f"\n  model {model} was still loading" for model in still_loading(log))
         return f"{what}{reasons}\n--- end of the log:\n{log[-6000:]}"
 
     def _announce_when_not_live(self) -> None:

@@ -26,6 +26,17 @@ def load_errors(log: str) -> list[str]:
     return [f"model {model} did not load: {reason}" for model, reason in found.items()]
 
 
+def still_loading(log: str) -> list[str]:
+    """The models whose load a tritonserver log shows starting but neither ending well nor failing, in log order:
+    for a start that timed out, the stage that never finished loading."""
+    state: dict[str, str] = {}
+    for line in log.splitlines():
+        event = load_event(line)
+        if event is not None:
+            state[event[0]] = event[1]
+    return [model for model, event in state.items() if event == "loading"]
+
+
 def load_event(line: str) -> tuple[str, str, str] | None:
     """(model, event, reason) for one tritonserver log line about a model's load: event "loading", "loaded" or
     "failed" (reason: the exception's first line, else ""); None for other lines."""

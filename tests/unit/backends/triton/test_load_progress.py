@@ -8,7 +8,7 @@ import pytest
 
 from backends.triton import model_log
 from backends.triton.load_progress import LoadProgress
-from backends.triton.server_log import DEAD_STUB_HINT, load_errors, load_event
+from backends.triton.server_log import DEAD_STUB_HINT, load_errors, load_event, still_loading
 
 # Lines as tritonserver 2.51 writes them (copied from a server log of this project)
 LOADING = 'I1201 15:29:48.334359 10823 model_lifecycle.cc:472] "loading: decode:1"'
@@ -24,6 +24,14 @@ def test_triton_load_lines():
     assert load_event(FAILED) == ("decode", "failed", "ValueError: dtype must be one of ('auto', 'float32')")
     assert load_event(UNLOADED) is None
     assert load_event("unifiedserve[decode] INFO loading: decode:1") is None
+
+
+def test_a_model_whose_load_never_ended_is_named():
+    """A start that timed out with encode_prefill's load begun but never ended (a fresh user's `make test`, once)."""
+    log = "\n".join([LOADING, LOADING.replace("decode", "encode_prefill"), LOADING.replace("decode", "flashcodec"),
+                     LOADED, FAILED.replace("decode", "flashcodec")])
+    assert still_loading(log) == ["encode_prefill"]  # decode loaded, flashcodec failed (load_errors names it)
+    assert still_loading(LOADING + "\n" + LOADED) == [] and still_loading("") == []
 
 
 @pytest.fixture
