@@ -1,4 +1,4 @@
-"""The one error type FlashCodec raises for bad media."""
+"""The error type FlashCodec raises for bad media, and its case for an image too large to open."""
 
 # What Pillow cannot identify (its own message is a Python repr of the BytesIO it was given).
 NOT_AN_IMAGE = "image: not a decodable image (JPEG, PNG, WebP, ...)"
@@ -10,3 +10,14 @@ class MediaError(ValueError):
     The message starts with the kind of media ("video: ...", "image: ...") and names the property at fault, so
     the Triton boundary can pass it to the client unchanged as an INVALID_ARGUMENT error.
     """
+
+
+class TooManyPixels(MediaError):
+    """An image whose header gives more than ``more_than`` pixels, the most Pillow opens (twice
+    ``PIL.Image.MAX_IMAGE_PIXELS``: its decompression-bomb error); the server's own cap may be lower
+    (``orchestrator.media.probe_media``)."""
+
+    def __init__(self, more_than: int):
+        super().__init__(f"image: more than {more_than} pixels by its header, over Pillow's decompression-bomb "
+                         "limit: downscale it first")
+        self.more_than = more_than

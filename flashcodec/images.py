@@ -6,7 +6,7 @@ import io
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from flashcodec.errors import NOT_AN_IMAGE, MediaError
+from flashcodec.errors import NOT_AN_IMAGE, MediaError, TooManyPixels
 from flashcodec.probe import exif_orientation
 
 BACKGROUND = (255, 255, 255)  # transparent areas are composited over white, as qwen-vl-utils `to_rgb` does
@@ -50,7 +50,7 @@ def load_image(data: bytes) -> Image.Image:
             img.load()
             return to_rgb(ImageOps.exif_transpose(img) if orientation != 1 else img).copy()
     except Image.DecompressionBombError as exc:
-        raise MediaError(f"image: too many pixels ({exc})") from exc
+        raise TooManyPixels(2 * Image.MAX_IMAGE_PIXELS) from exc
     except UnidentifiedImageError as exc:
         raise MediaError(NOT_AN_IMAGE) from exc
     except (OSError, SyntaxError, ValueError) as exc:

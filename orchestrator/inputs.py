@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import os
 import re
 import urllib.parse
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Callable
 
 from backends.triton.triton_io import int_parameter
 from orchestrator.messages import Turn, media_kinds, parse_messages, user_turn
@@ -154,6 +156,9 @@ def _resolve_url(kind: str, url: str, limits: InputLimits) -> MediaInput:
                            "a data: URL, or a path under an allowed folder")
     if parsed.scheme not in ("", "file"):
         raise InvalidInput(f"{name}: unsupported URL scheme {parsed.scheme!r}")
+    if parsed.scheme == "file" and parsed.netloc.lower() not in ("", "localhost"):  # RFC 8089 2: host, else local
+        raise InvalidInput(f"{name}: a file URL on host {parsed.netloc[:100]!r} is not on this machine; write "
+                           "file:///path (or file://localhost/path)")
     try:
         path = Path(urllib.parse.unquote(parsed.path) if parsed.scheme == "file" else url).resolve()
     except (OSError, RuntimeError, ValueError) as exc:  # symlink loops, NUL bytes, over-long names
@@ -226,25 +231,22 @@ def parse_request(raw: RawRequest, limits: InputLimits) -> ParsedRequest:
     if count > limits.max_media_items:  # before any is decoded or read
         raise InvalidInput(f"image and video inputs: {count} media items, over the limit of "
                            f"{limits.max_media_items} per request (parameter max_media_items)")
-    media: list[MediaInput] = []
+    given: list[tuple[str, Callable[[], MediaInput]]] = []  # (kind, its check), inputs image, image_url, video, ...
     for kind, blobs, urls in (("image", raw.image, raw.image_url), ("video", raw.video, raw.video_url)):
-        media += [_checked_bytes(kind, b, limits, kind) for b in blobs]
-        for url in urls:
-            try:
-                media.append(_resolve_url(kind, url.decode("utf-8"), limits))
-            except UnicodeDecodeError:
-                raise InvalidInput(f"{kind}_url: not valid UTF-8") from None
+        given += [(kind, functools.partial(_checked_bytes, kind, b, limits, kind)) for b in blobs]
+        given += [(kind, functools.partial(_url_input, kind, u, limits)) for u in urls]
     if raw.prompt:
-        if media:
+        if given:
             raise InvalidInput("prompt: a prompt without the chat template takes no images or videos (send them "
                                "with text_input or messages)")
         turns = ()
     elif turns:
-        media = _in_placeholder_order(turns, media)
+        order = _placeholder_order(turns, [kind for kind, _ in given])
+        given = [given[k] for k in order]
     else:
-        turns = (user_turn(text, [m.kind for m in media]),)
-    if len(media) > 1:
-        media = [replace(m, position=f"item {k} of {len(media)}") for k, m in enumerate(media, 1)]
+        turns = (user_turn(text, [kind for kind, _ in given]),)
+    positions = [f"item {k} of {len(given)}" if len(given) > 1 else "" for k in range(1, len(given) + 1)]
+    media = [_placed(check, position) for (_, check), position in zip(given, positions)]
     return ParsedRequest(text, tuple(media), params, raw.stream, raw.exclude_input_in_output, raw.return_output_ids,
                          turns, ExtraOutputs(raw.return_finish_reason, raw.return_num_input_tokens,
                                              raw.return_num_output_tokens, raw.return_timeline),
@@ -273,13 +275,33 @@ def _conversation(raw: RawRequest, limits: InputLimits) -> tuple[Turn, ...]:
     return parse_messages(raw.messages[0], limits.max_prompt_bytes)
 
 
-def _in_placeholder_order(turns: tuple[Turn, ...], media: list[MediaInput]) -> list[MediaInput]:
-    """``media`` reordered to the order of the conversation's placeholders (the k-th image placeholder is the k-th
-    image). Raises InvalidInput when a kind's placeholders and items differ in number."""
+def _placeholder_order(turns: tuple[Turn, ...], given: list[str]) -> list[int]:
+    """The indices of the media items of kinds ``given`` (in input order) in the order of the conversation's
+    placeholders (the k-th image placeholder is the k-th image). Raises InvalidInput when a kind's placeholders and
+    items differ in number."""
     kinds = media_kinds(turns)
-    by_kind = {kind: [m for m in media if m.kind == kind] for kind in ("image", "video")}
+    by_kind = {kind: [k for k, g in enumerate(given) if g == kind] for kind in ("image", "video")}
     for kind, items in by_kind.items():
         if kinds.count(kind) != len(items):
             raise InvalidInput(f"messages: {kinds.count(kind)} {kind} placeholders, but the request has "
                                f"{len(items)} {kind}s (inputs {kind} and {kind}_url)")
     return [by_kind[kind].pop(0) for kind in kinds]
+
+
+def _placed(check: Callable[[], MediaInput], position: str) -> MediaInput:
+    """The checked item with its ``position`` ("item K of N", or ""), which its errors name too: ``image_url (item 2
+    of 3): no such file ...``. Raises InvalidInput."""
+    try:
+        return replace(check(), position=position)
+    except InvalidInput as exc:
+        if not position:
+            raise
+        name, _, problem = str(exc).partition(": ")
+        raise InvalidInput(f"{name} ({position}): {problem}") from None
+
+
+def _url_input(kind: str, url: bytes, limits: InputLimits) -> MediaInput:
+    try:
+        return _resolve_url(kind, url.decode("utf-8"), limits)
+    except UnicodeDecodeError:
+        raise InvalidInput(f"{kind}_url: not valid UTF-8") from None

@@ -6,7 +6,7 @@ import contextlib
 import functools
 from dataclasses import fields, replace
 
-from flashcodec.errors import MediaError
+from flashcodec.errors import MediaError, TooManyPixels
 from flashcodec.families import Family, MediaOptions, MediaPlan
 from flashcodec.families.cap import plan_tokens
 from flashcodec.probe import ImageInfo, VideoInfo, probe_image, probe_video
@@ -44,10 +44,17 @@ def probe_media(item: MediaInput, max_image_pixels: int | None = None) -> VideoI
             return _probe_video_file(*file_key(item))
         if item.kind == "video":
             return probe_video(item.data)
-        info = probe_image(item.source)
-    if max_image_pixels is not None and info.width * info.height > max_image_pixels:
-        raise InvalidInput(f"{item.input_name}: {info.width}x{info.height} is {info.width * info.height} pixels, "
-                           f"over the limit of {max_image_pixels} (parameter max_image_pixels): downscale it first")
+        try:
+            info, over = probe_image(item.source), ""
+        except TooManyPixels as exc:  # Pillow's limit, met before ours is checked
+            if max_image_pixels is None or max_image_pixels >= exc.more_than:
+                raise
+            info, over = None, f"more than {exc.more_than} pixels by its header"
+    if info is not None and max_image_pixels is not None and info.width * info.height > max_image_pixels:
+        over = f"{info.width}x{info.height} is {info.width * info.height} pixels"
+    if over:
+        raise InvalidInput(f"{item.input_name}: {over}, over the limit of {max_image_pixels} (parameter "
+                           "max_image_pixels): downscale it first")
     return info
 
 

@@ -42,10 +42,35 @@ def test_each_item_of_several_is_named_with_its_place(limits, tmp_path):
     assert parse_request(raw(image_url=[data_url]), limits).media[0].input_name == "image_url"
 
 
+def test_an_items_path_error_names_its_place_in_the_prompt(limits, tmp_path):
+    """A path refused while the request is read names the item too, in prompt order (a conversation's placeholders
+    may put a video before the images); so does a lone item's error, without a place."""
+    data_url = ("data:image/png;base64," + base64.b64encode(b"png-bytes").decode()).encode()
+    missing = str(tmp_path / "nothere.png").encode()
+    with pytest.raises(InvalidInput, match=r"^image_url \(item 2 of 2\): no such file"):
+        parse_request(raw(image=[b"\x89PNG-bytes"], image_url=[missing]), limits)
+    with pytest.raises(InvalidInput, match=r"^image_url \(item 2 of 2\): '/etc/passwd' is outside"):
+        parse_request(raw(image=[b"\x89PNG-bytes"], image_url=[b"/etc/passwd"]), limits)
+    with pytest.raises(InvalidInput, match=r"^image_url: no such file"):
+        parse_request(raw(image_url=[missing]), limits)
+    video_first = ('[{"role": "user", "content": [{"type": "video"}, {"type": "image"}, {"type": "text", '
+                   '"text": "Hi"}]}]').encode()
+    (tmp_path / "a.mp4").write_bytes(b"x" * 10)
+    with pytest.raises(InvalidInput, match=r"^image_url \(item 2 of 2\): no such file"):
+        parse_request(raw(text_input=[], messages=[video_first], image_url=[missing],
+                          video_url=[str(tmp_path / "a.mp4").encode()]), limits)
+    with pytest.raises(InvalidInput, match=r"^image_url \(item 1 of 2\): no such file"):
+        parse_request(raw(image_url=[missing, data_url]), limits)
+
+
 def test_file_url_under_allowed_folder(limits, tmp_path):
     (tmp_path / "b c.mp4").write_bytes(b"x")
     parsed = parse_request(raw(video_url=[f"file://{tmp_path}/b%20c.mp4".encode()]), limits)
     assert parsed.media[0].path.endswith("b c.mp4")
+    parsed = parse_request(raw(video_url=[f"file://LOCALHOST{tmp_path}/b%20c.mp4".encode()]), limits)
+    assert parsed.media[0].path.endswith("b c.mp4")  # RFC 8089: "localhost" is this machine
+    with pytest.raises(InvalidInput, match=r"video_url: a file URL on host 'evil.example' is not on this machine"):
+        parse_request(raw(video_url=[f"file://evil.example{tmp_path}/b%20c.mp4".encode()]), limits)
 
 
 @pytest.mark.parametrize("kwargs,words", [
@@ -207,6 +232,25 @@ def test_an_image_over_max_image_pixels_is_refused_from_its_header_at_once(tmp_p
     tracemalloc.stop()
     assert elapsed < 1 and peak < 20 << 20, (elapsed, peak)
     assert plan_media(item, RequestParams(), QWEN, 100_000_000).num_tokens > 0  # within a raised limit it is planned
+
+
+def test_an_image_too_large_for_pillow_to_open_is_refused_with_the_servers_limit(tmp_path):
+    """A 69-byte PNG whose header claims 100000x100000 pixels: Pillow refuses to open it (its decompression-bomb
+    limit, 178,956,970 pixels by default), so its size is never read; the refusal names max_image_pixels all the
+    same, and with no cap of the server's, Pillow's limit."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    header = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 100_000, 100_000, 8, 0, 0, 0, 0))
+    item = MediaInput("image", data=header + chunk(b"IEND", b""), input="image")
+    with pytest.raises(InvalidInput, match=r"^image: more than 178956970 pixels by its header, over the limit of "
+                                           r"50000000 \(parameter max_image_pixels\): downscale it first$"):
+        plan_media(item, RequestParams(), QWEN, InputLimits().max_image_pixels)
+    with pytest.raises(InvalidInput, match=r"^image: more than 178956970 pixels by its header, over Pillow's"):
+        plan_media(item, RequestParams(), QWEN, None)
 
 
 def test_more_media_items_than_max_media_items_are_refused_before_any_is_read():
