@@ -1,11 +1,17 @@
 """`pip install .` gives the client package and its console command, which runs from any folder (the end-to-end
-suite asks a server with it: tests/e2e/test_ops.py)."""
+suite asks a server with it: tests/e2e/test_ops.py); it requires tritonclient and numpy only, the server's packages
+being the extra `server`."""
 import email
+import re
 import subprocess
 import sys
 import zipfile
 
+from backends.triton.launcher import REPO_ROOT
 from tests.install import build_wheel, environment, install
+
+SERVER_ONLY = ("torch", "transformers", "av", "PIL", "fastapi", "uvicorn", "yaml", "backends", "orchestrator",
+               "flashcodec")
 
 
 def test_the_wheel_holds_the_client_and_its_command_which_runs_from_any_folder(tmp_path):
@@ -17,8 +23,10 @@ def test_the_wheel_holds_the_client_and_its_command_which_runs_from_any_folder(t
         entry_points = archive.read(info.replace("METADATA", "entry_points.txt")).decode()
     assert {"client/__init__.py", "client/__main__.py", "client/api.py", "client/http_stream.py"} <= names
     assert "[console_scripts]\nunifiedserve-client = client.__main__:main" in entry_points
-    requires = " ".join(metadata.get_all("Requires-Dist"))
-    assert "tritonclient" in requires and "numpy" in requires  # what client.api imports
+    requires = metadata.get_all("Requires-Dist")
+    plain = {re.split(r"[\[<>=!~ ;]", r, maxsplit=1)[0].lower() for r in requires if "extra ==" not in r}
+    assert plain == {"numpy", "tritonclient"}  # what client.api imports
+    assert any(r.startswith("torch") and 'extra == "server"' in r for r in requires)
 
     site = install(wheel, tmp_path / "site")
     elsewhere = tmp_path / "elsewhere"
@@ -31,3 +39,20 @@ def test_the_wheel_holds_the_client_and_its_command_which_runs_from_any_folder(t
                            capture_output=True, text=True)
     assert shown.returncode == 0, shown.stderr
     assert shown.stdout.startswith("usage: unifiedserve-client ")
+
+
+def test_the_clients_command_line_runs_with_the_servers_packages_unimportable():
+    blocker = (
+        "import importlib.abc, sys\n"
+        "class Block(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path, target=None):\n"
+        f"        if name.split('.')[0] in {SERVER_ONLY!r}:\n"
+        "            raise ImportError(name + ' is the server\\'s')\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "import client.api, client.http_stream\n"
+        "sys.argv = ['unifiedserve-client', '--help']\n"
+        "from client.__main__ import main\n"
+        "main()\n")
+    done = subprocess.run([sys.executable, "-c", blocker], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: unifiedserve-client ")
