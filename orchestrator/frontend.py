@@ -62,7 +62,7 @@ async def handle(orchestrator: Orchestrator, request, lanes: SendLanes, cancels:
     final = io.pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL
     timer = RequestTimer(orchestrator.metrics, arrived)
     sender, lane, watched, admitting = request.get_response_sender(), lanes.lane(), None, True
-    channel, bound_key, request_id = None, None, ""  # the token channel its replies go on, its key there, its id
+    channel, request_id = None, ""  # the token channel its replies go on, its id there
 
     def send(item: Reply | Built) -> None:
         if item.flags == final and watched is not None:  # the request is not asked about after its final response
@@ -83,11 +83,8 @@ async def handle(orchestrator: Orchestrator, request, lanes: SendLanes, cancels:
         parsed = parse_request(raw, orchestrator.config.limits)
         bound = channel_name(raw.token_channel, "token_channel")
         if bound:
-            channel, request_id = channels.get(bound), request.request_id()  # a name not open: refused either way
-            if not parsed.stream:
-                channel = None  # its one response goes on its own stream
-            elif not request_id:
-                raise InvalidInput("token_channel: a request on a channel needs a request id (its entries' \"id\")")
+            request_id = request.request_id()
+            channel = channels.claim(bound, request_id, parsed.stream)  # its id is freed by its final response
         timeline = Timeline(arrived) if parsed.extra_outputs.timeline else NO_TIMELINE
         timeline.mark("parsed")
         admitted = await orchestrator.admit(parsed, timeline)
@@ -98,8 +95,7 @@ async def handle(orchestrator: Orchestrator, request, lanes: SendLanes, cancels:
         watched = cancels.watch(sender.is_cancelled,
                                 lambda: loop.call_soon_threadsafe(orchestrator.cancel, admitted))
         if channel is not None:
-            channel.bind(id(admitted), lambda: orchestrator.cancel(admitted))
-            bound_key = id(admitted)
+            channel.bind(request_id, lambda: orchestrator.cancel(admitted))
         # aclosing: leaving the loop early (cancellation) releases the request's pages now, not at GC.
         async with contextlib.aclosing(orchestrator.stream(admitted)) as tokens:
             await _send_tokens(admitted, tokens, send, timer, timeline, trail_timeline=channel is not None)
@@ -117,8 +113,6 @@ async def handle(orchestrator: Orchestrator, request, lanes: SendLanes, cancels:
         timer.finished("error")
         send(Built(io.error(f"internal error: {type(exc).__name__}: {exc}", invalid_argument=False), final))
     finally:
-        if bound_key is not None:
-            channel.unbind(bound_key)
         if admitting:  # refused, failed or cancelled before it was admitted
             orchestrator.admission_ended()
 

@@ -15,16 +15,18 @@ The protocol (inputs and outputs of the orchestrator's ``config.pbtxt``):
   and no other input opens a channel. Its first response has an empty ``channel_items`` (``[]``): the channel is
   open from then on. It stays open until the client cancels that request or the server stops; a last response,
   its ``channel_items`` empty, then brings the final flag.
-* A streamed request (``stream`` true) whose ``token_channel`` names an open channel, with a request id, has its
-  replies sent on that channel: each channel response's ``channel_items`` is a JSON list of entries, each one
-  reply of a request in the order of that request's replies: the request's id under ``"id"`` and the outputs the
-  reply would have carried on the request's own stream, named as the generate endpoint names them
-  (``text_output``, ``output_ids``, ``finish_reason``, ``num_input_tokens``, ...; ``visual_cap``, ``media`` and
-  ``timeline`` as JSON text). The request's own stream gets its errors, and at its end one response with only
-  ``finish_reason`` and the final flag (``abort`` for a cancelled request). Its channel entries and that final
-  response may arrive in either order (a request asking for its timeline gets it in an entry of its own, with the
-  finish reason, after its last tokens' entry). A name that is not an open channel is INVALID_ARG; a request not
-  streamed keeps its one response on its own stream.
+* A streamed request (``stream`` true) whose ``token_channel`` names an open channel, with a request id that no
+  other request in flight on that channel has, has its replies sent on that channel: each channel response's
+  ``channel_items`` is a JSON list of entries, each one reply of a request in the order of that request's replies:
+  the request's id under ``"id"`` and the outputs the reply would have carried on the request's own stream, named as
+  the generate endpoint names them (``text_output``, ``output_ids``, ``finish_reason``, ``num_input_tokens``, ...;
+  ``visual_cap``, ``media`` and ``timeline`` as JSON text). The request's own stream gets its errors, and at its end
+  one response with only ``finish_reason`` and the final flag (``abort`` for a cancelled request). Its channel
+  entries and that final response may arrive in either order (a request asking for its timeline gets it in an entry
+  of its own, with the finish reason, after its last tokens' entry). A name that is not an open channel is
+  INVALID_ARG, and so is a streamed request without an id or with the id of one in flight on the channel (their
+  entries could not be told apart); an id is free again once its request's final response is sent, however it ended.
+  A request not streamed keeps its one response on its own stream.
 * When a channel closes, the requests bound to it are cancelled (no client reads their replies any more): their own
   streams end with ``abort``, their pages are freed.
 """
@@ -63,24 +65,22 @@ def channel_name(values: list[bytes], input_name: str) -> str:
 @dataclass(eq=False)
 class Channel:
     """An open channel: its request's response ``sender`` and send ``lane``; ``closed`` once the client cancelled
-    it or the server stops; ``bound``: each running request's cancellation, called when the channel closes."""
+    it or the server stops; ``bound``: the requests in flight on it by request id (:meth:`TokenChannels.claim`),
+    each with its cancellation once admitted (None before), called when the channel closes."""
 
     name: str
     sender: object
     lane: int
     closed: asyncio.Event = field(default_factory=asyncio.Event)
-    bound: dict[int, Callable[[], None]] = field(default_factory=dict)
+    bound: dict[str, Callable[[], None] | None] = field(default_factory=dict)
 
-    def bind(self, key: int, cancel: Callable[[], None]) -> None:
-        """Call ``cancel()`` (on the event loop) when the channel closes, or now if it has; ``key``: the request's,
-        for :meth:`unbind`."""
+    def bind(self, request_id: str, cancel: Callable[[], None]) -> None:
+        """Call ``cancel()`` (on the event loop) when the channel closes, or now if it has; ``request_id``: the
+        admitted request's, claimed on this channel."""
         if self.closed.is_set():
             cancel()
         else:
-            self.bound[key] = cancel
-
-    def unbind(self, key: int) -> None:
-        self.bound.pop(key, None)
+            self.bound[request_id] = cancel
 
 
 @dataclass(frozen=True)
@@ -131,6 +131,22 @@ class TokenChannels:
             raise InvalidInput(f"token_channel: no channel {name!r} is open (open one with open_token_channel)")
         return channel
 
+    def claim(self, name: str, request_id: str, stream: bool) -> Channel | None:
+        """The open channel ``name`` that a request naming it in ``token_channel`` has its replies sent on, its
+        ``request_id`` (Triton's) in flight there until its final response (:func:`routed`); None for a request not
+        streamed, whose one response goes on its own stream. Raises InvalidInput when no channel ``name`` is open
+        (streamed or not), or for a streamed request without an id or whose id is in flight on the channel."""
+        channel = self.get(name)
+        if not stream:
+            return None
+        if not request_id:
+            raise InvalidInput("token_channel: a request on a channel needs a request id (its entries' \"id\")")
+        if request_id in channel.bound:
+            raise InvalidInput(f"token_channel: a request with id {request_id!r} is in flight on channel {name!r} "
+                               f"already (their entries could not be told apart): give each request its own id")
+        channel.bound[request_id] = None
+        return channel
+
     async def serve(self, name: str, sender, lanes, cancels) -> None:
         """Open channel ``name`` on ``sender`` (its request's), send the empty first response, and hold it open
         until its client cancels it (asked by ``cancels``, a ``CancelWatch``) or :meth:`close_all`; its final flag
@@ -149,7 +165,8 @@ class TokenChannels:
             cancels.unwatch(watched)
             del self._open[name]
             for cancel in list(channel.bound.values()):  # no client reads their replies any more
-                cancel()
+                if cancel is not None:  # one not admitted yet is cancelled as it binds
+                    cancel()
             # not an empty final response: tritonclient's asyncio client would not hand it over
             lanes.send(channel.lane, sender, ChannelItem((), io.pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL))
 
@@ -164,7 +181,10 @@ def routed(channel: Channel, request_id: str, item: Reply | Built, lanes, final:
     """A channel-bound request's ``item``: a reply is queued on ``channel``'s lane (dropped if the channel has
     closed); returns what goes on the request's own stream instead: nothing for a reply, its finish reason alone for
     the last one (``final`` its flag), ``"abort"`` for the empty final response of a cancelled request, an error as
-    it is."""
+    it is. The final one, whichever, frees ``request_id`` on the channel (:meth:`TokenChannels.claim`): its client
+    may reuse it once it has seen the end, while the request's pages are still being released."""
+    if item.flags == final:
+        channel.bound.pop(request_id, None)
     if isinstance(item, Reply):
         if not channel.closed.is_set():
             lanes.send(channel.lane, channel.sender, ChannelItem(((request_id, item),)))

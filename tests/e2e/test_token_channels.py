@@ -1,7 +1,7 @@
 """Token channels (orchestrator/token_channels.py) through a real tritonserver with tritonclient: a channel's entries
 carry the same tokens as the requests' own streams would, each request's own stream ends with its finish reason
-alone, errors name the input at fault, a cancelled channel closes with its final flag, and the OpenAI API streams the
-same with its channel as without."""
+alone, errors name the input at fault, an id in flight on a channel is refused there until its request ended, a
+cancelled channel closes with its final flag, and the OpenAI API streams the same with its channel as without."""
 from __future__ import annotations
 
 import concurrent.futures
@@ -98,11 +98,12 @@ def test_a_channel_carries_its_requests_tokens_and_their_own_streams_end_with_th
     wait_for_idle_pools(server)
 
 
-def _until_final(grpc_url: str, tensors) -> None:
-    """Send ``tensors`` as one streamed request and read it to its final response; raises ServerError."""
+def _until_final(grpc_url: str, tensors, request_id: str | None = None) -> None:
+    """Send ``tensors`` as one streamed request (``request_id`` or a new one) and read it to its final response;
+    raises ServerError."""
     stream = Stream(grpc_url)
     try:
-        stream.send(tensors, request_id=uuid.uuid4().hex)
+        stream.send(tensors, request_id=request_id or uuid.uuid4().hex)
         while True:
             result, error = stream.next()
             if error is not None:
@@ -134,6 +135,35 @@ def test_closing_a_channel_cancels_its_running_requests(grpc_url, server):
     finally:
         own.close()
         channel.client.close()
+    m = wait_for_idle_pools(server, timeout_s=30)
+    assert m["unifiedserve_kv_pages_free"] == m["unifiedserve_kv_pages_total"]
+
+
+def test_a_request_id_in_flight_on_a_channel_is_refused_until_its_request_ended(grpc_url, server):
+    """A second request with the id of one running on the channel is refused, naming both; once the first was
+    cancelled the id is taken again, and no page stays held."""
+    name, channel = open_channel(grpc_url)
+    first = Stream(grpc_url)
+    long = request_tensors("Tell me everything.", sampling={**GREEDY, "max_tokens": 4000})
+    short = request_tensors("Hi", sampling={**GREEDY, "max_tokens": 1})
+    try:
+        first.send(long + [_text("token_channel", name)], request_id="same")
+        result, error = channel.next()  # it is running
+        assert error is None and json.loads(result.as_numpy("channel_items")[0])
+        with pytest.raises(ServerError, match=f"token_channel: a request with id 'same' is in flight on channel "
+                                              f"'{name}' already"):
+            _until_final(grpc_url, long + [_text("token_channel", name)], request_id="same")
+        first.close(cancel=True)
+        for _ in range(100):  # the cancel watch asks every 50 ms
+            try:
+                _until_final(grpc_url, short + [_text("token_channel", name)], request_id="same")
+                break
+            except ServerError as exc:
+                assert "is in flight on channel" in str(exc)
+        else:
+            pytest.fail("the cancelled request's id stayed in flight")
+    finally:
+        channel.close(cancel=True)
     m = wait_for_idle_pools(server, timeout_s=30)
     assert m["unifiedserve_kv_pages_free"] == m["unifiedserve_kv_pages_total"]
 

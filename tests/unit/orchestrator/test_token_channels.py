@@ -131,14 +131,18 @@ def test_a_channel_answers_at_once_takes_replies_and_closes_with_its_final_respo
         reply = replies(parsed(), ["x", "y"])[0]
         assert routed(channels.get("c"), "r1", reply, lanes, FINAL) is None
         assert lanes.sent[-1][2].entries == (("r1", reply),)
-        cancelled = []
-        channels.get("c").bind(1, lambda: cancelled.append(1))
-        channels.get("c").bind(2, lambda: cancelled.append(2))
-        channels.get("c").unbind(2)  # ended before the channel closed
+        cancelled, channel = [], channels.get("c")
+        for key in ("r1", "r2", "r3"):
+            channels.claim("c", key, stream=True)
+        channel.bind("r1", lambda: cancelled.append(1))
+        channel.bind("r2", lambda: cancelled.append(2))
+        routed(channel, "r2", Built(flags=FINAL), lanes, FINAL)  # ended before the channel closed
         threading.Thread(target=cancels.watched[0]).start()  # the cancel watch's thread sees the cancellation
         await asyncio.wait_for(serving, 5)
         assert lanes.sent[-1][2].flags == FINAL and cancels.unwatched == cancels.watched[:1]
         assert cancelled == [1]  # its running requests are cancelled: nobody reads their replies
+        channel.bind("r3", lambda: cancelled.append(3))  # one admitted after the close, as it binds
+        assert cancelled == [1, 3]
         with pytest.raises(InvalidInput, match="token_channel: no channel 'c' is open"):
             channels.get("c")
     asyncio.run(run())
@@ -176,6 +180,59 @@ def test_a_requests_own_stream_gets_its_errors_and_its_end_only():
         assert routed(channel, "r1", replies(parsed(), ["x", "y"])[0], lanes, FINAL) is None
         assert len(lanes.sent) == count
         cancelled = []
-        channel.bind(3, lambda: cancelled.append(3))
+        channel.bind("r3", lambda: cancelled.append(3))
         assert cancelled == [3]
+    asyncio.run(run())
+
+
+async def _open(channels: TokenChannels, name: str, lanes: Lanes) -> asyncio.Future:
+    serving = asyncio.ensure_future(channels.serve(name, Sender(), lanes, Cancels()))
+    await asyncio.sleep(0)
+    return serving
+
+
+def test_a_request_id_in_flight_on_a_channel_is_refused_there_only():
+    """Two requests with one id on one channel would give entries nobody can tell apart: the second is refused,
+    naming the id and the channel; another channel, or a request not streamed (its one response on its own stream),
+    takes the id. A missing id, or a name not open, is refused as before."""
+    async def run():
+        channels, lanes = TokenChannels(), Lanes()
+        serving = [await _open(channels, name, lanes) for name in ("c", "d")]
+        assert channels.claim("c", "r1", stream=True) is channels.get("c")
+        with pytest.raises(InvalidInput, match="token_channel: a request with id 'r1' is in flight on channel 'c' "
+                                               "already"):
+            channels.claim("c", "r1", stream=True)
+        assert channels.claim("d", "r1", stream=True) is channels.get("d")
+        assert channels.claim("c", "r1", stream=False) is None
+        assert list(channels.get("c").bound) == ["r1"]
+        with pytest.raises(InvalidInput, match="token_channel: a request on a channel needs a request id"):
+            channels.claim("c", "", stream=True)
+        with pytest.raises(InvalidInput, match="token_channel: no channel 'e' is open"):
+            channels.claim("e", "r1", stream=False)
+        channels.close_all()
+        await asyncio.gather(*serving)
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize("last", [
+    pytest.param(lambda: replies(parsed(), ["x", "y"])[-1], id="finished"),
+    pytest.param(lambda: Built(flags=FINAL), id="cancelled"),
+    pytest.param(lambda: Built("an error response", FINAL), id="failed"),
+])
+def test_a_request_id_is_free_again_once_its_final_response_goes(last):
+    """However the request ended, its final item frees its id (nothing stays in ``bound``); the items before it do
+    not."""
+    async def run():
+        channels, lanes = TokenChannels(), Lanes()
+        serving = await _open(channels, "c", lanes)
+        channel = channels.claim("c", "r1", stream=True)
+        channel.bind("r1", lambda: None)
+        routed(channel, "r1", replies(parsed(), ["x", "y"])[0], lanes, FINAL)
+        with pytest.raises(InvalidInput, match="in flight"):
+            channels.claim("c", "r1", stream=True)
+        routed(channel, "r1", last(), lanes, FINAL)
+        assert channel.bound == {}
+        assert channels.claim("c", "r1", stream=True) is channel
+        channels.close_all()
+        await serving
     asyncio.run(run())
