@@ -212,5 +212,6 @@ def build_raw_prompt(tokenizer, text: str, family: Family = QWEN) -> Prompt:
     found = sorted({reserved[i] for i in ids if i in reserved})
     if found:
         raise InvalidInput(f"prompt: holds {', '.join(found)}, which only the server places (send images and videos "
-                           "with text_input or messages)")
+                           "in a chat: the OpenAI API's /v1/chat/completions with image_url or video_url parts, or "
+                           "Triton's text_input or messages inputs)")
     return Prompt(tuple(ids), ())
