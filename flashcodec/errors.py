@@ -1,4 +1,5 @@
 """The error type FlashCodec raises for bad media, and its case for an image too large to open."""
+from PIL import Image
 
 # What Pillow cannot identify (its own message is a Python repr of the BytesIO it was given).
 NOT_AN_IMAGE = "image: not a decodable image (JPEG, PNG, WebP, ...)"
@@ -13,11 +14,11 @@ class MediaError(ValueError):
 
 
 class TooManyPixels(MediaError):
-    """An image whose header gives more than ``more_than`` pixels, the most Pillow opens (twice
-    ``PIL.Image.MAX_IMAGE_PIXELS``: its decompression-bomb error); the server's own cap may be lower
+    """An image whose header gives more pixels than Pillow opens: ``more_than``, twice ``PIL.Image.MAX_IMAGE_PIXELS``
+    (178,956,970 by default; Pillow's ``DecompressionBombError``); the server's own cap may be lower
     (``orchestrator.media.probe_media``)."""
 
-    def __init__(self, more_than: int):
-        super().__init__(f"image: more than {more_than} pixels by its header, over Pillow's decompression-bomb "
+    def __init__(self):
+        self.more_than = 2 * Image.MAX_IMAGE_PIXELS
+        super().__init__(f"image: more than {self.more_than} pixels by its header, over Pillow's decompression-bomb "
                          "limit: downscale it first")
-        self.more_than = more_than

@@ -50,7 +50,7 @@ def load_image(data: bytes) -> Image.Image:
             img.load()
             return to_rgb(ImageOps.exif_transpose(img) if orientation != 1 else img).copy()
     except Image.DecompressionBombError as exc:
-        raise TooManyPixels(2 * Image.MAX_IMAGE_PIXELS) from exc
+        raise TooManyPixels() from exc
     except UnidentifiedImageError as exc:
         raise MediaError(NOT_AN_IMAGE) from exc
     except (OSError, SyntaxError, ValueError) as exc:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import io
 import statistics
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Union
@@ -15,11 +14,6 @@ import av
 from PIL import ExifTags, Image, UnidentifiedImageError
 
 from flashcodec.errors import NOT_AN_IMAGE, MediaError, TooManyPixels
-
-# Pillow warns as it opens the header of an image of more than MAX_IMAGE_PIXELS pixels (and refuses one of twice
-# that: TooManyPixels); the orchestrator refuses an image over its own max_image_pixels from the same header right
-# after (orchestrator.media.probe_media), so in the server the warning only adds a traceback-like line to the log.
-warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
 
 Source = Union[bytes, str, Path]  # the media file's bytes, or its path
 FIRST_PACKETS = 64  # packets kept (with their data) to decode the first frame from
@@ -238,7 +232,7 @@ def probe_image(data: Source) -> ImageInfo:
             return ImageInfo(width=width, height=height, mode=img.mode, format=img.format or "",
                              orientation=orientation)
     except Image.DecompressionBombError as exc:
-        raise TooManyPixels(2 * Image.MAX_IMAGE_PIXELS) from exc
+        raise TooManyPixels() from exc
     except UnidentifiedImageError as exc:
         raise MediaError(NOT_AN_IMAGE) from exc
     except (OSError, SyntaxError, ValueError) as exc:

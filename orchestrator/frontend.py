@@ -63,10 +63,13 @@ async def handle(orchestrator: Orchestrator, request, lanes: SendLanes, cancels:
     timer = RequestTimer(orchestrator.metrics, arrived)
     sender, lane, watched, admitting = request.get_response_sender(), lanes.lane(), None, True
     channel, request_id = None, ""  # the token channel its replies go on, its id there
+    ended = False  # its final response sent (on a channel, that frees its id: routed)
 
     def send(item: Reply | Built) -> None:
+        nonlocal ended
         if item.flags == final and watched is not None:  # the request is not asked about after its final response
             cancels.unwatch(watched)
+        ended = ended or item.flags == final
         if channel is not None:
             item = routed(channel, request_id, item, lanes, final)
         if item is not None:
@@ -115,6 +118,8 @@ async def handle(orchestrator: Orchestrator, request, lanes: SendLanes, cancels:
     finally:
         if admitting:  # refused, failed or cancelled before it was admitted
             orchestrator.admission_ended()
+        if channel is not None and not ended:  # cancelled with no final response (the model stopping): free its id
+            channel.bound.pop(request_id, None)
 
 
 async def _serve_channel(name: str, raw: RawRequest, sender, channels: TokenChannels, lanes: SendLanes,

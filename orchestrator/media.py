@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import warnings
 from dataclasses import fields, replace
+
+from PIL import Image
 
 from flashcodec.errors import MediaError, TooManyPixels
 from flashcodec.families import Family, MediaOptions, MediaPlan
@@ -14,6 +17,11 @@ from orchestrator.inputs import MediaInput
 from orchestrator.media_identity import file_key
 from orchestrator.sampling_params import InvalidInput, RequestParams, parse_sampling_parameters
 from orchestrator.visual_cap import CapApplied, fit_visual_tokens
+
+# Pillow warns as it opens the header of an image of more than its MAX_IMAGE_PIXELS (and refuses one of twice that:
+# TooManyPixels). This process reads images' headers only, never their pixels, and refuses one over max_image_pixels
+# from the same header (probe_media): here the warning would only add a traceback-like line to the server's log.
+warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
 
 PROBED_VIDEOS = 256  # video files whose probe is kept (a probe holds each frame's timestamp: 8 bytes a frame)
 MEDIA_SETTINGS = tuple(f.name for f in fields(MediaOptions))  # the sampling_parameters keys a family may take

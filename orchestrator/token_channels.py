@@ -25,7 +25,8 @@ The protocol (inputs and outputs of the orchestrator's ``config.pbtxt``):
   entries and that final response may arrive in either order (a request asking for its timeline gets it in an entry
   of its own, with the finish reason, after its last tokens' entry). A name that is not an open channel is
   INVALID_ARG, and so is a streamed request without an id or with the id of one in flight on the channel (their
-  entries could not be told apart); an id is free again once its request's final response is sent, however it ended.
+  entries could not be told apart); an id is free again once its request's final response is sent, however it ended
+  (a cancelled or failed request's entries already queued may still follow on the channel).
   A request not streamed keeps its one response on its own stream.
 * When a channel closes, the requests bound to it are cancelled (no client reads their replies any more): their own
   streams end with ``abort``, their pages are freed.

@@ -141,7 +141,8 @@ class TritonServer:
         raise RuntimeError(self._not_started(f"tritonserver not ready within {self.ready_timeout_s} s"))
 
     def _not_started(self, what: str) -> str:
-        """``what`` happened, then each model's reason for not loading (:func:`load_errors`), then the log's tail."""
+        """``what`` happened, then each model's reason for not loading (:func:`load_errors`), those whose load had
+        begun and not ended (:func:`still_loading`: cut off by an exit, or stuck), then the log's tail."""
         log = self.log_tail(1_000_000)
         reasons = "".join(f"\n  {reason}" for reason in load_errors(log))
         reasons += "".join(f"\n  model {model} was still loading" for model in still_loading(log))

@@ -50,6 +50,6 @@ async def watched(work: Awaitable[T]) -> tuple[T, dict]:
 
 
 def overlaps(stalls: list[list[float]], start_s: float, end_s: float, min_ms: float) -> bool:
-    """Whether a stall of at least ``min_ms`` (its busy span ``[end - lag, end]``) overlaps ``[start_s, end_s]``
-    (``time.perf_counter()`` seconds)."""
-    return any(lag >= min_ms and end - lag / 1e3 <= end_s and end >= start_s for end, lag in stalls)
+    """Whether a stall's busy span (``[end - lag, end]``) and ``[start_s, end_s]`` (``time.perf_counter()``
+    seconds) share at least ``min_ms``: the loop was busy for that long within the span."""
+    return any((min(end, end_s) - max(end - lag / 1e3, start_s)) * 1e3 >= min_ms for end, lag in stalls)

@@ -173,7 +173,8 @@ def run_scenarios(args: argparse.Namespace, system: str) -> int:
     for name in expand(args.scenarios or list(scenarios.FIXED)):
         base = {**header(device), "system": system, "server_version": state["version"], "scenario": name,
                 "peer_model": args.model,
-                "smoke": args.smoke, "setup": asdict(inputs.setup), "server_argv": state["argv"]}
+                "smoke": args.smoke, "setup": asdict(inputs.setup), "server_argv": state["argv"],
+                "timelines": target.timeline}  # whether UnifiedServe's requests asked for theirs (--no-timelines)
         if name == "crosscheck":
             result = asyncio.run(crosscheck.run(target, p["checkpoint"], p["out"] / "raw" / system / "crosscheck",
                                                 args.vllm_site))

@@ -11,7 +11,8 @@ what the streams got, ``bench.peer.figures``);
 ``followup.ttft_ms`` (with ``first_ttft_ms``, ``chat_ttft_ms``) and ``multiturn.prefix_hit_rate`` (with
 ``reusable_hit_rate``, the first and later questions' TTFT p50 and p90, ``slo_attainment``: ``bench.peer.figures``)
 (ms unless named; null where a scenario was not run or its requests failed). ``report.json`` holds what backs them:
-per system and scenario the request and error counts, the server's command line, its prefix-cache counters' increase
+per system and scenario the request and error counts, the server's command line, whether its requests asked for
+their timelines (``timelines``: ``run.py --no-timelines``), its prefix-cache counters' increase
 (``bench.peer.prefix_cache``), the prompt tokens per request kind (both systems must count the same) and,
 for UnifiedServe, the decode stage's mean step and batch from its metrics beside the clients' TBT mean and each of
 its processes' CPU time as a share of the scenario (``bench.peer.process_cpu``), and for both the GPU's busy share
@@ -107,7 +108,7 @@ def system_figures(runs: dict[str, dict], references: dict[str, dict[str, float]
                                          "errors": sum(r.get("error") is not None for r in records),
                                          "prompt_tokens": tokens,
                                          **{key: data[key] for key in ("server_metrics", "process_busy", "gpu_busy",
-                                                                       "prefix_cache", "server_argv")
+                                                                       "prefix_cache", "server_argv", "timelines")
                                             if data.get(key) is not None},
                                          **({"client_loop": {k: v for k, v in data["client_loop"].items()
                                                              if k != "stalls"}} if data.get("client_loop") else {})}

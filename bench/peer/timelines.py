@@ -117,9 +117,9 @@ def token_gaps(records: list[dict], stalls: list[list[float]] | None = None) -> 
     first hop whose gap is at least ``OPENED_SHARE`` of the client's (a slow decode step shows at every hop from
     decode's launch on; a stalled send only from the send on). With the load generator's loop ``stalls``
     (``bench.peer.client_loop``; records with ``sent_clock_s``), ``client_loop_stalled``: of those opened at the
-    client, how many spanned a stall of its loop of at least ``OPENED_SHARE`` of their excess over the p50 gap (the
-    client was busy); the others were late in the API's send or on the way. None when no record has per-token
-    moments."""
+    client, how many had its loop busy within them (one stall) for at least ``OPENED_SHARE`` of their excess over the
+    p50 gap (the client was busy); the others were late in the API's send or on the way. None when no record has
+    per-token moments."""
     gaps = [g for r in records if (r.get("timeline") or {}).get("tokens") for g in _hop_gaps(r)]
     if not gaps:
         return None

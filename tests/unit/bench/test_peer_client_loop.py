@@ -23,6 +23,8 @@ def test_a_blocked_loop_is_a_stall_and_the_result_comes_back():
     assert lag["ticks"] > 0 and lag["lag_max_ms"] >= 25.0 and lag["stalled_ms"] >= 25.0
     assert client_loop.overlaps(lag["stalls"], blocked_from, blocked_from + 0.03, 25.0)
     assert not client_loop.overlaps(lag["stalls"], blocked_from + 1.0, blocked_from + 2.0, 2.0)
+    end, lag_ms = max(lag["stalls"], key=lambda stall: stall[1])
+    assert not client_loop.overlaps([[end, lag_ms]], end - 0.001, end + 1.0, 2.0)  # 1 ms of it in the span
 
 
 def test_the_works_exception_propagates_and_the_ticker_stops():

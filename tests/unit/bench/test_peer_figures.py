@@ -229,3 +229,5 @@ def test_token_gaps_find_the_hop_where_each_large_gap_opened():
         gaps = token_gaps([clocked], [[end_s, lag_ms]])
         assert gaps["client_loop_stalled"] == stalled and gaps["large_opened_at"]["client"] == 1
     assert token_gaps([clocked], [[end_s - 1.0, 20.0]])["client_loop_stalled"] == 0  # a stall a second before
+    start_s = 1000.0 + rec["token_s"][29]  # a 20-ms stall ending 0.1 ms into the gap: the loop was free in it
+    assert token_gaps([clocked], [[start_s + 1e-4, 20.0]])["client_loop_stalled"] == 0
