@@ -27,6 +27,8 @@ def test_the_wheel_holds_the_client_and_its_command_which_runs_from_any_folder(t
     plain = {re.split(r"[\[<>=!~ ;]", r, maxsplit=1)[0].lower() for r in requires if "extra ==" not in r}
     assert plain == {"numpy", "tritonclient"}  # what client.api imports
     assert any(r.startswith("torch") and 'extra == "server"' in r for r in requires)
+    installs = re.findall(r"^RUN .*pip install (\S+)", (REPO_ROOT / "docker" / "Dockerfile").read_text(), re.M)
+    assert installs == ['".[server]"']  # the image is a server: the extra, not the client alone
 
     site = install(wheel, tmp_path / "site")
     elsewhere = tmp_path / "elsewhere"
