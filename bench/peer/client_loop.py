@@ -14,6 +14,8 @@ import asyncio
 import time
 from typing import Awaitable, TypeVar
 
+from bench.serve_bench import distribution
+
 T = TypeVar("T")
 PERIOD_S = 0.001
 STALL_MS = 2.0
@@ -42,10 +44,10 @@ async def watched(work: Awaitable[T]) -> tuple[T, dict]:
     finally:
         ticker.cancel()
         await asyncio.gather(ticker, return_exceptions=True)
-    ordered = sorted(lags)
+    spread = distribution(lags)
     return result, {"ticks": len(lags),
-                    "lag_p99_ms": round(ordered[int(0.99 * (len(ordered) - 1))], 3) if ordered else None,
-                    "lag_max_ms": round(ordered[-1], 3) if ordered else None,
+                    "lag_p99_ms": round(spread["p99"], 3) if spread else None,
+                    "lag_max_ms": round(spread["max"], 3) if spread else None,
                     "stalled_ms": round(sum(lag for _, lag in stalls), 3), "stalls": stalls}
 
 
