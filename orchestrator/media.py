@@ -53,17 +53,19 @@ def probe_media(item: MediaInput, max_image_pixels: int | None = None) -> VideoI
         if item.kind == "video":
             return probe_video(item.data)
         try:
-            info, over = probe_image(item.source), ""
+            info = probe_image(item.source)
         except TooManyPixels as exc:  # Pillow's limit, met before ours is checked
             if max_image_pixels is None or max_image_pixels >= exc.more_than:
                 raise
-            info, over = None, f"more than {exc.more_than} pixels by its header"
-    if info is not None and max_image_pixels is not None and info.width * info.height > max_image_pixels:
-        over = f"{info.width}x{info.height} is {info.width * info.height} pixels"
-    if over:
-        raise InvalidInput(f"{item.input_name}: {over}, over the limit of {max_image_pixels} (parameter "
-                           "max_image_pixels): downscale it first")
+            raise MediaError(_over_cap(f"more than {exc.more_than} pixels by its header", max_image_pixels)) from None
+    if max_image_pixels is not None and info.width * info.height > max_image_pixels:
+        raise InvalidInput(f"{item.input_name}: " + _over_cap(
+            f"{info.width}x{info.height} is {info.width * info.height} pixels", max_image_pixels))
     return info
+
+
+def _over_cap(size: str, max_image_pixels: int) -> str:
+    return f"{size}, over the limit of {max_image_pixels} (parameter max_image_pixels): downscale it first"
 
 
 @functools.lru_cache(maxsize=PROBED_VIDEOS)
