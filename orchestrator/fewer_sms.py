@@ -1,12 +1,15 @@
-"""Which encode/prefill steps run on fewer SMs: a video's steps beside decode (``StepPlan.fewer_sms``; the stage runs
-them on its green context of ``sms_while_decoding`` SMs where one is configured, ``backends.stages.step_streams``).
+"""Which encode/prefill steps run on fewer SMs: by default a video's steps beside decode (``StepPlan.fewer_sms``; the
+stage runs them on its green context of ``sms_while_decoding`` SMs where one is configured,
+``backends.stages.step_streams``).
 
 A step is marked when decode holds a stream whose TBT target (``slo_<modality>_tbt_ms`` divided by
 ``decode_priority_boost``) is tighter than :data:`~orchestrator.budget_policy.DEFAULT_TBT_MS`, and the step carries
-a video's encode or prefill and no image's. Why those: a video's TTFT is seconds away, so its chunks can give up SMs,
-its last one too, while an image's TTFT cannot (its steps are paced instead, ``orchestrator.decode_pace``); and
-streams with the default 50-ms target (the video goodput workload's answers) keep their TBT beside chunks on the
-whole GPU.
+encode or prefill work of a modality of ``fewer_sms_kinds`` (the orchestrator's parameter: ``video``, the default,
+or ``video,image``) and no media work of another. Why a video's by default: its TTFT is seconds away, so its chunks
+can give up SMs, its last one too, while an image's TTFT cannot (its steps are paced instead,
+``orchestrator.decode_pace``); and streams with the default 50-ms target (the video goodput workload's answers) keep
+their TBT beside chunks on the whole GPU. ``video,image`` is for models whose decode step is long beside an image's
+(a 38B language model's: each decode step reads its 61 GiB of weights while the images' steps run).
 
 Measured on one H200, 16 text streams (15-ms TBT target) beside the 3-minute video, 120 of 132 SMs
 (bench/results/peer/settings-thirteenth-2026-12-04/README.md and the runs it names):
@@ -28,14 +31,31 @@ from typing import Callable, Sequence
 from backends.ipc.protocol import StepPlan
 from orchestrator.budget_policy import DEFAULT_TBT_MS, SloTargets
 
+DEFAULT_KINDS = frozenset({"video"})
+MEDIA_KINDS = ("image", "video")
+
+
+def kinds_parameter(params: dict[str, str]) -> frozenset[str]:
+    """The ``fewer_sms_kinds`` parameter: comma-separated modalities of :data:`MEDIA_KINDS` (empty or absent:
+    :data:`DEFAULT_KINDS`). Raises ValueError naming the parameter for another word or an empty item."""
+    text = params.get("fewer_sms_kinds", "").strip()
+    if not text:
+        return DEFAULT_KINDS
+    kinds = [kind.strip() for kind in text.split(",")]
+    if not all(kind in MEDIA_KINDS for kind in kinds):
+        raise ValueError(f"parameter fewer_sms_kinds must be modalities among {', '.join(MEDIA_KINDS)} separated by "
+                         f"commas, got {text!r}")
+    return frozenset(kinds)
+
 
 @dataclass(frozen=True)
 class FewerSms:
     """The rule of the module docstring; ``targets``: the per-modality TBT targets; ``boost``:
-    ``decode_priority_boost`` (>= 1)."""
+    ``decode_priority_boost`` (>= 1); ``kinds``: the modalities whose steps may run on fewer SMs."""
 
     targets: SloTargets = SloTargets()
     boost: float = 1.0
+    kinds: frozenset[str] = DEFAULT_KINDS
 
     def __call__(self, plan: StepPlan, decoding: Sequence[str], kind_of: Callable[[str], str | None]) -> bool:
         """Whether ``plan`` runs on fewer SMs, ``decoding`` the modality of each request in the decode batch,
@@ -44,5 +64,5 @@ class FewerSms:
             return False
         if self.targets.tightest_tbt_ms(decoding, self.boost) >= DEFAULT_TBT_MS:
             return False
-        kinds = {kind_of(work.req_id) for work in (*plan.encode, *plan.prefill)}
-        return "video" in kinds and "image" not in kinds
+        media = {kind_of(work.req_id) for work in (*plan.encode, *plan.prefill)}.intersection(MEDIA_KINDS)
+        return bool(media) and media <= self.kinds

@@ -1,11 +1,9 @@
-"""The orchestrator's service: finds the shared pools, runs one engine per replica (``orchestrator.engine``),
-admits requests (media plans, the prompt, the limits), routes each to an engine, keeps the gauges, and
-drains when the server stops.
+"""The orchestrator's service: finds the shared pools, runs one engine per replica (``orchestrator.engine``), admits
+requests (media plans, the prompt, the limits), routes each to an engine, keeps the gauges, drains at the stop.
 
-Per request: probe media (metadata only) -> prompt with its visual-token count -> the engine runs it (media
-decoding, encode and prefill steps under the token budgets, decode) -> ``stream`` turns its tokens into the
-client's text (``orchestrator.output_processor``). The stages are reached over the stage link only
-(``orchestrator.stage_clients``).
+Per request: probe media (metadata only) -> prompt with its visual-token count -> the engine runs it (media decoding,
+encode and prefill steps under the token budgets, decode) -> ``stream`` turns its tokens into the client's text
+(``orchestrator.output_processor``). The stages are reached over the stage link only (``orchestrator.stage_clients``).
 
 When the server stops (``backends.triton.server_stop``), ``stop_serving`` fails every request ("the server is
 shutting down"; Triton calls ``finalize`` only once every client stream has its final flag) and reports when
@@ -32,7 +30,7 @@ from orchestrator.burst import Arrivals
 from orchestrator.decode_pace import DecodePacer
 from orchestrator.engine import Engine
 from orchestrator.engine_io import SHUTTING_DOWN, EngineRequest, Released, RequestCounts
-from orchestrator.fewer_sms import FewerSms
+from orchestrator.fewer_sms import DEFAULT_KINDS, FewerSms, kinds_parameter
 from orchestrator.gauges import Gauges, num_waiting
 from orchestrator.inputs import InputLimits, ParsedRequest
 from orchestrator.media import media_defaults, media_report, plan_request, probe_media, with_media_defaults
@@ -64,7 +62,8 @@ class OrchestratorConfig:
     (default 0, off): how long a step may wait for the rest of a burst of requests (``orchestrator.burst``);
     ``idle_budget_scale`` (default 1, off): both budgets' factor in a step planned while nothing decodes;
     ``decode_pace_ms`` (default 0, off): the spacing of decode's steps while a step that ends image prompts, or
-    more prompts than decode holds, runs, at most the decoding modalities' TBT targets (``orchestrator.decode_pace``).
+    more prompts than decode holds, runs, at most the decoding modalities' TBT targets (``orchestrator.decode_pace``);
+    ``fewer_sms_kinds``: the modalities whose steps may run on fewer SMs beside decode (``orchestrator.fewer_sms``).
     ``max_model_len``: prompt + output tokens per request;
     ``replicas``: encode_prefill/decode replicas to drive (``backends/triton/replicas.py``);
     ``max_waiting_requests``: requests that may wait for KV pages at once (over all replicas); a request arriving
@@ -88,6 +87,7 @@ class OrchestratorConfig:
     cache: CacheConfig = CacheConfig()
     media_defaults: RequestParams = RequestParams()
     decode_pace_ms: int = 0
+    fewer_sms_kinds: frozenset[str] = DEFAULT_KINDS
 
     @classmethod
     def from_parameters(cls, params: dict[str, str]) -> "OrchestratorConfig":
@@ -114,7 +114,7 @@ class OrchestratorConfig:
                    SloTargets.from_parameters(params),
                    PolicyConfig(float_parameter(params, "decode_priority_boost", PolicyConfig.decode_priority_boost)),
                    CacheConfig.from_parameters(params), media_defaults(params.get("media_defaults"), model.family),
-                   int_parameter(given, "decode_pace_ms", 0))
+                   int_parameter(given, "decode_pace_ms", 0), kinds_parameter(params))
 
 
 @dataclass(frozen=True)
@@ -208,16 +208,17 @@ class Orchestrator:
                     f"with the launcher, which writes the replicas' models ({exc})"))) from exc
             config = replace(self.config.scheduler, kv_page_size=kv["shape"][3])
             kv_pages = self.config.cache.pool(PageAllocator(kv["shape"][2] - RESERVED_KV_PAGES, "kv"))
-            policy = (BudgetPolicy(config.encode_budget, config.prefill_budget, self.config.slo, self.config.policy)
+            slo, boost = self.config.slo, self.config.policy.decode_priority_boost
+            policy = (BudgetPolicy(config.encode_budget, config.prefill_budget, slo, self.config.policy)
                       if self.config.slo_scheduling else None)
-            pacer = (DecodePacer(self.config.decode_pace_ms, config.prefill_budget, self.config.slo,
-                                 self.config.policy.decode_priority_boost) if self.config.decode_pace_ms else None)
+            pace_ms = self.config.decode_pace_ms
+            pacer = DecodePacer(pace_ms, config.prefill_budget, slo, boost) if pace_ms else None
             engines.append(Engine(
                 index, Scheduler(config, kv_pages, self.patch_pages, EncoderCache(self.config.cache.encoder_tokens)),
                 self.patch_pages, LinkStages(self.links, index), media, on_change=self.gauges.changed,
                 on_step=self._on_step, on_release=self._on_release, stopping=server_stop.announced, policy=policy,
                 arrivals=self.arrivals, pacer=pacer,
-                fewer_sms=FewerSms(self.config.slo, self.config.policy.decode_priority_boost)))
+                fewer_sms=FewerSms(slo, boost, self.config.fewer_sms_kinds)))
         await asyncio.gather(*(engine.start() for engine in engines))
         # every link connected before the first request: from then on a call is queued when it is made, so an abort
         # never overtakes the call it stops (decode's is connected by its stream)

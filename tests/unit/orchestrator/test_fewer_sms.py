@@ -7,7 +7,7 @@ import pytest
 
 from backends.ipc.protocol import EncodeWork, PrefillWork, StepPlan
 from orchestrator.budget_policy import SloTargets
-from orchestrator.fewer_sms import FewerSms
+from orchestrator.fewer_sms import FewerSms, kinds_parameter
 from tests.unit.orchestrator.test_engine import World, outputs_of, run, settle
 
 RULE = FewerSms(SloTargets(tbt_ms={"text": 15.0}))  # image, video: the default 50-ms target
@@ -63,3 +63,38 @@ def test_a_videos_steps_beside_a_tight_stream_go_to_the_stage_on_fewer_sms(kind,
         w.stages.emit(("a", 8, "length"))
         await outputs_of(out, 1)
     run(body, prefill_budget=8, fewer_sms=FewerSms(SloTargets(tbt_ms={"text": 15.0})))
+
+
+IMAGES_TOO = FewerSms(SloTargets(tbt_ms={"text": 15.0}), kinds=frozenset({"video", "image"}))
+
+
+@pytest.mark.parametrize("step, kind_of, fewer", [
+    (plan((1024, False), (1024, False)), kinds("video", "image"), True),  # both modalities' work
+    (plan((1280, True)), kinds("image"), True),                           # an image's prompt ending
+    (plan(encode=(0,)), kinds("image"), True),                            # its encode alone
+    (plan((117, True)), kinds("text"), False),                            # text prompts only
+])
+def test_fewer_sms_kinds_video_image_puts_an_images_steps_on_fewer_sms(step, kind_of, fewer):
+    assert IMAGES_TOO(step, ["text"], kind_of) is fewer
+
+
+@pytest.mark.parametrize("value, kinds_", [("", {"video"}), ("video", {"video"}),
+                                           (" video , image ", {"video", "image"}), ("image", {"image"})])
+def test_the_fewer_sms_kinds_parameter(value, kinds_):
+    assert kinds_parameter({"fewer_sms_kinds": value}) == kinds_
+    assert kinds_parameter({}) == {"video"}
+
+
+@pytest.mark.parametrize("value", ["text", "video,", "videos", "video;image"])
+def test_a_fewer_sms_kinds_parameter_that_names_no_media_modality_is_refused(value):
+    with pytest.raises(ValueError, match="parameter fewer_sms_kinds must be modalities among image, video"):
+        kinds_parameter({"fewer_sms_kinds": value})
+
+
+def test_the_orchestrator_reads_fewer_sms_kinds_and_names_a_bad_one():
+    from orchestrator.service import OrchestratorConfig
+
+    assert OrchestratorConfig.from_parameters({}).fewer_sms_kinds == {"video"}
+    assert OrchestratorConfig.from_parameters({"fewer_sms_kinds": "video,image"}).fewer_sms_kinds == {"video", "image"}
+    with pytest.raises(ValueError, match="fewer_sms_kinds"):
+        OrchestratorConfig.from_parameters({"fewer_sms_kinds": "audio"})
