@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from backends.ipc.protocol import StepPlan
+from backends.triton.triton_io import choice_value
 from orchestrator.budget_policy import DEFAULT_TBT_MS, SloTargets
 
 DEFAULT_KINDS = frozenset({"video"})
@@ -36,16 +37,10 @@ MEDIA_KINDS = ("image", "video")
 
 
 def kinds_parameter(params: dict[str, str]) -> frozenset[str]:
-    """The ``fewer_sms_kinds`` parameter: comma-separated modalities of :data:`MEDIA_KINDS` (empty or absent:
-    :data:`DEFAULT_KINDS`). Raises ValueError naming the parameter for another word or an empty item."""
-    text = params.get("fewer_sms_kinds", "").strip()
-    if not text:
-        return DEFAULT_KINDS
-    kinds = [kind.strip() for kind in text.split(",")]
-    if not all(kind in MEDIA_KINDS for kind in kinds):
-        raise ValueError(f"parameter fewer_sms_kinds must be modalities among {', '.join(MEDIA_KINDS)} separated by "
-                         f"commas, got {text!r}")
-    return frozenset(kinds)
+    """The ``fewer_sms_kinds`` parameter (``video``, ``image`` or ``video,image``: ``triton_io.CHOICES``; empty or
+    absent: :data:`DEFAULT_KINDS`) as a set. Raises ValueError naming the parameter for another value."""
+    value = params.get("fewer_sms_kinds", "").strip()
+    return frozenset(choice_value("fewer_sms_kinds", value).split(",")) if value else DEFAULT_KINDS
 
 
 @dataclass(frozen=True)

@@ -10,10 +10,10 @@ Sections, every key optional (what is left out keeps the repository's value; ``s
   ``gpu_sharing`` (``time_slicing``, CUDA's default, or ``mps``: ``backends.triton.mps``), and per stage where it
   runs: ``flashcodec`` (``device``, ``nvdec_gpus``, ``nvdec_processes_per_gpu``, ``decode_threads``),
   ``encode_prefill`` (``device``, ``vision_gpus``, ``vision_parallel``, ``vision_tp_size``, ``prefill_graphs``,
-  ``vision_graphs``, ``compile_layers``, ``sms_while_decoding``), ``decode`` (``device``); each stage's ``sm_share``
-  (percent of the GPU's SMs under ``mps``) and ``mps_priority`` (``normal`` or ``below_normal`` under ``mps``). A GPU
-  set is ``own``, ``all`` or a list of ids. Each stage is one Triton instance (its stage-link socket is named after its
-  model), so a stage is placed by its ``device``, and more copies of encode_prefill + decode are ``replicas``.
+  ``vision_graphs``, ``compile_layers``, ``sms_while_decoding``, ``fewer_sms_kinds``), ``decode`` (``device``); each
+  stage's ``sm_share`` (percent of the GPU's SMs under ``mps``) and ``mps_priority`` (``normal`` or ``below_normal``
+  under ``mps``). A GPU set is ``own``, ``all`` or a list of ids. Each stage is one Triton instance (its stage-link
+  socket is named after its model): a stage is placed by its ``device``, more encode_prefill + decode are ``replicas``.
 * ``budgets``: the scheduler's per-step ``prefill_budget`` (LLM tokens) and ``encode_budget`` (vision patches),
   ``max_share``, ``short_prefill_tokens``, ``burst_wait_ms``, ``decode_pace_ms``, ``idle_budget_scale``,
   ``max_model_len`` (tokens), decode's ``max_batch`` (sequences per step).
@@ -72,8 +72,7 @@ def _device(value: str | None, key: str = "device") -> None:
 
 
 def _mps(section) -> None:
-    """The stage's own rules for ``sm_share`` and ``mps_priority`` (``backends.triton.mps``), checked when the file
-    is read."""
+    """The stage's own rules for ``sm_share`` and ``mps_priority`` (``backends.triton.mps``), checked at reading."""
     for key, rule in (("sm_share", sm_share), ("mps_priority", mps_priority)):
         value = getattr(section, key)
         if value is not None:
@@ -106,8 +105,7 @@ def _gpus(value: str | tuple[int, ...] | None, key: str) -> None:
 
 @dataclass(frozen=True)
 class ModelSection:
-    """``model``: the checkpoint directory every model loads (``path``), else ``preset``'s architecture with random
-    weights; ``dtype``, ``load_format`` as the stages take them (checked by them at load)."""
+    """``model``: every model's checkpoint (``path``) or ``preset`` (random weights), ``dtype``, ``load_format``."""
 
     path: str | None = _to("*.model_path")
     preset: str | None = _to("*.preset")
@@ -143,7 +141,8 @@ class EncodePrefillResources:
     """``resources.encode_prefill``: its device; the vision tower's GPUs (a GPU set), ``data``/``tensor`` parallel,
     GPUs per split tower (``all`` or a number); ``prefill_graphs``, ``vision_graphs``, ``compile_layers`` (auto, on,
     off: ``EncodePrefillWorker``); SMs of the steps the orchestrator marks ``fewer_sms`` (``sms_while_decoding``: 0,
-    off, or a number; ``orchestrator.fewer_sms``, ``backends.stages.step_streams``)."""
+    off, or a number; ``backends.stages.step_streams``) and the modalities whose steps it marks (``fewer_sms_kinds``:
+    video, image or video,image; ``orchestrator.fewer_sms``)."""
 
     device: str | None = _to("encode_prefill.device")
     vision_gpus: str | tuple[int, ...] | None = _to("encode_prefill.vision_gpus")
@@ -153,6 +152,7 @@ class EncodePrefillResources:
     vision_graphs: str | bool | None = _to("encode_prefill.vision_graphs")
     compile_layers: str | bool | None = _to("encode_prefill.compile_layers")
     sms_while_decoding: int | None = _to("encode_prefill.sms_while_decoding")
+    fewer_sms_kinds: str | None = _to("orchestrator.fewer_sms_kinds")
     sm_share: int | None = _to("encode_prefill.sm_share")
     mps_priority: str | None = _to("encode_prefill.mps_priority")
 
@@ -160,7 +160,7 @@ class EncodePrefillResources:
         _device(self.device)
         _mps(self)
         _gpus(self.vision_gpus, "vision_gpus")
-        _choices(self, "vision_parallel", "prefill_graphs", "vision_graphs", "compile_layers")
+        _choices(self, "vision_parallel", "prefill_graphs", "vision_graphs", "compile_layers", "fewer_sms_kinds")
         sms = self.sms_while_decoding
         if sms is not None and sms < 0:
             raise ConfigError("sms_while_decoding", f"must be 0 (off) or a number of SMs, got {sms!r}")

@@ -56,7 +56,8 @@ FLOAT_UPPER_BOUNDS = {"gil_switch_interval_ms": 1000.0}  # a GIL held a second b
 SWITCHES = ("auto", "on", "off")
 CHOICES = {"cuda_graphs": SWITCHES, "compile_layers": SWITCHES, "overlap_steps": SWITCHES, "prefill_graphs": SWITCHES,
            "vision_graphs": SWITCHES,
-           "share_weights": ("on", "off"), "vision_parallel": ("data", "tensor")}
+           "share_weights": ("on", "off"), "vision_parallel": ("data", "tensor"),
+           "fewer_sms_kinds": ("video", "image", "video,image")}  # orchestrator.fewer_sms
 
 
 def choice_value(key: str, value: str, name: str | None = None) -> str:

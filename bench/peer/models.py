@@ -48,12 +48,15 @@ DEFAULT = "qwen2_5_vl_7b"
 class PeerModel:
     """One model's settings: ``preset`` (``backends.runtime.presets``; the checkpoint's ``config.json``),
     ``unifiedserve`` (the launcher's ``--set`` items), ``vllm`` (arguments of vLLM's API server),
-    ``video_kwargs`` (the ``mm_processor_kwargs`` every request holding a video carries, to both systems)."""
+    ``video_kwargs`` (the ``mm_processor_kwargs`` every request holding a video carries, to both systems),
+    ``deploy``: the H200 deployment file (in ``deploy/``) whose scheduling settings UnifiedServe is served with
+    (``servers.h200_scheduling``)."""
 
     preset: str
     unifiedserve: tuple[str, ...]
     vllm: tuple[str, ...]
     video_kwargs: dict = field(default_factory=dict)
+    deploy: str = "qwen2_5_vl_7b_h200.yaml"
 
     @property
     def checkpoint_dir(self) -> str:
@@ -61,13 +64,13 @@ class PeerModel:
         return f"{self.preset}_dummy"
 
 
-def _internvl3(preset: str, kv_pages: int) -> PeerModel:
+def _internvl3(preset: str, kv_pages: int, deploy: str = PeerModel.deploy) -> PeerModel:
     media_io = json.dumps({"video": {"num_frames": INTERNVL_FRAMES}})
     return PeerModel(preset, (f"*.preset={preset}", "*.dtype=bfloat16", f"decode.kv_pages={kv_pages}",
                               "orchestrator.max_model_len=32768"),
                      ("--max-model-len", "32768", "--limit-mm-per-prompt", MEDIA_LIMITS,
                       "--max-num-batched-tokens", "8192", "--media-io-kwargs", media_io),
-                     {"num_frames": INTERNVL_FRAMES})
+                     {"num_frames": INTERNVL_FRAMES}, deploy)
 
 
 MODELS = {
@@ -80,5 +83,5 @@ MODELS = {
                        ("--max-model-len", "128000", "--limit-mm-per-prompt", MEDIA_LIMITS,
                         "--max-num-batched-tokens", "110000", "--mm-processor-kwargs", '{"do_sample_frames": false}')),
     "internvl3_8b": _internvl3("internvl3_8b", 16384),
-    "internvl3_38b": _internvl3("internvl3_38b", 8192),
+    "internvl3_38b": _internvl3("internvl3_38b", 8192, "internvl3_38b_h200.yaml"),
 }

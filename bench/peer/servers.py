@@ -41,17 +41,17 @@ STOP_TIMEOUT_S = 60.0
 VLLM_ENV = {"HF_HUB_OFFLINE": "1", "VLLM_USE_FLASHINFER_SAMPLER": "0", "STUB_SITE": ""}
 
 
-H200_DEPLOY = REPO_ROOT / "deploy" / "qwen2_5_vl_7b_h200.yaml"
 SCHEDULING_KEYS = ("orchestrator.decode_pace_ms", "orchestrator.slo_text_tbt_ms", "orchestrator.idle_budget_scale",
-                   "orchestrator.burst_wait_ms", "encode_prefill.sms_while_decoding")
+                   "orchestrator.burst_wait_ms", "encode_prefill.sms_while_decoding", "orchestrator.fewer_sms_kinds")
 
 
-def h200_scheduling() -> list[str]:
-    """The H200 deployment file's scheduling settings that hold for any model (decode pacing, text's TBT target that
-    bounds it, the idle budgets' scale, the burst wait, the SMs of a video's steps beside text streams), as the
-    launcher's ``--set`` items (read from the file, so the benchmark serves what it says; its budgets are Qwen2.5-VL's
-    and stay out)."""
-    return [item for item in DeployConfig.load(H200_DEPLOY).set_items() if item.split("=", 1)[0] in SCHEDULING_KEYS]
+def h200_scheduling(model: PeerModel) -> list[str]:
+    """``model``'s H200 deployment file's scheduling settings (decode pacing, text's TBT target that bounds it, the
+    idle budgets' scale, the burst wait, the SMs of the steps beside text streams and which modalities' steps those
+    are), as the launcher's ``--set`` items (read from the file, so the benchmark serves what it says; its budgets
+    stay out: each family's defaults, ``models.py``)."""
+    config = DeployConfig.load(REPO_ROOT / "deploy" / model.deploy)
+    return [item for item in config.set_items() if item.split("=", 1)[0] in SCHEDULING_KEYS]
 
 
 def environment(extra: dict, pythonpath: str | None) -> dict:
@@ -75,7 +75,7 @@ def command(system: str, checkpoint: Path, media: Path, smoke: bool, extra: list
                 "--http-port", str(ports.http), "--grpc-port", str(ports.grpc), "--metrics-port", str(ports.metrics)]
         if not smoke:  # the H200 deployment file's GPU sharing (docs/deployment.md, "Sharing a GPU") and scheduling
             argv += ["--model", str(checkpoint), "--set", "*.load_format=dummy", "--gpu-sharing", "mps"]
-            argv += [a for item in (*model.unifiedserve, *h200_scheduling()) for a in ("--set", item)]
+            argv += [a for item in (*model.unifiedserve, *h200_scheduling(model)) for a in ("--set", item)]
         if not caches:  # the encoder cache keeps vision outputs by media identity across requests
             argv += ["--set", "orchestrator.prefix_caching=false", "--set", "orchestrator.encoder_cache_tokens=0"]
         return argv + extra, {"UNIFIEDSERVE_MEDIA_DIRS": str(media)}

@@ -30,13 +30,17 @@ def test_the_default_model_keeps_the_qwen_commands():
     assert "--media-io-kwargs" not in theirs and MODELS[DEFAULT].video_kwargs == {}
 
 
-@pytest.mark.parametrize("name, pages", [("internvl3_38b", "8192"), ("internvl3_8b", "16384")])
-def test_internvl3_commands(name, pages):
+@pytest.mark.parametrize("name, pages, fewer_sms", [
+    ("internvl3_38b", "8192", ["encode_prefill.sms_while_decoding=88", "orchestrator.fewer_sms_kinds=video,image"]),
+    ("internvl3_8b", "16384", ["encode_prefill.sms_while_decoding=104"]),  # the 7B-sized language model: Qwen's file
+])
+def test_internvl3_commands(name, pages, fewer_sms):
+    """Each model is served with its own H200 deployment file's scheduling settings (``PeerModel.deploy``)."""
     model = MODELS[name]
     ours, env = servers.command("unifiedserve", Path("/w/ckpt"), Path("/w/media"), False, ["--x"], model=model)
     sets = [ours[k + 1] for k, a in enumerate(ours) if a == "--set"]
     assert sets == ["*.load_format=dummy", f"*.preset={name}", "*.dtype=bfloat16", f"decode.kv_pages={pages}",
-                    "orchestrator.max_model_len=32768", "encode_prefill.sms_while_decoding=104",
+                    "orchestrator.max_model_len=32768", *fewer_sms,
                     "orchestrator.burst_wait_ms=20", "orchestrator.decode_pace_ms=40",
                     "orchestrator.idle_budget_scale=4", "orchestrator.slo_text_tbt_ms=15",
                     "orchestrator.prefix_caching=false",
