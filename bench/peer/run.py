@@ -61,7 +61,7 @@ from bench.peer.figures import figures_line  # noqa: E402
 from bench.peer.gpu_busy import GpuSampler  # noqa: E402
 from bench.peer.load import Target, closed_loop  # noqa: E402
 from bench.peer.models import DEFAULT, MODELS  # noqa: E402
-from bench.peer.summary import write_summary  # noqa: E402
+from bench.peer.summary import raw_stem, write_summary  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 METRICS_SETTLE_S = 2.5  # the orchestrator sends its counters once a second: wait for a scenario's last ones
@@ -151,6 +151,12 @@ def expand(names: list[str]) -> list[str]:
     return out
 
 
+def passes(args: argparse.Namespace, name: str) -> range:
+    """The passes of scenario ``name`` (``--passes`` for a fixed scenario; one for the others: a goodput rate or a
+    cache scenario's second pass would not be the same test, its media cached or its load other)."""
+    return range(1, (args.passes if name in scenarios.FIXED else 1) + 1)
+
+
 def profiled_processes(state: dict, names: list[str]) -> dict[str, int]:
     """The pids of the server processes named in ``names`` (``process_cpu.server_processes``' names), one entry
     each (``openai_api_1``... for the API's workers). Raises SystemExit for a name the server has not."""
@@ -170,9 +176,12 @@ def run_scenarios(args: argparse.Namespace, system: str) -> int:
     inputs = prepare(args)
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     failed = 0
-    for name in expand(args.scenarios or list(scenarios.FIXED)):
+    for name, index in ((n, k) for n in expand(args.scenarios or list(scenarios.FIXED)) for k in passes(args, n)):
+        if index == 1:  # a first pass: the scenario's earlier passes are stale
+            for stale in (p["out"] / "raw" / system).glob(f"{raw_stem(name)}.pass*.json"):
+                stale.unlink()
         base = {**header(device), "system": system, "server_version": state["version"], "scenario": name,
-                "peer_model": args.model,
+                "pass": index, "peer_model": args.model,
                 "smoke": args.smoke, "setup": asdict(inputs.setup), "server_argv": state["argv"],
                 "timelines": target.timeline}  # whether UnifiedServe's requests asked for theirs (--no-timelines)
         if name == "crosscheck":
@@ -204,12 +213,13 @@ def run_scenarios(args: argparse.Namespace, system: str) -> int:
         errors = [r.error for r in records if r.error]
         failed += len(errors)
         rows = [r.to_json() for r in records]
-        write(p["out"] / "raw" / system, name.replace("@", "_at_"), {**base, "records": rows})
+        write(p["out"] / "raw" / system, raw_stem(name, index), {**base, "records": rows})
         ttfts = [r.ttft_ms for r in records if r.ttft_ms is not None]
         shown = f"TTFT max {max(ttfts):.0f} ms" if ttfts else "no token"
-        line = figures_line(name, rows)  # this pass's: a scenario run again in the call overwrites its raw file
+        line = figures_line(name, rows)  # this pass's (a scenario run again, not as a pass, overwrites its raw file)
         shown += f"; {line}" if line else ""
-        print(f"{system} {name}: {len(records)} requests, {len(errors)} failed, {shown}"
+        shown_name = f"{name} pass {index}" if index > 1 else name
+        print(f"{system} {shown_name}: {len(records)} requests, {len(errors)} failed, {shown}"
               + (f"; first error: {errors[0]}" if errors else ""), flush=True)
     return failed
 
@@ -240,6 +250,9 @@ def main() -> None:
     parser.add_argument("--py-spy", nargs="+", default=[], metavar="PROCESS",
                         help="UnifiedServe processes to sample with py-spy during each scenario (orchestrator, "
                              "decode, encode_prefill, flashcodec, tritonserver, openai_api): py_spy.py")
+    parser.add_argument("--passes", type=int, default=1,
+                        help="run each fixed scenario this many times in a row; the summary takes each figure's median "
+                             "over the passes, the report gives every pass's (raw files <scenario>.pass<k>.json)")
     parser.add_argument("--no-timelines", action="store_true",
                         help="do not ask UnifiedServe for its requests' timelines (their per-token upkeep in the "
                              "orchestrator is left out of its figures; timelines.json and the gap analysis go too)")

@@ -10,7 +10,9 @@ what the streams got, ``bench.peer.figures``);
 ``text_c32.{ttft_p50_ms, tbt_mean_ms, tbt_p99_ms}``, ``images16.{ttft_p50_ms, ttft_max_ms}``; issue 21's
 ``followup.ttft_ms`` (with ``first_ttft_ms``, ``chat_ttft_ms``) and ``multiturn.prefix_hit_rate`` (with
 ``reusable_hit_rate``, the first and later questions' TTFT p50 and p90, ``slo_attainment``: ``bench.peer.figures``)
-(ms unless named; null where a scenario was not run or its requests failed). ``report.json`` holds what backs them:
+(ms unless named; null where a scenario was not run or its requests failed; a fixed scenario run in several passes,
+``run.py --passes``: each figure's median over them). ``report.json`` holds what backs them (every pass's figures
+under ``passes``):
 per system and scenario the request and error counts, the server's command line, whether its requests asked for
 their timelines (``timelines``: ``run.py --no-timelines``), its prefix-cache counters' increase
 (``bench.peer.prefix_cache``), the prompt tokens per request kind (both systems must count the same) and,
@@ -26,6 +28,7 @@ the cross-check against ``vllm bench serve``, and every summary figure as Unifie
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 from bench.common import write
@@ -36,13 +39,34 @@ from bench.peer.timelines import write_timelines
 from bench.peer.servers import SYSTEMS
 
 
-def load_raw(out: Path) -> dict[str, dict[str, dict]]:
-    """``{system: {scenario: raw JSON}}`` from ``out/raw``."""
-    raw: dict[str, dict[str, dict]] = {}
+def raw_stem(scenario: str, index: int = 1) -> str:
+    """The raw file's name (no ``.json``) of pass ``index`` of ``scenario`` (``run.py --passes``): the first is the
+    scenario's own name (``@`` as ``_at_``), a later one ``<name>.pass<index>``."""
+    stem = scenario.replace("@", "_at_")
+    return stem if index == 1 else f"{stem}.pass{index}"
+
+
+def load_raw(out: Path) -> tuple[dict[str, dict[str, dict]], dict[str, dict[str, list[dict]]]]:
+    """(``{system: {scenario: raw JSON of its first pass}}``, ``{system: {scenario: [every pass's raw JSON, in pass
+    order]}}``) from ``out/raw`` (a raw JSON's ``pass``: its index, 1 where absent)."""
+    first: dict[str, dict[str, dict]] = {}
+    passes: dict[str, dict[str, list[dict]]] = {}
     for path in sorted((out / "raw").glob("*/*.json")):
         data = json.loads(path.read_text())
-        raw.setdefault(data["system"], {})[data["scenario"]] = data
-    return raw
+        passes.setdefault(data["system"], {}).setdefault(data["scenario"], []).append(data)
+        if data.get("pass", 1) == 1:
+            first.setdefault(data["system"], {})[data["scenario"]] = data
+    for runs in passes.values():
+        for datas in runs.values():
+            datas.sort(key=lambda d: d.get("pass", 1))
+    return first, passes
+
+
+def median_figures(per_pass: list[dict]) -> dict:
+    """Each figure's median over ``per_pass`` (one scenario's figures per pass, ``figures.scenario_figures``); None
+    where a pass has none (its requests failed)."""
+    return {key: (statistics.median(values) if None not in (values := [f[key] for f in per_pass]) else None)
+            for key in per_pass[0]}
 
 
 def ttft_references(raw: dict[str, dict[str, dict]]) -> dict[str, dict[str, float]]:
@@ -85,17 +109,22 @@ def goodput(runs: dict[str, dict], workload: str, best: dict[str, float] | None 
                                                                 "tbt_p99_ms": slo.TBT_P99_SLO_MS}}
 
 
-def system_figures(runs: dict[str, dict], references: dict[str, dict[str, float]] | None = None
-                   ) -> tuple[dict, dict]:
+def system_figures(runs: dict[str, dict], references: dict[str, dict[str, float]] | None = None,
+                   passes: dict[str, list[dict]] | None = None) -> tuple[dict, dict]:
     """(the system's summary figures, its report); ``references``: the SLOs' shared TTFT references
-    (``ttft_references``), by default the system's own."""
-    references = references or {}
+    (``ttft_references``), by default the system's own; ``passes``: every pass's raw JSON per scenario
+    (``load_raw``): a fixed scenario run more than once has each figure's median over its passes in the summary and
+    every pass's figures in the report (``passes``)."""
+    references, passes = references or {}, passes or {}
     summary: dict = {}
-    report: dict = {"scenarios": {}, "goodput": {}}
+    report: dict = {"scenarios": {}, "goodput": {}, "passes": {}}
     for name in FIXED + CACHED:
         data = runs.get(name, {})
         summary[name] = figures.scenario_figures(name, data.get("records", []), data.get("prefix_cache"),
                                                  references.get(name))
+        if name in FIXED and len(passes.get(name, ())) > 1:
+            per_pass = [figures.scenario_figures(name, d.get("records", [])) for d in passes[name]]
+            summary[name], report["passes"][name] = median_figures(per_pass), per_pass
     for name, data in runs.items():
         if "records" in data:
             records = data["records"]
@@ -159,7 +188,7 @@ def prompt_tokens_agree(reports: dict[str, dict]) -> dict[str, bool]:
 def write_summary(out: Path) -> Path:
     """Write ``out/summary.json``, ``out/report.json`` and the plots (``bench.peer.plots``) from ``out/raw``;
     returns the summary's path. Raises FileNotFoundError when no raw records are there."""
-    raw = load_raw(out)
+    raw, passes = load_raw(out)
     if not raw:
         raise FileNotFoundError(f"no raw records under {out / 'raw'}: run some scenarios first")
     first = next(iter(next(iter(raw.values())).values()))
@@ -168,7 +197,7 @@ def write_summary(out: Path) -> Path:
     references = ttft_references(raw)
     for system in SYSTEMS:
         if system in raw:
-            systems[system], reports[system] = system_figures(raw[system], references)
+            systems[system], reports[system] = system_figures(raw[system], references, passes[system])
             versions[system] = next(iter(raw[system].values())).get("server_version")
     summary = {"date": first["date"], "device": first["device"], "versions": versions,
                "model": first.get("peer_model"), "systems": systems}

@@ -11,7 +11,7 @@ from bench.common import write
 from bench.peer import figures, slo
 from bench.peer.crosscheck import our_metrics
 from bench.peer.load import RequestRecord, poisson_times
-from bench.peer.summary import write_summary
+from bench.peer.summary import median_figures, raw_stem, write_summary
 from bench.peer.timelines import steps_of, token_gaps, ttft_parts
 
 
@@ -144,6 +144,27 @@ def test_summary_of_two_systems_holds_the_issues_keys_goodput_and_the_prompt_tok
     assert report["systems"]["vllm"]["goodput"]["video"]["best_unloaded_ttft_ms"] == {"video": pytest.approx(1000.0)}
     own = report["systems"]["vllm"]["goodput"]["video"]["own_reference"]  # its own 2 s: 3-s requests pass too
     assert own["max_rate_rps"] == 0.2 and own["best_unloaded_ttft_ms"] == {"video": pytest.approx(2000.0)}
+
+
+def test_a_fixed_scenario_run_in_passes_has_each_figures_median_in_the_summary_and_every_pass_in_the_report(tmp_path):
+    """``run.py --passes 3``: ``text_c1.json``, ``text_c1.pass2.json``, ``text_c1.pass3.json``; the summary takes the
+    median of each figure over them (here the TTFT of one pass and the TBT of another), the report every pass's."""
+    for index, (ttft_s, gap_s) in enumerate(((0.030, 0.005), (0.010, 0.007), (0.020, 0.004)), start=1):
+        write(tmp_path / "raw" / "unifiedserve", raw_stem("text_c1", index),
+              {"system": "unifiedserve", "scenario": "text_c1", "pass": index, "date": "d", "device": "H200",
+               "versions": {}, "server_version": "v", "records": [record("text", 0, ttft_s, gap_s)]})
+    summary = json.loads(write_summary(tmp_path).read_text())
+    assert summary["systems"]["unifiedserve"]["text_c1"] == pytest.approx({"ttft_ms": 20.0, "tbt_mean_ms": 5.0})
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["systems"]["unifiedserve"]["passes"]["text_c1"] == [
+        pytest.approx({"ttft_ms": 30.0, "tbt_mean_ms": 5.0}), pytest.approx({"ttft_ms": 10.0, "tbt_mean_ms": 7.0}),
+        pytest.approx({"ttft_ms": 20.0, "tbt_mean_ms": 4.0})]
+    assert report["systems"]["unifiedserve"]["scenarios"]["text_c1"]["requests"] == 1  # the first pass's
+
+
+def test_a_figure_a_pass_lacks_has_no_median():
+    assert median_figures([{"ttft_ms": 1.0, "x": None}, {"ttft_ms": 3.0, "x": 2.0}]) == {"ttft_ms": 2.0, "x": None}
+    assert raw_stem("goodput_video@0.04") == "goodput_video_at_0.04" and raw_stem("video", 2) == "video.pass2"
 
 
 def test_crosscheck_computes_vllm_bench_serves_metrics_from_our_records():

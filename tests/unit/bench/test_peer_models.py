@@ -106,3 +106,12 @@ def test_unifiedserve_version_is_the_commit_and_says_when_the_tree_differs_from_
     (tmp_path / "f.py").write_text("a = 2\n")
     assert run.server_version("unifiedserve", "", repo=tmp_path) == commit + "+modified"
     assert run.server_version("unifiedserve", "", repo=tmp_path / "nowhere") is None
+
+
+def test_passes_repeat_the_fixed_scenarios_only():
+    """``--passes 3``: a fixed scenario three times (its median figures: ``summary.median_figures``); a goodput rate,
+    the cross-check and the cache scenarios once (a second pass would find its media cached or another load)."""
+    args = argparse.Namespace(passes=3)
+    assert list(run.passes(args, "text_c32")) == [1, 2, 3] and list(run.passes(args, "mixed_video")) == [1, 2, 3]
+    for name in ("goodput_video@0.04", "goodput_images@unloaded", "crosscheck", "followup", "multiturn"):
+        assert list(run.passes(args, name)) == [1]
