@@ -31,7 +31,9 @@ class Timeline:
     def __init__(self, arrived: float):
         self.arrived = arrived
         self.events: list[tuple[float, str, dict]] = []
-        self.tokens: dict[str, list[float | None]] = {name: [] for name in TOKEN_MOMENTS}
+        # per token, as time.monotonic() seconds: made into ms only when read (a decode step's tokens pass here)
+        self._decoded: list[tuple[float, float, float]] = []
+        self._sent: list[tuple[float, int]] = []
 
     def ms(self, at: float) -> float:
         """``at`` (``time.monotonic()`` seconds) in ms since arrival, to the microsecond."""
@@ -44,19 +46,26 @@ class Timeline:
     def decoded(self, launched_s: float, read_s: float, received_s: float) -> None:
         """One token from decode: its step's launch and read on the decode stage (``DecodeStep``; 0.0: not
         measured, recorded as None) and its arrival in the orchestrator (``time.monotonic()`` seconds)."""
-        for name, at in zip(TOKEN_MOMENTS, (launched_s, read_s, received_s)):
-            self.tokens[name].append(self.ms(at) if at else None)
+        self._decoded.append((launched_s, read_s, received_s))
 
     def sent(self, count: int) -> None:
         """Triton's send of a response bringing ``count`` tokens has just returned (called from its send lane)."""
-        self.tokens["sent_ms"] += [self.ms(time.monotonic())] * count
+        self._sent.append((time.monotonic(), count))
+
+    @property
+    def tokens(self) -> dict[str, list[float | None]]:
+        """The per-token lists of :data:`TOKEN_MOMENTS`, ms since arrival (None: not measured)."""
+        decoded, sent = list(self._decoded), list(self._sent)  # copies: the loop and the lanes may still append
+        moments = zip(*decoded) if decoded else ((), (), ())  # launched, read, received
+        out = {name: [self.ms(at) if at else None for at in ats] for name, ats in zip(TOKEN_MOMENTS, moments)}
+        return out | {"sent_ms": [self.ms(at) for at, count in sent for _ in range(count)]}
 
     def to_json(self) -> str:
         """``{"arrived_monotonic_s": ..., "events": [{"ms": ..., "event": ..., **fields}, ...], "tokens": {...}}``,
         events in the order recorded, ``tokens`` the per-token lists (:data:`TOKEN_MOMENTS`) that have entries (none:
         no ``tokens``); ``arrived_monotonic_s``, the arrival as ``time.monotonic()`` seconds, places other processes'
         moments on the same host on this scale (the OpenAI API's: ``backends.openai.timing``)."""
-        tokens = {name: list(at) for name, at in self.tokens.items() if at}  # copies: the loop may still append
+        tokens = {name: at for name, at in self.tokens.items() if at}
         return json.dumps({"arrived_monotonic_s": round(self.arrived, 6),
                            "events": [{"ms": ms, "event": event, **fields} for ms, event, fields in self.events],
                            **({"tokens": tokens} if tokens else {})})
