@@ -157,6 +157,13 @@ def passes(args: argparse.Namespace, name: str) -> range:
     return range(1, (args.passes if name in scenarios.FIXED else 1) + 1)
 
 
+def drop_later_passes(folder: Path, name: str) -> None:
+    """Remove the raw files of scenario ``name``'s passes after the first from ``folder``: a new first pass makes
+    them stale (they would be taken into its medians)."""
+    for stale in folder.glob(f"{raw_stem(name)}.pass*.json"):
+        stale.unlink()
+
+
 def profiled_processes(state: dict, names: list[str]) -> dict[str, int]:
     """The pids of the server processes named in ``names`` (``process_cpu.server_processes``' names), one entry
     each (``openai_api_1``... for the API's workers). Raises SystemExit for a name the server has not."""
@@ -177,9 +184,8 @@ def run_scenarios(args: argparse.Namespace, system: str) -> int:
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     failed = 0
     for name, index in ((n, k) for n in expand(args.scenarios or list(scenarios.FIXED)) for k in passes(args, n)):
-        if index == 1:  # a first pass: the scenario's earlier passes are stale
-            for stale in (p["out"] / "raw" / system).glob(f"{raw_stem(name)}.pass*.json"):
-                stale.unlink()
+        if index == 1:
+            drop_later_passes(p["out"] / "raw" / system, name)
         base = {**header(device), "system": system, "server_version": state["version"], "scenario": name,
                 "pass": index, "peer_model": args.model,
                 "smoke": args.smoke, "setup": asdict(inputs.setup), "server_argv": state["argv"],
@@ -195,12 +201,13 @@ def run_scenarios(args: argparse.Namespace, system: str) -> int:
         cache_before = prefix_cache.read(system, state)
         started = time.monotonic()
         profiled = profiled_processes(state, args.py_spy) if port and args.py_spy else {}
-        with GpuSampler() as gpu, py_spy.Profiles(profiled, p["out"] / "py_spy" / system / name) as profiles:
+        spied = p["out"] / "py_spy" / system / raw_stem(name, index)
+        with GpuSampler() as gpu, py_spy.Profiles(profiled, spied) as profiles:
             records, base["client_loop"] = asyncio.run(client_loop.watched(scenarios.run(
                 name, target, inputs, args.requests, args.seed, args.questions, args.streams)))
         base["gpu_busy"] = gpu.result
         if profiled:
-            write(p["out"], f"py_spy_{name.replace('@', '_at_')}", {**base, "py_spy": profiles.result})
+            write(p["out"], f"py_spy_{raw_stem(name, index)}", {**base, "py_spy": profiles.result})
         if before is not None:
             # which of its processes were busy, for how much of the scenario
             base["process_busy"] = process_cpu.busy(before[1], process_cpu.snapshot(state["pid"]),
@@ -263,6 +270,8 @@ def main() -> None:
                         help="one more argument for the server's command line (repeatable; e.g. --server-arg=--set "
                              "--server-arg=orchestrator.encode_budget=61440)")
     args = parser.parse_args()
+    if args.passes < 1:
+        parser.error(f"--passes must be at least 1, got {args.passes}")
     if args.smoke and args.model != DEFAULT:
         parser.error("--smoke serves UnifiedServe's tiny default model: leave --model out")
     failed = 0

@@ -49,7 +49,8 @@ def h200_scheduling(model: PeerModel) -> list[str]:
     """``model``'s H200 deployment file's scheduling settings (decode pacing, text's TBT target that bounds it, the
     idle budgets' scale, the burst wait, the SMs of the steps beside text streams and which modalities' steps those
     are), as the launcher's ``--set`` items (read from the file, so the benchmark serves what it says; its budgets
-    stay out: each family's defaults, ``models.py``)."""
+    stay out: each family's defaults, ``models.py``). Raises ConfigError (``deploy_config``) for a file that cannot be
+    read or checked."""
     config = DeployConfig.load(REPO_ROOT / "deploy" / model.deploy)
     return [item for item in config.set_items() if item.split("=", 1)[0] in SCHEDULING_KEYS]
 

@@ -5,7 +5,8 @@ null for runs before it) and per system
 ``video.ttft_ms``; ``mixed_video.{text_only_tbt_p99_ms, text_tbt_window_p99_ms, text_tbt_window_max_ms,
 video_ttft_ms}``; ``mixed_images.{text_tbt_window_p99_ms, image_ttft_max_ms}`` (and both mixed scenarios'
 ``text_ttft_window_max_ms`` and ``text_tokens_window_per_s``: the stall a text request sent in the window sees, and
-what the streams got, ``bench.peer.figures``);
+what the streams got; their ``text_only_tbt_p99_ms`` and ``text_tbt_window_ratio``, the isolation ratio,
+``bench.peer.figures``);
 ``goodput.{long_video, video, images}.max_rate_rps``; and issue 20's ``text_c1.{ttft_ms, tbt_mean_ms}``,
 ``text_c32.{ttft_p50_ms, tbt_mean_ms, tbt_p99_ms}``, ``images16.{ttft_p50_ms, ttft_max_ms}``; issue 21's
 ``followup.ttft_ms`` (with ``first_ttft_ms``, ``chat_ttft_ms``) and ``multiturn.prefix_hit_rate`` (with
@@ -63,8 +64,8 @@ def load_raw(out: Path) -> tuple[dict[str, dict[str, dict]], dict[str, dict[str,
 
 
 def median_figures(per_pass: list[dict]) -> dict:
-    """Each figure's median over ``per_pass`` (one scenario's figures per pass, ``figures.scenario_figures``); None
-    where a pass has none (its requests failed)."""
+    """Each figure's median over ``per_pass`` (one scenario's figures per pass, ``figures.scenario_figures``, at
+    least one); None where a pass has none (its requests failed, or none fell where the figure looks)."""
     return {key: (statistics.median(values) if None not in (values := [f[key] for f in per_pass]) else None)
             for key in per_pass[0]}
 
@@ -114,7 +115,7 @@ def system_figures(runs: dict[str, dict], references: dict[str, dict[str, float]
     """(the system's summary figures, its report); ``references``: the SLOs' shared TTFT references
     (``ttft_references``), by default the system's own; ``passes``: every pass's raw JSON per scenario
     (``load_raw``): a fixed scenario run more than once has each figure's median over its passes in the summary and
-    every pass's figures in the report (``passes``)."""
+    every pass's requests, errors and figures in the report (``passes``; ``scenarios`` holds the first pass's)."""
     references, passes = references or {}, passes or {}
     summary: dict = {}
     report: dict = {"scenarios": {}, "goodput": {}, "passes": {}}
@@ -124,7 +125,10 @@ def system_figures(runs: dict[str, dict], references: dict[str, dict[str, float]
                                                  references.get(name))
         if name in FIXED and len(passes.get(name, ())) > 1:
             per_pass = [figures.scenario_figures(name, d.get("records", [])) for d in passes[name]]
-            summary[name], report["passes"][name] = median_figures(per_pass), per_pass
+            summary[name] = median_figures(per_pass)
+            report["passes"][name] = [{"requests": len(d.get("records", [])),
+                                       "errors": sum(r.get("error") is not None for r in d.get("records", [])),
+                                       "figures": f} for d, f in zip(passes[name], per_pass)]
     for name, data in runs.items():
         if "records" in data:
             records = data["records"]

@@ -23,9 +23,9 @@ pytestmark = pytest.mark.e2e
 SUMMARY_KEYS = {
     "video": {"ttft_ms"},
     "mixed_video": {"text_only_tbt_p99_ms", "text_tbt_window_p99_ms", "text_tbt_window_max_ms", "video_ttft_ms",
-                    "text_ttft_window_max_ms", "text_tokens_window_per_s"},
-    "mixed_images": {"text_tbt_window_p99_ms", "image_ttft_max_ms", "text_ttft_window_max_ms",
-                     "text_tokens_window_per_s"},
+                    "text_ttft_window_max_ms", "text_tokens_window_per_s", "text_tbt_window_ratio"},
+    "mixed_images": {"text_only_tbt_p99_ms", "text_tbt_window_p99_ms", "image_ttft_max_ms", "text_ttft_window_max_ms",
+                     "text_tokens_window_per_s", "text_tbt_window_ratio"},
     "goodput": {"long_video", "video", "images", "multiturn"},
     "text_c1": {"ttft_ms", "tbt_mean_ms"},
     "text_c32": {"ttft_p50_ms", "tbt_mean_ms", "tbt_p99_ms"},

@@ -63,6 +63,7 @@ def test_mixed_window_takes_the_text_gaps_between_the_burst_and_its_first_token(
     assert m["video_ttft_ms"] == pytest.approx(400.0)
     assert m["text_tbt_window_max_ms"] == pytest.approx(10.0)  # the stall ends after the window
     assert m["text_only_tbt_p99_ms"] == pytest.approx(10.0)
+    assert m["text_tbt_window_ratio"] == pytest.approx(1.0)  # the window's p99 over the text-only p99
     late_video = record("video", 0.2, 1.0, 0.01)  # first token at 1.2 s: the stall is inside
     assert figures.scenario_figures("mixed_video", [late_video, text])["text_tbt_window_max_ms"] == pytest.approx(500.0)
 
@@ -79,8 +80,8 @@ def test_a_text_request_that_waits_behind_the_burst_shows_its_stall_as_ttft():
 
 def test_figures_are_none_where_a_scenario_was_not_run_or_its_burst_failed():
     assert figures.scenario_figures("mixed_images", []) == {
-        "text_tbt_window_p99_ms": None, "text_ttft_window_max_ms": None, "text_tokens_window_per_s": None,
-        "image_ttft_max_ms": None}
+        "text_only_tbt_p99_ms": None, "text_tbt_window_p99_ms": None, "text_tbt_window_ratio": None,
+        "text_ttft_window_max_ms": None, "text_tokens_window_per_s": None, "image_ttft_max_ms": None}
     failed = [record("image", 0.2, 0.3, 0.01), {**record("image", 0.2, 0.3, 0.01), "token_s": [], "ttft_ms": None,
                                                  "error": "HTTP 500"}, record("text", 0, 0.1, 0.01, tokens=50)]
     assert figures.scenario_figures("mixed_images", failed)["image_ttft_max_ms"] is None
@@ -156,9 +157,11 @@ def test_a_fixed_scenario_run_in_passes_has_each_figures_median_in_the_summary_a
     summary = json.loads(write_summary(tmp_path).read_text())
     assert summary["systems"]["unifiedserve"]["text_c1"] == pytest.approx({"ttft_ms": 20.0, "tbt_mean_ms": 5.0})
     report = json.loads((tmp_path / "report.json").read_text())
-    assert report["systems"]["unifiedserve"]["passes"]["text_c1"] == [
+    passes = report["systems"]["unifiedserve"]["passes"]["text_c1"]
+    assert [p["figures"] for p in passes] == [
         pytest.approx({"ttft_ms": 30.0, "tbt_mean_ms": 5.0}), pytest.approx({"ttft_ms": 10.0, "tbt_mean_ms": 7.0}),
         pytest.approx({"ttft_ms": 20.0, "tbt_mean_ms": 4.0})]
+    assert [(p["requests"], p["errors"]) for p in passes] == [(1, 0)] * 3
     assert report["systems"]["unifiedserve"]["scenarios"]["text_c1"]["requests"] == 1  # the first pass's
 
 

@@ -115,3 +115,17 @@ def test_passes_repeat_the_fixed_scenarios_only():
     assert list(run.passes(args, "text_c32")) == [1, 2, 3] and list(run.passes(args, "mixed_video")) == [1, 2, 3]
     for name in ("goodput_video@0.04", "goodput_images@unloaded", "crosscheck", "followup", "multiturn"):
         assert list(run.passes(args, name)) == [1]
+
+
+def test_a_new_first_pass_drops_the_scenarios_later_passes(tmp_path):
+    for stem in ("text_c32", "text_c32.pass2", "text_c32.pass3", "text_c1.pass2", "goodput_video_at_0.04"):
+        (tmp_path / f"{stem}.json").write_text("{}")
+    run.drop_later_passes(tmp_path, "text_c32")
+    assert sorted(p.stem for p in tmp_path.iterdir()) == ["goodput_video_at_0.04", "text_c1.pass2", "text_c32"]
+
+
+def test_passes_below_one_are_refused(monkeypatch, capsys):
+    monkeypatch.setattr("sys.argv", ["run.py", "scenarios", "--passes", "0"])
+    with pytest.raises(SystemExit):
+        run.main()
+    assert "--passes must be at least 1, got 0" in capsys.readouterr().err

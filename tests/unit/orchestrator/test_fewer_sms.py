@@ -98,3 +98,9 @@ def test_the_orchestrator_reads_fewer_sms_kinds_and_names_a_bad_one():
     assert OrchestratorConfig.from_parameters({"fewer_sms_kinds": "video,image"}).fewer_sms_kinds == {"video", "image"}
     with pytest.raises(ValueError, match="fewer_sms_kinds"):
         OrchestratorConfig.from_parameters({"fewer_sms_kinds": "audio"})
+
+
+def test_fewer_sms_kinds_image_alone_leaves_a_videos_steps_on_the_whole_gpu():
+    images_only = FewerSms(SloTargets(tbt_ms={"text": 15.0}), kinds=frozenset({"image"}))
+    assert images_only(plan((1280, True)), ["text"], kinds("image"))
+    assert not images_only(plan((2048, False)), ["text"], kinds("video"))

@@ -90,6 +90,8 @@ def test_an_empty_file_changes_nothing(tmp_path):
     ("resources: {decode: {device: gpu0}}", "resources.decode.device", "must be auto, cpu or cuda:N"),
     ("resources: {flashcodec: {nvdec_gpus: [0, 0]}}", "resources.flashcodec.nvdec_gpus", "distinct GPU ids"),
     ("resources: {encode_prefill: {vision_tp_size: some}}", "resources.encode_prefill.vision_tp_size", "all or"),
+    ("resources: {encode_prefill: {fewer_sms_kinds: text}}", "resources.encode_prefill.fewer_sms_kinds",
+     "must be video, image or video,image, got 'text'"),
     ("resources: {replicas: 65}", "resources.replicas", "must be at most 64"),
     ("ipc: {shm_default_byte_size: 0}", "ipc.shm_default_byte_size", "must be at least 1"),
     ("model: {path: no/such/folder}", "model.path", "is not a directory"),
@@ -175,3 +177,22 @@ def test_gpu_sharing_and_sm_shares_come_from_the_file_and_the_option_wins(tmp_pa
 def test_bad_gpu_sharing_or_sm_share_is_refused_by_key(tmp_path, text, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         DeployConfig.load(write(tmp_path, text))
+
+
+def test_fewer_sms_kinds_in_a_file_and_in_set_reach_the_orchestrator(tmp_path):
+    """``resources.encode_prefill.fewer_sms_kinds`` (a string in YAML, commas and all) becomes the orchestrator's
+    parameter beside ``sms_while_decoding``; ``--set`` is checked against the same words."""
+    path = write(tmp_path, """
+        resources:
+          encode_prefill:
+            sms_while_decoding: 88
+            fewer_sms_kinds: video,image
+    """)
+    overrides = launch_options.serve_plan(args(config=path), REPOSITORY).overrides
+    assert overrides["orchestrator"] == {"fewer_sms_kinds": "video,image"}
+    assert overrides["encode_prefill"] == {"sms_while_decoding": "88"}
+    for value in ("image", "video"):
+        plan = launch_options.serve_plan(args(overrides=[f"orchestrator.fewer_sms_kinds={value}"]), REPOSITORY)
+        assert plan.overrides["orchestrator"] == {"fewer_sms_kinds": value}
+    with pytest.raises(ValueError, match="fewer_sms_kinds must be video, image or video,image, got 'audio'"):
+        launch_options.serve_plan(args(overrides=["orchestrator.fewer_sms_kinds=audio"]), REPOSITORY)
