@@ -117,11 +117,10 @@ class CounterHistogram:
         if not self._families:
             return
         *buckets, total, count = self._get(labels or {})
-        for metric, n in zip(buckets, delta.buckets):
+        for metric, n in (*zip(buckets, delta.buckets), (total, delta.total), (count, delta.count)):
             if n:
                 metric.increment(n)
-        total.increment(delta.total)
-        count.increment(delta.count)
+                triton_io.yield_gil()
 
     def close(self) -> None:
         """For ``finalize``: drop the series, then the families (metrics alive when the stub exits crash it,

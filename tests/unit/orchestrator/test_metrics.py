@@ -157,3 +157,17 @@ def test_engine_times_are_observed_once_reached(registry, metrics):
     assert count(registry, QUEUE) == 2 and registry.value(QUEUE + "_sum") == pytest.approx(0.75)
     assert count(registry, PREFILL) == 1 and registry.value(PREFILL + "_sum") == pytest.approx(0.75)
     assert count(registry, DECODE) == 1 and registry.value(DECODE + "_sum") == pytest.approx(2.0)
+
+
+def test_a_flush_and_a_gauge_send_let_go_of_the_gil_after_every_call(registry, metrics, monkeypatch):
+    """Each Triton metric call keeps the GIL through its round trip in the 2.51 stub: the metrics thread yields after
+    each (``triton_io.yield_gil``), counters, histogram buckets and gauges alike."""
+    yields = []
+    monkeypatch.setattr("backends.triton.triton_io.yield_gil", lambda: yields.append(registry.calls))
+    metrics.increment(GENERATED, by=2)
+    metrics.increment(SUCCESS, "stop")
+    metrics.observe(ITL, 0.02)
+    metrics.set("unifiedserve_kv_pages_free", 7)
+    before = registry.calls
+    metrics.flush()
+    assert registry.calls > before + 3 and yields == list(range(before + 1, registry.calls + 1))
