@@ -1,11 +1,10 @@
 """The clients' cancellations, polled from one thread instead of the orchestrator's event loop.
 
-``ResponseSender.is_cancelled()`` is a round trip to the Triton process that blocks its caller, the GIL held, until
-the answer comes (python_backend ``src/pb_cancel.cc``); polled every 50 ms for each request on the event loop, 32
-streams made 640 blocking round trips a second there. The watch thread makes them, letting go of the GIL between
-two (``triton_io.yield_gil``: a poll of every request must not hold the other threads for a switch interval), and,
-once a request's answer is yes, calls that request's ``on_cancel`` (the frontend's hands the cancellation to the
-event loop, which ends the request's stream), so the request's coroutine neither polls nor wakes on a timer.
+``ResponseSender.is_cancelled()`` is a round trip to the Triton process that blocks its caller until the answer
+comes (python_backend ``src/pb_cancel.cc``); polled every 50 ms for each request on the event loop, 32 streams
+made 640 blocking round trips a second there. The watch thread makes them and, once a request's answer is yes,
+calls that request's ``on_cancel`` (the frontend's hands the cancellation to the event loop, which ends the
+request's stream), so the request's coroutine neither polls nor wakes on a timer.
 """
 from __future__ import annotations
 
@@ -13,8 +12,6 @@ import logging
 import threading
 from dataclasses import dataclass, field
 from typing import Callable
-
-from backends.triton import triton_io
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +73,6 @@ class CancelWatch:
                     except Exception:  # the request has gone (or its loop has): it is being finished anyway
                         log.exception("orchestrator: is_cancelled or on_cancel failed")
                         entry.done = True
-                triton_io.yield_gil()  # each is_cancelled() kept the GIL through its round trip
                 if entry.done:
                     with self._lock:
                         self._watched.discard(entry)

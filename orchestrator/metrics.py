@@ -4,9 +4,9 @@ Names and kinds follow vLLM's (``vllm:time_to_first_token_seconds`` -> ``unified
 latency histograms in seconds, ``_total`` counters, KV-cache usage as a fraction. Free-page gauges make leaks
 visible (docs/design.md, invariant 2): at idle they equal the totals.
 
-Every update is a round trip to the Triton process that holds the GIL until Triton answers (the 2.51 stub's
-``Metric.set``), so none is made on the event loop, and the thread that makes them lets go of the GIL between two
-(``triton_io.yield_gil``). A gauge set there is recorded here and sent soon by the
+Every update is a round trip to the Triton process, and a gauge's holds the GIL until Triton answers (the 2.51
+stub's ``Metric.set``), so none is made on the event loop, and the thread that sends them lets go of the GIL after
+each gauge (``triton_io.yield_gil``). A gauge set there is recorded here and sent soon by the
 metrics thread, which wakes for it and sends the gauges that changed since its last send, at most every
 ``GAUGE_PERIOD_S`` seconds (a burst of changes costs one send per gauge); on 2 CPU cores, 32 text requests
 arriving at once spent about a fifth of the orchestrator's GIL time in gauge sets made on the loop, and with the
@@ -164,7 +164,6 @@ class Metrics:
             deltas = [(n, d) for n, bins in self._bins.items() if (d := bins.take()) is not None]
         for (name, label), by in pending.items():
             self._counter(name, label).increment(by)
-            triton_io.yield_gil()
         for name, delta in deltas:
             self._histograms[name].send(delta)
 

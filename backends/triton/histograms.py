@@ -117,10 +117,11 @@ class CounterHistogram:
         if not self._families:
             return
         *buckets, total, count = self._get(labels or {})
-        for metric, n in (*zip(buckets, delta.buckets), (total, delta.total), (count, delta.count)):
+        for metric, n in zip(buckets, delta.buckets):
             if n:
                 metric.increment(n)
-                triton_io.yield_gil()
+        total.increment(delta.total)
+        count.increment(delta.count)
 
     def close(self) -> None:
         """For ``finalize``: drop the series, then the families (metrics alive when the stub exits crash it,

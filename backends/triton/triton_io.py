@@ -24,14 +24,13 @@ def pb():
 
 
 def yield_gil() -> None:
-    """Let a waiting thread have the GIL between two stub calls that keep it through their round trip to Triton
-    (a custom metric's ``set`` / ``increment``, a response sender's ``is_cancelled``, in the 2.51 stub): made back to
-    back from one thread (a flush of counters and histogram buckets: the orchestrator's metrics thread, decode's step
-    histogram on its send thread; the cancel watch's poll of every request), they held it from the others for up to
-    the interpreter's switch interval (5 ms: a stall of the orchestrator's event loop and send lanes, or of decode's
-    loop, every stream's token late at once); ``time.sleep(0)`` lets go of it. Python threads holding the GIL in C
-    calls back to back, 50 us each: another thread's 1-ms ticker late by 5.3 ms at p99 (8.2 max), and by 0.19 ms
-    with a ``sleep(0)`` between calls (2-core CPU machine, 2026-12-04)."""
+    """Let a waiting thread have the GIL after a custom metric's ``set``, which the 2.51 stub makes without letting
+    go of it through its round trip to Triton (python_backend r24.10 ``src/metric.cc``, ``SendSetValueRequest``;
+    ``increment``, ``observe``, ``is_cancelled`` and a response's ``send`` let go of it): a send of the gauges that
+    changed, set back to back, held it from the other threads for up to the interpreter's switch interval (5 ms: a
+    stall of the orchestrator's event loop and send lanes, every stream's token late at once); ``time.sleep(0)`` lets
+    go of it. Python threads holding the GIL in C calls back to back, 50 us each: another thread's 1-ms ticker late
+    by 5.3 ms at p99 (8.2 max), and by 0.19 ms with a ``sleep(0)`` between calls (2-core CPU machine, 2026-12-04)."""
     time.sleep(0)
 
 

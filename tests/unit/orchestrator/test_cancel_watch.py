@@ -65,28 +65,3 @@ def test_on_cancel_is_called_once_and_a_failing_one_ends_only_its_watch():
         assert sorted(calls) == ["fails", "good"] and failing.done
     finally:
         watch.close()
-
-
-def test_the_watch_lets_go_of_the_gil_between_two_questions(monkeypatch):
-    """Each is_cancelled() keeps the GIL through its round trip in the 2.51 stub: a poll of every request yields
-    between two of them (``triton_io.yield_gil``), so no two questions run back to back."""
-    log, lock, polled = [], threading.Lock(), threading.Event()
-    monkeypatch.setattr("orchestrator.cancel_watch.triton_io.yield_gil", lambda: log.append("yield"))
-
-    def asker():
-        with lock:
-            log.append("ask")
-            if log.count("ask") >= 9:
-                polled.set()
-        return False
-
-    watch = CancelWatch(period_s=0.01)
-    try:
-        entries = [watch.watch(asker, lambda: None) for _ in range(3)]
-        assert polled.wait(5)
-        for entry in entries:
-            watch.unwatch(entry)
-        asks = [k for k, what in enumerate(log) if what == "ask"]
-        assert all(log[k + 1] == "yield" for k in asks if k + 1 < len(log))
-    finally:
-        watch.close()

@@ -84,17 +84,3 @@ def test_the_count_is_sent_last_and_nothing_after_close(monkeypatch):
     calls = len(order)
     histogram.send(Delta((1, 1, 1, 1), 0.005, 1))
     assert len(order) == calls
-
-
-def test_a_send_lets_go_of_the_gil_after_every_call(monkeypatch):
-    """Each increment keeps the GIL through its round trip in the 2.51 stub: a send yields after each
-    (``triton_io.yield_gil``), so a flush does not hold the event loop and the send lanes for a switch interval."""
-    registry = install(monkeypatch)
-    histogram = CounterHistogram(SPEC)
-    yields, made = [], registry.calls
-    monkeypatch.setattr("backends.triton.histograms.triton_io.yield_gil", lambda: yields.append(registry.calls))
-    bins = Bins(SPEC.bounds)
-    for value in (0.05, 0.5, 5.0):
-        bins.observe(value)
-    histogram.send(bins.take())
-    assert yields == list(range(made + 1, registry.calls + 1))  # one after each call, none before the first
