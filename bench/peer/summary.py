@@ -50,16 +50,15 @@ def raw_stem(scenario: str, index: int = 1) -> str:
 def load_raw(out: Path) -> tuple[dict[str, dict[str, dict]], dict[str, dict[str, list[dict]]]]:
     """(``{system: {scenario: raw JSON of its first pass}}``, ``{system: {scenario: [every pass's raw JSON, in pass
     order]}}``) from ``out/raw`` (a raw JSON's ``pass``: its index, 1 where absent)."""
-    first: dict[str, dict[str, dict]] = {}
     passes: dict[str, dict[str, list[dict]]] = {}
     for path in sorted((out / "raw").glob("*/*.json")):
         data = json.loads(path.read_text())
         passes.setdefault(data["system"], {}).setdefault(data["scenario"], []).append(data)
-        if data.get("pass", 1) == 1:
-            first.setdefault(data["system"], {})[data["scenario"]] = data
     for runs in passes.values():
         for datas in runs.values():
             datas.sort(key=lambda d: d.get("pass", 1))
+    first = {system: firsts for system, runs in passes.items()
+             if (firsts := {name: datas[0] for name, datas in runs.items() if datas[0].get("pass", 1) == 1})}
     return first, passes
 
 
