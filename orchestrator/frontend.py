@@ -119,7 +119,7 @@ async def handle(orchestrator: Orchestrator, request, lanes: SendLanes, cancels:
         if admitting:  # refused, failed or cancelled before it was admitted
             orchestrator.admission_ended()
         if channel is not None and not ended:  # cancelled with no final response (the model stopping): free its id
-            channel.bound.pop(request_id, None)
+            channel.free(request_id)
 
 
 async def _serve_channel(name: str, raw: RawRequest, sender, channels: TokenChannels, lanes: SendLanes,

@@ -83,6 +83,11 @@ class Channel:
         else:
             self.bound[request_id] = cancel
 
+    def free(self, request_id: str) -> None:
+        """``request_id`` is no longer in flight on the channel (its request's final response, or its handler's end
+        without one): another request may claim it."""
+        self.bound.pop(request_id, None)
+
 
 @dataclass(frozen=True)
 class ChannelItem:
@@ -185,7 +190,7 @@ def routed(channel: Channel, request_id: str, item: Reply | Built, lanes, final:
     it is. The final one, whichever, frees ``request_id`` on the channel (:meth:`TokenChannels.claim`): its client
     may reuse it once it has seen the end, while the request's pages are still being released."""
     if item.flags == final:
-        channel.bound.pop(request_id, None)
+        channel.free(request_id)
     if isinstance(item, Reply):
         if not channel.closed.is_set():
             lanes.send(channel.lane, channel.sender, ChannelItem(((request_id, item),)))
