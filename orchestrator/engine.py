@@ -316,9 +316,9 @@ class Engine:
             tracked.request.counts.cached_tokens = seq.num_cached_tokens
         tracked.mrope_delta = first.mrope_delta
         if first.finish_reason:
-            self._end(tracked, Output(first.token, first.finish_reason))
+            self._end(tracked, Output(first.token, first.finish_reason, logprobs=first.logprobs))
             return
-        tracked.outputs.put_nowait(Output(first.token))
+        tracked.outputs.put_nowait(Output(first.token, logprobs=first.logprobs))
         if self.decode_ended:
             self.fail(tracked, StageFailure(SERVER_FAULT, self.decode_ended))
             return
@@ -365,7 +365,8 @@ class Engine:
         if self.policy is not None and step.seq_ids and self._last_decode:
             self.policy.observe_decode_gap((now - self._last_decode) * 1e3)
         self._last_decode = now if step.seq_ids else 0.0
-        for seq_id, token, reason in zip(step.seq_ids, step.token_ids, step.finish_reasons):
+        figures = step.logprobs or (None,) * len(step.seq_ids)
+        for seq_id, token, reason, logprobs in zip(step.seq_ids, step.token_ids, step.finish_reasons, figures):
             tracked = self.live(seq_id)
             if tracked is None:
                 continue
@@ -377,9 +378,9 @@ class Engine:
             tracked.request.timeline.decoded(step.launched_s, step.read_s, now)
             if reason:
                 tracked.decode_done = True
-                self._end(tracked, Output(token, reason))
+                self._end(tracked, Output(token, reason, logprobs=logprobs))
             else:
-                tracked.outputs.put_nowait(Output(token))
+                tracked.outputs.put_nowait(Output(token, logprobs=logprobs))
 
 
 async def _drain(replies: AsyncIterator) -> None:

@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass, field
 
 from backends.ipc.link import StageError
-from backends.ipc.protocol import SERVER_FAULT, MediaDecode, NewRequest, StageFailure
+from backends.ipc.protocol import SERVER_FAULT, MediaDecode, NewRequest, StageFailure, TokenLogprobs
 from orchestrator.sequence import Group
 from orchestrator.timeline import NO_TIMELINE, Timeline
 
@@ -28,12 +28,13 @@ class RequestState(enum.Enum):
 
 @dataclass(frozen=True)
 class Output:
-    """What a request's output queue receives: a ``token`` with its ``finish_reason`` (``""``: more follow), or
-    a ``failure`` (nothing follows it)."""
+    """What a request's output queue receives: a ``token`` with its ``finish_reason`` (``""``: more follow) and,
+    where the request asked, its ``logprobs``; or a ``failure`` (nothing follows it)."""
 
     token: int = -1
     finish_reason: str = ""
     failure: StageFailure | None = None
+    logprobs: TokenLogprobs | None = None
 
 
 @dataclass

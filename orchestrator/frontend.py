@@ -143,13 +143,14 @@ async def _send_tokens(admitted: Admitted, tokens, send, timer: RequestTimer, ti
     cancels between the two (it has all its tokens) would cancel a request Triton is finishing, which left
     Triton 2.51 unable to unload the orchestrator at stop (a fresh user's test, 2026-12-04)."""
     final, parsed = io.pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL, admitted.parsed
-    texts, ids, first = [], [], True
+    texts, ids, entries, first = [], [], [], True
     cap = None if admitted.visual_cap is None else admitted.visual_cap.to_json()
     head = first_outputs(visual_cap=cap, media=admitted.media)
     num_input = len(admitted.prompt.input_ids)
-    async for delta, token_ids, reason in tokens:
+    async for delta, token_ids, reason, logprobs, cumulative in tokens:
         texts.append(delta)
         ids += token_ids
+        entries += logprobs
         if token_ids:  # an abort's item carries none
             timer.output(len(token_ids))
         if reason is not None:
@@ -162,12 +163,13 @@ async def _send_tokens(admitted: Admitted, tokens, send, timer: RequestTimer, ti
                 timeline.mark("first_response")
             if reason is not None and trail_timeline and parsed.extra_outputs.timeline and (delta or token_ids):
                 # the last tokens go out before the timeline's JSON is built, in a reply of their own
-                send(Reply(parsed, delta, token_ids, None, num_input, len(ids), 0, head if first else (), timeline))
-                delta, token_ids, first = "", [], False
+                send(Reply(parsed, delta, token_ids, None, num_input, len(ids), 0, head if first else (), timeline,
+                           logprobs=logprobs, cumulative_logprob=cumulative))
+                delta, token_ids, logprobs, first = "", [], (), False
             send(Reply(parsed, delta, token_ids, reason, num_input, len(ids), final if reason else 0,
-                       head if first else (), timeline, admitted.counts.cached_tokens))
+                       head if first else (), timeline, admitted.counts.cached_tokens, logprobs, cumulative))
             first = False
         elif reason is not None:
             text = "".join(texts) if parsed.exclude_input_in_output else parsed.text + "".join(texts)
             send(Reply(parsed, text, ids, reason, num_input, len(ids), final, head, timeline,
-                       admitted.counts.cached_tokens))
+                       admitted.counts.cached_tokens, tuple(entries), cumulative))

@@ -6,7 +6,7 @@ it is, without the chat template, as the vLLM backend's ``text_input`` and OpenA
 (file bytes, or the file base64-encoded as that backend takes it), ``video`` (file bytes), ``image_url``/
 ``video_url`` (a path or ``file://`` URL under an allowed folder, or a ``data:`` URL), ``sampling_parameters``
 (JSON), ``stream``, ``exclude_input_in_output``, ``return_output_ids``, and that backend's ``return_*`` flags
-(``return_logprobs`` and ``return_cumulative_logprob`` are refused: no log probabilities yet), plus our
+(``return_logprobs`` with ``sampling_parameters``' ``logprobs``, and ``return_cumulative_logprob``), plus our
 ``return_timeline`` (``orchestrator.timeline``). Every problem raises
 :class:`~orchestrator.sampling_params.InvalidInput` with a message naming the input at fault.
 """
@@ -84,6 +84,8 @@ class ExtraOutputs:
     num_input_tokens: bool = False
     num_output_tokens: bool = False
     timeline: bool = False  # ours, not the vLLM backend's: the final response's ``timeline`` (orchestrator.timeline)
+    logprobs: bool = False  # each token's log probabilities (orchestrator.output_processor.Piece)
+    cumulative_logprob: bool = False
 
 
 @dataclass(frozen=True)
@@ -223,10 +225,7 @@ def parse_request(raw: RawRequest, limits: InputLimits) -> ParsedRequest:
     except UnicodeDecodeError:
         raise InvalidInput("sampling_parameters: not valid UTF-8") from None
     params = parse_sampling_parameters(sampling_text)
-    for flag in ("return_logprobs", "return_cumulative_logprob"):
-        if getattr(raw, flag):
-            raise InvalidInput(f"{flag}: log probabilities are not supported by this server yet (send it false "
-                               "or leave it out)")
+    params = replace(params, logprobs=_logprobs_asked(raw, params.logprobs))
     count = sum(map(len, (raw.image, raw.image_url, raw.video, raw.video_url)))
     if count > limits.max_media_items:  # before any is decoded or read
         raise InvalidInput(f"image and video inputs: {count} media items, over the limit of "
@@ -249,8 +248,19 @@ def parse_request(raw: RawRequest, limits: InputLimits) -> ParsedRequest:
     media = [_placed(check, position) for (_, check), position in zip(given, positions)]
     return ParsedRequest(text, tuple(media), params, raw.stream, raw.exclude_input_in_output, raw.return_output_ids,
                          turns, ExtraOutputs(raw.return_finish_reason, raw.return_num_input_tokens,
-                                             raw.return_num_output_tokens, raw.return_timeline),
+                                             raw.return_num_output_tokens, raw.return_timeline, raw.return_logprobs,
+                                             raw.return_cumulative_logprob),
                          raw=bool(raw.prompt))
+
+
+def _logprobs_asked(raw: RawRequest, top: int | None) -> int | None:
+    """How many top tokens' log probabilities the stages compute with each output token: ``top``
+    (``sampling_parameters``' ``logprobs``; 0 when absent) for ``return_logprobs``, 0 (the sampled token's alone)
+    for ``return_cumulative_logprob`` alone, else None (none computed, whatever ``logprobs`` says: as the vLLM
+    backend, which returns them only with ``return_logprobs``)."""
+    if raw.return_logprobs:
+        return top or 0
+    return 0 if raw.return_cumulative_logprob else None
 
 
 def _one_text(name: str, values: list[bytes], limits: InputLimits) -> str:

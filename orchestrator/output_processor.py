@@ -11,16 +11,29 @@ leave in one item (one client response for them, not one each), with the same id
 from __future__ import annotations
 
 import asyncio
-from typing import AsyncIterator
+from typing import AsyncIterator, NamedTuple
 
 from backends.ipc.link import StageError
-from backends.ipc.protocol import INVALID_INPUT
+from backends.ipc.protocol import INVALID_INPUT, TokenLogprobs
 from orchestrator.detokenizer import Detokenizer
 from orchestrator.engine import Engine
 from orchestrator.engine_io import Output
 from orchestrator.sampling_params import InvalidInput, RequestParams
 
 CANCELLED = Output(finish_reason="abort")  # what cancel() queues: the stream ends with "abort" when it comes to it
+
+
+class Piece(NamedTuple):
+    """One item of a request's output stream: the ``text`` delta, the ``ids`` it brings, the finish ``reason``
+    (None: more follow); where the request asked for log probabilities, ``logprobs``, one entry per id (the vLLM
+    backend's ``logprobs`` output: ``{"<id>": {"logprob", "rank", "decoded_token"}}``, the sampled token first, then
+    the top tokens) and ``cumulative_logprob``, the sum of the output's token log probabilities so far."""
+
+    text: str
+    ids: list[int]
+    reason: str | None
+    logprobs: tuple[dict, ...] = ()
+    cumulative_logprob: float = 0.0
 
 
 class OutputProcessor:
@@ -36,32 +49,36 @@ class OutputProcessor:
         outputs.put_nowait(CANCELLED)
 
     async def stream(self, engine: Engine, req_id: str, outputs: asyncio.Queue, params: RequestParams
-                     ) -> AsyncIterator[tuple[str, list[int], str | None]]:
-        """Yield ``(text_delta, token_ids, finish_reason or None)`` as tokens arrive from ``outputs`` (the
-        request's queue in ``engine``); the last item has a finish reason: the stage's, ``"stop"`` for a stop
-        string, or ``"abort"`` (no tokens) once :meth:`cancel` reached it, after the tokens queued before. However
-        it ends (a consumer that stops early too), the request is aborted in ``engine``.
+                     ) -> AsyncIterator[Piece]:
+        """Yield :class:`Piece` s as tokens arrive from ``outputs`` (the request's queue in ``engine``); the last
+        has a finish reason: the stage's, ``"stop"`` for a stop string, or ``"abort"`` (no tokens) once
+        :meth:`cancel` reached it, after the tokens queued before. However it ends (a consumer that stops early
+        too), the request is aborted in ``engine``.
 
         Raises InvalidInput or StageError when a stage failed the request, after the tokens before the failure.
         """
         detok = Detokenizer(self.tokenizer, params.stop, params.min_tokens)
+        cumulative = 0.0
         try:
             while True:
                 output = await outputs.get()
-                deltas, ids = [], []
+                deltas, ids, entries = [], [], []
                 # this token and those queued behind it
                 while output is not None and output is not CANCELLED and output.failure is None:
                     deltas.append(detok.add([output.token]))
                     ids.append(output.token)
+                    if output.logprobs is not None:
+                        cumulative += output.logprobs.logprob
+                        entries.append(self._entry(output.token, output.logprobs))
                     reason = "stop" if detok.stopped else output.finish_reason
                     if reason:
-                        yield "".join(deltas) + detok.flush(), ids, reason
+                        yield Piece("".join(deltas) + detok.flush(), ids, reason, tuple(entries), cumulative)
                         return
                     output = _next_queued(outputs)
                 if ids:
-                    yield "".join(deltas), ids, None
+                    yield Piece("".join(deltas), ids, None, tuple(entries), cumulative)
                 if output is CANCELLED:
-                    yield "", [], "abort"
+                    yield Piece("", [], "abort", (), cumulative)
                     return
                 if output is not None:  # a failure, after the tokens before it
                     if output.failure.kind == INVALID_INPUT:
@@ -69,6 +86,17 @@ class OutputProcessor:
                     raise StageError(output.failure)
         finally:
             await engine.abort(req_id)
+
+
+    def _entry(self, token: int, logprobs: TokenLogprobs) -> dict[str, dict]:
+        """The vLLM backend's ``logprobs`` entry of one token: the sampled token, then the top ones (ranks 1, 2, ...
+        in order; the sampled token keeps its own rank where it is among them), each with its text alone."""
+        entry = {str(token): {"logprob": logprobs.logprob, "rank": logprobs.rank,
+                              "decoded_token": self.tokenizer.decode([token])}}
+        for rank, (top, logprob) in enumerate(logprobs.top, start=1):
+            entry.setdefault(str(top), {"logprob": logprob, "rank": rank,
+                                        "decoded_token": self.tokenizer.decode([top])})
+        return entry
 
 
 def _next_queued(outputs: asyncio.Queue) -> Output | None:

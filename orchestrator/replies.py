@@ -22,8 +22,8 @@ from orchestrator.timeline import NO_TIMELINE, Timeline
 
 log = logging.getLogger(__name__)
 
-_INT_OUTPUTS = {"output_ids": np.int64, "num_input_tokens": np.uint32, "num_output_tokens": np.uint32,
-                "num_cached_tokens": np.uint32}
+_NUMBER_OUTPUTS = {"output_ids": np.int64, "num_input_tokens": np.uint32, "num_output_tokens": np.uint32,
+                   "num_cached_tokens": np.uint32, "cumulative_logprob": np.float32}
 
 
 def first_outputs(**values) -> tuple[tuple[str, str], ...]:
@@ -38,7 +38,10 @@ class Reply:
     """One response with tokens: ``text`` (the delta when streaming), ``ids`` the token ids it brings, ``reason``
     the finish reason (None: more follow), ``num_output`` the tokens of the whole output so far, ``flags`` the
     Triton send flags (final with a reason), ``first_outputs`` the (output name, JSON text) pairs of the request's
-    first response only (:func:`first_outputs`); the last carries the request's ``timeline`` when it asked for it."""
+    first response only (:func:`first_outputs`); the last carries the request's ``timeline`` when it asked for it.
+    ``logprobs``: per token of ``ids``, its entry of the ``logprobs`` output (``orchestrator.output_processor``),
+    where the request asked for them (``return_logprobs``); ``cumulative_logprob``: the sum of the whole output's
+    token log probabilities so far (``return_cumulative_logprob``)."""
 
     parsed: ParsedRequest
     text: str
@@ -50,6 +53,8 @@ class Reply:
     first_outputs: tuple[tuple[str, str], ...] = ()
     timeline: Timeline = NO_TIMELINE
     num_cached: int = 0
+    logprobs: tuple[dict, ...] = ()
+    cumulative_logprob: float = 0.0
 
     @property
     def trailing(self) -> bool:
@@ -65,7 +70,8 @@ class Reply:
         if not isinstance(later, Reply) or self.reason is not None:
             return None
         return Reply(self.parsed, self.text + later.text, self.ids + later.ids, later.reason, self.num_input,
-                     later.num_output, later.flags, self.first_outputs, later.timeline, later.num_cached)
+                     later.num_output, later.flags, self.first_outputs, later.timeline, later.num_cached,
+                     self.logprobs + later.logprobs, later.cumulative_logprob)
 
     def build(self):
         """The ``InferenceResponse``; an INTERNAL error response if building it failed (a bug must not leave the
@@ -80,12 +86,12 @@ class Reply:
         """Its tokens handed to Triton: noted on the request's timeline (``Timeline.sent``)."""
         self.timeline.sent(len(self.ids))
 
-    def fields(self) -> dict[str, str | int | list[int]]:
+    def fields(self) -> dict[str, str | int | float | list[int]]:
         """The response's outputs, by name, as Python values (``output_ids`` a list, the JSON outputs as their
         text), in the order they are sent; the request's timeline is marked ``final_response`` when the last one's
         are taken."""
         extra, last = self.parsed.extra_outputs, self.reason is not None
-        out: dict[str, str | int | list[int]] = {"text_output": self.text, **dict(self.first_outputs)}
+        out: dict[str, str | int | float | list[int]] = {"text_output": self.text, **dict(self.first_outputs)}
         if last and extra.timeline:
             self.timeline.mark("final_response")
             out["timeline"] = self.timeline.to_json()
@@ -99,11 +105,15 @@ class Reply:
             out["num_output_tokens"] = len(self.ids) if extra.num_output_tokens else self.num_output
         if last:
             out["num_cached_tokens"] = self.num_cached
+        if extra.logprobs:
+            out["logprobs"] = json.dumps(self.logprobs)
+        if extra.cumulative_logprob:
+            out["cumulative_logprob"] = self.cumulative_logprob
         return out
 
     def _outputs(self) -> list:
-        return [io.int_tensor(name, value if isinstance(value, list) else [value], _INT_OUTPUTS[name])
-                if name in _INT_OUTPUTS else io.str_tensor(name, [value]) for name, value in self.fields().items()]
+        return [io.number_tensor(name, value if isinstance(value, list) else [value], _NUMBER_OUTPUTS[name])
+                if name in _NUMBER_OUTPUTS else io.str_tensor(name, [value]) for name, value in self.fields().items()]
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ import json
 import math
 from dataclasses import dataclass
 
-from backends.ipc.protocol import SamplingParams
+from backends.ipc.protocol import MAX_LOGPROBS, SamplingParams
 from flashcodec.families.base import MediaOptions
 
 # Qwen2.5-VL's smallest and largest frame area (qwen_vl_utils MIN_PIXELS = 4*28*28, MAX_PIXELS = 16384*28*28).
@@ -55,6 +55,9 @@ class RequestParams:
             for the model's default (Qwen2.5-VL).
         num_frames: segments a video is cut into, one frame each, in [1, 1024], or None (InternVL3).
         max_tiles: most 448-pixel tiles of an image, in [1, 64], or None for the checkpoint's (InternVL3).
+        logprobs: with each output token, the log probabilities of this many most likely tokens besides its own,
+            in [0, 20] (vLLM's ``max_logprobs``), or None; computed only where an output asks for them
+            (``return_logprobs``, ``return_cumulative_logprob``: ``orchestrator.inputs``).
         Which media settings apply is the served family's (``flashcodec.families``; the orchestrator refuses the
         others).
 
@@ -78,6 +81,7 @@ class RequestParams:
     max_pixels: int | None = None
     num_frames: int | None = None
     max_tiles: int | None = None
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if not 0 < self.max_tokens < _TOKENS_LIMIT:  # far beyond any max_model_len; bounds what messages print
@@ -116,6 +120,8 @@ class RequestParams:
             _fail("max_tiles", f"must be in [1, {MAX_TILES}]", self.max_tiles)
         if self.max_pixels is not None and not MIN_PIXELS <= self.max_pixels <= MAX_PIXELS:
             _fail("max_pixels", f"must be in [{MIN_PIXELS}, {MAX_PIXELS}]", self.max_pixels)
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            _fail("logprobs", f"must be in [0, {MAX_LOGPROBS}]", self.logprobs)
 
     @property
     def media(self) -> MediaOptions:
@@ -126,7 +132,7 @@ class RequestParams:
         """The stages' part of these parameters (``backends.ipc.protocol.SamplingParams``)."""
         return SamplingParams(self.temperature, self.top_p, self.top_k, self.seed, self.min_tokens, self.ignore_eos,
                               self.repetition_penalty, self.presence_penalty, self.frequency_penalty,
-                              self.stop_token_ids)
+                              self.stop_token_ids, self.logprobs)
 
 
 def _fail(key: str, rule: str, value: object) -> None:
@@ -233,6 +239,7 @@ _CONVERTERS = {
     "max_pixels": _as_optional_int,
     "num_frames": _as_optional_int,
     "max_tiles": _as_optional_int,
+    "logprobs": _as_optional_int,
 }
 # Other clients' names for a key, read as that key wherever sampling_parameters' rules apply (a request, the
 # orchestrator's media_defaults; the OpenAI API passes its mm_processor_kwargs on as they are)
@@ -246,8 +253,8 @@ def parse_sampling_parameters(text: str | None, keys: tuple[str, ...] = tuple(_C
     None or an empty string gives the defaults. Integers are accepted for floats; integer-valued
     floats for integers; numeric strings for both (genai-perf's form); "true"/"false" for booleans;
     a string or a list of strings for `stop`; a list of integers for `stop_token_ids`; null for `seed`, `fps`,
-    `max_pixels`, `num_frames`, `max_tiles` and `stop_token_ids`. A key of `ALIASES` is read as its key; both sent
-    are one setting: equal values (or one of them null) pass, different ones are refused naming both.
+    `max_pixels`, `num_frames`, `max_tiles`, `logprobs` and `stop_token_ids`. A key of `ALIASES` is read as its key;
+    both sent are one setting: equal values (or one of them null) pass, different ones are refused naming both.
 
     Raises:
         InvalidInput: invalid JSON, not an object, an unknown key, a wrong type or an out-of-range

@@ -98,15 +98,13 @@ def server_request_reference(model, tokenizer, text: str, max_new_tokens: int, *
     orchestrator's prompt), then ``reference_generate``. Qwen2.5-VL: at most one ``image`` and one ``video``;
     InternVL3: any ``images`` (or ``image``) and a ``video``, as one ``tiles`` tensor in prompt order."""
     # Imported here so the runtime tests that only need reference_generate run without PyAV.
-    from backends.runtime.families.registry import family_for
-    from flashcodec.families import family as media_family
     from flashcodec.families.internvl3_pixels import tiles_from_rows
     from flashcodec.pipeline import image_group, iter_video_groups, make_decoder
     from orchestrator.inputs import MediaInput
     from orchestrator.media import plan_media
     from orchestrator.prompt import build_prompt
 
-    family = media_family(family_for(model.config).name)
+    family = _media_family(model)
     items = [("image", data) for data in ((image,) if image is not None else ()) + tuple(images)]
     items += [("video", video)] if video is not None else []
     media, rows = [], []
@@ -128,3 +126,18 @@ def server_request_reference(model, tokenizer, text: str, max_new_tokens: int, *
     else:
         kwargs = {kind: (r, grid, seconds) for r, (kind, grid, seconds) in zip(rows, media)}
     return reference_generate(model, list(prompt.input_ids), max_new_tokens, params=params, **kwargs)
+
+
+def _media_family(model):
+    """The served family's media rules (``flashcodec.families``) for ``model``."""
+    from backends.runtime.families.registry import family_for
+    from flashcodec.families import family
+
+    return family(family_for(model.config).name)
+
+
+def reference_prompt(model, tokenizer, text: str) -> list[int]:
+    """The prompt token ids the server builds for a text-only ``text_input`` request to ``model``'s family."""
+    from orchestrator.prompt import build_prompt
+
+    return list(build_prompt(tokenizer, text, [], _media_family(model)).input_ids)

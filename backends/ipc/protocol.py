@@ -36,6 +36,7 @@ RESERVED_KV_PAGES = 1
 
 INVALID_INPUT = "invalid_input"
 SERVER_FAULT = "server_fault"
+MAX_LOGPROBS = 20  # the most top tokens a sampled token's log probabilities come with (vLLM's max_logprobs)
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,9 @@ class SamplingParams:
       frequency * count``, ``count`` being each token's occurrences in the output so far (vLLM's, after
       OpenAI's definition).
     * ``stop_token_ids``: token ids that end the sequence as eos does (finish reason ``"stop"``), distinct.
+    * ``logprobs``: with each sampled token, its log probability and rank and those of the ``logprobs`` most likely
+      tokens (0: the sampled token's alone; None: none computed; at most :data:`MAX_LOGPROBS`, vLLM's default
+      ``max_logprobs``): ``backends.runtime.sampling.logprobs``.
     """
 
     temperature: float = 1.0
@@ -72,6 +76,7 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     stop_token_ids: tuple[int, ...] = ()
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if not (self.temperature >= 0 and math.isfinite(self.temperature)):
@@ -89,6 +94,8 @@ class SamplingParams:
                 raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
         if any(t < 0 for t in self.stop_token_ids) or len(set(self.stop_token_ids)) != len(self.stop_token_ids):
             raise ValueError(f"stop_token_ids must be distinct ids >= 0, got {self.stop_token_ids}")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
 
     @property
     def penalized(self) -> bool:
@@ -192,6 +199,17 @@ class StepPlan(Call):
 
 
 @dataclass(frozen=True)
+class TokenLogprobs:
+    """A sampled token's log probability (natural log, under the model's raw distribution:
+    ``backends.runtime.sampling.logprobs``), its ``rank`` there (1: the most likely) and the ``top`` most likely
+    tokens as ``(token id, log probability)``, most likely first (``SamplingParams.logprobs`` of them)."""
+
+    logprob: float
+    rank: int
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True)
 class FirstToken:
     """A prompt's first output token, sampled where its prefill ended; ``finish_reason`` by the stop rule
     (``"stop"``, ``"length"``, or ``""`` to go on in decode); ``mrope_delta``: the offset of the decode positions
@@ -202,6 +220,7 @@ class FirstToken:
     token: int
     mrope_delta: int
     finish_reason: str
+    logprobs: TokenLogprobs | None = None  # when its SamplingParams.logprobs asks
 
 
 @dataclass(frozen=True)
@@ -274,6 +293,7 @@ class DecodeStep:
     finish_reasons: tuple[str, ...]
     launched_s: float = 0.0
     read_s: float = 0.0
+    logprobs: tuple[TokenLogprobs | None, ...] = ()  # per row where any asked (SamplingParams.logprobs), else ()
 
 
 # ---- flashcodec -----------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from backends.ipc.protocol import DecodeAdmit, SamplingParams
+from backends.runtime.sampling.logprobs import Asked
 from backends.runtime.sampling.token_readback import TokenReadback
 
 
@@ -40,12 +41,14 @@ class RunningSeq:
 @dataclass(frozen=True)
 class Launched:
     """A step launched on the device whose tokens the host has not read: its sequences in row order, each row's
-    ``num_generated`` before the step, and the sampled tokens."""
+    ``num_generated`` before the step, the sampled tokens (with the asking rows' log probabilities), and the rows
+    that asked for them (None: none did)."""
 
     seqs: list[RunningSeq]
     counts: list[int]
     tokens: TokenReadback
     started: float  # time.perf_counter() at launch
+    asked: Asked | None = None
 
     def holds(self, seq: RunningSeq) -> bool:
         return any(s is seq for s in self.seqs)

@@ -32,12 +32,13 @@ from typing import Callable
 import torch
 
 from backends.ipc import shared_tensor, shared_weights
-from backends.ipc.protocol import DecodeAdmit, DecodeStep
+from backends.ipc.protocol import DecodeAdmit, DecodeStep, TokenLogprobs
 from backends.runtime.attention import FlashInferAttentionBackend, make_backend
 from backends.runtime.language_model.cuda_graphs import batch_ladder
 from backends.runtime.loader import ModelSpec, load_model
 from backends.runtime.language_model.fuse import fuse_projections
 from backends.runtime.model_runner import DecodeSeq, ModelRunner
+from backends.runtime.sampling import logprobs
 from backends.runtime.sampling.penalties import PenaltyState
 from backends.runtime.sampling.sampler import sample_tensor, warm_up
 from backends.runtime.sampling.stopping import finish_reason
@@ -57,6 +58,8 @@ StepSink = Callable[[DecodeStep], None]
 # thread after the step's message; also (0, 0.0, idle) when the batch may have emptied without a step (abort,
 # end) and at shutdown.
 StepTimer = Callable[[int, float, bool], None]
+# One sequence's row of a step's message: (seq_id, token_id, finish_reason, its logprobs or None).
+Row = tuple[str, int, str, TokenLogprobs | None]
 
 
 class DecodeWorker:
@@ -116,7 +119,7 @@ class DecodeWorker:
         self.running: dict[str, RunningSeq] = {}
         self.commands: queue.Queue = queue.Queue()
         self._in_flight: Launched | None = None  # the loop thread's: the step whose tokens are not read yet
-        self._held: list[tuple[str, int, str]] = []  # last rows waiting for the step in flight (_read)
+        self._held: list[Row] = []  # last rows waiting for the step in flight (_read)
         self._last_read = 0.0  # time.perf_counter() when the last step's tokens reached the host
         self._last_launch = 0.0  # time.perf_counter() when the last step was launched
         self._pacing = Pacing()
@@ -201,7 +204,7 @@ class DecodeWorker:
             except Exception:  # (the penalty tables could not grow): this sequence fails, the loop goes on
                 log.exception("decode: could not admit %s", value.seq_id)
                 del self.running[value.seq_id]
-                self._send([(value.seq_id, -1, "error")])
+                self._send([(value.seq_id, -1, "error", None)])
         elif kind == "pace":
             self._pacing = Pacing.starting(*value, time.perf_counter())
         elif kind == "abort":
@@ -271,7 +274,7 @@ class DecodeWorker:
             except Exception:
                 log.exception("decode: could not read the step in flight after a failed step")
         rows, self._held = self._held, []
-        rows += [(seq_id, -1, "error") for seq_id in self.running]
+        rows += [(seq_id, -1, "error", None) for seq_id in self.running]
         self.running.clear()
         self._send(rows)
 
@@ -315,16 +318,18 @@ class DecodeWorker:
         logits = self.runner.decode([
             DecodeSeq(s.last_token, s.num_cached + s.mrope_delta, s.num_cached, s.block_table) for s in batch
         ], token_ids)
+        params = [s.sampling for s in batch]
+        asking = logprobs.start(logits, params)  # the raw logits' (before the penalties)
         logits, penalized = self.penalties.penalize(logits, (s.seq_id for s in batch))
         counts = [s.num_generated for s in batch]
-        sampled = sample_tensor(logits, [s.sampling for s in batch], counts, self.eos_ids)
+        sampled = sample_tensor(logits, params, counts, self.eos_ids)
         self.penalties.count(penalized, sampled)  # on the device, before any later step is launched
-        tokens = TokenReadback(sampled)
+        tokens = TokenReadback(sampled, logprobs.finish(*asking, sampled) if asking else None)
         for s in batch:
             s.num_cached += 1
             s.num_generated += 1
             s.ending = s.num_generated >= s.max_tokens
-        return Launched(batch, counts, tokens, started)
+        return Launched(batch, counts, tokens, started, asking[0] if asking else None)
 
     def _read_in_flight(self) -> None:
         """Read the step in flight, if there is one (:meth:`_read`)."""
@@ -342,12 +347,13 @@ class DecodeWorker:
         now, read_s = time.perf_counter(), time.monotonic()
         elapsed, self._last_read = now - max(step.started, self._last_read), now
         rows, self._held = self._held, []
-        for seq, token, count in zip(step.seqs, tokens, step.counts):
+        figures = logprobs.rows(step.asked, step.tokens.figures(), [s.sampling for s in step.seqs])
+        for seq, token, count, token_logprobs in zip(step.seqs, tokens, step.counts, figures):
             if self.running.get(seq.seq_id) is not seq:
                 continue
             seq.last_token = token
             reason = finish_reason(token, count + 1, seq.max_tokens, seq.sampling, self.eos_ids)
-            row = (seq.seq_id, token, reason or "")
+            row = (seq.seq_id, token, reason or "", token_logprobs)
             if reason:
                 del self.running[seq.seq_id]
                 if self._in_flight is not None and self._in_flight.holds(seq):
@@ -357,11 +363,14 @@ class DecodeWorker:
         self._send(rows, read_s - (now - step.started), read_s)  # the launch on the monotonic clock
         self._told(len(step.seqs), elapsed)
 
-    def _send(self, rows: list[tuple[str, int, str]], launched_s: float = 0.0, read_s: float = 0.0) -> None:
-        """Post one message of ``(seq_id, token_id, finish_reason)`` rows to the stream, if any and attached, with
-        the step's launch and read times (``DecodeStep``)."""
+    def _send(self, rows: list[Row], launched_s: float = 0.0, read_s: float = 0.0) -> None:
+        """Post one message of ``(seq_id, token_id, finish_reason, logprobs or None)`` rows to the stream, if any and
+        attached, with the step's launch and read times (``DecodeStep``; its ``logprobs`` only where a row has
+        them)."""
         if rows and self.sink is not None:
-            self._post(self.sink, DecodeStep(*map(tuple, zip(*rows)), launched_s, read_s))
+            seq_ids, token_ids, reasons, figures = map(tuple, zip(*rows))
+            asked = figures if any(f is not None for f in figures) else ()
+            self._post(self.sink, DecodeStep(seq_ids, token_ids, reasons, launched_s, read_s, asked))
 
     def _next_layout(self) -> list[DecodeSeq]:
         """The next step's batch as it will be if no sequence of the step in flight ends with an eos token and no

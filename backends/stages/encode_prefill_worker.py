@@ -37,8 +37,9 @@ from backends.runtime.language_model.kv_cache import head_dim
 from backends.runtime.loader import ModelSpec, checkpoint_bytes, host_available_bytes, load_model
 from backends.runtime.model_runner import ModelRunner, PrefillChunk
 from backends.runtime.phase_clock import PhaseClock
+from backends.runtime.sampling import logprobs
 from backends.runtime.sampling.penalties import penalize_first_tokens
-from backends.runtime.sampling.sampler import sample, warm_up
+from backends.runtime.sampling.sampler import sample_tensor, warm_up
 from backends.runtime.sampling.stopping import finish_reason
 from backends.runtime.tokenizer import eos_token_ids
 from backends.stages.prompt_state import PromptState
@@ -284,11 +285,13 @@ class EncodePrefillWorker:
             return ()
         states = [self.prompts[w.req_id] for w in last]
         params = [state.sampling for state in states]
+        asking = logprobs.start(logits, params)  # the raw logits' (before the penalties)
         logits = penalize_first_tokens(logits, [state.request.input_ids for state in states], params)
-        tokens = sample(logits, params, [0] * len(last), self.eos_ids)
+        sampled = sample_tensor(logits, params, [0] * len(last), self.eos_ids)
+        asked, figures = (asking[0], logprobs.finish(*asking, sampled).tolist()) if asking else (None, [])
         out = []
-        for w, token in zip(last, tokens):
+        for w, token, token_logprobs in zip(last, sampled.tolist(), logprobs.rows(asked, figures, params)):
             state = self.prompts.pop(w.req_id)
             reason = finish_reason(int(token), 1, state.request.max_tokens, state.sampling, self.eos_ids)
-            out.append(FirstToken(w.req_id, int(token), state.mrope_delta, reason or ""))
+            out.append(FirstToken(w.req_id, int(token), state.mrope_delta, reason or "", token_logprobs))
         return tuple(out)

@@ -187,7 +187,7 @@ def str_tensor(name: str, values: list[str] | list[bytes]):
     return pb().Tensor(name, data)
 
 
-def int_tensor(name: str, values: list[int], dtype=np.int64):
+def number_tensor(name: str, values: list[int] | list[float], dtype=np.int64):
     return pb().Tensor(name, np.asarray(values, dtype=dtype))
 
 

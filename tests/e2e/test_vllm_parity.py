@@ -1,6 +1,7 @@
 """The vLLM backend's I/O through a real tritonserver, as its clients send it (tritonclient, no client of ours):
-the ``return_*`` flags and their outputs, base64 text in ``image``, and the sampling keys ``repetition_penalty``,
-``presence_penalty``, ``frequency_penalty`` and ``stop_token_ids``, held to transformers' ``generate()``."""
+the ``return_*`` flags and their outputs (log probabilities held to transformers' logits), base64 text in ``image``,
+and the sampling keys ``repetition_penalty``, ``presence_penalty``, ``frequency_penalty`` and ``stop_token_ids``, held
+to transformers' ``generate()``."""
 from __future__ import annotations
 
 import base64
@@ -17,7 +18,7 @@ from backends.runtime.loader import ModelSpec, load_model
 from client.api import Client, ServerError, grpc_inputs, request_tensors
 from orchestrator.sampling_params import RequestParams
 from tests.media import make_image
-from tests.reference import assert_same_or_tie, server_request_reference
+from tests.reference import assert_same_or_tie, reference_prompt, server_request_reference
 
 pytestmark = pytest.mark.e2e
 N = 12
@@ -79,11 +80,41 @@ def test_without_flags_the_last_response_still_carries_the_totals(grpc_url):
     assert responses[-1].as_numpy("finish_reason")[0] == b"length"
 
 
-@pytest.mark.parametrize("flag", ["return_logprobs", "return_cumulative_logprob"])
-def test_log_probability_flags_are_refused_by_name(grpc_url, flag):
-    with pytest.raises(ServerError, match=f"{flag}: log probabilities are not supported"):
-        vllm_request(grpc_url, PROMPT, GREEDY, **{flag: True})
-    last = vllm_request(grpc_url, PROMPT, GREEDY, **{flag: False})[-1]  # false: not asked for at all
+@pytest.mark.parametrize("stream", [True, False])
+def test_log_probabilities_equal_the_log_softmax_of_transformers_logits(grpc_url, hf, stream):
+    """``return_logprobs`` with ``logprobs`` 3 in ``sampling_parameters``: per token of each response, the vLLM
+    backend's ``{"<id>": {"logprob", "rank", "decoded_token"}}``, the sampled token first, then the 3 most likely;
+    the figures are the log-softmax of transformers' logits over the prompt and the output, before the repetition
+    penalty that chose the tokens (vLLM's raw log probabilities), prefill's first token and decode's alike;
+    ``cumulative_logprob`` (FP32) their running sum."""
+    model, tokenizer = hf
+    sampling = {**GREEDY, "logprobs": 3, "repetition_penalty": 0.7}  # below 1: the reply repeats itself
+    responses = vllm_request(grpc_url, PROMPT, sampling, stream=stream, return_logprobs=True,
+                             return_cumulative_logprob=True, return_output_ids=True)
+    ids = [int(t) for r in responses for t in r.as_numpy("output_ids")]
+    entries = [e for r in responses for e in json.loads(r.as_numpy("logprobs")[0])]
+    assert len(ids) == len(entries) == N
+    prompt = reference_prompt(model, tokenizer, PROMPT)
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + ids], device=model.device)).logits[0, len(prompt) - 1:-1]
+    reference = torch.log_softmax(logits.float(), dim=-1).cpu()
+    assert any(reference[step].argmax() != token for step, token in enumerate(ids))  # the penalty chose some
+    for step, (token, entry) in enumerate(zip(ids, entries)):
+        assert list(entry)[0] == str(token)
+        assert entry[str(token)]["logprob"] == pytest.approx(float(reference[step, token]), abs=1e-4)
+        assert entry[str(token)]["decoded_token"] == tokenizer.decode([token])
+        top = reference[step].topk(3)
+        assert {str(t) for t in top.indices.tolist()} <= set(entry)
+        assert [entry[str(t)]["logprob"] for t in top.indices.tolist()] == pytest.approx(top.values.tolist(),
+                                                                                          abs=1e-4)
+    sums = [float(r.as_numpy("cumulative_logprob")[0]) for r in responses]
+    assert responses[-1].as_numpy("cumulative_logprob").dtype == np.float32
+    assert sums[-1] == pytest.approx(float(reference[torch.arange(N), ids].sum()), abs=1e-3)
+
+
+def test_without_the_flags_no_log_probabilities_are_sent(grpc_url):
+    last = vllm_request(grpc_url, PROMPT, {**GREEDY, "logprobs": 2}, return_logprobs=False)[-1]
+    assert last.as_numpy("logprobs") is None and last.as_numpy("cumulative_logprob") is None
     assert last.as_numpy("finish_reason")[0] == b"length"
 
 
@@ -149,7 +180,7 @@ def test_stop_token_ids_end_the_output_with_reason_stop_after_min_tokens(grpc_ur
     ({"stop_token_ids": "7"}, "sampling_parameters: stop_token_ids must be a list of integers"),
     ({"stop_token_ids": [-1]}, "sampling_parameters: stop_token_ids must hold at most 256 token ids >= 0"),
     ({"stop_token_ids": [10**6]}, "sampling_parameters: stop_token_ids must be below the vocabulary size"),
-    ({"logprobs": 1}, "sampling_parameters: unknown key 'logprobs'"),
+    ({"logprobs": 21}, "sampling_parameters: logprobs must be in [0, 20], got 21"),
 ])
 def test_refused_keys_are_named(grpc_url, sampling, words):
     with Client(grpc_url) as client:

@@ -16,19 +16,20 @@ from backends.runtime.sampling.sampler import upload
 
 class TokenReadback:
     """``tokens``: int64 ``[b]`` on any device, as ``sampler.sample_tensor`` returns them (not copied: they must
-    not be written afterwards). On CUDA the copy to the host is queued on the current stream at construction;
-    on the CPU there is nothing to wait for."""
+    not be written afterwards); ``figures``: a float32 tensor that goes to the host with them, or None (the asking
+    rows' log probabilities: ``backends.runtime.sampling.logprobs.finish``). On CUDA the copies to the host are
+    queued on the current stream at construction; on the CPU there is nothing to wait for."""
 
-    def __init__(self, tokens: torch.Tensor) -> None:
+    def __init__(self, tokens: torch.Tensor, figures: torch.Tensor | None = None) -> None:
         self.on_device = tokens
         self._copied: torch.cuda.Event | None = None
         if tokens.is_cuda:
-            self._host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
-            self._host.copy_(tokens, non_blocking=True)
+            self._host = _to_pinned(tokens)
+            self._figures = None if figures is None else _to_pinned(figures)
             self._copied = torch.cuda.Event()
             self._copied.record(torch.cuda.current_stream(tokens.device))
         else:
-            self._host = tokens
+            self._host, self._figures = tokens, figures
 
     def next_inputs(self, rows: list[int | None], host_tokens: list[int]) -> torch.Tensor:
         """The next step's token ids, int64 ``[len(rows)]`` on the device, without waiting for the device: entry
@@ -53,3 +54,14 @@ class TokenReadback:
         """The token ids on the host, after :meth:`wait`."""
         self.wait()
         return self._host.tolist()
+
+    def figures(self) -> list[list[float]]:
+        """The ``figures`` rows on the host (``[]`` when there were none), after :meth:`wait`."""
+        self.wait()
+        return [] if self._figures is None else self._figures.tolist()
+
+
+def _to_pinned(tensor: torch.Tensor) -> torch.Tensor:
+    """A pinned host copy of ``tensor``, queued on the current stream (not waited for)."""
+    host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+    return host.copy_(tensor, non_blocking=True)

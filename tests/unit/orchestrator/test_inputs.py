@@ -82,8 +82,7 @@ def test_file_url_under_allowed_folder(limits, tmp_path):
     (dict(image=[base64.b64encode(b"\x89" * 1001)]), "image: 1001 bytes, over the limit"),  # once decoded
     (dict(image=[b"iVBORw0KGgo"]), "image: neither an image file (JPEG, PNG, WebP, ...) nor valid base64 text"),
     (dict(image=[b"not an image at all"]), "image: neither an image file"),  # ASCII bytes sent as a file
-    (dict(return_logprobs=True), "return_logprobs: log probabilities are not supported"),
-    (dict(return_cumulative_logprob=True), "return_cumulative_logprob: log probabilities are not supported"),
+    (dict(return_logprobs=True, sampling_parameters=[b'{"logprobs": 21}']), "logprobs must be in .0, 20., got 21"),
     (dict(video_url=[b"/etc/passwd"]), "outside the allowed media folders"),
     (dict(video_url=[b"http://example.com/v.mp4"]), "http(s) URLs are not fetched"),
     (dict(image_url=[b"data:image/png,abc"]), "only base64 data: URLs"),
@@ -130,6 +129,20 @@ def test_return_flags_ask_for_the_vllm_backends_outputs(limits):
     assert (parsed.extra_outputs.finish_reason, parsed.extra_outputs.num_input_tokens,
             parsed.extra_outputs.num_output_tokens) == (True, False, True)
     assert parse_request(raw(), limits).extra_outputs == type(parsed.extra_outputs)()
+
+
+@pytest.mark.parametrize("flags, sampling, computed", [
+    ({}, b'{"logprobs": 3}', None),  # no output asks: none computed (the vLLM backend returns them only when asked)
+    ({"return_logprobs": True}, None, 0),  # the sampled token's alone
+    ({"return_logprobs": True}, b'{"logprobs": 3}', 3),
+    ({"return_cumulative_logprob": True}, b'{"logprobs": 3}', 0),
+    ({"return_logprobs": True, "return_cumulative_logprob": True}, b'{"logprobs": 2}', 2),
+])
+def test_log_probabilities_are_computed_where_an_output_asks(limits, flags, sampling, computed):
+    parsed = parse_request(raw(sampling_parameters=[sampling] if sampling else [], **flags), limits)
+    assert parsed.params.logprobs == parsed.params.sampling().logprobs == computed
+    assert (parsed.extra_outputs.logprobs, parsed.extra_outputs.cumulative_logprob) == (
+        flags.get("return_logprobs", False), flags.get("return_cumulative_logprob", False))
 
 
 def test_missing_file_and_folder_are_named(limits, tmp_path):

@@ -2,13 +2,14 @@
 the request's handler was busy leave as one item (one client response), with the same ids and text as one by
 one; stop strings end the output at the right token and abort the request; a failure comes after the tokens
 before it, typed as the stage said; a cancellation ends the stream after the tokens queued before it, also while
-no token comes; the request is always aborted in its engine at the end."""
+no token comes; the request is always aborted in its engine at the end; tokens with log probabilities get the vLLM
+backend's entries and the output's running sum."""
 import asyncio
 import threading
 import time
 
 from backends.ipc.link import StageError
-from backends.ipc.protocol import INVALID_INPUT, SERVER_FAULT, StageFailure
+from backends.ipc.protocol import INVALID_INPUT, SERVER_FAULT, StageFailure, TokenLogprobs
 from backends.runtime.tokenizer import load_tokenizer
 from orchestrator.cancel_watch import CancelWatch
 from orchestrator.engine_io import Output
@@ -56,13 +57,13 @@ def tokens(ids, last_reason="length"):
 def test_queued_tokens_leave_as_one_item_with_the_same_ids_and_text():
     items, error, aborted = stream(tokens(WORDS), max_tokens=100)
     assert error is None and len(items) == 1 and aborted == ["r"]
-    text, ids, reason = items[0]
-    assert ids == WORDS and reason == "length" and text == TOKENIZER.decode(WORDS)
+    text, ids, reason, logprobs, _ = items[0]
+    assert ids == WORDS and reason == "length" and text == TOKENIZER.decode(WORDS) and logprobs == ()
 
 
 def test_a_stop_string_ends_inside_a_batch_of_queued_tokens():
     items, _, aborted = stream(tokens(WORDS, last_reason=""), max_tokens=100, stop=["four"])
-    text, ids, reason = items[-1]
+    text, ids, reason, _, _ = items[-1]
     assert reason == "stop" and "four" not in text and text.strip() == "one two three" and aborted == ["r"]
     assert ids == WORDS[:len(ids)] and len(ids) < len(WORDS)  # the tokens after the stop string are not sent
 
@@ -70,7 +71,7 @@ def test_a_stop_string_ends_inside_a_batch_of_queued_tokens():
 def test_a_failure_comes_after_the_tokens_before_it_typed_as_the_stage_said():
     items, error, _ = stream([*tokens(WORDS[:2], last_reason=""),
                               Output(failure=StageFailure(SERVER_FAULT, "decode: the decode step failed"))])
-    assert [ids for _, ids, _ in items] == [WORDS[:2]] and items[0][2] is None
+    assert [item.ids for item in items] == [WORDS[:2]] and items[0].reason is None
     assert isinstance(error, StageError) and "the decode step failed" in str(error)
     _, error, _ = stream([Output(failure=StageFailure(INVALID_INPUT, "video: no keyframe"))])
     assert isinstance(error, InvalidInput) and str(error) == "video: no keyframe"
@@ -78,9 +79,9 @@ def test_a_failure_comes_after_the_tokens_before_it_typed_as_the_stage_said():
 
 def test_a_cancelled_client_ends_the_stream_with_abort_after_the_tokens_queued_before():
     items, error, aborted = stream([], cancel=True)
-    assert items == [("", [], "abort")] and error is None and aborted == ["r"]
+    assert items == [("", [], "abort", (), 0.0)] and error is None and aborted == ["r"]
     items, error, aborted = stream(tokens(WORDS[:3], last_reason=""), cancel=True, max_tokens=100)
-    assert [ids for _, ids, _ in items] == [WORDS[:3], []] and items[-1][2] == "abort" and aborted == ["r"]
+    assert [item.ids for item in items] == [WORDS[:3], []] and items[-1].reason == "abort" and aborted == ["r"]
 
 
 def test_a_cancellation_from_the_watch_thread_ends_a_stream_that_waits_for_tokens():
@@ -109,5 +110,19 @@ def test_a_cancellation_from_the_watch_thread_ends_a_stream_that_waits_for_token
         return items, time.monotonic() - started, engine.aborted
 
     items, waited_s, aborted = asyncio.run(asyncio.wait_for(run(), 10))
-    assert [(ids, reason) for _, ids, reason in items] == [([WORDS[0]], None), ([], "abort")]
+    assert [(item.ids, item.reason) for item in items] == [([WORDS[0]], None), ([], "abort")]
     assert waited_s < 1.0 and aborted == ["r"]
+
+
+def test_tokens_with_log_probabilities_get_the_vllm_backends_entries_and_their_running_sum():
+    """Per token ``{"<id>": {"logprob", "rank", "decoded_token"}}``, the sampled token first with its own rank, then
+    the top tokens ranked 1, 2, ... (one already there keeps its entry); the sum runs over the whole output."""
+    first = TokenLogprobs(-0.5, 2, ((WORDS[1], -0.25), (WORDS[0], -0.5)))
+    last = Output(WORDS[1], "length", logprobs=TokenLogprobs(-1.0, 3))
+    items, error, _ = stream([Output(WORDS[0], logprobs=first), last], max_tokens=100)
+    assert error is None and len(items) == 1
+    (one, two), total = items[0].logprobs, items[0].cumulative_logprob
+    assert list(one) == [str(WORDS[0]), str(WORDS[1])] and total == -1.5
+    assert one[str(WORDS[0])] == {"logprob": -0.5, "rank": 2, "decoded_token": TOKENIZER.decode([WORDS[0]])}
+    assert one[str(WORDS[1])] == {"logprob": -0.25, "rank": 1, "decoded_token": TOKENIZER.decode([WORDS[1]])}
+    assert two == {str(WORDS[1]): {"logprob": -1.0, "rank": 3, "decoded_token": TOKENIZER.decode([WORDS[1]])}}

@@ -1,0 +1,66 @@
+"""Log probabilities of sampled tokens, for the requests that ask (``SamplingParams.logprobs``).
+
+A row's log probabilities are the log-softmax of its raw logits in float32: before penalties, the ``min_tokens``
+mask, temperature, top-k and top-p (vLLM v1's default ``logprobs_mode``, ``raw_logprobs``). Per sampled token: its
+log probability, its rank (the number of tokens at least as likely, itself included: vLLM v1's
+``batched_count_greater_than``, so 1 is the most likely) and the ``logprobs`` most likely tokens with theirs.
+
+The work is split around sampling so that nothing waits for the device: :func:`start` takes the log-softmax of
+the asking rows before the logits are penalized (on their device), :func:`finish` gathers the sampled tokens'
+figures into one float32 ``[n, 2 + 2k]`` tensor (token ids up to 2**24 are exact in float32; vocabularies here
+are under 160,000), which the caller brings to the host with its tokens, and :func:`rows` turns the host's copy
+into one :class:`TokenLogprobs` (or None) per row.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from backends.ipc.protocol import SamplingParams, TokenLogprobs
+
+
+@dataclass(frozen=True)
+class Asked:
+    """The batch rows whose ``SamplingParams.logprobs`` ask, in order, and the most top tokens any of them asks
+    for (``k``)."""
+
+    rows: list[int]
+    k: int
+
+
+def start(logits: torch.Tensor, params: list[SamplingParams]) -> tuple[Asked, torch.Tensor] | None:
+    """The asking rows (:class:`Asked`) and their log-softmax, float32 ``[n, V]`` on the logits' device, from
+    ``logits`` (floating ``[b, V]``, read only); None when no row asks (then nothing is computed)."""
+    rows = [i for i, p in enumerate(params) if p.logprobs is not None]
+    if not rows:
+        return None
+    picked = logits if len(rows) == logits.shape[0] else logits[rows]
+    return Asked(rows, max(params[i].logprobs for i in rows)), torch.log_softmax(picked.float(), dim=-1)
+
+
+def finish(asked: Asked, logprobs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """float32 ``[n, 2 + 2k]`` on the device: per asking row, the sampled token's log probability and rank, then
+    the ``k`` most likely token ids and their log probabilities (most likely first). ``logprobs``: :func:`start`'s
+    tensor; ``tokens``: the sampled ids, int64 ``[b]`` (all rows)."""
+    chosen = tokens if len(asked.rows) == tokens.shape[0] else tokens[asked.rows]
+    sampled = logprobs.gather(1, chosen[:, None])
+    rank = (logprobs >= sampled).sum(dim=-1, keepdim=True, dtype=torch.float32)
+    parts = [sampled, rank]
+    if asked.k:
+        top = logprobs.topk(asked.k, dim=-1)
+        parts += [top.indices.float(), top.values]
+    return torch.cat(parts, dim=1)
+
+
+def rows(asked: Asked | None, figures: list[list[float]], params: list[SamplingParams]
+         ) -> list[TokenLogprobs | None]:
+    """One entry per row of the batch (``params``): its :class:`TokenLogprobs` from ``figures`` (the host's copy
+    of :func:`finish`'s tensor, as lists), with as many top tokens as it asked for, or None where it did not ask."""
+    out: list[TokenLogprobs | None] = [None] * len(params)
+    if asked is None:
+        return out
+    for row, values in zip(asked.rows, figures):
+        top = tuple((int(values[2 + j]), values[2 + asked.k + j]) for j in range(params[row].logprobs))
+        out[row] = TokenLogprobs(values[0], int(values[1]), top)
+    return out
