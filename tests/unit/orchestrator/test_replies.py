@@ -68,6 +68,19 @@ def test_return_flags_keep_their_meaning_after_a_merge():
     assert [e["event"] for e in json.loads(tail["timeline"][0])["events"]] == ["final_response"]
 
 
+def test_log_probabilities_join_in_a_merge_and_the_cumulative_sum_is_the_later_ones():
+    """``logprobs`` (JSON: an entry per token) and ``cumulative_logprob`` (FP32: the output's sum so far) on every
+    response of a request that asked; a merged response's entries are both replies', its sum the later's."""
+    request = parsed(logprobs=True, cumulative_logprob=True)
+    entries = [{"5": {"logprob": -0.5, "rank": 1, "decoded_token": "a"}},
+               {"6": {"logprob": -1.0, "rank": 2, "decoded_token": "b"}}]
+    first = Reply(request, "a", [5], None, 7, 1, logprobs=entries[:1], cumulative_logprob=-0.5)
+    last = Reply(request, "b", [6], "length", 7, 2, FINAL, logprobs=entries[1:], cumulative_logprob=-1.5)
+    outputs = first.merge(last).build().outputs()
+    assert json.loads(outputs["logprobs"][0]) == entries and outputs["cumulative_logprob"] == [-1.5]
+    assert "logprobs" not in replies(parsed(), ["x"])[0].build().outputs()
+
+
 def test_without_flags_the_merged_last_response_carries_the_whole_outputs_count():
     request = parsed(output_ids=False)
     first, second, last = replies(request, ["a", "b", "c"])

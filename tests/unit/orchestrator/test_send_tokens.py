@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from orchestrator.frontend import _send_tokens
+from orchestrator.output_processor import Piece
 from orchestrator.replies import Reply
 from orchestrator.send_lanes import merged
 from orchestrator.timeline import Timeline
@@ -24,7 +25,7 @@ def pb(monkeypatch):
 
 def replies_of(request, timeline: Timeline, trail_timeline: bool = False) -> list[Reply]:
     """The replies ``_send_tokens`` hands over for three items, the last ending the request."""
-    items = [("He", [1], None), ("llo", [2], None), ("!", [3], "length")]
+    items = [Piece("He", [1], None), Piece("llo", [2], None), Piece("!", [3], "length")]
 
     async def tokens():
         for item in items:
