@@ -89,6 +89,8 @@ class ResponsePiece:
     visual_cap: dict | None = None
     media: list[dict] | None = None
     timeline: dict | None = None
+    logprobs: list[dict] | None = None  # return_logprobs: an entry per token (docs/requests.md)
+    cumulative_logprob: float | None = None
 
     @property
     def has_output(self) -> bool:
@@ -238,7 +240,8 @@ def _scalar(result: grpcclient.InferResult, name: str):
 
 
 def json_output(value: str | bytes | None):
-    """A JSON output's value (``visual_cap``, ``media``, ``timeline``) read, or None where it is absent or empty.
+    """A JSON output's value (``visual_cap``, ``media``, ``timeline``, ``logprobs``) read, or None where it is absent
+    or empty.
     Raises json.JSONDecodeError when it is not JSON."""
     return None if value is None or len(value) == 0 else json.loads(value)
 
@@ -257,7 +260,8 @@ def piece_from_grpc(result: grpcclient.InferResult) -> ResponsePiece:
     n_in, n_out, n_cached = (_scalar(result, name) for name in
                              ("num_input_tokens", "num_output_tokens", "num_cached_tokens"))
     reason = _scalar(result, "finish_reason")
-    cap, media, timeline = (_scalar(result, name) for name in ("visual_cap", "media", "timeline"))
+    cap, media, timeline, logprobs = (_scalar(result, name) for name in ("visual_cap", "media", "timeline", "logprobs"))
+    cumulative = _scalar(result, "cumulative_logprob")
     return ResponsePiece(
         text=b"".join(x if isinstance(x, bytes) else str(x).encode() for x in text.reshape(-1))
         if text is not None else b"",
@@ -270,6 +274,8 @@ def piece_from_grpc(result: grpcclient.InferResult) -> ResponsePiece:
         visual_cap=json_output(cap),
         media=json_output(media),
         timeline=json_output(timeline),
+        logprobs=json_output(logprobs),
+        cumulative_logprob=None if cumulative is None else float(cumulative),
     )
 
 

@@ -132,7 +132,7 @@ async def _generate(request: Request, body: GenerationRequest, orchestrator_requ
     if refusal is not None:
         raise ApiError(400, refusal[1], param=refusal[0])
     orchestrator_request = await state.fetcher.resolve(orchestrator_request)
-    shape = shape_type(card.id, body.return_token_ids)
+    shape = shape_type(card.id, body.return_token_ids, body.top_logprobs_asked)
     marks.mark("api_sent")
     pieces = state.orchestrator.generate(orchestrator_request)
     if not body.stream:

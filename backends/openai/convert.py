@@ -34,7 +34,9 @@ class OrchestratorRequest:
     """One request's orchestrator inputs: ``prompt`` (a completion) or ``messages`` (JSON, a chat);
     ``media`` in placeholder order; ``sampling`` (``sampling_parameters``); ``stream``; ``return_token_ids``
     (``return_output_ids``); ``return_timeline`` (it asks for the output ids too: the timeline counts the tokens each
-    chunk brings, ``backends.openai.timing``; the reply shows them only with ``return_token_ids``)."""
+    chunk brings, ``backends.openai.timing``; the reply shows them only with ``return_token_ids``);
+    ``top_logprobs``: the request's log probabilities (``return_logprobs``, ``sampling`` holding the count), or
+    None."""
 
     prompt: str | None
     messages: str | None
@@ -43,6 +45,7 @@ class OrchestratorRequest:
     stream: bool
     return_token_ids: bool
     return_timeline: bool = False
+    top_logprobs: int | None = None
 
     def with_media(self, media: tuple[MediaRef, ...]) -> "OrchestratorRequest":
         return dataclasses.replace(self, media=media)
@@ -67,6 +70,8 @@ class OrchestratorRequest:
             tensors.append(("return_output_ids", np.array([True])))
         if self.return_timeline:
             tensors.append(("return_timeline", np.array([True])))
+        if self.top_logprobs is not None:
+            tensors.append(("return_logprobs", np.array([True])))
         if token_channel is not None:
             tensors.append(("token_channel", _strings([token_channel])))
         inputs = []
@@ -103,10 +108,11 @@ def chat_request(request: ChatCompletionRequest) -> OrchestratorRequest:
             parts.append({"type": kind})
         messages.append({"role": role, "content": parts})
     return OrchestratorRequest(None, json.dumps(messages), tuple(media), request.sampling_parameters(),
-                               request.stream, request.return_token_ids, request.return_timeline)
+                               request.stream, request.return_token_ids, request.return_timeline,
+                               request.top_logprobs_asked)
 
 
 def completion_request(request: CompletionRequest) -> OrchestratorRequest:
     """The orchestrator's request for a completion: its prompt as ``prompt`` (no chat template)."""
     return OrchestratorRequest(request.text, None, (), request.sampling_parameters(), request.stream,
-                               request.return_token_ids, request.return_timeline)
+                               request.return_token_ids, request.return_timeline, request.top_logprobs_asked)

@@ -8,9 +8,10 @@ from __future__ import annotations
 import time
 import uuid
 
+from backends.openai.logprobs import chat_logprobs, completion_logprobs
 from backends.openai.schemas import (AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion,
-                                     ChatCompletionChunk, Completion, CompletionChoice, Delta, PromptTokensDetails,
-                                     Usage)
+                                     ChatCompletionChunk, ChatLogprobs, Completion, CompletionChoice,
+                                     CompletionLogprobs, Delta, PromptTokensDetails, Usage)
 from client.api import ResponsePiece
 
 
@@ -26,11 +27,13 @@ def usage(piece: ResponsePiece) -> Usage | None:
 class Reply:
     """A whole reply gathered from its responses: ``text``, ``token_ids``, ``finish_reason``, ``usage``,
     ``visual_cap`` (what max_visual_tokens lowered, or None), ``media`` (what was done with each image and video,
-    or None without media), ``timeline`` (with ``return_timeline``, or None)."""
+    or None without media), ``timeline`` (with ``return_timeline``, or None), ``logprobs`` (the orchestrator's
+    entries, one per token, where asked)."""
 
     def __init__(self):
         self._text: list[str] = []
         self.token_ids: list[int] = []
+        self.logprobs: list[dict] = []
         self.finish_reason: str | None = None
         self.usage: Usage | None = None
         self.visual_cap: dict | None = None
@@ -40,6 +43,7 @@ class Reply:
     def add(self, piece: ResponsePiece) -> None:
         self._text.append(piece.text.decode("utf-8", errors="replace"))
         self.token_ids += piece.token_ids
+        self.logprobs += piece.logprobs or ()
         self.finish_reason = piece.finish_reason or self.finish_reason
         self.usage = usage(piece) or self.usage
         self.visual_cap = piece.visual_cap or self.visual_cap
@@ -56,11 +60,13 @@ class _Shape:
 
     prefix = ""
 
-    def __init__(self, model: str, return_token_ids: bool):
+    def __init__(self, model: str, return_token_ids: bool, top_logprobs: int | None = None):
+        """``top_logprobs``: the request's log probabilities (the top tokens' count; None: not asked)."""
         self.id = f"{self.prefix}-{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.model = model
         self.return_token_ids = return_token_ids
+        self.top_logprobs = top_logprobs
         self._first = True
 
     def _ids(self, token_ids) -> list[int] | None:
@@ -73,15 +79,16 @@ class ChatShape(_Shape):
     prefix = "chatcmpl"
 
     def whole(self, reply: Reply) -> ChatCompletion:
-        choice = ChatChoice(message=AssistantMessage(content=reply.text), finish_reason=reply.finish_reason,
-                            token_ids=self._ids(reply.token_ids))
+        choice = ChatChoice(message=AssistantMessage(content=reply.text), logprobs=self._logprobs(reply.logprobs),
+                            finish_reason=reply.finish_reason, token_ids=self._ids(reply.token_ids))
         return ChatCompletion(id=self.id, created=self.created, model=self.model, choices=[choice], usage=reply.usage,
                               visual_cap=reply.visual_cap, media=reply.media, timeline=reply.timeline)
 
     def chunk(self, piece: ResponsePiece) -> ChatCompletionChunk:
         delta = Delta(role="assistant" if self._first else None, content=piece.text.decode("utf-8", errors="replace"))
         self._first = False
-        choice = ChatChunkChoice(delta=delta, finish_reason=piece.finish_reason, token_ids=self._ids(piece.token_ids))
+        choice = ChatChunkChoice(delta=delta, logprobs=self._logprobs(piece.logprobs or []),
+                                 finish_reason=piece.finish_reason, token_ids=self._ids(piece.token_ids))
         return ChatCompletionChunk(id=self.id, created=self.created, model=self.model, choices=[choice],
                                    visual_cap=piece.visual_cap, media=piece.media, timeline=piece.timeline)
 
@@ -89,22 +96,36 @@ class ChatShape(_Shape):
         """The last chunk when ``stream_options.include_usage``: no choices, the usage."""
         return ChatCompletionChunk(id=self.id, created=self.created, model=self.model, choices=[], usage=counts)
 
+    def _logprobs(self, entries: list[dict]) -> ChatLogprobs | None:
+        return None if self.top_logprobs is None else chat_logprobs(entries, self.top_logprobs)
+
 
 class CompletionShape(_Shape):
     """``text_completion`` bodies, whole and streamed."""
 
     prefix = "cmpl"
 
+    def __init__(self, model: str, return_token_ids: bool, top_logprobs: int | None = None):
+        super().__init__(model, return_token_ids, top_logprobs)
+        self._offset = 0  # where the next streamed token's text starts in the choice's text (logprobs.text_offset)
+
     def whole(self, reply: Reply) -> Completion:
-        choice = CompletionChoice(text=reply.text, finish_reason=reply.finish_reason,
-                                  token_ids=self._ids(reply.token_ids))
+        choice = CompletionChoice(text=reply.text, logprobs=self._logprobs(reply.logprobs),
+                                  finish_reason=reply.finish_reason, token_ids=self._ids(reply.token_ids))
         return Completion(id=self.id, created=self.created, model=self.model, choices=[choice], usage=reply.usage,
                           timeline=reply.timeline)
 
     def chunk(self, piece: ResponsePiece) -> Completion:
-        choice = CompletionChoice(text=piece.text.decode("utf-8", errors="replace"), finish_reason=piece.finish_reason,
+        choice = CompletionChoice(text=piece.text.decode("utf-8", errors="replace"),
+                                  logprobs=self._logprobs(piece.logprobs or []), finish_reason=piece.finish_reason,
                                   token_ids=self._ids(piece.token_ids))
         return Completion(id=self.id, created=self.created, model=self.model, choices=[choice], timeline=piece.timeline)
 
     def usage_chunk(self, counts: Usage) -> Completion:
         return Completion(id=self.id, created=self.created, model=self.model, choices=[], usage=counts)
+
+    def _logprobs(self, entries: list[dict]) -> CompletionLogprobs | None:
+        if self.top_logprobs is None:
+            return None
+        logprobs, self._offset = completion_logprobs(entries, self._offset)
+        return logprobs

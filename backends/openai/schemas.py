@@ -2,13 +2,15 @@
 server name them.
 
 Fields a client may send that this server does not know are ignored (as vLLM does); fields it knows but cannot
-honour (``n`` above 1, ``logprobs``, ``tools``, ...) are refused by :meth:`GenerationRequest.refusal`.
+honour (``n`` above 1, ``tools``, ...) are refused by :meth:`GenerationRequest.refusal`.
 """
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+
+from backends.ipc.protocol import MAX_LOGPROBS
 
 
 class _Body(BaseModel):
@@ -99,15 +101,18 @@ class GenerationRequest(_Body):
     mm_processor_kwargs: MediaOptions | None = None
     # known to OpenAI's API, honoured only at their defaults
     n: int | None = None
-    logprobs: Any = None
     logit_bias: dict[str, float] | None = None
+
+    @property
+    def top_logprobs_asked(self) -> int | None:
+        """How many most likely tokens' log probabilities each output token comes with (0: its own alone), or None
+        when the request asks for no log probabilities: the subclass's fields say."""
+        return None
 
     def refusal(self) -> tuple[str, str] | None:
         """(field, message) of the first field set to something this server cannot do, or None."""
         if self.n not in (None, 1):
             return "n", f"n: one choice per request is supported, got {self.n}"
-        if self.logprobs not in (None, False, 0):
-            return "logprobs", "logprobs: not supported by this server"
         if self.logit_bias:
             return "logit_bias", "logit_bias: not supported by this server"
         if self.stream_options is not None and not self.stream:  # as OpenAI's API and vLLM answer
@@ -122,6 +127,8 @@ class GenerationRequest(_Body):
         sampling = {key: getattr(self, key) for key in keys if getattr(self, key) is not None}
         if self.mm_processor_kwargs is not None:
             sampling.update(self.mm_processor_kwargs.model_dump(exclude_none=True))
+        if self.top_logprobs_asked:
+            sampling["logprobs"] = self.top_logprobs_asked
         return sampling
 
     @property
@@ -132,14 +139,21 @@ class GenerationRequest(_Body):
 class ChatCompletionRequest(GenerationRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None
+    logprobs: Flag = False
     top_logprobs: int | None = None
     tools: list[Any] | None = None
     tool_choice: Any = None
     response_format: dict[str, Any] | None = None
 
+    @property
+    def top_logprobs_asked(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
+
     def refusal(self) -> tuple[str, str] | None:
-        if self.top_logprobs:
-            return "top_logprobs", "top_logprobs: not supported by this server"
+        if self.top_logprobs is not None and not 0 <= self.top_logprobs <= MAX_LOGPROBS:
+            return "top_logprobs", f"top_logprobs: must be in [0, {MAX_LOGPROBS}], got {self.top_logprobs}"
+        if self.top_logprobs and not self.logprobs:  # as OpenAI's API and vLLM answer
+            return "top_logprobs", "top_logprobs: only allowed when logprobs is true"
         if self.tools or self.tool_choice not in (None, "none", "auto"):
             return "tools", "tools: tool calls are not supported by this server"
         if self.response_format and self.response_format.get("type") != "text":
@@ -162,8 +176,15 @@ class CompletionRequest(GenerationRequest):
     echo: bool = False
     best_of: int | None = None
     suffix: str | None = None
+    logprobs: int | None = None
+
+    @property
+    def top_logprobs_asked(self) -> int | None:
+        return self.logprobs
 
     def refusal(self) -> tuple[str, str] | None:
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            return "logprobs", f"logprobs: must be in [0, {MAX_LOGPROBS}], got {self.logprobs}"
         if isinstance(self.prompt, list) and self.prompt and not isinstance(self.prompt[0], str):
             return "prompt", "prompt: token ids are not taken by this server: send the prompt as text"
         if isinstance(self.prompt, list) and len(self.prompt) != 1:
@@ -201,9 +222,36 @@ class AssistantMessage(BaseModel):
     content: str
 
 
+class TopLogprob(BaseModel):
+    """A token's text, its log probability and its text's UTF-8 bytes (OpenAI's chat ``logprobs``)."""
+
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob] = []
+
+
+class ChatLogprobs(BaseModel):
+    content: list[TokenLogprob] | None = None
+
+
+class CompletionLogprobs(BaseModel):
+    """OpenAI's (legacy) completions ``logprobs``: per token, where its text starts in the choice's text, its text
+    and log probability, and those of the top tokens (the sampled one among them, as vLLM gives it)."""
+
+    text_offset: list[int] = []
+    token_logprobs: list[float | None] = []
+    tokens: list[str] = []
+    top_logprobs: list[dict[str, float] | None] = []
+
+
 class ChatChoice(BaseModel):
     index: int = 0
     message: AssistantMessage
+    logprobs: ChatLogprobs | None = None
     finish_reason: str | None
     token_ids: list[int] | None = None
 
@@ -228,6 +276,7 @@ class Delta(BaseModel):
 class ChatChunkChoice(BaseModel):
     index: int = 0
     delta: Delta
+    logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
     token_ids: list[int] | None = None
 
@@ -247,6 +296,7 @@ class ChatCompletionChunk(BaseModel):
 class CompletionChoice(BaseModel):
     index: int = 0
     text: str
+    logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
     token_ids: list[int] | None = None
 

@@ -229,6 +229,60 @@ def test_completions_complete_the_prompt_as_it_is(sdk, hf, stream):
     assert_same_or_tie(ids, *reference_generate(model, prompt_ids, N))
 
 
+def _log_softmax_after(model, prompt_ids: list[int], ids: list[int]) -> torch.Tensor:
+    """transformers' log-softmax of the logits that chose each of ``ids`` after ``prompt_ids``: float32 [n, V]."""
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt_ids + ids], device=model.device)).logits[0, len(prompt_ids) - 1:-1]
+    return torch.log_softmax(logits.float(), dim=-1).cpu()
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_chat_logprobs_are_transformers_log_softmax_with_the_top_tokens(sdk, hf, stream):
+    """``logprobs`` with ``top_logprobs`` 3: per token its text, UTF-8 bytes and log probability, and the 3 most
+    likely tokens' (transformers' log-softmax over the chat template's prompt and the reply)."""
+    model, tokenizer = hf
+    messages = [{"role": "user", "content": "Tell me about the sea."}]
+    reply = sdk.chat.completions.create(model=MODEL, messages=messages, max_tokens=N, temperature=0, stream=stream,
+                                        logprobs=True, top_logprobs=3, extra_body=EXTRA)
+    choices = [c.choices[0] for c in reply if c.choices] if stream else reply.choices
+    ids = [i for c in choices for i in c.token_ids]
+    content = [t for c in choices if c.logprobs is not None for t in c.logprobs.content]
+    prompt = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True, return_dict=False)
+    reference = _log_softmax_after(model, prompt, ids)
+    assert len(ids) == len(content) == N
+    for token, figures, row in zip(ids, content, reference):
+        text = tokenizer.decode([token])
+        assert (figures.token, figures.bytes) == (text, list(text.encode()))
+        assert figures.logprob == pytest.approx(float(row[token]), abs=1e-4)
+        top = row.topk(3)
+        assert [t.token for t in figures.top_logprobs] == [tokenizer.decode([t]) for t in top.indices.tolist()]
+        assert [t.logprob for t in figures.top_logprobs] == pytest.approx(top.values.tolist(), abs=1e-4)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_completion_logprobs_are_transformers_log_softmax_with_text_offsets(sdk, hf, stream):
+    """Completions' ``logprobs`` 2: tokens, their log probabilities, where each token's text starts (running on
+    across a stream's chunks) and the top tokens by text."""
+    model, tokenizer = hf
+    prompt = "Once upon a time"
+    reply = sdk.completions.create(model=MODEL, prompt=prompt, max_tokens=N, temperature=0, stream=stream,
+                                   logprobs=2, extra_body=EXTRA)
+    choices = [c.choices[0] for c in reply if c.choices] if stream else reply.choices
+    ids = [i for c in choices for i in c.token_ids]
+    logprobs = [c.logprobs for c in choices if c.logprobs is not None]
+    tokens = [t for lp in logprobs for t in lp.tokens]
+    values = [v for lp in logprobs for v in lp.token_logprobs]
+    offsets = [o for lp in logprobs for o in lp.text_offset]
+    tops = [t for lp in logprobs for t in lp.top_logprobs]
+    reference = _log_softmax_after(model, tokenizer.encode(prompt), ids)
+    assert tokens == [tokenizer.decode([t]) for t in ids] and len(ids) == N
+    assert values == pytest.approx([float(row[t]) for t, row in zip(ids, reference)], abs=1e-4)
+    assert offsets == [sum(map(len, tokens[:k])) for k in range(N)]
+    for token, top, row in zip(ids, tops, reference):
+        best = row.topk(2).indices.tolist()
+        assert set(top) == {tokenizer.decode([t]) for t in [token, *best]}
+
+
 BAD = [
     # (what, create() keyword arguments, HTTP status, error param, words the message must hold)
     ("an image that is not an image",

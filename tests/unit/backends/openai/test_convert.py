@@ -114,8 +114,8 @@ def test_a_completion_is_a_prompt_without_the_chat_template():
 
 @pytest.mark.parametrize("fields,param,words", [
     (dict(n=2), "n", "n: one choice per request is supported, got 2"),
-    (dict(logprobs=True), "logprobs", "logprobs: not supported"),
-    (dict(top_logprobs=2), "top_logprobs", "top_logprobs: not supported"),
+    (dict(top_logprobs=2), "top_logprobs", "top_logprobs: only allowed when logprobs is true"),
+    (dict(logprobs=True, top_logprobs=21), "top_logprobs", "top_logprobs: must be in [0, 20], got 21"),
     (dict(tools=[{"type": "function", "function": {"name": "f"}}]), "tools", "tools: tool calls are not supported"),
     (dict(tool_choice="required"), "tools", "tools: tool calls are not supported"),
     (dict(response_format={"type": "json_object"}), "response_format", "response_format: only"),
@@ -125,6 +125,29 @@ def test_a_completion_is_a_prompt_without_the_chat_template():
 def test_what_the_server_cannot_do_is_refused(fields, param, words):
     refusal = _chat(messages=[{"role": "user", "content": "hi"}], **fields).refusal()
     assert refusal is not None and refusal[0] == param and refusal[1].startswith(words)
+
+
+@pytest.mark.parametrize("fields,top,sampling", [
+    (dict(), None, None),
+    (dict(logprobs=False, top_logprobs=0), None, None),
+    (dict(logprobs=True), 0, None),
+    (dict(logprobs=True, top_logprobs=3), 3, 3),
+])
+def test_a_chats_logprobs_ask_for_the_orchestrators_return_logprobs(fields, top, sampling):
+    """``logprobs`` true: ``return_logprobs`` and, with ``top_logprobs``, its count as ``sampling_parameters``'
+    ``logprobs``; otherwise neither."""
+    request = chat_request(_chat(messages=[{"role": "user", "content": "hi"}], **fields))
+    assert request.top_logprobs == top and request.sampling.get("logprobs") == sampling
+    names = [tensor.name() for tensor in request.inputs()]
+    assert ("return_logprobs" in names) == (top is not None)
+
+
+def test_a_completions_logprobs_is_its_top_tokens_count_and_is_checked():
+    request = completion_request(CompletionRequest(model="m", prompt="p", logprobs=2))
+    assert request.top_logprobs == 2 and request.sampling == {"logprobs": 2}
+    assert completion_request(CompletionRequest(model="m", prompt="p", logprobs=0)).top_logprobs == 0
+    refusal = CompletionRequest(model="m", prompt="p", logprobs=21).refusal()
+    assert refusal == ("logprobs", "logprobs: must be in [0, 20], got 21")
 
 
 def test_defaults_are_no_refusal():

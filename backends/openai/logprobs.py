@@ -1,0 +1,49 @@
+"""The orchestrator's ``logprobs`` entries -> OpenAI's ``logprobs`` objects (chat and completions).
+
+An entry is one output token's, as the orchestrator sends it (the vLLM backend's ``logprobs`` output,
+docs/requests.md): ``{"<token id>": {"logprob", "rank", "decoded_token"}}``, the sampled token first, then the most
+likely tokens ranked 1, 2, ... (the sampled token, where it is one of them, once, with its own rank). A log
+probability below :data:`MIN_LOGPROB` (-inf included: JSON has no infinity) is sent as it, as vLLM does.
+"""
+from __future__ import annotations
+
+from backends.openai.schemas import ChatLogprobs, CompletionLogprobs, TokenLogprob, TopLogprob
+
+MIN_LOGPROB = -9999.0  # vLLM's floor for a log probability in its OpenAI server's replies
+
+
+def chat_logprobs(entries: list[dict], top: int) -> ChatLogprobs:
+    """Chat's ``logprobs``: per token its text, log probability and UTF-8 bytes, and the ``top`` most likely
+    tokens' (by rank; the sampled token among them where it is one)."""
+    content = []
+    for entry in entries:
+        figures = list(entry.values())
+        ranked = sorted(figures, key=lambda f: f["rank"])[:top]
+        content.append(TokenLogprob(**_top_logprob(figures[0]).model_dump(),
+                                    top_logprobs=[_top_logprob(f) for f in ranked]))
+    return ChatLogprobs(content=content)
+
+
+def completion_logprobs(entries: list[dict], offset: int) -> tuple[CompletionLogprobs, int]:
+    """Completions' ``logprobs`` for the tokens of ``entries``, the first token's text starting at character
+    ``offset`` of the choice's text; and the offset after the last token (a streamed reply's next chunk starts
+    there). ``top_logprobs`` maps each entry's token texts (the sampled one's and the top ones') to their log
+    probabilities, as vLLM does."""
+    out = CompletionLogprobs()
+    for entry in entries:
+        sampled = next(iter(entry.values()))
+        out.text_offset.append(offset)
+        offset += len(sampled["decoded_token"])
+        out.tokens.append(sampled["decoded_token"])
+        out.token_logprobs.append(_floored(sampled["logprob"]))
+        out.top_logprobs.append({f["decoded_token"]: _floored(f["logprob"]) for f in entry.values()})
+    return out, offset
+
+
+def _top_logprob(figures: dict) -> TopLogprob:
+    token = figures["decoded_token"]
+    return TopLogprob(token=token, logprob=_floored(figures["logprob"]), bytes=list(token.encode("utf-8")))
+
+
+def _floored(logprob: float) -> float:
+    return max(float(logprob), MIN_LOGPROB)
