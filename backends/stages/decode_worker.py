@@ -27,6 +27,7 @@ import logging
 import queue
 import threading
 import time
+from itertools import repeat
 from typing import Callable
 
 import torch
@@ -347,7 +348,8 @@ class DecodeWorker:
         now, read_s = time.perf_counter(), time.monotonic()
         elapsed, self._last_read = now - max(step.started, self._last_read), now
         rows, self._held = self._held, []
-        figures = logprobs.rows(step.asked, step.tokens.figures(), [s.sampling for s in step.seqs])
+        figures = repeat(None) if step.asked is None else logprobs.rows(
+            step.asked, step.tokens.figures(), [s.sampling for s in step.seqs])
         for seq, token, count, token_logprobs in zip(step.seqs, tokens, step.counts, figures):
             if self.running.get(seq.seq_id) is not seq:
                 continue

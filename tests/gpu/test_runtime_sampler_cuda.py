@@ -123,3 +123,27 @@ def test_rows_without_a_finite_logit_do_not_fail_on_cuda():
     tokens = sample(logits.cuda(), params, [0, 0, 0], EOS)  # flashinfer's top-p on the first two rows
     torch.cuda.synchronize()  # no device-side assert
     assert len(tokens) == 3 and all(0 <= t < VOCAB for t in tokens)
+
+
+def test_cuda_log_probabilities_ride_to_the_host_with_the_tokens_and_equal_the_cpus():
+    """``logprobs`` on CUDA through ``TokenReadback``'s pinned copies: the same figures as on the CPU (float32
+    log-softmax; ranks and top ids exact), rows that did not ask None."""
+    from backends.runtime.sampling import logprobs
+    from backends.runtime.sampling.token_readback import TokenReadback
+
+    logits, params, steps = _batch(8)
+    params = [SamplingParams(temperature=0, logprobs=[None, 0, 5][i % 3]) for i in range(8)]
+
+    def figures_on(device: str):
+        on_device = logits.to(device)
+        asked, table = logprobs.start(on_device, params)
+        tokens = sample_tensor(on_device, params, steps, EOS)
+        readback = TokenReadback(tokens, logprobs.finish(asked, table, tokens))
+        return readback.tolist(), logprobs.rows(asked, readback.figures(), params)
+
+    (cpu_tokens, cpu), (cuda_tokens, cuda) = figures_on("cpu"), figures_on("cuda")
+    assert cuda_tokens == cpu_tokens and [f is None for f in cuda] == [p.logprobs is None for p in params]
+    for ours, theirs in zip(cuda, cpu):
+        if ours is not None:
+            assert ours.rank == theirs.rank == 1 and [t for t, _ in ours.top] == [t for t, _ in theirs.top]
+            assert ours.logprob == pytest.approx(theirs.logprob, abs=1e-4)
