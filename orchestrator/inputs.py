@@ -267,7 +267,8 @@ def _one_text(name: str, values: list[bytes], limits: InputLimits) -> str:
     """The one non-empty UTF-8 string of input ``name`` (``text_input`` or ``prompt``), at most
     ``max_prompt_bytes``. Raises InvalidInput naming the input."""
     if len(values) != 1:
-        raise InvalidInput(f"{name}: expected one string, got {len(values)} (or send 'messages')")
+        other = "'messages' or 'prompt'" if name == "text_input" else "'text_input' or 'messages'"
+        raise InvalidInput(f"{name}: expected one string, got {len(values)} (or send {other})")
     if len(values[0]) > limits.max_prompt_bytes:
         raise InvalidInput(f"{name}: {len(values[0])} bytes, over the limit of {limits.max_prompt_bytes}")
     try:
