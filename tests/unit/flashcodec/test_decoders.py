@@ -106,11 +106,13 @@ def _answer(data: bytes) -> list[np.ndarray] | MediaError:
 
 
 def test_truncated_file_with_index_in_front_uses_the_frames_it_has():
-    """C4: an MP4 with moov first, cut to 60% of its bytes: the complete packets are used."""
+    """C4: an MP4 with moov first, cut to 60% of its bytes: the complete packets are used, and the probe says the
+    file is truncated (its index declares 100 frames); the whole file is not."""
     data = make_video(None, 320, 240, 100, 25, gop=25, faststart=True)
     cut = data[: int(len(data) * 0.6)]
     info = probe_video(cut)
-    assert 0 < info.num_frames < 100
+    assert 0 < info.num_frames < 100 and info.declared_frames == 100 and info.truncated
+    assert not probe_video(data).truncated
     frames = _answer(cut)
     reference = all_frames(data)
     for index, frame in zip(plan_video(info).frame_indices, frames):

@@ -1,6 +1,8 @@
 """What the first response says was done with each media item (orchestrator/media.py ``media_report``): any family's
 plans, from their common fields; a clip with fewer frames than the sampler wants reports the frames it really has
-(case C3)."""
+(case C3); a file cut short after its index says so (case C4)."""
+import dataclasses
+
 import pytest
 
 from flashcodec.families import MediaOptions, family
@@ -37,6 +39,14 @@ def test_short_clips_report_their_real_frames(num_frames, used, duration_s, fps)
     assert item["frames_in_file"] == num_frames and item["frames"] == item["sampled_frames"] == used
     assert (item["duration_s"], item["fps"], item["grid_thw"][0]) == (duration_s, fps, used // 2)
     assert item["visual_tokens"] == used // 2 * 140
+
+
+def test_a_truncated_file_says_so_with_the_frames_its_index_declares():
+    """A file cut short after its index (case C4): its frames up to the cut are used, and the report says it was
+    truncated; a whole file's report has neither field."""
+    (item,) = report(QWEN, dataclasses.replace(cfr_info(64, 48, 26, 10.0), declared_frames=60))
+    assert (item["frames_in_file"], item["truncated"], item["frames_declared"]) == (26, True, 60)
+    assert "truncated" not in report(QWEN, dataclasses.replace(cfr_info(64, 48, 26, 10.0), declared_frames=26))[0]
 
 
 def test_internvl3_plans_report_the_same_fields_and_no_fps_in_the_requests_order():
