@@ -41,6 +41,7 @@ class OutputProcessor:
 
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
+        self._texts: dict[int, str] = {}  # token id -> its text alone (logprobs entries; at most the vocabulary)
 
     @staticmethod
     def cancel(outputs: asyncio.Queue) -> None:
@@ -91,12 +92,17 @@ class OutputProcessor:
     def _entry(self, token: int, logprobs: TokenLogprobs) -> dict[str, dict]:
         """The vLLM backend's ``logprobs`` entry of one token: the sampled token, then the top ones (ranks 1, 2, ...
         in order; the sampled token keeps its own rank where it is among them), each with its text alone."""
-        entry = {str(token): {"logprob": logprobs.logprob, "rank": logprobs.rank,
-                              "decoded_token": self.tokenizer.decode([token])}}
+        entry = {str(token): {"logprob": logprobs.logprob, "rank": logprobs.rank, "decoded_token": self._text(token)}}
         for rank, (top, logprob) in enumerate(logprobs.top, start=1):
-            entry.setdefault(str(top), {"logprob": logprob, "rank": rank,
-                                        "decoded_token": self.tokenizer.decode([top])})
+            entry.setdefault(str(top), {"logprob": logprob, "rank": rank, "decoded_token": self._text(top)})
         return entry
+
+    def _text(self, token: int) -> str:
+        """The token's text alone (``tokenizer.decode([token])``), decoded once per id."""
+        text = self._texts.get(token)
+        if text is None:
+            text = self._texts[token] = self.tokenizer.decode([token])
+        return text
 
 
 def _next_queued(outputs: asyncio.Queue) -> Output | None:
