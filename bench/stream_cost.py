@@ -1,12 +1,13 @@
 """What a streamed token costs the server's processes, and how long the orchestrator holds it (issue 20, item 2).
 
     python bench/stream_cost.py --out DIR [--streams 32] [--tokens 256] [--rounds 3] [--no-timelines]
-                                [--set MODEL.KEY=VALUE ...]
+                                [--top-logprobs K] [--set MODEL.KEY=VALUE ...]
 
 Serves UnifiedServe as the peer benchmark does (``bench.peer.servers``, its tiny default model unless ``--set``
 names another; a real tritonserver and the OpenAI API), warms it up, then runs ``--rounds`` rounds of ``--streams``
 streamed chat requests of ``--tokens`` tokens each, all sent at once through ``bench.peer.load`` (the peer bench's
-load generator). Per round:
+load generator; with ``--top-logprobs K`` each asks for its tokens' log probabilities with K top tokens, OpenAI's
+``logprobs``/``top_logprobs``). Per round:
 
 * ``cpu_us_per_token``: each server process's CPU time (``bench.peer.process_cpu``: user + system, from /proc) over
   the round, divided by the tokens the clients received (microseconds a token);
@@ -71,6 +72,8 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=256, help="output tokens a request (ignore_eos)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--no-timelines", action="store_true", help="do not ask for the requests' timelines")
+    parser.add_argument("--top-logprobs", type=int, default=None, metavar="K",
+                        help="ask for each token's log probability and K top tokens' (default: no log probabilities)")
     parser.add_argument("--set", action="append", default=[], dest="overrides", metavar="MODEL.KEY=VALUE",
                         help="a repository parameter for the server (repeatable)")
     parser.add_argument("--work", default="/tmp/stream_cost", help="the server's state and log")
@@ -81,7 +84,8 @@ def main() -> None:
     state = servers.start("unifiedserve", argv, env, work / "state", work / "server.log", None, 600.0)
     try:
         target = Target("unifiedserve", state["url"], state["model"], timelines=not args.no_timelines)
-        request = ChatRequest("text", chat_parts(TEXT_PROMPT), args.tokens)
+        asked = () if args.top_logprobs is None else (("logprobs", True), ("top_logprobs", args.top_logprobs))
+        request = ChatRequest("text", chat_parts(TEXT_PROMPT), args.tokens, extra=asked)
         asyncio.run(open_loop(target, [(0.0, request)] * WARMUP_STREAMS))
         rounds = []
         for _ in range(args.rounds):
@@ -91,7 +95,7 @@ def main() -> None:
         servers.stop("unifiedserve", work / "state")
     path = write(Path(args.out), "stream_cost", {
         **header(torch.device("cpu")), "server_argv": argv, "streams": args.streams, "tokens": args.tokens,
-        "timelines": not args.no_timelines, "rounds": rounds})
+        "timelines": not args.no_timelines, "top_logprobs": args.top_logprobs, "rounds": rounds})
     print(f"wrote {path}")
 
 

@@ -39,12 +39,14 @@ REQUEST_TIMEOUT_S = 900.0  # a 10-minute video's prefill under load stays well i
 class ChatRequest:
     """One chat request: ``kind`` names its type for the figures ("text", "image", "video", ...);
     ``parts`` is the last user message's content (OpenAI parts); ``max_tokens`` its fixed output length (tokens);
-    ``history`` the conversation's earlier messages (OpenAI message dicts; none: a one-message chat)."""
+    ``history`` the conversation's earlier messages (OpenAI message dicts; none: a one-message chat); ``extra``
+    more body fields, as (name, value) pairs (``bench/stream_cost.py``'s log probabilities)."""
 
     kind: str
     parts: tuple[dict, ...]
     max_tokens: int
     history: tuple[dict, ...] = ()
+    extra: tuple[tuple[str, object], ...] = ()
 
     def body(self, model: str, timeline: bool = False, video_kwargs: dict | None = None) -> dict:
         """The JSON body: streamed with usage, greedy, ``ignore_eos`` and ``return_token_ids`` (vLLM's extra
@@ -57,7 +59,7 @@ class ChatRequest:
         return {"model": model, "messages": messages, "max_tokens": self.max_tokens, "temperature": 0,
                 "ignore_eos": True, "return_token_ids": True, "stream": True,
                 "stream_options": {"include_usage": True}, **({"return_timeline": True} if timeline else {}),
-                **({"mm_processor_kwargs": dict(video_kwargs)} if video else {})}
+                **({"mm_processor_kwargs": dict(video_kwargs)} if video else {}), **dict(self.extra)}
 
 
 @dataclass(frozen=True)
