@@ -3,6 +3,7 @@ receipt to the send that brought the token (the first token, from prefill, has n
 import pytest
 
 from bench.peer.load import RequestRecord
+from bench.peer.load import ChatRequest, chat_parts
 from bench.stream_cost import hops
 
 
@@ -17,3 +18,10 @@ def test_hops_pair_each_token_from_decode_with_its_send():
 
 def test_no_timelines_no_hops():
     assert hops([RequestRecord("text", 0.0, [0.1, 0.2])]) == {}
+
+
+def test_a_requests_extra_fields_go_into_its_body():
+    """``--top-logprobs``' fields (``ChatRequest.extra``) join the body; a request without them has none."""
+    asked = ChatRequest("text", chat_parts("hi"), 4, extra=(("logprobs", True), ("top_logprobs", 5))).body("m")
+    assert (asked["logprobs"], asked["top_logprobs"], asked["max_tokens"]) == (True, 5, 4)
+    assert "logprobs" not in ChatRequest("text", chat_parts("hi"), 4).body("m")
