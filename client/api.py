@@ -53,6 +53,9 @@ class GenerationResult:
     ``{"arrived_monotonic_s": ..., "events": [{"ms": ..., "event": ..., ...}], "tokens": {...}}``, docs/requests.md,
     orchestrator/timeline.py), else None.
     ``num_cached_tokens``: of the prompt's tokens, those the server found in its prefix cache (not computed again).
+    ``logprobs``: with ``return_logprobs``, one entry per output token, ``{"<token id>": {"logprob", "rank",
+    "decoded_token"}}``, the sampled token first, then ``sampling``'s ``logprobs`` top tokens (docs/requests.md),
+    else empty; ``cumulative_logprob``: the output's summed log probability (natural log), with it, else None.
     """
 
     text: str = ""
@@ -67,6 +70,8 @@ class GenerationResult:
     visual_cap: dict | None = None
     media: list[dict] | None = None
     timeline: dict | None = None
+    logprobs: list[dict] = field(default_factory=list)
+    cumulative_logprob: float | None = None
 
     @property
     def mean_tbt_ms(self) -> float | None:
@@ -132,6 +137,9 @@ class _Collector:
             r.media = piece.media
         if piece.timeline is not None:
             r.timeline = piece.timeline
+        r.logprobs += piece.logprobs or ()
+        if piece.cumulative_logprob is not None:
+            r.cumulative_logprob = piece.cumulative_logprob
         if piece.has_output:
             r.num_responses += 1
             k = max(1, len(piece.token_ids))
@@ -188,6 +196,7 @@ def request_tensors(
     return_output_ids: bool = False,
     exclude_input_in_output: bool | None = None,
     return_timeline: bool = False,
+    return_logprobs: bool = False,
 ) -> list[tuple[str, np.ndarray, str]]:
     """The request's input tensors as ``(name, array, triton_dtype)``.
 
@@ -197,7 +206,9 @@ def request_tensors(
     True, so servers without that optional input still accept the request; ``exclude_input_in_output``
     BOOL [1] only when True, which it is by default (None) without streaming: the server follows the vLLM
     backend, whose non-streamed text starts with the prompt unless asked not to, and this client returns the
-    reply alone either way; ``return_timeline`` BOOL [1] only when True.
+    reply alone either way; ``return_timeline`` BOOL [1] only when True; ``return_logprobs`` True: both
+    ``return_logprobs`` and ``return_cumulative_logprob`` BOOL [1] (the top tokens' count: ``sampling``'s
+    ``logprobs``).
     Raises TypeError for a non-str ``text`` or non-bytes media.
     """
     if not isinstance(text, str):
@@ -217,7 +228,8 @@ def request_tensors(
             raise TypeError("image must be the files' bytes; use image_url for paths")
         if items:
             tensors.append((name, _bytes_tensor(items), "BYTES"))
-    for name, flag in (("return_output_ids", return_output_ids), ("return_timeline", return_timeline)):
+    for name, flag in (("return_output_ids", return_output_ids), ("return_timeline", return_timeline),
+                       ("return_logprobs", return_logprobs), ("return_cumulative_logprob", return_logprobs)):
         if flag:
             tensors.append((name, np.array([True], dtype=bool), "BOOL"))
     if (not stream) if exclude_input_in_output is None else exclude_input_in_output:
@@ -326,9 +338,10 @@ class Client:
         cancel_after_responses: int | None = None,
         exclude_input_in_output: bool | None = None,
         return_timeline: bool = False,
+        return_logprobs: bool = False,
     ) -> GenerationResult:
-        """Sends one request and collects its responses (``exclude_input_in_output``: see :func:`request_tensors`;
-        by default the text is the reply alone, streamed or not).
+        """Sends one request and collects its responses (``exclude_input_in_output``, ``return_logprobs``: see
+        :func:`request_tensors`; by default the text is the reply alone, streamed or not).
 
         ``on_text`` is called with each decoded text delta as it arrives. With
         ``cancel_after_responses=N`` the stream is stopped with ``cancel_requests=True`` after N
@@ -340,7 +353,8 @@ class Client:
         inputs = grpc_inputs(request_tensors(
             text, video=video, image=image, video_url=video_url, image_url=image_url,
             sampling=sampling, stream=stream, return_output_ids=return_output_ids,
-            exclude_input_in_output=exclude_input_in_output, return_timeline=return_timeline))
+            exclude_input_in_output=exclude_input_in_output, return_timeline=return_timeline,
+            return_logprobs=return_logprobs))
         responses: queue.Queue = queue.Queue()
         with self._lock:
             self._grpc.start_stream(callback=lambda result, error: responses.put((result, error)))

@@ -112,6 +112,16 @@ def test_log_probabilities_equal_the_log_softmax_of_transformers_logits(grpc_url
     assert sums[-1] == pytest.approx(float(reference[torch.arange(N), ids].sum()), abs=1e-3)
 
 
+def test_the_python_clients_return_logprobs_gathers_an_entry_per_token_and_their_sum(grpc_url):
+    with Client(grpc_url) as client:
+        result = client.generate(PROMPT, sampling={**GREEDY, "logprobs": 1}, return_logprobs=True,
+                                 return_output_ids=True)
+    assert [next(iter(entry)) for entry in result.logprobs] == [str(t) for t in result.token_ids]
+    assert all(len(entry) <= 2 for entry in result.logprobs) and len(result.token_ids) == N
+    total = sum(next(iter(entry.values()))["logprob"] for entry in result.logprobs)
+    assert result.cumulative_logprob == pytest.approx(total, abs=1e-3)
+
+
 def test_without_the_flags_no_log_probabilities_are_sent(grpc_url):
     last = vllm_request(grpc_url, PROMPT, {**GREEDY, "logprobs": 2}, return_logprobs=False)[-1]
     assert last.as_numpy("logprobs") is None and last.as_numpy("cumulative_logprob") is None

@@ -56,6 +56,22 @@ def test_return_output_ids_only_sent_when_asked():
     assert dtype == "BOOL" and a.tolist() == [True]
 
 
+def test_return_logprobs_asks_for_both_log_probability_outputs():
+    assert "return_logprobs" not in by_name(request_tensors("x"))
+    tensors = by_name(request_tensors("x", sampling={"logprobs": 2}, return_logprobs=True))
+    assert [tensors[name][0].tolist() for name in ("return_logprobs", "return_cumulative_logprob")] == [[True]] * 2
+
+
+def test_the_collector_gathers_log_probabilities_and_keeps_the_last_sum():
+    first, second = {"1": {"logprob": -0.5, "rank": 1, "decoded_token": "a"}}, {"2": {"logprob": -1.0}}
+    c = _Collector(t0=0.0)
+    c.add(0.1, ResponsePiece(text=b"a", token_ids=(1,), logprobs=[first], cumulative_logprob=-0.5))
+    c.add(0.2, ResponsePiece(text=b"b", token_ids=(2,), logprobs=[second], cumulative_logprob=-1.5))
+    r = c.finish()
+    assert r.logprobs == [first, second] and r.cumulative_logprob == -1.5
+    assert _Collector(t0=0.0).finish().logprobs == []
+
+
 @pytest.mark.parametrize("kw", [dict(text=b"bytes"), dict(text="x", video="/path.mp4"),
                                 dict(text="x", image="/path.png"), dict(text="x", image=[1, 2])])
 def test_wrong_types_raise_type_error(kw):
@@ -83,6 +99,10 @@ def infer_result(outputs: dict, final: bool = False) -> InferResult:
     return InferResult(resp)
 
 
+LOGPROBS = [{"7": {"logprob": -0.5, "rank": 1, "decoded_token": "w"}},
+            {"8": {"logprob": -1.0, "rank": 2, "decoded_token": "ö"}}]
+
+
 def test_piece_from_grpc_reads_every_output():
     r = infer_result({
         "text_output": (np.array(["wörld".encode()], dtype=object), "BYTES"),
@@ -91,10 +111,13 @@ def test_piece_from_grpc_reads_every_output():
         "finish_reason": (np.array([b"stop"], dtype=object), "BYTES"),
         "output_ids": (np.array([7, 8], np.int64), "INT64"),
         "media": (np.array([json.dumps(MEDIA).encode()], dtype=object), "BYTES"),
+        "logprobs": (np.array([json.dumps(LOGPROBS).encode()], dtype=object), "BYTES"),
+        "cumulative_logprob": (np.array([-1.5], np.float32), "FP32"),
     }, final=True)
     p = piece_from_grpc(r)
     assert p == ResponsePiece(text="wörld".encode(), token_ids=(7, 8), num_input_tokens=12, num_output_tokens=3,
-                              finish_reason="stop", final=True, media=MEDIA)
+                              finish_reason="stop", final=True, media=MEDIA, logprobs=LOGPROBS,
+                              cumulative_logprob=-1.5)
 
 
 def test_empty_final_response_is_final_without_output():

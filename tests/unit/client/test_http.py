@@ -32,6 +32,14 @@ def test_event_with_scalars_as_triton_writes_one_element_outputs():
     assert p.num_output_tokens == 1 and p.finish_reason is None and p.media == media and p.visual_cap is None
 
 
+def test_an_event_with_log_probabilities_as_a_token_channel_entry_carries_them():
+    """A channel entry (and an SSE event) holds ``logprobs`` as JSON text and ``cumulative_logprob`` as a number."""
+    entries = [{"42": {"logprob": -0.25, "rank": 1, "decoded_token": "x"}}]
+    p = piece_from_event({"text_output": "x", "output_ids": [42], "logprobs": json.dumps(entries),
+                          "cumulative_logprob": -0.25})
+    assert p.logprobs == entries and p.cumulative_logprob == -0.25
+
+
 def test_event_with_lists_and_finish_reason():
     p = piece_from_event({"text_output": ["a", "b"], "output_ids": [1, 2, 3], "finish_reason": "length"})
     assert p.text == b"ab" and p.token_ids == (1, 2, 3) and p.finish_reason == "length"
