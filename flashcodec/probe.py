@@ -47,9 +47,10 @@ class VideoInfo:
     counts complete video packets. `frame_pts_s` holds every frame's presentation time in seconds, sorted: frame
     index i (presentation order) is shown at `frame_pts_s[i]`. `duration_s` runs from the first frame to the end
     of the last one. `codec` is FFmpeg's codec name ("h264", "hevc", "vp9", "av1"). Pixel aspect ratio is
-    ignored, as qwen-vl-utils' readers do. `declared_frames`: the frames the container's index says the stream has
-    (MP4/MOV's sample table; 0 where the container gives no count, as WebM and MPEG-TS): more than `num_frames` when
-    the file was cut short after its index (a truncated download), whose frames up to the cut are used.
+    ignored, as qwen-vl-utils' readers do. `declared_frames`: the frames an MP4/MOV index (its sample table) says the
+    stream has, 0 for other containers (WebM and MPEG-TS give no count; AVI's counts its empty "repeat the last
+    frame" entries too, which are no frames): more than `num_frames` when the file was cut short after its index (a
+    truncated download), whose frames up to the cut are used.
     """
 
     width: int
@@ -213,7 +214,7 @@ def info_from_packets(stream: av.video.stream.VideoStream, packets: list[PacketM
         codec=codec,
         frame_pts_s=tuple(pts),
         variable_frame_rate=vfr,
-        declared_frames=max(stream.frames or 0, 0),
+        declared_frames=max(stream.frames or 0, 0) if "mp4" in stream.container.format.name.split(",") else 0,
     )
 
 

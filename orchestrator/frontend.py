@@ -150,7 +150,8 @@ async def _send_tokens(admitted: Admitted, tokens, send, timer: RequestTimer, ti
     async for delta, token_ids, reason, logprobs, cumulative in tokens:
         texts.append(delta)
         ids += token_ids
-        entries += logprobs
+        if not parsed.stream:  # a streamed reply sends each item's own
+            entries += logprobs
         if token_ids:  # an abort's item carries none
             timer.output(len(token_ids))
         if reason is not None:

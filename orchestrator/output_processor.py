@@ -21,6 +21,7 @@ from orchestrator.engine_io import Output
 from orchestrator.sampling_params import InvalidInput, RequestParams
 
 CANCELLED = Output(finish_reason="abort")  # what cancel() queues: the stream ends with "abort" when it comes to it
+MIN_LOGPROB = -9999.0  # a log probability's floor in the entries (vLLM's OpenAI server's): JSON has no -inf or NaN
 
 
 class Piece(NamedTuple):
@@ -69,8 +70,8 @@ class OutputProcessor:
                     deltas.append(detok.add([output.token]))
                     ids.append(output.token)
                     if output.logprobs is not None:
-                        cumulative += output.logprobs.logprob
                         entries.append(self._entry(output.token, output.logprobs))
+                        cumulative += entries[-1][str(output.token)]["logprob"]
                     reason = "stop" if detok.stopped else output.finish_reason
                     if reason:
                         yield Piece("".join(deltas) + detok.flush(), ids, reason, tuple(entries), cumulative)
@@ -91,10 +92,12 @@ class OutputProcessor:
 
     def _entry(self, token: int, logprobs: TokenLogprobs) -> dict[str, dict]:
         """The vLLM backend's ``logprobs`` entry of one token: the sampled token, then the top ones (ranks 1, 2, ...
-        in order; the sampled token keeps its own rank where it is among them), each with its text alone."""
-        entry = {str(token): {"logprob": logprobs.logprob, "rank": logprobs.rank, "decoded_token": self._text(token)}}
+        in order; the sampled token keeps its own rank where it is among them), each with its text alone and its
+        log probability floored at :data:`MIN_LOGPROB`."""
+        entry = {str(token): {"logprob": _floored(logprobs.logprob), "rank": logprobs.rank,
+                              "decoded_token": self._text(token)}}
         for rank, (top, logprob) in enumerate(logprobs.top, start=1):
-            entry.setdefault(str(top), {"logprob": logprob, "rank": rank, "decoded_token": self._text(top)})
+            entry.setdefault(str(top), {"logprob": _floored(logprob), "rank": rank, "decoded_token": self._text(top)})
         return entry
 
     def _text(self, token: int) -> str:
@@ -103,6 +106,11 @@ class OutputProcessor:
         if text is None:
             text = self._texts[token] = self.tokenizer.decode([token])
         return text
+
+
+def _floored(logprob: float) -> float:
+    """``logprob``, or :data:`MIN_LOGPROB` where it is below it or NaN."""
+    return logprob if logprob >= MIN_LOGPROB else MIN_LOGPROB
 
 
 def _next_queued(outputs: asyncio.Queue) -> Output | None:

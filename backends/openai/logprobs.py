@@ -2,14 +2,12 @@
 
 An entry is one output token's, as the orchestrator sends it (the vLLM backend's ``logprobs`` output,
 docs/requests.md): ``{"<token id>": {"logprob", "rank", "decoded_token"}}``, the sampled token first, then the most
-likely tokens ranked 1, 2, ... (the sampled token, where it is one of them, once, with its own rank). A log
-probability below :data:`MIN_LOGPROB` (-inf included: JSON has no infinity) is sent as it, as vLLM does.
+likely tokens ranked 1, 2, ... (the sampled token, where it is one of them, once, with its own rank); its log
+probabilities are finite, at least ``orchestrator.output_processor.MIN_LOGPROB`` (vLLM's floor).
 """
 from __future__ import annotations
 
 from backends.openai.schemas import ChatLogprobs, CompletionLogprobs, TokenLogprob, TopLogprob
-
-MIN_LOGPROB = -9999.0  # vLLM's floor for a log probability in its OpenAI server's replies
 
 
 def chat_logprobs(entries: list[dict], top: int) -> ChatLogprobs:
@@ -24,26 +22,24 @@ def chat_logprobs(entries: list[dict], top: int) -> ChatLogprobs:
     return ChatLogprobs(content=content)
 
 
-def completion_logprobs(entries: list[dict], offset: int) -> tuple[CompletionLogprobs, int]:
-    """Completions' ``logprobs`` for the tokens of ``entries``, the first token's text starting at character
-    ``offset`` of the choice's text; and the offset after the last token (a streamed reply's next chunk starts
-    there). ``top_logprobs`` maps each entry's token texts (the sampled one's and the top ones') to their log
-    probabilities, as vLLM does."""
+def completion_logprobs(entries: list[dict], offset: int) -> CompletionLogprobs:
+    """Completions' ``logprobs`` for the tokens of ``entries``: ``text_offset`` runs on from ``offset`` (where the
+    first token's text starts in the choice's text: a streamed chunk's, the text before it) by each token's own
+    text, as vLLM counts it (a token's text alone can differ from its share of the reply: a character split over
+    tokens, a stop string cut off, so a whole reply's offsets are approximate past such a token). ``top_logprobs``
+    maps each entry's token texts (the sampled one's and the top ones') to their log probabilities, as vLLM
+    does."""
     out = CompletionLogprobs()
     for entry in entries:
         sampled = next(iter(entry.values()))
         out.text_offset.append(offset)
         offset += len(sampled["decoded_token"])
         out.tokens.append(sampled["decoded_token"])
-        out.token_logprobs.append(_floored(sampled["logprob"]))
-        out.top_logprobs.append({f["decoded_token"]: _floored(f["logprob"]) for f in entry.values()})
-    return out, offset
+        out.token_logprobs.append(sampled["logprob"])
+        out.top_logprobs.append({f["decoded_token"]: f["logprob"] for f in entry.values()})
+    return out
 
 
 def _top_logprob(figures: dict) -> TopLogprob:
     token = figures["decoded_token"]
-    return TopLogprob(token=token, logprob=_floored(figures["logprob"]), bytes=list(token.encode("utf-8")))
-
-
-def _floored(logprob: float) -> float:
-    return max(float(logprob), MIN_LOGPROB)
+    return TopLogprob(token=token, logprob=figures["logprob"], bytes=list(token.encode("utf-8")))

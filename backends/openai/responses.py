@@ -107,7 +107,7 @@ class CompletionShape(_Shape):
 
     def __init__(self, model: str, return_token_ids: bool, top_logprobs: int | None = None):
         super().__init__(model, return_token_ids, top_logprobs)
-        self._offset = 0  # where the next streamed token's text starts in the choice's text (logprobs.text_offset)
+        self._offset = 0  # the streamed text so far: where the next chunk's text starts (logprobs.text_offset)
 
     def whole(self, reply: Reply) -> Completion:
         choice = CompletionChoice(text=reply.text, logprobs=self._logprobs(reply.logprobs),
@@ -116,16 +116,14 @@ class CompletionShape(_Shape):
                           timeline=reply.timeline)
 
     def chunk(self, piece: ResponsePiece) -> Completion:
-        choice = CompletionChoice(text=piece.text.decode("utf-8", errors="replace"),
-                                  logprobs=self._logprobs(piece.logprobs or []), finish_reason=piece.finish_reason,
-                                  token_ids=self._ids(piece.token_ids))
+        text = piece.text.decode("utf-8", errors="replace")
+        choice = CompletionChoice(text=text, logprobs=self._logprobs(piece.logprobs or []),
+                                  finish_reason=piece.finish_reason, token_ids=self._ids(piece.token_ids))
+        self._offset += len(text)  # each chunk's offsets start at its own text, as vLLM anchors them
         return Completion(id=self.id, created=self.created, model=self.model, choices=[choice], timeline=piece.timeline)
 
     def usage_chunk(self, counts: Usage) -> Completion:
         return Completion(id=self.id, created=self.created, model=self.model, choices=[], usage=counts)
 
     def _logprobs(self, entries: list[dict]) -> CompletionLogprobs | None:
-        if self.top_logprobs is None:
-            return None
-        logprobs, self._offset = completion_logprobs(entries, self._offset)
-        return logprobs
+        return None if self.top_logprobs is None else completion_logprobs(entries, self._offset)

@@ -261,8 +261,8 @@ def test_chat_logprobs_are_transformers_log_softmax_with_the_top_tokens(sdk, hf,
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 def test_completion_logprobs_are_transformers_log_softmax_with_text_offsets(sdk, hf, stream):
-    """Completions' ``logprobs`` 2: tokens, their log probabilities, where each token's text starts (running on
-    across a stream's chunks) and the top tokens by text."""
+    """Completions' ``logprobs`` 2: tokens, their log probabilities, where each token's text starts (from 0 in a
+    whole reply, from the text before it in a streamed chunk, as vLLM anchors them) and the top tokens by text."""
     model, tokenizer = hf
     prompt = "Once upon a time"
     reply = sdk.completions.create(model=MODEL, prompt=prompt, max_tokens=N, temperature=0, stream=stream,
@@ -272,12 +272,15 @@ def test_completion_logprobs_are_transformers_log_softmax_with_text_offsets(sdk,
     logprobs = [c.logprobs for c in choices if c.logprobs is not None]
     tokens = [t for lp in logprobs for t in lp.tokens]
     values = [v for lp in logprobs for v in lp.token_logprobs]
-    offsets = [o for lp in logprobs for o in lp.text_offset]
+    starts = [lp.text_offset[0] for lp in logprobs if lp.text_offset]
     tops = [t for lp in logprobs for t in lp.top_logprobs]
     reference = _log_softmax_after(model, tokenizer.encode(prompt), ids)
     assert tokens == [tokenizer.decode([t]) for t in ids] and len(ids) == N
     assert values == pytest.approx([float(row[t]) for t, row in zip(ids, reference)], abs=1e-4)
-    assert offsets == [sum(map(len, tokens[:k])) for k in range(N)]
+    texts = [c.text for c in choices if c.logprobs is not None and c.logprobs.text_offset]
+    assert starts == ([sum(map(len, texts[:k])) for k in range(len(texts))] if stream else [0])
+    if not stream:
+        assert logprobs[0].text_offset == [sum(map(len, tokens[:k])) for k in range(N)]
     for token, top, row in zip(ids, tops, reference):
         best = row.topk(2).indices.tolist()
         assert set(top) == {tokenizer.decode([t]) for t in [token, *best]}

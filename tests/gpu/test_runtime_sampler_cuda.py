@@ -127,7 +127,8 @@ def test_rows_without_a_finite_logit_do_not_fail_on_cuda():
 
 def test_cuda_log_probabilities_ride_to_the_host_with_the_tokens_and_equal_the_cpus():
     """``logprobs`` on CUDA through ``TokenReadback``'s pinned copies: the same figures as on the CPU (float32
-    log-softmax; ranks and top ids exact), rows that did not ask None."""
+    log-softmax; ranks and top ids exact), rows that did not ask None; in a batch where only some rows ask, picking
+    them waits for nothing on the device (a CUDA sync there would undo decode's overlapped steps)."""
     from backends.runtime.sampling import logprobs
     from backends.runtime.sampling.token_readback import TokenReadback
 
@@ -136,9 +137,17 @@ def test_cuda_log_probabilities_ride_to_the_host_with_the_tokens_and_equal_the_c
 
     def figures_on(device: str):
         on_device = logits.to(device)
-        asked, table = logprobs.start(on_device, params)
         tokens = sample_tensor(on_device, params, steps, EOS)
-        readback = TokenReadback(tokens, logprobs.finish(asked, table, tokens))
+        if device == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.set_sync_debug_mode("error")  # a sync in start or finish raises
+        try:
+            asked, table = logprobs.start(on_device, params)
+            figures = logprobs.finish(asked, table, tokens)
+        finally:
+            if device == "cuda":
+                torch.cuda.set_sync_debug_mode("default")
+        readback = TokenReadback(tokens, figures)
         return readback.tolist(), logprobs.rows(asked, readback.figures(), params)
 
     (cpu_tokens, cpu), (cuda_tokens, cuda) = figures_on("cpu"), figures_on("cuda")

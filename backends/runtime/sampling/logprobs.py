@@ -6,7 +6,8 @@ log probability, its rank (the number of tokens at least as likely, itself inclu
 ``batched_count_greater_than``, so 1 is the most likely) and the ``logprobs`` most likely tokens with theirs.
 
 The work is split around sampling so that nothing waits for the device: :func:`start` takes the log-softmax of
-the asking rows before the logits are penalized (on their device), :func:`finish` gathers the sampled tokens'
+the asking rows before the logits are penalized (on their device; the rows picked by an index uploaded without a
+sync, never by a Python list, whose copy to the device would wait for the step's forward), :func:`finish` gathers the sampled tokens'
 figures into one float32 ``[n, 2 + 2k]`` tensor (token ids up to 2**24 are exact in float32; vocabularies here
 are under 160,000), which the caller brings to the host with its tokens, and :func:`rows` turns the host's copy
 into one :class:`TokenLogprobs` (or None) per row.
@@ -18,15 +19,21 @@ from dataclasses import dataclass
 import torch
 
 from backends.ipc.protocol import SamplingParams, TokenLogprobs
+from backends.runtime.sampling.sampler import upload
 
 
 @dataclass(frozen=True)
 class Asked:
-    """The batch rows whose ``SamplingParams.logprobs`` ask, in order, and the most top tokens any of them asks
-    for (``k``)."""
+    """The batch rows whose ``SamplingParams.logprobs`` ask, in order, the most top tokens any of them asks for
+    (``k``), and those rows as an int64 index on the logits' device (None: every row asks)."""
 
     rows: list[int]
     k: int
+    index: torch.Tensor | None = None
+
+    def picked(self, batch: torch.Tensor) -> torch.Tensor:
+        """The asking rows of ``batch`` (``[b, ...]`` on the logits' device), in order."""
+        return batch if self.index is None else batch.index_select(0, self.index)
 
 
 def start(logits: torch.Tensor, params: list[SamplingParams]) -> tuple[Asked, torch.Tensor] | None:
@@ -35,16 +42,16 @@ def start(logits: torch.Tensor, params: list[SamplingParams]) -> tuple[Asked, to
     rows = [i for i, p in enumerate(params) if p.logprobs is not None]
     if not rows:
         return None
-    picked = logits if len(rows) == logits.shape[0] else logits[rows]
-    return Asked(rows, max(params[i].logprobs for i in rows)), torch.log_softmax(picked.float(), dim=-1)
+    index = None if len(rows) == logits.shape[0] else upload(torch.tensor(rows), logits.device)
+    asked = Asked(rows, max(params[i].logprobs for i in rows), index)
+    return asked, torch.log_softmax(asked.picked(logits).float(), dim=-1)
 
 
 def finish(asked: Asked, logprobs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     """float32 ``[n, 2 + 2k]`` on the device: per asking row, the sampled token's log probability and rank, then
     the ``k`` most likely token ids and their log probabilities (most likely first). ``logprobs``: :func:`start`'s
     tensor; ``tokens``: the sampled ids, int64 ``[b]`` (all rows)."""
-    chosen = tokens if len(asked.rows) == tokens.shape[0] else tokens[asked.rows]
-    sampled = logprobs.gather(1, chosen[:, None])
+    sampled = logprobs.gather(1, asked.picked(tokens)[:, None])
     rank = (logprobs >= sampled).sum(dim=-1, keepdim=True, dtype=torch.float32)
     parts = [sampled, rank]
     if asked.k:

@@ -120,3 +120,22 @@ def test_an_image_path_is_probed_from_its_header_only(tmp_path):
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     assert (info.width, info.height) == (64, 48) and peak < 4 << 20, peak
+
+
+def test_only_an_mp4_index_declares_frames_so_an_avis_repeat_slots_are_no_truncation():
+    """AVI counts its empty "repeat the last frame" entries (timestamp gaps) as frames; the packet reader skips them,
+    so the file would look cut short: only MP4/MOV's sample table is taken as the declared count."""
+    buf = io.BytesIO()
+    with av.open(buf, "w", format="avi") as out:
+        stream = out.add_stream("mpeg4", rate=10)
+        stream.width, stream.height, stream.pix_fmt = 64, 48, "yuv420p"
+        for i in range(20):
+            frame = av.VideoFrame.from_ndarray(np.full((48, 64, 3), i * 10, np.uint8), format="rgb24")
+            frame.pts = i * 2 if i > 10 else i  # a gap after frame 10
+            for packet in stream.encode(frame):
+                out.mux(packet)
+        for packet in stream.encode():
+            out.mux(packet)
+    info = probe_video(buf.getvalue())
+    assert info.num_frames == 20 and info.declared_frames == 0 and not info.truncated
+    assert probe_video(make_video(num_frames=12)).declared_frames == 12

@@ -13,7 +13,7 @@ from backends.ipc.protocol import INVALID_INPUT, SERVER_FAULT, StageFailure, Tok
 from backends.runtime.tokenizer import load_tokenizer
 from orchestrator.cancel_watch import CancelWatch
 from orchestrator.engine_io import Output
-from orchestrator.output_processor import OutputProcessor
+from orchestrator.output_processor import MIN_LOGPROB, OutputProcessor
 from orchestrator.sampling_params import InvalidInput, RequestParams
 
 TOKENIZER = load_tokenizer(None)
@@ -126,3 +126,12 @@ def test_tokens_with_log_probabilities_get_the_vllm_backends_entries_and_their_r
     assert one[str(WORDS[0])] == {"logprob": -0.5, "rank": 2, "decoded_token": TOKENIZER.decode([WORDS[0]])}
     assert one[str(WORDS[1])] == {"logprob": -0.25, "rank": 1, "decoded_token": TOKENIZER.decode([WORDS[1]])}
     assert two == {str(WORDS[1]): {"logprob": -1.0, "rank": 3, "decoded_token": TOKENIZER.decode([WORDS[1]])}}
+
+
+def test_an_infinite_or_nan_log_probability_is_floored_as_vllm_floors_it():
+    """JSON has no -inf or NaN: the entries (and their sum) floor them at MIN_LOGPROB."""
+    figures = TokenLogprobs(float("-inf"), 9, ((WORDS[1], float("nan")),))
+    items, _, _ = stream([Output(WORDS[0], "length", logprobs=figures)], max_tokens=100)
+    (entry,) = items[0].logprobs
+    assert [v["logprob"] for v in entry.values()] == [MIN_LOGPROB, MIN_LOGPROB]
+    assert items[0].cumulative_logprob == MIN_LOGPROB
