@@ -7,9 +7,10 @@ log probability, its rank (the number of tokens at least as likely, itself inclu
 
 The work is split around sampling so that nothing waits for the device: :func:`start` takes the log-softmax of
 the asking rows before the logits are penalized (on their device; the rows picked by an index uploaded without a
-sync, never by a Python list, whose copy to the device would wait for the step's forward), :func:`finish` gathers the sampled tokens'
-figures into one float32 ``[n, 2 + 2k]`` tensor (token ids up to 2**24 are exact in float32; vocabularies here
-are under 160,000), which the caller brings to the host with its tokens, and :func:`rows` turns the host's copy
+sync, never by a Python list, whose copy to the device would wait for the step's forward), :func:`finish` gathers
+the sampled tokens' figures into one float32 ``[n, 2 + 2k]`` tensor (token ids up to 2**24 are exact in float32;
+vocabularies here are under 160,000), which the caller brings to the host with its tokens, and :func:`rows` turns
+the host's copy
 into one :class:`TokenLogprobs` (or None) per row.
 """
 from __future__ import annotations
