@@ -10,8 +10,7 @@ the asking rows before the logits are penalized (on their device; the rows picke
 sync, never by a Python list, whose copy to the device would wait for the step's forward), :func:`finish` gathers
 the sampled tokens' figures into one float32 ``[n, 2 + 2k]`` tensor (token ids up to 2**24 are exact in float32;
 vocabularies here are under 160,000), which the caller brings to the host with its tokens, and :func:`rows` turns
-the host's copy
-into one :class:`TokenLogprobs` (or None) per row.
+the host's copy into one :class:`TokenLogprobs` (or None) per row.
 """
 from __future__ import annotations
 
