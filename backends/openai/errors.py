@@ -9,6 +9,7 @@ internal error) 500. A tritonserver that cannot be reached is 503.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 import grpc
 from fastapi import FastAPI, Request
@@ -27,6 +28,8 @@ _INVALID = re.compile(r"^(?:(?:text_input|messages|prompt|image_url|video_url|im
                       r"[\[:. ]|prompt too long|the prompt \()")
 _SAMPLING_KEY = re.compile(r"^sampling_parameters: (?:unknown key ')?(\w+)")
 _PROMPT = re.compile(r"^(?:text_input|prompt[: ]|the prompt \()")  # else a message's text or media
+# A media item's error: "image_url: ..." (the request's only item) or "video_url (item 2 of 3): ..." (placeholder order)
+_MEDIA_ITEM = re.compile(r"^(image|video)_url(?: \(item (\d+) of \d+\))?: ")
 
 
 class ApiError(Exception):
@@ -47,8 +50,11 @@ class ApiError(Exception):
         return JSONResponse(self.body(), status_code=self.status)
 
 
-def from_orchestrator(message: str) -> ApiError:
-    """The error for an orchestrator's error message (classed as the module docstring says)."""
+def from_orchestrator(message: str, media: Sequence = ()) -> ApiError:
+    """The error for an orchestrator's error message (classed as the module docstring says). ``media``: the chat's
+    media parts in placeholder order (``convert.MediaRef``: ``kind``, ``where``), whose item an error names as the
+    chat's part (``messages[1].content[0].image_url: ...`` for ``image_url (item 2 of 3): ...``)."""
+    message = _at_its_part(message, media)
     if _INVALID.match(message):
         key = _SAMPLING_KEY.match(message)
         param = key.group(1) if key else "prompt" if _PROMPT.match(message) else "messages"
@@ -56,6 +62,18 @@ def from_orchestrator(message: str) -> ApiError:
     if SHUTTING_DOWN in message or message.startswith(OVERLOADED):
         return ApiError(503, message, code="service_unavailable")
     return ApiError(500, message)
+
+
+def _at_its_part(message: str, media: Sequence) -> str:
+    """``message`` with a media item's name (``_MEDIA_ITEM``) replaced by its part's place in the chat, where
+    ``media`` holds that item (the orchestrator numbers a request's items in placeholder order, as ``media`` is)."""
+    named = _MEDIA_ITEM.match(message)
+    if named is None or (named.group(2) is None and len(media) != 1):
+        return message
+    k = int(named.group(2) or 1)
+    if not 1 <= k <= len(media) or media[k - 1].kind != named.group(1):
+        return message
+    return f"{media[k - 1].where}: {message[named.end():]}"
 
 
 def from_transport(exc: grpc.RpcError | InferenceServerException) -> ApiError:

@@ -96,7 +96,7 @@ class OrchestratorClient:
             async for result, error in responses:
                 if error is not None:
                     finished = True
-                    raise from_orchestrator(error.message())
+                    raise from_orchestrator(error.message(), request.media)
                 piece = piece_from_grpc(result)
                 finished = piece.finish_reason is not None or piece.final
                 yield piece

@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from backends.openai.convert import OrchestratorRequest
+from backends.openai.convert import MediaRef, OrchestratorRequest
 from backends.openai.errors import ApiError, from_orchestrator
 from backends.openai.orchestrator_client import OrchestratorClient
 from backends.runtime.tokenizer import build_offline_tokenizer
@@ -56,6 +56,22 @@ def test_the_orchestrators_validation_messages_are_400_with_the_field():
         assert (error.status, error.param) == (400, param), message
         assert error.body() == {"error": {"message": message, "type": "invalid_request_error", "param": param,
                                           "code": None}}
+
+
+def test_a_media_items_error_names_its_part_of_the_chat():
+    """The orchestrator numbers a request's items in placeholder order, as the chat's media are: ``image_url (item 2
+    of 3)`` is the second part with media; a request's only item has no number; a number that does not fit (or a
+    kind that differs) leaves the message as it is."""
+    media = [MediaRef("video", "v", "messages[0].content[1].video_url"),
+             MediaRef("image", "i", "messages[2].content[0].image_url")]
+    error = from_orchestrator("image_url (item 2 of 2): not a decodable image (JPEG, PNG, WebP, ...)", media)
+    assert (error.status, error.param) == (400, "messages")
+    assert error.message == "messages[2].content[0].image_url: not a decodable image (JPEG, PNG, WebP, ...)"
+    only = from_orchestrator("video_url: no such file", media[:1])
+    assert only.message == "messages[0].content[1].video_url: no such file"
+    for message in ("image_url (item 1 of 2): x", "image_url (item 5 of 5): x", "image_url: x"):
+        assert from_orchestrator(message, media).message == message
+    assert from_orchestrator("image_url: x").message == "image_url: x"  # no media known (a KServe-style caller)
 
 
 @pytest.mark.parametrize("message,status", [
