@@ -3,12 +3,14 @@
     python3 bench/sampler_bench.py --out DIR [--batches 1 8 32 64 128 256]
 
 For float32 ``[batch, vocab]`` logits (Qwen2.5-VL's 151,936 tokens), every row with the same parameters, per
-kind of parameters (greedy, temperature, top-k, top-p, both, seeded) and a mixed batch:
+kind of parameters (greedy, temperature, top-k, top-p, both, seeded; greedy with the sampled tokens' log
+probabilities and 5 top tokens, ``backends/runtime/sampling/logprobs.py``, for every row and for every other row)
+and a mixed batch, each as a decode step runs it (the log-softmax of the asking rows, sampling, their figures):
 
 * ``gpu_ms``: the sampler's kernels alone, launched while the GPU is busy (the host's launches hidden, as in
   the decode stage, where the sampler is launched behind the step's graph replay);
 * ``host_ms``: the host's time to launch them (hidden behind the replay while shorter than it);
-* ``total_ms``: ``sample()`` from an idle GPU to the tokens read (host and GPU in series; what earlier
+* ``total_ms``: from an idle GPU to the tokens (or the figures) read (host and GPU in series; what earlier
   ``decode_profile`` runs reported as ``sampling_ms``).
 
 Baselines in the same run, GPU time: ``eager_race``: the race uncompiled (what the sampler ran before it was
@@ -32,18 +34,27 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from backends.runtime.sampling import sampler  # noqa: E402
-from backends.runtime.sampling.sampler import SamplingParams, sample, sample_tensor  # noqa: E402
+from backends.runtime.sampling import logprobs, sampler  # noqa: E402
+from backends.runtime.sampling.sampler import SamplingParams, sample_tensor  # noqa: E402
 from bench.common import bar_chart, cuda_time_ms, header, write  # noqa: E402
 
 VOCAB = 151_936
 KINDS = {"greedy": SamplingParams(temperature=0), "temperature": SamplingParams(temperature=0.7),
          "top_k_50": SamplingParams(temperature=0.7, top_k=50), "top_p_0.9": SamplingParams(temperature=0.7, top_p=0.9),
          "top_k_50_top_p_0.9": SamplingParams(temperature=0.7, top_k=50, top_p=0.9),
-         "seeded_top_p_0.9": SamplingParams(temperature=0.7, top_p=0.9, seed=1)}
+         "seeded_top_p_0.9": SamplingParams(temperature=0.7, top_p=0.9, seed=1),
+         "greedy_logprobs_5": SamplingParams(temperature=0, logprobs=5)}
 MIXED = [SamplingParams(temperature=0), SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_k=20),
          SamplingParams(temperature=0.8, top_p=0.95, seed=3)]
 BUSY_CYCLES = 40_000_000  # about 20 ms at the H200's clock: longer than any launch sequence timed here
+
+
+def step(logits: torch.Tensor, params: list[SamplingParams], steps: list[int]) -> torch.Tensor:
+    """What a decode step launches for its tokens: the asking rows' log-softmax, the sampler, their figures (the
+    tokens when no row asks)."""
+    asking = logprobs.start(logits, params)
+    tokens = sample_tensor(logits, params, steps, [VOCAB - 1])
+    return tokens if asking is None else logprobs.finish(*asking, tokens)
 
 
 def gpu_ms(fn, repeats: int = 20) -> float:
@@ -105,13 +116,13 @@ def main() -> None:
     rows, bars = [], []
     for batch in args.batches:
         logits = torch.randn(batch, VOCAB, device=device, generator=torch.Generator(device).manual_seed(batch)) * 3
-        kinds = {**{name: [p] * batch for name, p in KINDS.items()}, "mixed": [MIXED[i % 4] for i in range(batch)]}
+        kinds = {**{name: [p] * batch for name, p in KINDS.items()}, "mixed": [MIXED[i % 4] for i in range(batch)],
+                 "half_logprobs_5": [KINDS["greedy_logprobs_5" if i % 2 else "greedy"] for i in range(batch)]}
         for name, params in kinds.items():
             steps = [5] * batch
-            launch = lambda params=params, steps=steps: sample_tensor(logits, params, steps, [VOCAB - 1])  # noqa: E731
+            launch = lambda params=params, steps=steps: step(logits, params, steps)  # noqa: E731
             row = {"batch": batch, "kind": name, "gpu_ms": gpu_ms(launch), "host_ms": host_ms(launch),
-                   "total_ms": cuda_time_ms(lambda params=params, steps=steps: sample(logits, params, steps,
-                                                                                      [VOCAB - 1]), 20)}
+                   "total_ms": cuda_time_ms(lambda launch=launch: launch().tolist(), 20)}
             if name in KINDS and KINDS[name].temperature > 0:
                 row["baselines_gpu_ms"] = baselines(logits, KINDS[name])
             rows.append(row)
