@@ -10,7 +10,7 @@ import json
 import math
 from dataclasses import dataclass
 
-from backends.ipc.protocol import MAX_LOGPROBS, SamplingParams
+from backends.ipc.protocol import MAX_LOGIT_BIAS, MAX_LOGPROBS, SamplingParams
 from flashcodec.families.base import MediaOptions
 
 # Qwen2.5-VL's smallest and largest frame area (qwen_vl_utils MIN_PIXELS = 4*28*28, MAX_PIXELS = 16384*28*28).
@@ -22,6 +22,7 @@ MAX_TILES = 64  # max_tiles: tiles of an image (InternVL3's checkpoints use at m
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 256
 MAX_STOP_TOKEN_IDS = 256
+MAX_LOGIT_BIAS_ENTRIES = 1024  # bounds the work one request's logit_bias adds to every step it is sampled in
 MAX_PENALTY = 2.0  # presence_penalty and frequency_penalty lie in [-2, 2] (vLLM's, after OpenAI's)
 _TOKENS_LIMIT = 1 << 31
 _SEED_LIMIT = 2**63  # seeds go into an int64 generator seed
@@ -58,6 +59,9 @@ class RequestParams:
         logprobs: with each output token, the log probabilities of this many most likely tokens besides its own,
             in [0, 20] (vLLM's ``max_logprobs``), or None; computed only where an output asks for them
             (``return_logprobs``, ``return_cumulative_logprob``: ``orchestrator.inputs``).
+        logit_bias: ``(token id, bias)`` pairs, at most 1,024, ids distinct and >= 0 (checked against the
+            vocabulary at admission), biases in [-100, 100]: added to those tokens' logits (OpenAI's ``logit_bias``,
+            a JSON object of token ids to biases).
         Which media settings apply is the served family's (``flashcodec.families``; the orchestrator refuses the
         others).
 
@@ -82,6 +86,7 @@ class RequestParams:
     num_frames: int | None = None
     max_tiles: int | None = None
     logprobs: int | None = None
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
         if not 0 < self.max_tokens < _TOKENS_LIMIT:  # far beyond any max_model_len; bounds what messages print
@@ -122,6 +127,12 @@ class RequestParams:
             _fail("max_pixels", f"must be in [{MIN_PIXELS}, {MAX_PIXELS}]", self.max_pixels)
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
             _fail("logprobs", f"must be in [0, {MAX_LOGPROBS}]", self.logprobs)
+        ids = [t for t, _ in self.logit_bias]
+        if len(ids) > MAX_LOGIT_BIAS_ENTRIES or len(set(ids)) != len(ids) or any(t < 0 for t in ids):
+            _fail("logit_bias", f"must map at most {MAX_LOGIT_BIAS_ENTRIES} distinct token ids >= 0 to biases; its ids",
+                  ids)
+        if any(not -MAX_LOGIT_BIAS <= b <= MAX_LOGIT_BIAS for _, b in self.logit_bias):
+            _fail("logit_bias", f"biases must be in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}]", dict(self.logit_bias))
 
     @property
     def media(self) -> MediaOptions:
@@ -132,7 +143,7 @@ class RequestParams:
         """The stages' part of these parameters (``backends.ipc.protocol.SamplingParams``)."""
         return SamplingParams(self.temperature, self.top_p, self.top_k, self.seed, self.min_tokens, self.ignore_eos,
                               self.repetition_penalty, self.presence_penalty, self.frequency_penalty,
-                              self.stop_token_ids, self.logprobs)
+                              self.stop_token_ids, self.logprobs, self.logit_bias)
 
 
 def _fail(key: str, rule: str, value: object) -> None:
@@ -214,6 +225,15 @@ def _as_token_ids(key: str, value: object) -> tuple[int, ...]:
     raise InvalidInput(f"{_PREFIX}: {key} must be a list of integers, got {_shown(value)}")
 
 
+def _as_logit_bias(key: str, value: object) -> tuple[tuple[int, float], ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, dict):
+        raise InvalidInput(f"{_PREFIX}: {key} must be an object of token ids to biases, got {_shown(value)}")
+    return tuple((_as_int(f"{key} token id", token), _as_float(f"{key}[{token!r}]", bias))
+                 for token, bias in value.items())
+
+
 def _as_optional_int(key: str, value: object) -> int | None:
     return None if value is None else _as_int(key, value)
 
@@ -240,6 +260,7 @@ _CONVERTERS = {
     "num_frames": _as_optional_int,
     "max_tiles": _as_optional_int,
     "logprobs": _as_optional_int,
+    "logit_bias": _as_logit_bias,
 }
 # Other clients' names for a key, read as that key wherever sampling_parameters' rules apply (a request, the
 # orchestrator's media_defaults; the OpenAI API passes its mm_processor_kwargs on as they are)

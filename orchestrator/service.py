@@ -295,17 +295,17 @@ class Orchestrator:
         """
         if self.stopping:
             raise _shutting_down()
-        stop_ids = parsed.params.stop_token_ids
-        if stop_ids and max(stop_ids) >= self.sampled_ids:  # the sampler indexes logits by them
-            raise InvalidInput(f"sampling_parameters: stop_token_ids must be below the vocabulary size "
-                               f"{self.sampled_ids}, got {max(stop_ids)}")
+        params = parsed.params  # the sampler indexes logits by these ids
+        for key, ids in (("stop_token_ids", params.stop_token_ids), ("logit_bias's ids", dict(params.logit_bias))):
+            if ids and max(ids) >= self.sampled_ids:
+                raise InvalidInput(f"sampling_parameters: {key} must be below the vocabulary size "
+                                   f"{self.sampled_ids}, got {max(ids)}")
         await self.ensure_started()
         self._refuse_when_overloaded()  # at once, before any work on the request
         off_loop = _off_loop(parsed)
         infos, plans, cap, prompt, probed = await off_loop(self._prompt_of, parsed)
         timeline.mark("probed", at=probed, items=len(infos))
         timeline.mark("prompt_built", tokens=len(prompt.input_ids), visual_tokens=prompt.num_visual_tokens)
-        params = parsed.params
         prompt.check_length(params.max_tokens, self.config.max_model_len, self.family)
         total = len(prompt.input_ids) + params.max_tokens
         kv_needed = max(e.scheduler.kv_pages_for(total) for e in self.engines)

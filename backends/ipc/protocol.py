@@ -37,6 +37,7 @@ RESERVED_KV_PAGES = 1
 INVALID_INPUT = "invalid_input"
 SERVER_FAULT = "server_fault"
 MAX_LOGPROBS = 20  # the most top tokens a sampled token's log probabilities come with (vLLM's max_logprobs)
+MAX_LOGIT_BIAS = 100.0  # a logit_bias value's bound either way (OpenAI's API's)
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,9 @@ class SamplingParams:
     * ``logprobs``: with each sampled token, its log probability and rank and those of the ``logprobs`` most likely
       tokens (0: the sampled token's alone; None: none computed; at most :data:`MAX_LOGPROBS`, vLLM's default
       ``max_logprobs``): ``backends.runtime.sampling.logprobs``.
+    * ``logit_bias``: ``(token id, bias)`` pairs, each bias (in [-100, 100]) added to that token's logit before the
+      penalties and sampling, as vLLM v1 orders them (OpenAI's ``logit_bias``; not in the log probabilities, which are
+      the raw logits'); ids distinct: ``backends.runtime.sampling.sampler.apply_logit_bias``.
     """
 
     temperature: float = 1.0
@@ -77,6 +81,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     stop_token_ids: tuple[int, ...] = ()
     logprobs: int | None = None
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
         if not (self.temperature >= 0 and math.isfinite(self.temperature)):
@@ -96,6 +101,11 @@ class SamplingParams:
             raise ValueError(f"stop_token_ids must be distinct ids >= 0, got {self.stop_token_ids}")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
             raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
+        ids = [t for t, _ in self.logit_bias]
+        if any(t < 0 for t in ids) or len(set(ids)) != len(ids) or any(
+                not -MAX_LOGIT_BIAS <= b <= MAX_LOGIT_BIAS for _, b in self.logit_bias):
+            raise ValueError(f"logit_bias must map distinct ids >= 0 to biases in [-{MAX_LOGIT_BIAS:g}, "
+                             f"{MAX_LOGIT_BIAS:g}], got {self.logit_bias}")
 
     @property
     def penalized(self) -> bool:

@@ -99,9 +99,9 @@ class GenerationRequest(_Body):
     return_token_ids: Flag = False
     return_timeline: Flag = False  # ours: the reply (the last streamed chunk) carries the request's `timeline`
     mm_processor_kwargs: MediaOptions | None = None
-    # known to OpenAI's API, honoured only at their defaults
+    logit_bias: dict[str, float] | None = None  # token id (a JSON key) -> bias in [-100, 100]
+    # known to OpenAI's API, honoured only at its default
     n: int | None = None
-    logit_bias: dict[str, float] | None = None
 
     @property
     def top_logprobs_asked(self) -> int | None:
@@ -113,8 +113,6 @@ class GenerationRequest(_Body):
         """(field, message) of the first field set to something this server cannot do, or None."""
         if self.n not in (None, 1):
             return "n", f"n: one choice per request is supported, got {self.n}"
-        if self.logit_bias:
-            return "logit_bias", "logit_bias: not supported by this server"
         if self.stream_options is not None and not self.stream:  # as OpenAI's API and vLLM answer
             return "stream_options", "stream_options: only allowed when stream is true"
         return None
@@ -123,7 +121,7 @@ class GenerationRequest(_Body):
         """The orchestrator's ``sampling_parameters`` (vLLM's names): the fields set, ``max_completion_tokens`` as
         ``max_tokens``; the orchestrator checks every value and refuses keys it does not know yet."""
         keys = ("max_tokens", "temperature", "top_p", "seed", "stop", "presence_penalty", "frequency_penalty",
-                "top_k", "min_tokens", "ignore_eos", "repetition_penalty", "stop_token_ids")
+                "top_k", "min_tokens", "ignore_eos", "repetition_penalty", "stop_token_ids", "logit_bias")
         sampling = {key: getattr(self, key) for key in keys if getattr(self, key) is not None}
         if self.mm_processor_kwargs is not None:
             sampling.update(self.mm_processor_kwargs.model_dump(exclude_none=True))

@@ -41,7 +41,7 @@ from backends.runtime.language_model.fuse import fuse_projections
 from backends.runtime.model_runner import DecodeSeq, ModelRunner
 from backends.runtime.sampling import logprobs
 from backends.runtime.sampling.penalties import PenaltyState
-from backends.runtime.sampling.sampler import sample_tensor, warm_up
+from backends.runtime.sampling.sampler import apply_logit_bias, sample_tensor, warm_up
 from backends.runtime.sampling.stopping import finish_reason
 from backends.runtime.sampling.token_readback import TokenReadback
 from backends.runtime.tokenizer import eos_token_ids
@@ -320,8 +320,8 @@ class DecodeWorker:
             DecodeSeq(s.last_token, s.num_cached + s.mrope_delta, s.num_cached, s.block_table) for s in batch
         ], token_ids)
         params = [s.sampling for s in batch]
-        asking = logprobs.start(logits, params)  # the raw logits' (before the penalties)
-        logits, penalized = self.penalties.penalize(logits, (s.seq_id for s in batch))
+        asking = logprobs.start(logits, params)  # the raw logits' (before the bias and the penalties)
+        logits, penalized = self.penalties.penalize(apply_logit_bias(logits, params), (s.seq_id for s in batch))
         counts = [s.num_generated for s in batch]
         sampled = sample_tensor(logits, params, counts, self.eos_ids)
         self.penalties.count(penalized, sampled)  # on the device, before any later step is launched

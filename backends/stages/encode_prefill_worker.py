@@ -39,7 +39,7 @@ from backends.runtime.model_runner import ModelRunner, PrefillChunk
 from backends.runtime.phase_clock import PhaseClock
 from backends.runtime.sampling import logprobs
 from backends.runtime.sampling.penalties import penalize_first_tokens
-from backends.runtime.sampling.sampler import sample_tensor, warm_up
+from backends.runtime.sampling.sampler import apply_logit_bias, sample_tensor, warm_up
 from backends.runtime.sampling.stopping import finish_reason
 from backends.runtime.tokenizer import eos_token_ids
 from backends.stages.prompt_state import PromptState
@@ -285,8 +285,9 @@ class EncodePrefillWorker:
             return ()
         states = [self.prompts[w.req_id] for w in last]
         params = [state.sampling for state in states]
-        asking = logprobs.start(logits, params)  # the raw logits' (before the penalties)
-        logits = penalize_first_tokens(logits, [state.request.input_ids for state in states], params)
+        asking = logprobs.start(logits, params)  # the raw logits' (before the bias and the penalties)
+        logits = penalize_first_tokens(apply_logit_bias(logits, params), [state.request.input_ids for state in states],
+                                       params)
         sampled = sample_tensor(logits, params, [0] * len(last), self.eos_ids)
         asked, figures = (asking[0], logprobs.finish(*asking, sampled).tolist()) if asking else (None, [])
         out = []

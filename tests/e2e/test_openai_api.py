@@ -286,6 +286,15 @@ def test_completion_logprobs_are_transformers_log_softmax_with_text_offsets(sdk,
         assert set(top) == {tokenizer.decode([t]) for t in [token, *best]}
 
 
+def test_logit_bias_forces_a_token(sdk):
+    """OpenAI's ``logit_bias`` (token id strings to biases): +100 on a token makes the greedy reply that token."""
+    plain = sdk.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=N, temperature=0,
+                                   extra_body=EXTRA).choices[0].token_ids
+    forced = sdk.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=N, temperature=0,
+                                    logit_bias={str(plain[1]): 100}, extra_body=EXTRA).choices[0].token_ids
+    assert forced == [plain[1]] * N
+
+
 BAD = [
     # (what, create() keyword arguments, HTTP status, error param, words the message must hold)
     ("an image that is not an image",

@@ -1,7 +1,7 @@
 """The vLLM backend's I/O through a real tritonserver, as its clients send it (tritonclient, no client of ours):
 the ``return_*`` flags and their outputs (log probabilities held to transformers' logits), base64 text in ``image``,
 and the sampling keys ``repetition_penalty``, ``presence_penalty``, ``frequency_penalty`` and ``stop_token_ids``, held
-to transformers' ``generate()``."""
+to transformers' ``generate()``, and ``logit_bias``."""
 from __future__ import annotations
 
 import base64
@@ -170,6 +170,18 @@ def test_penalties_equal_transformers_generate_and_change_the_output(grpc_url, h
                                                                    params=RequestParams(**penalties)))
 
 
+def test_logit_bias_forces_or_bans_tokens_in_prefill_and_decode(grpc_url):
+    """``logit_bias`` (OpenAI's and vLLM's): +100 on a token makes every greedy token that one, the first (prefill's)
+    and the rest (decode's); -100 on the plain reply's first token takes it away."""
+    with Client(grpc_url) as client:
+        plain = client.generate(PROMPT, sampling=GREEDY, return_output_ids=True).token_ids
+        forced = client.generate(PROMPT, sampling={**GREEDY, "logit_bias": {str(plain[3]): 100}},
+                                 return_output_ids=True).token_ids
+        banned = client.generate(PROMPT, sampling={**GREEDY, "logit_bias": {str(plain[0]): -100}},
+                                 return_output_ids=True).token_ids
+    assert forced == [plain[3]] * N and banned[0] != plain[0] and plain[0] not in banned
+
+
 def test_stop_token_ids_end_the_output_with_reason_stop_after_min_tokens(grpc_url):
     with Client(grpc_url) as client:
         plain = client.generate(PROMPT, sampling=GREEDY, return_output_ids=True).token_ids
@@ -190,6 +202,7 @@ def test_stop_token_ids_end_the_output_with_reason_stop_after_min_tokens(grpc_ur
     ({"stop_token_ids": "7"}, "sampling_parameters: stop_token_ids must be a list of integers"),
     ({"stop_token_ids": [-1]}, "sampling_parameters: stop_token_ids must hold at most 256 token ids >= 0"),
     ({"stop_token_ids": [10**6]}, "sampling_parameters: stop_token_ids must be below the vocabulary size"),
+    ({"logit_bias": {"1000000": 1}}, "sampling_parameters: logit_bias's ids must be below the vocabulary size"),
     ({"logprobs": 21}, "sampling_parameters: logprobs must be in [0, 20], got 21"),
 ])
 def test_refused_keys_are_named(grpc_url, sampling, words):

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from backends.runtime.sampling.sampler import (SamplingParams, _cuda_race, _exponentials, _lowbias32, _race, _token_hash,
-                                      _top_p_mask, _top_p_threshold, sample, sample_tensor, warm_up)
+                                      _top_p_mask, _top_p_threshold, apply_logit_bias, sample, sample_tensor, warm_up)
 
 pytestmark = [
     pytest.mark.gpu,
@@ -156,3 +156,18 @@ def test_cuda_log_probabilities_ride_to_the_host_with_the_tokens_and_equal_the_c
         if ours is not None:
             assert ours.rank == theirs.rank == 1 and [t for t, _ in ours.top] == [t for t, _ in theirs.top]
             assert ours.logprob == pytest.approx(theirs.logprob, abs=1e-4)
+
+
+def test_cuda_logit_bias_equals_the_cpus_without_a_sync():
+    """``apply_logit_bias`` on CUDA: the CPU's values, and its one upload waits for nothing on the device."""
+    logits, _, _ = _batch(4)
+    params = [SamplingParams(logit_bias=((5, 100.0), (VOCAB - 1, -3.5))), SamplingParams(),
+              SamplingParams(logit_bias=((0, -100.0),)), SamplingParams()]
+    on_device = logits.cuda()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        biased = apply_logit_bias(on_device, params)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert torch.equal(biased.cpu(), apply_logit_bias(logits, params))

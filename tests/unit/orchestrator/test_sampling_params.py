@@ -27,10 +27,12 @@ def test_all_keys():
 def test_the_stages_sampling_carries_every_sampling_key():
     params = parse_sampling_parameters(json.dumps({
         "min_tokens": 2, "ignore_eos": True, "temperature": 0.5, "top_p": 0.8, "top_k": 3, "seed": 9,
-        "stop_token_ids": [4], "repetition_penalty": 1.5, "presence_penalty": 0.25, "frequency_penalty": -1}))
+        "stop_token_ids": [4], "repetition_penalty": 1.5, "presence_penalty": 0.25, "frequency_penalty": -1,
+        "logprobs": 2, "logit_bias": {"7": 5, "11": -100}}))
     assert params.sampling() == SamplingParams(temperature=0.5, top_p=0.8, top_k=3, seed=9, min_tokens=2,
                                                ignore_eos=True, repetition_penalty=1.5, presence_penalty=0.25,
-                                               frequency_penalty=-1.0, stop_token_ids=(4,))
+                                               frequency_penalty=-1.0, stop_token_ids=(4,), logprobs=2,
+                                               logit_bias=((7, 5.0), (11, -100.0)))
 
 
 def test_stop_token_ids_repeats_are_dropped_as_vllm_does():
@@ -118,6 +120,13 @@ def test_stop_may_be_one_string():
     ({"stop_token_ids": list(range(257))}, "stop_token_ids must hold at most 256"),
     ({"best_of": 2}, "best_of"),
     ({"max_new_tokens": 2}, "max_new_tokens"),
+    ({"logit_bias": [1, 2]}, "logit_bias must be an object of token ids to biases"),
+    ({"logit_bias": {"x": 1}}, "logit_bias token id must be an integer, got 'x'"),
+    ({"logit_bias": {"5": "nan"}}, "logit_bias\\['5'\\] must be a finite number"),
+    ({"logit_bias": {"5": 101}}, "logit_bias biases must be in \\[-100, 100\\], got \\{5: 101.0\\}"),
+    ({"logit_bias": {"5": 1, "05": 2}}, "logit_bias must map at most 1024 distinct token ids >= 0 to biases; its ids, "
+                                        "got \\[5, 5\\]"),
+    ({"logit_bias": {str(i): 1 for i in range(1025)}}, "logit_bias must map at most 1024"),
 ])
 def test_bad_values_are_rejected_naming_the_key(raw, key):
     with pytest.raises(InvalidInput, match=f"sampling_parameters: .*{key}"):

@@ -119,7 +119,6 @@ def test_a_completion_is_a_prompt_without_the_chat_template():
     (dict(tools=[{"type": "function", "function": {"name": "f"}}]), "tools", "tools: tool calls are not supported"),
     (dict(tool_choice="required"), "tools", "tools: tool calls are not supported"),
     (dict(response_format={"type": "json_object"}), "response_format", "response_format: only"),
-    (dict(logit_bias={"5": 1.0}), "logit_bias", "logit_bias: not supported"),
     (dict(stream_options={"include_usage": True}), "stream_options", "stream_options: only allowed when stream"),
 ])
 def test_what_the_server_cannot_do_is_refused(fields, param, words):
