@@ -22,7 +22,7 @@ MAX_TILES = 64  # max_tiles: tiles of an image (InternVL3's checkpoints use at m
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 256
 MAX_STOP_TOKEN_IDS = 256
-MAX_LOGIT_BIAS_ENTRIES = 1024  # bounds the work one request's logit_bias adds to every step it is sampled in
+MAX_LOGIT_BIAS_ENTRIES = 300  # OpenAI's limit; bounds the work one request's logit_bias adds to its steps
 MAX_PENALTY = 2.0  # presence_penalty and frequency_penalty lie in [-2, 2] (vLLM's, after OpenAI's)
 _TOKENS_LIMIT = 1 << 31
 _SEED_LIMIT = 2**63  # seeds go into an int64 generator seed
@@ -59,9 +59,9 @@ class RequestParams:
         logprobs: with each output token, the log probabilities of this many most likely tokens besides its own,
             in [0, 20] (vLLM's ``max_logprobs``), or None; computed only where an output asks for them
             (``return_logprobs``, ``return_cumulative_logprob``: ``orchestrator.inputs``).
-        logit_bias: ``(token id, bias)`` pairs, at most 1,024, ids distinct and >= 0 (checked against the
-            vocabulary at admission), biases in [-100, 100]: added to those tokens' logits (OpenAI's ``logit_bias``,
-            a JSON object of token ids to biases).
+        logit_bias: ``(token id, bias)`` pairs, at most 300 (OpenAI's limit), ids distinct and >= 0 (checked
+            against the vocabulary at admission), biases in [-100, 100]: added to those tokens' logits (OpenAI's
+            ``logit_bias``, a JSON object of token ids to biases, each clamped to [-100, 100] as vLLM does).
         Which media settings apply is the served family's (``flashcodec.families``; the orchestrator refuses the
         others).
 
@@ -127,12 +127,11 @@ class RequestParams:
             _fail("max_pixels", f"must be in [{MIN_PIXELS}, {MAX_PIXELS}]", self.max_pixels)
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
             _fail("logprobs", f"must be in [0, {MAX_LOGPROBS}]", self.logprobs)
-        ids = [t for t, _ in self.logit_bias]
-        if len(ids) > MAX_LOGIT_BIAS_ENTRIES or len(set(ids)) != len(ids) or any(t < 0 for t in ids):
-            _fail("logit_bias", f"must map at most {MAX_LOGIT_BIAS_ENTRIES} distinct token ids >= 0 to biases; its ids",
-                  ids)
-        if any(not -MAX_LOGIT_BIAS <= b <= MAX_LOGIT_BIAS for _, b in self.logit_bias):
-            _fail("logit_bias", f"biases must be in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}]", dict(self.logit_bias))
+        ids, biases = [t for t, _ in self.logit_bias], [b for _, b in self.logit_bias]
+        if len(ids) > MAX_LOGIT_BIAS_ENTRIES or len(set(ids)) != len(ids) or not all(
+                0 <= t < _TOKENS_LIMIT for t in ids) or not all(-MAX_LOGIT_BIAS <= b <= MAX_LOGIT_BIAS for b in biases):
+            _fail("logit_bias", f"must map at most {MAX_LOGIT_BIAS_ENTRIES} distinct token ids >= 0 to biases in "
+                  f"[-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}]", self.logit_bias)
 
     @property
     def media(self) -> MediaOptions:
@@ -226,12 +225,28 @@ def _as_token_ids(key: str, value: object) -> tuple[int, ...]:
 
 
 def _as_logit_bias(key: str, value: object) -> tuple[tuple[int, float], ...]:
+    """An object of token ids (its keys, JSON strings of integers) to biases, each clamped to [-100, 100] as vLLM
+    does (OpenAI's range); every problem named with the entry at fault."""
     if value is None:
         return ()
     if not isinstance(value, dict):
         raise InvalidInput(f"{_PREFIX}: {key} must be an object of token ids to biases, got {_shown(value)}")
-    return tuple((_as_int(f"{key} token id", token), _as_float(f"{key}[{token!r}]", bias))
-                 for token, bias in value.items())
+    if len(value) > MAX_LOGIT_BIAS_ENTRIES:
+        raise InvalidInput(f"{_PREFIX}: {key} has {len(value)} entries, at most {MAX_LOGIT_BIAS_ENTRIES}")
+    out: dict[int, float] = {}
+    keys: dict[int, object] = {}
+    for token, bias in value.items():
+        where = f"{key}[{_shown(token)}]"
+        token_id = _as_int(f"{where}'s key", token)
+        if not 0 <= token_id < _TOKENS_LIMIT:
+            raise InvalidInput(f"{_PREFIX}: {where}'s key must be a token id, in [0, 2**31)")
+        if token_id in out:
+            raise InvalidInput(f"{_PREFIX}: {key} names token {token_id} twice ({keys[token_id]!r} and {token!r})")
+        if isinstance(bias, bool):
+            raise InvalidInput(f"{_PREFIX}: {where} must be a number, got {bias!r}")
+        out[token_id] = min(max(_as_float(where, bias), -MAX_LOGIT_BIAS), MAX_LOGIT_BIAS)
+        keys[token_id] = token
+    return tuple(out.items())
 
 
 def _as_optional_int(key: str, value: object) -> int | None:

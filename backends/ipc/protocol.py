@@ -67,7 +67,7 @@ class SamplingParams:
       ``max_logprobs``): ``backends.runtime.sampling.logprobs``.
     * ``logit_bias``: ``(token id, bias)`` pairs, each bias (in [-100, 100]) added to that token's logit before the
       penalties and sampling, as vLLM v1 orders them (OpenAI's ``logit_bias``; not in the log probabilities, which are
-      the raw logits'); ids distinct: ``backends.runtime.sampling.sampler.apply_logit_bias``.
+      the raw logits'); ids distinct: ``backends.runtime.sampling.logit_bias``.
     """
 
     temperature: float = 1.0

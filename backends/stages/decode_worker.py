@@ -40,8 +40,9 @@ from backends.runtime.loader import ModelSpec, load_model
 from backends.runtime.language_model.fuse import fuse_projections
 from backends.runtime.model_runner import DecodeSeq, ModelRunner
 from backends.runtime.sampling import logprobs
+from backends.runtime.sampling.logit_bias import LogitBias
 from backends.runtime.sampling.penalties import PenaltyState
-from backends.runtime.sampling.sampler import apply_logit_bias, sample_tensor, warm_up
+from backends.runtime.sampling.sampler import sample_tensor, warm_up
 from backends.runtime.sampling.stopping import finish_reason
 from backends.runtime.sampling.token_readback import TokenReadback
 from backends.runtime.tokenizer import eos_token_ids
@@ -114,6 +115,7 @@ class DecodeWorker:
                  "compiled" if compiled else "eager", "overlapped" if self.overlap else "one at a time")
         warm_up(device, model.lm_head.out_features)
         self.penalties = PenaltyState(model.lm_head.out_features, device)  # the loop thread's
+        self.logit_bias = LogitBias()  # the loop thread's
         self.eos_ids = eos_token_ids(tokenizer)
         self.on_step = on_step
         self.max_batch = max_batch
@@ -321,7 +323,7 @@ class DecodeWorker:
         ], token_ids)
         params = [s.sampling for s in batch]
         asking = logprobs.start(logits, params)  # the raw logits' (before the bias and the penalties)
-        logits, penalized = self.penalties.penalize(apply_logit_bias(logits, params), (s.seq_id for s in batch))
+        logits, penalized = self.penalties.penalize(self.logit_bias.apply(logits, params), (s.seq_id for s in batch))
         counts = [s.num_generated for s in batch]
         sampled = sample_tensor(logits, params, counts, self.eos_ids)
         self.penalties.count(penalized, sampled)  # on the device, before any later step is launched

@@ -38,8 +38,9 @@ from backends.runtime.loader import ModelSpec, checkpoint_bytes, host_available_
 from backends.runtime.model_runner import ModelRunner, PrefillChunk
 from backends.runtime.phase_clock import PhaseClock
 from backends.runtime.sampling import logprobs
+from backends.runtime.sampling.logit_bias import apply_logit_bias
 from backends.runtime.sampling.penalties import penalize_first_tokens
-from backends.runtime.sampling.sampler import apply_logit_bias, sample_tensor, warm_up
+from backends.runtime.sampling.sampler import sample_tensor, warm_up
 from backends.runtime.sampling.stopping import finish_reason
 from backends.runtime.tokenizer import eos_token_ids
 from backends.stages.prompt_state import PromptState

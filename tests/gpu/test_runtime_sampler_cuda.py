@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from backends.runtime.sampling.sampler import (SamplingParams, _cuda_race, _exponentials, _lowbias32, _race, _token_hash,
-                                      _top_p_mask, _top_p_threshold, apply_logit_bias, sample, sample_tensor, warm_up)
+                                      _top_p_mask, _top_p_threshold, sample, sample_tensor, warm_up)
 
 pytestmark = [
     pytest.mark.gpu,
@@ -159,15 +159,19 @@ def test_cuda_log_probabilities_ride_to_the_host_with_the_tokens_and_equal_the_c
 
 
 def test_cuda_logit_bias_equals_the_cpus_without_a_sync():
-    """``apply_logit_bias`` on CUDA: the CPU's values, and its one upload waits for nothing on the device."""
+    """``logit_bias`` on CUDA, bfloat16 logits as decode's: the CPU's values, and neither the one-off function nor
+    decode's cache (first step and a cached one) waits for anything on the device."""
+    from backends.runtime.sampling.logit_bias import LogitBias, apply_logit_bias
+
     logits, _, _ = _batch(4)
     params = [SamplingParams(logit_bias=((5, 100.0), (VOCAB - 1, -3.5))), SamplingParams(),
               SamplingParams(logit_bias=((0, -100.0),)), SamplingParams()]
-    on_device = logits.cuda()
+    on_device, cache = logits.bfloat16().cuda(), LogitBias()
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        biased = apply_logit_bias(on_device, params)
+        biased = [apply_logit_bias(on_device, params), cache.apply(on_device, params), cache.apply(on_device, params)]
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    assert torch.equal(biased.cpu(), apply_logit_bias(logits, params))
+    expected = apply_logit_bias(logits.bfloat16(), params)
+    assert all(torch.equal(b.cpu(), expected) for b in biased)

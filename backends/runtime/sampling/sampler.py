@@ -207,18 +207,6 @@ def upload(host: torch.Tensor, device: torch.device) -> torch.Tensor:
     return host.to(device, non_blocking=True)
 
 
-def apply_logit_bias(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
-    """``logits`` (floating ``[b, V]``, not changed) with each row's ``logit_bias`` added (a new float32 tensor),
-    or ``logits`` itself when no row has one. One upload of the (row, id, bias) triples, no device->host sync.
-    Raises IndexError (on the CPU; a device-side assert on CUDA) for an id >= V: the orchestrator refuses those."""
-    triples = [(row, token, bias) for row, p in enumerate(params) for token, bias in p.logit_bias]
-    if not triples:
-        return logits
-    packed = upload(torch.tensor(triples, dtype=torch.float64), logits.device)
-    rows, ids = packed[:, 0].long(), packed[:, 1].long()
-    return logits.float().index_put((rows, ids), packed[:, 2].float(), accumulate=True)
-
-
 def sample_tensor(logits: torch.Tensor, params: list[SamplingParams], num_generated: list[int],
                   eos_ids: list[int]) -> torch.Tensor:
     """One token id per row, int64 ``[b]`` on the logits' device, without a device->host sync.

@@ -141,6 +141,11 @@ def test_a_chats_logprobs_ask_for_the_orchestrators_return_logprobs(fields, top,
     assert ("return_logprobs" in names) == (top is not None)
 
 
+def test_logit_bias_goes_to_the_orchestrator_as_it_is():
+    request = chat_request(_chat(messages=[{"role": "user", "content": "hi"}], logit_bias={"5": 1.5, "7": -100}))
+    assert request.sampling == {"logit_bias": {"5": 1.5, "7": -100.0}}
+
+
 def test_a_completions_logprobs_is_its_top_tokens_count_and_is_checked():
     request = completion_request(CompletionRequest(model="m", prompt="p", logprobs=2))
     assert request.top_logprobs == 2 and request.sampling == {"logprobs": 2}

@@ -2,7 +2,8 @@
 each sequence streams exactly the greedy tokens of stepping it alone with its logits penalized by the reference
 (transformers' repetition processor, vLLM's presence/frequency formula: tests/unit/backends/runtime/sampling/
 test_penalties.py), its counts updated on the device in step order; sequences without penalties beside them are
-unchanged, and sequences admitted later into freed slots carry nothing of their last owners. CPU, tiny model."""
+unchanged, and sequences admitted later into freed slots carry nothing of their last owners; a ``logit_bias`` is added
+before the penalties. CPU, tiny model."""
 from __future__ import annotations
 
 import numpy as np
@@ -21,11 +22,14 @@ GREEDY = SamplingParams(temperature=0.0)
 def alone(worker: DecodeWorker, first: int, page: int, steps: int, params: SamplingParams,
           prompt: list[int]) -> list[int]:
     """Greedy tokens of one sequence stepped alone from an empty cache, ``first`` being its first output token,
-    each step's logits penalized by the reference before the argmax."""
+    each step's logits biased (``logit_bias``) and then penalized by the reference before the argmax (vLLM v1's
+    order)."""
     tokens, token, output = [], first, [first]
     for n in range(steps):
-        logits = worker.runner.decode([DecodeSeq(token, n, n, np.array([page], dtype=np.int32))])
-        token = int(reference(logits[0], prompt, output, params).argmax())
+        logits = worker.runner.decode([DecodeSeq(token, n, n, np.array([page], dtype=np.int32))])[0].float().clone()
+        for biased, bias in params.logit_bias:
+            logits[biased] += bias
+        token = int(reference(logits, prompt, output, params).argmax())
         tokens.append(token)
         output.append(token)
     return tokens
@@ -83,5 +87,29 @@ def test_penalized_steps_equal_one_by_one_references():
                 assert (tokens[s], reasons[s]) == expected(references[s], limits[s] - 1, [eos]), s
             assert not after_end and not worker.running
         assert worker.penalties.counts.shape[0] == 8
+    finally:
+        worker.shutdown()
+
+
+def test_a_logit_bias_is_added_before_the_penalties_beside_a_sequence_without_one():
+    """A bias that lifts the third most likely token above the first, and one that bans the plain reply's second
+    token, under repetition and presence penalties (whose multiply depends on the bias's sign): the stage's tokens
+    are the one-by-one reference's, the plain sequence beside it is unchanged, the banned token never comes."""
+    worker = worker_on("cpu", max_batch=2)
+    try:
+        plain = alone(worker, 5, 1, 12, GREEDY, [])
+        prompt = plain[:4] + [1, 2]
+        logits = worker.runner.decode([DecodeSeq(5, 0, 0, np.array([1], dtype=np.int32))])[0].float()
+        third = int(logits.topk(3).indices[2])
+        params = SamplingParams(temperature=0, repetition_penalty=1.5, presence_penalty=0.5,
+                                logit_bias=((third, float(logits.max() - logits[third]) + 0.3), (plain[1], -100.0)))
+        biased, unbiased = alone(worker, 5, 1, 12, params, prompt), alone(worker, 9, 2, 12, GREEDY, [])
+        assert biased != alone(worker, 5, 1, 12, SamplingParams(temperature=0, repetition_penalty=1.5,
+                                                                presence_penalty=0.5), prompt)
+        steps = attach_queue(worker)
+        admit(worker, "a", 5, 1, 13, params, prompt)
+        admit(worker, "b", 9, 2, 13, GREEDY, [])
+        tokens, _, _ = collect(steps, ["a", "b"])
+        assert (tokens["a"], tokens["b"]) == (biased, unbiased) and plain[1] not in tokens["a"]
     finally:
         worker.shutdown()

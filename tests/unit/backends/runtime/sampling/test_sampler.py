@@ -338,23 +338,3 @@ def test_temperatures_beyond_float32_keep_eos_masked_and_top_k_greedy():
                        [0] * 32, [])
         assert set(drawn) == {0}, kwargs
 
-
-def test_logit_bias_is_added_to_its_rows_tokens_only_and_leaves_the_logits_unchanged():
-    """OpenAI's logit_bias: +100 makes a token the greedy choice, -100 takes one away; other rows and tokens as
-    they were; the logits given are not written; a batch without a bias gets its own logits back."""
-    logits = torch.tensor([[0.0, 1.0, 2.0, 3.0], [3.0, 2.0, 1.0, 0.0]])
-    params = [SamplingParams(temperature=0, logit_bias=((0, 100.0), (3, -0.5))), SamplingParams(temperature=0)]
-    biased = sampler.apply_logit_bias(logits, params)
-    assert biased.tolist() == [[100.0, 1.0, 2.0, 2.5], [3.0, 2.0, 1.0, 0.0]]
-    assert logits.tolist()[0] == [0.0, 1.0, 2.0, 3.0]
-    assert sampler.sample(biased, params, [0, 0], []) == [0, 0]
-    banned = [SamplingParams(temperature=0, logit_bias=((3, -100.0),))]
-    assert sampler.sample(sampler.apply_logit_bias(logits[:1], banned), banned, [0], []) == [2]
-    plain = [SamplingParams(temperature=0)] * 2
-    assert sampler.apply_logit_bias(logits, plain) is logits
-
-
-@pytest.mark.parametrize("bias", [((5, 100.5),), ((-1, 1.0),), ((5, 1.0), (5, 2.0))])
-def test_a_logit_bias_out_of_range_or_repeated_is_refused(bias):
-    with pytest.raises(ValueError, match="logit_bias must map distinct ids >= 0 to biases in"):
-        SamplingParams(logit_bias=bias)
