@@ -35,8 +35,8 @@ class OrchestratorRequest:
     ``media`` in placeholder order; ``sampling`` (``sampling_parameters``); ``stream``; ``return_token_ids``
     (``return_output_ids``); ``return_timeline`` (it asks for the output ids too: the timeline counts the tokens each
     chunk brings, ``backends.openai.timing``; the reply shows them only with ``return_token_ids``);
-    ``top_logprobs``: the request's log probabilities (``return_logprobs``, ``sampling`` holding the count), or
-    None."""
+    ``return_logprobs``: the request asks for log probabilities (``sampling``'s ``logprobs``: the top tokens'
+    count, where not 0)."""
 
     prompt: str | None
     messages: str | None
@@ -45,7 +45,7 @@ class OrchestratorRequest:
     stream: bool
     return_token_ids: bool
     return_timeline: bool = False
-    top_logprobs: int | None = None
+    return_logprobs: bool = False
 
     def with_media(self, media: tuple[MediaRef, ...]) -> "OrchestratorRequest":
         return dataclasses.replace(self, media=media)
@@ -70,7 +70,7 @@ class OrchestratorRequest:
             tensors.append(("return_output_ids", np.array([True])))
         if self.return_timeline:
             tensors.append(("return_timeline", np.array([True])))
-        if self.top_logprobs is not None:
+        if self.return_logprobs:
             tensors.append(("return_logprobs", np.array([True])))
         if token_channel is not None:
             tensors.append(("token_channel", _strings([token_channel])))
@@ -109,10 +109,11 @@ def chat_request(request: ChatCompletionRequest) -> OrchestratorRequest:
         messages.append({"role": role, "content": parts})
     return OrchestratorRequest(None, json.dumps(messages), tuple(media), request.sampling_parameters(),
                                request.stream, request.return_token_ids, request.return_timeline,
-                               request.top_logprobs_asked)
+                               request.top_logprobs_asked is not None)
 
 
 def completion_request(request: CompletionRequest) -> OrchestratorRequest:
     """The orchestrator's request for a completion: its prompt as ``prompt`` (no chat template)."""
     return OrchestratorRequest(request.text, None, (), request.sampling_parameters(), request.stream,
-                               request.return_token_ids, request.return_timeline, request.top_logprobs_asked)
+                               request.return_token_ids, request.return_timeline,
+                               request.top_logprobs_asked is not None)

@@ -134,6 +134,13 @@ class GenerationRequest(_Body):
         return self.stream_options is not None and self.stream_options.include_usage
 
 
+def _count_refusal(field: str, count: int | None) -> tuple[str, str] | None:
+    """(field, message) for a log probabilities' top-token count outside [0, MAX_LOGPROBS], else None."""
+    if count is not None and not 0 <= count <= MAX_LOGPROBS:
+        return field, f"{field}: must be in [0, {MAX_LOGPROBS}], got {count}"
+    return None
+
+
 class ChatCompletionRequest(GenerationRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None
@@ -148,8 +155,8 @@ class ChatCompletionRequest(GenerationRequest):
         return (self.top_logprobs or 0) if self.logprobs else None
 
     def refusal(self) -> tuple[str, str] | None:
-        if self.top_logprobs is not None and not 0 <= self.top_logprobs <= MAX_LOGPROBS:
-            return "top_logprobs", f"top_logprobs: must be in [0, {MAX_LOGPROBS}], got {self.top_logprobs}"
+        if (out_of_range := _count_refusal("top_logprobs", self.top_logprobs)) is not None:
+            return out_of_range
         if self.top_logprobs and not self.logprobs:  # as OpenAI's API and vLLM answer
             return "top_logprobs", "top_logprobs: only allowed when logprobs is true"
         if self.tools or self.tool_choice not in (None, "none", "auto"):
@@ -181,8 +188,8 @@ class CompletionRequest(GenerationRequest):
         return self.logprobs
 
     def refusal(self) -> tuple[str, str] | None:
-        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
-            return "logprobs", f"logprobs: must be in [0, {MAX_LOGPROBS}], got {self.logprobs}"
+        if (out_of_range := _count_refusal("logprobs", self.logprobs)) is not None:
+            return out_of_range
         if isinstance(self.prompt, list) and self.prompt and not isinstance(self.prompt[0], str):
             return "prompt", "prompt: token ids are not taken by this server: send the prompt as text"
         if isinstance(self.prompt, list) and len(self.prompt) != 1:

@@ -136,7 +136,7 @@ def test_a_chats_logprobs_ask_for_the_orchestrators_return_logprobs(fields, top,
     """``logprobs`` true: ``return_logprobs`` and, with ``top_logprobs``, its count as ``sampling_parameters``'
     ``logprobs``; otherwise neither."""
     request = chat_request(_chat(messages=[{"role": "user", "content": "hi"}], **fields))
-    assert request.top_logprobs == top and request.sampling.get("logprobs") == sampling
+    assert request.return_logprobs == (top is not None) and request.sampling.get("logprobs") == sampling
     names = [tensor.name() for tensor in request.inputs()]
     assert ("return_logprobs" in names) == (top is not None)
 
@@ -148,8 +148,9 @@ def test_logit_bias_goes_to_the_orchestrator_as_it_is():
 
 def test_a_completions_logprobs_is_its_top_tokens_count_and_is_checked():
     request = completion_request(CompletionRequest(model="m", prompt="p", logprobs=2))
-    assert request.top_logprobs == 2 and request.sampling == {"logprobs": 2}
-    assert completion_request(CompletionRequest(model="m", prompt="p", logprobs=0)).top_logprobs == 0
+    assert request.return_logprobs and request.sampling == {"logprobs": 2}
+    zero = completion_request(CompletionRequest(model="m", prompt="p", logprobs=0))
+    assert zero.return_logprobs and "logprobs" not in zero.sampling
     refusal = CompletionRequest(model="m", prompt="p", logprobs=21).refusal()
     assert refusal == ("logprobs", "logprobs: must be in [0, 20], got 21")
 
