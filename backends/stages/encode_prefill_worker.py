@@ -42,6 +42,7 @@ from backends.runtime.sampling.logit_bias import apply_logit_bias
 from backends.runtime.sampling.penalties import penalize_first_tokens
 from backends.runtime.sampling.sampler import sample_tensor, warm_up
 from backends.runtime.sampling.stopping import finish_reason
+from backends.runtime.sampling.token_readback import TokenReadback
 from backends.runtime.tokenizer import eos_token_ids
 from backends.stages.prompt_state import PromptState
 from backends.stages.step_streams import StepStreams
@@ -290,9 +291,10 @@ class EncodePrefillWorker:
         logits = penalize_first_tokens(apply_logit_bias(logits, params), [state.request.input_ids for state in states],
                                        params)
         sampled = sample_tensor(logits, params, [0] * len(last), self.eos_ids)
-        asked, figures = (asking[0], logprobs.finish(*asking, sampled).tolist()) if asking else (None, [])
+        tokens = TokenReadback(sampled, logprobs.finish(*asking, sampled) if asking else None)  # both in one wait
+        figures = logprobs.rows(asking[0] if asking else None, tokens.figures(), params)
         out = []
-        for w, token, token_logprobs in zip(last, sampled.tolist(), logprobs.rows(asked, figures, params)):
+        for w, token, token_logprobs in zip(last, tokens.tolist(), figures):
             state = self.prompts.pop(w.req_id)
             reason = finish_reason(int(token), 1, state.request.max_tokens, state.sampling, self.eos_ids)
             out.append(FirstToken(w.req_id, int(token), state.mrope_delta, reason or "", token_logprobs))
