@@ -22,11 +22,12 @@ from sse_starlette import EventSourceResponse
 
 from backends.openai.body_limit import BodyLimit
 from backends.openai.config import ApiConfig
-from backends.openai.convert import OrchestratorRequest, chat_request, completion_request
+from backends.openai.choices import merged
+from backends.openai.convert import OrchestratorRequest, chat_request, completion_requests
 from backends.openai.errors import ApiError, install_handlers
 from backends.openai.media_fetch import MediaFetcher
 from backends.openai.orchestrator_client import OrchestratorClient
-from backends.openai.responses import ChatShape, CompletionShape, Reply, usage
+from backends.openai.responses import ChatShape, CompletionShape, Reply
 from backends.openai.schemas import (ChatCompletionRequest, CompletionRequest, GenerationRequest, ModelCard,
                                      ModelList)
 from backends.openai.timing import ApiMarks
@@ -110,36 +111,44 @@ def _unknown_model(model: str, served: str) -> ApiError:
 @router.post("/v1/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, request: Request):
     """A chat completion, whole or streamed (the module docstring); errors as ``errors`` says."""
-    return await _generate(request, body, chat_request(body), ChatShape)
+    shape = ChatShape(await _served(request, body), body.return_token_ids, body.top_logprobs_asked,
+                      body.choices_per_prompt)
+    return await _generate(request, body, [chat_request(body)], shape)
 
 
 @router.post("/v1/completions")
 async def completions(body: CompletionRequest, request: Request):
-    """A completion of one text prompt, whole or streamed."""
-    return await _generate(request, body, completion_request(body), CompletionShape)
+    """A completion of one or more text prompts, whole or streamed."""
+    shape = CompletionShape(await _served(request, body), body.return_token_ids, body.top_logprobs_asked,
+                            body.choices_per_prompt, body.texts if body.echo else None)
+    return await _generate(request, body, completion_requests(body), shape)
 
 
-async def _generate(request: Request, body: GenerationRequest, orchestrator_request: OrchestratorRequest,
-                    shape_type: type[ChatShape] | type[CompletionShape]):
-    """Check the model and the fields, fetch http(s) media, send the request, answer in ``shape_type``'s bodies.
-    Raises ApiError (404 unknown model, 400 refused fields or bad input, 503, 500)."""
-    state: ApiState = request.app.state.api
-    marks = ApiMarks(per_token=body.return_timeline)
-    card = await state.model_card()
+async def _served(request: Request, body: GenerationRequest) -> str:
+    """The served model's name, which ``body`` must name. Raises ApiError 404 (another model), 503."""
+    card = await request.app.state.api.model_card()
     if body.model != card.id:
         raise _unknown_model(body.model, card.id)
+    return card.id
+
+
+async def _generate(request: Request, body: GenerationRequest, prompts: list[OrchestratorRequest],
+                    shape: ChatShape | CompletionShape):
+    """Check the fields, fetch http(s) media, send the prompts' requests (once per choice: ``choices``), answer in
+    ``shape``'s bodies. Raises ApiError (400 refused fields or bad input, 503, 500)."""
+    state: ApiState = request.app.state.api
+    marks = ApiMarks(per_token=body.return_timeline)
     refusal = body.refusal()
     if refusal is not None:
         raise ApiError(400, refusal[1], param=refusal[0])
-    orchestrator_request = await state.fetcher.resolve(orchestrator_request)
-    shape = shape_type(card.id, body.return_token_ids, body.top_logprobs_asked)
+    prompts = [await state.fetcher.resolve(prompt) for prompt in prompts]
     marks.mark("api_sent")
-    pieces = state.orchestrator.generate(orchestrator_request)
+    pieces = merged(state.orchestrator, prompts, shape.n)
     if not body.stream:
         async with contextlib.aclosing(pieces):
-            reply = await _unless_disconnected(request, _gathered(pieces))
-        reply.timeline = marks.into(reply.timeline)
-        return shape.whole(reply)
+            replies = await _unless_disconnected(request, _gathered(pieces, len(prompts) * shape.n))
+        replies[0].timeline = marks.into(replies[0].timeline)
+        return shape.whole(replies)
     try:
         first = await _unless_disconnected(request, anext(pieces))
     except BaseException:
@@ -150,24 +159,23 @@ async def _generate(request: Request, body: GenerationRequest, orchestrator_requ
                                shutdown_grace_period=state.config.shutdown_grace_s)
 
 
-async def _gathered(pieces: AsyncIterator[ResponsePiece]) -> Reply:
-    reply = Reply()
-    async for piece in pieces:
-        reply.add(piece)
-    return reply
+async def _gathered(pieces: AsyncIterator[tuple[int, ResponsePiece]], choices: int) -> list[Reply]:
+    replies = [Reply() for _ in range(choices)]
+    async for index, piece in pieces:
+        replies[index].add(piece)
+    return replies
 
 
-async def _events(first: ResponsePiece, pieces: AsyncIterator[ResponsePiece], shape, include_usage: bool,
-                  marks: ApiMarks):
+async def _events(first: tuple[int, ResponsePiece], pieces: AsyncIterator[tuple[int, ResponsePiece]], shape,
+                  include_usage: bool, marks: ApiMarks):
     """The stream's events (dicts for sse-starlette); closing it (the client went away) cancels the request. The
-    piece with the request's timeline gets ``marks`` joined to it."""
+    piece with the request's timeline (choice 0's last) gets ``marks`` joined to it."""
     try:
-        piece = first
         marks.mark("api_first_chunk")
-        yield {"data": _chunk(shape, piece, marks)}
-        async for piece in pieces:
-            yield {"data": _chunk(shape, piece, marks)}
-        counts = usage(piece)
+        yield {"data": _chunk(shape, first, marks)}
+        async for item in pieces:
+            yield {"data": _chunk(shape, item, marks)}
+        counts = shape.streamed_usage()
         if include_usage and counts is not None:
             yield {"data": shape.usage_chunk(counts).model_dump_json(exclude_none=True)}
     except ApiError as exc:
@@ -177,11 +185,13 @@ async def _events(first: ResponsePiece, pieces: AsyncIterator[ResponsePiece], sh
     yield {"data": "[DONE]"}
 
 
-def _chunk(shape, piece: ResponsePiece, marks: ApiMarks) -> str:
-    marks.chunk(len(piece.token_ids))  # with return_timeline the orchestrator sends them (convert.py)
-    if piece.timeline is not None:
-        piece = dataclasses.replace(piece, timeline=marks.into(piece.timeline))
-    return shape.chunk(piece).model_dump_json(exclude_none=True)
+def _chunk(shape, item: tuple[int, ResponsePiece], marks: ApiMarks) -> str:
+    index, piece = item
+    if index == 0:  # the timeline is choice 0's
+        marks.chunk(len(piece.token_ids))  # with return_timeline the orchestrator sends them (convert.py)
+        if piece.timeline is not None:
+            piece = dataclasses.replace(piece, timeline=marks.into(piece.timeline))
+    return shape.chunk(index, piece).model_dump_json(exclude_none=True)
 
 
 async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T:

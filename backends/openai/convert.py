@@ -3,8 +3,8 @@
 A chat goes as the orchestrator's ``messages`` input (``orchestrator.messages``): the same messages with each
 ``image_url`` / ``video_url`` part replaced by an ``{"type": "image"}`` / ``{"type": "video"}`` placeholder, and
 the URLs in ``image_url`` / ``video_url`` in the order of their placeholders, which is how the orchestrator pairs
-them. A completion's prompt goes as ``prompt``: completed as it is, without the chat template (OpenAI's and vLLM's
-completions).
+them. A completion's prompts go as ``prompt``, one request each: completed as they are, without the chat template
+(OpenAI's and vLLM's completions). ``backends.openai.choices`` sends a request once per choice.
 """
 from __future__ import annotations
 
@@ -112,8 +112,9 @@ def chat_request(request: ChatCompletionRequest) -> OrchestratorRequest:
                                request.top_logprobs_asked is not None)
 
 
-def completion_request(request: CompletionRequest) -> OrchestratorRequest:
-    """The orchestrator's request for a completion: its prompt as ``prompt`` (no chat template)."""
-    return OrchestratorRequest(request.text, None, (), request.sampling_parameters(), request.stream,
-                               request.return_token_ids, request.return_timeline,
-                               request.top_logprobs_asked is not None)
+def completion_requests(request: CompletionRequest) -> list[OrchestratorRequest]:
+    """The orchestrator's requests for a completion, one per prompt: each as ``prompt`` (no chat template)."""
+    sampling = request.sampling_parameters()
+    return [OrchestratorRequest(text, None, (), sampling, request.stream, request.return_token_ids,
+                                request.return_timeline, request.top_logprobs_asked is not None)
+            for text in request.texts]

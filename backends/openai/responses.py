@@ -24,6 +24,20 @@ def usage(piece: ResponsePiece) -> Usage | None:
                  total_tokens=piece.num_input_tokens + piece.num_output_tokens, prompt_tokens_details=details)
 
 
+def total_usage(usages: dict[int, Usage], n: int) -> Usage | None:
+    """The request's usage from its choices' (by choice index; ``n`` choices a prompt): each prompt's tokens (and
+    cached tokens) counted once, from its first choice, and every choice's completion tokens, as vLLM counts them.
+    None when no choice has one."""
+    if not usages:
+        return None
+    firsts = [counts for index, counts in usages.items() if index % n == 0]
+    prompt = sum(counts.prompt_tokens for counts in firsts)
+    completion = sum(counts.completion_tokens for counts in usages.values())
+    cached = [counts.prompt_tokens_details.cached_tokens for counts in firsts if counts.prompt_tokens_details]
+    return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
+                 prompt_tokens_details=PromptTokensDetails(cached_tokens=sum(cached)) if cached else None)
+
+
 class Reply:
     """A whole reply gathered from its responses: ``text``, ``token_ids``, ``finish_reason``, ``usage``,
     ``visual_cap`` (what max_visual_tokens lowered, or None), ``media`` (what was done with each image and video,
@@ -56,41 +70,65 @@ class Reply:
 
 
 class _Shape:
-    """One request's bodies: its id, creation time (Unix seconds) and model name are the same in all of them."""
+    """One request's bodies: its id, creation time (Unix seconds) and model name are the same in all of them. Choice
+    ``k`` is prompt ``k // n``'s; the request-wide extras (``visual_cap``, ``media``, ``timeline``) are choice 0's."""
 
     prefix = ""
 
-    def __init__(self, model: str, return_token_ids: bool, top_logprobs: int | None = None):
-        """``top_logprobs``: the request's log probabilities (the top tokens' count; None: not asked)."""
+    def __init__(self, model: str, return_token_ids: bool, top_logprobs: int | None = None, n: int = 1):
+        """``top_logprobs``: the request's log probabilities (the top tokens' count; None: not asked); ``n``: choices
+        a prompt."""
         self.id = f"{self.prefix}-{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.model = model
         self.return_token_ids = return_token_ids
         self.top_logprobs = top_logprobs
-        self._first = True
+        self.n = n
+        self._started: set[int] = set()  # the choices whose first chunk is made
+        self._usages: dict[int, Usage] = {}  # streamed choices' usage, from their last chunks
 
     def _ids(self, token_ids) -> list[int] | None:
         return list(token_ids) if self.return_token_ids else None
 
+    def _first_chunk(self, index: int, piece: ResponsePiece) -> bool:
+        """Whether ``piece`` makes choice ``index``'s first chunk; notes its usage (on its last)."""
+        if (counts := usage(piece)) is not None:
+            self._usages[index] = counts
+        if index in self._started:
+            return False
+        self._started.add(index)
+        return True
+
+    def streamed_usage(self) -> Usage | None:
+        """The usage of the choices streamed so far (``total_usage``)."""
+        return total_usage(self._usages, self.n)
+
+    def _whole_usage(self, replies: list[Reply]) -> Usage | None:
+        return total_usage({index: reply.usage for index, reply in enumerate(replies) if reply.usage}, self.n)
+
 
 class ChatShape(_Shape):
-    """``chat.completion`` and ``chat.completion.chunk`` bodies; the first chunk carries the assistant's role."""
+    """``chat.completion`` and ``chat.completion.chunk`` bodies; each choice's first chunk carries the assistant's
+    role."""
 
     prefix = "chatcmpl"
 
-    def whole(self, reply: Reply) -> ChatCompletion:
-        choice = ChatChoice(message=AssistantMessage(content=reply.text), logprobs=self._logprobs(reply.logprobs),
-                            finish_reason=reply.finish_reason, token_ids=self._ids(reply.token_ids))
-        return ChatCompletion(id=self.id, created=self.created, model=self.model, choices=[choice], usage=reply.usage,
-                              visual_cap=reply.visual_cap, media=reply.media, timeline=reply.timeline)
+    def whole(self, replies: list[Reply]) -> ChatCompletion:
+        choices = [ChatChoice(index=index, message=AssistantMessage(content=reply.text),
+                              logprobs=self._logprobs(reply.logprobs), finish_reason=reply.finish_reason,
+                              token_ids=self._ids(reply.token_ids)) for index, reply in enumerate(replies)]
+        first = replies[0]
+        return ChatCompletion(id=self.id, created=self.created, model=self.model, choices=choices,
+                              usage=self._whole_usage(replies), visual_cap=first.visual_cap, media=first.media,
+                              timeline=first.timeline)
 
-    def chunk(self, piece: ResponsePiece) -> ChatCompletionChunk:
-        delta = Delta(role="assistant" if self._first else None, content=piece.text.decode("utf-8", errors="replace"))
-        self._first = False
-        choice = ChatChunkChoice(delta=delta, logprobs=self._logprobs(piece.logprobs or []),
+    def chunk(self, index: int, piece: ResponsePiece) -> ChatCompletionChunk:
+        role = "assistant" if self._first_chunk(index, piece) else None
+        delta = Delta(role=role, content=piece.text.decode("utf-8", errors="replace"))
+        choice = ChatChunkChoice(index=index, delta=delta, logprobs=self._logprobs(piece.logprobs or []),
                                  finish_reason=piece.finish_reason, token_ids=self._ids(piece.token_ids))
-        return ChatCompletionChunk(id=self.id, created=self.created, model=self.model, choices=[choice],
-                                   visual_cap=piece.visual_cap, media=piece.media, timeline=piece.timeline)
+        extras = {} if index else {"visual_cap": piece.visual_cap, "media": piece.media, "timeline": piece.timeline}
+        return ChatCompletionChunk(id=self.id, created=self.created, model=self.model, choices=[choice], **extras)
 
     def usage_chunk(self, counts: Usage) -> ChatCompletionChunk:
         """The last chunk when ``stream_options.include_usage``: no choices, the usage."""
@@ -101,29 +139,40 @@ class ChatShape(_Shape):
 
 
 class CompletionShape(_Shape):
-    """``text_completion`` bodies, whole and streamed."""
+    """``text_completion`` bodies, whole and streamed. With ``echo`` (the prompts' texts), each choice's text starts
+    with its prompt's (streamed: its first chunk's)."""
 
     prefix = "cmpl"
 
-    def __init__(self, model: str, return_token_ids: bool, top_logprobs: int | None = None):
-        super().__init__(model, return_token_ids, top_logprobs)
-        self._offset = 0  # the streamed text so far: where the next chunk's text starts (logprobs.text_offset)
+    def __init__(self, model: str, return_token_ids: bool, top_logprobs: int | None = None, n: int = 1,
+                 echo: list[str] | None = None):
+        super().__init__(model, return_token_ids, top_logprobs, n)
+        self.echo = echo
+        self._offsets: dict[int, int] = {}  # each choice's streamed text so far: where its next chunk's text starts
 
-    def whole(self, reply: Reply) -> Completion:
-        choice = CompletionChoice(text=reply.text, logprobs=self._logprobs(reply.logprobs),
-                                  finish_reason=reply.finish_reason, token_ids=self._ids(reply.token_ids))
-        return Completion(id=self.id, created=self.created, model=self.model, choices=[choice], usage=reply.usage,
-                          timeline=reply.timeline)
+    def whole(self, replies: list[Reply]) -> Completion:
+        choices = [CompletionChoice(index=index, text=self._echoed(index) + reply.text,
+                                    logprobs=self._logprobs(reply.logprobs, 0), finish_reason=reply.finish_reason,
+                                    token_ids=self._ids(reply.token_ids)) for index, reply in enumerate(replies)]
+        return Completion(id=self.id, created=self.created, model=self.model, choices=choices,
+                          usage=self._whole_usage(replies), timeline=replies[0].timeline)
 
-    def chunk(self, piece: ResponsePiece) -> Completion:
+    def chunk(self, index: int, piece: ResponsePiece) -> Completion:
         text = piece.text.decode("utf-8", errors="replace")
-        choice = CompletionChoice(text=text, logprobs=self._logprobs(piece.logprobs or []),
+        if self._first_chunk(index, piece):
+            text = self._echoed(index) + text
+        offset = self._offsets.get(index, 0)
+        choice = CompletionChoice(index=index, text=text, logprobs=self._logprobs(piece.logprobs or [], offset),
                                   finish_reason=piece.finish_reason, token_ids=self._ids(piece.token_ids))
-        self._offset += len(text)  # each chunk's offsets start at its own text, as vLLM anchors them
-        return Completion(id=self.id, created=self.created, model=self.model, choices=[choice], timeline=piece.timeline)
+        self._offsets[index] = offset + len(text)  # each chunk's offsets start at its own text, as vLLM anchors them
+        return Completion(id=self.id, created=self.created, model=self.model, choices=[choice],
+                          timeline=None if index else piece.timeline)
 
     def usage_chunk(self, counts: Usage) -> Completion:
         return Completion(id=self.id, created=self.created, model=self.model, choices=[], usage=counts)
 
-    def _logprobs(self, entries: list[dict]) -> CompletionLogprobs | None:
-        return None if self.top_logprobs is None else completion_logprobs(entries, self._offset)
+    def _echoed(self, index: int) -> str:
+        return self.echo[index // self.n] if self.echo else ""
+
+    def _logprobs(self, entries: list[dict], offset: int) -> CompletionLogprobs | None:
+        return None if self.top_logprobs is None else completion_logprobs(entries, offset)

@@ -2,7 +2,7 @@
 server name them.
 
 Fields a client may send that this server does not know are ignored (as vLLM does); fields it knows but cannot
-honour (``n`` above 1, ``tools``, ...) are refused by :meth:`GenerationRequest.refusal`.
+honour (``tools``, ``response_format`` other than text, ...) are refused by :meth:`GenerationRequest.refusal`.
 """
 from __future__ import annotations
 
@@ -11,6 +11,9 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from backends.ipc.protocol import MAX_LOGPROBS
+
+MAX_CHOICES = 128  # OpenAI's API's limit on n
+MAX_PROMPTS = 128  # a completion's prompts per request
 
 
 class _Body(BaseModel):
@@ -100,8 +103,7 @@ class GenerationRequest(_Body):
     return_timeline: Flag = False  # ours: the reply (the last streamed chunk) carries the request's `timeline`
     mm_processor_kwargs: MediaOptions | None = None
     logit_bias: dict[str, float] | None = None  # token id (a JSON key) -> bias in [-100, 100]
-    # known to OpenAI's API, honoured only at its default
-    n: int | None = None
+    n: int | None = None  # choices per prompt (backends/openai/choices.py)
 
     @property
     def top_logprobs_asked(self) -> int | None:
@@ -111,8 +113,8 @@ class GenerationRequest(_Body):
 
     def refusal(self) -> tuple[str, str] | None:
         """(field, message) of the first field set to something this server cannot do, or None."""
-        if self.n not in (None, 1):
-            return "n", f"n: one choice per request is supported, got {self.n}"
+        if self.n is not None and not 1 <= self.n <= MAX_CHOICES:
+            return "n", f"n: must be in [1, {MAX_CHOICES}], got {self.n}"
         if self.stream_options is not None and not self.stream:  # as OpenAI's API and vLLM answer
             return "stream_options", "stream_options: only allowed when stream is true"
         return None
@@ -132,6 +134,10 @@ class GenerationRequest(_Body):
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
+
+    @property
+    def choices_per_prompt(self) -> int:
+        return self.n or 1
 
 
 def _count_refusal(field: str, count: int | None) -> tuple[str, str] | None:
@@ -173,9 +179,9 @@ class ChatCompletionRequest(GenerationRequest):
 
 
 class CompletionRequest(GenerationRequest):
-    """``prompt``: one string (or a list holding one); the orchestrator wraps it in the chat template as one user
-    message (it has no raw-prompt input). Token ids (a list of integers, or of such lists), which vLLM takes, are
-    parsed only to be refused by name."""
+    """``prompt``: a string, or a list of at most ``MAX_PROMPTS`` strings (each completed as it is, without the chat
+    template; choice ``k`` is prompt ``k // n``'s). Token ids (a list of integers, or of such lists), which vLLM
+    takes, are parsed only to be refused by name. ``echo``: each choice's text starts with its prompt."""
 
     prompt: str | list[str] | list[int] | list[list[int]]
     echo: bool = False
@@ -192,22 +198,24 @@ class CompletionRequest(GenerationRequest):
             return out_of_range
         if isinstance(self.prompt, list) and self.prompt and not isinstance(self.prompt[0], str):
             return "prompt", "prompt: token ids are not taken by this server: send the prompt as text"
-        if isinstance(self.prompt, list) and len(self.prompt) != 1:
-            return "prompt", f"prompt: one prompt per request is supported, got a list of {len(self.prompt)}"
-        if self.echo:
-            return "echo", "echo: not supported by this server"
+        if isinstance(self.prompt, list) and not 1 <= len(self.prompt) <= MAX_PROMPTS:
+            return "prompt", f"prompt: a list of 1 to {MAX_PROMPTS} prompts is taken, got {len(self.prompt)}"
+        if self.echo and self.logprobs is not None:  # vLLM would give the prompt's log probabilities too
+            return "echo", "echo: with logprobs it asks for the prompt's log probabilities, which this server does " \
+                           "not compute"
         if self.best_of not in (None, 1):
-            return "best_of", f"best_of: one candidate per request is supported, got {self.best_of}"
+            return "best_of", f"best_of: one candidate per choice is supported, got {self.best_of}"
         if self.suffix:
             return "suffix", "suffix: not supported by this server"
         return super().refusal()
 
     @property
-    def text(self) -> str:
-        """The prompt's text; "" for what :meth:`refusal` refuses (no prompt, token ids), read before it is asked."""
+    def texts(self) -> list[str]:
+        """The prompts' texts; [""] for what :meth:`refusal` refuses (no prompt, token ids), read before it is
+        asked."""
         if isinstance(self.prompt, str):
-            return self.prompt
-        return self.prompt[0] if self.prompt and isinstance(self.prompt[0], str) else ""
+            return [self.prompt]
+        return list(self.prompt) if self.prompt and isinstance(self.prompt[0], str) else [""]
 
 
 # ---- responses --------------------------------------------------------------------------------------------------

@@ -309,7 +309,7 @@ BAD = [
     ("an http URL (not allowed by default)",
      dict(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/a.png"}}]}]),
      400, "messages", "messages[0].content[0].image_url: http(s) URLs are not fetched"),
-    ("two choices", dict(n=2), 400, "n", "n: one choice per request"),
+    ("no choices", dict(n=0), 400, "n", "n: must be in [1, 128], got 0"),
     ("an image in an assistant message",
      dict(messages=[{"role": "user", "content": "hi"},
                     {"role": "assistant", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}]),

@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 from tritonclient.utils import deserialize_bytes_tensor
 
-from backends.openai.convert import MediaRef, chat_request, completion_request
+from backends.openai.convert import MediaRef, chat_request, completion_requests
 from backends.openai.errors import from_orchestrator
 from backends.openai.schemas import ChatCompletionRequest, CompletionRequest
 from orchestrator.inputs import InputLimits, RawRequest, parse_request
@@ -105,15 +105,23 @@ def test_the_penalties_pass_through_for_the_orchestrator_to_judge():
 
 
 def test_a_completion_is_a_prompt_without_the_chat_template():
-    request = completion_request(CompletionRequest(model="tiny", prompt=["Once upon"], max_tokens=3))
+    [request] = completion_requests(CompletionRequest(model="tiny", prompt=["Once upon"], max_tokens=3))
     assert (request.prompt, request.messages, request.media, request.sampling) == ("Once upon", None, (),
                                                                                    {"max_tokens": 3})
     parsed = parse_request(_raw(request), InputLimits())
     assert (parsed.text, parsed.raw, parsed.turns) == ("Once upon", True, ())
 
 
+def test_a_completions_prompts_are_one_request_each_with_the_same_sampling():
+    body = CompletionRequest(model="tiny", prompt=["Once upon", "A", "Once upon"], max_tokens=3, seed=7)
+    requests = completion_requests(body)
+    assert [r.prompt for r in requests] == ["Once upon", "A", "Once upon"] and body.refusal() is None
+    assert all(r.sampling == {"max_tokens": 3, "seed": 7} for r in requests)
+
+
 @pytest.mark.parametrize("fields,param,words", [
-    (dict(n=2), "n", "n: one choice per request is supported, got 2"),
+    (dict(n=0), "n", "n: must be in [1, 128], got 0"),
+    (dict(n=129), "n", "n: must be in [1, 128], got 129"),
     (dict(top_logprobs=2), "top_logprobs", "top_logprobs: only allowed when logprobs is true"),
     (dict(logprobs=True, top_logprobs=21), "top_logprobs", "top_logprobs: must be in [0, 20], got 21"),
     (dict(tools=[{"type": "function", "function": {"name": "f"}}]), "tools", "tools: tool calls are not supported"),
@@ -147,9 +155,9 @@ def test_logit_bias_goes_to_the_orchestrator_as_it_is():
 
 
 def test_a_completions_logprobs_is_its_top_tokens_count_and_is_checked():
-    request = completion_request(CompletionRequest(model="m", prompt="p", logprobs=2))
+    [request] = completion_requests(CompletionRequest(model="m", prompt="p", logprobs=2))
     assert request.return_logprobs and request.sampling == {"logprobs": 2}
-    zero = completion_request(CompletionRequest(model="m", prompt="p", logprobs=0))
+    [zero] = completion_requests(CompletionRequest(model="m", prompt="p", logprobs=0))
     assert zero.return_logprobs and "logprobs" not in zero.sampling
     refusal = CompletionRequest(model="m", prompt="p", logprobs=21).refusal()
     assert refusal == ("logprobs", "logprobs: must be in [0, 20], got 21")
@@ -158,15 +166,20 @@ def test_a_completions_logprobs_is_its_top_tokens_count_and_is_checked():
 def test_defaults_are_no_refusal():
     assert _chat(messages=[{"role": "user", "content": "hi"}], n=1, logprobs=False, tool_choice="none",
                  response_format={"type": "text"}).refusal() is None
+    assert _chat(messages=[{"role": "user", "content": "hi"}], n=128).refusal() is None
     assert CompletionRequest(model="m", prompt="p", echo=False, best_of=1).refusal() is None
-    assert CompletionRequest(model="m", prompt=["a", "b"]).refusal()[0] == "prompt"
+    assert CompletionRequest(model="m", prompt="p", echo=True, n=3).refusal() is None
+    assert CompletionRequest(model="m", prompt=["a"] * 129).refusal() == (
+        "prompt", "prompt: a list of 1 to 128 prompts is taken, got 129")
     for ids in ([1, 2, 3], [[1, 2], [3]]):  # vLLM's token-id prompts: refused by name, not by three schema errors
         body = CompletionRequest(model="m", prompt=ids)
-        assert completion_request(body) and body.refusal() == (
+        assert completion_requests(body) and body.refusal() == (
             "prompt", "prompt: token ids are not taken by this server: send the prompt as text")
     empty = CompletionRequest(model="m", prompt=[])  # converted before it is refused: no IndexError (a 500)
-    assert completion_request(empty) and empty.refusal()[0] == "prompt"
-    assert CompletionRequest(model="m", prompt="p", echo=True).refusal()[0] == "echo"
+    assert completion_requests(empty) and empty.refusal() == (
+        "prompt", "prompt: a list of 1 to 128 prompts is taken, got 0")
+    assert CompletionRequest(model="m", prompt="p", echo=True, logprobs=1).refusal() == (
+        "echo", "echo: with logprobs it asks for the prompt's log probabilities, which this server does not compute")
 
 
 @pytest.mark.parametrize("messages,where", [

@@ -17,7 +17,7 @@ def test_a_whole_chat_reply_carries_text_ids_usage_the_visual_cap_and_media():
     reply = Reply()
     for piece in PIECES:
         reply.add(piece)
-    body = ChatShape("tiny", return_token_ids=True).whole(reply).model_dump()
+    body = ChatShape("tiny", return_token_ids=True).whole([reply]).model_dump()
     assert body["choices"][0]["message"]["content"] == "Hello" and body["choices"][0]["token_ids"] == [1, 2, 3]
     assert body["usage"] == {"prompt_tokens": 500, "completion_tokens": 3, "total_tokens": 503,
                              "prompt_tokens_details": {"cached_tokens": 480}}  # OpenAI's field, as vLLM fills it
@@ -26,7 +26,7 @@ def test_a_whole_chat_reply_carries_text_ids_usage_the_visual_cap_and_media():
 
 def test_the_first_streamed_chunk_carries_the_visual_cap_and_media_and_the_others_do_not():
     shape = ChatShape("tiny", return_token_ids=False)
-    chunks = [shape.chunk(piece).model_dump(exclude_none=True) for piece in PIECES]
+    chunks = [shape.chunk(0, piece).model_dump(exclude_none=True) for piece in PIECES]
     assert chunks[0]["visual_cap"] == CAP and chunks[0]["choices"][0]["delta"]["role"] == "assistant"
     assert chunks[0]["media"] == MEDIA
     assert all("visual_cap" not in c and "media" not in c for c in chunks[1:])
@@ -35,9 +35,53 @@ def test_the_first_streamed_chunk_carries_the_visual_cap_and_media_and_the_other
 
 def test_the_timeline_comes_on_the_last_chunk_and_the_whole_completion():
     for shape in (ChatShape("tiny", return_token_ids=False), CompletionShape("tiny", return_token_ids=False)):
-        chunks = [shape.chunk(piece).model_dump(exclude_none=True) for piece in PIECES]
+        chunks = [shape.chunk(0, piece).model_dump(exclude_none=True) for piece in PIECES]
         assert chunks[-1]["timeline"] == TIMELINE and all("timeline" not in c for c in chunks[:-1])
     reply = Reply()
     for piece in PIECES:
         reply.add(piece)
-    assert CompletionShape("tiny", return_token_ids=False).whole(reply).model_dump()["timeline"] == TIMELINE
+    assert CompletionShape("tiny", return_token_ids=False).whole([reply]).model_dump()["timeline"] == TIMELINE
+
+
+def _reply(pieces) -> Reply:
+    reply = Reply()
+    for piece in pieces:
+        reply.add(piece)
+    return reply
+
+
+def _last(text: bytes, prompt: int, output: int, cached: int | None = None) -> ResponsePiece:
+    return ResponsePiece(text, (), num_input_tokens=prompt, num_output_tokens=output, num_cached_tokens=cached,
+                         finish_reason="stop", final=True)
+
+
+def test_several_choices_count_each_prompt_once_and_every_choices_output():
+    """Two prompts, two choices each (choice k is prompt k // 2's): prompt tokens once a prompt, from its first
+    choice (the others found it in the prefix cache), completion tokens of all four, as vLLM counts them."""
+    replies = [_reply([_last(b"a", 10, 3, 0)]), _reply([_last(b"b", 10, 4, 8)]),
+               _reply([_last(b"c", 20, 5, 16)]), _reply([_last(b"d", 20, 6, 16)])]
+    body = CompletionShape("tiny", return_token_ids=False, n=2).whole(replies).model_dump()
+    assert [(c["index"], c["text"]) for c in body["choices"]] == [(0, "a"), (1, "b"), (2, "c"), (3, "d")]
+    assert body["usage"] == {"prompt_tokens": 30, "completion_tokens": 18, "total_tokens": 48,
+                             "prompt_tokens_details": {"cached_tokens": 16}}
+
+
+def test_streamed_choices_each_start_with_the_role_and_the_extras_are_choice_0s():
+    shape = ChatShape("tiny", return_token_ids=False, n=2)
+    first = ResponsePiece(b"x", (), visual_cap=CAP, media=MEDIA)
+    chunks = [shape.chunk(index, piece).model_dump(exclude_none=True)
+              for index, piece in [(0, first), (1, first), (1, _last(b"y", 7, 2)), (0, _last(b"z", 7, 3, 0))]]
+    assert [(c["choices"][0]["index"], c["choices"][0]["delta"].get("role")) for c in chunks] == [
+        (0, "assistant"), (1, "assistant"), (1, None), (0, None)]
+    assert "visual_cap" in chunks[0] and all("visual_cap" not in c and "media" not in c for c in chunks[1:])
+    assert shape.streamed_usage().model_dump() == {"prompt_tokens": 7, "completion_tokens": 5, "total_tokens": 12,
+                                                   "prompt_tokens_details": {"cached_tokens": 0}}
+
+
+def test_echo_puts_each_prompt_before_its_choices_text():
+    shape = CompletionShape("tiny", return_token_ids=False, n=2, echo=["Once", "Twice"])
+    replies = [_reply([_last(b" upon", 1, 1)]) for _ in range(4)]
+    assert [c.text for c in shape.whole(replies).choices] == ["Once upon", "Once upon", "Twice upon", "Twice upon"]
+    streamed = [shape.chunk(index, piece).choices[0].text
+                for index, piece in [(2, ResponsePiece(b" a")), (2, ResponsePiece(b" b")), (0, ResponsePiece(b""))]]
+    assert streamed == ["Twice a", " b", "Once"]

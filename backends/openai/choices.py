@@ -1,0 +1,83 @@
+"""Several choices of one API request (OpenAI's ``n``, a completion's list of prompts): one orchestrator request per
+choice, their responses merged into one stream of (choice index, piece).
+
+Choice ``k`` is prompt ``k // n``'s sample ``k % n``. With a ``seed``, sample ``i`` is sent with seed + i, as vLLM's
+parallel sampling seeds its children (``vllm/v1/engine/parallel_sampling.py``): the choices differ, and the request
+repeats. A prompt's first choice is sent at once, its other choices once the first's first response has come: its
+prompt's KV pages are written then and in the orchestrator's prefix cache (docs/design.md, "Prefix cache"), so the
+other choices share them copy-free and neither prefill the prompt nor decode its media again (with the prefix cache
+off they do both; their replies are the same). vLLM's children share their prompt's blocks the same way.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+from typing import AsyncIterator, Protocol
+
+from backends.openai.convert import OrchestratorRequest
+from client.api import ResponsePiece
+
+
+SEEDS = 2**63  # the orchestrator's seeds are in [0, 2**63): a sample's seed wraps there
+
+
+class Generator(Protocol):
+    def generate(self, request: OrchestratorRequest) -> AsyncIterator[ResponsePiece]: ...
+
+
+def sample_requests(prompt: OrchestratorRequest, n: int) -> list[OrchestratorRequest]:
+    """``prompt``'s request once per sample, sample ``i``'s ``seed`` (where set) raised by ``i`` modulo ``SEEDS``
+    (module docstring)."""
+    seed = prompt.sampling.get("seed")
+    if seed is None:
+        return [prompt] * n
+    return [dataclasses.replace(prompt, sampling={**prompt.sampling, "seed": (seed + i) % SEEDS}) for i in range(n)]
+
+
+async def merged(orchestrator: Generator, prompts: list[OrchestratorRequest], n: int
+                 ) -> AsyncIterator[tuple[int, ResponsePiece]]:
+    """Every choice's responses as (choice index, piece), in the order they come; each choice's last piece has its
+    ``finish_reason``. Closing the iterator gives up the choices still running (their requests are cancelled);
+    the first error of any choice ends it (the others are given up) and is raised: ApiError, as
+    ``OrchestratorClient.generate`` raises them."""
+    if len(prompts) == 1 and n == 1:  # one choice: no tasks, no queue (the 32-stream path costs per token)
+        async with contextlib.aclosing(orchestrator.generate(prompts[0])) as pieces:
+            async for piece in pieces:
+                yield 0, piece
+        return
+    samples = [sample_requests(prompt, n) for prompt in prompts]
+    queue: asyncio.Queue = asyncio.Queue()
+    tasks: list[asyncio.Task] = []
+
+    async def run(index: int) -> None:
+        waiting = index % n == 0  # a prompt's first choice: its samples wait for its first response
+        try:
+            async with contextlib.aclosing(orchestrator.generate(samples[index // n][index % n])) as pieces:
+                async for piece in pieces:
+                    queue.put_nowait((index, piece))
+                    if waiting:  # its prompt's pages are cached now: its other samples share them
+                        waiting = False
+                        start(range(index + 1, index + n))
+        except Exception as exc:  # noqa: BLE001 - raised where the stream is read
+            queue.put_nowait((index, exc))
+        else:
+            if waiting:  # it ended without a response: its samples go all the same (never stranded)
+                start(range(index + 1, index + n))
+            queue.put_nowait((index, None))
+
+    def start(indices: range) -> None:
+        loop = asyncio.get_running_loop()
+        tasks.extend(loop.create_task(run(index)) for index in indices)
+
+    start(range(0, len(prompts) * n, n))
+    try:
+        for _ in range(len(prompts) * n):
+            while (item := await queue.get())[1] is not None:
+                if isinstance(item[1], Exception):
+                    raise item[1]
+                yield item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

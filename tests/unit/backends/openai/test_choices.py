@@ -1,0 +1,109 @@
+"""Several choices of one request (backends/openai/choices.py): seeds, when a prompt's other samples are sent, the
+merged stream, errors and giving up. The orchestrator here is a recorder of what ``merged`` asks of it; the real
+one answers in tests/e2e/test_openai_api.py."""
+import asyncio
+import contextlib
+
+import pytest
+
+from backends.openai.choices import SEEDS, merged, sample_requests
+from backends.openai.convert import OrchestratorRequest
+from backends.openai.errors import ApiError
+from client.api import ResponsePiece
+
+
+def _request(prompt: str, **sampling) -> OrchestratorRequest:
+    return OrchestratorRequest(prompt, None, (), sampling, True, False)
+
+
+class Recorder:
+    """Answers each request with its prompt and seed as two pieces, gated: a request's second piece waits until
+    ``release`` names its prompt; ``fail`` names prompts answered with an error; ``log`` records sends and
+    closes."""
+
+    def __init__(self, fail: tuple[str, ...] = ()):
+        self.log: list[tuple[str, str, int | None]] = []
+        self.gates: dict[str, asyncio.Event] = {}
+        self.fail = fail
+        self.prefilled = asyncio.Event()  # every first response waits for it
+        self.prefilled.set()
+
+    def release(self, prompt: str) -> None:
+        self.gates.setdefault(prompt, asyncio.Event()).set()
+
+    async def generate(self, request: OrchestratorRequest):
+        seed = request.sampling.get("seed")
+        self.log.append(("sent", request.prompt, seed))
+        try:
+            if request.prompt in self.fail:
+                raise ApiError(400, f"bad {request.prompt}")
+            await self.prefilled.wait()
+            yield ResponsePiece(f"{request.prompt}:{seed}".encode())
+            await self.gates.setdefault(request.prompt, asyncio.Event()).wait()
+            yield ResponsePiece(b".", finish_reason="stop", final=True)
+        finally:
+            self.log.append(("closed", request.prompt, seed))
+
+
+def test_a_samples_seed_is_raised_by_its_index_and_wraps():
+    assert [r.sampling["seed"] for r in sample_requests(_request("p", seed=5), 3)] == [5, 6, 7]
+    assert [r.sampling["seed"] for r in sample_requests(_request("p", seed=SEEDS - 1), 2)] == [SEEDS - 1, 0]
+    unseeded = sample_requests(_request("p", top_k=2), 2)
+    assert all(r.sampling == {"top_k": 2} for r in unseeded)
+
+
+def test_a_prompts_other_samples_are_sent_after_its_first_response():
+    async def run():
+        orchestrator = Recorder()
+        orchestrator.prefilled.clear()
+        stream = merged(orchestrator, [_request("a", seed=1), _request("b", seed=1)], 2)
+        waiting = asyncio.ensure_future(anext(stream))
+        await asyncio.sleep(0.01)
+        assert orchestrator.log == [("sent", "a", 1), ("sent", "b", 1)]  # the others wait for a first response
+        orchestrator.prefilled.set()
+        first = await waiting
+        await asyncio.sleep(0)  # the other prompt's first response too
+        sent = [entry for entry in orchestrator.log if entry[0] == "sent"]
+        # each prompt's first sample went at once; each one's second after its first's first response
+        assert sent[:2] == [("sent", "a", 1), ("sent", "b", 1)] and first == (0, ResponsePiece(b"a:1"))
+        orchestrator.release("a")
+        orchestrator.release("b")
+        rest = [item async for item in stream]
+        texts = {index: [] for index in range(4)}
+        for index, piece in [first, *rest]:
+            texts[index].append(piece.text)
+        assert texts == {0: [b"a:1", b"."], 1: [b"a:2", b"."], 2: [b"b:1", b"."], 3: [b"b:2", b"."]}
+        assert sorted(e[1:] for e in orchestrator.log if e[0] == "sent") == [("a", 1), ("a", 2), ("b", 1), ("b", 2)]
+    asyncio.run(run())
+
+
+def test_one_choices_error_gives_up_the_others_and_is_raised():
+    async def run():
+        orchestrator = Recorder(fail=("b",))
+        with pytest.raises(ApiError, match="bad b"):
+            async with contextlib.aclosing(merged(orchestrator, [_request("a"), _request("b")], 1)) as stream:
+                async for _ in stream:
+                    pass
+        assert ("closed", "a", None) in orchestrator.log  # given up: its request is cancelled
+    asyncio.run(run())
+
+
+def test_closing_the_stream_gives_up_every_choice():
+    async def run():
+        orchestrator = Recorder()
+        stream = merged(orchestrator, [_request("a")], 3)
+        await anext(stream)
+        await asyncio.sleep(0)
+        await stream.aclose()
+        closed = [e for e in orchestrator.log if e[0] == "closed"]
+        assert len(closed) == 3 == len([e for e in orchestrator.log if e[0] == "sent"])
+    asyncio.run(run())
+
+
+def test_one_choice_is_the_requests_own_stream():
+    async def run():
+        orchestrator = Recorder()
+        orchestrator.release("a")
+        items = [item async for item in merged(orchestrator, [_request("a")], 1)]
+        assert [index for index, _ in items] == [0, 0] and items[-1][1].finish_reason == "stop"
+    asyncio.run(run())
