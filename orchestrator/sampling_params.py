@@ -10,8 +10,9 @@ import json
 import math
 from dataclasses import dataclass
 
-from backends.ipc.protocol import MAX_LOGIT_BIAS, MAX_LOGPROBS, SamplingParams
+from backends.ipc.protocol import MAX_LOGIT_BIAS, MAX_LOGPROBS, SamplingParams, StructuredOutput
 from flashcodec.families.base import MediaOptions
+from orchestrator.structured_outputs import parse_structured_outputs
 
 # Qwen2.5-VL's smallest and largest frame area (qwen_vl_utils MIN_PIXELS = 4*28*28, MAX_PIXELS = 16384*28*28).
 MIN_PIXELS = 4 * 28 * 28
@@ -62,6 +63,8 @@ class RequestParams:
         logit_bias: ``(token id, bias)`` pairs, at most 300 (OpenAI's limit), ids distinct and >= 0 (checked
             against the vocabulary at admission), biases in [-100, 100]: added to those tokens' logits (OpenAI's
             ``logit_bias``, a JSON object of token ids to biases, each clamped to [-100, 100] as vLLM does).
+        structured_outputs: what the output must match (vLLM's ``structured_outputs``:
+            ``orchestrator.structured_outputs``), or None; ``min_tokens`` must then be 0.
         Which media settings apply is the served family's (``flashcodec.families``; the orchestrator refuses the
         others).
 
@@ -87,6 +90,7 @@ class RequestParams:
     max_tiles: int | None = None
     logprobs: int | None = None
     logit_bias: tuple[tuple[int, float], ...] = ()
+    structured_outputs: StructuredOutput | None = None
 
     def __post_init__(self) -> None:
         if not 0 < self.max_tokens < _TOKENS_LIMIT:  # far beyond any max_model_len; bounds what messages print
@@ -132,6 +136,8 @@ class RequestParams:
                 0 <= t < _TOKENS_LIMIT for t in ids) or not all(-MAX_LOGIT_BIAS <= b <= MAX_LOGIT_BIAS for b in biases):
             _fail("logit_bias", f"must map at most {MAX_LOGIT_BIAS_ENTRIES} distinct token ids >= 0 to biases in "
                   f"[-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}]", self.logit_bias)
+        if self.structured_outputs is not None and self.min_tokens:  # it would mask the eos that ends a match
+            _fail("min_tokens", "must be 0 with structured_outputs", self.min_tokens)
 
     @property
     def media(self) -> MediaOptions:
@@ -142,7 +148,7 @@ class RequestParams:
         """The stages' part of these parameters (``backends.ipc.protocol.SamplingParams``)."""
         return SamplingParams(self.temperature, self.top_p, self.top_k, self.seed, self.min_tokens, self.ignore_eos,
                               self.repetition_penalty, self.presence_penalty, self.frequency_penalty,
-                              self.stop_token_ids, self.logprobs, self.logit_bias)
+                              self.stop_token_ids, self.logprobs, self.logit_bias, self.structured_outputs)
 
 
 def _fail(key: str, rule: str, value: object) -> None:
@@ -249,6 +255,13 @@ def _as_logit_bias(key: str, value: object) -> tuple[tuple[int, float], ...]:
     return tuple(out.items())
 
 
+def _as_structured_outputs(key: str, value: object) -> StructuredOutput | None:
+    try:
+        return parse_structured_outputs(key, value)
+    except ValueError as exc:
+        raise InvalidInput(f"{_PREFIX}: {exc}") from None
+
+
 def _as_optional_int(key: str, value: object) -> int | None:
     return None if value is None else _as_int(key, value)
 
@@ -276,6 +289,7 @@ _CONVERTERS = {
     "max_tiles": _as_optional_int,
     "logprobs": _as_optional_int,
     "logit_bias": _as_logit_bias,
+    "structured_outputs": _as_structured_outputs,
 }
 # Other clients' names for a key, read as that key wherever sampling_parameters' rules apply (a request, the
 # orchestrator's media_defaults; the OpenAI API passes its mm_processor_kwargs on as they are)

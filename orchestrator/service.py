@@ -162,8 +162,9 @@ def _shutting_down() -> StageError:
 
 class Orchestrator:
     def __init__(self, config: OrchestratorConfig, metrics):
-        # transformers' tokenizer (and the runtime families with it): only where it is used
+        # transformers' tokenizer, the runtime families, xgrammar (structured outputs): loaded here, not on first use
         from backends.runtime.families.registry import model_tokenizer, sampled_ids
+        from backends.runtime.sampling import grammar  # noqa: F401
 
         self.config = config
         self.metrics = metrics
@@ -390,8 +391,7 @@ class Orchestrator:
                              "max_waiting_requests); retry later")
 
     def stream(self, admitted: Admitted) -> AsyncIterator[tuple[str, list[int], str | None]]:
-        """The request's ``(text_delta, token_ids, finish_reason or None)`` items
-        (``OutputProcessor.stream``)."""
+        """The request's ``(text_delta, token_ids, finish_reason or None)`` items (``OutputProcessor.stream``)."""
         return self.outputs.stream(admitted.engine, admitted.req_id, admitted.outputs, admitted.parsed.params)
 
     def cancel(self, admitted: Admitted) -> None:

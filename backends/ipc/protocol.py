@@ -38,6 +38,24 @@ INVALID_INPUT = "invalid_input"
 SERVER_FAULT = "server_fault"
 MAX_LOGPROBS = 20  # the most top tokens a sampled token's log probabilities come with (vLLM's max_logprobs)
 MAX_LOGIT_BIAS = 100.0  # a logit_bias value's bound either way (OpenAI's API's)
+STRUCTURED_KINDS = ("json", "json_object", "regex", "grammar")
+
+
+@dataclass(frozen=True)
+class StructuredOutput:
+    """What an output must match (vLLM's ``structured_outputs``), as ``backends.runtime.sampling.grammar`` compiles
+    it with xgrammar: ``kind`` "json" (``text``: a JSON schema), "json_object" (any JSON object; ``text`` empty),
+    "regex" (``text``: a regular expression) or "grammar" (``text``: EBNF, xgrammar's dialect; a list of choices
+    arrives as one); ``any_whitespace``: JSON may hold any whitespace between its tokens (else none beyond one
+    space after ``:`` and ``,``, vLLM's ``disable_any_whitespace``)."""
+
+    kind: str
+    text: str = ""
+    any_whitespace: bool = True
+
+    def __post_init__(self) -> None:
+        if self.kind not in STRUCTURED_KINDS:
+            raise ValueError(f"structured output kind must be one of {STRUCTURED_KINDS}, got {self.kind!r}")
 
 
 @dataclass(frozen=True)
@@ -68,6 +86,9 @@ class SamplingParams:
     * ``logit_bias``: ``(token id, bias)`` pairs, each bias (in [-100, 100]) added to that token's logit before the
       penalties and sampling, as vLLM v1 orders them (OpenAI's ``logit_bias``; not in the log probabilities, which are
       the raw logits'); ids distinct: ``backends.runtime.sampling.logit_bias``.
+    * ``structured``: the output must match it (``StructuredOutput``): tokens that cannot continue a match are
+      masked before sampling, and the output ends once the match is whole and an eos token sampled (the only tokens
+      allowed then); ``min_tokens`` must be 0 beside it (it would mask those eos tokens).
     """
 
     temperature: float = 1.0
@@ -82,6 +103,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     logprobs: int | None = None
     logit_bias: tuple[tuple[int, float], ...] = ()
+    structured: StructuredOutput | None = None
 
     def __post_init__(self) -> None:
         if not (self.temperature >= 0 and math.isfinite(self.temperature)):
@@ -106,6 +128,8 @@ class SamplingParams:
                 not -MAX_LOGIT_BIAS <= b <= MAX_LOGIT_BIAS for _, b in self.logit_bias):
             raise ValueError(f"logit_bias must map distinct ids >= 0 to biases in [-{MAX_LOGIT_BIAS:g}, "
                              f"{MAX_LOGIT_BIAS:g}], got {self.logit_bias}")
+        if self.structured is not None and self.min_tokens:
+            raise ValueError(f"min_tokens must be 0 with a structured output, got {self.min_tokens}")
 
     @property
     def penalized(self) -> bool:

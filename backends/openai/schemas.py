@@ -2,7 +2,7 @@
 server name them.
 
 Fields a client may send that this server does not know are ignored (as vLLM does); fields it knows but cannot
-honour (``tools``, ``response_format`` other than text, ...) are refused by :meth:`GenerationRequest.refusal`.
+honour (``tools``, ``best_of``, ...) are refused by :meth:`GenerationRequest.refusal`.
 """
 from __future__ import annotations
 
@@ -104,6 +104,8 @@ class GenerationRequest(_Body):
     mm_processor_kwargs: MediaOptions | None = None
     logit_bias: dict[str, float] | None = None  # token id (a JSON key) -> bias in [-100, 100]
     n: int | None = None  # choices per prompt (backends/openai/choices.py)
+    response_format: dict[str, Any] | None = None  # OpenAI's: text, json_object, json_schema
+    structured_outputs: dict[str, Any] | None = None  # vLLM's: json, json_object, regex, choice, grammar
 
     @property
     def top_logprobs_asked(self) -> int | None:
@@ -117,6 +119,13 @@ class GenerationRequest(_Body):
             return "n", f"n: must be in [1, {MAX_CHOICES}], got {self.n}"
         if self.stream_options is not None and not self.stream:  # as OpenAI's API and vLLM answer
             return "stream_options", "stream_options: only allowed when stream is true"
+        kind = (self.response_format or {}).get("type", "text")
+        if kind not in ("text", "json_object", "json_schema"):
+            return "response_format", f"response_format: type must be text, json_object or json_schema, got {kind!r}"
+        if kind == "json_schema" and not isinstance(_json_schema(self.response_format), dict):
+            return "response_format", "response_format: json_schema.schema must be a JSON schema (an object)"
+        if kind != "text" and self.structured_outputs is not None:
+            return "response_format", "response_format: send it or structured_outputs, not both"
         return None
 
     def sampling_parameters(self) -> dict[str, Any]:
@@ -129,6 +138,9 @@ class GenerationRequest(_Body):
             sampling.update(self.mm_processor_kwargs.model_dump(exclude_none=True))
         if self.top_logprobs_asked:
             sampling["logprobs"] = self.top_logprobs_asked
+        structured = self.structured_outputs or _structured(self.response_format or {})
+        if structured is not None:
+            sampling["structured_outputs"] = structured
         return sampling
 
     @property
@@ -138,6 +150,21 @@ class GenerationRequest(_Body):
     @property
     def choices_per_prompt(self) -> int:
         return self.n or 1
+
+
+def _structured(response_format: dict[str, Any]) -> dict[str, Any] | None:
+    """OpenAI's ``response_format`` as vLLM's ``structured_outputs`` (None for text), as vLLM converts it."""
+    if response_format.get("type") == "json_object":
+        return {"json_object": True}
+    if response_format.get("type") == "json_schema":
+        return {"json": _json_schema(response_format)}
+    return None
+
+
+def _json_schema(response_format: dict[str, Any]) -> object:
+    """``json_schema.schema`` of a ``response_format``, or None where it has none (refused, read before that)."""
+    spec = response_format.get("json_schema")
+    return spec.get("schema") if isinstance(spec, dict) else None
 
 
 def _count_refusal(field: str, count: int | None) -> tuple[str, str] | None:
@@ -154,7 +181,6 @@ class ChatCompletionRequest(GenerationRequest):
     top_logprobs: int | None = None
     tools: list[Any] | None = None
     tool_choice: Any = None
-    response_format: dict[str, Any] | None = None
 
     @property
     def top_logprobs_asked(self) -> int | None:
@@ -167,8 +193,6 @@ class ChatCompletionRequest(GenerationRequest):
             return "top_logprobs", "top_logprobs: only allowed when logprobs is true"
         if self.tools or self.tool_choice not in (None, "none", "auto"):
             return "tools", "tools: tool calls are not supported by this server"
-        if self.response_format and self.response_format.get("type") != "text":
-            return "response_format", "response_format: only {\"type\": \"text\"} is supported"
         return super().refusal()
 
     def sampling_parameters(self) -> dict[str, Any]:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from backends.ipc.protocol import DecodeAdmit, SamplingParams
+from backends.runtime.sampling.grammar import Grammars
 from backends.runtime.sampling.logprobs import Asked
 from backends.runtime.sampling.token_readback import TokenReadback
 
@@ -17,7 +19,8 @@ class RunningSeq:
     flight has run; ``last_token`` is not yet (while the sequence is in the step in flight, ``last_token`` is
     the one before and the current one is on the device). ``num_generated`` counts the tokens of launched steps;
     ``ending``: the step in flight makes its ``max_tokens``-th token, so it is not launched again.
-    ``prompt_token_ids``: the admission's (``DecodeAdmit``), for the penalty state."""
+    ``prompt_token_ids``: the admission's (``DecodeAdmit``), for the penalty state. ``grammar``: its structured
+    output's xgrammar matcher (``backends.runtime.sampling.grammar``), having accepted every token read so far."""
 
     seq_id: str
     block_table: np.ndarray  # int32: the KV pages granted at admission (a step's page list is views of these)
@@ -29,13 +32,22 @@ class RunningSeq:
     sampling: SamplingParams
     ending: bool = False
     prompt_token_ids: tuple[int, ...] = ()
+    grammar: Any = None
 
     @classmethod
-    def from_admit(cls, admit: DecodeAdmit) -> "RunningSeq":
-        """From the orchestrator's admit message."""
+    def from_admit(cls, admit: DecodeAdmit, grammars: Grammars) -> tuple["RunningSeq", str | None]:
+        """From the orchestrator's admit message, with its structured output's matcher from ``grammars``, which
+        has accepted the first token; and why that failed (the sequence must fail), or None."""
+        grammar, failed = None, None
+        if admit.sampling.structured is not None:
+            try:
+                grammar = grammars.matcher(admit.sampling.structured)
+                failed = None if grammar.accept_token(admit.last_token) else "its first token breaks its grammar"
+            except ValueError as exc:
+                failed = str(exc)
         return cls(admit.seq_id, np.asarray(admit.block_table, dtype=np.int32), admit.num_cached, admit.last_token,
                    admit.mrope_delta, admit.num_generated, admit.max_tokens, admit.sampling,
-                   prompt_token_ids=admit.prompt_token_ids)
+                   prompt_token_ids=admit.prompt_token_ids, grammar=grammar), failed
 
 
 @dataclass(frozen=True)

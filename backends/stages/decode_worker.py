@@ -40,6 +40,7 @@ from backends.runtime.loader import ModelSpec, load_model
 from backends.runtime.language_model.fuse import fuse_projections
 from backends.runtime.model_runner import DecodeSeq, ModelRunner
 from backends.runtime.sampling import logprobs
+from backends.runtime.sampling.grammar import Grammars, accepted
 from backends.runtime.sampling.logit_bias import LogitBias
 from backends.runtime.sampling.penalties import PenaltyState
 from backends.runtime.sampling.sampler import sample_tensor, warm_up
@@ -117,6 +118,7 @@ class DecodeWorker:
         self.penalties = PenaltyState(model.lm_head.out_features, device)  # the loop thread's
         self.logit_bias = LogitBias()  # the loop thread's
         self.eos_ids = eos_token_ids(tokenizer)
+        self.grammars = Grammars(tokenizer, model.lm_head.out_features, self.eos_ids, device)  # structured outputs
         self.on_step = on_step
         self.max_batch = max_batch
         self.running: dict[str, RunningSeq] = {}
@@ -148,7 +150,8 @@ class DecodeWorker:
         self.commands.put(("end", None, None))
 
     def admit(self, admit: DecodeAdmit) -> None:
-        self.commands.put(("admit", RunningSeq.from_admit(admit), None))
+        """Queue the sequence; its grammar's matcher is made here, not on the loop (compiling takes up to 1 s)."""
+        self.commands.put(("admit", *RunningSeq.from_admit(admit, self.grammars)))
 
     def pace(self, interval_ms: float, for_ms: float) -> None:
         """Launch steps at least ``interval_ms`` apart for ``for_ms`` from now (``backends.stages.decode_pace``);
@@ -199,6 +202,9 @@ class DecodeWorker:
             self._end_stream()
             self._told(0, 0.0)
         elif kind == "admit":
+            if done is not None:  # its grammar's matcher failed (admit)
+                log.error("decode: could not admit %s: %s", value.seq_id, done)
+                return self._send([(value.seq_id, -1, "error", None)])
             self.running[value.seq_id] = value
             try:  # slots of sequences that have left are free again; its first token is its only output so far
                 self.penalties.retain(self.running)
@@ -282,8 +288,10 @@ class DecodeWorker:
         self._send(rows)
 
     def _step(self) -> None:
-        """Launch the next step, read the one before it (module docstring), plan the step after while the GPU
-        runs; without overlap, read the step just launched last."""
+        """Launch the next step, read the one before it (module docstring; first, where a structured output's mask
+        must follow every token before), plan the step after while the GPU runs; without overlap, read it last."""
+        if self._in_flight is not None and any(s.grammar is not None for s in self._batch()):
+            self._read_in_flight()
         launched = self._launch()
         previous, self._in_flight = self._in_flight, launched
         if previous is not None:
@@ -324,6 +332,8 @@ class DecodeWorker:
         params = [s.sampling for s in batch]
         asking = logprobs.start(logits, params)  # the raw logits' (before the bias and the penalties)
         logits, penalized = self.penalties.penalize(self.logit_bias.apply(logits, params), (s.seq_id for s in batch))
+        if any(s.grammar is not None for s in batch):
+            logits = self.grammars.mask(logits, [s.grammar for s in batch])
         counts = [s.num_generated for s in batch]
         sampled = sample_tensor(logits, params, counts, self.eos_ids)
         self.penalties.count(penalized, sampled)  # on the device, before any later step is launched
@@ -357,6 +367,8 @@ class DecodeWorker:
                 continue
             seq.last_token = token
             reason = finish_reason(token, count + 1, seq.max_tokens, seq.sampling, self.eos_ids)
+            if seq.grammar is not None:  # a match ended with its eos token, whatever ignore_eos says
+                reason = accepted(seq.grammar, token) or reason
             row = (seq.seq_id, token, reason or "", token_logprobs)
             if reason:
                 del self.running[seq.seq_id]

@@ -14,7 +14,8 @@ order:
 * ``prefill``: prompt chunks ``[start, end)`` embedded (their text rows, then their groups' visual rows:
   ``PromptState.chunk``; a cached prefix is never embedded) and written into the shared KV pool (block tables
   given); the chunk that ends a prompt yields its first sampled token (its repetition penalty over the prompt
-  applied), with the stop rule's finish reason.
+  applied, and its structured output's mask: ``backends.runtime.sampling.grammar``), with the stop rule's finish
+  reason.
 The runtime decides nothing: what runs in a step is the orchestrator's scheduler's call.
 """
 from __future__ import annotations
@@ -38,6 +39,7 @@ from backends.runtime.loader import ModelSpec, checkpoint_bytes, host_available_
 from backends.runtime.model_runner import ModelRunner, PrefillChunk
 from backends.runtime.phase_clock import PhaseClock
 from backends.runtime.sampling import logprobs
+from backends.runtime.sampling.grammar import Grammars
 from backends.runtime.sampling.logit_bias import apply_logit_bias
 from backends.runtime.sampling.penalties import penalize_first_tokens
 from backends.runtime.sampling.sampler import sample_tensor, warm_up
@@ -146,6 +148,7 @@ class EncodePrefillWorker:
         # language-model weight bytes by copy (shared_weights.held_bytes), updated when the first step maps decode's
         self.weights_held = shared_weights.held_bytes(self.model, None)
         self.eos_ids = eos_token_ids(tokenizer)
+        self.grammars = Grammars(tokenizer, self.model.lm_head.out_features, self.eos_ids, device)  # structured outputs
         self.prompts: dict[str, PromptState] = {}
         # merged visual embeddings [tokens, hidden] by key, kept and dropped as the orchestrator's plans say
         # (orchestrator/encoder_cache.py decides; nothing is evicted here)
@@ -290,6 +293,8 @@ class EncodePrefillWorker:
         asking = logprobs.start(logits, params)  # the raw logits' (before the bias and the penalties)
         logits = penalize_first_tokens(apply_logit_bias(logits, params), [state.request.input_ids for state in states],
                                        params)
+        if any(p.structured for p in params):  # each from its grammar's start
+            logits = self.grammars.mask(logits, [p.structured and self.grammars.matcher(p.structured) for p in params])
         sampled = sample_tensor(logits, params, [0] * len(last), self.eos_ids)
         tokens = TokenReadback(sampled, logprobs.finish(*asking, sampled) if asking else None)  # both in one wait
         figures = logprobs.rows(asking[0] if asking else None, tokens.figures(), params)

@@ -175,3 +175,29 @@ def test_cuda_logit_bias_equals_the_cpus_without_a_sync():
         torch.cuda.set_sync_debug_mode("default")
     expected = apply_logit_bias(logits.bfloat16(), params)
     assert all(torch.equal(b.cpu(), expected) for b in biased)
+
+
+def test_cuda_grammar_masks_equal_the_cpus_without_a_sync():
+    """A structured output's mask (backends/runtime/sampling/grammar.py) on CUDA, float32 logits as the stages':
+    the CPU's -inf where the matcher forbids a token and the logits elsewhere, rows without a matcher untouched,
+    and nothing waits for the device (the bitmask goes over pinned; xgrammar's kernel is built at start)."""
+    from backends.ipc.protocol import StructuredOutput
+    from backends.runtime.loader import ModelSpec, load_model
+    from backends.runtime.sampling.grammar import Grammars
+    from backends.runtime.tokenizer import eos_token_ids
+
+    _, tokenizer = load_model(ModelSpec())
+    grammars = Grammars(tokenizer, VOCAB, eos_token_ids(tokenizer), torch.device("cuda"))
+    logits, _, _ = _batch(3)
+    matchers = [grammars.matcher(StructuredOutput("regex", "[ab]+c")), None,
+                grammars.matcher(StructuredOutput("json_object"))]
+    expected = grammars.mask(logits.clone(), matchers)
+    on_device = logits.cuda()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        grammars.mask(on_device, matchers)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert torch.equal(on_device.cpu(), expected) and torch.equal(expected[1], logits[1])
+    assert int((expected[0] > -torch.inf).sum()) == 2  # "a" and "b"

@@ -126,7 +126,11 @@ def test_a_completions_prompts_are_one_request_each_with_the_same_sampling():
     (dict(logprobs=True, top_logprobs=21), "top_logprobs", "top_logprobs: must be in [0, 20], got 21"),
     (dict(tools=[{"type": "function", "function": {"name": "f"}}]), "tools", "tools: tool calls are not supported"),
     (dict(tool_choice="required"), "tools", "tools: tool calls are not supported"),
-    (dict(response_format={"type": "json_object"}), "response_format", "response_format: only"),
+    (dict(response_format={"type": "xml"}), "response_format", "response_format: type must be text, json_object or"),
+    (dict(response_format={"type": "json_schema", "json_schema": {"name": "x"}}), "response_format",
+     "response_format: json_schema.schema must be a JSON schema"),
+    (dict(response_format={"type": "json_object"}, structured_outputs={"regex": "a"}), "response_format",
+     "response_format: send it or structured_outputs, not both"),
     (dict(stream_options={"include_usage": True}), "stream_options", "stream_options: only allowed when stream"),
 ])
 def test_what_the_server_cannot_do_is_refused(fields, param, words):
@@ -147,6 +151,23 @@ def test_a_chats_logprobs_ask_for_the_orchestrators_return_logprobs(fields, top,
     assert request.return_logprobs == (top is not None) and request.sampling.get("logprobs") == sampling
     names = [tensor.name() for tensor in request.inputs()]
     assert ("return_logprobs" in names) == (top is not None)
+
+
+@pytest.mark.parametrize("fields,structured", [
+    (dict(response_format={"type": "text"}), None),
+    (dict(response_format={"type": "json_object"}), {"json_object": True}),
+    (dict(response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "integer"}}}),
+     {"json": {"type": "integer"}}),
+    (dict(structured_outputs={"choice": ["yes", "no"]}), {"choice": ["yes", "no"]}),
+])
+def test_a_response_format_goes_as_vllms_structured_outputs(fields, structured):
+    """OpenAI's ``response_format`` as vLLM converts it, vLLM's ``structured_outputs`` as it is; the orchestrator
+    takes both."""
+    request = chat_request(_chat(messages=[{"role": "user", "content": "hi"}], **fields))
+    assert request.sampling.get("structured_outputs") == structured
+    parse_sampling_parameters(json.dumps(request.sampling))
+    [completion] = completion_requests(CompletionRequest(model="m", prompt="p", **fields))
+    assert completion.sampling.get("structured_outputs") == structured
 
 
 def test_logit_bias_goes_to_the_orchestrator_as_it_is():

@@ -1,0 +1,66 @@
+"""The decode stage with structured outputs (backends/runtime/sampling/grammar.py), steps overlapped where no
+grammar is in the batch: a sequence held to a grammar streams exactly the greedy tokens of stepping it alone with
+each step's logits masked by a matcher of its own, ends with the eos token that ends its match ("stop", even with
+ignore_eos), and a plain sequence beside it is unchanged; a first token its grammar refuses fails the sequence.
+CPU, tiny model."""
+from __future__ import annotations
+
+import numpy as np
+
+from backends.ipc.protocol import DecodeAdmit, SamplingParams, StructuredOutput
+from backends.runtime.model_runner import DecodeSeq
+from backends.stages.decode_worker import DecodeWorker
+# run_dir: that module's autouse fixture (each worker's own run directory), used here too
+from tests.unit.backends.stages.test_decode_worker_steps import (  # noqa: F401
+    alone, attach_queue, collect, run_dir, worker_on)
+
+A = 64  # the tiny tokenizer's "a" (its ids are characters)
+
+
+def held(worker: DecodeWorker, spec: StructuredOutput, first: int, page: int, steps: int) -> list[int]:
+    """Greedy tokens of one sequence stepped alone, each step's logits masked by its own matcher, until the match
+    ends (an eos token) or ``steps``."""
+    matcher = worker.grammars.matcher(spec)
+    assert matcher.accept_token(first)
+    tokens, token = [], first
+    for n in range(steps):
+        logits = worker.runner.decode([DecodeSeq(token, n, n, np.array([page], dtype=np.int32))]).float().clone()
+        token = int(worker.grammars.mask(logits, [matcher]).argmax(dim=-1)[0])
+        tokens.append(token)
+        assert matcher.accept_token(token)
+        if matcher.is_terminated():
+            break
+    return tokens
+
+
+def test_a_grammar_holds_its_sequence_and_leaves_the_others_alone():
+    worker = worker_on("cpu", max_batch=2)
+    try:
+        spec = StructuredOutput("regex", "a[b-d]{4}(xy|yx)")
+        reference, plain = held(worker, spec, A, 1, 20), alone(worker, first=9, page=2, steps=12)
+        assert reference[-1] in worker.eos_ids and len(reference) == 7  # four letters, two, then eos
+        assert reference != alone(worker, first=A, page=1, steps=7)  # the grammar changes the greedy tokens
+        steps = attach_queue(worker)
+        params = SamplingParams(temperature=0, ignore_eos=True, structured=spec)
+        worker.admit(DecodeAdmit("held", (1,), 0, A, 0, 1, 30, params))
+        worker.admit(DecodeAdmit("plain", (2,), 0, 9, 0, 1, 13, SamplingParams(temperature=0)))
+        tokens, reasons, after_end = collect(steps, ["held", "plain"])
+        assert (tokens["held"], reasons["held"]) == (reference, "stop")
+        assert tokens["plain"][:len(plain)] == plain[:len(tokens["plain"])] and not after_end
+        assert not worker.running
+    finally:
+        worker.shutdown()
+
+
+def test_a_first_token_its_grammar_refuses_fails_the_sequence_alone():
+    worker = worker_on("cpu", max_batch=2)
+    try:
+        steps = attach_queue(worker)
+        params = SamplingParams(temperature=0, structured=StructuredOutput("regex", "b+"))
+        worker.admit(DecodeAdmit("refused", (1,), 0, A, 0, 1, 10, params))  # "a" cannot start "b+"
+        worker.admit(DecodeAdmit("plain", (2,), 0, 9, 0, 1, 5, SamplingParams(temperature=0)))
+        tokens, reasons, _ = collect(steps, ["refused", "plain"])
+        assert (tokens["refused"], reasons["refused"]) == ([-1], "error")
+        assert reasons["plain"] == "length" and len(tokens["plain"]) == 4
+    finally:
+        worker.shutdown()

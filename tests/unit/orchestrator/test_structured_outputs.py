@@ -1,0 +1,55 @@
+"""The ``structured_outputs`` sampling parameter (orchestrator/structured_outputs.py): vLLM's shape taken, every
+problem refused naming it (xgrammar's own word on schemas, regexes and grammars, without its C++ location)."""
+import json
+
+import pytest
+
+from backends.ipc.protocol import StructuredOutput
+from orchestrator.sampling_params import InvalidInput, parse_sampling_parameters
+from orchestrator.structured_outputs import MAX_CHARS
+
+
+def _parsed(value) -> StructuredOutput | None:
+    return parse_sampling_parameters(json.dumps({"structured_outputs": value})).structured_outputs
+
+
+@pytest.mark.parametrize("value, expected", [
+    ({"json": {"type": "object"}}, StructuredOutput("json", '{"type": "object"}')),
+    ({"json": '{"type": "integer"}', "disable_any_whitespace": True},
+     StructuredOutput("json", '{"type": "integer"}', any_whitespace=False)),
+    ({"json_object": True, "regex": None, "choice": None}, StructuredOutput("json_object")),
+    ({"regex": "[0-9]{3}"}, StructuredOutput("regex", "[0-9]{3}")),
+    ({"choice": ["yes", 'say "no"', "naïve\n"]}, StructuredOutput("grammar", 'root ::= "yes" | "say \\"no\\"" | "naïve\\n"')),
+    ({"grammar": 'root ::= "a" | "b"'}, StructuredOutput("grammar", 'root ::= "a" | "b"')),
+    (None, None),
+])
+def test_each_kind_is_taken(value, expected):
+    assert _parsed(value) == expected
+
+
+@pytest.mark.parametrize("value, words", [
+    ("json", "structured_outputs must be an object holding one of json, json_object, regex, choice, grammar, got str"),
+    ({}, "structured_outputs must hold exactly one of json, json_object, regex, choice, grammar, got none"),
+    ({"json": {}, "regex": "a"}, "structured_outputs must hold exactly one of .*, got \\['json', 'regex'\\]"),
+    ({"jsn": {}}, "structured_outputs: unknown key 'jsn'"),
+    ({"json_object": 1}, "structured_outputs.json_object must be true, got 1"),
+    ({"regex": ""}, "structured_outputs.regex must be a non-empty string, got ''"),
+    ({"json": 5}, "structured_outputs.json must be a non-empty string or an object, got 5"),
+    ({"choice": ["a", ""]}, "structured_outputs.choice must be a list of 1 to 1024 non-empty strings"),
+    ({"regex": "a", "disable_any_whitespace": "yes"},
+     "structured_outputs.disable_any_whitespace must be a boolean, got 'yes'"),
+    ({"json": {"type": "nonsense"}}, 'structured_outputs.json: Unsupported type "nonsense"$'),
+    ({"json": "{not json"}, "structured_outputs.json: Failed to parse JSON"),
+    ({"regex": "(a"}, "structured_outputs.regex: Regex parsing error at position 3: The parenthesis is not closed"),
+    ({"grammar": "root ::= rule"}, 'structured_outputs.grammar: EBNF parser error .* Rule "rule" is not defined'),
+    ({"regex": "a" * (MAX_CHARS + 1)}, f"structured_outputs.regex is {MAX_CHARS + 1} characters long, at most"),
+])
+def test_problems_are_refused_naming_them(value, words):
+    with pytest.raises(InvalidInput, match=f"^sampling_parameters: {words}") as info:
+        _parsed(value)
+    assert ".cc:" not in str(info.value)
+
+
+def test_min_tokens_is_refused_beside_a_structured_output():
+    with pytest.raises(InvalidInput, match="min_tokens must be 0 with structured_outputs, got 2"):
+        parse_sampling_parameters(json.dumps({"structured_outputs": {"regex": "a+"}, "min_tokens": 2}))
