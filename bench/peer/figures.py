@@ -149,7 +149,7 @@ def scenario_figures(name: str, records: list[dict], prefix_cache: dict | None =
     ttft = [r["ttft_ms"] for r in _ok(records, "image" if name == "images16" else "text")]
     if name == "text_c1":
         return {"ttft_ms": _stat(ttft, "p50"), "tbt_mean_ms": _stat(all_gaps(_ok(records, "text")), "mean")}
-    if name == "text_c32":
+    if name in ("text_c32", "text_c32_structured"):
         gaps = all_gaps(_ok(records, "text"))
         return {"ttft_p50_ms": _stat(ttft, "p50"), "tbt_mean_ms": _stat(gaps, "mean"), "tbt_p99_ms": _stat(gaps, "p99")}
     if name == "images16":

@@ -33,7 +33,7 @@ Issue 21's cache scenarios, in a results folder of their own (``--out``), both s
 Scenarios (``bench/peer/scenarios.py``): video, mixed_video, mixed_images, text_c1, text_c32, images16;
 ``goodput_<long_video|video|images>@unloaded`` and ``@<rate>`` (requests/s), or ``goodput_<workload>`` for the
 unloaded pass and every default rate (``goodput_multiturn``: sessions/s, with the caches on); ``crosscheck``
-(``bench/peer/crosscheck.py``); followup, multiturn.
+(``bench/peer/crosscheck.py``); followup, multiturn; text_c32_structured (structured outputs' cost).
 Every scenario's raw JSON holds the server's command line and its prefix-cache counters' increase
 (``bench/peer/prefix_cache.py``; None where it has none). bench/peer/README.md gives the device-call sequence.
 """

@@ -12,6 +12,8 @@ are the serve bench's (``Setup``: video 128, images 128, text 256 tokens; smoke 
 | ``mixed_images`` | 16 closed-loop text streams; 16 one-image requests at 2 s |
 | ``text_c1`` | ``TEXT_C1_REQUESTS`` text requests, one after another (its TTFT is their median) |
 | ``text_c32`` | 32 text requests at once |
+| ``text_c32_structured`` | ``text_c32`` with every reply held to ``STRUCTURED`` (vLLM's ``structured_outputs``: the cost |
+|  | of structured outputs; not in the default run) |
 | ``images16`` | 16 one-image requests at once |
 | ``goodput_<workload>@unloaded`` | each request type of the workload alone, ``UNLOADED_REPEATS`` times |
 | ``goodput_<workload>@<rate>`` | Poisson arrivals at ``rate`` requests/s (``--requests`` of them, seeded); for |
@@ -74,6 +76,10 @@ TEXT_C1_REQUESTS = 5  # one request's TTFT is one sample: four single runs on 20
 FIXED = ("video", "mixed_video", "mixed_images", "text_c1", "text_c32", "images16")
 WORKLOADS = tuple(GOODPUT_RATES)
 CACHED = ("followup", "multiturn")  # issue 21's, run with the systems' caches on (bench/peer/README.md)
+# a regex no reply of 256 tokens can complete (Qwen's tokens of these characters are at most about 30 long), so that
+# both systems make all of them under the grammar's mask, as text_c32 makes them without one
+STRUCTURED = {"regex": "[a-z ,.]{8000}"}
+FEATURES = ("text_c32_structured",)  # run by name, as the cache scenarios
 QUESTIONS = (QUESTION, "What happens first in this clip?", "Which animals appear, and what do they do?",
              "Describe the setting, its colours and its light.", "What is the mood of the scene, and why?",
              "What happens last in this clip?")  # the multiturn scenario's, in order; the follow-up's is QUESTIONS[-1]
@@ -154,8 +160,8 @@ def _resized(image: Path, size: tuple[int, int]) -> Path:
     return path
 
 
-def text_request(inputs: Inputs, max_tokens: int | None = None) -> ChatRequest:
-    return ChatRequest("text", chat_parts(TEXT_PROMPT), max_tokens or inputs.setup.text_tokens)
+def text_request(inputs: Inputs, max_tokens: int | None = None, extra: tuple = ()) -> ChatRequest:
+    return ChatRequest("text", chat_parts(TEXT_PROMPT), max_tokens or inputs.setup.text_tokens, extra=extra)
 
 
 def image_request(path: Path, max_tokens: int) -> ChatRequest:
@@ -252,6 +258,8 @@ async def run(name: str, target: Target, inputs: Inputs, requests: int | None = 
         return await closed_loop(target, 1, [text_request(inputs)] * TEXT_C1_REQUESTS)
     if name == "text_c32":
         return await open_loop(target, [(0.0, text_request(inputs))] * 32)
+    if name == "text_c32_structured":
+        return await open_loop(target, [(0.0, text_request(inputs, extra=(("structured_outputs", STRUCTURED),)))] * 32)
     if name == "images16":
         return await open_loop(target, [(0.0, image_request(p, s.image_tokens)) for p in inputs.images])
     if name == "followup":
@@ -260,7 +268,7 @@ async def run(name: str, target: Target, inputs: Inputs, requests: int | None = 
         return await closed_loop(target, streams, multiturn_sessions(inputs, questions))
     workload, _, rate = name.removeprefix("goodput_").partition("@")
     if not name.startswith("goodput_") or workload not in WORKLOADS or not rate:
-        raise ValueError(f"unknown scenario {name!r}: one of {FIXED + CACHED} or "
+        raise ValueError(f"unknown scenario {name!r}: one of {FIXED + CACHED + FEATURES} or "
                          f"goodput_<{'|'.join(WORKLOADS)}>@<rate|unloaded>")
     if workload == "multiturn":
         if rate not in inputs.goodput_clips:

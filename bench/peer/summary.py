@@ -10,8 +10,8 @@ what the streams got; their ``text_only_tbt_p99_ms`` and ``text_tbt_window_ratio
 ``goodput.{long_video, video, images}.max_rate_rps``; and issue 20's ``text_c1.{ttft_ms, tbt_mean_ms}``,
 ``text_c32.{ttft_p50_ms, tbt_mean_ms, tbt_p99_ms}``, ``images16.{ttft_p50_ms, ttft_max_ms}``; issue 21's
 ``followup.ttft_ms`` (with ``first_ttft_ms``, ``chat_ttft_ms``) and ``multiturn.prefix_hit_rate`` (with
-``reusable_hit_rate``, the first and later questions' TTFT p50 and p90, ``slo_attainment``: ``bench.peer.figures``)
-(ms unless named; null where a scenario was not run or its requests failed; a fixed scenario run in several passes,
+``reusable_hit_rate``, the first and later questions' TTFT p50 and p90, ``slo_attainment``: ``bench.peer.figures``);
+``text_c32_structured``'s as ``text_c32``'s (ms unless named; null where a scenario was not run or its requests failed; a fixed scenario run in several passes,
 ``run.py --passes``: each figure's median over them). ``report.json`` holds what backs them (every pass's figures
 under ``passes``):
 per system and scenario the request and error counts, the server's command line, whether its requests asked for
@@ -35,7 +35,7 @@ from pathlib import Path
 from bench.common import write
 from bench.peer import figures, slo
 from bench.peer.plots import write_plots
-from bench.peer.scenarios import CACHED, FIXED, WORKLOADS
+from bench.peer.scenarios import CACHED, FEATURES, FIXED, WORKLOADS
 from bench.peer.timelines import write_timelines
 from bench.peer.servers import SYSTEMS
 
@@ -118,7 +118,7 @@ def system_figures(runs: dict[str, dict], references: dict[str, dict[str, float]
     references, passes = references or {}, passes or {}
     summary: dict = {}
     report: dict = {"scenarios": {}, "goodput": {}, "passes": {}}
-    for name in FIXED + CACHED:
+    for name in FIXED + CACHED + FEATURES:
         data = runs.get(name, {})
         summary[name] = figures.scenario_figures(name, data.get("records", []), data.get("prefix_cache"),
                                                  references.get(name))

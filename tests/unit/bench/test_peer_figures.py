@@ -96,6 +96,18 @@ def test_short_request_figures():
     assert c1 == pytest.approx({"ttft_ms": 50.0, "tbt_mean_ms": 5.0})
     repeated = [record("text", 2 * k, ttft, 0.005) for k, ttft in enumerate((0.03, 0.12, 0.02, 0.05, 0.04))]
     assert figures.scenario_figures("text_c1", repeated)["ttft_ms"] == pytest.approx(40.0)  # the median, not the max
+    streams = [record("text", 0, 0.1, 0.005) for _ in range(4)]
+    assert figures.scenario_figures("text_c32_structured", streams) == figures.scenario_figures("text_c32", streams)
+
+
+def test_the_structured_scenarios_rule_is_taken_and_no_256_token_reply_completes_it():
+    """What text_c32_structured sends as structured_outputs passes the orchestrator's check (vLLM takes the same
+    regex), and its fixed length outruns a 256-token reply of at most 31 characters a token."""
+    from bench.peer.scenarios import STRUCTURED
+    from orchestrator.sampling_params import parse_sampling_parameters
+
+    spec = parse_sampling_parameters(json.dumps({"structured_outputs": STRUCTURED})).structured_outputs
+    assert spec.kind == "regex" and int(spec.text.rsplit("{", 1)[1].rstrip("}")) > 256 * 31
 
 
 def test_a_passes_figures_fit_one_line():
