@@ -293,7 +293,8 @@ _CONVERTERS = {
 }
 # Other clients' names for a key, read as that key wherever sampling_parameters' rules apply (a request, the
 # orchestrator's media_defaults; the OpenAI API passes its mm_processor_kwargs on as they are)
-ALIASES = {"max_dynamic_patch": "max_tiles"}  # vLLM's InternVL name for the most tiles of an image
+ALIASES = {"max_dynamic_patch": "max_tiles",  # vLLM's InternVL name for the most tiles of an image
+           "guided_decoding": "structured_outputs"}  # its name before vLLM 0.11 (the Triton vLLM backend takes both)
 
 
 def parse_sampling_parameters(text: str | None, keys: tuple[str, ...] = tuple(_CONVERTERS)) -> RequestParams:

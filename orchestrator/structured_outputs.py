@@ -1,9 +1,11 @@
 """The ``structured_outputs`` sampling parameter, vLLM's name and shape: what a request's output must match.
 
-An object with exactly one of ``json`` (a JSON schema: an object, or its JSON text), ``json_object`` (true: any
-JSON object), ``regex`` (a regular expression), ``choice`` (a list of strings: the output is one of them) and
-``grammar`` (EBNF, xgrammar's dialect), and optionally ``disable_any_whitespace`` (true: JSON without free
-whitespace between its tokens). Checked here in full, so that a request the stages would not be able to hold is
+An object (or its JSON text, as the Triton vLLM backend takes it) with exactly one of ``json`` (a JSON schema: an
+object, or its JSON text), ``json_object`` (true: any JSON object), ``regex`` (a regular expression), ``choice`` (a
+list of strings: the output is one of them) and ``grammar`` (EBNF, xgrammar's dialect), and optionally
+``disable_any_whitespace`` (true: JSON without free whitespace between its tokens) and ``backend`` ("xgrammar" or
+"auto": the one this server has). Also taken under its older name ``guided_decoding`` (``sampling_params.ALIASES``).
+Checked here in full, so that a request the stages would not be able to hold is
 refused naming the problem: xgrammar builds the grammar (``backends.runtime.sampling.grammar.build``, imported when
 the first such request comes: xgrammar brings torch, which this package's modules do not import).
 """
@@ -14,6 +16,7 @@ import json
 from backends.ipc.protocol import StructuredOutput
 
 KINDS = ("json", "json_object", "regex", "choice", "grammar")
+OPTIONS = ("disable_any_whitespace", "backend")
 MAX_CHARS = 65536  # a schema, regex or grammar's text: bounds the compile work one request can cause
 MAX_CHOICES = 1024
 
@@ -23,11 +26,18 @@ def parse_structured_outputs(key: str, value: object) -> StructuredOutput | None
     for null. Raises ValueError naming ``key`` and what is wrong (the caller makes it the client's error)."""
     if value is None:
         return None
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise ValueError(f"{key}: a string must hold a JSON object, got {_cut(value)}") from None
     if not isinstance(value, dict):
         raise ValueError(f"{key} must be an object holding one of {', '.join(KINDS)}, got {type(value).__name__}")
-    unknown = sorted(set(value) - {*KINDS, "disable_any_whitespace"})
+    unknown = sorted(set(value) - {*KINDS, *OPTIONS})
     if unknown:
-        raise ValueError(f"{key}: unknown key {unknown[0]!r} (known: {', '.join(KINDS)}, disable_any_whitespace)")
+        raise ValueError(f"{key}: unknown key {unknown[0]!r} (known: {', '.join(KINDS + OPTIONS)})")
+    if value.get("backend") not in (None, "xgrammar", "auto"):
+        raise ValueError(f"{key}.backend: this server holds structured outputs with xgrammar, got {value['backend']!r}")
     given = [kind for kind in KINDS if value.get(kind) not in (None, False)]
     if len(given) != 1:
         raise ValueError(f"{key} must hold exactly one of {', '.join(KINDS)}, got {given or 'none'}")

@@ -210,5 +210,6 @@ def test_vllms_internvl_name_max_dynamic_patch_is_max_tiles():
         parse_sampling_parameters('{"max_tiles": 2, "max_dynamic_patch": 6}')
     with pytest.raises(InvalidInput, match="^sampling_parameters: max_dynamic_patch must be an integer, got 'many'"):
         parse_sampling_parameters('{"max_dynamic_patch": "many"}')
-    with pytest.raises(InvalidInput, match=r"unknown key 'max_dynamic_patches' \(known: .*, max_dynamic_patch\)$"):
+    with pytest.raises(InvalidInput, match=r"unknown key 'max_dynamic_patches' \(known: .*, max_dynamic_patch, "
+                                           r"guided_decoding\)$"):
         parse_sampling_parameters('{"max_dynamic_patches": 6}')

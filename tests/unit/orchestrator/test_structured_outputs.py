@@ -22,13 +22,26 @@ def _parsed(value) -> StructuredOutput | None:
     ({"choice": ["yes", 'say "no"', "naïve\n"]}, StructuredOutput("grammar", 'root ::= "yes" | "say \\"no\\"" | "naïve\\n"')),
     ({"grammar": 'root ::= "a" | "b"'}, StructuredOutput("grammar", 'root ::= "a" | "b"')),
     (None, None),
+    ('{"regex": "a+", "backend": "xgrammar"}', StructuredOutput("regex", "a+")),  # the Triton vLLM backend's string
 ])
 def test_each_kind_is_taken(value, expected):
     assert _parsed(value) == expected
 
 
+def test_guided_decoding_is_its_older_name():
+    params = parse_sampling_parameters(json.dumps({"guided_decoding": {"choice": ["a", "b"]}}))
+    assert params.structured_outputs == StructuredOutput("grammar", 'root ::= "a" | "b"')
+    with pytest.raises(InvalidInput, match="structured_outputs .* and guided_decoding .* are one setting"):
+        parse_sampling_parameters(json.dumps({"guided_decoding": {"regex": "a"}, "structured_outputs": {"regex": "b"}}))
+    with pytest.raises(InvalidInput, match="^sampling_parameters: guided_decoding.regex: Regex parsing error"):
+        parse_sampling_parameters(json.dumps({"guided_decoding": {"regex": "(a"}}))
+
+
 @pytest.mark.parametrize("value, words", [
-    ("json", "structured_outputs must be an object holding one of json, json_object, regex, choice, grammar, got str"),
+    ("json", "structured_outputs: a string must hold a JSON object, got 'json'"),
+    ("[1]", "structured_outputs must be an object holding one of json, json_object, regex, choice, grammar, got list"),
+    ({"regex": "a", "backend": "outlines"}, "structured_outputs.backend: this server holds structured outputs with "
+                                            "xgrammar, got 'outlines'"),
     ({}, "structured_outputs must hold exactly one of json, json_object, regex, choice, grammar, got none"),
     ({"json": {}, "regex": "a"}, "structured_outputs must hold exactly one of .*, got \\['json', 'regex'\\]"),
     ({"jsn": {}}, "structured_outputs: unknown key 'jsn'"),
