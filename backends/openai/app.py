@@ -141,6 +141,9 @@ async def _generate(request: Request, body: GenerationRequest, prompts: list[Orc
     refusal = body.refusal()
     if refusal is not None:
         raise ApiError(400, refusal[1], param=refusal[0])
+    if 0 < state.config.max_requests < len(prompts) * shape.n:  # its choices run at once, or not at all (choices)
+        raise ApiError(400, f"n: {len(prompts) * shape.n} choices at once, more than the {state.config.max_requests} "
+                            "requests this server takes at once (--openai-max-requests)", param="n")
     prompts = [await state.fetcher.resolve(prompt) for prompt in prompts]
     marks.mark("api_sent")
     pieces = merged(state.orchestrator, prompts, shape.n)

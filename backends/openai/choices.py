@@ -6,7 +6,10 @@ parallel sampling seeds its children (``vllm/v1/engine/parallel_sampling.py``): 
 repeats. A prompt's first choice is sent at once, its other choices once the first's first response has come: its
 prompt's KV pages are written then and in the orchestrator's prefix cache (docs/design.md, "Prefix cache"), so the
 other choices share them copy-free and neither prefill the prompt nor decode its media again (with the prefix cache
-off they do both; their replies are the same). vLLM's children share their prompt's blocks the same way.
+off they do both; their replies are the same). vLLM's children share their prompt's blocks the same way. Every
+choice is streamed from the orchestrator, also for a whole reply (whose one response would come at its end), and
+all of them are counted in flight from the start (``OrchestratorClient.reserved``): a request's choices run, or it
+is refused (503) before any does.
 """
 from __future__ import annotations
 
@@ -19,20 +22,20 @@ from backends.openai.convert import OrchestratorRequest
 from client.api import ResponsePiece
 
 
-SEEDS = 2**63  # the orchestrator's seeds are in [0, 2**63): a sample's seed wraps there
-
-
 class Generator(Protocol):
-    def generate(self, request: OrchestratorRequest) -> AsyncIterator[ResponsePiece]: ...
+    def generate(self, request: OrchestratorRequest, reserved: bool = False) -> AsyncIterator[ResponsePiece]: ...
+
+    def reserved(self, requests: int) -> contextlib.AbstractContextManager: ...
 
 
 def sample_requests(prompt: OrchestratorRequest, n: int) -> list[OrchestratorRequest]:
-    """``prompt``'s request once per sample, sample ``i``'s ``seed`` (where set) raised by ``i`` modulo ``SEEDS``
-    (module docstring)."""
+    """``prompt``'s request once per sample, streamed (a whole reply's first response is its last: module docstring),
+    sample ``i``'s ``seed`` (where set) raised by ``i``."""
+    prompt = dataclasses.replace(prompt, stream=True)
     seed = prompt.sampling.get("seed")
     if seed is None:
         return [prompt] * n
-    return [dataclasses.replace(prompt, sampling={**prompt.sampling, "seed": (seed + i) % SEEDS}) for i in range(n)]
+    return [dataclasses.replace(prompt, sampling={**prompt.sampling, "seed": seed + i}) for i in range(n)]
 
 
 async def merged(orchestrator: Generator, prompts: list[OrchestratorRequest], n: int
@@ -53,7 +56,8 @@ async def merged(orchestrator: Generator, prompts: list[OrchestratorRequest], n:
     async def run(index: int) -> None:
         waiting = index % n == 0  # a prompt's first choice: its samples wait for its first response
         try:
-            async with contextlib.aclosing(orchestrator.generate(samples[index // n][index % n])) as pieces:
+            request = samples[index // n][index % n]
+            async with contextlib.aclosing(orchestrator.generate(request, reserved=True)) as pieces:
                 async for piece in pieces:
                     queue.put_nowait((index, piece))
                     if waiting:  # its prompt's pages are cached now: its other samples share them
@@ -70,14 +74,15 @@ async def merged(orchestrator: Generator, prompts: list[OrchestratorRequest], n:
         loop = asyncio.get_running_loop()
         tasks.extend(loop.create_task(run(index)) for index in indices)
 
-    start(range(0, len(prompts) * n, n))
-    try:
-        for _ in range(len(prompts) * n):
-            while (item := await queue.get())[1] is not None:
-                if isinstance(item[1], Exception):
-                    raise item[1]
-                yield item
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+    with orchestrator.reserved(len(prompts) * n):
+        start(range(0, len(prompts) * n, n))
+        try:
+            for _ in range(len(prompts) * n):
+                while (item := await queue.get())[1] is not None:
+                    if isinstance(item[1], Exception):
+                        raise item[1]
+                    yield item
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)

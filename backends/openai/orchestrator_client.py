@@ -14,7 +14,7 @@ import contextlib
 import logging
 import uuid
 from dataclasses import dataclass
-from typing import AsyncIterator
+from typing import AsyncIterator, Iterator
 
 import grpc
 import tritonclient.grpc.aio as grpc_aio
@@ -57,19 +57,36 @@ class OrchestratorClient:
             raise from_transport(exc) from None
         return {k: v.get("string_value", "") for k, v in config["config"].get("parameters", {}).items()}
 
-    async def generate(self, request: OrchestratorRequest) -> AsyncIterator[ResponsePiece]:
+    @contextlib.contextmanager
+    def reserved(self, requests: int) -> Iterator[None]:
+        """Count ``requests`` in flight while the block runs, for ``generate`` calls made with ``reserved=True``
+        (one request's several choices: all of them or none). Raises ApiError 503 as ``generate`` does."""
+        self._room_for(requests)
+        self.in_flight += requests
+        try:
+            yield
+        finally:
+            self.in_flight -= requests
+
+    def _room_for(self, requests: int) -> None:
+        if self.max_requests and self.in_flight + requests > self.max_requests:
+            more = "" if requests == 1 else f" and {requests} more asked"
+            raise ApiError(503, f"the server is overloaded: {self.in_flight} requests in flight{more}, its limit (try "
+                                "again later)", code="overloaded")
+
+    async def generate(self, request: OrchestratorRequest, reserved: bool = False) -> AsyncIterator[ResponsePiece]:
         """The request's responses, the last one with ``finish_reason``. Close the iterator (``aclosing``) to give
         the request up: it is then cancelled on the server unless it has ended. A streamed request's replies come
         over the process's token channel (``backends.openai.token_channel``) when the orchestrator has one.
+        ``reserved``: counted in flight already (:meth:`reserved`).
 
         Raises ApiError: 503 when ``max_requests`` are in flight; the orchestrator's error
         (``errors.from_orchestrator``), or the transport's (``from_transport``: 503 when tritonserver cannot be
         reached or went away).
         """
-        if self.max_requests and self.in_flight >= self.max_requests:
-            raise ApiError(503, f"the server is overloaded: {self.in_flight} requests in flight, its limit (try again "
-                                "later)", code="overloaded")
-        self.in_flight += 1
+        if not reserved:
+            self._room_for(1)
+        self.in_flight += not reserved
         try:
             channel = await self._channel() if request.stream else None
             pieces = self._own_stream(request) if channel is None else self._on_channel(request, channel)
@@ -77,7 +94,7 @@ class OrchestratorClient:
                 async for piece in pieces:
                     yield piece
         finally:
-            self.in_flight -= 1
+            self.in_flight -= not reserved
 
     async def _own_stream(self, request: OrchestratorRequest, request_id: str | None = None,
                           token_channel: str | None = None) -> AsyncIterator[ResponsePiece]:

@@ -12,8 +12,9 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from backends.ipc.protocol import MAX_LOGPROBS
 
-MAX_CHOICES = 128  # OpenAI's API's limit on n
+MAX_CHOICES = 128  # OpenAI's API's limit on n, and on a completion's prompts times n
 MAX_PROMPTS = 128  # a completion's prompts per request
+SEEDS = 2**63  # the orchestrator's seeds are in [0, 2**63)
 
 
 class _Body(BaseModel):
@@ -105,7 +106,7 @@ class GenerationRequest(_Body):
     logit_bias: dict[str, float] | None = None  # token id (a JSON key) -> bias in [-100, 100]
     n: int | None = None  # choices per prompt (backends/openai/choices.py)
     response_format: dict[str, Any] | None = None  # OpenAI's: text, json_object, json_schema
-    structured_outputs: dict[str, Any] | None = None  # vLLM's: json, json_object, regex, choice, grammar
+    structured_outputs: dict[str, Any] | str | None = None  # vLLM's: json, json_object, regex, choice, grammar
 
     @property
     def top_logprobs_asked(self) -> int | None:
@@ -117,6 +118,8 @@ class GenerationRequest(_Body):
         """(field, message) of the first field set to something this server cannot do, or None."""
         if self.n is not None and not 1 <= self.n <= MAX_CHOICES:
             return "n", f"n: must be in [1, {MAX_CHOICES}], got {self.n}"
+        if self.seed is not None and self.seed + self.choices_per_prompt > SEEDS:  # sample i's seed is seed + i
+            return "seed", f"seed: with n {self.choices_per_prompt}, must be below 2**63 - {self.choices_per_prompt - 1}"
         if self.stream_options is not None and not self.stream:  # as OpenAI's API and vLLM answer
             return "stream_options", "stream_options: only allowed when stream is true"
         kind = (self.response_format or {}).get("type", "text")
@@ -138,7 +141,8 @@ class GenerationRequest(_Body):
             sampling.update(self.mm_processor_kwargs.model_dump(exclude_none=True))
         if self.top_logprobs_asked:
             sampling["logprobs"] = self.top_logprobs_asked
-        structured = self.structured_outputs or _structured(self.response_format or {})
+        structured = _structured(self.response_format or {}) if self.structured_outputs is None \
+            else self.structured_outputs
         if structured is not None:
             sampling["structured_outputs"] = structured
         return sampling
@@ -224,6 +228,9 @@ class CompletionRequest(GenerationRequest):
             return "prompt", "prompt: token ids are not taken by this server: send the prompt as text"
         if isinstance(self.prompt, list) and not 1 <= len(self.prompt) <= MAX_PROMPTS:
             return "prompt", f"prompt: a list of 1 to {MAX_PROMPTS} prompts is taken, got {len(self.prompt)}"
+        if len(self.texts) * self.choices_per_prompt > MAX_CHOICES:
+            return "n", f"n: {self.choices_per_prompt} choices of each of {len(self.texts)} prompts make " \
+                        f"{len(self.texts) * self.choices_per_prompt}, at most {MAX_CHOICES}"
         if self.echo and self.logprobs is not None:  # vLLM would give the prompt's log probabilities too
             return "echo", "echo: with logprobs it asks for the prompt's log probabilities, which this server does " \
                            "not compute"

@@ -8,7 +8,6 @@ from typing import Any
 import numpy as np
 
 from backends.ipc.protocol import DecodeAdmit, SamplingParams
-from backends.runtime.sampling.grammar import Grammars
 from backends.runtime.sampling.logprobs import Asked
 from backends.runtime.sampling.token_readback import TokenReadback
 
@@ -35,19 +34,11 @@ class RunningSeq:
     grammar: Any = None
 
     @classmethod
-    def from_admit(cls, admit: DecodeAdmit, grammars: Grammars) -> tuple["RunningSeq", str | None]:
-        """From the orchestrator's admit message, with its structured output's matcher from ``grammars``, which
-        has accepted the first token; and why that failed (the sequence must fail), or None."""
-        grammar, failed = None, None
-        if admit.sampling.structured is not None:
-            try:
-                grammar = grammars.matcher(admit.sampling.structured)
-                failed = None if grammar.accept_token(admit.last_token) else "its first token breaks its grammar"
-            except ValueError as exc:
-                failed = str(exc)
+    def from_admit(cls, admit: DecodeAdmit) -> "RunningSeq":
+        """From the orchestrator's admit message (its matcher comes later: ``decode_grammars``)."""
         return cls(admit.seq_id, np.asarray(admit.block_table, dtype=np.int32), admit.num_cached, admit.last_token,
                    admit.mrope_delta, admit.num_generated, admit.max_tokens, admit.sampling,
-                   prompt_token_ids=admit.prompt_token_ids, grammar=grammar), failed
+                   prompt_token_ids=admit.prompt_token_ids)
 
 
 @dataclass(frozen=True)

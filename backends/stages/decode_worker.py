@@ -47,9 +47,11 @@ from backends.runtime.sampling.sampler import sample_tensor, warm_up
 from backends.runtime.sampling.stopping import finish_reason
 from backends.runtime.sampling.token_readback import TokenReadback
 from backends.runtime.tokenizer import eos_token_ids
+from backends.stages.decode_grammars import GrammarCompiles
 from backends.stages.decode_pace import Pacing
 from backends.stages.decode_seqs import Launched, RunningSeq
 from backends.stages.kv_pool_size import pool_layout
+from backends.stages.send_thread import SendThread
 from backends.triton.triton_io import choice_value, switched_on
 
 log = logging.getLogger(__name__)
@@ -118,11 +120,12 @@ class DecodeWorker:
         self.penalties = PenaltyState(model.lm_head.out_features, device)  # the loop thread's
         self.logit_bias = LogitBias()  # the loop thread's
         self.eos_ids = eos_token_ids(tokenizer)
-        self.grammars = Grammars(tokenizer, model.lm_head.out_features, self.eos_ids, device)  # structured outputs
+        grammars = Grammars(tokenizer, model.lm_head.out_features, self.eos_ids, device)  # structured outputs
         self.on_step = on_step
         self.max_batch = max_batch
         self.running: dict[str, RunningSeq] = {}
         self.commands: queue.Queue = queue.Queue()
+        self.compiles = GrammarCompiles(grammars, self.commands.put)  # structured outputs' matchers
         self._in_flight: Launched | None = None  # the loop thread's: the step whose tokens are not read yet
         self._held: list[Row] = []  # last rows waiting for the step in flight (_read)
         self._last_read = 0.0  # time.perf_counter() when the last step's tokens reached the host
@@ -130,9 +133,8 @@ class DecodeWorker:
         self._pacing = Pacing()
         self.sink: StepSink | None = None
         self.end: Callable[[], None] | None = None  # ends the attached stream (sends its final flag)
-        self._outbox: queue.SimpleQueue = queue.SimpleQueue()  # (callable, args) for the send thread; None stops it
-        self._sender = threading.Thread(target=self._send_loop, name="decode-send", daemon=True)
-        self._sender.start()
+        self._sends = SendThread("decode-send")
+        self._post = self._sends.post  # runs a callable on the send thread, after everything posted before it
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._loop, name="decode-loop", daemon=True)
         self.thread.start()
@@ -150,8 +152,8 @@ class DecodeWorker:
         self.commands.put(("end", None, None))
 
     def admit(self, admit: DecodeAdmit) -> None:
-        """Queue the sequence; its grammar's matcher is made here, not on the loop (compiling takes up to 1 s)."""
-        self.commands.put(("admit", *RunningSeq.from_admit(admit, self.grammars)))
+        """Queue the sequence (with a structured output, its grammar compiling meanwhile: ``decode_grammars``)."""
+        self.commands.put(("admit", RunningSeq.from_admit(admit), self.compiles.start(admit)))
 
     def pace(self, interval_ms: float, for_ms: float) -> None:
         """Launch steps at least ``interval_ms`` apart for ``for_ms`` from now (``backends.stages.decode_pace``);
@@ -171,40 +173,36 @@ class DecodeWorker:
         if self.thread.is_alive():
             log.warning("decode: the loop thread did not stop within 10 s")
         self._told(0, 0.0)  # what the metrics have summed goes out before the model unloads
-        self._outbox.put(None)
-        self._sender.join(timeout=10)
+        self._sends.close()
         self.on_step = None
+        self.compiles.shutdown()
         self.pool.release()
         if self.weights is not None:
             self.weights.release()
-
-    def _post(self, send: Callable, *args) -> None:
-        """Run ``send(*args)`` on the send thread, after everything posted before it."""
-        self._outbox.put((send, args))
-
-    def _send_loop(self) -> None:
-        while (item := self._outbox.get()) is not None:
-            send, args = item
-            try:
-                send(*args)
-            except Exception:
-                log.exception("decode could not send %s", getattr(send, "__name__", send))
 
     def _apply(self, command) -> None:
         kind, value, done = command
         if kind == "attach":
             if self.sink is not None:  # their requests end with the old stream
                 self.running.clear()
+                self.compiles.drop()
             self._end_stream()  # a stream replaced (a new orchestrator) is ended, not left open
             self.sink, self.end = value, done
         elif kind == "end":
             self.running.clear()
+            self.compiles.drop()
             self._end_stream()
             self._told(0, 0.0)
+        elif kind == "admit" and done is not None:  # its grammar compiles: it joins on "compiled" (decode_grammars)
+            self.compiles.hold(value, done)
+        elif kind == "compiled":
+            seq, failed = self.compiles.ready(value)
+            if failed:
+                log.error("decode: could not admit %s: %s", value, failed)
+                self._send([(value, -1, "error", None)])
+            elif seq is not None:
+                self._apply(("admit", seq, None))
         elif kind == "admit":
-            if done is not None:  # its grammar's matcher failed (admit)
-                log.error("decode: could not admit %s: %s", value.seq_id, done)
-                return self._send([(value.seq_id, -1, "error", None)])
             self.running[value.seq_id] = value
             try:  # slots of sequences that have left are free again; its first token is its only output so far
                 self.penalties.retain(self.running)
@@ -218,6 +216,7 @@ class DecodeWorker:
             self._pacing = Pacing.starting(*value, time.perf_counter())
         elif kind == "abort":
             self.running.pop(value, None)
+            self.compiles.drop(value)
             done()
             self._told(0, 0.0)
 
@@ -251,7 +250,7 @@ class DecodeWorker:
             except queue.Empty:
                 self._guarded(self._step)
                 continue
-            if command[0] not in ("admit", "pace"):  # abort, end, attach: no step in flight may still write their pages
+            if command[0] not in ("admit", "pace", "compiled"):  # abort, end, attach: read what writes their pages
                 self._guarded(self._read_in_flight)
             self._apply(command)
 
@@ -333,7 +332,7 @@ class DecodeWorker:
         asking = logprobs.start(logits, params)  # the raw logits' (before the bias and the penalties)
         logits, penalized = self.penalties.penalize(self.logit_bias.apply(logits, params), (s.seq_id for s in batch))
         if any(s.grammar is not None for s in batch):
-            logits = self.grammars.mask(logits, [s.grammar for s in batch])
+            logits = self.compiles.grammars.mask(logits, [s.grammar for s in batch])
         counts = [s.num_generated for s in batch]
         sampled = sample_tensor(logits, params, counts, self.eos_ids)
         self.penalties.count(penalized, sampled)  # on the device, before any later step is launched

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -39,7 +40,7 @@ from backends.runtime.loader import ModelSpec, checkpoint_bytes, host_available_
 from backends.runtime.model_runner import ModelRunner, PrefillChunk
 from backends.runtime.phase_clock import PhaseClock
 from backends.runtime.sampling import logprobs
-from backends.runtime.sampling.grammar import Grammars
+from backends.runtime.sampling.grammar import Grammars, accepted
 from backends.runtime.sampling.logit_bias import apply_logit_bias
 from backends.runtime.sampling.penalties import penalize_first_tokens
 from backends.runtime.sampling.sampler import sample_tensor, warm_up
@@ -149,6 +150,7 @@ class EncodePrefillWorker:
         self.weights_held = shared_weights.held_bytes(self.model, None)
         self.eos_ids = eos_token_ids(tokenizer)
         self.grammars = Grammars(tokenizer, self.model.lm_head.out_features, self.eos_ids, device)  # structured outputs
+        self._compiles = ThreadPoolExecutor(1, "grammar")  # a prompt's, from its registration: beside its steps
         self.prompts: dict[str, PromptState] = {}
         # merged visual embeddings [tokens, hidden] by key, kept and dropped as the orchestrator's plans say
         # (orchestrator/encoder_cache.py decides; nothing is evicted here)
@@ -212,7 +214,8 @@ class EncodePrefillWorker:
         shared_weights.rebind(self.model, {name: p.data for name, p in shared_weights.lm_parameters(built)})
 
     def shutdown(self) -> None:
-        """Stop the vision helpers, if the runner was made."""
+        """Stop the vision helpers, if the runner was made, and the grammars' thread."""
+        self._compiles.shutdown(wait=False, cancel_futures=True)
         if self._runner is not None:
             self._runner.close()
 
@@ -254,6 +257,8 @@ class EncodePrefillWorker:
             video_grid_thw=[m.grid_thw for m in media if m.kind == "video"],
             second_per_grid_ts=[m.second_per_grid_t for m in media if m.kind == "video"])
         state = PromptState(ids, positions, int(delta), request)
+        if request.sampling.structured is not None:
+            state.grammar = self._compiles.submit(self.grammars.matcher, request.sampling.structured)
         for start, key in request.cached_embeds:  # kept by an earlier request's encode
             state.visual[start] = self.encoder_cache[key]
         self.prompts[request.req_id] = state
@@ -293,14 +298,17 @@ class EncodePrefillWorker:
         asking = logprobs.start(logits, params)  # the raw logits' (before the bias and the penalties)
         logits = penalize_first_tokens(apply_logit_bias(logits, params), [state.request.input_ids for state in states],
                                        params)
-        if any(p.structured for p in params):  # each from its grammar's start
-            logits = self.grammars.mask(logits, [p.structured and self.grammars.matcher(p.structured) for p in params])
+        matchers = [state.grammar and state.grammar.result() for state in states]  # each at its grammar's start
+        if any(m is not None for m in matchers):
+            logits = self.grammars.mask(logits, matchers)
         sampled = sample_tensor(logits, params, [0] * len(last), self.eos_ids)
         tokens = TokenReadback(sampled, logprobs.finish(*asking, sampled) if asking else None)  # both in one wait
         figures = logprobs.rows(asking[0] if asking else None, tokens.figures(), params)
         out = []
-        for w, token, token_logprobs in zip(last, tokens.tolist(), figures):
+        for w, token, token_logprobs, matcher in zip(last, tokens.tolist(), figures, matchers):
             state = self.prompts.pop(w.req_id)
             reason = finish_reason(int(token), 1, state.request.max_tokens, state.sampling, self.eos_ids)
+            if matcher is not None:  # an eos that ends a match ends the request here, ignore_eos or not
+                reason = accepted(matcher, int(token)) or reason
             out.append(FirstToken(w.req_id, int(token), state.mrope_delta, reason or "", token_logprobs))
         return tuple(out)

@@ -7,6 +7,7 @@ tokens of a cached prefix are never embedded and no ``[L, hidden]`` buffer is ma
 """
 from __future__ import annotations
 
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -21,13 +22,15 @@ class PromptState:
     ``[position_rows, L]`` on the CPU (the family's ``prompt_positions``); ``mrope_delta``: the offset of the decode
     positions (0 for 1-D RoPE); ``request``: what registered it; ``visual``: merged visual embeddings
     ``[n, hidden]`` (the model's dtype, on its device) by the index of their first token, one entry per media group
-    encoded or found in the encoder cache, each kept until a chunk has prefilled its last token."""
+    encoded or found in the encoder cache, each kept until a chunk has prefilled its last token; ``grammar``: its
+    structured output's matcher being made (``backends.runtime.sampling.grammar``), for its first token."""
 
     input_ids: torch.Tensor
     positions: torch.Tensor
     mrope_delta: int
     request: NewRequest
     visual: dict[int, torch.Tensor] = field(default_factory=dict)
+    grammar: Future | None = None
 
     @property
     def sampling(self) -> SamplingParams:

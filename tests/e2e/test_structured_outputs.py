@@ -79,6 +79,17 @@ def test_kserve_structured_outputs_choice_and_a_bad_schema(grpc_url):
             client.generate("Hi", sampling={"structured_outputs": {"json": {"type": "x"}}})
 
 
+def test_a_grammar_of_the_empty_output_ends_at_its_first_token_beside_a_stream(grpc_url):
+    """Its mask allows eos alone: the request ends there ("stop", ignore_eos or not) and a stream decoding beside it
+    (in the same decode batch were it admitted) goes on to its length."""
+    with Client(grpc_url) as client, concurrent.futures.ThreadPoolExecutor(1) as pool:
+        plain = pool.submit(client.generate, "Tell me a story.", sampling={"max_tokens": 40, "ignore_eos": True})
+        empty = client.generate("Say nothing.", sampling={"structured_outputs": {"grammar": 'root ::= ""'},
+                                                         "ignore_eos": True, "max_tokens": 16}, return_output_ids=True)
+        assert (empty.text, empty.finish_reason, len(empty.token_ids)) == ("", "stop", 1)
+        assert plain.result().finish_reason == "length"
+
+
 def test_a_bad_response_format_is_400_naming_it(sdk):
     with pytest.raises(openai.BadRequestError) as error:
         sdk.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=4,

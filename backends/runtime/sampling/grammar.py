@@ -6,11 +6,13 @@ the tokens that can continue a match (on the host; 32 tokens a 32-bit word), whi
 on the device (-inf where a bit is 0) after the bias and the penalties; the sampled token is then accepted by the
 matcher. Once the match is whole, only the eos tokens (the tokenizer's, given as xgrammar's stop tokens) are
 allowed, and the matcher is terminated when one is accepted. encode_prefill masks a prompt's first token with a
-fresh matcher; decode keeps a matcher per sequence, which has accepted that first token at admission.
-Compiled grammars are cached per process (xgrammar's ``GrammarCompiler`` cache, keyed by the grammar).
+fresh matcher and feeds it the sampled token; decode keeps a matcher per sequence, which has accepted that first
+token at admission. Compiled grammars are cached per process (xgrammar's ``GrammarCompiler`` cache, keyed by the
+grammar's text, at most ``CACHE_BYTES``).
 """
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Sequence
 
@@ -20,22 +22,42 @@ import xgrammar as xgr
 from backends.ipc.protocol import StructuredOutput
 
 _LOCATION = re.compile(r"^\[[^\]]*\] [^:\s]+:\d+: (Check failed: .*? is false: )?")  # "[12:00:00] file.cc:42: "
+ANY_OBJECT = '{"type": "object"}'  # json_object: "a JSON object" (OpenAI's), compiled as vLLM compiles it
+CACHE_BYTES = 512 << 20  # each process's compiled grammars (vLLM's default xgrammar cache: about 1000 schemas)
+_BYTES = 256  # the check's vocabulary: one token per byte, so any tokenizer's outputs are its strings
 
 
-def build(spec: StructuredOutput) -> xgr.Grammar:
-    """``spec``'s grammar (no tokenizer needed: the orchestrator checks requests with it). Raises ValueError
-    naming what xgrammar found wrong (an unsupported schema keyword, a regex that does not parse, an undefined
-    rule), without its C++ source location."""
+def compiled(compiler: xgr.GrammarCompiler, spec: StructuredOutput) -> xgr.CompiledGrammar:
+    """``spec`` compiled from its text (``compiler``'s cache is keyed by the text: a repeat compiles nothing).
+    Raises ValueError naming what xgrammar found wrong (a schema keyword it does not know, a regex that does not
+    parse, an undefined rule), without its C++ source location."""
     try:
-        if spec.kind == "json":
-            return xgr.Grammar.from_json_schema(spec.text, any_whitespace=spec.any_whitespace)
-        if spec.kind == "json_object":
-            return xgr.Grammar.builtin_json_grammar()
+        if spec.kind in ("json", "json_object"):
+            text = spec.text if spec.kind == "json" else ANY_OBJECT
+            return compiler.compile_json_schema(text, any_whitespace=spec.any_whitespace)
         if spec.kind == "regex":
-            return xgr.Grammar.from_regex(spec.text)
-        return xgr.Grammar.from_ebnf(spec.text)
+            return compiler.compile_regex(spec.text)
+        return compiler.compile_grammar(spec.text)
     except Exception as exc:  # xgrammar raises RuntimeError (and its own errors) from C++
         raise ValueError(_LOCATION.sub("", str(exc).strip())) from None
+
+
+@functools.cache
+def _byte_compiler() -> xgr.GrammarCompiler:
+    info = xgr.TokenizerInfo([bytes([b]) for b in range(_BYTES)], vocab_type=xgr.VocabType.RAW)
+    return xgr.GrammarCompiler(info, max_threads=1, cache_limit_bytes=64 << 20)
+
+
+def check(spec: StructuredOutput) -> None:
+    """What the orchestrator asks of a request's ``spec`` before the stages see it: that xgrammar compiles it
+    (over a vocabulary of the 256 bytes: cheap, and no tokenizer's), and that some output matches it (a grammar
+    whose first byte can be none and that is not complete empty, ``root ::= root``, would leave its sequences no
+    token). Raises ValueError as :func:`compiled` does, or "no output can match it"."""
+    matcher = xgr.GrammarMatcher(compiled(_byte_compiler(), spec))
+    bitmask = xgr.allocate_token_bitmask(1, _BYTES)
+    matcher.fill_next_token_bitmask(bitmask)
+    if not bool(bitmask.any()) and not matcher.is_completed():
+        raise ValueError("no output can match it")
 
 
 class Grammars:
@@ -47,15 +69,15 @@ class Grammars:
     def __init__(self, tokenizer, vocab_size: int, eos_ids: Sequence[int], device: torch.device | None = None):
         self.vocab_size = vocab_size
         info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=list(eos_ids))
-        self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=True)
+        self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_limit_bytes=CACHE_BYTES)
         if device is not None and device.type == "cuda":
             self.mask(torch.zeros(1, vocab_size, device=device), [None])
 
     def matcher(self, spec: StructuredOutput) -> xgr.GrammarMatcher:
-        """A new matcher at the start of ``spec``'s grammar (compiled once per grammar in this process: the first
-        request with a new JSON schema waits for it, milliseconds to a second with a 150k-token vocabulary). Raises
-        ValueError as :func:`build` does."""
-        return xgr.GrammarMatcher(self._compiler.compile_grammar(build(spec)))
+        """A new matcher at the start of ``spec``'s grammar (compiled once per grammar text in this process, which
+        takes milliseconds to a second with a 150k-token vocabulary; later ones find it in the cache). Raises
+        ValueError as :func:`compiled` does."""
+        return xgr.GrammarMatcher(compiled(self._compiler, spec))
 
     def mask(self, logits: torch.Tensor, matchers: Sequence[xgr.GrammarMatcher | None]) -> torch.Tensor:
         """``logits`` [rows, vocab_size] (any float dtype, any device) with each row whose matcher is given masked

@@ -9,6 +9,13 @@ from orchestrator.sampling_params import InvalidInput, parse_sampling_parameters
 from orchestrator.structured_outputs import MAX_CHARS
 
 
+def _nested(depth: int) -> dict:
+    schema: dict = {"type": "string"}
+    for _ in range(depth):  # each array one level: its items
+        schema = {"type": "array", "items": schema}
+    return schema
+
+
 def _parsed(value) -> StructuredOutput | None:
     return parse_sampling_parameters(json.dumps({"structured_outputs": value})).structured_outputs
 
@@ -52,7 +59,15 @@ def test_guided_decoding_is_its_older_name():
     ({"regex": "a", "disable_any_whitespace": "yes"},
      "structured_outputs.disable_any_whitespace must be a boolean, got 'yes'"),
     ({"json": {"type": "nonsense"}}, 'structured_outputs.json: Unsupported type "nonsense"$'),
-    ({"json": "{not json"}, "structured_outputs.json: Failed to parse JSON"),
+    ({"json": "{not json"}, "structured_outputs.json: not JSON \\(Expecting property name"),
+    ({"json": {"type": "array", "uniqueItems": True}}, "structured_outputs.json: the root: 'uniqueItems', which this "
+                                                       "server cannot hold an output to"),
+    ({"json": {"properties": {"a": {"type": "string", "pattern": "a+", "maxLength": 2}}}},
+     "structured_outputs.json: properties.a: a pattern or format with minLength or maxLength"),
+    ({"json": {"type": "string", "format": "colour"}}, "structured_outputs.json: the root: format 'colour'"),
+    ({"json": {"$defs": {"x": {"contains": {}}}}}, "structured_outputs.json: \\$defs.x: 'contains'"),
+    ({"json": _nested(33)}, "structured_outputs.json: nested more than 32 deep"),
+    ({"grammar": "root ::= root"}, "structured_outputs.grammar: no output can match it"),
     ({"regex": "(a"}, "structured_outputs.regex: Regex parsing error at position 3: The parenthesis is not closed"),
     ({"grammar": "root ::= rule"}, 'structured_outputs.grammar: EBNF parser error .* Rule "rule" is not defined'),
     ({"regex": "a" * (MAX_CHARS + 1)}, f"structured_outputs.regex is {MAX_CHARS + 1} characters long, at most"),
@@ -61,6 +76,12 @@ def test_problems_are_refused_naming_them(value, words):
     with pytest.raises(InvalidInput, match=f"^sampling_parameters: {words}") as info:
         _parsed(value)
     assert ".cc:" not in str(info.value)
+
+
+def test_names_of_properties_and_data_are_not_keywords():
+    schema = {"type": "object", "properties": {"contains": {"type": "string", "default": {"uniqueItems": 1}}},
+              "enum": [{"contains": 1}], "required": ["contains"]}
+    assert _parsed({"json": schema}).kind == "json" and _parsed({"json": _nested(30)}).kind == "json"
 
 
 def test_min_tokens_is_refused_beside_a_structured_output():

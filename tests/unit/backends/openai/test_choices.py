@@ -3,10 +3,11 @@ merged stream, errors and giving up. The orchestrator here is a recorder of what
 one answers in tests/e2e/test_openai_api.py."""
 import asyncio
 import contextlib
+import dataclasses
 
 import pytest
 
-from backends.openai.choices import SEEDS, merged, sample_requests
+from backends.openai.choices import merged, sample_requests
 from backends.openai.convert import OrchestratorRequest
 from backends.openai.errors import ApiError
 from client.api import ResponsePiece
@@ -21,7 +22,8 @@ class Recorder:
     ``release`` names its prompt; ``fail`` names prompts answered with an error; ``log`` records sends and
     closes."""
 
-    def __init__(self, fail: tuple[str, ...] = ()):
+    def __init__(self, fail: tuple[str, ...] = (), limit: int = 0):
+        self.limit, self.in_flight = limit, 0
         self.log: list[tuple[str, str, int | None]] = []
         self.gates: dict[str, asyncio.Event] = {}
         self.fail = fail
@@ -31,8 +33,19 @@ class Recorder:
     def release(self, prompt: str) -> None:
         self.gates.setdefault(prompt, asyncio.Event()).set()
 
-    async def generate(self, request: OrchestratorRequest):
+    @contextlib.contextmanager
+    def reserved(self, requests: int):
+        if self.limit and self.in_flight + requests > self.limit:
+            raise ApiError(503, "the server is overloaded")
+        self.in_flight += requests
+        try:
+            yield
+        finally:
+            self.in_flight -= requests
+
+    async def generate(self, request: OrchestratorRequest, reserved: bool = False):
         seed = request.sampling.get("seed")
+        assert request.stream and reserved == (self.in_flight > 0)  # whole replies too: their choices are streamed
         self.log.append(("sent", request.prompt, seed))
         try:
             if request.prompt in self.fail:
@@ -45,11 +58,20 @@ class Recorder:
             self.log.append(("closed", request.prompt, seed))
 
 
-def test_a_samples_seed_is_raised_by_its_index_and_wraps():
+def test_a_samples_seed_is_raised_by_its_index_and_every_sample_is_streamed():
     assert [r.sampling["seed"] for r in sample_requests(_request("p", seed=5), 3)] == [5, 6, 7]
-    assert [r.sampling["seed"] for r in sample_requests(_request("p", seed=SEEDS - 1), 2)] == [SEEDS - 1, 0]
-    unseeded = sample_requests(_request("p", top_k=2), 2)
-    assert all(r.sampling == {"top_k": 2} for r in unseeded)
+    unseeded = sample_requests(dataclasses.replace(_request("p", top_k=2), stream=False), 2)
+    assert all(r.sampling == {"top_k": 2} and r.stream for r in unseeded)
+
+
+def test_a_requests_choices_are_counted_at_once_or_refused_before_any_is_sent():
+    async def run():
+        orchestrator = Recorder(limit=3)
+        with pytest.raises(ApiError, match="overloaded"):
+            async for _ in merged(orchestrator, [_request("a")], 4):
+                pass
+        assert orchestrator.log == [] and orchestrator.in_flight == 0
+    asyncio.run(run())
 
 
 def test_a_prompts_other_samples_are_sent_after_its_first_response():

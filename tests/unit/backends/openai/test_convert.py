@@ -122,6 +122,7 @@ def test_a_completions_prompts_are_one_request_each_with_the_same_sampling():
 @pytest.mark.parametrize("fields,param,words", [
     (dict(n=0), "n", "n: must be in [1, 128], got 0"),
     (dict(n=129), "n", "n: must be in [1, 128], got 129"),
+    (dict(n=3, seed=2**63 - 2), "seed", "seed: with n 3, must be below 2**63 - 2"),
     (dict(top_logprobs=2), "top_logprobs", "top_logprobs: only allowed when logprobs is true"),
     (dict(logprobs=True, top_logprobs=21), "top_logprobs", "top_logprobs: must be in [0, 20], got 21"),
     (dict(tools=[{"type": "function", "function": {"name": "f"}}]), "tools", "tools: tool calls are not supported"),
@@ -192,6 +193,9 @@ def test_defaults_are_no_refusal():
     assert CompletionRequest(model="m", prompt="p", echo=True, n=3).refusal() is None
     assert CompletionRequest(model="m", prompt=["a"] * 129).refusal() == (
         "prompt", "prompt: a list of 1 to 128 prompts is taken, got 129")
+    assert CompletionRequest(model="m", prompt=["a"] * 65, n=2).refusal() == (
+        "n", "n: 2 choices of each of 65 prompts make 130, at most 128")
+    assert CompletionRequest(model="m", prompt="p", n=2, seed=2**63 - 2).refusal() is None
     for ids in ([1, 2, 3], [[1, 2], [3]]):  # vLLM's token-id prompts: refused by name, not by three schema errors
         body = CompletionRequest(model="m", prompt=ids)
         assert completion_requests(body) and body.refusal() == (

@@ -20,12 +20,12 @@ A = 64  # the tiny tokenizer's "a" (its ids are characters)
 def held(worker: DecodeWorker, spec: StructuredOutput, first: int, page: int, steps: int) -> list[int]:
     """Greedy tokens of one sequence stepped alone, each step's logits masked by its own matcher, until the match
     ends (an eos token) or ``steps``."""
-    matcher = worker.grammars.matcher(spec)
+    matcher = worker.compiles.grammars.matcher(spec)
     assert matcher.accept_token(first)
     tokens, token = [], first
     for n in range(steps):
         logits = worker.runner.decode([DecodeSeq(token, n, n, np.array([page], dtype=np.int32))]).float().clone()
-        token = int(worker.grammars.mask(logits, [matcher]).argmax(dim=-1)[0])
+        token = int(worker.compiles.grammars.mask(logits, [matcher]).argmax(dim=-1)[0])
         tokens.append(token)
         assert matcher.accept_token(token)
         if matcher.is_terminated():
@@ -49,6 +49,34 @@ def test_a_grammar_holds_its_sequence_and_leaves_the_others_alone():
         assert tokens["plain"][:len(plain)] == plain[:len(tokens["plain"])] and not after_end
         assert not worker.running
     finally:
+        worker.shutdown()
+
+
+def test_a_sequence_waits_for_its_grammar_off_the_loop_and_an_abort_meanwhile_drops_it(monkeypatch):
+    """The compile is slow (held by an event): the plain sequence beside it streams meanwhile; a held sequence
+    aborted before its grammar is ready never runs, and one that waited joins once it is."""
+    import threading
+
+    worker = worker_on("cpu", max_batch=3)
+    release, compile_ = threading.Event(), worker.compiles.grammars.matcher
+    monkeypatch.setattr(worker.compiles.grammars, "matcher", lambda spec: (release.wait(30), compile_(spec))[1])
+    try:
+        steps = attach_queue(worker)
+        spec = StructuredOutput("regex", "a[b-d]{4}(xy|yx)")
+        params = SamplingParams(temperature=0, structured=spec)
+        worker.admit(DecodeAdmit("held", (1,), 0, A, 0, 1, 30, params))
+        worker.admit(DecodeAdmit("gone", (3,), 0, A, 0, 1, 30, params))
+        worker.admit(DecodeAdmit("plain", (2,), 0, 9, 0, 1, 5, SamplingParams(temperature=0)))
+        aborted = threading.Event()
+        worker.abort("gone", aborted.set)
+        tokens, reasons, _ = collect(steps, ["plain"])
+        assert reasons["plain"] == "length" and aborted.wait(10)  # while the grammars compile
+        release.set()
+        tokens, reasons, _ = collect(steps, ["held"])
+        assert (tokens["held"], reasons["held"]) == (held(worker, spec, A, 1, 20), "stop")
+        assert not worker.running and steps.empty()  # nothing of "gone"
+    finally:
+        release.set()
         worker.shutdown()
 
 

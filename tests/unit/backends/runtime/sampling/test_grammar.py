@@ -8,7 +8,7 @@ import torch
 
 from backends.ipc.protocol import StructuredOutput
 from backends.runtime.loader import ModelSpec, load_model
-from backends.runtime.sampling.grammar import Grammars, accepted, build
+from backends.runtime.sampling.grammar import Grammars, accepted, check
 from backends.runtime.tokenizer import eos_token_ids
 
 
@@ -51,6 +51,17 @@ def test_a_token_the_grammar_does_not_allow_is_an_error(tiny):
     assert accepted(matcher, tokenizer.convert_tokens_to_ids("b")) == "error"
 
 
-def test_build_names_the_problem_without_the_cpp_location():
+def test_check_names_the_problem_without_the_cpp_location_and_refuses_an_empty_language():
     with pytest.raises(ValueError, match='^Unsupported type "nope"$'):
-        build(StructuredOutput("json", '{"type": "nope"}'))
+        check(StructuredOutput("json", '{"type": "nope"}'))
+    with pytest.raises(ValueError, match="^no output can match it$"):
+        check(StructuredOutput("grammar", "root ::= root"))
+    check(StructuredOutput("grammar", 'root ::= ""'))  # the empty output: eos at once
+
+
+def test_json_object_is_an_object_as_openai_means_it(tiny):
+    _, tokenizer, grammars = tiny
+    for text, whole in (("[1]", False), ('{"a": [1]}', True)):
+        matcher = grammars.matcher(StructuredOutput("json_object"))
+        ok = all(matcher.accept_token(t) for t in tokenizer.encode(text))
+        assert (ok and matcher.is_completed()) == whole, text
