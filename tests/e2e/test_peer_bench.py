@@ -29,6 +29,7 @@ SUMMARY_KEYS = {
     "goodput": {"long_video", "video", "images", "multiturn"},
     "text_c1": {"ttft_ms", "tbt_mean_ms"},
     "text_c32": {"ttft_p50_ms", "tbt_mean_ms", "tbt_p99_ms"},
+    "text_c32_structured": {"ttft_p50_ms", "tbt_mean_ms", "tbt_p99_ms"},
     "images16": {"ttft_p50_ms", "ttft_max_ms"},
     "followup": {"ttft_ms", "first_ttft_ms", "chat_ttft_ms"},
     "multiturn": {"prefix_hit_rate", "reusable_hit_rate", "first_ttft_p50_ms", "first_ttft_p90_ms",
