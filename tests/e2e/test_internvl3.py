@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import json
 import struct
 import zlib
 
@@ -157,3 +158,19 @@ def test_openai_api_serves_it(sdk, hf):
     with pytest.raises(openai.BadRequestError, match="num_frames must be in"):
         sdk.chat.completions.create(model=PRESET, messages=[{"role": "user", "content": QUESTION}], max_tokens=2,
                                     extra_body={"mm_processor_kwargs": {"num_frames": 0}})
+
+
+def test_structured_outputs_and_several_choices_hold_for_this_family(sdk):
+    """InternVL3's tokenizer and vocabulary under a JSON schema, n=2 with an image: JSON that fits it, each choice
+    (without free whitespace: the dummy model would fill the reply with it)."""
+    image = make_image(200, 140, "RGB", "PNG")
+    url = "data:image/png;base64," + base64.b64encode(image).decode()
+    schema = {"type": "object", "properties": {"colour": {"enum": ["red", "blue"]}}, "required": ["colour"],
+              "additionalProperties": False}
+    reply = sdk.chat.completions.create(
+        model=PRESET, n=2, max_tokens=40, temperature=0,
+        messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+                                               {"type": "text", "text": "Which colour?"}]}],
+        extra_body={"structured_outputs": {"json": schema, "disable_any_whitespace": True}})
+    assert [c.finish_reason for c in reply.choices] == ["stop", "stop"], [c.message.content for c in reply.choices]
+    assert all(json.loads(c.message.content)["colour"] in ("red", "blue") for c in reply.choices)
