@@ -316,7 +316,7 @@ class Engine:
             tracked.request.counts.cached_tokens = seq.num_cached_tokens
         tracked.mrope_delta = first.mrope_delta
         if first.finish_reason:
-            self._end(tracked, Output(first.token, first.finish_reason, logprobs=first.logprobs))
+            self._end(tracked, Output.last(first.token, first.finish_reason, first.logprobs))
             return
         tracked.outputs.put_nowait(Output(first.token, logprobs=first.logprobs))
         if self.decode_ended:
@@ -378,7 +378,7 @@ class Engine:
             tracked.request.timeline.decoded(step.launched_s, step.read_s, now)
             if reason:
                 tracked.decode_done = True
-                self._end(tracked, Output(token, reason, logprobs=logprobs))
+                self._end(tracked, Output.last(token, reason, logprobs))
             else:
                 tracked.outputs.put_nowait(Output(token, logprobs=logprobs))
 

@@ -9,7 +9,8 @@ import time
 from dataclasses import dataclass, field
 
 from backends.ipc.link import StageError
-from backends.ipc.protocol import SERVER_FAULT, MediaDecode, NewRequest, StageFailure, TokenLogprobs
+from backends.ipc.protocol import (INVALID_INPUT, NO_MATCH, SERVER_FAULT, MediaDecode, NewRequest, StageFailure,
+                                   TokenLogprobs)
 from orchestrator.sequence import Group
 from orchestrator.timeline import NO_TIMELINE, Timeline
 
@@ -35,6 +36,16 @@ class Output:
     finish_reason: str = ""
     failure: StageFailure | None = None
     logprobs: TokenLogprobs | None = None
+
+    @classmethod
+    def last(cls, token: int, finish_reason: str, logprobs: TokenLogprobs | None = None) -> "Output":
+        """A stage's last token for a request; ``NO_MATCH`` (its structured output's grammar allows no token after
+        the output so far) is the client's failure: INVALID_ARG, naming ``structured_outputs``."""
+        if finish_reason == NO_MATCH:
+            return cls(failure=StageFailure(INVALID_INPUT, "sampling_parameters: structured_outputs: no output can "
+                                                           "match it (its grammar allows no token after the output "
+                                                           "so far)"))
+        return cls(token, finish_reason, logprobs=logprobs)
 
 
 @dataclass

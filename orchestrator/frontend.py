@@ -24,7 +24,7 @@ import logging
 from backends.ipc.link import StageError
 from backends.triton import triton_io as io
 from orchestrator.cancel_watch import CancelWatch
-from orchestrator.inputs import RawRequest, parse_request
+from orchestrator.inputs import RawRequest, builds_a_grammar, parse_request
 from orchestrator.metrics import RequestTimer
 from orchestrator.replies import Built, Reply, first_outputs
 from orchestrator.sampling_params import InvalidInput
@@ -83,7 +83,9 @@ async def handle(orchestrator: Orchestrator, request, lanes: SendLanes, cancels:
             orchestrator.admission_ended()
             await _serve_channel(opening, raw, sender, channels, lanes, cancels)
             return
-        parsed = parse_request(raw, orchestrator.config.limits)
+        limits = orchestrator.config.limits
+        parsed = await asyncio.to_thread(parse_request, raw, limits) if builds_a_grammar(raw) else parse_request(
+            raw, limits)
         bound = channel_name(raw.token_channel, "token_channel")
         if bound:
             request_id = request.request_id()

@@ -212,6 +212,12 @@ def _base64_image(text: bytes) -> bytes:
     return data
 
 
+def builds_a_grammar(raw: RawRequest) -> bool:
+    """Whether :func:`parse_request` will check a structured output (xgrammar compiles it, for up to a second, with
+    the GIL released): the orchestrator parses such a request on a thread, not on its event loop."""
+    return any(b"structured_outputs" in text or b"guided_decoding" in text for text in raw.sampling_parameters)
+
+
 def parse_request(raw: RawRequest, limits: InputLimits) -> ParsedRequest:
     """Validate a request. Raises InvalidInput naming the input at fault."""
     if sum(map(bool, (raw.text_input, raw.messages, raw.prompt))) > 1:

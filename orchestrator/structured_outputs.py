@@ -14,6 +14,7 @@ loaded by the service at start: xgrammar brings torch, which this package's modu
 from __future__ import annotations
 
 import json
+import math
 
 from backends.ipc.protocol import StructuredOutput
 
@@ -22,9 +23,11 @@ OPTIONS = ("disable_any_whitespace", "backend")
 MAX_CHARS = 65536  # a schema, regex or grammar's text: bounds the compile work one request can cause
 MAX_CHOICES = 1024
 MAX_DEPTH = 32  # a schema's arrays and objects nested in one another (64: 0.08 s to compile, 800: 24 s)
-# JSON schema keywords xgrammar 0.2 does not enforce: an output could break them
+# JSON schema keywords xgrammar 0.2.8 compiles without enforcing (an output could break them: found by a break test
+# and vLLM's list), and minLength/maxLength, whose strings it lets hold raw control characters (not JSON)
 UNENFORCED = ("contains", "minContains", "maxContains", "uniqueItems", "patternProperties", "propertyNames",
-              "dependentSchemas", "dependentRequired", "minProperties", "maxProperties")
+              "dependentSchemas", "dependentRequired", "dependencies", "minProperties", "maxProperties", "not",
+              "allOf", "if", "then", "else", "minLength", "maxLength")
 SCHEMA_MAPS = ("properties", "$defs", "definitions")  # objects of names to schemas
 DATA = ("enum", "const", "default", "examples", "required", "title", "description")  # not schemas
 FORMATS = ("email", "date", "time", "date-time", "duration", "ipv4", "ipv6", "hostname", "uuid", "uri",
@@ -81,7 +84,7 @@ def _check_schema(node: object, where: str = "the root", depth: int = 0, schema:
     if not isinstance(node, dict):
         return
     if schema and (why := unenforced(node)) is not None:
-        raise ValueError(f"{where}: {why}, which this server cannot hold an output to")
+        raise ValueError(f"{where}: {why}")
     for name, value in node.items():
         place = f"{name}" if where == "the root" else f"{where}.{name}"
         if schema and name in SCHEMA_MAPS and isinstance(value, dict):  # names -> schemas
@@ -92,15 +95,29 @@ def _check_schema(node: object, where: str = "the root", depth: int = 0, schema:
 
 
 def unenforced(node: dict) -> str | None:
-    """What in one schema object xgrammar would compile without enforcing, or None: a keyword of ``UNENFORCED``, a
-    string ``format`` it does not know, or a ``pattern`` or ``format`` beside ``minLength``/``maxLength`` (the
-    lengths are dropped)."""
+    """What in one schema object xgrammar would compile without holding an output to it, or None: a keyword of
+    ``UNENFORCED``, a ``format`` it does not know, a ``multipleOf`` that is not an integer, a ``$ref`` outside the
+    schema, a ``pattern`` it cannot read (it drops lookarounds), or ``required`` names ``additionalProperties``
+    false forbids."""
     if (word := next((w for w in UNENFORCED if w in node), None)) is not None:
-        return f"{word!r}"
-    if isinstance(node.get("format"), str) and node["format"] not in FORMATS and node.get("type") == "string":
-        return f"format {node['format']!r}"
-    if ("pattern" in node or "format" in node) and ("minLength" in node or "maxLength" in node):
-        return "a pattern or format with minLength or maxLength"
+        return f"{word!r} is not held by this server (xgrammar would let an output break it)"
+    if "format" in node and node["format"] not in FORMATS:
+        return f"format {node['format']!r} is not one xgrammar knows"
+    if "multipleOf" in node and not (isinstance(node["multipleOf"], int) and not isinstance(node["multipleOf"], bool)):
+        return f"multipleOf {node['multipleOf']!r}: only an integer is held"
+    if "$ref" in node and not str(node["$ref"]).startswith("#"):
+        return f"$ref {node['$ref']!r}: only references inside the schema (#/...) are followed"
+    if isinstance(node.get("pattern"), str):
+        from backends.runtime.sampling.grammar import check  # xgrammar: a pattern is its regex
+
+        try:
+            check(StructuredOutput("regex", node["pattern"]))
+        except ValueError as exc:
+            return f"pattern {node['pattern']!r}: {exc}"
+    if node.get("additionalProperties") is False and isinstance(node.get("required"), list):
+        allowed = node.get("properties") if isinstance(node.get("properties"), dict) else {}
+        if (missing := [name for name in node["required"] if name not in allowed]):
+            return f"required {missing[0]!r} is not a property additionalProperties false allows: nothing matches"
     return None
 
 
@@ -110,7 +127,10 @@ def _kind_and_text(where: str, kind: str, rule: object) -> tuple[str, str]:
             raise ValueError(f"{where} must be true, got {rule!r}")
         return kind, ""
     if kind == "json" and isinstance(rule, dict):
-        return kind, json.dumps(rule)
+        try:
+            return kind, json.dumps(rule, allow_nan=False)
+        except ValueError:  # 1e400 read as infinity
+            raise ValueError(f"{where} holds a number beyond a double's range") from None
     if kind == "choice":
         if not (isinstance(rule, list) and 0 < len(rule) <= MAX_CHOICES
                 and all(isinstance(choice, str) and choice for choice in rule)):
@@ -122,9 +142,15 @@ def _kind_and_text(where: str, kind: str, rule: object) -> tuple[str, str]:
     return kind, rule
 
 
+def _finite(text: str) -> float:
+    if not math.isfinite(number := float(text)):
+        raise ValueError(f"the number {text} is beyond a double's range")
+    return number
+
+
 def _parsed(text: str) -> object:
     try:
-        return json.loads(text)
+        return json.loads(text, parse_float=_finite, parse_constant=_finite)
     except RecursionError:
         raise ValueError(f"nested more than {MAX_DEPTH} deep") from None
     except ValueError as exc:

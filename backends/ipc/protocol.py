@@ -39,6 +39,7 @@ SERVER_FAULT = "server_fault"
 MAX_LOGPROBS = 20  # the most top tokens a sampled token's log probabilities come with (vLLM's max_logprobs)
 MAX_LOGIT_BIAS = 100.0  # a logit_bias value's bound either way (OpenAI's API's)
 STRUCTURED_KINDS = ("json", "json_object", "regex", "grammar")
+NO_MATCH = "no_match"  # a finish reason: the structured output's grammar allows no token after the output so far
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,10 @@ class StructuredOutput:
     def __post_init__(self) -> None:
         if self.kind not in STRUCTURED_KINDS:
             raise ValueError(f"structured output kind must be one of {STRUCTURED_KINDS}, got {self.kind!r}")
+
+    def __repr__(self) -> str:  # as messages show it: its kind and its text's start
+        text = self.text if len(self.text) <= 40 else f"{self.text[:40]}... ({len(self.text)} characters)"
+        return f"{{{self.kind}: {text!r}}}"
 
 
 @dataclass(frozen=True)

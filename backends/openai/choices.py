@@ -19,6 +19,7 @@ import dataclasses
 from typing import AsyncIterator, Protocol
 
 from backends.openai.convert import OrchestratorRequest
+from backends.openai.errors import ApiError
 from client.api import ResponsePiece
 
 
@@ -64,6 +65,8 @@ async def merged(orchestrator: Generator, prompts: list[OrchestratorRequest], n:
                         waiting = False
                         start(range(index + 1, index + n))
         except Exception as exc:  # noqa: BLE001 - raised where the stream is read
+            if isinstance(exc, ApiError) and len(prompts) > 1 and exc.message.startswith("prompt:"):  # which one
+                exc = ApiError(exc.status, f"prompt[{index // n}]{exc.message[len('prompt'):]}", exc.param, exc.code)
             queue.put_nowait((index, exc))
         else:
             if waiting:  # it ended without a response: its samples go all the same (never stranded)

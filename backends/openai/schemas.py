@@ -118,8 +118,9 @@ class GenerationRequest(_Body):
         """(field, message) of the first field set to something this server cannot do, or None."""
         if self.n is not None and not 1 <= self.n <= MAX_CHOICES:
             return "n", f"n: must be in [1, {MAX_CHOICES}], got {self.n}"
-        if self.seed is not None and self.seed + self.choices_per_prompt > SEEDS:  # sample i's seed is seed + i
-            return "seed", f"seed: with n {self.choices_per_prompt}, must be below 2**63 - {self.choices_per_prompt - 1}"
+        n = self.choices_per_prompt
+        if self.seed is not None and n > 1 and self.seed + n > SEEDS:  # choice i is drawn with seed + i
+            return "seed", f"seed: with n {n}, must be below 2**63 - {n - 1} (choice i is drawn with seed + i)"
         if self.stream_options is not None and not self.stream:  # as OpenAI's API and vLLM answer
             return "stream_options", "stream_options: only allowed when stream is true"
         kind = (self.response_format or {}).get("type", "text")

@@ -90,6 +90,24 @@ def test_a_grammar_of_the_empty_output_ends_at_its_first_token_beside_a_stream(g
         assert plain.result().finish_reason == "length"
 
 
+@pytest.mark.parametrize("rule", [{"regex": "a[^\\s\\S]"}, {"grammar": 'root ::= "a" b\nb ::= b "c"'}],
+                         ids=["regex", "grammar"])
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_a_grammar_that_dead_ends_after_its_first_token_is_the_clients_error(sdk, rule, stream):
+    """Its first character is possible, nothing after it: a 400 naming structured_outputs (streamed: the error
+    event after the first chunk), not a server error; the next request is served."""
+    request = dict(model=MODEL, messages=[{"role": "user", "content": "x"}], max_tokens=20, stream=stream,
+                   extra_body={"structured_outputs": rule})
+    with pytest.raises(openai.APIError) as error:
+        reply = sdk.chat.completions.create(**request)
+        list(reply) if stream else reply
+    assert "structured_outputs: no output can match it" in str(error.value)
+    if not stream:
+        assert error.value.status_code == 400 and error.value.body["param"] == "structured_outputs"
+    assert sdk.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}],
+                                       max_tokens=2).choices[0].finish_reason in ("length", "stop")
+
+
 def test_a_bad_response_format_is_400_naming_it(sdk):
     with pytest.raises(openai.BadRequestError) as error:
         sdk.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=4,

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import torch
 import xgrammar as xgr
 
-from backends.ipc.protocol import StructuredOutput
+from backends.ipc.protocol import NO_MATCH, StructuredOutput
 
 _LOCATION = re.compile(r"^\[[^\]]*\] [^:\s]+:\d+: (Check failed: .*? is false: )?")  # "[12:00:00] file.cc:42: "
 ANY_OBJECT = '{"type": "object"}'  # json_object: "a JSON object" (OpenAI's), compiled as vLLM compiles it
@@ -95,7 +95,8 @@ class Grammars:
 
 def accepted(matcher: xgr.GrammarMatcher, token: int) -> str:
     """Feed ``token`` to ``matcher``: "" while the match goes on, "stop" once it has ended (an eos token after a
-    whole match), "error" for a token the grammar does not allow (never sampled from masked logits)."""
+    whole match), ``NO_MATCH`` for a token the grammar does not allow: sampled from a mask that allowed none (the
+    grammar dead-ends, ``root ::= "a" b; b ::= b "c"``), the request is the client's to fail."""
     if not matcher.accept_token(token):
-        return "error"
+        return NO_MATCH
     return "stop" if matcher.is_terminated() else ""

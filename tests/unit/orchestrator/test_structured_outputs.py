@@ -26,7 +26,8 @@ def _parsed(value) -> StructuredOutput | None:
      StructuredOutput("json", '{"type": "integer"}', any_whitespace=False)),
     ({"json_object": True, "regex": None, "choice": None}, StructuredOutput("json_object")),
     ({"regex": "[0-9]{3}"}, StructuredOutput("regex", "[0-9]{3}")),
-    ({"choice": ["yes", 'say "no"', "naïve\n"]}, StructuredOutput("grammar", 'root ::= "yes" | "say \\"no\\"" | "naïve\\n"')),
+    ({"choice": ["yes", 'say "no"', "naïve\n"]},
+     StructuredOutput("grammar", 'root ::= "yes" | "say \\"no\\"" | "naïve\\n"')),
     ({"grammar": 'root ::= "a" | "b"'}, StructuredOutput("grammar", 'root ::= "a" | "b"')),
     (None, None),
     ('{"regex": "a+", "backend": "xgrammar"}', StructuredOutput("regex", "a+")),  # the Triton vLLM backend's string
@@ -60,12 +61,20 @@ def test_guided_decoding_is_its_older_name():
      "structured_outputs.disable_any_whitespace must be a boolean, got 'yes'"),
     ({"json": {"type": "nonsense"}}, 'structured_outputs.json: Unsupported type "nonsense"$'),
     ({"json": "{not json"}, "structured_outputs.json: not JSON \\(Expecting property name"),
-    ({"json": {"type": "array", "uniqueItems": True}}, "structured_outputs.json: the root: 'uniqueItems', which this "
-                                                       "server cannot hold an output to"),
-    ({"json": {"properties": {"a": {"type": "string", "pattern": "a+", "maxLength": 2}}}},
-     "structured_outputs.json: properties.a: a pattern or format with minLength or maxLength"),
-    ({"json": {"type": "string", "format": "colour"}}, "structured_outputs.json: the root: format 'colour'"),
+    ({"json": {"type": "array", "uniqueItems": True}}, "structured_outputs.json: the root: 'uniqueItems' is not held "
+                                                       "by this server \\(xgrammar would let an output break it\\)"),
+    ({"json": {"properties": {"a": {"type": "string", "maxLength": 2}}}},
+     "structured_outputs.json: properties.a: 'maxLength' is not held"),
+    ({"json": {"type": ["string"], "format": "colour"}}, "structured_outputs.json: the root: format 'colour' is not"),
     ({"json": {"$defs": {"x": {"contains": {}}}}}, "structured_outputs.json: \\$defs.x: 'contains'"),
+    ({"json": {"anyOf": [{"not": {}}]}}, "structured_outputs.json: anyOf\\[0\\]: 'not' is not held"),
+    ({"json": {"type": "number", "multipleOf": 0.5}}, "structured_outputs.json: the root: multipleOf 0.5: only an"),
+    ({"json": {"$ref": "http://x/s.json"}}, "structured_outputs.json: the root: \\$ref 'http://x/s.json': only"),
+    ({"json": {"type": "string", "pattern": "(?!a)"}},
+     "structured_outputs.json: the root: pattern '\\(\\?!a\\)': Regex"),
+    ({"json": {"type": "object", "additionalProperties": False, "required": ["a"]}},
+     "structured_outputs.json: the root: required 'a' is not a property additionalProperties false allows"),
+    ('{"json": "{\\"minimum\\": 1e400}"}', "structured_outputs.json: not JSON \\(the number 1e400 is beyond"),
     ({"json": _nested(33)}, "structured_outputs.json: nested more than 32 deep"),
     ({"grammar": "root ::= root"}, "structured_outputs.grammar: no output can match it"),
     ({"regex": "(a"}, "structured_outputs.regex: Regex parsing error at position 3: The parenthesis is not closed"),
@@ -82,8 +91,26 @@ def test_names_of_properties_and_data_are_not_keywords():
     schema = {"type": "object", "properties": {"contains": {"type": "string", "default": {"uniqueItems": 1}}},
               "enum": [{"contains": 1}], "required": ["contains"]}
     assert _parsed({"json": schema}).kind == "json" and _parsed({"json": _nested(30)}).kind == "json"
+    held = {"type": "object", "properties": {"n": {"type": "integer", "multipleOf": 3},
+                                             "s": {"type": "string", "pattern": "^[a-z]+$", "format": "email"},
+                                             "u": {"oneOf": [{"type": "integer"}, {"type": "string"}]}},
+            "additionalProperties": False, "required": ["n"]}
+    assert _parsed({"json": held}).kind == "json"
 
 
 def test_min_tokens_is_refused_beside_a_structured_output():
     with pytest.raises(InvalidInput, match="min_tokens must be 0 with structured_outputs, got 2"):
         parse_sampling_parameters(json.dumps({"structured_outputs": {"regex": "a+"}, "min_tokens": 2}))
+
+
+def test_a_request_with_a_structured_output_is_parsed_off_the_event_loop():
+    from orchestrator.inputs import RawRequest, builds_a_grammar
+
+    assert builds_a_grammar(RawRequest(text_input=[], sampling_parameters=[b'{"structured_outputs": {"regex": "a"}}']))
+    assert builds_a_grammar(RawRequest(text_input=[], sampling_parameters=[b'{"guided_decoding": {"regex": "a"}}']))
+    assert not builds_a_grammar(RawRequest(text_input=[], sampling_parameters=[b'{"max_tokens": 4}']))
+
+
+def test_two_names_of_one_setting_show_their_rules_short():
+    with pytest.raises(InvalidInput, match=r"structured_outputs \{regex: 'b'\} and guided_decoding \{regex: 'a'\}"):
+        parse_sampling_parameters(json.dumps({"guided_decoding": {"regex": "a"}, "structured_outputs": {"regex": "b"}}))

@@ -49,7 +49,7 @@ class Recorder:
         self.log.append(("sent", request.prompt, seed))
         try:
             if request.prompt in self.fail:
-                raise ApiError(400, f"bad {request.prompt}")
+                raise ApiError(400, f"prompt: bad {request.prompt}")
             await self.prefilled.wait()
             yield ResponsePiece(f"{request.prompt}:{seed}".encode())
             await self.gates.setdefault(request.prompt, asyncio.Event()).wait()
@@ -102,7 +102,7 @@ def test_a_prompts_other_samples_are_sent_after_its_first_response():
 def test_one_choices_error_gives_up_the_others_and_is_raised():
     async def run():
         orchestrator = Recorder(fail=("b",))
-        with pytest.raises(ApiError, match="bad b"):
+        with pytest.raises(ApiError, match=r"^prompt\[1\]: bad b$"):  # which prompt, where there are several
             async with contextlib.aclosing(merged(orchestrator, [_request("a"), _request("b")], 1)) as stream:
                 async for _ in stream:
                     pass

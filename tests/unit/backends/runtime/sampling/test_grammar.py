@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from backends.ipc.protocol import StructuredOutput
+from backends.ipc.protocol import NO_MATCH, StructuredOutput
 from backends.runtime.loader import ModelSpec, load_model
 from backends.runtime.sampling.grammar import Grammars, accepted, check
 from backends.runtime.tokenizer import eos_token_ids
@@ -44,11 +44,11 @@ def test_greedy_decoding_under_the_mask_makes_json_that_fits_the_schema(tiny):
     assert set(reply) == {"answer", "n"} and reply["answer"] in ("yes", "no") and isinstance(reply["n"], int)
 
 
-def test_a_token_the_grammar_does_not_allow_is_an_error(tiny):
+def test_a_token_the_grammar_does_not_allow_is_no_match(tiny):
     _, tokenizer, grammars = tiny
     matcher = grammars.matcher(StructuredOutput("regex", "a+"))
     assert accepted(matcher, tokenizer.convert_tokens_to_ids("a")) == ""
-    assert accepted(matcher, tokenizer.convert_tokens_to_ids("b")) == "error"
+    assert accepted(matcher, tokenizer.convert_tokens_to_ids("b")) == NO_MATCH
 
 
 def test_check_names_the_problem_without_the_cpp_location_and_refuses_an_empty_language():
