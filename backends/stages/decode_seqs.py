@@ -1,15 +1,25 @@
 """The decode batch's records: a running sequence (``RunningSeq``) and a step launched but not yet read
-(``Launched``), kept by ``backends.stages.decode_worker``'s loop thread."""
+(``Launched``), kept by ``backends.stages.decode_worker``'s loop thread; the shapes of what a step sends."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
-from backends.ipc.protocol import DecodeAdmit, SamplingParams
+from backends.ipc.protocol import DecodeAdmit, DecodeStep, SamplingParams, TokenLogprobs
 from backends.runtime.sampling.logprobs import Asked
 from backends.runtime.sampling.token_readback import TokenReadback
+
+# One decode step's output for all sequences (``DecodeStep``).
+StepSink = Callable[[DecodeStep], None]
+# (sequences in the step, the seconds it took: from its launch, or from the last step's tokens on the host if that
+# came later, to its tokens on the host; whether the batch is empty after it): one call per step, on the send
+# thread after the step's message; also (0, 0.0, idle) when the batch may have emptied without a step (abort,
+# end) and at shutdown.
+StepTimer = Callable[[int, float, bool], None]
+# One sequence's row of a step's message: (seq_id, token_id, finish_reason, its logprobs or None).
+Row = tuple[str, int, str, TokenLogprobs | None]
 
 
 @dataclass
@@ -53,5 +63,3 @@ class Launched:
     started: float  # time.perf_counter() at launch
     asked: Asked | None = None
 
-    def holds(self, seq: RunningSeq) -> bool:
-        return any(s is seq for s in self.seqs)

@@ -1,12 +1,11 @@
 """The decode stage: a continuous-batching loop over every running sequence, in its own thread.
 
-The worker owns the KV pool (allocated once, published for encode_prefill to map). The orchestrator
-admits a sequence after its prefill (block table, first token, M-RoPE delta, sampling), and reads
-ONE message per decode step carrying the new tokens of all running sequences (``protocol.DecodeStep``).
-Commands reach the loop through a queue, so the stage link's reader never blocks (docs/design.md, invariant 1).
-The loop hands each step's message (and the metrics' round trips to the Triton process) to a send thread and
-goes on with the next step, whose GPU work hides the send; messages leave in the order they were made
-(bench/RESULTS.md, "decode stage sends").
+The worker owns the KV pool (allocated once, published for encode_prefill to map). The orchestrator admits a
+sequence after its prefill (block table, first token, M-RoPE delta, sampling), and reads ONE message per decode step
+carrying the new tokens of all running sequences (``protocol.DecodeStep``). Commands reach the loop through a queue,
+so the stage link's reader never blocks (docs/design.md, invariant 1). The loop hands each step's message (and the
+metrics' round trips to the Triton process) to a send thread and goes on with the next step, whose GPU work hides the
+send; messages leave in the order they were made (bench/RESULTS.md, "decode stage sends").
 
 Steps overlap (vLLM's async scheduling, SGLang's overlap scheduler; with CUDA graphs, where the host's launches
 would otherwise leave the GPU idle): the loop launches step N+1 with step N's tokens still on the device
@@ -17,7 +16,9 @@ step still writes the sequence's KV pages, so the sequence's last message (on wh
 goes out with step N+1's. Abort, end and attach read the step in flight before they act, so an abort's ``done``
 never runs while a step still writes the sequence's pages; an admitted sequence joins the next step with its
 token from the host. Penalized sequences' token counts are updated on the device from each step's tokens
-(``backends.runtime.sampling.penalties``), so the step launched next already counts them.
+(``backends.runtime.sampling.penalties``), so the step launched next already counts them. A structured output's
+mask needs the token before: with one in the batch, step N is read after step N+1's forward is launched and before
+its sampling, so the GPU runs the forward while the host reads, feeds the matchers and fills the masks.
 When the server stops, the stream is ended (``end_stream``) before ``finalize``: Triton unloads the
 model only once that stream's sender has sent its final flag.
 """
@@ -33,7 +34,7 @@ from typing import Callable
 import torch
 
 from backends.ipc import shared_tensor, shared_weights
-from backends.ipc.protocol import DecodeAdmit, DecodeStep, TokenLogprobs
+from backends.ipc.protocol import DecodeAdmit, DecodeStep
 from backends.runtime.attention import FlashInferAttentionBackend, make_backend
 from backends.runtime.language_model.cuda_graphs import batch_ladder
 from backends.runtime.loader import ModelSpec, load_model
@@ -49,22 +50,13 @@ from backends.runtime.sampling.token_readback import TokenReadback
 from backends.runtime.tokenizer import eos_token_ids
 from backends.stages.decode_grammars import GrammarCompiles
 from backends.stages.decode_pace import Pacing
-from backends.stages.decode_seqs import Launched, RunningSeq
+from backends.stages.decode_seqs import Launched, Row, RunningSeq, StepSink, StepTimer
 from backends.stages.kv_pool_size import pool_layout
 from backends.stages.send_thread import SendThread
 from backends.triton.triton_io import choice_value, switched_on
 
 log = logging.getLogger(__name__)
 
-# One decode step's output for all sequences (``DecodeStep``).
-StepSink = Callable[[DecodeStep], None]
-# (sequences in the step, the seconds it took: from its launch, or from the last step's tokens on the host if that
-# came later, to its tokens on the host; whether the batch is empty after it): one call per step, on the send
-# thread after the step's message; also (0, 0.0, idle) when the batch may have emptied without a step (abort,
-# end) and at shutdown.
-StepTimer = Callable[[int, float, bool], None]
-# One sequence's row of a step's message: (seq_id, token_id, finish_reason, its logprobs or None).
-Row = tuple[str, int, str, TokenLogprobs | None]
 
 
 class DecodeWorker:
@@ -287,12 +279,14 @@ class DecodeWorker:
         self._send(rows)
 
     def _step(self) -> None:
-        """Launch the next step, read the one before it (module docstring; first, where a structured output's mask
-        must follow every token before), plan the step after while the GPU runs; without overlap, read it last."""
-        if self._in_flight is not None and any(s.grammar is not None for s in self._batch()):
-            self._read_in_flight()
+        """Launch the next step, read the one before it (module docstring; with a structured output in the batch,
+        between the step's forward and its sampling: ``_launch``), plan the step after while the GPU runs; without
+        overlap, read it last."""
+        previous = self._in_flight
         launched = self._launch()
-        previous, self._in_flight = self._in_flight, launched
+        if self._in_flight is not previous:  # _launch has read it (a structured output in the batch)
+            previous = None
+        self._in_flight = launched
         if previous is not None:
             try:
                 self._read(previous)
@@ -308,8 +302,7 @@ class DecodeWorker:
             self._read_in_flight()
 
     def _batch(self) -> list[RunningSeq]:
-        """The sequences of the next step: the running ones with a token left to make, in admission order, at
-        most ``max_batch``."""
+        """The next step's sequences: the running ones with a token left to make, in admission order, ``max_batch``."""
         return [s for s in self.running.values() if not s.ending][: self.max_batch]
 
     def _launch(self) -> Launched | None:
@@ -328,11 +321,16 @@ class DecodeWorker:
         logits = self.runner.decode([
             DecodeSeq(s.last_token, s.num_cached + s.mrope_delta, s.num_cached, s.block_table) for s in batch
         ], token_ids)
+        grammars = any(s.grammar is not None for s in batch)
+        if grammars and self._in_flight is not None:  # its masks follow the step before: read it while this runs
+            step, self._in_flight = self._in_flight, None
+            self._read(step, after=batch)
         params = [s.sampling for s in batch]
         asking = logprobs.start(logits, params)  # the raw logits' (before the bias and the penalties)
         logits, penalized = self.penalties.penalize(self.logit_bias.apply(logits, params), (s.seq_id for s in batch))
-        if any(s.grammar is not None for s in batch):
-            logits = self.compiles.grammars.mask(logits, [s.grammar for s in batch])
+        if grammars:  # not a sequence that has just ended (its matcher may be done): its token is dropped
+            logits = self.compiles.grammars.mask(logits, [s.grammar if self.running.get(s.seq_id) is s else None
+                                                          for s in batch])
         counts = [s.num_generated for s in batch]
         sampled = sample_tensor(logits, params, counts, self.eos_ids)
         self.penalties.count(penalized, sampled)  # on the device, before any later step is launched
@@ -349,12 +347,13 @@ class DecodeWorker:
         if step is not None:
             self._read(step)
 
-    def _read(self, step: Launched) -> None:
+    def _read(self, step: Launched, after: list[RunningSeq] | None = None) -> None:
         """Bring ``step``'s tokens to the host (waits for the device), end the sequences that stop, and send the
         step's message. Rows of sequences that ended before (an eos token in the step before) are dropped. The last
-        row of a sequence that the step in flight still holds (it ended with an eos token) is held back and sent
-        with that step's message: the orchestrator frees a sequence's pages on its last message, and that step
-        writes them until it has run."""
+        row of a sequence that the step in flight (whose batch is ``after`` while it is being launched) still holds
+        (it ended with an eos token) is held back and sent with that step's message: the orchestrator frees a
+        sequence's pages on its last message, and that step writes them until it has run."""
+        later = after if after is not None else self._in_flight.seqs if self._in_flight is not None else ()
         tokens = step.tokens.tolist()
         now, read_s = time.perf_counter(), time.monotonic()
         elapsed, self._last_read = now - max(step.started, self._last_read), now
@@ -371,7 +370,7 @@ class DecodeWorker:
             row = (seq.seq_id, token, reason or "", token_logprobs)
             if reason:
                 del self.running[seq.seq_id]
-                if self._in_flight is not None and self._in_flight.holds(seq):
+                if any(s is seq for s in later):
                     self._held.append(row)
                     continue
             rows.append(row)

@@ -92,3 +92,25 @@ def test_a_first_token_its_grammar_refuses_fails_the_sequence_alone():
         assert reasons["plain"] == "length" and len(tokens["plain"]) == 4
     finally:
         worker.shutdown()
+
+
+def test_with_a_grammar_in_the_batch_a_step_is_read_while_the_next_ones_forward_runs():
+    """The order of the loop's work: step k+1's forward is launched before step k is read (the GPU keeps the
+    forward while the host feeds the matchers), and step k+1's sampling after that read (its mask follows step k)."""
+    worker = worker_on("cpu", max_batch=2)
+    events: list[str] = []
+    forward, read, mask = worker.runner.decode, worker._read, worker.compiles.grammars.mask
+    worker.runner.decode = lambda *a, **k: (events.append("forward"), forward(*a, **k))[1]
+    worker._read = lambda *a, **k: (events.append("read"), read(*a, **k))[1]
+    worker.compiles.grammars.mask = lambda *a, **k: (events.append("mask"), mask(*a, **k))[1]
+    try:
+        steps = attach_queue(worker)
+        params = SamplingParams(temperature=0, structured=StructuredOutput("regex", "a[b-d]{8}"))
+        worker.admit(DecodeAdmit("held", (1,), 0, A, 0, 1, 16, params))
+        worker.admit(DecodeAdmit("plain", (2,), 0, 9, 0, 1, 16, SamplingParams(temperature=0)))
+        _, reasons, _ = collect(steps, ["held", "plain"])
+        assert reasons == {"held": "stop", "plain": "length"}
+        shown = "".join(e[0] for e in events)  # f(orward), r(ead), m(ask)
+        assert "frm" in shown and "mr" not in shown, shown  # never a read after the mask, before the next forward
+    finally:
+        worker.shutdown()
