@@ -328,9 +328,10 @@ class DecodeWorker:
         params = [s.sampling for s in batch]
         asking = logprobs.start(logits, params)  # the raw logits' (before the bias and the penalties)
         logits, penalized = self.penalties.penalize(self.logit_bias.apply(logits, params), (s.seq_id for s in batch))
-        if grammars:  # not a sequence that has just ended (its matcher may be done): its token is dropped
-            logits = self.compiles.grammars.mask(logits, [s.grammar if self.running.get(s.seq_id) is s else None
-                                                          for s in batch])
+        # not a sequence that has just ended (its matcher may be done): its token is dropped
+        matchers = [s.grammar if grammars and self.running.get(s.seq_id) is s else None for s in batch]
+        if any(m is not None for m in matchers):
+            logits = self.compiles.grammars.mask(logits, matchers)
         counts = [s.num_generated for s in batch]
         sampled = sample_tensor(logits, params, counts, self.eos_ids)
         self.penalties.count(penalized, sampled)  # on the device, before any later step is launched
@@ -341,8 +342,7 @@ class DecodeWorker:
             s.ending = s.num_generated >= s.max_tokens
         return Launched(batch, counts, tokens, started, asking[0] if asking else None)
 
-    def _read_in_flight(self) -> None:
-        """Read the step in flight, if there is one (:meth:`_read`)."""
+    def _read_in_flight(self) -> None:  # the step in flight, if there is one (_read)
         step, self._in_flight = self._in_flight, None
         if step is not None:
             self._read(step)
@@ -360,27 +360,30 @@ class DecodeWorker:
         rows, self._held = self._held, []
         figures = repeat(None) if step.asked is None else logprobs.rows(
             step.asked, step.tokens.figures(), [s.sampling for s in step.seqs])
-        for seq, token, count, token_logprobs in zip(step.seqs, tokens, step.counts, figures):
-            if self.running.get(seq.seq_id) is not seq:
-                continue
-            seq.last_token = token
-            reason = finish_reason(token, count + 1, seq.max_tokens, seq.sampling, self.eos_ids)
-            if seq.grammar is not None:  # a match ended with its eos token, whatever ignore_eos says
-                reason = accepted(seq.grammar, token) or reason
-            row = (seq.seq_id, token, reason or "", token_logprobs)
-            if reason:
-                del self.running[seq.seq_id]
-                if any(s is seq for s in later):
-                    self._held.append(row)
+        try:
+            for seq, token, count, token_logprobs in zip(step.seqs, tokens, step.counts, figures):
+                if self.running.get(seq.seq_id) is not seq:
                     continue
-            rows.append(row)
+                seq.last_token = token
+                reason = finish_reason(token, count + 1, seq.max_tokens, seq.sampling, self.eos_ids)
+                if seq.grammar is not None:  # a match ended with its eos token, whatever ignore_eos says
+                    reason = accepted(seq.grammar, token) or reason
+                row = (seq.seq_id, token, reason or "", token_logprobs)
+                if reason:
+                    del self.running[seq.seq_id]
+                    if any(s is seq for s in later):
+                        self._held.append(row)
+                        continue
+                rows.append(row)
+        except Exception:  # the rows made go out with the failure (_fail_batch): their sequences have left
+            self._held = rows + self._held
+            raise
         self._send(rows, read_s - (now - step.started), read_s)  # the launch on the monotonic clock
         self._told(len(step.seqs), elapsed)
 
     def _send(self, rows: list[Row], launched_s: float = 0.0, read_s: float = 0.0) -> None:
-        """Post one message of ``(seq_id, token_id, finish_reason, logprobs or None)`` rows to the stream, if any and
-        attached, with the step's launch and read times (``DecodeStep``; its ``logprobs`` only where a row has
-        them)."""
+        """Post one ``DecodeStep`` of ``rows`` (``Row``) to the stream, if any and attached, with the step's launch
+        and read times (its ``logprobs`` only where a row has them)."""
         if rows and self.sink is not None:
             seq_ids, token_ids, reasons, figures = map(tuple, zip(*rows))
             asked = figures if any(f is not None for f in figures) else ()
@@ -392,7 +395,6 @@ class DecodeWorker:
         return [DecodeSeq(0, 0, s.num_cached, s.block_table) for s in self._batch()]
 
     def _told(self, batch: int, elapsed: float) -> None:
-        """``on_step`` on the send thread, after the step's message (``batch`` 0: no step, the batch may have
-        emptied: a moment to send what the metrics have summed)."""
+        """``on_step`` on the send thread, after the step's message (``batch`` 0: no step; the batch may be empty)."""
         if self.on_step is not None:
             self._post(self.on_step, batch, elapsed, not self.running)

@@ -1,9 +1,11 @@
-"""The decode stage with structured outputs (backends/runtime/sampling/grammar.py), steps overlapped where no
-grammar is in the batch: a sequence held to a grammar streams exactly the greedy tokens of stepping it alone with
-each step's logits masked by a matcher of its own, ends with the eos token that ends its match ("stop", even with
-ignore_eos), and a plain sequence beside it is unchanged; a first token its grammar refuses fails the sequence.
-CPU, tiny model."""
+"""The decode stage with structured outputs (backends/runtime/sampling/grammar.py), steps overlapped (with a grammar
+in the batch, the step before is read between a step's forward and its sampling): a sequence held to a grammar
+streams exactly the greedy tokens of stepping it alone with each step's logits masked by a matcher of its own, ends
+with the eos token that ends its match ("stop", even with ignore_eos), and a plain sequence beside it is unchanged;
+a first token its grammar refuses fails the sequence. CPU, tiny model."""
 from __future__ import annotations
+
+import re
 
 import numpy as np
 
@@ -111,6 +113,33 @@ def test_with_a_grammar_in_the_batch_a_step_is_read_while_the_next_ones_forward_
         _, reasons, _ = collect(steps, ["held", "plain"])
         assert reasons == {"held": "stop", "plain": "length"}
         shown = "".join(e[0] for e in events)  # f(orward), r(ead), m(ask)
-        assert "frm" in shown and "mr" not in shown, shown  # never a read after the mask, before the next forward
+        assert "frm" in shown and not re.search("mr+f", shown), shown  # no read between a mask and the next forward
+    finally:
+        worker.shutdown()
+
+
+def test_a_read_that_fails_midway_still_sends_the_rows_it_made(monkeypatch):
+    """A sequence that ended earlier in the same read (its row made, itself gone from the batch) gets its last
+    message with the failure (_fail_batch), not none at all: the orchestrator frees its pages on it."""
+    from backends.stages import decode_worker
+
+    real, state = decode_worker.finish_reason, {"ended": False, "raised": False}
+
+    def failing(*args, **kwargs):
+        if state["ended"] and not state["raised"]:
+            state["raised"] = True
+            raise RuntimeError("injected")
+        reason = real(*args, **kwargs)
+        state["ended"] = state["ended"] or reason == "length"
+        return reason
+
+    monkeypatch.setattr(decode_worker, "finish_reason", failing)
+    worker = worker_on("cpu", max_batch=2)
+    try:
+        steps = attach_queue(worker)
+        worker.admit(DecodeAdmit("short", (1,), 0, 5, 0, 1, 3, SamplingParams(temperature=0)))
+        worker.admit(DecodeAdmit("long", (2,), 0, 9, 0, 1, 10, SamplingParams(temperature=0)))
+        tokens, reasons, _ = collect(steps, ["short", "long"])
+        assert reasons == {"short": "length", "long": "error"} and len(tokens["short"]) == 2
     finally:
         worker.shutdown()
