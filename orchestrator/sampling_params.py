@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from backends.ipc.protocol import MAX_LOGIT_BIAS, MAX_LOGPROBS, SamplingParams, StructuredOutput
 from flashcodec.families.base import MediaOptions
+from orchestrator.shown import shown
 from orchestrator.structured_outputs import parse_structured_outputs
 
 # Qwen2.5-VL's smallest and largest frame area (qwen_vl_utils MIN_PIXELS = 4*28*28, MAX_PIXELS = 16384*28*28).
@@ -26,7 +27,7 @@ MAX_STOP_TOKEN_IDS = 256
 MAX_LOGIT_BIAS_ENTRIES = 300  # OpenAI's limit; bounds the work one request's logit_bias adds to its steps
 MAX_PENALTY = 2.0  # presence_penalty and frequency_penalty lie in [-2, 2] (vLLM's, after OpenAI's)
 _TOKENS_LIMIT = 1 << 31
-_SEED_LIMIT = 2**63  # seeds go into an int64 generator seed
+SEED_LIMIT = 2**63  # seeds go into an int64 generator seed
 _PREFIX = "sampling_parameters"
 
 
@@ -105,7 +106,7 @@ class RequestParams:
             _fail("top_k", "must be -1 or 0 (off) or a positive integer", self.top_k)
         if self.top_k == -1:
             object.__setattr__(self, "top_k", 0)  # one spelling of "off" downstream
-        if self.seed is not None and not 0 <= self.seed < _SEED_LIMIT:
+        if self.seed is not None and not 0 <= self.seed < SEED_LIMIT:
             _fail("seed", "must be in [0, 2**63)", self.seed)
         if any(not isinstance(s, str) or not s for s in self.stop):
             _fail("stop", "must hold non-empty strings", self.stop)
@@ -152,13 +153,7 @@ class RequestParams:
 
 
 def _fail(key: str, rule: str, value: object) -> None:
-    raise InvalidInput(f"{_PREFIX}: {key} {rule}, got {_shown(value)}")
-
-
-def _shown(value: object, limit: int = 60) -> str:
-    """``repr(value)``, cut to ``limit`` characters (an integer of 300 digits is accepted, then refused)."""
-    text = repr(value)
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+    raise InvalidInput(f"{_PREFIX}: {key} {rule}, got {shown(value)}")
 
 
 def _numeric_text(value: object) -> str | None:
@@ -183,7 +178,7 @@ def _as_int(key: str, value: object) -> int:
                 pass
     if isinstance(number, float) and number.is_integer():
         return int(number)
-    raise InvalidInput(f"{_PREFIX}: {key} must be an integer, got {_shown(value)}")
+    raise InvalidInput(f"{_PREFIX}: {key} must be an integer, got {shown(value)}")
 
 
 def _as_float(key: str, value: object) -> float:
@@ -196,7 +191,7 @@ def _as_float(key: str, value: object) -> float:
     except (ValueError, OverflowError):
         pass
     if not math.isfinite(number):
-        raise InvalidInput(f"{_PREFIX}: {key} must be a finite number, got {_shown(value)}")
+        raise InvalidInput(f"{_PREFIX}: {key} must be a finite number, got {shown(value)}")
     return number
 
 
@@ -227,7 +222,7 @@ def _as_token_ids(key: str, value: object) -> tuple[int, ...]:
             return tuple(_as_int(key, v) for v in value)
         except InvalidInput:
             pass
-    raise InvalidInput(f"{_PREFIX}: {key} must be a list of integers, got {_shown(value)}")
+    raise InvalidInput(f"{_PREFIX}: {key} must be a list of integers, got {shown(value)}")
 
 
 def _as_logit_bias(key: str, value: object) -> tuple[tuple[int, float], ...]:
@@ -236,13 +231,13 @@ def _as_logit_bias(key: str, value: object) -> tuple[tuple[int, float], ...]:
     if value is None:
         return ()
     if not isinstance(value, dict):
-        raise InvalidInput(f"{_PREFIX}: {key} must be an object of token ids to biases, got {_shown(value)}")
+        raise InvalidInput(f"{_PREFIX}: {key} must be an object of token ids to biases, got {shown(value)}")
     if len(value) > MAX_LOGIT_BIAS_ENTRIES:
         raise InvalidInput(f"{_PREFIX}: {key} has {len(value)} entries, at most {MAX_LOGIT_BIAS_ENTRIES}")
     out: dict[int, float] = {}
     keys: dict[int, object] = {}
     for token, bias in value.items():
-        where = f"{key}[{_shown(token)}]"
+        where = f"{key}[{shown(token)}]"
         token_id = _as_int(f"{where}'s key", token)
         if not 0 <= token_id < _TOKENS_LIMIT:
             raise InvalidInput(f"{_PREFIX}: {where}'s key must be a token id, in [0, 2**31)")

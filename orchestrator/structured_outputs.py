@@ -17,6 +17,7 @@ import json
 import math
 
 from backends.ipc.protocol import StructuredOutput
+from orchestrator.shown import shown
 
 KINDS = ("json", "json_object", "regex", "choice", "grammar")
 OPTIONS = ("disable_any_whitespace", "backend")
@@ -43,7 +44,7 @@ def parse_structured_outputs(key: str, value: object) -> StructuredOutput | None
         try:
             value = json.loads(value)
         except ValueError:
-            raise ValueError(f"{key}: a string must hold a JSON object, got {_cut(value)}") from None
+            raise ValueError(f"{key}: a string must hold a JSON object, got {shown(value)}") from None
     if not isinstance(value, dict):
         raise ValueError(f"{key} must be an object holding one of {', '.join(KINDS)}, got {type(value).__name__}")
     unknown = sorted(set(value) - {*KINDS, *OPTIONS})
@@ -134,11 +135,11 @@ def _kind_and_text(where: str, kind: str, rule: object) -> tuple[str, str]:
     if kind == "choice":
         if not (isinstance(rule, list) and 0 < len(rule) <= MAX_CHOICES
                 and all(isinstance(choice, str) and choice for choice in rule)):
-            raise ValueError(f"{where} must be a list of 1 to {MAX_CHOICES} non-empty strings, got {_cut(rule)}")
+            raise ValueError(f"{where} must be a list of 1 to {MAX_CHOICES} non-empty strings, got {shown(rule)}")
         return "grammar", choices_grammar(rule)
     if not (isinstance(rule, str) and rule.strip()):
         raise ValueError(f"{where} must be a non-empty string{' or an object' if kind == 'json' else ''}, "
-                         f"got {_cut(rule)}")
+                         f"got {shown(rule)}")
     return kind, rule
 
 
@@ -161,8 +162,3 @@ def choices_grammar(choices: list[str]) -> str:
     """EBNF matching exactly one of ``choices`` (vLLM's ``choice``): each a JSON-quoted literal, which xgrammar's
     EBNF strings read alike (its escapes, any Unicode)."""
     return "root ::= " + " | ".join(json.dumps(choice, ensure_ascii=False) for choice in choices)
-
-
-def _cut(value: object, limit: int = 60) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"

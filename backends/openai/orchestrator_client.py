@@ -61,18 +61,15 @@ class OrchestratorClient:
     def reserved(self, requests: int) -> Iterator[None]:
         """Count ``requests`` in flight while the block runs, for ``generate`` calls made with ``reserved=True``
         (one request's several choices: all of them or none). Raises ApiError 503 as ``generate`` does."""
-        self._room_for(requests)
+        if self.max_requests and self.in_flight + requests > self.max_requests:
+            more = "" if requests == 1 else f" and {requests} more asked"
+            raise ApiError(503, f"the server is overloaded: {self.in_flight} requests in flight{more}, its limit (try "
+                                "again later)", code="overloaded")
         self.in_flight += requests
         try:
             yield
         finally:
             self.in_flight -= requests
-
-    def _room_for(self, requests: int) -> None:
-        if self.max_requests and self.in_flight + requests > self.max_requests:
-            more = "" if requests == 1 else f" and {requests} more asked"
-            raise ApiError(503, f"the server is overloaded: {self.in_flight} requests in flight{more}, its limit (try "
-                                "again later)", code="overloaded")
 
     async def generate(self, request: OrchestratorRequest, reserved: bool = False) -> AsyncIterator[ResponsePiece]:
         """The request's responses, the last one with ``finish_reason``. Close the iterator (``aclosing``) to give
@@ -84,17 +81,12 @@ class OrchestratorClient:
         (``errors.from_orchestrator``), or the transport's (``from_transport``: 503 when tritonserver cannot be
         reached or went away).
         """
-        if not reserved:
-            self._room_for(1)
-        self.in_flight += not reserved
-        try:
+        with contextlib.nullcontext() if reserved else self.reserved(1):
             channel = await self._channel() if request.stream else None
             pieces = self._own_stream(request) if channel is None else self._on_channel(request, channel)
             async with contextlib.aclosing(pieces):
                 async for piece in pieces:
                     yield piece
-        finally:
-            self.in_flight -= not reserved
 
     async def _own_stream(self, request: OrchestratorRequest, request_id: str | None = None,
                           token_channel: str | None = None) -> AsyncIterator[ResponsePiece]:

@@ -11,10 +11,10 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from backends.ipc.protocol import MAX_LOGPROBS
+from orchestrator.sampling_params import SEED_LIMIT
 
 MAX_CHOICES = 128  # OpenAI's API's limit on n, and on a completion's prompts times n
 MAX_PROMPTS = 128  # a completion's prompts per request
-SEEDS = 2**63  # the orchestrator's seeds are in [0, 2**63)
 
 
 class _Body(BaseModel):
@@ -119,7 +119,7 @@ class GenerationRequest(_Body):
         if self.n is not None and not 1 <= self.n <= MAX_CHOICES:
             return "n", f"n: must be in [1, {MAX_CHOICES}], got {self.n}"
         n = self.choices_per_prompt
-        if self.seed is not None and n > 1 and self.seed + n > SEEDS:  # choice i is drawn with seed + i
+        if self.seed is not None and n > 1 and self.seed + n > SEED_LIMIT:  # choice i is drawn with seed + i
             return "seed", f"seed: with n {n}, must be below 2**63 - {n - 1} (choice i is drawn with seed + i)"
         if self.stream_options is not None and not self.stream:  # as OpenAI's API and vLLM answer
             return "stream_options", "stream_options: only allowed when stream is true"

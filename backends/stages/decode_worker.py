@@ -328,10 +328,9 @@ class DecodeWorker:
         params = [s.sampling for s in batch]
         asking = logprobs.start(logits, params)  # the raw logits' (before the bias and the penalties)
         logits, penalized = self.penalties.penalize(self.logit_bias.apply(logits, params), (s.seq_id for s in batch))
-        # not a sequence that has just ended (its matcher may be done): its token is dropped
-        matchers = [s.grammar if grammars and self.running.get(s.seq_id) is s else None for s in batch]
-        if any(m is not None for m in matchers):
-            logits = self.compiles.grammars.mask(logits, matchers)
+        if grammars:  # not a sequence that has just ended (its matcher may be done): its token is dropped
+            logits = self.compiles.grammars.mask(logits, [s.grammar if self.running.get(s.seq_id) is s else None
+                                                          for s in batch])
         counts = [s.num_generated for s in batch]
         sampled = sample_tensor(logits, params, counts, self.eos_ids)
         self.penalties.count(penalized, sampled)  # on the device, before any later step is launched

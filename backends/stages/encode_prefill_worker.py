@@ -299,8 +299,7 @@ class EncodePrefillWorker:
         logits = penalize_first_tokens(apply_logit_bias(logits, params), [state.request.input_ids for state in states],
                                        params)
         matchers = [state.grammar and state.grammar.result() for state in states]  # each at its grammar's start
-        if any(m is not None for m in matchers):
-            logits = self.grammars.mask(logits, matchers)
+        logits = self.grammars.mask(logits, matchers)
         sampled = sample_tensor(logits, params, [0] * len(last), self.eos_ids)
         tokens = TokenReadback(sampled, logprobs.finish(*asking, sampled) if asking else None)  # both in one wait
         figures = logprobs.rows(asking[0] if asking else None, tokens.figures(), params)

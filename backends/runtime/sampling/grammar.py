@@ -71,7 +71,7 @@ class Grammars:
         info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=list(eos_ids))
         self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_limit_bytes=CACHE_BYTES)
         if device is not None and device.type == "cuda":
-            self.mask(torch.zeros(1, vocab_size, device=device), [None])
+            self._apply(torch.zeros(1, vocab_size, device=device), xgr.allocate_token_bitmask(1, vocab_size))
 
     def matcher(self, spec: StructuredOutput) -> xgr.GrammarMatcher:
         """A new matcher at the start of ``spec``'s grammar (compiled once per grammar text in this process, which
@@ -81,12 +81,18 @@ class Grammars:
 
     def mask(self, logits: torch.Tensor, matchers: Sequence[xgr.GrammarMatcher | None]) -> torch.Tensor:
         """``logits`` [rows, vocab_size] (any float dtype, any device) with each row whose matcher is given masked
-        in place to the tokens that continue its match (-inf elsewhere); rows without one are left as they are.
-        The bitmask is filled on the host and copied over without waiting for the device."""
+        in place to the tokens that continue its match (-inf elsewhere); rows without one are left as they are (no
+        row with one: nothing is done). The bitmask is filled on the host and copied over without waiting for the
+        device."""
+        if all(matcher is None for matcher in matchers):
+            return logits
         bitmask = xgr.allocate_token_bitmask(len(matchers), self.vocab_size)  # int32, all bits 1: nothing masked
         for row, matcher in enumerate(matchers):
             if matcher is not None:
                 matcher.fill_next_token_bitmask(bitmask, row)
+        return self._apply(logits, bitmask)
+
+    def _apply(self, logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
         if logits.device.type == "cuda":
             bitmask = bitmask.pin_memory().to(logits.device, non_blocking=True)
         xgr.apply_token_bitmask_inplace(logits, bitmask, vocab_size=self.vocab_size)
