@@ -56,6 +56,8 @@ class GenerationResult:
     ``logprobs``: with ``return_logprobs``, one entry per output token, ``{"<token id>": {"logprob", "rank",
     "decoded_token"}}``, the sampled token first, then ``sampling``'s ``logprobs`` top tokens (docs/requests.md),
     else empty; ``cumulative_logprob``: the output's summed log probability (natural log), with it, else None.
+    ``prompt_logprobs``: with ``sampling``'s ``prompt_logprobs``, one entry per prompt token as ``logprobs``' (the
+    first token's ``logprob`` and ``rank`` None: it follows nothing; docs/requests.md), else None.
     """
 
     text: str = ""
@@ -72,6 +74,7 @@ class GenerationResult:
     timeline: dict | None = None
     logprobs: list[dict] = field(default_factory=list)
     cumulative_logprob: float | None = None
+    prompt_logprobs: list[dict] | None = None
 
     @property
     def mean_tbt_ms(self) -> float | None:
@@ -96,6 +99,7 @@ class ResponsePiece:
     timeline: dict | None = None
     logprobs: list[dict] | None = None  # return_logprobs: an entry per token (docs/requests.md)
     cumulative_logprob: float | None = None
+    prompt_logprobs: list[dict] | None = None  # sampling's prompt_logprobs: first response only
 
     @property
     def has_output(self) -> bool:
@@ -140,6 +144,8 @@ class _Collector:
         r.logprobs += piece.logprobs or ()
         if piece.cumulative_logprob is not None:
             r.cumulative_logprob = piece.cumulative_logprob
+        if piece.prompt_logprobs is not None:
+            r.prompt_logprobs = piece.prompt_logprobs
         if piece.has_output:
             r.num_responses += 1
             k = max(1, len(piece.token_ids))
@@ -252,8 +258,8 @@ def _scalar(result: grpcclient.InferResult, name: str):
 
 
 def json_output(value: str | bytes | None):
-    """A JSON output's value (``visual_cap``, ``media``, ``timeline``, ``logprobs``) read, or None where it is absent
-    or empty.
+    """A JSON output's value (``visual_cap``, ``media``, ``timeline``, ``logprobs``, ``prompt_logprobs``) read, or
+    None where it is absent or empty.
     Raises json.JSONDecodeError when it is not JSON."""
     return None if value is None or len(value) == 0 else json.loads(value)
 
@@ -272,7 +278,8 @@ def piece_from_grpc(result: grpcclient.InferResult) -> ResponsePiece:
     n_in, n_out, n_cached = (_scalar(result, name) for name in
                              ("num_input_tokens", "num_output_tokens", "num_cached_tokens"))
     reason = _scalar(result, "finish_reason")
-    cap, media, timeline, logprobs = (_scalar(result, name) for name in ("visual_cap", "media", "timeline", "logprobs"))
+    cap, media, timeline, logprobs, prompt_logprobs = (_scalar(result, name) for name in (
+        "visual_cap", "media", "timeline", "logprobs", "prompt_logprobs"))
     cumulative = _scalar(result, "cumulative_logprob")
     return ResponsePiece(
         text=b"".join(x if isinstance(x, bytes) else str(x).encode() for x in text.reshape(-1))
@@ -288,6 +295,7 @@ def piece_from_grpc(result: grpcclient.InferResult) -> ResponsePiece:
         timeline=json_output(timeline),
         logprobs=json_output(logprobs),
         cumulative_logprob=None if cumulative is None else float(cumulative),
+        prompt_logprobs=json_output(prompt_logprobs),
     )
 
 

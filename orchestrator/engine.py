@@ -316,9 +316,9 @@ class Engine:
             tracked.request.counts.cached_tokens = seq.num_cached_tokens
         tracked.mrope_delta = first.mrope_delta
         if first.finish_reason:
-            self._end(tracked, Output.last(first.token, first.finish_reason, first.logprobs))
+            self._end(tracked, Output.last(first.token, first.finish_reason, first.logprobs, first.prompt_logprobs))
             return
-        tracked.outputs.put_nowait(Output(first.token, logprobs=first.logprobs))
+        tracked.outputs.put_nowait(Output(first.token, logprobs=first.logprobs, prompt_logprobs=first.prompt_logprobs))
         if self.decode_ended:
             self.fail(tracked, StageFailure(SERVER_FAULT, self.decode_ended))
             return

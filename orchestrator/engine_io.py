@@ -9,8 +9,8 @@ import time
 from dataclasses import dataclass, field
 
 from backends.ipc.link import StageError
-from backends.ipc.protocol import (INVALID_INPUT, NO_MATCH, SERVER_FAULT, MediaDecode, NewRequest, StageFailure,
-                                   TokenLogprobs)
+from backends.ipc.protocol import (INVALID_INPUT, NO_MATCH, SERVER_FAULT, MediaDecode, NewRequest, PromptLogprobs,
+                                   StageFailure, TokenLogprobs)
 from orchestrator.sequence import Group
 from orchestrator.timeline import NO_TIMELINE, Timeline
 
@@ -30,22 +30,25 @@ class RequestState(enum.Enum):
 @dataclass(frozen=True)
 class Output:
     """What a request's output queue receives: a ``token`` with its ``finish_reason`` (``""``: more follow) and,
-    where the request asked, its ``logprobs``; or a ``failure`` (nothing follows it)."""
+    where the request asked, its ``logprobs`` (and with its first token, its ``prompt_logprobs``); or a ``failure``
+    (nothing follows it)."""
 
     token: int = -1
     finish_reason: str = ""
     failure: StageFailure | None = None
     logprobs: TokenLogprobs | None = None
+    prompt_logprobs: PromptLogprobs | None = None
 
     @classmethod
-    def last(cls, token: int, finish_reason: str, logprobs: TokenLogprobs | None = None) -> "Output":
+    def last(cls, token: int, finish_reason: str, logprobs: TokenLogprobs | None = None,
+             prompt_logprobs: PromptLogprobs | None = None) -> "Output":
         """A stage's last token for a request; ``NO_MATCH`` (its structured output's grammar allows no token after
         the output so far) is the client's failure: INVALID_ARG, naming ``structured_outputs``."""
         if finish_reason == NO_MATCH:
             return cls(failure=StageFailure(INVALID_INPUT, "sampling_parameters: structured_outputs: no output can "
                                                            "match it (its grammar allows no token after the output "
                                                            "so far)"))
-        return cls(token, finish_reason, logprobs=logprobs)
+        return cls(token, finish_reason, logprobs=logprobs, prompt_logprobs=prompt_logprobs)
 
 
 @dataclass

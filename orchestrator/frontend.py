@@ -149,7 +149,9 @@ async def _send_tokens(admitted: Admitted, tokens, send, timer: RequestTimer, ti
     cap = None if admitted.visual_cap is None else admitted.visual_cap.to_json()
     head = first_outputs(visual_cap=cap, media=admitted.media)
     num_input = len(admitted.prompt.input_ids)
-    async for delta, token_ids, reason, logprobs, cumulative in tokens:
+    async for delta, token_ids, reason, logprobs, cumulative, prompt_logprobs in tokens:
+        if prompt_logprobs is not None:  # on the first item (JSON already): the first response's
+            head += (("prompt_logprobs", prompt_logprobs),)
         texts.append(delta)
         ids += token_ids
         if not parsed.stream:  # a streamed reply sends each item's own

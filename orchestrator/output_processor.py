@@ -11,10 +11,11 @@ leave in one item (one client response for them, not one each), with the same id
 from __future__ import annotations
 
 import asyncio
-from typing import AsyncIterator, NamedTuple
+import json
+from typing import AsyncIterator, NamedTuple, Sequence
 
 from backends.ipc.link import StageError
-from backends.ipc.protocol import INVALID_INPUT, TokenLogprobs
+from backends.ipc.protocol import INVALID_INPUT, PromptLogprobs, TokenLogprobs
 from orchestrator.detokenizer import Detokenizer
 from orchestrator.engine import Engine
 from orchestrator.engine_io import Output
@@ -28,13 +29,17 @@ class Piece(NamedTuple):
     """One item of a request's output stream: the ``text`` delta, the ``ids`` it brings, the finish ``reason``
     (None: more follow); where the request asked for log probabilities, ``logprobs``, one entry per id (the vLLM
     backend's ``logprobs`` output: ``{"<id>": {"logprob", "rank", "decoded_token"}}``, the sampled token first, then
-    the top tokens) and ``cumulative_logprob``, the sum of the output's token log probabilities so far."""
+    the top tokens) and ``cumulative_logprob``, the sum of the output's token log probabilities so far; on the first
+    item of a request that asked for them (``prompt_logprobs``), ``prompt_logprobs``: the JSON text of a list with one
+    entry per prompt token, as above (vLLM's ``RequestOutput.prompt_logprobs``, whose first is None), the first
+    token's with its text alone (it follows nothing: its ``logprob`` and ``rank`` are null)."""
 
     text: str
     ids: list[int]
     reason: str | None
     logprobs: tuple[dict, ...] = ()
     cumulative_logprob: float = 0.0
+    prompt_logprobs: str | None = None
 
 
 class OutputProcessor:
@@ -50,20 +55,24 @@ class OutputProcessor:
         loop."""
         outputs.put_nowait(CANCELLED)
 
-    async def stream(self, engine: Engine, req_id: str, outputs: asyncio.Queue, params: RequestParams
-                     ) -> AsyncIterator[Piece]:
+    async def stream(self, engine: Engine, req_id: str, outputs: asyncio.Queue, params: RequestParams,
+                     prompt_ids: Sequence[int] = ()) -> AsyncIterator[Piece]:
         """Yield :class:`Piece` s as tokens arrive from ``outputs`` (the request's queue in ``engine``); the last
         has a finish reason: the stage's, ``"stop"`` for a stop string, or ``"abort"`` (no tokens) once
         :meth:`cancel` reached it, after the tokens queued before. However it ends (a consumer that stops early
-        too), the request is aborted in ``engine``.
+        too), the request is aborted in ``engine``. ``prompt_ids``: the prompt, whose entries the first item's
+        ``prompt_logprobs`` gives where the request asked (built on a worker thread: a long prompt's are millions of
+        objects, which the event loop would stall on).
 
         Raises InvalidInput or StageError when a stage failed the request, after the tokens before the failure.
         """
         detok = Detokenizer(self.tokenizer, params.stop, params.min_tokens)
-        cumulative = 0.0
+        cumulative, prompt = 0.0, None
         try:
             while True:
                 output = await outputs.get()
+                if output.prompt_logprobs is not None:  # the first token's
+                    prompt = await asyncio.to_thread(self._prompt_json, prompt_ids, output.prompt_logprobs)
                 deltas, ids, entries = [], [], []
                 # this token and those queued behind it
                 while output is not None and output is not CANCELLED and output.failure is None:
@@ -74,11 +83,12 @@ class OutputProcessor:
                         cumulative += entries[-1][str(output.token)]["logprob"]
                     reason = "stop" if detok.stopped else output.finish_reason
                     if reason:
-                        yield Piece("".join(deltas) + detok.flush(), ids, reason, tuple(entries), cumulative)
+                        yield Piece("".join(deltas) + detok.flush(), ids, reason, tuple(entries), cumulative, prompt)
                         return
                     output = _next_queued(outputs)
                 if ids:
-                    yield Piece("".join(deltas), ids, None, tuple(entries), cumulative)
+                    yield Piece("".join(deltas), ids, None, tuple(entries), cumulative, prompt)
+                    prompt = None
                 if output is CANCELLED:
                     yield Piece("", [], "abort", (), cumulative)
                     return
@@ -99,6 +109,15 @@ class OutputProcessor:
         for rank, (top, logprob) in enumerate(logprobs.top, start=1):
             entry.setdefault(str(top), {"logprob": _floored(logprob), "rank": rank, "decoded_token": self._text(top)})
         return entry
+
+    def _prompt_json(self, prompt_ids: Sequence[int], figures: PromptLogprobs) -> str:
+        """:attr:`Piece.prompt_logprobs`' JSON text: the first prompt token's entry (its text; its log probability
+        and rank null), then each later prompt token's."""
+        if not prompt_ids:
+            return "[]"
+        first = {str(prompt_ids[0]): {"logprob": None, "rank": None, "decoded_token": self._text(prompt_ids[0])}}
+        return json.dumps([first, *(self._entry(token, logprobs)
+                                    for token, logprobs in zip(prompt_ids[1:], figures.tokens()))])
 
     def _text(self, token: int) -> str:
         """The token's text alone (``tokenizer.decode([token])``), decoded once per id."""

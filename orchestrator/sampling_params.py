@@ -64,6 +64,10 @@ class RequestParams:
         logit_bias: ``(token id, bias)`` pairs, at most 300 (OpenAI's limit), ids distinct and >= 0 (checked
             against the vocabulary at admission), biases in [-100, 100]: added to those tokens' logits (OpenAI's
             ``logit_bias``, a JSON object of token ids to biases, each clamped to [-100, 100] as vLLM does).
+        prompt_logprobs: the log probabilities of the prompt's tokens after the first, each with this many most likely
+            tokens at its position besides its own, in [0, 20], or None (vLLM's ``prompt_logprobs``): the first
+            response's ``prompt_logprobs`` output. Such a prompt is neither looked up in the prefix cache nor cached
+            (every position's logits are computed; vLLM v1 skips its prefix cache for them too).
         structured_outputs: what the output must match (vLLM's ``structured_outputs``:
             ``orchestrator.structured_outputs``), or None; ``min_tokens`` must then be 0.
         Which media settings apply is the served family's (``flashcodec.families``; the orchestrator refuses the
@@ -92,6 +96,7 @@ class RequestParams:
     logprobs: int | None = None
     logit_bias: tuple[tuple[int, float], ...] = ()
     structured_outputs: StructuredOutput | None = None
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if not 0 < self.max_tokens < _TOKENS_LIMIT:  # far beyond any max_model_len; bounds what messages print
@@ -132,6 +137,8 @@ class RequestParams:
             _fail("max_pixels", f"must be in [{MIN_PIXELS}, {MAX_PIXELS}]", self.max_pixels)
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
             _fail("logprobs", f"must be in [0, {MAX_LOGPROBS}]", self.logprobs)
+        if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= MAX_LOGPROBS:
+            _fail("prompt_logprobs", f"must be in [0, {MAX_LOGPROBS}]", self.prompt_logprobs)
         ids, biases = [t for t, _ in self.logit_bias], [b for _, b in self.logit_bias]
         if len(ids) > MAX_LOGIT_BIAS_ENTRIES or len(set(ids)) != len(ids) or not all(
                 0 <= t < _TOKENS_LIMIT for t in ids) or not all(-MAX_LOGIT_BIAS <= b <= MAX_LOGIT_BIAS for b in biases):
@@ -149,7 +156,8 @@ class RequestParams:
         """The stages' part of these parameters (``backends.ipc.protocol.SamplingParams``)."""
         return SamplingParams(self.temperature, self.top_p, self.top_k, self.seed, self.min_tokens, self.ignore_eos,
                               self.repetition_penalty, self.presence_penalty, self.frequency_penalty,
-                              self.stop_token_ids, self.logprobs, self.logit_bias, self.structured_outputs)
+                              self.stop_token_ids, self.logprobs, self.logit_bias, self.structured_outputs,
+                              self.prompt_logprobs)
 
 
 def _fail(key: str, rule: str, value: object) -> None:
@@ -283,6 +291,7 @@ _CONVERTERS = {
     "num_frames": _as_optional_int,
     "max_tiles": _as_optional_int,
     "logprobs": _as_optional_int,
+    "prompt_logprobs": _as_optional_int,
     "logit_bias": _as_logit_bias,
     "structured_outputs": _as_structured_outputs,
 }

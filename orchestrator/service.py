@@ -372,13 +372,13 @@ class Orchestrator:
     def _identify(self, parsed: ParsedRequest, plans: list, prompt: Prompt, config: SchedulerConfig
                   ) -> tuple[list[bytes], tuple[bytes, ...]]:
         """Each media item's ``media_identity`` (the encoder cache's keys), and the prompt's ``block_hashes`` for
-        the prefix cache (empty when it is off).
+        the prefix cache (empty when it is off or the request asks for its prompt's log probabilities).
 
         Raises:
             InvalidInput: a media file could not be read (it was probed just before).
         """
         identities = [media_identity(item, plan) for item, plan in zip(parsed.media, plans)]
-        if not self.config.cache.enabled:
+        if not self.config.cache.enabled or parsed.params.prompt_logprobs is not None:  # every position computed
             return identities, ()
         spans = [(m.token_offset, m.token_offset + m.num_tokens, i) for m, i in zip(prompt.media, identities)]
         return identities, block_hashes(prompt.input_ids, spans, config.kv_page_size)
@@ -392,7 +392,8 @@ class Orchestrator:
 
     def stream(self, admitted: Admitted) -> AsyncIterator[tuple[str, list[int], str | None]]:
         """The request's ``(text_delta, token_ids, finish_reason or None)`` items (``OutputProcessor.stream``)."""
-        return self.outputs.stream(admitted.engine, admitted.req_id, admitted.outputs, admitted.parsed.params)
+        return self.outputs.stream(admitted.engine, admitted.req_id, admitted.outputs, admitted.parsed.params,
+                                   admitted.prompt.input_ids)
 
     def cancel(self, admitted: Admitted) -> None:
         """End the request's stream with ``"abort"`` after the tokens queued already (the client cancelled); on

@@ -30,13 +30,9 @@ class PresenceFrequencyPenalty(LogitsProcessor):
         return scores
 
 
-def reference_generate(model, input_ids: list[int], max_new_tokens: int, *, video=None, image=None, tiles=None,
-                       params: RequestParams = RequestParams()):
-    """Greedy ``generate()`` without EOS, with ``params``' penalties (transformers' own repetition penalty,
-    :class:`PresenceFrequencyPenalty`); ``video``/``image`` (Qwen2.5-VL): (pixel rows [n, 1176] float32, grid_thw,
-    second_per_grid_t); ``tiles`` (InternVL3): ``pixel_values`` float32 [tiles, 3, 448, 448], every image's tiles and
-    video frame of the prompt in order. Returns (token ids, per-step scores [vocab]: the logits after the
-    penalties)."""
+def media_kwargs(model, ids: torch.Tensor, *, video=None, image=None, tiles=None) -> dict:
+    """The model's media arguments (``reference_generate``'s ``video``, ``image``, ``tiles``) on its device, with each
+    token's modality for M-RoPE (Qwen2.5-VL; transformers 5.17 computes M-RoPE only when given it)."""
     device = model.device
     kwargs = {}
     if video is not None:
@@ -48,11 +44,21 @@ def reference_generate(model, input_ids: list[int], max_new_tokens: int, *, vide
         kwargs.update(pixel_values=pixels.to(device), image_grid_thw=torch.tensor([grid], device=device))
     if tiles is not None:
         kwargs.update(pixel_values=tiles.to(device))
-    ids = torch.tensor([input_ids], device=device)
     if hasattr(model.config, "video_token_id"):  # M-RoPE (Qwen2.5-VL; InternVL3's positions are 1-D)
-        # transformers 5.17 computes M-RoPE in generate() only when given each token's modality.
         kwargs["mm_token_type_ids"] = (ids == model.config.image_token_id).int() + 2 * (
             ids == model.config.video_token_id).int()
+    return kwargs
+
+
+def reference_generate(model, input_ids: list[int], max_new_tokens: int, *, video=None, image=None, tiles=None,
+                       params: RequestParams = RequestParams()):
+    """Greedy ``generate()`` without EOS, with ``params``' penalties (transformers' own repetition penalty,
+    :class:`PresenceFrequencyPenalty`); ``video``/``image`` (Qwen2.5-VL): (pixel rows [n, 1176] float32, grid_thw,
+    second_per_grid_t); ``tiles`` (InternVL3): ``pixel_values`` float32 [tiles, 3, 448, 448], every image's tiles and
+    video frame of the prompt in order. Returns (token ids, per-step scores [vocab]: the logits after the
+    penalties)."""
+    ids = torch.tensor([input_ids], device=model.device)
+    kwargs = media_kwargs(model, ids, video=video, image=image, tiles=tiles)
     if params.presence_penalty or params.frequency_penalty:
         kwargs["logits_processor"] = LogitsProcessorList([
             PresenceFrequencyPenalty(len(input_ids), params.presence_penalty, params.frequency_penalty)])
@@ -60,6 +66,15 @@ def reference_generate(model, input_ids: list[int], max_new_tokens: int, *, vide
                          max_new_tokens=max_new_tokens, min_new_tokens=0, eos_token_id=None, output_scores=True,
                          repetition_penalty=params.repetition_penalty, return_dict_in_generate=True, **kwargs)
     return out.sequences[0, len(input_ids):].tolist(), [scores[0].float() for scores in out.scores]
+
+
+def reference_prompt_logprobs(model, input_ids: list[int], **media) -> torch.Tensor:
+    """transformers' log-softmax (float32 ``[L - 1, vocab]``, on the CPU) at each prompt position but the last: the
+    distribution each later prompt token was drawn from; ``media`` as :func:`reference_generate` takes it."""
+    ids = torch.tensor([input_ids], device=model.device)
+    with torch.no_grad():
+        logits = model(ids, **media_kwargs(model, ids, **media)).logits[0, :-1]
+    return torch.log_softmax(logits.float(), dim=-1).cpu()
 
 
 def internvl_prompt(tokenizer, images: list[int], frames: int, text: str = "Describe what you see, briefly."
@@ -93,10 +108,19 @@ def server_request_reference(model, tokenizer, text: str, max_new_tokens: int, *
                              image: bytes | None = None, images: tuple[bytes, ...] = (),
                              params: RequestParams = RequestParams()):
     """What the server must produce for a ``text_input`` request (its images, then its video, then ``text``) to the
-    model's family: the same preprocessing (flashcodec's plan and patches, from the decoder its stage takes on the
-    model's device: NVDEC on a GPU, whose pixels the GPU tests hold to the CPU decoder's within a tolerance; the
-    orchestrator's prompt), then ``reference_generate``. Qwen2.5-VL: at most one ``image`` and one ``video``;
-    InternVL3: any ``images`` (or ``image``) and a ``video``, as one ``tiles`` tensor in prompt order."""
+    model's family: ``reference_generate`` on :func:`server_request_inputs`."""
+    ids, media = server_request_inputs(model, tokenizer, text, video=video, image=image, images=images, params=params)
+    return reference_generate(model, ids, max_new_tokens, params=params, **media)
+
+
+def server_request_inputs(model, tokenizer, text: str, *, video: bytes | None = None, image: bytes | None = None,
+                          images: tuple[bytes, ...] = (), params: RequestParams = RequestParams()
+                          ) -> tuple[list[int], dict]:
+    """The prompt ids and media arguments (``reference_generate``'s) the server makes of a ``text_input`` request
+    (its images, then its video, then ``text``) to the model's family: the same preprocessing (flashcodec's plan and
+    patches, from the decoder its stage takes on the model's device: NVDEC on a GPU, whose pixels the GPU tests hold
+    to the CPU decoder's within a tolerance; the orchestrator's prompt). Qwen2.5-VL: at most one ``image`` and one
+    ``video``; InternVL3: any ``images`` (or ``image``) and a ``video``, as one ``tiles`` tensor in prompt order."""
     # Imported here so the runtime tests that only need reference_generate run without PyAV.
     from flashcodec.families.internvl3_pixels import tiles_from_rows
     from flashcodec.pipeline import image_group, iter_video_groups, make_decoder
@@ -125,7 +149,7 @@ def server_request_reference(model, tokenizer, text: str, max_new_tokens: int, *
                   } if media else {}
     else:
         kwargs = {kind: (r, grid, seconds) for r, (kind, grid, seconds) in zip(rows, media)}
-    return reference_generate(model, list(prompt.input_ids), max_new_tokens, params=params, **kwargs)
+    return list(prompt.input_ids), kwargs
 
 
 def _media_family(model):

@@ -91,6 +91,10 @@ class SamplingParams:
     * ``logit_bias``: ``(token id, bias)`` pairs, each bias (in [-100, 100]) added to that token's logit before the
       penalties and sampling, as vLLM v1 orders them (OpenAI's ``logit_bias``; not in the log probabilities, which are
       the raw logits'); ids distinct: ``backends.runtime.sampling.logit_bias``.
+    * ``prompt_logprobs``: the log probability and rank of each prompt token after the first under the model's raw
+      distribution at the position before it, and those of the ``prompt_logprobs`` most likely tokens there (0: the
+      prompt token's alone; None: none computed; at most :data:`MAX_LOGPROBS`): vLLM's ``prompt_logprobs``, computed
+      in prefill over every position of the prompt (``backends.runtime.sampling.logprobs.prompt_figures``).
     * ``structured``: the output must match it (``StructuredOutput``): tokens that cannot continue a match are
       masked before sampling, and the output ends once the match is whole and an eos token sampled (the only tokens
       allowed then); ``min_tokens`` must be 0 beside it (it would mask those eos tokens).
@@ -109,6 +113,7 @@ class SamplingParams:
     logprobs: int | None = None
     logit_bias: tuple[tuple[int, float], ...] = ()
     structured: StructuredOutput | None = None
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if not (self.temperature >= 0 and math.isfinite(self.temperature)):
@@ -128,6 +133,8 @@ class SamplingParams:
             raise ValueError(f"stop_token_ids must be distinct ids >= 0, got {self.stop_token_ids}")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
             raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
+        if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= MAX_LOGPROBS:
+            raise ValueError(f"prompt_logprobs must be in [0, {MAX_LOGPROBS}], got {self.prompt_logprobs}")
         ids = [t for t, _ in self.logit_bias]
         if any(t < 0 for t in ids) or len(set(ids)) != len(ids) or any(
                 not -MAX_LOGIT_BIAS <= b <= MAX_LOGIT_BIAS for _, b in self.logit_bias):
@@ -247,6 +254,30 @@ class TokenLogprobs:
     rank: int
     top: tuple[tuple[int, float], ...] = ()
 
+    @classmethod
+    def read(cls, values, at: int, k: int, wanted: int) -> "TokenLogprobs":
+        """The token whose ``2 + 2 * k`` figures start at ``values[at]`` (a sequence of floats: its log probability,
+        its rank, ``k`` top token ids, their log probabilities), with the first ``wanted`` of its top tokens."""
+        top = tuple((int(values[at + 2 + j]), values[at + 2 + k + j]) for j in range(wanted))
+        return cls(values[at], int(values[at + 1]), top)
+
+
+@dataclass(frozen=True)
+class PromptLogprobs:
+    """A prompt's log probabilities (``SamplingParams.prompt_logprobs``): per prompt token after the first, in order,
+    ``2 + 2 * top`` float32 figures (native byte order) in ``figures``: the token's log probability and rank at the
+    position before it, then the ``top`` most likely token ids there and their log probabilities (most likely
+    first), as ``backends.runtime.sampling.logprobs.prompt_figures`` makes them. Bytes, not objects: a 100,000-token
+    prompt's pickle stays one buffer."""
+
+    figures: bytes
+    top: int
+
+    def tokens(self) -> list[TokenLogprobs]:
+        """One :class:`TokenLogprobs` per prompt token after the first."""
+        values = memoryview(self.figures).cast("f")
+        return [TokenLogprobs.read(values, at, self.top, self.top) for at in range(0, len(values), 2 + 2 * self.top)]
+
 
 @dataclass(frozen=True)
 class FirstToken:
@@ -260,6 +291,7 @@ class FirstToken:
     mrope_delta: int
     finish_reason: str
     logprobs: TokenLogprobs | None = None  # when its SamplingParams.logprobs asks
+    prompt_logprobs: PromptLogprobs | None = None  # when its SamplingParams.prompt_logprobs asks
 
 
 @dataclass(frozen=True)

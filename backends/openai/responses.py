@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 import uuid
 
-from backends.openai.logprobs import chat_logprobs, completion_logprobs
+from backends.openai.logprobs import chat_logprobs, completion_logprobs, prompt_logprobs
 from backends.openai.schemas import (AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion,
                                      ChatCompletionChunk, ChatLogprobs, Completion, CompletionChoice,
                                      CompletionLogprobs, Delta, PromptTokensDetails, Usage)
@@ -42,7 +42,7 @@ class Reply:
     """A whole reply gathered from its responses: ``text``, ``token_ids``, ``finish_reason``, ``usage``,
     ``visual_cap`` (what max_visual_tokens lowered, or None), ``media`` (what was done with each image and video,
     or None without media), ``timeline`` (with ``return_timeline``, or None), ``logprobs`` (the orchestrator's
-    entries, one per token, where asked)."""
+    entries, one per token, where asked), ``prompt_logprobs`` (its entries of the prompt's tokens, where asked)."""
 
     def __init__(self):
         self._text: list[str] = []
@@ -53,6 +53,7 @@ class Reply:
         self.visual_cap: dict | None = None
         self.media: list[dict] | None = None
         self.timeline: dict | None = None
+        self.prompt_logprobs: list[dict] | None = None
 
     def add(self, piece: ResponsePiece) -> None:
         self._text.append(piece.text.decode("utf-8", errors="replace"))
@@ -63,6 +64,7 @@ class Reply:
         self.visual_cap = piece.visual_cap or self.visual_cap
         self.media = piece.media or self.media
         self.timeline = piece.timeline or self.timeline
+        self.prompt_logprobs = piece.prompt_logprobs or self.prompt_logprobs
 
     @property
     def text(self) -> str:
@@ -75,15 +77,17 @@ class _Shape:
 
     prefix = ""
 
-    def __init__(self, model: str, return_token_ids: bool, top_logprobs: int | None = None, n: int = 1):
+    def __init__(self, model: str, return_token_ids: bool, top_logprobs: int | None = None, n: int = 1,
+                 prompt_logprobs: bool = False):
         """``top_logprobs``: the request's log probabilities (the top tokens' count; None: not asked); ``n``: choices
-        a prompt."""
+        a prompt; ``prompt_logprobs``: the request asked for vLLM's ``prompt_logprobs`` field."""
         self.id = f"{self.prefix}-{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.model = model
         self.return_token_ids = return_token_ids
         self.top_logprobs = top_logprobs
         self.n = n
+        self.prompt_logprobs = prompt_logprobs
         self._started: set[int] = set()  # the choices whose first chunk is made
         self._usages: dict[int, Usage] = {}  # streamed choices' usage, from their last chunks
 
@@ -106,6 +110,10 @@ class _Shape:
     def _whole_usage(self, replies: list[Reply]) -> Usage | None:
         return total_usage({index: reply.usage for index, reply in enumerate(replies) if reply.usage}, self.n)
 
+    def _prompt_logprobs(self, reply: Reply) -> list[dict | None] | None:
+        """The ``prompt_logprobs`` field of ``reply``'s prompt, where the request asked for it."""
+        return prompt_logprobs(reply.prompt_logprobs) if self.prompt_logprobs else None
+
 
 class ChatShape(_Shape):
     """``chat.completion`` and ``chat.completion.chunk`` bodies; each choice's first chunk carries the assistant's
@@ -120,7 +128,7 @@ class ChatShape(_Shape):
         first = replies[0]
         return ChatCompletion(id=self.id, created=self.created, model=self.model, choices=choices,
                               usage=self._whole_usage(replies), visual_cap=first.visual_cap, media=first.media,
-                              timeline=first.timeline)
+                              timeline=first.timeline, prompt_logprobs=self._prompt_logprobs(first))
 
     def chunk(self, index: int, piece: ResponsePiece) -> ChatCompletionChunk:
         role = "assistant" if self._first_chunk(index, piece) else None
@@ -140,29 +148,31 @@ class ChatShape(_Shape):
 
 class CompletionShape(_Shape):
     """``text_completion`` bodies, whole and streamed. With ``echo`` (the prompts' texts), each choice's text starts
-    with its prompt's (streamed: its first chunk's)."""
+    with its prompt's (streamed: its first chunk's), and its ``logprobs`` with its prompt tokens' (vLLM's)."""
 
     prefix = "cmpl"
 
     def __init__(self, model: str, return_token_ids: bool, top_logprobs: int | None = None, n: int = 1,
-                 echo: list[str] | None = None):
-        super().__init__(model, return_token_ids, top_logprobs, n)
+                 prompt_logprobs: bool = False, echo: list[str] | None = None):
+        super().__init__(model, return_token_ids, top_logprobs, n, prompt_logprobs)
         self.echo = echo
         self._offsets: dict[int, int] = {}  # each choice's streamed text so far: where its next chunk's text starts
 
     def whole(self, replies: list[Reply]) -> Completion:
         choices = [CompletionChoice(index=index, text=self._echoed(index) + reply.text,
-                                    logprobs=self._logprobs(reply.logprobs, 0), finish_reason=reply.finish_reason,
-                                    token_ids=self._ids(reply.token_ids)) for index, reply in enumerate(replies)]
+                                    logprobs=self._logprobs(self._echoed_logprobs(reply) + reply.logprobs, 0),
+                                    finish_reason=reply.finish_reason, token_ids=self._ids(reply.token_ids),
+                                    prompt_logprobs=self._prompt_logprobs(reply))
+                   for index, reply in enumerate(replies)]
         return Completion(id=self.id, created=self.created, model=self.model, choices=choices,
                           usage=self._whole_usage(replies), timeline=replies[0].timeline)
 
     def chunk(self, index: int, piece: ResponsePiece) -> Completion:
-        text = piece.text.decode("utf-8", errors="replace")
+        text, entries = piece.text.decode("utf-8", errors="replace"), piece.logprobs or []
         if self._first_chunk(index, piece):
-            text = self._echoed(index) + text
+            text, entries = self._echoed(index) + text, self._echoed_logprobs(piece) + entries
         offset = self._offsets.get(index, 0)
-        choice = CompletionChoice(index=index, text=text, logprobs=self._logprobs(piece.logprobs or [], offset),
+        choice = CompletionChoice(index=index, text=text, logprobs=self._logprobs(entries, offset),
                                   finish_reason=piece.finish_reason, token_ids=self._ids(piece.token_ids))
         self._offsets[index] = offset + len(text)  # each chunk's offsets start at its own text, as vLLM anchors them
         return Completion(id=self.id, created=self.created, model=self.model, choices=[choice],
@@ -174,5 +184,9 @@ class CompletionShape(_Shape):
     def _echoed(self, index: int) -> str:
         return self.echo[index // self.n] if self.echo else ""
 
+    def _echoed_logprobs(self, reply: Reply | ResponsePiece) -> list[dict]:
+        """The prompt's entries that an echo's ``logprobs`` start with (none without echo)."""
+        return (reply.prompt_logprobs or []) if self.echo else []
+
     def _logprobs(self, entries: list[dict], offset: int) -> CompletionLogprobs | None:
-        return None if self.top_logprobs is None else completion_logprobs(entries, offset)
+        return None if self.top_logprobs is None else completion_logprobs(entries, offset, self.top_logprobs)

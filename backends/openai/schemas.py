@@ -107,6 +107,7 @@ class GenerationRequest(_Body):
     n: int | None = None  # choices per prompt (backends/openai/choices.py)
     response_format: dict[str, Any] | None = None  # OpenAI's: text, json_object, json_schema
     structured_outputs: dict[str, Any] | str | None = None  # vLLM's: json, json_object, regex, choice, grammar
+    prompt_logprobs: int | None = None  # vLLM's: the prompt tokens' log probabilities, top tokens each (no stream)
 
     @property
     def top_logprobs_asked(self) -> int | None:
@@ -114,8 +115,18 @@ class GenerationRequest(_Body):
         when the request asks for no log probabilities: the subclass's fields say."""
         return None
 
+    @property
+    def prompt_logprobs_asked(self) -> int | None:
+        """How many most likely tokens each prompt token's log probabilities come with (``sampling_parameters``'
+        ``prompt_logprobs``), or None when none are asked."""
+        return self.prompt_logprobs
+
     def refusal(self) -> tuple[str, str] | None:
         """(field, message) of the first field set to something this server cannot do, or None."""
+        if (out_of_range := _count_refusal("prompt_logprobs", self.prompt_logprobs)) is not None:
+            return out_of_range
+        if self.prompt_logprobs is not None and self.stream:  # as vLLM answers
+            return "prompt_logprobs", "prompt_logprobs: not available when stream is true"
         if self.n is not None and not 1 <= self.n <= MAX_CHOICES:
             return "n", f"n: must be in [1, {MAX_CHOICES}], got {self.n}"
         n = self.choices_per_prompt
@@ -142,6 +153,8 @@ class GenerationRequest(_Body):
             sampling.update(self.mm_processor_kwargs.model_dump(exclude_none=True))
         if self.top_logprobs_asked:
             sampling["logprobs"] = self.top_logprobs_asked
+        if self.prompt_logprobs_asked is not None:
+            sampling["prompt_logprobs"] = self.prompt_logprobs_asked
         structured = _structured(self.response_format or {}) if self.structured_outputs is None \
             else self.structured_outputs
         if structured is not None:
@@ -210,7 +223,9 @@ class ChatCompletionRequest(GenerationRequest):
 class CompletionRequest(GenerationRequest):
     """``prompt``: a string, or a list of at most ``MAX_PROMPTS`` strings (each completed as it is, without the chat
     template; choice ``k`` is prompt ``k // n``'s). Token ids (a list of integers, or of such lists), which vLLM
-    takes, are parsed only to be refused by name. ``echo``: each choice's text starts with its prompt."""
+    takes, are parsed only to be refused by name. ``echo``: each choice's text starts with its prompt; with
+    ``logprobs``, its log probabilities start with the prompt tokens' (the first's null, as vLLM gives them: the
+    prompt's log probabilities are asked with ``logprobs`` top tokens unless ``prompt_logprobs`` says)."""
 
     prompt: str | list[str] | list[int] | list[list[int]]
     echo: bool = False
@@ -222,6 +237,12 @@ class CompletionRequest(GenerationRequest):
     def top_logprobs_asked(self) -> int | None:
         return self.logprobs
 
+    @property
+    def prompt_logprobs_asked(self) -> int | None:
+        if self.prompt_logprobs is None and self.echo:  # vLLM's rule: echo's log probabilities hold the prompt's
+            return self.logprobs
+        return self.prompt_logprobs
+
     def refusal(self) -> tuple[str, str] | None:
         if (out_of_range := _count_refusal("logprobs", self.logprobs)) is not None:
             return out_of_range
@@ -232,9 +253,6 @@ class CompletionRequest(GenerationRequest):
         if len(self.texts) * self.choices_per_prompt > MAX_CHOICES:
             return "n", f"n: {self.choices_per_prompt} choices of each of {len(self.texts)} prompts make " \
                         f"{len(self.texts) * self.choices_per_prompt}, at most {MAX_CHOICES}"
-        if self.echo and self.logprobs is not None:  # vLLM would give the prompt's log probabilities too
-            return "echo", "echo: with logprobs it asks for the prompt's log probabilities, which this server does " \
-                           "not compute"
         if self.best_of not in (None, 1):
             return "best_of", f"best_of: one candidate per choice is supported, got {self.best_of}"
         if self.suffix:
@@ -285,12 +303,16 @@ class ChatLogprobs(BaseModel):
 
 class CompletionLogprobs(BaseModel):
     """OpenAI's (legacy) completions ``logprobs``: per token, where its text starts in the choice's text, its text
-    and log probability, and those of the top tokens (the sampled one among them, as vLLM gives it)."""
+    and log probability, and those of the top tokens (the sampled one among them, as vLLM gives it); an echoed
+    prompt's first token has neither (null)."""
 
     text_offset: list[int] = []
     token_logprobs: list[float | None] = []
     tokens: list[str] = []
     top_logprobs: list[dict[str, float] | None] = []
+
+
+PromptLogprobs = list[dict[str, dict] | None]  # vLLM's: per prompt token, None for the first, else {"<id>": {...}}
 
 
 class ChatChoice(BaseModel):
@@ -311,6 +333,7 @@ class ChatCompletion(BaseModel):
     visual_cap: dict | None = None  # ours: what max_visual_tokens lowered in the request's media (docs/requests.md)
     media: list[dict] | None = None  # ours: what was done with each image and video (docs/requests.md)
     timeline: dict | None = None  # ours, with return_timeline: where the request's time went (docs/requests.md)
+    prompt_logprobs: PromptLogprobs | None = None  # vLLM's, with prompt_logprobs
 
 
 class Delta(BaseModel):
@@ -344,6 +367,7 @@ class CompletionChoice(BaseModel):
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
     token_ids: list[int] | None = None
+    prompt_logprobs: PromptLogprobs | None = None  # vLLM's, with prompt_logprobs
 
 
 class Completion(BaseModel):

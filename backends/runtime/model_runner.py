@@ -29,6 +29,7 @@ from backends.runtime.families.registry import family_for
 from backends.runtime.language_model.fuse import fuse_projections
 from backends.runtime.vision.data_parallel import VisionReplicas
 from backends.runtime.vision.tensor_parallel import VisionTensorParallel
+from backends.runtime.sampling.logprobs import prompt_figures
 
 if TYPE_CHECKING:
     from backends.runtime.vision.graphs import VisionGraphs
@@ -64,7 +65,9 @@ class PrefillChunk:
     ``positions``: int64 ``[rows, n]`` rotary positions, ``rows`` the family's ``position_rows`` (3 for
     Qwen2.5-VL's M-RoPE, 1 for InternVL3's 1-D RoPE: its ``prompt_positions``); ``block_table``: the
     sequence's KV pages (at least ``ceil((num_cached + n) / page_size)``); ``want_logits``: return the
-    logits of the chunk's last token (the prompt's last chunk).
+    logits of the chunk's last token (the prompt's last chunk); ``next_ids``: int64 ``[m]`` on the CPU (m <= n), the
+    prompt tokens that follow the chunk's first m positions, whose log probabilities :meth:`ModelRunner.prefill_scored`
+    returns with the ``top`` most likely tokens at each (``SamplingParams.prompt_logprobs``), or None.
     """
 
     embeds: torch.Tensor
@@ -72,6 +75,8 @@ class PrefillChunk:
     num_cached: int
     block_table: list[int]
     want_logits: bool
+    next_ids: torch.Tensor | None = None
+    top: int = 0
 
 
 @dataclass(frozen=True)
@@ -197,7 +202,6 @@ class ModelRunner:
         """Token embeddings: int64 ``[n]`` -> ``[n, hidden]`` in the model dtype, on the model device."""
         return self._language_model.embed_tokens(input_ids.to(self.device))
 
-    @torch.inference_mode()
     def prefill(self, chunks: list[PrefillChunk]) -> torch.Tensor:
         """Run prompt chunks of several sequences as one ragged batch, writing their KV.
 
@@ -205,15 +209,26 @@ class ModelRunner:
         ``prefill_graphs.max_rows`` tokens replays a captured CUDA graph when :meth:`enable_prefill_graphs` was
         called; other steps run eagerly. Raises ValueError for an empty list or chunks whose shapes disagree.
         """
+        return self.prefill_scored(chunks)[0]
+
+    @torch.inference_mode()
+    def prefill_scored(self, chunks: list[PrefillChunk]) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
+        """:meth:`prefill`'s logits, and per chunk its prompt log probabilities where it has ``next_ids``
+        (``backends.runtime.sampling.logprobs.prompt_figures``: float32 ``[m, 2 + 2 * top]`` on the device), else
+        None. A chunk with ``next_ids`` runs eagerly (its every position's hidden state is read). Raises ValueError as
+        :meth:`prefill`."""
         if not chunks:
             raise ValueError("prefill needs at least one chunk")
         for chunk in chunks:
             n = chunk.embeds.shape[0]
             if chunk.positions.shape != (self.family.position_rows, n):
                 raise ValueError(f"chunk positions {tuple(chunk.positions.shape)} do not match {n} tokens")
+            if chunk.next_ids is not None and chunk.next_ids.shape[0] > n:
+                raise ValueError(f"{chunk.next_ids.shape[0]} next ids for a chunk of {n} tokens")
         graphs = self.prefill_graphs
-        if graphs is not None and len(chunks) == 1 and chunks[0].embeds.shape[0] <= graphs.max_rows:
-            return graphs.run(chunks[0])
+        if graphs is not None and len(chunks) == 1 and chunks[0].embeds.shape[0] <= graphs.max_rows \
+                and chunks[0].next_ids is None:
+            return graphs.run(chunks[0]), [None]
         metadata = AttentionMetadata.build(
             [c.embeds.shape[0] for c in chunks], [c.num_cached for c in chunks], [c.block_table for c in chunks],
             self.page_size, self.device)
@@ -222,7 +237,13 @@ class ModelRunner:
         hidden = self._forward(embeds, positions, metadata)
         last = metadata.cu_seqlens_q[1:].to(self.device, torch.long) - 1
         wanted = torch.tensor([c.want_logits for c in chunks], device=self.device)
-        return self.model.lm_head(hidden[last[wanted]]).float()
+        scores, start = [], 0
+        for c in chunks:
+            n = c.embeds.shape[0]
+            scores.append(None if c.next_ids is None else
+                          prompt_figures(self.model.lm_head, hidden[start:start + n], c.next_ids, c.top))
+            start += n
+        return self.model.lm_head(hidden[last[wanted]]).float(), scores
 
     @torch.inference_mode()
     def decode(self, seqs: list[DecodeSeq], token_ids: torch.Tensor | None = None) -> torch.Tensor:

@@ -287,9 +287,15 @@ class EncodePrefillWorker:
         self.runner.backend.sms_limit = sms
         chunks = []
         for w in works:
-            embeds, positions = self.prompts[w.req_id].chunk(w.start, w.end, self.runner.embed)
-            chunks.append(PrefillChunk(embeds, positions, w.start, list(w.block_table), want_logits=w.is_last))
-        logits = self.runner.prefill(chunks)
+            state = self.prompts[w.req_id]
+            embeds, positions = state.chunk(w.start, w.end, self.runner.embed)
+            chunks.append(PrefillChunk(embeds, positions, w.start, list(w.block_table), want_logits=w.is_last,
+                                       next_ids=state.next_ids(w.start, w.end),
+                                       top=state.sampling.prompt_logprobs or 0))
+        logits, scores = self.runner.prefill_scored(chunks)
+        for w, score in zip(works, scores):
+            if score is not None:
+                self.prompts[w.req_id].scores.append(score)
         last = [w for w in works if w.is_last]
         if not last:
             return ()
@@ -309,5 +315,6 @@ class EncodePrefillWorker:
             reason = finish_reason(int(token), 1, state.request.max_tokens, state.sampling, self.eos_ids)
             if matcher is not None:  # an eos that ends a match ends the request here, ignore_eos or not
                 reason = accepted(matcher, int(token)) or reason
-            out.append(FirstToken(w.req_id, int(token), state.mrope_delta, reason or "", token_logprobs))
+            out.append(FirstToken(w.req_id, int(token), state.mrope_delta, reason or "", token_logprobs,
+                                  state.prompt_logprobs()))
         return tuple(out)

@@ -13,7 +13,7 @@ from typing import Callable
 
 import torch
 
-from backends.ipc.protocol import NewRequest, SamplingParams
+from backends.ipc.protocol import NewRequest, PromptLogprobs, SamplingParams
 
 
 @dataclass
@@ -23,7 +23,9 @@ class PromptState:
     positions (0 for 1-D RoPE); ``request``: what registered it; ``visual``: merged visual embeddings
     ``[n, hidden]`` (the model's dtype, on its device) by the index of their first token, one entry per media group
     encoded or found in the encoder cache, each kept until a chunk has prefilled its last token; ``grammar``: its
-    structured output's matcher being made (``backends.runtime.sampling.grammar``), for its first token."""
+    structured output's matcher being made (``backends.runtime.sampling.grammar``), for its first token; ``scores``:
+    the prompt log probabilities of the chunks prefilled so far (``SamplingParams.prompt_logprobs``; float32
+    ``[m, 2 + 2 * top]`` each, on the device: ``ModelRunner.prefill_scored``)."""
 
     input_ids: torch.Tensor
     positions: torch.Tensor
@@ -31,6 +33,7 @@ class PromptState:
     request: NewRequest
     visual: dict[int, torch.Tensor] = field(default_factory=dict)
     grammar: Future | None = None
+    scores: list[torch.Tensor] = field(default_factory=list)
 
     @property
     def sampling(self) -> SamplingParams:
@@ -50,3 +53,17 @@ class PromptState:
             if offset + rows.shape[0] <= end:
                 del self.visual[offset]
         return embeds, self.positions[:, start:end]
+
+    def next_ids(self, start: int, end: int) -> torch.Tensor | None:
+        """The prompt tokens that follow positions ``[start, end)`` (int64, ``end - start`` of them, one fewer at the
+        prompt's end) where the request asks for its prompt's log probabilities, else None."""
+        return None if self.sampling.prompt_logprobs is None else self.input_ids[start + 1:end + 1]
+
+    def prompt_logprobs(self) -> PromptLogprobs | None:
+        """The whole prompt's log probabilities from :attr:`scores`, brought to the host (after the prompt's last
+        chunk), or None where the request did not ask."""
+        top = self.sampling.prompt_logprobs
+        if top is None:
+            return None
+        figures = torch.cat(self.scores) if self.scores else torch.zeros(0, 2 + 2 * top)
+        return PromptLogprobs(figures.cpu().numpy().tobytes(), top)

@@ -82,6 +82,21 @@ def server(media_dir):
         yield srv  # at the end of the suite: no leaks, no crash in the log
 
 
+@contextlib.contextmanager
+def openai_sdk(server: TritonServer, log_dir: Path):
+    """The OpenAI API (``backends.openai``) in its own process beside ``server``, its log in ``log_dir``, and an
+    ``openai`` SDK client of it (no retries)."""
+    import openai
+
+    from backends.openai.config import ApiConfig
+    from backends.openai.process import ApiProcess
+
+    config = ApiConfig(grpc_url=f"127.0.0.1:{server.ports.grpc}", port=ServerPorts.unused().http)
+    with ApiProcess(config, log_dir / "api.log") as api:
+        with openai.OpenAI(base_url=f"{api.url}/v1", api_key="unused", max_retries=0, timeout=120) as client:
+            yield client
+
+
 @pytest.fixture(scope="session")
 def grpc_url(server):
     return f"127.0.0.1:{server.ports.grpc}"

@@ -17,16 +17,13 @@ import zlib
 import openai
 import pytest
 
-from backends.openai.config import ApiConfig
-from backends.openai.process import ApiProcess
 from backends.runtime.loader import ModelSpec, load_model
 from backends.triton import launch_options
 from backends.triton.launcher import REPO_ROOT
-from backends.triton.ports import ServerPorts
 from backends.triton.repository import REPOSITORY
 from client.api import Client, ServerError
 from orchestrator.sampling_params import RequestParams
-from tests.e2e.conftest import repository_with, serve
+from tests.e2e.conftest import openai_sdk, repository_with, serve
 from tests.media import make_image, make_video
 from tests.reference import assert_same_or_tie, server_request_reference
 
@@ -139,10 +136,8 @@ def test_bad_input_is_named_and_the_server_keeps_serving(client, what, kwargs, w
 
 @pytest.fixture(scope="module")
 def sdk(internvl_server, tmp_path_factory):
-    config = ApiConfig(grpc_url=f"127.0.0.1:{internvl_server.ports.grpc}", port=ServerPorts.unused().http)
-    with ApiProcess(config, tmp_path_factory.mktemp("openai") / "api.log") as api:
-        with openai.OpenAI(base_url=f"{api.url}/v1", api_key="unused", max_retries=0, timeout=120) as client:
-            yield client
+    with openai_sdk(internvl_server, tmp_path_factory.mktemp("openai")) as client:
+        yield client
 
 
 def test_openai_api_serves_it(sdk, hf):

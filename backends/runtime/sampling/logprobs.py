@@ -10,7 +10,8 @@ the asking rows before the logits are penalized (on their device; the rows picke
 sync, never by a Python list, whose copy to the device would wait for the step's forward), :func:`finish` gathers
 the sampled tokens' figures into one float32 ``[n, 2 + 2k]`` tensor (token ids up to 2**24 are exact in float32;
 vocabularies here are under 160,000), which the caller brings to the host with its tokens, and :func:`rows` turns
-the host's copy into one :class:`TokenLogprobs` (or None) per row.
+the host's copy into one :class:`TokenLogprobs` (or None) per row. :func:`prompt_figures` gives a prompt chunk's
+positions the same figures for the prompt tokens that follow them (``SamplingParams.prompt_logprobs``).
 """
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ import torch
 
 from backends.ipc.protocol import SamplingParams, TokenLogprobs
 from backends.runtime.sampling.sampler import upload
+
+PROMPT_ROWS_AT_ONCE = 256  # prompt positions whose logits exist at once (prompt_figures): 156 MB at a 152k vocabulary
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,23 @@ def rows(asked: Asked | None, figures: list[list[float]], params: list[SamplingP
     if asked is None:
         return out
     for row, values in zip(asked.rows, figures):
-        top = tuple((int(values[2 + j]), values[2 + asked.k + j]) for j in range(params[row].logprobs))
-        out[row] = TokenLogprobs(values[0], int(values[1]), top)
+        out[row] = TokenLogprobs.read(values, 0, asked.k, params[row].logprobs)
     return out
+
+
+def prompt_figures(lm_head: torch.nn.Module, hidden: torch.Tensor, next_ids: torch.Tensor, top: int,
+                   rows_at_once: int = PROMPT_ROWS_AT_ONCE) -> torch.Tensor:
+    """A prompt chunk's log probabilities (``SamplingParams.prompt_logprobs``): float32 ``[m, 2 + 2 * top]`` on the
+    device, per position the figures :func:`finish` gives a sampled token, for the prompt token that follows it.
+    ``hidden``: the chunk's final hidden states ``[n, hidden]`` (model dtype, on the device); ``next_ids``: int64
+    ``[m]`` on the CPU, m <= n, the prompt tokens its first m positions are followed by (the prompt's last position
+    is followed by none). The logits (``lm_head``, float32, raw as the sampled tokens' are) are made
+    ``rows_at_once`` rows at a time: a 2,048-token chunk's over a 152,064-token vocabulary would take 1.2 GB at once.
+    No host sync."""
+    ids, out = upload(next_ids, hidden.device), []
+    every_row = Asked([], top)  # index None: each slice's every row
+    for lo in range(0, next_ids.shape[0], rows_at_once):
+        hi = min(lo + rows_at_once, next_ids.shape[0])
+        logprobs = torch.log_softmax(lm_head(hidden[lo:hi]).float(), dim=-1)
+        out.append(finish(every_row, logprobs, ids[lo:hi]))
+    return torch.cat(out) if out else torch.zeros(0, 2 + 2 * top, device=hidden.device)

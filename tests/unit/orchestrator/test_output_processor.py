@@ -5,11 +5,14 @@ before it, typed as the stage said; a cancellation ends the stream after the tok
 no token comes; the request is always aborted in its engine at the end; tokens with log probabilities get the vLLM
 backend's entries and the output's running sum."""
 import asyncio
+import json
 import threading
 import time
 
+import numpy as np
+
 from backends.ipc.link import StageError
-from backends.ipc.protocol import INVALID_INPUT, SERVER_FAULT, StageFailure, TokenLogprobs
+from backends.ipc.protocol import INVALID_INPUT, SERVER_FAULT, PromptLogprobs, StageFailure, TokenLogprobs
 from backends.runtime.tokenizer import load_tokenizer
 from orchestrator.cancel_watch import CancelWatch
 from orchestrator.engine_io import Output
@@ -30,7 +33,7 @@ class Engine:
         self.aborted.append(req_id)
 
 
-def stream(outputs: list[Output], cancel=False, **params):
+def stream(outputs: list[Output], cancel=False, prompt_ids=(), **params):
     """Every item of the stream of a request whose ``outputs`` are all queued before it starts (then a
     cancellation, with ``cancel``), the exception it ended with (or None), and the requests aborted."""
 
@@ -41,7 +44,8 @@ def stream(outputs: list[Output], cancel=False, **params):
         if cancel:
             OutputProcessor.cancel(queue)
         try:
-            async for item in OutputProcessor(TOKENIZER).stream(engine, "r", queue, RequestParams(**params)):
+            async for item in OutputProcessor(TOKENIZER).stream(engine, "r", queue, RequestParams(**params),
+                                                                prompt_ids):
                 items.append(item)
         except Exception as exc:  # noqa: BLE001 - returned for the test to check
             return items, exc, engine.aborted
@@ -57,13 +61,13 @@ def tokens(ids, last_reason="length"):
 def test_queued_tokens_leave_as_one_item_with_the_same_ids_and_text():
     items, error, aborted = stream(tokens(WORDS), max_tokens=100)
     assert error is None and len(items) == 1 and aborted == ["r"]
-    text, ids, reason, logprobs, _ = items[0]
+    text, ids, reason, logprobs = items[0][:4]
     assert ids == WORDS and reason == "length" and text == TOKENIZER.decode(WORDS) and logprobs == ()
 
 
 def test_a_stop_string_ends_inside_a_batch_of_queued_tokens():
     items, _, aborted = stream(tokens(WORDS, last_reason=""), max_tokens=100, stop=["four"])
-    text, ids, reason, _, _ = items[-1]
+    text, ids, reason = items[-1][:3]
     assert reason == "stop" and "four" not in text and text.strip() == "one two three" and aborted == ["r"]
     assert ids == WORDS[:len(ids)] and len(ids) < len(WORDS)  # the tokens after the stop string are not sent
 
@@ -79,7 +83,7 @@ def test_a_failure_comes_after_the_tokens_before_it_typed_as_the_stage_said():
 
 def test_a_cancelled_client_ends_the_stream_with_abort_after_the_tokens_queued_before():
     items, error, aborted = stream([], cancel=True)
-    assert items == [("", [], "abort", (), 0.0)] and error is None and aborted == ["r"]
+    assert items == [("", [], "abort", (), 0.0, None)] and error is None and aborted == ["r"]
     items, error, aborted = stream(tokens(WORDS[:3], last_reason=""), cancel=True, max_tokens=100)
     assert [item.ids for item in items] == [WORDS[:3], []] and items[-1].reason == "abort" and aborted == ["r"]
 
@@ -135,3 +139,21 @@ def test_an_infinite_or_nan_log_probability_is_floored_as_vllm_floors_it():
     (entry,) = items[0].logprobs
     assert [v["logprob"] for v in entry.values()] == [MIN_LOGPROB, MIN_LOGPROB]
     assert items[0].cumulative_logprob == MIN_LOGPROB
+
+
+def test_the_first_item_carries_the_prompts_entries_the_first_tokens_with_null_figures():
+    """``prompt_logprobs``: JSON, per prompt token its entry as the output's (the top tokens after it), the first
+    token's text alone with null figures (it follows nothing)."""
+    prompt = WORDS[:3]
+    figures = np.array([[-0.5, 2, WORDS[5], -0.25], [-3.0, 1, WORDS[2], -3.0]], np.float32)
+    first = Output(WORDS[3], "length", prompt_logprobs=PromptLogprobs(figures.tobytes(), 1))
+    items, error, _ = stream([first], prompt_ids=prompt, max_tokens=100)
+    assert error is None and len(items) == 1
+    entries = json.loads(items[0].prompt_logprobs)
+    text = [TOKENIZER.decode([t]) for t in WORDS]
+    assert entries == [
+        {str(WORDS[0]): {"logprob": None, "rank": None, "decoded_token": text[0]}},
+        {str(WORDS[1]): {"logprob": -0.5, "rank": 2, "decoded_token": text[1]},
+         str(WORDS[5]): {"logprob": -0.25, "rank": 1, "decoded_token": text[5]}},
+        {str(WORDS[2]): {"logprob": -3.0, "rank": 1, "decoded_token": text[2]}}]
+    assert stream(tokens(WORDS[:2]), max_tokens=100)[0][0].prompt_logprobs is None  # not asked

@@ -203,8 +203,17 @@ def test_defaults_are_no_refusal():
     empty = CompletionRequest(model="m", prompt=[])  # converted before it is refused: no IndexError (a 500)
     assert completion_requests(empty) and empty.refusal() == (
         "prompt", "prompt: a list of 1 to 128 prompts is taken, got 0")
-    assert CompletionRequest(model="m", prompt="p", echo=True, logprobs=1).refusal() == (
-        "echo", "echo: with logprobs it asks for the prompt's log probabilities, which this server does not compute")
+    echo = CompletionRequest(model="m", prompt="p", echo=True, logprobs=1)  # the prompt's, as vLLM asks for them
+    assert echo.refusal() is None and echo.sampling_parameters()["prompt_logprobs"] == 1
+    assert CompletionRequest(model="m", prompt="p", echo=True, logprobs=1, prompt_logprobs=3
+                             ).sampling_parameters()["prompt_logprobs"] == 3
+    assert "prompt_logprobs" not in CompletionRequest(model="m", prompt="p", logprobs=1).sampling_parameters()
+    assert ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "p"}], prompt_logprobs=0
+                                 ).sampling_parameters()["prompt_logprobs"] == 0
+    for body, refusal in ((dict(prompt_logprobs=21), "prompt_logprobs: must be in [0, 20], got 21"),
+                          (dict(prompt_logprobs=-1), "prompt_logprobs: must be in [0, 20], got -1"),
+                          (dict(prompt_logprobs=1, stream=True), "prompt_logprobs: not available when stream is true")):
+        assert CompletionRequest(model="m", prompt="p", **body).refusal() == ("prompt_logprobs", refusal)
 
 
 @pytest.mark.parametrize("messages,where", [

@@ -53,8 +53,8 @@ def _run(worker, request: NewRequest, bounds: list[int], pages: tuple[int, ...],
     """Prefill ``request`` in chunks between ``bounds`` (one step each, registered with the first); returns the
     chunks the runner was given, the ids embedded, and the first token."""
     chunks, embedded = [], []
-    prefill, embed = worker.runner.prefill, worker.runner.embed
-    monkeypatch.setattr(worker.runner, "prefill", lambda cs: chunks.extend(cs) or prefill(cs))
+    prefill, embed = worker.runner.prefill_scored, worker.runner.embed
+    monkeypatch.setattr(worker.runner, "prefill_scored", lambda cs: chunks.extend(cs) or prefill(cs))
     monkeypatch.setattr(worker.runner, "embed", lambda ids: embedded.append(ids.clone()) or embed(ids))
     first = None
     for n, (start, end) in enumerate(zip(bounds, bounds[1:])):
@@ -110,8 +110,8 @@ def test_a_steps_attention_is_sized_to_the_sms_of_its_stream(worker, monkeypatch
     """The runner's attention backend plans each step for the SMs its stream may use (StepStreams.step_sms: a green
     context's count in a fewer_sms step, None on the whole GPU), set before the step's prefill."""
     seen = []
-    prefill, backend = worker.runner.prefill, worker.runner.backend
-    monkeypatch.setattr(worker.runner, "prefill", lambda cs: seen.append(backend.sms_limit) or prefill(cs))
+    prefill, backend = worker.runner.prefill_scored, worker.runner.backend
+    monkeypatch.setattr(worker.runner, "prefill_scored", lambda cs: seen.append(backend.sms_limit) or prefill(cs))
     monkeypatch.setattr(worker.streams, "step_sms", lambda fewer_sms: 120 if fewer_sms else None)
     ids, pages = tuple(range(7, 40)), tuple(range(3))
     request = NewRequest("sms", ids, (), GREEDY, 4, ())
