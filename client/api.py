@@ -100,6 +100,7 @@ class ResponsePiece:
     logprobs: list[dict] | None = None  # return_logprobs: an entry per token (docs/requests.md)
     cumulative_logprob: float | None = None
     prompt_logprobs: list[dict] | None = None  # sampling's prompt_logprobs: first response only
+    prompt_text: str | None = None  # a prompt_token_ids request's prompt as text: first response only
 
     @property
     def has_output(self) -> bool:
@@ -258,8 +259,8 @@ def _scalar(result: grpcclient.InferResult, name: str):
 
 
 def json_output(value: str | bytes | None):
-    """A JSON output's value (``visual_cap``, ``media``, ``timeline``, ``logprobs``, ``prompt_logprobs``) read, or
-    None where it is absent or empty.
+    """A JSON output's value (``visual_cap``, ``media``, ``timeline``, ``logprobs``, ``prompt_logprobs``,
+    ``prompt_text``) read, or None where it is absent or empty.
     Raises json.JSONDecodeError when it is not JSON."""
     return None if value is None or len(value) == 0 else json.loads(value)
 
@@ -278,8 +279,8 @@ def piece_from_grpc(result: grpcclient.InferResult) -> ResponsePiece:
     n_in, n_out, n_cached = (_scalar(result, name) for name in
                              ("num_input_tokens", "num_output_tokens", "num_cached_tokens"))
     reason = _scalar(result, "finish_reason")
-    cap, media, timeline, logprobs, prompt_logprobs = (_scalar(result, name) for name in (
-        "visual_cap", "media", "timeline", "logprobs", "prompt_logprobs"))
+    cap, media, timeline, logprobs, prompt_logprobs, prompt_text = (_scalar(result, name) for name in (
+        "visual_cap", "media", "timeline", "logprobs", "prompt_logprobs", "prompt_text"))
     cumulative = _scalar(result, "cumulative_logprob")
     return ResponsePiece(
         text=b"".join(x if isinstance(x, bytes) else str(x).encode() for x in text.reshape(-1))
@@ -296,6 +297,7 @@ def piece_from_grpc(result: grpcclient.InferResult) -> ResponsePiece:
         logprobs=json_output(logprobs),
         cumulative_logprob=None if cumulative is None else float(cumulative),
         prompt_logprobs=json_output(prompt_logprobs),
+        prompt_text=json_output(prompt_text),
     )
 
 

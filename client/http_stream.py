@@ -62,10 +62,10 @@ def piece_from_event(event: dict) -> ResponsePiece:
         text = "".join(str(t) for t in text)
     ids = event.get("output_ids")
     ids = () if ids is None else tuple(int(i) for i in ids) if isinstance(ids, list) else (int(ids),)
-    n_in, n_out, n_cached, reason, cap, media, timeline, logprobs, cumulative, prompt_logprobs = (
+    n_in, n_out, n_cached, reason, cap, media, timeline, logprobs, cumulative, prompt_logprobs, prompt_text = (
         _one(event.get(k)) for k in ("num_input_tokens", "num_output_tokens", "num_cached_tokens", "finish_reason",
                                      "visual_cap", "media", "timeline", "logprobs", "cumulative_logprob",
-                                     "prompt_logprobs"))
+                                     "prompt_logprobs", "prompt_text"))
     return ResponsePiece(
         text=str(text).encode(),
         token_ids=ids,
@@ -79,6 +79,7 @@ def piece_from_event(event: dict) -> ResponsePiece:
         logprobs=json_output(logprobs),
         cumulative_logprob=None if cumulative is None else float(cumulative),
         prompt_logprobs=json_output(prompt_logprobs),
+        prompt_text=json_output(prompt_text),
     )
 
 

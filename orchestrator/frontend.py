@@ -43,7 +43,8 @@ def read_request(request) -> RawRequest:
     arrays = io.input_arrays(request)
     return RawRequest(
         text_input=io.bytes_list(arrays, "text_input"), messages=io.bytes_list(arrays, "messages"),
-        prompt=io.bytes_list(arrays, "prompt"), open_token_channel=io.bytes_list(arrays, "open_token_channel"),
+        prompt=io.bytes_list(arrays, "prompt"), prompt_token_ids=io.int_list(arrays, "prompt_token_ids"),
+        open_token_channel=io.bytes_list(arrays, "open_token_channel"),
         token_channel=io.bytes_list(arrays, "token_channel"),
         image=io.bytes_list(arrays, "image"), video=io.bytes_list(arrays, "video"),
         image_url=io.bytes_list(arrays, "image_url"), video_url=io.bytes_list(arrays, "video_url"),
@@ -147,7 +148,7 @@ async def _send_tokens(admitted: Admitted, tokens, send, timer: RequestTimer, ti
     final, parsed = io.pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL, admitted.parsed
     texts, ids, entries, first = [], [], [], True
     cap = None if admitted.visual_cap is None else admitted.visual_cap.to_json()
-    head = first_outputs(visual_cap=cap, media=admitted.media)
+    head = first_outputs(visual_cap=cap, media=admitted.media, prompt_text=admitted.prompt_text)
     num_input = len(admitted.prompt.input_ids)
     async for delta, token_ids, reason, logprobs, cumulative, prompt_logprobs in tokens:
         if prompt_logprobs is not None:  # on the first item (JSON already): the first response's
@@ -175,6 +176,7 @@ async def _send_tokens(admitted: Admitted, tokens, send, timer: RequestTimer, ti
                        head if first else (), timeline, admitted.counts.cached_tokens, logprobs, cumulative))
             first = False
         elif reason is not None:
-            text = "".join(texts) if parsed.exclude_input_in_output else parsed.text + "".join(texts)
+            prompt = parsed.text if admitted.prompt_text is None else admitted.prompt_text
+            text = "".join(texts) if parsed.exclude_input_in_output else prompt + "".join(texts)
             send(Reply(parsed, text, ids, reason, num_input, len(ids), final, head, timeline,
                        admitted.counts.cached_tokens, tuple(entries), cumulative))

@@ -2,7 +2,8 @@
 
 Names follow the vLLM backend's (Triton's vllm_backend ``model.json``), so its clients work unchanged: ``text_input``
 (one user turn; or ``messages``, a whole conversation: ``orchestrator.messages``; or ``prompt``, text completed as
-it is, without the chat template, as the vLLM backend's ``text_input`` and OpenAI's completions are), ``image``
+it is, without the chat template, as the vLLM backend's ``text_input`` and OpenAI's completions are; or
+``prompt_token_ids``, such a prompt as token ids), ``image``
 (file bytes, or the file base64-encoded as that backend takes it), ``video`` (file bytes), ``image_url``/
 ``video_url`` (a path or ``file://`` URL under an allowed folder, or a ``data:`` URL), ``sampling_parameters``
 (JSON), ``stream``, ``exclude_input_in_output``, ``return_output_ids``, and that backend's ``return_*`` flags
@@ -71,6 +72,7 @@ class RawRequest:
     messages: list[bytes] = field(default_factory=list)
     prompt: list[bytes] = field(default_factory=list)
     return_timeline: bool = False
+    prompt_token_ids: list[int] = field(default_factory=list)  # a prompt given as token ids
     open_token_channel: list[bytes] = field(default_factory=list)  # orchestrator.token_channels
     token_channel: list[bytes] = field(default_factory=list)
 
@@ -93,7 +95,8 @@ class ParsedRequest:
     """``text``: ``text_input`` or ``prompt`` ("" for a ``messages`` request: the text a non-streamed reply is
     prefixed with unless ``exclude_input_in_output``); ``turns``: the conversation the prompt is made of (none for a
     ``prompt`` request, ``raw`` True: ``text`` is the whole prompt, no chat template); ``media`` in the order of
-    its placeholders (for ``text_input``: images, then videos)."""
+    its placeholders (for ``text_input``: images, then videos); ``token_ids``: a ``prompt_token_ids`` request's
+    prompt (``raw`` True, ``text`` empty until the prompt is built: ``Admitted.prompt_text``)."""
 
     text: str
     media: tuple[MediaInput, ...]
@@ -104,6 +107,7 @@ class ParsedRequest:
     turns: tuple[Turn, ...]
     extra_outputs: ExtraOutputs = ExtraOutputs()
     raw: bool = False
+    token_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -220,10 +224,13 @@ def builds_a_grammar(raw: RawRequest) -> bool:
 
 def parse_request(raw: RawRequest, limits: InputLimits) -> ParsedRequest:
     """Validate a request. Raises InvalidInput naming the input at fault."""
-    if sum(map(bool, (raw.text_input, raw.messages, raw.prompt))) > 1:
-        raise InvalidInput("text_input, messages, prompt: send exactly one of them")
+    if sum(map(bool, (raw.text_input, raw.messages, raw.prompt, raw.prompt_token_ids))) > 1:
+        raise InvalidInput("text_input, messages, prompt, prompt_token_ids: send exactly one of them")
     turns = _conversation(raw, limits) if raw.messages else None
-    text = "" if turns else _one_text("prompt" if raw.prompt else "text_input", raw.prompt or raw.text_input, limits)
+    if turns or raw.prompt_token_ids:
+        text = ""
+    else:
+        text = _one_text("prompt" if raw.prompt else "text_input", raw.prompt or raw.text_input, limits)
     if len(raw.sampling_parameters) > 1:
         raise InvalidInput("sampling_parameters: expected one JSON string")
     try:
@@ -240,9 +247,10 @@ def parse_request(raw: RawRequest, limits: InputLimits) -> ParsedRequest:
     for kind, blobs, urls in (("image", raw.image, raw.image_url), ("video", raw.video, raw.video_url)):
         given += [(kind, functools.partial(_checked_bytes, kind, b, limits, kind)) for b in blobs]
         given += [(kind, functools.partial(_url_input, kind, u, limits)) for u in urls]
-    if raw.prompt:
+    if raw.prompt or raw.prompt_token_ids:
         if given:
-            raise InvalidInput("prompt: a prompt without the chat template takes no images or videos (send them "
+            name = "prompt" if raw.prompt else "prompt_token_ids"
+            raise InvalidInput(f"{name}: a prompt without the chat template takes no images or videos (send them "
                                "with text_input or messages)")
         turns = ()
     elif turns:
@@ -256,7 +264,7 @@ def parse_request(raw: RawRequest, limits: InputLimits) -> ParsedRequest:
                          turns, ExtraOutputs(raw.return_finish_reason, raw.return_num_input_tokens,
                                              raw.return_num_output_tokens, raw.return_timeline, raw.return_logprobs,
                                              raw.return_cumulative_logprob),
-                         raw=bool(raw.prompt))
+                         raw=bool(raw.prompt or raw.prompt_token_ids), token_ids=tuple(raw.prompt_token_ids))
 
 
 def _logprobs_asked(raw: RawRequest, top: int | None) -> int | None:

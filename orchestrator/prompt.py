@@ -208,10 +208,29 @@ def build_raw_prompt(tokenizer, text: str, family: Family = QWEN) -> Prompt:
     ``family.reserved_tokens`` (the media tokens only the server places)."""
     with _ENCODE_LOCK:
         ids = tokenizer.encode(text, add_special_tokens=True)
+    _refuse_media_tokens("prompt", ids, tokenizer, family)
+    return Prompt(tuple(ids), ())
+
+
+def build_token_prompt(tokenizer, ids: tuple[int, ...], vocabulary: int, family: Family = QWEN) -> Prompt:
+    """A prompt given as token ids (the ``prompt_token_ids`` input, vLLM's ``TokensPrompt``), taken as it is.
+    Raises InvalidInput (naming ``prompt_token_ids``) for no ids, an id outside ``[0, vocabulary)`` (the ids both the
+    tokenizer and the model know: ``families.registry.sampled_ids``), or one of ``family.reserved_tokens``."""
+    if not ids:
+        raise InvalidInput("prompt_token_ids: the prompt is empty")
+    bad = next((k for k, i in enumerate(ids) if not 0 <= i < vocabulary), None)
+    if bad is not None:
+        raise InvalidInput(f"prompt_token_ids: id {ids[bad]} (position {bad}) is outside the vocabulary, "
+                           f"[0, {vocabulary})")
+    _refuse_media_tokens("prompt_token_ids", ids, tokenizer, family)
+    return Prompt(tuple(ids), ())
+
+
+def _refuse_media_tokens(name: str, ids, tokenizer, family: Family) -> None:
+    """Raises InvalidInput naming input ``name`` when ``ids`` hold one of ``family.reserved_tokens``."""
     reserved = dict(zip(tokenizer.convert_tokens_to_ids(list(family.reserved_tokens)), family.reserved_tokens))
     found = sorted({reserved[i] for i in ids if i in reserved})
     if found:
-        raise InvalidInput(f"prompt: holds {', '.join(found)}, which only the server places (send images and videos "
+        raise InvalidInput(f"{name}: holds {', '.join(found)}, which only the server places (send images and videos "
                            "in a chat: the OpenAI API's /v1/chat/completions with image_url or video_url parts, or "
                            "Triton's text_input or messages inputs)")
-    return Prompt(tuple(ids), ())

@@ -29,7 +29,8 @@ _NUMBER_OUTPUTS = {"output_ids": np.int64, "num_input_tokens": np.uint32, "num_o
 def first_outputs(**values) -> tuple[tuple[str, str], ...]:
     """The STRING outputs of a request's first response only (``Reply.first_outputs``): each of ``values`` (output
     name -> its JSON-able value: ``visual_cap``, what max_visual_tokens changed in the request's media; ``media``,
-    what was done with each item, ``orchestrator.media.media_report``) that is not None, as JSON text."""
+    what was done with each item, ``orchestrator.media.media_report``; ``prompt_text``, a ``prompt_token_ids``
+    request's prompt as text) that is not None, as JSON text."""
     return tuple((name, json.dumps(value)) for name, value in values.items() if value is not None)
 
 

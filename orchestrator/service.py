@@ -32,6 +32,7 @@ from orchestrator.engine import Engine
 from orchestrator.engine_io import SHUTTING_DOWN, EngineRequest, Released, RequestCounts
 from orchestrator.fewer_sms import DEFAULT_KINDS, FewerSms, kinds_parameter
 from orchestrator.gauges import Gauges, num_waiting
+from orchestrator.off_loop import admission_runner
 from orchestrator.inputs import InputLimits, ParsedRequest
 from orchestrator.media import media_defaults, media_report, plan_request, probe_media, with_media_defaults
 from orchestrator.media_identity import media_identity
@@ -40,7 +41,7 @@ from orchestrator.output_processor import OutputProcessor
 from orchestrator.pages import PageAllocator
 from orchestrator.encoder_cache import EncoderCache, group_key
 from orchestrator.prefix_cache import CacheConfig, block_hashes
-from orchestrator.prompt import Prompt, build_chat_prompt, build_raw_prompt
+from orchestrator.prompt import Prompt, build_chat_prompt, build_raw_prompt, build_token_prompt
 from orchestrator.routing import choose
 from orchestrator.sampling_params import InvalidInput, RequestParams
 from orchestrator.scheduler import Scheduler, SchedulerConfig
@@ -129,6 +130,7 @@ class Admitted:
     visual_cap: CapApplied | None = None  # what max_visual_tokens changed in its media
     counts: RequestCounts = field(default_factory=RequestCounts)  # its prompt tokens found cached, once known
     media: list[dict] | None = None  # what was done with each media item (orchestrator.media.media_report)
+    prompt_text: str | None = None  # a prompt_token_ids request's prompt as text (its first response's prompt_text)
 
 
 OVERLOADED = "the server is overloaded"
@@ -136,24 +138,6 @@ OVERLOADED = "the server is overloaded"
 
 class Overloaded(RuntimeError):
     """A request refused for the server's load, not its content (Triton's UNAVAILABLE; HTTP 503): retry later."""
-
-
-INLINE_TEXT_CHARS = 16_384
-
-
-def _off_loop(parsed: ParsedRequest) -> Callable:
-    """How admission runs a request's planning, prompt building and hashing: on the event loop for a request with no
-    media and at most ``INLINE_TEXT_CHARS`` characters of text (building a 350-token chat prompt takes about 0.4 ms of
-    CPU), in a worker thread otherwise. Through threads, 32 text requests arriving together (three hops each,
-    interleaved under the GIL) had their prompts built 12-40 ms after they arrived on the 2-core CPU machine, against
-    under 2 ms for one request alone."""
-    text = len(parsed.text) + sum(len(part.text) for turn in parsed.turns for part in turn.parts)
-    if parsed.media or text > INLINE_TEXT_CHARS:
-        return asyncio.to_thread
-
-    async def inline(fn: Callable, *args):
-        return fn(*args)
-    return inline
 
 
 def _shutting_down() -> StageError:
@@ -303,7 +287,7 @@ class Orchestrator:
                                    f"{self.sampled_ids}, got {max(ids)}")
         await self.ensure_started()
         self._refuse_when_overloaded()  # at once, before any work on the request
-        off_loop = _off_loop(parsed)
+        off_loop = admission_runner(parsed)
         infos, plans, cap, prompt, probed = await off_loop(self._prompt_of, parsed)
         timeline.mark("probed", at=probed, items=len(infos))
         timeline.mark("prompt_built", tokens=len(prompt.input_ids), visual_tokens=prompt.num_visual_tokens)
@@ -336,6 +320,7 @@ class Orchestrator:
         identities, hashes, cache = (), (), self.config.cache
         if cache.enabled or cache.encoder_tokens:
             identities, hashes = await off_loop(self._identify, parsed, plans, prompt, engine.scheduler.config)
+        prompt_text = await off_loop(self.tokenizer.decode, list(parsed.token_ids)) if parsed.token_ids else None
         req_id = uuid.uuid4().hex
         request = EngineRequest(
             NewRequest(req_id, prompt.input_ids,
@@ -350,11 +335,11 @@ class Orchestrator:
             tuple(layout.num_groups for layout in prompt.media), timeline, hashes,
             media_names=tuple(m.input_name for m in parsed.media))
         return Admitted(req_id, parsed, prompt, engine, engine.add(request), cap, request.counts,
-                        media_report(infos, plans) or None)
+                        media_report(infos, plans) or None, prompt_text)
 
     def _prompt_of(self, parsed: ParsedRequest) -> tuple[list, list, CapApplied | None, Prompt, float]:
         """Probe each media item, plan it (the family's rules, ``max_visual_tokens``) and build the prompt, in one
-        call, so a media request leaves the event loop once (``_off_loop``): under 16 text streams an image
+        call, so a media request leaves the event loop once (``admission_runner``): under 16 text streams an image
         request's admission, then three hops, took 77 ms p50 against 22 without them (the ninth run's
         ``timelines.json``, bench/results/peer/ninth-run-2026-12-03/), in one hop 20-25 ms (the tenth run's).
         Returns the probes, plans, the cap applied, the prompt and when the probes ended (``time.monotonic()``).
@@ -364,6 +349,9 @@ class Orchestrator:
         probed = time.monotonic()
         media_params = with_media_defaults(parsed.params, self.config.media_defaults, self.family)
         plans, cap = plan_request(list(parsed.media), infos, media_params, self.family, limits.max_visual_tokens)
+        if parsed.token_ids:
+            prompt = build_token_prompt(self.tokenizer, parsed.token_ids, self.sampled_ids, self.family)
+            return infos, plans, cap, prompt, probed
         if parsed.raw:
             return infos, plans, cap, build_raw_prompt(self.tokenizer, parsed.text, self.family), probed
         media = [(m.kind, p.grid_thw, getattr(p, "second_per_grid_t", 0.0)) for m, p in zip(parsed.media, plans)]

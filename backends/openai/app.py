@@ -121,7 +121,7 @@ async def completions(body: CompletionRequest, request: Request):
     """A completion of one or more text prompts, whole or streamed."""
     shape = CompletionShape(await _served(request, body), body.return_token_ids, body.top_logprobs_asked,
                             body.choices_per_prompt, body.prompt_logprobs is not None,
-                            body.texts if body.echo else None)
+                            body.prompts if body.echo else None)
     return await _generate(request, body, completion_requests(body), shape)
 
 

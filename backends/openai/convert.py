@@ -31,7 +31,8 @@ class MediaRef:
 
 @dataclass(frozen=True)
 class OrchestratorRequest:
-    """One request's orchestrator inputs: ``prompt`` (a completion) or ``messages`` (JSON, a chat);
+    """One request's orchestrator inputs: ``prompt`` or ``prompt_token_ids`` (a completion) or ``messages`` (JSON, a
+    chat);
     ``media`` in placeholder order; ``sampling`` (``sampling_parameters``); ``stream``; ``return_token_ids``
     (``return_output_ids``); ``return_timeline`` (it asks for the output ids too: the timeline counts the tokens each
     chunk brings, ``backends.openai.timing``; the reply shows them only with ``return_token_ids``);
@@ -46,6 +47,7 @@ class OrchestratorRequest:
     return_token_ids: bool
     return_timeline: bool = False
     return_logprobs: bool = False
+    prompt_token_ids: tuple[int, ...] | None = None
 
     def with_media(self, media: tuple[MediaRef, ...]) -> "OrchestratorRequest":
         return dataclasses.replace(self, media=media)
@@ -62,6 +64,8 @@ class OrchestratorRequest:
             tensors.append(("prompt", _strings([self.prompt])))
         if self.messages is not None:
             tensors.append(("messages", _strings([self.messages])))
+        if self.prompt_token_ids is not None:
+            tensors.append(("prompt_token_ids", np.array(self.prompt_token_ids, dtype=np.int64)))
         for kind in ("image", "video"):
             urls = [m.url for m in self.media if m.kind == kind]
             if urls:
@@ -76,10 +80,13 @@ class OrchestratorRequest:
             tensors.append(("token_channel", _strings([token_channel])))
         inputs = []
         for name, array in tensors:
-            tensor = InferInput(name, list(array.shape), "BOOL" if array.dtype == bool else "BYTES")
+            tensor = InferInput(name, list(array.shape), _TRITON_TYPES.get(array.dtype.kind, "BYTES"))
             tensor.set_data_from_numpy(array)
             inputs.append(tensor)
         return inputs
+
+
+_TRITON_TYPES = {"b": "BOOL", "i": "INT64"}  # numpy dtype kinds; strings are objects: BYTES
 
 
 def _strings(values: list[str]) -> np.ndarray:
@@ -113,8 +120,11 @@ def chat_request(request: ChatCompletionRequest) -> OrchestratorRequest:
 
 
 def completion_requests(request: CompletionRequest) -> list[OrchestratorRequest]:
-    """The orchestrator's requests for a completion, one per prompt: each as ``prompt`` (no chat template)."""
+    """The orchestrator's requests for a completion, one per prompt: each as ``prompt`` (a text) or
+    ``prompt_token_ids`` (token ids), without the chat template."""
     sampling = request.sampling_parameters()
-    return [OrchestratorRequest(text, None, (), sampling, request.stream, request.return_token_ids,
-                                request.return_timeline, request.top_logprobs_asked is not None)
-            for text in request.texts]
+    return [OrchestratorRequest(prompt if isinstance(prompt, str) else None, None, (), sampling, request.stream,
+                                request.return_token_ids, request.return_timeline,
+                                request.top_logprobs_asked is not None,
+                                None if isinstance(prompt, str) else tuple(prompt))
+            for prompt in request.prompts]

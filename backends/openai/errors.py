@@ -24,10 +24,11 @@ from orchestrator.service import OVERLOADED
 
 # The orchestrator's validation messages: "<input>: ...", "<input>[i]...: ...", "image 0: ...", and the two about
 # the prompt's length (orchestrator.prompt, orchestrator.service).
-_INVALID = re.compile(r"^(?:(?:text_input|messages|prompt|image_url|video_url|image|video|sampling_parameters)"
+_INVALID = re.compile(r"^(?:(?:text_input|messages|prompt|prompt_token_ids|image_url|video_url|image|video|"
+                      r"sampling_parameters)"
                       r"[\[:. ]|prompt too long|the prompt \()")
 _SAMPLING_KEY = re.compile(r"^sampling_parameters: (?:unknown key ')?(\w+)")
-_PROMPT = re.compile(r"^(?:text_input|prompt[: ]|the prompt \()")  # else a message's text or media
+_PROMPT = re.compile(r"^(?:text_input|prompt[: ]|prompt_token_ids:|the prompt \()")  # else a message's text or media
 # A media item's error: "image_url: ..." (the request's only item) or "video_url (item 2 of 3): ..." (placeholder order)
 _MEDIA_ITEM = re.compile(r"^(image|video)_url(?: \(item (\d+) of \d+\))?: ")
 

@@ -42,7 +42,8 @@ class Reply:
     """A whole reply gathered from its responses: ``text``, ``token_ids``, ``finish_reason``, ``usage``,
     ``visual_cap`` (what max_visual_tokens lowered, or None), ``media`` (what was done with each image and video,
     or None without media), ``timeline`` (with ``return_timeline``, or None), ``logprobs`` (the orchestrator's
-    entries, one per token, where asked), ``prompt_logprobs`` (its entries of the prompt's tokens, where asked)."""
+    entries, one per token, where asked), ``prompt_logprobs`` (its entries of the prompt's tokens, where asked),
+    ``prompt_text`` (a token-id prompt's text)."""
 
     def __init__(self):
         self._text: list[str] = []
@@ -54,6 +55,7 @@ class Reply:
         self.media: list[dict] | None = None
         self.timeline: dict | None = None
         self.prompt_logprobs: list[dict] | None = None
+        self.prompt_text: str | None = None
 
     def add(self, piece: ResponsePiece) -> None:
         self._text.append(piece.text.decode("utf-8", errors="replace"))
@@ -65,6 +67,7 @@ class Reply:
         self.media = piece.media or self.media
         self.timeline = piece.timeline or self.timeline
         self.prompt_logprobs = piece.prompt_logprobs or self.prompt_logprobs
+        self.prompt_text = piece.prompt_text or self.prompt_text
 
     @property
     def text(self) -> str:
@@ -147,19 +150,20 @@ class ChatShape(_Shape):
 
 
 class CompletionShape(_Shape):
-    """``text_completion`` bodies, whole and streamed. With ``echo`` (the prompts' texts), each choice's text starts
-    with its prompt's (streamed: its first chunk's), and its ``logprobs`` with its prompt tokens' (vLLM's)."""
+    """``text_completion`` bodies, whole and streamed. With ``echo`` (the prompts: texts, or token ids, whose text the
+    orchestrator's first response brings as ``prompt_text``), each choice's text starts with its prompt's (streamed:
+    its first chunk's), and its ``logprobs`` with its prompt tokens' (vLLM's)."""
 
     prefix = "cmpl"
 
     def __init__(self, model: str, return_token_ids: bool, top_logprobs: int | None = None, n: int = 1,
-                 prompt_logprobs: bool = False, echo: list[str] | None = None):
+                 prompt_logprobs: bool = False, echo: list[str | list[int]] | None = None):
         super().__init__(model, return_token_ids, top_logprobs, n, prompt_logprobs)
         self.echo = echo
         self._offsets: dict[int, int] = {}  # each choice's streamed text so far: where its next chunk's text starts
 
     def whole(self, replies: list[Reply]) -> Completion:
-        choices = [CompletionChoice(index=index, text=self._echoed(index) + reply.text,
+        choices = [CompletionChoice(index=index, text=self._echoed(index, reply) + reply.text,
                                     logprobs=self._logprobs(self._echoed_logprobs(reply) + reply.logprobs, 0),
                                     finish_reason=reply.finish_reason, token_ids=self._ids(reply.token_ids),
                                     prompt_logprobs=self._prompt_logprobs(reply))
@@ -170,7 +174,7 @@ class CompletionShape(_Shape):
     def chunk(self, index: int, piece: ResponsePiece) -> Completion:
         text, entries = piece.text.decode("utf-8", errors="replace"), piece.logprobs or []
         if self._first_chunk(index, piece):
-            text, entries = self._echoed(index) + text, self._echoed_logprobs(piece) + entries
+            text, entries = self._echoed(index, piece) + text, self._echoed_logprobs(piece) + entries
         offset = self._offsets.get(index, 0)
         choice = CompletionChoice(index=index, text=text, logprobs=self._logprobs(entries, offset),
                                   finish_reason=piece.finish_reason, token_ids=self._ids(piece.token_ids))
@@ -181,8 +185,12 @@ class CompletionShape(_Shape):
     def usage_chunk(self, counts: Usage) -> Completion:
         return Completion(id=self.id, created=self.created, model=self.model, choices=[], usage=counts)
 
-    def _echoed(self, index: int) -> str:
-        return self.echo[index // self.n] if self.echo else ""
+    def _echoed(self, index: int, reply: Reply | ResponsePiece) -> str:
+        """The text choice ``index`` starts with: its prompt's with echo (``reply``'s ``prompt_text`` for token ids)."""
+        if not self.echo:
+            return ""
+        prompt = self.echo[index // self.n]
+        return prompt if isinstance(prompt, str) else reply.prompt_text or ""
 
     def _echoed_logprobs(self, reply: Reply | ResponsePiece) -> list[dict]:
         """The prompt's entries that an echo's ``logprobs`` start with (none without echo)."""

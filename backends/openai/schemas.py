@@ -221,9 +221,9 @@ class ChatCompletionRequest(GenerationRequest):
 
 
 class CompletionRequest(GenerationRequest):
-    """``prompt``: a string, or a list of at most ``MAX_PROMPTS`` strings (each completed as it is, without the chat
-    template; choice ``k`` is prompt ``k // n``'s). Token ids (a list of integers, or of such lists), which vLLM
-    takes, are parsed only to be refused by name. ``echo``: each choice's text starts with its prompt; with
+    """``prompt``: a string, token ids (a list of integers), or a list of at most ``MAX_PROMPTS`` of either (each
+    completed as it is, without the chat template; choice ``k`` is prompt ``k // n``'s), as vLLM takes them.
+    ``echo``: each choice's text starts with its prompt (token ids: the text they decode to); with
     ``logprobs``, its log probabilities start with the prompt tokens' (the first's null, as vLLM gives them: the
     prompt's log probabilities are asked with ``logprobs`` top tokens unless ``prompt_logprobs`` says)."""
 
@@ -246,13 +246,15 @@ class CompletionRequest(GenerationRequest):
     def refusal(self) -> tuple[str, str] | None:
         if (out_of_range := _count_refusal("logprobs", self.logprobs)) is not None:
             return out_of_range
-        if isinstance(self.prompt, list) and self.prompt and not isinstance(self.prompt[0], str):
-            return "prompt", "prompt: token ids are not taken by this server: send the prompt as text"
-        if isinstance(self.prompt, list) and not 1 <= len(self.prompt) <= MAX_PROMPTS:
-            return "prompt", f"prompt: a list of 1 to {MAX_PROMPTS} prompts is taken, got {len(self.prompt)}"
-        if len(self.texts) * self.choices_per_prompt > MAX_CHOICES:
-            return "n", f"n: {self.choices_per_prompt} choices of each of {len(self.texts)} prompts make " \
-                        f"{len(self.texts) * self.choices_per_prompt}, at most {MAX_CHOICES}"
+        if isinstance(self.prompt, list) and not 1 <= len(self.prompts) <= MAX_PROMPTS:
+            return "prompt", f"prompt: a list of 1 to {MAX_PROMPTS} prompts is taken, got {len(self.prompts)}"
+        empty = next((k for k, p in enumerate(self.prompts) if isinstance(p, list) and not p), None)
+        if empty is not None:
+            return "prompt", "prompt: the token ids are empty" if len(self.prompts) == 1 else \
+                f"prompt[{empty}]: the token ids are empty"
+        if len(self.prompts) * self.choices_per_prompt > MAX_CHOICES:
+            return "n", f"n: {self.choices_per_prompt} choices of each of {len(self.prompts)} prompts make " \
+                        f"{len(self.prompts) * self.choices_per_prompt}, at most {MAX_CHOICES}"
         if self.best_of not in (None, 1):
             return "best_of", f"best_of: one candidate per choice is supported, got {self.best_of}"
         if self.suffix:
@@ -260,12 +262,11 @@ class CompletionRequest(GenerationRequest):
         return super().refusal()
 
     @property
-    def texts(self) -> list[str]:
-        """The prompts' texts; [""] for what :meth:`refusal` refuses (no prompt, token ids), read before it is
-        asked."""
-        if isinstance(self.prompt, str):
+    def prompts(self) -> list[str | list[int]]:
+        """The prompts, each a text or token ids; [] for an empty list (refused by :meth:`refusal`)."""
+        if isinstance(self.prompt, str) or (self.prompt and isinstance(self.prompt[0], int)):
             return [self.prompt]
-        return list(self.prompt) if self.prompt and isinstance(self.prompt[0], str) else [""]
+        return list(self.prompt)
 
 
 # ---- responses --------------------------------------------------------------------------------------------------

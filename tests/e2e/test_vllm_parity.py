@@ -38,6 +38,13 @@ def vllm_request(grpc_url: str, text: str, sampling: dict, stream: bool = True, 
     inputs; returns its responses in order. Raises ServerError with the server's message."""
     tensors = request_tensors(text, sampling=sampling, stream=stream, exclude_input_in_output=True)
     tensors += [(name, np.array([value], dtype=bool), "BOOL") for name, value in flags.items()]
+    return kserve_request(grpc_url, tensors, timeout_s)
+
+
+def kserve_request(grpc_url: str, tensors: list[tuple[str, np.ndarray, str]], timeout_s: float = 120
+                   ) -> list[grpcclient.InferResult]:
+    """One request of these input ``tensors`` (``(name, array, Triton type)``) over gRPC's stream; returns its
+    responses with outputs, in order. Raises ServerError with the server's message."""
     responses: queue.Queue = queue.Queue()
     results = []
     with grpcclient.InferenceServerClient(grpc_url) as client:

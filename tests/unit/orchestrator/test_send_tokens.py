@@ -32,7 +32,7 @@ def replies_of(request, timeline: Timeline, trail_timeline: bool = False) -> lis
             yield item
 
     admitted = SimpleNamespace(parsed=request, visual_cap=None, media=None, prompt=SimpleNamespace(input_ids=[0] * 7),
-                               counts=SimpleNamespace(cached_tokens=0))
+                               counts=SimpleNamespace(cached_tokens=0), prompt_text=None)
     timer = SimpleNamespace(output=lambda n: None, finished=lambda reason: None)
     out: list[Reply] = []
     asyncio.run(_send_tokens(admitted, tokens(), out.append, timer, timeline, trail_timeline))

@@ -196,12 +196,18 @@ def test_defaults_are_no_refusal():
     assert CompletionRequest(model="m", prompt=["a"] * 65, n=2).refusal() == (
         "n", "n: 2 choices of each of 65 prompts make 130, at most 128")
     assert CompletionRequest(model="m", prompt="p", n=2, seed=2**63 - 2).refusal() is None
-    for ids in ([1, 2, 3], [[1, 2], [3]]):  # vLLM's token-id prompts: refused by name, not by three schema errors
+    for ids, sent in (([1, 2, 3], [(1, 2, 3)]), ([[1, 2], [3]], [(1, 2), (3,)])):  # vLLM's token-id prompts
         body = CompletionRequest(model="m", prompt=ids)
-        assert completion_requests(body) and body.refusal() == (
-            "prompt", "prompt: token ids are not taken by this server: send the prompt as text")
+        requests = completion_requests(body)
+        assert body.refusal() is None and [r.prompt_token_ids for r in requests] == sent
+        assert all(r.prompt is None for r in requests)
+        (tensor,) = [t for t in requests[0].inputs() if t.name() == "prompt_token_ids"]
+        assert tensor.datatype() == "INT64" and tensor.shape() == [len(sent[0])]
+    for ids, refusal in (([[1], []], "prompt[1]: the token ids are empty"),
+                         ([[]], "prompt: the token ids are empty")):
+        assert CompletionRequest(model="m", prompt=ids).refusal() == ("prompt", refusal)
     empty = CompletionRequest(model="m", prompt=[])  # converted before it is refused: no IndexError (a 500)
-    assert completion_requests(empty) and empty.refusal() == (
+    assert completion_requests(empty) == [] and empty.refusal() == (
         "prompt", "prompt: a list of 1 to 128 prompts is taken, got 0")
     echo = CompletionRequest(model="m", prompt="p", echo=True, logprobs=1)  # the prompt's, as vLLM asks for them
     assert echo.refusal() is None and echo.sampling_parameters()["prompt_logprobs"] == 1
