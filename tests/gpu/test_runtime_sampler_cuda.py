@@ -201,3 +201,29 @@ def test_cuda_grammar_masks_equal_the_cpus_without_a_sync():
         torch.cuda.set_sync_debug_mode("default")
     assert torch.equal(on_device.cpu(), expected) and torch.equal(expected[1], logits[1])
     assert int((expected[0] > -torch.inf).sum()) == 2  # "a" and "b"
+
+
+def test_cuda_prompt_log_probabilities_equal_the_cpus_without_a_sync():
+    """``prompt_logprobs``' figures (``logprobs.prompt_figures``) of a prefill chunk on CUDA, bfloat16 hidden states
+    as prefill's, a few rows at a time: the CPU's (ranks and top ids exact, log probabilities within rounding), and
+    nothing waits for the device (the next ids go over pinned memory)."""
+    from backends.runtime.sampling.logprobs import prompt_figures
+
+    generator = torch.Generator().manual_seed(3)
+    head = torch.nn.Linear(64, VOCAB, bias=False).bfloat16()
+    torch.nn.init.normal_(head.weight, std=0.5, generator=generator)
+    hidden = torch.randn(300, 64, generator=generator).bfloat16()
+    next_ids = torch.randint(0, VOCAB, (299,), generator=generator)
+    expected = prompt_figures(head, hidden, next_ids, 3, rows_at_once=128)
+    head, on_device = head.cuda(), hidden.cuda()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        figures = prompt_figures(head, on_device, next_ids, 3, rows_at_once=128)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    figures = figures.cpu()
+    assert figures.shape == (299, 8)
+    torch.testing.assert_close(figures[:, [0, 5, 6, 7]], expected[:, [0, 5, 6, 7]], rtol=2e-2, atol=2e-2)
+    assert (figures[:, 1] - expected[:, 1]).abs().max() <= 2  # ranks, up to near-ties in bfloat16 GEMMs
+    assert (figures[:, 2] == expected[:, 2]).float().mean() > 0.95  # the most likely token
