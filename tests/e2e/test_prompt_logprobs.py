@@ -65,8 +65,8 @@ def assert_entries_match(entries: list[dict | None], ids: list[int], reference: 
 
 def test_a_chunked_prompts_log_probabilities_equal_transformers_and_skip_the_prefix_cache(kserve, hf):
     """A prompt of over 2,048 tokens (the prefill budget: two chunks, the second's first position after the first's
-    last) twice: the same entries both times, no token found in the prefix cache, and none cached for a later
-    request of the same prompt that does not ask (every token computed, as vLLM v1 does)."""
+    last) twice: the same entries both times, no token found in the prefix cache, and none of its own cached for a
+    later request of the same prompt that does not ask (every token computed, as vLLM v1 does)."""
     model, tokenizer = hf
     text = " ".join(f"word{i % 97}" for i in range(700))
     ids, _ = server_request_inputs(model, tokenizer, text)
@@ -78,8 +78,9 @@ def test_a_chunked_prompts_log_probabilities_equal_transformers_and_skip_the_pre
     assert first.num_input_tokens == len(ids) and first.num_cached_tokens == again.num_cached_tokens == 0
     assert_entries_match(first.prompt_logprobs, ids, reference, tokenizer)
     assert again.prompt_logprobs == first.prompt_logprobs
-    plain = kserve.generate(text, sampling=GREEDY)
-    assert plain.prompt_logprobs is None and plain.num_cached_tokens == 0  # not asked; nothing was cached
+    # not asked: at most the chat template's head is found (other tests' prompts cached it), then the whole prompt
+    plain, cached = kserve.generate(text, sampling=GREEDY), kserve.generate(text, sampling=GREEDY)
+    assert plain.prompt_logprobs is None and plain.num_cached_tokens < 2048 <= cached.num_cached_tokens
 
 
 def test_an_image_prompts_log_probabilities_equal_transformers(kserve, hf):
