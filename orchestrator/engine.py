@@ -108,7 +108,7 @@ class Engine:
         ValueError (from the scheduler) when its KV pages could never fit."""
         new = request.new
         seq = Sequence(new.req_id, len(new.input_ids), new.max_tokens, list(request.groups), request=new,
-                       block_hashes=request.block_hashes)
+                       block_hashes=request.block_hashes, reads_cache=new.sampling.prompt_logprobs is None)
         self.scheduler.add(seq)
         calls = []
         for item, call in enumerate(request.media):

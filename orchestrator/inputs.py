@@ -72,7 +72,7 @@ class RawRequest:
     messages: list[bytes] = field(default_factory=list)
     prompt: list[bytes] = field(default_factory=list)
     return_timeline: bool = False
-    prompt_token_ids: list[int] = field(default_factory=list)  # a prompt given as token ids
+    prompt_token_ids: list[int] | None = None  # a prompt given as token ids (None: not given)
     open_token_channel: list[bytes] = field(default_factory=list)  # orchestrator.token_channels
     token_channel: list[bytes] = field(default_factory=list)
 
@@ -107,7 +107,7 @@ class ParsedRequest:
     turns: tuple[Turn, ...]
     extra_outputs: ExtraOutputs = ExtraOutputs()
     raw: bool = False
-    token_ids: tuple[int, ...] = ()
+    token_ids: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -224,10 +224,11 @@ def builds_a_grammar(raw: RawRequest) -> bool:
 
 def parse_request(raw: RawRequest, limits: InputLimits) -> ParsedRequest:
     """Validate a request. Raises InvalidInput naming the input at fault."""
-    if sum(map(bool, (raw.text_input, raw.messages, raw.prompt, raw.prompt_token_ids))) > 1:
+    ids = raw.prompt_token_ids
+    if sum(map(bool, (raw.text_input, raw.messages, raw.prompt, ids is not None))) > 1:
         raise InvalidInput("text_input, messages, prompt, prompt_token_ids: send exactly one of them")
     turns = _conversation(raw, limits) if raw.messages else None
-    if turns or raw.prompt_token_ids:
+    if turns or ids is not None:
         text = ""
     else:
         text = _one_text("prompt" if raw.prompt else "text_input", raw.prompt or raw.text_input, limits)
@@ -247,7 +248,7 @@ def parse_request(raw: RawRequest, limits: InputLimits) -> ParsedRequest:
     for kind, blobs, urls in (("image", raw.image, raw.image_url), ("video", raw.video, raw.video_url)):
         given += [(kind, functools.partial(_checked_bytes, kind, b, limits, kind)) for b in blobs]
         given += [(kind, functools.partial(_url_input, kind, u, limits)) for u in urls]
-    if raw.prompt or raw.prompt_token_ids:
+    if raw.prompt or ids is not None:
         if given:
             name = "prompt" if raw.prompt else "prompt_token_ids"
             raise InvalidInput(f"{name}: a prompt without the chat template takes no images or videos (send them "
@@ -264,7 +265,8 @@ def parse_request(raw: RawRequest, limits: InputLimits) -> ParsedRequest:
                          turns, ExtraOutputs(raw.return_finish_reason, raw.return_num_input_tokens,
                                              raw.return_num_output_tokens, raw.return_timeline, raw.return_logprobs,
                                              raw.return_cumulative_logprob),
-                         raw=bool(raw.prompt or raw.prompt_token_ids), token_ids=tuple(raw.prompt_token_ids))
+                         raw=bool(raw.prompt) or ids is not None,
+                         token_ids=None if ids is None else tuple(ids))
 
 
 def _logprobs_asked(raw: RawRequest, top: int | None) -> int | None:

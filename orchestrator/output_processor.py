@@ -117,7 +117,7 @@ class OutputProcessor:
             return "[]"
         first = {str(prompt_ids[0]): {"logprob": None, "rank": None, "decoded_token": self._text(prompt_ids[0])}}
         return json.dumps([first, *(self._entry(token, logprobs)
-                                    for token, logprobs in zip(prompt_ids[1:], figures.tokens()))])
+                                    for token, logprobs in zip(prompt_ids[1:], figures.tokens(), strict=True))])
 
     def _text(self, token: int) -> str:
         """The token's text alone (``tokenizer.decode([token])``), decoded once per id."""

@@ -66,8 +66,8 @@ class RequestParams:
             ``logit_bias``, a JSON object of token ids to biases, each clamped to [-100, 100] as vLLM does).
         prompt_logprobs: the log probabilities of the prompt's tokens after the first, each with this many most likely
             tokens at its position besides its own, in [0, 20], or None (vLLM's ``prompt_logprobs``): the first
-            response's ``prompt_logprobs`` output. Such a prompt is neither looked up in the prefix cache nor cached
-            (every position's logits are computed; vLLM v1 skips its prefix cache for them too).
+            response's ``prompt_logprobs`` output. Such a prompt is not looked up in the prefix cache (every position's
+            logits are computed) but cached as others are (vLLM v1's ``skip_reading_prefix_cache``).
         structured_outputs: what the output must match (vLLM's ``structured_outputs``:
             ``orchestrator.structured_outputs``), or None; ``min_tokens`` must then be 0.
         Which media settings apply is the served family's (``flashcodec.families``; the orchestrator refuses the

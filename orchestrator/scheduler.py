@@ -348,7 +348,7 @@ class Scheduler:
             hits = self._cached_pages(seq)
             cached = len(hits) * self.config.kv_page_size
             seq.block_table = self._kv.grant(hits, self.kv_pages_for(seq.prompt_len + seq.max_tokens) - len(hits),
-                                             seq.prompt_len, cached)
+                                             seq.prompt_len if seq.reads_cache else 0, cached)
             assert seq.block_table is not None, "_admission granted what the pool has"
             self._hits.pop(seq.req_id, None)
             seq.num_cached_tokens = seq.num_computed_tokens = cached
@@ -361,8 +361,11 @@ class Scheduler:
 
     def _cached_pages(self, seq: Sequence) -> list[int]:
         """The cached pages a waiting sequence would share now: the longest cached prefix of its prompt, short of
-        its last token (whose logits prefill must compute); remembered until the cache changes. A media group the
+        its last token (whose logits prefill must compute), none where it does not read the cache (``reads_cache``);
+        remembered until the cache changes. A media group the
         prefix ends in is encoded again (whole) for its tokens after it."""
+        if not seq.reads_cache:
+            return []
         known = self._hits.get(seq.req_id)
         if known is not None and known[0] == self._kv.version:
             return known[1]

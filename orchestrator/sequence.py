@@ -73,6 +73,9 @@ class Sequence:
             prompt is neither looked up in the prefix cache nor cached).
         num_cached_tokens: prompt tokens found in the prefix cache at admission (a multiple of the page size),
             computed without a step.
+        reads_cache: whether the prompt is looked up in the prefix cache (False: every position is computed, for its
+            prompt's log probabilities; its pages are cached all the same, as vLLM v1's
+            ``skip_reading_prefix_cache``).
 
     Raises:
         ValueError: inconsistent sizes or group layout.
@@ -87,6 +90,7 @@ class Sequence:
     request: NewRequest | None = None
     block_hashes: tuple[bytes, ...] = ()
     num_cached_tokens: int = 0
+    reads_cache: bool = True
 
     def __post_init__(self) -> None:
         if self.prompt_len < 1 or self.max_tokens < 1:

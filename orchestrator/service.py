@@ -320,7 +320,8 @@ class Orchestrator:
         identities, hashes, cache = (), (), self.config.cache
         if cache.enabled or cache.encoder_tokens:
             identities, hashes = await off_loop(self._identify, parsed, plans, prompt, engine.scheduler.config)
-        prompt_text = await off_loop(self.tokenizer.decode, list(parsed.token_ids)) if parsed.token_ids else None
+        ids = parsed.token_ids
+        prompt_text = None if ids is None else await off_loop(self.tokenizer.decode, list(ids))
         req_id = uuid.uuid4().hex
         request = EngineRequest(
             NewRequest(req_id, prompt.input_ids,
@@ -349,7 +350,7 @@ class Orchestrator:
         probed = time.monotonic()
         media_params = with_media_defaults(parsed.params, self.config.media_defaults, self.family)
         plans, cap = plan_request(list(parsed.media), infos, media_params, self.family, limits.max_visual_tokens)
-        if parsed.token_ids:
+        if parsed.token_ids is not None:
             prompt = build_token_prompt(self.tokenizer, parsed.token_ids, self.sampled_ids, self.family)
             return infos, plans, cap, prompt, probed
         if parsed.raw:
@@ -360,13 +361,13 @@ class Orchestrator:
     def _identify(self, parsed: ParsedRequest, plans: list, prompt: Prompt, config: SchedulerConfig
                   ) -> tuple[list[bytes], tuple[bytes, ...]]:
         """Each media item's ``media_identity`` (the encoder cache's keys), and the prompt's ``block_hashes`` for
-        the prefix cache (empty when it is off or the request asks for its prompt's log probabilities).
+        the prefix cache (empty when it is off).
 
         Raises:
             InvalidInput: a media file could not be read (it was probed just before).
         """
         identities = [media_identity(item, plan) for item, plan in zip(parsed.media, plans)]
-        if not self.config.cache.enabled or parsed.params.prompt_logprobs is not None:  # every position computed
+        if not self.config.cache.enabled:
             return identities, ()
         spans = [(m.token_offset, m.token_offset + m.num_tokens, i) for m, i in zip(prompt.media, identities)]
         return identities, block_hashes(prompt.input_ids, spans, config.kv_page_size)

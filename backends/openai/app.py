@@ -112,7 +112,7 @@ def _unknown_model(model: str, served: str) -> ApiError:
 async def chat_completions(body: ChatCompletionRequest, request: Request):
     """A chat completion, whole or streamed (the module docstring); errors as ``errors`` says."""
     shape = ChatShape(await _served(request, body), body.return_token_ids, body.top_logprobs_asked,
-                      body.choices_per_prompt, body.prompt_logprobs is not None)
+                      body.choices_per_prompt)
     return await _generate(request, body, [chat_request(body)], shape)
 
 
@@ -120,8 +120,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
 async def completions(body: CompletionRequest, request: Request):
     """A completion of one or more text prompts, whole or streamed."""
     shape = CompletionShape(await _served(request, body), body.return_token_ids, body.top_logprobs_asked,
-                            body.choices_per_prompt, body.prompt_logprobs is not None,
-                            body.prompts if body.echo else None)
+                            body.choices_per_prompt, body.prompts if body.echo else None)
     return await _generate(request, body, completion_requests(body), shape)
 
 

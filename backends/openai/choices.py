@@ -29,14 +29,27 @@ class Generator(Protocol):
     def reserved(self, requests: int) -> contextlib.AbstractContextManager: ...
 
 
+def _named(exc: Exception, prompt: int, prompts: int) -> Exception:
+    """``exc`` with an error about the prompt (the orchestrator's ``prompt:`` or ``prompt_token_ids:``) naming the
+    API's field, ``prompt``, and which one where the request has several."""
+    if not isinstance(exc, ApiError):
+        return exc
+    for name in ("prompt_token_ids:", "prompt:"):
+        if exc.message.startswith(name):
+            where = f"prompt[{prompt}]:" if prompts > 1 else "prompt:"
+            return ApiError(exc.status, where + exc.message[len(name):], exc.param, exc.code)
+    return exc
+
+
 def sample_requests(prompt: OrchestratorRequest, n: int) -> list[OrchestratorRequest]:
     """``prompt``'s request once per sample, streamed (a whole reply's first response is its last: module docstring),
-    sample ``i``'s ``seed`` (where set) raised by ``i``."""
+    sample ``i``'s ``seed`` (where set) raised by ``i``; only sample 0 asks for the prompt's log probabilities (the
+    others' are the same: the API's bodies copy them), so the others share its cached pages."""
     prompt = dataclasses.replace(prompt, stream=True)
     seed = prompt.sampling.get("seed")
-    if seed is None:
-        return [prompt] * n
-    return [dataclasses.replace(prompt, sampling={**prompt.sampling, "seed": seed + i}) for i in range(n)]
+    others = {key: value for key, value in prompt.sampling.items() if key != "prompt_logprobs"}
+    return [prompt if i == 0 else dataclasses.replace(
+        prompt, sampling=others if seed is None else {**others, "seed": seed + i}) for i in range(n)]
 
 
 async def merged(orchestrator: Generator, prompts: list[OrchestratorRequest], n: int
@@ -46,9 +59,12 @@ async def merged(orchestrator: Generator, prompts: list[OrchestratorRequest], n:
     the first error of any choice ends it (the others are given up) and is raised: ApiError, as
     ``OrchestratorClient.generate`` raises them."""
     if len(prompts) == 1 and n == 1:  # one choice: no tasks, no queue (the 32-stream path costs per token)
-        async with contextlib.aclosing(orchestrator.generate(prompts[0])) as pieces:
-            async for piece in pieces:
-                yield 0, piece
+        try:
+            async with contextlib.aclosing(orchestrator.generate(prompts[0])) as pieces:
+                async for piece in pieces:
+                    yield 0, piece
+        except ApiError as exc:
+            raise _named(exc, 0, 1) from None
         return
     samples = [sample_requests(prompt, n) for prompt in prompts]
     queue: asyncio.Queue = asyncio.Queue()
@@ -64,10 +80,14 @@ async def merged(orchestrator: Generator, prompts: list[OrchestratorRequest], n:
                     if waiting:  # its prompt's pages are cached now: its other samples share them
                         waiting = False
                         start(range(index + 1, index + n))
+        except asyncio.CancelledError:
+            if asyncio.current_task().cancelling():  # given up below
+                raise
+            # a call cancelled under it (grpc-aio cancels one whose request fails): an error, never a silent end
+            queue.put_nowait((index, ApiError(500, "internal error: the request's call to the orchestrator was "
+                                                   "cancelled")))
         except Exception as exc:  # noqa: BLE001 - raised where the stream is read
-            if isinstance(exc, ApiError) and len(prompts) > 1 and exc.message.startswith("prompt:"):  # which one
-                exc = ApiError(exc.status, f"prompt[{index // n}]{exc.message[len('prompt'):]}", exc.param, exc.code)
-            queue.put_nowait((index, exc))
+            queue.put_nowait((index, _named(exc, index // n, len(prompts))))
         else:
             if waiting:  # it ended without a response: its samples go all the same (never stranded)
                 start(range(index + 1, index + n))

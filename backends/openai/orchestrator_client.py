@@ -93,10 +93,10 @@ class OrchestratorClient:
         """The responses of the request's own stream (with ``token_channel``: its errors and its final response
         only); the call is cancelled if the iterator is closed before the last."""
         ended = asyncio.Event()
+        inputs = request.inputs(token_channel)  # here: an error building them is raised, not a cancelled call
 
         async def requests():
-            yield {"model_name": self.model, "inputs": request.inputs(token_channel),
-                   "request_id": request_id or uuid.uuid4().hex}
+            yield {"model_name": self.model, "inputs": inputs, "request_id": request_id or uuid.uuid4().hex}
             await ended.wait()  # the stream's sending side stays open until the request is over
 
         responses = self._client.stream_infer(requests())

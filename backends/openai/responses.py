@@ -80,17 +80,16 @@ class _Shape:
 
     prefix = ""
 
-    def __init__(self, model: str, return_token_ids: bool, top_logprobs: int | None = None, n: int = 1,
-                 prompt_logprobs: bool = False):
+    def __init__(self, model: str, return_token_ids: bool, top_logprobs: int | None = None, n: int = 1):
         """``top_logprobs``: the request's log probabilities (the top tokens' count; None: not asked); ``n``: choices
-        a prompt; ``prompt_logprobs``: the request asked for vLLM's ``prompt_logprobs`` field."""
+        a prompt."""
         self.id = f"{self.prefix}-{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.model = model
         self.return_token_ids = return_token_ids
         self.top_logprobs = top_logprobs
         self.n = n
-        self.prompt_logprobs = prompt_logprobs
+        self._prompts: dict[int, list[dict]] = {}  # each prompt's log probabilities' entries, from its first choice
         self._started: set[int] = set()  # the choices whose first chunk is made
         self._usages: dict[int, Usage] = {}  # streamed choices' usage, from their last chunks
 
@@ -113,9 +112,12 @@ class _Shape:
     def _whole_usage(self, replies: list[Reply]) -> Usage | None:
         return total_usage({index: reply.usage for index, reply in enumerate(replies) if reply.usage}, self.n)
 
-    def _prompt_logprobs(self, reply: Reply) -> list[dict | None] | None:
-        """The ``prompt_logprobs`` field of ``reply``'s prompt, where the request asked for it."""
-        return prompt_logprobs(reply.prompt_logprobs) if self.prompt_logprobs else None
+    def _prompt_entries(self, index: int, reply: Reply | ResponsePiece) -> list[dict] | None:
+        """The orchestrator's entries of choice ``index``'s prompt (None where not asked): ``reply``'s, which a
+        prompt's first choice brings (its others do not ask: ``choices.sample_requests``), noted for the others."""
+        if reply.prompt_logprobs is not None:
+            self._prompts[index // self.n] = reply.prompt_logprobs
+        return self._prompts.get(index // self.n)
 
 
 class ChatShape(_Shape):
@@ -131,7 +133,7 @@ class ChatShape(_Shape):
         first = replies[0]
         return ChatCompletion(id=self.id, created=self.created, model=self.model, choices=choices,
                               usage=self._whole_usage(replies), visual_cap=first.visual_cap, media=first.media,
-                              timeline=first.timeline, prompt_logprobs=self._prompt_logprobs(first))
+                              timeline=first.timeline, prompt_logprobs=prompt_logprobs(first.prompt_logprobs))
 
     def chunk(self, index: int, piece: ResponsePiece) -> ChatCompletionChunk:
         role = "assistant" if self._first_chunk(index, piece) else None
@@ -157,24 +159,28 @@ class CompletionShape(_Shape):
     prefix = "cmpl"
 
     def __init__(self, model: str, return_token_ids: bool, top_logprobs: int | None = None, n: int = 1,
-                 prompt_logprobs: bool = False, echo: list[str | list[int]] | None = None):
-        super().__init__(model, return_token_ids, top_logprobs, n, prompt_logprobs)
+                 echo: list[str | list[int]] | None = None):
+        super().__init__(model, return_token_ids, top_logprobs, n)
         self.echo = echo
         self._offsets: dict[int, int] = {}  # each choice's streamed text so far: where its next chunk's text starts
 
     def whole(self, replies: list[Reply]) -> Completion:
-        choices = [CompletionChoice(index=index, text=self._echoed(index, reply) + reply.text,
-                                    logprobs=self._logprobs(self._echoed_logprobs(reply) + reply.logprobs, 0),
-                                    finish_reason=reply.finish_reason, token_ids=self._ids(reply.token_ids),
-                                    prompt_logprobs=self._prompt_logprobs(reply))
-                   for index, reply in enumerate(replies)]
+        choices = []
+        for index, reply in enumerate(replies):  # a prompt's first choice before its others
+            prompt = self._prompt_entries(index, reply)
+            choices.append(CompletionChoice(
+                index=index, text=self._echoed(index, reply) + reply.text,
+                logprobs=self._logprobs(self._echoed_logprobs(prompt) + reply.logprobs, 0),
+                finish_reason=reply.finish_reason, token_ids=self._ids(reply.token_ids),
+                prompt_logprobs=prompt_logprobs(prompt)))
         return Completion(id=self.id, created=self.created, model=self.model, choices=choices,
                           usage=self._whole_usage(replies), timeline=replies[0].timeline)
 
     def chunk(self, index: int, piece: ResponsePiece) -> Completion:
         text, entries = piece.text.decode("utf-8", errors="replace"), piece.logprobs or []
         if self._first_chunk(index, piece):
-            text, entries = self._echoed(index, piece) + text, self._echoed_logprobs(piece) + entries
+            prompt = self._prompt_entries(index, piece)  # a prompt's first choice's first piece comes first
+            text, entries = self._echoed(index, piece) + text, self._echoed_logprobs(prompt) + entries
         offset = self._offsets.get(index, 0)
         choice = CompletionChoice(index=index, text=text, logprobs=self._logprobs(entries, offset),
                                   finish_reason=piece.finish_reason, token_ids=self._ids(piece.token_ids))
@@ -192,9 +198,9 @@ class CompletionShape(_Shape):
         prompt = self.echo[index // self.n]
         return prompt if isinstance(prompt, str) else reply.prompt_text or ""
 
-    def _echoed_logprobs(self, reply: Reply | ResponsePiece) -> list[dict]:
+    def _echoed_logprobs(self, prompt: list[dict] | None) -> list[dict]:
         """The prompt's entries that an echo's ``logprobs`` start with (none without echo)."""
-        return (reply.prompt_logprobs or []) if self.echo else []
+        return (prompt or []) if self.echo else []
 
     def _logprobs(self, entries: list[dict], offset: int) -> CompletionLogprobs | None:
         return None if self.top_logprobs is None else completion_logprobs(entries, offset, self.top_logprobs)

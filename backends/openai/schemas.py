@@ -12,9 +12,11 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from backends.ipc.protocol import MAX_LOGPROBS
 from orchestrator.sampling_params import SEED_LIMIT
+from orchestrator.shown import shown
 
 MAX_CHOICES = 128  # OpenAI's API's limit on n, and on a completion's prompts times n
 MAX_PROMPTS = 128  # a completion's prompts per request
+TOKEN_ID_LIMIT = 2**63  # a token-id prompt's ids travel as INT64 (the orchestrator then checks the vocabulary)
 
 
 class _Body(BaseModel):
@@ -248,10 +250,13 @@ class CompletionRequest(GenerationRequest):
             return out_of_range
         if isinstance(self.prompt, list) and not 1 <= len(self.prompts) <= MAX_PROMPTS:
             return "prompt", f"prompt: a list of 1 to {MAX_PROMPTS} prompts is taken, got {len(self.prompts)}"
-        empty = next((k for k, p in enumerate(self.prompts) if isinstance(p, list) and not p), None)
-        if empty is not None:
-            return "prompt", "prompt: the token ids are empty" if len(self.prompts) == 1 else \
-                f"prompt[{empty}]: the token ids are empty"
+        for k, ids in enumerate(self.prompts):
+            where = "prompt" if len(self.prompts) == 1 else f"prompt[{k}]"
+            if isinstance(ids, list) and not ids:
+                return "prompt", f"{where}: the token ids are empty"
+            if isinstance(ids, list) and not all(0 <= i < TOKEN_ID_LIMIT for i in ids):
+                bad = next(i for i in ids if not 0 <= i < TOKEN_ID_LIMIT)
+                return "prompt", f"{where}: token id {shown(bad)} is not in [0, 2**63)"
         if len(self.prompts) * self.choices_per_prompt > MAX_CHOICES:
             return "n", f"n: {self.choices_per_prompt} choices of each of {len(self.prompts)} prompts make " \
                         f"{len(self.prompts) * self.choices_per_prompt}, at most {MAX_CHOICES}"

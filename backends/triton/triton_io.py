@@ -176,10 +176,11 @@ def bytes_list(arrays: dict[str, np.ndarray], name: str) -> list[bytes]:
     return [x if isinstance(x, bytes) else str(x).encode() for x in np.ravel(array)]
 
 
-def int_list(arrays: dict[str, np.ndarray], name: str) -> list[int]:
-    """All elements of integer input ``name`` of ``arrays`` (:func:`input_arrays`) as ints ([] when absent)."""
+def int_list(arrays: dict[str, np.ndarray], name: str) -> list[int] | None:
+    """All elements of integer input ``name`` of ``arrays`` (:func:`input_arrays`) as ints (None when absent; an
+    input of no elements is [])."""
     array = arrays.get(name)
-    return [] if array is None else np.ravel(array).astype(np.int64).tolist()
+    return None if array is None else np.ravel(array).astype(np.int64).tolist()
 
 
 def boolean(arrays: dict[str, np.ndarray], name: str, default: bool) -> bool:

@@ -14,12 +14,14 @@ import torch
 
 from backends.runtime.loader import ModelSpec, load_model
 from client.api import Client, ServerError
-from tests.e2e.conftest import openai_sdk
+from tests.e2e.conftest import openai_sdk, settled
+from tests.e2e.test_prefix_cache import counters
 from tests.media import make_image
 from tests.reference import reference_prompt_logprobs, server_request_inputs
 
 pytestmark = pytest.mark.e2e
 TOP = 2
+PAGE = 16  # decode's kv_page_size (model_repository/decode/config.pbtxt)
 GREEDY = {"max_tokens": 2, "temperature": 0, "ignore_eos": True}
 MODEL = "tiny"
 
@@ -42,9 +44,9 @@ def sdk(server, tmp_path_factory):
 
 
 def assert_entries_match(entries: list[dict | None], ids: list[int], reference: torch.Tensor, tokenizer,
-                         first_is_none: bool = False) -> None:
+                         first_is_none: bool = False, top: int = TOP) -> None:
     """Per prompt token after the first: its entry holds its log probability and rank under ``reference`` and the
-    ``TOP`` most likely tokens' (texts, log probabilities); the first token's is None or has null figures."""
+    ``top`` most likely tokens' (texts, log probabilities); the first token's is None or has null figures."""
     assert len(entries) == len(ids) == reference.shape[0] + 1
     if first_is_none:
         assert entries[0] is None
@@ -55,18 +57,19 @@ def assert_entries_match(entries: list[dict | None], ids: list[int], reference: 
         assert own["logprob"] == pytest.approx(float(row[token]), abs=1e-4)
         # the tokens at least as likely, itself included (vLLM's rank), up to rounding near the token's own
         assert int((row > row[token] + 1e-4).sum()) + 1 <= own["rank"] <= int((row >= row[token] - 1e-4).sum())
-        top = row.topk(TOP)
-        for rank, (best, value) in enumerate(zip(top.indices.tolist(), top.values.tolist()), start=1):
+        best_ones = row.topk(top)
+        for rank, (best, value) in enumerate(zip(best_ones.indices.tolist(), best_ones.values.tolist()), start=1):
             figures = entry[str(best)]
             assert figures["logprob"] == pytest.approx(value, abs=1e-4)
             assert figures["decoded_token"] == tokenizer.decode([best])
             assert figures["rank"] == rank or best == token
 
 
-def test_a_chunked_prompts_log_probabilities_equal_transformers_and_skip_the_prefix_cache(kserve, hf):
+def test_a_chunked_prompts_log_probabilities_equal_transformers_and_skip_reading_the_prefix_cache(kserve, hf):
     """A prompt of over 2,048 tokens (the prefill budget: two chunks, the second's first position after the first's
-    last) twice: the same entries both times, no token found in the prefix cache, and none of its own cached for a
-    later request of the same prompt that does not ask (every token computed, as vLLM v1 does)."""
+    last) twice: the same entries both times, no token found in the prefix cache the second time (every position
+    computed), while its pages were cached: a later request of the same prompt that does not ask finds them (vLLM
+    v1's ``skip_reading_prefix_cache``)."""
     model, tokenizer = hf
     text = " ".join(f"word{i % 97}" for i in range(700))
     ids, _ = server_request_inputs(model, tokenizer, text)
@@ -78,9 +81,8 @@ def test_a_chunked_prompts_log_probabilities_equal_transformers_and_skip_the_pre
     assert first.num_input_tokens == len(ids) and first.num_cached_tokens == again.num_cached_tokens == 0
     assert_entries_match(first.prompt_logprobs, ids, reference, tokenizer)
     assert again.prompt_logprobs == first.prompt_logprobs
-    # not asked: at most the chat template's head is found (other tests' prompts cached it), then the whole prompt
-    plain, cached = kserve.generate(text, sampling=GREEDY), kserve.generate(text, sampling=GREEDY)
-    assert plain.prompt_logprobs is None and plain.num_cached_tokens < 2048 <= cached.num_cached_tokens
+    plain = kserve.generate(text, sampling=GREEDY)
+    assert plain.prompt_logprobs is None and plain.num_cached_tokens == (len(ids) - 1) // PAGE * PAGE
 
 
 def test_an_image_prompts_log_probabilities_equal_transformers(kserve, hf):
@@ -123,6 +125,28 @@ def test_an_echoed_completion_starts_its_logprobs_with_the_prompts_as_lm_eval_re
     for token, top, row in zip(ids[1:] + output, tops[1:], reference):
         assert set(top) == {tokenizer.decode([t]) for t in [token, int(row.argmax())]}
     assert logprobs[0].text_offset[:len(ids)] == [sum(len(t) for t in tokens[:k]) for k in range(len(ids))]
+
+
+def test_n_choices_share_the_first_choices_prompt_log_probabilities_and_its_pages(sdk, hf, server):
+    """n=3 with echo and logprobs: the prompt's log probabilities are computed once (the first choice's request;
+    the others find its pages in the prefix cache) and every choice's ``logprobs`` and ``prompt_logprobs`` start with
+    them."""
+    model, tokenizer = hf
+    prompt = "A prompt only this test sends, about lighthouses and their keepers"
+    before = settled(lambda: counters(server))
+    reply = sdk.completions.create(model=MODEL, prompt=prompt, n=3, max_tokens=2, temperature=0, echo=True,
+                                   logprobs=1)
+    after = settled(lambda: counters(server))
+    ids = tokenizer.encode(prompt)
+    shared = (len(ids) - 1) // PAGE * PAGE
+    assert after["prefix_cache_hits_total"] - before["prefix_cache_hits_total"] >= 2 * shared > 0
+    first = reply.choices[0]
+    assert_entries_match(first.model_extra["prompt_logprobs"], ids, reference_prompt_logprobs(model, ids), tokenizer,
+                         first_is_none=True, top=1)
+    for choice in reply.choices[1:]:
+        assert choice.model_extra["prompt_logprobs"] == first.model_extra["prompt_logprobs"]
+        assert choice.logprobs.token_logprobs[:len(ids)] == first.logprobs.token_logprobs[:len(ids)]
+        assert choice.text == first.text  # greedy
 
 
 def test_vllms_prompt_logprobs_field_is_none_first_then_each_tokens_entry(sdk, hf):

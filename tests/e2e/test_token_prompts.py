@@ -67,6 +67,7 @@ def test_token_ids_give_the_tokens_of_the_same_prompt_as_text_and_its_text_first
     ([5, 10**6], "prompt_token_ids: id 1000000 (position 1) is outside the vocabulary"),
     ([-1, 5], "prompt_token_ids: id -1 (position 0) is outside the vocabulary"),
     ("pad", "prompt_token_ids: holds <|image_pad|>, which only the server places"),
+    ([], "prompt_token_ids: the prompt is empty"),
 ])
 def test_ids_the_server_cannot_take_are_refused_by_name(grpc_url, hf, ids, words):
     _, tokenizer = hf
@@ -97,6 +98,10 @@ def test_lm_evals_tokenized_loglikelihood_request(sdk, hf):
         assert choice.logprobs.token_logprobs[1:] == pytest.approx(
             [float(row[t]) for t, row in zip(ids[1:] + [output], reference)], abs=1e-4)
     assert reply.usage.prompt_tokens == sum(map(len, prompts))
-    with pytest.raises(openai.BadRequestError, match="prompt_token_ids: id 99999999") as error:
+    with pytest.raises(openai.BadRequestError, match=r"- prompt: id 99999999 \(position 1\) is outside") as error:
         sdk.completions.create(model=MODEL, prompt=[5, 99999999], max_tokens=1)
     assert error.value.body["param"] == "prompt"
+    for prompt, words in (([[5], [6, 99999999]], r"prompt\[1\]: id 99999999"), ([[5], [6, 2**70]], r"prompt\[1\]: "
+                                                                                          r"token id \d+ is not in")):
+        with pytest.raises(openai.BadRequestError, match=words):  # a list of prompts, one bad: named, no hang
+            sdk.completions.create(model=MODEL, prompt=prompt, max_tokens=1, timeout=60)

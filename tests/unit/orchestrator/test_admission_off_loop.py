@@ -1,5 +1,5 @@
-"""Where admission builds a request's prompt (orchestrator.off_loop.admission_runner): on the event loop for a short text-only
-request, in a worker thread for one with media, a long text or many token ids."""
+"""Where admission builds a request's prompt (orchestrator.off_loop.admission_runner): on the event loop for a short
+text-only request, in a worker thread for one with media, a long text or many token ids."""
 from __future__ import annotations
 
 import asyncio
@@ -16,7 +16,7 @@ from orchestrator.off_loop import INLINE_TEXT_CHARS, INLINE_TOKEN_IDS, admission
 def parsed(text: str = "", media: tuple[MediaInput, ...] = (), chat: str = "", ids: int = 0) -> ParsedRequest:
     turns = (Turn("user", (Part("text", chat),)),) if chat else ()
     return ParsedRequest(text, media, RequestParams(), stream=True, exclude_input_in_output=True,
-                         return_output_ids=False, turns=turns, raw=not chat, token_ids=(7,) * ids)
+                         return_output_ids=False, turns=turns, raw=not chat, token_ids=(7,) * ids if ids else None)
 
 
 async def thread_of(request: ParsedRequest) -> threading.Thread:

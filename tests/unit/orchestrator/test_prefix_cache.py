@@ -126,6 +126,23 @@ def test_a_follow_up_question_shares_the_cached_video_and_prefills_only_its_new_
     assert kv.num_free == 64 and kv.stats().idle_pages == 6
 
 
+def test_a_sequence_that_does_not_read_the_cache_computes_every_token_and_still_caches_its_pages():
+    """``reads_cache`` False (a prompt whose every position's log probabilities are asked): no hit, its groups
+    decoded and its whole prompt prefilled, its lookup not counted; its pages are cached for the next sequence."""
+    kv, patch = pool(pages=64), PageAllocator(16, "patch")
+    sched = Scheduler(SchedulerConfig(kv_page_size=PAGE), kv, patch)
+    for req_id in ("scored", "scored again"):
+        scored = video_prompt(req_id, [5, 6, 7, 8, 9])
+        scored.reads_cache = False
+        sched.add(scored)
+        assert scored.num_cached_tokens == 0 and not any(g.encoded for g in scored.groups)
+        assert run(sched, patch, scored) == [(0, 27)]
+    assert kv.stats().queried_tokens == 0
+    after = video_prompt("after", [5, 6, 7, 8, 1])  # finds the pages the first one cached
+    sched.add(after)
+    assert after.num_cached_tokens == 24 and kv.stats().queried_tokens == 27
+
+
 def test_a_cached_prefix_stops_short_of_the_last_token_and_a_group_it_ends_in_is_encoded_again():
     kv, patch = pool(pages=64), PageAllocator(16, "patch")
     sched = Scheduler(SchedulerConfig(kv_page_size=PAGE), kv, patch)
