@@ -11,7 +11,7 @@ tokens (the server sends what has queued up when it is behind); when token ids a
 ``k`` tokens counts ``k`` gaps of a ``k``-th of its wait each (the first response's extra tokens count none: no
 wait measures them), so the mean TBT is per token; without ids each response counts as one token.
 
-The response pieces (:class:`ResponsePiece`) and the timing (:class:`_Collector`) are shared with
+The response pieces (``client.pieces``) and the timing (:class:`_Collector`) are shared with
 ``client.http_stream``, so both transports report the same :class:`GenerationResult`.
 """
 from __future__ import annotations
@@ -27,6 +27,8 @@ from typing import Callable, Sequence
 import numpy as np
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
+
+from client.pieces import ResponsePiece, piece_from_grpc
 
 DEFAULT_MODEL = "orchestrator"
 DEFAULT_GRPC_URL = "127.0.0.1:8001"
@@ -81,30 +83,6 @@ class GenerationResult:
         """Mean gap between consecutive tokens (ms, as the module docstring counts them); ``None`` with fewer
         than two."""
         return sum(self.tbt_ms) / len(self.tbt_ms) if self.tbt_ms else None
-
-
-@dataclass(frozen=True)
-class ResponsePiece:
-    """What one response carried; absent outputs are ``None`` (``text`` is raw UTF-8 bytes)."""
-
-    text: bytes = b""
-    token_ids: tuple[int, ...] = ()
-    num_input_tokens: int | None = None
-    num_output_tokens: int | None = None
-    num_cached_tokens: int | None = None
-    finish_reason: str | None = None
-    final: bool = False
-    visual_cap: dict | None = None
-    media: list[dict] | None = None
-    timeline: dict | None = None
-    logprobs: list[dict] | None = None  # return_logprobs: an entry per token (docs/requests.md)
-    cumulative_logprob: float | None = None
-    prompt_logprobs: list[dict] | None = None  # sampling's prompt_logprobs: first response only
-    prompt_text: str | None = None  # a prompt_token_ids request's prompt as text: first response only
-
-    @property
-    def has_output(self) -> bool:
-        return bool(self.text) or bool(self.token_ids)
 
 
 class _Collector:
@@ -251,54 +229,6 @@ def grpc_inputs(tensors: list[tuple[str, np.ndarray, str]]) -> list[grpcclient.I
         t.set_data_from_numpy(array)
         inputs.append(t)
     return inputs
-
-
-def _scalar(result: grpcclient.InferResult, name: str):
-    a = result.as_numpy(name)
-    return None if a is None or a.size == 0 else a.reshape(-1)[0]
-
-
-def json_output(value: str | bytes | None):
-    """A JSON output's value (``visual_cap``, ``media``, ``timeline``, ``logprobs``, ``prompt_logprobs``,
-    ``prompt_text``) read, or None where it is absent or empty.
-    Raises json.JSONDecodeError when it is not JSON."""
-    return None if value is None or len(value) == 0 else json.loads(value)
-
-
-def is_final(result: grpcclient.InferResult) -> bool:
-    """Whether a streamed gRPC response is its request's last (Triton's ``triton_final_response`` parameter)."""
-    params = result.get_response().parameters
-    return "triton_final_response" in params and params["triton_final_response"].bool_param
-
-
-def piece_from_grpc(result: grpcclient.InferResult) -> ResponsePiece:
-    """Reads one streamed gRPC response (any subset of the orchestrator's outputs may be present)."""
-    final = is_final(result)
-    text = result.as_numpy("text_output")
-    ids = result.as_numpy("output_ids")
-    n_in, n_out, n_cached = (_scalar(result, name) for name in
-                             ("num_input_tokens", "num_output_tokens", "num_cached_tokens"))
-    reason = _scalar(result, "finish_reason")
-    cap, media, timeline, logprobs, prompt_logprobs, prompt_text = (_scalar(result, name) for name in (
-        "visual_cap", "media", "timeline", "logprobs", "prompt_logprobs", "prompt_text"))
-    cumulative = _scalar(result, "cumulative_logprob")
-    return ResponsePiece(
-        text=b"".join(x if isinstance(x, bytes) else str(x).encode() for x in text.reshape(-1))
-        if text is not None else b"",
-        token_ids=tuple(int(i) for i in ids.reshape(-1)) if ids is not None else (),
-        num_input_tokens=None if n_in is None else int(n_in),
-        num_output_tokens=None if n_out is None else int(n_out),
-        num_cached_tokens=None if n_cached is None else int(n_cached),
-        finish_reason=None if reason is None else (reason.decode() if isinstance(reason, bytes) else str(reason)),
-        final=final,
-        visual_cap=json_output(cap),
-        media=json_output(media),
-        timeline=json_output(timeline),
-        logprobs=json_output(logprobs),
-        cumulative_logprob=None if cumulative is None else float(cumulative),
-        prompt_logprobs=json_output(prompt_logprobs),
-        prompt_text=json_output(prompt_text),
-    )
 
 
 def _error_message(e: BaseException) -> str:

@@ -18,7 +18,8 @@ import urllib.error
 import urllib.request
 from typing import Callable, Iterable, Iterator, Sequence
 
-from client.api import DEFAULT_MODEL, GenerationResult, ResponsePiece, ServerError, _Collector, json_output
+from client.api import DEFAULT_MODEL, GenerationResult, ServerError, _Collector
+from client.pieces import ResponsePiece, piece_from_outputs
 
 DEFAULT_HTTP_URL = "127.0.0.1:8000"
 
@@ -62,25 +63,7 @@ def piece_from_event(event: dict) -> ResponsePiece:
         text = "".join(str(t) for t in text)
     ids = event.get("output_ids")
     ids = () if ids is None else tuple(int(i) for i in ids) if isinstance(ids, list) else (int(ids),)
-    n_in, n_out, n_cached, reason, cap, media, timeline, logprobs, cumulative, prompt_logprobs, prompt_text = (
-        _one(event.get(k)) for k in ("num_input_tokens", "num_output_tokens", "num_cached_tokens", "finish_reason",
-                                     "visual_cap", "media", "timeline", "logprobs", "cumulative_logprob",
-                                     "prompt_logprobs", "prompt_text"))
-    return ResponsePiece(
-        text=str(text).encode(),
-        token_ids=ids,
-        num_input_tokens=None if n_in is None else int(n_in),
-        num_output_tokens=None if n_out is None else int(n_out),
-        num_cached_tokens=None if n_cached is None else int(n_cached),
-        finish_reason=None if reason in (None, "") else str(reason),
-        visual_cap=json_output(cap),
-        media=json_output(media),
-        timeline=json_output(timeline),
-        logprobs=json_output(logprobs),
-        cumulative_logprob=None if cumulative is None else float(cumulative),
-        prompt_logprobs=json_output(prompt_logprobs),
-        prompt_text=json_output(prompt_text),
-    )
+    return piece_from_outputs(str(text).encode(), ids, False, lambda name: _one(event.get(name)))
 
 
 def request_body(

@@ -48,6 +48,7 @@ class OutputProcessor:
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
         self._texts: dict[int, str] = {}  # token id -> its text alone (logprobs entries; at most the vocabulary)
+        self._quoted: dict[int, str] = {}  # token id -> that text as a JSON string (prompt_logprobs' entries)
 
     @staticmethod
     def cancel(outputs: asyncio.Queue) -> None:
@@ -112,12 +113,36 @@ class OutputProcessor:
 
     def _prompt_json(self, prompt_ids: Sequence[int], figures: PromptLogprobs) -> str:
         """:attr:`Piece.prompt_logprobs`' JSON text: the first prompt token's entry (its text; its log probability
-        and rank null), then each later prompt token's."""
+        and rank null), then each later prompt token's, as :meth:`_entry` makes them. Written as text, not built as
+        objects: a 32,000-token prompt's top 20 make 700,000 dicts, which set off the collector's full passes
+        (pausing every stream of the process tens of ms each). Raises ValueError when ``figures`` are not one row
+        per prompt token after the first."""
         if not prompt_ids:
             return "[]"
-        first = {str(prompt_ids[0]): {"logprob": None, "rank": None, "decoded_token": self._text(prompt_ids[0])}}
-        return json.dumps([first, *(self._entry(token, logprobs)
-                                    for token, logprobs in zip(prompt_ids[1:], figures.tokens(), strict=True))])
+        values, top = memoryview(figures.figures).cast("f"), figures.top
+        width = 2 + 2 * top
+        if len(values) != width * (len(prompt_ids) - 1):
+            raise ValueError(f"{len(values) // width} prompt log probabilities for {len(prompt_ids)} prompt tokens")
+        parts = [f'{{"{prompt_ids[0]}": {{"logprob": null, "rank": null, '
+                 f'"decoded_token": {self._json_text(prompt_ids[0])}}}}}']
+        for at, token in zip(range(0, len(values), width), prompt_ids[1:]):
+            fields = [self._json_field(token, values[at], int(values[at + 1]))]
+            fields += [self._json_field(best, values[at + 2 + top + j], j + 1)
+                       for j in range(top) if (best := int(values[at + 2 + j])) != token]
+            parts.append("{" + ", ".join(fields) + "}")
+        return "[" + ", ".join(parts) + "]"
+
+    def _json_field(self, token: int, logprob: float, rank: int) -> str:
+        """One token's member of an entry, as ``json.dumps`` writes it."""
+        return f'"{token}": {{"logprob": {_floored(logprob)!r}, "rank": {rank}, "decoded_token": ' \
+               f'{self._json_text(token)}}}'
+
+    def _json_text(self, token: int) -> str:
+        """The token's text alone as a JSON string, made once per id."""
+        text = self._quoted.get(token)
+        if text is None:
+            text = self._quoted[token] = json.dumps(self._text(token))
+        return text
 
     def _text(self, token: int) -> str:
         """The token's text alone (``tokenizer.decode([token])``), decoded once per id."""

@@ -254,13 +254,6 @@ class TokenLogprobs:
     rank: int
     top: tuple[tuple[int, float], ...] = ()
 
-    @classmethod
-    def read(cls, values, at: int, k: int, wanted: int) -> "TokenLogprobs":
-        """The token whose ``2 + 2 * k`` figures start at ``values[at]`` (a sequence of floats: its log probability,
-        its rank, ``k`` top token ids, their log probabilities), with the first ``wanted`` of its top tokens."""
-        top = tuple((int(values[at + 2 + j]), values[at + 2 + k + j]) for j in range(wanted))
-        return cls(values[at], int(values[at + 1]), top)
-
 
 @dataclass(frozen=True)
 class PromptLogprobs:
@@ -272,11 +265,6 @@ class PromptLogprobs:
 
     figures: bytes
     top: int
-
-    def tokens(self) -> list[TokenLogprobs]:
-        """One :class:`TokenLogprobs` per prompt token after the first."""
-        values = memoryview(self.figures).cast("f")
-        return [TokenLogprobs.read(values, at, self.top, self.top) for at in range(0, len(values), 2 + 2 * self.top)]
 
 
 @dataclass(frozen=True)

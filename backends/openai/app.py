@@ -28,10 +28,10 @@ from backends.openai.errors import ApiError, install_handlers
 from backends.openai.media_fetch import MediaFetcher
 from backends.openai.orchestrator_client import OrchestratorClient
 from backends.openai.responses import ChatShape, CompletionShape, Reply
-from backends.openai.schemas import (ChatCompletionRequest, CompletionRequest, GenerationRequest, ModelCard,
-                                     ModelList)
+from backends.openai.response_schemas import ModelCard, ModelList
+from backends.openai.schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest
 from backends.openai.timing import ApiMarks
-from client.api import ResponsePiece
+from client.pieces import ResponsePiece
 
 T = TypeVar("T")
 router = APIRouter()
@@ -120,7 +120,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
 async def completions(body: CompletionRequest, request: Request):
     """A completion of one or more text prompts, whole or streamed."""
     shape = CompletionShape(await _served(request, body), body.return_token_ids, body.top_logprobs_asked,
-                            body.choices_per_prompt, body.prompts if body.echo else None)
+                            body.choices_per_prompt, body.prompts if body.echo else None, body.echo_only)
     return await _generate(request, body, completion_requests(body), shape)
 
 
@@ -142,8 +142,10 @@ async def _generate(request: Request, body: GenerationRequest, prompts: list[Orc
     if refusal is not None:
         raise ApiError(400, refusal[1], param=refusal[0])
     if 0 < state.config.max_requests < len(prompts) * shape.n:  # its choices run at once, or not at all (choices)
-        raise ApiError(400, f"n: {len(prompts) * shape.n} choices at once, more than the {state.config.max_requests} "
-                            "requests this server takes at once (--openai-max-requests)", param="n")
+        what, param = ("choices", "n") if shape.n > 1 else ("prompts", "prompt")
+        raise ApiError(400, f"{param}: {len(prompts) * shape.n} {what} at once, more than the "
+                            f"{state.config.max_requests} requests this server takes at once (--openai-max-requests)",
+                       param=param)
     prompts = [await state.fetcher.resolve(prompt) for prompt in prompts]
     marks.mark("api_sent")
     pieces = merged(state.orchestrator, prompts, shape.n)

@@ -20,7 +20,7 @@ from typing import AsyncIterator, Protocol
 
 from backends.openai.convert import OrchestratorRequest
 from backends.openai.errors import ApiError
-from client.api import ResponsePiece
+from client.pieces import ResponsePiece
 
 
 class Generator(Protocol):

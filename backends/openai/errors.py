@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 from tritonclient.utils import InferenceServerException
 
-from backends.openai.schemas import ErrorInfo, ErrorResponse
+from backends.openai.response_schemas import ErrorInfo, ErrorResponse
 from orchestrator.engine_io import SHUTTING_DOWN
 from orchestrator.service import OVERLOADED
 

@@ -8,7 +8,7 @@ probabilities are finite, at least ``orchestrator.output_processor.MIN_LOGPROB``
 """
 from __future__ import annotations
 
-from backends.openai.schemas import ChatLogprobs, CompletionLogprobs, TokenLogprob, TopLogprob
+from backends.openai.response_schemas import ChatLogprobs, CompletionLogprobs, TokenLogprob, TopLogprob
 
 
 def chat_logprobs(entries: list[dict], top: int) -> ChatLogprobs:

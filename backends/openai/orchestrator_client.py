@@ -23,7 +23,7 @@ from tritonclient.utils import InferenceServerException
 from backends.openai.convert import OrchestratorRequest
 from backends.openai.errors import ApiError, from_orchestrator, from_transport
 from backends.openai.token_channel import ChannelRefused, TokenChannel
-from client.api import ResponsePiece, piece_from_grpc
+from client.pieces import ResponsePiece, piece_from_grpc
 
 log = logging.getLogger(__name__)
 

@@ -9,10 +9,10 @@ import time
 import uuid
 
 from backends.openai.logprobs import chat_logprobs, completion_logprobs, prompt_logprobs
-from backends.openai.schemas import (AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion,
-                                     ChatCompletionChunk, ChatLogprobs, Completion, CompletionChoice,
-                                     CompletionLogprobs, Delta, PromptTokensDetails, Usage)
-from client.api import ResponsePiece
+from backends.openai.response_schemas import (AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion,
+                                              ChatCompletionChunk, ChatLogprobs, Completion, CompletionChoice,
+                                              CompletionLogprobs, Delta, PromptTokensDetails, Usage)
+from client.pieces import ResponsePiece
 
 
 def usage(piece: ResponsePiece) -> Usage | None:
@@ -154,42 +154,50 @@ class ChatShape(_Shape):
 class CompletionShape(_Shape):
     """``text_completion`` bodies, whole and streamed. With ``echo`` (the prompts: texts, or token ids, whose text the
     orchestrator's first response brings as ``prompt_text``), each choice's text starts with its prompt's (streamed:
-    its first chunk's), and its ``logprobs`` with its prompt tokens' (vLLM's)."""
+    its first chunk's), and its ``logprobs`` with its prompt tokens' (vLLM's). ``echo_only`` (``echo`` with
+    ``max_tokens`` 0, which the orchestrator runs as 1: vLLM's echo without generation): the prompt alone."""
 
     prefix = "cmpl"
 
     def __init__(self, model: str, return_token_ids: bool, top_logprobs: int | None = None, n: int = 1,
-                 echo: list[str | list[int]] | None = None):
+                 echo: list[str | list[int]] | None = None, echo_only: bool = False):
         super().__init__(model, return_token_ids, top_logprobs, n)
         self.echo = echo
+        self.echo_only = echo_only
         self._offsets: dict[int, int] = {}  # each choice's streamed text so far: where its next chunk's text starts
 
     def whole(self, replies: list[Reply]) -> Completion:
         choices = []
         for index, reply in enumerate(replies):  # a prompt's first choice before its others
             prompt = self._prompt_entries(index, reply)
+            text, ids, entries = self._generated(reply.text, reply.token_ids, reply.logprobs)
             choices.append(CompletionChoice(
-                index=index, text=self._echoed(index, reply) + reply.text,
-                logprobs=self._logprobs(self._echoed_logprobs(prompt) + reply.logprobs, 0),
-                finish_reason=reply.finish_reason, token_ids=self._ids(reply.token_ids),
-                prompt_logprobs=prompt_logprobs(prompt)))
+                index=index, text=self._echoed(index, reply) + text,
+                logprobs=self._logprobs(self._echoed_logprobs(prompt) + entries, 0),
+                finish_reason=reply.finish_reason, token_ids=self._ids(ids), prompt_logprobs=prompt_logprobs(prompt)))
         return Completion(id=self.id, created=self.created, model=self.model, choices=choices,
                           usage=self._whole_usage(replies), timeline=replies[0].timeline)
 
     def chunk(self, index: int, piece: ResponsePiece) -> Completion:
-        text, entries = piece.text.decode("utf-8", errors="replace"), piece.logprobs or []
+        text, ids, entries = self._generated(piece.text.decode("utf-8", errors="replace"), piece.token_ids,
+                                             piece.logprobs or [])
         if self._first_chunk(index, piece):
             prompt = self._prompt_entries(index, piece)  # a prompt's first choice's first piece comes first
             text, entries = self._echoed(index, piece) + text, self._echoed_logprobs(prompt) + entries
         offset = self._offsets.get(index, 0)
         choice = CompletionChoice(index=index, text=text, logprobs=self._logprobs(entries, offset),
-                                  finish_reason=piece.finish_reason, token_ids=self._ids(piece.token_ids))
+                                  finish_reason=piece.finish_reason, token_ids=self._ids(ids))
         self._offsets[index] = offset + len(text)  # each chunk's offsets start at its own text, as vLLM anchors them
         return Completion(id=self.id, created=self.created, model=self.model, choices=[choice],
                           timeline=None if index else piece.timeline)
 
     def usage_chunk(self, counts: Usage) -> Completion:
         return Completion(id=self.id, created=self.created, model=self.model, choices=[], usage=counts)
+
+    def _generated(self, text: str, ids, entries: list[dict]) -> tuple[str, tuple[int, ...], list[dict]]:
+        """The generated part of a reply or chunk (its text, token ids, log probabilities' entries); none when
+        ``echo_only``."""
+        return ("", (), []) if self.echo_only else (text, tuple(ids), entries)
 
     def _echoed(self, index: int, reply: Reply | ResponsePiece) -> str:
         """The text choice ``index`` starts with: its prompt's with echo (``reply``'s ``prompt_text`` for token ids)."""

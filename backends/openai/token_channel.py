@@ -23,7 +23,7 @@ from tritonclient.grpc import InferInput
 from tritonclient.utils import InferenceServerException
 
 from backends.openai.errors import ApiError, from_orchestrator, from_transport
-from client.api import is_final
+from client.pieces import is_final
 from client.http_stream import piece_from_event
 
 
@@ -33,7 +33,7 @@ class ChannelRefused(Exception):
 
 class TokenChannel:
     """An open channel: :meth:`open` it, :meth:`register` each request (by its Triton request id) before sending it
-    with ``token_channel`` = :attr:`name`, read its pieces (``client.api.ResponsePiece``) from the returned queue,
+    with ``token_channel`` = :attr:`name`, read its pieces (``client.pieces.ResponsePiece``) from the returned queue,
     :meth:`unregister` it when done. A queue gets an ApiError when the channel breaks (:attr:`broken` says why)."""
 
     def __init__(self, name: str):

@@ -207,8 +207,11 @@ class ModelRunner:
 
         Returns float32 ``[number of chunks with want_logits, vocab]``, in chunk order. One chunk of at most
         ``prefill_graphs.max_rows`` tokens replays a captured CUDA graph when :meth:`enable_prefill_graphs` was
-        called; other steps run eagerly. Raises ValueError for an empty list or chunks whose shapes disagree.
+        called; other steps run eagerly. Raises ValueError for an empty list, chunks whose shapes disagree, or a
+        chunk with ``next_ids`` (:meth:`prefill_scored` returns their log probabilities).
         """
+        if any(chunk.next_ids is not None for chunk in chunks):
+            raise ValueError("a chunk with next_ids asks for its log probabilities: run it with prefill_scored")
         return self.prefill_scored(chunks)[0]
 
     @torch.inference_mode()

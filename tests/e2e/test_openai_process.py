@@ -94,6 +94,10 @@ def test_requests_over_the_limit_are_503(server, tmp_path):
             client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=2)
         assert over.value.status_code == 503 and over.value.body["code"] == "overloaded", over.value.body
         assert "overloaded" in over.value.body["message"]
+        with pytest.raises(openai.BadRequestError) as many:  # more prompts than it may run at once: 400, named
+            client.completions.create(model=MODEL, prompt=["a", "b"], max_tokens=2)
+        body = many.value.body
+        assert body["param"] == "prompt" and body["message"].startswith("prompt: 2 prompts at once")
         stream.close()
         deadline = time.monotonic() + 30
         while True:  # the dropped stream's slot is freed once the API has seen the client go

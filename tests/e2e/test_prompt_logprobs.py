@@ -127,6 +127,20 @@ def test_an_echoed_completion_starts_its_logprobs_with_the_prompts_as_lm_eval_re
     assert logprobs[0].text_offset[:len(ids)] == [sum(len(t) for t in tokens[:k]) for k in range(len(ids))]
 
 
+def test_echo_with_max_tokens_0_is_the_prompt_alone_with_its_log_probabilities(sdk, hf):
+    """vLLM's echo without generation (``max_tokens`` 0), as harnesses that score a prompt send it."""
+    model, tokenizer = hf
+    prompt = "Scoring this sentence only"
+    (choice,) = sdk.completions.create(model=MODEL, prompt=prompt, max_tokens=0, temperature=0, echo=True,
+                                       logprobs=1).choices
+    ids = tokenizer.encode(prompt)
+    assert choice.text == prompt and choice.logprobs.tokens == [tokenizer.decode([t]) for t in ids]
+    assert choice.logprobs.token_logprobs[1:] == pytest.approx(
+        [float(row[t]) for t, row in zip(ids[1:], reference_prompt_logprobs(model, ids))], abs=1e-4)
+    with pytest.raises(openai.BadRequestError, match="max_tokens"):  # without echo 0 stays refused
+        sdk.completions.create(model=MODEL, prompt=prompt, max_tokens=0)
+
+
 def test_n_choices_share_the_first_choices_prompt_log_probabilities_and_its_pages(sdk, hf, server):
     """n=3 with echo and logprobs: the prompt's log probabilities are computed once (the first choice's request;
     the others find its pages in the prefix cache) and every choice's ``logprobs`` and ``prompt_logprobs`` start with

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from backends.runtime.loader import ModelSpec, load_model
-from client.api import ServerError, json_output
+from client.api import ServerError
+from client.pieces import json_output
 from tests.e2e.conftest import openai_sdk
 from tests.e2e.test_vllm_parity import kserve_request
 from tests.reference import reference_prompt_logprobs

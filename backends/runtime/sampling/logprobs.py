@@ -72,7 +72,8 @@ def rows(asked: Asked | None, figures: list[list[float]], params: list[SamplingP
     if asked is None:
         return out
     for row, values in zip(asked.rows, figures):
-        out[row] = TokenLogprobs.read(values, 0, asked.k, params[row].logprobs)
+        top = tuple((int(values[2 + j]), values[2 + asked.k + j]) for j in range(params[row].logprobs))
+        out[row] = TokenLogprobs(values[0], int(values[1]), top)
     return out
 
 

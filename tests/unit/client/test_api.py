@@ -6,8 +6,8 @@ import pytest
 from tritonclient.grpc import InferResult, service_pb2
 from tritonclient.utils import serialize_byte_tensor
 
-from client.api import (CANCELLED, GenerationResult, ResponsePiece, _Collector, grpc_inputs, piece_from_grpc,
-                        request_tensors)
+from client.api import CANCELLED, GenerationResult, _Collector, grpc_inputs, request_tensors
+from client.pieces import ResponsePiece, piece_from_grpc
 
 MEDIA = [{"kind": "video", "grid_thw": [1, 20, 28], "frames_in_file": 1, "frames": 1, "sampled_frames": 2}]
 

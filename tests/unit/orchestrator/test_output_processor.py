@@ -10,6 +10,7 @@ import threading
 import time
 
 import numpy as np
+import pytest
 
 from backends.ipc.link import StageError
 from backends.ipc.protocol import INVALID_INPUT, SERVER_FAULT, PromptLogprobs, StageFailure, TokenLogprobs
@@ -157,3 +158,25 @@ def test_the_first_item_carries_the_prompts_entries_the_first_tokens_with_null_f
          str(WORDS[5]): {"logprob": -0.25, "rank": 1, "decoded_token": text[5]}},
         {str(WORDS[2]): {"logprob": -3.0, "rank": 1, "decoded_token": text[2]}}]
     assert stream(tokens(WORDS[:2]), max_tokens=100)[0][0].prompt_logprobs is None  # not asked
+
+
+def test_the_prompts_entries_written_as_text_equal_the_output_tokens_entries():
+    """The prompt's JSON (written as text) holds, per token, what ``logprobs``' entry of a sampled token with the
+    same figures holds: itself first, the top tokens after it without it, floored values; a count of figures that
+    does not match the prompt is refused."""
+    rng = np.random.default_rng(0)
+    prompt = WORDS[:6]
+    figures = np.zeros((5, 8), np.float32)
+    for row, token in enumerate(prompt[1:]):
+        tops = [token, *rng.choice([w for w in WORDS if w != token], 2, replace=False)] if row % 2 else \
+            list(rng.choice([w for w in WORDS if w != token], 3, replace=False))
+        values = sorted(rng.uniform(-5, 0, 3), reverse=True)
+        figures[row] = [-float("inf") if row == 4 else -2.5, 1 + row, *tops, *values]
+    processor = OutputProcessor(TOKENIZER)
+    text = processor._prompt_json(prompt, PromptLogprobs(figures.tobytes(), 3))
+    expected = [processor._entry(t, TokenLogprobs(float(f[0]), int(f[1]), tuple(zip(map(int, f[2:5]),
+                                                                                  map(float, f[5:])))))
+                for t, f in zip(prompt[1:], figures)]
+    assert json.loads(text)[1:] == json.loads(json.dumps(expected))
+    with pytest.raises(ValueError, match="5 prompt log probabilities for 3 prompt tokens"):
+        processor._prompt_json(prompt[:3], PromptLogprobs(figures.tobytes(), 3))

@@ -10,7 +10,7 @@ import pytest
 from backends.openai.convert import OrchestratorRequest
 from backends.openai.errors import ApiError
 from backends.openai.orchestrator_client import OrchestratorClient
-from client.api import ResponsePiece
+from client.pieces import ResponsePiece
 
 REQUEST = OrchestratorRequest("Hi", None, (), {}, True, False)
 

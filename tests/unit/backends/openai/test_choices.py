@@ -10,7 +10,7 @@ import pytest
 from backends.openai.choices import merged, sample_requests
 from backends.openai.convert import OrchestratorRequest
 from backends.openai.errors import ApiError
-from client.api import ResponsePiece
+from client.pieces import ResponsePiece
 
 
 def _request(prompt: str, **sampling) -> OrchestratorRequest:

@@ -1,7 +1,9 @@
 """The orchestrator's responses -> OpenAI's bodies (backends/openai/responses.py): text, token ids, usage, what
 max_visual_tokens lowered, what was done with each media item and the request's timeline, whole and streamed."""
+import dataclasses
+
 from backends.openai.responses import ChatShape, CompletionShape, Reply
-from client.api import ResponsePiece
+from client.pieces import ResponsePiece
 
 CAP = {"max_visual_tokens": 400, "requested_visual_tokens": 1152, "visual_tokens": 384, "fps": 0.6,
        "max_pixels": [None]}
@@ -85,3 +87,37 @@ def test_echo_puts_each_prompt_before_its_choices_text():
     streamed = [shape.chunk(index, piece).choices[0].text
                 for index, piece in [(2, ResponsePiece(b" a")), (2, ResponsePiece(b" b")), (0, ResponsePiece(b""))]]
     assert streamed == ["Twice a", " b", "Once"]
+
+
+ENTRY = {"7": {"logprob": -0.5, "rank": 1, "decoded_token": "b"}}
+FIRST = {"5": {"logprob": None, "rank": None, "decoded_token": "a"}}
+
+
+def test_a_prompts_other_choices_copy_its_first_choices_prompt_log_probabilities():
+    """Only a prompt's first choice asks for them (choices.sample_requests); the others show the same, whole and
+    streamed, with echo's logprobs starting with them."""
+    first = ResponsePiece(b"c", (9,), prompt_logprobs=[FIRST, ENTRY], logprobs=[ENTRY], num_input_tokens=2,
+                          num_output_tokens=1, finish_reason="length", final=True)
+    other = dataclasses.replace(first, prompt_logprobs=None)
+    shape = CompletionShape("tiny", return_token_ids=False, top_logprobs=1, n=2, echo=["ab"])
+    for choice in shape.whole([_reply([first]), _reply([other])]).choices:
+        assert choice.prompt_logprobs == [None, ENTRY] and choice.text == "abc"
+        assert choice.logprobs.tokens == ["a", "b", "b"] and choice.logprobs.token_logprobs == [None, -0.5, -0.5]
+    shape = CompletionShape("tiny", return_token_ids=False, top_logprobs=1, n=2, echo=["ab"])
+    streamed = [shape.chunk(0, first).choices[0], shape.chunk(1, other).choices[0]]
+    assert [c.logprobs.token_logprobs for c in streamed] == [[None, -0.5, -0.5]] * 2
+
+
+def test_echo_with_max_tokens_0_is_the_prompt_alone_and_token_id_prompts_echo_their_text():
+    """vLLM's echo without generation: the orchestrator's one token is not shown (text, ids, logprobs); a token-id
+    prompt's echo is the text its first response brings (``prompt_text``)."""
+    piece = ResponsePiece(b"c", (9,), prompt_logprobs=[FIRST, ENTRY], logprobs=[ENTRY], prompt_text="ab",
+                          num_input_tokens=2, num_output_tokens=1, finish_reason="length", final=True)
+    shape = CompletionShape("tiny", return_token_ids=True, top_logprobs=1, echo=[[5, 7]], echo_only=True)
+    (choice,) = shape.whole([_reply([piece])]).choices
+    assert (choice.text, choice.token_ids, choice.logprobs.tokens) == ("ab", [], ["a", "b"])
+    shape = CompletionShape("tiny", return_token_ids=True, top_logprobs=1, echo=[[5, 7]], echo_only=True)
+    (chunk,) = shape.chunk(0, piece).choices
+    assert (chunk.text, chunk.token_ids, chunk.logprobs.token_logprobs) == ("ab", [], [None, -0.5])
+    shape = CompletionShape("tiny", return_token_ids=True, top_logprobs=1, echo=[[5, 7]])
+    assert shape.whole([_reply([piece])]).choices[0].text == "abc"

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from backends.ipc.protocol import PromptLogprobs
 from backends.runtime.attention import TorchAttentionBackend
 from backends.runtime.language_model.kv_cache import KVCacheLayout
 from backends.runtime.loader import ModelSpec, load_model
@@ -70,6 +69,24 @@ def test_prompt_figures_equal_the_log_softmax_of_the_whole_prompts_forward(model
     torch.testing.assert_close(figures[:, 2 + TOP:], top.values, rtol=1e-4, atol=1e-4)
 
 
+def test_two_asking_chunks_in_one_step_get_each_its_own_figures(runner):
+    """Two sequences' chunks, both asking (one a middle chunk: a figure per position), in one ragged step: each
+    gets what it gets alone."""
+    torch.manual_seed(5)
+    a, b = torch.randint(0, 256, (12,)), torch.randint(0, 256, (7,))
+
+    def chunk(ids, end, table):
+        return PrefillChunk(runner.embed(ids[:end]), torch.arange(end).expand(3, -1), 0, table, end == len(ids),
+                            next_ids=ids[1:end + 1], top=TOP)
+
+    together = runner.prefill_scored([chunk(a, 9, [10, 11, 12]), chunk(b, 7, [20, 21])])[1]
+    alone = [runner.prefill_scored([chunk(a, 9, [30, 31, 32])])[1][0],
+             runner.prefill_scored([chunk(b, 7, [40, 41])])[1][0]]
+    assert [f.shape[0] for f in together] == [9, 6]
+    for ours, theirs in zip(together, alone):
+        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
+
+
 def test_figures_made_a_few_rows_at_a_time_equal_those_made_at_once(runner):
     hidden = torch.randn(11, runner.model.config.text_config.hidden_size)
     next_ids = torch.randint(0, 256, (10,))
@@ -78,15 +95,10 @@ def test_figures_made_a_few_rows_at_a_time_equal_those_made_at_once(runner):
     assert prompt_figures(runner.model.lm_head, hidden, next_ids[:0], 2).shape == (0, 6)
 
 
-def test_the_figures_travel_as_bytes_and_read_back_per_token():
-    figures = torch.tensor([[-0.5, 1, 7, 9, -0.5, -1.5], [-3.0, 4, 2, 7, -0.25, -2.0]])
-    tokens = PromptLogprobs(figures.numpy().tobytes(), 2).tokens()
-    assert [(t.logprob, t.rank, t.top) for t in tokens] == [(-0.5, 1, ((7, -0.5), (9, -1.5))),
-                                                            (-3.0, 4, ((2, -0.25), (7, -2.0)))]
-
-
 def test_more_next_ids_than_positions_are_refused(runner):
     chunk = PrefillChunk(runner.embed(torch.arange(3)), torch.arange(3).expand(3, -1), 0, [0], True,
                          next_ids=torch.arange(4), top=0)
     with pytest.raises(ValueError, match="4 next ids for a chunk of 3 tokens"):
         runner.prefill_scored([chunk])
+    with pytest.raises(ValueError, match="run it with prefill_scored"):
+        runner.prefill([chunk])

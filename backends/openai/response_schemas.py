@@ -1,0 +1,143 @@
+"""Response bodies of the OpenAI-compatible API (pydantic), as OpenAI's API reference and vLLM's server name them
+(the request bodies: ``backends.openai.schemas``)."""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel
+
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = 0  # of the prompt's tokens, those found in the prefix cache
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class TopLogprob(BaseModel):
+    """A token's text, its log probability and its text's UTF-8 bytes (OpenAI's chat ``logprobs``)."""
+
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob] = []
+
+
+class ChatLogprobs(BaseModel):
+    content: list[TokenLogprob] | None = None
+
+
+class CompletionLogprobs(BaseModel):
+    """OpenAI's (legacy) completions ``logprobs``: per token, where its text starts in the choice's text, its text
+    and log probability, and those of the top tokens (the sampled one among them, as vLLM gives it); an echoed
+    prompt's first token has neither (null)."""
+
+    text_offset: list[int] = []
+    token_logprobs: list[float | None] = []
+    tokens: list[str] = []
+    top_logprobs: list[dict[str, float] | None] = []
+
+
+PromptLogprobs = list[dict[str, dict] | None]  # vLLM's: per prompt token, None for the first, else {"<id>": {...}}
+
+
+class ChatChoice(BaseModel):
+    index: int = 0
+    message: AssistantMessage
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None
+    token_ids: list[int] | None = None
+
+
+class ChatCompletion(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+    visual_cap: dict | None = None  # ours: what max_visual_tokens lowered in the request's media (docs/requests.md)
+    media: list[dict] | None = None  # ours: what was done with each image and video (docs/requests.md)
+    timeline: dict | None = None  # ours, with return_timeline: where the request's time went (docs/requests.md)
+    prompt_logprobs: PromptLogprobs | None = None  # vLLM's, with prompt_logprobs
+
+
+class Delta(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChatChunkChoice(BaseModel):
+    index: int = 0
+    delta: Delta
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None = None
+    token_ids: list[int] | None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+    visual_cap: dict | None = None  # on the first chunk, as on ChatCompletion
+    media: list[dict] | None = None  # on the first chunk, as on ChatCompletion
+    timeline: dict | None = None  # on the last chunk with a choice, as on ChatCompletion
+
+
+class CompletionChoice(BaseModel):
+    index: int = 0
+    text: str
+    logprobs: CompletionLogprobs | None = None
+    finish_reason: str | None = None
+    token_ids: list[int] | None = None
+    prompt_logprobs: PromptLogprobs | None = None  # vLLM's, with prompt_logprobs
+
+
+class Completion(BaseModel):
+    """A whole completion, and (with ``usage`` only on the last, when asked) each streamed chunk of one."""
+
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+    timeline: dict | None = None  # as on ChatCompletion
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "unifiedserve"
+    max_model_len: int | None = None
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class ErrorInfo(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorInfo

@@ -1,0 +1,84 @@
+"""One response of the ``orchestrator`` model as its clients read it (:class:`ResponsePiece`): from a streamed gRPC
+response (:func:`piece_from_grpc`) here, from an HTTP generate_stream event in ``client.http_stream``; its JSON
+outputs read by :func:`json_output`."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Callable
+
+import tritonclient.grpc as grpcclient
+
+
+@dataclass(frozen=True)
+class ResponsePiece:
+    """What one response carried; absent outputs are ``None`` (``text`` is raw UTF-8 bytes)."""
+
+    text: bytes = b""
+    token_ids: tuple[int, ...] = ()
+    num_input_tokens: int | None = None
+    num_output_tokens: int | None = None
+    num_cached_tokens: int | None = None
+    finish_reason: str | None = None
+    final: bool = False
+    visual_cap: dict | None = None
+    media: list[dict] | None = None
+    timeline: dict | None = None
+    logprobs: list[dict] | None = None  # return_logprobs: an entry per token (docs/requests.md)
+    cumulative_logprob: float | None = None
+    prompt_logprobs: list[dict] | None = None  # sampling's prompt_logprobs: first response only
+    prompt_text: str | None = None  # a prompt_token_ids request's prompt as text: first response only
+
+    @property
+    def has_output(self) -> bool:
+        return bool(self.text) or bool(self.token_ids)
+
+
+def _scalar(result: grpcclient.InferResult, name: str):
+    a = result.as_numpy(name)
+    return None if a is None or a.size == 0 else a.reshape(-1)[0]
+
+
+def json_output(value: str | bytes | None):
+    """A JSON output's value (``visual_cap``, ``media``, ``timeline``, ``logprobs``, ``prompt_logprobs``,
+    ``prompt_text``) read, or None where it is absent or empty.
+    Raises json.JSONDecodeError when it is not JSON."""
+    return None if value is None or len(value) == 0 else json.loads(value)
+
+
+def is_final(result: grpcclient.InferResult) -> bool:
+    """Whether a streamed gRPC response is its request's last (Triton's ``triton_final_response`` parameter)."""
+    params = result.get_response().parameters
+    return "triton_final_response" in params and params["triton_final_response"].bool_param
+
+
+def piece_from_grpc(result: grpcclient.InferResult) -> ResponsePiece:
+    """Reads one streamed gRPC response (any subset of the orchestrator's outputs may be present)."""
+    text = result.as_numpy("text_output")
+    ids = result.as_numpy("output_ids")
+    return piece_from_outputs(
+        b"".join(x if isinstance(x, bytes) else str(x).encode() for x in text.reshape(-1)) if text is not None else b"",
+        tuple(int(i) for i in ids.reshape(-1)) if ids is not None else (), is_final(result),
+        lambda name: _scalar(result, name))
+
+
+_JSON_OUTPUTS = ("visual_cap", "media", "timeline", "logprobs", "prompt_logprobs", "prompt_text")
+
+
+def piece_from_outputs(text: bytes, token_ids: tuple[int, ...], final: bool, value: Callable[[str], object]
+                       ) -> ResponsePiece:
+    """A piece of ``text`` (UTF-8), ``token_ids`` and ``final``, its other outputs read by ``value(name)`` (the
+    output's one value, None where absent): either transport's response (``client.http_stream`` reads events)."""
+    n_in, n_out, n_cached, reason, cumulative = (value(name) for name in (
+        "num_input_tokens", "num_output_tokens", "num_cached_tokens", "finish_reason", "cumulative_logprob"))
+    if isinstance(reason, bytes):
+        reason = reason.decode()
+    return ResponsePiece(
+        text=text, token_ids=token_ids,
+        num_input_tokens=None if n_in is None else int(n_in),
+        num_output_tokens=None if n_out is None else int(n_out),
+        num_cached_tokens=None if n_cached is None else int(n_cached),
+        finish_reason=None if reason in (None, "") else str(reason),
+        final=final,
+        cumulative_logprob=None if cumulative is None else float(cumulative),
+        **{name: json_output(value(name)) for name in _JSON_OUTPUTS})
