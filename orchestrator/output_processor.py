@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from typing import AsyncIterator, NamedTuple, Sequence
 
 from backends.ipc.link import StageError
@@ -153,8 +154,8 @@ class OutputProcessor:
 
 
 def _floored(logprob: float) -> float:
-    """``logprob``, or :data:`MIN_LOGPROB` where it is below it or NaN."""
-    return logprob if logprob >= MIN_LOGPROB else MIN_LOGPROB
+    """``logprob``, or :data:`MIN_LOGPROB` where it is below it or not finite (NaN, infinities: JSON has none)."""
+    return logprob if MIN_LOGPROB <= logprob < math.inf else MIN_LOGPROB
 
 
 def _next_queued(outputs: asyncio.Queue) -> Output | None:

@@ -19,7 +19,7 @@ import dataclasses
 from typing import AsyncIterator, Protocol
 
 from backends.openai.convert import OrchestratorRequest
-from backends.openai.errors import ApiError
+from backends.openai.errors import ApiError, unexpected
 from client.pieces import ResponsePiece
 
 
@@ -65,6 +65,10 @@ async def merged(orchestrator: Generator, prompts: list[OrchestratorRequest], n:
                     yield 0, piece
         except ApiError as exc:
             raise _named(exc, 0, 1) from None
+        except asyncio.CancelledError as exc:
+            if asyncio.current_task().cancelling():  # the client went away: the handler is cancelled
+                raise
+            raise unexpected(exc) from None
         return
     samples = [sample_requests(prompt, n) for prompt in prompts]
     queue: asyncio.Queue = asyncio.Queue()
@@ -80,12 +84,10 @@ async def merged(orchestrator: Generator, prompts: list[OrchestratorRequest], n:
                     if waiting:  # its prompt's pages are cached now: its other samples share them
                         waiting = False
                         start(range(index + 1, index + n))
-        except asyncio.CancelledError:
+        except asyncio.CancelledError as exc:
             if asyncio.current_task().cancelling():  # given up below
                 raise
-            # a call cancelled under it (grpc-aio cancels one whose request fails): an error, never a silent end
-            queue.put_nowait((index, ApiError(500, "internal error: the request's call to the orchestrator was "
-                                                   "cancelled")))
+            queue.put_nowait((index, unexpected(exc)))
         except Exception as exc:  # noqa: BLE001 - raised where the stream is read
             queue.put_nowait((index, _named(exc, index // n, len(prompts))))
         else:

@@ -8,6 +8,7 @@ internal error) 500. A tritonserver that cannot be reached is 503.
 """
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Sequence
 
@@ -149,3 +150,11 @@ def install_handlers(app: FastAPI) -> None:
             return ApiError(400, f"the body is not valid UTF-8 JSON: byte {bad.object[bad.start]:#04x} at offset "
                                  f"{bad.start} ({bad.reason})").response()
         return ApiError(exc.status_code, str(exc.detail)).response()
+
+
+def unexpected(exc: BaseException) -> ApiError:
+    """The 500 for what should not happen under a request: a cancellation nobody asked for (grpc-aio cancels a call
+    whose request iterator fails), a response that does not parse; the request ends with it, never silently."""
+    what = "its call to the orchestrator was cancelled" if isinstance(exc, asyncio.CancelledError) else \
+        f"{type(exc).__name__}: {exc}"
+    return ApiError(500, f"internal error: {what}")

@@ -21,7 +21,7 @@ import tritonclient.grpc.aio as grpc_aio
 from tritonclient.utils import InferenceServerException
 
 from backends.openai.convert import OrchestratorRequest
-from backends.openai.errors import ApiError, from_orchestrator, from_transport
+from backends.openai.errors import ApiError, from_orchestrator, from_transport, unexpected
 from backends.openai.token_channel import ChannelRefused, TokenChannel
 from client.pieces import ResponsePiece, piece_from_grpc
 
@@ -137,6 +137,10 @@ class OrchestratorClient:
                     exc = ApiError(503, "the API's token channel closed (the server is stopping?): try again",
                                    code="service_unavailable")
                 queue.put_nowait(_OwnEnd(None, exc))
+            except (Exception, asyncio.CancelledError) as exc:  # anything else ends the request too, never silently
+                if isinstance(exc, asyncio.CancelledError) and asyncio.current_task().cancelling():
+                    raise  # given up by the reader
+                queue.put_nowait(_OwnEnd(None, unexpected(exc)))
 
         watcher = asyncio.get_running_loop().create_task(own_end())
         self._background.add(watcher)

@@ -1,8 +1,8 @@
 """Prompt log probabilities (``sampling_parameters.prompt_logprobs``, vLLM's) through a real tritonserver: each
 prompt token's log probability, rank and top tokens equal transformers' log-softmax over the whole prompt, for a
-prompt prefilled in several chunks and for one with an image; the prefix cache is neither read nor written for
-them. Over the OpenAI API: completions' ``echo`` with ``logprobs`` (lm-evaluation-harness's loglikelihood request)
-and vLLM's ``prompt_logprobs`` field, whole and streamed."""
+prompt prefilled in several chunks and for one with an image; the prefix cache is not read for them, but written.
+Over the OpenAI API: completions' ``echo`` with ``logprobs`` (lm-evaluation-harness's loglikelihood request) and
+vLLM's ``prompt_logprobs`` field, whole and streamed."""
 from __future__ import annotations
 
 import json

@@ -22,8 +22,8 @@ import torch
 from backends.ipc.protocol import SamplingParams, TokenLogprobs
 from backends.runtime.sampling.sampler import upload
 
-PROMPT_ROWS_AT_ONCE = 128  # prompt positions whose logits exist at once (prompt_figures): about 120 MB at its peak
-                          # (bfloat16 logits and their float32 copy) for a 152,064-token vocabulary
+PROMPT_ROWS_AT_ONCE = 128  # prompt positions whose logits exist at once (prompt_figures): about 150 MB at its peak
+                          # (float32 logits and logsumexp's temporary) for a 152,064-token vocabulary
 
 
 @dataclass(frozen=True)
@@ -85,12 +85,12 @@ def prompt_figures(lm_head: torch.nn.Module, hidden: torch.Tensor, next_ids: tor
     ``[m]`` on the CPU, m <= n, the prompt tokens its first m positions are followed by (the prompt's last position
     is followed by none). The logits (``lm_head``, float32, raw as the sampled tokens' are) are made
     ``rows_at_once`` rows at a time: a 2,048-token chunk's over a 152,064-token vocabulary would take 1.2 GB at once
-    (and as much again for their log-softmax, which is taken in place here). No host sync."""
+    (and as much again for the log-softmax's temporaries). No host sync."""
     ids, out = upload(next_ids, hidden.device), []
     every_row = Asked([], top)  # index None: each slice's every row
     for lo in range(0, next_ids.shape[0], rows_at_once):
         hi = min(lo + rows_at_once, next_ids.shape[0])
         logprobs = lm_head(hidden[lo:hi]).float()
-        logprobs -= torch.logsumexp(logprobs, dim=-1, keepdim=True)  # log-softmax in place: one [rows, V] buffer
+        logprobs -= torch.logsumexp(logprobs, dim=-1, keepdim=True)  # log-softmax in place: no output buffer
         out.append(finish(every_row, logprobs, ids[lo:hi]))
     return torch.cat(out) if out else torch.zeros(0, 2 + 2 * top, device=hidden.device)

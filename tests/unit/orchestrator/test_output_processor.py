@@ -172,6 +172,7 @@ def test_the_prompts_entries_written_as_text_equal_the_output_tokens_entries():
             list(rng.choice([w for w in WORDS if w != token], 3, replace=False))
         values = sorted(rng.uniform(-5, 0, 3), reverse=True)
         figures[row] = [-float("inf") if row == 4 else -2.5, 1 + row, *tops, *values]
+    figures[3, 6] = float("inf")  # not finite either way: floored (JSON has no infinity)
     processor = OutputProcessor(TOKENIZER)
     text = processor._prompt_json(prompt, PromptLogprobs(figures.tobytes(), 3))
     expected = [processor._entry(t, TokenLogprobs(float(f[0]), int(f[1]), tuple(zip(map(int, f[2:5]),

@@ -129,3 +129,52 @@ def test_one_choice_is_the_requests_own_stream():
         items = [item async for item in merged(orchestrator, [_request("a")], 1)]
         assert [index for index, _ in items] == [0, 0] and items[-1][1].finish_reason == "stop"
     asyncio.run(run())
+
+
+class CancelledUnder:
+    """An orchestrator whose call is cancelled under the request (grpc-aio cancels a call whose request iterator
+    fails), with one choice or several; the request's own task is not being cancelled."""
+
+    @contextlib.contextmanager
+    def reserved(self, requests: int):
+        yield
+
+    async def generate(self, request: OrchestratorRequest, reserved: bool = False):
+        if request.prompt == "ok":
+            yield ResponsePiece(b"fine", finish_reason="stop", final=True)
+            return
+        raise asyncio.CancelledError
+
+
+@pytest.mark.parametrize("prompts,n", [(["bad"], 1), (["ok", "bad"], 1), (["bad"], 2)])
+def test_a_call_cancelled_under_a_choice_is_an_error_not_a_silent_end(prompts, n):
+    async def run():
+        pieces = []
+        with pytest.raises(ApiError) as error:
+            async for item in merged(CancelledUnder(), [_request(p) for p in prompts], n):
+                pieces.append(item)
+        return error.value
+
+    error = asyncio.run(asyncio.wait_for(run(), 5))
+    assert error.status == 500 and "cancelled" in error.message
+
+
+class TokenIdsRefused(CancelledUnder):
+    """Refuses prompt "b" as the orchestrator refuses a bad token id."""
+
+    async def generate(self, request: OrchestratorRequest, reserved: bool = False):
+        if request.prompt == "b":
+            raise ApiError(400, "prompt_token_ids: id 9 (position 0) is outside the vocabulary", param="prompt")
+        yield ResponsePiece(b"fine", finish_reason="stop", final=True)
+
+
+def test_the_orchestrators_token_id_errors_name_the_apis_prompt():
+    """``prompt_token_ids: ...`` (the orchestrator's input) comes back as ``prompt: ...``, or ``prompt[k]: ...``."""
+    async def run(prompts):
+        with pytest.raises(ApiError) as error:
+            async for _ in merged(TokenIdsRefused(), [_request(p) for p in prompts], 1):
+                pass
+        return error.value.message, error.value.param
+
+    assert asyncio.run(run(["b"])) == ("prompt: id 9 (position 0) is outside the vocabulary", "prompt")
+    assert asyncio.run(run(["a", "b"])) == ("prompt[1]: id 9 (position 0) is outside the vocabulary", "prompt")
