@@ -362,8 +362,8 @@ class Scheduler:
     def _cached_pages(self, seq: Sequence) -> list[int]:
         """The cached pages a waiting sequence would share now: the longest cached prefix of its prompt, short of
         its last token (whose logits prefill must compute), none where it does not read the cache (``reads_cache``);
-        remembered until the cache changes. A media group the
-        prefix ends in is encoded again (whole) for its tokens after it."""
+        remembered until the cache changes. A media group the prefix ends in is encoded again (whole) for its tokens
+        after it."""
         if not seq.reads_cache:
             return []
         known = self._hits.get(seq.req_id)

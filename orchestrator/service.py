@@ -288,7 +288,7 @@ class Orchestrator:
         await self.ensure_started()
         self._refuse_when_overloaded()  # at once, before any work on the request
         off_loop = admission_runner(parsed)
-        infos, plans, cap, prompt, probed = await off_loop(self._prompt_of, parsed)
+        infos, plans, cap, prompt, probed, prompt_text = await off_loop(self._prompt_of, parsed)
         timeline.mark("probed", at=probed, items=len(infos))
         timeline.mark("prompt_built", tokens=len(prompt.input_ids), visual_tokens=prompt.num_visual_tokens)
         prompt.check_length(params.max_tokens, self.config.max_model_len, self.family)
@@ -320,8 +320,6 @@ class Orchestrator:
         identities, hashes, cache = (), (), self.config.cache
         if cache.enabled or cache.encoder_tokens:
             identities, hashes = await off_loop(self._identify, parsed, plans, prompt, engine.scheduler.config)
-        ids = parsed.token_ids
-        prompt_text = None if ids is None else await off_loop(self.tokenizer.decode, list(ids))
         req_id = uuid.uuid4().hex
         request = EngineRequest(
             NewRequest(req_id, prompt.input_ids,
@@ -338,25 +336,29 @@ class Orchestrator:
         return Admitted(req_id, parsed, prompt, engine, engine.add(request), cap, request.counts,
                         media_report(infos, plans) or None, prompt_text)
 
-    def _prompt_of(self, parsed: ParsedRequest) -> tuple[list, list, CapApplied | None, Prompt, float]:
+    def _prompt_of(self, parsed: ParsedRequest) -> tuple[list, list, CapApplied | None, Prompt, float, str | None]:
         """Probe each media item, plan it (the family's rules, ``max_visual_tokens``) and build the prompt, in one
         call, so a media request leaves the event loop once (``admission_runner``): under 16 text streams an image
         request's admission, then three hops, took 77 ms p50 against 22 without them (the ninth run's
         ``timelines.json``, bench/results/peer/ninth-run-2026-12-03/), in one hop 20-25 ms (the tenth run's).
-        Returns the probes, plans, the cap applied, the prompt and when the probes ended (``time.monotonic()``).
+        Returns the probes, plans, the cap applied, the prompt, when the probes ended (``time.monotonic()``) and a
+        ``prompt_token_ids`` request's text (``Admitted.prompt_text``; else None).
         Raises InvalidInput as ``probe_media``, ``plan_request`` and the prompt do."""
         limits = self.config.limits
         infos = [probe_media(item, limits.max_image_pixels) for item in parsed.media]
         probed = time.monotonic()
         media_params = with_media_defaults(parsed.params, self.config.media_defaults, self.family)
         plans, cap = plan_request(list(parsed.media), infos, media_params, self.family, limits.max_visual_tokens)
+        text = None
         if parsed.token_ids is not None:
             prompt = build_token_prompt(self.tokenizer, parsed.token_ids, self.sampled_ids, self.family)
-            return infos, plans, cap, prompt, probed
-        if parsed.raw:
-            return infos, plans, cap, build_raw_prompt(self.tokenizer, parsed.text, self.family), probed
-        media = [(m.kind, p.grid_thw, getattr(p, "second_per_grid_t", 0.0)) for m, p in zip(parsed.media, plans)]
-        return infos, plans, cap, build_chat_prompt(self.tokenizer, parsed.turns, media, self.family), probed
+            text = self.tokenizer.decode(list(parsed.token_ids))
+        elif parsed.raw:
+            prompt = build_raw_prompt(self.tokenizer, parsed.text, self.family)
+        else:
+            media = [(m.kind, p.grid_thw, getattr(p, "second_per_grid_t", 0.0)) for m, p in zip(parsed.media, plans)]
+            prompt = build_chat_prompt(self.tokenizer, parsed.turns, media, self.family)
+        return infos, plans, cap, prompt, probed, text
 
     def _identify(self, parsed: ParsedRequest, plans: list, prompt: Prompt, config: SchedulerConfig
                   ) -> tuple[list[bytes], tuple[bytes, ...]]:

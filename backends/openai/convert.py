@@ -32,8 +32,7 @@ class MediaRef:
 @dataclass(frozen=True)
 class OrchestratorRequest:
     """One request's orchestrator inputs: ``prompt`` or ``prompt_token_ids`` (a completion) or ``messages`` (JSON, a
-    chat);
-    ``media`` in placeholder order; ``sampling`` (``sampling_parameters``); ``stream``; ``return_token_ids``
+    chat); ``media`` in placeholder order; ``sampling`` (``sampling_parameters``); ``stream``; ``return_token_ids``
     (``return_output_ids``); ``return_timeline`` (it asks for the output ids too: the timeline counts the tokens each
     chunk brings, ``backends.openai.timing``; the reply shows them only with ``return_token_ids``);
     ``return_logprobs``: the request asks for log probabilities (``sampling``'s ``logprobs``: the top tokens'

@@ -127,7 +127,7 @@ class GenerationRequest(_Body):
         """(field, message) of the first field set to something this server cannot do, or None."""
         if (out_of_range := _count_refusal("prompt_logprobs", self.prompt_logprobs)) is not None:
             return out_of_range
-        if self.prompt_logprobs is not None and self.stream:  # as vLLM answers
+        if self.prompt_logprobs is not None and self.stream:  # vLLM refuses values above 0 (0 too here)
             return "prompt_logprobs", "prompt_logprobs: not available when stream is true"
         if self.n is not None and not 1 <= self.n <= MAX_CHOICES:
             return "n", f"n: must be in [1, {MAX_CHOICES}], got {self.n}"
