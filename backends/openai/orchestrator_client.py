@@ -23,7 +23,7 @@ from tritonclient.utils import InferenceServerException
 from backends.openai.convert import OrchestratorRequest
 from backends.openai.errors import ApiError, from_orchestrator, from_transport, unexpected
 from backends.openai.token_channel import ChannelRefused, TokenChannel
-from client.pieces import ResponsePiece, piece_from_grpc
+from client.pieces import LARGE_RESPONSE_BYTES, ResponsePiece, piece_from_grpc, response_bytes
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +106,8 @@ class OrchestratorClient:
                 if error is not None:
                     finished = True
                     raise from_orchestrator(error.message(), request.media)
-                piece = piece_from_grpc(result)
+                piece = (await asyncio.to_thread(piece_from_grpc, result)
+                         if response_bytes(result) > LARGE_RESPONSE_BYTES else piece_from_grpc(result))
                 finished = piece.finish_reason is not None or piece.final
                 yield piece
                 if finished:

@@ -23,7 +23,7 @@ from tritonclient.grpc import InferInput
 from tritonclient.utils import InferenceServerException
 
 from backends.openai.errors import ApiError, from_orchestrator, from_transport
-from client.pieces import is_final
+from client.pieces import LARGE_RESPONSE_BYTES, ResponsePiece, is_final
 from client.http_stream import piece_from_event
 
 
@@ -103,10 +103,12 @@ class TokenChannel:
                 if error is not None:
                     raise from_orchestrator(error.message())
                 items = result.as_numpy("channel_items")
-                for entry in [] if items is None else json.loads(items.reshape(-1)[0]):
-                    queue = self._queues.get(entry.pop("id", None))
+                raw = b"" if items is None else items.reshape(-1)[0]
+                pieces = await asyncio.to_thread(_pieces, raw) if len(raw) > LARGE_RESPONSE_BYTES else _pieces(raw)
+                for request_id, piece in pieces:
+                    queue = self._queues.get(request_id)
                     if queue is not None:
-                        queue.put_nowait(piece_from_event(entry))
+                        queue.put_nowait(piece)
                 if is_final(result):
                     ended = True  # the orchestrator closed the channel (the server stops)
                     break
@@ -127,3 +129,11 @@ class TokenChannel:
             self._closing.set()
             for queue in self._queues.values():
                 queue.put_nowait(self.broken)
+
+
+def _pieces(raw: bytes) -> list[tuple[str | None, ResponsePiece]]:
+    """A channel response's ``channel_items`` (JSON text; empty: none) as (request id, piece) in order; read in a
+    worker thread when over ``LARGE_RESPONSE_BYTES`` (a streamed echo's prompt log probabilities): the channel's
+    other requests wait for it either way, the process's others do not. Raises ServerError for an error entry,
+    ValueError for text that is not JSON."""
+    return [(entry.pop("id", None), piece_from_event(entry)) for entry in json.loads(raw)] if len(raw) else []
