@@ -43,6 +43,7 @@ KINDS = {"greedy": SamplingParams(temperature=0), "temperature": SamplingParams(
          "top_k_50": SamplingParams(temperature=0.7, top_k=50), "top_p_0.9": SamplingParams(temperature=0.7, top_p=0.9),
          "top_k_50_top_p_0.9": SamplingParams(temperature=0.7, top_k=50, top_p=0.9),
          "seeded_top_p_0.9": SamplingParams(temperature=0.7, top_p=0.9, seed=1),
+         "min_p_0.05": SamplingParams(temperature=0.7, min_p=0.05),
          "greedy_logprobs_5": SamplingParams(temperature=0, logprobs=5)}
 MIXED = [SamplingParams(temperature=0), SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_k=20),
          SamplingParams(temperature=0.8, top_p=0.95, seed=3)]

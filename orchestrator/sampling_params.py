@@ -46,6 +46,8 @@ class RequestParams:
         temperature: softmax temperature (>= 0; 0, or below 1e-5 as in vLLM, means greedy).
         top_p: nucleus probability mass, in (0, 1].
         top_k: keep the k most likely tokens; 0 is off (-1, vLLM's "off", is stored as 0).
+        min_p: keep the tokens at least this share of the most likely token's probability, in [0, 1]; 0 is off
+            (vLLM's ``min_p``).
         seed: per-request sampling seed in [0, 2**63), or None.
         stop: strings that end the output (not included in it); at most 16, of at most 256 characters.
         stop_token_ids: token ids that end the output as eos does (finish reason "stop"; included in it), at
@@ -83,6 +85,7 @@ class RequestParams:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
+    min_p: float = 0.0
     seed: int | None = None
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
@@ -111,6 +114,8 @@ class RequestParams:
             _fail("top_k", "must be -1 or 0 (off) or a positive integer", self.top_k)
         if self.top_k == -1:
             object.__setattr__(self, "top_k", 0)  # one spelling of "off" downstream
+        if not 0 <= self.min_p <= 1:
+            _fail("min_p", "must be in [0, 1]", self.min_p)
         if self.seed is not None and not 0 <= self.seed < SEED_LIMIT:
             _fail("seed", "must be in [0, 2**63)", self.seed)
         if any(not isinstance(s, str) or not s for s in self.stop):
@@ -157,7 +162,7 @@ class RequestParams:
         return SamplingParams(self.temperature, self.top_p, self.top_k, self.seed, self.min_tokens, self.ignore_eos,
                               self.repetition_penalty, self.presence_penalty, self.frequency_penalty,
                               self.stop_token_ids, self.logprobs, self.logit_bias, self.structured_outputs,
-                              self.prompt_logprobs)
+                              self.prompt_logprobs, self.min_p)
 
 
 def _fail(key: str, rule: str, value: object) -> None:
@@ -280,6 +285,7 @@ _CONVERTERS = {
     "temperature": _as_float,
     "top_p": _as_float,
     "top_k": _as_int,
+    "min_p": _as_float,
     "seed": _as_optional_int,
     "stop": _as_stop,
     "stop_token_ids": _as_token_ids,

@@ -75,6 +75,8 @@ class SamplingParams:
       the smallest set of most likely tokens that reaches ``top_p``, and every token tied with its last
       (1 = off).
     * ``top_k``: keep the ``top_k`` most likely tokens and every token tied with the k-th (0 = off).
+    * ``min_p`` (in [0, 1], 0 = off): keep the tokens at least ``min_p`` times as likely as the most likely one at
+      this temperature (vLLM's ``min_p``: applied before top-k and top-p, which then see only what it kept).
     * ``seed``: makes the draw reproducible (``None``: a fresh random seed for every draw).
     * ``min_tokens``: eos ids and ``stop_token_ids`` are masked while fewer tokens than this have been generated.
     * ``ignore_eos``: eos does not end the request (the stop rule's, ``backends.runtime.sampling.stopping``);
@@ -114,6 +116,7 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()
     structured: StructuredOutput | None = None
     prompt_logprobs: int | None = None
+    min_p: float = 0.0
 
     def __post_init__(self) -> None:
         if not (self.temperature >= 0 and math.isfinite(self.temperature)):
@@ -122,6 +125,8 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
         if self.min_tokens < 0:
             raise ValueError(f"min_tokens must be >= 0, got {self.min_tokens}")
         if not (self.repetition_penalty > 0 and math.isfinite(self.repetition_penalty)):

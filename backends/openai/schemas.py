@@ -98,6 +98,7 @@ class GenerationRequest(_Body):
     frequency_penalty: float | None = None
     # vLLM's extra parameters
     top_k: int | None = None
+    min_p: float | None = None
     min_tokens: int | None = None
     ignore_eos: bool | None = None
     repetition_penalty: float | None = None
@@ -149,7 +150,7 @@ class GenerationRequest(_Body):
         """The orchestrator's ``sampling_parameters`` (vLLM's names): the fields set, ``max_completion_tokens`` as
         ``max_tokens``; the orchestrator checks every value and refuses keys it does not know yet."""
         keys = ("max_tokens", "temperature", "top_p", "seed", "stop", "presence_penalty", "frequency_penalty",
-                "top_k", "min_tokens", "ignore_eos", "repetition_penalty", "stop_token_ids", "logit_bias")
+                "top_k", "min_p", "min_tokens", "ignore_eos", "repetition_penalty", "stop_token_ids", "logit_bias")
         sampling = {key: getattr(self, key) for key in keys if getattr(self, key) is not None}
         if self.mm_processor_kwargs is not None:
             sampling.update(self.mm_processor_kwargs.model_dump(exclude_none=True))

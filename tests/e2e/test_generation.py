@@ -195,6 +195,19 @@ def test_seeded_sampling_is_reproducible(grpc_url):
     assert other != first
 
 
+def test_min_p_of_one_draws_what_greedy_picks_and_a_small_one_draws_as_plain_sampling_does(grpc_url):
+    """Min-p 1 keeps only the most likely token (and its ties), at any temperature and seed: the greedy reply, with
+    prefill's first token and decode's rest; a min-p below every token's share keeps them all, so the seeded draw
+    is the one without it."""
+    sampling = {"max_tokens": 12, "temperature": 1.5, "seed": 5, "ignore_eos": True}
+    with Client(grpc_url) as client:
+        def tokens(**extra):
+            return client.generate("Tell me a story.", sampling={**sampling, **extra}, return_output_ids=True).token_ids
+        greedy, drawn = tokens(temperature=0), tokens()
+        assert tokens(min_p=1.0) == greedy and tokens(min_p=1.0, seed=6) == greedy
+        assert tokens(min_p=1e-30) == drawn != greedy
+
+
 def test_min_tokens_holds_back_stop_strings(grpc_url):
     """vLLM's rule: a stop string cannot end the output before min_tokens tokens (the stop string is a piece of the
     dummy model's reply near its start, so without min_tokens the same request stops there)."""

@@ -20,7 +20,8 @@ EOS = [151_643, 151_645]
 def _batch(rows: int) -> tuple[torch.Tensor, list[SamplingParams], list[int]]:
     logits = torch.randn(rows, VOCAB, generator=torch.Generator().manual_seed(0)) * 4
     params = [SamplingParams(temperature=[0, 0.7, 1.0, 1.3][i % 4], top_k=[0, 50, 1, 0, 200][i % 5],
-                             top_p=[1.0, 0.9, 0.5][i % 3], seed=i, min_tokens=i % 2) for i in range(rows)]
+                             top_p=[1.0, 0.9, 0.5][i % 3], min_p=[0.0, 0.0, 0.01, 0.2, 0.0, 0.5, 1.0][i % 7],
+                             seed=i, min_tokens=i % 2) for i in range(rows)]
     return logits, params, [i % 3 for i in range(rows)]
 
 

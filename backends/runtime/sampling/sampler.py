@@ -1,4 +1,4 @@
-"""Token sampling with per-request parameters in one batch: greedy, temperature, top-k, top-p, seeds.
+"""Token sampling with per-request parameters in one batch: greedy, temperature, min-p, top-k, top-p, seeds.
 
 The whole batch is a fixed number of tensor ops on the logits' device (CPU or CUDA), whatever its size;
 the one device->host sync is the ``.tolist()`` in ``sample``. A draw is the exponential race, i.e. the
@@ -152,6 +152,16 @@ def _top_k_mask(scores: torch.Tensor, top_k: torch.Tensor, k_max: int) -> tuple[
     return scores.masked_fill_(scores < kth, -math.inf), ranked.masked_fill_(ranked < kth, -math.inf)
 
 
+def _min_p_mask(scores: torch.Tensor, log_min_p: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
+    """``scores`` with ``-inf`` where a token is less than ``min_p`` times as likely as its row's most likely token at
+    the row's temperature, in place: float32 ``[s, V]``; ``log_min_p`` float32 ``[s]`` (``ln min_p``, -inf: off);
+    ``temperature`` float32 ``[s, 1]``. ``p_i / p_max = exp((l_i - l_max) / T)``, so a token stays where
+    ``l_i >= l_max + T ln(min_p)``: no softmax, and the most likely token (and any tied with it) always stays. The
+    rule is vLLM's ``min_p`` (its probabilities' ratio to the largest, at the temperature)."""
+    floor = scores.amax(dim=-1, keepdim=True).addcmul_(temperature, log_min_p[:, None])
+    return scores.masked_fill_(scores < floor, -math.inf)
+
+
 def _top_p_threshold(logits: torch.Tensor, ranked: torch.Tensor, top_p: torch.Tensor,
                      temperature: torch.Tensor) -> torch.Tensor:
     """The logit each row's top-p keeps down to, float32 ``[s, 1]``: the last of the sorted logits whose more
@@ -240,25 +250,29 @@ def sample_tensor(logits: torch.Tensor, params: list[SamplingParams], num_genera
     drawn = [i for i, p in enumerate(params) if p.temperature >= GREEDY_BELOW_TEMPERATURE]
     if not drawn:
         return tokens
-    # One row per drawn request: [row, temperature, top_p, top_k, key], all exact in float64.
+    # One row per drawn request: [row, temperature, top_p, top_k, key, ln min_p], all exact in float64.
     table = []
     for i in drawn:
         p = params[i]
         seed = p.seed if p.seed is not None else _SYSTEM_RANDOM.getrandbits(63)
         table.append((i, p.temperature, p.top_p if p.top_p < _TOP_P_OFF else math.inf,
-                      p.top_k if 0 < p.top_k < vocab else vocab, _row_key(seed, num_generated[i])))
+                      p.top_k if 0 < p.top_k < vocab else vocab, _row_key(seed, num_generated[i]),
+                      math.log(p.min_p) if p.min_p > 0 else -math.inf))
     k_max = max((t[3] for t in table if t[3] < vocab), default=0)
+    min_p = any(t[5] > -math.inf for t in table)
     # t[2]: top_p, inf when off. A row's top-p takes its threshold from top-k's candidates when the row has a
     # top-k, else from flashinfer (CUDA) or a sort: chosen by the row's own parameters, never by its company.
     top_p_with_k = any(t[2] < 1 and t[3] < vocab for t in table)
     top_p_alone = [j for j, t in enumerate(table) if t[2] < 1 and t[3] == vocab]
     table = upload(torch.tensor(table, dtype=torch.float64), device)
     rows, top_p, top_k = table[:, 0].long(), table[:, 2].float(), table[:, 3].long()
-    # contiguous even for one row (a one-element column keeps its stride 5), as the race was compiled for
+    # contiguous even for one row (a one-element column keeps the table's row stride), as the race was compiled for
     keys = table[:, 4].to(torch.int64, memory_format=torch.contiguous_format)
     # Beyond float32's range a temperature acts as its largest: uniform over the kept tokens, never inf / inf.
     temperature = table[:, 1, None].float().clamp_(max=torch.finfo(torch.float32).max)
     scores = logits[rows]  # filtered as logits: their order is the probabilities' at any temperature
+    if min_p:  # first, as vLLM orders them: top-k and top-p see only the tokens it kept
+        scores = _min_p_mask(scores, table[:, 5].float(), temperature)
     if k_max:
         scores, ranked = _top_k_mask(scores, top_k, k_max)
         if top_p_with_k:

@@ -28,11 +28,11 @@ def test_the_stages_sampling_carries_every_sampling_key():
     params = parse_sampling_parameters(json.dumps({
         "min_tokens": 2, "ignore_eos": True, "temperature": 0.5, "top_p": 0.8, "top_k": 3, "seed": 9,
         "stop_token_ids": [4], "repetition_penalty": 1.5, "presence_penalty": 0.25, "frequency_penalty": -1,
-        "logprobs": 2, "logit_bias": {"7": 5, "11": -100}}))
+        "logprobs": 2, "logit_bias": {"7": 5, "11": -100}, "min_p": 0.05}))
     assert params.sampling() == SamplingParams(temperature=0.5, top_p=0.8, top_k=3, seed=9, min_tokens=2,
                                                ignore_eos=True, repetition_penalty=1.5, presence_penalty=0.25,
                                                frequency_penalty=-1.0, stop_token_ids=(4,), logprobs=2,
-                                               logit_bias=((7, 5.0), (11, -100.0)))
+                                               logit_bias=((7, 5.0), (11, -100.0)), min_p=0.05)
 
 
 def test_logit_bias_values_beyond_100_are_clamped_as_vllm_does():
@@ -93,6 +93,10 @@ def test_stop_may_be_one_string():
     ({"top_p": 0}, "top_p"),
     ({"top_p": 1.01}, "top_p"),
     ({"top_k": -2}, "top_k"),
+    ({"min_p": -0.1}, "min_p"),
+    ({"min_p": 1.5}, "min_p"),
+    ({"min_p": "nan"}, "min_p"),
+    ({"min_p": True}, "min_p"),
     ({"top_k": 2.5}, "top_k"),
     ({"seed": -1}, "seed"),
     ({"seed": 2**63}, "seed"),

@@ -71,10 +71,11 @@ def test_a_chat_becomes_placeholders_and_urls_in_order(tmp_path):
 def test_sampling_fields_take_vllm_names():
     request = chat_request(_chat(
         messages=[{"role": "user", "content": "hi"}], max_tokens=99, max_completion_tokens=7, temperature=0,
-        top_p=0.5, top_k=3, seed=11, stop=["x", "y"], min_tokens=2, ignore_eos=True, return_token_ids=True,
-        mm_processor_kwargs={"fps": 1.5, "max_pixels": 50176}, user="ignored", metadata={"a": "b"}))
-    assert request.sampling == {"max_tokens": 7, "temperature": 0.0, "top_p": 0.5, "top_k": 3, "seed": 11,
-                                "stop": ["x", "y"], "min_tokens": 2, "ignore_eos": True, "fps": 1.5,
+        top_p=0.5, top_k=3, min_p=0.1, seed=11, stop=["x", "y"], min_tokens=2, ignore_eos=True,
+        return_token_ids=True, mm_processor_kwargs={"fps": 1.5, "max_pixels": 50176}, user="ignored",
+        metadata={"a": "b"}))
+    assert request.sampling == {"max_tokens": 7, "temperature": 0.0, "top_p": 0.5, "top_k": 3, "min_p": 0.1,
+                                "seed": 11, "stop": ["x", "y"], "min_tokens": 2, "ignore_eos": True, "fps": 1.5,
                                 "max_pixels": 50176}
     params = parse_sampling_parameters(json.dumps(request.sampling))  # the orchestrator takes every key
     assert (params.max_tokens, params.top_k, params.stop, params.max_pixels) == (7, 3, ("x", "y"), 50176)

@@ -160,6 +160,14 @@ PROBS = [0.4, 0.3, 0.15, 0.1, 0.05]
     ({"top_p": 0.8}, [0.4 / 0.85, 0.3 / 0.85, 0.15 / 0.85, 0, 0]),
     # Top-k first: the 3 kept renormalise to .47, .35, .18, so the third is past 0.75 (it would not be by .7).
     ({"top_k": 3, "top_p": 0.75}, [0.4 / 0.7, 0.3 / 0.7, 0, 0, 0]),
+    # Min-p keeps probabilities of at least 0.3 x 0.4 = 0.12.
+    ({"min_p": 0.3}, [0.4 / 0.85, 0.3 / 0.85, 0.15 / 0.85, 0, 0]),
+    # At temperature 2 the ratios to the largest are sqrt(p / 0.4): 1, .87, .61, .5, .35.
+    ({"min_p": 0.55, "temperature": 2.0}, [math.sqrt(p) / sum(math.sqrt(q) for q in PROBS[:3]) if p > 0.12 else 0
+                                           for p in PROBS]),
+    # Min-p first (vLLM's order): its 3 renormalise to .47, .35, .18, so the third is past 0.8; top-p first would
+    # keep all three.
+    ({"min_p": 0.3, "top_p": 0.8}, [0.4 / 0.7, 0.3 / 0.7, 0, 0, 0]),
 ])
 def test_draws_follow_the_distribution(kwargs, target):
     n = 4000
@@ -173,12 +181,19 @@ def test_draws_follow_the_distribution(kwargs, target):
     assert _chi_square(tokens, target) < CHI2_999[dof]
 
 
-def _reference_kept(row: torch.Tensor, temperature: float, top_p: float, top_k: int) -> tuple[torch.Tensor, bool]:
-    """The per-row rule of ``SamplingParams``, written plainly in float64: temperature; top-k keeps the scores
-    that reach the k-th highest; softmax; top-p keeps a token when the tokens strictly more likely than it hold
-    less than top_p. Returns bool ``[V]`` and whether the row is clear of float rounding (no token's nonzero
-    mass above it within 1e-5 of top_p)."""
+def _reference_kept(row: torch.Tensor, temperature: float, top_p: float, top_k: int,
+                    min_p: float = 0.0) -> tuple[torch.Tensor, bool]:
+    """The per-row rule of ``SamplingParams``, written plainly in float64: temperature; min-p keeps the tokens whose
+    probability is at least min_p times the largest; top-k keeps the scores that reach the k-th highest; softmax;
+    top-p keeps a token when the tokens strictly more likely than it hold less than top_p. Returns bool ``[V]`` and
+    whether the row is clear of float rounding (no token's ratio to the largest probability within 1e-4 of min_p,
+    no token's nonzero mass above it within 1e-5 of top_p)."""
     row = row.double() / temperature
+    clear = True
+    if min_p > 0:
+        ratio = torch.softmax(row, dim=-1) / torch.softmax(row, dim=-1).max()
+        clear = bool(((ratio - min_p).abs() > 1e-4 * min_p).all()) or min_p == 1
+        row = row.masked_fill(ratio < min_p if min_p < 1 else row < row.max(), -math.inf)
     if 0 < top_k < row.numel():
         row = row.masked_fill(row < row.sort(descending=True).values[top_k - 1], -math.inf)
     probs = torch.softmax(row, dim=-1)
@@ -186,8 +201,8 @@ def _reference_kept(row: torch.Tensor, temperature: float, top_p: float, top_k: 
     if top_p < 1 - 2 ** -25:  # float32 rounds it to 1 from there: off
         above = torch.stack([probs[probs > q].sum() for q in probs])
         kept &= above < top_p
-        return kept, bool(((above - top_p).abs() > 1e-5).logical_or(above == 0).all())
-    return kept, True
+        return kept, clear and bool(((above - top_p).abs() > 1e-5).logical_or(above == 0).all())
+    return kept, clear
 
 
 def _drawn_from(monkeypatch, logits: torch.Tensor, params: list[SamplingParams], steps: list[int]) -> torch.Tensor:
@@ -209,6 +224,7 @@ def test_random_batches_draw_from_the_rule_s_tokens(monkeypatch, tied):
     # Random mixes of every kind of row, in random company; tied: logits on a 0.5 grid (as bf16 logits tie).
     gen = torch.Generator().manual_seed(11)
     top_ks, top_ps = [0, 1, 2, 5, 20, VOCAB - 1, VOCAB, VOCAB + 5], [1.0, 1 - 1e-9, 0.95, 0.7, 0.5, 0.2, 1e-7]
+    min_ps = [0.0, 0.0, 0.0, 0.01, 0.1, 0.5, 1.0]
     checked = 0
     for _ in range(60):
         rows = int(torch.randint(1, 9, (1,), generator=gen))
@@ -217,11 +233,12 @@ def test_random_batches_draw_from_the_rule_s_tokens(monkeypatch, tied):
             logits = logits.mul(2).round().div(2)
         params = [SamplingParams(temperature=float(torch.rand(1, generator=gen)) * 1.5 + 0.3,
                                  top_k=top_ks[int(torch.randint(len(top_ks), (1,), generator=gen))],
-                                 top_p=top_ps[int(torch.randint(len(top_ps), (1,), generator=gen))], seed=1)
+                                 top_p=top_ps[int(torch.randint(len(top_ps), (1,), generator=gen))],
+                                 min_p=min_ps[int(torch.randint(len(min_ps), (1,), generator=gen))], seed=1)
                   for _ in range(rows)]
         scores = _drawn_from(monkeypatch, logits, params, [0] * rows)
         for i, p in enumerate(params):
-            expected, clear = _reference_kept(logits[i], p.temperature, p.top_p, p.top_k)
+            expected, clear = _reference_kept(logits[i], p.temperature, p.top_p, p.top_k, p.min_p)
             if clear:
                 checked += 1
                 assert torch.equal(scores[i] > -math.inf, expected), (i, p)
@@ -299,7 +316,7 @@ def test_hash_is_exact_integer_arithmetic():
 
 def test_invalid_parameters_raise():
     for kwargs in ({"temperature": -1}, {"top_p": 0}, {"top_p": 1.5}, {"top_k": -1}, {"min_tokens": -2},
-                   {"temperature": float("nan")}):
+                   {"temperature": float("nan")}, {"min_p": -0.5}, {"min_p": 1.01}, {"min_p": float("nan")}):
         with pytest.raises(ValueError):
             SamplingParams(**kwargs)
     with pytest.raises(ValueError):
