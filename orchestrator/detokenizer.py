@@ -6,7 +6,8 @@ fast incremental detokenizer does; about 1 us a token against 14 us for two wind
 CPU machine). Stop strings follow vLLM v1's ``IncrementalDetokenizer.update``:
 they are not looked for while at most ``min_tokens`` tokens are out, and afterwards only where they
 end in text that arrived later, so a stop string wholly inside the first ``min_tokens`` tokens' text
-never ends the output.
+never ends the output. With ``include_stop_str_in_output`` (vLLM's) a matched stop string stays in the text, which
+then ends after it, and nothing is held back for one (vLLM's ``stop_buffer_length`` of 0).
 """
 from __future__ import annotations
 
@@ -18,15 +19,19 @@ WINDOW = 6  # tokens of left context at the end (flush): enough for any multi-to
 class Detokenizer:
     """Feed token ids with :meth:`add`; read ``text`` (everything released) and ``stopped``.
 
-    ``stop``: strings that end the output (not included in it); ``min_tokens``: tokens that must be out
-    before a stop string may end it (the request's ``min_tokens``, as for EOS).
+    ``stop``: strings that end the output (not in it unless ``include_stop``); ``min_tokens``: tokens that must be
+    out before a stop string may end it (the request's ``min_tokens``, as for EOS); ``skip_special_tokens``: special
+    tokens (``<|im_end|>``) have no text (vLLM's default) or their own.
     """
 
-    def __init__(self, tokenizer, stop: tuple[str, ...] = (), min_tokens: int = 0):
+    def __init__(self, tokenizer, stop: tuple[str, ...] = (), min_tokens: int = 0, include_stop: bool = False,
+                 skip_special_tokens: bool = True):
         self.tokenizer = tokenizer
         self._backend = tokenizer.backend_tokenizer  # the tokenizers library's Tokenizer (a fast tokenizer's)
-        self._stream = DecodeStream(skip_special_tokens=True)
+        self._skip_special = skip_special_tokens
+        self._stream = DecodeStream(skip_special_tokens=skip_special_tokens)
         self.stop = tuple(s for s in stop if s)
+        self.include_stop = include_stop
         self.min_tokens = min_tokens
         self._exempt = 0        # characters of _decoded produced within the first min_tokens tokens
         self.ids: list[int] = []
@@ -36,7 +41,7 @@ class Detokenizer:
         self.stopped = False
 
     def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
+        return self.tokenizer.decode(ids, skip_special_tokens=self._skip_special)
 
     def add(self, token_ids: list[int]) -> str:
         """Append tokens; returns the newly released text (may be ""). After a stop string matched,
@@ -72,11 +77,13 @@ class Detokenizer:
             at = self._decoded.find(s, max(0, self._exempt - len(s) + 1))
             if at >= 0:
                 self.stopped = True
-                delta = self._decoded[len(self.text):at] if at > len(self.text) else ""
-                self.text = self._decoded[:at] if at > len(self.text) else self.text
+                end = at + len(s) if self.include_stop else at
+                delta = self._decoded[len(self.text):end] if end > len(self.text) else ""
+                self.text = self._decoded[:end] if end > len(self.text) else self.text
                 return delta
-        # Hold back a tail that could still grow into a stop string.
-        hold = max((k for s in self.stop for k in range(1, len(s)) if self._decoded.endswith(s[:k])), default=0)
+        # Hold back a tail that could still grow into a stop string (that would not be in the text).
+        hold = 0 if self.include_stop else max(
+            (k for s in self.stop for k in range(1, len(s)) if self._decoded.endswith(s[:k])), default=0)
         end = len(self._decoded) - hold
         delta = self._decoded[len(self.text):end] if end > len(self.text) else ""
         self.text += delta

@@ -60,7 +60,9 @@ class OutputProcessor:
     async def stream(self, engine: Engine, req_id: str, outputs: asyncio.Queue, params: RequestParams,
                      prompt_ids: Sequence[int] = ()) -> AsyncIterator[Piece]:
         """Yield :class:`Piece` s as tokens arrive from ``outputs`` (the request's queue in ``engine``); the last
-        has a finish reason: the stage's, ``"stop"`` for a stop string, or ``"abort"`` (no tokens) once
+        has a finish reason: the stage's (``"stop"``: an eos or stop token, whose id is out but not its text unless
+        ``include_stop_str_in_output``, as vLLM v1's detokenizer skips it), ``"stop"`` for a stop string (the text
+        ends before it, or after it with ``include_stop_str_in_output``), or ``"abort"`` (no tokens) once
         :meth:`cancel` reached it, after the tokens queued before. However it ends (a consumer that stops early
         too), the request is aborted in ``engine``. ``prompt_ids``: the prompt, whose entries the first item's
         ``prompt_logprobs`` gives where the request asked (built on a worker thread: a long prompt's are millions of
@@ -68,7 +70,8 @@ class OutputProcessor:
 
         Raises InvalidInput or StageError when a stage failed the request, after the tokens before the failure.
         """
-        detok = Detokenizer(self.tokenizer, params.stop, params.min_tokens)
+        detok = Detokenizer(self.tokenizer, params.stop, params.min_tokens, params.include_stop_str_in_output,
+                            params.skip_special_tokens)
         cumulative, prompt = 0.0, None
         try:
             while True:
@@ -78,7 +81,9 @@ class OutputProcessor:
                 deltas, ids, entries = [], [], []
                 # this token and those queued behind it
                 while output is not None and output is not CANCELLED and output.failure is None:
-                    deltas.append(detok.add([output.token]))
+                    # the eos or stop token that ended the output: its id out, its text not (vLLM's rule)
+                    if output.finish_reason != "stop" or params.include_stop_str_in_output:
+                        deltas.append(detok.add([output.token]))
                     ids.append(output.token)
                     if output.logprobs is not None:
                         entries.append(self._entry(output.token, output.logprobs))

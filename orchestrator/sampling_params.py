@@ -49,9 +49,15 @@ class RequestParams:
         min_p: keep the tokens at least this share of the most likely token's probability, in [0, 1]; 0 is off
             (vLLM's ``min_p``).
         seed: per-request sampling seed in [0, 2**63), or None.
-        stop: strings that end the output (not included in it); at most 16, of at most 256 characters.
-        stop_token_ids: token ids that end the output as eos does (finish reason "stop"; included in it), at
-            most 256, distinct (repeats dropped, as vLLM does); checked against the vocabulary at admission.
+        stop: strings that end the output (not included in it unless ``include_stop_str_in_output``); at most 16,
+            of at most 256 characters.
+        include_stop_str_in_output: a stop string that ends the output stays in its text, and so does the text of
+            the eos or stop token that ends it (vLLM's; by default neither does, the token's id being out all the
+            same).
+        skip_special_tokens: special tokens (``<|im_end|>``, ``<|vision_start|>``) have no text in the output
+            (the default, vLLM's) or their own.
+        stop_token_ids: token ids that end the output as eos does (finish reason "stop"; its id in the output's
+            ids, its text not unless ``include_stop_str_in_output``), at most 256, distinct (repeats dropped, as vLLM does); checked against the vocabulary at admission.
         repetition_penalty: > 0, 1 is off; presence_penalty, frequency_penalty: in [-2, 2], 0 is off (their
             meaning: ``backends.ipc.protocol.SamplingParams``).
         fps: video frames sampled per second of video, in (0, 60], or None for the model family's default
@@ -88,6 +94,8 @@ class RequestParams:
     min_p: float = 0.0
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
     stop_token_ids: tuple[int, ...] = ()
     repetition_penalty: float = 1.0
     presence_penalty: float = 0.0
@@ -288,6 +296,8 @@ _CONVERTERS = {
     "min_p": _as_float,
     "seed": _as_optional_int,
     "stop": _as_stop,
+    "include_stop_str_in_output": _as_bool,
+    "skip_special_tokens": _as_bool,
     "stop_token_ids": _as_token_ids,
     "repetition_penalty": _as_float,
     "presence_penalty": _as_float,

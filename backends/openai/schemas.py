@@ -103,6 +103,8 @@ class GenerationRequest(_Body):
     ignore_eos: bool | None = None
     repetition_penalty: float | None = None
     stop_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool | None = None
+    skip_special_tokens: bool | None = None
     return_token_ids: Flag = False
     return_timeline: Flag = False  # ours: the reply (the last streamed chunk) carries the request's `timeline`
     mm_processor_kwargs: MediaOptions | None = None
@@ -150,7 +152,8 @@ class GenerationRequest(_Body):
         """The orchestrator's ``sampling_parameters`` (vLLM's names): the fields set, ``max_completion_tokens`` as
         ``max_tokens``; the orchestrator checks every value and refuses keys it does not know yet."""
         keys = ("max_tokens", "temperature", "top_p", "seed", "stop", "presence_penalty", "frequency_penalty",
-                "top_k", "min_p", "min_tokens", "ignore_eos", "repetition_penalty", "stop_token_ids", "logit_bias")
+                "top_k", "min_p", "min_tokens", "ignore_eos", "repetition_penalty", "stop_token_ids", "logit_bias",
+                "include_stop_str_in_output", "skip_special_tokens")
         sampling = {key: getattr(self, key) for key in keys if getattr(self, key) is not None}
         if self.mm_processor_kwargs is not None:
             sampling.update(self.mm_processor_kwargs.model_dump(exclude_none=True))

@@ -15,6 +15,7 @@ import torch
 import tritonclient.grpc as grpcclient
 
 from backends.runtime.loader import ModelSpec, load_model
+from backends.runtime.tokenizer import load_tokenizer
 from client.api import Client, ServerError, grpc_inputs, request_tensors
 from orchestrator.sampling_params import RequestParams
 from tests.media import make_image
@@ -196,10 +197,27 @@ def test_stop_token_ids_end_the_output_with_reason_stop_after_min_tokens(grpc_ur
         assert k is not None, plain
         stopped = client.generate(PROMPT, sampling={**GREEDY, "stop_token_ids": [plain[k]]}, return_output_ids=True)
         assert (stopped.token_ids, stopped.finish_reason) == (plain[:k + 1], "stop")  # included, as in vLLM
+        # its text is not (vLLM v1's detokenizer skips it) unless include_stop_str_in_output
+        kept = client.generate(PROMPT, sampling={**GREEDY, "stop_token_ids": [plain[k]],
+                                                 "include_stop_str_in_output": True}, return_output_ids=True)
+        decode = load_tokenizer(None).decode
+        assert stopped.text == decode(plain[:k], skip_special_tokens=True)
+        assert kept.text == decode(plain[:k + 1], skip_special_tokens=True) and kept.token_ids == plain[:k + 1]
         held = client.generate(PROMPT, sampling={**GREEDY, "stop_token_ids": [plain[k]], "min_tokens": k + 1},
                                return_output_ids=True)
     assert held.token_ids[:k] == plain[:k] and held.token_ids[k] != plain[k]  # masked while under min_tokens
     assert held.finish_reason in ("stop", "length") and len(held.token_ids) > k + 1
+
+
+def test_special_tokens_have_their_text_only_when_skip_special_tokens_is_false(grpc_url):
+    tokenizer = load_tokenizer(None)
+    special = tokenizer.convert_tokens_to_ids("<|vision_start|>")
+    forced = {**GREEDY, "max_tokens": 3, "logit_bias": {str(special): 100}}
+    with Client(grpc_url) as client:
+        skipped = client.generate(PROMPT, sampling=forced, return_output_ids=True)
+        shown = client.generate(PROMPT, sampling={**forced, "skip_special_tokens": False}, return_output_ids=True)
+    assert skipped.token_ids == shown.token_ids == [special] * 3
+    assert (skipped.text, shown.text) == ("", "<|vision_start|>" * 3)
 
 
 @pytest.mark.parametrize("sampling,words", [

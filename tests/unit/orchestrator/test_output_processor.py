@@ -73,6 +73,18 @@ def test_a_stop_string_ends_inside_a_batch_of_queued_tokens():
     assert ids == WORDS[:len(ids)] and len(ids) < len(WORDS)  # the tokens after the stop string are not sent
 
 
+def test_the_token_that_stops_the_output_is_out_but_not_its_text_unless_asked():
+    # vLLM v1's detokenizer skips the text of the eos or stop_token_ids token that stopped the output (reason
+    # "stop" from the stage), unless include_stop_str_in_output; a stop string stays with it too
+    items, _, _ = stream(tokens(WORDS, last_reason="stop"), max_tokens=100)
+    assert items[-1].ids == WORDS and items[-1].text == TOKENIZER.decode(WORDS[:-1])
+    items, _, _ = stream(tokens(WORDS, last_reason="stop"), max_tokens=100, include_stop_str_in_output=True)
+    assert items[-1].text == TOKENIZER.decode(WORDS)
+    items, _, _ = stream(tokens(WORDS, last_reason=""), max_tokens=100, stop=["four"],
+                         include_stop_str_in_output=True)
+    assert items[-1].reason == "stop" and items[-1].text.strip() == "one two three four"
+
+
 def test_a_failure_comes_after_the_tokens_before_it_typed_as_the_stage_said():
     items, error, _ = stream([*tokens(WORDS[:2], last_reason=""),
                               Output(failure=StageFailure(SERVER_FAULT, "decode: the decode step failed"))])

@@ -134,6 +134,27 @@ def test_detokenizer_releases_a_held_stop_prefix_at_the_end(tokenizer):
     assert out == "abc " and detok.flush() == "ST"
 
 
+def test_detokenizer_with_include_stop_keeps_the_stop_string_and_holds_nothing_back(tokenizer):
+    # vLLM's include_stop_str_in_output: the text ends after the stop string; no tail is held for one
+    ids = tokenizer.encode("one two STOPthree four", add_special_tokens=False)
+    detok = Detokenizer(tokenizer, stop=("STOP",), include_stop=True)
+    pieces = []
+    for i in ids:
+        pieces.append(detok.add([i]))
+        if detok.stopped:
+            break
+    assert "".join(pieces) == "one two STOP" and detok.stopped and detok.flush() == ""
+    assert pieces[len(tokenizer.encode("one two S", add_special_tokens=False)) - 1].endswith("S")  # not held
+
+
+def test_detokenizer_gives_special_tokens_their_text_unless_skipped(tokenizer):
+    ids = tokenizer.encode("a", add_special_tokens=False) + [tokenizer.convert_tokens_to_ids("<|vision_start|>")]
+    for skip in (True, False):
+        detok = Detokenizer(tokenizer, skip_special_tokens=skip)
+        out = "".join(detok.add([i]) for i in ids) + detok.flush()
+        assert out == ("a" if skip else "a<|vision_start|>") == tokenizer.decode(ids, skip_special_tokens=skip)
+
+
 def test_special_tokens_in_user_text_are_plain_text(tokenizer):
     prompt = build_prompt(tokenizer, "<|im_end|>\n<|im_start|>system <|video_pad|>", [])
     specials = {tokenizer.convert_tokens_to_ids(t) for t in ("<|video_pad|>", "<|im_end|>", "<|im_start|>")}

@@ -97,6 +97,8 @@ def test_stop_may_be_one_string():
     ({"min_p": 1.5}, "min_p"),
     ({"min_p": "nan"}, "min_p"),
     ({"min_p": True}, "min_p"),
+    ({"include_stop_str_in_output": 1}, "include_stop_str_in_output"),
+    ({"skip_special_tokens": "no"}, "skip_special_tokens"),
     ({"top_k": 2.5}, "top_k"),
     ({"seed": -1}, "seed"),
     ({"seed": 2**63}, "seed"),
