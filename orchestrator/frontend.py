@@ -46,6 +46,7 @@ def read_request(request) -> RawRequest:
         prompt=io.bytes_list(arrays, "prompt"), prompt_token_ids=io.int_list(arrays, "prompt_token_ids"),
         open_token_channel=io.bytes_list(arrays, "open_token_channel"),
         token_channel=io.bytes_list(arrays, "token_channel"),
+        chat_template_kwargs=io.bytes_list(arrays, "chat_template_kwargs"),
         image=io.bytes_list(arrays, "image"), video=io.bytes_list(arrays, "video"),
         image_url=io.bytes_list(arrays, "image_url"), video_url=io.bytes_list(arrays, "video_url"),
         sampling_parameters=io.bytes_list(arrays, "sampling_parameters"),

@@ -8,7 +8,8 @@ it is, without the chat template, as the vLLM backend's ``text_input`` and OpenA
 ``video_url`` (a path or ``file://`` URL under an allowed folder, or a ``data:`` URL), ``sampling_parameters``
 (JSON), ``stream``, ``exclude_input_in_output``, ``return_output_ids``, and that backend's ``return_*`` flags
 (``return_logprobs`` with ``sampling_parameters``' ``logprobs``, and ``return_cumulative_logprob``), plus our
-``return_timeline`` (``orchestrator.timeline``). Every problem raises
+``return_timeline`` (``orchestrator.timeline``) and ``chat_template_kwargs`` (``orchestrator.chat_options``). Every
+problem raises
 :class:`~orchestrator.sampling_params.InvalidInput` with a message naming the input at fault.
 """
 from __future__ import annotations
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Callable
 
 from backends.triton.triton_io import int_parameter
+from orchestrator.chat_options import ChatOptions, parse_chat_options
 from orchestrator.messages import Turn, media_kinds, parse_messages, user_turn
 from orchestrator.sampling_params import InvalidInput, RequestParams, parse_sampling_parameters
 
@@ -75,6 +77,7 @@ class RawRequest:
     prompt_token_ids: list[int] | None = None  # a prompt given as token ids (None: not given)
     open_token_channel: list[bytes] = field(default_factory=list)  # orchestrator.token_channels
     token_channel: list[bytes] = field(default_factory=list)
+    chat_template_kwargs: list[bytes] = field(default_factory=list)  # orchestrator.chat_options
 
 
 @dataclass(frozen=True)
@@ -96,7 +99,8 @@ class ParsedRequest:
     prefixed with unless ``exclude_input_in_output``); ``turns``: the conversation the prompt is made of (none for a
     ``prompt`` request, ``raw`` True: ``text`` is the whole prompt, no chat template); ``media`` in the order of
     its placeholders (for ``text_input``: images, then videos); ``token_ids``: a ``prompt_token_ids`` request's
-    prompt (``raw`` True, ``text`` empty until the prompt is built: ``Admitted.prompt_text``)."""
+    prompt (``raw`` True, ``text`` empty until the prompt is built: ``Admitted.prompt_text``); ``chat``: how the chat
+    template is applied to ``turns`` (``chat_template_kwargs``)."""
 
     text: str
     media: tuple[MediaInput, ...]
@@ -108,6 +112,7 @@ class ParsedRequest:
     extra_outputs: ExtraOutputs = ExtraOutputs()
     raw: bool = False
     token_ids: tuple[int, ...] | None = None
+    chat: ChatOptions = ChatOptions()
 
 
 @dataclass(frozen=True)
@@ -248,17 +253,22 @@ def parse_request(raw: RawRequest, limits: InputLimits) -> ParsedRequest:
     for kind, blobs, urls in (("image", raw.image, raw.image_url), ("video", raw.video, raw.video_url)):
         given += [(kind, functools.partial(_checked_bytes, kind, b, limits, kind)) for b in blobs]
         given += [(kind, functools.partial(_url_input, kind, u, limits)) for u in urls]
+    chat = parse_chat_options(raw.chat_template_kwargs)
     if raw.prompt or ids is not None:
+        name = "prompt" if raw.prompt else "prompt_token_ids"
         if given:
-            name = "prompt" if raw.prompt else "prompt_token_ids"
             raise InvalidInput(f"{name}: a prompt without the chat template takes no images or videos (send them "
                                "with text_input or messages)")
+        if raw.chat_template_kwargs:
+            raise InvalidInput(f"chat_template_kwargs: {name} is completed without the chat template (send "
+                               "text_input or messages)")
         turns = ()
     elif turns:
         order = _placeholder_order(turns, [kind for kind, _ in given])
         given = [given[k] for k in order]
     else:
         turns = (user_turn(text, [kind for kind, _ in given]),)
+    chat.check(turns)
     positions = [f"item {k} of {len(given)}" if len(given) > 1 else "" for k in range(1, len(given) + 1)]
     media = [_placed(check, position) for (_, check), position in zip(given, positions)]
     return ParsedRequest(text, tuple(media), params, raw.stream, raw.exclude_input_in_output, raw.return_output_ids,
@@ -266,7 +276,7 @@ def parse_request(raw: RawRequest, limits: InputLimits) -> ParsedRequest:
                                              raw.return_num_output_tokens, raw.return_timeline, raw.return_logprobs,
                                              raw.return_cumulative_logprob),
                          raw=bool(raw.prompt) or ids is not None,
-                         token_ids=None if ids is None else tuple(ids))
+                         token_ids=None if ids is None else tuple(ids), chat=chat)
 
 
 def _logprobs_asked(raw: RawRequest, top: int | None) -> int | None:

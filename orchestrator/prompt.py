@@ -15,6 +15,7 @@ import threading
 from dataclasses import dataclass
 
 from flashcodec.families import Family, family
+from orchestrator.chat_options import ChatOptions
 from orchestrator.messages import Turn, user_turn
 from orchestrator.sampling_params import InvalidInput
 
@@ -108,9 +109,10 @@ def build_prompt(tokenizer, text: str, media: list[tuple[str, tuple[int, int, in
 
 
 def build_chat_prompt(tokenizer, turns: tuple[Turn, ...], media: list[tuple[str, tuple[int, int, int], float]],
-                      family: Family = QWEN) -> Prompt:
-    """Apply the model's chat template to a conversation (then the assistant's turn) and put each media item's text
-    and visual tokens in place of its placeholder (``family.expand``: the text its processor writes there).
+                      family: Family = QWEN, options: ChatOptions = ChatOptions()) -> Prompt:
+    """Apply the model's chat template to a conversation (then, by default, the assistant's turn: ``options``) and
+    put each media item's text and visual tokens in place of its placeholder (``family.expand``: the text its
+    processor writes there).
 
     ``media``: (kind, grid_thw in patches, second_per_grid_t in seconds; 0 for images), one per placeholder of
     ``turns``, in the same order. Each run of visual tokens is tokenized as one special token and then repeated (the
@@ -118,7 +120,8 @@ def build_chat_prompt(tokenizer, turns: tuple[Turn, ...], media: list[tuple[str,
     template drops or repeats a text or a placeholder.
     """
     texts = [part.text for turn in turns for part in turn.parts if part.kind == "text"]
-    templated = _templated(tokenizer, tuple((turn.role, tuple(part.kind for part in turn.parts)) for turn in turns))
+    templated = _templated(tokenizer, tuple((turn.role, tuple(part.kind for part in turn.parts)) for turn in turns),
+                           options)
     pieces = _TEXT_MARK_RE.split(templated)  # template, text index, template, text index, ..., template
     if sorted(int(i) for i in pieces[1::2]) != list(range(len(texts))):
         raise RuntimeError("the chat template dropped or repeated a message's text")
@@ -151,21 +154,25 @@ def build_chat_prompt(tokenizer, turns: tuple[Turn, ...], media: list[tuple[str,
     return Prompt(*_place_runs(ids, runs, media))
 
 
-def _templated(tokenizer, shape: tuple[tuple[str, tuple[str, ...]], ...]) -> str:
-    """The chat template applied to the conversation of ``shape`` ((role, part kinds) per message; message text k
-    written as ``_TEXT_MARK`` k), cached by the shape unless the template reads the clock (``strftime_now``)."""
+def _templated(tokenizer, shape: tuple[tuple[str, tuple[str, ...]], ...], options: ChatOptions) -> str:
+    """The chat template applied as ``options`` say to the conversation of ``shape`` ((role, part kinds) per message;
+    message text k written as ``_TEXT_MARK`` k: with ``continue_final_message`` the text ends at the last mark, so
+    the final text is tokenized whole), cached by both unless the template reads the clock (``strftime_now``)."""
     if "strftime_now" in (tokenizer.chat_template or ""):
-        return _templated_shape.__wrapped__(tokenizer, shape)
-    return _templated_shape(tokenizer, shape)
+        return _templated_shape.__wrapped__(tokenizer, shape, options)
+    return _templated_shape(tokenizer, shape, options)
 
 
 @functools.lru_cache(maxsize=256)
-def _templated_shape(tokenizer, shape: tuple[tuple[str, tuple[str, ...]], ...]) -> str:
+def _templated_shape(tokenizer, shape: tuple[tuple[str, tuple[str, ...]], ...], options: ChatOptions) -> str:
     texts = itertools.count()
     conversation = [{"role": role, "content": [{"type": "text", "text": _TEXT_MARK.format(next(texts))}
                                                if kind == "text" else {"type": kind} for kind in kinds]}
                     for role, kinds in shape]
-    return tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
+    return tokenizer.apply_chat_template(conversation, tokenize=False,
+                                         add_generation_prompt=options.add_generation_prompt,
+                                         continue_final_message=options.continue_final_message,
+                                         **options.kwargs_for(tokenizer.chat_template or ""))
 
 
 @functools.lru_cache(maxsize=1024)

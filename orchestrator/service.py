@@ -357,7 +357,7 @@ class Orchestrator:
             prompt = build_raw_prompt(self.tokenizer, parsed.text, self.family)
         else:
             media = [(m.kind, p.grid_thw, getattr(p, "second_per_grid_t", 0.0)) for m, p in zip(parsed.media, plans)]
-            prompt = build_chat_prompt(self.tokenizer, parsed.turns, media, self.family)
+            prompt = build_chat_prompt(self.tokenizer, parsed.turns, media, self.family, parsed.chat)
         return infos, plans, cap, prompt, probed, text
 
     def _identify(self, parsed: ParsedRequest, plans: list, prompt: Prompt, config: SchedulerConfig

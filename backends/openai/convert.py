@@ -47,6 +47,7 @@ class OrchestratorRequest:
     return_timeline: bool = False
     return_logprobs: bool = False
     prompt_token_ids: tuple[int, ...] | None = None
+    chat_template_kwargs: str | None = None  # JSON (orchestrator.chat_options), a chat's where not the defaults
 
     def with_media(self, media: tuple[MediaRef, ...]) -> "OrchestratorRequest":
         return dataclasses.replace(self, media=media)
@@ -63,6 +64,8 @@ class OrchestratorRequest:
             tensors.append(("prompt", _strings([self.prompt])))
         if self.messages is not None:
             tensors.append(("messages", _strings([self.messages])))
+        if self.chat_template_kwargs is not None:
+            tensors.append(("chat_template_kwargs", _strings([self.chat_template_kwargs])))
         if self.prompt_token_ids is not None:
             tensors.append(("prompt_token_ids", np.array(self.prompt_token_ids, dtype=np.int64)))
         for kind in ("image", "video"):
@@ -113,9 +116,11 @@ def chat_request(request: ChatCompletionRequest) -> OrchestratorRequest:
             media.append(MediaRef(kind, url, f"messages[{i}].content[{j}].{kind}_url"))
             parts.append({"type": kind})
         messages.append({"role": role, "content": parts})
+    kwargs = request.template_kwargs
     return OrchestratorRequest(None, json.dumps(messages), tuple(media), request.sampling_parameters(),
                                request.stream, request.return_token_ids, request.return_timeline,
-                               request.top_logprobs_asked is not None)
+                               request.top_logprobs_asked is not None,
+                               chat_template_kwargs=None if kwargs is None else json.dumps(kwargs))
 
 
 def completion_requests(request: CompletionRequest) -> list[OrchestratorRequest]:

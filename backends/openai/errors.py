@@ -26,9 +26,10 @@ from orchestrator.service import OVERLOADED
 # The orchestrator's validation messages: "<input>: ...", "<input>[i]...: ...", "image 0: ...", and the two about
 # the prompt's length (orchestrator.prompt, orchestrator.service).
 _INVALID = re.compile(r"^(?:(?:text_input|messages|prompt|prompt_token_ids|image_url|video_url|image|video|"
-                      r"sampling_parameters)"
+                      r"sampling_parameters|chat_template_kwargs)"
                       r"[\[:. ]|prompt too long|the prompt \()")
 _SAMPLING_KEY = re.compile(r"^sampling_parameters: (?:unknown key ')?(\w+)")
+_CHAT_KEY = re.compile(r"^(chat_template_kwargs): (?:(add_generation_prompt|continue_final_message)\b)?")
 _PROMPT = re.compile(r"^(?:text_input|prompt[: ]|prompt_token_ids:|the prompt \()")  # else a message's text or media
 # A media item's error: "image_url: ..." (the request's only item) or "video_url (item 2 of 3): ..." (placeholder order)
 _MEDIA_ITEM = re.compile(r"^(image|video)_url(?: \(item (\d+) of \d+\))?: ")
@@ -58,8 +59,9 @@ def from_orchestrator(message: str, media: Sequence = ()) -> ApiError:
     chat's part (``messages[1].content[0].image_url: ...`` for ``image_url (item 2 of 3): ...``)."""
     message = _at_its_part(message, media)
     if _INVALID.match(message):
-        key = _SAMPLING_KEY.match(message)
-        param = key.group(1) if key else "prompt" if _PROMPT.match(message) else "messages"
+        key, chat = _SAMPLING_KEY.match(message), _CHAT_KEY.match(message)
+        param = key.group(1) if key else (chat.group(2) or chat.group(1)) if chat else \
+            "prompt" if _PROMPT.match(message) else "messages"
         return ApiError(400, message, param=param)
     if SHUTTING_DOWN in message or message.startswith(OVERLOADED):
         return ApiError(503, message, code="service_unavailable")

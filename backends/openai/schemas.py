@@ -199,12 +199,27 @@ def _count_refusal(field: str, count: int | None) -> tuple[str, str] | None:
 
 
 class ChatCompletionRequest(GenerationRequest):
+    """vLLM's chat fields ``add_generation_prompt``, ``continue_final_message`` (a "prefilled" final message that
+    the model continues) and ``chat_template_kwargs`` (the template's own variables; the two fields override the
+    same keys there, as vLLM merges them) go to the orchestrator's ``chat_template_kwargs``."""
+
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None
     logprobs: Flag = False
     top_logprobs: int | None = None
     tools: list[Any] | None = None
     tool_choice: Any = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    @property
+    def template_kwargs(self) -> dict[str, Any] | None:
+        """The orchestrator's ``chat_template_kwargs`` (None: the defaults, nothing to send)."""
+        if not self.chat_template_kwargs and self.add_generation_prompt and not self.continue_final_message:
+            return None
+        return {**(self.chat_template_kwargs or {}), "add_generation_prompt": self.add_generation_prompt,
+                "continue_final_message": self.continue_final_message}
 
     @property
     def top_logprobs_asked(self) -> int | None:

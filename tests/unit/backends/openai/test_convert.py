@@ -40,7 +40,7 @@ def _raw(request) -> RawRequest:
                       image_url=strings("image_url"),
                       video_url=strings("video_url"), sampling_parameters=strings("sampling_parameters"),
                       stream=flag("stream"), exclude_input_in_output=flag("exclude_input_in_output"),
-                      return_output_ids=flag("return_output_ids"))
+                      return_output_ids=flag("return_output_ids"), chat_template_kwargs=strings("chat_template_kwargs"))
 
 
 def test_a_chat_becomes_placeholders_and_urls_in_order(tmp_path):
@@ -259,3 +259,15 @@ def test_return_timeline_goes_to_the_orchestrator_with_the_output_ids():
     assert {"return_timeline", "return_output_ids"} <= inputs  # the ids: each chunk's tokens on the timeline
     plain = {t.name() for t in chat_request(_chat(messages=[{"role": "user", "content": "x"}])).inputs()}
     assert not {"return_timeline", "return_output_ids"} & plain
+
+
+def test_a_chats_template_fields_go_as_chat_template_kwargs_the_fields_over_the_dict():
+    plain = chat_request(_chat(messages=[{"role": "user", "content": "hi"}]))
+    assert plain.chat_template_kwargs is None and "chat_template_kwargs" not in [i.name() for i in plain.inputs()]
+    request = chat_request(_chat(messages=[{"role": "assistant", "content": "It is"}], add_generation_prompt=False,
+                                 continue_final_message=True,
+                                 chat_template_kwargs={"add_vision_id": True, "add_generation_prompt": True}))
+    assert json.loads(request.chat_template_kwargs) == {"add_vision_id": True, "add_generation_prompt": False,
+                                                        "continue_final_message": True}  # vLLM's merge
+    parsed = parse_request(_raw(request), InputLimits())
+    assert (parsed.chat.add_generation_prompt, parsed.chat.continue_final_message) == (False, True)

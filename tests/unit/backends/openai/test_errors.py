@@ -9,6 +9,7 @@ import pytest
 
 from backends.openai.convert import MediaRef, OrchestratorRequest
 from backends.openai.errors import ApiError, from_orchestrator
+from orchestrator.chat_options import parse_chat_options
 from backends.openai.orchestrator_client import OrchestratorClient
 from backends.runtime.tokenizer import build_offline_tokenizer
 from flashcodec.families import MediaOptions
@@ -47,6 +48,10 @@ def _orchestrator_messages() -> list[tuple[str, str]]:
         (_message(lambda: parse_request(RawRequest(text_input=[], prompt=[b" "]), InputLimits())), "prompt"),
         (_message(lambda: build_raw_prompt(build_offline_tokenizer(), "<|image_pad|>")), "prompt"),
         (_message(lambda: fit_visual_tokens(QWEN, [ImageInfo(640, 480, "RGB", "PNG")] * 3, MediaOptions(), 5)), "messages"),
+        (_message(lambda: parse_chat_options([b'{"continue_final_message": true}'])), "add_generation_prompt"),
+        (_message(lambda: parse_chat_options([b'{"continue_final_message": 2, "add_generation_prompt": false}'])),
+         "continue_final_message"),
+        (_message(lambda: parse_chat_options([b'{"tokenize": true}'])), "chat_template_kwargs"),
     ]
 
 
