@@ -41,9 +41,25 @@ def _scalar(result: grpcclient.InferResult, name: str):
 
 def json_output(value: str | bytes | None):
     """A JSON output's value (``visual_cap``, ``media``, ``timeline``, ``logprobs``, ``prompt_logprobs``,
-    ``prompt_text``) read, or None where it is absent or empty.
-    Raises json.JSONDecodeError when it is not JSON."""
-    return None if value is None or len(value) == 0 else json.loads(value)
+    ``prompt_text``) read, or None where it is absent or empty: an array written one element a line (the
+    orchestrator's ``prompt_logprobs``) element by element (:func:`json_entries`).
+    Raises json.JSONDecodeError (a ValueError) when it is not JSON."""
+    if value is None or len(value) == 0:
+        return None
+    text = value.decode("utf-8") if isinstance(value, bytes) else value
+    return json_entries(text) if text.startswith("[\n") else json.loads(text)
+
+
+def json_entries(text: str) -> list:
+    """A JSON array written ``"[\\n" + ",\\n".join(elements) + "\\n]"``, each element on a line of its own (a line
+    break inside a JSON string is always escaped, so every one here is a separator), read element by element: many
+    small parses, between which a thread can yield the GIL, where one ``json.loads`` of a 30 MB array (a 16,000-token
+    prompt's log probabilities at 20 top tokens) holds it for about 300 ms and stalls every other thread of the
+    process. Raises json.JSONDecodeError (a ValueError) for another layout."""
+    if not text.endswith("\n]"):
+        raise json.JSONDecodeError("not an array written one element a line", text, 0)
+    body = text[2:-2]
+    return [json.loads(element) for element in body.split(",\n")] if body else []
 
 
 LARGE_RESPONSE_BYTES = 1 << 20  # a response whose outputs hold more is read off an event loop (response_bytes)

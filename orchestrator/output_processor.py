@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+from concurrent.futures import ThreadPoolExecutor
 from typing import AsyncIterator, NamedTuple, Sequence
 
 from backends.ipc.link import StageError
@@ -50,6 +51,9 @@ class OutputProcessor:
         self.tokenizer = tokenizer
         self._texts: dict[int, str] = {}  # token id -> its text alone (logprobs entries; at most the vocabulary)
         self._quoted: dict[int, str] = {}  # token id -> that text as a JSON string (prompt_logprobs' entries)
+        # prompts' entries written one after another: each such thread beside the event loop takes a share of its
+        # time (the GIL), and the loop sends every stream's tokens (bench/results/big-reply-stall-cpu-2026-12-05/)
+        self._bulk = ThreadPoolExecutor(1, "prompt-logprobs")
 
     @staticmethod
     def cancel(outputs: asyncio.Queue) -> None:
@@ -77,7 +81,8 @@ class OutputProcessor:
             while True:
                 output = await outputs.get()
                 if output.prompt_logprobs is not None:  # the first token's
-                    prompt = await asyncio.to_thread(self._prompt_json, prompt_ids, output.prompt_logprobs)
+                    prompt = await asyncio.get_running_loop().run_in_executor(
+                        self._bulk, self._prompt_json, prompt_ids, output.prompt_logprobs)
                 deltas, ids, entries = [], [], []
                 # this token and those queued behind it
                 while output is not None and output is not CANCELLED and output.failure is None:
@@ -121,8 +126,10 @@ class OutputProcessor:
         """:attr:`Piece.prompt_logprobs`' JSON text: the first prompt token's entry (its text; its log probability
         and rank null), then each later prompt token's, as :meth:`_entry` makes them. Written as text, not built as
         objects: a 32,000-token prompt's top 20 make 700,000 dicts, which set off the collector's full passes
-        (pausing every stream of the process tens of ms each). Raises ValueError when ``figures`` are not one row
-        per prompt token after the first."""
+        (pausing every stream of the process tens of ms each). One entry a line (JSON allows the whitespace; a
+        token's text has its line breaks escaped), so that a reader can parse it entry by entry
+        (``client.pieces.json_entries``). Raises ValueError when ``figures`` are not one row per prompt token after
+        the first."""
         if not prompt_ids:
             return "[]"
         values, top = memoryview(figures.figures).cast("f"), figures.top
@@ -136,7 +143,7 @@ class OutputProcessor:
             fields += [self._json_field(best, values[at + 2 + top + j], j + 1)
                        for j in range(top) if (best := int(values[at + 2 + j])) != token]
             parts.append("{" + ", ".join(fields) + "}")
-        return "[" + ", ".join(parts) + "]"
+        return "[\n" + ",\n".join(parts) + "\n]"  # an entry a line: readers parse it entry by entry (json_entries)
 
     def _json_field(self, token: int, logprob: float, rank: int) -> str:
         """One token's member of an entry, as ``json.dumps`` writes it."""

@@ -26,7 +26,7 @@ MAX_STOP_CHARS = 256
 MAX_STOP_TOKEN_IDS = 256
 MAX_LOGIT_BIAS_ENTRIES = 300  # OpenAI's limit; bounds the work one request's logit_bias adds to its steps
 MAX_PENALTY = 2.0  # presence_penalty and frequency_penalty lie in [-2, 2] (vLLM's, after OpenAI's)
-_TOKENS_LIMIT = 1 << 31
+MAX_TOKENS_LIMIT = 1 << 31  # max_tokens and token ids below it: far beyond any vocabulary or max_model_len
 SEED_LIMIT = 2**63  # seeds go into an int64 generator seed
 _PREFIX = "sampling_parameters"
 
@@ -57,7 +57,8 @@ class RequestParams:
         skip_special_tokens: special tokens (``<|im_end|>``, ``<|vision_start|>``) have no text in the output
             (the default, vLLM's) or their own.
         stop_token_ids: token ids that end the output as eos does (finish reason "stop"; its id in the output's
-            ids, its text not unless ``include_stop_str_in_output``), at most 256, distinct (repeats dropped, as vLLM does); checked against the vocabulary at admission.
+            ids, its text not unless ``include_stop_str_in_output``), at most 256, distinct (repeats dropped, as
+            vLLM does); checked against the vocabulary at admission.
         repetition_penalty: > 0, 1 is off; presence_penalty, frequency_penalty: in [-2, 2], 0 is off (their
             meaning: ``backends.ipc.protocol.SamplingParams``).
         fps: video frames sampled per second of video, in (0, 60], or None for the model family's default
@@ -110,7 +111,7 @@ class RequestParams:
     prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
-        if not 0 < self.max_tokens < _TOKENS_LIMIT:  # far beyond any max_model_len; bounds what messages print
+        if not 0 < self.max_tokens < MAX_TOKENS_LIMIT:  # far beyond any max_model_len; bounds what messages print
             _fail("max_tokens", "must be a positive integer below 2**31", self.max_tokens)
         if not 0 <= self.min_tokens <= self.max_tokens:
             _fail("min_tokens", f"must be in [0, max_tokens={self.max_tokens}]", self.min_tokens)
@@ -154,7 +155,8 @@ class RequestParams:
             _fail("prompt_logprobs", f"must be in [0, {MAX_LOGPROBS}]", self.prompt_logprobs)
         ids, biases = [t for t, _ in self.logit_bias], [b for _, b in self.logit_bias]
         if len(ids) > MAX_LOGIT_BIAS_ENTRIES or len(set(ids)) != len(ids) or not all(
-                0 <= t < _TOKENS_LIMIT for t in ids) or not all(-MAX_LOGIT_BIAS <= b <= MAX_LOGIT_BIAS for b in biases):
+                0 <= t < MAX_TOKENS_LIMIT for t in ids) or not all(
+                -MAX_LOGIT_BIAS <= b <= MAX_LOGIT_BIAS for b in biases):
             _fail("logit_bias", f"must map at most {MAX_LOGIT_BIAS_ENTRIES} distinct token ids >= 0 to biases in "
                   f"[-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}]", self.logit_bias)
         if self.structured_outputs is not None and self.min_tokens:  # it would mask the eos that ends a match
@@ -260,7 +262,7 @@ def _as_logit_bias(key: str, value: object) -> tuple[tuple[int, float], ...]:
     for token, bias in value.items():
         where = f"{key}[{shown(token)}]"
         token_id = _as_int(f"{where}'s key", token)
-        if not 0 <= token_id < _TOKENS_LIMIT:
+        if not 0 <= token_id < MAX_TOKENS_LIMIT:
             raise InvalidInput(f"{_PREFIX}: {where}'s key must be a token id, in [0, 2**31)")
         if token_id in out:
             raise InvalidInput(f"{_PREFIX}: {key} names token {token_id} twice ({keys[token_id]!r} and {token!r})")

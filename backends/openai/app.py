@@ -18,9 +18,11 @@ from pathlib import Path
 from typing import AsyncIterator, Awaitable, TypeVar
 
 from fastapi import APIRouter, FastAPI, Request, Response
+from fastapi.responses import StreamingResponse
 from sse_starlette import EventSourceResponse
 
 from backends.openai.body_limit import BodyLimit
+from backends.openai.bulk import in_bulk_thread
 from backends.openai.config import ApiConfig
 from backends.openai.choices import merged
 from backends.openai.convert import OrchestratorRequest, chat_request, completion_requests
@@ -28,8 +30,9 @@ from backends.openai.errors import ApiError, install_handlers
 from backends.openai.media_fetch import MediaFetcher
 from backends.openai.orchestrator_client import OrchestratorClient
 from backends.openai.responses import ChatShape, CompletionShape, Reply
-from backends.openai.response_schemas import ModelCard, ModelList
+from backends.openai.response_schemas import ChatCompletionChunk, Completion, ModelCard, ModelList
 from backends.openai.schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest
+from backends.openai.sliced_json import sliced_json
 from backends.openai.timing import ApiMarks
 from client.pieces import ResponsePiece
 
@@ -167,14 +170,24 @@ async def _generate(request: Request, body: GenerationRequest, prompts: list[Orc
 
 async def _whole_body(shape: ChatShape | CompletionShape, replies: list[Reply]) -> Response:
     """The whole body of ``replies`` in ``shape``, written by pydantic (in Rust; FastAPI's own encoding of a returned
-    model walks it in Python: 855 ms against 36 for a 4,096-token prompt echoed with 20 top tokens a token, 10 MB),
-    in a worker thread when they hold over ``LARGE_BODY_ENTRIES`` log-probability entries, so that the event loop
-    serving the process's other requests never waits for it (bench/big_reply_stall.py)."""
-    def body() -> bytes:
-        return shape.whole(replies).model_dump_json().encode()
+    model walks it in Python: 855 ms against 36 for a 4,096-token prompt echoed with 20 top tokens a token, 10 MB);
+    when they hold over ``LARGE_BODY_ENTRIES`` log-probability entries, on the bulk thread (``bulk``) and in slices
+    (``sliced_json``), and sent in pieces, so that the event loop serving the process's other requests does not wait
+    for it (bench/big_reply_stall.py)."""
     entries = sum(len(reply.logprobs) + len(reply.prompt_logprobs or ()) for reply in replies)
-    return Response(await asyncio.to_thread(body) if entries > LARGE_BODY_ENTRIES else body(),
-                    media_type="application/json")
+    if entries <= LARGE_BODY_ENTRIES:
+        return Response(shape.whole(replies).model_dump_json().encode(), media_type="application/json")
+    content = await in_bulk_thread(lambda: sliced_json(shape.whole(replies)))
+    return StreamingResponse(_in_pieces(content), media_type="application/json",
+                             headers={"content-length": str(len(content))})
+
+
+async def _in_pieces(content: bytes, size: int = 1 << 20) -> AsyncIterator[memoryview]:
+    """``content`` a MiB at a time: the server writes each to its socket in one call, holding the GIL, so a body of
+    tens of MB written whole held the process's event loop for about 175 ms (py-spy, bench/big_reply_stall.py)."""
+    view = memoryview(content)
+    for start in range(0, len(view), size):
+        yield view[start:start + size]
 
 
 async def _gathered(pieces: AsyncIterator[tuple[int, ResponsePiece]], choices: int) -> list[Reply]:
@@ -190,9 +203,9 @@ async def _events(first: tuple[int, ResponsePiece], pieces: AsyncIterator[tuple[
     piece with the request's timeline (choice 0's last) gets ``marks`` joined to it."""
     try:
         marks.mark("api_first_chunk")
-        yield {"data": _chunk(shape, first, marks)}
+        yield {"data": await _chunk_data(shape, first, marks)}
         async for item in pieces:
-            yield {"data": _chunk(shape, item, marks)}
+            yield {"data": await _chunk_data(shape, item, marks)}
         counts = shape.streamed_usage()
         if include_usage and counts is not None:
             yield {"data": shape.usage_chunk(counts).model_dump_json(exclude_none=True)}
@@ -203,13 +216,21 @@ async def _events(first: tuple[int, ResponsePiece], pieces: AsyncIterator[tuple[
     yield {"data": "[DONE]"}
 
 
-def _chunk(shape, item: tuple[int, ResponsePiece], marks: ApiMarks) -> str:
+async def _chunk_data(shape, item: tuple[int, ResponsePiece], marks: ApiMarks) -> str:
+    """The chunk of ``item`` as JSON text, made on the bulk thread when it holds over ``LARGE_BODY_ENTRIES``
+    log-probability entries (a streamed echo's first chunk carries its prompt's), as ``_whole_body`` makes bodies."""
+    if shape.chunk_entries(*item) > LARGE_BODY_ENTRIES:
+        return await in_bulk_thread(lambda: sliced_json(_chunk(shape, item, marks), exclude_none=True).decode())
+    return _chunk(shape, item, marks).model_dump_json(exclude_none=True)
+
+
+def _chunk(shape, item: tuple[int, ResponsePiece], marks: ApiMarks) -> ChatCompletionChunk | Completion:
     index, piece = item
     if index == 0:  # the timeline is choice 0's
         marks.chunk(len(piece.token_ids))  # with return_timeline the orchestrator sends them (convert.py)
         if piece.timeline is not None:
             piece = dataclasses.replace(piece, timeline=marks.into(piece.timeline))
-    return shape.chunk(index, piece).model_dump_json(exclude_none=True)
+    return shape.chunk(index, piece)
 
 
 async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T:

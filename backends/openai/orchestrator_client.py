@@ -21,6 +21,7 @@ import tritonclient.grpc.aio as grpc_aio
 from tritonclient.utils import InferenceServerException
 
 from backends.openai.convert import OrchestratorRequest
+from backends.openai.bulk import in_bulk_thread
 from backends.openai.errors import ApiError, from_orchestrator, from_transport, unexpected
 from backends.openai.token_channel import ChannelRefused, TokenChannel
 from client.pieces import LARGE_RESPONSE_BYTES, ResponsePiece, piece_from_grpc, response_bytes
@@ -106,7 +107,7 @@ class OrchestratorClient:
                 if error is not None:
                     finished = True
                     raise from_orchestrator(error.message(), request.media)
-                piece = (await asyncio.to_thread(piece_from_grpc, result)
+                piece = (await in_bulk_thread(piece_from_grpc, result)
                          if response_bytes(result) > LARGE_RESPONSE_BYTES else piece_from_grpc(result))
                 finished = piece.finish_reason is not None or piece.final
                 yield piece

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, SkipValidation
 
 class PromptTokensDetails(BaseModel):
     cached_tokens: int = 0  # of the prompt's tokens, those found in the prefix cache
@@ -49,7 +49,9 @@ class CompletionLogprobs(BaseModel):
     top_logprobs: list[dict[str, float] | None] = []
 
 
-PromptLogprobs = list[dict[str, dict] | None]  # vLLM's: per prompt token, None for the first, else {"<id>": {...}}
+# vLLM's: per prompt token, None for the first, else {"<id>": {...}}. Not validated: the orchestrator's entries, often
+# hundreds of thousands of dicts, whose validation (in Rust, holding the GIL) stalled the API process's other streams
+PromptLogprobs = SkipValidation[list[dict[str, dict] | None]]
 
 
 class ChatChoice(BaseModel):

@@ -112,6 +112,12 @@ class _Shape:
     def _whole_usage(self, replies: list[Reply]) -> Usage | None:
         return total_usage({index: reply.usage for index, reply in enumerate(replies) if reply.usage}, self.n)
 
+    def chunk_entries(self, index: int, piece: ResponsePiece) -> int:
+        """How many log-probability entries choice ``index``'s chunk of ``piece`` carries: its tokens', and on a
+        choice's first chunk its prompt's (``piece``'s, or its prompt's first choice's: ``_prompt_entries``)."""
+        prompt = piece.prompt_logprobs or (self._prompts.get(index // self.n) if index not in self._started else None)
+        return len(piece.logprobs or ()) + len(prompt or ())
+
     def _prompt_entries(self, index: int, reply: Reply | ResponsePiece) -> list[dict] | None:
         """The orchestrator's entries of choice ``index``'s prompt (None where not asked): ``reply``'s, which a
         prompt's first choice brings (its others do not ask: ``choices.sample_requests``), noted for the others."""

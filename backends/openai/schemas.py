@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from backends.ipc.protocol import MAX_LOGPROBS
-from orchestrator.sampling_params import SEED_LIMIT
+from orchestrator.sampling_params import MAX_TOKENS_LIMIT, SEED_LIMIT
 from orchestrator.shown import shown
 
 MAX_CHOICES = 128  # OpenAI's API's limit on n, and on a completion's prompts times n
@@ -232,6 +232,10 @@ class ChatCompletionRequest(GenerationRequest):
             return "top_logprobs", "top_logprobs: only allowed when logprobs is true"
         if self.tools or self.tool_choice not in (None, "none", "auto"):
             return "tools", "tools: tool calls are not supported by this server"
+        if self.max_completion_tokens is not None and not 0 < self.max_completion_tokens < MAX_TOKENS_LIMIT:
+            # the orchestrator would name max_tokens, which this request did not send
+            return "max_completion_tokens", (f"max_completion_tokens: must be a positive integer below 2**31, got "
+                                             f"{shown(self.max_completion_tokens)}")
         return super().refusal()
 
     def sampling_parameters(self) -> dict[str, Any]:

@@ -1,7 +1,9 @@
 """Big replies are read and written off the API process's event loop (its other requests' tokens wait for nothing
-there): a whole body with many log-probability entries (backends/openai/app.py, ``_whole_body``), a gRPC response
-with large outputs (orchestrator_client, ``client.pieces.response_bytes``), a token channel's large items
-(token_channel, ``_pieces``). Small ones stay on the loop (a thread hop costs each request)."""
+there): a whole body with many log-probability entries (backends/openai/app.py, ``_whole_body``: in a thread, written
+in slices with pydantic's bytes, ``sliced_json``, sent a MiB at a time), a gRPC response with large outputs
+(orchestrator_client, ``client.pieces.response_bytes``), a token channel's large items (token_channel, ``_pieces``), a
+JSON array written one element a line (``client.pieces.json_entries``). Small ones stay on the loop (a thread hop
+costs each request)."""
 from __future__ import annotations
 
 import asyncio
@@ -10,12 +12,18 @@ import threading
 
 import pytest
 import tritonclient.grpc as grpcclient
+from fastapi import Response
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel
+from pydantic_core import to_json
 from tritonclient.grpc import service_pb2
 
 from backends.openai import app
 from backends.openai.responses import CompletionShape, Reply
+from backends.openai import sliced_json as sliced_json_module
+from backends.openai.sliced_json import SLICE, sliced_json
 from backends.openai.token_channel import _pieces
-from client.pieces import LARGE_RESPONSE_BYTES, ResponsePiece, response_bytes
+from client.pieces import LARGE_RESPONSE_BYTES, ResponsePiece, json_entries, json_output, response_bytes
 
 
 def _entry(token_id: int, first: bool = False) -> dict:
@@ -40,10 +48,18 @@ def _reply(prompt_tokens: int) -> Reply:
 @pytest.mark.parametrize("tokens, off_loop", [(8, False), (app.LARGE_BODY_ENTRIES + 1, True)])
 def test_a_whole_body_is_written_by_pydantic_and_off_the_loop_when_it_is_big(tokens, off_loop):
     shape = RecordingShape("tiny", False, top_logprobs=1, echo=["p"])
-    response = asyncio.run(app._whole_body(shape, [_reply(tokens)]))
+
+    async def answer() -> tuple[Response, bytes]:
+        response = await app._whole_body(shape, [_reply(tokens)])
+        if isinstance(response, StreamingResponse):  # a big one: sent a MiB at a time, its length said
+            content = b"".join([bytes(piece) async for piece in response.body_iterator])
+            assert int(response.headers["content-length"]) == len(content)
+            return response, content
+        return response, response.body
+    response, content = asyncio.run(answer())
     assert (shape.thread is not threading.main_thread()) == off_loop
-    assert response.media_type == "application/json"
-    body = json.loads(response.body)
+    assert isinstance(response, StreamingResponse) == off_loop and response.media_type == "application/json"
+    body = json.loads(content)
     expected = RecordingShape("tiny", False, top_logprobs=1, echo=["p"]).whole([_reply(tokens)]).model_dump()
     assert body | {"id": None, "created": None} == expected | {"id": None, "created": None}
     logprobs = body["choices"][0]["logprobs"]
@@ -62,3 +78,35 @@ def test_channel_items_become_pieces_in_order_with_their_ids():
     assert [(request_id, piece.text, piece.token_ids, piece.finish_reason) for request_id, piece in pieces] == [
         ("a", b"x", (1,), None), ("b", b"y", (2,), "stop")]
     assert _pieces(b"") == [] and _pieces(b"[]") == []
+
+
+@pytest.mark.parametrize("exclude_none", [False, True])
+def test_sliced_json_writes_pydantics_bytes_by_short_calls(exclude_none, monkeypatch):
+    calls = []
+
+    def recorded(value, **settings):
+        calls.append(value)
+        return to_json(value, **settings)
+    monkeypatch.setattr(sliced_json_module, "to_json", recorded)
+    # lists longer than a slice (the echo's entries, the prompt's), None members and fields, nested models and dicts
+    shape = CompletionShape("tiny", True, top_logprobs=2, n=2, echo=["p"])
+    replies = [_reply(3 * SLICE + 7), _reply(5)]
+    replies[0].timeline = {"events": [{"ms": 1.5, "event": "parsed", "x": None}]}
+    body = shape.whole(replies)
+    assert sliced_json(body, exclude_none) == body.model_dump_json(exclude_none=exclude_none).encode()
+    chunk = shape.chunk(0, ResponsePiece("t\u00e9".encode(), (1,),
+                                          prompt_logprobs=[_entry(k, k == 0) for k in range(SLICE + 1)]))
+    assert sliced_json(chunk, exclude_none) == chunk.model_dump_json(exclude_none=exclude_none).encode()
+    # no call is given a model (pydantic would write it whole) or more than a slice of a list
+    assert calls and not any(isinstance(element, BaseModel) for value in calls
+                             for element in (value if isinstance(value, list) else [value]))
+    assert max(len(value) for value in calls if isinstance(value, list)) <= SLICE
+
+
+def test_an_array_written_one_element_a_line_is_read_element_by_element():
+    elements = [{"a": "line\nbreak", "b": [1, {"c": None}]}, None, "x,\ny"]
+    text = "[\n" + ",\n".join(json.dumps(e) for e in elements) + "\n]"
+    assert json_entries(text) == json_output(text) == json_output(text.encode()) == json.loads(text) == elements
+    assert json_output("[1, 2]") == [1, 2] and json_output("") is None
+    with pytest.raises(ValueError):
+        json_entries("[\n1,\n2]")

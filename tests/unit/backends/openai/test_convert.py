@@ -271,3 +271,10 @@ def test_a_chats_template_fields_go_as_chat_template_kwargs_the_fields_over_the_
                                                         "continue_final_message": True}  # vLLM's merge
     parsed = parse_request(_raw(request), InputLimits())
     assert (parsed.chat.add_generation_prompt, parsed.chat.continue_final_message) == (False, True)
+
+
+def test_max_completion_tokens_out_of_range_is_refused_under_its_own_name():
+    for value in (-3, 0, 2**31):
+        field, message = _chat(messages=[{"role": "user", "content": "hi"}], max_completion_tokens=value).refusal()
+        assert field == "max_completion_tokens" and message.startswith("max_completion_tokens: must be a positive")
+    assert _chat(messages=[{"role": "user", "content": "hi"}], max_completion_tokens=5).refusal() is None
