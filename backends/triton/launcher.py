@@ -52,6 +52,8 @@ from flashcodec.parallel import TMP_PREFIX_ENV
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TRITON_EXIT_TIMEOUT_S = 10  # tritonserver's --exit-timeout-secs: after the launcher's drain nothing is left to wait for
 EXIT_TIMEOUT_S = 15.0  # the launcher's SIGKILL after its SIGINT, for a server that does not exit by itself
+# a stop this slow: the stubs' stacks go to the log before tritonserver gives up (TRITON_EXIT_TIMEOUT_S) and takes them
+STACKS_AFTER_S = TRITON_EXIT_TIMEOUT_S - 2
 STAGE_DIED = 3  # the launcher's exit status when a model's process died (it stopped the server) or tritonserver did
 DIED_EXIT_TIMEOUT_S = 5.0  # then: seconds from SIGINT to SIGKILL, so that clients see the connection drop soon
 
@@ -195,7 +197,8 @@ class TritonServer:
     def stop(self, drain_timeout_s: float = 10.0, exit_timeout_s: float = EXIT_TIMEOUT_S) -> str | None:
         """Tell the models and let them drain (``server_stop``: requests in flight fail, streams end; at most
         ``drain_timeout_s`` seconds), SIGINT, then SIGKILL of the whole process group after ``exit_timeout_s``
-        seconds (first asking the stubs still alive for their threads' stacks, which go to the server log); removes
+        seconds (the stubs still alive write their threads' stacks to the server log first, at ``STACKS_AFTER_S``
+        seconds, :meth:`_wait_stopped`); removes
         the run directory. Returns None when the server exited by itself with status 0; else what went wrong: when
         it had to be killed, "did not exit within EXIT_TIMEOUT_S s of its stop (model NAME had not unloaded)" (or
         "(every model had unloaded)": tritonserver itself did not exit); when tritonserver gave up waiting for a
@@ -206,15 +209,14 @@ class TritonServer:
             self.announce_stop()
             server_stop.wait_drained(self.run_dir, drain_timeout_s)
             os.killpg(self.process.pid, signal.SIGINT)
-            try:
-                if self.process.wait(timeout=exit_timeout_s) != 0:
-                    killed = (f"gave up its stop after its exit timeout of {TRITON_EXIT_TIMEOUT_S} s, status "
-                              f"{self.process.returncode} ({self._not_unloaded()})")
-            except subprocess.TimeoutExpired:
-                self._dump_stub_stacks()  # what the stubs left were doing, into the log, for whoever looks into it
+            status = self._wait_stopped(exit_timeout_s)
+            if status is None:
                 killed = f"did not exit within {exit_timeout_s:g} s of its stop ({self._not_unloaded()}): killed"
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait()
+            elif status != 0:
+                killed = (f"gave up its stop after its exit timeout of {TRITON_EXIT_TIMEOUT_S} s, status {status} "
+                          f"({self._not_unloaded()})")
         if self.process is not None:  # stubs still loading when the server exited outlive it: none may stay
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.process.pid, signal.SIGKILL)
@@ -230,6 +232,20 @@ class TritonServer:
             self._lock.close()
             shutil.rmtree(self.run_dir, ignore_errors=True)
         return killed
+
+    def _wait_stopped(self, exit_timeout_s: float) -> int | None:
+        """tritonserver's exit status once it exits within ``exit_timeout_s`` of its SIGINT, else None. A stop that
+        takes ``STACKS_AFTER_S`` seconds has the stubs' stacks written to the log first (what the stubs left were
+        doing, for whoever looks into it), while tritonserver still waits for them: past its own exit timeout it
+        exits and takes them along (a fresh user's long session, 2026-12-05, left no stacks that way)."""
+        try:
+            return self.process.wait(timeout=min(exit_timeout_s, STACKS_AFTER_S))
+        except subprocess.TimeoutExpired:
+            self._dump_stub_stacks()
+        try:
+            return self.process.wait(timeout=max(0.0, exit_timeout_s - STACKS_AFTER_S))
+        except subprocess.TimeoutExpired:
+            return None
 
     def _not_unloaded(self) -> str:
         return not_unloaded(self.log_tail(1_000_000), self.ready_stubs.values())

@@ -179,8 +179,11 @@ def test_a_model_left_loaded_by_triton_is_named_when_triton_gives_up_its_stop():
     launcher.send_signal(signal.SIGTERM)
     _, err = launcher.communicate(timeout=90)
     assert launcher.returncode == 0, err
-    if "Exit timeout expired" in Path(log.group(1)).read_text(errors="replace"):  # seen in every try here
+    text = Path(log.group(1)).read_text(errors="replace")
+    if "Exit timeout expired" in text:  # seen in every try here
         assert "gave up its stop after its exit timeout" in err and "model orchestrator had not unloaded" in err, err
+        # the stubs' stacks went to the log before tritonserver gave up (launcher STACKS_AFTER_S)
+        assert re.search(r"--- stacks of model orchestrator \(stub pid \d+\) ---", text), text[-3000:]
 
 
 @pytest.mark.parametrize("sig", ["SIGKILL", "SIGSEGV"])
