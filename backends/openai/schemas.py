@@ -212,6 +212,7 @@ class ChatCompletionRequest(GenerationRequest):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    chat_template: str | None = None  # vLLM's own template for the request: refused (refusal)
 
     @property
     def template_kwargs(self) -> dict[str, Any] | None:
@@ -232,6 +233,8 @@ class ChatCompletionRequest(GenerationRequest):
             return "top_logprobs", "top_logprobs: only allowed when logprobs is true"
         if self.tools or self.tool_choice not in (None, "none", "auto"):
             return "tools", "tools: tool calls are not supported by this server"
+        if self.chat_template is not None:  # vLLM 0.26 refuses it too, unless started with --trust-request-chat-template
+            return "chat_template", "chat_template: this server applies the model's own chat template only"
         if self.max_completion_tokens is not None and not 0 < self.max_completion_tokens < MAX_TOKENS_LIMIT:
             # the orchestrator would name max_tokens, which this request did not send
             return "max_completion_tokens", (f"max_completion_tokens: must be a positive integer below 2**31, got "

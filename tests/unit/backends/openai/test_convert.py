@@ -278,3 +278,8 @@ def test_max_completion_tokens_out_of_range_is_refused_under_its_own_name():
         field, message = _chat(messages=[{"role": "user", "content": "hi"}], max_completion_tokens=value).refusal()
         assert field == "max_completion_tokens" and message.startswith("max_completion_tokens: must be a positive")
     assert _chat(messages=[{"role": "user", "content": "hi"}], max_completion_tokens=5).refusal() is None
+
+
+def test_a_requests_own_chat_template_is_refused_naming_it():
+    field, message = _chat(messages=[{"role": "user", "content": "hi"}], chat_template="{{ 'X' }}").refusal()
+    assert field == "chat_template" and "the model's own chat template only" in message
