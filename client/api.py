@@ -60,6 +60,8 @@ class GenerationResult:
     else empty; ``cumulative_logprob``: the output's summed log probability (natural log), with it, else None.
     ``prompt_logprobs``: with ``sampling``'s ``prompt_logprobs``, one entry per prompt token as ``logprobs``' (the
     first token's ``logprob`` and ``rank`` None: it follows nothing; docs/requests.md), else None.
+    ``stop_reason``: the stop string, or the stop token's id, that ended the output (vLLM's: None when it ended with
+    the tokenizer's eos token, for another reason, or the server sent none).
     """
 
     text: str = ""
@@ -77,6 +79,7 @@ class GenerationResult:
     logprobs: list[dict] = field(default_factory=list)
     cumulative_logprob: float | None = None
     prompt_logprobs: list[dict] | None = None
+    stop_reason: int | str | None = None
 
     @property
     def mean_tbt_ms(self) -> float | None:
@@ -125,6 +128,8 @@ class _Collector:
             r.cumulative_logprob = piece.cumulative_logprob
         if piece.prompt_logprobs is not None:
             r.prompt_logprobs = piece.prompt_logprobs
+        if piece.stop_reason is not None:
+            r.stop_reason = piece.stop_reason
         if piece.has_output:
             r.num_responses += 1
             k = max(1, len(piece.token_ids))

@@ -28,6 +28,7 @@ class ResponsePiece:
     cumulative_logprob: float | None = None
     prompt_logprobs: list[dict] | None = None  # sampling's prompt_logprobs: first response only
     prompt_text: str | None = None  # a prompt_token_ids request's prompt as text: first response only
+    stop_reason: int | str | None = None  # last response: the stop string or stop token id that ended the output
 
     @property
     def has_output(self) -> bool:
@@ -41,8 +42,8 @@ def _scalar(result: grpcclient.InferResult, name: str):
 
 def json_output(value: str | bytes | None):
     """A JSON output's value (``visual_cap``, ``media``, ``timeline``, ``logprobs``, ``prompt_logprobs``,
-    ``prompt_text``) read, or None where it is absent or empty: an array written one element a line (the
-    orchestrator's ``prompt_logprobs``) element by element (:func:`json_entries`).
+    ``prompt_text``, ``stop_reason``) read, or None where it is absent or empty: an array written one element a line
+    (the orchestrator's ``prompt_logprobs``) element by element (:func:`json_entries`).
     Raises json.JSONDecodeError (a ValueError) when it is not JSON."""
     if value is None or len(value) == 0:
         return None
@@ -88,7 +89,7 @@ def piece_from_grpc(result: grpcclient.InferResult) -> ResponsePiece:
         lambda name: _scalar(result, name))
 
 
-_JSON_OUTPUTS = ("visual_cap", "media", "timeline", "logprobs", "prompt_logprobs", "prompt_text")
+_JSON_OUTPUTS = ("visual_cap", "media", "timeline", "logprobs", "prompt_logprobs", "prompt_text", "stop_reason")
 
 
 def piece_from_outputs(text: bytes, token_ids: tuple[int, ...], final: bool, value: Callable[[str], object]

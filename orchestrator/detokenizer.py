@@ -17,7 +17,8 @@ WINDOW = 6  # tokens of left context at the end (flush): enough for any multi-to
 
 
 class Detokenizer:
-    """Feed token ids with :meth:`add`; read ``text`` (everything released) and ``stopped``.
+    """Feed token ids with :meth:`add`; read ``text`` (everything released), ``stopped`` and ``matched`` (the stop
+    string that ended the output, vLLM's ``stop_reason``; None while none has).
 
     ``stop``: strings that end the output (not in it unless ``include_stop``); ``min_tokens``: tokens that must be
     out before a stop string may end it (the request's ``min_tokens``, as for EOS); ``skip_special_tokens``: special
@@ -38,7 +39,12 @@ class Detokenizer:
         self.text = ""          # released text
         self._decoded = ""      # all text decoded so far (released + held back)
         self._offset = 0        # ids before this index are fully decoded into _decoded
-        self.stopped = False
+        self.matched: str | None = None
+
+    @property
+    def stopped(self) -> bool:
+        """Whether a stop string ended the output (``matched``)."""
+        return self.matched is not None
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=self._skip_special)
@@ -76,7 +82,7 @@ class Detokenizer:
             # A match must end after the exempt text (it may start inside it, as in vLLM).
             at = self._decoded.find(s, max(0, self._exempt - len(s) + 1))
             if at >= 0:
-                self.stopped = True
+                self.matched = s
                 end = at + len(s) if self.include_stop else at
                 delta = self._decoded[len(self.text):end] if end > len(self.text) else ""
                 self.text = self._decoded[:end] if end > len(self.text) else self.text

@@ -5,8 +5,9 @@ merges a request's queued replies into one: ``orchestrator.replies``); otherwise
 (prefixed by the prompt unless ``exclude_input_in_output``, as the vLLM backend does). The first response carries
 ``media`` (what was done with each image and video) and ``visual_cap`` (what max_visual_tokens changed) where the
 request has them (``orchestrator.replies.first_outputs``). The last response carries
-``finish_reason``, ``num_input_tokens``, ``num_output_tokens`` (the whole output's) and ``num_cached_tokens`` (the
-prompt's tokens found in the prefix cache), and always the final flag, also after a cancellation or an error. The
+``finish_reason``, ``num_input_tokens``, ``num_output_tokens`` (the whole output's), ``num_cached_tokens`` (the
+prompt's tokens found in the prefix cache) and ``stop_reason`` (JSON: the stop string or token id that ended the
+output, else null; vLLM's), and always the final flag, also after a cancellation or an error. The
 vLLM backend's ``return_*`` flags put their output on every response, with that backend's meaning (its
 ``utils/request.py``): ``finish_reason`` is ``"None"`` until the last, ``num_output_tokens`` counts that
 response's tokens. A client's cancellation, seen by the cancel watch's thread, is handed to the event loop, where
@@ -151,7 +152,7 @@ async def _send_tokens(admitted: Admitted, tokens, send, timer: RequestTimer, ti
     cap = None if admitted.visual_cap is None else admitted.visual_cap.to_json()
     head = first_outputs(visual_cap=cap, media=admitted.media, prompt_text=admitted.prompt_text)
     num_input = len(admitted.prompt.input_ids)
-    async for delta, token_ids, reason, logprobs, cumulative, prompt_logprobs in tokens:
+    async for delta, token_ids, reason, logprobs, cumulative, prompt_logprobs, stop_reason in tokens:
         if prompt_logprobs is not None:  # on the first item (JSON already): the first response's
             head += (("prompt_logprobs", prompt_logprobs),)
         texts.append(delta)
@@ -174,10 +175,11 @@ async def _send_tokens(admitted: Admitted, tokens, send, timer: RequestTimer, ti
                            logprobs=logprobs, cumulative_logprob=cumulative))
                 delta, token_ids, logprobs, first = "", [], (), False
             send(Reply(parsed, delta, token_ids, reason, num_input, len(ids), final if reason else 0,
-                       head if first else (), timeline, admitted.counts.cached_tokens, logprobs, cumulative))
+                       head if first else (), timeline, admitted.counts.cached_tokens, logprobs, cumulative,
+                       stop_reason))
             first = False
         elif reason is not None:
             prompt = parsed.text if admitted.prompt_text is None else admitted.prompt_text
             text = "".join(texts) if parsed.exclude_input_in_output else prompt + "".join(texts)
             send(Reply(parsed, text, ids, reason, num_input, len(ids), final, head, timeline,
-                       admitted.counts.cached_tokens, tuple(entries), cumulative))
+                       admitted.counts.cached_tokens, tuple(entries), cumulative, stop_reason))

@@ -34,7 +34,9 @@ class Piece(NamedTuple):
     the top tokens) and ``cumulative_logprob``, the sum of the output's token log probabilities so far; on the first
     item of a request that asked for them (``prompt_logprobs``), ``prompt_logprobs``: the JSON text of a list with one
     entry per prompt token, as above (vLLM's ``RequestOutput.prompt_logprobs``, whose first is None), the first
-    token's with its text alone (it follows nothing: its ``logprob`` and ``rank`` are null)."""
+    token's with its text alone (it follows nothing: its ``logprob`` and ``rank`` are null). On the last item,
+    ``stop_reason`` (vLLM's): the stop string that ended the output, or the id of the stop token that did when that
+    is not the tokenizer's eos token (a ``stop_token_ids`` token, Qwen's ``<|endoftext|>``), else None."""
 
     text: str
     ids: list[int]
@@ -42,6 +44,7 @@ class Piece(NamedTuple):
     logprobs: tuple[dict, ...] = ()
     cumulative_logprob: float = 0.0
     prompt_logprobs: str | None = None
+    stop_reason: int | str | None = None
 
 
 class OutputProcessor:
@@ -95,7 +98,8 @@ class OutputProcessor:
                         cumulative += entries[-1][str(output.token)]["logprob"]
                     reason = "stop" if detok.stopped else output.finish_reason
                     if reason:
-                        yield Piece("".join(deltas) + detok.flush(), ids, reason, tuple(entries), cumulative, prompt)
+                        yield Piece("".join(deltas) + detok.flush(), ids, reason, tuple(entries), cumulative, prompt,
+                                    self._stop_reason(detok, output))
                         return
                     output = _next_queued(outputs)
                 if ids:
@@ -111,6 +115,14 @@ class OutputProcessor:
         finally:
             await engine.abort(req_id)
 
+
+    def _stop_reason(self, detok: Detokenizer, last: Output) -> int | str | None:
+        """vLLM v1's ``stop_reason`` of an output that ended with ``last``: the stop string matched, else the stop
+        token's id unless it is the tokenizer's eos (vLLM's ``check_stop`` gives None for that one; the generation
+        config's other eos ids are stop tokens to it)."""
+        if detok.stopped:
+            return detok.matched
+        return last.token if last.finish_reason == "stop" and last.token != self.tokenizer.eos_token_id else None
 
     def _entry(self, token: int, logprobs: TokenLogprobs) -> dict[str, dict]:
         """The vLLM backend's ``logprobs`` entry of one token: the sampled token, then the top ones (ranks 1, 2, ...

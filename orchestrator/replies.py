@@ -42,7 +42,8 @@ class Reply:
     first response only (:func:`first_outputs`); the last carries the request's ``timeline`` when it asked for it.
     ``logprobs``: per token of ``ids``, its entry of the ``logprobs`` output (``orchestrator.output_processor``),
     where the request asked for them (``return_logprobs``); ``cumulative_logprob``: the sum of the whole output's
-    token log probabilities so far (``return_cumulative_logprob``)."""
+    token log probabilities so far (``return_cumulative_logprob``); ``stop_reason``: on the last, the stop string or
+    token id that ended the output (``output_processor.Piece``), sent as JSON on every request's last response."""
 
     parsed: ParsedRequest
     text: str
@@ -56,6 +57,7 @@ class Reply:
     num_cached: int = 0
     logprobs: tuple[dict, ...] = ()
     cumulative_logprob: float = 0.0
+    stop_reason: int | str | None = None
 
     @property
     def trailing(self) -> bool:
@@ -72,7 +74,7 @@ class Reply:
             return None
         return Reply(self.parsed, self.text + later.text, self.ids + later.ids, later.reason, self.num_input,
                      later.num_output, later.flags, self.first_outputs, later.timeline, later.num_cached,
-                     self.logprobs + later.logprobs, later.cumulative_logprob)
+                     self.logprobs + later.logprobs, later.cumulative_logprob, later.stop_reason)
 
     def build(self):
         """The ``InferenceResponse``; an INTERNAL error response if building it failed (a bug must not leave the
@@ -106,6 +108,7 @@ class Reply:
             out["num_output_tokens"] = len(self.ids) if extra.num_output_tokens else self.num_output
         if last:
             out["num_cached_tokens"] = self.num_cached
+            out["stop_reason"] = json.dumps(self.stop_reason)
         if extra.logprobs:
             out["logprobs"] = json.dumps(self.logprobs)
         if extra.cumulative_logprob:

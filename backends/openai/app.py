@@ -208,7 +208,7 @@ async def _events(first: tuple[int, ResponsePiece], pieces: AsyncIterator[tuple[
             yield {"data": await _chunk_data(shape, item, marks)}
         counts = shape.streamed_usage()
         if include_usage and counts is not None:
-            yield {"data": shape.usage_chunk(counts).model_dump_json(exclude_none=True)}
+            yield {"data": shape.usage_chunk(counts).model_dump_json()}
     except ApiError as exc:
         yield {"data": json.dumps(exc.body())}
     finally:
@@ -220,8 +220,8 @@ async def _chunk_data(shape, item: tuple[int, ResponsePiece], marks: ApiMarks) -
     """The chunk of ``item`` as JSON text, made on the bulk thread when it holds over ``LARGE_BODY_ENTRIES``
     log-probability entries (a streamed echo's first chunk carries its prompt's), as ``_whole_body`` makes bodies."""
     if shape.chunk_entries(*item) > LARGE_BODY_ENTRIES:
-        return await in_bulk_thread(lambda: sliced_json(_chunk(shape, item, marks), exclude_none=True).decode())
-    return _chunk(shape, item, marks).model_dump_json(exclude_none=True)
+        return await in_bulk_thread(lambda: sliced_json(_chunk(shape, item, marks)).decode())
+    return _chunk(shape, item, marks).model_dump_json()
 
 
 def _chunk(shape, item: tuple[int, ResponsePiece], marks: ApiMarks) -> ChatCompletionChunk | Completion:

@@ -9,6 +9,7 @@ internal error) 500. A tritonserver that cannot be reached is 503.
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from collections.abc import Sequence
 
@@ -112,14 +113,39 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     """Pydantic's errors as "field.path: what is wrong", and the top-level field at fault. Of a union's branches
     only the deepest errors are kept (a list of parts with a bad part is not also "not a valid string")."""
     errors = [(_where(tuple(e.get("loc", ()))), e) for e in exc.errors()]
+    inputs = {where or "body": e.get("input") for where, e in errors}
     for where, error in errors:
         if error.get("type") == "json_invalid":
             return f"the body is not valid JSON ({error.get('ctx', {}).get('error', 'invalid')})", None
     deepest = [(where, e) for where, e in errors
                if not any(other.startswith(where) and other[len(where):][:1] in ("[", ".") for other, _ in errors)]
-    message = "; ".join(f"{where or 'body'}: {e.get('msg', 'invalid')}" for where, e in deepest)
+    said: dict[str, list[str]] = {}  # where -> what is wrong there, in pydantic's order
+    for where, error in deepest:
+        said.setdefault(where or "body", []).append(error.get("msg", "invalid"))
+    message = "; ".join(f"{where}: {_one_message(msgs, inputs.get(where))}" for where, msgs in said.items())
     field = re.split(r"[\[.]", deepest[0][0])[0] if deepest else ""
     return message, field or None
+
+
+_VALID_TYPE = re.compile(r"Input should be a valid (\w+)$")
+
+
+def _one_message(messages: list[str], value: object) -> str:
+    """A union's type errors at one place as one: "Input should be a valid string or list (got null)", not one
+    "Input should be a valid ..." a branch; other messages joined as they are."""
+    kinds = [m.group(1) for m in map(_VALID_TYPE.match, messages) if m]
+    if len(messages) < 2 or len(kinds) < len(messages):
+        return "; ".join(dict.fromkeys(messages))
+    kinds = list(dict.fromkeys(kinds))
+    return f"Input should be a valid {' or '.join([', '.join(kinds[:-1]), kinds[-1]] if len(kinds) > 1 else kinds)}" \
+           f" (got {_json_kind(value)})"
+
+
+def _json_kind(value: object) -> str:
+    """What a JSON value is, in words: ``null``, ``true``, ``1.5``, "a string", "an array", "an object"."""
+    if value is None or isinstance(value, (bool, int, float)):
+        return json.dumps(value)
+    return {str: "a string", list: "an array", dict: "an object"}.get(type(value), type(value).__name__)
 
 
 def _unparsed(exc: RequestValidationError) -> bool:

@@ -1,10 +1,22 @@
 """Response bodies of the OpenAI-compatible API (pydantic), as OpenAI's API reference and vLLM's server name them
-(the request bodies: ``backends.openai.schemas``)."""
+(the request bodies: ``backends.openai.schemas``). OpenAI's nullable fields are written as null when unset (a chunk's
+``finish_reason`` and ``logprobs``); the extras (ours, vLLM's ``token_ids``, a chunk's ``usage``, a delta's role)
+only when set (:func:`_extra`)."""
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, SkipValidation
+from pydantic import BaseModel, Field, SkipValidation
+
+
+def _is_none(value: object) -> bool:
+    return value is None
+
+
+def _extra():
+    """A field left out of the JSON while it is None (pydantic's ``exclude_if``, which ``sliced_json`` follows)."""
+    return Field(None, exclude_if=_is_none)
+
 
 class PromptTokensDetails(BaseModel):
     cached_tokens: int = 0  # of the prompt's tokens, those found in the prefix cache
@@ -59,7 +71,8 @@ class ChatChoice(BaseModel):
     message: AssistantMessage
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None
-    token_ids: list[int] | None = None
+    stop_reason: int | str | None = None  # vLLM's: the stop string or stop token id that ended the output
+    token_ids: list[int] | None = _extra()
 
 
 class ChatCompletion(BaseModel):
@@ -69,23 +82,24 @@ class ChatCompletion(BaseModel):
     model: str
     choices: list[ChatChoice]
     usage: Usage
-    visual_cap: dict | None = None  # ours: what max_visual_tokens lowered in the request's media (docs/requests.md)
-    media: list[dict] | None = None  # ours: what was done with each image and video (docs/requests.md)
-    timeline: dict | None = None  # ours, with return_timeline: where the request's time went (docs/requests.md)
-    prompt_logprobs: PromptLogprobs | None = None  # vLLM's, with prompt_logprobs
+    visual_cap: dict | None = _extra()  # ours: what max_visual_tokens lowered in the request's media (requests.md)
+    media: list[dict] | None = _extra()  # ours: what was done with each image and video (docs/requests.md)
+    timeline: dict | None = _extra()  # ours, with return_timeline: where the request's time went (docs/requests.md)
+    prompt_logprobs: PromptLogprobs | None = _extra()  # vLLM's, with prompt_logprobs
 
 
 class Delta(BaseModel):
-    role: Literal["assistant"] | None = None
-    content: str | None = None
+    role: Literal["assistant"] | None = _extra()  # a choice's first chunk's
+    content: str | None = _extra()
 
 
 class ChatChunkChoice(BaseModel):
     index: int = 0
     delta: Delta
     logprobs: ChatLogprobs | None = None
-    finish_reason: str | None = None
-    token_ids: list[int] | None = None
+    finish_reason: str | None = None  # null until the choice's last chunk
+    stop_reason: int | str | None = None  # as ChatChoice's, on the last chunk
+    token_ids: list[int] | None = _extra()
 
 
 class ChatCompletionChunk(BaseModel):
@@ -94,19 +108,20 @@ class ChatCompletionChunk(BaseModel):
     created: int
     model: str
     choices: list[ChatChunkChoice]
-    usage: Usage | None = None
-    visual_cap: dict | None = None  # on the first chunk, as on ChatCompletion
-    media: list[dict] | None = None  # on the first chunk, as on ChatCompletion
-    timeline: dict | None = None  # on the last chunk with a choice, as on ChatCompletion
+    usage: Usage | None = _extra()  # the last chunk's, with stream_options.include_usage
+    visual_cap: dict | None = _extra()  # on the first chunk, as on ChatCompletion
+    media: list[dict] | None = _extra()  # on the first chunk, as on ChatCompletion
+    timeline: dict | None = _extra()  # on the last chunk with a choice, as on ChatCompletion
 
 
 class CompletionChoice(BaseModel):
     index: int = 0
     text: str
     logprobs: CompletionLogprobs | None = None
-    finish_reason: str | None = None
-    token_ids: list[int] | None = None
-    prompt_logprobs: PromptLogprobs | None = None  # vLLM's, with prompt_logprobs
+    finish_reason: str | None = None  # streamed: null until the choice's last chunk
+    stop_reason: int | str | None = None  # as ChatChoice's
+    token_ids: list[int] | None = _extra()
+    prompt_logprobs: PromptLogprobs | None = _extra()  # vLLM's, with prompt_logprobs
 
 
 class Completion(BaseModel):
@@ -117,8 +132,8 @@ class Completion(BaseModel):
     created: int
     model: str
     choices: list[CompletionChoice]
-    usage: Usage | None = None
-    timeline: dict | None = None  # as on ChatCompletion
+    usage: Usage | None = _extra()  # a whole completion's; streamed, as on ChatCompletionChunk
+    timeline: dict | None = _extra()  # as on ChatCompletion
 
 
 class ModelCard(BaseModel):

@@ -1,7 +1,8 @@
 """The orchestrator's responses -> OpenAI's bodies: a whole chat completion or completion, or its streamed chunks.
 
 Each orchestrator response carries the text made since the last one (UTF-8, whole characters), its token ids when
-asked for, and, on the last, ``finish_reason`` and the prompt's and the reply's token counts (``usage``).
+asked for, and, on the last, ``finish_reason``, ``stop_reason`` and the prompt's and the reply's token counts
+(``usage``).
 """
 from __future__ import annotations
 
@@ -39,17 +40,18 @@ def total_usage(usages: dict[int, Usage], n: int) -> Usage | None:
 
 
 class Reply:
-    """A whole reply gathered from its responses: ``text``, ``token_ids``, ``finish_reason``, ``usage``,
-    ``visual_cap`` (what max_visual_tokens lowered, or None), ``media`` (what was done with each image and video,
-    or None without media), ``timeline`` (with ``return_timeline``, or None), ``logprobs`` (the orchestrator's
-    entries, one per token, where asked), ``prompt_logprobs`` (its entries of the prompt's tokens, where asked),
-    ``prompt_text`` (a token-id prompt's text)."""
+    """A whole reply gathered from its responses: ``text``, ``token_ids``, ``finish_reason``, ``stop_reason``,
+    ``usage``, ``visual_cap`` (what max_visual_tokens lowered, or None), ``media`` (what was done with each image
+    and video, or None without media), ``timeline`` (with ``return_timeline``, or None), ``logprobs`` (the
+    orchestrator's entries, one per token, where asked), ``prompt_logprobs`` (its entries of the prompt's tokens,
+    where asked), ``prompt_text`` (a token-id prompt's text)."""
 
     def __init__(self):
         self._text: list[str] = []
         self.token_ids: list[int] = []
         self.logprobs: list[dict] = []
         self.finish_reason: str | None = None
+        self.stop_reason: int | str | None = None
         self.usage: Usage | None = None
         self.visual_cap: dict | None = None
         self.media: list[dict] | None = None
@@ -62,6 +64,7 @@ class Reply:
         self.token_ids += piece.token_ids
         self.logprobs += piece.logprobs or ()
         self.finish_reason = piece.finish_reason or self.finish_reason
+        self.stop_reason = self.stop_reason if piece.stop_reason is None else piece.stop_reason
         self.usage = usage(piece) or self.usage
         self.visual_cap = piece.visual_cap or self.visual_cap
         self.media = piece.media or self.media
@@ -135,7 +138,8 @@ class ChatShape(_Shape):
     def whole(self, replies: list[Reply]) -> ChatCompletion:
         choices = [ChatChoice(index=index, message=AssistantMessage(content=reply.text),
                               logprobs=self._logprobs(reply.logprobs), finish_reason=reply.finish_reason,
-                              token_ids=self._ids(reply.token_ids)) for index, reply in enumerate(replies)]
+                              stop_reason=reply.stop_reason, token_ids=self._ids(reply.token_ids))
+                   for index, reply in enumerate(replies)]
         first = replies[0]
         return ChatCompletion(id=self.id, created=self.created, model=self.model, choices=choices,
                               usage=self._whole_usage(replies), visual_cap=first.visual_cap, media=first.media,
@@ -145,7 +149,8 @@ class ChatShape(_Shape):
         role = "assistant" if self._first_chunk(index, piece) else None
         delta = Delta(role=role, content=piece.text.decode("utf-8", errors="replace"))
         choice = ChatChunkChoice(index=index, delta=delta, logprobs=self._logprobs(piece.logprobs or []),
-                                 finish_reason=piece.finish_reason, token_ids=self._ids(piece.token_ids))
+                                 finish_reason=piece.finish_reason, stop_reason=piece.stop_reason,
+                                 token_ids=self._ids(piece.token_ids))
         extras = {} if index else {"visual_cap": piece.visual_cap, "media": piece.media, "timeline": piece.timeline}
         return ChatCompletionChunk(id=self.id, created=self.created, model=self.model, choices=[choice], **extras)
 
@@ -180,7 +185,8 @@ class CompletionShape(_Shape):
             choices.append(CompletionChoice(
                 index=index, text=self._echoed(index, reply) + text,
                 logprobs=self._logprobs(self._echoed_logprobs(prompt) + entries, 0),
-                finish_reason=reply.finish_reason, token_ids=self._ids(ids), prompt_logprobs=prompt_logprobs(prompt)))
+                finish_reason=reply.finish_reason, stop_reason=reply.stop_reason, token_ids=self._ids(ids),
+                prompt_logprobs=prompt_logprobs(prompt)))
         return Completion(id=self.id, created=self.created, model=self.model, choices=choices,
                           usage=self._whole_usage(replies), timeline=replies[0].timeline)
 
@@ -192,7 +198,8 @@ class CompletionShape(_Shape):
             text, entries = self._echoed(index, piece) + text, self._echoed_logprobs(prompt) + entries
         offset = self._offsets.get(index, 0)
         choice = CompletionChoice(index=index, text=text, logprobs=self._logprobs(entries, offset),
-                                  finish_reason=piece.finish_reason, token_ids=self._ids(ids))
+                                  finish_reason=piece.finish_reason, stop_reason=piece.stop_reason,
+                                  token_ids=self._ids(ids))
         self._offsets[index] = offset + len(text)  # each chunk's offsets start at its own text, as vLLM anchors them
         return Completion(id=self.id, created=self.created, model=self.model, choices=[choice],
                           timeline=None if index else piece.timeline)

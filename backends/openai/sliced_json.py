@@ -17,17 +17,16 @@ from pydantic_core import to_json
 SLICE = 1024  # list elements a call: a 16,000-token prompt's 20 top tokens are about 1.8 KB an element
 
 
-def sliced_json(value: object, exclude_none: bool = False) -> bytes:
-    """``value``'s JSON as ``model_dump_json(exclude_none=exclude_none)`` writes it for a model (``to_json`` for
-    anything else), written field by field (a list of models, model by model) and ``SLICE`` list elements at a
-    time."""
+def sliced_json(value: object) -> bytes:
+    """``value``'s JSON as ``model_dump_json()`` writes it for a model (its fields' ``exclude_if`` followed;
+    ``to_json`` for anything else), written field by field (a list of models, model by model) and ``SLICE`` list
+    elements at a time."""
     if isinstance(value, BaseModel):
-        fields = [(name, getattr(value, name)) for name in type(value).model_fields]
-        return b"{" + b",".join(json.dumps(name).encode() + b":" + sliced_json(field, exclude_none)
-                                for name, field in fields if not (exclude_none and field is None)) + b"}"
+        fields = [(name, getattr(value, name), info.exclude_if) for name, info in type(value).model_fields.items()]
+        return b"{" + b",".join(json.dumps(name).encode() + b":" + sliced_json(field)
+                                for name, field, left_out in fields if not (left_out and left_out(field))) + b"}"
     if isinstance(value, list) and any(isinstance(element, BaseModel) for element in value):  # choices: one by one
-        return b"[" + b",".join(sliced_json(element, exclude_none) for element in value) + b"]"
+        return b"[" + b",".join(sliced_json(element) for element in value) + b"]"
     if isinstance(value, list) and len(value) > SLICE:
-        return b"[" + b",".join(to_json(value[k:k + SLICE], exclude_none=exclude_none)[1:-1]
-                                for k in range(0, len(value), SLICE)) + b"]"
-    return to_json(value, exclude_none=exclude_none)
+        return b"[" + b",".join(to_json(value[k:k + SLICE])[1:-1] for k in range(0, len(value), SLICE)) + b"]"
+    return to_json(value)

@@ -85,6 +85,19 @@ def test_the_token_that_stops_the_output_is_out_but_not_its_text_unless_asked():
     assert items[-1].reason == "stop" and items[-1].text.strip() == "one two three four"
 
 
+def test_the_last_item_names_what_stopped_the_output_as_vllms_stop_reason():
+    """The stop string matched, a stop token's id, None for the tokenizer's eos token (vLLM's check_stop) and for
+    any other end; the items before the last carry none."""
+    items, _, _ = stream(tokens(WORDS, last_reason=""), max_tokens=100, stop=["nine", "four"])
+    assert items[-1].stop_reason == "four" and all(item.stop_reason is None for item in items[:-1])
+    stop_token = WORDS[-1]
+    assert stream(tokens(WORDS, last_reason="stop"), max_tokens=100)[0][-1].stop_reason == stop_token
+    eos = tokens([*WORDS, TOKENIZER.eos_token_id], last_reason="stop")
+    assert stream(eos, max_tokens=100)[0][-1].stop_reason is None
+    assert stream(tokens(WORDS), max_tokens=100)[0][-1].stop_reason is None  # "length"
+    assert stream(tokens(WORDS, last_reason=""), cancel=True, max_tokens=100)[0][-1].stop_reason is None
+
+
 def test_a_failure_comes_after_the_tokens_before_it_typed_as_the_stage_said():
     items, error, _ = stream([*tokens(WORDS[:2], last_reason=""),
                               Output(failure=StageFailure(SERVER_FAULT, "decode: the decode step failed"))])
@@ -96,7 +109,7 @@ def test_a_failure_comes_after_the_tokens_before_it_typed_as_the_stage_said():
 
 def test_a_cancelled_client_ends_the_stream_with_abort_after_the_tokens_queued_before():
     items, error, aborted = stream([], cancel=True)
-    assert items == [("", [], "abort", (), 0.0, None)] and error is None and aborted == ["r"]
+    assert items == [("", [], "abort", (), 0.0, None, None)] and error is None and aborted == ["r"]
     items, error, aborted = stream(tokens(WORDS[:3], last_reason=""), cancel=True, max_tokens=100)
     assert [item.ids for item in items] == [WORDS[:3], []] and items[-1].reason == "abort" and aborted == ["r"]
 

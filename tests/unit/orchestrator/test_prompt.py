@@ -95,7 +95,7 @@ def test_detokenizer_stops_before_a_stop_string(tokenizer):
         out += detok.add([i])
         if detok.stopped:
             break
-    assert detok.stopped and out == "one two " and detok.flush() == ""
+    assert detok.matched == "STOP" and out == "one two " and detok.flush() == ""
 
 
 def _run(detok, ids):

@@ -1,6 +1,7 @@
 """Client responses described on the event loop and built on a send lane (orchestrator/replies.py): merged replies
 are what one response for their tokens would have been, and the vLLM backend's ``return_*`` outputs keep their
 meaning after a merge; errors and the abort's empty final response are never merged."""
+import dataclasses
 import json
 import threading
 
@@ -88,7 +89,16 @@ def test_without_flags_the_merged_last_response_carries_the_whole_outputs_count(
                                                      "media": [json.dumps(MEDIA)]}
     assert replies(request, ["a", "b", "c"])[1].merge(last).build().outputs() == {
         "text_output": ["bc"], "finish_reason": ["length"], "num_input_tokens": [7], "num_output_tokens": [3],
-        "num_cached_tokens": [3]}
+        "num_cached_tokens": [3], "stop_reason": ["null"]}
+
+
+def test_the_last_response_carries_the_stop_reason_as_json_and_a_merge_keeps_the_later_ones():
+    request = parsed(output_ids=False)
+    for stop_reason, sent in [("four", '"four"'), (151643, "151643"), ("\n", '"\\n"')]:
+        first, _, last = replies(request, ["a", "b", "c"])
+        merged = first.merge(dataclasses.replace(last, stop_reason=stop_reason)).build().outputs()
+        assert merged["stop_reason"] == [sent] and json.loads(sent) == stop_reason
+    assert "stop_reason" not in replies(request, ["a", "b"])[0].build().outputs()  # on the last only
 
 
 def test_the_first_response_carries_media_and_visual_cap_only_where_the_request_has_them():

@@ -43,11 +43,26 @@ def _error(response, status: int) -> dict:
      "max_tokens: Input should be a valid integer"),
     ({"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": "true"}, "stream",
      "stream: Input should be a valid boolean"),
+    # a union's branches said once, with what came
+    ({"model": "m", "messages": [{"role": "user", "content": None}]}, "messages",
+     "messages[0].content: Input should be a valid string or list (got null)"),
+    ({"model": "m", "messages": [{"role": "user", "content": "x"}], "stop": 5}, "stop",
+     "stop: Input should be a valid string or list (got 5)"),
 ])
 def test_a_body_that_fails_validation_is_400(client, body, param, words):
     error = _error(client.post("/v1/chat/completions", json=body), 400)
     assert error["type"] == "invalid_request_error" and error["param"] == param
     assert words in error["message"], error["message"]
+
+
+@pytest.mark.parametrize("prompt,words", [
+    (None, "prompt: Input should be a valid string or list (got null)"),
+    ([1.5], "prompt[0]: Input should be a valid string, integer or list (got 1.5)"),
+    ([[1, "a"]], "prompt[0][1]: Input should be a valid integer"),
+])
+def test_a_bad_prompt_is_told_once_what_it_should_be(client, prompt, words):
+    error = _error(client.post("/v1/completions", json={"model": "m", "prompt": prompt}), 400)
+    assert error["param"] == "prompt" and error["message"] == words
 
 
 def test_a_body_that_is_not_json_is_400(client):

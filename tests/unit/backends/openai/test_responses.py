@@ -1,6 +1,7 @@
 """The orchestrator's responses -> OpenAI's bodies (backends/openai/responses.py): text, token ids, usage, what
 max_visual_tokens lowered, what was done with each media item and the request's timeline, whole and streamed."""
 import dataclasses
+import json
 
 from backends.openai.responses import ChatShape, CompletionShape, Reply
 from client.pieces import ResponsePiece
@@ -15,11 +16,16 @@ PIECES = [ResponsePiece(b"Hel", (1, 2), visual_cap=CAP, media=MEDIA), ResponsePi
                         finish_reason="length", final=True, timeline=TIMELINE)]
 
 
+def sent(body) -> dict:
+    """A body as the API writes it (``model_dump_json``)."""
+    return json.loads(body.model_dump_json())
+
+
 def test_a_whole_chat_reply_carries_text_ids_usage_the_visual_cap_and_media():
     reply = Reply()
     for piece in PIECES:
         reply.add(piece)
-    body = ChatShape("tiny", return_token_ids=True).whole([reply]).model_dump()
+    body = sent(ChatShape("tiny", return_token_ids=True).whole([reply]))
     assert body["choices"][0]["message"]["content"] == "Hello" and body["choices"][0]["token_ids"] == [1, 2, 3]
     assert body["usage"] == {"prompt_tokens": 500, "completion_tokens": 3, "total_tokens": 503,
                              "prompt_tokens_details": {"cached_tokens": 480}}  # OpenAI's field, as vLLM fills it
@@ -28,21 +34,46 @@ def test_a_whole_chat_reply_carries_text_ids_usage_the_visual_cap_and_media():
 
 def test_the_first_streamed_chunk_carries_the_visual_cap_and_media_and_the_others_do_not():
     shape = ChatShape("tiny", return_token_ids=False)
-    chunks = [shape.chunk(0, piece).model_dump(exclude_none=True) for piece in PIECES]
+    chunks = [sent(shape.chunk(0, piece)) for piece in PIECES]
     assert chunks[0]["visual_cap"] == CAP and chunks[0]["choices"][0]["delta"]["role"] == "assistant"
     assert chunks[0]["media"] == MEDIA
     assert all("visual_cap" not in c and "media" not in c for c in chunks[1:])
     assert chunks[-1]["choices"][0]["finish_reason"] == "length"
 
 
+def test_chunks_write_openais_nullable_fields_as_null_and_the_extras_only_when_set():
+    """OpenAI's chunk choices always have ``finish_reason`` (null until the last) and ``logprobs``; the role is on a
+    choice's first delta only; token ids, usage, and our extras appear only when there is one (vLLM's chunks)."""
+    for shape in (ChatShape("tiny", return_token_ids=False), CompletionShape("tiny", return_token_ids=False)):
+        chunks = [sent(shape.chunk(0, piece)) for piece in PIECES]
+        for chunk in chunks:
+            choice = chunk["choices"][0]
+            assert {"index", "logprobs", "finish_reason", "stop_reason"} <= set(choice) and "token_ids" not in choice
+            assert "usage" not in chunk and choice["logprobs"] is None and choice["stop_reason"] is None
+        assert [chunk["choices"][0]["finish_reason"] for chunk in chunks] == [None, None, "length"]
+        if isinstance(shape, ChatShape):
+            assert [set(chunk["choices"][0]["delta"]) for chunk in chunks] == [{"role", "content"}, {"content"}, {"content"}]
+
+
+def test_the_stop_string_or_stop_token_that_ended_a_choice_is_its_stop_reason():
+    """vLLM's ``stop_reason``: the orchestrator's, on the choice of a whole body and on its last chunk."""
+    for stop_reason in ("four", 151643):
+        last = dataclasses.replace(PIECES[-1], finish_reason="stop", stop_reason=stop_reason)
+        for shape in (ChatShape("tiny", return_token_ids=False), CompletionShape("tiny", return_token_ids=False)):
+            assert sent(shape.whole([_reply([*PIECES[:-1], last])]))["choices"][0]["stop_reason"] == stop_reason
+            assert sent(shape.chunk(0, last))["choices"][0]["stop_reason"] == stop_reason
+    for shape in (ChatShape("tiny", return_token_ids=False), CompletionShape("tiny", return_token_ids=False)):
+        assert sent(shape.whole([_reply(PIECES)]))["choices"][0]["stop_reason"] is None  # "length"
+
+
 def test_the_timeline_comes_on_the_last_chunk_and_the_whole_completion():
     for shape in (ChatShape("tiny", return_token_ids=False), CompletionShape("tiny", return_token_ids=False)):
-        chunks = [shape.chunk(0, piece).model_dump(exclude_none=True) for piece in PIECES]
+        chunks = [sent(shape.chunk(0, piece)) for piece in PIECES]
         assert chunks[-1]["timeline"] == TIMELINE and all("timeline" not in c for c in chunks[:-1])
     reply = Reply()
     for piece in PIECES:
         reply.add(piece)
-    assert CompletionShape("tiny", return_token_ids=False).whole([reply]).model_dump()["timeline"] == TIMELINE
+    assert sent(CompletionShape("tiny", return_token_ids=False).whole([reply]))["timeline"] == TIMELINE
 
 
 def _reply(pieces) -> Reply:
@@ -62,7 +93,7 @@ def test_several_choices_count_each_prompt_once_and_every_choices_output():
     choice (the others found it in the prefix cache), completion tokens of all four, as vLLM counts them."""
     replies = [_reply([_last(b"a", 10, 3, 0)]), _reply([_last(b"b", 10, 4, 8)]),
                _reply([_last(b"c", 20, 5, 16)]), _reply([_last(b"d", 20, 6, 16)])]
-    body = CompletionShape("tiny", return_token_ids=False, n=2).whole(replies).model_dump()
+    body = sent(CompletionShape("tiny", return_token_ids=False, n=2).whole(replies))
     assert [(c["index"], c["text"]) for c in body["choices"]] == [(0, "a"), (1, "b"), (2, "c"), (3, "d")]
     assert body["usage"] == {"prompt_tokens": 30, "completion_tokens": 18, "total_tokens": 48,
                              "prompt_tokens_details": {"cached_tokens": 16}}
@@ -71,7 +102,7 @@ def test_several_choices_count_each_prompt_once_and_every_choices_output():
 def test_streamed_choices_each_start_with_the_role_and_the_extras_are_choice_0s():
     shape = ChatShape("tiny", return_token_ids=False, n=2)
     first = ResponsePiece(b"x", (), visual_cap=CAP, media=MEDIA)
-    chunks = [shape.chunk(index, piece).model_dump(exclude_none=True)
+    chunks = [sent(shape.chunk(index, piece))
               for index, piece in [(0, first), (1, first), (1, _last(b"y", 7, 2)), (0, _last(b"z", 7, 3, 0))]]
     assert [(c["choices"][0]["index"], c["choices"][0]["delta"].get("role")) for c in chunks] == [
         (0, "assistant"), (1, "assistant"), (1, None), (0, None)]
