@@ -32,8 +32,11 @@ def plain(grpc_url):
     return reply
 
 
-def _stop_string(plain) -> str:
-    return plain.text[4:8]
+def _stop_string(text: str) -> str:
+    """A piece of ``text`` after its second character, of up to four characters and no replacement character (the
+    dummy model's reply splits many), found nowhere before."""
+    return next(text[k:k + n] for n in (4, 3, 2, 1) for k in range(2, len(text) - n)
+                if "\ufffd" not in text[k:k + n] and text[k:k + n] not in text[:k + n - 1])
 
 
 def _stop_token(reply) -> int:
@@ -45,17 +48,18 @@ def _stop_token(reply) -> int:
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 def test_the_last_response_names_the_stop_string_or_token(grpc_url, plain, stream):
     with Client(grpc_url) as client:
-        by_string = client.generate(PROMPT, sampling={**GREEDY, "stop": ["nowhere", _stop_string(plain)]},
+        by_string = client.generate(PROMPT, sampling={**GREEDY, "stop": ["nowhere", _stop_string(plain.text)]},
                                     stream=stream)
         by_token = client.generate(PROMPT, sampling={**GREEDY, "stop_token_ids": [_stop_token(plain)]}, stream=stream)
-    assert (by_string.finish_reason, by_string.stop_reason) == ("stop", _stop_string(plain))
+    assert (by_string.finish_reason, by_string.stop_reason) == ("stop", _stop_string(plain.text))
     assert (by_token.finish_reason, by_token.stop_reason) == ("stop", _stop_token(plain))
 
 
-def test_the_openai_choices_carry_the_stop_reason_whole_and_streamed(sdk, plain):
-    stop = _stop_string(plain)
-    whole = sdk.completions.create(model="tiny", prompt=PROMPT, max_tokens=24, temperature=0, stop=[stop],
-                                   extra_body={"ignore_eos": True})
+def test_the_openai_choices_carry_the_stop_reason_whole_and_streamed(sdk):
+    completion = {"model": "tiny", "prompt": PROMPT, "max_tokens": 24, "temperature": 0,
+                  "extra_body": {"ignore_eos": True}}
+    stop = _stop_string(sdk.completions.create(**completion).choices[0].text)
+    whole = sdk.completions.create(**completion, stop=[stop])
     assert (whole.choices[0].finish_reason, whole.choices[0].model_extra["stop_reason"]) == ("stop", stop)
     messages = [{"role": "user", "content": PROMPT}]
     chat = sdk.chat.completions.create(model="tiny", messages=messages, max_tokens=24, temperature=0,
