@@ -35,9 +35,8 @@ from pathlib import Path
 from typing import Callable
 
 from backends.ipc.run_dir import RUN_DIR_ENV
-from backends.openai.config import ApiConfig
-from backends.openai.process import ApiProcess, check_port_free, default_openai_workers
-from backends.triton import launch_options, server_stop
+from backends.openai.process import ApiProcess, check_port_free
+from backends.triton import launch_options, openai_options, server_stop
 from backends.triton.deploy_config import DEFAULT_SHM_BYTES
 from backends.triton.load_progress import LoadProgress
 from backends.triton.mps import MpsDaemon
@@ -198,12 +197,11 @@ class TritonServer:
         """Tell the models and let them drain (``server_stop``: requests in flight fail, streams end; at most
         ``drain_timeout_s`` seconds), SIGINT, then SIGKILL of the whole process group after ``exit_timeout_s``
         seconds (the stubs still alive write their threads' stacks to the server log first, at ``STACKS_AFTER_S``
-        seconds, :meth:`_wait_stopped`); removes
-        the run directory. Returns None when the server exited by itself with status 0; else what went wrong: when
-        it had to be killed, "did not exit within EXIT_TIMEOUT_S s of its stop (model NAME had not unloaded)" (or
-        "(every model had unloaded)": tritonserver itself did not exit); when tritonserver gave up waiting for a
-        model after its own exit timeout (status 1, "Exit timeout expired" in its log), "gave up its stop after its
-        exit timeout (model NAME had not unloaded)"."""
+        seconds, :meth:`_wait_stopped`); removes the run directory. Returns None when the server exited by itself
+        with status 0; else what went wrong: when it had to be killed, "did not exit within EXIT_TIMEOUT_S s of its
+        stop (model NAME had not unloaded)" (or "(every model had unloaded)": tritonserver itself did not exit); when
+        tritonserver gave up waiting for a model after its own exit timeout (status 1, "Exit timeout expired" in its
+        log), "gave up its stop after its exit timeout (model NAME had not unloaded)"."""
         killed = None
         if self.process is not None and self.process.poll() is None:
             self.announce_stop()
@@ -288,19 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--http-port", type=int, default=8000)
     parser.add_argument("--grpc-port", type=int, default=8001)
     parser.add_argument("--metrics-port", type=int, default=8002)
-    parser.add_argument("--openai-port", type=int, default=9000, help="the OpenAI-compatible API's port (0: no API)")
-    parser.add_argument("--openai-address", default=None, help="where the OpenAI API listens (default: --address)")
-    parser.add_argument("--openai-allow-http-media", action="store_true",
-                        help="let the OpenAI API fetch http(s) image_url / video_url parts (off: refused)")
-    parser.add_argument("--openai-workers", type=int, default=default_openai_workers(),
-                        help="processes serving the OpenAI API (each with its own connection to tritonserver; "
-                             "default: one per 4 CPU cores, at most 4)")
-    parser.add_argument("--openai-max-requests", type=int, default=0,
-                        help="OpenAI API requests in flight at once per worker, more are answered 503 (0: no limit)")
-    parser.add_argument("--openai-no-token-channel", action="store_true",
-                        help="the API's streamed requests each on their own gRPC stream, not over a token channel")
-    parser.add_argument("--openai-max-body-bytes", type=int, default=ApiConfig.max_body_bytes,
-                        help="the largest OpenAI API request body, in bytes; larger ones are answered 413")
+    openai_options.add_arguments(parser)
     parser.add_argument("--log-stdout", action="store_true", help="server log to stdout instead of a file")
     parser.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for the models to load")
     parser.add_argument("--set", action="append", default=[], metavar="MODEL.KEY=VALUE", dest="overrides",
@@ -309,12 +295,7 @@ def main(argv: list[str] | None = None) -> int:
                              " served model's keys (preset, model_path, load_format, dtype, seed, share_weights)")
     launch_options.add_arguments(parser)
     args = parser.parse_args(argv)
-    # checked now, not once the models have loaded
-    for option, value, least in (("--openai-workers", args.openai_workers, 1),
-                                 ("--openai-max-body-bytes", args.openai_max_body_bytes, 1),
-                                 ("--openai-max-requests", args.openai_max_requests, 0)):
-        if value < least:
-            parser.error(f"{option} must be at least {least}, got {value}")
+    openai_options.check(parser, args)
     # SIGTERM stops it like Ctrl-C, also while the repository copy is written or the server starts; SIGINT too
     # when started in the background (where it is inherited as ignored).
     signal.signal(signal.SIGTERM, _stop_signal)
@@ -361,13 +342,7 @@ def _serve(args: argparse.Namespace, repository: Path, plan: launch_options.Serv
         print(f"tritonserver ready: gRPC {args.address}:{args.grpc_port}, HTTP {args.address}:{args.http_port}, "
               f"log {where}, models {repository}", flush=True)
         if args.openai_port:
-            local = "127.0.0.1" if args.address in ("0.0.0.0", "::") else args.address  # the API's way to the server
-            api = ApiProcess(ApiConfig(grpc_url=f"{local}:{args.grpc_port}",
-                                       host=args.openai_address or args.address, port=args.openai_port,
-                                       allow_http_media=args.openai_allow_http_media,
-                                       max_requests=args.openai_max_requests, workers=args.openai_workers,
-                                       max_body_bytes=args.openai_max_body_bytes,
-                                       token_channel=not args.openai_no_token_channel),
+            api = ApiProcess(openai_options.api_config(args),
                              None if args.log_stdout else server.log_path.with_suffix(".openai.log"))
             api.start()
             print(f"OpenAI-compatible API: {api.url}/v1, log {api.log_path or 'stdout'}", flush=True)

@@ -1,0 +1,44 @@
+"""The launcher's ``--openai-*`` options: the OpenAI-compatible API started beside tritonserver, and the
+:class:`~backends.openai.config.ApiConfig` they make."""
+from __future__ import annotations
+
+import argparse
+
+from backends.openai.config import ApiConfig
+from backends.openai.process import default_openai_workers
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--openai-port", type=int, default=9000, help="the OpenAI-compatible API's port (0: no API)")
+    parser.add_argument("--openai-address", default=None, help="where the OpenAI API listens (default: --address)")
+    parser.add_argument("--openai-allow-http-media", action="store_true",
+                        help="let the OpenAI API fetch http(s) image_url / video_url parts (off: refused)")
+    parser.add_argument("--openai-workers", type=int, default=default_openai_workers(),
+                        help="processes serving the OpenAI API (each with its own connection to tritonserver; "
+                             "default: one per 4 CPU cores, at most 4)")
+    parser.add_argument("--openai-max-requests", type=int, default=0,
+                        help="OpenAI API requests in flight at once per worker, more are answered 503 (0: no limit)")
+    parser.add_argument("--openai-no-token-channel", action="store_true",
+                        help="the API's streamed requests each on their own gRPC stream, not over a token channel")
+    parser.add_argument("--openai-max-body-bytes", type=int, default=ApiConfig.max_body_bytes,
+                        help="the largest OpenAI API request body, in bytes; larger ones are answered 413")
+
+
+def check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Ends the launcher with a usage error for a count below its least (checked at once, not once the models have
+    loaded)."""
+    for option, value, least in (("--openai-workers", args.openai_workers, 1),
+                                 ("--openai-max-body-bytes", args.openai_max_body_bytes, 1),
+                                 ("--openai-max-requests", args.openai_max_requests, 0)):
+        if value < least:
+            parser.error(f"{option} must be at least {least}, got {value}")
+
+
+def api_config(args: argparse.Namespace) -> ApiConfig:
+    """The API's settings: it listens at ``--openai-address`` (else ``--address``) and reaches tritonserver's gRPC
+    port over the loopback when the server listens on every address."""
+    local = "127.0.0.1" if args.address in ("0.0.0.0", "::") else args.address
+    return ApiConfig(grpc_url=f"{local}:{args.grpc_port}", host=args.openai_address or args.address,
+                     port=args.openai_port, allow_http_media=args.openai_allow_http_media,
+                     max_requests=args.openai_max_requests, workers=args.openai_workers,
+                     max_body_bytes=args.openai_max_body_bytes, token_channel=not args.openai_no_token_channel)

@@ -1,0 +1,33 @@
+"""The launcher's --openai-* options (backends/triton/openai_options.py): the API's settings they make, and counts
+below their least refused at once."""
+import argparse
+
+import pytest
+
+from backends.triton import openai_options
+
+
+def _parsed(*argv: str) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--address", default="127.0.0.1")
+    parser.add_argument("--grpc-port", type=int, default=8001)
+    openai_options.add_arguments(parser)
+    return parser, parser.parse_args(argv)
+
+
+def test_the_api_listens_where_asked_and_reaches_a_server_on_every_address_over_the_loopback():
+    config = openai_options.api_config(_parsed("--address", "0.0.0.0", "--grpc-port", "9101", "--openai-port", "9200",
+                                               "--openai-workers", "2", "--openai-no-token-channel")[1])
+    assert (config.grpc_url, config.host, config.port) == ("127.0.0.1:9101", "0.0.0.0", 9200)
+    assert config.workers == 2 and not config.token_channel and not config.allow_http_media
+    config = openai_options.api_config(_parsed("--address", "10.0.0.5", "--openai-address", "127.0.0.1")[1])
+    assert (config.grpc_url, config.host) == ("10.0.0.5:8001", "127.0.0.1")
+
+
+@pytest.mark.parametrize("option,value", [("--openai-workers", "0"), ("--openai-max-body-bytes", "0"),
+                                          ("--openai-max-requests", "-1")])
+def test_a_count_below_its_least_is_a_usage_error(option, value, capsys):
+    parser, args = _parsed(option, value)
+    with pytest.raises(SystemExit):
+        openai_options.check(parser, args)
+    assert f"{option} must be at least" in capsys.readouterr().err
