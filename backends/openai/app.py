@@ -116,7 +116,7 @@ def _unknown_model(model: str, served: str) -> ApiError:
 async def chat_completions(body: ChatCompletionRequest, request: Request):
     """A chat completion, whole or streamed (the module docstring); errors as ``errors`` says."""
     shape = ChatShape(await _served(request, body), body.return_token_ids, body.top_logprobs_asked,
-                      body.choices_per_prompt)
+                      body.choices_per_prompt, body.continuous_usage)
     return await _generate(request, body, [chat_request(body)], shape)
 
 
@@ -124,7 +124,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
 async def completions(body: CompletionRequest, request: Request):
     """A completion of one or more text prompts, whole or streamed."""
     shape = CompletionShape(await _served(request, body), body.return_token_ids, body.top_logprobs_asked,
-                            body.choices_per_prompt, body.prompts if body.echo else None, body.echo_only)
+                            body.choices_per_prompt, body.prompts if body.echo else None, body.echo_only,
+                            body.continuous_usage)
     return await _generate(request, body, completion_requests(body), shape)
 
 

@@ -36,7 +36,8 @@ class OrchestratorRequest:
     (``return_output_ids``); ``return_timeline`` (it asks for the output ids too: the timeline counts the tokens each
     chunk brings, ``backends.openai.timing``; the reply shows them only with ``return_token_ids``);
     ``return_logprobs``: the request asks for log probabilities (``sampling``'s ``logprobs``: the top tokens'
-    count, where not 0)."""
+    count, where not 0); ``continuous_usage``: every response brings the prompt's token count and the token ids
+    (``stream_options.continuous_usage_stats``: each chunk's usage so far)."""
 
     prompt: str | None
     messages: str | None
@@ -48,6 +49,7 @@ class OrchestratorRequest:
     return_logprobs: bool = False
     prompt_token_ids: tuple[int, ...] | None = None
     chat_template_kwargs: str | None = None  # JSON (orchestrator.chat_options), a chat's where not the defaults
+    continuous_usage: bool = False
 
     def with_media(self, media: tuple[MediaRef, ...]) -> "OrchestratorRequest":
         return dataclasses.replace(self, media=media)
@@ -72,8 +74,10 @@ class OrchestratorRequest:
             urls = [m.url for m in self.media if m.kind == kind]
             if urls:
                 tensors.append((f"{kind}_url", _strings(urls)))
-        if self.return_token_ids or self.return_timeline:
+        if self.return_token_ids or self.return_timeline or self.continuous_usage:
             tensors.append(("return_output_ids", np.array([True])))
+        if self.continuous_usage:
+            tensors.append(("return_num_input_tokens", np.array([True])))
         if self.return_timeline:
             tensors.append(("return_timeline", np.array([True])))
         if self.return_logprobs:
@@ -120,7 +124,8 @@ def chat_request(request: ChatCompletionRequest) -> OrchestratorRequest:
     return OrchestratorRequest(None, json.dumps(messages), tuple(media), request.sampling_parameters(),
                                request.stream, request.return_token_ids, request.return_timeline,
                                request.top_logprobs_asked is not None,
-                               chat_template_kwargs=None if kwargs is None else json.dumps(kwargs))
+                               chat_template_kwargs=None if kwargs is None else json.dumps(kwargs),
+                               continuous_usage=request.continuous_usage)
 
 
 def completion_requests(request: CompletionRequest) -> list[OrchestratorRequest]:
@@ -130,5 +135,6 @@ def completion_requests(request: CompletionRequest) -> list[OrchestratorRequest]
     return [OrchestratorRequest(prompt if isinstance(prompt, str) else None, None, (), sampling, request.stream,
                                 request.return_token_ids, request.return_timeline,
                                 request.top_logprobs_asked is not None,
-                                None if isinstance(prompt, str) else tuple(prompt))
+                                None if isinstance(prompt, str) else tuple(prompt),
+                                continuous_usage=request.continuous_usage)
             for prompt in request.prompts]

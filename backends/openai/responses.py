@@ -83,18 +83,23 @@ class _Shape:
 
     prefix = ""
 
-    def __init__(self, model: str, return_token_ids: bool, top_logprobs: int | None = None, n: int = 1):
+    def __init__(self, model: str, return_token_ids: bool, top_logprobs: int | None = None, n: int = 1,
+                 continuous_usage: bool = False):
         """``top_logprobs``: the request's log probabilities (the top tokens' count; None: not asked); ``n``: choices
-        a prompt."""
+        a prompt; ``continuous_usage``: every chunk carries its choice's usage so far (vLLM's
+        ``stream_options.continuous_usage_stats``; the orchestrator's responses then bring the prompt's token count
+        and the token ids, ``convert.OrchestratorRequest``)."""
         self.id = f"{self.prefix}-{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.model = model
         self.return_token_ids = return_token_ids
         self.top_logprobs = top_logprobs
         self.n = n
+        self.continuous_usage = continuous_usage
         self._prompts: dict[int, list[dict]] = {}  # each prompt's log probabilities' entries, from its first choice
         self._started: set[int] = set()  # the choices whose first chunk is made
         self._usages: dict[int, Usage] = {}  # streamed choices' usage, from their last chunks
+        self._made: dict[int, int] = {}  # with continuous_usage: each choice's tokens streamed so far
 
     def _ids(self, token_ids) -> list[int] | None:
         return list(token_ids) if self.return_token_ids else None
@@ -107,6 +112,17 @@ class _Shape:
             return False
         self._started.add(index)
         return True
+
+    def _running_usage(self, index: int, piece: ResponsePiece) -> Usage | None:
+        """With ``continuous_usage``, choice ``index``'s usage as of ``piece``: its prompt's tokens and the choice's
+        tokens so far (vLLM's continuous usage: per choice), the whole usage on its last; else None."""
+        if not self.continuous_usage:
+            return None
+        self._made[index] = self._made.get(index, 0) + len(piece.token_ids)
+        if (counts := usage(piece)) is not None or piece.num_input_tokens is None:
+            return counts
+        return Usage(prompt_tokens=piece.num_input_tokens, completion_tokens=self._made[index],
+                     total_tokens=piece.num_input_tokens + self._made[index])
 
     def streamed_usage(self) -> Usage | None:
         """The usage of the choices streamed so far (``total_usage``)."""
@@ -152,7 +168,8 @@ class ChatShape(_Shape):
                                  finish_reason=piece.finish_reason, stop_reason=piece.stop_reason,
                                  token_ids=self._ids(piece.token_ids))
         extras = {} if index else {"visual_cap": piece.visual_cap, "media": piece.media, "timeline": piece.timeline}
-        return ChatCompletionChunk(id=self.id, created=self.created, model=self.model, choices=[choice], **extras)
+        return ChatCompletionChunk(id=self.id, created=self.created, model=self.model, choices=[choice],
+                                   usage=self._running_usage(index, piece), **extras)
 
     def usage_chunk(self, counts: Usage) -> ChatCompletionChunk:
         """The last chunk when ``stream_options.include_usage``: no choices, the usage."""
@@ -171,8 +188,8 @@ class CompletionShape(_Shape):
     prefix = "cmpl"
 
     def __init__(self, model: str, return_token_ids: bool, top_logprobs: int | None = None, n: int = 1,
-                 echo: list[str | list[int]] | None = None, echo_only: bool = False):
-        super().__init__(model, return_token_ids, top_logprobs, n)
+                 echo: list[str | list[int]] | None = None, echo_only: bool = False, continuous_usage: bool = False):
+        super().__init__(model, return_token_ids, top_logprobs, n, continuous_usage)
         self.echo = echo
         self.echo_only = echo_only
         self._offsets: dict[int, int] = {}  # each choice's streamed text so far: where its next chunk's text starts
@@ -202,7 +219,7 @@ class CompletionShape(_Shape):
                                   token_ids=self._ids(ids))
         self._offsets[index] = offset + len(text)  # each chunk's offsets start at its own text, as vLLM anchors them
         return Completion(id=self.id, created=self.created, model=self.model, choices=[choice],
-                          timeline=None if index else piece.timeline)
+                          usage=self._running_usage(index, piece), timeline=None if index else piece.timeline)
 
     def usage_chunk(self, counts: Usage) -> Completion:
         return Completion(id=self.id, created=self.created, model=self.model, choices=[], usage=counts)

@@ -68,8 +68,12 @@ class ChatMessage(_Body):
     name: str | None = None
 
 
-class StreamOptions(_Strict):
-    include_usage: bool = False
+class StreamOptions(_Body):
+    """OpenAI's ``include_usage`` (a last chunk with the usage) and vLLM's ``continuous_usage_stats`` (with it, every
+    chunk carries its choice's usage so far); others (OpenAI's ``include_obfuscation``) are ignored."""
+
+    include_usage: Flag = False
+    continuous_usage_stats: Flag = False
 
 
 class MediaOptions(_Strict):
@@ -170,6 +174,11 @@ class GenerationRequest(_Body):
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
+
+    @property
+    def continuous_usage(self) -> bool:
+        """vLLM's rule: ``continuous_usage_stats`` counts only beside ``include_usage``."""
+        return self.include_usage and self.stream_options.continuous_usage_stats
 
     @property
     def choices_per_prompt(self) -> int:

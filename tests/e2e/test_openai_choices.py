@@ -90,3 +90,23 @@ def test_a_completions_prompts_and_echo(sdk, stream):
     expected = [prompts[k // 2] + singles[k // 2].choices[0].text for k in range(4)]
     assert texts == expected
     assert usage.prompt_tokens == sum(s.usage.prompt_tokens for s in singles) and usage.completion_tokens == 4 * N
+
+
+def test_continuous_usage_stats_give_every_chunk_its_choices_usage_so_far(sdk):
+    """vLLM's ``stream_options.continuous_usage_stats``: each chunk's usage is its prompt's tokens and its choice's
+    tokens so far (the ids it has brought); the usage-only chunk at the end still counts them all."""
+    stream = sdk.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Count to ten."}], n=2,
+                                         seed=3, stream=True, **SAMPLED,
+                                         stream_options={"include_usage": True, "continuous_usage_stats": True})
+    made, prompt, last = [0, 0], set(), None
+    for chunk in stream:
+        if not chunk.choices:
+            last = chunk.usage
+            continue
+        (choice,) = chunk.choices
+        made[choice.index] += len(choice.token_ids)
+        assert chunk.usage.completion_tokens == made[choice.index]
+        assert chunk.usage.total_tokens == chunk.usage.prompt_tokens + made[choice.index]
+        prompt.add(chunk.usage.prompt_tokens)
+    assert made == [N, N] and len(prompt) == 1
+    assert (last.prompt_tokens, last.completion_tokens) == (prompt.pop(), 2 * N)

@@ -235,12 +235,27 @@ def test_malformed_messages_fail_validation_where_they_are(messages, where):
     assert all(".".join(map(str, e["loc"])).startswith(where) for e in error.value.errors())
 
 
-def test_stream_options_take_include_usage_only():
-    assert _chat(messages=[{"role": "user", "content": "x"}], stream=True,
-                 stream_options={"include_usage": True}).include_usage
-    with pytest.raises(ValidationError, match="continuous_usage_stats"):
-        _chat(messages=[{"role": "user", "content": "x"}], stream=True,
-              stream_options={"continuous_usage_stats": True})
+def test_stream_options_take_openais_and_vllms_keys_and_ignore_others():
+    def options(**given):
+        return _chat(messages=[{"role": "user", "content": "x"}], stream=True, stream_options=given)
+    assert options(include_usage=True).include_usage and not options(include_usage=True).continuous_usage
+    assert options(include_usage=True, continuous_usage_stats=True).continuous_usage
+    assert not options(continuous_usage_stats=True).continuous_usage  # vLLM's: only beside include_usage
+    assert not options(include_obfuscation=False).include_usage  # OpenAI's, which the SDK sends: ignored
+    with pytest.raises(ValidationError, match="include_usage"):
+        options(include_usage="yes")
+
+
+def test_continuous_usage_asks_each_response_for_the_prompts_tokens_and_the_ids():
+    def inputs(**options):
+        return {t.name() for t in chat_request(_chat(messages=[{"role": "user", "content": "x"}], stream=True,
+                                                     stream_options=options)).inputs()}
+    assert {"return_num_input_tokens", "return_output_ids"} <= inputs(include_usage=True, continuous_usage_stats=True)
+    assert not {"return_num_input_tokens", "return_output_ids"} & inputs(include_usage=True)
+    completion = CompletionRequest.model_validate({"model": "tiny", "prompt": ["a", "b"], "stream": True,
+                                                   "stream_options": {"include_usage": True,
+                                                                      "continuous_usage_stats": True}})
+    assert all(request.continuous_usage for request in completion_requests(completion))
 
 
 def test_flags_sent_as_null_are_false_and_other_types_are_refused():

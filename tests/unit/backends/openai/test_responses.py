@@ -55,6 +55,20 @@ def test_chunks_write_openais_nullable_fields_as_null_and_the_extras_only_when_s
             assert [set(chunk["choices"][0]["delta"]) for chunk in chunks] == [{"role", "content"}, {"content"}, {"content"}]
 
 
+def test_continuous_usage_gives_every_chunk_its_choices_usage_so_far():
+    """vLLM's continuous_usage_stats: per choice, the prompt's tokens and the choice's tokens so far; its last
+    chunk's is the whole usage. Without it no chunk carries usage (the usage-only chunk comes apart)."""
+    pieces = [dataclasses.replace(piece, num_input_tokens=500) for piece in PIECES]
+    for shape in (ChatShape("tiny", False, continuous_usage=True), CompletionShape("tiny", False,
+                                                                                   continuous_usage=True)):
+        usages = [sent(shape.chunk(0, piece))["usage"] for piece in pieces]
+        assert [(u["prompt_tokens"], u["completion_tokens"], u["total_tokens"]) for u in usages] == [
+            (500, 2, 502), (500, 3, 503), (500, 3, 503)]
+        other = sent(shape.chunk(1, dataclasses.replace(pieces[1], token_ids=(7, 8, 9))))["usage"]
+        assert other["completion_tokens"] == 3  # choice 1's own
+    assert all("usage" not in sent(ChatShape("tiny", False).chunk(0, piece)) for piece in pieces)
+
+
 def test_the_stop_string_or_stop_token_that_ended_a_choice_is_its_stop_reason():
     """vLLM's ``stop_reason``: the orchestrator's, on the choice of a whole body and on its last chunk."""
     for stop_reason in ("four", 151643):
