@@ -157,8 +157,8 @@ def _resolve_url(kind: str, url: str, limits: InputLimits) -> MediaInput:
         if ";base64" not in header.lower():
             raise InvalidInput(f"{name}: only base64 data: URLs are supported")
         try:
-            data = base64.b64decode(payload, validate=True)
-        except binascii.Error as exc:
+            data = _unwrapped_base64(payload)
+        except (binascii.Error, ValueError) as exc:
             raise InvalidInput(f"{name}: invalid base64 in data: URL ({exc})") from None
         return _checked_bytes(kind, data, limits, name)
     parsed = urllib.parse.urlparse(url)
@@ -209,10 +209,16 @@ def _checked_bytes(kind: str, data: bytes, limits: InputLimits, name: str) -> Me
     return MediaInput(kind, data=data, input=name)
 
 
+def _unwrapped_base64(text: str | bytes) -> bytes:
+    """Base64 ``text`` decoded, its whitespace skipped (line breaks every 76 characters: MIME's, ``base64`` tools'
+    default). Raises binascii.Error for another character outside the alphabet (ValueError for non-ASCII text)."""
+    return base64.b64decode(text[:0].join(text.split()), validate=True)
+
+
 def _base64_image(text: bytes) -> bytes:
     """The vLLM backend's ``image`` input: the image file base64-encoded (line breaks allowed). Raises InvalidInput."""
     try:
-        data = base64.b64decode(b"".join(text.split()), validate=True)
+        data = _unwrapped_base64(text)
     except binascii.Error as exc:
         raise InvalidInput(f"image: neither an image file (JPEG, PNG, WebP, ...) nor valid base64 text ({exc}); send "
                            "the file's bytes or its base64 encoding") from None

@@ -183,6 +183,17 @@ def test_data_url_scheme_and_base64_marker_are_case_insensitive(limits, prefix):
     assert parse_request(raw(image_url=[url.encode()]), limits).media[0].data == b"png-bytes"
 
 
+def test_a_data_urls_base64_may_be_wrapped_in_lines_as_the_image_inputs_may(limits):
+    """base64 tools write a line break every 76 characters (Python's encodebytes, base64 without -w0); vLLM's
+    loader skips them too. Other characters outside the alphabet stay refused."""
+    data = bytes(range(256)) * 2
+    url = "data:image/png;base64," + base64.encodebytes(data).decode()
+    assert "\n" in url and parse_request(raw(image_url=[url.encode()]), limits).media[0].data == data
+    for bad in ("data:image/png;base64,iVBO*Rw0K", "data:image/png;base64,iVBOR\u00e9w0K"):
+        with pytest.raises(InvalidInput, match="image_url: invalid base64 in data: URL"):
+            parse_request(raw(image_url=[bad.encode()]), limits)
+
+
 def test_uppercase_file_scheme_is_a_file_url(limits, tmp_path):
     (tmp_path / "a.mp4").write_bytes(b"x")
     parsed = parse_request(raw(video_url=[f"FILE://{tmp_path}/a.mp4".encode()]), limits)
