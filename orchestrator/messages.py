@@ -48,10 +48,13 @@ def media_kinds(turns: tuple[Turn, ...]) -> list[str]:
 def parse_messages(raw: bytes, max_bytes: int) -> tuple[Turn, ...]:
     """Validate the ``messages`` input (UTF-8 JSON of at most ``max_bytes`` bytes).
 
+    A message's content may be empty, or null (no parts: OpenAI's assistant messages may have none), as vLLM renders
+    them: the chat template still writes the roles.
+
     Raises InvalidInput naming the problem and where: ``messages`` (not JSON, not a non-empty array, over the size
-    limit, nothing in any message), ``messages[i]`` (not an object, unknown role, content neither a string nor a
-    list, text that is not Unicode), ``messages[i].content[j]`` (a part that is not a text part or a placeholder,
-    media outside a user message).
+    limit), ``messages[i]`` (not an object, unknown role, content neither a string, a list nor null, text that is
+    not Unicode), ``messages[i].content[j]`` (a part that is not a text part or a placeholder, media outside a user
+    message).
     """
     if len(raw) > max_bytes:
         raise InvalidInput(f"messages: {len(raw)} bytes, over the limit of {max_bytes}")
@@ -63,10 +66,7 @@ def parse_messages(raw: bytes, max_bytes: int) -> tuple[Turn, ...]:
         raise InvalidInput(f"messages: not valid JSON ({exc})") from None
     if not isinstance(value, list) or not value:
         raise InvalidInput("messages: must be a non-empty JSON array of messages")
-    turns = tuple(_turn(i, message) for i, message in enumerate(value))
-    if not any(part.kind != "text" or part.text.strip() for turn in turns for part in turn.parts):
-        raise InvalidInput("messages: every message is empty")
-    return turns
+    return tuple(_turn(i, message) for i, message in enumerate(value))
 
 
 def _turn(i: int, message: object) -> Turn:
@@ -78,8 +78,11 @@ def _turn(i: int, message: object) -> Turn:
         raise InvalidInput(f"{where}: role must be one of {', '.join(ROLES)}, got {_shown(role)}")
     if isinstance(content, str):
         return Turn(role, (Part("text", _text(f"{where}.content", content)),))
+    if content is None:
+        return Turn(role, ())
     if not isinstance(content, list):
-        raise InvalidInput(f"{where}: content must be a string or a list of parts, got {type(content).__name__}")
+        raise InvalidInput(f"{where}: content must be a string, a list of parts or null, got "
+                           f"{type(content).__name__}")
     return Turn(role, tuple(_part(f"{where}.content[{j}]", role, part) for j, part in enumerate(content)))
 
 

@@ -107,7 +107,7 @@ def chat_request(request: ChatCompletionRequest) -> OrchestratorRequest:
     messages, media = [], []
     for i, message in enumerate(request.messages):
         role = "system" if message.role == "developer" else message.role
-        if isinstance(message.content, str):
+        if message.content is None or isinstance(message.content, str):  # null: a message without parts
             messages.append({"role": role, "content": message.content})
             continue
         parts = []

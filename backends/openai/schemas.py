@@ -61,10 +61,11 @@ ContentPart = Annotated[Union[TextPart, ImageUrlPart, VideoUrlPart], Field(discr
 
 
 class ChatMessage(_Body):
-    """``developer`` is OpenAI's newer name for ``system`` and is sent as one."""
+    """``developer`` is OpenAI's newer name for ``system`` and is sent as one; ``content`` may be null or left out
+    (OpenAI's assistant messages), a message without parts, as vLLM takes it."""
 
     role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[ContentPart]
+    content: str | list[ContentPart] | None = None
     name: str | None = None
 
 

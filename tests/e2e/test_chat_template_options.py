@@ -27,6 +27,20 @@ def sdk(server, tmp_path_factory):
         yield client
 
 
+@pytest.mark.parametrize("messages", [
+    [{"role": "user", "content": ""}],
+    [{"role": "user", "content": "Hi."}, {"role": "assistant", "content": None}, {"role": "user", "content": "And?"}],
+], ids=["empty", "null"])
+def test_empty_and_null_contents_are_rendered_as_vllm_renders_them(sdk, messages):
+    """An empty message, or an assistant's null content (OpenAI's), is a message without text: the template still
+    writes its role."""
+    written = load_tokenizer(None).apply_chat_template(
+        [{**m, "content": m["content"] or ""} for m in messages], tokenize=False, add_generation_prompt=True)
+    chat = sdk.chat.completions.create(model="tiny", messages=messages, **GREEDY)
+    completion = sdk.completions.create(model="tiny", prompt=written, **GREEDY)
+    assert chat.choices[0].token_ids == completion.choices[0].token_ids
+
+
 @pytest.mark.parametrize("fields", [
     {"add_generation_prompt": False, "continue_final_message": True},
     {"add_generation_prompt": False},

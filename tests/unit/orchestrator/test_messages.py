@@ -41,14 +41,14 @@ def test_messages_parse_into_turns():
     (_json([]), "messages: must be a non-empty JSON array"),
     (_json(["hi"]), "messages[0]: must be an object"),
     (_json([{"role": "tool", "content": "x"}]), "messages[0]: role must be one of system, user, assistant, got 'tool'"),
-    (_json([{"role": "user", "content": 3}]), "messages[0]: content must be a string or a list of parts, got int"),
+    (_json([{"role": "user", "content": 3}]),
+     "messages[0]: content must be a string, a list of parts or null, got int"),
     (_json([{"role": "user", "content": "a"}, {"role": "assistant", "content": [{"type": "image"}]}]),
      "messages[1].content[0]: image parts are allowed in user messages only, not in assistant messages"),
     (_json([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]),
      "messages[0].content[0]: put the URL in the 'image_url' input and a placeholder {\"type\": \"image\"} here"),
     (_json([{"role": "user", "content": [{"type": "audio"}]}]), "messages[0].content[0]: must be {\"type\": \"text\""),
     (_json([{"role": "user", "content": [{"type": "text", "text": 5}]}]), "messages[0].content[0]: must be"),
-    (_json([{"role": "user", "content": " "}, {"role": "user", "content": []}]), "messages: every message is empty"),
     (_json([{"role": "user", "content": "x" * 200}]), "messages: 233 bytes, over the limit of 100"),
     # a JSON escape of a lone UTF-16 surrogate is valid JSON and valid UTF-8 bytes, but no text
     (b'[{"role": "user", "content": "a \\ud800"}]',
@@ -60,6 +60,12 @@ def test_bad_messages_are_named(raw, words):
     with pytest.raises(InvalidInput) as error:
         parse_messages(raw, 100)
     assert str(error.value).startswith(words), str(error.value)
+
+
+def test_empty_and_null_contents_are_messages_without_text_as_vllm_renders_them():
+    turns = parse_messages(_json([{"role": "user", "content": ""}, {"role": "assistant", "content": None},
+                                  {"role": "user", "content": []}]), 10_000)
+    assert turns == (Turn("user", (Part("text", ""),)), Turn("assistant", ()), Turn("user", ()))
 
 
 def _data_url(payload: bytes) -> bytes:

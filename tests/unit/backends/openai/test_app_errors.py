@@ -44,8 +44,8 @@ def _error(response, status: int) -> dict:
     ({"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": "true"}, "stream",
      "stream: Input should be a valid boolean"),
     # a union's branches said once, with what came
-    ({"model": "m", "messages": [{"role": "user", "content": None}]}, "messages",
-     "messages[0].content: Input should be a valid string or list (got null)"),
+    ({"model": "m", "messages": [{"role": "user", "content": 5}]}, "messages",
+     "messages[0].content: Input should be a valid string or list (got 5)"),
     ({"model": "m", "messages": [{"role": "user", "content": "x"}], "stop": 5}, "stop",
      "stop: Input should be a valid string or list (got 5)"),
 ])

@@ -258,6 +258,14 @@ def test_continuous_usage_asks_each_response_for_the_prompts_tokens_and_the_ids(
     assert all(request.continuous_usage for request in completion_requests(completion))
 
 
+def test_a_null_or_absent_content_is_a_message_without_parts_as_the_orchestrator_reads_it():
+    request = chat_request(_chat(messages=[{"role": "user", "content": ""}, {"role": "assistant", "content": None},
+                                           {"role": "assistant"}, {"role": "user", "content": "Go on."}]))
+    turns = parse_request(_raw(request), InputLimits()).turns
+    assert [(turn.role, turn.parts) for turn in turns] == [("user", (Part("text", ""),)), ("assistant", ()),
+                                                           ("assistant", ()), ("user", (Part("text", "Go on."),))]
+
+
 def test_flags_sent_as_null_are_false_and_other_types_are_refused():
     request = _chat(messages=[{"role": "user", "content": "x"}], stream=None, return_token_ids=None,
                     return_timeline=None)
