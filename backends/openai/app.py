@@ -116,7 +116,7 @@ def _unknown_model(model: str, served: str) -> ApiError:
 async def chat_completions(body: ChatCompletionRequest, request: Request):
     """A chat completion, whole or streamed (the module docstring); errors as ``errors`` says."""
     shape = ChatShape(await _served(request, body), body.return_token_ids, body.top_logprobs_asked,
-                      body.choices_per_prompt, body.continuous_usage)
+                      body.choices_per_prompt, body.continuous_usage, body.echoed)
     return await _generate(request, body, [chat_request(body)], shape)
 
 

@@ -147,12 +147,18 @@ class _Shape:
 
 class ChatShape(_Shape):
     """``chat.completion`` and ``chat.completion.chunk`` bodies; each choice's first chunk carries the assistant's
-    role."""
+    role. ``echo``: the text each choice's message starts with (vLLM's chat ``echo``: ``ChatCompletionRequest.
+    echoed``), else empty."""
 
     prefix = "chatcmpl"
 
+    def __init__(self, model: str, return_token_ids: bool, top_logprobs: int | None = None, n: int = 1,
+                 continuous_usage: bool = False, echo: str = ""):
+        super().__init__(model, return_token_ids, top_logprobs, n, continuous_usage)
+        self.echo = echo
+
     def whole(self, replies: list[Reply]) -> ChatCompletion:
-        choices = [ChatChoice(index=index, message=AssistantMessage(content=reply.text),
+        choices = [ChatChoice(index=index, message=AssistantMessage(content=self.echo + reply.text),
                               logprobs=self._logprobs(reply.logprobs), finish_reason=reply.finish_reason,
                               stop_reason=reply.stop_reason, token_ids=self._ids(reply.token_ids))
                    for index, reply in enumerate(replies)]
@@ -163,7 +169,7 @@ class ChatShape(_Shape):
 
     def chunk(self, index: int, piece: ResponsePiece) -> ChatCompletionChunk:
         role = "assistant" if self._first_chunk(index, piece) else None
-        delta = Delta(role=role, content=piece.text.decode("utf-8", errors="replace"))
+        delta = Delta(role=role, content=(self.echo if role else "") + piece.text.decode("utf-8", errors="replace"))
         choice = ChatChunkChoice(index=index, delta=delta, logprobs=self._logprobs(piece.logprobs or []),
                                  finish_reason=piece.finish_reason, stop_reason=piece.stop_reason,
                                  token_ids=self._ids(piece.token_ids))

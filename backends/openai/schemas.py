@@ -219,6 +219,9 @@ class ChatCompletionRequest(GenerationRequest):
     top_logprobs: int | None = None
     tools: list[Any] | None = None
     tool_choice: Any = None
+    functions: list[Any] | None = None  # OpenAI's older tools: refused as they are
+    function_call: Any = None
+    echo: bool = False  # vLLM's: the reply starts with the last message's text where it has the reply's role
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
@@ -236,6 +239,18 @@ class ChatCompletionRequest(GenerationRequest):
     def top_logprobs_asked(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
 
+    @property
+    def echoed(self) -> str:
+        """With ``echo``, the last message's text (its text parts joined by line breaks, as vLLM's conversation
+        holds them) where that message has the reply's role (the assistant's, unless ``add_generation_prompt`` is
+        false: then the last message's own): vLLM's chat echo. Else empty."""
+        last = self.messages[-1]
+        if not self.echo or (self.add_generation_prompt and last.role != "assistant"):
+            return ""
+        if last.content is None or isinstance(last.content, str):
+            return last.content or ""
+        return "\n".join(part.text for part in last.content if isinstance(part, TextPart))
+
     def refusal(self) -> tuple[str, str] | None:
         if (out_of_range := _count_refusal("top_logprobs", self.top_logprobs)) is not None:
             return out_of_range
@@ -243,6 +258,8 @@ class ChatCompletionRequest(GenerationRequest):
             return "top_logprobs", "top_logprobs: only allowed when logprobs is true"
         if self.tools or self.tool_choice not in (None, "none", "auto"):
             return "tools", "tools: tool calls are not supported by this server"
+        if self.functions or self.function_call not in (None, "none", "auto"):
+            return "functions", "functions: function calls are not supported by this server"
         if self.chat_template is not None:  # vLLM 0.26 refuses it too, unless started with --trust-request-chat-template
             return "chat_template", "chat_template: this server applies the model's own chat template only"
         if self.max_completion_tokens is not None and not 0 < self.max_completion_tokens < MAX_TOKENS_LIMIT:

@@ -67,3 +67,15 @@ def test_both_flags_true_is_refused_naming_them(sdk, grpc_url):
                ("chat_template_kwargs", np.array([b'{"add_generation_prompt": 1}'], dtype=np.object_), "BYTES")]
     with pytest.raises(ServerError, match="chat_template_kwargs: add_generation_prompt must be true or false, got 1"):
         kserve_request(grpc_url, tensors)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_chat_echo_starts_the_reply_with_the_prefilled_answer(sdk, stream):
+    """vLLM's chat ``echo`` beside ``continue_final_message``: the answer the model continues, then its tokens."""
+    fields = {**GREEDY["extra_body"], "add_generation_prompt": False, "continue_final_message": True}
+    plain = sdk.chat.completions.create(model="tiny", messages=MESSAGES, **{**GREEDY, "extra_body": fields})
+    reply = sdk.chat.completions.create(model="tiny", messages=MESSAGES, stream=stream,
+                                        **{**GREEDY, "extra_body": {**fields, "echo": True}})
+    text = "".join(c.choices[0].delta.content or "" for c in reply if c.choices) if stream \
+        else reply.choices[0].message.content
+    assert text == "The sea is" + plain.choices[0].message.content

@@ -128,6 +128,8 @@ def test_a_completions_prompts_are_one_request_each_with_the_same_sampling():
     (dict(logprobs=True, top_logprobs=21), "top_logprobs", "top_logprobs: must be in [0, 20], got 21"),
     (dict(tools=[{"type": "function", "function": {"name": "f"}}]), "tools", "tools: tool calls are not supported"),
     (dict(tool_choice="required"), "tools", "tools: tool calls are not supported"),
+    (dict(functions=[{"name": "f", "parameters": {}}]), "functions", "functions: function calls are not supported"),
+    (dict(function_call={"name": "f"}), "functions", "functions: function calls are not supported"),
     (dict(response_format={"type": "xml"}), "response_format", "response_format: type must be text, json_object or"),
     (dict(response_format={"type": "json_schema", "json_schema": {"name": "x"}}), "response_format",
      "response_format: json_schema.schema must be a JSON schema"),
@@ -256,6 +258,17 @@ def test_continuous_usage_asks_each_response_for_the_prompts_tokens_and_the_ids(
                                                    "stream_options": {"include_usage": True,
                                                                       "continuous_usage_stats": True}})
     assert all(request.continuous_usage for request in completion_requests(completion))
+
+
+def test_chat_echo_is_the_last_messages_text_where_it_has_the_replys_role():
+    """vLLM's chat echo: the assistant's reply role unless add_generation_prompt is false (then the last message's
+    own); its text parts joined by line breaks."""
+    prefilled = [{"role": "user", "content": "Hi"},
+                 {"role": "assistant", "content": [{"type": "text", "text": "The sea"}, {"type": "text", "text": "is"}]}]
+    assert _chat(messages=prefilled, echo=True).echoed == "The sea\nis"
+    assert _chat(messages=prefilled).echoed == ""
+    assert _chat(messages=[{"role": "user", "content": "Hi"}], echo=True).echoed == ""
+    assert _chat(messages=[{"role": "user", "content": "Hi"}], echo=True, add_generation_prompt=False).echoed == "Hi"
 
 
 def test_a_null_or_absent_content_is_a_message_without_parts_as_the_orchestrator_reads_it():

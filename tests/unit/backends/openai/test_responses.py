@@ -69,6 +69,14 @@ def test_continuous_usage_gives_every_chunk_its_choices_usage_so_far():
     assert all("usage" not in sent(ChatShape("tiny", False).chunk(0, piece)) for piece in pieces)
 
 
+def test_chat_echo_starts_each_choices_message_and_first_chunk():
+    shape = ChatShape("tiny", False, n=2, echo="The sea ")
+    assert [c.message.content for c in shape.whole([_reply(PIECES), _reply(PIECES)]).choices] == ["The sea Hello"] * 2
+    streamed = [(index, shape.chunk(index, piece).choices[0].delta.content)
+                for index, piece in [(0, PIECES[0]), (1, PIECES[0]), (0, PIECES[1])]]
+    assert streamed == [(0, "The sea Hel"), (1, "The sea Hel"), (0, "lo")]
+
+
 def test_the_stop_string_or_stop_token_that_ended_a_choice_is_its_stop_reason():
     """vLLM's ``stop_reason``: the orchestrator's, on the choice of a whole body and on its last chunk."""
     for stop_reason in ("four", 151643):
