@@ -30,14 +30,16 @@ class Generator(Protocol):
 
 
 def _named(exc: Exception, prompt: int, prompts: int) -> Exception:
-    """``exc`` with an error about the prompt (the orchestrator's ``prompt:`` or ``prompt_token_ids:``) naming the
-    API's field, ``prompt``, and which one where the request has several."""
+    """``exc`` with an error about the prompt naming the API's field, ``prompt`` (the orchestrator's ``prompt:`` or
+    ``prompt_token_ids:``), and which one where the request has several (``prompt[1]: prompt too long: ...``)."""
     if not isinstance(exc, ApiError):
         return exc
+    where = f"prompt[{prompt}]:" if prompts > 1 else "prompt:"
     for name in ("prompt_token_ids:", "prompt:"):
         if exc.message.startswith(name):
-            where = f"prompt[{prompt}]:" if prompts > 1 else "prompt:"
             return ApiError(exc.status, where + exc.message[len(name):], exc.param, exc.code)
+    if prompts > 1 and exc.param == "prompt":  # "prompt too long: ...", "the prompt (...)"
+        return ApiError(exc.status, f"{where} {exc.message}", exc.param, exc.code)
     return exc
 
 

@@ -160,11 +160,13 @@ def test_a_call_cancelled_under_a_choice_is_an_error_not_a_silent_end(prompts, n
 
 
 class TokenIdsRefused(CancelledUnder):
-    """Refuses prompt "b" as the orchestrator refuses a bad token id."""
+    """Refuses prompt "b" as the orchestrator refuses a bad token id, prompt "long" as it refuses a long one."""
 
     async def generate(self, request: OrchestratorRequest, reserved: bool = False):
         if request.prompt == "b":
             raise ApiError(400, "prompt_token_ids: id 9 (position 0) is outside the vocabulary", param="prompt")
+        if request.prompt == "long":
+            raise ApiError(400, "prompt too long: its 40001 tokens leave no room", param="prompt")
         yield ResponsePiece(b"fine", finish_reason="stop", final=True)
 
 
@@ -178,3 +180,6 @@ def test_the_orchestrators_token_id_errors_name_the_apis_prompt():
 
     assert asyncio.run(run(["b"])) == ("prompt: id 9 (position 0) is outside the vocabulary", "prompt")
     assert asyncio.run(run(["a", "b"])) == ("prompt[1]: id 9 (position 0) is outside the vocabulary", "prompt")
+    # the prompt's length: which prompt, where the request has several
+    assert asyncio.run(run(["long"])) == ("prompt too long: its 40001 tokens leave no room", "prompt")
+    assert asyncio.run(run(["a", "long"])) == ("prompt[1]: prompt too long: its 40001 tokens leave no room", "prompt")
