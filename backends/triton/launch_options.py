@@ -14,7 +14,7 @@ from pathlib import Path
 from backends.triton.deploy_config import DeployConfig
 from backends.triton.mps import CONTROL, GPU_SHARING
 from backends.triton.repository import parse_overrides, repository_with
-from backends.triton.server_binary import HEAP_ENV, server_binary
+from backends.triton.server_binary import HEAP_ENV, THREAD_STACK_BYTES, server_binary
 
 
 @dataclass(frozen=True)
@@ -59,8 +59,8 @@ def serve_plan(args: argparse.Namespace, source: Path) -> ServePlan:
 
 def render(plan: ServePlan, source: Path, target: Path) -> int:
     """Write ``source`` with ``plan``'s parameters to ``target`` (its model.py files link to ``source``'s) and
-    print the command that serves it (with the launcher's ``HEAP_ENV``). Returns the exit status: 0, or 1 when
-    ``target`` holds files already."""
+    print the command that serves it (with the launcher's ``HEAP_ENV`` and thread stacks). Returns the exit status:
+    0, or 1 when ``target`` holds files already."""
     if target.exists() and any(target.iterdir()):
         print(f"--render {target}: not empty", file=sys.stderr, flush=True)
         return 1
@@ -78,5 +78,6 @@ def render(plan: ServePlan, source: Path, target: Path) -> int:
         print(f"# gpu_sharing mps: start the MPS daemon ({CONTROL} -d) first, with CUDA_MPS_PIPE_DIRECTORY and "
               "CUDA_MPS_LOG_DIRECTORY set for it and for this command", flush=True)
     prefix = "".join(f"{key}={shlex.quote(value)} " for key, value in {**HEAP_ENV, **env}.items())
-    print(prefix + shlex.join([str(binary), *command]), flush=True)
+    stack = f"ulimit -s {THREAD_STACK_BYTES >> 10}; "  # the launcher's thread stacks (server_binary)
+    print(stack + prefix + shlex.join([str(binary), *command]), flush=True)
     return 0

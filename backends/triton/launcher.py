@@ -42,7 +42,7 @@ from backends.triton.load_progress import LoadProgress
 from backends.triton.mps import MpsDaemon
 from backends.triton.ports import ServerPorts
 from backends.triton.repository import repository_with
-from backends.triton.server_binary import HEAP_ENV, server_binary, server_command
+from backends.triton.server_binary import HEAP_ENV, server_binary, server_command, thread_stacks
 from backends.triton.server_log import load_errors, not_unloaded, still_loading
 from backends.triton.stale_shm import SHM, lock_path, remove_run_files, remove_stale_shared_memory
 from backends.triton.stubs import dump_stacks, stub_processes, stub_regions, watch_stages
@@ -115,8 +115,9 @@ class TritonServer:
         self._log = log = None if self.log_to_stdout else open(self.log_path, "wb")
         if log is not None and self.on_log is not None:
             self.on_log(self.log_path)
-        self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=environment,
-                                        cwd=str(REPO_ROOT), start_new_session=True, pass_fds=[self._lock.fileno()])
+        with thread_stacks():  # Triton's HTTP front end crashes on a body over half a thread's stack
+            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=environment,
+                                            cwd=str(REPO_ROOT), start_new_session=True, pass_fds=[self._lock.fileno()])
         try:
             self._wait_ready()
             self.ready_stubs = self.stubs()

@@ -7,8 +7,10 @@ version is put next to the backend, where tritonserver looks for it.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
+import resource
 import shutil
 import sys
 import sysconfig
@@ -28,6 +30,13 @@ CACHE = Path(os.environ.get("UNIFIEDSERVE_CACHE", Path.home() / ".cache" / "unif
 # returned little more in a trial, so nothing calls it. The stubs inherit it from tritonserver; the launcher sets it
 # (a value in its own environment wins) and --render's command names it.
 HEAP_ENV = {"MALLOC_MMAP_THRESHOLD_": str(4 << 20)}
+
+# Triton 2.51's HTTP front end takes about twice a request body's size of the stack of the thread that reads it, and
+# a body over half the stack crashes the whole server (SIGSEGV; triton-inference-server/server#5840): with Linux's
+# usual 8 MiB a 4 MiB body did (a 3 MiB one was served); with 16 MiB 8 MiB did (7 served). A thread's stack is
+# the soft RLIMIT_STACK the process started with (glibc), so tritonserver starts with this one: JSON bodies up to
+# about 60 MiB (a video's data: URL; gRPC has no such limit). Stacks are address space, taken as they are used.
+THREAD_STACK_BYTES = 128 << 20
 
 
 def server_binary() -> tuple[Path, Path, dict[str, str]]:
@@ -67,6 +76,23 @@ def _wheel_server() -> tuple[Path, Path, dict[str, str]]:
         "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
     }
     return target / "bin" / "tritonserver", target / "backends", env
+
+
+@contextlib.contextmanager
+def thread_stacks(nbytes: int = THREAD_STACK_BYTES):
+    """This process's soft RLIMIT_STACK raised to ``nbytes`` (bytes; at most the hard limit) while the block runs, so
+    that a process started in it (tritonserver, then its stubs) gives its threads stacks that large; restored
+    after. One that is larger already is kept (an unlimited one is not: glibc then gives threads its own default)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_STACK)
+    wanted = nbytes if hard == resource.RLIM_INFINITY else min(nbytes, hard)
+    if soft != resource.RLIM_INFINITY and soft >= wanted:
+        yield
+        return
+    resource.setrlimit(resource.RLIMIT_STACK, (wanted, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_STACK, (soft, hard))
 
 
 def server_command(binary: Path, backends: Path, repository: Path, ports: ServerPorts, shm_default_byte_size: int,

@@ -1,6 +1,10 @@
 """Bad input gets an error naming the problem, and the server keeps serving (docs/design.md, invariant 3)."""
 from __future__ import annotations
 
+import json
+import urllib.error
+import urllib.request
+
 import pytest
 
 from client.api import Client, ServerError
@@ -138,23 +142,35 @@ def test_too_many_visual_tokens_are_refused_from_metadata(grpc_url):
         assert client.generate("Still there?", sampling=OK).num_output_tokens >= 1
 
 
+def _generate_stream(http_url: str, model: str, body: bytes, content_type: str) -> str:
+    """The text of Triton's HTTP ``generate_stream`` answer to ``body``, whatever its status."""
+    request = urllib.request.Request(f"http://{http_url}/v2/models/{model}/generate_stream", method="POST",
+                                     data=body, headers={"Content-Type": content_type})
+    try:
+        return urllib.request.urlopen(request, timeout=60).read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.read().decode()
+
+
 @pytest.mark.parametrize("model,body", [
     ("decode", {"op": "stream", "token": "guess"}),
     ("flashcodec", {"op": "abort", "request_id": "x", "token": "guess"}),
 ])
 def test_internal_models_refuse_clients(http_url, grpc_url, model, body):
     """The stages serve only the orchestrator: a client's `decode` stream must not take over the fan-out."""
-    import json
-    import urllib.error
-    import urllib.request
-
-    request = urllib.request.Request(f"http://{http_url}/v2/models/{model}/generate_stream", method="POST",
-                                     data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    try:
-        text = urllib.request.urlopen(request, timeout=30).read().decode()
-    except urllib.error.HTTPError as exc:
-        text = exc.read().decode()
+    text = _generate_stream(http_url, model, json.dumps(body).encode(), "application/json")
     assert "internal to UnifiedServe" in text, text
+    with Client(grpc_url) as client:
+        assert client.generate("Still there?", sampling=OK, timeout_s=60).num_output_tokens >= 1
+
+
+def test_a_large_body_sent_as_curl_sends_it_is_answered_not_a_crash(http_url, grpc_url):
+    """Triton 2.51's HTTP front end reads a body sent as a form (curl's default Content-Type) with about twice its
+    size of a thread's stack: with Linux's usual 8 MiB a 4 MiB body crashed the server. The launcher starts it
+    with larger stacks (server_binary.THREAD_STACK_BYTES)."""
+    body = json.dumps({"text_input": "x" * (6 << 20), "stream": True}).encode()
+    text = _generate_stream(http_url, "orchestrator", body, "application/x-www-form-urlencoded")
+    assert "text_input: 6291456 bytes, over the limit" in text, text
     with Client(grpc_url) as client:
         assert client.generate("Still there?", sampling=OK, timeout_s=60).num_output_tokens >= 1
 

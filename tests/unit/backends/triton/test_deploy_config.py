@@ -6,7 +6,7 @@ import textwrap
 import pytest
 
 from backends.triton import launch_options
-from backends.triton.server_binary import HEAP_ENV, server_binary
+from backends.triton.server_binary import HEAP_ENV, THREAD_STACK_BYTES, server_binary
 from backends.triton.deploy_config import DEFAULT_SHM_BYTES, ConfigError, DeployConfig
 from backends.triton.launcher import REPO_ROOT
 from backends.triton.repository import REPOSITORY, model_parameters
@@ -144,6 +144,7 @@ def test_render_writes_the_repository_and_prints_the_command(tmp_path, capsys):
     assert launch_options.render(plan, REPOSITORY, target) == 0
     binary, backends, env = server_binary()  # here the pip wheel's: its backends and libraries are named too
     assert capsys.readouterr().out.split() == [
+        "ulimit", "-s", f"{THREAD_STACK_BYTES >> 10};",  # Triton's HTTP threads' stacks (server_binary)
         *(f"{key}={value}" for key, value in {**HEAP_ENV, **env}.items()), str(binary),
         f"--model-repository={target}",
         f"--backend-directory={backends}", f"--backend-config=python,shm-default-byte-size={2**24}"]
