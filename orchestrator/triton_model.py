@@ -70,4 +70,5 @@ class OrchestratorModel:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout=5)
         self.metrics.close()
+        server_stop.mark_drained()  # nothing of this model's is in flight: a stage unloading after it need not wait
         server_stop.before_exit()

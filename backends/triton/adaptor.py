@@ -14,7 +14,8 @@ would otherwise pause a step for as long as the walk takes (about a second for a
 (what its compiled graphs made after start-up; not the orchestrator's, whose requests' state forms cycles). Every
 model's ``gil_switch_interval_ms`` (empty: Python's 5 ms) is its process's ``sys.setswitchinterval``: the longest a
 thread that wants the GIL waits while another thread computes (the orchestrator's Triton thread, event loop and send
-lanes, a stage's step and send threads).
+lanes, a stage's step and send threads). A stage's ``finalize`` first lets the orchestrator drain
+(``server_stop.drain_before_unload``: a plain tritonserver unloads every model at once when signalled).
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ import re
 import sys
 
 from backends.gc_heap import freeze_startup_heap, watch_collections
-from backends.triton import model_log, standalone, triton_io
+from backends.triton import model_log, server_stop, standalone, triton_io
 
 MODELS = {
     "orchestrator": "orchestrator.triton_model:OrchestratorModel",
@@ -51,6 +52,7 @@ class TritonPythonModel:
         if interval_ms is not None:  # before anything exists that a refused value would leave behind
             sys.setswitchinterval(interval_ms / 1e3)
         self.run_dir = standalone.adopt()
+        self.stage = _base_name(args["model_name"]) != "orchestrator"
         try:
             self.model = model_class(args["model_name"])(args)
         except BaseException:  # Triton will not call finalize()
@@ -58,13 +60,15 @@ class TritonPythonModel:
                 self.run_dir.release()
             raise
         freeze_startup_heap()
-        watch_collections(args["model_name"], refreeze=_base_name(args["model_name"]) != "orchestrator")
+        watch_collections(args["model_name"], refreeze=self.stage)
 
     def execute(self, requests):
         return self.model.execute(requests)
 
     def finalize(self):
         try:
+            if self.stage:  # the orchestrator's requests end before the stage's link does (server_stop)
+                server_stop.drain_before_unload()
             self.model.finalize()
         finally:
             if self.run_dir is not None:

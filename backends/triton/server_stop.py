@@ -18,6 +18,12 @@ go while the orchestrator still waits on one of its calls (decode's step stream,
 2. the orchestrator writes ``drained`` (:func:`mark_drained`) once no request and no stage call is left;
 3. the launcher waits for it (:func:`wait_drained`, bounded), then signals tritonserver, which now finds
    every model idle and unloads them at once.
+
+A plain tritonserver (no launcher) signalled to stop unloads its models at once, the stages first (nothing holds
+them), whose links closing under the orchestrator's requests failed those with "decode: the stage closed its link".
+So a stage's ``finalize`` first announces the stop itself and waits for the orchestrator's drain
+(:func:`drain_before_unload`): the requests end with "the server is shutting down", as under the launcher. The
+orchestrator marks ``drained`` at its own ``finalize`` too, so that a stage unloading after it does not wait.
 """
 from __future__ import annotations
 
@@ -59,6 +65,20 @@ def wait_drained(run_dir: Path, timeout_s: float) -> bool:
             return False
         time.sleep(0.05)
     return True
+
+
+UNLOAD_DRAIN_S = 5.0  # a stage's wait in its finalize for the orchestrator's drain (a plain tritonserver's stop)
+
+
+def drain_before_unload(timeout_s: float = UNLOAD_DRAIN_S) -> bool:
+    """A stage's first step in ``finalize``: unless the orchestrator has drained already (the launcher's stop, or
+    its own finalize), announce the stop in this server's run directory and wait up to ``timeout_s`` seconds for
+    the drain, so that no request is left waiting on this stage when its link closes. True when drained."""
+    run_dir = run_directory.run_dir()
+    if (run_dir / DRAINED).exists():
+        return True
+    announce(run_dir)
+    return wait_drained(run_dir, timeout_s)
 
 
 def before_exit() -> None:

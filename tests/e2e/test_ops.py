@@ -12,6 +12,7 @@ import shlex
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -134,6 +135,39 @@ def test_plain_tritonserver_serves_a_rendered_repository_and_cleans_up(tmp_path)
             os.killpg(server.pid, signal.SIGKILL)
             server.wait()
     assert_clean_log(log.read_text(errors="replace"))
+    assert_nothing_left(server, run_dir)
+
+
+def test_a_plain_tritonservers_stop_ends_the_requests_in_flight_with_the_shutdown_error(tmp_path):
+    """A signal to tritonserver alone unloads every model at once: the stages let the orchestrator drain first
+    (server_stop.drain_before_unload), so a running request ends with "the server is shutting down" (it ended with
+    "decode: the stage closed its link" before: a fresh user's find) and the server exits by itself."""
+    log = tmp_path / "server.log"
+    server, ports, run_dir = start_alone(REPO_ROOT / "model_repository", 16 * 2**20, tmp_path, log)
+    errors = []
+
+    def ask() -> None:
+        with Client(f"127.0.0.1:{ports.grpc}") as client:
+            try:
+                client.generate("Tell me a long story.", sampling={"max_tokens": 3000, "ignore_eos": True},
+                                on_text=lambda _: started.set(), timeout_s=120)
+            except ServerError as exc:
+                errors.append(str(exc))
+
+    try:
+        wait_ready(server, ports, log)
+        started = threading.Event()
+        asking = threading.Thread(target=ask)
+        asking.start()
+        assert started.wait(60), log.read_text()[-6000:]
+        server.send_signal(signal.SIGINT)
+        asking.join(60)
+        assert errors == ["the server is shutting down"], errors
+        assert server.wait(60) == 0, log.read_text()[-6000:]
+    finally:
+        if server.poll() is None:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
     assert_nothing_left(server, run_dir)
 
 

@@ -1,5 +1,6 @@
-"""Stopping a server cleanly without Triton: the stop watch sees the launcher's marker, the decode stage
-ends its step stream, flashcodec ends its group streams (backends/triton/server_stop.py)."""
+"""Stopping a server cleanly without Triton: the stop watch sees the launcher's marker, a stage unloading first
+lets the orchestrator drain, the decode stage ends its step stream, flashcodec ends its group streams
+(backends/triton/server_stop.py)."""
 from __future__ import annotations
 
 import queue
@@ -48,6 +49,25 @@ def test_wait_drained(run_dir):
     assert time.monotonic() - started >= 0.1
     server_stop.mark_drained()
     assert server_stop.wait_drained(run_dir, timeout_s=0)
+
+
+def test_a_stage_unloading_announces_the_stop_and_waits_for_the_drain(run_dir):
+    """A plain tritonserver's stop: the stage's finalize announces it, the orchestrator's watch drains (here a
+    thread marking it after 0.2 s), then the stage goes on; after a drain (the launcher's, or the orchestrator's
+    finalize) it does not wait; without one it gives up after its timeout."""
+    def orchestrator():
+        while not (run_dir / server_stop.MARKER).exists():
+            time.sleep(0.01)
+        time.sleep(0.2)
+        server_stop.mark_drained()
+
+    threading.Thread(target=orchestrator, daemon=True).start()
+    started = time.monotonic()
+    assert server_stop.drain_before_unload(timeout_s=10) and time.monotonic() - started >= 0.2
+    started = time.monotonic()
+    assert server_stop.drain_before_unload(timeout_s=10) and time.monotonic() - started < 0.1
+    (run_dir / server_stop.DRAINED).unlink()
+    assert not server_stop.drain_before_unload(timeout_s=0.2)
 
 
 def test_the_decode_stage_ends_its_stream_when_told_and_at_shutdown(run_dir):
