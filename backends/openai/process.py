@@ -56,9 +56,10 @@ class ApiProcess:
         host = "[::1]" if host == "::" else f"[{host}]" if ":" in host else host
         return f"http://{host}:{self.config.port}"
 
-    def start(self) -> "ApiProcess":
+    def start(self, server_gone: Callable[[], bool] | None = None) -> "ApiProcess":
         """Start it and wait until ``/health`` answers 200. Raises RuntimeError (with its log's tail) when the port is
-        taken, when it exits or is not ready within ``ready_timeout_s`` seconds (it is stopped then)."""
+        taken, when it exits or is not ready within ``ready_timeout_s`` seconds, or when ``server_gone()`` (the
+        server it fronts has exited) turns true meanwhile; it is stopped then."""
         check_port_free(self.config.host, self.config.port)
         log = open(self.log_path, "wb") if self.log_path is not None else None
         try:
@@ -71,8 +72,10 @@ class ApiProcess:
                 log.close()
         deadline = time.monotonic() + self.ready_timeout_s
         while not self._healthy():
-            if self.process.poll() is not None or time.monotonic() > deadline:
+            gone = server_gone is not None and server_gone()
+            if self.process.poll() is not None or time.monotonic() > deadline or gone:
                 what = (f"exited with status {self.process.returncode}" if self.process.poll() is not None
+                        else "did not start: the inference server exited" if gone
                         else f"not ready within {self.ready_timeout_s:g} s")
                 self.stop()
                 raise RuntimeError(f"the OpenAI API {what}{self._log_tail()}")

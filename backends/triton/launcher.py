@@ -345,8 +345,12 @@ def _serve(args: argparse.Namespace, repository: Path, plan: launch_options.Serv
         if args.openai_port:
             api = ApiProcess(openai_options.api_config(args),
                              None if args.log_stdout else server.log_path.with_suffix(".openai.log"))
-            api.start()
-            print(f"OpenAI-compatible API: {api.url}/v1, log {api.log_path or 'stdout'}", flush=True)
+            try:
+                api.start(server_gone=lambda: server.process.poll() is not None)
+                print(f"OpenAI-compatible API: {api.url}/v1, log {api.log_path or 'stdout'}", flush=True)
+            except RuntimeError:
+                if server.process.poll() is None:
+                    raise  # else the server's death is what to report (watch_stages, at once)
         died = watch_stages(server, api.exit_reason if api is not None else None)
         if died:
             where = "" if args.log_stdout else f" (log {server.log_path})"

@@ -237,3 +237,27 @@ def test_an_api_that_dies_makes_the_launcher_stop_the_server_and_exit_3():
     finally:
         if launcher.poll() is None:
             launcher.kill()
+
+
+def test_a_server_that_dies_while_the_api_starts_is_reported_as_its_death_exit_3():
+    """tritonserver killed right after its ready line, while the OpenAI API is still starting: the launcher names
+    the server's death and exits 3 (for a supervisor), as once the API is up; it waited out the API's 60 s and
+    exited 1 with "the OpenAI API not ready" before (a fresh user's find)."""
+    ports = ServerPorts.unused()
+    launcher = subprocess.Popen([sys.executable, "-m", "backends.triton.launcher", "--http-port", str(ports.http),
+                                 "--grpc-port", str(ports.grpc), "--metrics-port", str(ports.metrics),
+                                 "--openai-port", str(_unused_port()), "--openai-workers", "2"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert "tritonserver ready" in launcher.stdout.readline()
+        (server_pid,) = [pid for pid in _children(launcher.pid)
+                         if b"tritonserver" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+        os.kill(server_pid, signal.SIGKILL)
+        started = time.monotonic()
+        assert launcher.wait(timeout=60) == 3
+        assert time.monotonic() - started < 20
+        err = launcher.stderr.read()
+        assert "tritonserver was killed by SIGKILL" in err and "exit status 3" in err, err
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
