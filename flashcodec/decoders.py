@@ -16,7 +16,7 @@ import av
 import numpy as np
 
 from flashcodec.errors import MediaError
-from flashcodec.probe import Source, open_container, read_packets
+from flashcodec.probe import Source, clockwise_turn, open_container, read_packets
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ def check_indices(indices: Sequence[int]) -> None:
 def upright_rgb(frame: av.VideoFrame) -> np.ndarray:
     """A decoded frame as HxWx3 uint8 RGB, turned upright by its display rotation."""
     rgb = frame.to_ndarray(format="rgb24")
-    clockwise = round(-frame.rotation / 90) % 4  # FFmpeg's display-matrix angle is counter-clockwise
+    clockwise = clockwise_turn(frame) // 90
     return np.ascontiguousarray(np.rot90(rgb, k=-clockwise)) if clockwise else rgb
 
 

