@@ -32,7 +32,10 @@ class ResponsePiece:
 
     @property
     def has_output(self) -> bool:
-        return bool(self.text) or bool(self.token_ids)
+        """Whether it brought output tokens: text or ids, or, before the last response, always (the orchestrator
+        sends one only for tokens, whose text may be held back: part of a character, a possible stop string, a
+        special token's empty text; their ids come only with return_output_ids)."""
+        return bool(self.text) or bool(self.token_ids) or (not self.final and self.finish_reason is None)
 
 
 def _scalar(result: grpcclient.InferResult, name: str):

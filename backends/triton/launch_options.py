@@ -60,10 +60,10 @@ def serve_plan(args: argparse.Namespace, source: Path) -> ServePlan:
 def render(plan: ServePlan, source: Path, target: Path) -> int:
     """Write ``source`` with ``plan``'s parameters to ``target`` (its model.py files link to ``source``'s) and
     print the command that serves it (with the launcher's ``HEAP_ENV`` and thread stacks). Returns the exit status:
-    0, or 1 when ``target`` holds files already."""
+    0, or 2 (a bad argument) when ``target`` holds files already."""
     if target.exists() and any(target.iterdir()):
         print(f"--render {target}: not empty", file=sys.stderr, flush=True)
-        return 1
+        return 2  # a bad argument, as argparse's status
     target.mkdir(parents=True, exist_ok=True)
     repository_with(target.resolve(), plan.overrides, source)
     command = [f"--model-repository={target.resolve()}",

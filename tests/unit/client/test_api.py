@@ -141,6 +141,17 @@ def test_collector_times_and_concatenates():
     assert r.mean_tbt_ms == pytest.approx(12.5)
 
 
+def test_a_response_whose_tokens_have_no_text_yet_is_the_first_token_all_the_same():
+    """Without output ids a response may bring tokens whose text is held back (dummy weights' bytes, special
+    tokens): it is an output (TTFT) unless it is the last, which may carry none (the empty final response)."""
+    c = _Collector(t0=0.0)
+    c.add(0.100, ResponsePiece(text=b""))
+    c.add(0.110, ResponsePiece(text=b"ab"))
+    c.add(0.150, ResponsePiece(text=b"", num_output_tokens=4, finish_reason="length", final=True))
+    r = c.finish()
+    assert r.ttft_ms == pytest.approx(100.0) and r.num_responses == 2 and r.tbt_ms == pytest.approx([10.0])
+
+
 def test_a_response_of_several_tokens_counts_a_gap_per_token():
     """The server sends the tokens queued up behind it as one response: TBT stays per token (the wait shared
     among the response's tokens; the first response's extra tokens count no gap, so one non-streamed response

@@ -150,7 +150,7 @@ def test_render_writes_the_repository_and_prints_the_command(tmp_path, capsys):
         f"--backend-directory={backends}", f"--backend-config=python,shm-default-byte-size={2**24}"]
     rendered = model_parameters(target)
     assert rendered["decode"]["kv_pages"] == "2048" and rendered["orchestrator"]["slo_text_ttft_ms"] == "2000"
-    assert launch_options.render(plan, REPOSITORY, target) == 1  # not over a repository already there
+    assert launch_options.render(plan, REPOSITORY, target) == 2  # not over a repository already there
     assert "not empty" in capsys.readouterr().err
 
 
