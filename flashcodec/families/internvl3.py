@@ -173,7 +173,8 @@ class InternVL3:
     """The InternVL3 family (`flashcodec.families.base.Family`): tiles for images, segments for video.
 
     Options honoured: `num_frames` (segments), else `fps` (`int(frames / video fps * fps)` frames, the processor's
-    rule), else `config.num_frames`; `max_tiles` (lowers `config.max_tiles`). `max_pixels` is refused (ValueError):
+    rule), else `config.num_frames`; `max_tiles` (in place of `config.max_tiles`, above it too, as transformers'
+    `max_patches` and vLLM's `max_dynamic_patch` are taken). `max_pixels` is refused (ValueError):
     InternVL's sizes are whole tiles.
     """
 
@@ -205,7 +206,7 @@ class InternVL3:
         c = self.config
         if info.width < 1 or info.height < 1:
             raise MediaError(f"image: {info.width}x{info.height} has no pixels")
-        max_tiles = c.max_tiles if options.max_tiles is None else min(options.max_tiles, c.max_tiles)
+        max_tiles = c.max_tiles if options.max_tiles is None else options.max_tiles
         columns, rows = best_grid(info.height, info.width, c.tile_size, c.min_tiles, max_tiles)
         thumbnail = columns * rows > 1
         return TiledImagePlan(columns, rows, thumbnail, c.tile_size, columns * rows + thumbnail, c.patches_per_tile,

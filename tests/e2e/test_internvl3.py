@@ -80,12 +80,14 @@ def test_streamed_tokens_equal_transformers_generate(client, hf, media):
 
 
 def test_num_frames_and_max_tiles_set_the_plan(client, hf):
-    """A request's num_frames and max_tiles reach the family's plan (3 segments; 1 tile, no thumbnail); a clip of
-    fewer frames than the default 8 segments gives each of its 5 (case C3; the processor would refuse it)."""
+    """A request's num_frames and max_tiles reach the family's plan (3 segments; 1 tile, no thumbnail; 4 x 4 tiles and
+    a thumbnail, above the checkpoint's 12, as transformers' max_patches); a clip of fewer frames than the default 8
+    segments gives each of its 5 (case C3; the processor would refuse it)."""
     text_only = client.generate(QUESTION, sampling=GREEDY).num_input_tokens
     clip, image, short = make_video(None, 80, 64, 9, 10), make_image(660, 200, "RGB", "PNG"), \
         make_video(None, 56, 40, 5, 10)
     for media, setting, tiles in (({"video": clip}, {"num_frames": 3}, 3), ({"image": image}, {"max_tiles": 1}, 1),
+                                  ({"image": make_image(1792, 1792, "RGB", "PNG")}, {"max_tiles": 16}, 17),
                                   ({"video": short}, {}, 5)):
         result = client.generate(QUESTION, sampling={**GREEDY, **setting}, return_output_ids=True, **media)
         assert tiles * 256 < result.num_input_tokens - text_only < (tiles + 1) * 256

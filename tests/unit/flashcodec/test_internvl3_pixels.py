@@ -49,10 +49,12 @@ def test_odd_modes_are_the_rgb_image_the_processor_is_given():
     torch.testing.assert_close(image_group(data, plan), as_rows(expected), atol=0, rtol=0)
 
 
-def test_max_tiles_option_equals_the_processors():
+@pytest.mark.parametrize("max_tiles", [4, 20])  # below the checkpoint's 12 and above it
+def test_max_tiles_option_equals_the_processors(max_tiles):
     data = make_image(1920, 1080, "RGB", "JPEG")
-    plan = INTERNVL.plan_image(probe_image(data), MediaOptions(max_tiles=4))
-    expected = ref.image_processor()(images=[load_image(data)], max_patches=4, return_tensors="pt")["pixel_values"]
+    plan = INTERNVL.plan_image(probe_image(data), MediaOptions(max_tiles=max_tiles))
+    expected = ref.image_processor()(images=[load_image(data)], max_patches=max_tiles,
+                                     return_tensors="pt")["pixel_values"]
     torch.testing.assert_close(image_group(data, plan), as_rows(expected), atol=0, rtol=0)
 
 

@@ -61,11 +61,13 @@ def test_image_tokens_equal_the_processors_count():
     assert counted.num_image_tokens == [2 + p.num_tokens for p in plans]  # + <img> and </img>
 
 
-def test_max_tiles_option_lowers_the_tile_count():
+def test_max_tiles_option_sets_the_tile_count_either_way():
     info = ImageInfo(1920, 1080, "RGB", "PNG")
     assert INTERNVL.plan_image(info).num_groups == 9  # 4 x 2 (2:1 is closest to 16:9) + thumbnail
     assert INTERNVL.plan_image(info, MediaOptions(max_tiles=2)).num_groups == 3
     assert INTERNVL.plan_image(info, MediaOptions(max_tiles=1)).num_groups == 1
+    big = ImageInfo(7000, 7000, "RGB", "PNG")  # above the checkpoint's 12, as transformers' max_patches
+    assert INTERNVL.plan_image(big, MediaOptions(max_tiles=40)).num_groups == 37  # 6 x 6 + thumbnail
 
 
 @pytest.mark.parametrize("total, frames", [(1, 1), (8, 8), (9, 8), (10, 3), (25, 8), (250, 8), (250, 32), (3600, 32),
