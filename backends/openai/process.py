@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Callable
 
 from backends.openai.config import ApiConfig
+from backends.triton.parent_death import ends_with_parent
 from backends.triton.stubs import crashed
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -48,6 +49,7 @@ class ApiProcess:
     log_path: Path | None = None
     ready_timeout_s: float = 60.0
     process: subprocess.Popen | None = None
+    ends_with_launcher: bool = False  # SIGTERM to it when this process dies (parent_death; the launcher's CLI)
 
     @property
     def url(self) -> str:
@@ -66,7 +68,8 @@ class ApiProcess:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "backends.openai", *self.config.to_args()], cwd=REPO_ROOT,
                 env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True)  # Ctrl-C reaches the launcher alone, which stops this in its turn
+                start_new_session=True,  # Ctrl-C reaches the launcher alone, which stops this in its turn
+                preexec_fn=ends_with_parent() if self.ends_with_launcher else None)
         finally:
             if log is not None:
                 log.close()

@@ -40,6 +40,7 @@ from backends.triton import launch_options, openai_options, server_stop
 from backends.triton.deploy_config import DEFAULT_SHM_BYTES
 from backends.triton.load_progress import LoadProgress
 from backends.triton.mps import MpsDaemon
+from backends.triton.parent_death import ends_with_parent
 from backends.triton.ports import ServerPorts
 from backends.triton.repository import repository_with
 from backends.triton.server_binary import HEAP_ENV, server_binary, server_command, thread_stacks
@@ -80,6 +81,7 @@ class TritonServer:
     ready_stubs: dict[int, str] = field(default_factory=dict)  # `stubs()` once ready: what `watch_stages` expects
     regions: set[str] = field(default_factory=set)  # its stubs' shm regions once ready (`stubs.stub_regions`)
     mps: MpsDaemon | None = None  # with gpu_sharing mps: the daemon its processes are clients of
+    ends_with_launcher: bool = False  # SIGTERM to tritonserver when this process dies (parent_death; the CLI's)
     _lock: object = field(default=None, init=False, repr=False)  # the open lock file (stale_shm)
     _log: object = field(default=None, init=False, repr=False)  # the log as tritonserver writes it (shared offset)
     _stop_announced: bool = field(default=False, init=False, repr=False)
@@ -117,7 +119,8 @@ class TritonServer:
             self.on_log(self.log_path)
         with thread_stacks():  # Triton's HTTP front end crashes on a body over half a thread's stack
             self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=environment,
-                                            cwd=str(REPO_ROOT), start_new_session=True, pass_fds=[self._lock.fileno()])
+                                            cwd=str(REPO_ROOT), start_new_session=True, pass_fds=[self._lock.fileno()],
+                                            preexec_fn=ends_with_parent() if self.ends_with_launcher else None)
         try:
             self._wait_ready()
             self.ready_stubs = self.stubs()
@@ -322,7 +325,7 @@ def _serve(args: argparse.Namespace, repository: Path, plan: launch_options.Serv
     progress = LoadProgress(lambda text: print(text, file=sys.stderr, flush=True))
     server = TritonServer(repository, ports, ready_timeout_s=args.ready_timeout, log_to_stdout=args.log_stdout,
                           shm_default_byte_size=plan.shm_default_byte_size, on_log=progress.follow,
-                          gpu_sharing=plan.gpu_sharing)
+                          gpu_sharing=plan.gpu_sharing, ends_with_launcher=True)
     try:
         if args.openai_port:  # now, not after the server's minutes of loading
             check_port_free(args.openai_address or args.address, args.openai_port)
@@ -344,7 +347,8 @@ def _serve(args: argparse.Namespace, repository: Path, plan: launch_options.Serv
               f"log {where}, models {repository}", flush=True)
         if args.openai_port:
             api = ApiProcess(openai_options.api_config(args),
-                             None if args.log_stdout else server.log_path.with_suffix(".openai.log"))
+                             None if args.log_stdout else server.log_path.with_suffix(".openai.log"),
+                             ends_with_launcher=True)
             try:
                 api.start(server_gone=lambda: server.process.poll() is not None)
                 print(f"OpenAI-compatible API: {api.url}/v1, log {api.log_path or 'stdout'}", flush=True)

@@ -16,6 +16,7 @@ from pathlib import Path
 import openai
 import pytest
 
+from backends.openai.process import check_port_free
 from backends.triton.ports import ServerPorts
 from tests.e2e.conftest import serve
 from tests.e2e.test_openai_api import EXTRA, MODEL, _api, _unused_port
@@ -261,3 +262,26 @@ def test_a_server_that_dies_while_the_api_starts_is_reported_as_its_death_exit_3
     finally:
         if launcher.poll() is None:
             launcher.kill()
+
+
+def test_a_launcher_killed_takes_the_server_and_the_api_with_it():
+    """SIGKILL to the launcher (an OOM kill): tritonserver and the API, in sessions of their own, get SIGTERM from the
+    kernel (parent_death) and stop, leaving the API's port free for a supervisor's restart; both ran on for ever
+    before, the API answering 503 on its port (a fresh user's find)."""
+    launcher, api_port = _launch_with_api()
+    children = _children(launcher.pid)
+    launcher.kill()
+    launcher.wait()
+    deadline = time.monotonic() + 60
+    while [pid for pid in children if _alive(pid)] and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not [pid for pid in children if _alive(pid)], "left running"
+    check_port_free("127.0.0.1", api_port)  # free again, as a restarted launcher checks it
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, exited and not yet reaped by init, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
