@@ -87,6 +87,7 @@ def create_app(config: ApiConfig) -> FastAPI:
 
 
 @router.get("/health")
+@router.api_route("/ping", methods=["GET", "POST"])  # vLLM's too (SageMaker's health check)
 async def health(request: Request) -> Response:
     """200 when tritonserver and the orchestrator are ready, else 503."""
     return Response(status_code=200 if await request.app.state.api.orchestrator.ready() else 503)

@@ -91,6 +91,7 @@ def test_models_and_health(sdk, api):
         sdk.models.retrieve("gpt-4")
     assert unknown.value.body["code"] == "model_not_found"
     assert urllib.request.urlopen(f"{api.url}/health", timeout=10).status == 200
+    assert urllib.request.urlopen(f"{api.url}/ping", timeout=10).status == 200  # vLLM's (SageMaker's) name
 
 
 def test_text_chat_equals_the_kserve_path(sdk, kserve):

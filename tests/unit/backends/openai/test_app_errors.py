@@ -106,6 +106,7 @@ def test_unknown_paths_and_methods(client):
 
 def test_without_a_server_everything_else_is_503(client):
     assert client.get("/health").status_code == 503
+    assert client.get("/ping").status_code == client.post("/ping").status_code == 503  # vLLM's name for it
     assert _error(client.get("/v1/models"), 503)["code"] == "service_unavailable"
     body = {"model": "m", "messages": [{"role": "user", "content": "x"}]}
     assert _error(client.post("/v1/chat/completions", json=body), 503)["type"] == "server_error"
