@@ -136,9 +136,9 @@ def _one_message(messages: list[str], value: object) -> str:
     kinds = [m.group(1) for m in map(_VALID_TYPE.match, messages) if m]
     if len(messages) < 2 or len(kinds) < len(messages):
         return "; ".join(dict.fromkeys(messages))
-    kinds = list(dict.fromkeys(kinds))
-    return f"Input should be a valid {' or '.join([', '.join(kinds[:-1]), kinds[-1]] if len(kinds) > 1 else kinds)}" \
-           f" (got {_json_kind(value)})"
+    *others, last = dict.fromkeys(kinds)
+    listed = f"{', '.join(others)} or {last}" if others else last
+    return f"Input should be a valid {listed} (got {_json_kind(value)})"
 
 
 def _json_kind(value: object) -> str:

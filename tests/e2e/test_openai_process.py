@@ -20,6 +20,7 @@ from backends.openai.process import check_port_free
 from backends.triton.ports import ServerPorts
 from tests.e2e.conftest import serve
 from tests.e2e.test_openai_api import EXTRA, MODEL, _api, _unused_port
+from tests.processes import running
 
 pytestmark = pytest.mark.e2e
 
@@ -80,7 +81,7 @@ def test_several_workers_serve_one_port_and_stop_together(server, tmp_path):
         # the kernel hashes each connection to a worker's socket: all 12 on one has odds of 1 in 2048
         assert sum(per_worker.values()) >= 12 and min(per_worker.values()) > 0, per_worker
     for pid in workers:  # gone with the API
-        assert not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+        assert not running(pid)
 
 
 def test_requests_over_the_limit_are_503(server, tmp_path):
@@ -145,14 +146,19 @@ def test_a_server_that_stops_is_503(media_dir, tmp_path):
             assert after.value.status_code == 503 and after.value.body["code"] == "service_unavailable"
 
 
-def _launch_with_api() -> tuple[subprocess.Popen, int]:
-    """``python -m backends.triton.launcher --openai-port P`` on free ports, once it has said the server and the API
-    are ready (its first two lines: checked); the launcher and P."""
+def _launcher(*options: str) -> tuple[subprocess.Popen, int]:
+    """``python -m backends.triton.launcher --openai-port P [options]`` on free ports, just started: it and P."""
     ports, api_port = ServerPorts.unused(), _unused_port()
     launcher = subprocess.Popen([sys.executable, "-m", "backends.triton.launcher", "--http-port", str(ports.http),
                                  "--grpc-port", str(ports.grpc), "--metrics-port", str(ports.metrics),
-                                 "--openai-port", str(api_port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True)
+                                 "--openai-port", str(api_port), *options], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+    return launcher, api_port
+
+
+def _launch_with_api() -> tuple[subprocess.Popen, int]:
+    """:func:`_launcher`, once it has said the server and the API are ready (its first two lines: checked)."""
+    launcher, api_port = _launcher()
     ready, api_line = launcher.stdout.readline(), launcher.stdout.readline()
     if "tritonserver ready" not in ready or not api_line.startswith(
             f"OpenAI-compatible API: http://127.0.0.1:{api_port}/v1, log "):
@@ -244,11 +250,7 @@ def test_a_server_that_dies_while_the_api_starts_is_reported_as_its_death_exit_3
     """tritonserver killed right after its ready line, while the OpenAI API is still starting: the launcher names
     the server's death and exits 3 (for a supervisor), as once the API is up; it waited out the API's 60 s and
     exited 1 with "the OpenAI API not ready" before (a fresh user's find)."""
-    ports = ServerPorts.unused()
-    launcher = subprocess.Popen([sys.executable, "-m", "backends.triton.launcher", "--http-port", str(ports.http),
-                                 "--grpc-port", str(ports.grpc), "--metrics-port", str(ports.metrics),
-                                 "--openai-port", str(_unused_port()), "--openai-workers", "2"],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    launcher, _ = _launcher("--openai-workers", "2")
     try:
         assert "tritonserver ready" in launcher.stdout.readline()
         (server_pid,) = [pid for pid in _children(launcher.pid)
@@ -273,15 +275,8 @@ def test_a_launcher_killed_takes_the_server_and_the_api_with_it():
     launcher.kill()
     launcher.wait()
     deadline = time.monotonic() + 60
-    while [pid for pid in children if _alive(pid)] and time.monotonic() < deadline:
+    while [pid for pid in children if running(pid)] and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert not [pid for pid in children if _alive(pid)], "left running"
+    assert not [pid for pid in children if running(pid)], "left running"
     check_port_free("127.0.0.1", api_port)  # free again, as a restarted launcher checks it
 
-
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie, exited and not yet reaped by init, does not)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False

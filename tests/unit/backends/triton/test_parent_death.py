@@ -9,6 +9,7 @@ import time
 import pytest
 
 from backends.triton.launcher import REPO_ROOT
+from tests.processes import running
 
 STARTER = """
 import subprocess, sys
@@ -29,17 +30,10 @@ def test_the_child_is_stopped_when_its_starter_is_killed():
         starter.send_signal(signal.SIGKILL)
         starter.wait()
         deadline = time.monotonic() + 10
-        while _running(child) and time.monotonic() < deadline:
+        while running(child) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not _running(child)
+        assert not running(child)
     finally:
-        if _running(child):
+        if running(child):
             os.kill(child, signal.SIGKILL)
 
-
-def _running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
