@@ -41,7 +41,7 @@ from backends.triton.deploy_config import DEFAULT_SHM_BYTES
 from backends.triton.load_progress import LoadProgress
 from backends.triton.mps import MpsDaemon
 from backends.triton.parent_death import ends_with_parent
-from backends.triton.ports import ServerPorts
+from backends.triton.ports import ServerPorts, clashing, port_option
 from backends.triton.repository import repository_with
 from backends.triton.server_binary import HEAP_ENV, server_binary, server_command, thread_stacks
 from backends.triton.server_log import load_errors, not_unloaded, still_loading
@@ -287,9 +287,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model-repository", type=Path, default=REPO_ROOT / "model_repository")
     parser.add_argument("--address", default="127.0.0.1", help="0.0.0.0 to serve other machines")
-    parser.add_argument("--http-port", type=int, default=8000)
-    parser.add_argument("--grpc-port", type=int, default=8001)
-    parser.add_argument("--metrics-port", type=int, default=8002)
+    parser.add_argument("--http-port", type=port_option, default=8000)
+    parser.add_argument("--grpc-port", type=port_option, default=8001)
+    parser.add_argument("--metrics-port", type=port_option, default=8002)
     openai_options.add_arguments(parser)
     parser.add_argument("--log-stdout", action="store_true", help="server log to stdout instead of a file")
     parser.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for the models to load")
@@ -300,6 +300,10 @@ def main(argv: list[str] | None = None) -> int:
     launch_options.add_arguments(parser)
     args = parser.parse_args(argv)
     openai_options.check(parser, args)
+    clash = clashing({"--http-port": args.http_port, "--grpc-port": args.grpc_port,
+                      "--metrics-port": args.metrics_port, "--openai-port": args.openai_port})
+    if clash:
+        parser.error(clash)
     # SIGTERM stops it like Ctrl-C, also while the repository copy is written or the server starts; SIGINT too
     # when started in the background (where it is inherited as ignored).
     signal.signal(signal.SIGTERM, _stop_signal)

@@ -1,9 +1,37 @@
 """The three ports a tritonserver binds: HTTP (KServe + generate_stream), gRPC, Prometheus metrics."""
 from __future__ import annotations
 
+import argparse
 import contextlib
 import socket
 from dataclasses import dataclass
+
+PORT_RANGE = range(1, 65536)  # TCP ports a server may bind by number (0 asks the kernel for any)
+
+
+def port_option(text: str) -> int:
+    """argparse ``type`` of a ``--*-port`` option: an integer in 1..65535.
+
+    Raises:
+        argparse.ArgumentTypeError: not an integer, or out of that range (argparse names the option)."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if port not in PORT_RANGE:
+        raise argparse.ArgumentTypeError(f"{port} is not a TCP port: use 1..65535")
+    return port
+
+
+def clashing(named: dict[str, int]) -> str | None:
+    """A message naming two options given the same port (``{option: port}``; 0, no port, is never a clash), else
+    None: each of the launcher's servers needs a port of its own."""
+    seen: dict[int, str] = {}
+    for option, port in named.items():
+        if port and port in seen:
+            return f"{seen[port]} and {option} are both {port}: each server needs a port of its own"
+        seen.setdefault(port, option)
+    return None
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,7 @@ def parameters(args: dict) -> dict[str, str]:
 
 # Sizes and counts among the models' parameters: below 1 none of them can work. backends/triton/repository.py
 # checks the launcher's --set values with the same rule (int_value) before a server starts.
+INT64_LIMIT = 1 << 63
 UPPER_BOUNDS = {"replicas": 64}  # stage replicas: models written and loaded, a few GPUs' worth each
 POSITIVE_INT_PARAMETERS = frozenset({
     "kv_pages", "kv_page_size", "max_batch",                          # decode
@@ -94,7 +95,7 @@ def int_value(key: str, value: str, name: str | None = None) -> int:
     NON_NEGATIVE_INT_PARAMETERS.
 
     Raises ValueError naming ``name`` (default: "parameter KEY") and the value: empty, not an integer,
-    a size below 1 or a count below 0.
+    a size below 1 or a count below 0, above its ``UPPER_BOUNDS`` entry, or beyond 64 bits.
     """
     name = name or f"parameter {key}"
     if not value.strip():
@@ -109,6 +110,8 @@ def int_value(key: str, value: str, name: str | None = None) -> int:
         raise ValueError(f"{name} must be 0 or more, got {value!r}")
     if key in UPPER_BOUNDS and number > UPPER_BOUNDS[key]:
         raise ValueError(f"{name} must be at most {UPPER_BOUNDS[key]}, got {value!r}")
+    if not -INT64_LIMIT <= number < INT64_LIMIT:  # the stages hand sizes and counts to C (torch, numpy) as int64
+        raise ValueError(f"{name} must fit in 64 bits (|value| below 2**63), got {value!r}")
     return number
 
 

@@ -5,7 +5,9 @@ import socket
 
 import pytest
 
-from backends.triton.ports import ServerPorts
+import argparse
+
+from backends.triton.ports import ServerPorts, clashing, port_option
 
 
 def test_a_taken_port_is_named():
@@ -20,3 +22,18 @@ def test_a_taken_port_is_named():
 
 def test_free_ports_pass():
     ServerPorts.unused().check_free()
+
+
+@pytest.mark.parametrize("text", ["0", "-1", "65536", "70000", "http"])
+def test_a_port_option_outside_1_to_65535_is_refused(text):
+    with pytest.raises(argparse.ArgumentTypeError):
+        port_option(text)
+    assert port_option("65535") == 65535 and port_option("1") == 1
+
+
+def test_two_options_on_one_port_are_named_and_no_port_clashes_with_nothing():
+    assert clashing({"--http-port": 8000, "--grpc-port": 8000}) == (
+        "--http-port and --grpc-port are both 8000: each server needs a port of its own")
+    assert clashing({"--http-port": 8000, "--grpc-port": 8001, "--openai-port": 8001}).startswith("--grpc-port and "
+                                                                                                 "--openai-port")
+    assert clashing({"--http-port": 8000, "--openai-port": 0, "--metrics-port": 0}) is None

@@ -22,6 +22,19 @@ def test_later_items_win_and_values_may_hold_equals_signs():
         "decode": {"kv_pages": "2"}, "orchestrator": {"allowed_media_dirs": "/m=1"}}
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["--http-port", "70000"], "argument --http-port: 70000 is not a TCP port: use 1..65535"),
+    (["--grpc-port", "-1"], "argument --grpc-port: -1 is not a TCP port"),
+    (["--http-port", "9100", "--grpc-port", "9100"], "--http-port and --grpc-port are both 9100"),
+    (["--openai-port", "8000"], "--http-port and --openai-port are both 8000"),
+])
+def test_bad_or_shared_ports_stop_the_launcher_before_starting(argv, message, monkeypatch, capsys):
+    monkeypatch.setattr(launcher, "_serve", lambda *a: pytest.fail("the server must not start"))
+    with pytest.raises(SystemExit) as e:
+        launcher.main(argv)
+    assert e.value.code == 2 and message in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("item, message", [
     ("decode.no_such_key=1", "model 'decode' has no parameter 'no_such_key'; its parameters: device"),
     ("nomodel.preset=tiny", "no model 'nomodel'"),
@@ -101,6 +114,9 @@ def test_launcher_set_with_an_unknown_key_stops_before_starting(monkeypatch, cap
     ("decode.kv_pages=abc", "decode.kv_pages must be an integer, got 'abc'"),
     ("decode.kv_pages=", "decode.kv_pages must be an integer, got an empty value"),
     ("decode.kv_pages=-5", "decode.kv_pages must be a positive integer, got '-5'"),
+    ("decode.kv_pages=99999999999999999999", "decode.kv_pages must fit in 64 bits (|value| below 2**63), got "
+                                             "'99999999999999999999'"),
+    ("*.seed=-9223372036854775809", "decode.seed must fit in 64 bits"),
     ("flashcodec.patch_pages=0", "flashcodec.patch_pages must be a positive integer, got '0'"),
     ("orchestrator.max_model_len=1.5", "orchestrator.max_model_len must be an integer, got '1.5'"),
     ("*.seed=x", "decode.seed must be an integer, got 'x'"),
