@@ -131,9 +131,10 @@ async def completions(body: CompletionRequest, request: Request):
 
 
 async def _served(request: Request, body: GenerationRequest) -> str:
-    """The served model's name, which ``body`` must name. Raises ApiError 404 (another model), 503."""
+    """The served model's name, which ``body`` must name when it names one (vLLM takes a request without ``model``, or
+    with an empty one, as the served model's). Raises ApiError 404 (another model), 503."""
     card = await request.app.state.api.model_card()
-    if body.model != card.id:
+    if body.model and body.model != card.id:
         raise _unknown_model(body.model, card.id)
     return card.id
 

@@ -21,6 +21,7 @@ from starlette.exceptions import HTTPException
 from tritonclient.utils import InferenceServerException
 
 from backends.openai.response_schemas import ErrorInfo, ErrorResponse
+from backends.openai.schemas import MediaOptions
 from orchestrator.engine_io import SHUTTING_DOWN
 from orchestrator.service import OVERLOADED
 
@@ -29,7 +30,8 @@ from orchestrator.service import OVERLOADED
 _INVALID = re.compile(r"^(?:(?:text_input|messages|prompt|prompt_token_ids|image_url|video_url|image|video|"
                       r"sampling_parameters|chat_template_kwargs)"
                       r"[\[:. ]|prompt too long|the prompt \()")
-_SAMPLING_KEY = re.compile(r"^sampling_parameters: (?:unknown key ')?(\w+)")
+_SAMPLING = "sampling_parameters"
+_SAMPLING_KEY = re.compile(rf"^{_SAMPLING}: (?:unknown key ')?(\w+)")
 _CHAT_KEY = re.compile(r"^(chat_template_kwargs): (?:(add_generation_prompt|continue_final_message)\b)?")
 _PROMPT = re.compile(r"^(?:text_input|prompt[: ]|prompt_token_ids:|the prompt \()")  # else a message's text or media
 # A media item's error: "image_url: ..." (the request's only item) or "video_url (item 2 of 3): ..." (placeholder order)
@@ -63,10 +65,17 @@ def from_orchestrator(message: str, media: Sequence = ()) -> ApiError:
         key, chat = _SAMPLING_KEY.match(message), _CHAT_KEY.match(message)
         param = key.group(1) if key else (chat.group(2) or chat.group(1)) if chat else \
             "prompt" if _PROMPT.match(message) else "messages"
-        return ApiError(400, message, param=param)
+        return ApiError(400, _as_sent(message) if key else message, param=param)
     if SHUTTING_DOWN in message or message.startswith(OVERLOADED):
         return ApiError(503, message, code="service_unavailable")
     return ApiError(500, message)
+
+
+def _as_sent(message: str) -> str:
+    """A ``sampling_parameters: KEY ...`` message (the orchestrator's input, which an OpenAI client never names) as
+    the request sent KEY: a top-level field's name alone, ``mm_processor_kwargs.KEY`` for a media setting."""
+    rest = message.removeprefix(f"{_SAMPLING}: ")
+    return f"mm_processor_kwargs.{rest}" if rest.split(" ", 1)[0] in MediaOptions.model_fields else rest
 
 
 def _at_its_part(message: str, media: Sequence) -> str:

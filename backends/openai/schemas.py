@@ -91,7 +91,7 @@ class MediaOptions(_Strict):
 
 
 class GenerationRequest(_Body):
-    model: str
+    model: str | None = None  # None or "": the served model (vLLM's rule)
     stream: Flag = False
     stream_options: StreamOptions | None = None
     max_tokens: int | None = None

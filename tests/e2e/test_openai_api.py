@@ -348,6 +348,19 @@ def test_a_lone_surrogate_in_the_text_is_400(api, stream, path, fields, param, w
     assert error.value.code == 400 and answer["param"] == param and words in answer["message"], answer
 
 
+@pytest.mark.parametrize("path, fields", [("chat/completions", {"messages": [{"role": "user", "content": "Hi"}]}),
+                                          ("completions", {"prompt": "Once upon"})], ids=["chat", "completion"])
+@pytest.mark.parametrize("model", [None, ""], ids=["absent", "empty"])
+def test_a_request_without_a_model_is_for_the_served_one(api, path, fields, model):
+    """vLLM's rule: ``model`` left out (or empty) means the served model; the answer names it."""
+    body = {"max_tokens": 2, **fields, **({} if model is None else {"model": model})}
+    request = urllib.request.Request(f"{api.url}/v1/{path}", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as answer:
+        reply = json.loads(answer.read())
+    assert reply["model"] == MODEL and reply["usage"]["completion_tokens"] >= 1, reply
+
+
 def test_a_client_that_goes_away_has_its_request_cancelled(sdk, server):
     stream = sdk.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Go on forever."}],
                                          max_tokens=20000, temperature=0, stream=True, extra_body=EXTRA)

@@ -59,8 +59,20 @@ def test_the_orchestrators_validation_messages_are_400_with_the_field():
     for message, param in _orchestrator_messages():
         error = from_orchestrator(message)
         assert (error.status, error.param) == (400, param), message
-        assert error.body() == {"error": {"message": message, "type": "invalid_request_error", "param": param,
+        sent = message.removeprefix("sampling_parameters: ")  # an OpenAI client sends no sampling_parameters
+        sent = f"mm_processor_kwargs.{sent}" if param == "max_tiles" else sent
+        assert error.body() == {"error": {"message": sent, "type": "invalid_request_error", "param": param,
                                           "code": None}}
+
+
+def test_a_sampling_keys_message_names_the_field_as_an_openai_client_sent_it():
+    """The API sends the request's sampling fields and mm_processor_kwargs as the orchestrator's sampling_parameters:
+    a refusal names what the client sent, a media setting under mm_processor_kwargs."""
+    for body, words in (('{"fps": 100}', "mm_processor_kwargs.fps must be in (0, 60], got 100"),
+                        ('{"max_pixels": 10}', "mm_processor_kwargs.max_pixels must be"),
+                        ('{"top_k": -5}', "top_k must be")):
+        error = from_orchestrator(_message(lambda: parse_sampling_parameters(body)))
+        assert error.message.startswith(words) and error.status == 400, error.message
 
 
 def test_a_media_items_error_names_its_part_of_the_chat():
