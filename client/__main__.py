@@ -5,14 +5,16 @@
                      [--max-tokens N] [--temperature T] [--top-p P] [--top-k K] [--seed S]
                      [--fps F] [--max-pixels P] [--num-frames N] [--max-tiles N] [--no-stream] [--timeout S] "question"
 
-gRPC by default; ``--http`` uses generate_stream (SSE), which carries paths only (--video-url,
---image-url). After the answer one line goes to stderr:
+gRPC by default; ``--http`` uses generate_stream (SSE), whose JSON body carries files as base64 ``data:`` URLs
+(``image_url`` / ``video_url``; Triton's HTTP front end takes bodies up to about 60 MiB: larger files over gRPC or
+by path). After the answer one line goes to stderr:
 ``TTFT 123.4 ms, mean TBT 5.6 ms, N output tokens, finish_reason=stop``.
 Exit code 0 on success, 1 with the server's message on stderr on an error, 2 on bad arguments.
 """
 from __future__ import annotations
 
 import argparse
+import base64
 import sys
 from pathlib import Path
 
@@ -79,6 +81,11 @@ def media_lines(r: GenerationResult) -> list[str]:
     return lines
 
 
+def data_url(path: Path) -> str:
+    """A file's bytes as a base64 ``data:`` URL (the server reads the media type from the bytes, not the URL)."""
+    return "data:application/octet-stream;base64," + base64.b64encode(path.read_bytes()).decode("ascii")
+
+
 class _Printer:
     """Writes each text delta to stdout at once; remembers whether anything was written."""
 
@@ -103,13 +110,13 @@ def main(argv: list[str] | None = None) -> int:
     printer = _Printer()
     try:
         if args.http:
-            if args.video or args.image:
-                parser.error("--http cannot carry file bytes: use --video-url / --image-url")
             if args.no_stream:
                 parser.error("--http always streams (generate_stream)")
+            video_url = data_url(args.video) if args.video else args.video_url
+            image_url = [data_url(f) for f in args.image] + args.image_url
             result = generate_stream_http(
-                args.question, url=args.http, model=args.model, video_url=args.video_url,
-                image_url=args.image_url or None, sampling=sampling, timeout_s=args.timeout, on_text=printer,
+                args.question, url=args.http, model=args.model, video_url=video_url,
+                image_url=image_url or None, sampling=sampling, timeout_s=args.timeout, on_text=printer,
                 return_output_ids=True)  # ids make the mean TBT per token (client/api.py)
         else:
             video = args.video.read_bytes() if args.video else None

@@ -59,6 +59,23 @@ def test_real_video_over_http_generate_stream(http_url, media_dir, bunny_referen
     assert_same_or_tie(result.token_ids, *bunny_reference)
 
 
+def test_the_cli_sends_files_over_http_as_data_urls(http_url, tmp_path, bunny, capsys):
+    """``python -m client --http`` with ``--video FILE`` (and ``--image FILE``): the files go as base64 data: URLs in
+    generate_stream's JSON body, read by the server as the gRPC path's bytes (the media report's lines)."""
+    from client.__main__ import main
+
+    video = tmp_path / "bunny.mp4"
+    video.write_bytes(bunny)
+    assert main(["--http", http_url, "--video", str(video), "--max-tokens", str(N), "--ignore-eos", QUESTION]) == 0
+    err = capsys.readouterr().err
+    assert f"{N} output tokens" in err and "video 1:" in err, err
+    image = tmp_path / "a.png"
+    image.write_bytes(make_image(64, 48, "RGB", "PNG"))
+    assert main(["--http", http_url, "--image", str(image), "--image", str(image), "--max-tokens", "2", "Q"]) == 0
+    err = capsys.readouterr().err
+    assert "image 1:" in err and "image 2:" in err, err
+
+
 def test_non_streaming_returns_the_whole_text_once(grpc_url, bunny, bunny_reference, hf):
     with Client(grpc_url) as client:
         result = client.generate(QUESTION, video=bunny, sampling=GREEDY, stream=False, return_output_ids=True)

@@ -1,7 +1,7 @@
 """python -m client: argument handling, the summary and media lines (no server)."""
 import pytest
 
-from client.__main__ import build_parser, main, media_lines, sampling_from_args, summary_line
+from client.__main__ import build_parser, data_url, main, media_lines, sampling_from_args, summary_line
 from client.api import GenerationResult
 
 
@@ -25,12 +25,10 @@ def test_video_and_video_url_are_exclusive():
         build_parser().parse_args(["--video", "a.mp4", "--video-url", "/b.mp4", "Q"])
 
 
-def test_http_refuses_file_bytes(tmp_path, capsys):
-    video = tmp_path / "a.mp4"
-    video.write_bytes(b"x")
-    with pytest.raises(SystemExit) as e:
-        main(["--http", "127.0.0.1:1", "--video", str(video), "Q"])
-    assert e.value.code == 2 and "video-url" in capsys.readouterr().err
+def test_a_file_becomes_a_base64_data_url(tmp_path):
+    image = tmp_path / "a.png"
+    image.write_bytes(b"\x89PNG-bytes")
+    assert data_url(image) == "data:application/octet-stream;base64,iVBORy1ieXRlcw=="
 
 
 def test_unreachable_server_exits_1_with_message(capsys):
