@@ -77,8 +77,9 @@ def _probe_video_file(path: str, *content: int) -> VideoInfo:
 
 
 def check_media_settings(params: RequestParams, family: Family) -> None:
-    """Raises InvalidInput naming the first media setting of ``params`` (``fps``, ``max_pixels``, ``num_frames``,
-    ``max_tiles``) that ``family`` does not take (``Family.options``), with or without media in the request."""
+    """Raises InvalidInput naming the first media setting of ``params`` (``fps``, ``max_pixels``, ``min_pixels``,
+    ``num_frames``, ``max_tiles``) that ``family`` does not take (``Family.options``), with or without media in the
+    request."""
     try:
         params.media.refuse(f"the served model family {family.name}",
                             *(name for name in MEDIA_SETTINGS if name not in family.options))

@@ -65,6 +65,9 @@ class RequestParams:
             (Qwen2.5-VL 2.0; InternVL3 samples ``num_frames`` segments unless fps is set).
         max_pixels: largest area of a resized frame or image (pixels), in [4*28*28, 16384*28*28], or None
             for the model's default (Qwen2.5-VL).
+        min_pixels: smallest area of a resized frame or image (pixels), in the same range, or None for the model's
+            default (Qwen2.5-VL: 4*28*28 for an image, 128*28*28 for a video's frame; qwen-vl-utils' and
+            transformers' ``min_pixels``); above ``max_pixels`` the media's plan refuses it.
         num_frames: segments a video is cut into, one frame each, in [1, 1024], or None (InternVL3).
         max_tiles: most 448-pixel tiles of an image, in [1, 64], or None for the checkpoint's (InternVL3).
         logprobs: with each output token, the log probabilities of this many most likely tokens besides its own,
@@ -103,6 +106,7 @@ class RequestParams:
     frequency_penalty: float = 0.0
     fps: float | None = None
     max_pixels: int | None = None
+    min_pixels: int | None = None
     num_frames: int | None = None
     max_tiles: int | None = None
     logprobs: int | None = None
@@ -147,8 +151,9 @@ class RequestParams:
             _fail("num_frames", f"must be in [1, {MAX_FRAMES}]", self.num_frames)
         if self.max_tiles is not None and not 1 <= self.max_tiles <= MAX_TILES:
             _fail("max_tiles", f"must be in [1, {MAX_TILES}]", self.max_tiles)
-        if self.max_pixels is not None and not MIN_PIXELS <= self.max_pixels <= MAX_PIXELS:
-            _fail("max_pixels", f"must be in [{MIN_PIXELS}, {MAX_PIXELS}]", self.max_pixels)
+        for key in ("max_pixels", "min_pixels"):
+            if getattr(self, key) is not None and not MIN_PIXELS <= getattr(self, key) <= MAX_PIXELS:
+                _fail(key, f"must be in [{MIN_PIXELS}, {MAX_PIXELS}]", getattr(self, key))
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
             _fail("logprobs", f"must be in [0, {MAX_LOGPROBS}]", self.logprobs)
         if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= MAX_LOGPROBS:
@@ -164,8 +169,10 @@ class RequestParams:
 
     @property
     def media(self) -> MediaOptions:
-        """The media settings (``fps``, ``max_pixels``, ``num_frames``, ``max_tiles``) as the families take them."""
-        return MediaOptions(self.fps, self.max_pixels, self.num_frames, self.max_tiles)
+        """The media settings (``fps``, ``max_pixels``, ``min_pixels``, ``num_frames``, ``max_tiles``) as the families
+        take them."""
+        return MediaOptions(fps=self.fps, max_pixels=self.max_pixels, min_pixels=self.min_pixels,
+                            num_frames=self.num_frames, max_tiles=self.max_tiles)
 
     def sampling(self) -> SamplingParams:
         """The stages' part of these parameters (``backends.ipc.protocol.SamplingParams``)."""
@@ -306,6 +313,7 @@ _CONVERTERS = {
     "frequency_penalty": _as_float,
     "fps": _as_optional_float,
     "max_pixels": _as_optional_int,
+    "min_pixels": _as_optional_int,
     "num_frames": _as_optional_int,
     "max_tiles": _as_optional_int,
     "logprobs": _as_optional_int,
@@ -326,7 +334,7 @@ def parse_sampling_parameters(text: str | None, keys: tuple[str, ...] = tuple(_C
     None or an empty string gives the defaults. Integers are accepted for floats; integer-valued
     floats for integers; numeric strings for both (genai-perf's form); "true"/"false" for booleans;
     a string or a list of strings for `stop`; a list of integers for `stop_token_ids`; null for `seed`, `fps`,
-    `max_pixels`, `num_frames`, `max_tiles`, `logprobs` and `stop_token_ids`. A key of `ALIASES` is read as its key;
+    `max_pixels`, `min_pixels`, `num_frames`, `max_tiles`, `logprobs` and `stop_token_ids`. A key of `ALIASES` is read as its key;
     both sent are one setting: equal values (or one of them null) pass, different ones are refused naming both.
 
     Raises:

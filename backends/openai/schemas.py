@@ -79,12 +79,13 @@ class StreamOptions(_Body):
 
 class MediaOptions(_Strict):
     """vLLM's ``mm_processor_kwargs``, the keys the orchestrator takes (``orchestrator.sampling_params``; which apply is
-    the served family's): frames sampled per second of video, the largest resized frame or image area in pixels
-    (Qwen2.5-VL), the segments a video is cut into and the most tiles of an image (InternVL3; also under vLLM's
+    the served family's): frames sampled per second of video, the largest and smallest resized frame or image area in
+    pixels (Qwen2.5-VL), the segments a video is cut into and the most tiles of an image (InternVL3; also under vLLM's
     InternVL name ``max_dynamic_patch``, passed on as it is: the orchestrator's ``ALIASES`` read it as max_tiles)."""
 
     fps: float | None = None
     max_pixels: int | None = None
+    min_pixels: int | None = None
     num_frames: int | None = None
     max_tiles: int | None = None
     max_dynamic_patch: int | None = None

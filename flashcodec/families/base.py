@@ -35,13 +35,14 @@ class Budgets:
 class MediaOptions:
     """A request's media settings; each family honours some and refuses the others (ValueError naming them).
 
-    `fps`: frames sampled per second of video; `max_pixels`: pixels of a resized frame or image (Qwen2.5-VL);
-    `num_frames`: segments a video is cut into; `max_tiles`: most tiles of an image (InternVL3). None: the family's
-    default.
+    `fps`: frames sampled per second of video; `max_pixels` / `min_pixels`: the largest / smallest area of a resized
+    frame or image, pixels (Qwen2.5-VL); `num_frames`: segments a video is cut into; `max_tiles`: most tiles of an
+    image (InternVL3). None: the family's default.
     """
 
     fps: float | None = None
     max_pixels: int | None = None
+    min_pixels: int | None = None
     num_frames: int | None = None
     max_tiles: int | None = None
 

@@ -174,7 +174,7 @@ class InternVL3:
 
     Options honoured: `num_frames` (segments), else `fps` (`int(frames / video fps * fps)` frames, the processor's
     rule), else `config.num_frames`; `max_tiles` (in place of `config.max_tiles`, above it too, as transformers'
-    `max_patches` and vLLM's `max_dynamic_patch` are taken). `max_pixels` is refused (ValueError):
+    `max_patches` and vLLM's `max_dynamic_patch` are taken). `max_pixels` and `min_pixels` are refused (ValueError):
     InternVL's sizes are whole tiles.
     """
 
@@ -202,7 +202,7 @@ class InternVL3:
         Raises MediaError naming a zero-size image, ValueError for options it does not honour or `max_tiles` below
         `config.min_tiles`.
         """
-        options.refuse("InternVL3", "max_pixels")
+        options.refuse("InternVL3", "max_pixels", "min_pixels")
         c = self.config
         if info.width < 1 or info.height < 1:
             raise MediaError(f"image: {info.width}x{info.height} has no pixels")
@@ -221,7 +221,7 @@ class InternVL3:
 
         Raises MediaError for a video without frames; ValueError for options it does not honour or out of range.
         """
-        options.refuse("InternVL3", "max_pixels", "max_tiles")
+        options.refuse("InternVL3", "max_pixels", "min_pixels", "max_tiles")
         c = self.config
         total = info.num_frames
         if total < 1:

@@ -16,7 +16,8 @@ IMAGE_PAD, VIDEO_PAD = "<|image_pad|>", "<|video_pad|>"
 class Qwen25VL:
     """The Qwen2.5-VL family (`flashcodec.families.base.Family`): sizes by pixel bounds, video by fps.
 
-    Options honoured: `fps` (default 2.0) and `max_pixels`; `num_frames` and `max_tiles` are refused (ValueError).
+    Options honoured: `fps` (default 2.0), `max_pixels` and `min_pixels` (qwen-vl-utils' and transformers' processor
+    kwargs of those names); `num_frames` and `max_tiles` are refused (ValueError).
     """
 
     name = "qwen2_5_vl"
@@ -24,7 +25,7 @@ class Qwen25VL:
     budgets = Budgets(encode=10240, prefill=2048)  # the paper's deployment notes (docs/design.md, "Scheduling")
     frames_per_group = TEMPORAL_PATCH_SIZE
     patch_dim = PATCH_DIM
-    options = ("fps", "max_pixels")
+    options = ("fps", "max_pixels", "min_pixels")
     frame_settings = ("fps",)
     placeholders = {"image": IMAGE_PAD, "video": VIDEO_PAD}
     # M-RoPE's positions (transformers' get_rope_index) are read from these, so a prompt may not bring its own
@@ -32,14 +33,16 @@ class Qwen25VL:
     fewer_tokens = {"image": ("max_pixels",), "video": ("fps", "max_pixels")}
 
     def plan_image(self, info: ImageInfo, options: MediaOptions = MediaOptions()) -> ImagePlan:
-        """`flashcodec.sampling.plan_image` with `options.max_pixels`; raises as it does."""
+        """`flashcodec.sampling.plan_image` with `options.max_pixels` and `min_pixels`; raises as it does."""
         options.refuse("Qwen2.5-VL", "fps", "num_frames", "max_tiles")
-        return plan_image(info, max_pixels=options.max_pixels)
+        return plan_image(info, max_pixels=options.max_pixels, min_pixels=options.min_pixels)
 
     def plan_video(self, info: VideoInfo, options: MediaOptions = MediaOptions()) -> VideoPlan:
-        """`flashcodec.sampling.plan_video` with `options.fps` (default 2.0) and `max_pixels`; raises as it does."""
+        """`flashcodec.sampling.plan_video` with `options.fps` (default 2.0), `max_pixels` and `min_pixels` (a
+        frame's); raises as it does."""
         options.refuse("Qwen2.5-VL", "num_frames", "max_tiles")
-        return plan_video(info, fps=FPS if options.fps is None else options.fps, max_pixels=options.max_pixels)
+        return plan_video(info, fps=FPS if options.fps is None else options.fps, max_pixels=options.max_pixels,
+                          min_pixels=options.min_pixels)
 
     def expand(self, kind: str, grid_thw: tuple[int, int, int]) -> PromptExpansion:
         """One run of `t*h*w / 4` pads in place of the placeholder (`Qwen2_5_VLProcessor.__call__`)."""
@@ -70,7 +73,7 @@ class Qwen25VL:
         (bisection in (0, the request's fps]); at the lowest (each video at its minimum frame count,
         `sampling.FPS_MIN_FRAMES`) still over, then one scale s in (0, 1] of every item's resized area, the highest
         that fits (each item's `max_pixels` = s x its area at that fps, at least its kind's minimum:
-        `sampling.VIDEO_MIN_PIXELS`, `IMAGE_MIN_PIXELS`). Returns the plans and `fps` (None: unchanged) and
+        `sampling.VIDEO_MIN_PIXELS`, `IMAGE_MIN_PIXELS`, or the request's `min_pixels`, which the cap keeps). Returns the plans and `fps` (None: unchanged) and
         `max_pixels` (per item). Raises OverCap when even the lowest fps and pixels exceed `cap`; ValueError /
         MediaError as `plan_video` and `plan_image`."""
         fps = FPS if options.fps is None else options.fps
@@ -90,7 +93,8 @@ class Qwen25VL:
         pixels: tuple[int | None, ...] | None = None
         if total_tokens(plans) > cap:
             areas = [p.resized_height * p.resized_width for p in plans]
-            floors = [VIDEO_MIN_PIXELS if isinstance(i, VideoInfo) else IMAGE_MIN_PIXELS for i in infos]
+            floors = [max(options.min_pixels or 0, VIDEO_MIN_PIXELS if isinstance(i, VideoInfo) else IMAGE_MIN_PIXELS)
+                      for i in infos]
 
             def scaled(s: float) -> list[int]:
                 return [max(int(floor), int(s * area)) for floor, area in zip(floors, areas)]

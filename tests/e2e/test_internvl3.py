@@ -124,6 +124,8 @@ BAD = [
     ("num_frames 0", dict(sampling={"num_frames": 0}), ["sampling_parameters: num_frames must be in [1, 1024], got 0"]),
     ("max_pixels, a Qwen2.5-VL setting", dict(sampling={"max_pixels": 200704}),
      ["max_pixels does not apply to the served model family internvl3"]),
+    ("min_pixels, a Qwen2.5-VL setting", dict(sampling={"min_pixels": 200704}),
+     ["min_pixels does not apply to the served model family internvl3"]),
 ]
 
 

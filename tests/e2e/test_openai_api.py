@@ -19,6 +19,8 @@ from backends.openai.config import ApiConfig
 from backends.openai.process import ApiProcess
 from backends.runtime.loader import ModelSpec, load_model
 from client.api import Client
+from flashcodec.families import MediaOptions as FamilyOptions
+from flashcodec.probe import ImageInfo
 from orchestrator.inputs import MediaInput
 from orchestrator.media import plan_media
 from orchestrator.prompt import QWEN
@@ -120,6 +122,25 @@ def test_streamed_image_chat_equals_the_kserve_path(sdk, kserve):
     assert ids == theirs.token_ids and text == theirs.text and reason == "length"
     assert (usage.prompt_tokens, usage.completion_tokens) == (theirs.num_input_tokens, N)
     assert usage.prompt_tokens > 100  # the image's visual tokens are in the prompt
+
+
+def test_min_pixels_sizes_an_image_up_as_qwens_processor_does(sdk):
+    """mm_processor_kwargs' min_pixels (Qwen2.5-VL's, as vLLM passes it to the processor): a small image resized up to
+    it, its visual tokens the plan's (``smart_resize`` with that floor), and what the media report says."""
+    image = make_image(64, 48, "RGB", "PNG")
+    content = [{"type": "image_url", "image_url": {"url": _data_url(image, "image/png")}},
+               {"type": "text", "text": "What is it?"}]
+
+    def ask(kwargs: dict):
+        return sdk.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": content}], max_tokens=1,
+                                           extra_body={"mm_processor_kwargs": kwargs} if kwargs else None)
+
+    plain, larger = ask({}), ask({"min_pixels": 200704})
+    plan = QWEN.plan_image(ImageInfo(64, 48, "RGB", "PNG"), FamilyOptions(min_pixels=200704))
+    assert larger.usage.prompt_tokens - plain.usage.prompt_tokens == plan.num_tokens - QWEN.plan_image(
+        ImageInfo(64, 48, "RGB", "PNG")).num_tokens > 200
+    (media,) = larger.model_extra["media"]
+    assert media["visual_tokens"] == plan.num_tokens, media
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])

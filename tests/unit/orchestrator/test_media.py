@@ -131,9 +131,9 @@ def test_media_defaults_take_vllms_internvl_name_max_dynamic_patch_as_requests_d
 @pytest.mark.parametrize("text, message", [
     ('{"num_frames": 32}', "parameter media_defaults: num_frames does not apply to the served model family qwen2_5_vl"),
     ('{"temperature": 0.5}', "parameter media_defaults: unknown key 'temperature' (known: fps, max_pixels, "
-                             "num_frames, max_tiles, max_dynamic_patch)"),  # the media keys alone, not sampling's
-    ('{"fsp": 1}', "parameter media_defaults: unknown key 'fsp' (known: fps, max_pixels, num_frames, max_tiles, "
-                   "max_dynamic_patch)"),
+                             "min_pixels, num_frames, max_tiles, max_dynamic_patch)"),  # the media keys alone, not sampling's
+    ('{"fsp": 1}', "parameter media_defaults: unknown key 'fsp' (known: fps, max_pixels, min_pixels, num_frames, "
+                   "max_tiles, max_dynamic_patch)"),
     ('{"fps": 0}', "parameter media_defaults: fps must be"),
     ("[1]", "parameter media_defaults: must be a JSON object"),
 ])

@@ -203,7 +203,15 @@ def test_an_integer_valued_string_counts_as_an_integer():
 def test_media_settings_reach_the_families_as_media_options():
     params = parse_sampling_parameters('{"num_frames": "4", "max_tiles": 2, "fps": null}')
     assert (params.fps, params.num_frames, params.max_tiles) == (None, 4, 2)  # fps unset: the family's default
-    assert params.media == MediaOptions(None, None, 4, 2)
+    assert params.media == MediaOptions(num_frames=4, max_tiles=2)
+    pixels = parse_sampling_parameters('{"min_pixels": 200704, "max_pixels": "401408"}')
+    assert pixels.media == MediaOptions(max_pixels=401408, min_pixels=200704)
+
+
+@pytest.mark.parametrize("value", [3135, 16384 * 28 * 28 + 1, 2.5])
+def test_min_pixels_is_refused_outside_qwens_range_naming_it(value):
+    with pytest.raises(InvalidInput, match="sampling_parameters: min_pixels must be"):
+        parse_sampling_parameters(json.dumps({"min_pixels": value}))
 
 
 def test_vllms_internvl_name_max_dynamic_patch_is_max_tiles():

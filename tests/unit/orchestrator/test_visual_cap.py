@@ -59,6 +59,19 @@ def test_the_requests_own_fps_and_max_pixels_stay_upper_bounds():
     assert all(p.resized_height * p.resized_width <= 200_000 for p in plans)
 
 
+def test_the_requests_min_pixels_is_the_floor_the_cap_keeps():
+    """Qwen2.5-VL's min_pixels (qwen-vl-utils' and transformers' kwarg) sizes each item up to it; the cap lowers
+    max_pixels no further than it."""
+    small = ImageInfo(112, 112, "RGB", "PNG")
+    (plan,), _ = fit_visual_tokens(QWEN, [small], MediaOptions(min_pixels=200_704), None)
+    assert plan == plan_image(small, min_pixels=200_704) and plan.resized_height * plan.resized_width >= 200_704
+    assert plan == QWEN.plan_image(small, MediaOptions(min_pixels=200_704))
+    infos = [PHOTO, PHOTO]
+    plans, applied = fit_visual_tokens(QWEN, infos, MediaOptions(min_pixels=100_000), 400)
+    assert all(px >= 100_000 for px in applied.max_pixels) and total_tokens(plans) <= 400
+    assert all(p.resized_height * p.resized_width >= 100_000 for p in plans)
+
+
 def test_a_cap_below_the_smallest_plans_is_refused_naming_it():
     refused = "^image and video inputs: .* at the lowest fps and pixels, over max_visual_tokens 100 .*send fewer"
     with pytest.raises(InvalidInput, match=refused):
