@@ -3,11 +3,11 @@
     python -m client [--url 127.0.0.1:8001] [--http 127.0.0.1:8000]
                      [--video FILE | --video-url PATH] [--image FILE]... [--image-url PATH]...
                      [--max-tokens N] [--temperature T] [--top-p P] [--top-k K] [--seed S]
-                     [--fps F] [--max-pixels P] [--num-frames N] [--max-tiles N] [--no-stream] [--timeout S] "question"
+                     [--fps F] [--max-pixels P] [--min-pixels P] [--num-frames N] [--max-tiles N] [--no-stream]
+                     [--timeout S] "question"
 
 gRPC by default; ``--http`` uses generate_stream (SSE), whose JSON body carries files as base64 ``data:`` URLs
-(``image_url`` / ``video_url``; Triton's HTTP front end takes bodies up to about 60 MiB: larger files over gRPC or
-by path). After the answer one line goes to stderr:
+(``image_url`` / ``video_url``; for very large files gRPC, or a path the server reads, spares the base64). After the answer one line goes to stderr:
 ``TTFT 123.4 ms, mean TBT 5.6 ms, N output tokens, finish_reason=stop``.
 Exit code 0 on success, 1 with the server's message on stderr on an error, 2 on bad arguments.
 """
@@ -45,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ignore-eos", action="store_true")
     p.add_argument("--fps", type=float, help="video frames sampled per second")
     p.add_argument("--max-pixels", type=int, help="pixel budget per frame or image (Qwen2.5-VL)")
+    p.add_argument("--min-pixels", type=int, help="smallest resized area of a frame or image, pixels (Qwen2.5-VL)")
     p.add_argument("--num-frames", type=int, help="frames (segments) sampled from a video (InternVL3)")
     p.add_argument("--max-tiles", type=int, help="most 448-pixel tiles of an image (InternVL3)")
     p.add_argument("--no-stream", action="store_true", help="ask for the whole text in one response")
@@ -54,8 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def sampling_from_args(args: argparse.Namespace) -> dict:
     """The sampling_parameters JSON object: only the options the user gave."""
-    keys = ("max_tokens", "min_tokens", "temperature", "top_p", "top_k", "seed", "fps", "max_pixels", "num_frames",
-            "max_tiles")
+    keys = ("max_tokens", "min_tokens", "temperature", "top_p", "top_k", "seed", "fps", "max_pixels", "min_pixels",
+            "num_frames", "max_tiles")
     sampling = {k: getattr(args, k) for k in keys if getattr(args, k) is not None}
     if args.ignore_eos:
         sampling["ignore_eos"] = True

@@ -24,6 +24,7 @@ from orchestrator.visual_cap import CapApplied, fit_visual_tokens
 warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
 
 PROBED_VIDEOS = 256  # video files whose probe is kept (a probe holds each frame's timestamp: 8 bytes a frame)
+PIXEL_BOUNDS = {"max_pixels", "min_pixels"}  # one setting, an item's size (Qwen2.5-VL's; refused by other families)
 MEDIA_SETTINGS = tuple(f.name for f in fields(MediaOptions))  # the sampling_parameters keys a family may take
 
 
@@ -91,13 +92,20 @@ def media_defaults(text: str | None, family: Family) -> RequestParams:
     """The server's media settings (the orchestrator's ``media_defaults`` parameter, a JSON object like
     ``{"num_frames": 32}``; vLLM's ``--mm-processor-kwargs`` for these keys), which a request's own settings override.
     Raises ValueError naming the parameter for a key other than ``MEDIA_SETTINGS`` (and their aliases; the message
-    lists those), a bad value (the request rules of ``parse_sampling_parameters``), or a setting ``family`` does not
-    take."""
+    lists those), a bad value (the request rules of ``parse_sampling_parameters``), a setting ``family`` does not
+    take, or settings that ``family`` cannot plan a plain image or video with (``min_pixels`` above ``max_pixels``, a
+    ``max_pixels`` under a video frame's minimum): every media request would be refused, blaming its client."""
     try:
         defaults = parse_sampling_parameters(text, MEDIA_SETTINGS)
         check_media_settings(defaults, family)
     except InvalidInput as exc:
         raise ValueError(f"parameter media_defaults: {str(exc).removeprefix('sampling_parameters: ')}") from None
+    video = VideoInfo(640, 480, 640, 480, 0, 30.0, 300, 10.0, "h264", tuple(i / 30 for i in range(300)), False)
+    try:
+        family.plan_image(ImageInfo(640, 480, "RGB", "PNG"), defaults.media.for_kind("image"))
+        family.plan_video(video, defaults.media.for_kind("video"))
+    except (ValueError, MediaError) as exc:
+        raise ValueError(f"parameter media_defaults: {exc}") from None
     return defaults
 
 
@@ -105,10 +113,12 @@ def with_media_defaults(params: RequestParams, defaults: RequestParams, family: 
     """``params`` with the media settings it leaves unset (None) taken from ``defaults`` (:func:`media_defaults`):
     a request's own setting, then the server's, then (None) the family's. ``family.frame_settings`` choose one
     thing, a video's frames: a request that sets one of them takes none of them from ``defaults`` (InternVL3: a
-    request's fps is not overridden by the server's num_frames; ``family.plan_video`` follows the request's first)."""
+    request's fps is not overridden by the server's num_frames; ``family.plan_video`` follows the request's first).
+    So do ``PIXEL_BOUNDS``, an item's size: a request's max_pixels is not held below the server's min_pixels."""
     given = {key for key in MEDIA_SETTINGS if getattr(params, key) is not None}
-    if given & set(family.frame_settings):
-        given |= set(family.frame_settings)
+    for linked in (set(family.frame_settings), PIXEL_BOUNDS):
+        if given & linked:
+            given |= linked
     unset = {key: getattr(defaults, key) for key in MEDIA_SETTINGS
              if key not in given and getattr(defaults, key) is not None}
     return replace(params, **unset) if unset else params

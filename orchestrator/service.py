@@ -306,9 +306,10 @@ class Orchestrator:
             # One group is never split, so it must fit in the pool at once (then waiting for pages cannot deadlock).
             need = -(-m.patches_per_group // self.patch_page_size)
             if need > self.patch_pages.num_total:
-                smaller = "lower max_pixels, or " if "max_pixels" in self.family.fewer_tokens[m.kind] else ""
+                smaller = "lower max_pixels (or min_pixels), or " \
+                    if "max_pixels" in self.family.fewer_tokens[m.kind] else ""
                 raise InvalidInput(
-                    f"{m.kind} {item}: one media group has {m.patches_per_group} patches, which need "
+                    f"{m.kind} (item {item + 1} of {len(prompt.media)}): one media group has {m.patches_per_group} patches, which need "
                     f"{need} patch pages of {self.patch_page_size}; the patch pool has {self.patch_pages.num_total} "
                     f"pages ({smaller}raise flashcodec's patch_pages)")
         if self.stopping:  # stop_serving ran while this request was being planned

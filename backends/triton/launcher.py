@@ -41,7 +41,7 @@ from backends.triton.deploy_config import DEFAULT_SHM_BYTES
 from backends.triton.load_progress import LoadProgress
 from backends.triton.mps import MpsDaemon
 from backends.triton.parent_death import ends_with_parent
-from backends.triton.ports import ServerPorts, clashing, port_option
+from backends.triton.ports import WILDCARDS, ServerPorts, clashing, port_option
 from backends.triton.repository import repository_with
 from backends.triton.server_binary import HEAP_ENV, server_binary, server_command, thread_stacks
 from backends.triton.server_log import load_errors, not_unloaded, still_loading
@@ -300,8 +300,10 @@ def main(argv: list[str] | None = None) -> int:
     launch_options.add_arguments(parser)
     args = parser.parse_args(argv)
     openai_options.check(parser, args)
+    api_elsewhere = args.openai_address not in (None, args.address) and WILDCARDS.isdisjoint(
+        (args.openai_address, args.address))  # the API on another address may reuse a port number
     clash = clashing({"--http-port": args.http_port, "--grpc-port": args.grpc_port,
-                      "--metrics-port": args.metrics_port, "--openai-port": args.openai_port})
+                      "--metrics-port": args.metrics_port, "--openai-port": 0 if api_elsewhere else args.openai_port})
     if clash:
         parser.error(clash)
     # SIGTERM stops it like Ctrl-C, also while the repository copy is written or the server starts; SIGINT too

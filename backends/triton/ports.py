@@ -6,6 +6,7 @@ import contextlib
 import socket
 from dataclasses import dataclass
 
+WILDCARDS = frozenset({"0.0.0.0", "::", ""})  # addresses that bind every interface: they share ports with any
 PORT_RANGE = range(1, 65536)  # TCP ports a server may bind by number (0 asks the kernel for any)
 
 

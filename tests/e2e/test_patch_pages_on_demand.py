@@ -77,4 +77,5 @@ def test_a_group_larger_than_the_pool_is_refused_and_named(small_pool_server):
             client.generate("What is this?", image=image, sampling=GREEDY)
         assert client.generate("Next one.", sampling={"max_tokens": 2, "ignore_eos": True}).num_output_tokens == 2
     message = str(error.value)
-    assert "image" in message and f"{need} patch pages" in message and f"has {POOL} pages" in message, message
+    assert "image (item 1 of 1)" in message and f"{need} patch pages" in message and f"has {POOL} pages" in message
+    assert "lower max_pixels (or min_pixels)" in message, message

@@ -7,9 +7,9 @@ from client.api import GenerationResult
 
 def test_sampling_only_has_the_given_options():
     args = build_parser().parse_args(["--max-tokens", "64", "--seed", "7", "--fps", "2", "--max-pixels", "200704",
-                                      "--ignore-eos", "What happens?"])
+                                      "--min-pixels", "50176", "--ignore-eos", "What happens?"])
     assert sampling_from_args(args) == {"max_tokens": 64, "seed": 7, "fps": 2.0, "max_pixels": 200704,
-                                        "ignore_eos": True}
+                                        "min_pixels": 50176, "ignore_eos": True}
     assert args.question == "What happens?"
     internvl = build_parser().parse_args(["--num-frames", "16", "--max-tiles", "6", "Q"])  # InternVL3's settings
     assert sampling_from_args(internvl) == {"num_frames": 16, "max_tiles": 6}

@@ -7,6 +7,7 @@ import re
 import pytest
 
 from flashcodec.families import family
+from flashcodec.probe import ImageInfo
 from orchestrator import media
 from orchestrator.inputs import MediaInput
 from orchestrator.sampling_params import InvalidInput, parse_sampling_parameters
@@ -117,6 +118,20 @@ def test_a_requests_own_frame_setting_wins_over_the_servers_default_which_wins_o
     assert internvl.frame_settings == ("num_frames", "fps") and qwen.frame_settings == ("fps",)
 
 
+def test_a_requests_pixel_bound_takes_neither_bound_from_the_servers_defaults():
+    """max_pixels and min_pixels are one setting, an item's size (as fps and num_frames are a video's frames): a
+    request's max_pixels under the server's min_pixels is the request's alone, not refused as min > max."""
+    qwen = family("qwen2_5_vl")
+    defaults = media.media_defaults('{"min_pixels": 50000, "max_pixels": 400000}', qwen)
+    merged = media.with_media_defaults(parse_sampling_parameters('{"max_pixels": 20000}'), defaults, qwen)
+    assert (merged.max_pixels, merged.min_pixels) == (20000, None)
+    image = ImageInfo(640, 480, "RGB", "PNG")
+    assert qwen.plan_image(image, merged.media).resized_height * qwen.plan_image(image, merged.media).resized_width \
+        <= 20000
+    untouched = media.with_media_defaults(parse_sampling_parameters('{"fps": 1.0}'), defaults, qwen)
+    assert (untouched.max_pixels, untouched.min_pixels, untouched.fps) == (400000, 50000, 1.0)
+
+
 def test_media_defaults_take_vllms_internvl_name_max_dynamic_patch_as_requests_do():
     internvl = family("internvl3")
     assert media.media_defaults('{"max_dynamic_patch": 6}', internvl).max_tiles == 6
@@ -130,11 +145,16 @@ def test_media_defaults_take_vllms_internvl_name_max_dynamic_patch_as_requests_d
 
 @pytest.mark.parametrize("text, message", [
     ('{"num_frames": 32}', "parameter media_defaults: num_frames does not apply to the served model family qwen2_5_vl"),
+    # the media keys alone, not sampling's
     ('{"temperature": 0.5}', "parameter media_defaults: unknown key 'temperature' (known: fps, max_pixels, "
-                             "min_pixels, num_frames, max_tiles, max_dynamic_patch)"),  # the media keys alone, not sampling's
+                             "min_pixels, num_frames, max_tiles, max_dynamic_patch)"),
     ('{"fsp": 1}', "parameter media_defaults: unknown key 'fsp' (known: fps, max_pixels, min_pixels, num_frames, "
                    "max_tiles, max_dynamic_patch)"),
     ('{"fps": 0}', "parameter media_defaults: fps must be"),
+    # settings no image or video can be planned with: every media request would be refused, blaming its client
+    ('{"min_pixels": 200000, "max_pixels": 100000}', "parameter media_defaults: min_pixels (200000) must be > 0 and "
+                                                     "<= max_pixels (100000)"),
+    ('{"max_pixels": 50000}', "parameter media_defaults: max_pixels must be at least 100352 for a video"),
     ("[1]", "parameter media_defaults: must be a JSON object"),
 ])
 def test_bad_media_defaults_stop_the_server_naming_the_parameter(text, message):

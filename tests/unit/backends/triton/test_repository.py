@@ -27,6 +27,8 @@ def test_later_items_win_and_values_may_hold_equals_signs():
     (["--grpc-port", "-1"], "argument --grpc-port: -1 is not a TCP port"),
     (["--http-port", "9100", "--grpc-port", "9100"], "--http-port and --grpc-port are both 9100"),
     (["--openai-port", "8000"], "--http-port and --openai-port are both 8000"),
+    (["--openai-port", "8000", "--openai-address", "127.0.0.1"], "--http-port and --openai-port are both 8000"),
+    (["--openai-port", "8000", "--address", "0.0.0.0", "--openai-address", "127.0.0.2"], "are both 8000"),
 ])
 def test_bad_or_shared_ports_stop_the_launcher_before_starting(argv, message, monkeypatch, capsys):
     monkeypatch.setattr(launcher, "_serve", lambda *a: pytest.fail("the server must not start"))
@@ -101,6 +103,11 @@ def test_launcher_set_serves_the_edited_copy_and_removes_it(monkeypatch):
                           "--set", "decode.max_batch=32"]) == 0
     assert served["parameters"]["orchestrator"]["encode_budget"] == "10240"
     assert served["parameters"]["decode"]["max_batch"] == "32" and served["shm"] == 64 * 2**20
+
+
+def test_the_api_on_another_address_may_take_a_servers_port_number(monkeypatch):
+    monkeypatch.setattr(launcher, "_serve", lambda *a: 0)
+    assert launcher.main(["--openai-port", "8000", "--openai-address", "127.0.0.2"]) == 0
 
 
 def test_launcher_set_with_an_unknown_key_stops_before_starting(monkeypatch, capsys):
