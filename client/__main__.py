@@ -7,7 +7,8 @@
                      [--timeout S] "question"
 
 gRPC by default; ``--http`` uses generate_stream (SSE), whose JSON body carries files as base64 ``data:`` URLs
-(``image_url`` / ``video_url``; for very large files gRPC, or a path the server reads, spares the base64). After the answer one line goes to stderr:
+(``image_url`` / ``video_url``; for very large files gRPC, or a path the server reads, spares the base64). After
+the answer one line goes to stderr:
 ``TTFT 123.4 ms, mean TBT 5.6 ms, N output tokens, finish_reason=stop``.
 Exit code 0 on success, 1 with the server's message on stderr on an error, 2 on bad arguments.
 """

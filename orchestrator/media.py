@@ -24,7 +24,6 @@ from orchestrator.visual_cap import CapApplied, fit_visual_tokens
 warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
 
 PROBED_VIDEOS = 256  # video files whose probe is kept (a probe holds each frame's timestamp: 8 bytes a frame)
-PIXEL_BOUNDS = {"max_pixels", "min_pixels"}  # one setting, an item's size (Qwen2.5-VL's; refused by other families)
 MEDIA_SETTINGS = tuple(f.name for f in fields(MediaOptions))  # the sampling_parameters keys a family may take
 
 
@@ -114,9 +113,10 @@ def with_media_defaults(params: RequestParams, defaults: RequestParams, family: 
     a request's own setting, then the server's, then (None) the family's. ``family.frame_settings`` choose one
     thing, a video's frames: a request that sets one of them takes none of them from ``defaults`` (InternVL3: a
     request's fps is not overridden by the server's num_frames; ``family.plan_video`` follows the request's first).
-    So do ``PIXEL_BOUNDS``, an item's size: a request's max_pixels is not held below the server's min_pixels."""
+    So do ``family.size_settings``, an item's size: a request's max_pixels is not held below the server's
+    min_pixels."""
     given = {key for key in MEDIA_SETTINGS if getattr(params, key) is not None}
-    for linked in (set(family.frame_settings), PIXEL_BOUNDS):
+    for linked in (set(family.frame_settings), set(family.size_settings)):
         if given & linked:
             given |= linked
     unset = {key: getattr(defaults, key) for key in MEDIA_SETTINGS

@@ -334,8 +334,9 @@ def parse_sampling_parameters(text: str | None, keys: tuple[str, ...] = tuple(_C
     None or an empty string gives the defaults. Integers are accepted for floats; integer-valued
     floats for integers; numeric strings for both (genai-perf's form); "true"/"false" for booleans;
     a string or a list of strings for `stop`; a list of integers for `stop_token_ids`; null for `seed`, `fps`,
-    `max_pixels`, `min_pixels`, `num_frames`, `max_tiles`, `logprobs` and `stop_token_ids`. A key of `ALIASES` is read as its key;
-    both sent are one setting: equal values (or one of them null) pass, different ones are refused naming both.
+    `max_pixels`, `min_pixels`, `num_frames`, `max_tiles`, `logprobs` and `stop_token_ids`. A key of `ALIASES` is read
+    as its key; both sent are one setting: equal values (or one of them null) pass, different ones are refused naming
+    both.
 
     Raises:
         InvalidInput: invalid JSON, not an object, an unknown key, a wrong type or an out-of-range

@@ -309,8 +309,8 @@ class Orchestrator:
                 smaller = "lower max_pixels (or min_pixels), or " \
                     if "max_pixels" in self.family.fewer_tokens[m.kind] else ""
                 raise InvalidInput(
-                    f"{m.kind} (item {item + 1} of {len(prompt.media)}): one media group has {m.patches_per_group} patches, which need "
-                    f"{need} patch pages of {self.patch_page_size}; the patch pool has {self.patch_pages.num_total} "
+                    f"{m.kind} (item {item + 1} of {len(prompt.media)}): one media group has {m.patches_per_group} "
+                    f"patches, which need {need} patch pages of {self.patch_page_size}; the patch pool has {self.patch_pages.num_total} "
                     f"pages ({smaller}raise flashcodec's patch_pages)")
         if self.stopping:  # stop_serving ran while this request was being planned
             raise _shutting_down()

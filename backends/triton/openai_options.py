@@ -6,11 +6,11 @@ import argparse
 
 from backends.openai.config import ApiConfig
 from backends.openai.process import default_openai_workers
-from backends.triton.ports import PORT_RANGE
+from backends.triton.ports import optional_port_option
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--openai-port", type=int, default=9000, help="the OpenAI-compatible API's port (0: no API)")
+    parser.add_argument("--openai-port", type=optional_port_option, default=9000, help="the OpenAI-compatible API's port (0: no API)")
     parser.add_argument("--openai-address", default=None, help="where the OpenAI API listens (default: --address)")
     parser.add_argument("--openai-allow-http-media", action="store_true",
                         help="let the OpenAI API fetch http(s) image_url / video_url parts (off: refused)")
@@ -26,15 +26,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Ends the launcher with a usage error for a count below its least or a port out of range (checked at once, not
-    once the models have loaded)."""
+    """Ends the launcher with a usage error for a count below its least (checked at once, not once the models have
+    loaded)."""
     for option, value, least in (("--openai-workers", args.openai_workers, 1),
                                  ("--openai-max-body-bytes", args.openai_max_body_bytes, 1),
                                  ("--openai-max-requests", args.openai_max_requests, 0)):
         if value < least:
             parser.error(f"{option} must be at least {least}, got {value}")
-    if args.openai_port and args.openai_port not in PORT_RANGE:
-        parser.error(f"--openai-port: {args.openai_port} is not a TCP port: use 1..65535 (0: no API)")
 
 
 def api_config(args: argparse.Namespace) -> ApiConfig:

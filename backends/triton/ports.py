@@ -10,8 +10,8 @@ WILDCARDS = frozenset({"0.0.0.0", "::", ""})  # addresses that bind every interf
 PORT_RANGE = range(1, 65536)  # TCP ports a server may bind by number (0 asks the kernel for any)
 
 
-def port_option(text: str) -> int:
-    """argparse ``type`` of a ``--*-port`` option: an integer in 1..65535.
+def port_option(text: str, off: str = "") -> int:
+    """argparse ``type`` of a ``--*-port`` option: an integer in 1..65535, or 0 where ``off`` says what 0 means.
 
     Raises:
         argparse.ArgumentTypeError: not an integer, or out of that range (argparse names the option)."""
@@ -19,9 +19,14 @@ def port_option(text: str) -> int:
         port = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
-    if port not in PORT_RANGE:
-        raise argparse.ArgumentTypeError(f"{port} is not a TCP port: use 1..65535")
+    if port not in PORT_RANGE and not (off and port == 0):
+        raise argparse.ArgumentTypeError(f"{port} is not a TCP port: use 1..65535" + (f" (0: {off})" if off else ""))
     return port
+
+
+def optional_port_option(text: str) -> int:
+    """:func:`port_option` of a server that 0 leaves unstarted (the OpenAI API's)."""
+    return port_option(text, off="no API")
 
 
 def clashing(named: dict[str, int]) -> str | None:

@@ -109,6 +109,9 @@ class Family(Protocol):
     # the `options` that each choose a video's frames, the one `plan_video` follows first when several are set; a
     # server default fills none of them when a request sets one (`orchestrator.media.with_media_defaults`)
     frame_settings: tuple[str, ...]
+    # the `options` that together set an item's size (Qwen2.5-VL's pixel bounds): as one setting, a server default
+    # fills none of them when a request sets one (a request's max_pixels is not held below the server's min_pixels)
+    size_settings: tuple[str, ...]
     placeholders: dict[str, str]  # media kind -> the chat template's placeholder for it
     reserved_tokens: tuple[str, ...]  # tokens only the server may place in a prompt
     fewer_tokens: dict[str, tuple[str, ...]]  # media kind -> the request settings that lower its visual tokens

@@ -184,6 +184,7 @@ class InternVL3:
     frames_per_group = 1
     options = ("fps", "num_frames", "max_tiles")
     frame_settings = ("num_frames", "fps")  # num_frames segments, else fps's (plan_video)
+    size_settings = ("max_tiles",)
     placeholders = {"image": CONTEXT, "video": VIDEO}  # what the chat template writes for an image / a video
     reserved_tokens = (START_IMAGE, END_IMAGE, CONTEXT, VIDEO)
     fewer_tokens = {"image": ("max_tiles",), "video": ("num_frames",)}

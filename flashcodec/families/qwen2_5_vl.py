@@ -27,6 +27,7 @@ class Qwen25VL:
     patch_dim = PATCH_DIM
     options = ("fps", "max_pixels", "min_pixels")
     frame_settings = ("fps",)
+    size_settings = ("max_pixels", "min_pixels")
     placeholders = {"image": IMAGE_PAD, "video": VIDEO_PAD}
     # M-RoPE's positions (transformers' get_rope_index) are read from these, so a prompt may not bring its own
     reserved_tokens = ("<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", IMAGE_PAD, VIDEO_PAD)
@@ -73,8 +74,8 @@ class Qwen25VL:
         (bisection in (0, the request's fps]); at the lowest (each video at its minimum frame count,
         `sampling.FPS_MIN_FRAMES`) still over, then one scale s in (0, 1] of every item's resized area, the highest
         that fits (each item's `max_pixels` = s x its area at that fps, at least its kind's minimum:
-        `sampling.VIDEO_MIN_PIXELS`, `IMAGE_MIN_PIXELS`, or the request's `min_pixels`, which the cap keeps). Returns the plans and `fps` (None: unchanged) and
-        `max_pixels` (per item). Raises OverCap when even the lowest fps and pixels exceed `cap`; ValueError /
+        `sampling.VIDEO_MIN_PIXELS`, `IMAGE_MIN_PIXELS`, or the request's `min_pixels`, which the cap keeps). Returns
+        the plans and `fps` (None: unchanged) and `max_pixels` (per item). Raises OverCap when even the lowest fps and pixels exceed `cap`; ValueError /
         MediaError as `plan_video` and `plan_image`."""
         fps = FPS if options.fps is None else options.fps
 

@@ -116,6 +116,8 @@ def test_a_requests_own_frame_setting_wins_over_the_servers_default_which_wins_o
     for served in FAMILIES.values():  # each lists the settings its plan_video reads for the frames, first the winner
         assert set(served.frame_settings) <= set(served.options)
     assert internvl.frame_settings == ("num_frames", "fps") and qwen.frame_settings == ("fps",)
+    for served in FAMILIES.values():
+        assert set(served.size_settings) <= set(served.options)
 
 
 def test_a_requests_pixel_bound_takes_neither_bound_from_the_servers_defaults():

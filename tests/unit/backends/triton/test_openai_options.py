@@ -35,7 +35,7 @@ def test_a_count_below_its_least_is_a_usage_error(option, value, capsys):
 
 @pytest.mark.parametrize("value", ["-1", "65536"])
 def test_an_openai_port_outside_0_to_65535_is_a_usage_error(value, capsys):
-    parser, args = _parsed("--openai-port", value)
     with pytest.raises(SystemExit):
-        openai_options.check(parser, args)
-    assert f"--openai-port: {value} is not a TCP port" in capsys.readouterr().err
+        _parsed("--openai-port", value)
+    assert f"--openai-port: {value} is not a TCP port: use 1..65535 (0: no API)" in capsys.readouterr().err
+    assert _parsed("--openai-port", "0")[1].openai_port == 0
