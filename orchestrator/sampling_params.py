@@ -40,7 +40,9 @@ class RequestParams:
     """Generation and media parameters of one request.
 
     Attributes:
-        max_tokens: most tokens to generate (>= 1).
+        max_tokens: most tokens to generate (>= 1), or None (JSON null): the rest of the context, at most the
+            orchestrator's ``default_max_tokens`` (vLLM's ``SamplingParams`` reads None as "up to max_model_len";
+            the OpenAI API sends it for a chat request without ``max_tokens``: ``orchestrator.reply_limit``).
         min_tokens: tokens generated before EOS and stop strings may end the output (0 .. max_tokens).
         ignore_eos: keep generating after EOS until max_tokens.
         temperature: softmax temperature (>= 0; 0, or below 1e-5 as in vLLM, means greedy).
@@ -89,7 +91,7 @@ class RequestParams:
         InvalidInput: a value is out of range (the message names the key).
     """
 
-    max_tokens: int = 16
+    max_tokens: int | None = 16
     min_tokens: int = 0
     ignore_eos: bool = False
     temperature: float = 1.0
@@ -115,9 +117,12 @@ class RequestParams:
     prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
-        if not 0 < self.max_tokens < MAX_TOKENS_LIMIT:  # far beyond any max_model_len; bounds what messages print
+        # far beyond any max_model_len; bounds what messages print
+        if self.max_tokens is not None and not 0 < self.max_tokens < MAX_TOKENS_LIMIT:
             _fail("max_tokens", "must be a positive integer below 2**31", self.max_tokens)
-        if not 0 <= self.min_tokens <= self.max_tokens:
+        if self.max_tokens is None and not 0 <= self.min_tokens < MAX_TOKENS_LIMIT:
+            _fail("min_tokens", "must be an integer in [0, 2**31)", self.min_tokens)
+        if self.max_tokens is not None and not 0 <= self.min_tokens <= self.max_tokens:
             _fail("min_tokens", f"must be in [0, max_tokens={self.max_tokens}]", self.min_tokens)
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
             _fail("temperature", "must be a finite number >= 0", self.temperature)
@@ -296,7 +301,7 @@ def _as_optional_float(key: str, value: object) -> float | None:
 
 
 _CONVERTERS = {
-    "max_tokens": _as_int,
+    "max_tokens": _as_optional_int,
     "min_tokens": _as_int,
     "ignore_eos": _as_bool,
     "temperature": _as_float,
@@ -334,7 +339,8 @@ def parse_sampling_parameters(text: str | None, keys: tuple[str, ...] = tuple(_C
     None or an empty string gives the defaults. Integers are accepted for floats; integer-valued
     floats for integers; numeric strings for both (genai-perf's form); "true"/"false" for booleans;
     a string or a list of strings for `stop`; a list of integers for `stop_token_ids`; null for `seed`, `fps`,
-    `max_pixels`, `min_pixels`, `num_frames`, `max_tiles`, `logprobs` and `stop_token_ids`. A key of `ALIASES` is read
+    `max_pixels`, `min_pixels`, `num_frames`, `max_tiles`, `logprobs` and `stop_token_ids`, and for `max_tokens` (the
+    rest of the context: `RequestParams.max_tokens`; absent, it is 16). A key of `ALIASES` is read
     as its key; both sent are one setting: equal values (or one of them null) pass, different ones are refused naming
     both.
 

@@ -42,6 +42,7 @@ from orchestrator.pages import PageAllocator
 from orchestrator.encoder_cache import EncoderCache, group_key
 from orchestrator.prefix_cache import CacheConfig, block_hashes
 from orchestrator.prompt import Prompt, build_chat_prompt, build_raw_prompt, build_token_prompt
+from orchestrator.reply_limit import DEFAULT_MAX_TOKENS, reply_limit
 from orchestrator.routing import choose
 from orchestrator.sampling_params import InvalidInput, RequestParams
 from orchestrator.scheduler import Scheduler, SchedulerConfig
@@ -65,7 +66,8 @@ class OrchestratorConfig:
     ``decode_pace_ms`` (default 0, off): the spacing of decode's steps while a step that ends image prompts, or
     more prompts than decode holds, runs, at most the decoding modalities' TBT targets (``orchestrator.decode_pace``);
     ``fewer_sms_kinds``: the modalities whose steps may run on fewer SMs beside decode (``orchestrator.fewer_sms``).
-    ``max_model_len``: prompt + output tokens per request;
+    ``max_model_len``: prompt + output tokens per request; ``default_max_tokens``: the most output tokens of a request
+    that sends ``max_tokens`` null (the OpenAI API's chat without it: ``orchestrator.reply_limit``);
     ``replicas``: encode_prefill/decode replicas to drive (``backends/triton/replicas.py``);
     ``max_waiting_requests``: requests that may wait for KV pages at once (over all replicas); a request arriving
     beyond them is refused at once as overloaded (UNAVAILABLE) instead of queueing without bound.
@@ -89,6 +91,11 @@ class OrchestratorConfig:
     media_defaults: RequestParams = RequestParams()
     decode_pace_ms: int = 0
     fewer_sms_kinds: frozenset[str] = DEFAULT_KINDS
+    default_max_tokens: int = DEFAULT_MAX_TOKENS
+
+    def __post_init__(self) -> None:
+        if self.default_max_tokens < 1:
+            raise ValueError(f"parameter default_max_tokens must be a positive integer, got {self.default_max_tokens}")
 
     @classmethod
     def from_parameters(cls, params: dict[str, str]) -> "OrchestratorConfig":
@@ -115,7 +122,8 @@ class OrchestratorConfig:
                    SloTargets.from_parameters(params),
                    PolicyConfig(float_parameter(params, "decode_priority_boost", PolicyConfig.decode_priority_boost)),
                    CacheConfig.from_parameters(params), media_defaults(params.get("media_defaults"), model.family),
-                   int_parameter(given, "decode_pace_ms", 0), kinds_parameter(params))
+                   int_parameter(given, "decode_pace_ms", 0), kinds_parameter(params),
+                   int_parameter(given, "default_max_tokens", DEFAULT_MAX_TOKENS))
 
 
 @dataclass(frozen=True)
@@ -291,14 +299,18 @@ class Orchestrator:
         infos, plans, cap, prompt, probed, prompt_text = await off_loop(self._prompt_of, parsed)
         timeline.mark("probed", at=probed, items=len(infos))
         timeline.mark("prompt_built", tokens=len(prompt.input_ids), visual_tokens=prompt.num_visual_tokens)
-        prompt.check_length(params.max_tokens, self.config.max_model_len, self.family)
-        total = len(prompt.input_ids) + params.max_tokens
+        pool_tokens = max(e.scheduler.kv_pages_total * e.scheduler.config.kv_page_size for e in self.engines)
+        max_tokens = reply_limit(params.max_tokens, params.min_tokens, len(prompt.input_ids),
+                                 default_max_tokens=self.config.default_max_tokens,
+                                 max_model_len=self.config.max_model_len, pool_tokens=pool_tokens)
+        prompt.check_length(max_tokens, self.config.max_model_len, self.family)
+        total = len(prompt.input_ids) + max_tokens
         kv_needed = max(e.scheduler.kv_pages_for(total) for e in self.engines)
         largest = max(e.scheduler.kv_pages_total for e in self.engines)
         if kv_needed > largest:
             raise InvalidInput(
                 f"the prompt ({len(prompt.input_ids)} tokens, text and visual) plus max_tokens "
-                f"({params.max_tokens}) need {kv_needed} KV pages, the largest KV pool has {largest}"
+                f"({max_tokens}) need {kv_needed} KV pages, the largest KV pool has {largest}"
                 + (f" once the prefix cache's floor is kept (prefix_cache_floor {self.config.cache.floor})"
                    if self.config.cache.floor else "")
                 + ": lower max_tokens or send a shorter prompt or smaller media")
@@ -325,7 +337,7 @@ class Orchestrator:
         request = EngineRequest(
             NewRequest(req_id, prompt.input_ids,
                        tuple(MediaGrid(m.kind, m.grid_thw, m.second_per_grid_t) for m in prompt.media),
-                       params.sampling(), params.max_tokens),
+                       params.sampling(), max_tokens),
             tuple(Group(item, g, layout.group_offsets[g], layout.tokens_per_group,
                         layout.patches_per_group,
                         cache_key=group_key(identities[item], g) if cache.encoder_tokens else None)

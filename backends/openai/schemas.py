@@ -270,9 +270,13 @@ class ChatCompletionRequest(GenerationRequest):
         return super().refusal()
 
     def sampling_parameters(self) -> dict[str, Any]:
+        """Without ``max_tokens`` or ``max_completion_tokens``, ``max_tokens`` null: the reply may run to the end of
+        the context, as vLLM's chat (at most the orchestrator's ``default_max_tokens``: ``orchestrator.reply_limit``);
+        a completion request's default is 16, as vLLM's."""
         sampling = super().sampling_parameters()
         if self.max_completion_tokens is not None:
             sampling["max_tokens"] = self.max_completion_tokens
+        sampling.setdefault("max_tokens", None)
         return sampling
 
 

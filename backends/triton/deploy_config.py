@@ -209,7 +209,9 @@ class Budgets:
     ``short_prefill_tokens`` (prefills this close to their prompt's end go first in short steps; 0 off),
     ``burst_wait_ms`` (ms a step may wait for a burst's requests; 0 off), ``decode_pace_ms`` (ms between decode's
     steps while a step ending image prompts, or more than decode holds, runs; 0 off), ``idle_budget_scale`` (both
-    budgets' factor while nothing decodes; 1 off), ``max_model_len`` (tokens), decode's ``max_batch`` (sequences)."""
+    budgets' factor while nothing decodes; 1 off), ``max_model_len`` (tokens), ``default_max_tokens`` (the most output
+    tokens of a request whose ``max_tokens`` is null: ``orchestrator.reply_limit``), decode's ``max_batch``
+    (sequences)."""
 
     prefill_budget: int | None = _to("orchestrator.prefill_budget")
     encode_budget: int | None = _to("orchestrator.encode_budget")
@@ -219,10 +221,12 @@ class Budgets:
     decode_pace_ms: int | None = _to("orchestrator.decode_pace_ms")
     idle_budget_scale: int | None = _to("orchestrator.idle_budget_scale")
     max_model_len: int | None = _to("orchestrator.max_model_len")
+    default_max_tokens: int | None = _to("orchestrator.default_max_tokens")
     max_batch: int | None = _to("decode.max_batch")
 
     def __post_init__(self):
-        _at_least(self, 1, "prefill_budget", "encode_budget", "max_model_len", "max_batch", "idle_budget_scale")
+        _at_least(self, 1, "prefill_budget", "encode_budget", "max_model_len", "default_max_tokens", "max_batch",
+                  "idle_budget_scale")
         if self.max_share is not None and not 0 < self.max_share <= 1:
             raise ConfigError("max_share", f"must be in (0, 1], got {self.max_share!r}")
         _at_least(self, 0, "short_prefill_tokens", "burst_wait_ms", "decode_pace_ms")

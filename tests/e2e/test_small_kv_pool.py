@@ -1,6 +1,7 @@
 """A small KV pool (64 pages of 16 tokens): a request it can never hold is refused at admission with the numbers a
 user can act on; one that does not fit now waits for pages, and the metrics say so; beyond `max_waiting_requests`
-(2 here) waiting requests, a new one is refused at once as overloaded."""
+(2 here) waiting requests, a new one is refused at once as overloaded. A request whose max_tokens is null (an
+OpenAI chat request without it) gets the rest of the context, at most `default_max_tokens` (40 here)."""
 from __future__ import annotations
 
 import threading
@@ -9,7 +10,7 @@ import time
 import pytest
 
 from client.api import Client, ServerError
-from tests.e2e.conftest import read_metrics, repository_with, serve, wait_for_idle_pools
+from tests.e2e.conftest import openai_sdk, read_metrics, repository_with, serve, wait_for_idle_pools
 
 pytestmark = pytest.mark.e2e
 
@@ -17,7 +18,8 @@ pytestmark = pytest.mark.e2e
 @pytest.fixture(scope="module")
 def small_pool_server(media_dir, tmp_path_factory):
     repository = repository_with(tmp_path_factory.mktemp("small_pool") / "repository",
-                                 {"decode": {"kv_pages": "64"}, "orchestrator": {"max_waiting_requests": "2"}})
+                                 {"decode": {"kv_pages": "64"},
+                                  "orchestrator": {"max_waiting_requests": "2", "default_max_tokens": "40"}})
     with serve(media_dir, repository) as server:
         yield server
 
@@ -29,6 +31,27 @@ def test_a_request_larger_than_the_kv_pool_names_its_prompt_and_max_tokens(small
         message = str(error.value)
         assert "max_tokens (2000)" in message and "tokens, text and visual" in message and "KV pages" in message
         assert client.generate("Hi", sampling={"max_tokens": 2, "ignore_eos": True}).num_output_tokens == 2
+
+
+def test_a_null_max_tokens_is_default_max_tokens_over_kserve_and_for_an_openai_chat_without_it(
+        small_pool_server, tmp_path):
+    """vLLM's chat runs to the end of the context without max_tokens; here at most default_max_tokens (40), whose
+    pages are reserved at admission. A completion request's default stays 16 (vLLM's), and a min_tokens above the
+    limit chosen is refused naming it."""
+    with Client(f"127.0.0.1:{small_pool_server.ports.grpc}") as client:
+        result = client.generate("Go on.", sampling={"max_tokens": None, "ignore_eos": True})
+        assert (result.num_output_tokens, result.finish_reason) == (40, "length")
+        with pytest.raises(ServerError) as refused:
+            client.generate("Go on.", sampling={"max_tokens": None, "min_tokens": 41})
+        assert "min_tokens 41 is more than this reply may have: 40 tokens" in str(refused.value)
+        assert "default_max_tokens 40" in str(refused.value)
+    with openai_sdk(small_pool_server, tmp_path) as openai_client:
+        chat = openai_client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "Go on."}], extra_body={"ignore_eos": True})
+        assert (chat.usage.completion_tokens, chat.choices[0].finish_reason) == (40, "length")
+        completion = openai_client.completions.create(model="tiny", prompt="Go on.", extra_body={"ignore_eos": True})
+        assert (completion.usage.completion_tokens, completion.choices[0].finish_reason) == (16, "length")
+    wait_for_idle_pools(small_pool_server)
 
 
 def test_a_request_that_does_not_fit_yet_waits_is_counted_and_a_short_one_goes_ahead(small_pool_server):

@@ -55,6 +55,14 @@ def test_genai_perf_sends_numbers_as_strings():
     assert params.max_tokens == 256 and params.min_tokens == 256
 
 
+def test_max_tokens_absent_is_16_and_null_is_the_rest_of_the_context():
+    """vLLM's SamplingParams: 16 by default, None (null) up to the context (orchestrator.reply_limit resolves it);
+    min_tokens then has no max_tokens to stay under until the prompt is built."""
+    assert parse_sampling_parameters("{}").max_tokens == 16
+    params = parse_sampling_parameters('{"max_tokens": null, "min_tokens": 300}')
+    assert params.max_tokens is None and params.min_tokens == 300
+
+
 def test_lenient_but_exact_conversions():
     params = parse_sampling_parameters(
         '{"temperature": 0, "top_p": "0.5", "max_tokens": 32.0, "ignore_eos": "false", "seed": null, '
@@ -81,10 +89,11 @@ def test_stop_may_be_one_string():
     ({"max_tokens": "\u0663"}, "max_tokens"),  # an Arabic-Indic 3: int() takes it, a client means no number
     ({"temperature": "\u0660.\u0665"}, "temperature"),
     ({"max_tokens": True}, "max_tokens"),
-    ({"max_tokens": None}, "max_tokens"),
     ({"max_tokens": [4]}, "max_tokens"),
     ({"min_tokens": -1}, "min_tokens"),
     ({"min_tokens": 20, "max_tokens": 10}, "min_tokens"),
+    ({"min_tokens": -1, "max_tokens": None}, "min_tokens"),
+    ({"min_tokens": 2**31, "max_tokens": None}, "min_tokens"),
     ({"temperature": -0.1}, "temperature"),
     ({"temperature": "hot"}, "temperature"),
     ({"temperature": "nan"}, "temperature"),

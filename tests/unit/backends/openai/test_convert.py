@@ -83,12 +83,22 @@ def test_sampling_fields_take_vllm_names():
     assert parsed.return_output_ids and not parsed.stream
 
 
+def test_a_chat_without_max_tokens_asks_for_the_rest_of_the_context_and_a_completion_for_16():
+    """vLLM's defaults: its chat request's max_tokens is None (the rest of the context), its completion request's 16
+    (the orchestrator's own default, so nothing is sent)."""
+    chat = chat_request(_chat(messages=[{"role": "user", "content": "hi"}]))
+    assert chat.sampling == {"max_tokens": None}
+    assert parse_sampling_parameters(json.dumps(chat.sampling)).max_tokens is None
+    [completion] = completion_requests(CompletionRequest(model="m", prompt="p"))
+    assert "max_tokens" not in completion.sampling
+
+
 def test_vllms_internvl_name_max_dynamic_patch_is_the_orchestrators_to_judge():
     """mm_processor_kwargs' max_dynamic_patch goes on as it is: the orchestrator reads it as max_tiles (its one
     alias rule, orchestrator.sampling_params.ALIASES), as it does from a KServe client or in media_defaults."""
     for kwargs in ({"max_tiles": 6}, {"max_dynamic_patch": 6}, {"max_tiles": 6, "max_dynamic_patch": 6}):
         request = chat_request(_chat(messages=[{"role": "user", "content": "hi"}], mm_processor_kwargs=kwargs))
-        assert request.sampling == kwargs
+        assert request.sampling == {**kwargs, "max_tokens": None}
         assert parse_sampling_parameters(json.dumps(request.sampling)).max_tiles == 6
     request = chat_request(_chat(messages=[{"role": "user", "content": "hi"}],
                                  mm_processor_kwargs={"max_tiles": 2, "max_dynamic_patch": 6}))
@@ -102,7 +112,7 @@ def test_the_penalties_pass_through_for_the_orchestrator_to_judge():
     request = chat_request(_chat(messages=[{"role": "user", "content": "hi"}], repetition_penalty=1.1,
                                  presence_penalty=0.5, frequency_penalty=0.25, stop_token_ids=[5]))
     assert request.sampling == {"repetition_penalty": 1.1, "presence_penalty": 0.5, "frequency_penalty": 0.25,
-                                "stop_token_ids": [5]}
+                                "stop_token_ids": [5], "max_tokens": None}
 
 
 def test_a_completion_is_a_prompt_without_the_chat_template():
@@ -176,7 +186,7 @@ def test_a_response_format_goes_as_vllms_structured_outputs(fields, structured):
 
 def test_logit_bias_goes_to_the_orchestrator_as_it_is():
     request = chat_request(_chat(messages=[{"role": "user", "content": "hi"}], logit_bias={"5": 1.5, "7": -100}))
-    assert request.sampling == {"logit_bias": {"5": 1.5, "7": -100.0}}
+    assert request.sampling == {"logit_bias": {"5": 1.5, "7": -100.0}, "max_tokens": None}
 
 
 def test_a_completions_logprobs_is_its_top_tokens_count_and_is_checked():

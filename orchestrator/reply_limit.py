@@ -1,0 +1,43 @@
+"""The most tokens a reply may have (its ``max_tokens``) once the prompt is built.
+
+A request's ``max_tokens`` is kept as sent. Sent as null (``RequestParams.max_tokens`` None; the OpenAI API's chat
+request without ``max_tokens`` or ``max_completion_tokens``), the reply may run to the end of the context, as vLLM's
+``SamplingParams`` reads None (its OpenAI server gives a chat request ``max_model_len`` minus the prompt), but at most
+the orchestrator's ``default_max_tokens``: the KV pages for prompt + ``max_tokens`` are granted when a request starts
+(``orchestrator.scheduler``), so a reply that may fill the context would hold a context's pages for its whole life,
+and fewer such requests would run at once. Nor more than the largest KV pool holds beside the prompt.
+"""
+from __future__ import annotations
+
+from orchestrator.sampling_params import InvalidInput
+
+DEFAULT_MAX_TOKENS = 4096
+
+
+def reply_limit(max_tokens: int | None, min_tokens: int, prompt_tokens: int, *, default_max_tokens: int,
+                max_model_len: int, pool_tokens: int) -> int:
+    """The reply's ``max_tokens`` (tokens, >= 1).
+
+    Args:
+        max_tokens: the request's (tokens), or None: the rest of the context, at most ``default_max_tokens``.
+        min_tokens: the request's (tokens); checked against a limit this function chose.
+        prompt_tokens: the prompt's tokens, text and visual.
+        default_max_tokens: the orchestrator's parameter (tokens, >= 1).
+        max_model_len: prompt + output tokens per request.
+        pool_tokens: tokens the largest KV pool holds (pages x page size).
+
+    Returns ``max_tokens`` as sent, else the smallest of the three limits (at least 1: a prompt that leaves no
+    room is refused by ``Prompt.check_length`` and the pool check, which name it).
+
+    Raises:
+        InvalidInput: ``max_tokens`` None and ``min_tokens`` above the limit chosen (named with how it was chosen).
+    """
+    if max_tokens is not None:
+        return max_tokens
+    limit = max(1, min(default_max_tokens, max_model_len - prompt_tokens, pool_tokens - prompt_tokens))
+    if min_tokens > limit:
+        raise InvalidInput(
+            f"sampling_parameters: min_tokens {min_tokens} is more than this reply may have: {limit} tokens (no "
+            f"max_tokens sent: the rest of max_model_len {max_model_len} after the prompt's {prompt_tokens} tokens, "
+            f"at most the server's default_max_tokens {default_max_tokens}); send max_tokens")
+    return limit
