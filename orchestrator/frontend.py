@@ -86,9 +86,9 @@ async def handle(orchestrator: Orchestrator, request, lanes: SendLanes, cancels:
             orchestrator.admission_ended()
             await _serve_channel(opening, raw, sender, channels, lanes, cancels)
             return
-        limits = orchestrator.config.limits
-        parsed = await asyncio.to_thread(parse_request, raw, limits) if builds_a_grammar(raw) else parse_request(
-            raw, limits)
+        limits, defaults = orchestrator.config.limits, orchestrator.config.sampling_defaults
+        parsed = await asyncio.to_thread(parse_request, raw, limits, defaults) if builds_a_grammar(raw) else \
+            parse_request(raw, limits, defaults)
         bound = channel_name(raw.token_channel, "token_channel")
         if bound:
             request_id = request.request_id()

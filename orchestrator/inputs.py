@@ -22,7 +22,8 @@ import re
 import urllib.parse
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable
+from types import MappingProxyType
+from typing import Callable, Mapping
 
 from backends.triton.triton_io import int_parameter
 from orchestrator.chat_options import ChatOptions, parse_chat_options
@@ -233,8 +234,10 @@ def builds_a_grammar(raw: RawRequest) -> bool:
     return any(b"structured_outputs" in text or b"guided_decoding" in text for text in raw.sampling_parameters)
 
 
-def parse_request(raw: RawRequest, limits: InputLimits) -> ParsedRequest:
-    """Validate a request. Raises InvalidInput naming the input at fault."""
+def parse_request(raw: RawRequest, limits: InputLimits,
+                  sampling_defaults: Mapping[str, object] = MappingProxyType({})) -> ParsedRequest:
+    """Validate a request; ``sampling_defaults`` stand for the sampling keys it does not send (the checkpoint's:
+    ``orchestrator.generation_defaults``). Raises InvalidInput naming the input at fault."""
     ids = raw.prompt_token_ids
     if sum(map(bool, (raw.text_input, raw.messages, raw.prompt, ids is not None))) > 1:
         raise InvalidInput("text_input, messages, prompt, prompt_token_ids: send exactly one of them")
@@ -249,7 +252,7 @@ def parse_request(raw: RawRequest, limits: InputLimits) -> ParsedRequest:
         sampling_text = raw.sampling_parameters[0].decode("utf-8") if raw.sampling_parameters else None
     except UnicodeDecodeError:
         raise InvalidInput("sampling_parameters: not valid UTF-8") from None
-    params = parse_sampling_parameters(sampling_text)
+    params = parse_sampling_parameters(sampling_text, defaults=sampling_defaults)
     params = replace(params, logprobs=_logprobs_asked(raw, params.logprobs))
     count = sum(map(len, (raw.image, raw.image_url, raw.video, raw.video_url)))
     if count > limits.max_media_items:  # before any is decoded or read

@@ -9,6 +9,8 @@ naming the key (docs/design.md, invariant 3).
 import json
 import math
 from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Mapping
 
 from backends.ipc.protocol import MAX_LOGIT_BIAS, MAX_LOGPROBS, SamplingParams, StructuredOutput
 from flashcodec.families.base import MediaOptions
@@ -332,9 +334,11 @@ ALIASES = {"max_dynamic_patch": "max_tiles",  # vLLM's InternVL name for the mos
            "guided_decoding": "structured_outputs"}  # its name before vLLM 0.11 (the Triton vLLM backend takes both)
 
 
-def parse_sampling_parameters(text: str | None, keys: tuple[str, ...] = tuple(_CONVERTERS)) -> RequestParams:
+def parse_sampling_parameters(text: str | None, keys: tuple[str, ...] = tuple(_CONVERTERS),
+                              defaults: Mapping[str, object] = MappingProxyType({})) -> RequestParams:
     """Parses the `sampling_parameters` input (a JSON object in a string) that may hold `keys` (all, by default; the
-    orchestrator's `media_defaults` takes the media settings alone) and their `ALIASES`.
+    orchestrator's `media_defaults` takes the media settings alone) and their `ALIASES`; `defaults` (values of
+    `RequestParams` fields, e.g. the checkpoint's: `orchestrator.generation_defaults`) stand for keys it does not send.
 
     None or an empty string gives the defaults. Integers are accepted for floats; integer-valued
     floats for integers; numeric strings for both (genai-perf's form); "true"/"false" for booleans;
@@ -349,7 +353,7 @@ def parse_sampling_parameters(text: str | None, keys: tuple[str, ...] = tuple(_C
             value; the message names the key.
     """
     if text is None or not text.strip():
-        return RequestParams()
+        return RequestParams(**defaults)
     try:
         raw = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -371,4 +375,4 @@ def parse_sampling_parameters(text: str | None, keys: tuple[str, ...] = tuple(_C
                                f"vLLM's name for {key}): send one, or equal values")
         if value is not None:
             values[key] = value
-    return RequestParams(**values)
+    return RequestParams(**{**defaults, **values})

@@ -21,30 +21,29 @@ from typing import AsyncIterator, Callable
 from backends.ipc import run_dir, shared_pages
 from backends.ipc.link import StageError
 from backends.ipc.protocol import RESERVED_KV_PAGES, SERVER_FAULT, MediaDecode, MediaGrid, NewRequest, StageFailure
-from backends.runtime.families import ServedModel
 from backends.triton import server_stop
 from backends.triton.replicas import replica_name
-from backends.triton.triton_io import float_parameter, int_parameter
-from orchestrator.budget_policy import BudgetPolicy, PolicyConfig, SloTargets
+from orchestrator.budget_policy import BudgetPolicy
 from orchestrator.burst import Arrivals
+from orchestrator.config import OrchestratorConfig
 from orchestrator.decode_pace import DecodePacer
 from orchestrator.engine import Engine
 from orchestrator.engine_io import SHUTTING_DOWN, EngineRequest, Released, RequestCounts
-from orchestrator.fewer_sms import DEFAULT_KINDS, FewerSms, kinds_parameter
+from orchestrator.fewer_sms import FewerSms
 from orchestrator.gauges import Gauges, num_waiting
 from orchestrator.off_loop import admission_runner
-from orchestrator.inputs import InputLimits, ParsedRequest
-from orchestrator.media import media_defaults, media_report, plan_request, probe_media, with_media_defaults
+from orchestrator.inputs import ParsedRequest
+from orchestrator.media import media_report, plan_request, probe_media, with_media_defaults
 from orchestrator.media_identity import media_identity
 from orchestrator.metrics import observe_engine_times
 from orchestrator.output_processor import OutputProcessor
 from orchestrator.pages import PageAllocator
 from orchestrator.encoder_cache import EncoderCache, group_key
-from orchestrator.prefix_cache import CacheConfig, block_hashes
+from orchestrator.prefix_cache import block_hashes
 from orchestrator.prompt import Prompt, build_chat_prompt, build_raw_prompt, build_token_prompt
-from orchestrator.reply_limit import DEFAULT_MAX_TOKENS, reply_limit
+from orchestrator.reply_limit import reply_limit
 from orchestrator.routing import choose
-from orchestrator.sampling_params import InvalidInput, RequestParams
+from orchestrator.sampling_params import InvalidInput
 from orchestrator.scheduler import Scheduler, SchedulerConfig
 from orchestrator.sequence import Group
 from orchestrator.stage_clients import LinkMedia, Links, LinkStages
@@ -52,78 +51,6 @@ from orchestrator.timeline import NO_TIMELINE, Timeline
 from orchestrator.visual_cap import CapApplied
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class OrchestratorConfig:
-    """From the orchestrator's model parameters. ``max_share`` (default 0.5): while several requests want a
-    step's encode or prefill budget, each first gets at most this share of it (``SchedulerConfig``), so a long
-    video's prefill cannot hold a short request back; a lone request still uses the whole budget.
-    ``short_prefill_tokens`` (default 512, 0 off): prefills that end their prompts within this many tokens go ahead
-    of other work in short steps of their own (``SchedulerConfig``, ``orchestrator.step_fill``); ``burst_wait_ms``
-    (default 0, off): how long a step may wait for the rest of a burst of requests (``orchestrator.burst``);
-    ``idle_budget_scale`` (default 1, off): both budgets' factor in a step planned while nothing decodes;
-    ``decode_pace_ms`` (default 0, off): the spacing of decode's steps while a step that ends image prompts, or
-    more prompts than decode holds, runs, at most the decoding modalities' TBT targets (``orchestrator.decode_pace``);
-    ``fewer_sms_kinds``: the modalities whose steps may run on fewer SMs beside decode (``orchestrator.fewer_sms``).
-    ``max_model_len``: prompt + output tokens per request; ``default_max_tokens``: the most output tokens of a request
-    that sends ``max_tokens`` null (the OpenAI API's chat without it: ``orchestrator.reply_limit``);
-    ``replicas``: encode_prefill/decode replicas to drive (``backends/triton/replicas.py``);
-    ``max_waiting_requests``: requests that may wait for KV pages at once (over all replicas); a request arriving
-    beyond them is refused at once as overloaded (UNAVAILABLE) instead of queueing without bound.
-    ``slo_scheduling``: each step's budgets set by ``orchestrator.budget_policy`` from the ``slo`` targets and
-    ``policy`` (off: the fixed budgets; off by default until measured against them on the H200);
-    ``cache``: the prefix cache (``orchestrator.prefix_cache.CacheConfig``);
-    ``model``: the served model (``backends.runtime.families.ServedModel``: its config.json, read once here), whose
-    family's media rules, prompt text and tokenizer the orchestrator uses; ``media_defaults``: the server's media
-    settings a request's own override (``orchestrator.media.media_defaults``)."""
-
-    scheduler: SchedulerConfig
-    limits: InputLimits
-    max_model_len: int
-    model: ServedModel
-    replicas: int = 1
-    max_waiting_requests: int = 256
-    slo_scheduling: bool = False
-    slo: SloTargets = SloTargets()
-    policy: PolicyConfig = PolicyConfig()
-    cache: CacheConfig = CacheConfig()
-    media_defaults: RequestParams = RequestParams()
-    decode_pace_ms: int = 0
-    fewer_sms_kinds: frozenset[str] = DEFAULT_KINDS
-    default_max_tokens: int = DEFAULT_MAX_TOKENS
-
-    def __post_init__(self) -> None:
-        if self.default_max_tokens < 1:
-            raise ValueError(f"parameter default_max_tokens must be a positive integer, got {self.default_max_tokens}")
-
-    @classmethod
-    def from_parameters(cls, params: dict[str, str]) -> "OrchestratorConfig":
-        try:
-            share = float(params.get("max_share", "0.5"))
-        except ValueError:
-            raise ValueError(f"parameter max_share must be a number in (0, 1], got {params['max_share']!r}") from None
-        model = ServedModel.read(params.get("preset") or "tiny", params.get("model_path") or None)
-        # empty or absent: the served family's defaults (its Family.budgets)
-        budgets = model.family.budgets
-        given = {key: value for key, value in params.items() if value.strip()}
-        scheduler = SchedulerConfig(encode_budget=int_parameter(given, "encode_budget", budgets.encode),
-                                    prefill_budget=int_parameter(given, "prefill_budget", budgets.prefill),
-                                    max_share=share,
-                                    short_prefill_tokens=int_parameter(given, "short_prefill_tokens", 512),
-                                    burst_wait_ms=int_parameter(given, "burst_wait_ms", 0),
-                                    idle_budget_scale=int_parameter(given, "idle_budget_scale", 1))
-        switch = params.get("slo_scheduling", "false").strip().lower()
-        if switch not in ("true", "false"):
-            raise ValueError(f"parameter slo_scheduling must be true or false, got {params['slo_scheduling']!r}")
-        return cls(scheduler, InputLimits.from_parameters(params), int_parameter(params, "max_model_len", 32768),
-                   model, int_parameter(params, "replicas", 1),
-                   int_parameter(params, "max_waiting_requests", cls.max_waiting_requests), switch == "true",
-                   SloTargets.from_parameters(params),
-                   PolicyConfig(float_parameter(params, "decode_priority_boost", PolicyConfig.decode_priority_boost)),
-                   CacheConfig.from_parameters(params), media_defaults(params.get("media_defaults"), model.family),
-                   int_parameter(given, "decode_pace_ms", 0), kinds_parameter(params),
-                   int_parameter(given, "default_max_tokens", DEFAULT_MAX_TOKENS))
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,8 @@ from orchestrator import frontend
 from orchestrator.cancel_watch import CancelWatch
 from orchestrator.metrics import Metrics
 from orchestrator.send_lanes import SendLanes
-from orchestrator.service import Orchestrator, OrchestratorConfig
+from orchestrator.config import OrchestratorConfig
+from orchestrator.service import Orchestrator
 from orchestrator.token_channels import TokenChannels
 
 log = logging.getLogger(__name__)
@@ -31,6 +32,10 @@ class OrchestratorModel:
         triton_io.enable_stack_dumps()
         params = triton_io.parameters(args)
         config = OrchestratorConfig.from_parameters(params)
+        if config.sampling_defaults:  # as vLLM says it at start
+            log.info("default sampling parameters from the checkpoint's generation_config.json: %s (a request's own "
+                     "values win; parameter generation_config=none for the built-in defaults)",
+                     dict(config.sampling_defaults))
         self.metrics = Metrics(config.replicas)
         self.lanes = SendLanes(triton_io.int_parameter(params, "send_lanes", 4))  # threads sending client responses
         self.cancels = CancelWatch()  # the thread asking whether clients have cancelled

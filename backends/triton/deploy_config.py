@@ -105,14 +105,18 @@ def _gpus(value: str | tuple[int, ...] | None, key: str) -> None:
 
 @dataclass(frozen=True)
 class ModelSection:
-    """``model``: every model's checkpoint (``path``) or ``preset`` (random weights), ``dtype``, ``load_format``."""
+    """``model``: every model's checkpoint (``path``) or ``preset`` (random weights), ``dtype``, ``load_format``;
+    ``generation_config``: ``auto`` (the checkpoint's generation_config.json gives requests their default sampling,
+    as vLLM's ``--generation-config auto``) or ``none`` (``orchestrator.generation_defaults``)."""
 
     path: str | None = _to("*.model_path")
     preset: str | None = _to("*.preset")
     dtype: str | None = _to("*.dtype")
     load_format: str | None = _to("*.load_format")
+    generation_config: str | None = _to("orchestrator.generation_config")
 
     def __post_init__(self):
+        _choices(self, "generation_config")
         if self.path is not None and not Path(self.path).is_dir():
             raise ConfigError("path", f"{self.path} is not a directory (a local Qwen2.5-VL or InternVL3 checkpoint)")
 

@@ -70,7 +70,8 @@ SWITCHES = ("auto", "on", "off")
 CHOICES = {"cuda_graphs": SWITCHES, "compile_layers": SWITCHES, "overlap_steps": SWITCHES, "prefill_graphs": SWITCHES,
            "vision_graphs": SWITCHES,
            "share_weights": ("on", "off"), "vision_parallel": ("data", "tensor"),
-           "fewer_sms_kinds": ("video", "image", "video,image")}  # orchestrator.fewer_sms
+           "fewer_sms_kinds": ("video", "image", "video,image"),  # orchestrator.fewer_sms
+           "generation_config": ("auto", "none")}  # orchestrator.generation_defaults
 
 
 def choice_value(key: str, value: str, name: str | None = None) -> str:

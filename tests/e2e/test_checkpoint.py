@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from transformers import GenerationConfig
 
 from backends.triton.repository import parse_overrides
 from backends.runtime.loader import ModelSpec, load_model
@@ -23,9 +24,17 @@ def test_a_checkpoint_directory_is_served_with_its_weights(tmp_path, media_dir):
     del model
     repository = repository_with(tmp_path / "repository", parse_overrides([f"*.model_path={checkpoint}"]))
     image, question = make_image(120, 90, "RGB", "PNG"), "What is in the picture?"
+    # top_k 1 from its generation_config.json makes a request that sends no sampling values greedy (vLLM's rule:
+    # orchestrator.generation_defaults); the built-in temperature 1.0 would sample the random model's flat output
+    GenerationConfig(do_sample=True, top_k=1, temperature=0.7).save_pretrained(checkpoint)
     with serve(media_dir, repository) as srv, Client(f"127.0.0.1:{srv.ports.grpc}") as client:
         result = client.generate(question, image=image, return_output_ids=True,
                                  sampling={"max_tokens": N, "temperature": 0, "ignore_eos": True})
+        by_default = client.generate(question, image=image, return_output_ids=True,
+                                     sampling={"max_tokens": N, "ignore_eos": True})
+        assert "default sampling parameters from the checkpoint's generation_config.json" in srv.log_tail(200_000)
     device = "cuda:0" if torch.cuda.is_available() else "cpu"  # the stages take the GPU when there is one
     reference = load_model(ModelSpec(model_path=str(checkpoint), device=device))
-    assert_same_or_tie(result.token_ids, *server_request_reference(*reference, question, N, image=image))
+    expected = server_request_reference(*reference, question, N, image=image)
+    assert_same_or_tie(result.token_ids, *expected)
+    assert_same_or_tie(by_default.token_ids, *expected)

@@ -92,7 +92,7 @@ def test_a_fewer_sms_kinds_parameter_that_names_no_media_modality_is_refused(val
 
 
 def test_the_orchestrator_reads_fewer_sms_kinds_and_names_a_bad_one():
-    from orchestrator.service import OrchestratorConfig
+    from orchestrator.config import OrchestratorConfig
 
     assert OrchestratorConfig.from_parameters({}).fewer_sms_kinds == {"video"}
     assert OrchestratorConfig.from_parameters({"fewer_sms_kinds": "video,image"}).fewer_sms_kinds == {"video", "image"}

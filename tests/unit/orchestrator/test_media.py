@@ -11,7 +11,7 @@ from flashcodec.probe import ImageInfo
 from orchestrator import media
 from orchestrator.inputs import MediaInput
 from orchestrator.sampling_params import InvalidInput, parse_sampling_parameters
-from orchestrator.service import OrchestratorConfig
+from orchestrator.config import OrchestratorConfig
 from tests.media import make_video
 
 

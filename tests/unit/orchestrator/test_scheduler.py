@@ -354,7 +354,7 @@ def test_config_is_checked(kwargs):
 
 def test_the_orchestrator_shares_a_step_by_default_and_names_a_bad_max_share():
     """A long video's prefill must not hold a short request back (a user waited 8-29 s behind one with FCFS)."""
-    from orchestrator.service import OrchestratorConfig
+    from orchestrator.config import OrchestratorConfig
 
     assert OrchestratorConfig.from_parameters({}).scheduler.max_share == 0.5
     assert OrchestratorConfig.from_parameters({}).scheduler.short_prefill_tokens == 512

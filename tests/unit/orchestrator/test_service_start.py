@@ -4,7 +4,8 @@ import asyncio
 
 import pytest
 
-from orchestrator.service import Orchestrator, OrchestratorConfig
+from orchestrator.config import OrchestratorConfig
+from orchestrator.service import Orchestrator
 
 
 def test_a_failed_start_is_tried_again_by_the_next_request(monkeypatch):

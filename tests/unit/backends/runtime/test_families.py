@@ -111,7 +111,7 @@ def test_shared_weights_leave_the_internvl3_vision_side_out():
 
 
 def test_the_orchestrator_takes_its_familys_budgets_unless_given():
-    from orchestrator.service import OrchestratorConfig
+    from orchestrator.config import OrchestratorConfig
 
     def budgets(params):
         scheduler = OrchestratorConfig.from_parameters(params).scheduler
@@ -123,7 +123,8 @@ def test_the_orchestrator_takes_its_familys_budgets_unless_given():
 
 
 def test_the_orchestrator_reads_the_checkpoints_config_once(tmp_path, monkeypatch):
-    from orchestrator.service import Orchestrator, OrchestratorConfig
+    from orchestrator.config import OrchestratorConfig
+    from orchestrator.service import Orchestrator
 
     model, tokenizer = load_model(ModelSpec(preset="internvl3_tiny"))
     model.config.save_pretrained(tmp_path)
