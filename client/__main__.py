@@ -88,6 +88,15 @@ def data_url(path: Path) -> str:
     return "data:application/octet-stream;base64," + base64.b64encode(path.read_bytes()).decode("ascii")
 
 
+def sent_as_url_note(args, message: str) -> str | None:
+    """With ``--http``, ``--video`` / ``--image`` files travel as ``data:`` URLs in ``video_url`` / ``image_url``, the
+    names the server's errors use: a line saying so under such an error, else None."""
+    flags = [flag for flag, name, given in (("--video", "video_url", args.video), ("--image", "image_url", args.image))
+             if args.http and given and name in message]
+    return f"note: {' and '.join(flags)} files are sent to --http as data: URLs in " \
+           f"{' and '.join(f[2:] + '_url' for f in flags)}" if flags else None
+
+
 class _Printer:
     """Writes each text delta to stdout at once; remembers whether anything was written."""
 
@@ -131,6 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ServerError, TimeoutError, OSError) as e:
         printer.end_line()
         print(f"error: {e}", file=sys.stderr)
+        if note := sent_as_url_note(args, str(e)):
+            print(note, file=sys.stderr)
         return 1
     printer.end_line()
     for line in media_lines(result):

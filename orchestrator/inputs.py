@@ -302,7 +302,8 @@ def _one_text(name: str, values: list[bytes], limits: InputLimits) -> str:
     """The one non-empty UTF-8 string of input ``name`` (``text_input`` or ``prompt``), at most
     ``max_prompt_bytes``. Raises InvalidInput naming the input."""
     if len(values) != 1:
-        other = "'messages' or 'prompt'" if name == "text_input" else "'text_input' or 'messages'"
+        other = "'messages', 'prompt' or 'prompt_token_ids'" if name == "text_input" else \
+            "'text_input', 'messages' or 'prompt_token_ids'"
         raise InvalidInput(f"{name}: expected one string, got {len(values)} (or send {other})")
     if len(values[0]) > limits.max_prompt_bytes:
         raise InvalidInput(f"{name}: {len(values[0])} bytes, over the limit of {limits.max_prompt_bytes}")

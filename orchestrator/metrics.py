@@ -28,8 +28,9 @@ FLUSH_S = 1.0  # seconds between sends of the counters and histograms (a scrape 
 GAUGE_PERIOD_S = 0.05  # least seconds between two sends of changed gauges (a scrape comes seconds apart)
 
 GAUGES = {
-    "unifiedserve_kv_pages_free": "KV pages not held by any request",
-    "unifiedserve_kv_pages_total": "KV pages in the pool",
+    "unifiedserve_kv_pages_free": "KV pages a request may be granted (free, or idle in the prefix cache above its "
+                                  "floor)",
+    "unifiedserve_kv_pages_total": "KV pages in the pool, less the prefix cache's floor",
     "unifiedserve_kv_cache_usage_perc": "fraction (0 to 1) of the KV pages held by requests, all replicas together",
     "unifiedserve_patch_pages_free": "patch pages not held by any request",
     "unifiedserve_patch_pages_total": "patch pages in the pool",
@@ -45,8 +46,9 @@ GAUGES = {
 }
 # per replica of encode_prefill + decode (label "replica"); the unlabelled gauges above are their sums
 REPLICA_GAUGES = {
-    "unifiedserve_replica_kv_pages_free": "KV pages of the replica's pool not held by any request",
-    "unifiedserve_replica_kv_pages_total": "KV pages in the replica's pool",
+    "unifiedserve_replica_kv_pages_free": "KV pages of the replica's pool a request may be granted (free, or idle in "
+                                          "its prefix cache above the floor)",
+    "unifiedserve_replica_kv_pages_total": "KV pages in the replica's pool, less the prefix cache's floor",
     "unifiedserve_replica_requests": "requests on the replica (admitted, not yet released)",
     "unifiedserve_replica_budget_scale": "the factor of the replica's encode and prefill budgets this step "
                                          "(SLO scheduling; 1 without it)",

@@ -142,8 +142,9 @@ class RequestParams:
             _fail("stop", "must hold non-empty strings", self.stop)
         # Every new token is matched against every stop string: bound the work one request can cause.
         if len(self.stop) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_CHARS for s in self.stop):
-            _fail("stop", f"must hold at most {MAX_STOP_STRINGS} strings of at most {MAX_STOP_CHARS} characters",
-                  f"{len(self.stop)} strings, the longest {max(map(len, self.stop))} characters")
+            raise InvalidInput(f"{_PREFIX}: stop must hold at most {MAX_STOP_STRINGS} strings of at most "
+                               f"{MAX_STOP_CHARS} characters, got {len(self.stop)} strings, the longest "
+                               f"{max(map(len, self.stop))} characters")
         object.__setattr__(self, "stop_token_ids", tuple(dict.fromkeys(self.stop_token_ids)))
         if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS or any(t < 0 for t in self.stop_token_ids):
             _fail("stop_token_ids", f"must hold at most {MAX_STOP_TOKEN_IDS} token ids >= 0", self.stop_token_ids)

@@ -1,7 +1,8 @@
 """python -m client: argument handling, the summary and media lines (no server)."""
 import pytest
 
-from client.__main__ import build_parser, data_url, main, media_lines, sampling_from_args, summary_line
+from client.__main__ import (build_parser, data_url, main, media_lines, sampling_from_args, sent_as_url_note,
+                             summary_line)
 from client.api import GenerationResult
 
 
@@ -29,6 +30,18 @@ def test_a_file_becomes_a_base64_data_url(tmp_path):
     image = tmp_path / "a.png"
     image.write_bytes(b"\x89PNG-bytes")
     assert data_url(image) == "data:application/octet-stream;base64,iVBORy1ieXRlcw=="
+
+
+def test_an_error_naming_the_url_input_a_file_went_in_says_so_over_http():
+    parse = build_parser().parse_args
+    over_http = parse(["--http", "127.0.0.1:8000", "--video", "a.mp4", "Q"])
+    assert sent_as_url_note(over_http, "video_url: truncated file") == (
+        "note: --video files are sent to --http as data: URLs in video_url")
+    assert sent_as_url_note(over_http, "sampling_parameters: top_p must be in (0, 1]") is None
+    images = parse(["--http", "127.0.0.1:8000", "--image", "a.png", "Q"])
+    assert sent_as_url_note(images, "image_url (item 1): not an image") == (
+        "note: --image files are sent to --http as data: URLs in image_url")
+    assert sent_as_url_note(parse(["--video", "a.mp4", "Q"]), "video_url: x") is None  # gRPC sends the bytes
 
 
 def test_unreachable_server_exits_1_with_message(capsys):

@@ -106,8 +106,10 @@ def test_text_input_is_one_user_turn_with_its_media_first():
     (RawRequest(text_input=[], prompt=[b"hi"], image_url=[_data_url(b"x")]),
      "prompt: a prompt without the chat template takes no images or videos"),
     (RawRequest(text_input=[], prompt=[b" "]), "prompt: the prompt is empty"),
-    (RawRequest(text_input=[]), "text_input: expected one string, got 0 (or send 'messages' or 'prompt')"),
-    (RawRequest(text_input=[], prompt=[b"a", b"b"]), "prompt: expected one string, got 2 (or send 'text_input' or 'messages')"),
+    (RawRequest(text_input=[]),
+     "text_input: expected one string, got 0 (or send 'messages', 'prompt' or 'prompt_token_ids')"),
+    (RawRequest(text_input=[], prompt=[b"a", b"b"]),
+     "prompt: expected one string, got 2 (or send 'text_input', 'messages' or 'prompt_token_ids')"),
 ])
 def test_messages_and_media_must_agree(raw, words):
     with pytest.raises(InvalidInput) as error:

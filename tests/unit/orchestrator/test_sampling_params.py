@@ -55,6 +55,13 @@ def test_genai_perf_sends_numbers_as_strings():
     assert params.max_tokens == 256 and params.min_tokens == 256
 
 
+def test_too_many_stop_strings_are_counted_in_the_message_unquoted():
+    with pytest.raises(InvalidInput) as info:
+        parse_sampling_parameters(json.dumps({"stop": ["a"] * 17}))
+    assert str(info.value) == ("sampling_parameters: stop must hold at most 16 strings of at most 256 characters, "
+                               "got 17 strings, the longest 1 characters")
+
+
 def test_max_tokens_absent_is_16_and_null_is_the_rest_of_the_context():
     """vLLM's SamplingParams: 16 by default, None (null) up to the context (orchestrator.reply_limit resolves it);
     min_tokens then has no max_tokens to stay under until the prompt is built."""
