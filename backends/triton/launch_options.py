@@ -6,6 +6,7 @@ tritonserver command that serves it, and start nothing).
 from __future__ import annotations
 
 import argparse
+import re
 import shlex
 import sys
 from dataclasses import dataclass
@@ -14,7 +15,7 @@ from pathlib import Path
 from backends.triton.deploy_config import DeployConfig
 from backends.triton.mps import CONTROL, GPU_SHARING
 from backends.triton.repository import parse_overrides, repository_with
-from backends.triton.server_binary import HEAP_ENV, THREAD_STACK_BYTES, server_binary
+from backends.triton.server_binary import HEAP_ENV, THREAD_STACK_BYTES, restricted_api_flags, server_binary
 
 
 @dataclass(frozen=True)
@@ -37,9 +38,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="how the model processes share a GPU: time_slicing (CUDA's default) or mps (CUDA MPS "
                              "started for the server, SM shares from each stage's sm_share); default: the "
                              "deployment file's resources.gpu_sharing, else time_slicing")
+    parser.add_argument("--admin-header", type=admin_header_option, metavar="NAME=VALUE",
+                        help="only requests carrying this header may change the server's log and trace settings "
+                             "(Triton's /v2/logging and trace APIs; over gRPC its metadata key is "
+                             "triton-grpc-protocol-NAME); without it any client may")
     parser.add_argument("--render", type=Path, metavar="DIR",
                         help="write the model repository to DIR (new or empty), print the tritonserver command "
                              "that serves it, and exit")
+
+
+def admin_header_option(text: str) -> tuple[str, str]:
+    """``--admin-header NAME=VALUE`` as (name in lower case, as gRPC sends metadata keys; value). Raises
+    argparse.ArgumentTypeError for a name that is not a header name or a value Triton's flag cannot carry (empty,
+    spaces, commas, colons, equals signs)."""
+    name, _, value = text.partition("=")
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9-]*", name) or not re.fullmatch(r"[^\s,:=]+", value):
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE: a header name (letters, digits, '-') and a value "
+                                         f"without spaces, ',', ':' or '=', got {text!r}")
+    return name.lower(), value
 
 
 def serve_plan(args: argparse.Namespace, source: Path) -> ServePlan:
@@ -57,7 +73,7 @@ def serve_plan(args: argparse.Namespace, source: Path) -> ServePlan:
     return ServePlan(parse_overrides([*items, *args.overrides], source), config.ipc.shm_default_byte_size, sharing)
 
 
-def render(plan: ServePlan, source: Path, target: Path) -> int:
+def render(plan: ServePlan, source: Path, target: Path, admin_header: tuple[str, str] | None = None) -> int:
     """Write ``source`` with ``plan``'s parameters to ``target`` (its model.py files link to ``source``'s) and
     print the command that serves it (with the launcher's ``HEAP_ENV`` and thread stacks). Returns the exit status:
     0, or 2 (a bad argument) when ``target`` holds files already."""
@@ -67,7 +83,8 @@ def render(plan: ServePlan, source: Path, target: Path) -> int:
     target.mkdir(parents=True, exist_ok=True)
     repository_with(target.resolve(), plan.overrides, source)
     command = [f"--model-repository={target.resolve()}",
-               f"--backend-config=python,shm-default-byte-size={plan.shm_default_byte_size}"]
+               f"--backend-config=python,shm-default-byte-size={plan.shm_default_byte_size}",
+               *restricted_api_flags(admin_header)]
     try:  # the binary found here: NGC's, or the pip wheel's, which needs its backends and libraries named
         binary, backends, env = server_binary()
     except RuntimeError:  # none here: the command for an NGC image, where tritonserver is on PATH

@@ -76,6 +76,7 @@ class TritonServer:
     shm_default_byte_size: int = DEFAULT_SHM_BYTES  # the Python backend's shared memory per model process
     on_log: Callable[[Path], None] | None = None  # told the log's path before the server starts (load_progress)
     gpu_sharing: str = "time_slicing"  # or "mps": an MPS daemon for the server's processes (backends.triton.mps)
+    admin_header: tuple[str, str] | None = None  # (name, value) the log and trace APIs ask for (restricted_api_flags)
     process: subprocess.Popen | None = None
     run_dir: Path | None = None
     ready_stubs: dict[int, str] = field(default_factory=dict)  # `stubs()` once ready: what `watch_stages` expects
@@ -113,7 +114,7 @@ class TritonServer:
                 raise
             environment.update(self.mps.env())
         command = server_command(binary, backends, self.model_repository, self.ports, self.shm_default_byte_size,
-                                 TRITON_EXIT_TIMEOUT_S)
+                                 TRITON_EXIT_TIMEOUT_S, self.admin_header)
         self._log = log = None if self.log_to_stdout else open(self.log_path, "wb")
         if log is not None and self.on_log is not None:
             self.on_log(self.log_path)
@@ -316,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         parser.error(str(exc))
     if args.render:
-        return launch_options.render(plan, source, args.render)
+        return launch_options.render(plan, source, args.render, args.admin_header)
     try:
         with tempfile.TemporaryDirectory(prefix="unifiedserve-repository-") as edited:
             repository = repository_with(Path(edited), plan.overrides, source) if plan.overrides else source
@@ -331,7 +332,7 @@ def _serve(args: argparse.Namespace, repository: Path, plan: launch_options.Serv
     progress = LoadProgress(lambda text: print(text, file=sys.stderr, flush=True))
     server = TritonServer(repository, ports, ready_timeout_s=args.ready_timeout, log_to_stdout=args.log_stdout,
                           shm_default_byte_size=plan.shm_default_byte_size, on_log=progress.follow,
-                          gpu_sharing=plan.gpu_sharing, ends_with_launcher=True)
+                          gpu_sharing=plan.gpu_sharing, admin_header=args.admin_header, ends_with_launcher=True)
     try:
         if args.openai_port:  # now, not after the server's minutes of loading
             check_port_free(args.openai_address or args.address, args.openai_port)

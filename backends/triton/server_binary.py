@@ -95,10 +95,23 @@ def thread_stacks(nbytes: int = THREAD_STACK_BYTES):
         resource.setrlimit(resource.RLIMIT_STACK, (soft, hard))
 
 
+RESTRICTED_APIS = "logging,trace"  # what any client could change otherwise: the server's log and trace settings
+
+
+def restricted_api_flags(admin_header: tuple[str, str] | None) -> list[str]:
+    """Triton's flags that keep ``RESTRICTED_APIS`` (HTTP and gRPC) to requests carrying the header ``admin_header``
+    (name, value); none without one (any client may use them, Triton's default)."""
+    if admin_header is None:
+        return []
+    rule = f"{RESTRICTED_APIS}:{admin_header[0]}={admin_header[1]}"
+    return [f"--http-restricted-api={rule}", f"--grpc-restricted-protocol={rule}"]
+
+
 def server_command(binary: Path, backends: Path, repository: Path, ports: ServerPorts, shm_default_byte_size: int,
-                   exit_timeout_s: int) -> list[str]:
+                   exit_timeout_s: int, admin_header: tuple[str, str] | None = None) -> list[str]:
     """The tritonserver command line serving ``repository`` on ``ports``: ``shm_default_byte_size`` is the Python
-    backend's shared-memory region per model process (bytes), ``exit_timeout_s`` Triton's ``--exit-timeout-secs``."""
+    backend's shared-memory region per model process (bytes), ``exit_timeout_s`` Triton's ``--exit-timeout-secs``,
+    ``admin_header`` what :func:`restricted_api_flags` restricts the log and trace settings to."""
     p = ports
     return [
         str(binary),
@@ -109,4 +122,5 @@ def server_command(binary: Path, backends: Path, repository: Path, ports: Server
         f"--metrics-address={p.address}", f"--metrics-port={p.metrics}",
         f"--backend-config=python,shm-default-byte-size={shm_default_byte_size}",
         f"--exit-timeout-secs={exit_timeout_s}",
+        *restricted_api_flags(admin_header),
     ]

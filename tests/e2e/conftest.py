@@ -34,13 +34,14 @@ STOP_LIMIT_S = 15.0  # a clean stop takes a few seconds; the launcher kills the 
 
 @contextlib.contextmanager
 def serve(media_dir: Path, model_repository: Path = REPO_ROOT / "model_repository",
-          log_path: Path | None = None, idle_at_exit: bool = True) -> Iterator[TritonServer]:
+          log_path: Path | None = None, idle_at_exit: bool = True,
+          admin_header: tuple[str, str] | None = None) -> Iterator[TritonServer]:
     """A tritonserver on free ports. On exit (unless the body raised): with ``idle_at_exit``, checks that
     every KV and patch page is free again (no leaks); stops the server and checks that the stop was
     prompt and that the whole log, shutdown included, shows no crash (:func:`assert_clean_stop`)."""
     ports = ServerPorts.unused()
     srv = TritonServer(model_repository, ports=ports, extra_env={"UNIFIEDSERVE_MEDIA_DIRS": str(media_dir)},
-                       log_path=log_path).start()
+                       log_path=log_path, admin_header=admin_header).start()
     try:
         yield srv
         if idle_at_exit:

@@ -152,6 +152,9 @@ def test_render_writes_the_repository_and_prints_the_command(tmp_path, capsys):
     assert rendered["decode"]["kv_pages"] == "2048" and rendered["orchestrator"]["slo_text_ttft_ms"] == "2000"
     assert launch_options.render(plan, REPOSITORY, target) == 2  # not over a repository already there
     assert "not empty" in capsys.readouterr().err
+    assert launch_options.render(plan, REPOSITORY, tmp_path / "restricted", ("x-admin", "s3cret")) == 0
+    assert capsys.readouterr().out.split()[-2:] == ["--http-restricted-api=logging,trace:x-admin=s3cret",
+                                                    "--grpc-restricted-protocol=logging,trace:x-admin=s3cret"]
 
 
 def test_gpu_sharing_and_sm_shares_come_from_the_file_and_the_option_wins(tmp_path):

@@ -1,0 +1,31 @@
+"""--admin-header: its parsing and the Triton flags it adds (backends.triton.launch_options, server_binary)."""
+import argparse
+from pathlib import Path
+
+import pytest
+
+from backends.triton.launch_options import admin_header_option
+from backends.triton.ports import ServerPorts
+from backends.triton.server_binary import restricted_api_flags, server_command
+
+
+def test_a_header_restricts_the_log_and_trace_apis_over_http_and_grpc():
+    assert restricted_api_flags(None) == []
+    assert restricted_api_flags(("x-admin", "s3cret")) == ["--http-restricted-api=logging,trace:x-admin=s3cret",
+                                                           "--grpc-restricted-protocol=logging,trace:x-admin=s3cret"]
+    command = server_command(Path("tritonserver"), Path("backends"), Path("repo"), ServerPorts(), 1 << 20, 10,
+                             ("x-admin", "s3cret"))
+    assert command[-2:] == restricted_api_flags(("x-admin", "s3cret"))
+    assert not any("restricted" in arg for arg in server_command(Path("t"), Path("b"), Path("r"), ServerPorts(),
+                                                                 1 << 20, 10))
+
+
+def test_the_name_is_lower_cased_as_grpc_sends_it():
+    assert admin_header_option("X-Admin=s3cret") == ("x-admin", "s3cret")
+
+
+@pytest.mark.parametrize("text", ["x-admin", "=v", "x admin=v", "x-admin=", "x-admin=a,b", "x-admin=a:b",
+                                  "x-admin=a=b", "x-admin=a b", "-x=v"])
+def test_what_the_flag_cannot_carry_is_a_usage_error(text):
+    with pytest.raises(argparse.ArgumentTypeError, match="expected NAME=VALUE"):
+        admin_header_option(text)
