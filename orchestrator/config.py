@@ -2,14 +2,13 @@
 config.pbtxt``; docs/deployment.md lists them)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Mapping
+from dataclasses import dataclass
 
 from backends.runtime.families import ServedModel
 from backends.triton.triton_io import float_parameter, int_parameter
 from orchestrator.budget_policy import PolicyConfig, SloTargets
 from orchestrator.fewer_sms import DEFAULT_KINDS, kinds_parameter
-from orchestrator.generation_defaults import generation_defaults
+from orchestrator.generation_defaults import GenerationDefaults, generation_defaults
 from orchestrator.inputs import InputLimits
 from orchestrator.media import media_defaults
 from orchestrator.prefix_cache import CacheConfig
@@ -32,8 +31,8 @@ class OrchestratorConfig:
     ``fewer_sms_kinds``: the modalities whose steps may run on fewer SMs beside decode (``orchestrator.fewer_sms``).
     ``max_model_len``: prompt + output tokens per request; ``default_max_tokens``: the most output tokens of a request
     that sends ``max_tokens`` null (the OpenAI API's chat without it: ``orchestrator.reply_limit``);
-    ``sampling_defaults``: the sampling values of requests that do not send them, from the checkpoint's
-    generation_config.json unless the parameter ``generation_config`` is ``none``
+    ``generation``: the checkpoint's generation_config.json defaults (sampling values of requests that do not send
+    them, a cap on ``default_max_tokens``) unless the parameter ``generation_config`` is ``none``
     (``orchestrator.generation_defaults``);
     ``replicas``: encode_prefill/decode replicas to drive (``backends/triton/replicas.py``);
     ``max_waiting_requests``: requests that may wait for KV pages at once (over all replicas); a request arriving
@@ -59,11 +58,13 @@ class OrchestratorConfig:
     decode_pace_ms: int = 0
     fewer_sms_kinds: frozenset[str] = DEFAULT_KINDS
     default_max_tokens: int = DEFAULT_MAX_TOKENS
-    sampling_defaults: Mapping[str, float | int] = field(default_factory=dict)
+    generation: GenerationDefaults = GenerationDefaults()
 
-    def __post_init__(self) -> None:
-        if self.default_max_tokens < 1:
-            raise ValueError(f"parameter default_max_tokens must be a positive integer, got {self.default_max_tokens}")
+    @property
+    def reply_cap(self) -> int:
+        """The most output tokens of a request that sends ``max_tokens`` null: ``default_max_tokens``, at most the
+        checkpoint's ``max_new_tokens`` (tokens)."""
+        return min(self.default_max_tokens, self.generation.max_new_tokens or self.default_max_tokens)
 
     @classmethod
     def from_parameters(cls, params: dict[str, str]) -> "OrchestratorConfig":

@@ -86,7 +86,7 @@ async def handle(orchestrator: Orchestrator, request, lanes: SendLanes, cancels:
             orchestrator.admission_ended()
             await _serve_channel(opening, raw, sender, channels, lanes, cancels)
             return
-        limits, defaults = orchestrator.config.limits, orchestrator.config.sampling_defaults
+        limits, defaults = orchestrator.config.limits, orchestrator.config.generation.sampling
         parsed = await asyncio.to_thread(parse_request, raw, limits, defaults) if builds_a_grammar(raw) else \
             parse_request(raw, limits, defaults)
         bound = channel_name(raw.token_channel, "token_channel")

@@ -26,18 +26,23 @@ def reply_limit(max_tokens: int | None, min_tokens: int, prompt_tokens: int, *, 
         max_model_len: prompt + output tokens per request.
         pool_tokens: tokens the largest KV pool holds (pages x page size).
 
-    Returns ``max_tokens`` as sent, else the smallest of the three limits (at least 1: a prompt that leaves no
-    room is refused by ``Prompt.check_length`` and the pool check, which name it).
+    Returns ``max_tokens`` as sent, else the smallest of the three limits; 1 where the prompt leaves no room, for
+    ``Prompt.check_length`` and the pool check to refuse naming the prompt.
 
     Raises:
-        InvalidInput: ``max_tokens`` None and ``min_tokens`` above the limit chosen (named with how it was chosen).
+        InvalidInput: ``max_tokens`` None and ``min_tokens`` above the limit chosen (named).
     """
     if max_tokens is not None:
         return max_tokens
-    limit = max(1, min(default_max_tokens, max_model_len - prompt_tokens, pool_tokens - prompt_tokens))
+    limits = {f"the server's default_max_tokens {default_max_tokens}": default_max_tokens,
+              f"the rest of max_model_len {max_model_len} after the prompt's {prompt_tokens} tokens":
+                  max_model_len - prompt_tokens,
+              f"what the largest KV pool ({pool_tokens} tokens) holds beside the prompt's {prompt_tokens} tokens":
+                  pool_tokens - prompt_tokens}
+    why, limit = min(limits.items(), key=lambda item: item[1])
+    if limit < 1:
+        return 1
     if min_tokens > limit:
-        raise InvalidInput(
-            f"sampling_parameters: min_tokens {min_tokens} is more than this reply may have: {limit} tokens (no "
-            f"max_tokens sent: the rest of max_model_len {max_model_len} after the prompt's {prompt_tokens} tokens, "
-            f"at most the server's default_max_tokens {default_max_tokens}); send max_tokens")
+        raise InvalidInput(f"sampling_parameters: min_tokens {min_tokens} is more than this reply may have without "
+                           f"max_tokens: {limit} tokens, {why}; send max_tokens")
     return limit

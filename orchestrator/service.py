@@ -228,19 +228,22 @@ class Orchestrator:
         timeline.mark("prompt_built", tokens=len(prompt.input_ids), visual_tokens=prompt.num_visual_tokens)
         pool_tokens = max(e.scheduler.kv_pages_total * e.scheduler.config.kv_page_size for e in self.engines)
         max_tokens = reply_limit(params.max_tokens, params.min_tokens, len(prompt.input_ids),
-                                 default_max_tokens=self.config.default_max_tokens,
+                                 default_max_tokens=self.config.reply_cap,
                                  max_model_len=self.config.max_model_len, pool_tokens=pool_tokens)
         prompt.check_length(max_tokens, self.config.max_model_len, self.family)
         total = len(prompt.input_ids) + max_tokens
         kv_needed = max(e.scheduler.kv_pages_for(total) for e in self.engines)
         largest = max(e.scheduler.kv_pages_total for e in self.engines)
         if kv_needed > largest:
+            sent = params.max_tokens is not None  # else the prompt alone fills the pool (reply_limit)
             raise InvalidInput(
-                f"the prompt ({len(prompt.input_ids)} tokens, text and visual) plus max_tokens "
-                f"({max_tokens}) need {kv_needed} KV pages, the largest KV pool has {largest}"
+                f"the prompt ({len(prompt.input_ids)} tokens, text and visual) "
+                + (f"plus max_tokens ({max_tokens}) need" if sent else "needs")
+                + f" {kv_needed} KV pages" + ("" if sent else " with one token of output")
+                + f", the largest KV pool has {largest}"
                 + (f" once the prefix cache's floor is kept (prefix_cache_floor {self.config.cache.floor})"
                    if self.config.cache.floor else "")
-                + ": lower max_tokens or send a shorter prompt or smaller media")
+                + (": lower max_tokens or send" if sent else ": send") + " a shorter prompt or smaller media")
         for item, m in enumerate(prompt.media):
             # One group is never split, so it must fit in the pool at once (then waiting for pages cannot deadlock).
             need = -(-m.patches_per_group // self.patch_page_size)
@@ -249,8 +252,8 @@ class Orchestrator:
                     if "max_pixels" in self.family.fewer_tokens[m.kind] else ""
                 raise InvalidInput(
                     f"{m.kind} (item {item + 1} of {len(prompt.media)}): one media group has {m.patches_per_group} "
-                    f"patches, which need {need} patch pages of {self.patch_page_size}; the patch pool has {self.patch_pages.num_total} "
-                    f"pages ({smaller}raise flashcodec's patch_pages)")
+                    f"patches, which need {need} patch pages of {self.patch_page_size}; the patch pool has "
+                    f"{self.patch_pages.num_total} pages ({smaller}raise flashcodec's patch_pages)")
         if self.stopping:  # stop_serving ran while this request was being planned
             raise _shutting_down()
         self._refuse_when_overloaded()  # again: requests planned at the same time may have been added meanwhile

@@ -32,10 +32,11 @@ class OrchestratorModel:
         triton_io.enable_stack_dumps()
         params = triton_io.parameters(args)
         config = OrchestratorConfig.from_parameters(params)
-        if config.sampling_defaults:  # as vLLM says it at start
-            log.info("default sampling parameters from the checkpoint's generation_config.json: %s (a request's own "
-                     "values win; parameter generation_config=none for the built-in defaults)",
-                     dict(config.sampling_defaults))
+        generation = config.generation
+        if generation.sampling or generation.max_new_tokens:  # as vLLM says it at start
+            log.info("defaults from the checkpoint's generation_config.json: sampling %s, max_new_tokens %s (a "
+                     "request's own values win; parameter generation_config=none for the built-in defaults)",
+                     dict(generation.sampling), generation.max_new_tokens)
         self.metrics = Metrics(config.replicas)
         self.lanes = SendLanes(triton_io.int_parameter(params, "send_lanes", 4))  # threads sending client responses
         self.cancels = CancelWatch()  # the thread asking whether clients have cancelled

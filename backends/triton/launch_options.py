@@ -49,12 +49,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def admin_header_option(text: str) -> tuple[str, str]:
     """``--admin-header NAME=VALUE`` as (name in lower case, as gRPC sends metadata keys; value). Raises
-    argparse.ArgumentTypeError for a name that is not a header name or a value Triton's flag cannot carry (empty,
-    spaces, commas, colons, equals signs)."""
+    argparse.ArgumentTypeError for a name that is not a header name or a value Triton's flag and gRPC metadata cannot
+    carry (empty, not printable ASCII, spaces, commas, colons, equals signs)."""
     name, _, value = text.partition("=")
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9-]*", name) or not re.fullmatch(r"[^\s,:=]+", value):
-        raise argparse.ArgumentTypeError(f"expected NAME=VALUE: a header name (letters, digits, '-') and a value "
-                                         f"without spaces, ',', ':' or '=', got {text!r}")
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9-]*", name) or not re.fullmatch(r"[!-~]+", value) or \
+            re.search(r"[,:=]", value):
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE: a header name (letters, digits, '-') and a value of "
+                                         f"printable ASCII without spaces, ',', ':' or '=', got {text!r}")
     return name.lower(), value
 
 

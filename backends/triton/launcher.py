@@ -149,6 +149,8 @@ class TritonServer:
     def _not_started(self, what: str) -> str:
         """``what`` happened, then each model's reason for not loading (:func:`load_errors`), those whose load had
         begun and not ended (:func:`still_loading`: cut off by an exit, or stuck), then the log's tail."""
+        if self.log_to_stdout:  # no log file to read the reasons from: they went to stdout
+            return f"{what} (each model's reason is in the server log above)"
         log = self.log_tail(1_000_000)
         reasons = "".join(f"\n  {reason}" for reason in load_errors(log))
         reasons += "".join(f"\n  model {model} was still loading" for model in still_loading(log))

@@ -55,7 +55,7 @@ POSITIVE_INT_PARAMETERS = frozenset({
     "kv_pages", "kv_page_size", "max_batch",                          # decode
     "patch_pages", "patch_page_size", "decode_threads",               # flashcodec
     "encode_budget", "prefill_budget", "max_model_len", "max_media_bytes", "max_prompt_bytes", "replicas",  # orch.
-    "max_image_pixels", "max_media_items", "max_waiting_requests", "idle_budget_scale",
+    "max_image_pixels", "max_media_items", "max_waiting_requests", "idle_budget_scale", "default_max_tokens",
     "vision_tp_size",                                                 # encode_prefill
 })
 NON_NEGATIVE_INT_PARAMETERS = frozenset({"sms_while_decoding", "burst_wait_ms", "decode_pace_ms"})  # 0: off

@@ -43,8 +43,12 @@ def test_a_null_max_tokens_is_default_max_tokens_over_kserve_and_for_an_openai_c
         assert (result.num_output_tokens, result.finish_reason) == (40, "length")
         with pytest.raises(ServerError) as refused:
             client.generate("Go on.", sampling={"max_tokens": None, "min_tokens": 41})
-        assert "min_tokens 41 is more than this reply may have: 40 tokens" in str(refused.value)
-        assert "default_max_tokens 40" in str(refused.value)
+        assert "min_tokens 41 is more than this reply may have without max_tokens: 40 tokens, the server's " \
+               "default_max_tokens 40" in str(refused.value)
+        with pytest.raises(ServerError) as pool_full:  # 1,100 tokens: the context has room, the 64-page pool not
+            client.generate("Go on. " * 360, sampling={"max_tokens": None})
+        assert "needs" in str(pool_full.value) and "with one token of output" in str(pool_full.value)
+        assert "max_tokens" not in str(pool_full.value)
     with openai_sdk(small_pool_server, tmp_path) as openai_client:
         chat = openai_client.chat.completions.create(
             model="tiny", messages=[{"role": "user", "content": "Go on."}], extra_body={"ignore_eos": True})

@@ -27,8 +27,9 @@ class ServedModel:
     @classmethod
     def read(cls, preset: str, model_path: str | None) -> "ServedModel":
         """The served model: the checkpoint's (its config.json, read here once; its ``model_type`` picks the family)
-        when ``model_path`` is given, else ``preset``'s. Raises OSError when ``model_path`` is not a directory or its
-        config.json is missing or unreadable, ValueError for an unknown preset or a ``model_type`` of no family."""
+        when ``model_path`` is given, else ``preset``'s. Raises OSError when ``model_path`` is not a directory, its
+        config.json is missing or unreadable, or its generation_config.json holds JSON that is not an object;
+        ValueError for an unknown preset or a ``model_type`` of no family."""
         if model_path is None:
             return cls(preset, None, None, family(preset_family(preset)))
         if not Path(model_path).is_dir():
@@ -43,4 +44,17 @@ class ServedModel:
             served = family_for_model_type(model_type)
         except ValueError as exc:
             raise ValueError(f"{path}: {exc}") from None
+        _check_generation_config(Path(model_path) / "generation_config.json")
         return cls(preset, model_path, config, served)
+
+
+def _check_generation_config(path: Path) -> None:
+    """A checkpoint's generation_config.json, where it has one, must hold a JSON object: transformers reads it with
+    the weights and fails on another value with a TypeError that names no file (a file that is no JSON it skips).
+    Raises OSError naming the file."""
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return
+    if not isinstance(value, dict):
+        raise OSError(f"{path}: must hold a JSON object, got {type(value).__name__}: fix or remove it")

@@ -4,7 +4,7 @@ import json
 import pytest
 from transformers import GenerationConfig
 
-from orchestrator.generation_defaults import generation_defaults
+from orchestrator.generation_defaults import GenerationDefaults, generation_defaults
 from orchestrator.sampling_params import parse_sampling_parameters
 
 
@@ -15,19 +15,31 @@ def test_the_keys_set_apart_from_transformers_defaults_become_the_defaults(tmp_p
     it out of the diff)."""
     GenerationConfig(do_sample=True, temperature=0.1, top_p=0.001, top_k=1, repetition_penalty=1.05,
                      bos_token_id=1, eos_token_id=[2, 3]).save_pretrained(tmp_path)
-    assert generation_defaults(str(tmp_path)) == {"temperature": 0.1, "top_p": 0.001, "top_k": 1,
-                                                  "repetition_penalty": 1.05}
+    assert generation_defaults(str(tmp_path)) == GenerationDefaults(
+        {"temperature": 0.1, "top_p": 0.001, "top_k": 1, "repetition_penalty": 1.05})
     GenerationConfig(do_sample=True, temperature=1.0, min_p=0.05).save_pretrained(tmp_path)
-    defaults = generation_defaults(str(tmp_path))
+    defaults = generation_defaults(str(tmp_path)).sampling
     assert defaults.keys() <= {"temperature", "min_p"} and defaults.get("temperature", 1.0) == 1.0
     assert defaults["min_p"] == 0.05
 
 
 def test_none_no_checkpoint_or_no_file_give_no_defaults(tmp_path):
     GenerationConfig(do_sample=True, temperature=0.1).save_pretrained(tmp_path)
-    assert generation_defaults(str(tmp_path), "none") == {}
-    assert generation_defaults(None) == {}
-    assert generation_defaults(str(tmp_path / "elsewhere")) == {}
+    assert generation_defaults(str(tmp_path), "none") == GenerationDefaults()
+    assert generation_defaults(None) == GenerationDefaults()
+    assert generation_defaults(str(tmp_path / "elsewhere")) == GenerationDefaults()
+
+
+def test_max_new_tokens_caps_a_reply_without_max_tokens_as_vllm_takes_it(tmp_path):
+    GenerationConfig(do_sample=True, top_k=1, max_new_tokens=7).save_pretrained(tmp_path)
+    assert generation_defaults(str(tmp_path)) == GenerationDefaults({"top_k": 1}, 7)
+    (tmp_path / "generation_config.json").write_text(json.dumps({"max_new_tokens": 0}))
+    with pytest.raises(ValueError, match="generation_config.json: cannot be read .*max_new_tokens"):
+        generation_defaults(str(tmp_path))  # transformers' check
+    (tmp_path / "generation_config.json").write_text(json.dumps({"max_new_tokens": 2**31}))
+    with pytest.raises(ValueError, match="generation_config.json: sampling_parameters: max_new_tokens must be a "
+                                         "positive integer below 2\\*\\*31"):
+        generation_defaults(str(tmp_path))  # ours
 
 
 def test_another_setting_or_a_value_no_request_may_send_stops_the_start_naming_it(tmp_path):
@@ -38,9 +50,10 @@ def test_another_setting_or_a_value_no_request_may_send_stops_the_start_naming_i
         generation_defaults(str(tmp_path))
     assert "generation_config.json: sampling_parameters: top_p must be in (0, 1], got 1.5" in str(refused.value)
     assert "generation_config=none" in str(refused.value)
-    (tmp_path / "generation_config.json").write_text("{not json")
-    with pytest.raises(ValueError, match="generation_config.json: cannot be read"):
-        generation_defaults(str(tmp_path))
+    for text in ("{not json", "[1, 2]"):
+        (tmp_path / "generation_config.json").write_text(text)
+        with pytest.raises(ValueError, match="generation_config.json: cannot be read"):
+            generation_defaults(str(tmp_path))
 
 
 def test_a_requests_own_values_win_over_the_defaults():

@@ -29,11 +29,19 @@ def test_a_prompt_that_fills_the_context_gets_one_token_for_the_length_checks_to
     assert reply_limit(None, 0, 40000, **LIMITS) == 1
 
 
-def test_min_tokens_above_the_chosen_limit_is_refused_naming_how_it_was_chosen():
+def test_min_tokens_above_the_chosen_limit_is_refused_naming_the_limit_that_chose_it():
     assert reply_limit(None, 2768, 30000, **LIMITS) == 2768
     with pytest.raises(InvalidInput) as info:
         reply_limit(None, 2769, 30000, **LIMITS)
     assert str(info.value) == (
-        "sampling_parameters: min_tokens 2769 is more than this reply may have: 2768 tokens (no max_tokens sent: the "
-        "rest of max_model_len 32768 after the prompt's 30000 tokens, at most the server's default_max_tokens 4096); "
-        "send max_tokens")
+        "sampling_parameters: min_tokens 2769 is more than this reply may have without max_tokens: 2768 tokens, the "
+        "rest of max_model_len 32768 after the prompt's 30000 tokens; send max_tokens")
+    with pytest.raises(InvalidInput, match="5000 is more .*: 4096 tokens, the server's default_max_tokens 4096;"):
+        reply_limit(None, 5000, 100, **LIMITS)
+    with pytest.raises(InvalidInput, match="137 tokens, what the largest KV pool \\(192 tokens\\) holds beside the "
+                                           "prompt's 55 tokens"):
+        reply_limit(None, 150, 55, default_max_tokens=4096, max_model_len=300, pool_tokens=192)
+
+
+def test_a_prompt_that_leaves_no_room_is_left_to_the_length_checks_whatever_min_tokens_asks():
+    assert reply_limit(None, 80, 550, default_max_tokens=4096, max_model_len=300, pool_tokens=192) == 1

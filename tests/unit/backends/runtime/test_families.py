@@ -66,6 +66,9 @@ def test_an_internvl3_checkpoint_loads_as_its_family(tmp_path):
         assert torch.equal(a, b), name
     assert loaded_tokenizer.get_vocab() == tokenizer.get_vocab()
     assert ServedModel.read("tiny", str(tmp_path)).family.name == "internvl3"  # config.json decides, not the preset
+    (tmp_path / "generation_config.json").write_text("[1, 2]")  # transformers' TypeError would name no file
+    with pytest.raises(OSError, match="generation_config.json: must hold a JSON object, got list: fix or remove it"):
+        ServedModel.read("tiny", str(tmp_path))
 
 
 def test_the_ids_a_request_may_name_are_those_with_a_token_and_a_logit(tmp_path):

@@ -25,7 +25,7 @@ def test_the_name_is_lower_cased_as_grpc_sends_it():
 
 
 @pytest.mark.parametrize("text", ["x-admin", "=v", "x admin=v", "x-admin=", "x-admin=a,b", "x-admin=a:b",
-                                  "x-admin=a=b", "x-admin=a b", "-x=v"])
+                                  "x-admin=a=b", "x-admin=a b", "-x=v", "x-admin=\u00e9"])
 def test_what_the_flag_cannot_carry_is_a_usage_error(text):
     with pytest.raises(argparse.ArgumentTypeError, match="expected NAME=VALUE"):
         admin_header_option(text)
