@@ -4,8 +4,8 @@ vLLM's rule (its ``--generation-config auto``, the default; ``ModelConfig.get_di
 the file sets apart from transformers' ``GenerationConfig`` defaults (``to_diff_dict``) among ``temperature``,
 ``top_p``, ``top_k``, ``min_p`` and ``repetition_penalty`` become the defaults of requests that do not send them, and
 its ``max_new_tokens`` caps a reply whose request sends no ``max_tokens`` (here: one that sends null, as the OpenAI
-API's chat request without it; vLLM caps explicit ones too). So a Qwen2.5-VL-7B-Instruct checkpoint answers with its
-authors' sampling unless a request says otherwise, as on vLLM. The orchestrator parameter ``generation_config`` is
+API's chat request without it; vLLM caps explicit ones too). So an Instruct checkpoint answers with its authors'
+sampling unless a request says otherwise, as on vLLM. The orchestrator parameter ``generation_config`` is
 ``auto`` (that rule) or ``none`` (the built-in defaults, as ``RequestParams`` and Triton's vLLM backend have them:
 vLLM's ``--generation-config vllm``). A preset without a checkpoint folder, or a folder without the file, has none.
 """

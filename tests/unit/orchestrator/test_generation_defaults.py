@@ -9,7 +9,7 @@ from orchestrator.sampling_params import parse_sampling_parameters
 
 
 def test_the_keys_set_apart_from_transformers_defaults_become_the_defaults(tmp_path):
-    """Qwen2.5-VL-7B-Instruct's kind of file: near-greedy sampling and a repetition penalty; its token ids and
+    """An Instruct checkpoint's kind of file: near-greedy sampling and a repetition penalty; its token ids and
     do_sample are not sampling defaults. transformers 5 leaves the sampling keys unset by default, so a value the
     file gives may be taken even where it equals the built-in one (temperature 1.0: no change; transformers 4 left
     it out of the diff)."""
