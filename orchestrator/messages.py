@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from orchestrator.sampling_params import InvalidInput
+from orchestrator.sampling_params import InvalidInput, unicode_text
 
 ROLES = ("system", "user", "assistant")
 MEDIA_KINDS = ("image", "video")
@@ -77,7 +77,7 @@ def _turn(i: int, message: object) -> Turn:
     if role not in ROLES:
         raise InvalidInput(f"{where}: role must be one of {', '.join(ROLES)}, got {_shown(role)}")
     if isinstance(content, str):
-        return Turn(role, (Part("text", _text(f"{where}.content", content)),))
+        return Turn(role, (Part("text", unicode_text(f"{where}.content", content)),))
     if content is None:
         return Turn(role, ())
     if not isinstance(content, list):
@@ -89,7 +89,7 @@ def _turn(i: int, message: object) -> Turn:
 def _part(where: str, role: str, part: object) -> Part:
     kind = part.get("type") if isinstance(part, dict) else None
     if kind == "text" and isinstance(part.get("text"), str):
-        return Part("text", _text(f"{where}.text", part["text"]))
+        return Part("text", unicode_text(f"{where}.text", part["text"]))
     if kind in MEDIA_KINDS:
         if role != "user":
             raise InvalidInput(f"{where}: {kind} parts are allowed in user messages only, not in {role} messages")
@@ -99,17 +99,6 @@ def _part(where: str, role: str, part: object) -> Part:
                            f"{{\"type\": \"{kind[:5]}\"}} here")
     raise InvalidInput(f"{where}: must be {{\"type\": \"text\", \"text\": string}}, {{\"type\": \"image\"}} or "
                        f"{{\"type\": \"video\"}}, got {_shown(part)}")
-
-
-def _text(where: str, text: str) -> str:
-    """``text`` when it is Unicode text; a JSON escape of a lone UTF-16 surrogate (``"\\ud800"``) decodes to a code
-    point that no UTF-8 text holds, which the tokenizer cannot take. Raises InvalidInput naming ``where``."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise InvalidInput(f"{where}: not valid Unicode text (a lone surrogate {text[exc.start]!r} at character "
-                           f"{exc.start})") from None
-    return text
 
 
 def _shown(value: object, limit: int = 80) -> str:

@@ -242,13 +242,25 @@ def _as_bool(key: str, value: object) -> bool:
     raise InvalidInput(f"{_PREFIX}: {key} must be a boolean, got {value!r}")
 
 
+def unicode_text(where: str, text: str) -> str:
+    """``text`` when it is Unicode text; a JSON escape of a lone UTF-16 surrogate (``"\\ud800"``) decodes to a code
+    point that no UTF-8 text holds, which the tokenizer cannot take and no output can match. Raises InvalidInput
+    naming ``where``."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidInput(f"{where}: not valid Unicode text (a lone surrogate {text[exc.start]!r} at character "
+                           f"{exc.start})") from None
+    return text
+
+
 def _as_stop(key: str, value: object) -> tuple[str, ...]:
     if value is None:  # none, as the OpenAI API's and vLLM's null
         return ()
     if isinstance(value, str):
-        return (value,)
+        return (unicode_text(f"{_PREFIX}: {key}", value),)
     if isinstance(value, list) and all(isinstance(s, str) for s in value):
-        return tuple(value)
+        return tuple(unicode_text(f"{_PREFIX}: {key}[{k}]", s) for k, s in enumerate(value))
     raise InvalidInput(f"{_PREFIX}: {key} must be a string or a list of strings, got {value!r}")
 
 

@@ -55,6 +55,15 @@ def test_genai_perf_sends_numbers_as_strings():
     assert params.max_tokens == 256 and params.min_tokens == 256
 
 
+def test_a_stop_string_holding_a_lone_surrogate_is_refused_as_no_text():
+    """A JSON escape "\\ud800" decodes to a code point no output can hold: refused as in messages, not left to
+    never match."""
+    with pytest.raises(InvalidInput) as info:
+        parse_sampling_parameters('{"stop": ["y", "\\ud800x"]}')
+    assert str(info.value) == ("sampling_parameters: stop[1]: not valid Unicode text (a lone surrogate '\\ud800' at "
+                               "character 0)")
+
+
 def test_too_many_stop_strings_are_counted_in_the_message_unquoted():
     with pytest.raises(InvalidInput) as info:
         parse_sampling_parameters(json.dumps({"stop": ["a"] * 17}))
