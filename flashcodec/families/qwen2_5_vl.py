@@ -75,8 +75,8 @@ class Qwen25VL:
         `sampling.FPS_MIN_FRAMES`) still over, then one scale s in (0, 1] of every item's resized area, the highest
         that fits (each item's `max_pixels` = s x its area at that fps, at least its kind's minimum:
         `sampling.VIDEO_MIN_PIXELS`, `IMAGE_MIN_PIXELS`, or the request's `min_pixels`, which the cap keeps). Returns
-        the plans and `fps` (None: unchanged) and `max_pixels` (per item). Raises OverCap when even the lowest fps and pixels exceed `cap`; ValueError /
-        MediaError as `plan_video` and `plan_image`."""
+        the plans and `fps` (None: unchanged) and `max_pixels` (per item). Raises OverCap when even the lowest fps
+        and pixels exceed `cap`; ValueError / MediaError as `plan_video` and `plan_image`."""
         fps = FPS if options.fps is None else options.fps
 
         def at(f: float, pixels: list[int | None]) -> list[ImagePlan | VideoPlan]:
