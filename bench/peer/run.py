@@ -114,7 +114,7 @@ def start(args: argparse.Namespace, system: str) -> None:
     warm-up requests."""
     p = paths(args)
     argv, env = servers.command(system, p["checkpoint"], p["media"], args.smoke, args.server_args, args.caches,
-                                MODELS[args.model])
+                                MODELS[args.model], servers.gpu_memory_gib())
     pythonpath = args.vllm_site if system == "vllm" else None
     state = servers.start(system, argv, env, p["state"], p["out"] / "logs" / f"{system}.log", pythonpath,
                           args.ready_timeout)

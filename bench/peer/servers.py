@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -39,6 +40,12 @@ PORTS = {"unifiedserve": 9000, "vllm": 9001}  # the OpenAI APIs'
 STOP_TIMEOUT_S = 60.0
 # STUB_SITE emptied: on the device it puts the Triton stub's numpy 1.26 first on any Python's path (device_run.sh)
 VLLM_ENV = {"HF_HUB_OFFLINE": "1", "VLLM_USE_FLASHINFER_SAMPLER": "0", "STUB_SITE": ""}
+# On a card of less memory (an 80-GB H100) vLLM 0.26's default --gpu-memory-utilization (0.92) left too little beside
+# its KV pool for the 3-minute video's vision-tower step: its engine stopped on the warm-up's video with CUDA out of
+# memory ("Tried to allocate 5.45 GiB ... 4.08 GiB is free"); with 0.7 it served the videos (2026-12-05,
+# bench/results/peer/goodput-long-video-2026-12-05/). An H200 (139 GiB) keeps vLLM's default.
+SMALL_GPU_GIB = 100.0
+SMALL_GPU_VLLM = ("--gpu-memory-utilization", "0.7")
 
 
 SCHEDULING_KEYS = ("orchestrator.decode_pace_ms", "orchestrator.slo_text_tbt_ms", "orchestrator.idle_budget_scale",
@@ -63,12 +70,27 @@ def environment(extra: dict, pythonpath: str | None) -> dict:
     return env
 
 
+def gpu_memory_gib(gpu: int = 0) -> float | None:
+    """GPU ``gpu``'s memory in GiB, as ``nvidia-smi`` reports it (``memory.total``); None without ``nvidia-smi`` or an
+    answer it can read."""
+    binary = shutil.which("nvidia-smi")
+    if binary is None:
+        return None
+    done = subprocess.run([binary, f"--id={gpu}", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                          capture_output=True, text=True)
+    try:
+        return float(done.stdout.strip()) / 1024
+    except ValueError:
+        return None
+
+
 def command(system: str, checkpoint: Path, media: Path, smoke: bool, extra: list[str], caches: bool = False,
-            model: PeerModel = MODELS[DEFAULT]) -> tuple[list[str], dict]:
+            model: PeerModel = MODELS[DEFAULT], gpu_gib: float | None = None) -> tuple[list[str], dict]:
     """(argv, extra environment) that start ``system`` on ``PORTS[system]`` serving ``model`` from ``checkpoint``
-    (smoke: UnifiedServe's tiny default model); ``extra`` is appended to argv; ``caches``: both systems' prefix
-    caches on (their defaults; vLLM's processor cache too), else off, as the benchmark repeats the same media.
-    Raises ValueError for an unknown system."""
+    (smoke: UnifiedServe's tiny default model); ``extra`` is appended to argv (so it may override what comes
+    before); ``caches``: both systems' prefix caches on (their defaults; vLLM's processor cache too), else off, as
+    the benchmark repeats the same media; ``gpu_gib`` (the GPU's memory, None: not known): vLLM takes
+    :data:`SMALL_GPU_VLLM` below :data:`SMALL_GPU_GIB`. Raises ValueError for an unknown system."""
     port = str(PORTS[system])
     if system == "unifiedserve":
         ports = ServerPorts.unused()
@@ -88,6 +110,8 @@ def command(system: str, checkpoint: Path, media: Path, smoke: bool, extra: list
             argv += ["--no-enable-prefix-caching", "--mm-processor-cache-gb", "0"]
         else:
             argv += ["--enable-prompt-tokens-details"]  # usage.prompt_tokens_details.cached_tokens, as ours
+        if gpu_gib is not None and gpu_gib < SMALL_GPU_GIB:
+            argv += SMALL_GPU_VLLM
         return argv + extra, VLLM_ENV
     raise ValueError(f"unknown system {system!r}; one of {SYSTEMS}")
 

@@ -30,6 +30,16 @@ def test_the_default_model_keeps_the_qwen_commands():
     assert "--media-io-kwargs" not in theirs and MODELS[DEFAULT].video_kwargs == {}
 
 
+@pytest.mark.parametrize("gpu_gib, flag", [(79.6, True), (139.8, False), (None, False)])
+def test_vllm_takes_less_gpu_memory_on_a_smaller_card(gpu_gib, flag):
+    theirs, _ = servers.command("vllm", Path("ckpt"), Path("media"), False, ["--x"], gpu_gib=gpu_gib)
+    assert ("--gpu-memory-utilization" in theirs) is flag
+    if flag:  # before the caller's own arguments, which may set it again (argparse keeps the last)
+        assert theirs[-3:] == [*servers.SMALL_GPU_VLLM, "--x"] and servers.SMALL_GPU_VLLM[1] == "0.7"
+    ours, _ = servers.command("unifiedserve", Path("ckpt"), Path("media"), False, [], gpu_gib=gpu_gib)
+    assert "--gpu-memory-utilization" not in ours
+
+
 @pytest.mark.parametrize("name, pages, fewer_sms", [
     ("internvl3_38b", "8192", ["encode_prefill.sms_while_decoding=88", "orchestrator.fewer_sms_kinds=video,image"]),
     ("internvl3_8b", "16384", ["encode_prefill.sms_while_decoding=104"]),  # the 7B-sized language model: Qwen's file
