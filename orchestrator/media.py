@@ -77,9 +77,9 @@ def _probe_video_file(path: str, *content: int) -> VideoInfo:
 
 
 def check_media_settings(params: RequestParams, family: Family) -> None:
-    """Raises InvalidInput naming the first media setting of ``params`` (``fps``, ``max_pixels``, ``min_pixels``,
-    ``num_frames``, ``max_tiles``) that ``family`` does not take (``Family.options``), with or without media in the
-    request."""
+    """Raises InvalidInput naming the first media setting of ``params`` (``MEDIA_SETTINGS``: ``fps``, ``max_pixels``,
+    ``min_pixels``, ``num_frames``, ``max_tiles``, ``min_tiles``, ``dynamic_image_size``) that ``family`` does not take
+    (``Family.options``), with or without media in the request."""
     try:
         params.media.refuse(f"the served model family {family.name}",
                             *(name for name in MEDIA_SETTINGS if name not in family.options))
@@ -114,7 +114,7 @@ def with_media_defaults(params: RequestParams, defaults: RequestParams, family: 
     thing, a video's frames: a request that sets one of them takes none of them from ``defaults`` (InternVL3: a
     request's fps is not overridden by the server's num_frames; ``family.plan_video`` follows the request's first).
     So do ``family.size_settings``, an item's size: a request's max_pixels is not held below the server's
-    min_pixels."""
+    min_pixels, nor its max_tiles below the server's min_tiles."""
     given = {key for key in MEDIA_SETTINGS if getattr(params, key) is not None}
     for linked in (set(family.frame_settings), set(family.size_settings)):
         if given & linked:

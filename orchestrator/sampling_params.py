@@ -8,12 +8,13 @@ naming the key (docs/design.md, invariant 3).
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from types import MappingProxyType
-from typing import Mapping
+from typing import Callable, Mapping
 
 from backends.ipc.protocol import MAX_LOGIT_BIAS, MAX_LOGPROBS, SamplingParams, StructuredOutput
 from flashcodec.families.base import MediaOptions
+from orchestrator.sampling_aliases import aliases_of, by_key, key_of
 from orchestrator.shown import shown
 from orchestrator.structured_outputs import parse_structured_outputs
 
@@ -22,7 +23,7 @@ MIN_PIXELS = 4 * 28 * 28
 MAX_PIXELS = 16384 * 28 * 28
 MAX_FPS = 60.0
 MAX_FRAMES = 1024  # num_frames: segments of a video (InternVL3: 256 tokens each)
-MAX_TILES = 64  # max_tiles: tiles of an image (InternVL3's checkpoints use at most 12)
+MAX_TILES = 64  # max_tiles, min_tiles: tiles of an image's grid (InternVL3's checkpoints use 1 to 12)
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 256
 MAX_STOP_TOKEN_IDS = 256
@@ -73,7 +74,13 @@ class RequestParams:
             default (Qwen2.5-VL: 4*28*28 for an image, 128*28*28 for a video's frame; qwen-vl-utils' and
             transformers' ``min_pixels``); above ``max_pixels`` the media's plan refuses it.
         num_frames: segments a video is cut into, one frame each, in [1, 1024], or None (InternVL3).
-        max_tiles: most 448-pixel tiles of an image, in [1, 64], or None for the checkpoint's (InternVL3).
+        max_tiles: most 448-pixel tiles of an image's grid (its thumbnail not counted), in [1, 64], or None for the
+            checkpoint's (InternVL3).
+        min_tiles: fewest tiles of an image's grid, in [1, 64], or None for the checkpoint's (InternVL3); above the
+            max_tiles that applies (the request's, the server's or the checkpoint's) the image's plan refuses it.
+        dynamic_image_size: False: an image is one tile, no grid nor thumbnail, whatever min_tiles and max_tiles say
+            (vLLM 0.26 ``resolve_internvl_min_max_num``; transformers' ``crop_to_patches``); True or None: tiled
+            (InternVL3).
         logprobs: with each output token, the log probabilities of this many most likely tokens besides its own,
             in [0, 20] (vLLM's ``max_logprobs``), or None; computed only where an output asks for them
             (``return_logprobs``, ``return_cumulative_logprob``: ``orchestrator.inputs``).
@@ -113,6 +120,8 @@ class RequestParams:
     min_pixels: int | None = None
     num_frames: int | None = None
     max_tiles: int | None = None
+    min_tiles: int | None = None
+    dynamic_image_size: bool | None = None
     logprobs: int | None = None
     logit_bias: tuple[tuple[int, float], ...] = ()
     structured_outputs: StructuredOutput | None = None
@@ -155,17 +164,11 @@ class RequestParams:
                 _fail(key, f"must be in [-{MAX_PENALTY:g}, {MAX_PENALTY:g}]", getattr(self, key))
         if self.fps is not None and not 0 < self.fps <= MAX_FPS:
             _fail("fps", f"must be in (0, {MAX_FPS:g}]", self.fps)
-        if self.num_frames is not None and not 1 <= self.num_frames <= MAX_FRAMES:
-            _fail("num_frames", f"must be in [1, {MAX_FRAMES}]", self.num_frames)
-        if self.max_tiles is not None and not 1 <= self.max_tiles <= MAX_TILES:
-            _fail("max_tiles", f"must be in [1, {MAX_TILES}]", self.max_tiles)
-        for key in ("max_pixels", "min_pixels"):
-            if getattr(self, key) is not None and not MIN_PIXELS <= getattr(self, key) <= MAX_PIXELS:
-                _fail(key, f"must be in [{MIN_PIXELS}, {MAX_PIXELS}]", getattr(self, key))
-        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
-            _fail("logprobs", f"must be in [0, {MAX_LOGPROBS}]", self.logprobs)
-        if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= MAX_LOGPROBS:
-            _fail("prompt_logprobs", f"must be in [0, {MAX_LOGPROBS}]", self.prompt_logprobs)
+        for key, low, high in (("num_frames", 1, MAX_FRAMES), ("max_tiles", 1, MAX_TILES), ("min_tiles", 1, MAX_TILES),
+                               ("max_pixels", MIN_PIXELS, MAX_PIXELS), ("min_pixels", MIN_PIXELS, MAX_PIXELS),
+                               ("logprobs", 0, MAX_LOGPROBS), ("prompt_logprobs", 0, MAX_LOGPROBS)):
+            if getattr(self, key) is not None and not low <= getattr(self, key) <= high:
+                _fail(key, f"must be in [{low}, {high}]", getattr(self, key))
         ids, biases = [t for t, _ in self.logit_bias], [b for _, b in self.logit_bias]
         if len(ids) > MAX_LOGIT_BIAS_ENTRIES or len(set(ids)) != len(ids) or not all(
                 0 <= t < MAX_TOKENS_LIMIT for t in ids) or not all(
@@ -177,10 +180,9 @@ class RequestParams:
 
     @property
     def media(self) -> MediaOptions:
-        """The media settings (``fps``, ``max_pixels``, ``min_pixels``, ``num_frames``, ``max_tiles``) as the families
-        take them."""
-        return MediaOptions(fps=self.fps, max_pixels=self.max_pixels, min_pixels=self.min_pixels,
-                            num_frames=self.num_frames, max_tiles=self.max_tiles)
+        """The media settings (``MediaOptions``' fields: ``fps``, ``max_pixels``, ``min_pixels``, ``num_frames``,
+        ``max_tiles``, ``min_tiles``, ``dynamic_image_size``) as the families take them."""
+        return MediaOptions(**{f.name: getattr(self, f.name) for f in fields(MediaOptions)})
 
     def sampling(self) -> SamplingParams:
         """The stages' part of these parameters (``backends.ipc.protocol.SamplingParams``)."""
@@ -307,23 +309,20 @@ def _as_structured_outputs(key: str, value: object) -> StructuredOutput | None:
         raise InvalidInput(f"{_PREFIX}: {exc}") from None
 
 
-def _as_optional_int(key: str, value: object) -> int | None:
-    return None if value is None else _as_int(key, value)
-
-
-def _as_optional_float(key: str, value: object) -> float | None:
-    return None if value is None else _as_float(key, value)
+def _optional(convert: Callable[[str, object], object]) -> Callable[[str, object], object]:
+    """``convert``, taking null as None."""
+    return lambda key, value: None if value is None else convert(key, value)
 
 
 _CONVERTERS = {
-    "max_tokens": _as_optional_int,
+    "max_tokens": _optional(_as_int),
     "min_tokens": _as_int,
     "ignore_eos": _as_bool,
     "temperature": _as_float,
     "top_p": _as_float,
     "top_k": _as_int,
     "min_p": _as_float,
-    "seed": _as_optional_int,
+    "seed": _optional(_as_int),
     "stop": _as_stop,
     "include_stop_str_in_output": _as_bool,
     "skip_special_tokens": _as_bool,
@@ -331,35 +330,34 @@ _CONVERTERS = {
     "repetition_penalty": _as_float,
     "presence_penalty": _as_float,
     "frequency_penalty": _as_float,
-    "fps": _as_optional_float,
-    "max_pixels": _as_optional_int,
-    "min_pixels": _as_optional_int,
-    "num_frames": _as_optional_int,
-    "max_tiles": _as_optional_int,
-    "logprobs": _as_optional_int,
-    "prompt_logprobs": _as_optional_int,
+    "fps": _optional(_as_float),
+    "max_pixels": _optional(_as_int),
+    "min_pixels": _optional(_as_int),
+    "num_frames": _optional(_as_int),
+    "max_tiles": _optional(_as_int),
+    "min_tiles": _optional(_as_int),
+    "dynamic_image_size": _optional(_as_bool),
+    "logprobs": _optional(_as_int),
+    "prompt_logprobs": _optional(_as_int),
     "logit_bias": _as_logit_bias,
     "structured_outputs": _as_structured_outputs,
 }
-# Other clients' names for a key, read as that key wherever sampling_parameters' rules apply (a request, the
-# orchestrator's media_defaults; the OpenAI API passes its mm_processor_kwargs on as they are)
-ALIASES = {"max_dynamic_patch": "max_tiles",  # vLLM's InternVL name for the most tiles of an image
-           "guided_decoding": "structured_outputs"}  # its name before vLLM 0.11 (the Triton vLLM backend takes both)
 
 
 def parse_sampling_parameters(text: str | None, keys: tuple[str, ...] = tuple(_CONVERTERS),
                               defaults: Mapping[str, object] = MappingProxyType({})) -> RequestParams:
     """Parses the `sampling_parameters` input (a JSON object in a string) that may hold `keys` (all, by default; the
-    orchestrator's `media_defaults` takes the media settings alone) and their `ALIASES`; `defaults` (values of
+    orchestrator's `media_defaults` takes the media settings alone) and their aliases; `defaults` (values of
     `RequestParams` fields, e.g. the checkpoint's: `orchestrator.generation_defaults`) stand for keys it does not send.
 
     None or an empty string gives the defaults. Integers are accepted for floats; integer-valued
     floats for integers; numeric strings for both (genai-perf's form); "true"/"false" for booleans;
     a string or a list of strings for `stop`; a list of integers for `stop_token_ids`; null for `seed`, `fps`,
-    `max_pixels`, `min_pixels`, `num_frames`, `max_tiles`, `logprobs` and `stop_token_ids`, and for `max_tokens` (the
-    rest of the context: `RequestParams.max_tokens`; absent, it is 16). A key of `ALIASES` is read
-    as its key; both sent are one setting: equal values (or one of them null) pass, different ones are refused naming
-    both.
+    `max_pixels`, `min_pixels`, `num_frames`, `max_tiles`, `min_tiles`, `dynamic_image_size`, `logprobs` and
+    `stop_token_ids`, and for `max_tokens` (the rest of the context: `RequestParams.max_tokens`; absent, it is 16). A
+    key's alias (`orchestrator.sampling_aliases.ALIASES`: vLLM's and transformers' names) is read as that key; a key and
+    its aliases sent together are one setting: equal values (or all but one null) pass, different ones are refused
+    naming two.
 
     Raises:
         InvalidInput: invalid JSON, not an object, an unknown key, a wrong type or an out-of-range
@@ -376,16 +374,13 @@ def parse_sampling_parameters(text: str | None, keys: tuple[str, ...] = tuple(_C
                            "not a value any key takes") from None
     if not isinstance(raw, dict):
         raise InvalidInput(f"{_PREFIX}: must be a JSON object, got {type(raw).__name__}")
-    known = [*keys, *(alias for alias, key in ALIASES.items() if key in keys)]
+    known = [*keys, *aliases_of(keys)]
     unknown = sorted(set(raw) - set(known))
     if unknown:
         raise InvalidInput(f"{_PREFIX}: unknown key {unknown[0]!r} (known: {', '.join(known)})")
-    values = {key: _CONVERTERS[ALIASES.get(key, key)](key, value) for key, value in raw.items()}
-    for alias, key in ALIASES.items():
-        value = values.pop(alias, None)
-        if value is not None and values.get(key) not in (None, value):
-            raise InvalidInput(f"{_PREFIX}: {key} {values[key]!r} and {alias} {value!r} are one setting ({alias} is "
-                               f"vLLM's name for {key}): send one, or equal values")
-        if value is not None:
-            values[key] = value
+    values = {key: _CONVERTERS[key_of(key)](key, value) for key, value in raw.items()}
+    try:
+        values = by_key(values)
+    except ValueError as exc:  # two names of one setting with different values
+        raise InvalidInput(f"{_PREFIX}: {exc}") from None
     return RequestParams(**{**defaults, **values})

@@ -4,7 +4,7 @@ An object (or its JSON text, as the Triton vLLM backend takes it) with exactly o
 object, or its JSON text), ``json_object`` (true: any JSON object), ``regex`` (a regular expression), ``choice`` (a
 list of strings: the output is one of them) and ``grammar`` (EBNF, xgrammar's dialect), and optionally
 ``disable_any_whitespace`` (true: JSON without free whitespace between its tokens) and ``backend`` ("xgrammar" or
-"auto": the one this server has). Also taken under its older name ``guided_decoding`` (``sampling_params.ALIASES``).
+"auto": the one this server has). Also taken under its older name ``guided_decoding`` (``sampling_aliases.ALIASES``).
 Checked here in full, so that a request the stages would not be able to hold is
 refused naming the problem: a JSON schema nested at most ``MAX_DEPTH`` deep (xgrammar's work grows with the cube of
 the depth) and without the keywords xgrammar would not enforce (``unenforced``: vLLM refuses the same, its

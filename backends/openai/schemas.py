@@ -80,15 +80,23 @@ class StreamOptions(_Body):
 class MediaOptions(_Strict):
     """vLLM's ``mm_processor_kwargs``, the keys the orchestrator takes (``orchestrator.sampling_params``; which apply is
     the served family's): frames sampled per second of video, the largest and smallest resized frame or image area in
-    pixels (Qwen2.5-VL), the segments a video is cut into and the most tiles of an image (InternVL3; also under vLLM's
-    InternVL name ``max_dynamic_patch``, passed on as it is: the orchestrator's ``ALIASES`` read it as max_tiles)."""
+    pixels (Qwen2.5-VL), the segments a video is cut into, the most and fewest tiles of an image's grid and whether it
+    is tiled at all (InternVL3; also under vLLM's InternVL names ``max_dynamic_patch``, ``min_dynamic_patch`` and
+    transformers' ``max_patches``, ``min_patches``, ``crop_to_patches``, passed on as they are: the orchestrator's
+    ``orchestrator.sampling_aliases.ALIASES`` read them as its keys)."""
 
     fps: float | None = None
     max_pixels: int | None = None
     min_pixels: int | None = None
     num_frames: int | None = None
     max_tiles: int | None = None
+    min_tiles: int | None = None
+    dynamic_image_size: bool | None = None
     max_dynamic_patch: int | None = None
+    min_dynamic_patch: int | None = None
+    max_patches: int | None = None
+    min_patches: int | None = None
+    crop_to_patches: bool | None = None
 
 
 class GenerationRequest(_Body):

@@ -31,13 +31,18 @@ class Budgets:
             raise ValueError(f"budgets must be positive, got {self}")
 
 
+VIDEO_SETTINGS = ("fps", "num_frames")  # the `MediaOptions` fields about videos alone
+IMAGE_SETTINGS = ("max_tiles", "min_tiles", "dynamic_image_size")  # those about images alone (InternVL3's tiles)
+
+
 @dataclass(frozen=True)
 class MediaOptions:
     """A request's media settings; each family honours some and refuses the others (ValueError naming them).
 
     `fps`: frames sampled per second of video; `max_pixels` / `min_pixels`: the largest / smallest area of a resized
-    frame or image, pixels (Qwen2.5-VL); `num_frames`: segments a video is cut into; `max_tiles`: most tiles of an
-    image (InternVL3). None: the family's default.
+    frame or image, pixels (Qwen2.5-VL); `num_frames`: segments a video is cut into; `max_tiles` / `min_tiles`: most /
+    fewest tiles of an image's grid, its thumbnail not counted; `dynamic_image_size`: False for no grid, the image
+    resized to one tile (InternVL3). None: the family's default.
     """
 
     fps: float | None = None
@@ -45,12 +50,12 @@ class MediaOptions:
     min_pixels: int | None = None
     num_frames: int | None = None
     max_tiles: int | None = None
+    min_tiles: int | None = None
+    dynamic_image_size: bool | None = None
 
     def for_kind(self, kind: str) -> "MediaOptions":
-        """The settings about a media item of `kind`: an image drops `fps` and `num_frames`, a video `max_tiles`."""
-        if kind == "image":
-            return replace(self, fps=None, num_frames=None)
-        return replace(self, max_tiles=None)
+        """The settings about a media item of `kind`: an image drops `VIDEO_SETTINGS`, a video `IMAGE_SETTINGS`."""
+        return replace(self, **dict.fromkeys(VIDEO_SETTINGS if kind == "image" else IMAGE_SETTINGS))
 
     def refuse(self, family: str, *names: str) -> None:
         """Raises ValueError naming the first of `names` that is set: `family` has no such setting."""

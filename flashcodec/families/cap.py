@@ -38,9 +38,8 @@ def plan_all(family: Family, infos: list[Info], options: list[MediaOptions]) -> 
             family.plan_image(info, o.for_kind("image")) for info, o in zip(infos, options)]
 
 
-def highest_int(fits: Callable[[int], bool], high: int) -> int:
-    """The highest n in [1, high] with `fits(n)` (`fits` monotone), or 1 when none fits."""
-    low = 1
+def highest_int(fits: Callable[[int], bool], high: int, low: int = 1) -> int:
+    """The highest n in [low, high] with `fits(n)` (`fits` monotone), or `low` when none fits."""
     while low < high:
         middle = (low + high + 1) // 2
         low, high = (middle, high) if fits(middle) else (low, middle - 1)

@@ -1,9 +1,10 @@
 """InternVL3's media rules from metadata alone: which tiles and frames, how many patches and tokens, prompt text.
 
 The reference is transformers 5.17's InternVL processor (`models/internvl/processing_internvl.py`), its image
-processor (`models/got_ocr2/image_processing_got_ocr2.py`, `crop_to_patches=True`) and its video processor
-(`models/internvl/video_processing_internvl.py`), configured as the InternVL3 `-hf` checkpoints are (448 px tiles,
-ImageNet mean/std, 1..12 tiles; `convert_internvl_weights_to_hf.py` in transformers' repository, not in its wheel).
+processor (`models/got_ocr2/image_processing_got_ocr2.py`, `crop_to_patches=True`, or False for one tile) and its
+video processor (`models/internvl/video_processing_internvl.py`), configured as the InternVL3 `-hf` checkpoints are
+(448 px tiles, ImageNet mean/std, 1..12 tiles; `convert_internvl_weights_to_hf.py` in transformers' repository, not in
+its wheel).
 The arithmetic is reproduced here (torchvision is not a dependency; torch only for the frame indices, imported when
 called); tests/unit/flashcodec/test_internvl3_*.py compare it with those classes. The pixel work is
 `flashcodec.families.internvl3_pixels`.
@@ -15,7 +16,7 @@ from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from flashcodec.errors import MediaError
-from flashcodec.families.base import Budgets, MediaOptions, PromptExpansion, groups_from
+from flashcodec.families.base import IMAGE_SETTINGS, Budgets, MediaOptions, PromptExpansion, groups_from
 from flashcodec.families.cap import Info, OverCap, highest_int, plan_all, total_tokens
 from flashcodec.probe import ImageInfo, VideoInfo
 
@@ -63,9 +64,11 @@ class InternVL3Config:
         return self.patches_per_tile // (self.merge * self.merge)
 
 
-def _check_tiles(min_tiles: int, max_tiles: int) -> None:
+def _check_tiles(min_tiles: int, max_tiles: int, whose: str = "") -> None:
+    """Raises ValueError naming both values unless 1 <= `min_tiles` <= `max_tiles` (`whose`: where max_tiles' value
+    came from, written after it)."""
     if not 1 <= min_tiles <= max_tiles:
-        raise ValueError(f"tiles: need 1 <= min_tiles <= max_tiles, got min_tiles {min_tiles}, max_tiles {max_tiles}")
+        raise ValueError(f"min_tiles {min_tiles} and max_tiles {max_tiles}{whose}: need 1 <= min_tiles <= max_tiles")
 
 
 def tile_grids(min_tiles: int, max_tiles: int) -> list[tuple[int, int]]:
@@ -173,21 +176,22 @@ class InternVL3:
     """The InternVL3 family (`flashcodec.families.base.Family`): tiles for images, segments for video.
 
     Options honoured: `num_frames` (segments), else `fps` (`int(frames / video fps * fps)` frames, the processor's
-    rule), else `config.num_frames`; `max_tiles` (in place of `config.max_tiles`, above it too, as transformers'
-    `max_patches` and vLLM's `max_dynamic_patch` are taken). `max_pixels` and `min_pixels` are refused (ValueError):
-    InternVL's sizes are whole tiles.
+    rule), else `config.num_frames`; `max_tiles` and `min_tiles` (in place of `config.max_tiles` / `min_tiles`, above
+    them too, as transformers' `max_patches` / `min_patches` and vLLM's `max_dynamic_patch` / `min_dynamic_patch` are
+    taken); `dynamic_image_size` (False: one tile, `tile_range`). `max_pixels` and `min_pixels` are refused
+    (ValueError): InternVL's sizes are whole tiles.
     """
 
     name = "internvl3"
     model_type = "internvl"
     budgets = Budgets(encode=5120, prefill=2048)  # the paper's deployment notes (docs/design.md, "Scheduling")
     frames_per_group = 1
-    options = ("fps", "num_frames", "max_tiles")
+    options = ("fps", "num_frames", *IMAGE_SETTINGS)
     frame_settings = ("num_frames", "fps")  # num_frames segments, else fps's (plan_video)
-    size_settings = ("max_tiles",)
+    size_settings = ("max_tiles", "min_tiles")  # an image's grid (dynamic_image_size, its own setting, is not)
     placeholders = {"image": CONTEXT, "video": VIDEO}  # what the chat template writes for an image / a video
     reserved_tokens = (START_IMAGE, END_IMAGE, CONTEXT, VIDEO)
-    fewer_tokens = {"image": ("max_tiles",), "video": ("num_frames",)}
+    fewer_tokens = {"image": ("max_tiles", "min_tiles"), "video": ("num_frames",)}
 
     def __init__(self, config: InternVL3Config = InternVL3Config()):
         self.config = config
@@ -197,18 +201,31 @@ class InternVL3:
         """Values per patch row: 3 * patch_size**2 (588)."""
         return 3 * self.config.patch_size ** 2
 
-    def plan_image(self, info: ImageInfo, options: MediaOptions = MediaOptions()) -> TiledImagePlan:
-        """The tiles of an image of `info`'s size (pixels, as displayed).
+    def tile_range(self, options: MediaOptions) -> tuple[int, int]:
+        """(fewest, most) tiles of an image's grid at `options`: (1, 1) when `dynamic_image_size` is False, whatever
+        `min_tiles` and `max_tiles` say (vLLM 0.26 `resolve_internvl_min_max_num`; transformers 5.17
+        GotOcr2ImageProcessor with `crop_to_patches=False` resizes an image to one tile); else `min_tiles` and
+        `max_tiles`, each the config's where None. Raises ValueError naming both when min_tiles is above max_tiles."""
+        c = self.config
+        if options.dynamic_image_size is False:
+            return 1, 1
+        low = c.min_tiles if options.min_tiles is None else options.min_tiles
+        high = c.max_tiles if options.max_tiles is None else options.max_tiles
+        _check_tiles(low, high, " (the checkpoint's)" if options.max_tiles is None else "")
+        return low, high
 
-        Raises MediaError naming a zero-size image, ValueError for options it does not honour or `max_tiles` below
-        `config.min_tiles`.
+    def plan_image(self, info: ImageInfo, options: MediaOptions = MediaOptions()) -> TiledImagePlan:
+        """The tiles of an image of `info`'s size (pixels, as displayed): the grid of `tile_range(options)` tiles whose
+        aspect ratio is closest to the image's (`best_grid`), and a thumbnail when it has more than one tile.
+
+        Raises MediaError naming a zero-size image, ValueError for options it does not honour or a `min_tiles` above
+        the `max_tiles` that applies (naming both).
         """
         options.refuse("InternVL3", "max_pixels", "min_pixels")
         c = self.config
         if info.width < 1 or info.height < 1:
             raise MediaError(f"image: {info.width}x{info.height} has no pixels")
-        max_tiles = c.max_tiles if options.max_tiles is None else options.max_tiles
-        columns, rows = best_grid(info.height, info.width, c.tile_size, c.min_tiles, max_tiles)
+        columns, rows = best_grid(info.height, info.width, c.tile_size, *self.tile_range(options))
         thumbnail = columns * rows > 1
         return TiledImagePlan(columns, rows, thumbnail, c.tile_size, columns * rows + thumbnail, c.patches_per_tile,
                               c.tokens_per_tile)
@@ -222,7 +239,7 @@ class InternVL3:
 
         Raises MediaError for a video without frames; ValueError for options it does not honour or out of range.
         """
-        options.refuse("InternVL3", "max_pixels", "min_pixels", "max_tiles")
+        options.refuse("InternVL3", "max_pixels", "min_pixels", *IMAGE_SETTINGS)
         c = self.config
         total = info.num_frames
         if total < 1:
@@ -272,20 +289,24 @@ class InternVL3:
                             ) -> tuple[list[TiledImagePlan | SegmentVideoPlan], dict]:
         """`base.Family.lower_visual_tokens` by frames, then tiles: first one frame count n for every video (each keeps
         min(n, its frames now)), the highest that fits; at one frame a video still over, then one `max_tiles` for
-        every image, the highest that fits. Returns the plans and `num_frames` (the most frames of a video) and
-        `max_tiles` (None: unchanged). Raises OverCap when one frame and one tile exceed `cap`; ValueError /
-        MediaError as `plan_video` and `plan_image`."""
+        every image, the highest that fits, down to the request's `min_tiles` (kept, as the request's `max_tiles`
+        stays an upper bound). Returns the plans and `num_frames` (the most frames of a video) and `max_tiles` (None:
+        unchanged). Raises OverCap when one frame and `min_tiles` tiles exceed `cap`; ValueError / MediaError as
+        `plan_video` and `plan_image`."""
         frames = [p.num_groups if isinstance(i, VideoInfo) else 0 for i, p in zip(infos, plans)]
         tiles = max((p.num_groups for i, p in zip(infos, plans) if isinstance(i, ImageInfo)), default=1)
         tiles = min(tiles, options.max_tiles or tiles)  # the request's max_tiles stays an upper bound
+        # the request's min_tiles, a lower bound (an image's tiles, its thumbnail included, are at least as many)
+        fewest = min(tiles, options.min_tiles or self.config.min_tiles)
 
         def at(n: int, m: int) -> list[TiledImagePlan | SegmentVideoPlan]:
             return plan_all(self, infos, [replace(options, num_frames=min(n, f) or None, max_tiles=m) for f in frames])
 
         new_frames = highest_int(lambda n: total_tokens(at(n, tiles)) <= cap, max(frames))
-        new_tiles = highest_int(lambda m: total_tokens(at(new_frames, m)) <= cap, tiles)
+        new_tiles = highest_int(lambda m: total_tokens(at(new_frames, m)) <= cap, tiles, fewest)
         plans = at(new_frames, new_tiles)
         if total_tokens(plans) > cap:
-            raise OverCap(total_tokens(plans), cap, "num_frames and max_tiles")
+            raise OverCap(total_tokens(plans), cap, "num_frames and max_tiles" + (
+                f" (max_tiles no lower than min_tiles {fewest})" if fewest > 1 else ""))
         return plans, {"num_frames": new_frames if new_frames < max(frames) else None,
                        "max_tiles": new_tiles if new_tiles < tiles else None}

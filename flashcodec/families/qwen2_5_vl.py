@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from flashcodec.families.base import Budgets, MediaOptions, PromptExpansion, groups_from
+from flashcodec.families.base import IMAGE_SETTINGS, Budgets, MediaOptions, PromptExpansion, groups_from
 from flashcodec.families.cap import STEPS, Info, OverCap, highest, plan_all, total_tokens
 from flashcodec.probe import ImageInfo, VideoInfo
 from flashcodec.sampling import FPS, IMAGE_MIN_PIXELS, MERGE_SIZE, PATCH_DIM, TEMPORAL_PATCH_SIZE, VIDEO_MIN_PIXELS, \
@@ -17,7 +17,8 @@ class Qwen25VL:
     """The Qwen2.5-VL family (`flashcodec.families.base.Family`): sizes by pixel bounds, video by fps.
 
     Options honoured: `fps` (default 2.0), `max_pixels` and `min_pixels` (qwen-vl-utils' and transformers' processor
-    kwargs of those names); `num_frames` and `max_tiles` are refused (ValueError).
+    kwargs of those names); `num_frames` and InternVL3's tile settings (`IMAGE_SETTINGS`: `max_tiles`, `min_tiles`,
+    `dynamic_image_size`) are refused (ValueError naming the first set).
     """
 
     name = "qwen2_5_vl"
@@ -35,13 +36,13 @@ class Qwen25VL:
 
     def plan_image(self, info: ImageInfo, options: MediaOptions = MediaOptions()) -> ImagePlan:
         """`flashcodec.sampling.plan_image` with `options.max_pixels` and `min_pixels`; raises as it does."""
-        options.refuse("Qwen2.5-VL", "fps", "num_frames", "max_tiles")
+        options.refuse("Qwen2.5-VL", "fps", "num_frames", *IMAGE_SETTINGS)
         return plan_image(info, max_pixels=options.max_pixels, min_pixels=options.min_pixels)
 
     def plan_video(self, info: VideoInfo, options: MediaOptions = MediaOptions()) -> VideoPlan:
         """`flashcodec.sampling.plan_video` with `options.fps` (default 2.0), `max_pixels` and `min_pixels` (a
         frame's); raises as it does."""
-        options.refuse("Qwen2.5-VL", "num_frames", "max_tiles")
+        options.refuse("Qwen2.5-VL", "num_frames", *IMAGE_SETTINGS)
         return plan_video(info, fps=FPS if options.fps is None else options.fps, max_pixels=options.max_pixels,
                           min_pixels=options.min_pixels)
 

@@ -22,7 +22,7 @@ from backends.triton import launch_options
 from backends.triton.launcher import REPO_ROOT
 from backends.triton.repository import REPOSITORY
 from client.api import Client, ServerError
-from orchestrator.sampling_params import RequestParams
+from orchestrator.sampling_params import RequestParams, parse_sampling_parameters
 from tests.e2e.conftest import openai_sdk, repository_with, serve
 from tests.media import make_image, make_video
 from tests.reference import assert_same_or_tie, server_request_reference
@@ -79,20 +79,23 @@ def test_streamed_tokens_equal_transformers_generate(client, hf, media):
     assert_same_or_tie(result.token_ids, *reference)
 
 
-def test_num_frames_and_max_tiles_set_the_plan(client, hf):
-    """A request's num_frames and max_tiles reach the family's plan (3 segments; 1 tile, no thumbnail; 4 x 4 tiles and
-    a thumbnail, above the checkpoint's 12, as transformers' max_patches); a clip of fewer frames than the default 8
-    segments gives each of its 5 (case C3; the processor would refuse it)."""
+def test_num_frames_and_tile_settings_set_the_plan(client, hf):
+    """A request's num_frames and tile settings reach the family's plan (3 segments; 1 tile, no thumbnail; 4 x 4 tiles
+    and a thumbnail, above the checkpoint's 12, as transformers' max_patches; transformers' min_patches 2 makes a
+    square's 1 tile 2 x 2 and a thumbnail; dynamic_image_size false, one tile whatever min_tiles says, vLLM's rule);
+    a clip of fewer frames than the default 8 segments gives each of its 5 (case C3; the processor would refuse it)."""
     text_only = client.generate(QUESTION, sampling=GREEDY).num_input_tokens
     clip, image, short = make_video(None, 80, 64, 9, 10), make_image(660, 200, "RGB", "PNG"), \
         make_video(None, 56, 40, 5, 10)
     for media, setting, tiles in (({"video": clip}, {"num_frames": 3}, 3), ({"image": image}, {"max_tiles": 1}, 1),
                                   ({"image": make_image(1792, 1792, "RGB", "PNG")}, {"max_tiles": 16}, 17),
+                                  ({"image": make_image(300, 300, "RGB", "PNG")}, {"min_patches": 2}, 5),
+                                  ({"image": image}, {"dynamic_image_size": False, "min_tiles": 4}, 1),
                                   ({"video": short}, {}, 5)):
         result = client.generate(QUESTION, sampling={**GREEDY, **setting}, return_output_ids=True, **media)
         assert tiles * 256 < result.num_input_tokens - text_only < (tiles + 1) * 256
-        assert_same_or_tie(result.token_ids, *server_request_reference(*hf, QUESTION, N, **media,
-                                                                       params=RequestParams(**setting)))
+        params = parse_sampling_parameters(json.dumps(setting))
+        assert_same_or_tie(result.token_ids, *server_request_reference(*hf, QUESTION, N, **media, params=params))
 
 
 def test_a_video_partly_evicted_from_the_prefix_cache_is_decoded_from_its_first_uncached_frame(client, hf):
@@ -145,7 +148,8 @@ def sdk(internvl_server, tmp_path_factory):
 
 
 def test_openai_api_serves_it(sdk, hf):
-    """The chat route with an image (a data URL) gives transformers' tokens; a bad setting is an HTTP 400."""
+    """The chat route with an image (a data URL) gives transformers' tokens; a bad setting is an HTTP 400 naming it
+    (a min_tiles, here under transformers' name, above the checkpoint's 12 tiles: both values)."""
     image = make_image(300, 420, "RGB", "PNG")
     url = "data:image/png;base64," + base64.b64encode(image).decode()
     assert [m.id for m in sdk.models.list().data] == [PRESET]
@@ -157,6 +161,9 @@ def test_openai_api_serves_it(sdk, hf):
     with pytest.raises(openai.BadRequestError, match="num_frames must be in"):
         sdk.chat.completions.create(model=PRESET, messages=[{"role": "user", "content": QUESTION}], max_tokens=2,
                                     extra_body={"mm_processor_kwargs": {"num_frames": 0}})
+    with pytest.raises(openai.BadRequestError, match=r"mm_processor_kwargs.min_tiles 13 and max_tiles 12 \(the "):
+        sdk.chat.completions.create(model=PRESET, messages=[{"role": "user", "content": content}], max_tokens=2,
+                                    extra_body={"mm_processor_kwargs": {"min_patches": 13}})
 
 
 def test_structured_outputs_and_several_choices_hold_for_this_family(sdk):

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from flashcodec.decoders import CpuDecoder
 from flashcodec.families import MediaOptions, family
+from flashcodec.families.internvl3 import CONTEXT
 from flashcodec.families.internvl3_pixels import frame_rows, image_tiles, tile_rows, tiles_from_rows
 from flashcodec.images import load_image
 from flashcodec.pipeline import image_group, iter_image_groups, iter_video_groups
@@ -56,6 +57,24 @@ def test_max_tiles_option_equals_the_processors(max_tiles):
     expected = ref.image_processor()(images=[load_image(data)], max_patches=max_tiles,
                                      return_tensors="pt")["pixel_values"]
     torch.testing.assert_close(image_group(data, plan), as_rows(expected), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("width, height, options, kwargs", [
+    (600, 600, MediaOptions(min_tiles=2), {"min_patches": 2}),  # 2 x 2 and a thumbnail, 1 tile by default
+    (1920, 1080, MediaOptions(min_tiles=9, max_tiles=20), {"min_patches": 9, "max_patches": 20}),
+    (1920, 1080, MediaOptions(dynamic_image_size=False), {"crop_to_patches": False}),  # one tile, no thumbnail
+    (700, 300, MediaOptions(dynamic_image_size=False, min_tiles=4), {"crop_to_patches": False, "min_patches": 4}),
+], ids=["min2", "min9-max20", "not-dynamic", "not-dynamic-min4"])
+def test_tile_settings_equal_the_internvl_processors(width, height, options, kwargs):
+    """min_tiles / max_tiles / dynamic_image_size as InternVLProcessor's min_patches / max_patches / crop_to_patches:
+    the same tiles, visual tokens in the prompt, and pixels."""
+    data = make_image(width, height, "RGB", "JPEG")
+    plan = INTERNVL.plan_image(probe_image(data), options)
+    processor = ref.processor()
+    expected = processor(text=f"{CONTEXT}\nWhat?", images=[load_image(data)], return_tensors="pt", **kwargs)
+    assert expected["pixel_values"].shape[0] == plan.num_groups != INTERNVL.plan_image(probe_image(data)).num_groups
+    assert (expected["input_ids"] == processor.tokenizer.convert_tokens_to_ids(CONTEXT)).sum() == plan.num_tokens
+    torch.testing.assert_close(image_group(data, plan), as_rows(expected["pixel_values"]), atol=0, rtol=0)
 
 
 @pytest.mark.parametrize("source, options", [

@@ -54,6 +54,28 @@ def test_image_tiles_and_tokens_from_metadata_equal_the_processors(width, height
     assert plan.num_tokens == 256 * tiles and plan.grid_thw == (tiles, 32, 32) and plan.patches_per_group == 1024
 
 
+@pytest.mark.parametrize("width, height", SIZES)
+@pytest.mark.parametrize("options, kwargs", [
+    (MediaOptions(min_tiles=2), {"min_patches": 2}),
+    (MediaOptions(min_tiles=5, max_tiles=30), {"min_patches": 5, "max_patches": 30}),
+    (MediaOptions(min_tiles=12), {"min_patches": 12}),
+    (MediaOptions(dynamic_image_size=True, min_tiles=3), {"crop_to_patches": True, "min_patches": 3}),
+    (MediaOptions(dynamic_image_size=False), {"crop_to_patches": False}),
+    # false wins over any tiles, a min above the max too (vLLM's resolve_internvl_min_max_num; the processor's 1)
+    (MediaOptions(dynamic_image_size=False, min_tiles=6, max_tiles=3),
+     {"crop_to_patches": False, "min_patches": 6, "max_patches": 3}),
+], ids=["min2", "min5-max30", "min12", "dynamic-min3", "not-dynamic", "not-dynamic-min6-max3"])
+def test_a_requests_tile_settings_give_the_processors_tiles_and_tokens(width, height, options, kwargs):
+    """A request's min_tiles / max_tiles / dynamic_image_size as the processor's min_patches / max_patches /
+    crop_to_patches (GotOcr2ImageProcessor.get_number_of_image_patches, InternVLProcessor's token count)."""
+    plan = INTERNVL.plan_image(ImageInfo(width, height, "RGB", "PNG"), options)
+    tiles = ref.image_processor().get_number_of_image_patches(height, width, kwargs)
+    assert plan.num_groups == tiles and plan.thumbnail == (tiles > 1) and plan.num_tokens == 256 * tiles
+    if options.dynamic_image_size is not False:
+        grid = get_optimal_tiled_canvas((height, width), (448, 448), options.min_tiles, options.max_tiles or 12)
+        assert (plan.columns, plan.rows) == grid
+
+
 def test_image_tokens_equal_the_processors_count():
     processor = ref.processor()
     plans = [INTERNVL.plan_image(ImageInfo(w, h, "RGB", "PNG")) for w, h in SIZES]
@@ -139,6 +161,15 @@ def test_bad_input_is_refused_with_its_name(tmp_path):
         family("qwen2_5_vl").plan_video(short, MediaOptions(num_frames=4))
     with pytest.raises(ValueError, match="min_tiles <= max_tiles"):
         INTERNVL.plan_image(ImageInfo(64, 64, "RGB", "PNG"), MediaOptions(max_tiles=0))
+    with pytest.raises(ValueError, match=r"^min_tiles 13 and max_tiles 12 \(the checkpoint's\): need 1 <= min_tiles "):
+        INTERNVL.plan_image(ImageInfo(64, 64, "RGB", "PNG"), MediaOptions(min_tiles=13))
+    with pytest.raises(ValueError, match=r"^min_tiles 5 and max_tiles 4: need 1 <= min_tiles <= max_tiles$"):
+        INTERNVL.plan_image(ImageInfo(64, 64, "RGB", "PNG"), MediaOptions(min_tiles=5, max_tiles=4))
+    for setting in ({"min_tiles": 2}, {"dynamic_image_size": False}):  # image settings, as max_tiles
+        with pytest.raises(ValueError, match=f"{next(iter(setting))} does not apply to InternVL3"):
+            INTERNVL.plan_video(short, MediaOptions(**setting))
+        with pytest.raises(ValueError, match=f"{next(iter(setting))} does not apply to Qwen2.5-VL"):
+            family("qwen2_5_vl").plan_image(ImageInfo(64, 64, "RGB", "PNG"), MediaOptions(**setting))
     with pytest.raises(ValueError, match="num_frames must be >= 1"):
         INTERNVL.plan_video(short, MediaOptions(num_frames=0))
     with pytest.raises(ValueError, match="unknown model family 'llava'"):

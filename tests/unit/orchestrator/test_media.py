@@ -1,6 +1,7 @@
 """orchestrator/media.py's probe of a video file is kept for the next request about the same file, and made again
 once the file is rewritten; a file gone since the request was checked is a bad input naming it; the server's media
 defaults (the ``media_defaults`` parameter) fill what a request leaves unset, and bad ones name the parameter."""
+import json
 import os
 import re
 
@@ -149,9 +150,11 @@ def test_media_defaults_take_vllms_internvl_name_max_dynamic_patch_as_requests_d
     ('{"num_frames": 32}', "parameter media_defaults: num_frames does not apply to the served model family qwen2_5_vl"),
     # the media keys alone, not sampling's
     ('{"temperature": 0.5}', "parameter media_defaults: unknown key 'temperature' (known: fps, max_pixels, "
-                             "min_pixels, num_frames, max_tiles, max_dynamic_patch)"),
+                             "min_pixels, num_frames, max_tiles, min_tiles, dynamic_image_size, max_dynamic_patch, "
+                             "min_dynamic_patch, max_patches, min_patches, crop_to_patches)"),
     ('{"fsp": 1}', "parameter media_defaults: unknown key 'fsp' (known: fps, max_pixels, min_pixels, num_frames, "
-                   "max_tiles, max_dynamic_patch)"),
+                   "max_tiles, min_tiles, dynamic_image_size, max_dynamic_patch, min_dynamic_patch, max_patches, "
+                   "min_patches, crop_to_patches)"),
     ('{"fps": 0}', "parameter media_defaults: fps must be"),
     # settings no image or video can be planned with: every media request would be refused, blaming its client
     ('{"min_pixels": 200000, "max_pixels": 100000}', "parameter media_defaults: min_pixels (200000) must be > 0 and "
@@ -162,6 +165,37 @@ def test_media_defaults_take_vllms_internvl_name_max_dynamic_patch_as_requests_d
 def test_bad_media_defaults_stop_the_server_naming_the_parameter(text, message):
     with pytest.raises(ValueError, match=f"^{re.escape(message)}"):
         media.media_defaults(text, family("qwen2_5_vl"))
+
+
+def test_internvls_tile_settings_from_the_servers_defaults_and_the_request():
+    """min_tiles and max_tiles are one setting, an image's grid (as max_pixels and min_pixels are an item's size): a
+    request that sets either takes neither from the server; dynamic_image_size is a setting of its own, false winning
+    over any tiles (vLLM's rule); a default min_tiles above the checkpoint's 12 tiles stops the server naming both."""
+    internvl = family("internvl3")
+    wide = ImageInfo(2000, 1000, "RGB", "PNG")  # 2:1, a 4 x 2 grid and a thumbnail by default
+
+    def tiles(asked: str, defaults: str) -> int:
+        params = media.with_media_defaults(parse_sampling_parameters(asked), media.media_defaults(defaults, internvl),
+                                           internvl)
+        return media.plan_request([MediaInput("image", data=b"i")], [wide], params, internvl, 0)[0][0].num_groups
+
+    assert tiles("", "") == 9 and tiles("", '{"max_patches": 2}') == 3 and tiles("", '{"min_tiles": 9}') == 11  # 5 x 2
+    assert tiles('{"max_tiles": 4}', '{"min_tiles": 9}') == 3  # 2 x 1: the server's min_tiles is not the request's
+    assert tiles('{"min_patches": 9}', '{"max_tiles": 2}') == 11  # nor its max_tiles: 5 x 2, within the checkpoint's
+    assert tiles('{"min_tiles": 4, "max_tiles": 16}', '{"dynamic_image_size": false}') == 1  # false wins
+    assert tiles('{"crop_to_patches": true}', '{"dynamic_image_size": false, "max_tiles": 2}') == 3
+    with pytest.raises(InvalidInput, match=r"^sampling_parameters: min_tiles 13 and max_tiles 12 \(the checkpoint's\): "
+                                           r"need 1 <= min_tiles <= max_tiles$"):
+        tiles('{"min_tiles": 13}', "")
+    with pytest.raises(InvalidInput, match=r"^sampling_parameters: min_tiles 6 and max_tiles 5: need"):
+        tiles('{"min_dynamic_patch": 6, "max_patches": 5}', "")
+    with pytest.raises(ValueError, match=r"^parameter media_defaults: min_tiles 13 and max_tiles 12 \(the "):
+        media.media_defaults('{"min_patches": 13}', internvl)
+    for key in ("min_tiles", "dynamic_image_size"):  # InternVL3's, refused by Qwen2.5-VL naming them
+        with pytest.raises(InvalidInput, match=rf"^sampling_parameters: {key} does not apply to the served model "
+                                               r"family qwen2_5_vl"):
+            media.check_media_settings(parse_sampling_parameters(json.dumps({key: 2 if key == "min_tiles" else True})),
+                                       family("qwen2_5_vl"))
 
 
 def test_the_orchestrator_config_reads_media_defaults():

@@ -100,5 +100,5 @@ def test_a_prompt_too_long_names_internvls_settings(processor):
         video.check_length(1, len(video.input_ids) - 10, INTERNVL)
     both = build_chat_prompt(processor.tokenizer, (_turn(("image", ""), ("video", ""), ("text", "?")),),
                              [("image", (2, 32, 32), 0.0), ("video", (2, 32, 32), 0.0)], INTERNVL)
-    with pytest.raises(InvalidInput, match=r"lower num_frames or max_tiles, or send a shorter clip\)$"):
+    with pytest.raises(InvalidInput, match=r"lower num_frames or max_tiles or min_tiles, or send a shorter clip\)$"):
         both.check_length(1, len(both.input_ids) - 10, INTERNVL)

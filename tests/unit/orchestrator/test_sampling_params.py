@@ -143,6 +143,11 @@ def test_stop_may_be_one_string():
     ({"num_frames": 2.5}, "num_frames must be an integer"),
     ({"max_tiles": 0}, r"max_tiles must be in \[1, 64\], got 0"),
     ({"max_tiles": "many"}, "max_tiles must be an integer"),
+    ({"min_tiles": 0}, r"min_tiles must be in \[1, 64\], got 0"),
+    ({"min_patches": 65}, r"min_tiles must be in \[1, 64\], got 65"),
+    ({"min_dynamic_patch": 1.5}, "min_dynamic_patch must be an integer"),
+    ({"dynamic_image_size": 0}, "dynamic_image_size must be a boolean, got 0"),
+    ({"crop_to_patches": "no"}, "crop_to_patches must be a boolean, got 'no'"),
     ({"repetition_penalty": 0}, "repetition_penalty must be a finite number > 0"),
     ({"repetition_penalty": -1}, "repetition_penalty"),
     ({"repetition_penalty": "inf"}, "repetition_penalty"),
@@ -229,6 +234,8 @@ def test_media_settings_reach_the_families_as_media_options():
     params = parse_sampling_parameters('{"num_frames": "4", "max_tiles": 2, "fps": null}')
     assert (params.fps, params.num_frames, params.max_tiles) == (None, 4, 2)  # fps unset: the family's default
     assert params.media == MediaOptions(num_frames=4, max_tiles=2)
+    tiles = parse_sampling_parameters('{"min_tiles": 3, "max_tiles": "8", "dynamic_image_size": "false"}')
+    assert tiles.media == MediaOptions(min_tiles=3, max_tiles=8, dynamic_image_size=False)
     pixels = parse_sampling_parameters('{"min_pixels": 200704, "max_pixels": "401408"}')
     assert pixels.media == MediaOptions(max_pixels=401408, min_pixels=200704)
 
@@ -244,11 +251,38 @@ def test_vllms_internvl_name_max_dynamic_patch_is_max_tiles():
                  '{"max_tiles": null, "max_dynamic_patch": 6}', '{"max_tiles": 6, "max_dynamic_patch": null}'):
         assert parse_sampling_parameters(text) == RequestParams(max_tiles=6), text  # null: not given
     with pytest.raises(InvalidInput, match=r"^sampling_parameters: max_tiles 2 and max_dynamic_patch 6 are one "
-                                           r"setting \(max_dynamic_patch is vLLM's name for max_tiles\): send one, "
-                                           r"or equal values$"):
+                                           r"setting \(max_dynamic_patch is vLLM's InternVL name for max_tiles\): "
+                                           r"send one, or equal values$"):
         parse_sampling_parameters('{"max_tiles": 2, "max_dynamic_patch": 6}')
     with pytest.raises(InvalidInput, match="^sampling_parameters: max_dynamic_patch must be an integer, got 'many'"):
         parse_sampling_parameters('{"max_dynamic_patch": "many"}')
-    with pytest.raises(InvalidInput, match=r"unknown key 'max_dynamic_patches' \(known: .*, max_dynamic_patch, "
-                                           r"guided_decoding\)$"):
+    with pytest.raises(InvalidInput, match=r"unknown key 'max_dynamic_patches' \(known: .*, max_tiles, min_tiles, "
+                                           r"dynamic_image_size, .*, max_dynamic_patch, min_dynamic_patch, "
+                                           r"max_patches, min_patches, crop_to_patches, guided_decoding\)$"):
         parse_sampling_parameters('{"max_dynamic_patches": 6}')
+
+
+@pytest.mark.parametrize("key, alias, value, whose", [
+    ("max_tiles", "max_patches", 6, "transformers' InternVL"), ("min_tiles", "min_dynamic_patch", 2, "vLLM's InternVL"),
+    ("min_tiles", "min_patches", 2, "transformers' InternVL"),
+    ("dynamic_image_size", "crop_to_patches", False, "transformers' InternVL")])
+def test_vllms_and_transformers_other_internvl_names_are_its_keys(key, alias, value, whose):
+    for sent in ({key: value}, {alias: value}, {key: value, alias: value}, {key: None, alias: value},
+                 {key: value, alias: None}):
+        assert parse_sampling_parameters(json.dumps(sent)) == RequestParams(**{key: value}), sent
+    other = not value if isinstance(value, bool) else value + 1
+    with pytest.raises(InvalidInput, match=rf"^sampling_parameters: {key} {other!r} and {alias} {value!r} are one "
+                                           rf"setting \({alias} is {whose} name for {key}\): send one"):
+        parse_sampling_parameters(json.dumps({key: other, alias: value}))
+
+
+def test_two_other_names_of_one_key_are_one_setting_too():
+    both = '{"max_dynamic_patch": 6, "max_patches": 6, "max_tiles": null}'
+    assert parse_sampling_parameters(both) == RequestParams(max_tiles=6)
+    with pytest.raises(InvalidInput, match=r"^sampling_parameters: max_dynamic_patch 2 and max_patches 6 are one "
+                                           r"setting \(max_dynamic_patch is vLLM's InternVL name for max_tiles, "
+                                           r"max_patches is transformers' InternVL name for max_tiles\): send one, "
+                                           r"or equal values$"):
+        parse_sampling_parameters('{"max_patches": 6, "max_dynamic_patch": 2}')
+    with pytest.raises(InvalidInput, match=r"^sampling_parameters: min_tiles 2 and min_patches 3 are one setting"):
+        parse_sampling_parameters('{"min_dynamic_patch": 2, "min_tiles": 2, "min_patches": 3}')

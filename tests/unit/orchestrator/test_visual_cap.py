@@ -119,3 +119,20 @@ def test_internvl_keeps_the_requests_max_tiles_as_a_bound_and_refuses_below_one_
     assert applied.max_tiles is not None and applied.max_tiles < 4
     with pytest.raises(InvalidInput, match="lowest num_frames and max_tiles, over max_visual_tokens 300"):
         fit_visual_tokens(INTERNVL, [MINUTES_3_720P, PHOTO], MediaOptions(), 300)
+
+
+def test_internvl_lowers_max_tiles_no_lower_than_the_requests_min_tiles():
+    """The request's min_tiles stays a lower bound of every image's grid, as its max_tiles stays an upper one: two
+    photos (4:3) fit 9 tiles at max_tiles 3 (one tile each) but not at min_tiles 4 (2 x 2 and a thumbnail each), and
+    are refused naming min_tiles; with dynamic_image_size false (one tile each whatever min_tiles says) there is
+    nothing to lower."""
+    _, applied = fit_visual_tokens(INTERNVL, [PHOTO, PHOTO], MediaOptions(), 256 * 9)
+    assert applied.max_tiles == 3
+    plans, applied = fit_visual_tokens(INTERNVL, [PHOTO, PHOTO], MediaOptions(min_tiles=4), 256 * 12)
+    assert applied.max_tiles == 5 and [(p.columns, p.rows, p.num_groups) for p in plans] == [(2, 2, 5)] * 2
+    with pytest.raises(InvalidInput, match=r"need at least 2560 visual tokens at the lowest num_frames and max_tiles "
+                                           r"\(max_tiles no lower than min_tiles 4\), over max_visual_tokens 2304"):
+        fit_visual_tokens(INTERNVL, [PHOTO, PHOTO], MediaOptions(min_tiles=4), 256 * 9)
+    plans, applied = fit_visual_tokens(INTERNVL, [PHOTO, PHOTO], MediaOptions(min_tiles=4, dynamic_image_size=False),
+                                       256 * 2)
+    assert applied is None and total_tokens(plans) == 256 * 2

@@ -95,7 +95,7 @@ def test_a_chat_without_max_tokens_asks_for_the_rest_of_the_context_and_a_comple
 
 def test_vllms_internvl_name_max_dynamic_patch_is_the_orchestrators_to_judge():
     """mm_processor_kwargs' max_dynamic_patch goes on as it is: the orchestrator reads it as max_tiles (its one
-    alias rule, orchestrator.sampling_params.ALIASES), as it does from a KServe client or in media_defaults."""
+    alias rule, orchestrator.sampling_aliases.ALIASES), as it does from a KServe client or in media_defaults."""
     for kwargs in ({"max_tiles": 6}, {"max_dynamic_patch": 6}, {"max_tiles": 6, "max_dynamic_patch": 6}):
         request = chat_request(_chat(messages=[{"role": "user", "content": "hi"}], mm_processor_kwargs=kwargs))
         assert request.sampling == {**kwargs, "max_tokens": None}
@@ -106,6 +106,21 @@ def test_vllms_internvl_name_max_dynamic_patch_is_the_orchestrators_to_judge():
         parse_sampling_parameters(json.dumps(request.sampling))
     answer = from_orchestrator(str(refused.value))  # the orchestrator's refusal, as the API answers it
     assert (answer.status, answer.param) == (400, "max_tiles")
+
+
+def test_internvls_other_tile_settings_go_on_as_they_are_sent():
+    """min_tiles and dynamic_image_size, and vLLM's (min_dynamic_patch) and transformers' (max_patches, min_patches,
+    crop_to_patches) names, reach the orchestrator as sent, which reads them as its keys; a value of the wrong JSON
+    type is a 400 from the schema (strict, as the orchestrator would refuse it), naming the field."""
+    kwargs = {"min_tiles": 2, "min_dynamic_patch": 2, "min_patches": 2, "max_patches": 6, "dynamic_image_size": True,
+              "crop_to_patches": True}
+    request = chat_request(_chat(messages=[{"role": "user", "content": "hi"}], mm_processor_kwargs=kwargs))
+    assert request.sampling == {**kwargs, "max_tokens": None}
+    params = parse_sampling_parameters(json.dumps(request.sampling))
+    assert (params.min_tiles, params.max_tiles, params.dynamic_image_size) == (2, 6, True)
+    for field, value in (("crop_to_patches", "no"), ("min_tiles", 1.5)):
+        with pytest.raises(ValidationError, match=f"mm_processor_kwargs.{field}"):
+            _chat(messages=[{"role": "user", "content": "hi"}], mm_processor_kwargs={field: value})
 
 
 def test_the_penalties_pass_through_for_the_orchestrator_to_judge():

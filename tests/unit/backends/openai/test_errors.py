@@ -12,7 +12,7 @@ from backends.openai.errors import ApiError, from_orchestrator
 from orchestrator.chat_options import parse_chat_options
 from backends.openai.orchestrator_client import OrchestratorClient
 from backends.runtime.tokenizer import build_offline_tokenizer
-from flashcodec.families import MediaOptions
+from flashcodec.families import MediaOptions, family
 from flashcodec.probe import ImageInfo
 from orchestrator.engine_io import SHUTTING_DOWN
 from orchestrator.inputs import InputLimits, MediaInput, RawRequest, parse_request
@@ -20,6 +20,7 @@ from orchestrator.media import check_media_settings, plan_media
 from orchestrator.prompt import QWEN, build_prompt, build_raw_prompt
 from orchestrator.sampling_params import InvalidInput, RequestParams, parse_sampling_parameters
 from orchestrator.visual_cap import fit_visual_tokens
+from tests.media import make_image
 
 
 def _message(call) -> str:
@@ -43,6 +44,8 @@ def _orchestrator_messages() -> list[tuple[str, str]]:
         (_message(lambda: plan_media(MediaInput("image", data=b"GIF89a-broken", input="image_url",
                                                 position="item 2 of 3"), RequestParams(), QWEN)), "messages"),
         (_message(lambda: check_media_settings(RequestParams(max_tiles=2), QWEN)), "max_tiles"),
+        (_message(lambda: plan_media(MediaInput("image", data=make_image(64, 48), input="image_url"),
+                                     RequestParams(min_tiles=13), family("internvl3"))), "min_tiles"),
         (_message(lambda: prompt.check_length(10**6, 100)), "max_tokens"),
         (_message(lambda: prompt.check_length(1, 5)), "prompt"),
         (_message(lambda: parse_request(RawRequest(text_input=[], prompt=[b" "]), InputLimits())), "prompt"),
@@ -60,7 +63,7 @@ def test_the_orchestrators_validation_messages_are_400_with_the_field():
         error = from_orchestrator(message)
         assert (error.status, error.param) == (400, param), message
         sent = message.removeprefix("sampling_parameters: ")  # an OpenAI client sends no sampling_parameters
-        sent = f"mm_processor_kwargs.{sent}" if param == "max_tiles" else sent
+        sent = f"mm_processor_kwargs.{sent}" if param in ("max_tiles", "min_tiles") else sent
         assert error.body() == {"error": {"message": sent, "type": "invalid_request_error", "param": param,
                                           "code": None}}
 
@@ -70,6 +73,8 @@ def test_a_sampling_keys_message_names_the_field_as_an_openai_client_sent_it():
     a refusal names what the client sent, a media setting under mm_processor_kwargs."""
     for body, words in (('{"fps": 100}', "mm_processor_kwargs.fps must be in (0, 60], got 100"),
                         ('{"max_pixels": 10}', "mm_processor_kwargs.max_pixels must be"),
+                        ('{"min_patches": 0}', "mm_processor_kwargs.min_tiles must be in [1, 64], got 0"),
+                        ('{"crop_to_patches": "x"}', "mm_processor_kwargs.crop_to_patches must be a boolean"),
                         ('{"top_k": -5}', "top_k must be")):
         error = from_orchestrator(_message(lambda: parse_sampling_parameters(body)))
         assert error.message.startswith(words) and error.status == 400, error.message
