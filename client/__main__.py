@@ -3,7 +3,8 @@
     python -m client [--url 127.0.0.1:8001] [--http 127.0.0.1:8000]
                      [--video FILE | --video-url PATH] [--image FILE]... [--image-url PATH]...
                      [--max-tokens N] [--temperature T] [--top-p P] [--top-k K] [--seed S]
-                     [--fps F] [--max-pixels P] [--min-pixels P] [--num-frames N] [--max-tiles N] [--no-stream]
+                     [--fps F] [--max-pixels P] [--min-pixels P] [--num-frames N] [--max-tiles N] [--min-tiles N]
+                     [--one-tile] [--no-stream]
                      [--timeout S] "question"
 
 gRPC by default; ``--http`` uses generate_stream (SSE), whose JSON body carries files as base64 ``data:`` URLs
@@ -49,6 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--min-pixels", type=int, help="smallest resized area of a frame or image, pixels (Qwen2.5-VL)")
     p.add_argument("--num-frames", type=int, help="frames (segments) sampled from a video (InternVL3)")
     p.add_argument("--max-tiles", type=int, help="most 448-pixel tiles of an image (InternVL3)")
+    p.add_argument("--min-tiles", type=int, help="fewest 448-pixel tiles of an image (InternVL3)")
+    p.add_argument("--one-tile", action="store_true",
+                   help="an image as one tile, no grid nor thumbnail (InternVL3: dynamic_image_size false)")
     p.add_argument("--no-stream", action="store_true", help="ask for the whole text in one response")
     p.add_argument("--timeout", type=float, default=600.0, metavar="S")
     return p
@@ -57,10 +61,12 @@ def build_parser() -> argparse.ArgumentParser:
 def sampling_from_args(args: argparse.Namespace) -> dict:
     """The sampling_parameters JSON object: only the options the user gave."""
     keys = ("max_tokens", "min_tokens", "temperature", "top_p", "top_k", "seed", "fps", "max_pixels", "min_pixels",
-            "num_frames", "max_tiles")
+            "num_frames", "max_tiles", "min_tiles")
     sampling = {k: getattr(args, k) for k in keys if getattr(args, k) is not None}
     if args.ignore_eos:
         sampling["ignore_eos"] = True
+    if args.one_tile:
+        sampling["dynamic_image_size"] = False
     return sampling
 
 

@@ -14,6 +14,8 @@ def test_sampling_only_has_the_given_options():
     assert args.question == "What happens?"
     internvl = build_parser().parse_args(["--num-frames", "16", "--max-tiles", "6", "Q"])  # InternVL3's settings
     assert sampling_from_args(internvl) == {"num_frames": 16, "max_tiles": 6}
+    tiles = build_parser().parse_args(["--min-tiles", "2", "--one-tile", "Q"])
+    assert sampling_from_args(tiles) == {"min_tiles": 2, "dynamic_image_size": False}
 
 
 def test_images_repeat_and_question_stays_positional(tmp_path):
