@@ -27,7 +27,7 @@ from backends.openai.config import ApiConfig
 from backends.openai.choices import merged
 from backends.openai.convert import OrchestratorRequest, chat_request, completion_requests
 from backends.openai.errors import ApiError, install_handlers
-from backends.openai.media_fetch import MediaFetcher
+from backends.openai.media_fetch import MediaFetcher, needs_fetch
 from backends.openai.orchestrator_client import OrchestratorClient
 from backends.openai.responses import ChatShape, CompletionShape, Reply
 from backends.openai.response_schemas import ChatCompletionChunk, Completion, ModelCard, ModelList
@@ -153,7 +153,8 @@ async def _generate(request: Request, body: GenerationRequest, prompts: list[Orc
         raise ApiError(400, f"{param}: {len(prompts) * shape.n} {what} at once, more than the "
                             f"{state.config.max_requests} requests this server takes at once (--openai-max-requests)",
                        param=param)
-    prompts = [await state.fetcher.resolve(prompt) for prompt in prompts]
+    if any(needs_fetch(prompt) for prompt in prompts):  # a fetch outlives no client
+        prompts = await _unless_disconnected(request, _media_fetched(state.fetcher, prompts))
     marks.mark("api_sent")
     pieces = merged(state.orchestrator, prompts, shape.n)
     if not body.stream:
@@ -169,6 +170,11 @@ async def _generate(request: Request, body: GenerationRequest, prompts: list[Orc
     marks.mark("api_first_response")
     return EventSourceResponse(_events(first, pieces, shape, body.include_usage, marks), sep="\n",
                                shutdown_grace_period=state.config.shutdown_grace_s)
+
+
+async def _media_fetched(fetcher: MediaFetcher, prompts: list[OrchestratorRequest]) -> list[OrchestratorRequest]:
+    """``prompts`` with their http(s) media fetched (``MediaFetcher.resolve``), one after another."""
+    return [await fetcher.resolve(prompt) for prompt in prompts]
 
 
 async def _whole_body(shape: ChatShape | CompletionShape, replies: list[Reply]) -> Response:

@@ -5,6 +5,7 @@ orchestrator checks them (base64, the allowed media folders, sizes).
 """
 from __future__ import annotations
 
+import asyncio
 import base64
 
 import httpx
@@ -15,19 +16,22 @@ from backends.openai.errors import ApiError
 
 class MediaFetcher:
     """Resolves a request's http(s) media. ``allow``: fetch them (else refuse); at most ``max_bytes`` bytes per
-    item, ``timeout_s`` seconds per network operation; redirects are followed (at most 5)."""
+    item, each item's whole fetch (connecting, redirects, every byte) within ``timeout_s`` seconds, as vLLM bounds
+    its fetches (``VLLM_IMAGE_FETCH_TIMEOUT``, ``VLLM_VIDEO_FETCH_TIMEOUT``): httpx's own timeout bounds each network
+    operation only, so a server sending a byte every few seconds held a fetch open for minutes. Redirects are
+    followed (at most 5)."""
 
     def __init__(self, allow: bool, max_bytes: int, timeout_s: float):
-        self.allow, self.max_bytes = allow, max_bytes
+        self.allow, self.max_bytes, self.timeout_s = allow, max_bytes, timeout_s
         self._client = httpx.AsyncClient(timeout=timeout_s, follow_redirects=True, max_redirects=5)
 
     async def resolve(self, request: OrchestratorRequest) -> OrchestratorRequest:
         """``request`` with each http(s) URL replaced by a ``data:`` URL of the fetched bytes.
 
         Raises ApiError 400 naming the part (``messages[i].content[j].image_url``): http(s) not allowed, an answer
-        other than 200, over ``max_bytes``, or a network failure.
+        other than 200, over ``max_bytes``, not fetched within ``timeout_s``, or a network failure.
         """
-        if not any(_is_http(m.url) for m in request.media):
+        if not needs_fetch(request):
             return request
         return request.with_media(tuple([await self._fetched(m) if _is_http(m.url) else m for m in request.media]))
 
@@ -36,6 +40,13 @@ class MediaFetcher:
             raise ApiError(400, f"{media.where}: http(s) URLs are not fetched by this server (started without "
                                 "--openai-allow-http-media); send a data: URL, or a file:// path under its allowed "
                                 "media folders", param="messages")
+        try:
+            return await asyncio.wait_for(self._download(media), self.timeout_s)
+        except asyncio.TimeoutError:
+            raise ApiError(400, f"{media.where}: could not fetch {media.url[:200]} within {self.timeout_s:g} s (the "
+                                "API's --http-media-timeout)", param="messages") from None
+
+    async def _download(self, media: MediaRef) -> MediaRef:
         try:
             async with self._client.stream("GET", media.url) as response:
                 if response.status_code != 200:
@@ -53,13 +64,19 @@ class MediaFetcher:
                     raise ApiError(400, f"{media.where}: {media.url[:200]} is over the limit of {self.max_bytes} "
                                         "bytes", param="messages")
                 mime = response.headers.get("content-type", "application/octet-stream").split(";")[0].strip()
-        except httpx.HTTPError as exc:
-            raise ApiError(400, f"{media.where}: could not fetch {media.url[:200]}: {type(exc).__name__}: {exc}",
+        except httpx.HTTPError as exc:  # some carry no message (a ReadTimeout's is empty): the name alone then
+            reason = ": ".join(part for part in (type(exc).__name__, str(exc)) if part)
+            raise ApiError(400, f"{media.where}: could not fetch {media.url[:200]}: {reason}",
                            param="messages") from None
         return MediaRef(media.kind, f"data:{mime};base64,{base64.b64encode(data).decode()}", media.where)
 
     async def close(self) -> None:
         await self._client.aclose()
+
+
+def needs_fetch(request: OrchestratorRequest) -> bool:
+    """Whether ``request`` holds http(s) media (``MediaFetcher.resolve`` has work to do)."""
+    return any(_is_http(m.url) for m in request.media)
 
 
 def _is_http(url: str) -> bool:

@@ -5,9 +5,11 @@ import asyncio
 import base64
 import http.server
 import threading
+import time
 
 import pytest
 
+from backends.openai.app import _media_fetched, _unless_disconnected
 from backends.openai.convert import MediaRef, OrchestratorRequest
 from backends.openai.errors import ApiError
 from backends.openai.media_fetch import MediaFetcher
@@ -17,6 +19,18 @@ FILES = {"/a.png": (b"\x89PNG" + bytes(range(256)) * 4, "image/png"), "/big.mp4"
 
 class _Handler(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
+        if self.path == "/slow":  # a byte every 0.2 s: each read is quick, the whole body never ends
+            self.send_response(200)
+            self.send_header("Content-Type", "image/png")
+            self.end_headers()
+            try:
+                for _ in range(200):
+                    self.wfile.write(b"x")
+                    self.wfile.flush()
+                    time.sleep(0.2)
+            except OSError:  # the fetcher gave up
+                pass
+            return
         if self.path == "/moved":
             self.send_response(302)
             self.send_header("Location", "/a.png")
@@ -51,9 +65,10 @@ def _request(*urls: str) -> OrchestratorRequest:
     return OrchestratorRequest(None, "[]", media, {}, False, False)
 
 
-def _resolve(request: OrchestratorRequest, allow: bool = True, max_bytes: int = 4096) -> OrchestratorRequest:
+def _resolve(request: OrchestratorRequest, allow: bool = True, max_bytes: int = 4096,
+             timeout_s: float = 10.0) -> OrchestratorRequest:
     async def run():
-        fetcher = MediaFetcher(allow, max_bytes, 10.0)
+        fetcher = MediaFetcher(allow, max_bytes, timeout_s)
         try:
             return await fetcher.resolve(request)
         finally:
@@ -88,3 +103,41 @@ def test_an_unreachable_host_is_a_400_naming_the_part():
     with pytest.raises(ApiError) as error:
         _resolve(_request("http://127.0.0.1:9/x.png"))  # port 9 (discard): nothing listens
     assert error.value.status == 400 and "could not fetch" in error.value.message
+
+
+def test_a_fetch_that_never_ends_is_refused_at_the_deadline(base_url):
+    """httpx's timeout bounds each read; the fetcher bounds the whole fetch (a trickling server once held one open
+    for minutes)."""
+    started = time.monotonic()
+    with pytest.raises(ApiError) as error:
+        _resolve(_request(f"{base_url}/slow"), max_bytes=1 << 20, timeout_s=1.0)
+    assert time.monotonic() - started < 5.0
+    assert error.value.status == 400 and "messages[0].content[0].image_url: could not fetch" in error.value.message
+    assert "within 1 s (the API's --http-media-timeout)" in error.value.message, error.value.message
+
+
+class _Leaving:
+    """A request whose client goes away after ``after_s`` seconds (the ASGI messages ``_unless_disconnected`` reads)."""
+
+    def __init__(self, after_s: float):
+        self.after_s = after_s
+
+    async def receive(self) -> dict:
+        await asyncio.sleep(self.after_s)
+        return {"type": "http.disconnect"}
+
+
+def test_a_fetch_is_cancelled_when_its_client_leaves(base_url):
+    async def run():
+        fetcher = MediaFetcher(True, 1 << 20, 30.0)
+        try:
+            work = _media_fetched(fetcher, [_request(f"{base_url}/slow")])
+            with pytest.raises(ApiError) as error:
+                await _unless_disconnected(_Leaving(0.5), work)
+            return error.value.status
+        finally:
+            await fetcher.close()
+
+    started = time.monotonic()
+    status = asyncio.run(run())
+    assert status == 499 and time.monotonic() - started < 5.0
