@@ -85,7 +85,8 @@ def parse_args(argv: list[str] | None = None) -> ApiConfig:
     parser.add_argument("--allow-http-media", action="store_true",
                         help="fetch http(s) image_url / video_url parts (off: they are refused)")
     parser.add_argument("--max-http-media-bytes", type=int, default=d.max_http_media_bytes)
-    parser.add_argument("--http-media-timeout", type=float, default=d.http_media_timeout_s, help="seconds")
+    parser.add_argument("--http-media-timeout", type=float, default=d.http_media_timeout_s,
+                        help="seconds for the whole fetch of one http(s) media item")
     parser.add_argument("--shutdown-grace", type=float, default=d.shutdown_grace_s,
                         help="seconds requests in flight may run on after SIGTERM")
     parser.add_argument("--max-requests", type=int, default=d.max_requests,
