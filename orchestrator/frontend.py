@@ -10,7 +10,8 @@ prompt's tokens found in the prefix cache) and ``stop_reason`` (JSON: the stop s
 output, else null; vLLM's), and always the final flag, also after a cancellation or an error. The
 vLLM backend's ``return_*`` flags put their output on every response, with that backend's meaning (its
 ``utils/request.py``): ``finish_reason`` is ``"None"`` until the last, ``num_output_tokens`` counts that
-response's tokens. A client's cancellation, seen by the cancel watch's thread, is handed to the event loop, where
+response's tokens; ``return_num_input_tokens`` brings ``num_cached_tokens`` with it (the prompt's counts, known from
+the first token on). A client's cancellation, seen by the cancel watch's thread, is handed to the event loop, where
 it ends the request's stream. Each request's time to first token, the gaps between its outputs, its end-to-end
 latency, tokens and finish reason are measured here, as its outputs are handed to its responses
 (``orchestrator.metrics.RequestTimer``).
@@ -172,7 +173,7 @@ async def _send_tokens(admitted: Admitted, tokens, send, timer: RequestTimer, ti
             if reason is not None and trail_timeline and parsed.extra_outputs.timeline and (delta or token_ids):
                 # the last tokens go out before the timeline's JSON is built, in a reply of their own
                 send(Reply(parsed, delta, token_ids, None, num_input, len(ids), 0, head if first else (), timeline,
-                           logprobs=logprobs, cumulative_logprob=cumulative))
+                           admitted.counts.cached_tokens, logprobs, cumulative))
                 delta, token_ids, logprobs, first = "", [], (), False
             send(Reply(parsed, delta, token_ids, reason, num_input, len(ids), final if reason else 0,
                        head if first else (), timeline, admitted.counts.cached_tokens, logprobs, cumulative,

@@ -102,12 +102,12 @@ class Reply:
             out["output_ids"] = self.ids
         if extra.finish_reason or last:  # "None" until the last: the vLLM backend's str()
             out["finish_reason"] = str(self.reason)
-        if extra.num_input_tokens or last:
+        if extra.num_input_tokens or last:  # the prompt's counts: its tokens, those found in the prefix cache
             out["num_input_tokens"] = self.num_input
+            out["num_cached_tokens"] = self.num_cached
         if extra.num_output_tokens or last:
             out["num_output_tokens"] = len(self.ids) if extra.num_output_tokens else self.num_output
         if last:
-            out["num_cached_tokens"] = self.num_cached
             out["stop_reason"] = json.dumps(self.stop_reason)
         if extra.logprobs:
             out["logprobs"] = json.dumps(self.logprobs)

@@ -16,13 +16,15 @@ from backends.openai.response_schemas import (AssistantMessage, ChatChoice, Chat
 from client.pieces import ResponsePiece
 
 
-def usage(piece: ResponsePiece) -> Usage | None:
-    """The token counts of a request's last response (None on the others)."""
-    if piece.num_input_tokens is None or piece.num_output_tokens is None:
+def usage(piece: ResponsePiece, completion_tokens: int | None = None) -> Usage | None:
+    """The token counts of a request's last response (None on the others), or, given ``completion_tokens`` (the
+    reply's tokens so far), of any response that brings the prompt's counts (``continuous_usage``)."""
+    completion_tokens = piece.num_output_tokens if completion_tokens is None else completion_tokens
+    if piece.num_input_tokens is None or completion_tokens is None:
         return None
     details = None if piece.num_cached_tokens is None else PromptTokensDetails(cached_tokens=piece.num_cached_tokens)
-    return Usage(prompt_tokens=piece.num_input_tokens, completion_tokens=piece.num_output_tokens,
-                 total_tokens=piece.num_input_tokens + piece.num_output_tokens, prompt_tokens_details=details)
+    return Usage(prompt_tokens=piece.num_input_tokens, completion_tokens=completion_tokens,
+                 total_tokens=piece.num_input_tokens + completion_tokens, prompt_tokens_details=details)
 
 
 def total_usage(usages: dict[int, Usage], n: int) -> Usage | None:
@@ -114,15 +116,13 @@ class _Shape:
         return True
 
     def _running_usage(self, index: int, piece: ResponsePiece) -> Usage | None:
-        """With ``continuous_usage``, choice ``index``'s usage as of ``piece``: its prompt's tokens and the choice's
-        tokens so far (vLLM's continuous usage: per choice), the whole usage on its last; else None."""
+        """With ``continuous_usage``, choice ``index``'s usage as of ``piece``: its prompt's tokens (and cached
+        tokens, as the last usage gives them) and the choice's tokens so far (vLLM's continuous usage: per choice),
+        the whole usage on its last; else None."""
         if not self.continuous_usage:
             return None
         self._made[index] = self._made.get(index, 0) + len(piece.token_ids)
-        if (counts := usage(piece)) is not None or piece.num_input_tokens is None:
-            return counts
-        return Usage(prompt_tokens=piece.num_input_tokens, completion_tokens=self._made[index],
-                     total_tokens=piece.num_input_tokens + self._made[index])
+        return usage(piece) or usage(piece, self._made[index])
 
     def streamed_usage(self) -> Usage | None:
         """The usage of the choices streamed so far (``total_usage``)."""

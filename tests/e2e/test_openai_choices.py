@@ -94,19 +94,22 @@ def test_a_completions_prompts_and_echo(sdk, stream):
 
 def test_continuous_usage_stats_give_every_chunk_its_choices_usage_so_far(sdk):
     """vLLM's ``stream_options.continuous_usage_stats``: each chunk's usage is its prompt's tokens and its choice's
-    tokens so far (the ids it has brought); the usage-only chunk at the end still counts them all."""
+    tokens so far (the ids it has brought), every chunk's with its prompt's cached tokens as its last has them; the
+    usage-only chunk at the end still counts them all (the cached tokens: choice 0's)."""
     stream = sdk.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Count to ten."}], n=2,
                                          seed=3, stream=True, **SAMPLED,
                                          stream_options={"include_usage": True, "continuous_usage_stats": True})
-    made, prompt, last = [0, 0], set(), None
+    made, prompt, last, cached = [0, 0], set(), None, [set(), set()]
     for chunk in stream:
         if not chunk.choices:
             last = chunk.usage
             continue
         (choice,) = chunk.choices
         made[choice.index] += len(choice.token_ids)
+        cached[choice.index].add(chunk.usage.prompt_tokens_details.cached_tokens)
         assert chunk.usage.completion_tokens == made[choice.index]
         assert chunk.usage.total_tokens == chunk.usage.prompt_tokens + made[choice.index]
         prompt.add(chunk.usage.prompt_tokens)
     assert made == [N, N] and len(prompt) == 1
     assert (last.prompt_tokens, last.completion_tokens) == (prompt.pop(), 2 * N)
+    assert [len(each) for each in cached] == [1, 1] and cached[0] == {last.prompt_tokens_details.cached_tokens}

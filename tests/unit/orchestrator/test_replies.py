@@ -61,7 +61,8 @@ def test_return_flags_keep_their_meaning_after_a_merge():
     head = first.merge(second).build().outputs()  # the first response, merged
     tail = third.merge(last).build().outputs()
     assert head == {"text_output": ["ab"], "visual_cap": ['{"fps": 1}'], "media": [json.dumps(MEDIA)],
-                    "output_ids": [0, 1], "finish_reason": ["None"], "num_input_tokens": [7], "num_output_tokens": [2]}
+                    "output_ids": [0, 1], "finish_reason": ["None"], "num_input_tokens": [7], "num_cached_tokens": [3],
+                    "num_output_tokens": [2]}  # the prompt's counts together, from the first response on
     assert tail["text_output"] == ["cd"] and tail["output_ids"] == [2, 3]
     assert "visual_cap" not in tail and "media" not in tail
     assert tail["finish_reason"] == ["length"] and tail["num_output_tokens"] == [2]  # that response's tokens

@@ -57,13 +57,16 @@ def test_chunks_write_openais_nullable_fields_as_null_and_the_extras_only_when_s
 
 def test_continuous_usage_gives_every_chunk_its_choices_usage_so_far():
     """vLLM's continuous_usage_stats: per choice, the prompt's tokens and the choice's tokens so far; its last
-    chunk's is the whole usage. Without it no chunk carries usage (the usage-only chunk comes apart)."""
-    pieces = [dataclasses.replace(piece, num_input_tokens=500) for piece in PIECES]
+    chunk's is the whole usage. Every chunk's usage has the prompt's cached tokens, as the last one has them (the
+    orchestrator sends them with the prompt's tokens). Without it no chunk carries usage (the usage-only chunk comes
+    apart)."""
+    pieces = [dataclasses.replace(piece, num_input_tokens=500, num_cached_tokens=480) for piece in PIECES]
     for shape in (ChatShape("tiny", False, continuous_usage=True), CompletionShape("tiny", False,
                                                                                    continuous_usage=True)):
         usages = [sent(shape.chunk(0, piece))["usage"] for piece in pieces]
         assert [(u["prompt_tokens"], u["completion_tokens"], u["total_tokens"]) for u in usages] == [
             (500, 2, 502), (500, 3, 503), (500, 3, 503)]
+        assert [u["prompt_tokens_details"] for u in usages] == [{"cached_tokens": 480}] * 3
         other = sent(shape.chunk(1, dataclasses.replace(pieces[1], token_ids=(7, 8, 9))))["usage"]
         assert other["completion_tokens"] == 3  # choice 1's own
     assert all("usage" not in sent(ChatShape("tiny", False).chunk(0, piece)) for piece in pieces)
