@@ -56,9 +56,9 @@ class ApiState:
         cannot be reached."""
         if self._card is None:
             params = await self.orchestrator.parameters()
-            name = self.config.served_model_name or Path(params.get("model_path") or params.get("preset", "tiny")).name
-            self._card = ModelCard(id=name, created=int(time.time()),
-                                   max_model_len=int(params.get("max_model_len") or 0) or None)
+            root = params.get("model_path") or params.get("preset", "tiny")
+            self._card = ModelCard(id=self.config.served_model_name or Path(root).name, created=int(time.time()),
+                                   root=root, max_model_len=int(params.get("max_model_len") or 0) or None)
         return self._card
 
     async def close(self) -> None:

@@ -4,6 +4,8 @@
 only when set (:func:`_extra`)."""
 from __future__ import annotations
 
+import time
+import uuid
 from typing import Literal
 
 from pydantic import BaseModel, Field, SkipValidation
@@ -136,12 +138,37 @@ class Completion(BaseModel):
     timeline: dict | None = _extra()  # as on ChatCompletion
 
 
+class ModelPermission(BaseModel):
+    """vLLM's ``ModelPermission``, with its defaults (OpenAI's former model permissions; nothing here enforces them).
+    ``created``: Unix seconds."""
+
+    id: str = Field(default_factory=lambda: f"modelperm-{uuid.uuid4().hex}")
+    object: Literal["model_permission"] = "model_permission"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    allow_create_engine: bool = False
+    allow_sampling: bool = True
+    allow_logprobs: bool = True
+    allow_search_indices: bool = False
+    allow_view: bool = True
+    allow_fine_tuning: bool = False
+    organization: str = "*"
+    group: str | None = None
+    is_blocking: bool = False
+
+
 class ModelCard(BaseModel):
+    """A served model, as vLLM's ``/v1/models`` lists one: ``root`` the model as the server loaded it (its path, or
+    the preset's name), ``parent`` null (vLLM's is a LoRA adapter's base model), ``permission`` one
+    :class:`ModelPermission` with vLLM's defaults; ``created``: Unix seconds."""
+
     id: str
     object: Literal["model"] = "model"
     created: int
     owned_by: str = "unifiedserve"
+    root: str | None = None
+    parent: str | None = None
     max_model_len: int | None = None
+    permission: list[ModelPermission] = Field(default_factory=lambda: [ModelPermission()])
 
 
 class ModelList(BaseModel):

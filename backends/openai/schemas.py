@@ -2,15 +2,17 @@
 (the response bodies: ``backends.openai.response_schemas``).
 
 Fields a client may send that this server does not know are ignored (as vLLM does); fields it knows but cannot
-honour (``tools``, ``best_of``, ...) are refused by :meth:`GenerationRequest.refusal`.
+honour (``tools``, ``best_of``, vLLM's ``use_beam_search``, ...: ``backends.openai.unsupported``) are refused by
+:meth:`GenerationRequest.refusal` when set to anything but their defaults.
 """
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag
 
 from backends.ipc.protocol import MAX_LOGPROBS
+from backends.openai.unsupported import Unsupported, unsupported_refusal
 from orchestrator.sampling_params import MAX_TOKENS_LIMIT, SEED_LIMIT
 from orchestrator.shown import shown
 
@@ -42,22 +44,37 @@ class MediaUrl(_Body):
     detail: str | None = None
 
 
+# the URL alone, a plain string, is taken as {"url": <string>} (vLLM's simple image and video parts)
+Media = Annotated[MediaUrl, BeforeValidator(lambda value: {"url": value} if isinstance(value, str) else value)]
+
+
 class TextPart(_Body):
     type: Literal["text"]
     text: str
 
 
 class ImageUrlPart(_Body):
-    type: Literal["image_url"]
-    image_url: MediaUrl
+    type: Literal["image_url"] = "image_url"
+    image_url: Media
 
 
 class VideoUrlPart(_Body):
-    type: Literal["video_url"]
-    video_url: MediaUrl
+    type: Literal["video_url"] = "video_url"
+    video_url: Media
 
 
-ContentPart = Annotated[Union[TextPart, ImageUrlPart, VideoUrlPart], Field(discriminator="type")]
+def _part_type(part: object) -> object:
+    """A content part's ``type``; without one, ``image_url`` or ``video_url`` where the part holds that key (vLLM's
+    simple parts, ``{"image_url": "https://..."}``), else None (refused: no type)."""
+    if not isinstance(part, dict):
+        return getattr(part, "type", None)
+    return part.get("type", next((key for key in ("image_url", "video_url") if key in part), None))
+
+
+ContentPart = Annotated[Union[Annotated[TextPart, Tag("text")], Annotated[ImageUrlPart, Tag("image_url")],
+                              Annotated[VideoUrlPart, Tag("video_url")]],
+                        Discriminator(_part_type, custom_error_type="part_type", custom_error_message=(
+                            "Input should be a part of type 'text', 'image_url' or 'video_url'"))]
 
 
 class ChatMessage(_Body):
@@ -127,6 +144,22 @@ class GenerationRequest(_Body):
     response_format: dict[str, Any] | None = None  # OpenAI's: text, json_object, json_schema
     structured_outputs: dict[str, Any] | str | None = None  # vLLM's: json, json_object, regex, choice, grammar
     prompt_logprobs: int | None = None  # vLLM's: the prompt tokens' log probabilities, top tokens each (no stream)
+    # vLLM's fields that this server cannot honour: refused unless left at their defaults (backends/openai/unsupported)
+    use_beam_search: Annotated[Flag, Unsupported("beam search is not supported by this server")] = False
+    priority: Annotated[int, Unsupported(
+        "got {value} but priority scheduling is not enabled (requests are served first come, first served, as "
+        "vLLM's default fcfs policy serves them)")] = 0
+    watermarking: Annotated[Flag, Unsupported("watermarking is not supported by this server")] = False
+    truncate_prompt_tokens: Annotated[int | None, Unsupported("prompt truncation is not supported by this server")] \
+        = None
+    allowed_token_ids: Annotated[list[int] | None, Unsupported(
+        "not supported by this server (logit_bias can favour or ban tokens)")] = None
+    bad_words: Annotated[list[str], Unsupported("not supported by this server (logit_bias can ban tokens)")] = []
+    logprob_token_ids: Annotated[list[int] | None, Unsupported(
+        "not supported by this server (logprobs with the top tokens are)")] = None
+    return_tokens_as_token_ids: Annotated[Flag, Unsupported(
+        "not supported by this server (return_token_ids gives each choice's token ids)")] = False
+    repetition_detection: Annotated[dict[str, Any] | None, Unsupported("not supported by this server")] = None
 
     @property
     def top_logprobs_asked(self) -> int | None:
@@ -142,6 +175,8 @@ class GenerationRequest(_Body):
 
     def refusal(self) -> tuple[str, str] | None:
         """(field, message) of the first field set to something this server cannot do, or None."""
+        if (unsupported := unsupported_refusal(self)) is not None:
+            return unsupported
         if (out_of_range := _count_refusal("prompt_logprobs", self.prompt_logprobs)) is not None:
             return out_of_range
         if self.prompt_logprobs is not None and self.stream:  # vLLM refuses values above 0 (0 too here)
@@ -235,6 +270,8 @@ class ChatCompletionRequest(GenerationRequest):
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
     chat_template: str | None = None  # vLLM's own template for the request: refused (refusal)
+    media_io_kwargs: Annotated[dict[str, Any] | None, Unsupported(
+        "not supported by this server (mm_processor_kwargs sets the frames and sizes)")] = None
 
     @property
     def template_kwargs(self) -> dict[str, Any] | None:
@@ -300,6 +337,8 @@ class CompletionRequest(GenerationRequest):
     best_of: int | None = None
     suffix: str | None = None
     logprobs: int | None = None
+    prompt_embeds: Annotated[str | list[str] | None, Unsupported(
+        "prompt embeddings are not supported by this server (send the prompt as text or token ids)")] = None
 
     @property
     def top_logprobs_asked(self) -> int | None:

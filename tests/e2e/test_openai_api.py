@@ -88,6 +88,7 @@ def _streamed(chunks) -> tuple[str, list[int], str | None, object]:
 def test_models_and_health(sdk, api):
     (model,) = sdk.models.list().data
     assert model.id == MODEL and model.max_model_len == 32768
+    assert (model.root, model.parent, len(model.permission)) == (MODEL, None, 1)  # vLLM's: the preset, as loaded
     assert sdk.models.retrieve(MODEL).id == MODEL  # GET /v1/models/{model}
     with pytest.raises(openai.NotFoundError) as unknown:
         sdk.models.retrieve("gpt-4")
@@ -110,9 +111,12 @@ def test_text_chat_equals_the_kserve_path(sdk, kserve):
     assert ours.model_extra.get("media") is None and theirs.media is None  # no media, no report
 
 
-def test_streamed_image_chat_equals_the_kserve_path(sdk, kserve):
+@pytest.mark.parametrize("simple", [False, True], ids=["url-object", "url-string"])
+def test_streamed_image_chat_equals_the_kserve_path(sdk, kserve, simple):
+    """Also with the URL as a plain string (vLLM's simple image part), taken as ``{"url": ...}``."""
     image = make_image(200, 150, "RGB", "JPEG")
-    content = [{"type": "image_url", "image_url": {"url": _data_url(image, "image/jpeg")}},
+    url = _data_url(image, "image/jpeg")
+    content = [{"type": "image_url", "image_url": url if simple else {"url": url}},
                {"type": "text", "text": "What is in the picture?"}]
     stream = sdk.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": content}],
                                          max_completion_tokens=N, temperature=0, stream=True,
@@ -332,6 +336,10 @@ BAD = [
      dict(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/a.png"}}]}]),
      400, "messages", "messages[0].content[0].image_url: http(s) URLs are not fetched"),
     ("no choices", dict(n=0), 400, "n", "n: must be in [1, 128], got 0"),
+    ("beam search", dict(extra_body={"use_beam_search": True}), 400, "use_beam_search",
+     "use_beam_search: beam search is not supported"),
+    ("a priority", dict(extra_body={"priority": 1}), 400, "priority",
+     "priority: got 1 but priority scheduling is not enabled"),
     ("an image in an assistant message",
      dict(messages=[{"role": "user", "content": "hi"},
                     {"role": "assistant", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}]),
