@@ -12,10 +12,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from backends.runtime import model_parts
 from backends.runtime.families import ServedModel
 from backends.runtime.families.registry import family_for, model_config, model_tokenizer
-from backends.runtime.presets import PRESETS
+from backends.runtime.presets import DTYPES, LOAD_FORMATS, PRESETS
 
-LOAD_FORMATS = ("auto", "dummy")
-DTYPES = ("auto", "float32", "float16", "bfloat16")
 log = logging.getLogger(__name__)
 
 

@@ -8,6 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
+# What ModelSpec (``backends.runtime.loader``) loads; here, without torch, so that the launcher checks them too
+# (``triton_io.CHOICES``).
+LOAD_FORMATS = ("auto", "dummy")
+DTYPES = ("auto", "float32", "float16", "bfloat16")
+
 # The CPU-test language model of both tiny presets. head_dim 64 (128 / 2 heads): the smallest flashinfer builds
 # kernels for, so the GPU tests can compare its backend with torch's on these models; GQA group 2. Random weights at
 # the library's 0.02 give greedy steps whose top-2 logit gap is a few 1e-4 (about 2% of steps below 1e-3, median

@@ -22,7 +22,8 @@ Sections, every key optional (what is left out keeps the repository's value; ``s
   parameter ``slo_scheduling`` true (``orchestrator.budget_policy``), and the TBT targets bound ``decode_pace_ms``.
 * ``pools``: ``kv_pages`` or ``kv_memory_fraction`` (the KV pool as a share of the GPU memory free once decode's
   weights are loaded), ``kv_page_size`` (tokens), ``patch_pages``, ``patch_page_size`` (patches).
-* ``ipc``: ``shm_default_byte_size``, the Python backend's shared-memory region per model process (bytes).
+* ``ipc``: ``shm_default_byte_size``, the Python backend's shared-memory region per model process (bytes, at least
+  4 MiB).
 
 Every section is a frozen dataclass checked in ``__post_init__``; errors are :class:`ConfigError`, naming the file
 and the key (``pools.kv_memory_fraction: must be in (0, 1), got 1.5``).
@@ -30,27 +31,18 @@ and the key (``pools.kv_memory_fraction: must be in (0, 1), got 1.5``).
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
+from backends.triton.deploy_yaml import ConfigError, build, read_yaml
 from backends.triton.mps import GPU_SHARING, mps_priority, sm_share
 from backends.triton.triton_io import MODALITIES, UPPER_BOUNDS, choice_value, gpus_value
 
 DEFAULT_SHM_BYTES = 16 * 1024 * 1024  # the launcher's --backend-config=python,shm-default-byte-size
+MIN_SHM_BYTES = 4 << 20  # Triton's Python backend refuses less: "shm-default-byte-size can't be smaller than 4 MiBs"
 _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
-
-
-class ConfigError(ValueError):
-    """A deployment file that cannot be served; ``key`` is the dotted key at fault."""
-
-    def __init__(self, key: str, message: str):
-        super().__init__(f"{key}: {message}")
-        self.key, self.message = key, message
 
 
 def _to(target: str):
@@ -116,7 +108,7 @@ class ModelSection:
     generation_config: str | None = _to("orchestrator.generation_config")
 
     def __post_init__(self):
-        _choices(self, "generation_config")
+        _choices(self, "generation_config", "preset", "dtype", "load_format")  # the stages' words (triton_io.CHOICES)
         if self.path is not None and not Path(self.path).is_dir():
             raise ConfigError("path", f"{self.path} is not a directory (a local Qwen2.5-VL or InternVL3 checkpoint)")
 
@@ -245,7 +237,7 @@ class ModalitySlo:
 
     def __post_init__(self):
         for name in ("ttft_ms", "tbt_ms"):
-            if not getattr(self, name) > 0:
+            if not 0 < getattr(self, name) < math.inf:
                 raise ConfigError(name, f"must be a positive number of milliseconds, got {getattr(self, name)!r}")
 
 
@@ -257,8 +249,8 @@ class Slo:
     image: ModalitySlo | None = None
     video: ModalitySlo | None = None
 
-    def items(self) -> list[str]:
-        return [f"orchestrator.slo_{modality}_{name}={_text(getattr(target, name))}"
+    def items(self) -> list[tuple[str, str]]:
+        return [(f"slo.{modality}.{name}", f"orchestrator.slo_{modality}_{name}={_text(getattr(target, name))}")
                 for modality in MODALITIES if (target := getattr(self, modality)) is not None
                 for name in ("ttft_ms", "tbt_ms")]
 
@@ -282,19 +274,22 @@ class Pools:
         if self.kv_memory_fraction is not None and not 0 < self.kv_memory_fraction < 1:
             raise ConfigError("kv_memory_fraction", f"must be in (0, 1), got {self.kv_memory_fraction!r}")
 
-    def items(self) -> list[str]:
+    def items(self) -> list[tuple[str, str]]:
         # kv_pages alone in the file: a fraction the repository may hold would win over it (decode_stage)
-        return ["decode.kv_memory_fraction="] if self.kv_pages is not None else []
+        return [("pools.kv_pages", "decode.kv_memory_fraction=")] if self.kv_pages is not None else []
 
 
 @dataclass(frozen=True)
 class Ipc:
-    """``ipc``: the Python backend's shared-memory region per model process, bytes (it grows beyond, per request)."""
+    """``ipc``: the Python backend's shared-memory region per model process, bytes (it grows beyond, per request),
+    at least ``MIN_SHM_BYTES``."""
 
     shm_default_byte_size: int = DEFAULT_SHM_BYTES
 
     def __post_init__(self):
-        _at_least(self, 1, "shm_default_byte_size")
+        if self.shm_default_byte_size < MIN_SHM_BYTES:
+            raise ConfigError("shm_default_byte_size", f"must be at least {MIN_SHM_BYTES} (4 MiB, the least Triton's "
+                                                       f"Python backend takes), got {self.shm_default_byte_size}")
 
 
 @dataclass(frozen=True)
@@ -310,18 +305,20 @@ class DeployConfig:
 
     def set_items(self) -> list[str]:
         """The repository parameters this file sets, as the launcher's ``--set`` items (``MODEL.KEY=VALUE``)."""
+        return [item for _, item in self.keyed_items()]
+
+    def keyed_items(self) -> list[tuple[str, str]]:
+        """:meth:`set_items`, each after the dotted file key that sets it (``("budgets.max_model_len",
+        "orchestrator.max_model_len=4096")``): what an error in the item names."""
         return [*_items(self), *self.slo.items(), *self.pools.items()]
 
     @classmethod
     def load(cls, path: Path) -> "DeployConfig":
         """Read and check the YAML file ``path``. Raises ConfigError (its message starts with the file's name)
-        for a file that cannot be read or parsed, an unknown or missing key, or a value of the wrong type or
-        range."""
+        for a file that cannot be read or parsed, a key given twice, an unknown or missing key, or a value of the
+        wrong type or range (``deploy_yaml``)."""
         path = Path(path)
-        try:
-            data = yaml.safe_load(path.read_text())
-        except (OSError, yaml.YAMLError) as exc:
-            raise ConfigError(str(path), f"cannot read it: {exc}") from None
+        data = read_yaml(path)
         model = (data or {}).get("model") if isinstance(data, dict) else None
         if isinstance(model, dict) and isinstance(model.get("path"), str):  # relative to the file, not the caller
             data["model"] = {**model, "path": str((path.parent / model["path"]).resolve())}
@@ -329,62 +326,6 @@ class DeployConfig:
             return build(cls, data)
         except ConfigError as exc:
             raise ConfigError(f"{path}: {exc.key}", exc.message) from None
-
-
-def build(cls: type, data: object, where: str = ""):
-    """``cls`` (a dataclass of this module) from parsed YAML ``data`` (a mapping, or None for the defaults),
-    checking keys and types. Raises ConfigError naming the dotted key."""
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ConfigError(where or "the file", f"must be a mapping of keys, got {data!r}")
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
-    unknown = [key for key in data if key not in names]
-    if unknown:
-        raise ConfigError(_key(where, unknown[0]), f"unknown key; known here: {', '.join(names)}")
-    values = {}
-    for f in dataclasses.fields(cls):
-        key = _key(where, f.name)
-        if f.name not in data:
-            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                raise ConfigError(key, "missing")
-            continue
-        values[f.name] = _value(data[f.name], hints[f.name], key)
-    try:
-        return cls(**values)
-    except ConfigError as exc:
-        raise ConfigError(_key(where, exc.key), exc.message) from None
-
-
-def _value(value: object, hint: object, key: str):
-    """``value`` checked against a field's type: a section (dataclass), or a union of int, float, str, bool, None
-    and tuple[int, ...] (a YAML list)."""
-    options = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
-    for option in options:
-        if dataclasses.is_dataclass(option) and (value is None or isinstance(value, dict)):
-            return None if value is None and type(None) in options else build(option, value, key)
-        if option is type(None) and value is None:
-            return None
-        if option is int and isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if option is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if option is str and isinstance(value, str):
-            return value
-        if option is bool and isinstance(value, bool):
-            return value
-        if typing.get_origin(option) is tuple and isinstance(value, list) and all(
-                isinstance(v, int) and not isinstance(v, bool) for v in value):
-            return tuple(value)
-    kinds = {int: "an integer", float: "a number", str: "a string", bool: "on/off", type(None): "null"}
-    wanted = " or ".join(kinds.get(o, "a list of integers" if typing.get_origin(o) is tuple else "a mapping")
-                         for o in options)
-    raise ConfigError(key, f"must be {wanted}, got {value!r}")
-
-
-def _key(where: str, name: str) -> str:
-    return f"{where}.{name}" if where else name
 
 
 def _text(value: object) -> str:
@@ -396,13 +337,14 @@ def _text(value: object) -> str:
     return str(value)
 
 
-def _items(section) -> list[str]:
-    """``MODEL.KEY=VALUE`` for each field of ``section`` (and its sections) that is set and names a target."""
+def _items(section, where: str = "") -> list[tuple[str, str]]:
+    """(dotted key, ``MODEL.KEY=VALUE``) for each field of ``section`` (and its sections, under ``where``) that is set
+    and names a target."""
     items = []
     for f in dataclasses.fields(section):
-        value = getattr(section, f.name)
+        value, key = getattr(section, f.name), f"{where}{f.name}"
         if dataclasses.is_dataclass(value):
-            items += _items(value)
+            items += _items(value, f"{key}.")
         elif value is not None and "to" in f.metadata:
-            items.append(f"{f.metadata['to']}={_text(value)}")
+            items.append((key, f"{f.metadata['to']}={_text(value)}"))
     return items

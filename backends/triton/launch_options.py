@@ -63,15 +63,17 @@ def serve_plan(args: argparse.Namespace, source: Path) -> ServePlan:
     """The plan from ``args`` (``--config``, ``--model``, ``--set`` as ``args.overrides``) for the repository
     ``source``. Raises ValueError naming the option at fault: a deployment file that does not check
     (``deploy_config.ConfigError``), a ``--model`` that is not a directory, a ``--set`` item that
-    ``parse_overrides`` refuses."""
+    ``parse_overrides`` refuses (a file's value that the repository refuses names the file's key)."""
     config = DeployConfig.load(args.config) if args.config else DeployConfig()
-    items = config.set_items()
+    keyed = [(f"{args.config}: {key}", item) for key, item in config.keyed_items()]
     if args.model is not None:
         if not args.model.is_dir():
             raise ValueError(f"--model {args.model}: not a directory (a local Qwen2.5-VL or InternVL3 checkpoint)")
-        items.append(f"*.model_path={args.model.resolve()}")  # the server's working folder is not the caller's
+        keyed.append(("--model", f"*.model_path={args.model.resolve()}"))  # the server's working folder differs
+    keyed += [(None, item) for item in args.overrides]  # named as --set items
     sharing = args.gpu_sharing or config.resources.gpu_sharing or "time_slicing"
-    return ServePlan(parse_overrides([*items, *args.overrides], source), config.ipc.shm_default_byte_size, sharing)
+    overrides = parse_overrides([item for _, item in keyed], source, [origin for origin, _ in keyed])
+    return ServePlan(overrides, config.ipc.shm_default_byte_size, sharing)
 
 
 def render(plan: ServePlan, source: Path, target: Path, admin_header: tuple[str, str] | None = None) -> int:

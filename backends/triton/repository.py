@@ -51,31 +51,35 @@ def model_parameters(source: Path = REPOSITORY) -> dict[str, dict[str, str]]:
 MODEL_WIDE = ("preset", "model_path", "load_format", "dtype", "seed", "share_weights")
 
 
-def parse_overrides(items: list[str], source: Path = REPOSITORY) -> dict[str, dict[str, str]]:
+def parse_overrides(items: list[str], source: Path = REPOSITORY,
+                    origins: list[str | None] | None = None) -> dict[str, dict[str, str]]:
     """``MODEL.KEY=VALUE`` items -> ``{model: {key: value}}``; ``*.KEY=VALUE``, and ``MODEL.KEY=VALUE`` for a key of
     :data:`MODEL_WIDE`, set KEY in every model of ``source`` that declares it. Later items win over earlier ones.
+    ``origins``: where each item came from, what its error starts with (a deployment file's key, ``--model``; None:
+    ``--set 'ITEM'``).
 
-    Raises ValueError, naming the item, for a malformed item, an unknown model, a key the model does not
+    Raises ValueError, naming the item's origin, for a malformed item, an unknown model, a key the model does not
     declare, a ``*`` key that no model declares (the message lists what exists), or a value that
     :func:`check_value` refuses.
     """
     declared = model_parameters(source)
     overrides: dict[str, dict[str, str]] = {}
-    for item in items:
+    for n, item in enumerate(items):
+        origin = (origins[n] if origins else None) or f"--set {item!r}"
         target, eq, value = item.partition("=")
         model, dot, key = target.partition(".")
         if not (eq and dot and model and key):
-            raise ValueError(f"--set {item!r}: expected MODEL.KEY=VALUE (or *.KEY=VALUE)")
+            raise ValueError(f"{origin}: expected MODEL.KEY=VALUE (or *.KEY=VALUE)")
         everywhere = [m for m, keys in declared.items() if key in keys]
         if model == "*":
             models = everywhere
             if not models:
                 known = sorted({k for keys in declared.values() for k in keys})
-                raise ValueError(f"--set {item!r}: no model has a parameter {key!r}; parameters: {', '.join(known)}")
+                raise ValueError(f"{origin}: no model has a parameter {key!r}; parameters: {', '.join(known)}")
         elif model not in declared:
-            raise ValueError(f"--set {item!r}: no model {model!r} in {source}; models: {', '.join(declared)}")
+            raise ValueError(f"{origin}: no model {model!r} in {source}; models: {', '.join(declared)}")
         elif key not in declared[model]:
-            raise ValueError(f"--set {item!r}: model {model!r} has no parameter {key!r}; "
+            raise ValueError(f"{origin}: model {model!r} has no parameter {key!r}; "
                              f"its parameters: {', '.join(declared[model])}")
         else:
             models = everywhere if key in MODEL_WIDE else [model]
@@ -83,7 +87,7 @@ def parse_overrides(items: list[str], source: Path = REPOSITORY) -> dict[str, di
             try:
                 check_value(m, key, declared[m][key], value)
             except ValueError as exc:
-                raise ValueError(f"--set {item!r}: {exc}") from None
+                raise ValueError(f"{origin}: {exc}") from None
             overrides.setdefault(m, {})[key] = value
     return overrides
 

@@ -13,6 +13,8 @@ import time
 
 import numpy as np
 
+from backends.runtime.presets import DTYPES, LOAD_FORMATS, PRESETS
+
 
 def pb():
     """The ``triton_python_backend_utils`` module (only importable inside the Python-backend stub). Looked up in
@@ -71,7 +73,9 @@ CHOICES = {"cuda_graphs": SWITCHES, "compile_layers": SWITCHES, "overlap_steps":
            "vision_graphs": SWITCHES,
            "share_weights": ("on", "off"), "vision_parallel": ("data", "tensor"),
            "fewer_sms_kinds": ("video", "image", "video,image"),  # orchestrator.fewer_sms
-           "generation_config": ("auto", "none")}  # orchestrator.generation_defaults
+           "generation_config": ("auto", "none"),  # orchestrator.generation_defaults
+           # the served model's (ModelSpec, backends.runtime.loader, checks them at load; the launcher before)
+           "preset": tuple(sorted(PRESETS)), "dtype": DTYPES, "load_format": LOAD_FORMATS}
 
 
 def choice_value(key: str, value: str, name: str | None = None) -> str:

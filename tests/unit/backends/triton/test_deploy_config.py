@@ -93,7 +93,16 @@ def test_an_empty_file_changes_nothing(tmp_path):
     ("resources: {encode_prefill: {fewer_sms_kinds: text}}", "resources.encode_prefill.fewer_sms_kinds",
      "must be video, image or video,image, got 'text'"),
     ("resources: {replicas: 65}", "resources.replicas", "must be at most 64"),
-    ("ipc: {shm_default_byte_size: 0}", "ipc.shm_default_byte_size", "must be at least 1"),
+    ("ipc: {shm_default_byte_size: 1}", "ipc.shm_default_byte_size", "must be at least 4194304 (4 MiB, the least"),
+    ("slo: {text: {ttft_ms: .inf, tbt_ms: 5}}", "slo.text.ttft_ms", "must be a positive number of milliseconds"),
+    # the words the stages load with (triton_io.CHOICES, from backends.runtime.presets), checked at reading
+    ("model: {preset: llama}", "model.preset", "must be internvl3_38b, internvl3_8b, internvl3_tiny, qwen2_5_vl_7b "
+                                               "or tiny, got 'llama'"),
+    ("model: {dtype: int7}", "model.dtype", "must be auto, float32, float16 or bfloat16, got 'int7'"),
+    ("model: {load_format: pt}", "model.load_format", "must be auto or dummy, got 'pt'"),
+    ("budgets:\n  prefill_budget: 1\n  max_batch: 2\n  prefill_budget: 3", "budgets.prefill_budget",
+     "given twice (lines 2 and 4)"),
+    ("model: {dtype: float32}\nmodel: {preset: tiny}", "model", "given twice (lines 1 and 2)"),
     ("model: {path: no/such/folder}", "model.path", "is not a directory"),
     ("modle: {preset: tiny}", "modle", "unknown key; known here: model, resources"),
     ("- a list", "the file", "must be a mapping of keys"),
@@ -104,6 +113,17 @@ def test_bad_values_are_refused_naming_the_file_and_the_key(tmp_path, text, key,
         DeployConfig.load(path)
     assert error.value.key == f"{path}: {key}"
     assert message in error.value.message, error.value.message
+
+
+def test_a_value_the_repository_refuses_names_the_files_key_not_a_set_item(tmp_path):
+    path = write(tmp_path, "budgets: {max_model_len: 99999999999999999999}")
+    with pytest.raises(ValueError) as error:
+        launch_options.serve_plan(args(config=path), REPOSITORY)
+    assert str(error.value).startswith(f"{path}: budgets.max_model_len: orchestrator.max_model_len must fit in 64 "
+                                       "bits"), error.value
+    assert "--set" not in str(error.value)
+    with pytest.raises(ValueError, match=r"^--set 'orchestrator.max_model_len=0': "):  # a --set item: named so
+        launch_options.serve_plan(args(overrides=["orchestrator.max_model_len=0"]), REPOSITORY)
 
 
 def test_unparsable_yaml_names_the_file(tmp_path):

@@ -138,6 +138,10 @@ def test_launcher_set_with_an_unknown_key_stops_before_starting(monkeypatch, cap
     ("*.gil_switch_interval_ms=1e9", "decode.gil_switch_interval_ms must be a positive number of at most 1000"),
     ("orchestrator.slo_video_ttft_ms=-3", "orchestrator.slo_video_ttft_ms must be a positive number"),
     ("orchestrator.slo_image_tbt_ms=nan", "orchestrator.slo_image_tbt_ms must be a positive number"),
+    # the served model's words, the lists ModelSpec loads with (backends.runtime.presets)
+    ("decode.dtype=int7", "decode.dtype must be auto, float32, float16 or bfloat16, got 'int7'"),
+    ("*.preset=llama", "decode.preset must be internvl3_38b, internvl3_8b, internvl3_tiny, qwen2_5_vl_7b or tiny"),
+    ("*.load_format=safetensors", "decode.load_format must be auto or dummy, got 'safetensors'"),
 ])
 def test_values_a_model_cannot_load_with_are_refused_before_start(item, message):
     with pytest.raises(ValueError, match=re.escape(f"--set '{item}': {message}")):
