@@ -1,7 +1,7 @@
 """The launcher's options that decide what is served: ``--config`` (a deployment file, ``deploy_config``),
 ``--model`` (every model's checkpoint), then ``--set`` (each later one wins over what came before),
 ``--gpu-sharing`` (over the file's ``resources.gpu_sharing``), and ``--render DIR`` (write the repository and the
-tritonserver command that serves it, and start nothing).
+tritonserver command that serves it as the launcher would, and start nothing).
 """
 from __future__ import annotations
 
@@ -12,10 +12,13 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from backends.openai.config import ApiConfig
+from backends.openai.process import REPO_ROOT
 from backends.triton.deploy_config import DeployConfig
 from backends.triton.mps import CONTROL, GPU_SHARING
+from backends.triton.ports import ServerPorts
 from backends.triton.repository import parse_overrides, repository_with
-from backends.triton.server_binary import HEAP_ENV, THREAD_STACK_BYTES, restricted_api_flags, server_binary
+from backends.triton.server_binary import HEAP_ENV, THREAD_STACK_BYTES, server_binary, server_command
 
 
 @dataclass(frozen=True)
@@ -44,7 +47,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "triton-grpc-protocol-NAME); without it any client may")
     parser.add_argument("--render", type=Path, metavar="DIR",
                         help="write the model repository to DIR (new or empty), print the tritonserver command "
-                             "that serves it, and exit")
+                             "that serves it with this launcher's flags (address, ports, --admin-header, ...) and "
+                             "the OpenAI API's, and exit")
 
 
 def admin_header_option(text: str) -> tuple[str, str]:
@@ -76,28 +80,31 @@ def serve_plan(args: argparse.Namespace, source: Path) -> ServePlan:
     return ServePlan(overrides, config.ipc.shm_default_byte_size, sharing)
 
 
-def render(plan: ServePlan, source: Path, target: Path, admin_header: tuple[str, str] | None = None) -> int:
+def render(plan: ServePlan, source: Path, target: Path, ports: ServerPorts,
+           admin_header: tuple[str, str] | None = None, api: ApiConfig | None = None) -> int:
     """Write ``source`` with ``plan``'s parameters to ``target`` (its model.py files link to ``source``'s) and
-    print the command that serves it (with the launcher's ``HEAP_ENV`` and thread stacks). Returns the exit status:
-    0, or 2 (a bad argument) when ``target`` holds files already."""
+    print the command that serves it as the launcher would (``server_binary.server_command``: the same flags, on
+    ``ports``, with the launcher's ``HEAP_ENV`` and thread stacks), then, with ``api``, a comment with the command of
+    the OpenAI-compatible API (a process of its own, which the launcher starts once the server is ready). Returns
+    the exit status: 0, or 2 (a bad argument) when ``target`` holds files already."""
     if target.exists() and any(target.iterdir()):
         print(f"--render {target}: not empty", file=sys.stderr, flush=True)
         return 2  # a bad argument, as argparse's status
     target.mkdir(parents=True, exist_ok=True)
     repository_with(target.resolve(), plan.overrides, source)
-    command = [f"--model-repository={target.resolve()}",
-               f"--backend-config=python,shm-default-byte-size={plan.shm_default_byte_size}",
-               *restricted_api_flags(admin_header)]
     try:  # the binary found here: NGC's, or the pip wheel's, which needs its backends and libraries named
         binary, backends, env = server_binary()
     except RuntimeError:  # none here: the command for an NGC image, where tritonserver is on PATH
         binary, backends, env = Path("tritonserver"), None, {}
-    if backends is not None and env:
-        command.insert(1, f"--backend-directory={backends}")
+    command = server_command(binary, backends if env else None, target.resolve(), ports, plan.shm_default_byte_size,
+                             admin_header=admin_header)
     if plan.gpu_sharing == "mps":  # the launcher's daemon is not part of a rendered command
         print(f"# gpu_sharing mps: start the MPS daemon ({CONTROL} -d) first, with CUDA_MPS_PIPE_DIRECTORY and "
               "CUDA_MPS_LOG_DIRECTORY set for it and for this command", flush=True)
     prefix = "".join(f"{key}={shlex.quote(value)} " for key, value in {**HEAP_ENV, **env}.items())
     stack = f"ulimit -s {THREAD_STACK_BYTES >> 10}; "  # the launcher's thread stacks (server_binary)
-    print(stack + prefix + shlex.join([str(binary), *command]), flush=True)
+    print(stack + prefix + shlex.join(command), flush=True)
+    if api is not None:
+        print(f"# then, once it is ready, the OpenAI-compatible API (a process of its own), from {REPO_ROOT}: "
+              f"{shlex.join([sys.executable, '-m', 'backends.openai', *api.to_args()])}", flush=True)
     return 0

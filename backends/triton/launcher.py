@@ -43,14 +43,14 @@ from backends.triton.mps import MpsDaemon
 from backends.triton.parent_death import ends_with_parent
 from backends.triton.ports import WILDCARDS, ServerPorts, clashing, port_option
 from backends.triton.repository import repository_with
-from backends.triton.server_binary import HEAP_ENV, server_binary, server_command, thread_stacks
+from backends.triton.server_binary import (HEAP_ENV, TRITON_EXIT_TIMEOUT_S, server_binary, server_command,
+                                           thread_stacks)
 from backends.triton.server_log import load_errors, not_unloaded, still_loading
 from backends.triton.stale_shm import SHM, lock_path, remove_run_files, remove_stale_shared_memory
 from backends.triton.stubs import dump_stacks, stub_processes, stub_regions, watch_stages
 from flashcodec.parallel import TMP_PREFIX_ENV
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-TRITON_EXIT_TIMEOUT_S = 10  # tritonserver's --exit-timeout-secs: after the launcher's drain nothing is left to wait for
 EXIT_TIMEOUT_S = 15.0  # the launcher's SIGKILL after its SIGINT, for a server that does not exit by itself
 # a stop this slow: the stubs' stacks go to the log before tritonserver gives up (TRITON_EXIT_TIMEOUT_S) and takes them
 STACKS_AFTER_S = TRITON_EXIT_TIMEOUT_S - 2
@@ -114,7 +114,7 @@ class TritonServer:
                 raise
             environment.update(self.mps.env())
         command = server_command(binary, backends, self.model_repository, self.ports, self.shm_default_byte_size,
-                                 TRITON_EXIT_TIMEOUT_S, self.admin_header)
+                                 admin_header=self.admin_header)
         self._log = log = None if self.log_to_stdout else open(self.log_path, "wb")
         if log is not None and self.on_log is not None:
             self.on_log(self.log_path)
@@ -319,7 +319,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         parser.error(str(exc))
     if args.render:
-        return launch_options.render(plan, source, args.render, args.admin_header)
+        api = openai_options.api_config(args) if args.openai_port else None
+        return launch_options.render(plan, source, args.render, _ports(args), args.admin_header, api)
     try:
         with tempfile.TemporaryDirectory(prefix="unifiedserve-repository-") as edited:
             repository = repository_with(Path(edited), plan.overrides, source) if plan.overrides else source
@@ -329,8 +330,12 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+def _ports(args: argparse.Namespace) -> ServerPorts:
+    return ServerPorts(args.http_port, args.grpc_port, args.metrics_port, args.address)
+
+
 def _serve(args: argparse.Namespace, repository: Path, plan: launch_options.ServePlan) -> int:
-    ports = ServerPorts(args.http_port, args.grpc_port, args.metrics_port, args.address)
+    ports = _ports(args)
     progress = LoadProgress(lambda text: print(text, file=sys.stderr, flush=True))
     server = TritonServer(repository, ports, ready_timeout_s=args.ready_timeout, log_to_stdout=args.log_stdout,
                           shm_default_byte_size=plan.shm_default_byte_size, on_log=progress.follow,

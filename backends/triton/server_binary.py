@@ -37,6 +37,7 @@ HEAP_ENV = {"MALLOC_MMAP_THRESHOLD_": str(4 << 20)}
 # the soft RLIMIT_STACK the process started with (glibc), so tritonserver starts with this one: JSON bodies up to
 # about 60 MiB (a video's data: URL; gRPC has no such limit). Stacks are address space, taken as they are used.
 THREAD_STACK_BYTES = 128 << 20
+TRITON_EXIT_TIMEOUT_S = 10  # tritonserver's --exit-timeout-secs: after the launcher's drain nothing is left to wait for
 
 
 def server_binary() -> tuple[Path, Path, dict[str, str]]:
@@ -107,16 +108,19 @@ def restricted_api_flags(admin_header: tuple[str, str] | None) -> list[str]:
     return [f"--http-restricted-api={rule}", f"--grpc-restricted-protocol={rule}"]
 
 
-def server_command(binary: Path, backends: Path, repository: Path, ports: ServerPorts, shm_default_byte_size: int,
-                   exit_timeout_s: int, admin_header: tuple[str, str] | None = None) -> list[str]:
-    """The tritonserver command line serving ``repository`` on ``ports``: ``shm_default_byte_size`` is the Python
-    backend's shared-memory region per model process (bytes), ``exit_timeout_s`` Triton's ``--exit-timeout-secs``,
-    ``admin_header`` what :func:`restricted_api_flags` restricts the log and trace settings to."""
+def server_command(binary: Path, backends: Path | None, repository: Path, ports: ServerPorts,
+                   shm_default_byte_size: int, exit_timeout_s: int = TRITON_EXIT_TIMEOUT_S,
+                   admin_header: tuple[str, str] | None = None) -> list[str]:
+    """The tritonserver command line serving ``repository`` on ``ports`` (the launcher's and ``--render``'s):
+    ``backends`` the backend directory (None: tritonserver's default, an NGC image's), ``shm_default_byte_size`` the
+    Python backend's shared-memory region per model process (bytes), ``exit_timeout_s`` Triton's
+    ``--exit-timeout-secs`` (seconds), ``admin_header`` what :func:`restricted_api_flags` restricts the log and trace
+    settings to."""
     p = ports
     return [
         str(binary),
         f"--model-repository={repository}",
-        f"--backend-directory={backends}",
+        *([f"--backend-directory={backends}"] if backends is not None else []),
         f"--http-address={p.address}", f"--http-port={p.http}",
         f"--grpc-address={p.address}", f"--grpc-port={p.grpc}",
         f"--metrics-address={p.address}", f"--metrics-port={p.metrics}",

@@ -1,14 +1,16 @@
 """Deployment files (backends/triton/deploy_config.py) and the launcher options that use them
 (backends/triton/launch_options.py): parsing, checks naming the key, and the repository they render (no server)."""
 import argparse
+import shlex
 import textwrap
 
 import pytest
 
-from backends.triton import launch_options
-from backends.triton.server_binary import HEAP_ENV, THREAD_STACK_BYTES, server_binary
+from backends.triton import launch_options, launcher
+from backends.triton.server_binary import HEAP_ENV, THREAD_STACK_BYTES, server_binary, server_command
 from backends.triton.deploy_config import DEFAULT_SHM_BYTES, ConfigError, DeployConfig
 from backends.triton.launcher import REPO_ROOT
+from backends.triton.ports import ServerPorts
 from backends.triton.repository import REPOSITORY, model_parameters
 
 EXAMPLES = sorted((REPO_ROOT / "deploy").glob("*.yaml"))
@@ -158,23 +160,30 @@ def test_model_must_be_a_directory(tmp_path):
         launch_options.serve_plan(args(model=tmp_path / "missing"), REPOSITORY)
 
 
-def test_render_writes_the_repository_and_prints_the_command(tmp_path, capsys):
-    plan = launch_options.serve_plan(args(config=REPO_ROOT / "deploy" / "tiny_cpu.yaml"), REPOSITORY)
+def test_render_writes_the_repository_and_prints_the_command_the_launcher_runs(tmp_path, capsys):
+    """``--render`` prints tritonserver's flags from the launcher's own function (server_command): address, ports,
+    exit timeout, admin header; then the OpenAI API's command, a comment (a process of its own)."""
     target = tmp_path / "repository"
-    assert launch_options.render(plan, REPOSITORY, target) == 0
+    options = ["--config", str(REPO_ROOT / "deploy" / "tiny_cpu.yaml"), "--render", str(target)]
+    assert launcher.main([*options, "--address", "127.0.0.1", "--http-port", "25500", "--admin-header", "X-A=b"]) == 0
     binary, backends, env = server_binary()  # here the pip wheel's: its backends and libraries are named too
-    assert capsys.readouterr().out.split() == [
+    server, api = capsys.readouterr().out.splitlines()
+    assert shlex.split(server) == [
         "ulimit", "-s", f"{THREAD_STACK_BYTES >> 10};",  # Triton's HTTP threads' stacks (server_binary)
-        *(f"{key}={value}" for key, value in {**HEAP_ENV, **env}.items()), str(binary),
-        f"--model-repository={target}",
-        f"--backend-directory={backends}", f"--backend-config=python,shm-default-byte-size={2**24}"]
+        *(f"{key}={value}" for key, value in {**HEAP_ENV, **env}.items()),
+        *server_command(binary, backends, target, ServerPorts(25500, 8001, 8002, "127.0.0.1"), 2**24,
+                        admin_header=("x-a", "b"))]
+    assert {"--http-address=127.0.0.1", "--http-port=25500", "--grpc-address=127.0.0.1", "--grpc-port=8001",
+            "--metrics-port=8002", "--exit-timeout-secs=10"} <= set(shlex.split(server))
+    assert api.startswith("# then") and "-m backends.openai --grpc-url 127.0.0.1:8001 --host 127.0.0.1 --port 9000" \
+        in api, api
     rendered = model_parameters(target)
     assert rendered["decode"]["kv_pages"] == "2048" and rendered["orchestrator"]["slo_text_ttft_ms"] == "2000"
-    assert launch_options.render(plan, REPOSITORY, target) == 2  # not over a repository already there
+    assert launcher.main(options) == 2  # not over a repository already there
     assert "not empty" in capsys.readouterr().err
-    assert launch_options.render(plan, REPOSITORY, tmp_path / "restricted", ("x-admin", "s3cret")) == 0
-    assert capsys.readouterr().out.split()[-2:] == ["--http-restricted-api=logging,trace:x-admin=s3cret",
-                                                    "--grpc-restricted-protocol=logging,trace:x-admin=s3cret"]
+    options[-1] = str(tmp_path / "no_api")
+    assert launcher.main([*options, "--openai-port", "0"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 1  # no API
 
 
 def test_gpu_sharing_and_sm_shares_come_from_the_file_and_the_option_wins(tmp_path):
