@@ -8,7 +8,8 @@ supervisor to restart (``backends.triton.stubs.watch_stages``).
 
 Usage: ``python -m backends.triton.launcher [--http-port 8000] [--grpc-port 8001] [--metrics-port 8002]
 [--config DEPLOY.yaml] [--model PATH] [--openai-port 9000] [--set MODEL.KEY=VALUE ...]``; Ctrl-C stops the
-server. ``--config``, ``--model`` and ``--set`` serve a copy of the repository with model parameters changed
+server; ``--http-port 0`` turns Triton's HTTP endpoint off (the launcher and the OpenAI API use gRPC). ``--config``,
+``--model`` and ``--set`` serve a copy of the repository with model parameters changed
 (``backends/triton/launch_options.py``). While the models load, it prints their progress to stderr
 (``backends/triton/load_progress.py``). Once the server is ready, the OpenAI-compatible API starts beside it
 (``backends.openai``; ``--openai-port 0``: none), and it stops first (its requests in flight get its grace; the
@@ -28,11 +29,12 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
+
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
 
 from backends.ipc.run_dir import RUN_DIR_ENV
 from backends.openai.process import ApiProcess, check_port_free
@@ -41,7 +43,7 @@ from backends.triton.deploy_config import DEFAULT_SHM_BYTES
 from backends.triton.load_progress import LoadProgress
 from backends.triton.mps import MpsDaemon
 from backends.triton.parent_death import ends_with_parent
-from backends.triton.ports import WILDCARDS, ServerPorts, clashing, port_option
+from backends.triton.ports import WILDCARDS, ServerPorts, clashing, http_port_option, port_option
 from backends.triton.repository import repository_with
 from backends.triton.server_binary import (HEAP_ENV, TRITON_EXIT_TIMEOUT_S, server_binary, server_command,
                                            thread_stacks)
@@ -133,17 +135,16 @@ class TritonServer:
         return self
 
     def _wait_ready(self) -> None:
-        url = f"http://{self.ports.address}:{self.ports.http}/v2/health/ready"
+        """Asked over gRPC, which is always on (HTTP may be off: ``ports.http`` 0)."""
         deadline = time.monotonic() + self.ready_timeout_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(self._not_started(f"tritonserver exited with {self.process.returncode}"))
-            try:
-                if urllib.request.urlopen(url, timeout=2).status == 200:
-                    return
-            except OSError:
-                pass
-            time.sleep(0.5)
+        with grpcclient.InferenceServerClient(self.ports.grpc_url) as client:
+            while time.monotonic() < deadline:
+                if self.process.poll() is not None:
+                    raise RuntimeError(self._not_started(f"tritonserver exited with {self.process.returncode}"))
+                with contextlib.suppress(InferenceServerException):
+                    if client.is_server_ready(client_timeout=2):
+                        return
+                time.sleep(0.5)
         raise RuntimeError(self._not_started(f"tritonserver not ready within {self.ready_timeout_s} s"))
 
     def _not_started(self, what: str) -> str:
@@ -157,26 +158,22 @@ class TritonServer:
         return f"{what}{reasons}\n--- end of the log:\n{log[-6000:]}"
 
     def _announce_when_not_live(self) -> None:
-        """A server stopped by a signal from elsewhere (not :meth:`stop`) closes its HTTP endpoint (2.51), or
-        answers "not live", before it unloads its models: tell them (``server_stop``), or their open streams
-        would hold them until the exit timeout. A slow answer under load is no stop."""
-        url = f"http://{self.ports.address}:{self.ports.http}/v2/health/live"
+        """A server stopped by a signal from elsewhere (not :meth:`stop`) answers "not live" over gRPC (2.51:
+        UNAVAILABLE, "Server exiting"), or closes its endpoints, before it unloads its models: tell them
+        (``server_stop``), or their open streams would hold them until the exit timeout. A slow answer under load
+        (a deadline passed) is no stop."""
         process, run_dir = self.process, self.run_dir
-        while process.poll() is None and run_dir.exists():
-            try:
-                urllib.request.urlopen(url, timeout=5)
-                stopping = False
-            except urllib.error.HTTPError:
-                stopping = True
-            except urllib.error.URLError as exc:
-                stopping = isinstance(exc.reason, ConnectionRefusedError)
-            except OSError:
-                stopping = False
-            if stopping and process.poll() is None:
-                with contextlib.suppress(OSError):
-                    server_stop.announce(run_dir)
-                return
-            time.sleep(0.5)
+        with grpcclient.InferenceServerClient(self.ports.grpc_url) as client:
+            while process.poll() is None and run_dir.exists():
+                try:
+                    stopping = not client.is_server_live(client_timeout=5)
+                except InferenceServerException as exc:
+                    stopping = exc.status() == "StatusCode.UNAVAILABLE"
+                if stopping and process.poll() is None:
+                    with contextlib.suppress(OSError):
+                        server_stop.announce(run_dir)
+                    return
+                time.sleep(0.5)
 
     def log_tail(self, chars: int = 6000) -> str:
         try:
@@ -290,7 +287,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model-repository", type=Path, default=REPO_ROOT / "model_repository")
     parser.add_argument("--address", default="127.0.0.1", help="0.0.0.0 to serve other machines")
-    parser.add_argument("--http-port", type=port_option, default=8000)
+    parser.add_argument("--http-port", type=http_port_option, default=8000,
+                        help="Triton's HTTP port; 0: HTTP off (its JSON parser can crash the server, see "
+                             "docs/operations.md; gRPC and the OpenAI API stay)")
     parser.add_argument("--grpc-port", type=port_option, default=8001)
     parser.add_argument("--metrics-port", type=port_option, default=8002)
     openai_options.add_arguments(parser)
@@ -357,8 +356,9 @@ def _serve(args: argparse.Namespace, repository: Path, plan: launch_options.Serv
     died, killed, api, api_failed = None, None, None, False
     try:  # from here on a stop signal (a KeyboardInterrupt), even one right after the ready line, stops the server
         where = "stdout" if args.log_stdout else server.log_path
-        print(f"tritonserver ready: gRPC {args.address}:{args.grpc_port}, HTTP {args.address}:{args.http_port}, "
-              f"log {where}, models {repository}", flush=True)
+        http = f"{args.address}:{args.http_port}" if args.http_port else "off"
+        print(f"tritonserver ready: gRPC {args.address}:{args.grpc_port}, HTTP {http}, log {where}, "
+              f"models {repository}", flush=True)
         if args.openai_port:
             api = ApiProcess(openai_options.api_config(args),
                              None if args.log_stdout else server.log_path.with_suffix(".openai.log"),
