@@ -71,10 +71,18 @@ def _part_type(part: object) -> object:
     return part.get("type", next((key for key in ("image_url", "video_url") if key in part), None))
 
 
+def _null_type_left_out(part: object) -> object:
+    """A part whose ``type`` is null as one without it (vLLM reads a null type as none)."""
+    if isinstance(part, dict) and "type" in part and part["type"] is None:
+        return {key: value for key, value in part.items() if key != "type"}
+    return part
+
+
 ContentPart = Annotated[Union[Annotated[TextPart, Tag("text")], Annotated[ImageUrlPart, Tag("image_url")],
                               Annotated[VideoUrlPart, Tag("video_url")]],
                         Discriminator(_part_type, custom_error_type="part_type", custom_error_message=(
-                            "Input should be a part of type 'text', 'image_url' or 'video_url'"))]
+                            "Input should be a part of type 'text', 'image_url' or 'video_url'")),
+                        BeforeValidator(_null_type_left_out)]
 
 
 class ChatMessage(_Body):

@@ -98,8 +98,14 @@ def read_yaml(path: Path) -> object:
         loader.dispose()
 
 
-def _no_duplicate_keys(node: yaml.Node, where: str = "") -> None:
-    """Raises ConfigError naming a key that a mapping under ``node`` (a composed YAML node) gives twice."""
+def _no_duplicate_keys(node: yaml.Node, where: str = "", seen: set[int] | None = None) -> None:
+    """Raises ConfigError naming a key that a mapping under ``node`` (a composed YAML node) gives twice. A node met
+    again through an alias (``*name``) is not walked again: ``seen`` holds the ids of those walked, so a file whose
+    aliases nest deep, or refer to themselves, costs no more than its nodes."""
+    seen = set() if seen is None else seen
+    if id(node) in seen:
+        return
+    seen.add(id(node))
     if isinstance(node, yaml.MappingNode):
         lines: dict[str, int] = {}
         for key_node, value_node in node.value:
@@ -107,7 +113,7 @@ def _no_duplicate_keys(node: yaml.Node, where: str = "") -> None:
             if name in lines:
                 raise ConfigError(_key(where, name), f"given twice (lines {lines[name]} and {line}); give it once")
             lines[name] = line
-            _no_duplicate_keys(value_node, _key(where, name))
+            _no_duplicate_keys(value_node, _key(where, name), seen)
     elif isinstance(node, yaml.SequenceNode):
         for item in node.value:
-            _no_duplicate_keys(item, where)
+            _no_duplicate_keys(item, where, seen)

@@ -135,16 +135,19 @@ class TritonServer:
         return self
 
     def _wait_ready(self) -> None:
-        """Asked over gRPC, which is always on (HTTP may be off: ``ports.http`` 0)."""
+        """Asked over gRPC, which is always on (HTTP may be off: ``ports.http`` 0), every 0.5 s on a new channel:
+        tritonserver opens its gRPC port only once its models have loaded, and one channel kept while the port is
+        closed backs off between its connection attempts (gRPC's defaults: 1 s growing 1.6x up to 120 s), so a
+        server ready after a load of minutes would be seen up to 2 minutes late, or after the ready timeout."""
         deadline = time.monotonic() + self.ready_timeout_s
-        with grpcclient.InferenceServerClient(self.ports.grpc_url) as client:
-            while time.monotonic() < deadline:
-                if self.process.poll() is not None:
-                    raise RuntimeError(self._not_started(f"tritonserver exited with {self.process.returncode}"))
-                with contextlib.suppress(InferenceServerException):
-                    if client.is_server_ready(client_timeout=2):
-                        return
-                time.sleep(0.5)
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(self._not_started(f"tritonserver exited with {self.process.returncode}"))
+            with grpcclient.InferenceServerClient(self.ports.grpc_url) as client, \
+                    contextlib.suppress(InferenceServerException):
+                if client.is_server_ready(client_timeout=2):
+                    return
+            time.sleep(0.5)
         raise RuntimeError(self._not_started(f"tritonserver not ready within {self.ready_timeout_s} s"))
 
     def _not_started(self, what: str) -> str:

@@ -58,7 +58,8 @@ def test_vllms_simple_media_parts_are_taken_as_their_url():
     """vLLM's ``{"image_url": "<url>"}`` / ``{"video_url": "<url>"}`` (its simple parts, type left out), and the same
     plain string under a ``type``, are the URL as ``{"url": <url>}`` gives it."""
     content = [{"type": "image_url", "image_url": "https://x/a.png"}, {"type": "video_url", "video_url": "/v.mp4"},
-               {"image_url": "data:,"}, {"video_url": {"url": "/w.mp4"}}, {"type": "text", "text": "Same?"}]
+               {"image_url": "data:,"}, {"type": None, "video_url": {"url": "/w.mp4"}},  # a null type: left out
+               {"type": "text", "text": "Same?"}]
     request = chat_request(ChatCompletionRequest.model_validate(
         {"model": "m", "messages": [{"role": "user", "content": content}]}))
     assert request.media == (MediaRef("image", "https://x/a.png", "messages[0].content[0].image_url"),

@@ -105,6 +105,7 @@ def test_an_empty_file_changes_nothing(tmp_path):
     ("budgets:\n  prefill_budget: 1\n  max_batch: 2\n  prefill_budget: 3", "budgets.prefill_budget",
      "given twice (lines 2 and 4)"),
     ("model: {dtype: float32}\nmodel: {preset: tiny}", "model", "given twice (lines 1 and 2)"),
+    ("a: &x [*x]", "a", "unknown key"),  # an alias that holds itself: read once, no endless walk
     ("model: {path: no/such/folder}", "model.path", "is not a directory"),
     ("modle: {preset: tiny}", "modle", "unknown key; known here: model, resources"),
     ("- a list", "the file", "must be a mapping of keys"),
