@@ -20,7 +20,6 @@ class ConfigError(ValueError):
         self.key, self.message = key, message
 
 
-
 def build(cls: type, data: object, where: str = ""):
     """``cls`` (a dataclass of ``deploy_config``) from parsed YAML ``data`` (a mapping, or None for the defaults),
     checking keys and types. Raises ConfigError naming the dotted key."""
