@@ -8,8 +8,7 @@ supervisor to restart (``backends.triton.stubs.watch_stages``).
 
 Usage: ``python -m backends.triton.launcher [--http-port 8000] [--grpc-port 8001] [--metrics-port 8002]
 [--config DEPLOY.yaml] [--model PATH] [--openai-port 9000] [--set MODEL.KEY=VALUE ...]``; Ctrl-C stops the
-server; ``--http-port 0`` turns Triton's HTTP endpoint off (the launcher and the OpenAI API use gRPC). ``--config``,
-``--model`` and ``--set`` serve a copy of the repository with model parameters changed
+server. ``--config``, ``--model`` and ``--set`` serve a copy of the repository with model parameters changed
 (``backends/triton/launch_options.py``). While the models load, it prints their progress to stderr
 (``backends/triton/load_progress.py``). Once the server is ready, the OpenAI-compatible API starts beside it
 (``backends.openai``; ``--openai-port 0``: none), and it stops first (its requests in flight get its grace; the
@@ -29,12 +28,11 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
-
-import tritonclient.grpc as grpcclient
-from tritonclient.utils import InferenceServerException
 
 from backends.ipc.run_dir import RUN_DIR_ENV
 from backends.openai.process import ApiProcess, check_port_free
@@ -43,7 +41,7 @@ from backends.triton.deploy_config import DEFAULT_SHM_BYTES
 from backends.triton.load_progress import LoadProgress
 from backends.triton.mps import MpsDaemon
 from backends.triton.parent_death import ends_with_parent
-from backends.triton.ports import WILDCARDS, ServerPorts, clashing, http_port_option, port_option
+from backends.triton.ports import WILDCARDS, ServerPorts, clashing, port_option
 from backends.triton.repository import repository_with
 from backends.triton.server_binary import (HEAP_ENV, TRITON_EXIT_TIMEOUT_S, server_binary, server_command,
                                            thread_stacks)
@@ -135,18 +133,16 @@ class TritonServer:
         return self
 
     def _wait_ready(self) -> None:
-        """Asked over gRPC, which is always on (HTTP may be off: ``ports.http`` 0), every 0.5 s on a new channel:
-        tritonserver opens its gRPC port only once its models have loaded, and one channel kept while the port is
-        closed backs off between its connection attempts (gRPC's defaults: 1 s growing 1.6x up to 120 s), so a
-        server ready after a load of minutes would be seen up to 2 minutes late, or after the ready timeout."""
+        url = f"http://{self.ports.address}:{self.ports.http}/v2/health/ready"
         deadline = time.monotonic() + self.ready_timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RuntimeError(self._not_started(f"tritonserver exited with {self.process.returncode}"))
-            with grpcclient.InferenceServerClient(self.ports.grpc_url) as client, \
-                    contextlib.suppress(InferenceServerException):
-                if client.is_server_ready(client_timeout=2):
+            try:
+                if urllib.request.urlopen(url, timeout=2).status == 200:
                     return
+            except OSError:
+                pass
             time.sleep(0.5)
         raise RuntimeError(self._not_started(f"tritonserver not ready within {self.ready_timeout_s} s"))
 
@@ -161,22 +157,26 @@ class TritonServer:
         return f"{what}{reasons}\n--- end of the log:\n{log[-6000:]}"
 
     def _announce_when_not_live(self) -> None:
-        """A server stopped by a signal from elsewhere (not :meth:`stop`) answers "not live" over gRPC (2.51:
-        UNAVAILABLE, "Server exiting"), or closes its endpoints, before it unloads its models: tell them
-        (``server_stop``), or their open streams would hold them until the exit timeout. A slow answer under load
-        (a deadline passed) is no stop."""
+        """A server stopped by a signal from elsewhere (not :meth:`stop`) closes its HTTP endpoint (2.51), or
+        answers "not live", before it unloads its models: tell them (``server_stop``), or their open streams
+        would hold them until the exit timeout. A slow answer under load is no stop."""
+        url = f"http://{self.ports.address}:{self.ports.http}/v2/health/live"
         process, run_dir = self.process, self.run_dir
-        with grpcclient.InferenceServerClient(self.ports.grpc_url) as client:
-            while process.poll() is None and run_dir.exists():
-                try:
-                    stopping = not client.is_server_live(client_timeout=5)
-                except InferenceServerException as exc:
-                    stopping = exc.status() == "StatusCode.UNAVAILABLE"
-                if stopping and process.poll() is None:
-                    with contextlib.suppress(OSError):
-                        server_stop.announce(run_dir)
-                    return
-                time.sleep(0.5)
+        while process.poll() is None and run_dir.exists():
+            try:
+                urllib.request.urlopen(url, timeout=5)
+                stopping = False
+            except urllib.error.HTTPError:
+                stopping = True
+            except urllib.error.URLError as exc:
+                stopping = isinstance(exc.reason, ConnectionRefusedError)
+            except OSError:
+                stopping = False
+            if stopping and process.poll() is None:
+                with contextlib.suppress(OSError):
+                    server_stop.announce(run_dir)
+                return
+            time.sleep(0.5)
 
     def log_tail(self, chars: int = 6000) -> str:
         try:
@@ -290,9 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model-repository", type=Path, default=REPO_ROOT / "model_repository")
     parser.add_argument("--address", default="127.0.0.1", help="0.0.0.0 to serve other machines")
-    parser.add_argument("--http-port", type=http_port_option, default=8000,
-                        help="Triton's HTTP port; 0: HTTP off (its JSON parser can crash the server, see "
-                             "docs/operations.md; gRPC and the OpenAI API stay)")
+    parser.add_argument("--http-port", type=port_option, default=8000)
     parser.add_argument("--grpc-port", type=port_option, default=8001)
     parser.add_argument("--metrics-port", type=port_option, default=8002)
     openai_options.add_arguments(parser)
@@ -359,9 +357,8 @@ def _serve(args: argparse.Namespace, repository: Path, plan: launch_options.Serv
     died, killed, api, api_failed = None, None, None, False
     try:  # from here on a stop signal (a KeyboardInterrupt), even one right after the ready line, stops the server
         where = "stdout" if args.log_stdout else server.log_path
-        http = f"{args.address}:{args.http_port}" if args.http_port else "off"
-        print(f"tritonserver ready: gRPC {args.address}:{args.grpc_port}, HTTP {http}, log {where}, "
-              f"models {repository}", flush=True)
+        print(f"tritonserver ready: gRPC {args.address}:{args.grpc_port}, HTTP {args.address}:{args.http_port}, "
+              f"log {where}, models {repository}", flush=True)
         if args.openai_port:
             api = ApiProcess(openai_options.api_config(args),
                              None if args.log_stdout else server.log_path.with_suffix(".openai.log"),

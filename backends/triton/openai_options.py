@@ -6,7 +6,7 @@ import argparse
 
 from backends.openai.config import ApiConfig
 from backends.openai.process import default_openai_workers
-from backends.triton.ports import local_address, optional_port_option
+from backends.triton.ports import optional_port_option
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -39,8 +39,8 @@ def check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
 def api_config(args: argparse.Namespace) -> ApiConfig:
     """The API's settings: it listens at ``--openai-address`` (else ``--address``) and reaches tritonserver's gRPC
     port over the loopback when the server listens on every address."""
-    return ApiConfig(grpc_url=f"{local_address(args.address)}:{args.grpc_port}",
-                     host=args.openai_address or args.address, port=args.openai_port,
-                     allow_http_media=args.openai_allow_http_media, max_requests=args.openai_max_requests,
-                     workers=args.openai_workers, max_body_bytes=args.openai_max_body_bytes,
-                     token_channel=not args.openai_no_token_channel)
+    local = "127.0.0.1" if args.address in ("0.0.0.0", "::") else args.address
+    return ApiConfig(grpc_url=f"{local}:{args.grpc_port}", host=args.openai_address or args.address,
+                     port=args.openai_port, allow_http_media=args.openai_allow_http_media,
+                     max_requests=args.openai_max_requests, workers=args.openai_workers,
+                     max_body_bytes=args.openai_max_body_bytes, token_channel=not args.openai_no_token_channel)

@@ -1,4 +1,4 @@
-"""The three ports a tritonserver binds: HTTP (KServe + generate_stream; 0: off), gRPC, Prometheus metrics."""
+"""The three ports a tritonserver binds: HTTP (KServe + generate_stream), gRPC, Prometheus metrics."""
 from __future__ import annotations
 
 import argparse
@@ -29,16 +29,6 @@ def optional_port_option(text: str) -> int:
     return port_option(text, off="no API")
 
 
-def http_port_option(text: str) -> int:
-    """:func:`port_option` of Triton's HTTP port, which 0 turns off (gRPC, metrics and the OpenAI API stay)."""
-    return port_option(text, off="HTTP off")
-
-
-def local_address(address: str) -> str:
-    """Where this machine reaches a server bound to ``address``: the loopback for a wildcard address."""
-    return "127.0.0.1" if address in WILDCARDS else address
-
-
 def clashing(named: dict[str, int]) -> str | None:
     """A message naming two options given the same port (``{option: port}``; 0, no port, is never a clash), else
     None: each of the launcher's servers needs a port of its own."""
@@ -52,8 +42,7 @@ def clashing(named: dict[str, int]) -> str | None:
 
 @dataclass(frozen=True)
 class ServerPorts:
-    """Ports bound on ``address``: HTTP (KServe + generate_stream; 0: Triton's HTTP endpoint off), gRPC, Prometheus
-    metrics."""
+    """Ports bound on ``address``: HTTP (KServe + generate_stream), gRPC, Prometheus metrics."""
 
     http: int = 8000
     grpc: int = 8001
@@ -70,17 +59,10 @@ class ServerPorts:
                 probe.bind((address, 0))
             return cls(*(probe.getsockname()[1] for probe in probes), address)
 
-    @property
-    def grpc_url(self) -> str:
-        """``host:port`` of the gRPC endpoint as this machine reaches it (:func:`local_address`)."""
-        return f"{local_address(self.address)}:{self.grpc}"
-
     def check_free(self) -> None:
-        """Raises RuntimeError naming the first port another process holds on ``address`` (HTTP's unless off)."""
+        """Raises RuntimeError naming the first port another process holds on ``address``."""
         for name in ("http", "grpc", "metrics"):
             port = getattr(self, name)
-            if not port:  # HTTP off
-                continue
             with socket.socket() as probe:
                 # As the server binds: a port left in TIME_WAIT by a stopped server is free, a listener's is not.
                 probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -115,14 +115,13 @@ def server_command(binary: Path, backends: Path | None, repository: Path, ports:
     ``backends`` the backend directory (None: tritonserver's default, an NGC image's), ``shm_default_byte_size`` the
     Python backend's shared-memory region per model process (bytes), ``exit_timeout_s`` Triton's
     ``--exit-timeout-secs`` (seconds), ``admin_header`` what :func:`restricted_api_flags` restricts the log and trace
-    settings to. ``ports.http`` 0: Triton's HTTP endpoint off (``--allow-http=false``)."""
+    settings to."""
     p = ports
-    http = [f"--http-address={p.address}", f"--http-port={p.http}"] if p.http else ["--allow-http=false"]
     return [
         str(binary),
         f"--model-repository={repository}",
         *([f"--backend-directory={backends}"] if backends is not None else []),
-        *http,
+        f"--http-address={p.address}", f"--http-port={p.http}",
         f"--grpc-address={p.address}", f"--grpc-port={p.grpc}",
         f"--metrics-address={p.address}", f"--metrics-port={p.metrics}",
         f"--backend-config=python,shm-default-byte-size={shm_default_byte_size}",

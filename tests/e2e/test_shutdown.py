@@ -49,14 +49,14 @@ def test_stop_with_a_stream_and_a_video_in_flight(media_dir):
     assert isinstance(outcomes["text"], ServerError), outcomes["text"]  # 20000 tokens cannot have finished
 
 
-def launch(ports=None):
-    """``python -m backends.triton.launcher`` on ``ports`` (default: free ones), started: (the process, its ports)."""
+def launch():
+    """``python -m backends.triton.launcher`` on free ports, started: (the process, its ports)."""
     import subprocess
     import sys
 
     from backends.triton.ports import ServerPorts
 
-    ports = ports or ServerPorts.unused()
+    ports = ServerPorts.unused()
     launcher = subprocess.Popen([sys.executable, "-m", "backends.triton.launcher", "--http-port", str(ports.http),
                                  "--grpc-port", str(ports.grpc), "--metrics-port", str(ports.metrics),
                                  "--openai-port", "0"],  # tests/e2e/test_openai_process.py starts the launcher's API
@@ -64,10 +64,10 @@ def launch(ports=None):
     return launcher, ports
 
 
-def start_launcher(ports=None):
+def start_launcher():
     """:func:`launch`, read up to its ready line: (the process, its ports, that line); fails the test when the
     line is not the ready line."""
-    launcher, ports = launch(ports)
+    launcher, ports = launch()
     ready = launcher.stdout.readline()
     assert "tritonserver ready" in ready, ready + launcher.stderr.read()
     return launcher, ports, ready
@@ -226,45 +226,9 @@ def test_a_tritonserver_stopped_from_elsewhere_is_no_crash():
     assert "killed by" not in err and "exited by itself" not in err, err
 
 
-def test_with_http_off_the_launcher_serves_grpc_alone_and_stops_cleanly():
-    """``--http-port 0``: tritonserver listens on the gRPC and metrics ports only (Triton's HTTP JSON parser can crash
-    the server: docs/operations.md), the launcher finds it ready over gRPC, inference works, the stop is clean."""
-    import dataclasses
-    import signal
-
-    from backends.triton.ports import ServerPorts
-
-    launcher, ports, ready = start_launcher(dataclasses.replace(ServerPorts.unused(), http=0))
-    assert "HTTP off" in ready, ready
-    (server,) = _servers(ports)
-    assert _listening(server) == {ports.grpc, ports.metrics}
-    with Client(f"127.0.0.1:{ports.grpc}") as client:
-        assert client.generate("Hi", sampling={"max_tokens": 2, "ignore_eos": True}).num_output_tokens == 2
-    launcher.send_signal(signal.SIGINT)
-    _, err = launcher.communicate(timeout=60)
-    assert launcher.returncode == 0 and "killed" not in err, err
-
-
-def _listening(pid: int) -> set[int]:
-    """The TCP ports process ``pid`` listens on (its sockets' inodes among /proc/PID/net/tcp*'s listeners)."""
-    sockets = set()
-    for fd in Path(f"/proc/{pid}/fd").iterdir():
-        try:
-            sockets.add(os.readlink(fd).removeprefix("socket:[").removesuffix("]"))
-        except OSError:  # closed while we looked
-            pass
-    ports = set()
-    for table in ("tcp", "tcp6"):
-        for row in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
-            fields = row.split()
-            if fields[3] == "0A" and fields[9] in sockets:  # 0A: LISTEN
-                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
-    return ports
-
-
 def _servers(ports) -> list[int]:
-    """The pids of the tritonservers on ``ports.grpc`` (their command line names the port; HTTP may be off)."""
-    flag = f"--grpc-port={ports.grpc}".encode()
+    """The pids of the tritonservers on ``ports.http`` (their command line names the port)."""
+    flag = f"--http-port={ports.http}".encode()
     found = []
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         try:

@@ -163,7 +163,7 @@ def test_model_must_be_a_directory(tmp_path):
 
 def test_render_writes_the_repository_and_prints_the_command_the_launcher_runs(tmp_path, capsys):
     """``--render`` prints tritonserver's flags from the launcher's own function (server_command): address, ports,
-    exit timeout, admin header, HTTP off; then the OpenAI API's command, a comment (a process of its own)."""
+    exit timeout, admin header; then the OpenAI API's command, a comment (a process of its own)."""
     target = tmp_path / "repository"
     options = ["--config", str(REPO_ROOT / "deploy" / "tiny_cpu.yaml"), "--render", str(target)]
     assert launcher.main([*options, "--address", "127.0.0.1", "--http-port", "25500", "--admin-header", "X-A=b"]) == 0
@@ -182,10 +182,9 @@ def test_render_writes_the_repository_and_prints_the_command_the_launcher_runs(t
     assert rendered["decode"]["kv_pages"] == "2048" and rendered["orchestrator"]["slo_text_ttft_ms"] == "2000"
     assert launcher.main(options) == 2  # not over a repository already there
     assert "not empty" in capsys.readouterr().err
-    options[-1] = str(tmp_path / "no_http")
-    assert launcher.main([*options, "--http-port", "0", "--openai-port", "0"]) == 0
-    (server,) = capsys.readouterr().out.splitlines()  # no API
-    assert "--allow-http=false" in shlex.split(server) and "--http-port" not in server
+    options[-1] = str(tmp_path / "no_api")
+    assert launcher.main([*options, "--openai-port", "0"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 1  # no API
 
 
 def test_gpu_sharing_and_sm_shares_come_from_the_file_and_the_option_wins(tmp_path):

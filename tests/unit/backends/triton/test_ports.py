@@ -7,7 +7,7 @@ import pytest
 
 import argparse
 
-from backends.triton.ports import ServerPorts, clashing, http_port_option, local_address, port_option
+from backends.triton.ports import ServerPorts, clashing, port_option
 
 
 def test_a_taken_port_is_named():
@@ -37,10 +37,3 @@ def test_two_options_on_one_port_are_named_and_no_port_clashes_with_nothing():
     assert clashing({"--http-port": 8000, "--grpc-port": 8001, "--openai-port": 8001}).startswith("--grpc-port and "
                                                                                                  "--openai-port")
     assert clashing({"--http-port": 8000, "--openai-port": 0, "--metrics-port": 0}) is None
-
-
-def test_http_port_0_is_http_off_and_is_not_checked_and_grpc_is_reached_over_the_loopback_from_a_wildcard():
-    assert http_port_option("0") == 0 and http_port_option("8000") == 8000
-    dataclasses.replace(ServerPorts.unused(), http=0).check_free()
-    assert [local_address(a) for a in ("0.0.0.0", "::", "10.0.0.5")] == ["127.0.0.1", "127.0.0.1", "10.0.0.5"]
-    assert ServerPorts(8000, 8101, 8002, "0.0.0.0").grpc_url == "127.0.0.1:8101"

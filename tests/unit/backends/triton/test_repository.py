@@ -29,7 +29,6 @@ def test_later_items_win_and_values_may_hold_equals_signs():
     (["--openai-port", "8000"], "--http-port and --openai-port are both 8000"),
     (["--openai-port", "8000", "--openai-address", "127.0.0.1"], "--http-port and --openai-port are both 8000"),
     (["--openai-port", "8000", "--address", "0.0.0.0", "--openai-address", "127.0.0.2"], "are both 8000"),
-    (["--http-port", "-1"], "argument --http-port: -1 is not a TCP port: use 1..65535 (0: HTTP off)"),
 ])
 def test_bad_or_shared_ports_stop_the_launcher_before_starting(argv, message, monkeypatch, capsys):
     monkeypatch.setattr(launcher, "_serve", lambda *a: pytest.fail("the server must not start"))
