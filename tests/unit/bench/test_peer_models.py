@@ -41,7 +41,7 @@ def test_vllm_takes_less_gpu_memory_on_a_smaller_card(gpu_gib, flag):
 
 
 @pytest.mark.parametrize("name, pages, fewer_sms", [
-    ("internvl3_38b", "8192", ["encode_prefill.sms_while_decoding=88", "orchestrator.fewer_sms_kinds=video,image"]),
+    ("internvl3_38b", "8192", ["encode_prefill.sms_while_decoding=72", "orchestrator.fewer_sms_kinds=video,image"]),
     ("internvl3_8b", "16384", ["encode_prefill.sms_while_decoding=104"]),  # the 7B-sized language model: Qwen's file
 ])
 def test_internvl3_commands(name, pages, fewer_sms):
