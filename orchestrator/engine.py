@@ -17,11 +17,13 @@ import asyncio
 import logging
 import time
 from dataclasses import replace
-from typing import AsyncIterator, Callable, Iterator
+from typing import AsyncIterator, Callable, Iterable, Iterator
 
 from backends.ipc.link import StageError
-from backends.ipc.protocol import SERVER_FAULT, DecodeAdmit, DecodeStep, FirstToken, StageFailure, StepPlan, StepResult
+from backends.ipc.protocol import (SERVER_FAULT, DecodeAdmit, DecodeGrow, DecodeStep, FirstToken, StageFailure,
+                                   StepPlan, StepResult)
 from flashcodec.families import family_of
+from orchestrator.background import Background, drain
 from orchestrator.budget_policy import BudgetPolicy, Waiting, work_units
 from orchestrator.burst import Arrivals, gather_burst
 from orchestrator.decode_pace import PACE_FOR_MS, DecodePacer
@@ -64,7 +66,7 @@ class Engine:
         self.decode_ended: str | None = None  # why the decode stream has ended, once it has
         self.stopping = False
         self._loops: list[asyncio.Task] = []
-        self._background: set[asyncio.Task] = set()
+        self._background = Background()
         self.policy = policy  # each step's budgets, when SLO scheduling is on
         self.arrivals = arrivals or Arrivals()  # requests handed over by Triton (all replicas)
         self.pacer, self.fewer_sms = pacer, fewer_sms
@@ -121,6 +123,7 @@ class Engine:
                     call = replace(call, plan=family_of(call.plan).video_groups_from(call.plan, first))
                 except Exception:
                     self.scheduler.remove(new.req_id)  # its pages (shared ones included) go back before the error
+                    self._grow()
                     raise
             else:  # an image (InternVL3: a group a tile) is decoded whole; its cached groups are reported "cached"
                 first = 0
@@ -168,6 +171,7 @@ class Engine:
                 await asyncio.gather(*tracked.media_tasks, return_exceptions=True)
         del self.requests[req_id]
         self.scheduler.remove(req_id)  # returns the patch pages of groups decoded but not yet encoded
+        self._grow()  # pages back: sequences in decode waiting for one may have it now
         self.on_release(Released(req_id, tracked.patch_pages_peak, bool(tracked.request.media), tracked.admitted,
                                  tracked.scheduled, tracked.first_token, tracked.last_token))
         self.on_change()
@@ -182,12 +186,6 @@ class Engine:
         except StageError as exc:
             log.warning("orchestrator: abort not delivered (%s); the stage has gone, its pages are returned", exc)
 
-    def _spawn(self, coroutine) -> None:
-        task = asyncio.get_running_loop().create_task(coroutine)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-        task.add_done_callback(_log_failure)
-
     def _end(self, tracked: Tracked, output: Output) -> None:
         """Queue a request's last output and release it."""
         if tracked.ended:
@@ -195,7 +193,7 @@ class Engine:
         tracked.ended = True
         tracked.request.timeline.mark("last_token" if output.failure is None else "failed")
         tracked.outputs.put_nowait(output)
-        self._spawn(self._release(tracked))
+        self._background.spawn(self._release(tracked))
 
     def fail(self, tracked: Tracked, failure: StageFailure) -> None:
         self._end(tracked, Output(failure=failure))
@@ -232,9 +230,11 @@ class Engine:
                     if (tracked := self.live(req_id)) is not None:
                         self.fail(tracked, failure)
                 self.scheduler.complete(plan)
+                self._grow()
                 self.on_change()
                 continue
             self.scheduler.complete(plan)
+            self._grow()
             self.on_step(bool(paced))
             if self.policy is not None:
                 self.policy.observe_step((time.monotonic() - launched) * 1e3,
@@ -270,7 +270,7 @@ class Engine:
     def _tell_decode(self, interval_ms: float, for_ms: float) -> None:
         """Queue a pacing for decode now (in order with the admits and aborts sent to it); a link that is gone is
         the decode stream's failure, seen by ``_follow_decode``."""
-        self._spawn(_drain(self.stages.decode_pace(interval_ms, for_ms)))
+        self._background.spawn(drain(self.stages.decode_pace(interval_ms, for_ms), "decode's pacing"))
 
     def _before_first_token(self) -> Iterator[tuple[Tracked, Sequence]]:
         """The requests before their first token (none of them decoding), each with its scheduler sequence."""
@@ -328,7 +328,8 @@ class Engine:
             new.req_id, tuple(seq.block_table), len(new.input_ids), first.token, first.mrope_delta, 1,
             new.max_tokens, new.sampling,
             tuple(sorted(set(new.input_ids))) if new.sampling.repetition_penalty != 1 else ()))
-        self._spawn(self._admitted(tracked, replies))
+        self._background.spawn(self._admitted(tracked, replies))
+        self._grow([first.req_id])
 
     async def _admitted(self, tracked: Tracked, replies: AsyncIterator) -> None:
         try:
@@ -365,7 +366,7 @@ class Engine:
         if self.policy is not None and step.seq_ids and self._last_decode:
             self.policy.observe_decode_gap((now - self._last_decode) * 1e3)
         self._last_decode = now if step.seq_ids else 0.0
-        figures = step.logprobs or (None,) * len(step.seq_ids)
+        figures, going = step.logprobs or (None,) * len(step.seq_ids), []
         for seq_id, token, reason, logprobs in zip(step.seq_ids, step.token_ids, step.finish_reasons, figures):
             tracked = self.live(seq_id)
             if tracked is None:
@@ -381,17 +382,13 @@ class Engine:
                 self._end(tracked, Output.last(token, reason, logprobs))
             else:
                 tracked.outputs.put_nowait(Output(token, logprobs=logprobs))
+                going.append(seq_id)
+        self._grow(going)
 
+    def _grow(self, decoded: Iterable[str] = ()) -> None:
+        """Send decode the KV pages granted since the last call (``Scheduler.grow``: ``decoded`` made one more token
+        each), in order with the admits and aborts sent to it."""
+        if grants := self.scheduler.grow(decoded):
+            grow = DecodeGrow(tuple((req_id, tuple(pages)) for req_id, pages in grants.items()))
+            self._background.spawn(drain(self.stages.decode_grow(grow), "decode's KV pages"))
 
-async def _drain(replies: AsyncIterator) -> None:
-    try:
-        async for _ in replies:
-            pass
-    except StageError as exc:
-        log.warning("orchestrator: decode's pacing not delivered (%s)", exc)
-
-
-def _log_failure(task: asyncio.Task) -> None:
-    """A background task's unexpected exception goes to the log at once, not when the task is collected."""
-    if not task.cancelled() and task.exception() is not None:
-        log.error("orchestrator: %s failed", task.get_coro().__qualname__, exc_info=task.exception())

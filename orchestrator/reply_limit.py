@@ -3,9 +3,9 @@
 A request's ``max_tokens`` is kept as sent. Sent as null (``RequestParams.max_tokens`` None; the OpenAI API's chat
 request without ``max_tokens`` or ``max_completion_tokens``), the reply may run to the end of the context, as vLLM's
 ``SamplingParams`` reads None (its OpenAI server gives a chat request ``max_model_len`` minus the prompt), but at most
-the orchestrator's ``default_max_tokens``: the KV pages for prompt + ``max_tokens`` are granted when a request starts
-(``orchestrator.scheduler``), so a reply that may fill the context would hold a context's pages for its whole life,
-and fewer such requests would run at once. Nor more than the largest KV pool holds beside the prompt.
+the orchestrator's ``default_max_tokens``: pages are granted as a reply grows, but the pool keeps room for every
+running reply's prompt + ``max_tokens`` (``orchestrator.kv_growth``), so replies that may each fill the context would
+be admitted fewer at a time. Nor more than the largest KV pool holds beside the prompt.
 """
 from __future__ import annotations
 

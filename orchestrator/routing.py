@@ -8,11 +8,12 @@ from typing import Sequence
 from orchestrator.engine import Engine
 
 
-def choose(engines: Sequence[Engine], kv_needed: int) -> Engine | None:
-    """The engine for a request needing ``kv_needed`` KV pages: among those whose decode stream is alive and
-    whose pool can hold the request at all, one whose scheduler would grant its pages at once
+def choose(engines: Sequence[Engine], prompt_tokens: int, max_tokens: int) -> Engine | None:
+    """The engine for a request of ``prompt_tokens`` + ``max_tokens`` tokens: among those whose decode stream is
+    alive and whose pool can hold the request at all, one whose scheduler would admit it at once
     (``Scheduler.admits_now``) if any, then the fewest requests, the most free KV pages, the lowest index; None
     when there is none."""
-    fit = [e for e in engines if e.decode_ended is None and kv_needed <= e.scheduler.kv_pages_total]
-    return min(fit, key=lambda e: (not e.scheduler.admits_now(kv_needed), len(e.requests),
+    fit = [e for e in engines if e.decode_ended is None
+           and e.scheduler.kv_pages_for(prompt_tokens + max_tokens) <= e.scheduler.kv_pages_total]
+    return min(fit, key=lambda e: (not e.scheduler.admits_now(prompt_tokens, max_tokens), len(e.requests),
                                    -e.scheduler.kv_pages_free, e.index), default=None)

@@ -9,12 +9,13 @@ those it may forget come with the work. What a step holds: `orchestrator.step_fi
 one of prefills about to end their prompts).
 """
 
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from backends.ipc.protocol import EncodeWork, StepPlan
 from orchestrator import step_fill
-from orchestrator.admission import backfill
 from orchestrator.encoder_cache import EncoderCache
+from orchestrator.kv_grants import KVGrants
 from orchestrator.pages import PagePool
 from orchestrator.prefix_cache import CacheStats, PrefixCache
 from orchestrator.sequence import Group, Sequence
@@ -33,6 +34,9 @@ class SchedulerConfig:
             exempt, as groups are not split); what is left then goes out again in FCFS order without
             the cap, so a lone sequence may still use the whole budget. 1.0 is plain FCFS.
         kv_page_size: tokens per KV page.
+        kv_pages_ahead: KV pages a sequence holds past the tokens written (>= 1): at admission its prompt's and
+            this many more (at most its prompt + max_tokens), granted again as decode writes them
+            (``Scheduler.grow``, ``orchestrator.kv_growth``), so that decode does not wait for a page between steps.
         short_prefill_tokens: a prompt not started (but for its cached prefix) that ends within this many tokens,
             every embedding ready, goes into a short step of such prefills only, ahead of other work
             (``orchestrator.step_fill``); 0: off.
@@ -52,13 +56,14 @@ class SchedulerConfig:
     prefill_budget: int = 2048
     max_share: float = 1.0
     kv_page_size: int = 16
+    kv_pages_ahead: int = 2
     short_prefill_tokens: int = 0
     max_short_steps: int = 4
     burst_wait_ms: int = 0
     idle_budget_scale: int = 1
 
     def __post_init__(self) -> None:
-        for name, least in (("encode_budget", 1), ("prefill_budget", 1), ("kv_page_size", 1),
+        for name, least in (("encode_budget", 1), ("prefill_budget", 1), ("kv_page_size", 1), ("kv_pages_ahead", 1),
                             ("short_prefill_tokens", 0), ("max_short_steps", 1), ("burst_wait_ms", 0),
                             ("idle_budget_scale", 1)):
             value = getattr(self, name)
@@ -92,8 +97,10 @@ class Scheduler:
     """Admits sequences in arrival order (with backfill, see `_admit`), grants their KV pages and plans
     encode + prefill steps.
 
-    Pages: KV pages for prompt_len + max_tokens are taken at admission and kept until `remove`
-    (decode uses them); the longest cached prefix of the prompt (``orchestrator.prefix_cache``: its full pages, by
+    Pages: a sequence is admitted with the KV pages of its prompt and of its next tokens (``kv_pages_ahead``), and
+    granted more as decode writes them (`grow`), where the pool stays safe: every admitted sequence could still be
+    granted pages up to its prompt + max_tokens, one after another (``orchestrator.kv_growth``); it keeps them until
+    `remove`. The longest cached prefix of the prompt (``orchestrator.prefix_cache``: its full pages, by
     the sequence's `block_hashes`) is shared, not taken, and counts as computed (vLLM's ``num_computed_tokens``
     rule), so the budgets pay only for new work. Once a step has written a full prompt page, the page is cached.
     Patch pages are never reserved here: the media stage takes a group's pages
@@ -116,8 +123,8 @@ class Scheduler:
         self._announced: set[str] = set()  # sequences whose `request` went out in a plan
         self._held: set[str] = set()  # sequences being removed: planned no more, their pages kept until `remove`
         self._finished: list[str] = []  # announced sequences removed since the last plan
-        self._hits: dict[str, tuple[int, list[int]]] = {}  # req_id -> (cache version, its cached pages then)
         self._short_streak = 0  # short steps in a row (``SchedulerConfig.max_short_steps``)
+        self._pages = KVGrants(kv_pages, config.kv_page_size, config.kv_pages_ahead, self._seqs, self._held)
 
     def add(self, seq: Sequence) -> None:
         """Queues a new sequence and grants it its KV pages at once when the admission rule lets it (`_admit`; a
@@ -262,7 +269,7 @@ class Scheduler:
         so the decode worker must have dropped the sequence (finished or aborted) before.
         """
         self._held.discard(req_id)
-        self._hits.pop(req_id, None)
+        self._pages.forget(req_id)
         self.encoder_cache.release(req_id)
         seq = self._seqs.pop(req_id, None)
         if seq is None:
@@ -323,8 +330,8 @@ class Scheduler:
         return seq if seq is not None and self._in_flight_seqs.get(req_id) is seq else None
 
     def kv_pages_for(self, num_tokens: int) -> int:
-        """KV pages that ``num_tokens`` tokens take (the reservation of a sequence: prompt + max_tokens)."""
-        return -(-num_tokens // self.config.kv_page_size)
+        """KV pages that ``num_tokens`` tokens take (a sequence's worst case: prompt + max_tokens)."""
+        return self._pages.pages_for(num_tokens)
 
     @property
     def kv_pages_total(self) -> int:
@@ -334,57 +341,32 @@ class Scheduler:
     def kv_pages_free(self) -> int:
         return self._kv.num_free
 
-    def admits_now(self, pages: int) -> bool:
-        """Whether a sequence needing `pages` KV pages, added now, would get them at once (behind the sequences
-        already waiting, with their backfill rule: see `_admit`). For routing a new request to a replica that can
-        start it."""
-        return len(self._seqs) in self._admission(pages)
+    def admits_now(self, prompt_tokens: int, max_tokens: int) -> bool:
+        """Whether a sequence of ``prompt_tokens`` + ``max_tokens`` tokens, added now, would be admitted at once
+        (behind the sequences already waiting, with their backfill rule: ``KVGrants.admission``). For routing a new
+        request to a replica that can start it."""
+        return len(self._seqs) in self._pages.admission(Sequence("", prompt_tokens, max_tokens))
+
+    def grow(self, decoded: Iterable[str] = ()) -> dict[str, list[int]]:
+        """Decode has made one more token of each of ``decoded`` (its first: the sequence has joined decode); returns
+        the KV pages granted since the last call, per sequence, to append to its block table in decode
+        (``KVGrants.grow``).
+
+        Raises:
+            KeyError: a sequence of ``decoded`` the scheduler does not hold.
+        """
+        return self._pages.grow(decoded)
 
     def _admit(self) -> None:
-        """Grants KV pages by the admission rule (``orchestrator.admission.backfill``), a sequence's cached prefix
-        shared (`_cached_pages`), its groups in it counted as encoded."""
-        while granted := self._admission():  # one at a time: a grant may evict pages a later one would share
-            seq = list(self._seqs.values())[granted[0]]
-            hits = self._cached_pages(seq)
-            cached = len(hits) * self.config.kv_page_size
-            seq.block_table = self._kv.grant(hits, self.kv_pages_for(seq.prompt_len + seq.max_tokens) - len(hits),
-                                             seq.prompt_len if seq.reads_cache else 0, cached)
-            assert seq.block_table is not None, "_admission granted what the pool has"
-            self._hits.pop(seq.req_id, None)
-            seq.num_cached_tokens = seq.num_computed_tokens = cached
+        """Grants the pages that sequences in decode want, then admits waiting ones (``KVGrants.admit``); a group in
+        an admitted sequence's cached prefix is not encoded: its patch pages go back."""
+        for seq in self._pages.admit():
             for group in seq.groups:
                 if seq.in_cached_prefix(group):  # its KV is there: nothing to encode
                     group.encoded = group.cached = True
                     if group.patch_pages is not None:
                         self._patch.free(group.patch_pages)
                         group.patch_pages = None
-
-    def _cached_pages(self, seq: Sequence) -> list[int]:
-        """The cached pages a waiting sequence would share now: the longest cached prefix of its prompt, short of
-        its last token (whose logits prefill must compute), none where it does not read the cache (``reads_cache``);
-        remembered until the cache changes. A media group the prefix ends in is encoded again (whole) for its tokens
-        after it."""
-        if not seq.reads_cache:
-            return []
-        known = self._hits.get(seq.req_id)
-        if known is not None and known[0] == self._kv.version:
-            return known[1]
-        hits = self._kv.lookup(seq.block_hashes[:(seq.prompt_len - 1) // self.config.kv_page_size])
-        self._hits[seq.req_id] = (self._kv.version, hits)
-        return hits
-
-    def _admission(self, new_pages: int | None = None) -> list[int]:
-        """Arrival-order indices of the waiting sequences `_admit` grants pages to now, in that order; with
-        `new_pages`, a sequence needing that many is imagined arriving after all others (index len(seqs)). A
-        waiting sequence needs its pages less the cached ones other sequences hold (``PrefixCache.cost``)."""
-        # a held sequence that has no pages is skipped as if granted nothing: it is never admitted
-        needs = [(0, True) if seq.block_table is None and seq.req_id in self._held else
-                 (self.kv_pages_for(seq.prompt_len + seq.max_tokens), True) if seq.block_table is not None else
-                 (self._kv.cost(self.kv_pages_for(seq.prompt_len + seq.max_tokens), self._cached_pages(seq)), False)
-                 for seq in self._seqs.values()]
-        if new_pages is not None:
-            needs.append((new_pages, False))
-        return backfill(needs, self._kv.num_free, self._kv.num_total)
 
     def _encode_work(self, seq: Sequence, group: Group) -> EncodeWork:
         """The work of encoding ``group``, its embeddings kept in the encoder cache where it makes room."""

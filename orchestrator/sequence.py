@@ -63,16 +63,18 @@ class Sequence:
     Attributes:
         req_id: unique among the sequences a scheduler knows.
         prompt_len: prompt tokens, visual tokens included (>= 1).
-        max_tokens: most tokens to generate (>= 1); its KV pages are reserved at admission.
+        max_tokens: most tokens to generate (>= 1): the sequence's worst case, which the pool keeps room for
+            (``orchestrator.kv_growth``); its pages are granted as decode writes them.
         groups: the media groups in prompt order (non-overlapping token ranges inside the prompt).
         num_computed_tokens: prompt tokens already prefilled (their KV written).
-        block_table: KV pages granted at admission; None while waiting.
+        block_table: KV pages granted (at admission, then as decode writes them); None while waiting.
         request: what the encode_prefill stage needs to know of the request, sent with the first step
             that has work for it (None: nothing, as in the scheduler's own tests).
         block_hashes: one per full page of the prompt (``orchestrator.prefix_cache.block_hashes``; empty: the
             prompt is neither looked up in the prefix cache nor cached).
         num_cached_tokens: prompt tokens found in the prefix cache at admission (a multiple of the page size),
             computed without a step.
+        num_generated: tokens made so far, the first (from prefill) included, as decode reported them.
         reads_cache: whether the prompt is looked up in the prefix cache (False: every position is computed, for its
             prompt's log probabilities; its pages are cached all the same, as vLLM v1's
             ``skip_reading_prefix_cache``).
@@ -91,6 +93,7 @@ class Sequence:
     block_hashes: tuple[bytes, ...] = ()
     num_cached_tokens: int = 0
     reads_cache: bool = True
+    num_generated: int = 0
 
     def __post_init__(self) -> None:
         if self.prompt_len < 1 or self.max_tokens < 1:

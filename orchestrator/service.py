@@ -257,7 +257,7 @@ class Orchestrator:
         if self.stopping:  # stop_serving ran while this request was being planned
             raise _shutting_down()
         self._refuse_when_overloaded()  # again: requests planned at the same time may have been added meanwhile
-        engine = choose(self.engines, kv_needed)
+        engine = choose(self.engines, len(prompt.input_ids), max_tokens)
         if engine is None:  # every replica whose pool could hold it has lost its decode stream
             raise StageError(StageFailure(SERVER_FAULT, next(e.decode_ended for e in self.engines if e.decode_ended)))
         identities, hashes, cache = (), (), self.config.cache

@@ -15,8 +15,8 @@ from __future__ import annotations
 from typing import AsyncIterator, Protocol
 
 from backends.ipc.link import LinkClient
-from backends.ipc.protocol import (DecodeAbort, DecodeAdmit, DecodeAttach, DecodePace, DecodeStep, GroupReady,
-                                   MediaAbort, MediaDecode, StepPlan, StepResult)
+from backends.ipc.protocol import (DecodeAbort, DecodeAdmit, DecodeAttach, DecodeGrow, DecodePace, DecodeStep,
+                                   GroupReady, MediaAbort, MediaDecode, StepPlan, StepResult)
 from backends.triton.replicas import replica_name
 
 
@@ -36,6 +36,9 @@ class ReplicaStages(Protocol):
 
     def decode_pace(self, interval_ms: float, for_ms: float) -> AsyncIterator[None]:
         """Space decode's step launches (``DecodePace``; queued now, in order with the admits and aborts)."""
+
+    def decode_grow(self, grow: DecodeGrow) -> AsyncIterator[None]:
+        """More KV pages for sequences in decode (queued now, in order with the admits and aborts)."""
 
 
 class MediaStage(Protocol):
@@ -89,6 +92,9 @@ class LinkStages:
 
     def decode_pace(self, interval_ms: float, for_ms: float) -> AsyncIterator[None]:
         return self._decode.call(DecodePace(interval_ms, for_ms))
+
+    def decode_grow(self, grow: DecodeGrow) -> AsyncIterator[None]:
+        return self._decode.call(grow)
 
 
 class LinkMedia:

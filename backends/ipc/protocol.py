@@ -332,6 +332,15 @@ class DecodeAbort(Call):
 
 
 @dataclass(frozen=True)
+class DecodeGrow(Call):
+    """More KV pages for sequences in decode (``orchestrator.kv_growth``): ``grants`` holds (seq_id, pages to append
+    to its block table), sent after its ``DecodeAdmit``. Decode skips a sequence in its steps while the next
+    token's KV has no page; one it no longer holds is ignored (the orchestrator frees its pages)."""
+
+    grants: tuple[tuple[str, tuple[int, ...]], ...]
+
+
+@dataclass(frozen=True)
 class DecodePace(Call):
     """Space the decode loop's step launches at least ``interval_ms`` apart (ms; 0 ends the pacing), for at most
     ``for_ms`` from its arrival (ms; a pacing not ended by then ends itself): sent while an encode/prefill step that

@@ -57,6 +57,10 @@ class GrammarCompiles:
             return seq, str(exc) or type(exc).__name__
         return seq, ""
 
+    def waiting(self, seq_id: str) -> RunningSeq | None:
+        """The sequence held for its matcher, if it is."""
+        return self._waiting.get(seq_id, (None, None))[0]
+
     def drop(self, seq_id: str | None = None) -> None:
         """Forget ``seq_id`` (every sequence: None); its compile's end wakes the loop for nothing."""
         if seq_id is None:

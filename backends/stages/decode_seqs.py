@@ -32,7 +32,7 @@ class RunningSeq:
     output's xgrammar matcher (``backends.runtime.sampling.grammar``), having accepted every token read so far."""
 
     seq_id: str
-    block_table: np.ndarray  # int32: the KV pages granted at admission (a step's page list is views of these)
+    block_table: np.ndarray  # int32: the KV pages granted (a step's page list is views of these)
     num_cached: int
     last_token: int
     mrope_delta: int
@@ -42,6 +42,10 @@ class RunningSeq:
     ending: bool = False
     prompt_token_ids: tuple[int, ...] = ()
     grammar: Any = None
+
+    def extend(self, pages: tuple[int, ...]) -> None:
+        """Append KV pages granted since admission (``DecodeGrow``)."""
+        self.block_table = np.concatenate([self.block_table, np.asarray(pages, dtype=np.int32)])
 
     @classmethod
     def from_admit(cls, admit: DecodeAdmit) -> "RunningSeq":

@@ -6,7 +6,8 @@ from __future__ import annotations
 import time
 
 from backends.ipc.link import LinkServer, Reply
-from backends.ipc.protocol import SERVER_FAULT, Call, DecodeAbort, DecodeAdmit, DecodeAttach, DecodePace, StageFailure
+from backends.ipc.protocol import (SERVER_FAULT, Call, DecodeAbort, DecodeAdmit, DecodeAttach, DecodeGrow, DecodePace,
+                                   StageFailure)
 from backends.runtime.loader import ModelSpec
 from backends.stages.decode_worker import DecodeWorker
 from backends.stages.device import shared_weights_on, stage_setup
@@ -96,6 +97,9 @@ class DecodeStage(triton_io.InternalModel):
             reply.end()
         elif isinstance(message, DecodeAbort):
             self.worker.abort(message.seq_id, reply.end)
+        elif isinstance(message, DecodeGrow):
+            self.worker.grow(message.grants)
+            reply.end()
         elif isinstance(message, DecodePace):
             try:
                 self.worker.pace(message.interval_ms, message.for_ms)

@@ -4,23 +4,23 @@ The worker owns the KV pool (allocated once, published for encode_prefill to map
 sequence after its prefill (block table, first token, M-RoPE delta, sampling), and reads ONE message per decode step
 carrying the new tokens of all running sequences (``protocol.DecodeStep``). Commands reach the loop through a queue,
 so the stage link's reader never blocks (docs/design.md, invariant 1). The loop hands each step's message (and the
-metrics' round trips to the Triton process) to a send thread and goes on with the next step, whose GPU work hides the
-send; messages leave in the order they were made (bench/RESULTS.md, "decode stage sends").
+metrics' round trips to the Triton process) to a send thread and goes on with the next step, whose GPU work hides
+the send; messages leave in the order they were made (bench/RESULTS.md, "decode stage sends").
 
 Steps overlap (vLLM's async scheduling, SGLang's overlap scheduler; with CUDA graphs, where the host's launches
 would otherwise leave the GPU idle): the loop launches step N+1 with step N's tokens still on the device
-(``backends.runtime.sampling.token_readback``) and only then reads step N's, so the GPU never waits for the host's stop
-checks, messages and launches. A sequence whose ``max_tokens``-th token is in flight is not launched again; one
-that ends with an eos token at step N has already been launched in step N+1, whose row for it is dropped. That
-step still writes the sequence's KV pages, so the sequence's last message (on which the orchestrator frees them)
-goes out with step N+1's. Abort, end and attach read the step in flight before they act, so an abort's ``done``
-never runs while a step still writes the sequence's pages; an admitted sequence joins the next step with its
-token from the host. Penalized sequences' token counts are updated on the device from each step's tokens
-(``backends.runtime.sampling.penalties``), so the step launched next already counts them. A structured output's
-mask needs the token before: with one in the batch, step N is read after step N+1's forward is launched and before
-its sampling, so the GPU runs the forward while the host reads, feeds the matchers and fills the masks.
-When the server stops, the stream is ended (``end_stream``) before ``finalize``: Triton unloads the
-model only once that stream's sender has sent its final flag.
+(``backends.runtime.sampling.token_readback``) and only then reads step N's, so the GPU never waits for the host's
+stop checks, messages and launches. A sequence whose ``max_tokens``-th token is in flight is not launched again; one
+that ends with an eos token at step N has already been launched in step N+1, whose row for it is dropped. That step
+still writes the sequence's KV pages, so the sequence's last message (on which the orchestrator frees them) goes out
+with step N+1's. Abort, end and attach read the step in flight before they act, so an abort's ``done`` never runs
+while a step still writes the sequence's pages; an admitted sequence joins the next step with its token from the
+host. Penalized sequences' token counts are updated on the device from each step's tokens
+(``backends.runtime.sampling.penalties``), so the step launched next already counts them. A structured output's mask
+needs the token before: with one in the batch, step N is read after step N+1's forward is launched and before its
+sampling, so the GPU runs the forward while the host reads, feeds the matchers and fills the masks. When the server
+stops, the stream is ended (``end_stream``) before ``finalize``: Triton unloads the model only once that stream's
+sender has sent its final flag.
 """
 from __future__ import annotations
 
@@ -64,22 +64,20 @@ class DecodeWorker:
 
     ``kv_pages`` KV pages of ``page_size`` tokens for sequences (the pool has ``RESERVED_KV_PAGES`` more), or, with
     ``kv_memory_fraction`` (a CUDA device only: ``kv_pool_size.memory_fraction``), as many as that share of the GPU
-    memory free once the weights are loaded holds (``kv_pool_size.pages_for_memory``);
-    at most ``max_batch`` sequences per step. ``attention_backend``: see ``attention.make_backend``;
-    ``cuda_graphs``: ``"auto"`` (capture decode graphs for batch sizes up to ``max_batch`` when the backend
-    is flashinfer), ``"on"`` (the same, ValueError without flashinfer) or ``"off"``. ``compile_layers``: the
-    decoder layers' small ops fused by ``torch.compile`` (``backends.runtime.language_model.compile``; compiled by the
-    graphs' warm-up at start): ``"auto"`` (with CUDA graphs; bench/RESULTS.md, "decode step, compiled layers"),
-    ``"on"`` or ``"off"``. ``overlap_steps``: launch each step before reading the last one's tokens (module
-    docstring): ``"auto"`` (with CUDA graphs, bench/RESULTS.md, "decode step, overlapped"; without them a step's
-    planning waits for the device anyway, and on the CPU each message would come a step later), ``"on"`` or
-    ``"off"``. ``on_step``: told each step's
-    batch size and time (``StepTimer``) and whether the batch is empty after it, for the stage's metrics (a
-    metric update is a round trip to the Triton process: the adaptor sums them and sends them when the batch
-    empties or a second has passed).
-    ``kv_pool``: the shared pool's name (``backends.triton.replicas``: one pool per replica). ``lm_weights``: the name
-    under which the language model's weights are shared with encode_prefill (``backends.ipc.shared_weights``; None:
-    not shared).
+    memory free once the weights are loaded holds (``kv_pool_size.pages_for_memory``); at most ``max_batch``
+    sequences per step. ``attention_backend``: see ``attention.make_backend``; ``cuda_graphs``: ``"auto"`` (capture
+    decode graphs for batch sizes up to ``max_batch`` when the backend is flashinfer), ``"on"`` (the same,
+    ValueError without flashinfer) or ``"off"``. ``compile_layers``: the decoder layers' small ops fused by
+    ``torch.compile`` (``backends.runtime.language_model.compile``; compiled by the graphs' warm-up at start):
+    ``"auto"`` (with CUDA graphs; bench/RESULTS.md, "decode step, compiled layers"), ``"on"`` or ``"off"``.
+    ``overlap_steps``: launch each step before reading the last one's tokens (module docstring): ``"auto"`` (with
+    CUDA graphs, bench/RESULTS.md, "decode step, overlapped"; without them a step's planning waits for the device
+    anyway, and on the CPU each message would come a step later), ``"on"`` or ``"off"``. ``on_step``: told each
+    step's batch size and time (``StepTimer``) and whether the batch is empty after it, for the stage's metrics (a
+    metric update is a round trip to the Triton process: the adaptor sums them and sends them when the batch empties
+    or a second has passed). ``kv_pool``: the shared pool's name (``backends.triton.replicas``: one pool per
+    replica). ``lm_weights``: the name under which the language model's weights are shared with encode_prefill
+    (``backends.ipc.shared_weights``; None: not shared).
     """
 
     def __init__(self, spec: ModelSpec, device: torch.device, kv_pages: int, page_size: int, max_batch: int,
@@ -114,7 +112,7 @@ class DecodeWorker:
         self.eos_ids = eos_token_ids(tokenizer)
         grammars = Grammars(tokenizer, model.lm_head.out_features, self.eos_ids, device)  # structured outputs
         self.on_step = on_step
-        self.max_batch = max_batch
+        self.max_batch, self.page = max_batch, page_size
         self.running: dict[str, RunningSeq] = {}
         self.commands: queue.Queue = queue.Queue()
         self.compiles = GrammarCompiles(grammars, self.commands.put)  # structured outputs' matchers
@@ -133,24 +131,25 @@ class DecodeWorker:
 
     # Called from execute() (or the server's stop watch): enqueue only.
     def attach(self, sink: StepSink, end: Callable[[], None]) -> None:
-        """Send each step to ``sink`` from now on; ``end()`` (on the loop thread) closes that stream. A stream
-        already attached (an orchestrator replaced) is ended and its sequences dropped: their requests fail with
-        it, and the new orchestrator's page allocator counts their pages free."""
+        """Send each step to ``sink``; ``end()`` (loop thread) closes that stream. A stream attached before (an
+        orchestrator replaced) is ended, its sequences dropped: the new orchestrator counts their pages free."""
         self.commands.put(("attach", sink, end))
 
     def end_stream(self) -> None:
-        """The server is stopping: drop every running sequence (its requests are failed by the orchestrator,
-        which sees the stream end) and end the stream, so that the model can unload."""
+        """The server is stopping: drop every sequence and end the stream (the orchestrator fails their requests)."""
         self.commands.put(("end", None, None))
 
     def admit(self, admit: DecodeAdmit) -> None:
         """Queue the sequence (with a structured output, its grammar compiling meanwhile: ``decode_grammars``)."""
         self.commands.put(("admit", RunningSeq.from_admit(admit), self.compiles.start(admit)))
 
+    def grow(self, grants: tuple[tuple[str, tuple[int, ...]], ...]) -> None:
+        """Append KV pages to sequences' block tables (``DecodeGrow``); a sequence not held is skipped."""
+        self.commands.put(("grow", grants, None))
+
     def pace(self, interval_ms: float, for_ms: float) -> None:
-        """Launch steps at least ``interval_ms`` apart for ``for_ms`` from now (``backends.stages.decode_pace``);
-        a step's tokens are read and sent before the wait. ``interval_ms`` 0 ends the pacing. Raises ValueError for
-        values that are not numbers (checked here: the loop thread must not fail on them)."""
+        """Launch steps ``interval_ms`` apart (0: no pacing) for ``for_ms`` from now (``decode_pace``), reading each
+        step before the wait. Raises ValueError for values that are not numbers (the loop thread must not fail)."""
         self.commands.put(("pace", (float(interval_ms), float(for_ms)), None))
 
     def abort(self, seq_id: str, done: Callable[[], None]) -> None:
@@ -204,6 +203,10 @@ class DecodeWorker:
                 log.exception("decode: could not admit %s", value.seq_id)
                 del self.running[value.seq_id]
                 self._send([(value.seq_id, -1, "error", None)])
+        elif kind == "grow":
+            for seq_id, pages in value:
+                if (seq := self.running.get(seq_id) or self.compiles.waiting(seq_id)) is not None:
+                    seq.extend(pages)
         elif kind == "pace":
             self._pacing = Pacing.starting(*value, time.perf_counter())
         elif kind == "abort":
@@ -231,8 +234,8 @@ class DecodeWorker:
 
     def _serve(self) -> None:
         while not self._stop.is_set():
-            # Idle: block until a command arrives; busy: drain what is there and step.
-            idle = not self.running or self.sink is None
+            # Idle (no sequence may step: none, or each ending or waiting for a page): block until a command comes
+            idle = self.sink is None or not self._batch()
             wait = 0.0 if idle else self._pace_wait()
             if idle or wait:  # paced: the step in flight goes out before the wait, which counts the read's time
                 self._guarded(self._read_in_flight)
@@ -242,7 +245,7 @@ class DecodeWorker:
             except queue.Empty:
                 self._guarded(self._step)
                 continue
-            if command[0] not in ("admit", "pace", "compiled"):  # abort, end, attach: read what writes their pages
+            if command[0] not in ("admit", "grow", "pace", "compiled"):  # abort, end, attach: read what writes pages
                 self._guarded(self._read_in_flight)
             self._apply(command)
 
@@ -259,9 +262,8 @@ class DecodeWorker:
             self._fail_batch()
 
     def _fail_batch(self) -> None:
-        """After an error: wait for the device to finish what was launched (it may write the batch's pages), read
-        the step in flight if it can still be read, then fail every running sequence; rows held back for the step
-        in flight (:meth:`_read`) go out with the failures."""
+        """After an error: wait for the device (it may write the batch's pages), read the step in flight if it can
+        be, then fail every running sequence; rows held back for that step (:meth:`_read`) go out with them."""
         unread, self._in_flight = self._in_flight, None
         if self.runner.device.type == "cuda":
             try:
@@ -279,9 +281,8 @@ class DecodeWorker:
         self._send(rows)
 
     def _step(self) -> None:
-        """Launch the next step, read the one before it (module docstring; with a structured output in the batch,
-        between the step's forward and its sampling: ``_launch``), plan the step after while the GPU runs; without
-        overlap, read it last."""
+        """Launch the next step, read the one before (with a structured output, between the step's forward and its
+        sampling: ``_launch``), plan the step after while the GPU runs; without overlap, read it last."""
         previous = self._in_flight
         launched = self._launch()
         if self._in_flight is not previous:  # _launch has read it (a structured output in the batch)
@@ -302,8 +303,10 @@ class DecodeWorker:
             self._read_in_flight()
 
     def _batch(self) -> list[RunningSeq]:
-        """The next step's sequences: the running ones with a token left to make, in admission order, ``max_batch``."""
-        return [s for s in self.running.values() if not s.ending][: self.max_batch]
+        """The next step's sequences: the running ones with a token left to make and a KV page for its token's KV
+        (else it waits for ``grow``), in admission order, ``max_batch``."""
+        room = [s for s in self.running.values() if not s.ending and s.num_cached < len(s.block_table) * self.page]
+        return room[:self.max_batch]
 
     def _launch(self) -> Launched | None:
         """Launch a step of :meth:`_batch` on the device (forward and sampling; nothing waits for the device) and
@@ -347,11 +350,10 @@ class DecodeWorker:
             self._read(step)
 
     def _read(self, step: Launched, after: list[RunningSeq] | None = None) -> None:
-        """Bring ``step``'s tokens to the host (waits for the device), end the sequences that stop, and send the
-        step's message. Rows of sequences that ended before (an eos token in the step before) are dropped. The last
-        row of a sequence that the step in flight (whose batch is ``after`` while it is being launched) still holds
-        (it ended with an eos token) is held back and sent with that step's message: the orchestrator frees a
-        sequence's pages on its last message, and that step writes them until it has run."""
+        """Bring ``step``'s tokens to the host (waits for the device), end the sequences that stop, send the step's
+        message. Rows of sequences that ended before (an eos token in the step before) are dropped. The last row of a
+        sequence that the step in flight (batch ``after`` while it is launched) still holds is sent with that step's
+        message: the orchestrator frees a sequence's pages on its last message, and that step writes them."""
         later = after if after is not None else self._in_flight.seqs if self._in_flight is not None else ()
         tokens = step.tokens.tolist()
         now, read_s = time.perf_counter(), time.monotonic()
@@ -381,16 +383,14 @@ class DecodeWorker:
         self._told(len(step.seqs), elapsed)
 
     def _send(self, rows: list[Row], launched_s: float = 0.0, read_s: float = 0.0) -> None:
-        """Post one ``DecodeStep`` of ``rows`` (``Row``) to the stream, if any and attached, with the step's launch
-        and read times (its ``logprobs`` only where a row has them)."""
+        """Post one ``DecodeStep`` of ``rows`` to the stream if attached, with the step's launch and read times."""
         if rows and self.sink is not None:
             seq_ids, token_ids, reasons, figures = map(tuple, zip(*rows))
             asked = figures if any(f is not None for f in figures) else ()
             self._post(self.sink, DecodeStep(seq_ids, token_ids, reasons, launched_s, read_s, asked))
 
     def _next_layout(self) -> list[DecodeSeq]:
-        """The next step's batch as it will be if no sequence of the step in flight ends with an eos token and no
-        command comes first (token ids and positions are left 0: a plan does not read them)."""
+        """The next step's batch if no sequence ends with an eos token and no command comes first (ids left 0)."""
         return [DecodeSeq(0, 0, s.num_cached, s.block_table) for s in self._batch()]
 
     def _told(self, batch: int, elapsed: float) -> None:

@@ -1,7 +1,9 @@
 """A small KV pool (64 pages of 16 tokens): a request it can never hold is refused at admission with the numbers a
-user can act on; one that does not fit now waits for pages, and the metrics say so; beyond `max_waiting_requests`
-(2 here) waiting requests, a new one is refused at once as overloaded. A request whose max_tokens is null (an
-OpenAI chat request without it) gets the rest of the context, at most `default_max_tokens` (40 here)."""
+user can act on; replies whose worst cases together overfill the pool all start, their pages granted as they grow,
+each making what it makes alone; a prompt whose pages would leave a running reply unable to reach its max_tokens waits,
+and the metrics say so; beyond `max_waiting_requests` (2 here) waiting requests, a new one is refused at once as
+overloaded. A request whose max_tokens is null (an OpenAI chat request without it) gets the rest of the context, at
+most `default_max_tokens` (40 here)."""
 from __future__ import annotations
 
 import threading
@@ -35,8 +37,8 @@ def test_a_request_larger_than_the_kv_pool_names_its_prompt_and_max_tokens(small
 
 def test_a_null_max_tokens_is_default_max_tokens_over_kserve_and_for_an_openai_chat_without_it(
         small_pool_server, tmp_path):
-    """vLLM's chat runs to the end of the context without max_tokens; here at most default_max_tokens (40), whose
-    pages are reserved at admission. A completion request's default stays 16 (vLLM's), and a min_tokens above the
+    """vLLM's chat runs to the end of the context without max_tokens; here at most default_max_tokens (40). A
+    completion request's default stays 16 (vLLM's), and a min_tokens above the
     limit chosen is refused naming it."""
     with Client(f"127.0.0.1:{small_pool_server.ports.grpc}") as client:
         result = client.generate("Go on.", sampling={"max_tokens": None, "ignore_eos": True})
@@ -58,28 +60,53 @@ def test_a_null_max_tokens_is_default_max_tokens_over_kserve_and_for_an_openai_c
     wait_for_idle_pools(small_pool_server)
 
 
+LONG_PROMPT = "Go on. " * 110  # about 690 tokens of the tiny model: 44 pages
+
+
+def test_replies_whose_worst_cases_overfill_the_pool_all_start_and_make_what_they_make_alone(small_pool_server):
+    """Three replies of 600 tokens (39 pages each at worst, 117 in all) start at once in the 64 pages: decode takes
+    pages as they are written, a reply waiting for one while another could not finish otherwise. Each streams the
+    tokens of the same request alone."""
+    url = f"127.0.0.1:{small_pool_server.ports.grpc}"
+    sampling = {"max_tokens": 600, "ignore_eos": True, "temperature": 0}
+    with Client(url) as client:
+        alone = client.generate("Go on.", sampling=sampling, return_output_ids=True).token_ids
+    results, seen = {}, []
+
+    def generate(name: str) -> None:
+        with Client(url) as client:
+            results[name] = client.generate("Go on.", sampling=sampling, return_output_ids=True).token_ids
+
+    threads = [threading.Thread(target=generate, args=(f"r{i}",)) for i in range(3)]
+    for thread in threads:
+        thread.start()
+    while any(thread.is_alive() for thread in threads):
+        m = read_metrics(small_pool_server)
+        seen.append((m["unifiedserve_requests_waiting"], m["unifiedserve_requests_running"]))
+        time.sleep(0.05)
+    assert (0, 3) in seen and all(waiting == 0 for waiting, _ in seen), seen
+    assert len(alone) == 600 and all(results[f"r{i}"] == alone for i in range(3))
+    wait_for_idle_pools(small_pool_server)
+
+
 def test_a_request_that_does_not_fit_yet_waits_is_counted_and_a_short_one_goes_ahead(small_pool_server):
-    """The first request reserves 51+ of the 64 pages (prompt + 800 tokens); the second (prompt + 300) waits for
-    them: `unifiedserve_requests_waiting` reads 1 while `_running` counts both, and it runs once they free. A
-    short request sent meanwhile does not wait behind it (it fits in the free pages and in what the pool leaves
-    over once the second has its pages)."""
+    """The first request may come to hold 51 of the 64 pages (prompt + 800 tokens); the second, a prompt of 44
+    pages, would leave it short of them, so it waits: `unifiedserve_requests_waiting` reads 1 while `_running`
+    counts both, and it runs once the first has ended. A short request sent meanwhile does not wait behind it (its
+    worst case fits in what the pool leaves over beside the second's)."""
     url = f"127.0.0.1:{small_pool_server.ports.grpc}"
     results = {}
 
-    def generate(name: str, max_tokens: int) -> None:
+    def generate(name: str, prompt: str, max_tokens: int) -> None:
         with Client(url) as client:
-            results[name] = client.generate("Go on.", sampling={"max_tokens": max_tokens, "ignore_eos": True,
-                                                                 "temperature": 0})
+            results[name] = client.generate(prompt, sampling={"max_tokens": max_tokens, "ignore_eos": True,
+                                                              "temperature": 0})
 
-    first = threading.Thread(target=generate, args=("first", 800))
+    first = threading.Thread(target=generate, args=("first", "Go on.", 800))
     first.start()
-    def first_admitted() -> bool:  # the gauges read 0 until the pools are mapped at the first request
-        m = read_metrics(small_pool_server)
-        return m["unifiedserve_kv_pages_total"] > 0 and m["unifiedserve_kv_pages_free"] <= 16
-
-    while not first_admitted() and first.is_alive():
+    while read_metrics(small_pool_server)["unifiedserve_requests_running"] < 1 and first.is_alive():
         time.sleep(0.02)
-    second = threading.Thread(target=generate, args=("second", 300))
+    second = threading.Thread(target=generate, args=("second", LONG_PROMPT, 100))
     second.start()
     seen = []
     while first.is_alive():
@@ -94,29 +121,30 @@ def test_a_request_that_does_not_fit_yet_waits_is_counted_and_a_short_one_goes_a
     second.join(timeout=120)
     assert (1, 2) in seen, seen
     assert results["short"].num_output_tokens == 4 and short_done_while_first_ran
-    assert results["first"].num_output_tokens == 800 and results["second"].num_output_tokens == 300
+    assert results["first"].num_output_tokens == 800 and results["second"].num_output_tokens == 100
     m = wait_for_idle_pools(small_pool_server)
     assert m["unifiedserve_requests_waiting"] == 0 and m["unifiedserve_requests_running"] == 0, m
 
 
 def test_beyond_max_waiting_requests_a_request_is_refused_at_once_as_overloaded(small_pool_server):
-    """One request holds most of the pool, two more wait for pages (the limit): a fourth is refused at once with
-    UNAVAILABLE naming the limit, not queued; the three others still finish, and every page comes back."""
+    """One request may come to hold most of the pool, two long prompts wait for pages (the limit): a fourth is
+    refused at once with UNAVAILABLE naming the limit, not queued; the three others still finish, and every page
+    comes back."""
     url = f"127.0.0.1:{small_pool_server.ports.grpc}"
     results = {}
 
-    def generate(name: str, max_tokens: int) -> None:
+    def generate(name: str, prompt: str, max_tokens: int) -> None:
         with Client(url) as client:
             try:
-                results[name] = client.generate("Go on.", sampling={"max_tokens": max_tokens, "ignore_eos": True,
-                                                                     "temperature": 0})
+                results[name] = client.generate(prompt, sampling={"max_tokens": max_tokens, "ignore_eos": True,
+                                                                  "temperature": 0})
             except ServerError as exc:
                 results[name] = exc
 
-    threads = [threading.Thread(target=generate, args=(name, tokens))
-               for name, tokens in (("first", 800), ("second", 300), ("third", 300))]
+    threads = [threading.Thread(target=generate, args=args)
+               for args in (("first", "Go on.", 800), ("second", LONG_PROMPT, 100), ("third", LONG_PROMPT, 100))]
     threads[0].start()
-    while read_metrics(small_pool_server)["unifiedserve_kv_pages_free"] > 16 and threads[0].is_alive():
+    while read_metrics(small_pool_server)["unifiedserve_requests_running"] < 1 and threads[0].is_alive():
         time.sleep(0.02)
     for thread in threads[1:]:
         thread.start()

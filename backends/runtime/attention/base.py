@@ -58,7 +58,7 @@ class AttentionMetadata:
 
         ``block_tables[i]``: the sequence's KV pages, a list or an int32 numpy array (the decode worker keeps
         arrays: then the step's page list is one concatenation of views, not a conversion of Python ints:
-        bench/RESULTS.md, "decode step, host part"); it may be longer than needed (pages reserved
+        bench/RESULTS.md, "decode step, host part"); it may be longer than needed (pages granted
         for later tokens). Token ``j`` of sequence ``i`` (index ``c_i + j``) goes to the flat slot
         ``table[(c_i + j) // page_size] * page_size + (c_i + j) % page_size``. Raises ValueError for empty
         batches, mismatched lengths, ``num_new < 1``, ``num_cached < 0`` or a block table too short for

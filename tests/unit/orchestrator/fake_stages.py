@@ -84,6 +84,12 @@ class FakeStages:
         done.put_nowait(END)
         return _drain(done)
 
+    def decode_grow(self, grow):
+        self.log.append(("decode_grow", grow.grants))
+        done: asyncio.Queue = asyncio.Queue()
+        done.put_nowait(END)
+        return _drain(done)
+
 
 class FakeMedia:
     """flashcodec: the test reports groups with ``ready`` and ends an item's call with ``finish``."""

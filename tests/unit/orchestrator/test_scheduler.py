@@ -46,7 +46,7 @@ def test_text_prompt_is_prefilled_in_budget_sized_chunks():
     assert [f for _, f in plans] == [[], [], ["a"]]
     assert sched.get("a").block_table == list(plans[-1][0].prefill[0].block_table)
     assert plans[0][0].num_prefill_tokens == 2048
-    assert len(plans[0][0].prefill[0].block_table) == -(-5100 // 16) == 400 - kv.num_free
+    assert len(plans[0][0].prefill[0].block_table) == -(-5032 // 16) == 400 - kv.num_free  # prompt + 2 pages ahead
     assert sched.schedule() is None and not sched.has_work()
     sched.remove("a")
     assert kv.num_free == 400 and sched.get("a") is None
@@ -387,14 +387,14 @@ def test_admission_does_not_wait_for_the_step_in_flight():
 def test_a_held_sequence_is_planned_no_more_and_never_admitted_but_keeps_its_pages():
     """The engine holds a request while the stages let go of it (abort, then free): no step works on it meanwhile."""
     sched, kv, _ = make(kv_pages=20)
-    sched.add(Sequence("a", 100, 60))  # admitted: 10 pages
-    sched.add(Sequence("b", 100, 160))  # does not fit: waits
+    sched.add(Sequence("a", 100, 60))  # admitted: 9 pages (its prompt and 2 pages ahead) of its 10
+    sched.add(Sequence("b", 100, 160))  # 17 pages at worst: with a's, more than the pool's 20; it waits
     sched.hold("a")
     sched.hold("b")
     assert sched.schedule() is None  # a's prefill is not planned
-    assert kv.num_free == 10 and sched.get("b").block_table is None
+    assert kv.num_free == 11 and sched.get("b").block_table is None
     sched.add(Sequence("c", 100, 60))  # b, held, does not stand in its way
     assert sched.get("c").block_table is not None
     sched.remove("a")
     sched.remove("b")
-    assert kv.num_free == 10
+    assert kv.num_free == 11

@@ -1,5 +1,5 @@
 """Property tests: random workloads (arrivals, media streaming in out of order, cancellations, also
-mid-step, decode holding KV pages; a third with budgets that change every step; a quarter whose prompts share
+mid-step, decode writing tokens into KV pages granted as it goes, pausing where none is granted; a third with budgets that change every step; a quarter whose prompts share
 prefixes, with a prefix cache bounded by a random floor and ceiling) driven through the scheduler, checking every
 plan and the KV pages' reference counts.
 
@@ -33,7 +33,7 @@ def random_sequence(rng, req_id, encode_budget):
             groups.append(Group(item, index, offset, tokens, 4 * tokens))
             offset += tokens
         offset += 1 + rng.choice([rng.randint(0, 30), rng.randint(100, 300)])
-    return Sequence(req_id, offset, rng.randint(1, 40), groups)
+    return Sequence(req_id, offset, rng.choice([rng.randint(1, 40), rng.randint(40, 400)]), groups)
 
 
 def shared_prefixes(rng, seqs, page_size):
@@ -86,9 +86,43 @@ def demand_end(seq, encoding):
     return seq.prompt_len
 
 
+def pages(tokens, config):
+    return -(-tokens // config.kv_page_size)
+
+
 def kv_pages(seq, config):
-    """KV pages a sequence holds once admitted (prompt + max_tokens)."""
-    return -(-(seq.prompt_len + seq.max_tokens) // config.kv_page_size)
+    """KV pages a sequence may come to hold (prompt + max_tokens)."""
+    return pages(seq.prompt_len + seq.max_tokens, config)
+
+
+def first_pages(seq, config):
+    """KV pages a sequence is admitted with: its prompt's and kv_pages_ahead more, within prompt + max_tokens."""
+    return pages(seq.prompt_len + min(seq.max_tokens, config.kv_pages_ahead * config.kv_page_size), config)
+
+
+def worst_cases(live, config):
+    """(pages each admitted sequence may still be granted, pages past its prompt's it holds)."""
+    return [(kv_pages(seq, config) - len(seq.block_table), len(seq.block_table) - pages(seq.prompt_len, config))
+            for seq in live.values() if seq.block_table is not None]
+
+
+def all_can_finish(free, cases):
+    """The banker's check, read independently: finish whichever sequence can, until none is left or none can."""
+    cases = list(cases)
+    while cases:
+        able = [c for c in cases if c[0] <= free]
+        if not able:
+            return False
+        cases.remove(able[0])
+        free += able[0][1]
+    return True
+
+
+def admissible(seq, free, cases, config):
+    """The admission test: ``seq`` taking its first pages, put last, every sequence can still finish."""
+    take = first_pages(seq, config)
+    return take <= free and all_can_finish(free - take, cases) and \
+        kv_pages(seq, config) - take <= free - take + sum(c[1] for c in cases)
 
 
 def is_short_step(config, plan, live):
@@ -162,27 +196,33 @@ def check_plan(sched, config, plan, live, arrival, streak):
 
 
 def check_admission(sched, config, live, arrival, newly_admitted, shared=False):
-    """After schedule(): admission in arrival order with backfill. The first waiting sequence (the head) does not
-    fit in the free pages; when sequences that arrived after it were admitted, all that arrived after it holds no
-    more than the pool leaves over once the head has its pages; and no later sequence that fits in both the free
-    pages and that leftover is left waiting. ``shared``: prompts share cached pages, so the scheduler counts what a
-    waiting sequence takes (its pages less those others hold), which the leftover check here cannot see."""
+    """After schedule(): admission in arrival order with backfill. The first waiting sequence (the head) cannot be
+    admitted safely; when sequences that arrived after it were admitted, the worst cases of all that arrived after
+    it fit in what the pool leaves over beside the head's worst case; and no later sequence that fits that leftover
+    and can be admitted safely is left waiting. ``shared``: prompts share cached pages, so the scheduler counts what
+    a waiting sequence takes (its pages less those others hold), which these checks cannot see."""
     by_arrival = sorted(live.values(), key=lambda s: arrival[s.req_id])
     waiting = [i for i, seq in enumerate(by_arrival) if seq.block_table is None]
-    if not waiting:
+    if not waiting or shared:
         return
+    free, cases = sched.stats().kv_pages_free, worst_cases(live, config)
     head = by_arrival[waiting[0]]
-    need = kv_pages(head, config)
-    assert need > sched.stats().kv_pages_free, "the first waiting sequence fits but was not admitted"
+    assert not admissible(head, free, cases, config), "the first waiting sequence could be admitted but was not"
     later = [seq for seq in by_arrival[waiting[0] + 1:] if seq.block_table is not None]
-    leftover = sched.stats().kv_pages_total - need - sum(len(seq.block_table) for seq in later)
-    if any(seq.req_id in newly_admitted for seq in later) and not shared:
-        assert leftover >= 0, "a later sequence went ahead into the pages the head needs"
-    room = min(leftover, sched.stats().kv_pages_free)
+    leftover = sched.stats().kv_pages_total - kv_pages(head, config) - sum(kv_pages(seq, config) for seq in later)
+    if any(seq.req_id in newly_admitted for seq in later):
+        assert leftover >= 0, "a later sequence went ahead into the pages the head may need"
     for seq in by_arrival[waiting[0] + 1:]:
         if seq.block_table is None:
-            assert kv_pages(seq, config) > room, \
-                "a later sequence that fits beside the head's pages was left waiting"
+            assert kv_pages(seq, config) > leftover or not admissible(seq, free, cases, config), \
+                "a later sequence that fits beside the head's worst case was left waiting"
+
+
+def take_grants(sched, live, grants):
+    """The pages ``grow`` granted are the ends of their sequences' block tables, new to decode."""
+    for req_id, granted in grants.items():
+        table = live[req_id].block_table
+        assert granted and table[len(table) - len(granted):] == granted
 
 
 def check_idle(sched, live):
@@ -197,7 +237,8 @@ def run_scenario(seed, tmp_path):
     rng = random.Random(seed)
     config = SchedulerConfig(encode_budget=rng.choice([64, 256, 1000]), prefill_budget=rng.choice([16, 100, 512]),
                              max_share=rng.choice([1.0, 0.5, 0.3, 0.1]), kv_page_size=rng.choice([1, 4, 16]),
-                             short_prefill_tokens=rng.choice([0, 0, 8, 64, 512]), max_short_steps=rng.choice([1, 4]))
+                             short_prefill_tokens=rng.choice([0, 0, 8, 64, 512]), max_short_steps=rng.choice([1, 4]),
+                             kv_pages_ahead=rng.choice([1, 2, 3]))
     patch_page_size = rng.choice([16, 64, 256])
     arrivals = sorted((rng.randint(0, 60), f"r{i}") for i in range(rng.randint(1, 12)))
     seqs = {req_id: random_sequence(rng, req_id, config.encode_budget) for _, req_id in arrivals}
@@ -219,7 +260,7 @@ def run_scenario(seed, tmp_path):
     sched = Scheduler(config, kv, patch, EncoderCache(rng.choice([0, 50, 400, 4000]) if shared else 0))
     stage_keys, claims = set(), {}  # what the stage's encoder cache holds; each sequence's keys copied from it
     arrival = {req_id: t for t, req_id in arrivals}
-    live, pending, decoding, decoded = {}, [], {}, []
+    live, pending, decoding, decoded = {}, [], {}, []  # decoding: req_id -> tokens it will make in all
     in_decode_pages = 0  # patch pages the simulated media stage holds between decode and report
     streak = 0  # short steps in a row
     for tick in range(MAX_TICKS):
@@ -266,13 +307,19 @@ def run_scenario(seed, tmp_path):
         if plan is not None:
             stage_keys.update(w.cache_key for w in plan.encode if w.cache_key is not None)
         for req_id in sched.complete(plan) if plan is not None else []:
-            decoding[req_id] = rng.randint(0, 5)
-        for req_id in list(decoding):  # decode holds the KV pages a few steps, then finishes
-            decoding[req_id] -= 1
-            if decoding[req_id] < 0:
+            decoding[req_id] = rng.randint(1, live[req_id].max_tokens)  # an end of sequence before max_tokens
+            take_grants(sched, live, sched.grow([req_id]))  # its first token, from prefill
+        for req_id in list(decoding):  # decode writes a token's KV where its pages reach, else waits
+            seq = live[req_id]
+            if seq.num_generated >= decoding[req_id]:
                 sched.remove(req_id)
                 sched.remove(req_id)
                 del live[req_id], decoding[req_id]
+            elif seq.prompt_len + seq.num_generated <= len(seq.block_table) * config.kv_page_size:
+                take_grants(sched, live, sched.grow([req_id]))
+        take_grants(sched, live, sched.grow())
+        assert all_can_finish(kv.num_free, worst_cases(live, config)), "the KV pool is not safe"
+        assert all(len(seq.block_table) <= kv_pages(seq, config) for seq in live.values() if seq.block_table)
         check_shared_pages(kv, live, config)
         held_patch = sum(len(g.patch_pages) for s in live.values() for g in s.groups if g.patch_pages is not None)
         assert patch.num_free + held_patch + in_decode_pages == patch.num_total, "patch pages leaked"

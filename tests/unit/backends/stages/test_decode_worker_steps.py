@@ -40,11 +40,11 @@ def worker_on(device: str, max_batch: int) -> DecodeWorker:
                         page_size=16, max_batch=max_batch, cuda_graphs="on")
 
 
-def alone(worker: DecodeWorker, first: int, page: int, steps: int) -> list[int]:
+def alone(worker: DecodeWorker, first: int, page: int | list[int], steps: int) -> list[int]:
     """Greedy tokens of one sequence stepped alone from an empty cache, each step read before the next."""
-    tokens, token = [], first
+    tokens, token, table = [], first, np.array(page if isinstance(page, list) else [page], dtype=np.int32)
     for n in range(steps):
-        logits = worker.runner.decode([DecodeSeq(token, n, n, np.array([page], dtype=np.int32))])
+        logits = worker.runner.decode([DecodeSeq(token, n, n, table)])
         token = int(logits.argmax(dim=-1)[0])
         tokens.append(token)
     return tokens
@@ -139,7 +139,7 @@ def test_next_step_layout_is_the_batch_as_it_will_run():
     flight leaves, and one that waited for room takes its row."""
     worker = DecodeWorker(ModelSpec(), torch.device("cpu"), kv_pages=8, page_size=16, max_batch=2)
     try:  # no stream attached: the loop thread waits for commands and leaves `running` alone
-        seqs = [RunningSeq(name, np.array([i], dtype=np.int32), 10 * (i + 1), 5, 0, 1, 5, SamplingParams(),
+        seqs = [RunningSeq(name, np.array([2 * i, 2 * i + 1], dtype=np.int32), 10 * (i + 1), 5, 0, 1, 5, GREEDY,
                            ending=ending) for i, (name, ending) in enumerate((("a", True), ("b", False), ("c", False)))]
         worker.running = {s.seq_id: s for s in seqs}
         layout = worker._next_layout()
@@ -377,3 +377,4 @@ def test_each_steps_message_says_when_it_was_launched_and_read():
         assert [s.launched_s for s in steps] == sorted(s.launched_s for s in steps)
     finally:
         worker.shutdown()
+

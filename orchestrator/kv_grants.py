@@ -1,0 +1,143 @@
+"""Which of the budget scheduler's sequences get KV pages, and how many (``orchestrator.scheduler``; docs/design.md,
+"Scheduling"): admission in arrival order with backfill (``orchestrator.admission``), a sequence's cached prefix
+shared (``orchestrator.prefix_cache``), and pages granted as decode writes them where the pool stays safe
+(``orchestrator.kv_growth``). Pure Python, on the scheduler's own sequences."""
+from __future__ import annotations
+
+from typing import Iterable
+
+from orchestrator.admission import Candidate, backfill
+from orchestrator.kv_growth import Need, SafeState, plan
+from orchestrator.prefix_cache import PrefixCache
+from orchestrator.sequence import Sequence
+
+
+class KVGrants:
+    """The KV pages of a scheduler's sequences (``seqs``, in arrival order, and ``held``, those being removed: both
+    the scheduler's, read here).
+
+    A sequence is admitted with the pages of its prompt and of its next ``pages_ahead`` pages of tokens (at most its
+    prompt + max_tokens), and granted more as decode writes them (`grow`), while the pool stays safe: every admitted
+    sequence could still be granted pages up to its prompt + max_tokens, one after another.
+
+    Args:
+        kv: the replica's KV pages and prefix cache.
+        page_size: tokens per KV page.
+        pages_ahead: pages a sequence holds past its tokens (>= 1).
+        seqs, held: the scheduler's.
+    """
+
+    def __init__(self, kv: PrefixCache, page_size: int, pages_ahead: int, seqs: dict[str, Sequence],
+                 held: set[str]) -> None:
+        self._kv, self._page_size, self._pages_ahead = kv, page_size, pages_ahead
+        self._seqs, self._held = seqs, held
+        self._hits: dict[str, tuple[int, list[int]]] = {}  # req_id -> (cache version, its cached pages then)
+        self._decoding: set[str] = set()  # sequences in decode (`grow`), whose pages may grow
+        self._short: set[str] = set()  # those of them refused the pages they wanted last time
+        self._grants: dict[str, list[int]] = {}  # pages granted to them and not yet taken by `grow`
+
+    def pages_for(self, num_tokens: int) -> int:
+        """KV pages that ``num_tokens`` tokens take."""
+        return -(-num_tokens // self._page_size)
+
+    def forget(self, req_id: str) -> None:
+        """The sequence is being removed: its pages (those granted and not yet taken too) go back with its table."""
+        self._hits.pop(req_id, None)
+        self._decoding.discard(req_id)
+        self._short.discard(req_id)
+        self._grants.pop(req_id, None)
+
+    def grow(self, decoded: Iterable[str]) -> dict[str, list[int]]:
+        """Counts one more token made by decode for each of ``decoded`` (its first: it has joined decode); returns the
+        pages granted since the last call, per sequence. A sequence in decode is granted pages while it holds fewer
+        than ``pages_ahead`` past its tokens, where the pool stays safe (``kv_growth.plan``), else when pages come
+        back (decode skips it meanwhile).
+
+        Raises:
+            KeyError: a sequence of ``decoded`` not held.
+        """
+        for req_id in decoded:
+            self._seqs[req_id].num_generated += 1
+            self._decoding.add(req_id)
+        self._grow(decoded)
+        grants, self._grants = self._grants, {}
+        return grants
+
+    def admit(self) -> list[Sequence]:
+        """Grants the pages that sequences in decode want, then admits by the admission rule (`admission`):
+        the sequences admitted, their block tables set, their cached prefix's tokens computed."""
+        self._grow()
+        admitted = []
+        while granted := self.admission():  # one at a time: a grant may evict pages a later one would share
+            seq = list(self._seqs.values())[granted[0]]
+            hits = self._cached_pages(seq)
+            cached = len(hits) * self._page_size
+            seq.block_table = self._kv.grant(hits, self._ahead(seq) - len(hits),
+                                             seq.prompt_len if seq.reads_cache else 0, cached)
+            assert seq.block_table is not None, "admission granted what the pool has"
+            self._hits.pop(seq.req_id, None)
+            seq.num_cached_tokens = seq.num_computed_tokens = cached
+            admitted.append(seq)
+        return admitted
+
+    def admission(self, new: Sequence | None = None) -> list[int]:
+        """Arrival-order indices of the waiting sequences `admit` grants pages to now, in that order; with ``new``,
+        it is imagined arriving after all others (index len(seqs)). A waiting sequence takes its first pages
+        (`_ahead`) less the cached ones other sequences hold (``PrefixCache.cost``)."""
+        seqs = [*self._seqs.values(), *([new] if new is not None else [])]
+        if all(seq.block_table is not None or seq.req_id in self._held for seq in seqs):
+            return []
+        candidates = [
+            Candidate(0, 0, None) if seq.block_table is None and seq.req_id in self._held else  # never admitted
+            Candidate(0, self._worst(seq), None) if seq.block_table is not None else
+            Candidate(self._kv.cost(self._ahead(seq), self._cached_pages(seq)), self._worst(seq),
+                      self._need(seq, self._ahead(seq)))
+            for seq in seqs]
+        return backfill(candidates, self._kv.num_total, SafeState(self._kv.num_free, self._needs().values()))
+
+    def _grow(self, decoded: Iterable[str] = ()) -> None:
+        """Grants what the sequences that made a token (``decoded``) or were refused before want now."""
+        wants = {req_id: want for req_id in self._short.union(decoded) if req_id not in self._held
+                 and (want := self._ahead(self._seqs[req_id]) - len(self._seqs[req_id].block_table)) > 0}
+        if not wants:
+            return
+        granted = plan(self._kv.num_free, self._needs(), wants)
+        self._short = wants.keys() - granted.keys()
+        for req_id, pages in granted.items():
+            fresh = self._kv.grant([], pages, 0, 0)
+            assert fresh is not None, "a safe plan grants what the pool has"
+            self._seqs[req_id].block_table += fresh
+            self._grants.setdefault(req_id, []).extend(fresh)
+
+    def _worst(self, seq: Sequence) -> int:
+        return self.pages_for(seq.prompt_len + seq.max_tokens)
+
+    def _ahead(self, seq: Sequence) -> int:
+        """Pages a sequence should hold now: its prompt's and its tokens made, and ``pages_ahead`` more, at most its
+        prompt + max_tokens."""
+        return self.pages_for(seq.prompt_len + min(seq.max_tokens,
+                                                   seq.num_generated + self._pages_ahead * self._page_size))
+
+    def _need(self, seq: Sequence, held: int) -> Need:
+        """An admitted sequence's worst case holding ``held`` pages; it returns at least those past its prompt's
+        (a prompt page may be shared through the prefix cache)."""
+        return Need(self._worst(seq) - held, held - self.pages_for(seq.prompt_len))
+
+    def _needs(self) -> dict[str, Need]:
+        """Every sequence holding pages (one being removed: nothing more to grant, nothing counted back)."""
+        return {req_id: Need(0, 0) if req_id in self._held else self._need(seq, len(seq.block_table))
+                for req_id, seq in self._seqs.items() if seq.block_table is not None}
+
+    def _cached_pages(self, seq: Sequence) -> list[int]:
+        """The cached pages a waiting sequence would share now: the longest cached prefix of its prompt, short of
+        its last token (whose logits prefill must compute), none where it does not read the cache (``reads_cache``);
+        remembered until the cache changes. A media group the prefix ends in is encoded again (whole) for its tokens
+        after it."""
+        if not seq.reads_cache or not seq.block_hashes:
+            return []
+        known = self._hits.get(seq.req_id)
+        if known is not None and known[0] == self._kv.version:
+            return known[1]
+        hits = self._kv.lookup(seq.block_hashes[:(seq.prompt_len - 1) // self._page_size])
+        self._hits[seq.req_id] = (self._kv.version, hits)
+        return hits

@@ -1,0 +1,104 @@
+"""KV pages granted as a reply grows, without preemption: the safety rule of the budget scheduler
+(``orchestrator.scheduler``; docs/design.md, "Scheduling"). Pure arithmetic on page counts.
+
+A sequence gets the pages of its prompt and of its next few tokens when it is admitted, and more as decode writes
+them (``Scheduler.grow``), instead of prompt + ``max_tokens`` up front: a chat that may run to 4,096 tokens but
+ends after 200 holds 200 tokens' pages, so many more run at once (vLLM and SGLang grant pages lazily too; they take
+pages back by preempting a sequence and recomputing it later). Here nothing is taken back: a grant, and an
+admission, is made only where the pool stays *safe*, the banker's algorithm (Dijkstra, 1965) for one resource:
+there is an order in which every sequence can be granted the rest of its worst case (``remaining``: its prompt +
+``max_tokens`` pages less those it holds) and then finish, each finishing return its pages (``releases``) to the
+next. In a safe state the sequence first in that order can always be granted (``plan``), so decode never deadlocks;
+a sequence refused a page waits in decode (skipped by its steps) until one ends.
+
+``releases`` may undercount (a prompt page another sequence shares is not returned when one ends): a state safe with
+fewer pages returned is safe. With one resource, finishing the smallest ``remaining`` first is as good as any order
+(a finish never lowers the free count), so checking that order is enough.
+"""
+from __future__ import annotations
+
+from typing import Hashable, Iterable, Mapping, NamedTuple
+
+
+class Need(NamedTuple):
+    """One admitted sequence's worst case (pages): ``remaining`` it may still be granted, ``releases`` it is sure
+    to return on finishing beyond those."""
+
+    remaining: int
+    releases: int
+
+
+def safe(free: int, needs: Iterable[Need]) -> bool:
+    """Whether every sequence of ``needs`` can finish with ``free`` pages (pages): the banker's check, smallest
+    ``remaining`` first."""
+    for remaining, releases in sorted(needs):
+        if remaining > free:
+            return False
+        free += releases
+    return True
+
+
+def plan(free: int, needs: Mapping[Hashable, Need], wants: Mapping[Hashable, int]) -> dict[Hashable, int]:
+    """Pages to grant now (key -> pages, only those granted): each ``wants[key]`` (at most its ``remaining``)
+    whole or not at all, every grant keeping the pool safe, in the safe order (the sequence nearest its worst
+    case first).
+
+    Granting ``k`` pages to the sequence at place ``p`` of the safe order leaves ``p`` and the places after it as
+    they were (its ``remaining`` falls by ``k`` and what it returns rises by ``k``) and takes ``k`` from the slack of
+    each place before it, the slack of place ``q`` being ``free`` + the returns before ``q`` - its ``remaining``.
+    So one pass over the order decides every grant.
+
+    Args:
+        free: pages that may be granted now (pages).
+        needs: every admitted sequence's ``Need``, those in ``wants`` among them; in a safe state.
+        wants: pages each asking sequence would take now (>= 1).
+
+    Raises:
+        ValueError: a want above its sequence's ``remaining``, or for a sequence not in ``needs``.
+    """
+    for key, want in wants.items():
+        if key not in needs or not 0 < want <= needs[key].remaining:
+            raise ValueError(f"{key}: wants {want} pages, may still be granted "
+                             f"{needs[key].remaining if key in needs else 'none (not admitted)'}")
+    if free >= sum(need.remaining for need in needs.values()):  # every worst case fits at once: nothing to order
+        return dict(wants)
+    granted: dict[Hashable, int] = {}
+    slack_before = None  # the least slack of the places passed, less the grants made after them
+    returned = 0
+    for key, (remaining, releases) in sorted(needs.items(), key=lambda item: item[1]):
+        want = wants.get(key, 0)
+        if want and (slack_before is None or slack_before >= want):
+            granted[key] = want
+            if slack_before is not None:
+                slack_before -= want
+        slack = free + returned - remaining
+        slack_before = slack if slack_before is None else min(slack_before, slack)
+        returned += releases
+    return granted
+
+
+class SafeState:
+    """The admitted sequences' ``Need``s, for admitting waiting sequences one after another: each is checked as the
+    last of the safe order (O(1); a sufficient test, never stricter than reserving every worst case up front).
+
+    Args:
+        free: pages that may be granted now (pages).
+        needs: every admitted sequence's ``Need``, in a safe state.
+    """
+
+    def __init__(self, free: int, needs: Iterable[Need]):
+        self.free, self.returns = free, 0
+        self.slack: float = float("inf")  # the least slack of a place in the safe order
+        for remaining, releases in sorted(needs):
+            self.slack = min(self.slack, free + self.returns - remaining)
+            self.returns += releases
+
+    def admits(self, take: int, need: Need) -> bool:
+        """Whether a sequence taking ``take`` pages now, its ``need`` after, keeps the pool safe (put last)."""
+        return take <= self.free and take <= self.slack and need.remaining <= self.free - take + self.returns
+
+    def admit(self, take: int, need: Need) -> None:
+        """Count it in (after ``admits``)."""
+        self.free -= take
+        self.slack = min(self.slack - take, self.free + self.returns - need.remaining)
+        self.returns += need.releases
