@@ -388,7 +388,10 @@ class Engine:
     def _grow(self, decoded: Iterable[str] = ()) -> None:
         """Send decode the KV pages granted since the last call (``Scheduler.grow``: ``decoded`` made one more token
         each), in order with the admits and aborts sent to it."""
+        short = self.scheduler.waiting_for_page
         if grants := self.scheduler.grow(decoded):
             grow = DecodeGrow(tuple((req_id, tuple(pages)) for req_id, pages in grants.items()))
             self._background.spawn(drain(self.stages.decode_grow(grow), "decode's KV pages"))
+        if self.scheduler.waiting_for_page != short:  # the gauges (decode's steps alone do not update them)
+            self.on_change()
 

@@ -51,6 +51,7 @@ class Gauges:
         m.set("unifiedserve_patch_pages_total", patch_pages.num_total)
         m.set("unifiedserve_requests_running", sum(len(e.requests) for e in engines))
         m.set("unifiedserve_requests_waiting", num_waiting(engines))
+        m.set("unifiedserve_requests_waiting_for_page", sum(e.scheduler.stats().num_waiting_for_page for e in engines))
         stats = {"prefix": [e.scheduler.cache_stats() for e in engines],
                  "encoder": [e.scheduler.encoder_cache.stats() for e in engines]}
         m.set("unifiedserve_prefix_cache_pages", sum(c.cached_pages for c in stats["prefix"]))

@@ -36,6 +36,11 @@ class KVGrants:
         self._short: set[str] = set()  # those of them refused the pages they wanted last time
         self._grants: dict[str, list[int]] = {}  # pages granted to them and not yet taken by `grow`
 
+    @property
+    def num_short(self) -> int:
+        """Sequences in decode refused the pages they want (waiting for a page where they have none left)."""
+        return len(self._short)
+
     def pages_for(self, num_tokens: int) -> int:
         """KV pages that ``num_tokens`` tokens take."""
         return -(-num_tokens // self._page_size)

@@ -81,7 +81,8 @@ class SchedulerConfig:
 
 @dataclass(frozen=True)
 class SchedulerStats:
-    """Gauges: sequences by state, and free/total pages of both pools (pages)."""
+    """Gauges: sequences by state (``num_waiting_for_page``: in decode, refused the KV page their next tokens need),
+    and free/total pages of both pools (pages)."""
 
     num_waiting: int
     num_prefilling: int
@@ -91,6 +92,7 @@ class SchedulerStats:
     kv_pages_total: int
     patch_pages_free: int
     patch_pages_total: int
+    num_waiting_for_page: int = 0
 
 
 class Scheduler:
@@ -318,6 +320,7 @@ class Scheduler:
             kv_pages_total=self._kv.num_total,
             patch_pages_free=self._patch.num_free,
             patch_pages_total=self._patch.num_total,
+            num_waiting_for_page=self.waiting_for_page,
         )
 
     def cache_stats(self) -> CacheStats:
@@ -340,6 +343,11 @@ class Scheduler:
     @property
     def kv_pages_free(self) -> int:
         return self._kv.num_free
+
+    @property
+    def waiting_for_page(self) -> int:
+        """Sequences in decode refused the KV page their next tokens need (``KVGrants.num_short``)."""
+        return self._pages.num_short
 
     def admits_now(self, prompt_tokens: int, max_tokens: int) -> bool:
         """Whether a sequence of ``prompt_tokens`` + ``max_tokens`` tokens, added now, would be admitted at once

@@ -65,8 +65,8 @@ LONG_PROMPT = "Go on. " * 110  # about 690 tokens of the tiny model: 44 pages
 
 def test_replies_whose_worst_cases_overfill_the_pool_all_start_and_make_what_they_make_alone(small_pool_server):
     """Three replies of 600 tokens (39 pages each at worst, 117 in all) start at once in the 64 pages: decode takes
-    pages as they are written, a reply waiting for one while another could not finish otherwise. Each streams the
-    tokens of the same request alone."""
+    pages as they are written, a reply waiting for one while another could not finish otherwise (the gauge
+    `unifiedserve_requests_waiting_for_page` counts it). Each streams the tokens of the same request alone."""
     url = f"127.0.0.1:{small_pool_server.ports.grpc}"
     sampling = {"max_tokens": 600, "ignore_eos": True, "temperature": 0}
     with Client(url) as client:
@@ -82,9 +82,11 @@ def test_replies_whose_worst_cases_overfill_the_pool_all_start_and_make_what_the
         thread.start()
     while any(thread.is_alive() for thread in threads):
         m = read_metrics(small_pool_server)
-        seen.append((m["unifiedserve_requests_waiting"], m["unifiedserve_requests_running"]))
+        seen.append((m["unifiedserve_requests_waiting"], m["unifiedserve_requests_running"],
+                     m["unifiedserve_requests_waiting_for_page"]))
         time.sleep(0.05)
-    assert (0, 3) in seen and all(waiting == 0 for waiting, _ in seen), seen
+    assert (0, 3, 0) in seen and all(waiting == 0 for waiting, _, _ in seen), seen
+    assert any(for_page > 0 for _, _, for_page in seen), "no reply waited for a page: the pool was never short"
     assert len(alone) == 600 and all(results[f"r{i}"] == alone for i in range(3))
     wait_for_idle_pools(small_pool_server)
 

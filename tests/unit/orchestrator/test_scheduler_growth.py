@@ -76,9 +76,10 @@ def test_a_sequence_refused_a_page_gets_it_once_another_ends():
     assert a.num_generated == 240 and len(a.block_table) == 16
     held = len(b.block_table)  # its next token's KV would be the first past its pages: b waits
     assert b.num_generated < 240 and b.prompt_len + b.num_generated == held * 16 + 1
-    assert sched.grow() == {}
+    assert sched.grow() == {} and sched.stats().num_waiting_for_page == 1
     sched.remove("a")
     assert sched.grow() == {"b": b.block_table[held:]} and len(b.block_table) > held
+    assert sched.stats().num_waiting_for_page == 0
     run_decode(sched, "b")
     assert b.num_generated == 240 and len(b.block_table) == 16 and kv.num_free == 4
 
