@@ -171,7 +171,8 @@ class Engine:
                 await asyncio.gather(*tracked.media_tasks, return_exceptions=True)
         del self.requests[req_id]
         self.scheduler.remove(req_id)  # returns the patch pages of groups decoded but not yet encoded
-        self._grow()  # pages back: sequences in decode waiting for one may have it now
+        if not self.stopping and not self.decode_ended:  # pages back: a sequence in decode may have its next one
+            self._grow()
         self.on_release(Released(req_id, tracked.patch_pages_peak, bool(tracked.request.media), tracked.admitted,
                                  tracked.scheduled, tracked.first_token, tracked.last_token))
         self.on_change()

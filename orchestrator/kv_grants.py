@@ -32,8 +32,8 @@ class KVGrants:
         self._kv, self._page_size, self._pages_ahead = kv, page_size, pages_ahead
         self._seqs, self._held = seqs, held
         self._hits: dict[str, tuple[int, list[int]]] = {}  # req_id -> (cache version, its cached pages then)
-        self._decoding: set[str] = set()  # sequences in decode (`grow`), whose pages may grow
-        self._short: set[str] = set()  # those of them refused the pages they wanted last time
+        self._short: set[str] = set()  # sequences in decode refused the pages they wanted last time
+        self._deferred = 0  # pages past their prompts' that removed sequences hold until the step in flight ends
         self._grants: dict[str, list[int]] = {}  # pages granted to them and not yet taken by `grow`
 
     @property
@@ -48,9 +48,17 @@ class KVGrants:
     def forget(self, req_id: str) -> None:
         """The sequence is being removed: its pages (those granted and not yet taken too) go back with its table."""
         self._hits.pop(req_id, None)
-        self._decoding.discard(req_id)
         self._short.discard(req_id)
         self._grants.pop(req_id, None)
+
+    def defer(self, seq: Sequence) -> None:
+        """``seq`` is removed while the step in flight writes its pages: they come back with `deferred_freed`, and
+        count as returns meanwhile (the pool stays safe)."""
+        self._deferred += len(seq.block_table) - self.pages_for(seq.prompt_len)
+
+    def deferred_freed(self) -> None:
+        """The step in flight has ended: the removed sequences' pages are back."""
+        self._deferred = 0
 
     def grow(self, decoded: Iterable[str]) -> dict[str, list[int]]:
         """Counts one more token made by decode for each of ``decoded`` (its first: it has joined decode); returns the
@@ -63,7 +71,6 @@ class KVGrants:
         """
         for req_id in decoded:
             self._seqs[req_id].num_generated += 1
-            self._decoding.add(req_id)
         self._grow(decoded)
         grants, self._grants = self._grants, {}
         return grants
@@ -107,21 +114,21 @@ class KVGrants:
         if not wants:
             return
         granted = plan(self._kv.num_free, self._needs(), wants)
-        self._short = wants.keys() - granted.keys()
         for req_id, pages in granted.items():
             fresh = self._kv.grant([], pages, 0, 0)
-            assert fresh is not None, "a safe plan grants what the pool has"
+            assert fresh is not None, "plan grants at most the free pages"
             self._seqs[req_id].block_table += fresh
             self._grants.setdefault(req_id, []).extend(fresh)
+        self._short = {req_id for req_id, want in wants.items() if granted.get(req_id, 0) < want}
 
     def _worst(self, seq: Sequence) -> int:
         return self.pages_for(seq.prompt_len + seq.max_tokens)
 
     def _ahead(self, seq: Sequence) -> int:
-        """Pages a sequence should hold now: its prompt's and its tokens made, and ``pages_ahead`` more, at most its
-        prompt + max_tokens."""
+        """Pages a sequence should hold now: its prompt's and its tokens made (its first, from prefill, before it has
+        it), and ``pages_ahead`` more, at most its prompt + max_tokens."""
         return self.pages_for(seq.prompt_len + min(seq.max_tokens,
-                                                   seq.num_generated + self._pages_ahead * self._page_size))
+                                                   max(seq.num_generated, 1) + self._pages_ahead * self._page_size))
 
     def _need(self, seq: Sequence, held: int) -> Need:
         """An admitted sequence's worst case holding ``held`` pages; it returns at least those past its prompt's
@@ -129,9 +136,14 @@ class KVGrants:
         return Need(self._worst(seq) - held, held - self.pages_for(seq.prompt_len))
 
     def _needs(self) -> dict[str, Need]:
-        """Every sequence holding pages (one being removed: nothing more to grant, nothing counted back)."""
-        return {req_id: Need(0, 0) if req_id in self._held else self._need(seq, len(seq.block_table))
-                for req_id, seq in self._seqs.items() if seq.block_table is not None}
+        """Every sequence holding pages (one being removed: nothing more to grant, its pages back soon), and the
+        pages of those removed that the step in flight still writes (key "")."""
+        needs = {req_id: Need(0, len(seq.block_table) - self.pages_for(seq.prompt_len)) if req_id in self._held
+                 else self._need(seq, len(seq.block_table))
+                 for req_id, seq in self._seqs.items() if seq.block_table is not None}
+        if self._deferred:
+            needs[""] = Need(0, self._deferred)
+        return needs
 
     def _cached_pages(self, seq: Sequence) -> list[int]:
         """The cached pages a waiting sequence would share now: the longest cached prefix of its prompt, short of

@@ -9,7 +9,8 @@ admission, is made only where the pool stays *safe*, the banker's algorithm (Dij
 there is an order in which every sequence can be granted the rest of its worst case (``remaining``: its prompt +
 ``max_tokens`` pages less those it holds) and then finish, each finishing return its pages (``releases``) to the
 next. In a safe state the sequence first in that order can always be granted (``plan``), so decode never deadlocks;
-a sequence refused a page waits in decode (skipped by its steps) until one ends.
+a sequence refused a page waits in decode (skipped by its steps) until one ends. Pages a removed sequence still holds
+(the step in flight writes them) count as its returns until they are free (``KVGrants``).
 
 ``releases`` may undercount (a prompt page another sequence shares is not returned when one ends): a state safe with
 fewer pages returned is safe. With one resource, finishing the smallest ``remaining`` first is as good as any order
@@ -39,14 +40,15 @@ def safe(free: int, needs: Iterable[Need]) -> bool:
 
 
 def plan(free: int, needs: Mapping[Hashable, Need], wants: Mapping[Hashable, int]) -> dict[Hashable, int]:
-    """Pages to grant now (key -> pages, only those granted): each ``wants[key]`` (at most its ``remaining``)
-    whole or not at all, every grant keeping the pool safe, in the safe order (the sequence nearest its worst
-    case first).
+    """Pages to grant now (key -> pages, only those granted: at least 1, at most ``wants[key]``, itself at most its
+    ``remaining``), every grant keeping the pool safe, in the safe order (the sequence nearest its worst case first);
+    never more than ``free`` in all, whatever the state.
 
     Granting ``k`` pages to the sequence at place ``p`` of the safe order leaves ``p`` and the places after it as
     they were (its ``remaining`` falls by ``k`` and what it returns rises by ``k``) and takes ``k`` from the slack of
     each place before it, the slack of place ``q`` being ``free`` + the returns before ``q`` - its ``remaining``.
-    So one pass over the order decides every grant.
+    So one pass over the order decides every grant: the least slack before a place (``free`` itself counting as the
+    first) is what may be granted there.
 
     Args:
         free: pages that may be granted now (pages).
@@ -63,16 +65,13 @@ def plan(free: int, needs: Mapping[Hashable, Need], wants: Mapping[Hashable, int
     if free >= sum(need.remaining for need in needs.values()):  # every worst case fits at once: nothing to order
         return dict(wants)
     granted: dict[Hashable, int] = {}
-    slack_before = None  # the least slack of the places passed, less the grants made after them
+    slack_before = free  # the least slack of the places passed (the free pages first), less the grants made after
     returned = 0
     for key, (remaining, releases) in sorted(needs.items(), key=lambda item: item[1]):
-        want = wants.get(key, 0)
-        if want and (slack_before is None or slack_before >= want):
-            granted[key] = want
-            if slack_before is not None:
-                slack_before -= want
-        slack = free + returned - remaining
-        slack_before = slack if slack_before is None else min(slack_before, slack)
+        if (grant := min(wants.get(key, 0), slack_before)) > 0:
+            granted[key] = grant
+            slack_before -= grant
+        slack_before = min(slack_before, free + returned - remaining)
         returned += releases
     return granted
 

@@ -258,6 +258,7 @@ class Scheduler:
         for allocator, pages in self._deferred:
             allocator.free(pages)
         self._deferred.clear()
+        self._pages.deferred_freed()
         self._admit()
         self._in_flight = None
         self._in_flight_seqs = {}
@@ -284,8 +285,11 @@ class Scheduler:
             held.append((self._kv, seq.block_table))
         for group in seq.groups:
             group.patch_pages = None
+        deferred = self._in_flight_seqs.get(req_id) is seq
+        if deferred and seq.block_table is not None:
+            self._pages.defer(seq)
         seq.block_table = None
-        if self._in_flight_seqs.get(req_id) is seq:
+        if deferred:
             self._deferred.extend(held)
         else:
             for allocator, pages in held:

@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
+import numpy as np
 import torch
 
 from backends.runtime.attention.base import AttentionMetadata
@@ -51,15 +52,22 @@ class _Graph:
 
 @dataclass(frozen=True)
 class _Planned:
-    """A graph planned for a layout: the sequences' ``(num_cached, block_table)`` in order, tables by identity."""
+    """A graph planned for a layout: the sequences' ``(num_cached, block_table)`` in order. A table is the same by
+    identity, or where the pages the step reads are (a table grown since by ``DecodeGrow`` pages past them)."""
 
     graph: _Graph
     metadata: AttentionMetadata
     layout: tuple[tuple[int, object], ...]
+    page_size: int
 
     def fits(self, seqs: Sequence[DecodeSeq]) -> bool:
         return len(seqs) == len(self.layout) and all(
-            s.num_cached == cached and s.block_table is table for s, (cached, table) in zip(seqs, self.layout))
+            s.num_cached == cached and (s.block_table is table or self._same_pages(s.block_table, table, cached))
+            for s, (cached, table) in zip(seqs, self.layout))
+
+    def _same_pages(self, table, planned, cached: int) -> bool:
+        read = cached // self.page_size + 1  # the pages of tokens 0 .. cached
+        return len(table) >= read and np.array_equal(np.asarray(table[:read]), np.asarray(planned[:read]))
 
 
 class DecodeGraphs(CapturedGraphs):
@@ -102,12 +110,13 @@ class DecodeGraphs(CapturedGraphs):
         g = self._graphs[rung_for(self.rungs, len(seqs))]
         metadata = self._metadata(seqs, g.batch_size)
         self._layout.plan(g.backend, metadata)
-        return _Planned(g, metadata, tuple((s.num_cached, s.block_table) for s in seqs))
+        return _Planned(g, metadata, tuple((s.num_cached, s.block_table) for s in seqs), self.runner.page_size)
 
     def prepare(self, seqs: Sequence[DecodeSeq]) -> None:
         """Plan the next step for ``seqs`` now (their token ids are not read); the next :meth:`stage` uses
-        this plan if its sequences have the same ``num_cached`` and block tables (compared by identity: a
-        table must not be changed in place), else plans again. Raises ValueError as :meth:`stage` does."""
+        this plan if its sequences have the same ``num_cached`` and block tables (``_Planned.fits``: by identity, or
+        by the pages the step reads; a table must not be changed in place), else plans again. Raises ValueError as
+        :meth:`stage` does."""
         self._prepared = self._plan(seqs)
 
     def stage(self, seqs: Sequence[DecodeSeq], token_ids: torch.Tensor | None = None) -> _Graph:

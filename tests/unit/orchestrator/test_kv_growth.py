@@ -43,22 +43,31 @@ def test_two_sequences_that_cannot_both_grow_take_turns():
     assert plan(5, needs, {"a": 1, "b": 1}) == {"a": 1, "b": 1}  # 3 left: a finishes, then b with a's 2 back
     assert plan(4, needs, {"a": 1, "b": 1}) == {"a": 1}  # both: 2 left, neither could finish
     assert plan(4, needs, {"b": 1}) == {}  # b's alone: 3 left for a's 4 and b's 4
+    assert plan(6, needs, {"b": 3}) == {"b": 2}  # what is safe of what it wants: 2 pages of 3
+
+
+def test_an_unsafe_state_is_never_granted_more_than_the_free_pages():
+    """A removed sequence's pages may be out of the count a moment (the step in flight writes them): whatever the
+    state, a plan grants at most the free pages."""
+    assert plan(0, {"b": Need(1, 3)}, {"b": 1}) == {}
+    assert plan(2, {"b": Need(5, 3), "c": Need(9, 0)}, {"b": 5, "c": 9}) == {"b": 2}
 
 
 def test_plan_keeps_the_pool_safe_and_always_lets_the_first_of_the_safe_order_go_on():
+    """Grants of 1 page up to what was wanted; the first of the safe order gets all it wants."""
     rng = random.Random(1)
     for _ in range(3000):
         free, needs = random_state(rng)
         wants = {key: rng.randint(1, need.remaining) for key, need in needs.items()
                  if need.remaining and rng.random() < 0.7}
         granted = plan(free, needs, wants)
-        assert all(granted[key] == wants[key] for key in granted)
+        assert all(1 <= granted[key] <= wants[key] for key in granted)
         after = {key: Need(n.remaining - granted.get(key, 0), n.releases + granted.get(key, 0))
                  for key, n in needs.items()}
         assert can_all_finish(free - sum(granted.values()), list(after.values())), (free, needs, wants, granted)
         first = min(needs, key=lambda key: needs[key])
         if first in wants:
-            assert first in granted, "the sequence first in the safe order was refused"
+            assert granted.get(first) == wants[first], "the sequence first in the safe order was refused"
 
 
 def test_plan_refuses_wants_beyond_the_worst_case():

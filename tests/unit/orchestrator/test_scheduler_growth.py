@@ -95,3 +95,27 @@ def test_a_waiting_prompt_is_admitted_only_where_the_others_can_still_finish():
     assert not sched.admits_now(700, 100) and sched.admits_now(10, 6)
     sched.remove("long_reply")
     assert sched.get("long_prompt").block_table is not None and kv.num_free == 64 - 2 - 46
+
+
+def test_pages_a_removed_sequence_holds_until_the_step_in_flight_ends_count_as_coming_back():
+    """A prefill cancelled while its step runs keeps its pages until the step completes; meanwhile a sequence in
+    decode that counts on them to finish is refused what the pool does not have, not granted pages it lacks (a
+    reviewer's case: the grant failed and took the replica's decode stream down), and gets them once they are back."""
+    sched, kv = make(kv_pages=30)
+    sched.add(Sequence("b", 16, 192))
+    prefill(sched)
+    decode(sched, "b", 1)
+    sched.add(Sequence("a", 16, 32))
+    sched.add(Sequence("d", 208, 192))
+    plan = sched.schedule()  # a's and d's prefill: the step in flight
+    assert {w.req_id for w in plan.prefill} == {"a", "d"}
+    run_decode(sched, "b")
+    b = sched.get("b")
+    assert b.num_generated < 192 and kv.num_free == 0
+    sched.hold("a")
+    sched.remove("a")  # its pages come back when the step completes
+    assert sched.grow() == {} and kv.num_free == 0
+    run_decode(sched, "b")  # b waits: nothing is free
+    assert sched.stats().num_waiting_for_page == 1
+    sched.complete(plan)
+    assert b.block_table[-1] in sched.grow()["b"]

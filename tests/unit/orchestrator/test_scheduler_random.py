@@ -1,7 +1,7 @@
-"""Property tests: random workloads (arrivals, media streaming in out of order, cancellations, also
-mid-step, decode writing tokens into KV pages granted as it goes, pausing where none is granted; a third with budgets that change every step; a quarter whose prompts share
-prefixes, with a prefix cache bounded by a random floor and ceiling) driven through the scheduler, checking every
-plan and the KV pages' reference counts.
+"""Property tests: random workloads (arrivals, media streaming in out of order, cancellations, also mid-step,
+decode writing tokens into KV pages granted as it goes, pausing where none is granted; a third with budgets that
+change every step; a quarter whose prompts share prefixes, with a prefix cache bounded by a random floor and ceiling)
+driven through the scheduler, checking every plan, the KV pages' reference counts and that the pool stays safe.
 
 As in the server, nothing reserves patch pages ahead: the simulated media stage takes a group's pages
 when it has "decoded" that group (and only if they are free: back-pressure), then reports it. Half the
@@ -96,8 +96,9 @@ def kv_pages(seq, config):
 
 
 def first_pages(seq, config):
-    """KV pages a sequence is admitted with: its prompt's and kv_pages_ahead more, within prompt + max_tokens."""
-    return pages(seq.prompt_len + min(seq.max_tokens, config.kv_pages_ahead * config.kv_page_size), config)
+    """KV pages a sequence is admitted with: its prompt's, its first token's and kv_pages_ahead more, within prompt
+    + max_tokens."""
+    return pages(seq.prompt_len + min(seq.max_tokens, 1 + config.kv_pages_ahead * config.kv_page_size), config)
 
 
 def worst_cases(live, config):

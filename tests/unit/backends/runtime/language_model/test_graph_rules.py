@@ -1,7 +1,7 @@
 """What CUDA graphs decide on the host (CPU): rung ladders and the rung a step replays
 (``graph_capture``), the prefill graphs' padding and scratch-page rules, capture layout and what a graphed chunk plans
 and stages (``prefill_graphs``: its graphs stood in for), which prefill steps run graphed (``ModelRunner.prefill``),
-and the prefill kernel rule (``flashinfer_backend``).
+the prefill kernel rule (``flashinfer_backend``), and when a decode graph planned ahead still fits (``cuda_graphs``).
 The graphs themselves: tests/gpu/test_prefill_graphs.py and test_flashinfer_runtime.py."""
 import random
 from types import SimpleNamespace
@@ -11,7 +11,7 @@ import torch
 
 from backends.runtime.attention import AttentionMetadata, TorchAttentionBackend
 from backends.runtime.attention.flashinfer_backend import prefill_kernel
-from backends.runtime.language_model.cuda_graphs import batch_ladder
+from backends.runtime.language_model.cuda_graphs import _Planned, batch_ladder
 from backends.runtime.language_model.graph_capture import ladder, rung_for
 from backends.runtime.language_model.kv_cache import KVCacheLayout, pages_needed
 from backends.runtime.language_model.prefill_graphs import (PREFILL_RUNGS, PrefillGraphs, _Graph, append_positions,
@@ -191,3 +191,16 @@ def test_a_graphed_chunk_plans_its_real_rows_over_its_whole_context_and_stages_i
         assert torch.equal(g.embeds[:n], embeds) and torch.equal(out, embeds[-1:])
     assert graphs.run(PrefillChunk(torch.randn(3, 8), torch.zeros(3, 3, dtype=torch.long), 246, table, False)
                       ).shape == (0, 8)
+
+
+def test_a_decode_plan_made_ahead_fits_a_table_grown_past_the_pages_it_reads():
+    """Decode's next step is planned while the step before runs; a page granted meanwhile (``DecodeGrow``, a new
+    table object) past the pages the step reads keeps the plan, a changed page read or another count does not."""
+    import numpy as np
+    from backends.runtime.model_runner import DecodeSeq
+    table = np.array([3, 7], dtype=np.int32)
+    planned = _Planned(None, None, ((20, table),), page_size=16)  # token 20's KV: pages 0-1 read
+    seq = lambda t, cached=20: [DecodeSeq(0, cached, cached, t)]  # noqa: E731
+    assert planned.fits(seq(table)) and planned.fits(seq(np.array([3, 7, 9], dtype=np.int32)))
+    assert not planned.fits(seq(np.array([3, 8, 9], dtype=np.int32))) and not planned.fits(seq(table, 21))
+    assert not planned.fits(seq(np.array([3], dtype=np.int32))) and not planned.fits(seq(table) * 2)
