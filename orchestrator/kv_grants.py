@@ -17,7 +17,8 @@ class KVGrants:
     the scheduler's, read here).
 
     A sequence is admitted with the pages of its prompt and of its next ``pages_ahead`` pages of tokens (at most its
-    prompt + max_tokens), and granted more as decode writes them (`grow`), while the pool stays safe: every admitted
+    prompt + max_tokens), and granted more as decode writes them (`grow`: once fewer than a page's tokens are left
+    ahead, up to `_ahead`), while the pool stays safe: every admitted
     sequence could still be granted pages up to its prompt + max_tokens, one after another.
 
     Args:
@@ -38,8 +39,9 @@ class KVGrants:
 
     @property
     def num_short(self) -> int:
-        """Sequences in decode refused the pages they want (waiting for a page where they have none left)."""
-        return len(self._short)
+        """Sequences in decode whose next token's KV has no page (refused the pages they want)."""
+        return sum(self._seqs[r].prompt_len + self._seqs[r].num_generated > len(self._seqs[r].block_table)
+                   * self._page_size for r in self._short)
 
     def pages_for(self, num_tokens: int) -> int:
         """KV pages that ``num_tokens`` tokens take."""
@@ -62,9 +64,9 @@ class KVGrants:
 
     def grow(self, decoded: Iterable[str]) -> dict[str, list[int]]:
         """Counts one more token made by decode for each of ``decoded`` (its first: it has joined decode); returns the
-        pages granted since the last call, per sequence. A sequence in decode is granted pages while it holds fewer
-        than ``pages_ahead`` past its tokens, where the pool stays safe (``kv_growth.plan``), else when pages come
-        back (decode skips it meanwhile).
+        pages granted since the last call, per sequence. A sequence in decode with less than a page's tokens left
+        ahead is granted pages (`_ahead`), where the pool stays safe (``kv_growth.plan``), else when pages come back
+        (decode skips it once its next token has no page).
 
         Raises:
             KeyError: a sequence of ``decoded`` not held.
@@ -109,8 +111,8 @@ class KVGrants:
 
     def _grow(self, decoded: Iterable[str] = ()) -> None:
         """Grants what the sequences that made a token (``decoded``) or were refused before want now."""
-        wants = {req_id: want for req_id in self._short.union(decoded) if req_id not in self._held
-                 and (want := self._ahead(self._seqs[req_id]) - len(self._seqs[req_id].block_table)) > 0}
+        wants = {req_id: self._ahead(seq) - len(seq.block_table) for req_id in self._short.union(decoded)
+                 if req_id not in self._held and len((seq := self._seqs[req_id]).block_table) < self._due(seq)}
         if not wants:
             return
         granted = plan(self._kv.num_free, self._needs(), wants)
@@ -119,16 +121,24 @@ class KVGrants:
             assert fresh is not None, "plan grants at most the free pages"
             self._seqs[req_id].block_table += fresh
             self._grants.setdefault(req_id, []).extend(fresh)
-        self._short = {req_id for req_id, want in wants.items() if granted.get(req_id, 0) < want}
+        self._short = {req_id for req_id in wants if len((seq := self._seqs[req_id]).block_table) < self._due(seq)}
 
     def _worst(self, seq: Sequence) -> int:
         return self.pages_for(seq.prompt_len + seq.max_tokens)
 
     def _ahead(self, seq: Sequence) -> int:
-        """Pages a sequence should hold now: its prompt's and its tokens made (its first, from prefill, before it has
-        it), and ``pages_ahead`` more, at most its prompt + max_tokens."""
-        return self.pages_for(seq.prompt_len + min(seq.max_tokens,
-                                                   max(seq.num_generated, 1) + self._pages_ahead * self._page_size))
+        """Pages a sequence is granted up to: its prompt's and its tokens made (its first, from prefill, before it has
+        it) and ``pages_ahead`` pages more, or half its tokens made more where that is larger (at most 16 pages), so
+        a long reply is granted pages less often (fewer messages to decode; at most a third of its pages unwritten);
+        at most its prompt + max_tokens."""
+        made = max(seq.num_generated, 1)
+        ahead = max(self._pages_ahead * self._page_size, min(made // 2, 16 * self._page_size))
+        return self.pages_for(seq.prompt_len + min(seq.max_tokens, made + ahead))
+
+    def _due(self, seq: Sequence) -> int:
+        """Pages below which a sequence in decode is granted more (`_ahead`): those of its tokens made and one page's
+        tokens more, at most its prompt + max_tokens (decode may be a step ahead, and a grant takes a round trip)."""
+        return self.pages_for(seq.prompt_len + min(seq.max_tokens, seq.num_generated + self._page_size))
 
     def _need(self, seq: Sequence, held: int) -> Need:
         """An admitted sequence's worst case holding ``held`` pages; it returns at least those past its prompt's

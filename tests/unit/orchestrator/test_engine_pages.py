@@ -18,14 +18,14 @@ def grants(w: World) -> list[tuple[str, tuple[int, ...]]]:
 
 def test_pages_reach_decode_after_its_admit_as_the_tokens_come():
     async def body(w: World):
-        out = w.text("a", prompt_len=20, max_tokens=100)  # admitted with the pages of 20 + 32 tokens: 4
+        out = w.text("a", prompt_len=20, max_tokens=100)  # admitted with the pages of 20 + 1 + 32 tokens: 4
         await outputs_of(out, 1)
-        for token in range(12):  # 13 tokens: 20 + 13 + 32 need a 5th page
+        for token in range(28):  # 29 tokens: less than a page left ahead; 20 + 29 + 32 tokens take 6 pages
             assert grants(w) == []
             w.stages.emit(("a", token, ""))
             await outputs_of(out, 1)
         table = w.engine.scheduler.get("a").block_table
-        assert grants(w) == [("a", (table[4],))] and w.log.index(("admit", "a")) < len(w.log) - 1
+        assert grants(w) == [("a", tuple(table[4:6]))] and w.log.index(("admit", "a")) < len(w.log) - 1
         w.stages.emit(("a", 0, "stop"))
         await outputs_of(out, 1)
     run(body)

@@ -40,13 +40,15 @@ def test_chats_whose_worst_cases_overfill_the_pool_all_start():
 
 
 def test_pages_follow_the_tokens_two_pages_ahead():
+    """Granted once less than a page's tokens is left ahead, up to two pages ahead (or half the tokens made)."""
     sched, kv = make()
-    sched.add(Sequence("a", 20, 100))  # pages for 20 + 32 tokens
+    sched.add(Sequence("a", 20, 100))  # pages for 20 + 1 + 32 tokens: 4
     assert prefill(sched) == ["a"] and len(sched.get("a").block_table) == 4
     table = list(sched.get("a").block_table)
-    assert decode(sched, "a", 12) == {}  # 32 tokens: the first page past the prompt's is still ahead
-    granted = decode(sched, "a", 1)  # 33: 20 + 33 + 32 tokens need a 5th page
-    assert granted == {"a": sched.get("a").block_table[4:]} and sched.get("a").block_table[:4] == table
+    assert decode(sched, "a", 28) == {}  # 20 + 28 tokens: 16 more fit in the 4 pages
+    granted = decode(sched, "a", 1)  # 29: 20 + 29 + 32 tokens take 6 pages
+    assert granted == {"a": sched.get("a").block_table[4:]} and len(granted["a"]) == 2
+    assert sched.get("a").block_table[:4] == table
     decode(sched, "a", 200)  # never past prompt + max_tokens: 8 pages
     assert len(sched.get("a").block_table) == 8 and kv.num_free == 56
     sched.remove("a")
