@@ -394,6 +394,8 @@ class DecodeWorker:
         return [DecodeSeq(0, 0, s.num_cached, s.block_table) for s in self._batch()]
 
     def _told(self, batch: int, elapsed: float) -> None:
-        """``on_step`` on the send thread, after the step's message (``batch`` 0: no step; the batch may be empty)."""
+        """``on_step`` on the send thread, after the step's message (``batch`` 0: no step; the batch may be empty), with
+        whether no sequence may step now (none running, or each ending or waiting for a KV page): the stage sends the
+        metrics it has summed then, not after a wait for pages."""
         if self.on_step is not None:
-            self._post(self.on_step, batch, elapsed, not self.running)
+            self._post(self.on_step, batch, elapsed, not self._batch())
