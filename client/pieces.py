@@ -3,6 +3,7 @@ response (:func:`piece_from_grpc`) here, from an HTTP generate_stream event in `
 outputs read by :func:`json_output`."""
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from typing import Callable
@@ -29,6 +30,8 @@ class ResponsePiece:
     prompt_logprobs: list[dict] | None = None  # sampling's prompt_logprobs: first response only
     prompt_text: str | None = None  # a prompt_token_ids request's prompt as text: first response only
     stop_reason: int | str | None = None  # last response: the stop string or stop token id that ended the output
+    input_ids: tuple[int, ...] | None = None  # a tokenize_only request's response: the prompt's token ids
+    input_tokens: tuple[str, ...] | None = None  # and each one's token string
 
     @property
     def has_output(self) -> bool:
@@ -86,10 +89,16 @@ def piece_from_grpc(result: grpcclient.InferResult) -> ResponsePiece:
     """Reads one streamed gRPC response (any subset of the orchestrator's outputs may be present)."""
     text = result.as_numpy("text_output")
     ids = result.as_numpy("output_ids")
-    return piece_from_outputs(
+    piece = piece_from_outputs(
         b"".join(x if isinstance(x, bytes) else str(x).encode() for x in text.reshape(-1)) if text is not None else b"",
         tuple(int(i) for i in ids.reshape(-1)) if ids is not None else (), is_final(result),
         lambda name: _scalar(result, name))
+    prompt_ids = result.as_numpy("input_ids")
+    if prompt_ids is None:
+        return piece
+    tokens = result.as_numpy("input_tokens")
+    return dataclasses.replace(piece, input_ids=tuple(int(i) for i in prompt_ids.reshape(-1)), input_tokens=(
+        None if tokens is None else tuple(t.decode("utf-8", "replace") for t in tokens.reshape(-1))))
 
 
 _JSON_OUTPUTS = ("visual_cap", "media", "timeline", "logprobs", "prompt_logprobs", "prompt_text", "stop_reason")

@@ -23,10 +23,12 @@ import contextlib
 import dataclasses
 import logging
 
+import numpy as np
+
 from backends.ipc.link import StageError
 from backends.triton import triton_io as io
 from orchestrator.cancel_watch import CancelWatch
-from orchestrator.inputs import RawRequest, builds_a_grammar, parse_request
+from orchestrator.inputs import ParsedRequest, RawRequest, builds_a_grammar, parse_request
 from orchestrator.metrics import RequestTimer
 from orchestrator.replies import Built, Reply, first_outputs
 from orchestrator.sampling_params import InvalidInput
@@ -52,7 +54,7 @@ def read_request(request) -> RawRequest:
         image=io.bytes_list(arrays, "image"), video=io.bytes_list(arrays, "video"),
         image_url=io.bytes_list(arrays, "image_url"), video_url=io.bytes_list(arrays, "video_url"),
         sampling_parameters=io.bytes_list(arrays, "sampling_parameters"),
-        stream=io.boolean(arrays, "stream", False),
+        stream=io.boolean(arrays, "stream", False), tokenize_only=io.boolean(arrays, "tokenize_only", False),
         exclude_input_in_output=io.boolean(arrays, "exclude_input_in_output", False),
         **{flag: io.boolean(arrays, flag, False) for flag in _RETURN_FLAGS})
 
@@ -90,6 +92,9 @@ async def handle(orchestrator: Orchestrator, request, lanes: SendLanes, cancels:
         limits, defaults = orchestrator.config.limits, orchestrator.config.generation.sampling
         parsed = await asyncio.to_thread(parse_request, raw, limits, defaults) if builds_a_grammar(raw) else \
             parse_request(raw, limits, defaults)
+        if raw.tokenize_only:
+            send(Built(await _tokenized(orchestrator, parsed, raw), final))
+            return
         bound = channel_name(raw.token_channel, "token_channel")
         if bound:
             request_id = request.request_id()
@@ -137,6 +142,21 @@ async def _serve_channel(name: str, raw: RawRequest, sender, channels: TokenChan
         raise InvalidInput(f"open_token_channel: a request opening a channel carries no other input, got "
                            f"{', '.join(given)} (send those in requests naming it in token_channel)")
     await channels.serve(name, sender, lanes, cancels)
+
+
+async def _tokenized(orchestrator: Orchestrator, parsed: ParsedRequest, raw: RawRequest):
+    """A ``tokenize_only`` request's one response (``Orchestrator.tokenize``): ``input_ids``, ``input_tokens``,
+    ``num_input_tokens``; ``media`` and ``visual_cap`` where it has media, ``prompt_text`` for ``prompt_token_ids``.
+    Raises InvalidInput as admission's planning does, or for a ``token_channel`` (the response is the request's own)."""
+    if raw.token_channel:
+        raise InvalidInput("token_channel: a tokenize_only request is answered on its own stream (leave it out)")
+    tokens = await orchestrator.tokenize(parsed)
+    ids = list(tokens.prompt.input_ids)
+    head = first_outputs(visual_cap=None if tokens.visual_cap is None else tokens.visual_cap.to_json(),
+                         media=tokens.media, prompt_text=tokens.prompt_text)
+    return io.pb().InferenceResponse([
+        io.number_tensor("input_ids", ids), io.str_tensor("input_tokens", tokens.token_strings),
+        io.number_tensor("num_input_tokens", [len(ids)], np.uint32), *(io.str_tensor(k, [v]) for k, v in head)])
 
 
 async def _send_tokens(admitted: Admitted, tokens, send, timer: RequestTimer, timeline: Timeline,

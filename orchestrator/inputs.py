@@ -79,6 +79,7 @@ class RawRequest:
     open_token_channel: list[bytes] = field(default_factory=list)  # orchestrator.token_channels
     token_channel: list[bytes] = field(default_factory=list)
     chat_template_kwargs: list[bytes] = field(default_factory=list)  # orchestrator.chat_options
+    tokenize_only: bool = False  # the prompt's tokens, no reply (orchestrator.frontend)
 
 
 @dataclass(frozen=True)

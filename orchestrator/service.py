@@ -68,6 +68,18 @@ class Admitted:
     prompt_text: str | None = None  # a prompt_token_ids request's prompt as text (its first response's prompt_text)
 
 
+@dataclass(frozen=True)
+class Tokenized:
+    """A ``tokenize_only`` request's prompt (:meth:`Orchestrator.tokenize`): ``token_strings``, each id's token
+    (``convert_ids_to_tokens``), and what ``Admitted`` would hold of its media and text."""
+
+    prompt: Prompt
+    token_strings: list[str]
+    visual_cap: CapApplied | None
+    media: list[dict] | None
+    prompt_text: str | None
+
+
 OVERLOADED = "the server is overloaded"
 
 
@@ -203,6 +215,17 @@ class Orchestrator:
         self.arrivals.settle()
         for engine in self.engines:
             engine.wake.set()
+
+    async def tokenize(self, parsed: ParsedRequest) -> Tokenized:
+        """The prompt that :meth:`admit` would run for ``parsed`` (its chat template, its media's visual tokens after
+        ``max_visual_tokens``), with nothing run: vLLM's ``/tokenize``; with ``prompt_token_ids``, their text (its
+        ``/detokenize``). Its length is not checked against ``max_model_len`` (vLLM's rule for these endpoints).
+        Raises InvalidInput as admission's planning does (media, token ids outside the vocabulary)."""
+        def planned(parsed: ParsedRequest) -> Tokenized:
+            infos, plans, cap, prompt, _, text = self._prompt_of(parsed)
+            strings = self.tokenizer.convert_ids_to_tokens(list(prompt.input_ids))
+            return Tokenized(prompt, strings, cap, media_report(infos, plans) or None, text)
+        return await admission_runner(parsed)(planned, parsed)
 
     async def admit(self, parsed: ParsedRequest, timeline: Timeline = NO_TIMELINE) -> Admitted:
         """Plan media, build the prompt, check limits, hand the request to an engine (its media decoding starts).

@@ -1,5 +1,6 @@
 """The OpenAI-compatible HTTP API (FastAPI): ``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``,
-``/health``, in front of the orchestrator model of a tritonserver (``orchestrator_client``).
+``/health``, and vLLM's ``/tokenize``, ``/detokenize``, ``/version``, in front of the orchestrator model of a
+tritonserver (``orchestrator_client``).
 
 A streamed request is answered with server-sent events (``sse-starlette``): one chunk per orchestrator response,
 then, with ``stream_options.include_usage``, a chunk with the usage alone, then ``data: [DONE]``. Its HTTP status is
@@ -12,7 +13,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import importlib.metadata
 import json
+import re
 import time
 from pathlib import Path
 from typing import AsyncIterator, Awaitable, TypeVar
@@ -33,10 +36,25 @@ from backends.openai.responses import ChatShape, CompletionShape, Reply
 from backends.openai.response_schemas import ChatCompletionChunk, Completion, ModelCard, ModelList
 from backends.openai.schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest
 from backends.openai.sliced_json import sliced_json
+from backends.openai.tokenize_schemas import (DetokenizeRequest, DetokenizeResponse, TokenizeRequest,
+                                              TokenizeResponse)
 from backends.openai.timing import ApiMarks
 from client.pieces import ResponsePiece
 
 T = TypeVar("T")
+
+
+def _version() -> str:
+    """The ``unifiedserve`` project's version: its installed metadata, or in a checkout run in place (not installed:
+    ``make test``) pyproject.toml's ``version`` line."""
+    try:
+        return importlib.metadata.version("unifiedserve")
+    except importlib.metadata.PackageNotFoundError:
+        pyproject = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
+        return re.search(r'^version = "([^"]+)"$', pyproject, re.MULTILINE).group(1)
+
+
+VERSION = _version()
 router = APIRouter()
 LARGE_BODY_ENTRIES = 2_048  # log-probability entries over which a whole body is made off the event loop
 
@@ -111,6 +129,53 @@ async def model(model: str, request: Request) -> ModelCard:
 def _unknown_model(model: str, served: str) -> ApiError:
     return ApiError(404, f"The model `{model}` does not exist (this server serves `{served}`)", param="model",
                     code="model_not_found")
+
+
+@router.get("/version")
+async def version() -> dict[str, str]:
+    """This server's version (vLLM's ``/version``): the ``unifiedserve`` project's, from pyproject.toml."""
+    return {"version": VERSION}
+
+
+@router.post("/tokenize")
+async def tokenize(body: TokenizeRequest, request: Request) -> TokenizeResponse:
+    """vLLM's: the prompt's token ids as the same chat or completion would run it (a chat's template, its media's
+    visual tokens after ``mm_processor_kwargs`` and the server's ``max_visual_tokens``), their ``count``, the model's
+    ``max_model_len`` (not checked: vLLM's rule), and with ``return_token_strs`` each id's token. Raises ApiError as a
+    generation's fields and inputs do (400, 404 another model, 503)."""
+    card = await request.app.state.api.model_card()
+    await _served(request, body)
+    piece = await _prompt_tokens(request, body, body.orchestrator_request())
+    return TokenizeResponse(count=len(piece.input_ids), max_model_len=card.max_model_len, tokens=list(piece.input_ids),
+                            token_strs=list(piece.input_tokens) if body.return_token_strs else None)
+
+
+@router.post("/detokenize")
+async def detokenize(body: DetokenizeRequest, request: Request) -> DetokenizeResponse:
+    """vLLM's: the text that token ids decode to (special tokens kept). Raises ApiError 400 for an id outside the
+    vocabulary, 404, 503."""
+    await _served(request, body)
+    if not body.tokens:
+        return DetokenizeResponse(prompt="")
+    ids = OrchestratorRequest(None, None, (), {}, False, False, prompt_token_ids=tuple(body.tokens))
+    try:
+        return DetokenizeResponse(prompt=(await _prompt_tokens(request, body, ids)).prompt_text)
+    except ApiError as exc:  # the orchestrator names its input, which this request sent as tokens
+        if exc.status != 400 or not exc.message.startswith("prompt_token_ids: "):
+            raise
+        raise ApiError(400, "tokens: " + exc.message.removeprefix("prompt_token_ids: "), param="tokens") from None
+
+
+async def _prompt_tokens(request: Request, body, prompt: OrchestratorRequest) -> ResponsePiece:
+    """The orchestrator's ``tokenize_only`` response to ``prompt`` (its http(s) media fetched first), once ``body``'s
+    fields are checked (``refusal``). Raises ApiError (400, 503, 499 when the client went away)."""
+    state: ApiState = request.app.state.api
+    refusal = body.refusal()
+    if refusal is not None:
+        raise ApiError(400, refusal[1], param=refusal[0])
+    if needs_fetch(prompt):
+        prompt, = await _unless_disconnected(request, _media_fetched(state.fetcher, [prompt]))
+    return await _unless_disconnected(request, state.orchestrator.tokenize(prompt))
 
 
 @router.post("/v1/chat/completions")

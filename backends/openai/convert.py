@@ -50,6 +50,7 @@ class OrchestratorRequest:
     prompt_token_ids: tuple[int, ...] | None = None
     chat_template_kwargs: str | None = None  # JSON (orchestrator.chat_options), a chat's where not the defaults
     continuous_usage: bool = False
+    tokenize_only: bool = False  # the prompt's tokens, no reply (the orchestrator's tokenize_only: /tokenize)
 
     def with_media(self, media: tuple[MediaRef, ...]) -> "OrchestratorRequest":
         return dataclasses.replace(self, media=media)
@@ -82,6 +83,8 @@ class OrchestratorRequest:
             tensors.append(("return_timeline", np.array([True])))
         if self.return_logprobs:
             tensors.append(("return_logprobs", np.array([True])))
+        if self.tokenize_only:
+            tensors.append(("tokenize_only", np.array([True])))
         if token_channel is not None:
             tensors.append(("token_channel", _strings([token_channel])))
         inputs = []

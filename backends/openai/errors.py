@@ -104,18 +104,21 @@ def from_transport(exc: grpc.RpcError | InferenceServerException) -> ApiError:
 
 def _where(loc: tuple) -> str:
     """Pydantic's error location as ``messages[0].content[1].image_url.url``: without the body's own prefix, the
-    union branch tried (``str``, ``list[...]``) and a tagged union's tag (the part's type, repeated as its field)."""
+    union branch tried (``str``, ``list[...]``), a tagged union's tag (the part's type, repeated as its field) and a
+    body's kind where a route takes two (``/tokenize``: ``BODY_KINDS``)."""
     where = ""
     for i, item in enumerate(loc):
         if isinstance(item, int):
             where += f"[{item}]"
         elif not (i == 0 and item == "body") and "[" not in item and item not in _BRANCHES \
+                and not (i == 1 and loc[0] == "body" and item in BODY_KINDS) \
                 and (i + 1 == len(loc) or loc[i + 1] != item):
             where += f".{item}" if where else item
     return where
 
 
 _BRANCHES = {"str", "int", "float", "bool", "list", "dict"}
+BODY_KINDS = ("chat", "completion")  # the tags of a route's body that is one of two requests (tokenize_schemas)
 
 
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import uuid
 from dataclasses import dataclass
@@ -88,6 +89,16 @@ class OrchestratorClient:
             async with contextlib.aclosing(pieces):
                 async for piece in pieces:
                     yield piece
+
+    async def tokenize(self, request: OrchestratorRequest) -> ResponsePiece:
+        """The one response of ``request`` sent with ``tokenize_only`` (its ``input_ids``, ``input_tokens``,
+        ``prompt_text``). Raises ApiError as :meth:`generate` does."""
+        tokenize = dataclasses.replace(request, stream=False, tokenize_only=True)
+        with self.reserved(1):
+            async with contextlib.aclosing(self._own_stream(tokenize)) as pieces:
+                async for piece in pieces:
+                    return piece
+        raise ApiError(500, "the inference server sent no response to a tokenize request")
 
     async def _own_stream(self, request: OrchestratorRequest, request_id: str | None = None,
                           token_channel: str | None = None) -> AsyncIterator[ResponsePiece]:
