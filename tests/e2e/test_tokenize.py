@@ -22,18 +22,12 @@ from orchestrator.media import plan_media
 from orchestrator.prompt import QWEN
 from orchestrator.sampling_params import RequestParams
 from tests.e2e.conftest import read_metrics, settled
-from tests.e2e.test_openai_api import _api, _data_url
+from tests.e2e.test_openai_api import _data_url, api  # noqa: F401 (api: the fixture)
 from tests.e2e.test_token_prompts import hf  # noqa: F401 (the fixture: the tiny model and its tokenizer)
 from tests.media import make_image
 
 pytestmark = pytest.mark.e2e
 TEXT = "Once upon a time there was"
-
-
-@pytest.fixture(scope="module")
-def api(server, tmp_path_factory) -> ApiProcess:
-    with _api(server.ports.grpc, tmp_path_factory.mktemp("openai") / "api.log") as process:
-        yield process
 
 
 def post(api: ApiProcess, path: str, body: dict) -> tuple[int, dict]:
