@@ -42,10 +42,12 @@ from typing import Callable
 from backends.triton import triton_io as io
 from orchestrator.replies import Built, Reply
 from orchestrator.sampling_params import InvalidInput
+from orchestrator.service import Overloaded
 
 log = logging.getLogger(__name__)
 
 MAX_NAME_BYTES = 256
+MAX_OPEN = 64  # channels open at once (max_token_channels): a client may not hold the server's streams without end
 
 
 def channel_name(values: list[bytes], input_name: str) -> str:
@@ -124,9 +126,13 @@ class ChannelItem:
 
 
 class TokenChannels:
-    """The open channels by name, on the orchestrator's event loop."""
+    """The open channels by name, on the orchestrator's event loop: at most ``max_open`` at once (the parameter
+    ``max_token_channels``; each OpenAI API process holds one). Raises ValueError for ``max_open`` under 1."""
 
-    def __init__(self):
+    def __init__(self, max_open: int = MAX_OPEN):
+        if max_open < 1:
+            raise ValueError(f"parameter max_token_channels must be at least 1, got {max_open}")
+        self.max_open = max_open
         self._open: dict[str, Channel] = {}
         self._stopping = False
 
@@ -156,9 +162,13 @@ class TokenChannels:
     async def serve(self, name: str, sender, lanes, cancels) -> None:
         """Open channel ``name`` on ``sender`` (its request's), send the empty first response, and hold it open
         until its client cancels it (asked by ``cancels``, a ``CancelWatch``) or :meth:`close_all`; its final flag
-        then follows on the same ``lanes`` lane. Raises InvalidInput when a channel of that name is open."""
+        then follows on the same ``lanes`` lane. Raises InvalidInput when a channel of that name is open, Overloaded
+        when ``max_open`` are."""
         if name in self._open:
             raise InvalidInput(f"open_token_channel: a channel {name!r} is open already (choose another name)")
+        if len(self._open) >= self.max_open:
+            raise Overloaded(f"open_token_channel: {len(self._open)} token channels are open, the server's limit "
+                             "(parameter max_token_channels): send requests on their own streams, or retry later")
         channel = self._open[name] = Channel(name, sender, lanes.lane())
         if self._stopping:
             channel.closed.set()

@@ -22,7 +22,7 @@ from orchestrator.metrics import Metrics
 from orchestrator.send_lanes import SendLanes
 from orchestrator.config import OrchestratorConfig
 from orchestrator.service import Orchestrator
-from orchestrator.token_channels import TokenChannels
+from orchestrator.token_channels import MAX_OPEN, TokenChannels
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,8 @@ class OrchestratorModel:
         self.lanes = SendLanes(triton_io.int_parameter(params, "send_lanes", 4))  # threads sending client responses
         self.cancels = CancelWatch()  # the thread asking whether clients have cancelled
         self.orchestrator = Orchestrator(config, self.metrics)
-        self.channels = TokenChannels()  # streams carrying many requests' replies (orchestrator.token_channels)
+        # streams carrying many requests' replies (orchestrator.token_channels)
+        self.channels = TokenChannels(triton_io.int_parameter(params, "max_token_channels", MAX_OPEN))
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="orchestrator-loop", daemon=True)
         self.thread.start()

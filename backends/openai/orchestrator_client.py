@@ -41,7 +41,7 @@ class OrchestratorClient:
         self._client = grpc_aio.InferenceServerClient(grpc_url)
         self._token_channel: TokenChannel | None = None
         self._opening = asyncio.Lock()
-        self._refused = not token_channel  # asked not to, or the orchestrator has no token channels
+        self._refused = not token_channel  # asked not to, or the orchestrator opens none
         self._background: set[asyncio.Task] = set()  # channel requests' own streams, awaiting their final responses
 
     async def ready(self) -> bool:
@@ -202,7 +202,7 @@ class OrchestratorClient:
                     self._token_channel = await TokenChannel.open(self._client, self.model)
                 except ChannelRefused as exc:
                     self._refused = True
-                    log.warning("the orchestrator has no token channels (%s): each request streams on its own", exc)
+                    log.warning("the orchestrator opens no token channel (%s): each request streams on its own", exc)
                     return None
             return self._token_channel
 

@@ -28,7 +28,8 @@ from client.http_stream import piece_from_event
 
 
 class ChannelRefused(Exception):
-    """The orchestrator has no token channels (Triton refused the ``open_token_channel`` input)."""
+    """The orchestrator opens no token channel for this process: it has none (Triton refused the
+    ``open_token_channel`` input), or as many open as its ``max_token_channels``."""
 
 
 class TokenChannel:

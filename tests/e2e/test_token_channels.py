@@ -227,3 +227,34 @@ def test_the_openai_api_streams_the_same_with_and_without_its_token_channel(serv
     with_channel, without = answers(True), answers(False)
     assert with_channel == without
     assert all(len(ids) == 12 and reasons == ["length"] and used == 12 for ids, _, reasons, used in with_channel)
+
+
+def _try_open(grpc_url: str, opened: list[Stream]):
+    """Open a channel on a new stream, kept in ``opened`` if it opened; None, or the error that refused it."""
+    name, stream = f"test-{uuid.uuid4().hex}", Stream(grpc_url)
+    stream.send([_text("open_token_channel", name)], request_id=name)
+    _, error = stream.next()
+    if error is None:
+        opened.append(stream)
+    else:
+        stream.close()  # its request has ended
+    return error
+
+
+def test_channels_beyond_max_token_channels_are_refused_until_one_closes(grpc_url):
+    """The parameter ``max_token_channels`` (64 by default; some may be open already, the test's OpenAI API
+    processes'): one channel more is refused, naming it, and opens once another has closed."""
+    opened: list[Stream] = []
+    try:
+        error = next((e for _ in range(65) if (e := _try_open(grpc_url, opened)) is not None), None)
+        assert error is not None and "token channels are open, the server's limit (parameter max_token_channels)" \
+            in str(error), error  # (a gRPC stream's error carries its message only, not its code)
+        opened.pop(0).close(cancel=True)
+        for _ in range(100):  # the cancel watch asks every 50 ms
+            if _try_open(grpc_url, opened) is None:
+                return
+            time.sleep(0.05)
+        pytest.fail("no channel opened after one closed")
+    finally:
+        for stream in opened:
+            stream.close(cancel=True)

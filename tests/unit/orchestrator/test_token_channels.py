@@ -10,6 +10,7 @@ import pytest
 from orchestrator.replies import Reply
 from orchestrator.sampling_params import InvalidInput
 from orchestrator.send_lanes import merged
+from orchestrator.service import Overloaded
 from orchestrator.timeline import Timeline
 from orchestrator.replies import Built
 from orchestrator.token_channels import ChannelItem, TokenChannels, channel_name, routed
@@ -236,3 +237,24 @@ def test_a_request_id_is_free_again_once_its_final_response_goes(last):
         channels.close_all()
         await serving
     asyncio.run(run())
+
+
+def test_channels_beyond_the_limit_are_refused_as_overloaded_until_one_closes():
+    """``max_token_channels``: one more open channel is refused (UNAVAILABLE, naming the parameter); once one has
+    closed, another opens."""
+    async def run():
+        channels, lanes, cancels = TokenChannels(max_open=2), Lanes(), Cancels()
+        serving = [asyncio.ensure_future(channels.serve(name, Sender(), lanes, cancels)) for name in "ab"]
+        await asyncio.sleep(0)
+        with pytest.raises(Overloaded, match=r"2 token channels are open.*parameter max_token_channels"):
+            await channels.serve("c", Sender(), lanes, cancels)
+        threading.Thread(target=cancels.watched[0]).start()  # channel a's client cancels it
+        await asyncio.wait_for(serving[0], 5)
+        third = asyncio.ensure_future(channels.serve("c", Sender(), lanes, cancels))
+        await asyncio.sleep(0)
+        assert channels.get("c") and not third.done()
+        channels.close_all()
+        await asyncio.wait_for(asyncio.gather(serving[1], third), 5)
+    asyncio.run(run())
+    with pytest.raises(ValueError, match="max_token_channels must be at least 1, got 0"):
+        TokenChannels(max_open=0)
