@@ -43,6 +43,10 @@ class RunningSeq:
     prompt_token_ids: tuple[int, ...] = ()
     grammar: Any = None
 
+    def may_step(self, page_size: int) -> bool:
+        """It has a token left to make and a KV page (of ``page_size`` tokens) for that token's KV."""
+        return not self.ending and self.num_cached < len(self.block_table) * page_size
+
     def extend(self, pages: tuple[int, ...]) -> None:
         """Append KV pages granted since admission (``DecodeGrow``)."""
         self.block_table = np.concatenate([self.block_table, np.asarray(pages, dtype=np.int32)])

@@ -305,8 +305,7 @@ class DecodeWorker:
     def _batch(self) -> list[RunningSeq]:
         """The next step's sequences: the running ones with a token left to make and a KV page for its token's KV
         (else it waits for ``grow``), in admission order, ``max_batch``."""
-        room = [s for s in self.running.values() if not s.ending and s.num_cached < len(s.block_table) * self.page]
-        return room[:self.max_batch]
+        return [s for s in self.running.values() if s.may_step(self.page)][:self.max_batch]
 
     def _launch(self) -> Launched | None:
         """Launch a step of :meth:`_batch` on the device (forward and sampling; nothing waits for the device) and
@@ -398,4 +397,4 @@ class DecodeWorker:
         whether no sequence may step now (none running, or each ending or waiting for a KV page): the stage sends the
         metrics it has summed then, not after a wait for pages."""
         if self.on_step is not None:
-            self._post(self.on_step, batch, elapsed, not self._batch())
+            self._post(self.on_step, batch, elapsed, not any(s.may_step(self.page) for s in self.running.values()))
