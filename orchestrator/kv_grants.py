@@ -34,7 +34,7 @@ class KVGrants:
         self._seqs, self._held = seqs, held
         self._hits: dict[str, tuple[int, list[int]]] = {}  # req_id -> (cache version, its cached pages then)
         self._short: set[str] = set()  # sequences in decode refused the pages they wanted last time
-        self._deferred = 0  # pages past their prompts' that removed sequences hold until the step in flight ends
+        self._deferred = 0  # pages (all but hashed prompt pages) removed sequences hold until the step in flight ends
         self._grants: dict[str, list[int]] = {}  # pages granted to them and not yet taken by `grow`
 
     @property
@@ -56,7 +56,7 @@ class KVGrants:
     def defer(self, seq: Sequence) -> None:
         """``seq`` is removed while the step in flight writes its pages: they come back with `deferred_freed`, and
         count as returns meanwhile (the pool stays safe)."""
-        self._deferred += len(seq.block_table) - self.pages_for(seq.prompt_len)
+        self._deferred += self._private(seq, len(seq.block_table))
 
     def deferred_freed(self) -> None:
         """The step in flight has ended: the removed sequences' pages are back."""
@@ -141,14 +141,21 @@ class KVGrants:
         return self.pages_for(seq.prompt_len + min(seq.max_tokens, seq.num_generated + self._page_size))
 
     def _need(self, seq: Sequence, held: int) -> Need:
-        """An admitted sequence's worst case holding ``held`` pages; it returns at least those past its prompt's
-        (a prompt page may be shared through the prefix cache)."""
-        return Need(self._worst(seq) - held, held - self.pages_for(seq.prompt_len))
+        """An admitted sequence's worst case holding ``held`` pages; it returns at least `_private` ones."""
+        return Need(self._worst(seq) - held, self._private(seq, held))
+
+    @staticmethod
+    def _private(seq: Sequence, held: int) -> int:
+        """Of ``held`` pages, those ``seq`` returns when it ends whatever other sequences do: all but its prompt's
+        full pages, which the prefix cache may share (``block_hashes``, one each; none where it is off). (Counting
+        the partial last prompt page and, without the prefix cache, the whole prompt, a short request is admitted
+        beside a long reply whose worst case needs its pages back.)"""
+        return held - len(seq.block_hashes)
 
     def _needs(self) -> dict[str, Need]:
         """Every sequence holding pages (one being removed: nothing more to grant, its pages back soon), and the
         pages of those removed that the step in flight still writes (key "")."""
-        needs = {req_id: Need(0, len(seq.block_table) - self.pages_for(seq.prompt_len)) if req_id in self._held
+        needs = {req_id: Need(0, self._private(seq, len(seq.block_table))) if req_id in self._held
                  else self._need(seq, len(seq.block_table))
                  for req_id, seq in self._seqs.items() if seq.block_table is not None}
         if self._deferred:

@@ -12,12 +12,16 @@ next. In a safe state the sequence first in that order can always be granted (``
 a sequence refused a page waits in decode (skipped by its steps) until one ends. Pages a removed sequence still holds
 (the step in flight writes them) count as its returns until they are free (``KVGrants``).
 
-``releases`` may undercount (a prompt page another sequence shares is not returned when one ends): a state safe with
-fewer pages returned is safe. With one resource, finishing the smallest ``remaining`` first is as good as any order
+``releases`` may undercount (``KVGrants`` counts none of a sequence's full prompt pages, which the prefix cache may
+share with others: a shared page is not returned when one of them ends): a state safe with fewer pages returned is
+safe. With one resource, finishing the smallest ``remaining`` first is as good as any order
 (a finish never lowers the free count), so checking that order is enough.
 """
 from __future__ import annotations
 
+import bisect
+import itertools
+import math
 from typing import Hashable, Iterable, Mapping, NamedTuple
 
 
@@ -77,8 +81,10 @@ def plan(free: int, needs: Mapping[Hashable, Need], wants: Mapping[Hashable, int
 
 
 class SafeState:
-    """The admitted sequences' ``Need``s, for admitting waiting sequences one after another: each is checked as the
-    last of the safe order (O(1); a sufficient test, never stricter than reserving every worst case up front).
+    """The admitted sequences' ``Need``s, for admitting waiting sequences one after another: each is checked at its
+    own place in the safe order (its ``remaining`` among theirs), exactly the banker's check of the state with it
+    (O(log n) a check, O(n) an admission), so a sequence that needs nothing beyond what it takes goes ahead of a long
+    reply whose worst case the pool holds only with the short one's pages back.
 
     Args:
         free: pages that may be granted now (pages).
@@ -86,18 +92,30 @@ class SafeState:
     """
 
     def __init__(self, free: int, needs: Iterable[Need]):
-        self.free, self.returns = free, 0
-        self.slack: float = float("inf")  # the least slack of a place in the safe order
-        for remaining, releases in sorted(needs):
-            self.slack = min(self.slack, free + self.returns - remaining)
-            self.returns += releases
+        self.free = free
+        self._needs = sorted(needs)
+        self._index()
+
+    def _index(self) -> None:
+        """Per place ``k`` of the order: the returns before it, and the least slack (``free`` + returns before a
+        place - its ``remaining``) of the places before it and of those from it on."""
+        self._remaining = [remaining for remaining, _ in self._needs]
+        self._returns = list(itertools.accumulate((releases for _, releases in self._needs), initial=0))
+        slack = [self.free + self._returns[k] - remaining for k, remaining in enumerate(self._remaining)]
+        self._least_before = list(itertools.accumulate(slack, min, initial=math.inf))
+        self._least_from = list(itertools.accumulate(reversed(slack), min, initial=math.inf))[::-1]
 
     def admits(self, take: int, need: Need) -> bool:
-        """Whether a sequence taking ``take`` pages now, its ``need`` after, keeps the pool safe (put last)."""
-        return take <= self.free and take <= self.slack and need.remaining <= self.free - take + self.returns
+        """Whether a sequence taking ``take`` pages now, its ``need`` after, keeps the pool safe: the places before
+        its own lose ``take`` of their slack, its own has the returns before it, the places after it gain its
+        releases less ``take``."""
+        k = bisect.bisect_right(self._remaining, need.remaining)
+        return (take <= self.free and take <= self._least_before[k]
+                and need.remaining <= self.free - take + self._returns[k]
+                and take - need.releases <= self._least_from[k])
 
     def admit(self, take: int, need: Need) -> None:
         """Count it in (after ``admits``)."""
         self.free -= take
-        self.slack = min(self.slack - take, self.free + self.returns - need.remaining)
-        self.returns += need.releases
+        bisect.insort(self._needs, need)
+        self._index()

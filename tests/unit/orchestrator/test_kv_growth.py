@@ -77,7 +77,9 @@ def test_plan_refuses_wants_beyond_the_worst_case():
         plan(10, {"a": Need(2, 0)}, {"b": 1})
 
 
-def test_an_admission_the_safe_state_allows_is_safe():
+def test_the_safe_state_admits_exactly_what_keeps_the_pool_safe():
+    """Each admission is checked at its own place in the order: it admits a sequence exactly when the state with it
+    is safe (the brute force), one after another."""
     rng = random.Random(2)
     for _ in range(3000):
         free, needs = random_state(rng)
@@ -85,8 +87,17 @@ def test_an_admission_the_safe_state_allows_is_safe():
         added = []
         for _ in range(3):
             take, need = rng.randint(0, 8), Need(rng.randint(0, 10), rng.randint(0, 4))
-            if state.admits(take, need):
+            fits = take <= free and can_all_finish(free - take, [*needs.values(), *added, need])
+            assert state.admits(take, need) == fits, (free, needs, added, take, need)
+            if fits:
                 state.admit(take, need)
                 added.append(need)
                 free -= take
-                assert free >= 0 and can_all_finish(free, [*needs.values(), *added])
+
+
+def test_a_short_request_goes_ahead_of_a_long_reply_it_would_wait_for_if_put_last():
+    """A long reply holding 8 of 64 pages may still need 55; a short request taking 2 pages, needing none after and
+    returning them, is safe first in the order (a fresh user's case: it waited for the whole long reply)."""
+    state = SafeState(56, [Need(55, 8)])
+    assert state.admits(2, Need(0, 2))
+    assert not state.admits(2, Need(0, 0))  # returning nothing, it would leave the long reply 54 of its 55

@@ -388,7 +388,7 @@ def test_a_held_sequence_is_planned_no_more_and_never_admitted_but_keeps_its_pag
     """The engine holds a request while the stages let go of it (abort, then free): no step works on it meanwhile."""
     sched, kv, _ = make(kv_pages=20)
     sched.add(Sequence("a", 100, 60))  # admitted: 9 pages (its prompt and 2 pages ahead) of its 10
-    sched.add(Sequence("b", 100, 160))  # 17 pages at worst: with a's, more than the pool's 20; it waits
+    sched.add(Sequence("b", 200, 60))  # 15 pages now (its prompt and 2 pages ahead): more than the 11 free; it waits
     sched.hold("a")
     sched.hold("b")
     assert sched.schedule() is None  # a's prefill is not planned

@@ -87,16 +87,28 @@ def test_a_sequence_refused_a_page_gets_it_once_another_ends():
 
 
 def test_a_waiting_prompt_is_admitted_only_where_the_others_can_still_finish():
-    """A long prompt whose pages would leave a running sequence unable to reach its worst case waits; a short one
-    that leaves room goes ahead (backfill), and the long one comes in once the running sequence has ended."""
+    """A long prompt whose pages would leave neither it nor a running sequence able to reach its worst case waits;
+    a short one that leaves room goes ahead (backfill), and the long one comes in once the running sequence has
+    ended."""
     sched, kv = make()
     sched.add(Sequence("long_reply", 10, 790))  # 50 pages at worst, 3 now
-    sched.add(Sequence("long_prompt", 700, 100))  # 46 pages now: 15 left, fewer than long_reply's 47 more
-    sched.add(Sequence("short", 10, 20))  # 2 pages at worst: within what the pool leaves beside long_prompt's 51
+    sched.add(Sequence("long_prompt", 700, 292))  # 62 at worst, 46 now: 15 left, fewer than its 16 more or 47
+    sched.add(Sequence("short", 4, 8))  # 1 page at worst: within the 2 the pool leaves beside long_prompt's 62
     assert sched.get("long_prompt").block_table is None and sched.get("short").block_table is not None
     assert not sched.admits_now(700, 100) and sched.admits_now(10, 6)
     sched.remove("long_reply")
-    assert sched.get("long_prompt").block_table is not None and kv.num_free == 64 - 2 - 46
+    assert sched.get("long_prompt").block_table is not None and kv.num_free == 64 - 1 - 46
+
+
+def test_a_short_request_goes_ahead_of_a_long_reply_that_needs_its_pages_back():
+    """A fresh user's case: a long reply's worst case needs nearly the whole pool; a short request whose pages
+    come back when it ends (no prefix cache: the prompt's too) is admitted at once, not after the long reply; with
+    the prefix cache, its full prompt pages may stay shared and do not count as coming back."""
+    for hashes, admitted in (((), True), ((b"p1", b"p2"), False)):
+        sched, _ = make()
+        sched.add(Sequence("long", 96, 904))  # 63 pages at worst of the 64, 8 now: 55 more
+        sched.add(Sequence("short", 32, 5, block_hashes=hashes))  # 3 pages, all it will ever hold: 53 left
+        assert (sched.get("short").block_table is not None) == admitted
 
 
 def test_pages_a_removed_sequence_holds_until_the_step_in_flight_ends_count_as_coming_back():

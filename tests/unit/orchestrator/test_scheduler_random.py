@@ -102,8 +102,9 @@ def first_pages(seq, config):
 
 
 def worst_cases(live, config):
-    """(pages each admitted sequence may still be granted, pages past its prompt's it holds)."""
-    return [(kv_pages(seq, config) - len(seq.block_table), len(seq.block_table) - pages(seq.prompt_len, config))
+    """(pages each admitted sequence may still be granted, pages it returns whatever the others do: all it holds
+    but its prompt's full pages, which the prefix cache may share)."""
+    return [(kv_pages(seq, config) - len(seq.block_table), len(seq.block_table) - len(seq.block_hashes))
             for seq in live.values() if seq.block_table is not None]
 
 
@@ -120,10 +121,10 @@ def all_can_finish(free, cases):
 
 
 def admissible(seq, free, cases, config):
-    """The admission test: ``seq`` taking its first pages, put last, every sequence can still finish."""
+    """The admission test: with ``seq`` holding its first pages, every sequence can still finish."""
     take = first_pages(seq, config)
-    return take <= free and all_can_finish(free - take, cases) and \
-        kv_pages(seq, config) - take <= free - take + sum(c[1] for c in cases)
+    return take <= free and all_can_finish(free - take, [*cases, (kv_pages(seq, config) - take,
+                                                                   take - len(seq.block_hashes))])
 
 
 def is_short_step(config, plan, live):
