@@ -84,6 +84,7 @@ async def handle(orchestrator: Orchestrator, request, lanes: SendLanes, cancels:
     try:
         raw = read_request(request)
         opening = channel_name(raw.open_token_channel, "open_token_channel")
+        timer.counted = not (opening or raw.tokenize_only)  # no generation: not in the requests' metrics
         if opening:
             admitting = False
             orchestrator.admission_ended()

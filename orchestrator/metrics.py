@@ -222,6 +222,7 @@ class RequestTimer:
         self.metrics, self.arrived = metrics, arrived
         self.prompt_tokens = 0
         self.last_output: float | None = None
+        self.counted = True  # False: not a generation (tokenize_only, a token channel's opening), nothing counted
 
     def admitted(self, prompt_tokens: int, visual_tokens: int) -> None:
         """The request runs: ``prompt_tokens`` in its prompt, ``visual_tokens`` of them for its media."""
@@ -242,6 +243,8 @@ class RequestTimer:
 
     def finished(self, reason: str, now: float | None = None) -> None:
         """The request ended with ``reason`` (FINISHED_REASONS); the latency of those served (stop, length, abort)."""
+        if not self.counted:
+            return
         self.metrics.increment(SUCCESS, reason)
         if reason not in ("invalid", "error", "overloaded"):
             self.metrics.observe(E2E, (time.monotonic() if now is None else now) - self.arrived)

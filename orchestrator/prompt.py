@@ -219,17 +219,20 @@ def build_raw_prompt(tokenizer, text: str, family: Family = QWEN) -> Prompt:
     return Prompt(tuple(ids), ())
 
 
-def build_token_prompt(tokenizer, ids: tuple[int, ...], vocabulary: int, family: Family = QWEN) -> Prompt:
+def build_token_prompt(tokenizer, ids: tuple[int, ...], vocabulary: int, family: Family = QWEN,
+                       reserved_ok: bool = False) -> Prompt:
     """A prompt given as token ids (the ``prompt_token_ids`` input, vLLM's ``TokensPrompt``), taken as it is.
     Raises InvalidInput (naming ``prompt_token_ids``) for no ids, an id outside ``[0, vocabulary)`` (the ids both the
-    tokenizer and the model know: ``families.registry.sampled_ids``), or one of ``family.reserved_tokens``."""
+    tokenizer and the model know: ``families.registry.sampled_ids``), or, unless ``reserved_ok`` (a prompt that is
+    only decoded to text: ``tokenize_only``), one of ``family.reserved_tokens``."""
     if not ids:
         raise InvalidInput("prompt_token_ids: the prompt is empty")
     bad = next((k for k, i in enumerate(ids) if not 0 <= i < vocabulary), None)
     if bad is not None:
         raise InvalidInput(f"prompt_token_ids: id {ids[bad]} (position {bad}) is outside the vocabulary, "
                            f"[0, {vocabulary})")
-    _refuse_media_tokens("prompt_token_ids", ids, tokenizer, family)
+    if not reserved_ok:
+        _refuse_media_tokens("prompt_token_ids", ids, tokenizer, family)
     return Prompt(tuple(ids), ())
 
 

@@ -219,10 +219,11 @@ class Orchestrator:
     async def tokenize(self, parsed: ParsedRequest) -> Tokenized:
         """The prompt that :meth:`admit` would run for ``parsed`` (its chat template, its media's visual tokens after
         ``max_visual_tokens``), with nothing run: vLLM's ``/tokenize``; with ``prompt_token_ids``, their text (its
-        ``/detokenize``). Its length is not checked against ``max_model_len`` (vLLM's rule for these endpoints).
+        ``/detokenize``, the tokens only the server places, such as ``<|image_pad|>``, taken). Its length is not
+        checked against ``max_model_len`` (vLLM's rule for these endpoints).
         Raises InvalidInput as admission's planning does (media, token ids outside the vocabulary)."""
         def planned(parsed: ParsedRequest) -> Tokenized:
-            infos, plans, cap, prompt, _, text = self._prompt_of(parsed)
+            infos, plans, cap, prompt, _, text = self._prompt_of(parsed, reserved_ok=True)
             strings = self.tokenizer.convert_ids_to_tokens(list(prompt.input_ids))
             return Tokenized(prompt, strings, cap, media_report(infos, plans) or None, text)
         return await admission_runner(parsed)(planned, parsed)
@@ -302,13 +303,15 @@ class Orchestrator:
         return Admitted(req_id, parsed, prompt, engine, engine.add(request), cap, request.counts,
                         media_report(infos, plans) or None, prompt_text)
 
-    def _prompt_of(self, parsed: ParsedRequest) -> tuple[list, list, CapApplied | None, Prompt, float, str | None]:
+    def _prompt_of(self, parsed: ParsedRequest, reserved_ok: bool = False
+                   ) -> tuple[list, list, CapApplied | None, Prompt, float, str | None]:
         """Probe each media item, plan it (the family's rules, ``max_visual_tokens``) and build the prompt, in one
         call, so a media request leaves the event loop once (``admission_runner``): under 16 text streams an image
         request's admission, then three hops, took 77 ms p50 against 22 without them (the ninth run's
         ``timelines.json``, bench/results/peer/ninth-run-2026-12-03/), in one hop 20-25 ms (the tenth run's).
         Returns the probes, plans, the cap applied, the prompt, when the probes ended (``time.monotonic()``) and a
-        ``prompt_token_ids`` request's text (``Admitted.prompt_text``; else None).
+        ``prompt_token_ids`` request's text (``Admitted.prompt_text``; else None); ``reserved_ok``: its ids may hold
+        the tokens only the server places (a prompt only decoded: ``build_token_prompt``).
         Raises InvalidInput as ``probe_media``, ``plan_request`` and the prompt do."""
         limits = self.config.limits
         infos = [probe_media(item, limits.max_image_pixels) for item in parsed.media]
@@ -317,7 +320,7 @@ class Orchestrator:
         plans, cap = plan_request(list(parsed.media), infos, media_params, self.family, limits.max_visual_tokens)
         text = None
         if parsed.token_ids is not None:
-            prompt = build_token_prompt(self.tokenizer, parsed.token_ids, self.sampled_ids, self.family)
+            prompt = build_token_prompt(self.tokenizer, parsed.token_ids, self.sampled_ids, self.family, reserved_ok)
             text = self.tokenizer.decode(list(parsed.token_ids))
         elif parsed.raw:
             prompt = build_raw_prompt(self.tokenizer, parsed.text, self.family)

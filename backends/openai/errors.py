@@ -43,6 +43,9 @@ class ApiError(Exception):
     None), ``code`` (OpenAI's code, e.g. "model_not_found", or None)."""
 
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
+        # a lone surrogate the client sent (JSON's "\ud800", e.g. in the model's name) as its escape: UTF-8 has no
+        # byte for it, and the body could not be written (a 500 and a traceback instead of this error)
+        message = message.encode("utf-8", "backslashreplace").decode("utf-8")
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
 

@@ -21,7 +21,7 @@ from orchestrator.inputs import MediaInput
 from orchestrator.media import plan_media
 from orchestrator.prompt import QWEN
 from orchestrator.sampling_params import RequestParams
-from tests.e2e.conftest import read_metrics, settled
+from tests.e2e.conftest import metrics_text, read_metrics, settled
 from tests.e2e.test_openai_api import _data_url, api  # noqa: F401 (api: the fixture)
 from tests.e2e.test_token_prompts import hf  # noqa: F401 (the fixture: the tiny model and its tokenizer)
 from tests.media import make_image
@@ -31,7 +31,8 @@ TEXT = "Once upon a time there was"
 
 
 def post(api: ApiProcess, path: str, body: dict) -> tuple[int, dict]:
-    response = httpx.post(f"{api.url}{path}", json=body, timeout=120)
+    response = httpx.post(f"{api.url}{path}", content=json.dumps(body), timeout=120,  # ASCII: a lone surrogate too
+                          headers={"Content-Type": "application/json"})
     return response.status_code, response.json()
 
 
@@ -63,6 +64,8 @@ def test_a_conversation_with_an_image_tokenizes_to_the_chat_template_and_its_vis
     assert more["token_strs"] is None  # not asked
     status, plain = post(api, "/tokenize", {"messages": messages, "add_generation_prompt": False})
     assert status == 200 and plain["tokens"] == ids[:-len(tokenizer.encode("<|im_start|>assistant\n"))]
+    # its ids back to text, the image's placeholders too (tokens only the server places in a prompt)
+    assert post(api, "/detokenize", {"tokens": ids}) == (200, {"prompt": tokenizer.decode(ids)})
 
 
 def test_a_prompt_tokenizes_as_it_is_and_ids_detokenize_to_their_text(api, hf):
@@ -95,6 +98,7 @@ def test_version_is_the_projects(api):
         {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]},
      "messages", "messages[0].content[0].image_url: not a decodable image"),
     ("/tokenize", {"model": "other", "prompt": "x"}, "model", "The model `other` does not exist"),
+    ("/detokenize", {"model": "\ud800", "tokens": [5]}, "model", "The model `\\ud800` does not exist"),
 ])
 def test_bad_input_is_refused_by_name(api, path, body, param, says):
     status, answer = post(api, path, body)
@@ -121,12 +125,16 @@ def tokenize_only(grpc_url: str, **inputs: np.ndarray):
 
 def test_tokenize_only_runs_nothing_and_answers_once(grpc_url, server, hf):
     """The KServe input itself: one final response with ``input_ids``, ``input_tokens`` and ``num_input_tokens``
-    (``prompt_text`` for token ids); no request is counted or run and no KV page is held; a ``token_channel``
-    beside it is refused by name."""
+    (``prompt_text`` for token ids); no request is counted (nor refused ones) or run and no KV page is held; a
+    ``token_channel`` beside it is refused by name."""
     _, tokenizer = hf
     counted = ("unifiedserve_prompt_tokens_total", "unifiedserve_scheduler_steps_total",
                "unifiedserve_e2e_request_latency_seconds_count")
-    before = settled(lambda: [read_metrics(server).get(name) for name in counted])  # earlier tests' sums arrived
+
+    def requests() -> list:  # the counters of a generation, and every request_success_total (refusals too)
+        return [read_metrics(server).get(name) for name in counted] + [
+            line for line in metrics_text(server).splitlines() if line.startswith("unifiedserve_request_success")]
+    before = settled(requests)  # earlier tests' sums arrived
     result, error = tokenize_only(grpc_url, text_input=np.array([TEXT.encode()], dtype=np.object_))
     piece = piece_from_grpc(result)
     ids = tokenizer.apply_chat_template([{"role": "user", "content": TEXT}], tokenize=True,
@@ -135,7 +143,9 @@ def test_tokenize_only_runs_nothing_and_answers_once(grpc_url, server, hf):
     assert piece.input_tokens == tuple(tokenizer.convert_ids_to_tokens(ids)) and piece.text == b""
     result, error = tokenize_only(grpc_url, prompt_token_ids=np.array(ids, dtype=np.int64))
     assert error is None and json.loads(result.as_numpy("prompt_text")[0]) == tokenizer.decode(ids)
-    assert settled(lambda: [read_metrics(server).get(name) for name in counted]) == before
+    _, error = tokenize_only(grpc_url, prompt_token_ids=np.array([10**6], dtype=np.int64))
+    assert error is not None and "outside the vocabulary" in str(error)
+    assert settled(requests) == before  # its refusal is no generation's either
     metrics = read_metrics(server)
     assert metrics["unifiedserve_kv_pages_free"] == metrics["unifiedserve_kv_pages_total"]
     _, error = tokenize_only(grpc_url, text_input=np.array([b"x"], dtype=np.object_),
