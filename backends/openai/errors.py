@@ -3,8 +3,8 @@
 Over a gRPC stream Triton passes the orchestrator's error message alone, without its status code (Triton 2.51), so
 an orchestrator error is classed by its message: bad input is answered with a message that starts with the input
 at fault (``orchestrator.inputs``, ``orchestrator.messages``, ``orchestrator.sampling_params``; docs/design.md,
-invariant 3) and becomes 400; "the server is shutting down" and "the server is overloaded" become 503; anything else (a stage's failure, an
-internal error) 500. A tritonserver that cannot be reached is 503.
+invariant 3) and becomes 400; "the server is shutting down" and "the server is overloaded" become 503; anything
+else (a stage's failure, an internal error) 500. A tritonserver that cannot be reached is 503.
 """
 from __future__ import annotations
 
@@ -51,8 +51,8 @@ class ApiError(Exception):
 
     def body(self) -> dict:
         """The JSON body, ``{"error": {...}}``."""
-        info = ErrorInfo(message=self.message, type="invalid_request_error" if self.status < 500 else "server_error", param=self.param,
-                         code=self.code)
+        kind = "invalid_request_error" if self.status < 500 else "server_error"
+        info = ErrorInfo(message=self.message, type=kind, param=self.param, code=self.code)
         return ErrorResponse(error=info).model_dump()
 
     def response(self) -> JSONResponse:
