@@ -68,6 +68,8 @@ def from_orchestrator(message: str, media: Sequence = ()) -> ApiError:
         key, chat = _SAMPLING_KEY.match(message), _CHAT_KEY.match(message)
         param = key.group(1) if key else (chat.group(2) or chat.group(1)) if chat else \
             "prompt" if _PROMPT.match(message) else "messages"
+        if key and param in MediaOptions.model_fields:  # sent inside mm_processor_kwargs: the field at fault
+            param = "mm_processor_kwargs"
         return ApiError(400, _as_sent(message) if key else message, param=param)
     if SHUTTING_DOWN in message or message.startswith(OVERLOADED):
         return ApiError(503, message, code="service_unavailable")

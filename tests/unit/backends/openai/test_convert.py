@@ -105,7 +105,7 @@ def test_vllms_internvl_name_max_dynamic_patch_is_the_orchestrators_to_judge():
     with pytest.raises(ValueError, match="max_tiles 2 and max_dynamic_patch 6 are one setting") as refused:
         parse_sampling_parameters(json.dumps(request.sampling))
     answer = from_orchestrator(str(refused.value))  # the orchestrator's refusal, as the API answers it
-    assert (answer.status, answer.param) == (400, "max_tiles")
+    assert (answer.status, answer.param) == (400, "mm_processor_kwargs")
 
 
 def test_internvls_other_tile_settings_go_on_as_they_are_sent():

@@ -61,9 +61,11 @@ def _orchestrator_messages() -> list[tuple[str, str]]:
 def test_the_orchestrators_validation_messages_are_400_with_the_field():
     for message, param in _orchestrator_messages():
         error = from_orchestrator(message)
+        media = param in ("max_tiles", "min_tiles")  # sent in mm_processor_kwargs, the field named
+        param = "mm_processor_kwargs" if media else param
         assert (error.status, error.param) == (400, param), message
         sent = message.removeprefix("sampling_parameters: ")  # an OpenAI client sends no sampling_parameters
-        sent = f"mm_processor_kwargs.{sent}" if param in ("max_tiles", "min_tiles") else sent
+        sent = f"mm_processor_kwargs.{sent}" if media else sent
         assert error.body() == {"error": {"message": sent, "type": "invalid_request_error", "param": param,
                                           "code": None}}
 
@@ -78,6 +80,7 @@ def test_a_sampling_keys_message_names_the_field_as_an_openai_client_sent_it():
                         ('{"top_k": -5}', "top_k must be")):
         error = from_orchestrator(_message(lambda: parse_sampling_parameters(body)))
         assert error.message.startswith(words) and error.status == 400, error.message
+        assert error.param == ("top_k" if "top_k" in body else "mm_processor_kwargs"), error.param
 
 
 def test_a_media_items_error_names_its_part_of_the_chat():
