@@ -30,6 +30,7 @@ from backends.triton import triton_io as io
 from orchestrator.cancel_watch import CancelWatch
 from orchestrator.inputs import ParsedRequest, RawRequest, builds_a_grammar, parse_request
 from orchestrator.metrics import RequestTimer
+from orchestrator.off_loop import INLINE_TOKEN_IDS
 from orchestrator.replies import Built, Reply, first_outputs
 from orchestrator.sampling_params import InvalidInput
 from orchestrator.send_lanes import SendLanes
@@ -148,16 +149,21 @@ async def _serve_channel(name: str, raw: RawRequest, sender, channels: TokenChan
 async def _tokenized(orchestrator: Orchestrator, parsed: ParsedRequest, raw: RawRequest):
     """A ``tokenize_only`` request's one response (``Orchestrator.tokenize``): ``input_ids``, ``input_tokens``,
     ``num_input_tokens``; ``media`` and ``visual_cap`` where it has media, ``prompt_text`` for ``prompt_token_ids``.
-    Raises InvalidInput as admission's planning does, or for a ``token_channel`` (the response is the request's own)."""
+    Raises InvalidInput as admission's planning does, or for a ``token_channel`` (the response is the request's own).
+    A long prompt's response is built in a worker thread: a 1-MiB prompt's 786k token strings held the event loop,
+    and the other requests' tokens, for over 100 ms (a fresh user's test)."""
     if raw.token_channel:
         raise InvalidInput("token_channel: a tokenize_only request is answered on its own stream (leave it out)")
     tokens = await orchestrator.tokenize(parsed)
     ids = list(tokens.prompt.input_ids)
     head = first_outputs(visual_cap=None if tokens.visual_cap is None else tokens.visual_cap.to_json(),
                          media=tokens.media, prompt_text=tokens.prompt_text)
-    return io.pb().InferenceResponse([
-        io.number_tensor("input_ids", ids), io.str_tensor("input_tokens", tokens.token_strings),
-        io.number_tensor("num_input_tokens", [len(ids)], np.uint32), *(io.str_tensor(k, [v]) for k, v in head)])
+
+    def response():
+        return io.pb().InferenceResponse([
+            io.number_tensor("input_ids", ids), io.str_tensor("input_tokens", tokens.token_strings),
+            io.number_tensor("num_input_tokens", [len(ids)], np.uint32), *(io.str_tensor(k, [v]) for k, v in head)])
+    return await asyncio.to_thread(response) if len(ids) > INLINE_TOKEN_IDS else response()
 
 
 async def _send_tokens(admitted: Admitted, tokens, send, timer: RequestTimer, timeline: Timeline,

@@ -77,6 +77,10 @@ def test_a_prompt_tokenizes_as_it_is_and_ids_detokenize_to_their_text(api, hf):
     ids = tokenizer.encode("<|im_start|>user") + [tokens["tokens"][0]]  # special tokens are kept, as vLLM's are
     assert post(api, "/detokenize", {"tokens": ids}) == (200, {"prompt": tokenizer.decode(ids)})
     assert post(api, "/detokenize", {"tokens": []}) == (200, {"prompt": ""})
+    long = " ".join([TEXT] * 400)  # over 4,096 ids: its response is built off the orchestrator's event loop
+    status, tokens = post(api, "/tokenize", {"prompt": long, "return_token_strs": True})
+    assert status == 200 and tokens["tokens"] == tokenizer.encode(long) and tokens["count"] > 4096
+    assert tokens["token_strs"] == tokenizer.convert_ids_to_tokens(tokens["tokens"])
 
 
 def test_version_is_the_projects(api):
