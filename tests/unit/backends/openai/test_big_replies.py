@@ -22,6 +22,7 @@ from backends.openai import app
 from backends.openai.responses import CompletionShape, Reply
 from backends.openai import sliced_json as sliced_json_module
 from backends.openai.sliced_json import SLICE, sliced_json
+from backends.openai.tokenize_schemas import TokenizeResponse
 from backends.openai.token_channel import _pieces
 from client.pieces import LARGE_RESPONSE_BYTES, ResponsePiece, json_entries, json_output, response_bytes
 
@@ -64,6 +65,23 @@ def test_a_whole_body_is_written_by_pydantic_and_off_the_loop_when_it_is_big(tok
     assert body | {"id": None, "created": None} == expected | {"id": None, "created": None}
     logprobs = body["choices"][0]["logprobs"]
     assert len(logprobs["tokens"]) == tokens and logprobs["token_logprobs"][0] is None  # the echoed prompt's
+
+
+@pytest.mark.parametrize("strs", [True, False])
+def test_a_big_tokenize_body_is_made_off_the_loop_with_pydantics_bytes(strs):
+    ids = list(range(app.LARGE_BODY_ENTRIES + 1))
+    threads = []
+
+    def make() -> TokenizeResponse:
+        threads.append(threading.current_thread())
+        return TokenizeResponse(count=len(ids), max_model_len=None, tokens=ids,
+                                token_strs=[f"t\u00e9{i}" for i in ids] if strs else None)
+
+    async def answer() -> bytes:
+        response = await app._model_body(make, large=True)
+        return b"".join([bytes(piece) async for piece in response.body_iterator])
+    assert asyncio.run(answer()) == make().model_dump_json().encode()
+    assert threads[0] is not threading.main_thread()
 
 
 def test_response_bytes_counts_every_outputs_bytes():
