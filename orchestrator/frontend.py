@@ -28,6 +28,7 @@ import numpy as np
 from backends.ipc.link import StageError
 from backends.triton import triton_io as io
 from orchestrator.cancel_watch import CancelWatch
+from orchestrator.choice_reservations import choice_of_input, choices_input
 from orchestrator.inputs import ParsedRequest, RawRequest, builds_a_grammar, parse_request
 from orchestrator.metrics import RequestTimer
 from orchestrator.off_loop import INLINE_TOKEN_IDS
@@ -50,6 +51,7 @@ def read_request(request) -> RawRequest:
         text_input=io.bytes_list(arrays, "text_input"), messages=io.bytes_list(arrays, "messages"),
         prompt=io.bytes_list(arrays, "prompt"), prompt_token_ids=io.int_list(arrays, "prompt_token_ids"),
         open_token_channel=io.bytes_list(arrays, "open_token_channel"),
+        choices=io.int_list(arrays, "choices"), choice_of=io.bytes_list(arrays, "choice_of"),
         token_channel=io.bytes_list(arrays, "token_channel"),
         chat_template_kwargs=io.bytes_list(arrays, "chat_template_kwargs"),
         image=io.bytes_list(arrays, "image"), video=io.bytes_list(arrays, "video"),
@@ -70,6 +72,7 @@ async def handle(orchestrator: Orchestrator, request, lanes: SendLanes, cancels:
     timer = RequestTimer(orchestrator.metrics, arrived)
     sender, lane, watched, admitting = request.get_response_sender(), lanes.lane(), None, True
     channel, request_id = None, ""  # the token channel its replies go on, its id there
+    holding = ""  # the request id whose places held for its later choices are given back at its end
     ended = False  # its final response sent (on a channel, that frees its id: routed)
 
     def send(item: Reply | Built) -> None:
@@ -101,9 +104,14 @@ async def handle(orchestrator: Orchestrator, request, lanes: SendLanes, cancels:
         if bound:
             request_id = request.request_id()
             channel = channels.claim(bound, request_id, parsed.stream)  # its id is freed by its final response
+        choices, choice_of = choices_input(raw.choices), choice_of_input(raw.choice_of)
+        if choices > 1 and not request.request_id():
+            raise InvalidInput("choices: a request whose choices are admitted as one needs a request id (its "
+                               "later choices name it in choice_of)")
         timeline = Timeline(arrived) if parsed.extra_outputs.timeline else NO_TIMELINE
         timeline.mark("parsed")
-        admitted = await orchestrator.admit(parsed, timeline)
+        admitted = await orchestrator.admit(parsed, timeline, choices, choice_of, request.request_id())
+        holding = request.request_id() if choices > 1 else ""
         admitting = False
         orchestrator.admission_ended()
         timer.admitted(len(admitted.prompt.input_ids), admitted.prompt.num_visual_tokens)
@@ -133,6 +141,8 @@ async def handle(orchestrator: Orchestrator, request, lanes: SendLanes, cancels:
             orchestrator.admission_ended()
         if channel is not None and not ended:  # cancelled with no final response (the model stopping): free its id
             channel.free(request_id)
+        if holding:
+            orchestrator.reservations.ended(holding)
 
 
 async def _serve_channel(name: str, raw: RawRequest, sender, channels: TokenChannels, lanes: SendLanes,

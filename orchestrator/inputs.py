@@ -30,6 +30,8 @@ from orchestrator.chat_options import ChatOptions, parse_chat_options
 from orchestrator.messages import Turn, media_kinds, parse_messages, user_turn
 from orchestrator.sampling_params import InvalidInput, RequestParams, parse_sampling_parameters
 
+MAX_NAME_BYTES = 256  # a token channel's name, a request id in choice_of
+
 
 @dataclass(frozen=True)
 class MediaInput:
@@ -80,6 +82,8 @@ class RawRequest:
     token_channel: list[bytes] = field(default_factory=list)
     chat_template_kwargs: list[bytes] = field(default_factory=list)  # orchestrator.chat_options
     tokenize_only: bool = False  # the prompt's tokens, no reply (orchestrator.frontend)
+    choices: list[int] | None = None  # a request's choices admitted as one (orchestrator.choice_reservations)
+    choice_of: list[bytes] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -227,6 +231,22 @@ def _base64_image(text: bytes) -> bytes:
     if not data:
         raise InvalidInput("image: empty image data")
     return data
+
+
+def one_name(values: list[bytes], input_name: str, what: str) -> str:
+    """The one name a STRING input such as ``token_channel`` holds ("" when absent), ``what`` it is called in errors
+    (``"channel name"``). Raises InvalidInput naming ``input_name`` for more than one value, an empty name or one over
+    ``MAX_NAME_BYTES``, or one not UTF-8."""
+    if not values:
+        return ""
+    if len(values) > 1:
+        raise InvalidInput(f"{input_name}: expected one {what}, got {len(values)}")
+    if not values[0] or len(values[0]) > MAX_NAME_BYTES:
+        raise InvalidInput(f"{input_name}: a {what} is 1 to {MAX_NAME_BYTES} bytes, got {len(values[0])}")
+    try:
+        return values[0].decode("utf-8")
+    except UnicodeDecodeError:
+        raise InvalidInput(f"{input_name}: not valid UTF-8") from None
 
 
 def builds_a_grammar(raw: RawRequest) -> bool:

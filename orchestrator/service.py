@@ -31,6 +31,7 @@ from orchestrator.engine import Engine
 from orchestrator.engine_io import SHUTTING_DOWN, EngineRequest, Released, RequestCounts
 from orchestrator.fewer_sms import FewerSms
 from orchestrator.gauges import Gauges, num_waiting
+from orchestrator.choice_reservations import ChoiceReservations
 from orchestrator.off_loop import admission_runner
 from orchestrator.inputs import ParsedRequest
 from orchestrator.media import media_report, plan_request, probe_media, with_media_defaults
@@ -108,6 +109,7 @@ class Orchestrator:
         self._ready: asyncio.Future | None = None
         self.stopping = False  # the server is stopping: no new work, no aborts to the stages
         self.gauges = Gauges(metrics, lambda: (self.engines, self.patch_pages))
+        self.reservations = ChoiceReservations()  # places held for requests' later choices (n > 1)
         self.arrivals = Arrivals()  # requests Triton handed over (its execute thread: note_arrivals), admitted since
 
     # ---- start-up: the stages may still be loading, so the pools and engines start on first use ----------
@@ -228,14 +230,19 @@ class Orchestrator:
             return Tokenized(prompt, strings, cap, media_report(infos, plans) or None, text)
         return await admission_runner(parsed)(planned, parsed)
 
-    async def admit(self, parsed: ParsedRequest, timeline: Timeline = NO_TIMELINE) -> Admitted:
+    async def admit(self, parsed: ParsedRequest, timeline: Timeline = NO_TIMELINE, choices: int = 1,
+                    choice_of: str = "", request_id: str = "") -> Admitted:
         """Plan media, build the prompt, check limits, hand the request to an engine (its media decoding starts).
         No patch page is reserved: flashcodec takes each group's pages once it is decoded, so a media item needs
-        only its largest group to fit in the pool.
+        only its largest group to fit in the pool. A request's choices are admitted as one
+        (``orchestrator.choice_reservations``): with ``choices`` over 1 the request ``request_id`` is admitted only
+        where the waiting queue has room for all of them, and places are held for the others; a request naming one
+        in ``choice_of`` takes such a place, whatever the load (without one left, it is admitted as any other).
 
-        Raises InvalidInput naming the problem (media, prompt length, pool size); Overloaded when
-        ``max_waiting_requests`` requests already wait for KV pages; StageError when the server is stopping or no
-        replica can serve.
+        Raises InvalidInput naming the problem (media, prompt length, pool size, a request id holding places
+        already); Overloaded when ``max_waiting_requests`` requests already wait for KV pages (held places
+        counted), or fewer but too many for ``choices``; StageError when the server is stopping or no replica can
+        serve.
         """
         if self.stopping:
             raise _shutting_down()
@@ -245,7 +252,9 @@ class Orchestrator:
                 raise InvalidInput(f"sampling_parameters: {key} must be below the vocabulary size "
                                    f"{self.sampled_ids}, got {max(ids)}")
         await self.ensure_started()
-        self._refuse_when_overloaded()  # at once, before any work on the request
+        placed = bool(choice_of) and self.reservations.take(choice_of)  # a later choice: a place is held for it
+        if not placed:
+            self._refuse_when_overloaded(choices)  # at once, before any work on the request
         off_loop = admission_runner(parsed)
         infos, plans, cap, prompt, probed, prompt_text = await off_loop(self._prompt_of, parsed)
         timeline.mark("probed", at=probed, items=len(infos))
@@ -280,13 +289,16 @@ class Orchestrator:
                     f"{self.patch_pages.num_total} pages ({smaller}raise flashcodec's patch_pages)")
         if self.stopping:  # stop_serving ran while this request was being planned
             raise _shutting_down()
-        self._refuse_when_overloaded()  # again: requests planned at the same time may have been added meanwhile
+        if not placed:  # again: requests planned at the same time may have been added meanwhile
+            self._refuse_when_overloaded(choices)
         engine = choose(self.engines, len(prompt.input_ids), max_tokens)
         if engine is None:  # every replica whose pool could hold it has lost its decode stream
             raise StageError(StageFailure(SERVER_FAULT, next(e.decode_ended for e in self.engines if e.decode_ended)))
         identities, hashes, cache = (), (), self.config.cache
         if cache.enabled or cache.encoder_tokens:
             identities, hashes = await off_loop(self._identify, parsed, plans, prompt, engine.scheduler.config)
+        if choices > 1:
+            self.reservations.hold(request_id, choices - 1)
         req_id = uuid.uuid4().hex
         request = EngineRequest(
             NewRequest(req_id, prompt.input_ids,
@@ -307,8 +319,9 @@ class Orchestrator:
                    ) -> tuple[list, list, CapApplied | None, Prompt, float, str | None]:
         """Probe each media item, plan it (the family's rules, ``max_visual_tokens``) and build the prompt, in one
         call, so a request run off the event loop (``admission_runner``: a video, large images) leaves it once:
-        under 16 text streams an image request's admission, then three hops, took 77 ms p50 against 22 without them (the ninth run's
-        ``timelines.json``, bench/results/peer/ninth-run-2026-12-03/), in one hop 20-25 ms (the tenth run's).
+        under 16 text streams an image request's admission, then three hops, took 77 ms p50 against 22 without them
+        (the ninth run's ``timelines.json``, bench/results/peer/ninth-run-2026-12-03/), in one hop 20-25 ms (the
+        tenth run's).
         Returns the probes, plans, the cap applied, the prompt, when the probes ended (``time.monotonic()``) and a
         ``prompt_token_ids`` request's text (``Admitted.prompt_text``; else None); ``reserved_ok``: its ids may hold
         the tokens only the server places (a prompt only decoded: ``build_token_prompt``).
@@ -343,12 +356,16 @@ class Orchestrator:
         spans = [(m.token_offset, m.token_offset + m.num_tokens, i) for m, i in zip(prompt.media, identities)]
         return identities, block_hashes(prompt.input_ids, spans, config.kv_page_size)
 
-    def _refuse_when_overloaded(self) -> None:
-        """Raises Overloaded when ``max_waiting_requests`` requests already wait for KV pages (all replicas)."""
-        waiting = num_waiting(self.engines)
-        if waiting >= self.config.max_waiting_requests:
-            raise Overloaded(f"{OVERLOADED}: {waiting} requests wait for KV pages, the most that may (parameter "
-                             "max_waiting_requests); retry later")
+    def _refuse_when_overloaded(self, choices: int = 1) -> None:
+        """Raises Overloaded unless the requests waiting for KV pages (all replicas) and the places held for
+        choices (``reservations``) leave room for ``choices`` more under ``max_waiting_requests``."""
+        held = self.reservations.held()
+        waiting = num_waiting(self.engines) + held
+        if waiting + choices > self.config.max_waiting_requests:
+            whose = f" ({held} of them places held for requests' choices)" if held else ""
+            need = f": this request's {choices} choices need as many places" if choices > 1 else ""
+            raise Overloaded(f"{OVERLOADED}: {waiting} requests wait for KV pages{whose}, of at most "
+                             f"{self.config.max_waiting_requests} (parameter max_waiting_requests){need}; retry later")
 
     def stream(self, admitted: Admitted) -> AsyncIterator[tuple[str, list[int], str | None]]:
         """The request's ``(text_delta, token_ids, finish_reason or None)`` items (``OutputProcessor.stream``)."""

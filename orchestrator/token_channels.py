@@ -40,29 +40,20 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from backends.triton import triton_io as io
+from orchestrator.inputs import one_name
 from orchestrator.replies import Built, Reply
 from orchestrator.sampling_params import InvalidInput
 from orchestrator.service import Overloaded
 
 log = logging.getLogger(__name__)
 
-MAX_NAME_BYTES = 256
 MAX_OPEN = 64  # channels open at once (max_token_channels): a client may not hold the server's streams without end
 
 
 def channel_name(values: list[bytes], input_name: str) -> str:
     """The channel name an ``open_token_channel`` / ``token_channel`` input holds ("" when absent). Raises
-    InvalidInput naming ``input_name`` for more than one value, an empty or over-long name, or one not UTF-8."""
-    if not values:
-        return ""
-    if len(values) > 1:
-        raise InvalidInput(f"{input_name}: expected one channel name, got {len(values)}")
-    if not values[0] or len(values[0]) > MAX_NAME_BYTES:
-        raise InvalidInput(f"{input_name}: a channel name is 1 to {MAX_NAME_BYTES} bytes, got {len(values[0])}")
-    try:
-        return values[0].decode("utf-8")
-    except UnicodeDecodeError:
-        raise InvalidInput(f"{input_name}: not valid UTF-8") from None
+    InvalidInput as ``inputs.one_name`` does."""
+    return one_name(values, input_name, "channel name")
 
 
 @dataclass(eq=False)

@@ -9,25 +9,23 @@ other choices share them copy-free and neither prefill the prompt nor decode its
 off they do both; their replies are the same). vLLM's children share their prompt's blocks the same way. Every
 choice is streamed from the orchestrator, also for a whole reply (whose one response would come at its end), and
 all of them are counted in flight from the start (``OrchestratorClient.reserved``): a request's choices run, or it
-is refused (503) before any does (a later choice the orchestrator refuses for its load, ``max_waiting_requests``,
-is sent again for up to ``OVERLOAD_RETRY_S``: a fresh user's break test saw a 503 after the first choice had
-streamed).
+is refused (503) before any does. The orchestrator admits a prompt's choices as one
+(``orchestrator.choice_reservations``): the first is sent with ``choices`` n and admitted only where its waiting
+queue (``max_waiting_requests``) has room for all n, which holds places for the others; they name the first's
+request id in ``choice_of`` and take them, whatever the load by then (a fresh user's break test saw a 503 after the
+first choice had streamed).
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import dataclasses
-import time
+import uuid
 from typing import AsyncIterator, Protocol
 
 from backends.openai.convert import OrchestratorRequest
 from backends.openai.errors import ApiError, unexpected
 from client.pieces import ResponsePiece
-from orchestrator.service import OVERLOADED
-
-OVERLOAD_RETRY_S = 60.0  # how long a running request's later choice is sent again while the server refuses it
-OVERLOAD_RETRY_FIRST_S = 0.05  # the first wait before sending it again (doubling to 1 s)
 
 
 class Generator(Protocol):
@@ -53,12 +51,17 @@ def _named(exc: Exception, prompt: int, prompts: int) -> Exception:
 def sample_requests(prompt: OrchestratorRequest, n: int) -> list[OrchestratorRequest]:
     """``prompt``'s request once per sample, streamed (a whole reply's first response is its last: module docstring),
     sample ``i``'s ``seed`` (where set) raised by ``i``; only sample 0 asks for the prompt's log probabilities (the
-    others' are the same: the API's bodies copy them), so the others share its cached pages."""
+    others' are the same: the API's bodies copy them), so the others share its cached pages. With ``n`` over 1,
+    sample 0 has a request id of its own and asks for ``n`` choices; the others name it in ``choice_of``."""
     prompt = dataclasses.replace(prompt, stream=True)
+    if n == 1:
+        return [prompt]
+    first = dataclasses.replace(prompt, request_id=uuid.uuid4().hex, choices=n)
     seed = prompt.sampling.get("seed")
     others = {key: value for key, value in prompt.sampling.items() if key != "prompt_logprobs"}
-    return [prompt if i == 0 else dataclasses.replace(
-        prompt, sampling=others if seed is None else {**others, "seed": seed + i}) for i in range(n)]
+    return [first] + [dataclasses.replace(prompt, choice_of=first.request_id,
+                                          sampling=others if seed is None else {**others, "seed": seed + i})
+                      for i in range(1, n)]
 
 
 async def merged(orchestrator: Generator, prompts: list[OrchestratorRequest], n: int
@@ -82,36 +85,13 @@ async def merged(orchestrator: Generator, prompts: list[OrchestratorRequest], n:
     samples = [sample_requests(prompt, n) for prompt in prompts]
     queue: asyncio.Queue = asyncio.Queue()
     tasks: list[asyncio.Task] = []
-    underway = False  # a choice has had a response: the request is no longer refused as a whole
-
-    async def pieces_of(index: int) -> AsyncIterator[ResponsePiece]:
-        """The choice's pieces; once the request is underway, the orchestrator's refusal of the choice for its load
-        (``max_waiting_requests``: it is sent after its prompt's first response) is retried, backing off, for up to
-        ``OVERLOAD_RETRY_S``, so that a request's choices run or it is refused before any does."""
-        request, delay = samples[index // n][index % n], OVERLOAD_RETRY_FIRST_S
-        deadline = time.monotonic() + OVERLOAD_RETRY_S
-        while True:
-            answered = False
-            try:
-                async with contextlib.aclosing(orchestrator.generate(request, reserved=True)) as pieces:
-                    async for piece in pieces:
-                        answered = True
-                        yield piece
-                return
-            except ApiError as exc:
-                if answered or not underway or not exc.message.startswith(OVERLOADED) \
-                        or time.monotonic() + delay > deadline:
-                    raise
-            await asyncio.sleep(delay)
-            delay = min(2 * delay, 1.0)
 
     async def run(index: int) -> None:
-        nonlocal underway
         waiting = index % n == 0  # a prompt's first choice: its samples wait for its first response
         try:
-            async with contextlib.aclosing(pieces_of(index)) as pieces:
+            request = samples[index // n][index % n]
+            async with contextlib.aclosing(orchestrator.generate(request, reserved=True)) as pieces:
                 async for piece in pieces:
-                    underway = True
                     queue.put_nowait((index, piece))
                     if waiting:  # its prompt's pages are cached now: its other samples share them
                         waiting = False

@@ -37,7 +37,9 @@ class OrchestratorRequest:
     chunk brings, ``backends.openai.timing``; the reply shows them only with ``return_token_ids``);
     ``return_logprobs``: the request asks for log probabilities (``sampling``'s ``logprobs``: the top tokens'
     count, where not 0); ``continuous_usage``: every response brings the prompt's token count and the token ids
-    (``stream_options.continuous_usage_stats``: each chunk's usage so far)."""
+    (``stream_options.continuous_usage_stats``: each chunk's usage so far); ``request_id``: the Triton request id to
+    send it with (None: a new one); ``choices`` over 1: the request is the first of that many choices, admitted as
+    one (``orchestrator.choice_reservations``), which name its ``request_id`` in ``choice_of``."""
 
     prompt: str | None
     messages: str | None
@@ -51,6 +53,9 @@ class OrchestratorRequest:
     chat_template_kwargs: str | None = None  # JSON (orchestrator.chat_options), a chat's where not the defaults
     continuous_usage: bool = False
     tokenize_only: bool = False  # the prompt's tokens, no reply (the orchestrator's tokenize_only: /tokenize)
+    request_id: str | None = None
+    choices: int = 1
+    choice_of: str | None = None
 
     def with_media(self, media: tuple[MediaRef, ...]) -> "OrchestratorRequest":
         return dataclasses.replace(self, media=media)
@@ -87,6 +92,10 @@ class OrchestratorRequest:
             tensors.append(("tokenize_only", np.array([True])))
         if token_channel is not None:
             tensors.append(("token_channel", _strings([token_channel])))
+        if self.choices > 1:
+            tensors.append(("choices", np.array([self.choices], dtype=np.int64)))
+        if self.choice_of is not None:
+            tensors.append(("choice_of", _strings([self.choice_of])))
         inputs = []
         for name, array in tensors:
             tensor = InferInput(name, list(array.shape), _TRITON_TYPES.get(array.dtype.kind, "BYTES"))

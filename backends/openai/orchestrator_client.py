@@ -108,7 +108,8 @@ class OrchestratorClient:
         inputs = request.inputs(token_channel)  # here: an error building them is raised, not a cancelled call
 
         async def requests():
-            yield {"model_name": self.model, "inputs": inputs, "request_id": request_id or uuid.uuid4().hex}
+            yield {"model_name": self.model, "inputs": inputs,
+                   "request_id": request_id or request.request_id or uuid.uuid4().hex}
             await ended.wait()  # the stream's sending side stays open until the request is over
 
         responses = self._client.stream_infer(requests())
@@ -137,7 +138,7 @@ class OrchestratorClient:
         """A streamed request's pieces from ``channel``, its own stream watched for errors and its end; the request
         is cancelled if the iterator is closed before its last piece (not after: its own final response is then
         awaited in the background, and a finished request is never cancelled: the module docstring)."""
-        request_id = uuid.uuid4().hex
+        request_id = request.request_id or uuid.uuid4().hex
         queue = channel.register(request_id)
 
         async def own_end() -> None:  # the own stream's outcome, into the queue

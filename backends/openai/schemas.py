@@ -13,10 +13,10 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Fiel
 
 from backends.ipc.protocol import MAX_LOGPROBS
 from backends.openai.unsupported import Unsupported, unsupported_refusal
+from orchestrator.choice_reservations import MAX_CHOICES  # OpenAI's API's limit on n, and on prompts times n
 from orchestrator.sampling_params import MAX_TOKENS_LIMIT, SEED_LIMIT
 from orchestrator.shown import shown
 
-MAX_CHOICES = 128  # OpenAI's API's limit on n, and on a completion's prompts times n
 MAX_PROMPTS = 128  # a completion's prompts per request
 TOKEN_ID_LIMIT = 2**63  # a token-id prompt's ids travel as INT64 (the orchestrator then checks the vocabulary)
 

@@ -185,37 +185,17 @@ def test_the_orchestrators_token_id_errors_name_the_apis_prompt():
     assert asyncio.run(run(["a", "long"])) == ("prompt[1]: prompt too long: its 40001 tokens leave no room", "prompt")
 
 
-class Overloaded(Recorder):
-    """Refuses the first ``refusals`` sends of the samples after a prompt's first for the server's load, as the
-    orchestrator does when ``max_waiting_requests`` wait (before any response)."""
-
-    def __init__(self, refusals: int):
-        super().__init__()
-        self.refusals = refusals
-
-    async def generate(self, request: OrchestratorRequest, reserved: bool = False):
-        if request.sampling.get("seed", 0) > 1 and self.refusals > 0:
-            self.refusals -= 1
-            self.log.append(("refused", request.prompt, request.sampling.get("seed")))
-            raise ApiError(503, "the server is overloaded: 4 requests wait for KV pages (parameter "
-                                "max_waiting_requests); retry later", code="service_unavailable")
-        async for piece in super().generate(request, reserved):
-            yield piece
-
-
-def test_a_later_choice_refused_for_the_load_is_sent_again_once_the_request_runs(monkeypatch):
-    """The first choice has streamed: a later one refused as overloaded is sent again (backing off) and the request
-    gets all its choices; past ``OVERLOAD_RETRY_S`` the refusal is raised."""
-    monkeypatch.setattr("backends.openai.choices.OVERLOAD_RETRY_FIRST_S", 0.001)
-
-    async def run(refusals: int):
-        orchestrator = Overloaded(refusals)
-        orchestrator.release("a")
-        items = [item async for item in merged(orchestrator, [_request("a", seed=1)], 2)]
-        return orchestrator, items
-    orchestrator, items = asyncio.run(run(2))
-    assert [e[0] for e in orchestrator.log].count("refused") == 2
-    assert sorted(index for index, piece in items if piece.finish_reason) == [0, 1]
-    monkeypatch.setattr("backends.openai.choices.OVERLOAD_RETRY_S", 0.01)
-    with pytest.raises(ApiError, match="overloaded"):
-        asyncio.run(run(10**6))
+def test_a_prompts_first_sample_asks_for_its_choices_as_one_and_the_others_name_it():
+    """The orchestrator admits a prompt's choices as one (orchestrator/choice_reservations.py): the first sample is
+    sent with ``choices`` n under a request id of its own, the others with ``choice_of`` that id."""
+    first, *others = sample_requests(_request("p", seed=5), 3)
+    assert first.request_id and first.choices == 3 and first.choice_of is None
+    assert all(r.choice_of == first.request_id and r.choices == 1 and r.request_id is None for r in others)
+    assert len({r.request_id for r in sample_requests(_request("p"), 2)[:1] + [first]}) == 2  # an id per request
+    tensors = {t.name(): t for t in first.inputs()}
+    assert tensors["choices"].datatype() == "INT64" and "choice_of" not in tensors
+    assert {t.name() for t in others[0].inputs()} >= {"choice_of"} and "choices" not in {
+        t.name() for t in others[0].inputs()}
+    alone, = sample_requests(_request("p"), 1)
+    assert (alone.request_id, alone.choices, alone.choice_of) == (None, 1, None)
+    assert not {"choices", "choice_of"} & {t.name() for t in alone.inputs()}
