@@ -14,6 +14,7 @@ import av
 from PIL import ExifTags, Image, UnidentifiedImageError
 
 from flashcodec.errors import NOT_AN_IMAGE, MediaError, TooManyPixels
+from flashcodec.files import open_regular
 
 Source = Union[bytes, str, Path]  # the media file's bytes, or its path
 FIRST_PACKETS = 64  # packets kept (with their data) to decode the first frame from
@@ -241,10 +242,12 @@ def probe_image(data: Source) -> ImageInfo:
     path, only the header is read). The size is the upright one, which the pixels will have once decoded
     (`images.load_image`): width and height swapped for an orientation that turns the image on its side.
 
-    Raises MediaError if Pillow cannot identify the bytes or the image exceeds Pillow's decompression-bomb limit.
+    Raises MediaError if Pillow cannot identify the bytes, the image exceeds Pillow's decompression-bomb limit, or a
+    path is not a regular file by the time it is opened (`files.open_regular`: a FIFO would block the reader).
     """
+    source = io.BytesIO(data) if isinstance(data, bytes) else open_regular(data, "image")
     try:
-        with Image.open(io.BytesIO(data) if isinstance(data, bytes) else data) as img:
+        with source, Image.open(source) as img:
             orientation = exif_orientation(img)
             width, height = (img.height, img.width) if orientation in _SIDEWAYS else (img.width, img.height)
             return ImageInfo(width=width, height=height, mode=img.mode, format=img.format or "",

@@ -27,6 +27,7 @@ from backends.ipc.protocol import INVALID_INPUT, SERVER_FAULT, StageFailure
 from flashcodec.errors import MediaError
 from flashcodec.fair_queue import FairQueue
 from flashcodec.patch_pool import pages_needed, write_group
+from flashcodec.files import read_regular
 from flashcodec.pipeline import iter_image_groups, iter_video_groups, make_decoder
 from flashcodec.families import MediaPlan
 
@@ -125,7 +126,7 @@ class FlashCodecWorker:
             if item.plan.kind == "video":
                 groups = iter_video_groups(item.media, item.plan, self.choice.decoder)
             else:  # an image_url arrives as a path the orchestrator checked
-                data = item.media if isinstance(item.media, bytes) else open(item.media, "rb").read()
+                data = item.media if isinstance(item.media, bytes) else read_regular(item.media, "image")
                 groups = iter_image_groups(data, item.plan, self.pool.tensor.device)  # normalised where it goes
             for index, patches in groups:
                 if not self._write(request_id, index, patches, item.on_group):

@@ -1,0 +1,43 @@
+"""Media files named by path, opened so that what is not a regular file is refused instead of blocking the reader.
+
+A path is checked as a regular file when its request is parsed (``orchestrator.inputs``), but the file may be
+replaced before it is read: swapped for a FIFO, its open waits for a writer and its read for data, for ever (a fresh
+user's break test, swapping an allowed image for a FIFO by rename while requests named it). Here the file is opened
+with ``O_NONBLOCK``, which returns at once for a FIFO, and checked on the open descriptor (``fstat``), which no later
+swap changes; a regular file's reads then block as usual.
+"""
+from __future__ import annotations
+
+import fcntl
+import os
+import stat
+from pathlib import Path
+from typing import BinaryIO
+
+from flashcodec.errors import MediaError
+
+
+def open_regular(path: str | Path, kind: str) -> BinaryIO:
+    """``path`` opened for binary reading, checked as a regular file on the open descriptor.
+
+    Raises MediaError naming ``kind`` ("image", "video") when it cannot be opened (the OS's reason) or is not a
+    regular file (a folder, device or pipe).
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise MediaError(f"{kind}: the file cannot be read ({exc.strerror})") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise MediaError(f"{kind}: not a regular file (a folder, device or pipe)")
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_regular(path: str | Path, kind: str) -> bytes:
+    """The whole of the regular file ``path`` (``open_regular``; raises as it does)."""
+    with open_regular(path, kind) as f:
+        return f.read()
