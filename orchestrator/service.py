@@ -318,10 +318,9 @@ class Orchestrator:
     def _prompt_of(self, parsed: ParsedRequest, reserved_ok: bool = False
                    ) -> tuple[list, list, CapApplied | None, Prompt, float, str | None]:
         """Probe each media item, plan it (the family's rules, ``max_visual_tokens``) and build the prompt, in one
-        call, so a request run off the event loop (``admission_runner``: a video, large images) leaves it once:
-        under 16 text streams an image request's admission, then three hops, took 77 ms p50 against 22 without them
-        (the ninth run's ``timelines.json``, bench/results/peer/ninth-run-2026-12-03/), in one hop 20-25 ms (the
-        tenth run's).
+        call, so a media request leaves the event loop once (``admission_runner``): under 16 text streams an image
+        request's admission, then three hops, took 77 ms p50 against 22 without them (the ninth run's
+        ``timelines.json``, bench/results/peer/ninth-run-2026-12-03/), in one hop 20-25 ms (the tenth run's).
         Returns the probes, plans, the cap applied, the prompt, when the probes ended (``time.monotonic()``) and a
         ``prompt_token_ids`` request's text (``Admitted.prompt_text``; else None); ``reserved_ok``: its ids may hold
         the tokens only the server places (a prompt only decoded: ``build_token_prompt``).
