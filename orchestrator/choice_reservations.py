@@ -6,10 +6,11 @@ share its prompt's KV pages through the prefix cache (``backends.openai.choices`
 ``max_waiting_requests`` requests waiting, the later choices found the queue full after the first had streamed (a
 fresh user's break test: a request refused with 503 after its first choice had run). vLLM admits a request's
 children with their parent. Here the first choice carries ``choices`` (how many requests the choices make) and is
-admitted only where the waiting queue has room for all of them, places held for the others counted as waiting;
-each later choice names the first's request id in ``choice_of`` and takes a held place, whatever the load. Held
-places that no choice takes are given back ``GRACE_S`` seconds after the first choice ends (a client that never
-sends its later choices holds no place for long).
+admitted only where the waiting queue has room for all of them, the places already held for other requests' choices
+counted as waiting; each later choice names the first's request id in ``choice_of`` and takes a held place, whatever
+the load. A single request does not count held places, so a client holding places it never takes refuses no plain
+request (a fresh user's break test). Held places that no choice takes are given back ``GRACE_S`` seconds after the
+first choice ends (the OpenAI API sends its later choices at the first's first response).
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from orchestrator.inputs import one_name
 from orchestrator.sampling_params import InvalidInput
 
 MAX_CHOICES = 128  # the OpenAI API's limit on n (and on a completion's prompts times n)
-GRACE_S = 30.0  # how long held places outlive the request that holds them
+GRACE_S = 5.0  # how long held places outlive the request that holds them
 
 
 @dataclass

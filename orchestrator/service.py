@@ -251,6 +251,7 @@ class Orchestrator:
             if ids and max(ids) >= self.sampled_ids:
                 raise InvalidInput(f"sampling_parameters: {key} must be below the vocabulary size "
                                    f"{self.sampled_ids}, got {max(ids)}")
+        self._check_choices(choices, choice_of)
         await self.ensure_started()
         placed = bool(choice_of) and self.reservations.take(choice_of)  # a later choice: a place is held for it
         if not placed:
@@ -355,13 +356,27 @@ class Orchestrator:
         spans = [(m.token_offset, m.token_offset + m.num_tokens, i) for m, i in zip(prompt.media, identities)]
         return identities, block_hashes(prompt.input_ids, spans, config.kv_page_size)
 
+    def _check_choices(self, choices: int, choice_of: str) -> None:
+        """Raises InvalidInput for ``choices`` that ``max_waiting_requests`` can never hold, or asked for by a later
+        choice (``choice_of``: it would hold places of its own past the limit)."""
+        if choice_of and choices > 1:
+            raise InvalidInput("choices: a later choice (one naming a request in choice_of) holds no places of its "
+                               "own: send choices with the first choice only")
+        if choices > self.config.max_waiting_requests:
+            raise InvalidInput(f"choices: {choices} choices need as many places in the waiting queue, which holds at "
+                               f"most {self.config.max_waiting_requests} (parameter max_waiting_requests): ask for "
+                               "fewer")
+
     def _refuse_when_overloaded(self, choices: int = 1) -> None:
-        """Raises Overloaded unless the requests waiting for KV pages (all replicas) and the places held for
-        choices (``reservations``) leave room for ``choices`` more under ``max_waiting_requests``."""
-        held = self.reservations.held()
+        """Raises Overloaded unless the requests waiting for KV pages (all replicas) leave room for ``choices`` more
+        under ``max_waiting_requests``; for several choices, the places held for other requests' choices
+        (``reservations``) count as waiting too. A single request does not count them: places a client holds and
+        never takes refuse no plain request (the queue may then grow past the limit by the places held, at most as
+        many again)."""
+        held = self.reservations.held() if choices > 1 else 0
         waiting = num_waiting(self.engines) + held
         if waiting + choices > self.config.max_waiting_requests:
-            whose = f" ({held} of them places held for requests' choices)" if held else ""
+            whose = f" ({held} of them places held for other requests' choices)" if held else ""
             need = f": this request's {choices} choices need as many places" if choices > 1 else ""
             raise Overloaded(f"{OVERLOADED}: {waiting} requests wait for KV pages{whose}, of at most "
                              f"{self.config.max_waiting_requests} (parameter max_waiting_requests){need}; retry later")

@@ -1,9 +1,10 @@
 """A request's choices admitted as one (orchestrator/choice_reservations.py) through tritonserver, on the small KV
 pool of tests/e2e/test_small_kv_pool.py (``max_waiting_requests`` 2): a first choice with ``choices`` 2 holds a place
-in the waiting queue, which counts as waiting for others; its later choice, naming it in ``choice_of``, is admitted
-when the queue is full; a first choice is refused when the queue has no room for all its choices; every page comes
-back (a second later choice finding no place left: tests/unit/orchestrator/test_choice_reservations.py). The OpenAI
-API's n uses this (tests/e2e/test_openai_choices.py)."""
+in the waiting queue, which counts as waiting for another first choice; its later choice, naming it in
+``choice_of``, is admitted when the queue is full; a first choice is refused when the queue has no room for all its
+choices, and as bad input when it never could or is itself a later choice; every page comes back (a second later
+choice finding no place left: tests/unit/orchestrator/test_choice_reservations.py). The OpenAI API's n uses this
+(tests/e2e/test_openai_choices.py)."""
 from __future__ import annotations
 
 import queue
@@ -69,11 +70,14 @@ def test_a_later_choice_takes_the_place_its_first_choice_holds(small_pool_server
     while read_metrics(small_pool_server)["unifiedserve_requests_waiting"] < 1 and first.is_alive():
         time.sleep(0.02)
     assert first.is_alive(), "the first request ended before the second waited"
-    refused = _generate(url, "One more.", 4)
-    assert "the server is overloaded: 2 requests wait for KV pages (1 of them places held for requests' " \
-           "choices), of at most 2 (parameter max_waiting_requests)" in refused
-    too_many = _generate(url, "Three choices.", 4, request_id="lead-2", choices=3)  # no room for all three
-    assert "this request's 3 choices need as many places" in too_many
+    no_room = _generate(url, "Two choices.", 4, request_id="lead-2", choices=2)  # the held place counts
+    assert "the server is overloaded: 2 requests wait for KV pages (1 of them places held for other requests' " \
+           "choices), of at most 2 (parameter max_waiting_requests): this request's 2 choices need as many " \
+           "places" in no_room
+    never = _generate(url, "Three choices.", 4, request_id="lead-3", choices=3)  # more than the queue holds
+    assert "choices: 3 choices need as many places in the waiting queue, which holds at most 2" in never
+    chained = _generate(url, "Go on.", 4, request_id="lead-4", choices=2, choice_of="lead-1")
+    assert "choices: a later choice (one naming a request in choice_of) holds no places of its own" in chained
     bad = _generate(url, "Go on.", 4, choices=2)  # no request id to name
     assert "choices: a request whose choices are admitted as one needs a request id" in bad
     assert _generate(url, "Go on.", 4, choice_of="lead-1") == 4  # its place, whatever the load
