@@ -31,6 +31,7 @@ _INVALID = re.compile(r"^(?:(?:text_input|messages|prompt|prompt_token_ids|image
                       r"sampling_parameters|chat_template_kwargs)"
                       r"[\[:. ]|prompt too long|the prompt \()")
 _SAMPLING = "sampling_parameters"
+_CHOICES = "choices: "
 _SAMPLING_KEY = re.compile(rf"^{_SAMPLING}: (?:unknown key ')?(\w+)")
 _CHAT_KEY = re.compile(r"^(chat_template_kwargs): (?:(add_generation_prompt|continue_final_message)\b)?")
 _PROMPT = re.compile(r"^(?:text_input|prompt[: ]|prompt_token_ids:|the prompt \()")  # else a message's text or media
@@ -64,6 +65,8 @@ def from_orchestrator(message: str, media: Sequence = ()) -> ApiError:
     media parts in placeholder order (``convert.MediaRef``: ``kind``, ``where``), whose item an error names as the
     chat's part (``messages[1].content[0].image_url: ...`` for ``image_url (item 2 of 3): ...``)."""
     message = _at_its_part(message, media)
+    if message.startswith(_CHOICES):  # the orchestrator's input for a prompt's n (backends/openai/choices.py)
+        return ApiError(400, "n: " + message.removeprefix(_CHOICES), param="n")
     if _INVALID.match(message):
         key, chat = _SAMPLING_KEY.match(message), _CHAT_KEY.match(message)
         param = key.group(1) if key else (chat.group(2) or chat.group(1)) if chat else \

@@ -12,12 +12,13 @@ import threading
 import time
 
 import numpy as np
+import openai
 import pytest
 import tritonclient.grpc as grpcclient
 
 from client.api import grpc_inputs, request_tensors
 from client.pieces import is_final
-from tests.e2e.conftest import read_metrics, wait_for_idle_pools
+from tests.e2e.conftest import openai_sdk, read_metrics, wait_for_idle_pools
 from tests.e2e.test_small_kv_pool import LONG_PROMPT, small_pool_server  # noqa: F401 (the module's server)
 
 pytestmark = pytest.mark.e2e
@@ -85,3 +86,16 @@ def test_a_later_choice_takes_the_place_its_first_choice_holds(small_pool_server
         thread.join(timeout=300)
     assert (results["first"], results["second"]) == (800, 100)
     wait_for_idle_pools(small_pool_server)
+
+
+def test_an_openai_n_the_waiting_queue_can_never_hold_is_a_400_naming_n(small_pool_server, tmp_path):  # noqa: F811
+    with openai_sdk(small_pool_server, tmp_path) as client:
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Hi"}], n=3,
+                                           max_tokens=2)
+        error = refused.value.body
+        assert error["param"] == "n" and error["message"].startswith(
+            "n: 3 choices need as many places in the waiting queue, which holds at most 2")
+        chat = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Hi"}], n=2,
+                                              max_tokens=2)
+        assert sorted(choice.index for choice in chat.choices) == [0, 1]
