@@ -41,16 +41,19 @@ class ChoiceReservations:
 
     def held(self) -> int:
         """Places held now, in all (those past their grace given back first)."""
+        self._give_back_expired()
+        return sum(v.places for v in self._held.values())
+
+    def _give_back_expired(self) -> None:
         now = self.clock()
         for request_id in [k for k, v in self._held.items() if v.expires is not None and v.expires <= now]:
             del self._held[request_id]
-        return sum(v.places for v in self._held.values())
 
     def hold(self, request_id: str, places: int) -> None:
         """Hold ``places`` (at least 1) for the later choices of the request ``request_id``, just admitted.
         Raises InvalidInput when a request of that id holds places already (its later choices could not be told
         from this one's)."""
-        self.held()
+        self._give_back_expired()
         if request_id in self._held:
             raise InvalidInput(f"choices: a request with id {request_id!r} holds places for its choices already: "
                                "give each request its own id")
@@ -59,7 +62,7 @@ class ChoiceReservations:
     def take(self, request_id: str) -> bool:
         """Take one of the places held for ``request_id``'s choices; False when none is left (never held, all
         taken, or given back)."""
-        self.held()
+        self._give_back_expired()
         held = self._held.get(request_id)
         if held is None:
             return False

@@ -105,9 +105,6 @@ async def handle(orchestrator: Orchestrator, request, lanes: SendLanes, cancels:
             request_id = request.request_id()
             channel = channels.claim(bound, request_id, parsed.stream)  # its id is freed by its final response
         choices, choice_of = choices_input(raw.choices), choice_of_input(raw.choice_of)
-        if choices > 1 and not request.request_id():
-            raise InvalidInput("choices: a request whose choices are admitted as one needs a request id (its "
-                               "later choices name it in choice_of)")
         timeline = Timeline(arrived) if parsed.extra_outputs.timeline else NO_TIMELINE
         timeline.mark("parsed")
         admitted = await orchestrator.admit(parsed, timeline, choices, choice_of, request.request_id())

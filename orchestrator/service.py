@@ -239,10 +239,11 @@ class Orchestrator:
         where the waiting queue has room for all of them, and places are held for the others; a request naming one
         in ``choice_of`` takes such a place, whatever the load (without one left, it is admitted as any other).
 
-        Raises InvalidInput naming the problem (media, prompt length, pool size, a request id holding places
-        already); Overloaded when ``max_waiting_requests`` requests already wait for KV pages (held places
-        counted), or fewer but too many for ``choices``; StageError when the server is stopping or no replica can
-        serve.
+        Raises InvalidInput naming the problem (media, prompt length, pool size; ``choices`` without a request id,
+        beside ``choice_of``, over ``max_waiting_requests``, or for a request id holding places already);
+        Overloaded when ``max_waiting_requests`` requests already wait for KV pages, or, for several ``choices``,
+        too many with the places held for other requests' choices to leave room for all of them; StageError when
+        the server is stopping or no replica can serve.
         """
         if self.stopping:
             raise _shutting_down()
@@ -251,7 +252,7 @@ class Orchestrator:
             if ids and max(ids) >= self.sampled_ids:
                 raise InvalidInput(f"sampling_parameters: {key} must be below the vocabulary size "
                                    f"{self.sampled_ids}, got {max(ids)}")
-        self._check_choices(choices, choice_of)
+        self._check_choices(choices, choice_of, request_id)
         await self.ensure_started()
         placed = bool(choice_of) and self.reservations.take(choice_of)  # a later choice: a place is held for it
         if not placed:
@@ -356,9 +357,13 @@ class Orchestrator:
         spans = [(m.token_offset, m.token_offset + m.num_tokens, i) for m, i in zip(prompt.media, identities)]
         return identities, block_hashes(prompt.input_ids, spans, config.kv_page_size)
 
-    def _check_choices(self, choices: int, choice_of: str) -> None:
-        """Raises InvalidInput for ``choices`` that ``max_waiting_requests`` can never hold, or asked for by a later
-        choice (``choice_of``: it would hold places of its own past the limit)."""
+    def _check_choices(self, choices: int, choice_of: str, request_id: str) -> None:
+        """Raises InvalidInput for several ``choices`` without a ``request_id`` (their later choices name it), asked
+        for by a later choice (``choice_of``: it would hold places of its own past the limit), or more than
+        ``max_waiting_requests`` can ever hold."""
+        if choices > 1 and not request_id:
+            raise InvalidInput("choices: a request whose choices are admitted as one needs a request id (its "
+                               "later choices name it in choice_of)")
         if choice_of and choices > 1:
             raise InvalidInput("choices: a later choice (one naming a request in choice_of) holds no places of its "
                                "own: send choices with the first choice only")
