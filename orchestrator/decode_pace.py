@@ -34,6 +34,7 @@ from typing import Callable, Sequence
 
 from backends.ipc.protocol import StepPlan
 from orchestrator.budget_policy import SloTargets
+from orchestrator.fewer_sms import favours_decode
 
 PACE_FOR_MS = 1000.0  # a pacing the orchestrator does not end (a step longer than this) ends itself
 TARGET_SHARE = 0.8  # the most of a TBT target a paced gap may take
@@ -56,7 +57,7 @@ class DecodePacer:
         request in the decode batch, ``kind_of(req_id)`` a request's modality (None: it has gone)."""
         if not decoding or 2 * plan.num_prefill_tokens < self.prefill_budget:
             return 0.0
-        ending = [kind for work in plan.prefill if work.is_last and (kind := kind_of(work.req_id)) is not None]
-        if not PACING_KINDS.intersection(ending) and sum(kind != "video" for kind in ending) <= len(decoding):
+        ending = {kind for work in plan.prefill if work.is_last and (kind := kind_of(work.req_id)) is not None}
+        if not PACING_KINDS.intersection(ending) and favours_decode(plan, decoding, kind_of):
             return 0.0  # a video's prompt ending does not count: its steps are never paced
         return min(self.pace_ms, TARGET_SHARE * self.targets.tightest_tbt_ms(decoding, self.boost))

@@ -5,11 +5,17 @@ stage runs them on its green context of ``sms_while_decoding`` SMs where one is 
 A step is marked when decode holds a stream whose TBT target (``slo_<modality>_tbt_ms`` divided by
 ``decode_priority_boost``) is tighter than :data:`~orchestrator.budget_policy.DEFAULT_TBT_MS`, and the step carries
 encode or prefill work of a modality of ``fewer_sms_kinds`` (the orchestrator's parameter: ``video``, the default,
-or ``video,image``) and no media work of another. Why a video's by default: its TTFT is seconds away, so its chunks
+or ``video,image``) and no media work of another; with ``text`` among them (``video,text``, ``video,image,text``)
+also a step with no media work that ends no more prompts than there are requests decoding (:func:`favours_decode`:
+the step the decode pacer leaves unpaced, ``orchestrator.decode_pace``). Why a video's by default: its TTFT is seconds away, so its chunks
 can give up SMs, its last one too, while an image's TTFT cannot (its steps are paced instead,
 ``orchestrator.decode_pace``); and streams with the default 50-ms target (the video goodput workload's answers) keep
 their TBT beside chunks on the whole GPU. ``video,image`` is for models whose decode step is long beside an image's
-(a 38B language model's: each decode step reads its 61 GiB of weights while the images' steps run).
+(a 38B language model's: each decode step reads its 61 GiB of weights while the images' steps run). ``text`` is for
+a burst of text prompts: 32 at once reach decode over three steps, and the last (14 prompts beside the 18 streams the
+one before ended, on the H100 of bench/results/peer/h100-run-2026-12-06/) slowed decode's steps from 6.7 to 10-12 ms
+for 87 ms, the second token of those 18 streams with them: most of the gaps over 10 ms, where the target is a TBT
+p99 under 10 (issue 20); those prompts' TTFT lies past the p50 whichever way.
 
 Measured on one H200, 16 text streams (15-ms TBT target) beside the 3-minute video, 120 of 132 SMs
 (bench/results/peer/settings-thirteenth-2026-12-04/README.md and the runs it names):
@@ -34,11 +40,12 @@ from orchestrator.budget_policy import DEFAULT_TBT_MS, SloTargets
 
 DEFAULT_KINDS = frozenset({"video"})
 MEDIA_KINDS = ("image", "video")
+TEXT = "text"
 
 
 def kinds_parameter(params: dict[str, str]) -> frozenset[str]:
-    """The ``fewer_sms_kinds`` parameter (``video``, ``image`` or ``video,image``: ``triton_io.CHOICES``; empty or
-    absent: :data:`DEFAULT_KINDS`) as a set. Raises ValueError naming the parameter for another value."""
+    """The ``fewer_sms_kinds`` parameter (``video``, ``image``, ``video,image``, ``video,text`` or
+    ``video,image,text``: ``triton_io.CHOICES``; empty or absent: :data:`DEFAULT_KINDS`) as a set. Raises ValueError naming the parameter for another value."""
     value = params.get("fewer_sms_kinds", "").strip()
     return frozenset(choice_value("fewer_sms_kinds", value).split(",")) if value else DEFAULT_KINDS
 
@@ -60,4 +67,14 @@ class FewerSms:
         if self.targets.tightest_tbt_ms(decoding, self.boost) >= DEFAULT_TBT_MS:
             return False
         media = {kind_of(work.req_id) for work in (*plan.encode, *plan.prefill)}.intersection(MEDIA_KINDS)
-        return bool(media) and media <= self.kinds
+        if media:
+            return media <= self.kinds
+        return TEXT in self.kinds and bool(plan.prefill) and favours_decode(plan, decoding, kind_of)
+
+
+def favours_decode(plan: StepPlan, decoding: Sequence[str], kind_of: Callable[[str], str | None]) -> bool:
+    """Whether ``plan`` ends no more prompts (a video's not counted) than there are requests ``decoding``: the
+    waiting prompts do not outnumber the streams whose gaps a step beside them grows (``orchestrator.decode_pace``
+    paces decode for the other steps)."""
+    ending = [kind for work in plan.prefill if work.is_last and (kind := kind_of(work.req_id)) is not None]
+    return sum(kind != "video" for kind in ending) <= len(decoding)

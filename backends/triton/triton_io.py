@@ -72,7 +72,7 @@ SWITCHES = ("auto", "on", "off")
 CHOICES = {"cuda_graphs": SWITCHES, "compile_layers": SWITCHES, "overlap_steps": SWITCHES, "prefill_graphs": SWITCHES,
            "vision_graphs": SWITCHES,
            "share_weights": ("on", "off"), "vision_parallel": ("data", "tensor"),
-           "fewer_sms_kinds": ("video", "image", "video,image"),  # orchestrator.fewer_sms
+           "fewer_sms_kinds": ("video", "image", "video,image", "video,text", "video,image,text"),  # orchestrator.fewer_sms
            "generation_config": ("auto", "none"),  # orchestrator.generation_defaults
            # the served model's (ModelSpec, backends.runtime.loader, checks them at load; the launcher before)
            "preset": tuple(sorted(PRESETS)), "dtype": DTYPES, "load_format": LOAD_FORMATS}

@@ -79,15 +79,17 @@ def test_fewer_sms_kinds_video_image_puts_an_images_steps_on_fewer_sms(step, kin
 
 
 @pytest.mark.parametrize("value, kinds_", [("", {"video"}), ("video", {"video"}), ("video,image", {"video", "image"}),
-                                           ("image", {"image"})])
+                                           ("image", {"image"}), ("video,text", {"video", "text"}),
+                                           ("video,image,text", {"video", "image", "text"})])
 def test_the_fewer_sms_kinds_parameter(value, kinds_):
     assert kinds_parameter({"fewer_sms_kinds": value}) == kinds_
     assert kinds_parameter({}) == {"video"}
 
 
 @pytest.mark.parametrize("value", ["text", "video,", "videos", "video;image", "video, image"])
-def test_a_fewer_sms_kinds_parameter_that_names_no_media_modality_is_refused(value):
-    with pytest.raises(ValueError, match="parameter fewer_sms_kinds must be video, image or video,image, got"):
+def test_a_fewer_sms_kinds_parameter_that_is_not_one_of_its_choices_is_refused(value):
+    with pytest.raises(ValueError, match="parameter fewer_sms_kinds must be video, image, video,image, video,text or "
+                                         "video,image,text, got"):
         kinds_parameter({"fewer_sms_kinds": value})
 
 
@@ -98,6 +100,24 @@ def test_the_orchestrator_reads_fewer_sms_kinds_and_names_a_bad_one():
     assert OrchestratorConfig.from_parameters({"fewer_sms_kinds": "video,image"}).fewer_sms_kinds == {"video", "image"}
     with pytest.raises(ValueError, match="fewer_sms_kinds"):
         OrchestratorConfig.from_parameters({"fewer_sms_kinds": "audio"})
+
+
+TEXT_TOO = FewerSms(SloTargets(tbt_ms={"text": 15.0}), kinds=frozenset({"video", "text"}))
+
+
+@pytest.mark.parametrize("step, decoding, kind_of, fewer", [
+    (plan(*[(117, True)] * 14), ["text"] * 18, kinds(*["text"] * 14), True),   # a burst's last step beside its first
+    (plan(*[(117, True)] * 18), ["text"] * 18, kinds(*["text"] * 18), True),   # as many prompts ending as streams
+    (plan(*[(117, True)] * 17), ["text"], kinds(*["text"] * 17), False),       # more: the pacer's step, whole GPU
+    (plan((2048, False)), ["text"], kinds("text"), True),                      # a long text prompt's middle chunk
+    (plan((117, True)), [], kinds("text"), False),                             # nothing decoding
+    (plan((117, True)), ["video"], kinds("text"), False),                      # a stream with the 50-ms target
+    (plan((1280, True)), ["text"], kinds("image"), False),                     # an image's work: not a kind here
+    (plan((1000, True), (1048, False)), ["text"], kinds("text", "video"), True),  # beside a video's chunk
+    (StepPlan((), (), ()), ["text"], kinds(), False),                                  # no work at all
+])
+def test_fewer_sms_kinds_with_text_puts_a_text_step_that_favours_decode_on_fewer_sms(step, decoding, kind_of, fewer):
+    assert TEXT_TOO(step, decoding, kind_of) is fewer
 
 
 def test_fewer_sms_kinds_image_alone_leaves_a_videos_steps_on_the_whole_gpu():

@@ -93,7 +93,7 @@ def test_an_empty_file_changes_nothing(tmp_path):
     ("resources: {flashcodec: {nvdec_gpus: [0, 0]}}", "resources.flashcodec.nvdec_gpus", "distinct GPU ids"),
     ("resources: {encode_prefill: {vision_tp_size: some}}", "resources.encode_prefill.vision_tp_size", "all or"),
     ("resources: {encode_prefill: {fewer_sms_kinds: text}}", "resources.encode_prefill.fewer_sms_kinds",
-     "must be video, image or video,image, got 'text'"),
+     "must be video, image, video,image, video,text or video,image,text, got 'text'"),
     ("resources: {replicas: 65}", "resources.replicas", "must be at most 64"),
     ("ipc: {shm_default_byte_size: 1}", "ipc.shm_default_byte_size", "must be at least 4194304 (4 MiB, the least"),
     ("slo: {text: {ttft_ms: .inf, tbt_ms: 5}}", "slo.text.ttft_ms", "must be a positive number of milliseconds"),
@@ -225,8 +225,9 @@ def test_fewer_sms_kinds_in_a_file_and_in_set_reach_the_orchestrator(tmp_path):
     overrides = launch_options.serve_plan(args(config=path), REPOSITORY).overrides
     assert overrides["orchestrator"] == {"fewer_sms_kinds": "video,image"}
     assert overrides["encode_prefill"] == {"sms_while_decoding": "88"}
-    for value in ("image", "video"):
+    for value in ("image", "video", "video,text"):
         plan = launch_options.serve_plan(args(overrides=[f"orchestrator.fewer_sms_kinds={value}"]), REPOSITORY)
         assert plan.overrides["orchestrator"] == {"fewer_sms_kinds": value}
-    with pytest.raises(ValueError, match="fewer_sms_kinds must be video, image or video,image, got 'audio'"):
+    with pytest.raises(ValueError, match="fewer_sms_kinds must be video, image, video,image, video,text or video,image,text, "
+                                         "got 'audio'"):
         launch_options.serve_plan(args(overrides=["orchestrator.fewer_sms_kinds=audio"]), REPOSITORY)
