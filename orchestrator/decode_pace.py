@@ -26,6 +26,13 @@ while those 11 prompts' TTFT lay beyond the p50 either way; without pacing such 
 The same burst's step before it, 17 prompts beside the first one's decode (97 ms against about 60 alone; the ninth
 run, bench/results/peer/ninth-run-2026-12-03/README.md), is paced: the waiting prompts outnumber the streams whose
 gaps grow, and a lone stream's few paced gaps are far from the TBT p99 of all of them.
+
+Joining decode (``serial_joins``): decode's loop launches its next step before it reads the one in flight, so a
+sequence admitted while a step runs waits for that step and for the one already queued behind it: its second token
+came 2-3 decode steps after its first (on the H100, 32 text prompts at once: 13 ms p50 where a step took 6.7; vLLM's
+second token comes one step after its first). While a step that ends prompts (a video's not counted) runs beside
+decode, ``joins_decode`` says so and the orchestrator tells decode to run its steps one at a time (a pacing of
+interval 0, or the step's pacing) until those prompts' sequences are admitted, so they join the next launch.
 """
 from __future__ import annotations
 
@@ -61,3 +68,9 @@ class DecodePacer:
         if not PACING_KINDS.intersection(ending) and favours_decode(plan, decoding, kind_of):
             return 0.0  # a video's prompt ending does not count: its steps are never paced
         return min(self.pace_ms, TARGET_SHARE * self.targets.tightest_tbt_ms(decoding, self.boost))
+
+
+def joins_decode(plan: StepPlan, decoding: Sequence[str], kind_of: Callable[[str], str | None]) -> bool:
+    """Whether ``plan`` ends a prompt other than a video's while requests are ``decoding`` (their modalities): its
+    sequence joins a decode loop that holds streams (module docstring, "Joining decode")."""
+    return bool(decoding) and any(work.is_last and kind_of(work.req_id) not in (None, "video") for work in plan.prefill)

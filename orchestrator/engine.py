@@ -21,12 +21,12 @@ from typing import AsyncIterator, Callable, Iterable, Iterator
 
 from backends.ipc.link import StageError
 from backends.ipc.protocol import (SERVER_FAULT, DecodeAdmit, DecodeGrow, DecodeStep, FirstToken, StageFailure,
-                                   StepPlan, StepResult)
+                                   StepPlan)
 from flashcodec.families import family_of
 from orchestrator.background import Background, drain
 from orchestrator.budget_policy import BudgetPolicy, Waiting, work_units
 from orchestrator.burst import Arrivals, gather_burst
-from orchestrator.decode_pace import PACE_FOR_MS, DecodePacer
+from orchestrator.decode_pace import PACE_FOR_MS, DecodePacer, joins_decode
 from orchestrator.engine_io import (SHUTTING_DOWN, EngineRequest, Output, Released, RequestState, Tracked,
                                    failure_of)
 from orchestrator.fewer_sms import FewerSms
@@ -49,7 +49,10 @@ class Engine:
     (None: the scheduler's configured budgets); ``arrivals``: the requests Triton has handed over, for the rest of
     which a step may wait (``burst_wait_ms``: ``orchestrator.burst``); ``pacer`` spaces decode's steps while a step
     that ends image prompts, or more prompts than decode holds, runs (``orchestrator.decode_pace``; None: never);
-    ``fewer_sms`` marks the steps the stage runs on fewer SMs (``orchestrator.fewer_sms``)."""
+    ``fewer_sms`` marks the steps the stage runs on fewer SMs (``orchestrator.fewer_sms``); with ``serial_joins``
+    decode runs its steps one at a time while a step ends prompts beside it, until their sequences are admitted
+    (``orchestrator.decode_pace``, "Joining decode"). A paced step's pacing likewise lasts until its first tokens'
+    sequences are admitted."""
 
     def __init__(self, index: int, scheduler: Scheduler, patch_pages: PagePool, stages: ReplicaStages,
                  media: MediaStage, on_change: Callable[[], None] = lambda: None,
@@ -57,7 +60,7 @@ class Engine:
                  on_release: Callable[[Released], None] = lambda released: None,
                  stopping: Callable[[], bool] = lambda: False, policy: BudgetPolicy | None = None,
                  arrivals: Arrivals | None = None, pacer: DecodePacer | None = None,
-                 fewer_sms: FewerSms = FewerSms()):
+                 fewer_sms: FewerSms = FewerSms(), serial_joins: bool = False):
         self.index, self.scheduler, self.patch_pages = index, scheduler, patch_pages
         self.stages, self.media = stages, media
         self.on_change, self.on_step, self.on_release, self.server_stopping = on_change, on_step, on_release, stopping
@@ -69,7 +72,7 @@ class Engine:
         self._background = Background()
         self.policy = policy  # each step's budgets, when SLO scheduling is on
         self.arrivals = arrivals or Arrivals()  # requests handed over by Triton (all replicas)
-        self.pacer, self.fewer_sms = pacer, fewer_sms
+        self.pacer, self.fewer_sms, self.serial_joins = pacer, fewer_sms, serial_joins
         self._last_decode = 0.0  # when the last decode step with sequences arrived (time.monotonic() seconds)
 
     # ---- life -------------------------------------------------------------------------------------------
@@ -222,32 +225,45 @@ class Engine:
                     tracked.scheduled = launched
             kinds = self._decoding_kinds()
             paced = self.pacer.interval_ms(plan, kinds, self._kind_of) if self.pacer else 0.0  # ms; decode_pace.py
+            # decode runs its steps one at a time (paced, or interval 0) until the step's first tokens are admitted
+            held = bool(paced) or (self.serial_joins and joins_decode(plan, kinds, self._kind_of))
+            if held:
+                self._tell_decode(paced, PACE_FOR_MS)
             try:
-                result = await self._run_step(plan, paced, self.fewer_sms(plan, kinds, self._kind_of))
-            except Exception as exc:  # the step failed: fail its requests, keep the loop (and the server) alive
-                failure = failure_of(exc, "scheduler step failed")
-                for req_id in dict.fromkeys(w.req_id for w in (*plan.encode, *plan.prefill)):
-                    self.scheduler.remove(req_id)  # its pages come back when the plan completes
-                    if (tracked := self.live(req_id)) is not None:
-                        self.fail(tracked, failure)
-                self.scheduler.complete(plan)
-                self._grow()
-                self.on_change()
-                continue
+                await self._step(plan, launched, paced, self.fewer_sms(plan, kinds, self._kind_of))
+            finally:
+                if held and not self.stopping:  # stopping: decode's stream ends, its pacing with it
+                    self._tell_decode(0.0, 0.0)
+
+    async def _step(self, plan: StepPlan, launched: float, paced: float, fewer_sms: bool) -> None:
+        """Run ``plan`` (sent marked ``fewer_sms`` when so), complete it and hand its first tokens to decode; a
+        failed step fails its requests and leaves the loop (and the server) alive."""
+        try:
+            result = await self.stages.step(replace(plan, fewer_sms=True) if fewer_sms else plan)
+        except Exception as exc:
+            failure = failure_of(exc, "scheduler step failed")
+            for req_id in dict.fromkeys(w.req_id for w in (*plan.encode, *plan.prefill)):
+                self.scheduler.remove(req_id)  # its pages come back when the plan completes
+                if (tracked := self.live(req_id)) is not None:
+                    self.fail(tracked, failure)
             self.scheduler.complete(plan)
             self._grow()
-            self.on_step(bool(paced))
-            if self.policy is not None:
-                self.policy.observe_step((time.monotonic() - launched) * 1e3,
-                                         work_units(plan.num_prefill_tokens, plan.num_encode_patches))
-            for work in plan.encode:  # the scheduler returned these groups' patch pages
-                if (tracked := self.requests.get(work.req_id)) is not None:
-                    tracked.patch_pages_held -= len(work.patch_pages)
-            mark_steps(plan, lambda req_id: (t.request.timeline if (t := self.requests.get(req_id)) else NO_TIMELINE),
-                       launched, result)
-            for first in result.first_tokens:
-                self._first_token(first)
             self.on_change()
+            return
+        self.scheduler.complete(plan)
+        self._grow()
+        self.on_step(bool(paced))
+        if self.policy is not None:
+            self.policy.observe_step((time.monotonic() - launched) * 1e3,
+                                     work_units(plan.num_prefill_tokens, plan.num_encode_patches))
+        for work in plan.encode:  # the scheduler returned these groups' patch pages
+            if (tracked := self.requests.get(work.req_id)) is not None:
+                tracked.patch_pages_held -= len(work.patch_pages)
+        mark_steps(plan, lambda req_id: (t.request.timeline if (t := self.requests.get(req_id)) else NO_TIMELINE),
+                   launched, result)
+        for first in result.first_tokens:
+            self._first_token(first)
+        self.on_change()
 
     def _kind_of(self, req_id: str) -> str | None:
         """A request's modality; None when it has gone."""
@@ -256,17 +272,6 @@ class Engine:
     def _decoding_kinds(self) -> list[str]:
         """The modality of each request in the decode batch."""
         return [tracked.request.kind for tracked in self.requests.values() if tracked.decoding]
-
-    async def _run_step(self, plan: StepPlan, pace: float, fewer_sms: bool) -> StepResult:
-        """``plan`` on encode_prefill (sent marked ``fewer_sms`` when so; the scheduler completes the plan it made),
-        decode's launches spaced ``pace`` ms apart meanwhile (0: not)."""
-        if pace:
-            self._tell_decode(pace, PACE_FOR_MS)
-        try:
-            return await self.stages.step(replace(plan, fewer_sms=True) if fewer_sms else plan)
-        finally:
-            if pace and not self.stopping:  # stopping: decode's stream ends, its pacing with it
-                self._tell_decode(0.0, 0.0)
 
     def _tell_decode(self, interval_ms: float, for_ms: float) -> None:
         """Queue a pacing for decode now (in order with the admits and aborts sent to it); a link that is gone is

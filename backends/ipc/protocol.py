@@ -342,10 +342,11 @@ class DecodeGrow(Call):
 
 @dataclass(frozen=True)
 class DecodePace(Call):
-    """Space the decode loop's step launches at least ``interval_ms`` apart (ms; 0 ends the pacing), for at most
-    ``for_ms`` from its arrival (ms; a pacing not ended by then ends itself): sent while an encode/prefill step that
-    ends image prompts, or more prompts than decode holds, runs, so that step gets more of the GPU
-    (``orchestrator.decode_pace``)."""
+    """Space the decode loop's step launches at least ``interval_ms`` apart (ms; 0: none spaced), each step read
+    before the next is launched, for at most ``for_ms`` from its arrival (ms; 0 ends the pacing; a pacing not ended
+    by then ends itself): sent while an encode/prefill step that ends image prompts, or more prompts than decode
+    holds, runs, so that step gets more of the GPU, and (interval 0, ``serial_joins``) while one ends prompts beside
+    decode, so that their sequences join decode's next launch (``orchestrator.decode_pace``)."""
 
     interval_ms: float
     for_ms: float = 0.0

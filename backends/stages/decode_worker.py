@@ -148,8 +148,8 @@ class DecodeWorker:
         self.commands.put(("grow", grants, None))
 
     def pace(self, interval_ms: float, for_ms: float) -> None:
-        """Launch steps ``interval_ms`` apart (0: no pacing) for ``for_ms`` from now (``decode_pace``), reading each
-        step before the wait. Raises ValueError for values that are not numbers (the loop thread must not fail)."""
+        """Launch steps ``interval_ms`` apart (0: one at a time, none spaced) for ``for_ms`` from now (0: end the
+        pacing; ``decode_pace``), reading each step before the wait or the next launch. Raises ValueError for values that are not numbers (the loop thread must not fail)."""
         self.commands.put(("pace", (float(interval_ms), float(for_ms)), None))
 
     def abort(self, seq_id: str, done: Callable[[], None]) -> None:
@@ -237,7 +237,8 @@ class DecodeWorker:
             # Idle (no sequence may step: none, or each ending or waiting for a page): block until a command comes
             idle = self.sink is None or not self._batch()
             wait = 0.0 if idle else self._pace_wait()
-            if idle or wait:  # paced: the step in flight goes out before the wait, which counts the read's time
+            if idle or wait or self._pacing.serial(time.perf_counter()):
+                # paced: the step in flight goes out before the wait, which counts the read's time
                 self._guarded(self._read_in_flight)
                 wait = 0.0 if idle else self._pace_wait()
             try:

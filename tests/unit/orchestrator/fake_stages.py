@@ -79,7 +79,7 @@ class FakeStages:
         self.decoding.discard(seq_id)
 
     def decode_pace(self, interval_ms: float, for_ms: float):
-        self.log.append(("decode_pace", interval_ms))
+        self.log.append(("decode_pace", interval_ms, for_ms))
         done: asyncio.Queue = asyncio.Queue()
         done.put_nowait(END)
         return _drain(done)

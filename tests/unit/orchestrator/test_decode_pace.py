@@ -1,12 +1,13 @@
 """Decode pacing (``orchestrator/decode_pace.py``): which steps space decode's launches and by how much, and the
-engine telling decode before such a step and ending it after (fake stages: ``fake_stages.py``)."""
+engine telling decode before such a step and ending it after its first tokens' admits; which steps join decode
+(``serial_joins``) (fake stages: ``fake_stages.py``)."""
 from __future__ import annotations
 
 import pytest
 
 from backends.ipc.protocol import PrefillWork, StepPlan
 from orchestrator.budget_policy import SloTargets
-from orchestrator.decode_pace import DecodePacer
+from orchestrator.decode_pace import PACE_FOR_MS, DecodePacer, joins_decode
 from tests.unit.orchestrator.test_engine import World, outputs_of, run, settle
 
 
@@ -65,7 +66,7 @@ async def _paced_step(w: World, decoding) -> tuple[tuple, list]:
     await settle()
     calls = [entry for entry in w.log if entry[0] in ("step", "decode_pace")]
     paced = [k for k, entry in enumerate(calls) if entry[0] == "decode_pace"]
-    assert [calls[k] for k in paced] == [("decode_pace", 30.0), ("decode_pace", 0.0)]
+    assert [calls[k] for k in paced] == [("decode_pace", 30.0, PACE_FOR_MS), ("decode_pace", 0.0, 0.0)]
     assert paced[1] == paced[0] + 2
     return calls[paced[0] + 1], calls
 
@@ -92,13 +93,59 @@ def test_the_engine_paces_decode_around_the_step_that_ends_an_image_prompt_only(
 
 def test_the_engine_paces_decode_around_a_step_that_ends_more_text_prompts_than_it_decodes():
     """"a" decodes; "b" and "c" (10 tokens each) arrive together and end their prompts in one step of 20 tokens, over
-    half the 32-token budget: two prompts against one stream decoding, so decode is paced around that step."""
+    half the 32-token budget: two prompts against one stream decoding, so decode is paced around that step. The
+    pacing's end reaches decode after their admits, so they join its next launch while it still runs its steps one
+    at a time."""
     async def body(w: World):
         out = w.text("a", max_tokens=3)
         await outputs_of(out, 1)
-        b, c = w.text("b", prompt_len=10, max_tokens=1), w.text("c", prompt_len=10, max_tokens=1)
+        b, c = w.text("b", prompt_len=10, max_tokens=2), w.text("c", prompt_len=10, max_tokens=2)
         await outputs_of(b, 1)
         await outputs_of(c, 1)
+        await settle()
+        start = w.log.index(("decode_pace", 30.0, PACE_FOR_MS))
+        assert w.log[start + 1:start + 5] == [("step", ("b", "c")), ("admit", "b"), ("admit", "c"),
+                                               ("decode_pace", 0.0, 0.0)]
+        w.stages.emit(("b", 8, "length"), ("c", 8, "length"))
         step, _ = await _paced_step(w, out)
         assert step == ("step", ("b", "c"))
     run(body, prefill_budget=32, pacer=DecodePacer(30, 32))
+
+
+@pytest.mark.parametrize("step, decoding, kind_of, joins", [
+    (plan((117, True)), ["text"], kinds("text"), True),                # a text prompt ends beside a stream
+    (plan((1280, True)), ["text"], kinds("image"), True),              # an image's
+    (plan((2048, True)), ["text"], kinds("video"), False),             # a video's last chunk: not counted
+    (plan((2048, False)), ["text"], kinds("text"), False),             # a middle chunk ends nothing
+    (plan((117, True)), [], kinds("text"), False),                     # nothing decoding: decode's loop is idle
+    (plan((117, True)), ["text"], kinds(), False),                     # its request has gone
+])
+def test_which_steps_join_decode(step, decoding, kind_of, joins):
+    assert joins_decode(step, decoding, kind_of) is joins
+
+
+@pytest.mark.parametrize("serial", [True, False])
+def test_serial_joins_run_decode_one_step_at_a_time_around_a_step_that_ends_a_prompt_beside_it(serial):
+    """With ``serial_joins``, "b"'s step (one text prompt beside "a"'s stream: not paced) is held by a pacing of
+    interval 0, ended after "b"'s admit; without it decode hears nothing."""
+    async def body(w: World):
+        out = w.text("a", max_tokens=3)
+        await outputs_of(out, 1)
+        await outputs_of(w.text("b", prompt_len=10, max_tokens=2), 1)
+        start = w.log.index(("step", ("b",)))
+        held = [("decode_pace", 0.0, PACE_FOR_MS), ("step", ("b",)), ("admit", "b"), ("decode_pace", 0.0, 0.0)]
+        assert (w.log[start - 1:start + 3] == held) is serial
+        assert serial or not [entry for entry in w.log if entry[0] == "decode_pace"]
+        w.stages.emit(("a", 8, ""), ("b", 8, ""))
+        w.stages.emit(("a", 9, "length"), ("b", 9, "length"))
+        await settle()
+    run(body, prefill_budget=32, serial_joins=serial)
+
+
+def test_the_orchestrator_reads_serial_joins_and_names_a_bad_value():
+    from orchestrator.config import OrchestratorConfig
+
+    assert OrchestratorConfig.from_parameters({}).serial_joins is False
+    assert OrchestratorConfig.from_parameters({"serial_joins": "on"}).serial_joins is True
+    with pytest.raises(ValueError, match="parameter serial_joins must be on or off, got 'yes'"):
+        OrchestratorConfig.from_parameters({"serial_joins": "yes"})

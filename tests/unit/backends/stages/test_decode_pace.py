@@ -22,6 +22,39 @@ def test_launches_wait_for_the_interval_until_the_pacing_ends():
 def test_no_pacing():
     for pacing in (Pacing(), Pacing.starting(0, 100, now=1.0), Pacing.starting(40, 0, now=1.0)):
         assert pacing.wait_s(last_launch=1.0, now=1.0) == 0.0
+    assert not Pacing().serial(1.0) and not Pacing.starting(40, 0, now=1.0).serial(1.0)
+
+
+def test_a_pacing_of_interval_0_runs_the_steps_one_at_a_time_until_it_ends():
+    pacing = Pacing.starting(0, 100, now=1.0)
+    assert pacing.serial(1.05) and not pacing.serial(1.1)
+    assert Pacing.starting(40, 100, now=1.0).serial(1.05)  # a spaced pacing too
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_steps_one_at_a_time_leave_none_in_flight_at_a_launch(device, monkeypatch):
+    """With ``pace(0, ...)`` no step is launched while another is in flight (the overlap is off, so a sequence
+    admitted meanwhile joins the next launch), and the tokens are those of the sequence stepped alone."""
+    worker = worker_on(device, max_batch=2)
+    in_flight_at_launch: list[bool] = []
+    launch = worker._launch
+
+    def watched_launch():
+        in_flight_at_launch.append(worker._in_flight is not None)
+        return launch()
+
+    try:
+        reference = alone(worker, first=5, page=1, steps=5)
+        worker.eos_ids = []
+        monkeypatch.setattr(worker, "_launch", watched_launch)
+        worker.pace(0, 60_000)
+        steps = attach_queue(worker)
+        admit(worker, "a", 5, 1, max_tokens=5)
+        tokens, _, _ = collect(steps, ["a"])
+        assert tokens["a"] == reference
+        assert len(in_flight_at_launch) >= 5 and not any(in_flight_at_launch), in_flight_at_launch
+    finally:
+        worker.shutdown()
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
