@@ -3,6 +3,7 @@ records' clock; the work's result and exceptions pass through."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 
 import pytest
@@ -38,3 +39,23 @@ def test_the_works_exception_propagates_and_the_ticker_stops():
         assert len(asyncio.all_tasks()) == 1  # only main: the ticker was cancelled
 
     asyncio.run(main())
+
+
+def test_the_heap_is_frozen_before_the_work_and_its_full_collections_are_kept():
+    """Objects alive before the work are frozen (a full collection skips them); a full collection during the work
+    is listed with its duration (ms)."""
+    kept = [[n] for n in range(1000)]  # tracked objects alive before the work
+    callbacks_before = len(gc.callbacks)
+
+    async def work() -> int:
+        frozen = gc.get_freeze_count()
+        gc.collect()  # a full collection during the work
+        return frozen
+
+    try:
+        frozen, lag = asyncio.run(client_loop.watched(work()))
+        assert frozen >= len(kept) and lag["frozen_objects"] == frozen
+        assert len(lag["full_collections_ms"]) == 1 and lag["full_collections_ms"][0] >= 0.0
+        assert len(gc.callbacks) == callbacks_before  # its callback removed
+    finally:
+        gc.unfreeze()
