@@ -5,6 +5,12 @@ replaced before it is read: swapped for a FIFO, its open waits for a writer and 
 user's break test, swapping an allowed image for a FIFO by rename while requests named it). Here the file is opened
 with ``O_NONBLOCK``, which returns at once for a FIFO, and checked on the open descriptor (``fstat``), which no later
 swap changes; a regular file's reads then block as usual.
+
+Every media file named by path is opened here: an image for its header probe (``probe.probe_image``) and its read
+for decoding (``backends.stages.flashcodec_worker``); a video for each demux, with PyAV reading the open file object
+(``probe.open_container``: the probe, the GOP map, the sequential decode, and each ``gop_reader.GopReader``, which
+opens the path again where it runs: a GOP-parallel worker process, an NVDEC session thread or helper process).
+PyNvVideoCodec decodes only packets PyAV has read; no library opens a video by its name.
 """
 from __future__ import annotations
 

@@ -2,6 +2,7 @@
 CPU worker process (PyAV's decoder) and of an NVDEC session thread (`nvdec_session.NvdecPackets`)."""
 from __future__ import annotations
 
+import contextlib
 import os
 from collections import deque
 from dataclasses import dataclass
@@ -81,7 +82,8 @@ class GopReader:
     """Runs `GopJob`s on one video file with PyAV, keeping the container open between jobs.
 
     `threads`: FFmpeg slice threads per decode (1 when processes already use every core). Not thread-safe:
-    one reader per worker.
+    one reader per worker. A path is opened where the reader runs, by `probe.open_container`, which raises MediaError
+    for one that is not a regular file by then (swapped for a FIFO since the video was mapped) or not a video.
     """
 
     def __init__(self, source: Source, threads: int = 1):
@@ -89,14 +91,15 @@ class GopReader:
         self._open()
 
     def _open(self) -> None:
-        self.container = open_container(self.source)
+        self._opened = contextlib.ExitStack()  # the container and the file it reads (`probe.open_container`)
+        self.container = self._opened.enter_context(open_container(self.source))
         self.stream = self.container.streams.video[0]
         self.stream.thread_type = "SLICE"  # frame threading can deadlock on close when stopping early (PyAV #1849)
         self.stream.codec_context.thread_count = self.threads
         self._packets, self._next = iter_packets(self.container), 0  # the next packet's decode-order index
 
     def close(self) -> None:
-        self.container.close()
+        self._opened.close()
 
     def _goto(self, index: int, key_pts: int) -> None:
         """Make packet `index` (a keyframe with PTS `key_pts`, unique in the stream) the next one read."""
@@ -113,7 +116,7 @@ class GopReader:
                 return
             if packet.is_keyframe and packet.pts is not None and packet.pts > key_pts:
                 break  # overshot: this container's seek is not exact
-        self.container.close()
+        self.close()
         self._open()  # read from the start instead: demuxing is cheap next to decoding
         for _ in zip(range(index), self._packets):
             pass
@@ -186,7 +189,7 @@ class ReaderCache:
         self._readers: dict[tuple, GopReader] = {}
 
     def get(self, path: str) -> GopReader:
-        """A reader of `path`. Raises MediaError when the file is gone."""
+        """A reader of `path`. Raises MediaError when the file is gone, or as `GopReader` does."""
         for key in [k for k in self._readers if _identity(k[0]) != k]:
             self._readers.pop(key).close()
         key = _identity(path)

@@ -4,11 +4,12 @@ Token counts, admission and frame sampling are decided from this alone (cases C3
 """
 from __future__ import annotations
 
+import contextlib
 import io
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Union
+from typing import BinaryIO, Callable, Iterator, Union
 
 import av
 from PIL import ExifTags, Image, UnidentifiedImageError
@@ -85,15 +86,28 @@ class ImageInfo:
     orientation: int = 1
 
 
-def open_container(source: Source) -> av.container.InputContainer:
-    """Open `source` with PyAV. Raises MediaError if FFmpeg cannot read it or it is an image format."""
+@contextlib.contextmanager
+def open_container(source: Source) -> Iterator[av.container.InputContainer]:
+    """`source` opened with PyAV, closed on exit with the file it reads. A path is opened by `files.open_regular` and
+    PyAV reads that open file, so a path swapped for a FIFO after the request's check cannot block the reader.
+
+    Raises MediaError if a path cannot be opened or is not a regular file, FFmpeg cannot read it, it is an image
+    format, or it has no video stream.
+    """
+    file = io.BytesIO(source) if isinstance(source, bytes) else open_regular(source, "video")
+    with file, _video_container(file) as container:
+        yield container
+
+
+def _video_container(file: BinaryIO) -> av.container.InputContainer:
+    """PyAV's container of the open `file` (left open: the caller closes it). Raises MediaError as `open_container`."""
     try:
-        container = av.open(io.BytesIO(source) if isinstance(source, bytes) else str(source), metadata_errors="ignore")
-    except av.FFmpegError as exc:  # strerror: FFmpeg's words without the errno and the "<none>" file name
+        container = av.open(file, metadata_errors="ignore")
+    except av.FFmpegError as exc:  # strerror: FFmpeg's words without the errno and the file's name
         raise MediaError("video: not a decodable video file, or truncated before its index "
                          f"({exc.strerror or exc})") from exc
     name = container.format.name
-    if name.endswith("_pipe") or name == "image2":
+    if name.endswith("_pipe"):  # from a file object FFmpeg knows images by content alone (jpeg_pipe, png_pipe)
         container.close()
         raise MediaError(f"video: this is an image ({name}), not a video file")
     if not container.streams.video:
@@ -180,7 +194,8 @@ def probe_video(source: Source) -> VideoInfo:
     Only the first frame is decoded: PyAV 16 exposes the display matrix (rotation) on frames only, and this
     also proves the stream decodable. Only complete packets count (`read_packets`). Packets without
     timestamps get `i / fps`. Raises MediaError for a file that is not a video, has no video stream, no
-    complete packet, no decodable frame, or no frame rate.
+    complete packet, no decodable frame, or no frame rate, and for a path that cannot be opened or is not a regular
+    file by the time it is opened (`open_container`).
     """
     with open_container(source) as container:
         return info_from_packets(container.streams.video[0], *scan_packets(container))

@@ -1,6 +1,7 @@
 """orchestrator/media.py's probe of a video file is kept for the next request about the same file, and made again
-once the file is rewritten; a file gone since the request was checked is a bad input naming it; the server's media
-defaults (the ``media_defaults`` parameter) fill what a request leaves unset, and bad ones name the parameter."""
+once the file is rewritten; a file gone since the request was checked, or swapped for a FIFO, is a bad input naming
+it (at once: no reader blocks); the server's media defaults (the ``media_defaults`` parameter) fill what a request
+leaves unset, and bad ones name the parameter."""
 import json
 import os
 import re
@@ -14,6 +15,7 @@ from orchestrator.inputs import MediaInput
 from orchestrator.sampling_params import InvalidInput, parse_sampling_parameters
 from orchestrator.config import OrchestratorConfig
 from tests.media import make_video
+from tests.unit.flashcodec.test_files import NOT_REGULAR, refused_at_once, swap_for_a_fifo
 
 
 def test_a_video_files_probe_is_kept_until_the_file_changes(tmp_path, monkeypatch):
@@ -34,6 +36,17 @@ def test_a_video_files_probe_is_kept_until_the_file_changes(tmp_path, monkeypatc
         media.probe_media(item)
     media.probe_media(MediaInput("video", data=b"bytes"))  # bytes are probed every time
     assert probes[-1] == b"bytes"
+
+
+def test_a_video_file_swapped_for_a_fifo_after_its_check_is_refused_at_once(tmp_path):
+    path = tmp_path / "clip.mp4"
+    make_video(path, num_frames=6)
+    media._probe_video_file.cache_clear()
+    item = MediaInput("video", path=str(path), input="video_url")
+    assert media.probe_media(item).num_frames == 6
+    swap_for_a_fifo(path)  # a new file: probed again, not answered from the kept probe
+    message = refused_at_once(lambda: media.probe_media(item), InvalidInput, path)
+    assert message == f"video_url: {NOT_REGULAR}"
 
 
 def test_a_file_replaced_with_its_old_size_and_times_is_another_item(tmp_path):
