@@ -1,14 +1,16 @@
 """What big echoed answers cost the other streams of the same OpenAI API process.
 
     python bench/big_reply_stall.py --out DIR [--streams 8] [--stream-tokens 1024] [--prompt-tokens 4096] [--top 20]
-                                    [--concurrent 1] [--n 1] [--big-stream] [--rounds 3] [--name NAME]
+                                    [--concurrent 1] [--n 1] [--big-stream] [--tokenize] [--rounds 3] [--name NAME]
 
 Serves UnifiedServe as the peer benchmark does (``bench.peer.servers``, the tiny default model; the OpenAI API with
 one worker process by default, so that every request shares its event loop), then per round: ``--streams`` streamed
 chat requests of ``--stream-tokens`` tokens (``ignore_eos``; enough to outlast the big requests) and, once they
 stream, ``--concurrent`` completions requests at once, each echoing a prompt of ``--prompt-tokens`` token ids
 with its tokens' log probabilities and ``--top`` top tokens each (lm-evaluation-harness's loglikelihood request:
-``echo``, ``logprobs``, ``max_tokens`` 0), ``--n`` choices each, streamed with ``--big-stream``. A big answer is
+``echo``, ``logprobs``, ``max_tokens`` 0), ``--n`` choices each, streamed with ``--big-stream``; with ``--tokenize``
+instead ``/tokenize`` requests of a text of ``--prompt-tokens`` printable characters (one token each) asking for each
+token's string (``return_token_strs``: the orchestrator's ``orchestrator/token_strings.py``). A big answer is
 several MB of JSON (``bytes``), which the API process reads and writes. Per round, from the clients' records
 (``bench.peer.load``): ``reply_ms``, the big requests' latencies; ``gap_max_ms`` / ``gap_p99_ms``, the streams'
 longest and p99 gap between tokens over the round; ``longest_gaps``, the three longest as (ms, start, end), ms after
@@ -38,20 +40,31 @@ START_AFTER_S = 1.0  # the big requests are sent this long after the streams
 
 
 async def big_request(client: httpx.AsyncClient, url: str, body: dict) -> tuple[float, int]:
-    """(when the answer was whole: time.perf_counter() seconds, its bytes) of one echo request."""
-    async with client.stream("POST", f"{url}/v1/completions", json=body) as response:
+    """(when the answer was whole: time.perf_counter() seconds, its bytes) of one big request (``/tokenize`` for a
+    body with ``return_token_strs``, else ``/v1/completions``)."""
+    route = "/tokenize" if "return_token_strs" in body else "/v1/completions"
+    async with client.stream("POST", f"{url}{route}", json=body) as response:
         response.raise_for_status()
         size = sum([len(chunk) async for chunk in response.aiter_bytes()])
     return time.perf_counter(), size
 
 
-async def one_round(target: Target, args: argparse.Namespace, prompt: list[int]) -> dict:
+def big_body(model: str, args: argparse.Namespace) -> dict:
+    """A big request's JSON body (module docstring)."""
+    if args.tokenize:  # printable characters, one token each in the tiny tokenizer
+        return {"model": model, "prompt": "".join(chr(32 + k % 94) for k in range(args.prompt_tokens)),
+                "return_token_strs": True}
+    prompt = [k % 94 for k in range(args.prompt_tokens)]  # token ids: the tiny tokenizer's printable bytes
+    return {"model": model, "prompt": prompt, "echo": True, "logprobs": args.top, "max_tokens": 0, "n": args.n,
+            "stream": args.big_stream}
+
+
+async def one_round(target: Target, args: argparse.Namespace) -> dict:
     request = ChatRequest("text", chat_parts(TEXT_PROMPT), args.stream_tokens)
     start = time.perf_counter()
     loop = asyncio.create_task(open_loop(target, [(0.0, request)] * args.streams, start))
     await asyncio.sleep(START_AFTER_S)
-    body = {"model": target.model, "prompt": prompt, "echo": True, "logprobs": args.top, "max_tokens": 0,
-            "n": args.n, "stream": args.big_stream}
+    body = big_body(target.model, args)
     async with httpx.AsyncClient(timeout=600) as client:
         sent = time.perf_counter()
         answers = await asyncio.gather(*(big_request(client, target.url, body) for _ in range(args.concurrent)))
@@ -79,16 +92,17 @@ def main() -> None:
     parser.add_argument("--concurrent", type=int, default=1, help="big requests sent at once")
     parser.add_argument("--n", type=int, default=1, help="choices a big request")
     parser.add_argument("--big-stream", action="store_true", help="stream the big requests' answers")
+    parser.add_argument("--tokenize", action="store_true",
+                        help="big requests to /tokenize with return_token_strs (a text of --prompt-tokens characters)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--work", default="/tmp/big_reply_stall", help="the server's state and log")
     args = parser.parse_args()
     work = Path(args.work)
     argv, env = servers.command("unifiedserve", work, work, True, [])
     state = servers.start("unifiedserve", argv, env, work / "state", work / "server.log", None, 600.0)
-    prompt = [k % 94 for k in range(args.prompt_tokens)]  # token ids: the tiny tokenizer's printable bytes
     try:
         target = Target("unifiedserve", state["url"], state["model"], timelines=False)
-        warm = {"model": target.model, "prompt": prompt, "echo": True, "logprobs": args.top, "max_tokens": 0}
+        warm = big_body(target.model, args)
 
         async def warm_up():
             async with httpx.AsyncClient(timeout=600) as client:
@@ -96,12 +110,12 @@ def main() -> None:
         asyncio.run(warm_up())
         rounds = []
         for _ in range(args.rounds):
-            rounds.append(asyncio.run(one_round(target, args, prompt)))
+            rounds.append(asyncio.run(one_round(target, args)))
             print(rounds[-1], flush=True)
     finally:
         servers.stop("unifiedserve", work / "state")
     settings = {key: getattr(args, key) for key in ("streams", "stream_tokens", "prompt_tokens", "top", "concurrent",
-                                                    "n", "big_stream")}
+                                                    "n", "big_stream", "tokenize")}
     path = write(Path(args.out), args.name, {**header(torch.device("cpu")), "server_argv": argv, **settings,
                                               "rounds": rounds})
     print(f"wrote {path}")

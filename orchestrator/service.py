@@ -49,6 +49,7 @@ from orchestrator.scheduler import Scheduler, SchedulerConfig
 from orchestrator.sequence import Group
 from orchestrator.stage_clients import LinkMedia, Links, LinkStages
 from orchestrator.timeline import NO_TIMELINE, Timeline
+from orchestrator.token_strings import TokenStrings
 from orchestrator.visual_cap import CapApplied
 
 log = logging.getLogger(__name__)
@@ -72,10 +73,11 @@ class Admitted:
 @dataclass(frozen=True)
 class Tokenized:
     """A ``tokenize_only`` request's prompt (:meth:`Orchestrator.tokenize`): ``token_strings``, each id's token
-    (``convert_ids_to_tokens``), and what ``Admitted`` would hold of its media and text."""
+    (``convert_ids_to_tokens``) as UTF-8 bytes (``orchestrator.token_strings``), and what ``Admitted`` would hold of
+    its media and text."""
 
     prompt: Prompt
-    token_strings: list[str]
+    token_strings: list[bytes]
     visual_cap: CapApplied | None
     media: list[dict] | None
     prompt_text: str | None
@@ -103,7 +105,7 @@ class Orchestrator:
         self.family = config.model.family  # its media rules and prompt text
         self.tokenizer = model_tokenizer(config.model)
         self.sampled_ids = sampled_ids(config.model, self.tokenizer)  # stop_token_ids' bound
-        self.outputs = OutputProcessor(self.tokenizer)
+        self.outputs, self.token_strings = OutputProcessor(self.tokenizer), TokenStrings(self.tokenizer)
         self.links = Links()
         self.engines: list[Engine] = []
         self._ready: asyncio.Future | None = None
@@ -226,7 +228,7 @@ class Orchestrator:
         Raises InvalidInput as admission's planning does (media, token ids outside the vocabulary)."""
         def planned(parsed: ParsedRequest) -> Tokenized:
             infos, plans, cap, prompt, _, text = self._prompt_of(parsed, reserved_ok=True)
-            strings = self.tokenizer.convert_ids_to_tokens(list(prompt.input_ids))
+            strings = self.token_strings.of(prompt.input_ids)
             return Tokenized(prompt, strings, cap, media_report(infos, plans) or None, text)
         return await admission_runner(parsed)(planned, parsed)
 
