@@ -90,10 +90,11 @@ def test_non_streaming_returns_the_whole_text_once(grpc_url, bunny, bunny_refere
 @pytest.fixture(scope="module")
 def slo_server(media_dir, tmp_path_factory):
     """A server whose budgets follow the SLO policy (orchestrator/budget_policy.py), small enough that requests take
-    several steps, and whose decode is paced while a step ends image prompts (orchestrator/decode_pace.py)."""
+    several steps, and whose decode is paced while a step ends image prompts, and runs its steps one at a time while
+    one ends any prompt beside it (``serial_joins``; orchestrator/decode_pace.py)."""
     repository = repository_with(tmp_path_factory.mktemp("slo") / "repository", {"orchestrator": {
         "slo_scheduling": "true", "slo_text_ttft_ms": "500", "slo_video_tbt_ms": "40", "prefill_budget": "64",
-        "decode_pace_ms": "20"}})
+        "decode_pace_ms": "20", "serial_joins": "on"}})
     with serve(media_dir, repository) as server:
         yield server
 
