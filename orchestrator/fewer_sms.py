@@ -7,10 +7,10 @@ A step is marked when decode holds a stream whose TBT target (``slo_<modality>_t
 encode or prefill work of a modality of ``fewer_sms_kinds`` (the orchestrator's parameter: ``video``, the default,
 or ``video,image``) and no media work of another; with ``text`` among them (``video,text``, ``video,image,text``)
 also a step with no media work that ends no more prompts than there are requests decoding (:func:`favours_decode`:
-the step the decode pacer leaves unpaced, ``orchestrator.decode_pace``). Why a video's by default: its TTFT is seconds away, so its chunks
-can give up SMs, its last one too, while an image's TTFT cannot (its steps are paced instead,
-``orchestrator.decode_pace``); and streams with the default 50-ms target (the video goodput workload's answers) keep
-their TBT beside chunks on the whole GPU. ``video,image`` is for models whose decode step is long beside an image's
+the step the decode pacer leaves unpaced, ``orchestrator.decode_pace``). Why a video's by default: its TTFT is
+seconds away, so its chunks can give up SMs, its last one too, while an image's TTFT cannot (its steps are paced
+instead, ``orchestrator.decode_pace``); and streams with the default 50-ms target (the video goodput workload's
+answers) keep their TBT beside chunks on the whole GPU. ``video,image`` is for models whose decode step is long beside an image's
 (a 38B language model's: each decode step reads its 61 GiB of weights while the images' steps run). ``text`` is for
 a burst of text prompts: 32 at once reach decode over three steps, and the last (14 prompts beside the 18 streams the
 one before ended, on the H100 of bench/results/peer/h100-run-2026-12-06/) slowed decode's steps from 6.7 to 10-12 ms
@@ -45,7 +45,8 @@ TEXT = "text"
 
 def kinds_parameter(params: dict[str, str]) -> frozenset[str]:
     """The ``fewer_sms_kinds`` parameter (``video``, ``image``, ``video,image``, ``video,text`` or
-    ``video,image,text``: ``triton_io.CHOICES``; empty or absent: :data:`DEFAULT_KINDS`) as a set. Raises ValueError naming the parameter for another value."""
+    ``video,image,text``: ``triton_io.CHOICES``; empty or absent: :data:`DEFAULT_KINDS`) as a set. Raises ValueError
+    naming the parameter for another value."""
     value = params.get("fewer_sms_kinds", "").strip()
     return frozenset(choice_value("fewer_sms_kinds", value).split(",")) if value else DEFAULT_KINDS
 

@@ -149,7 +149,8 @@ class DecodeWorker:
 
     def pace(self, interval_ms: float, for_ms: float) -> None:
         """Launch steps ``interval_ms`` apart (0: one at a time, none spaced) for ``for_ms`` from now (0: end the
-        pacing; ``decode_pace``), reading each step before the wait or the next launch. Raises ValueError for values that are not numbers (the loop thread must not fail)."""
+        pacing; ``decode_pace``), reading each step before the wait or the next launch. Raises ValueError for values
+        that are not numbers (the loop thread must not fail)."""
         self.commands.put(("pace", (float(interval_ms), float(for_ms)), None))
 
     def abort(self, seq_id: str, done: Callable[[], None]) -> None:

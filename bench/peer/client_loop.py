@@ -14,6 +14,11 @@ during a scenario held the loop for 100 ms on the CPU machine (a fake server's 3
 passes), so every stream's next chunk was stamped that late: 32 gaps, where the TBT p99 of 32 such streams is the
 82nd largest gap. Frozen, the collector skips them (the serving processes do the same, ``backends/gc_heap.py``).
 The full collections that still run during the work are kept (``full_collections_ms``).
+
+A scenario runs on uvloop (:func:`run`; libuv's event loop, the one uvicorn serves with): against that fake server
+httpx then read a chunk for 57-58 us of the client's CPU instead of 88-92 on asyncio's own loop: headroom for a
+client whose loop fell behind the server in 6 of 16 passes of text_c32 on an H100
+(bench/results/peer/settings-h100-2026-12-06/README.md).
 """
 from __future__ import annotations
 
@@ -21,6 +26,8 @@ import asyncio
 import gc
 import time
 from typing import Awaitable, TypeVar
+
+import uvloop
 
 from bench.serve_bench import distribution
 
@@ -80,3 +87,8 @@ def overlaps(stalls: list[list[float]], start_s: float, end_s: float, min_ms: fl
     """Whether a stall's busy span (``[end - lag, end]``) and ``[start_s, end_s]`` (``time.perf_counter()``
     seconds) share at least ``min_ms``: the loop was busy for that long within the span."""
     return any((min(end, end_s) - max(end - lag / 1e3, start_s)) * 1e3 >= min_ms for end, lag in stalls)
+
+
+def run(work: Awaitable[T]) -> tuple[T, dict]:
+    """:func:`watched` of ``work`` on a new uvloop event loop (module docstring), closed after."""
+    return uvloop.run(watched(work))

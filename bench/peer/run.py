@@ -203,8 +203,8 @@ def run_scenarios(args: argparse.Namespace, system: str) -> int:
         profiled = profiled_processes(state, args.py_spy) if port and args.py_spy else {}
         spied = p["out"] / "py_spy" / system / raw_stem(name, index)
         with GpuSampler() as gpu, py_spy.Profiles(profiled, spied) as profiles:
-            records, base["client_loop"] = asyncio.run(client_loop.watched(scenarios.run(
-                name, target, inputs, args.requests, args.seed, args.questions, args.streams)))
+            records, base["client_loop"] = client_loop.run(scenarios.run(
+                name, target, inputs, args.requests, args.seed, args.questions, args.streams))
         base["gpu_busy"] = gpu.result
         if profiled:
             write(p["out"], f"py_spy_{raw_stem(name, index)}", {**base, "py_spy": profiles.result})

@@ -59,3 +59,12 @@ def test_the_heap_is_frozen_before_the_work_and_its_full_collections_are_kept():
         assert len(gc.callbacks) == callbacks_before  # its callback removed
     finally:
         gc.unfreeze()
+
+
+def test_run_watches_the_work_on_a_uvloop_loop():
+    async def work() -> str:
+        await asyncio.sleep(0.005)
+        return type(asyncio.get_running_loop()).__module__
+
+    module, lag = client_loop.run(work())
+    assert module.startswith("uvloop") and lag["ticks"] > 0
