@@ -4,18 +4,20 @@ stage runs them on its green context of ``sms_while_decoding`` SMs where one is 
 
 A step is marked when decode holds a stream whose TBT target (``slo_<modality>_tbt_ms`` divided by
 ``decode_priority_boost``) is tighter than :data:`~orchestrator.budget_policy.DEFAULT_TBT_MS`, and the step carries
-encode or prefill work of a modality of ``fewer_sms_kinds`` (the orchestrator's parameter: ``video``, the default,
-or ``video,image``) and no media work of another; with ``text`` among them (``video,text``, ``video,image,text``)
-also a step with no media work that ends no more prompts than there are requests decoding (:func:`favours_decode`:
-the step the decode pacer leaves unpaced, ``orchestrator.decode_pace``). Why a video's by default: its TTFT is
-seconds away, so its chunks can give up SMs, its last one too, while an image's TTFT cannot (its steps are paced
-instead, ``orchestrator.decode_pace``); and streams with the default 50-ms target (the video goodput workload's
-answers) keep their TBT beside chunks on the whole GPU. ``video,image`` is for models whose decode step is long beside an image's
-(a 38B language model's: each decode step reads its 61 GiB of weights while the images' steps run). ``text`` is for
-a burst of text prompts: 32 at once reach decode over three steps, and the last (14 prompts beside the 18 streams the
+encode or prefill work of a modality of ``fewer_sms_kinds`` (the orchestrator's parameter: ``video``, the default, or
+``video,image``) and no media work of another; with ``text`` among them (``video,text``, ``video,image,text``) also a
+step with no media work that ends no more prompts than there are requests decoding (:func:`favours_decode`: the step
+the decode pacer leaves unpaced, ``orchestrator.decode_pace``). Why a video's by default: its TTFT is seconds away,
+so its chunks can give up SMs, its last one too, while an image's TTFT cannot (its steps are paced instead,
+``orchestrator.decode_pace``); and streams with the default 50-ms target (the video goodput workload's answers) keep
+their TBT beside chunks on the whole GPU. ``video,image`` is for models whose decode step is long beside an image's
+(a 38B language model's: each decode step reads its 61 GiB of weights while the images' steps run). ``text`` is for a
+burst of text prompts: 32 at once reach decode over three steps, and the last (14 prompts beside the 18 streams the
 one before ended, on the H100 of bench/results/peer/h100-run-2026-12-06/) slowed decode's steps from 6.7 to 10-12 ms
-for 87 ms, the second token of those 18 streams with them: most of the gaps over 10 ms, where the target is a TBT
-p99 under 10 (issue 20); those prompts' TTFT lies past the p50 whichever way.
+for 87 ms, the second token of those 18 streams with them: about half of the run's gaps over 10 ms (133 of 274),
+where the target is a TBT p99 under 10 (issue 20); those prompts' TTFT lies past the p50 whichever way. On an H100
+(bench/results/peer/settings-h100-2026-12-06/) the text kind alone gave a TBT p99 of 13.1-13.9 ms for those 32
+prompts, within the spread between starts: off by default.
 
 Measured on one H200, 16 text streams (15-ms TBT target) beside the 3-minute video, 120 of 132 SMs
 (bench/results/peer/settings-thirteenth-2026-12-04/README.md and the runs it names):
