@@ -14,10 +14,10 @@ their TBT beside chunks on the whole GPU. ``video,image`` is for models whose de
 (a 38B language model's: each decode step reads its 61 GiB of weights while the images' steps run). ``text`` is for a
 burst of text prompts: 32 at once reach decode over three steps, and the last (14 prompts beside the 18 streams the
 one before ended, on the H100 of bench/results/peer/h100-run-2026-12-06/) slowed decode's steps from 6.7 to 10-12 ms
-for 87 ms, the second token of those 18 streams with them: about half of the run's gaps over 10 ms (133 of 274),
-where the target is a TBT p99 under 10 (issue 20); those prompts' TTFT lies past the p50 whichever way. On an H100
-(bench/results/peer/settings-h100-2026-12-06/) the text kind alone gave a TBT p99 of 13.1-13.9 ms for those 32
-prompts, within the spread between starts: off by default.
+for 87 ms, the second token of those 18 streams with them: of the run's 274 gaps over 10 ms, 133 came in its first
+0.3 s, during that step and the one before, where the target is a TBT p99 under 10 (issue 20); those prompts' TTFT
+lies past the p50 whichever way. On an H100 (bench/results/peer/settings-h100-2026-12-06/) the text kind alone gave a
+TBT p99 of 13.1-13.9 ms for those 32 prompts, within the spread between starts: off by default.
 
 Measured on one H200, 16 text streams (15-ms TBT target) beside the 3-minute video, 120 of 132 SMs
 (bench/results/peer/settings-thirteenth-2026-12-04/README.md and the runs it names):
