@@ -13,7 +13,7 @@ what the streams got; their ``text_only_tbt_p99_ms`` and ``text_tbt_window_ratio
 ``reusable_hit_rate``, the first and later questions' TTFT p50 and p90, ``slo_attainment``: ``bench.peer.figures``);
 ``text_c32_structured``'s as ``text_c32``'s (ms unless named; null where a scenario was not run or its requests failed; a fixed scenario run in several passes,
 ``run.py --passes``: each figure's median over them). ``report.json`` holds what backs them (every pass's figures
-under ``passes``):
+and load-generator loop lag under ``passes``: a pass whose client fell behind is seen there):
 per system and scenario the request and error counts, the server's command line, whether its requests asked for
 their timelines (``timelines``: ``run.py --no-timelines``), its prefix-cache counters' increase
 (``bench.peer.prefix_cache``), the prompt tokens per request kind (both systems must count the same) and,
@@ -127,7 +127,7 @@ def system_figures(runs: dict[str, dict], references: dict[str, dict[str, float]
             summary[name] = median_figures(per_pass)
             report["passes"][name] = [{"requests": len(d.get("records", [])),
                                        "errors": sum(r.get("error") is not None for r in d.get("records", [])),
-                                       "figures": f} for d, f in zip(passes[name], per_pass)]
+                                       "figures": f, **_client_loop(d)} for d, f in zip(passes[name], per_pass)]
     for name, data in runs.items():
         if "records" in data:
             records = data["records"]
@@ -141,9 +141,7 @@ def system_figures(runs: dict[str, dict], references: dict[str, dict[str, float]
                                          "prompt_tokens": tokens,
                                          **{key: data[key] for key in ("server_metrics", "process_busy", "gpu_busy",
                                                                        "prefix_cache", "server_argv", "timelines")
-                                            if data.get(key) is not None},
-                                         **({"client_loop": {k: v for k, v in data["client_loop"].items()
-                                                             if k != "stalls"}} if data.get("client_loop") else {})}
+                                            if data.get(key) is not None}, **_client_loop(data)}
         elif name == "crosscheck":
             report["crosscheck"] = {k: v for k, v in data.items() if k in ("workload", "vllm_bench_serve", "ours",
                                                                            "ours_over_vllm_bench")}
@@ -157,6 +155,13 @@ def system_figures(runs: dict[str, dict], references: dict[str, dict[str, float]
                                                             "best_unloaded_ttft_ms": own["best_unloaded_ttft_ms"],
                                                             "attainment": own.get("attainment")}
     return summary, report
+
+
+def _client_loop(data: dict) -> dict:
+    """``{"client_loop": ...}``: a raw run's load-generator loop lag without its stalls (``bench.peer.client_loop``;
+    a pass whose client fell behind shows it here), or nothing for a run without one."""
+    loop = data.get("client_loop")
+    return {"client_loop": {k: v for k, v in loop.items() if k != "stalls"}} if loop else {}
 
 
 def ratios(systems: dict[str, dict]) -> dict[str, dict[str, float]]:

@@ -161,11 +161,13 @@ def test_summary_of_two_systems_holds_the_issues_keys_goodput_and_the_prompt_tok
 
 def test_a_fixed_scenario_run_in_passes_has_each_figures_median_in_the_summary_and_every_pass_in_the_report(tmp_path):
     """``run.py --passes 3``: ``text_c1.json``, ``text_c1.pass2.json``, ``text_c1.pass3.json``; the summary takes the
-    median of each figure over them (here the TTFT of one pass and the TBT of another), the report every pass's."""
+    median of each figure over them (here the TTFT of one pass and the TBT of another), the report every pass's, with
+    each pass's load-generator loop lag (stalls left out)."""
     for index, (ttft_s, gap_s) in enumerate(((0.030, 0.005), (0.010, 0.007), (0.020, 0.004)), start=1):
         write(tmp_path / "raw" / "unifiedserve", raw_stem("text_c1", index),
               {"system": "unifiedserve", "scenario": "text_c1", "pass": index, "date": "d", "device": "H200",
-               "versions": {}, "server_version": "v", "records": [record("text", 0, ttft_s, gap_s)]})
+               "versions": {}, "server_version": "v", "records": [record("text", 0, ttft_s, gap_s)],
+               "client_loop": {"ticks": 100 * index, "lag_p99_ms": 1.0, "stalls": [[1.0, 3.0]]}})
     summary = json.loads(write_summary(tmp_path).read_text())
     assert summary["systems"]["unifiedserve"]["text_c1"] == pytest.approx({"ttft_ms": 20.0, "tbt_mean_ms": 5.0})
     report = json.loads((tmp_path / "report.json").read_text())
@@ -174,6 +176,7 @@ def test_a_fixed_scenario_run_in_passes_has_each_figures_median_in_the_summary_a
         pytest.approx({"ttft_ms": 30.0, "tbt_mean_ms": 5.0}), pytest.approx({"ttft_ms": 10.0, "tbt_mean_ms": 7.0}),
         pytest.approx({"ttft_ms": 20.0, "tbt_mean_ms": 4.0})]
     assert [(p["requests"], p["errors"]) for p in passes] == [(1, 0)] * 3
+    assert [p["client_loop"] for p in passes] == [{"ticks": 100 * k, "lag_p99_ms": 1.0} for k in (1, 2, 3)]
     assert report["systems"]["unifiedserve"]["scenarios"]["text_c1"]["requests"] == 1  # the first pass's
 
 
