@@ -15,6 +15,7 @@ PyNvVideoCodec decodes only packets PyAV has read; no library opens a video by i
 from __future__ import annotations
 
 import fcntl
+import io
 import os
 import stat
 from pathlib import Path
@@ -41,6 +42,11 @@ def open_regular(path: str | Path, kind: str) -> BinaryIO:
     except BaseException:
         os.close(fd)
         raise
+
+
+def open_source(source: bytes | str | Path, kind: str) -> BinaryIO:
+    """A media source to read: its bytes as an in-memory file, or its path by ``open_regular`` (raises as it does)."""
+    return io.BytesIO(source) if isinstance(source, bytes) else open_regular(source, kind)
 
 
 def read_regular(path: str | Path, kind: str) -> bytes:

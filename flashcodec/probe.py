@@ -5,7 +5,6 @@ Token counts, admission and frame sampling are decided from this alone (cases C3
 from __future__ import annotations
 
 import contextlib
-import io
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +14,7 @@ import av
 from PIL import ExifTags, Image, UnidentifiedImageError
 
 from flashcodec.errors import NOT_AN_IMAGE, MediaError, TooManyPixels
-from flashcodec.files import open_regular
+from flashcodec.files import open_source
 
 Source = Union[bytes, str, Path]  # the media file's bytes, or its path
 FIRST_PACKETS = 64  # packets kept (with their data) to decode the first frame from
@@ -94,7 +93,7 @@ def open_container(source: Source) -> Iterator[av.container.InputContainer]:
     Raises MediaError if a path cannot be opened or is not a regular file, FFmpeg cannot read it, it is an image
     format, or it has no video stream.
     """
-    file = io.BytesIO(source) if isinstance(source, bytes) else open_regular(source, "video")
+    file = open_source(source, "video")
     with file, _video_container(file) as container:
         yield container
 
@@ -260,7 +259,7 @@ def probe_image(data: Source) -> ImageInfo:
     Raises MediaError if Pillow cannot identify the bytes, the image exceeds Pillow's decompression-bomb limit, or a
     path is not a regular file by the time it is opened (`files.open_regular`: a FIFO would block the reader).
     """
-    source = io.BytesIO(data) if isinstance(data, bytes) else open_regular(data, "image")
+    source = open_source(data, "image")
     try:
         with source, Image.open(source) as img:
             orientation = exif_orientation(img)

@@ -41,7 +41,7 @@ from typing import Callable, Sequence
 
 from backends.ipc.protocol import StepPlan
 from orchestrator.budget_policy import SloTargets
-from orchestrator.fewer_sms import favours_decode
+from orchestrator.fewer_sms import ending_kinds, favours_decode
 
 PACE_FOR_MS = 1000.0  # a pacing the orchestrator does not end (a step longer than this) ends itself
 TARGET_SHARE = 0.8  # the most of a TBT target a paced gap may take
@@ -64,8 +64,8 @@ class DecodePacer:
         request in the decode batch, ``kind_of(req_id)`` a request's modality (None: it has gone)."""
         if not decoding or 2 * plan.num_prefill_tokens < self.prefill_budget:
             return 0.0
-        ending = {kind for work in plan.prefill if work.is_last and (kind := kind_of(work.req_id)) is not None}
-        if not PACING_KINDS.intersection(ending) and favours_decode(plan, decoding, kind_of):
+        ending = ending_kinds(plan, kind_of)
+        if not PACING_KINDS.intersection(ending) and favours_decode(ending, decoding):
             return 0.0  # a video's prompt ending does not count: its steps are never paced
         return min(self.pace_ms, TARGET_SHARE * self.targets.tightest_tbt_ms(decoding, self.boost))
 
@@ -73,4 +73,4 @@ class DecodePacer:
 def joins_decode(plan: StepPlan, decoding: Sequence[str], kind_of: Callable[[str], str | None]) -> bool:
     """Whether ``plan`` ends a prompt other than a video's while requests are ``decoding`` (their modalities): its
     sequence joins a decode loop that holds streams (module docstring, "Joining decode")."""
-    return bool(decoding) and any(work.is_last and kind_of(work.req_id) not in (None, "video") for work in plan.prefill)
+    return bool(decoding) and any(kind != "video" for kind in ending_kinds(plan, kind_of))

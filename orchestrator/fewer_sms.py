@@ -72,12 +72,17 @@ class FewerSms:
         media = {kind_of(work.req_id) for work in (*plan.encode, *plan.prefill)}.intersection(MEDIA_KINDS)
         if media:
             return media <= self.kinds
-        return TEXT in self.kinds and bool(plan.prefill) and favours_decode(plan, decoding, kind_of)
+        return TEXT in self.kinds and bool(plan.prefill) and favours_decode(ending_kinds(plan, kind_of), decoding)
 
 
-def favours_decode(plan: StepPlan, decoding: Sequence[str], kind_of: Callable[[str], str | None]) -> bool:
-    """Whether ``plan`` ends no more prompts (a video's not counted) than there are requests ``decoding``: the
-    waiting prompts do not outnumber the streams whose gaps a step beside them grows (``orchestrator.decode_pace``
-    paces decode for the other steps)."""
-    ending = [kind for work in plan.prefill if work.is_last and (kind := kind_of(work.req_id)) is not None]
+def ending_kinds(plan: StepPlan, kind_of: Callable[[str], str | None]) -> list[str]:
+    """The modality of each prompt ``plan`` ends (its last prefill chunk), ``kind_of(req_id)`` a request's (None:
+    it has gone, and is left out)."""
+    return [kind for work in plan.prefill if work.is_last and (kind := kind_of(work.req_id)) is not None]
+
+
+def favours_decode(ending: Sequence[str], decoding: Sequence[str]) -> bool:
+    """Whether a step that ends prompts of these modalities (``ending_kinds``) ends no more of them (a video's not
+    counted) than there are requests ``decoding``: the waiting prompts do not outnumber the streams whose gaps a
+    step beside them grows (``orchestrator.decode_pace`` paces decode for the other steps)."""
     return sum(kind != "video" for kind in ending) <= len(decoding)

@@ -237,11 +237,10 @@ class DecodeWorker:
         while not self._stop.is_set():
             # Idle (no sequence may step: none, or each ending or waiting for a page): block until a command comes
             idle = self.sink is None or not self._batch()
-            wait = 0.0 if idle else self._pace_wait()
-            if idle or wait or self._pacing.serial(time.perf_counter()):
+            if idle or self._pacing.serial(time.perf_counter()):
                 # paced: the step in flight goes out before the wait, which counts the read's time
                 self._guarded(self._read_in_flight)
-                wait = 0.0 if idle else self._pace_wait()
+            wait = 0.0 if idle else self._pace_wait()
             try:
                 command = self.commands.get(block=idle or wait > 0, timeout=None if idle else wait)
             except queue.Empty:
