@@ -46,9 +46,10 @@ def hops(records) -> dict[str, dict]:
     gaps: dict[str, list[float]] = {"read_to_received": [], "received_to_sent": []}
     for record in records:
         tokens = (record.timeline or {}).get("tokens") or {}
-        received = tokens.get("received_ms", [])  # tokens from decode: all but the first
-        gaps["read_to_received"] += [b - a for a, b in zip(tokens.get("decode_read_ms", []), received) if a is not None]
-        gaps["received_to_sent"] += [b - a for a, b in zip(received, tokens.get("sent_ms", [])[1:])]
+        received = tokens.get("received_us", [])  # tokens from decode: all but the first; µs since arrival
+        gaps["read_to_received"] += [(b - a) / 1e3 for a, b in zip(tokens.get("decode_read_us", []), received)
+                                     if a is not None]
+        gaps["received_to_sent"] += [(b - a) / 1e3 for a, b in zip(received, tokens.get("sent_us", [])[1:])]
     return {name: distribution(values) for name, values in gaps.items() if values}
 
 

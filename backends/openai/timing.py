@@ -6,11 +6,14 @@ The orchestrator's timeline counts ms from the request's arrival there and gives
 moments convert to the same scale: ``api_received`` (the route began; negative), ``api_sent`` (the request handed to
 the gRPC stream), ``api_first_response`` (the orchestrator's first response read back) and ``api_first_chunk`` (the
 first streamed chunk made). They show the time outside the orchestrator: the hops before it and after it. Per token
-(the timeline's ``tokens``), ``api_chunk_ms``: when the streamed chunk that brought it was made, once per token.
+(the timeline's ``tokens``, in µs as the orchestrator's lists), ``api_chunk_us``: when the streamed chunk that brought it
+was made, once per token.
 """
 from __future__ import annotations
 
 import time
+
+import numpy as np
 
 from orchestrator.timeline import Timeline
 
@@ -44,5 +47,6 @@ class ApiMarks:
         ours = [{"ms": scale.ms(at), "event": event} for event, at in self._marks]
         joined = {**timeline, "events": sorted([*ours, *timeline.get("events", ())], key=lambda e: e["ms"])}
         if self._chunks:
-            joined["tokens"] = {**timeline.get("tokens", {}), "api_chunk_ms": [scale.ms(at) for at in self._chunks]}
+            chunks = scale.us(np.asarray(self._chunks)[None, :])[0]
+            joined["tokens"] = {**timeline.get("tokens", {}), "api_chunk_us": chunks}
         return joined

@@ -46,7 +46,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -85,6 +85,8 @@ def prepare(args: argparse.Namespace) -> scenarios.Inputs:
         if any(n.startswith("goodput_multiturn") for n in names) else 0
     inputs = scenarios.build_inputs(p["media"], args.smoke, args.clips, args.clip_seconds, cache_media,
                                     goodput_sessions)
+    if args.text_tokens:  # e.g. the smoke's text scenarios at the full setup's 256 tokens, for the CPU machine
+        inputs = replace(inputs, setup=replace(inputs.setup, text_tokens=args.text_tokens))
     print(f"media {p['media']}" + ("" if args.smoke else f", checkpoint {p['checkpoint']}"), flush=True)
     return inputs
 
@@ -246,6 +248,8 @@ def main() -> None:
                         help="seconds a server may take to load (a device call lasts at most 600 s)")
     parser.add_argument("--requests", type=int,
                         help="requests per goodput rate (default: per workload; multiturn: sessions)")
+    parser.add_argument("--text-tokens", type=int, default=0,
+                        help="max_tokens of the text requests (default: the setup's, 256; with --smoke 32)")
     parser.add_argument("--seed", type=int, default=0, help="the goodput arrivals' and output lengths' seed")
     parser.add_argument("--clips", type=int, default=scenarios.MULTITURN_CLIPS, help="multiturn's distinct clips")
     parser.add_argument("--clip-seconds", type=int, default=scenarios.CLIP_SECONDS,

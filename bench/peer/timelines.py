@@ -82,10 +82,11 @@ def ttft_parts(records: list[dict]) -> dict[str, dict]:
             for kind, by_part in parts.items()}
 
 
-# A token's hops on its way out, in order (the timeline's ``tokens``, orchestrator/timeline.py): decode's launch of
-# its step, decode's read of it, its arrival in the orchestrator, the send of its response to Triton, the API's chunk
-# of it; then the client. A decode token's lists start at the second token (the first comes from prefill).
-HOPS = ("decode_launched_ms", "decode_read_ms", "received_ms", "sent_ms", "api_chunk_ms", "client")
+# A token's hops on its way out, in order (the timeline's ``tokens``, orchestrator/timeline.py, each hop's list named
+# ``<hop>_us``): decode's launch of its step, decode's read of it, its arrival in the orchestrator, the send of its
+# response to Triton, the API's chunk of it; then the client. A decode token's lists start at the second token (the
+# first comes from prefill).
+HOPS = ("decode_launched", "decode_read", "received", "sent", "api_chunk", "client")
 DECODE_HOPS = HOPS[:3]
 OPENED_SHARE = 0.6  # a large gap opened at the first hop where the gap between the two tokens is this share of it
 
@@ -103,10 +104,10 @@ def _hop_gaps(record: dict) -> list[dict]:
         if clock is not None:  # the gap on time.perf_counter()'s clock (bench.peer.client_loop)
             gaps["span_s"] = (clock + client[i - 1] / 1e3, clock + client[i] / 1e3)
         for hop in HOPS[:-1]:
-            at = tokens.get(hop) or ()
+            at = tokens.get(f"{hop}_us") or ()
             k = i - 1 if hop in DECODE_HOPS else i  # decode's lists start at the second token
             if k < len(at) and at[k] is not None and at[k - 1] is not None:
-                gaps[hop] = at[k] - at[k - 1]
+                gaps[hop] = (at[k] - at[k - 1]) / 1e3
         out.append(gaps)
     return out
 

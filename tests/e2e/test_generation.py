@@ -197,9 +197,9 @@ def test_a_timeline_says_where_the_requests_time_went(grpc_url, stream):
     assert events[-1]["ms"] <= result.ttft_ms + sum(result.tbt_ms) + 1000  # within the client's own time
     # each decode token's way out: decode launched its step, read it, the orchestrator got it, in that order
     tokens = result.timeline["tokens"]
-    hops = list(zip(tokens["decode_launched_ms"], tokens["decode_read_ms"], tokens["received_ms"]))
+    hops = list(zip(tokens["decode_launched_us"], tokens["decode_read_us"], tokens["received_us"]))
     assert len(hops) == N - 1 and all(launched <= read <= received for launched, read, received in hops), hops
-    sent = tokens.get("sent_ms", ())  # streamed: the tokens of every response but the last (merged ones in it)
+    sent = tokens.get("sent_us", ())  # streamed: the tokens of every response but the last (merged ones in it)
     assert (1 <= len(sent) <= N - 1 if stream else not sent) and list(sent) == sorted(sent)
 
 

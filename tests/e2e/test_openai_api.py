@@ -163,10 +163,10 @@ def test_return_timeline_brings_the_requests_timeline(sdk, stream):
     # per token: decode's moments from the second token on; the API's chunk of each token when streamed (the
     # timeline comes in a chunk of its own after the last tokens', with the finish reason)
     tokens = timeline["tokens"]
-    assert len(tokens["received_ms"]) == N - 1 and ("api_chunk_ms" in tokens) == stream
+    assert len(tokens["received_us"]) == N - 1 and ("api_chunk_us" in tokens) == stream
     if stream:
-        assert len(tokens["api_chunk_ms"]) == N and tokens["api_chunk_ms"] == sorted(tokens["api_chunk_ms"])
-        assert len(tokens["sent_ms"]) == N and last.choices[0].delta.content == "" and last.choices[0].finish_reason
+        assert len(tokens["api_chunk_us"]) == N and tokens["api_chunk_us"] == sorted(tokens["api_chunk_us"])
+        assert len(tokens["sent_us"]) == N and last.choices[0].delta.content == "" and last.choices[0].finish_reason
 
 
 def test_a_timeline_counts_each_chunks_tokens_without_return_token_ids(sdk):
@@ -177,7 +177,7 @@ def test_a_timeline_counts_each_chunks_tokens_without_return_token_ids(sdk):
     chunks = [chunk for chunk in reply if chunk.choices]
     assert all(getattr(chunk.choices[0], "token_ids", None) is None for chunk in chunks)
     # 64 tokens, though some chunks bring none (part of a character) and some several
-    assert len(chunks[-1].model_extra["timeline"]["tokens"]["api_chunk_ms"]) == 64
+    assert len(chunks[-1].model_extra["timeline"]["tokens"]["api_chunk_us"]) == 64
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])

@@ -239,8 +239,8 @@ def test_token_gaps_find_the_hop_where_each_large_gap_opened():
     """300 tokens 5 ms apart at every hop but three 30-ms gaps (the top 1%): before token 10 a slow decode step
     (every hop from decode's launch on), before token 20 a stalled send (from the send on), before token 30 the
     client alone."""
-    n, opened_at = 300, {10: "decode_launched_ms", 20: "sent_ms", 30: "client"}
-    hops = ["decode_launched_ms", "decode_read_ms", "received_ms", "sent_ms", "api_chunk_ms", "client"]
+    n, opened_at = 300, {10: "decode_launched", 20: "sent", 30: "client"}
+    hops = ["decode_launched", "decode_read", "received", "sent", "api_chunk", "client"]
 
     def times(hop: str) -> list[float]:  # token i's moment at ``hop`` (ms), from token 0 on
         at = [100.0]
@@ -250,13 +250,16 @@ def test_token_gaps_find_the_hop_where_each_large_gap_opened():
         return at
 
     rec = record("text", 0.0, 0.1, [(b - a) / 1e3 for a, b in zip(times("client"), times("client")[1:])])
-    tokens = {hop: times(hop)[1:] for hop in hops[:3]}  # decode's: from the second token
-    tokens |= {"sent_ms": times("sent_ms")[:-1], "api_chunk_ms": times("api_chunk_ms")}  # the last send: not in it
-    tokens["decode_read_ms"][5] = None  # a step decode did not time
+    def us(at: list[float]) -> list[int]:  # the timeline's lists: whole µs
+        return [round(t * 1e3) for t in at]
+
+    tokens = {f"{hop}_us": us(times(hop)[1:]) for hop in hops[:3]}  # decode's: from the second token
+    tokens |= {"sent_us": us(times("sent")[:-1]), "api_chunk_us": us(times("api_chunk"))}  # the last send: not in it
+    tokens["decode_read_us"][5] = None  # a step decode did not time
     gaps = token_gaps([{**rec, "timeline": {"events": [], "tokens": tokens}}, record("text", 0.0, 0.1, 0.005)])
     assert gaps["gaps"] == n - 2 and gaps["large_from_ms"] == pytest.approx(30.0)
-    assert gaps["large_opened_at"] == {"decode_launched_ms": 1, "sent_ms": 1, "client": 1}
-    assert gaps["decode_launched_ms"]["p50_ms"] == pytest.approx(5.0)
+    assert gaps["large_opened_at"] == {"decode_launched": 1, "sent": 1, "client": 1}
+    assert gaps["decode_launched"]["p50_ms"] == pytest.approx(5.0)
     assert gaps["client"]["p99_ms"] == pytest.approx(30.0)
     assert token_gaps([record("text", 0.0, 0.1, 0.005)]) is None  # no per-token moments
     assert "client_loop_stalled" not in gaps  # no stalls given (runs before bench.peer.client_loop)

@@ -1,5 +1,5 @@
 """bench/stream_cost.py's hops from the requests' timelines: decode's read to the orchestrator's receipt, and that
-receipt to the send that brought the token (the first token, from prefill, has no receipt: sent_ms is one longer)."""
+receipt to the send that brought the token (the first token, from prefill, has no receipt: sent_us is one longer)."""
 import pytest
 
 from bench.peer.load import RequestRecord
@@ -9,7 +9,7 @@ from bench.stream_cost import hops
 
 def test_hops_pair_each_token_from_decode_with_its_send():
     record = RequestRecord("text", 0.0, [0.1, 0.2, 0.3], timeline={"tokens": {
-        "decode_read_ms": [10.0, None], "received_ms": [11.0, 21.5], "sent_ms": [5.0, 12.0, 25.5]}})
+        "decode_read_us": [10000, None], "received_us": [11000, 21500], "sent_us": [5000, 12000, 25500]}})
     got = hops([record])
     assert got["read_to_received"]["count"] == 1 and got["read_to_received"]["max"] == pytest.approx(1.0)
     assert got["received_to_sent"]["count"] == 2

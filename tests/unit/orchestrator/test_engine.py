@@ -289,8 +289,8 @@ def test_a_timeline_records_the_request_in_order():
         await outputs_of(out, 1)
     run(body)
     tokens = json.loads(timeline.to_json())["tokens"]  # the decode token's way: launched, read, received
-    assert tokens["decode_launched_ms"] == [10.0] and tokens["decode_read_ms"] == [15.0]
-    assert len(tokens["received_ms"]) == 1 and "sent_ms" not in tokens  # nothing sent: no frontend here
+    assert tokens["decode_launched_us"] == [10000] and tokens["decode_read_us"] == [15000]
+    assert len(tokens["received_us"]) == 1 and "sent_us" not in tokens  # nothing sent: no frontend here
     events = json.loads(timeline.to_json())["events"]
     names = [e["event"] for e in events]
     # the text before the image is prefilled while the image decodes: a step may come before group_ready

@@ -163,12 +163,12 @@ def test_each_sent_token_is_noted_on_the_timeline_once_the_response_is_handed_ov
     first, *rest = replies(parsed(timeline=True), ["one", " two", " three"], timeline=timeline)
     lanes.send(lane, sender, first)
     assert sender.waiting.wait(5)
-    assert timeline.tokens["sent_ms"] == []  # not yet handed over
+    assert timeline.tokens["sent_us"] == []  # not yet handed over
     for reply in rest:
         lanes.send(lane, sender, reply)
     sender.go.set()
     lanes.close()
-    one, two, three = timeline.tokens["sent_ms"]  # the last two in one response, noted once each
+    one, two, three = timeline.tokens["sent_us"]  # the last two in one response, noted once each
     assert one <= two == three
     final_json = json.loads(sender.sent[-1][0]["timeline"][0])
-    assert final_json["tokens"] == {"sent_ms": [one]}  # built before its own send: the earlier ones only
+    assert final_json["tokens"] == {"sent_us": [one]}  # built before its own send: the earlier ones only

@@ -65,4 +65,4 @@ def test_on_a_channel_a_streamed_timeline_trails_the_last_tokens_and_records_the
     assert [b["text_output"][0] for b in built] == ["Hello!", ""]
     last = built[-1]
     assert (last["finish_reason"][0], last["num_output_tokens"][0]) == ("length", 3)
-    assert len(json.loads(last["timeline"][0])["tokens"]["sent_ms"]) == 3  # every token's send, the last one's too
+    assert len(json.loads(last["timeline"][0])["tokens"]["sent_us"]) == 3  # every token's send, the last one's too

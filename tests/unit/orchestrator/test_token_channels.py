@@ -70,7 +70,7 @@ def test_sent_notes_every_entrys_tokens_on_its_timeline():
     timeline = Timeline(0.0)
     first, second = replies(parsed(timeline=True), ["one", " two"], timeline=timeline)
     ChannelItem((("a", first), ("a", second))).sent()
-    assert len(json.loads(timeline.to_json())["tokens"]["sent_ms"]) == 2
+    assert len(json.loads(timeline.to_json())["tokens"]["sent_us"]) == 2
 
 
 def test_an_entry_that_cannot_be_built_makes_an_internal_error_response():

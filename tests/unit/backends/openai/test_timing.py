@@ -34,12 +34,12 @@ def test_each_tokens_chunk_joins_the_timelines_tokens():
     marks.chunk(2)  # a merged response: two tokens in one chunk
     marks.chunk(0)  # e.g. the usage chunk
     arrived = time.monotonic()
-    timeline = {"arrived_monotonic_s": arrived, "events": [], "tokens": {"received_ms": [1.0, 2.0, 3.0]}}
+    timeline = {"arrived_monotonic_s": arrived, "events": [], "tokens": {"received_us": [1000, 2000, 3000]}}
     tokens = marks.into(timeline)["tokens"]
-    assert tokens["received_ms"] == [1.0, 2.0, 3.0]
-    first, second, third = tokens["api_chunk_ms"]
+    assert tokens["received_us"] == [1000, 2000, 3000]
+    first, second, third = tokens["api_chunk_us"]
     assert first < second == third <= 0  # made before the orchestrator's arrival on this made-up scale
-    assert "api_chunk_ms" not in ApiMarks(per_token=True).into(timeline)["tokens"]  # no chunk, nothing added
+    assert "api_chunk_us" not in ApiMarks(per_token=True).into(timeline)["tokens"]  # no chunk, nothing added
     unasked = ApiMarks()  # a request without return_timeline: its chunks are not recorded
     unasked.chunk(3)
-    assert "api_chunk_ms" not in unasked.into(timeline)["tokens"]
+    assert "api_chunk_us" not in unasked.into(timeline)["tokens"]
