@@ -2,7 +2,8 @@
 back (``return_timeline``; orchestrator/timeline.py).
 
 ``<out>/timelines.json``: per scenario, where each kind of request's time to first token went (:func:`ttft_parts`),
-at which hop the gaps between tokens open (:func:`token_gaps`), and for those of ``SCENARIOS`` the server's
+at which hop the gaps between tokens open (:func:`token_gaps`), where in the replies the largest gaps fall
+(:func:`gap_places`), and for those of ``SCENARIOS`` the server's
 encode_prefill steps rebuilt from the timelines of all its requests (:func:`steps_of`);
 ``<out>/gantt_<scenario>.png``: the first request's Gantt chart (``bench/timeline_chart.py``); the raw records keep
 every timeline. Each request's timeline names only its own share of a step (its groups and prompt tokens), so a step
@@ -139,6 +140,33 @@ def token_gaps(records: list[dict], stalls: list[list[float]] | None = None) -> 
             **{h: {"p50_ms": statistics.median(v), "p99_ms": _p99(v)} for h, v in by_hop.items() if v}}
 
 
+# Places in a reply (gap k: between its k-th and (k+1)-th token) that :func:`gap_places` tells apart: the burst's joins
+# show in the first two gaps (the first token comes from prefill), the requests' ends in the last six
+# (bench/results/peer/nineteenth-run-h100-2026-12-06/README.md).
+LAST_GAPS = 6
+
+
+def gap_places(records: list[dict]) -> dict | None:
+    """Where in the replies the client's largest gaps fall: every gap between successive tokens of every request
+    (those the summary's TBT p99 is taken over), its p99 (ms, nearest rank) and how many gaps at or above it are
+    each request's first, its second, among its last :data:`LAST_GAPS`, or elsewhere. None when no request has
+    two tokens."""
+    places = []  # (gap ms, place)
+    for r in records:
+        arrivals = r.get("token_s") or ()
+        n = len(arrivals) - 1
+        for k in range(1, n + 1):
+            place = "first" if k == 1 else "second" if k == 2 else "last_six" if k > n - LAST_GAPS else "other"
+            places.append(((arrivals[k] - arrivals[k - 1]) * 1e3, place))
+    if not places:
+        return None
+    p99 = _p99(sorted(gap for gap, _ in places))
+    large = {place: 0 for place in ("first", "second", "last_six", "other")}
+    for gap, place in places:
+        large[place] += gap >= p99
+    return {"gaps": len(places), "p99_ms": p99, "large_at": large}
+
+
 def _p99(ordered: list[float]) -> float:
     """The 99th percentile of ``ordered`` (sorted, not empty) by nearest rank: a value of the list."""
     return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
@@ -155,6 +183,8 @@ def write_timelines(out: Path, runs: dict[str, dict]) -> list[Path]:
         found[name] = {"ttft_parts": ttft_parts(records)}
         if (gaps := token_gaps(records, (run.get("client_loop") or {}).get("stalls"))) is not None:
             found[name]["token_gaps"] = gaps
+        if (places := gap_places(records)) is not None:
+            found[name]["gap_places"] = places
         if name not in SCENARIOS:
             continue
         found[name]["steps"] = steps_of(records)

@@ -12,7 +12,7 @@ from bench.peer import figures, slo
 from bench.peer.crosscheck import our_metrics
 from bench.peer.load import RequestRecord, poisson_times
 from bench.peer.summary import median_figures, raw_stem, write_summary
-from bench.peer.timelines import steps_of, token_gaps, ttft_parts
+from bench.peer.timelines import gap_places, steps_of, token_gaps, ttft_parts
 
 
 def record(kind: str, sent_s: float, ttft_s: float, gap_s: float | list[float], tokens: int = 5,
@@ -273,3 +273,17 @@ def test_token_gaps_find_the_hop_where_each_large_gap_opened():
     assert token_gaps([clocked], [[end_s - 1.0, 20.0]])["client_loop_stalled"] == 0  # a stall a second before
     start_s = 1000.0 + rec["token_s"][29]  # a 20-ms stall ending 0.1 ms into the gap: the loop was free in it
     assert token_gaps([clocked], [[start_s + 1e-4, 20.0]])["client_loop_stalled"] == 0
+
+
+def test_gap_places_count_the_largest_gaps_by_their_place_in_each_reply():
+    """Twenty requests of 20 tokens 5 ms apart, but each one's first gap 30 ms (joining decode) and, in two of them,
+    the last gap 40 ms (a stalled end): the p99 of the 380 gaps is a 30-ms one, and all 22 gaps at or above it are
+    placed."""
+    slow_end = [0.030] + [0.005] * 17 + [0.040]
+    plain = [0.030] + [0.005] * 18
+    records = [record("text", 0.0, 0.1, slow_end if k < 2 else plain) for k in range(20)]
+    places = gap_places(records)
+    assert places["gaps"] == 380 and places["p99_ms"] == pytest.approx(30.0)
+    assert places["large_at"] == {"first": 20, "second": 0, "last_six": 2, "other": 0}
+    assert gap_places([record("text", 0.0, 0.1, [], tokens=1)]) is None  # one token: no gap
+
