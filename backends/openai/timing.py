@@ -6,8 +6,8 @@ The orchestrator's timeline counts ms from the request's arrival there and gives
 moments convert to the same scale: ``api_received`` (the route began; negative), ``api_sent`` (the request handed to
 the gRPC stream), ``api_first_response`` (the orchestrator's first response read back) and ``api_first_chunk`` (the
 first streamed chunk made). They show the time outside the orchestrator: the hops before it and after it. Per token
-(the timeline's ``tokens``, in µs as the orchestrator's lists), ``api_chunk_us``: when the streamed chunk that brought it
-was made, once per token.
+(the timeline's ``tokens``, in µs as the orchestrator's lists), ``api_chunk_us``: when the streamed chunk that
+brought it was made, once per token.
 """
 from __future__ import annotations
 
