@@ -17,7 +17,7 @@ import jinja2.meta
 from transformers.utils.chat_template_utils import _compile_jinja_template
 
 from orchestrator.messages import Turn
-from orchestrator.sampling_params import InvalidInput
+from orchestrator.sampling_params import InvalidInput, json_value
 
 MAX_BYTES = 65_536
 # apply_chat_template's own arguments (or the conversation itself): not template settings (vLLM refuses the last two)
@@ -56,10 +56,7 @@ def parse_chat_options(values: list[bytes]) -> ChatOptions:
         return ChatOptions()
     if len(values) != 1 or len(values[0]) > MAX_BYTES:
         raise InvalidInput(f"chat_template_kwargs: expected one JSON object of at most {MAX_BYTES} bytes")
-    try:
-        raw = json.loads(values[0].decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise InvalidInput(f"chat_template_kwargs: not valid UTF-8 JSON ({type(exc).__name__})") from None
+    raw = json_value("chat_template_kwargs", values[0])
     if not isinstance(raw, dict):
         raise InvalidInput(f"chat_template_kwargs: must be a JSON object, got {type(raw).__name__}")
     flags = {}

@@ -9,10 +9,9 @@ model's chat template over the conversation, then the assistant's turn (``orches
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
-from orchestrator.sampling_params import InvalidInput, unicode_text
+from orchestrator.sampling_params import InvalidInput, json_value, unicode_text
 
 ROLES = ("system", "user", "assistant")
 MEDIA_KINDS = ("image", "video")
@@ -58,12 +57,7 @@ def parse_messages(raw: bytes, max_bytes: int) -> tuple[Turn, ...]:
     """
     if len(raw) > max_bytes:
         raise InvalidInput(f"messages: {len(raw)} bytes, over the limit of {max_bytes}")
-    try:
-        value = json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError:
-        raise InvalidInput("messages: not valid UTF-8") from None
-    except (ValueError, RecursionError) as exc:
-        raise InvalidInput(f"messages: not valid JSON ({exc})") from None
+    value = json_value("messages", raw)
     if not isinstance(value, list) or not value:
         raise InvalidInput("messages: must be a non-empty JSON array of messages")
     return tuple(_turn(i, message) for i, message in enumerate(value))

@@ -244,6 +244,20 @@ def _as_bool(key: str, value: object) -> bool:
     raise InvalidInput(f"{_PREFIX}: {key} must be a boolean, got {value!r}")
 
 
+def json_value(where: str, raw: bytes | str) -> object:
+    """``raw`` (UTF-8 bytes or text) as JSON. Raises InvalidInput naming ``where``: not UTF-8, not JSON (the parser's
+    message), nested too deep (``json`` raises RecursionError past Python's recursion limit, about a thousand levels,
+    not ValueError), an integer of over 4,300 digits (``int``'s conversion limit)."""
+    try:
+        return json.loads(raw.decode("utf-8") if isinstance(raw, bytes) else raw)
+    except UnicodeDecodeError:
+        raise InvalidInput(f"{where}: not valid UTF-8") from None
+    except RecursionError:
+        raise InvalidInput(f"{where}: arrays or objects nested thousands deep (past the JSON parser's limit)") from None
+    except ValueError as exc:  # a JSONDecodeError, or int()'s limit (whose message ends advising a Python call)
+        raise InvalidInput(f"{where}: not valid JSON ({str(exc).split(';')[0]})") from None
+
+
 def unicode_text(where: str, text: str) -> str:
     """``text`` when it is Unicode text; a JSON escape of a lone UTF-16 surrogate (``"\\ud800"``) decodes to a code
     point that no UTF-8 text holds, which the tokenizer cannot take and no output can match. Raises InvalidInput
@@ -365,13 +379,7 @@ def parse_sampling_parameters(text: str | None, keys: tuple[str, ...] = tuple(_C
     """
     if text is None or not text.strip():
         return RequestParams(**defaults)
-    try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InvalidInput(f"{_PREFIX}: not valid JSON ({exc})") from None
-    except (ValueError, RecursionError):  # Python's int() limit (4300 digits), or nesting beyond the recursion limit
-        raise InvalidInput(f"{_PREFIX}: a number with thousands of digits, or arrays/objects nested thousands deep: "
-                           "not a value any key takes") from None
+    raw = json_value(_PREFIX, text)
     if not isinstance(raw, dict):
         raise InvalidInput(f"{_PREFIX}: must be a JSON object, got {type(raw).__name__}")
     known = [*keys, *aliases_of(keys)]

@@ -43,7 +43,7 @@ def parse_structured_outputs(key: str, value: object) -> StructuredOutput | None
     if isinstance(value, str):
         try:
             value = json.loads(value)
-        except ValueError:
+        except (ValueError, RecursionError):  # nested past the parser's recursion limit: RecursionError
             raise ValueError(f"{key}: a string must hold a JSON object, got {shown(value)}") from None
     if not isinstance(value, dict):
         raise ValueError(f"{key} must be an object holding one of {', '.join(KINDS)}, got {type(value).__name__}")

@@ -197,6 +197,9 @@ def install_handlers(app: FastAPI) -> None:
         if isinstance(bad := exc.__cause__, UnicodeDecodeError):  # FastAPI's body parsing says only "an error"
             return ApiError(400, f"the body is not valid UTF-8 JSON: byte {bad.object[bad.start]:#04x} at offset "
                                  f"{bad.start} ({bad.reason})").response()
+        if isinstance(exc.__cause__, RecursionError):  # json past Python's recursion limit: not a JSONDecodeError
+            return ApiError(400, "the body's JSON holds arrays or objects nested too deep to parse (about a thousand "
+                                 "levels or more)").response()
         return ApiError(exc.status_code, str(exc.detail)).response()
 
 

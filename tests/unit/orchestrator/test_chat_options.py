@@ -58,8 +58,9 @@ def test_template_variables_it_reads_are_passed_and_others_dropped(tokenizer):
 
 @pytest.mark.parametrize("values, words", [
     ([b"[]"], "must be a JSON object, got list"),
-    ([b"{"], "not valid UTF-8 JSON"),
-    ([b"\xff"], "not valid UTF-8 JSON"),
+    ([b"{"], "not valid JSON"),
+    ([b"\xff"], "not valid UTF-8"),
+    ([b'{"a": ' + b"[" * 30000], "nested thousands deep"),  # json raises RecursionError, not ValueError
     ([b"{}", b"{}"], "expected one JSON object"),
     ([b'{"x": "' + b"a" * 70_000 + b'"}'], "expected one JSON object of at most 65536 bytes"),
     ([b'{"add_generation_prompt": "no"}'], 'add_generation_prompt must be true or false, got "no"'),

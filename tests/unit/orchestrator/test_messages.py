@@ -62,6 +62,12 @@ def test_bad_messages_are_named(raw, words):
     assert str(error.value).startswith(words), str(error.value)
 
 
+def test_messages_nested_past_the_json_parsers_limit_are_named():
+    """json raises RecursionError, not ValueError, for arrays nested past Python's recursion limit."""
+    with pytest.raises(InvalidInput, match="^messages: arrays or objects nested thousands deep"):
+        parse_messages(b"[" * 30000, 100_000)
+
+
 def test_empty_and_null_contents_are_messages_without_text_as_vllm_renders_them():
     turns = parse_messages(_json([{"role": "user", "content": ""}, {"role": "assistant", "content": None},
                                   {"role": "user", "content": []}]), 10_000)

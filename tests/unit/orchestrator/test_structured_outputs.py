@@ -47,6 +47,7 @@ def test_guided_decoding_is_its_older_name():
 
 @pytest.mark.parametrize("value, words", [
     ("json", "structured_outputs: a string must hold a JSON object, got 'json'"),
+    ("[" * 30000, "structured_outputs: a string must hold a JSON object, got '\\[\\[\\["),  # json's RecursionError
     ("[1]", "structured_outputs must be an object holding one of json, json_object, regex, choice, grammar, got list"),
     ({"regex": "a", "backend": "outlines"}, "structured_outputs.backend: this server holds structured outputs with "
                                             "xgrammar, got 'outlines'"),

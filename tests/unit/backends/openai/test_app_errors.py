@@ -99,6 +99,15 @@ def test_a_body_that_is_not_utf8_is_400_naming_the_byte(client):
     assert error["message"] == "the body is not valid UTF-8 JSON: byte 0xe9 at offset 60 (invalid continuation byte)"
 
 
+def test_a_body_nested_past_the_json_parsers_limit_is_400_saying_so(client):
+    """FastAPI turns json's RecursionError into "There was an error parsing the body" (a fresh user's
+    response_format schema 500 objects deep)."""
+    body = b'{"model": "m", "messages": [], "response_format": ' + b"[" * 5000 + b"]" * 5000 + b"}"
+    error = _error(client.post("/v1/chat/completions", content=body, headers={"content-type": "application/json"}),
+                   400)
+    assert error["message"].startswith("the body's JSON holds arrays or objects nested too deep"), error
+
+
 def test_unknown_paths_and_methods(client):
     assert _error(client.get("/v1/nothing"), 404)["message"] == "Not Found"
     assert _error(client.get("/v1/chat/completions"), 405)["type"] == "invalid_request_error"
