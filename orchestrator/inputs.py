@@ -159,7 +159,10 @@ def _resolve_url(kind: str, url: str, limits: InputLimits) -> MediaInput:
         raise InvalidInput(f"{name}: empty URL (give a path under an allowed folder, a file:// or a data: URL)")
     # Schemes and the base64 marker are case-insensitive (RFC 3986 3.1, RFC 2397 3).
     if url[:5].lower() == "data:":
-        header, _, payload = url.partition(",")
+        header, comma, payload = url.partition(",")
+        if not comma:
+            raise InvalidInput(f"{name}: a data: URL without the ',' before its data (RFC 2397: "
+                               "data:[<media type>];base64,<data>)")
         if ";base64" not in header.lower():
             raise InvalidInput(f"{name}: only base64 data: URLs are supported")
         try:
@@ -191,8 +194,10 @@ def _resolve_url(kind: str, url: str, limits: InputLimits) -> MediaInput:
         raise InvalidInput(f"{name}: no such file: {url[:200]!r}")
     if not regular:
         raise InvalidInput(f"{name}: not a regular file (a folder or device): {url[:200]!r}")
-    if path.stat().st_size > limits.max_media_bytes:
-        raise InvalidInput(f"{name}: file is {path.stat().st_size} bytes, over the limit of {limits.max_media_bytes}")
+    if not (size := path.stat().st_size):
+        raise InvalidInput(f"{name}: empty file (0 bytes): {url[:200]!r}")
+    if size > limits.max_media_bytes:
+        raise InvalidInput(f"{name}: file is {size} bytes, over the limit of {limits.max_media_bytes}")
     return MediaInput(kind, path=str(path), input=name)
 
 

@@ -91,6 +91,7 @@ def test_file_url_under_allowed_folder(limits, tmp_path):
     (dict(video_url=[b""]), "video_url: empty URL"),
     (dict(image_url=[b"  "]), "image_url: empty URL"),
     (dict(image_url=[b"DATA:image/png,abc"]), "image_url: only base64 data: URLs"),
+    (dict(image_url=[b"data:image/png;base64"]), "image_url: a data: URL without the ',' before its data"),
     (dict(sampling_parameters=[b'{"max_tokens": 0}']), "max_tokens"),
 ])
 def test_bad_inputs_are_named(limits, kwargs, words):
@@ -145,11 +146,14 @@ def test_log_probabilities_are_computed_where_an_output_asks(limits, flags, samp
         flags.get("return_logprobs", False), flags.get("return_cumulative_logprob", False))
 
 
-def test_missing_file_and_folder_are_named(limits, tmp_path):
+def test_missing_empty_file_and_folder_are_named(limits, tmp_path):
     with pytest.raises(InvalidInput, match="video_url: no such file: .*nope.mp4"):
         parse_request(raw(video_url=[str(tmp_path / "nope.mp4").encode()]), limits)
     with pytest.raises(InvalidInput, match="not a regular file"):
         parse_request(raw(video_url=[str(tmp_path).encode()]), limits)
+    (tmp_path / "empty.mp4").write_bytes(b"")
+    with pytest.raises(InvalidInput, match="video_url: empty file .0 bytes.: .*empty.mp4"):
+        parse_request(raw(video_url=[str(tmp_path / "empty.mp4").encode()]), limits)
 
 
 def test_limits_from_parameters_and_environment(monkeypatch, tmp_path):
