@@ -1,7 +1,8 @@
 """What big echoed answers cost the other streams of the same OpenAI API process.
 
     python bench/big_reply_stall.py --out DIR [--streams 8] [--stream-tokens 1024] [--prompt-tokens 4096] [--top 20]
-                                    [--concurrent 1] [--n 1] [--big-stream] [--tokenize] [--rounds 3] [--name NAME]
+                                    [--concurrent 1] [--n 1] [--big-stream] [--tokenize | --detokenize] [--rounds 3]
+                                    [--name NAME]
 
 Serves UnifiedServe as the peer benchmark does (``bench.peer.servers``, the tiny default model; the OpenAI API with
 one worker process by default, so that every request shares its event loop), then per round: ``--streams`` streamed
@@ -10,7 +11,8 @@ stream, ``--concurrent`` completions requests at once, each echoing a prompt of 
 with its tokens' log probabilities and ``--top`` top tokens each (lm-evaluation-harness's loglikelihood request:
 ``echo``, ``logprobs``, ``max_tokens`` 0), ``--n`` choices each, streamed with ``--big-stream``; with ``--tokenize``
 instead ``/tokenize`` requests of a text of ``--prompt-tokens`` printable characters (one token each) asking for each
-token's string (``return_token_strs``: the orchestrator's ``orchestrator/token_strings.py``). A big answer is
+token's string (``return_token_strs``: the orchestrator's ``orchestrator/token_strings.py``); with ``--detokenize``
+``/detokenize`` requests of ``--prompt-tokens`` token ids (``orchestrator.prompt.token_prompt_text``). A big answer is
 several MB of JSON (``bytes``), which the API process reads and writes. Per round, from the clients' records
 (``bench.peer.load``): ``reply_ms``, the big requests' latencies; ``gap_max_ms`` / ``gap_p99_ms``, the streams'
 longest and p99 gap between tokens over the round; ``longest_gaps``, the three longest as (ms, start, end), ms after
@@ -41,8 +43,8 @@ START_AFTER_S = 1.0  # the big requests are sent this long after the streams
 
 async def big_request(client: httpx.AsyncClient, url: str, body: dict) -> tuple[float, int]:
     """(when the answer was whole: time.perf_counter() seconds, its bytes) of one big request (``/tokenize`` for a
-    body with ``return_token_strs``, else ``/v1/completions``)."""
-    route = "/tokenize" if "return_token_strs" in body else "/v1/completions"
+    body with ``return_token_strs``, ``/detokenize`` for one with ``tokens``, else ``/v1/completions``)."""
+    route = "/tokenize" if "return_token_strs" in body else "/detokenize" if "tokens" in body else "/v1/completions"
     async with client.stream("POST", f"{url}{route}", json=body) as response:
         response.raise_for_status()
         size = sum([len(chunk) async for chunk in response.aiter_bytes()])
@@ -55,6 +57,8 @@ def big_body(model: str, args: argparse.Namespace) -> dict:
         return {"model": model, "prompt": "".join(chr(32 + k % 94) for k in range(args.prompt_tokens)),
                 "return_token_strs": True}
     prompt = [k % 94 for k in range(args.prompt_tokens)]  # token ids: the tiny tokenizer's printable bytes
+    if args.detokenize:
+        return {"model": model, "tokens": prompt}
     return {"model": model, "prompt": prompt, "echo": True, "logprobs": args.top, "max_tokens": 0, "n": args.n,
             "stream": args.big_stream}
 
@@ -92,8 +96,10 @@ def main() -> None:
     parser.add_argument("--concurrent", type=int, default=1, help="big requests sent at once")
     parser.add_argument("--n", type=int, default=1, help="choices a big request")
     parser.add_argument("--big-stream", action="store_true", help="stream the big requests' answers")
-    parser.add_argument("--tokenize", action="store_true",
-                        help="big requests to /tokenize with return_token_strs (a text of --prompt-tokens characters)")
+    big = parser.add_mutually_exclusive_group()
+    big.add_argument("--tokenize", action="store_true",
+                     help="big requests to /tokenize with return_token_strs (a text of --prompt-tokens characters)")
+    big.add_argument("--detokenize", action="store_true", help="big requests to /detokenize (--prompt-tokens ids)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--work", default="/tmp/big_reply_stall", help="the server's state and log")
     args = parser.parse_args()
@@ -115,7 +121,7 @@ def main() -> None:
     finally:
         servers.stop("unifiedserve", work / "state")
     settings = {key: getattr(args, key) for key in ("streams", "stream_tokens", "prompt_tokens", "top", "concurrent",
-                                                    "n", "big_stream", "tokenize")}
+                                                    "n", "big_stream", "tokenize", "detokenize")}
     path = write(Path(args.out), args.name, {**header(torch.device("cpu")), "server_argv": argv, **settings,
                                               "rounds": rounds})
     print(f"wrote {path}")

@@ -58,6 +58,7 @@ def read_request(request) -> RawRequest:
         image_url=io.bytes_list(arrays, "image_url"), video_url=io.bytes_list(arrays, "video_url"),
         sampling_parameters=io.bytes_list(arrays, "sampling_parameters"),
         stream=io.boolean(arrays, "stream", False), tokenize_only=io.boolean(arrays, "tokenize_only", False),
+        return_input_tokens=io.boolean(arrays, "return_input_tokens", True),
         exclude_input_in_output=io.boolean(arrays, "exclude_input_in_output", False),
         **{flag: io.boolean(arrays, flag, False) for flag in _RETURN_FLAGS})
 
@@ -154,21 +155,24 @@ async def _serve_channel(name: str, raw: RawRequest, sender, channels: TokenChan
 
 
 async def _tokenized(orchestrator: Orchestrator, parsed: ParsedRequest, raw: RawRequest):
-    """A ``tokenize_only`` request's one response (``Orchestrator.tokenize``): ``input_ids``, ``input_tokens``,
-    ``num_input_tokens``; ``media`` and ``visual_cap`` where it has media, ``prompt_text`` for ``prompt_token_ids``.
+    """A ``tokenize_only`` request's one response (``Orchestrator.tokenize``): ``input_ids``, ``input_tokens`` (unless
+    ``return_input_tokens`` is false: a million token strings cost about 250 ms of the orchestrator's GIL to
+    serialize, and as much to the client to read), ``num_input_tokens``; ``media`` and ``visual_cap`` where it has
+    media, ``prompt_text`` for ``prompt_token_ids``.
     Raises InvalidInput as admission's planning does, or for a ``token_channel`` (the response is the request's own).
     A long prompt's response is built in a worker thread: a 1-MiB prompt's 786k token strings held the event loop,
     and the other requests' tokens, for over 100 ms (a fresh user's test)."""
     if raw.token_channel:
         raise InvalidInput("token_channel: a tokenize_only request is answered on its own stream (leave it out)")
-    tokens = await orchestrator.tokenize(parsed)
+    tokens = await orchestrator.tokenize(parsed, raw.return_input_tokens)
     ids = list(tokens.prompt.input_ids)
     head = first_outputs(visual_cap=None if tokens.visual_cap is None else tokens.visual_cap.to_json(),
                          media=tokens.media, prompt_text=tokens.prompt_text)
 
     def response():
         return io.pb().InferenceResponse([
-            io.number_tensor("input_ids", ids), io.str_tensor("input_tokens", tokens.token_strings),
+            io.number_tensor("input_ids", ids),
+            *([io.str_tensor("input_tokens", tokens.token_strings)] if raw.return_input_tokens else []),
             io.number_tensor("num_input_tokens", [len(ids)], np.uint32), *(io.str_tensor(k, [v]) for k, v in head)])
     return await asyncio.to_thread(response) if len(ids) > INLINE_TOKEN_IDS else response()
 

@@ -82,6 +82,7 @@ class RawRequest:
     token_channel: list[bytes] = field(default_factory=list)
     chat_template_kwargs: list[bytes] = field(default_factory=list)  # orchestrator.chat_options
     tokenize_only: bool = False  # the prompt's tokens, no reply (orchestrator.frontend)
+    return_input_tokens: bool = True  # a tokenize_only response's input_tokens (False: left out)
     choices: list[int] | None = None  # a request's choices admitted as one (orchestrator.choice_reservations)
     choice_of: list[bytes] = field(default_factory=list)
 

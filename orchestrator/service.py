@@ -41,7 +41,7 @@ from orchestrator.output_processor import OutputProcessor
 from orchestrator.pages import PageAllocator
 from orchestrator.encoder_cache import EncoderCache, group_key
 from orchestrator.prefix_cache import block_hashes
-from orchestrator.prompt import Prompt, build_chat_prompt, build_raw_prompt, build_token_prompt
+from orchestrator.prompt import Prompt, build_chat_prompt, build_raw_prompt, build_token_prompt, token_prompt_text
 from orchestrator.reply_limit import reply_limit
 from orchestrator.routing import choose
 from orchestrator.sampling_params import InvalidInput
@@ -220,15 +220,16 @@ class Orchestrator:
         for engine in self.engines:
             engine.wake.set()
 
-    async def tokenize(self, parsed: ParsedRequest) -> Tokenized:
+    async def tokenize(self, parsed: ParsedRequest, token_strings: bool = True) -> Tokenized:
         """The prompt that :meth:`admit` would run for ``parsed`` (its chat template, its media's visual tokens after
         ``max_visual_tokens``), with nothing run: vLLM's ``/tokenize``; with ``prompt_token_ids``, their text (its
         ``/detokenize``, the tokens only the server places, such as ``<|image_pad|>``, taken). Its length is not
-        checked against ``max_model_len`` (vLLM's rule for these endpoints).
+        checked against ``max_model_len`` (vLLM's rule for these endpoints). Its ids' token strings only with
+        ``token_strings`` (else none).
         Raises InvalidInput as admission's planning does (media, token ids outside the vocabulary)."""
         def planned(parsed: ParsedRequest) -> Tokenized:
             infos, plans, cap, prompt, _, text = self._prompt_of(parsed, reserved_ok=True)
-            strings = self.token_strings.of(prompt.input_ids)
+            strings = self.token_strings.of(prompt.input_ids) if token_strings else []
             return Tokenized(prompt, strings, cap, media_report(infos, plans) or None, text)
         return await admission_runner(parsed)(planned, parsed)
 
@@ -337,7 +338,7 @@ class Orchestrator:
         text = None
         if parsed.token_ids is not None:
             prompt = build_token_prompt(self.tokenizer, parsed.token_ids, self.sampled_ids, self.family, reserved_ok)
-            text = self.tokenizer.decode(list(parsed.token_ids))
+            text = token_prompt_text(self.tokenizer, list(parsed.token_ids))
         elif parsed.raw:
             prompt = build_raw_prompt(self.tokenizer, parsed.text, self.family)
         else:

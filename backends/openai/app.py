@@ -148,7 +148,8 @@ async def tokenize(body: TokenizeRequest, request: Request) -> Response:
     write on the CPU machine, a pause of every stream the process serves."""
     card = await request.app.state.api.model_card()
     await _served(request, body)
-    piece = await _prompt_tokens(request, body, body.orchestrator_request())
+    prompt = dataclasses.replace(body.orchestrator_request(), input_tokens=body.return_token_strs)
+    piece = await _prompt_tokens(request, body, prompt)
     return await _model_body(lambda: TokenizeResponse(
         count=len(piece.input_ids), max_model_len=card.max_model_len, tokens=list(piece.input_ids),
         token_strs=list(piece.input_tokens) if body.return_token_strs else None),
@@ -162,7 +163,7 @@ async def detokenize(body: DetokenizeRequest, request: Request) -> DetokenizeRes
     await _served(request, body)
     if not body.tokens:
         return DetokenizeResponse(prompt="")
-    ids = OrchestratorRequest(None, None, (), {}, False, False, prompt_token_ids=tuple(body.tokens))
+    ids = OrchestratorRequest(None, None, (), {}, False, False, prompt_token_ids=tuple(body.tokens), input_tokens=False)
     try:
         return DetokenizeResponse(prompt=(await _prompt_tokens(request, body, ids)).prompt_text)
     except ApiError as exc:  # the orchestrator names its input, which this request sent as tokens

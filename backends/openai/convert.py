@@ -53,6 +53,7 @@ class OrchestratorRequest:
     chat_template_kwargs: str | None = None  # JSON (orchestrator.chat_options), a chat's where not the defaults
     continuous_usage: bool = False
     tokenize_only: bool = False  # the prompt's tokens, no reply (the orchestrator's tokenize_only: /tokenize)
+    input_tokens: bool = True  # with tokenize_only: the ids' token strings too (the orchestrator's input_tokens)
     request_id: str | None = None
     choices: int = 1
     choice_of: str | None = None
@@ -90,6 +91,8 @@ class OrchestratorRequest:
             tensors.append(("return_logprobs", np.array([True])))
         if self.tokenize_only:
             tensors.append(("tokenize_only", np.array([True])))
+            if not self.input_tokens:
+                tensors.append(("return_input_tokens", np.array([False])))
         if token_channel is not None:
             tensors.append(("token_channel", _strings([token_channel])))
         if self.choices > 1:

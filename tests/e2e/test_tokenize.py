@@ -128,8 +128,8 @@ def tokenize_only(grpc_url: str, **inputs: np.ndarray):
 
 
 def test_tokenize_only_runs_nothing_and_answers_once(grpc_url, server, hf):
-    """The KServe input itself: one final response with ``input_ids``, ``input_tokens`` and ``num_input_tokens``
-    (``prompt_text`` for token ids); no request is counted (nor refused ones) or run and no KV page is held; a
+    """The KServe input itself: one final response with ``input_ids``, ``input_tokens`` (unless
+    ``return_input_tokens`` is false) and ``num_input_tokens`` (``prompt_text`` for token ids); no request is counted (nor refused ones) or run and no KV page is held; a
     ``token_channel`` beside it is refused by name."""
     _, tokenizer = hf
     counted = ("unifiedserve_prompt_tokens_total", "unifiedserve_scheduler_steps_total",
@@ -147,6 +147,11 @@ def test_tokenize_only_runs_nothing_and_answers_once(grpc_url, server, hf):
     assert piece.input_tokens == tuple(tokenizer.convert_ids_to_tokens(ids)) and piece.text == b""
     result, error = tokenize_only(grpc_url, prompt_token_ids=np.array(ids, dtype=np.int64))
     assert error is None and json.loads(result.as_numpy("prompt_text")[0]) == tokenizer.decode(ids)
+    assert result.as_numpy("input_tokens") is not None  # by default
+    result, error = tokenize_only(grpc_url, prompt_token_ids=np.array(ids, dtype=np.int64),
+                                  return_input_tokens=np.array([False]))
+    assert error is None and result.as_numpy("input_tokens") is None  # left out when asked (the API's /detokenize)
+    assert list(result.as_numpy("input_ids")) == ids
     _, error = tokenize_only(grpc_url, prompt_token_ids=np.array([10**6], dtype=np.int64))
     assert error is not None and "outside the vocabulary" in str(error)
     assert settled(requests) == before  # its refusal is no generation's either

@@ -9,7 +9,7 @@ import pytest
 from backends.runtime.tokenizer import build_offline_tokenizer
 from orchestrator.detokenizer import Detokenizer
 from flashcodec.families import family
-from orchestrator.prompt import build_prompt, build_raw_prompt
+from orchestrator.prompt import build_prompt, build_raw_prompt, token_prompt_text
 from orchestrator.sampling_params import InvalidInput
 
 
@@ -189,3 +189,15 @@ def test_a_raw_prompt_is_the_tokenizers_ids_of_the_text(tokenizer):
 def test_a_raw_prompt_may_not_bring_vision_tokens(tokenizer, token):
     with pytest.raises(InvalidInput, match=f"prompt: holds {re.escape(token)}, which only the server places"):
         build_raw_prompt(tokenizer, f"Look: {token} here")
+
+
+def test_a_token_prompts_text_is_the_tokenizers_decode(tokenizer):
+    """decode_batch (which releases the GIL) gives ``decode``'s text: special tokens kept, a character split over
+    tokens whole, random ids (some making broken UTF-8) alike."""
+    text = "<|im_start|>user\nnaïve café 日本語 🙂<|im_end|>"
+    ids = tokenizer(text)["input_ids"]
+    assert token_prompt_text(tokenizer, ids) == tokenizer.decode(ids) == text
+    rng = random.Random(0)
+    noise = [rng.randrange(len(tokenizer)) for _ in range(2000)]
+    assert token_prompt_text(tokenizer, noise) == tokenizer.decode(noise)
+

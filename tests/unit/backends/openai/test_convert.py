@@ -2,6 +2,7 @@
 orchestrator's own validation (orchestrator/inputs.py) as the server would."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -283,6 +284,19 @@ def test_continuous_usage_asks_each_response_for_the_prompts_tokens_and_the_ids(
                                                    "stream_options": {"include_usage": True,
                                                                       "continuous_usage_stats": True}})
     assert all(request.continuous_usage for request in completion_requests(completion))
+
+
+def test_a_tokenize_request_leaves_out_the_token_strings_unless_they_are_wanted():
+    """``return_input_tokens`` false only where the API needs no token strings (``/detokenize``, ``/tokenize``
+    without ``return_token_strs``); its absence keeps the orchestrator's default, with them."""
+    request = dataclasses.replace(chat_request(_chat(messages=[{"role": "user", "content": "x"}])), tokenize_only=True)
+
+    def inputs(r) -> dict:
+        return {t.name(): t for t in r.inputs()}
+    assert "return_input_tokens" not in inputs(request)
+    without = inputs(dataclasses.replace(request, input_tokens=False))["return_input_tokens"]
+    assert not np.frombuffer(without._get_content(), dtype=bool)[0]
+    assert "return_input_tokens" not in inputs(dataclasses.replace(request, tokenize_only=False, input_tokens=False))
 
 
 def test_chat_echo_is_the_last_messages_text_where_it_has_the_replys_role():
