@@ -143,11 +143,22 @@ async def handle(orchestrator: Orchestrator, request, lanes: SendLanes, cancels:
             orchestrator.reservations.ended(holding)
 
 
+def _given(raw: RawRequest, field: dataclasses.Field) -> bool:
+    """Whether the request sent input ``field``: its value is not the field's default (an empty one where it has
+    none, as ``text_input``)."""
+    value = getattr(raw, field.name)
+    if field.default is not dataclasses.MISSING:
+        return value != field.default
+    if field.default_factory is not dataclasses.MISSING:
+        return value != field.default_factory()
+    return bool(value)
+
+
 async def _serve_channel(name: str, raw: RawRequest, sender, channels: TokenChannels, lanes: SendLanes,
                          cancels: CancelWatch) -> None:
     """Hold channel ``name`` open (``TokenChannels.serve``); raises InvalidInput when the request has other inputs
     than the channel's name."""
-    given = [f.name for f in dataclasses.fields(raw) if f.name != "open_token_channel" and getattr(raw, f.name)]
+    given = [f.name for f in dataclasses.fields(raw) if f.name != "open_token_channel" and _given(raw, f)]
     if given:
         raise InvalidInput(f"open_token_channel: a request opening a channel carries no other input, got "
                            f"{', '.join(given)} (send those in requests naming it in token_channel)")

@@ -54,7 +54,9 @@ def test_the_heap_is_frozen_before_the_work_and_its_full_collections_are_kept():
 
     try:
         frozen, lag = asyncio.run(client_loop.watched(work()))
-        assert frozen >= len(kept) and lag["frozen_objects"] == frozen
+        # not equal: a frozen object freed by its reference count leaves the permanent generation (the full suite's
+        # count fell by 10 between the freeze and the work once)
+        assert frozen >= len(kept) and lag["frozen_objects"] >= len(kept)
         assert len(lag["full_collections_ms"]) == 1 and lag["full_collections_ms"][0] >= 0.0
         assert len(gc.callbacks) == callbacks_before  # its callback removed
     finally:
