@@ -20,6 +20,7 @@ lanes, a stage's step and send threads). A stage's ``finalize`` first lets the o
 from __future__ import annotations
 
 import importlib
+import json
 import re
 import sys
 
@@ -45,9 +46,23 @@ def _base_name(model_name: str) -> str:
     return re.sub(r"_r\d+$", "", model_name)
 
 
+def one_instance(args: dict) -> None:
+    """Raise ValueError when the model's ``instance_group`` asks for more than one instance: each of our models holds
+    state one process must own (the orchestrator its page tables and the stages' links, a stage its link's socket),
+    so a second decode instance fails on its socket ("Address already in use") and a second orchestrator's requests
+    find the decode stream taken (a fresh Triton admin's try, 2026-12-06). More throughput is more replicas:
+    ``orchestrator.replicas`` (docs/deployment.md)."""
+    groups = json.loads(args.get("model_config") or "{}").get("instance_group") or []
+    count = sum(int(group.get("count", 1)) for group in groups)
+    if count > 1:
+        raise ValueError(f"{args['model_name']}: instance_group asks for {count} instances; each of UnifiedServe's "
+                         "models runs as one instance (count: 1): add replicas with --set orchestrator.replicas=N")
+
+
 class TritonPythonModel:
     def initialize(self, args):
         model_log.install(args["model_name"])
+        one_instance(args)
         interval_ms = triton_io.float_parameter(triton_io.parameters(args), "gil_switch_interval_ms")
         if interval_ms is not None:  # before anything exists that a refused value would leave behind
             sys.setswitchinterval(interval_ms / 1e3)

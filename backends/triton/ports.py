@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import socket
 from dataclasses import dataclass
 
@@ -69,5 +70,8 @@ class ServerPorts:
                 try:
                     probe.bind((self.address, port))
                 except OSError as exc:
+                    if exc.errno == errno.EADDRNOTAVAIL:  # not the port: the address is none of this machine's
+                        raise RuntimeError(f"--address {self.address} is not an address of this machine "
+                                           f"({exc.strerror}): give one of its own, or 0.0.0.0 for all") from None
                     raise RuntimeError(f"{name} port {self.address}:{port} is not free ({exc.strerror}): another "
                                        f"server holds it; choose another with --{name}-port") from None

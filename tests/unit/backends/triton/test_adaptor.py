@@ -73,3 +73,17 @@ def test_a_gil_switch_interval_out_of_range_is_refused_before_the_model_is_built
     config = json.dumps({"parameters": {"gil_switch_interval_ms": {"string_value": value}}})
     with pytest.raises(ValueError, match="gil_switch_interval_ms must be a positive number of at most 1000, got"):
         adaptor.TritonPythonModel().initialize({"model_name": "decode", "model_config": config})
+
+
+@pytest.mark.parametrize("groups, refused", [
+    (None, False), ([{"count": 1, "kind": "KIND_CPU"}], False), ([{"kind": "KIND_CPU"}], False),
+    ([{"count": 2, "kind": "KIND_CPU"}], True), ([{"count": 1}, {"count": 1}], True),
+])
+def test_a_model_refuses_more_than_one_instance_naming_replicas(groups, refused):
+    config = json.dumps({} if groups is None else {"instance_group": groups})
+    args = {"model_name": "decode", "model_config": config}
+    if not refused:
+        adaptor.one_instance(args)
+        return
+    with pytest.raises(ValueError, match="decode: instance_group asks for 2 instances; .* orchestrator.replicas"):
+        adaptor.one_instance(args)

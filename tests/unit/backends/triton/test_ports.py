@@ -37,3 +37,9 @@ def test_two_options_on_one_port_are_named_and_no_port_clashes_with_nothing():
     assert clashing({"--http-port": 8000, "--grpc-port": 8001, "--openai-port": 8001}).startswith("--grpc-port and "
                                                                                                  "--openai-port")
     assert clashing({"--http-port": 8000, "--openai-port": 0, "--metrics-port": 0}) is None
+
+
+def test_an_address_not_of_this_machine_is_named_as_the_address_not_the_port():
+    """10.255.255.1 (a fresh admin's try) is no address of a test machine: binding it fails EADDRNOTAVAIL."""
+    with pytest.raises(RuntimeError, match=r"^--address 10\.255\.255\.1 is not an address of this machine"):
+        ServerPorts(28950, 28951, 28952, "10.255.255.1").check_free()
