@@ -15,9 +15,9 @@ opened (``bench/peer/timelines.py``). A request without the flag gets :data:`NO_
 
 The per-token lists are integers, converted with numpy: a 256-token reply's timeline took 0.48 ms of the
 orchestrator's GIL to write with its lists as ms floats (Python's float formatting: about 0.2 µs a number), 0.14 ms
-with µs integers (the CPU machine). The requests of a burst end in the same decode step, and on an H100 (2026-12-06, 32 text
-streams) the 17 timelines written together held up the other streams' last tokens 11 ms where they reached the
-orchestrator and 10 ms more to their send: the TBT p99's largest gaps after the burst's first ones
+with µs integers (the CPU machine). The requests of a burst end in the same decode step, and on an H100 (2026-12-06,
+32 text streams) the 17 timelines written together held up the other streams' last tokens 11 ms where they reached
+the orchestrator and 10 ms more to their send: the TBT p99's largest gaps after the burst's first ones
 (bench/results/peer/nineteenth-run-h100-2026-12-06/README.md).
 """
 from __future__ import annotations

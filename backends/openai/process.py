@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ from typing import Callable
 
 from backends.openai.config import ApiConfig
 from backends.triton.parent_death import ends_with_parent
+from backends.triton.ports import check_bindable
 from backends.triton.stubs import crashed
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -31,14 +31,9 @@ def default_openai_workers() -> int:
 
 def check_port_free(host: str, port: int) -> None:
     """Raises RuntimeError when another process listens on ``host:port`` (checked before a server starts, so that
-    another API's answers do not pass for ours)."""
-    with socket.socket() as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((host, port))
-        except OSError as exc:
-            raise RuntimeError(f"OpenAI API port {host}:{port} is not free ({exc.strerror}): choose another with "
-                               "--openai-port (0: no API)") from None
+    another API's answers do not pass for ours), or ``host`` is none of this machine's addresses
+    (``ports.check_bindable``)."""
+    check_bindable(host, port, "OpenAI API port", "--openai-address", "choose another with --openai-port (0: no API)")
 
 
 @dataclass

@@ -61,17 +61,22 @@ class ServerPorts:
             return cls(*(probe.getsockname()[1] for probe in probes), address)
 
     def check_free(self) -> None:
-        """Raises RuntimeError naming the first port another process holds on ``address``."""
+        """Raises RuntimeError naming the first port another process holds on ``address`` (:func:`check_bindable`)."""
         for name in ("http", "grpc", "metrics"):
-            port = getattr(self, name)
-            with socket.socket() as probe:
-                # As the server binds: a port left in TIME_WAIT by a stopped server is free, a listener's is not.
-                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                try:
-                    probe.bind((self.address, port))
-                except OSError as exc:
-                    if exc.errno == errno.EADDRNOTAVAIL:  # not the port: the address is none of this machine's
-                        raise RuntimeError(f"--address {self.address} is not an address of this machine "
-                                           f"({exc.strerror}): give one of its own, or 0.0.0.0 for all") from None
-                    raise RuntimeError(f"{name} port {self.address}:{port} is not free ({exc.strerror}): another "
-                                       f"server holds it; choose another with --{name}-port") from None
+            check_bindable(self.address, getattr(self, name), f"{name} port", "--address",
+                           f"another server holds it; choose another with --{name}-port")
+
+
+def check_bindable(address: str, port: int, what: str, address_flag: str, busy_hint: str) -> None:
+    """Raises RuntimeError when a server could not bind ``address:port`` (as it binds: a port left in TIME_WAIT by a
+    stopped server is free, a listener's is not): naming ``address_flag`` where the address is none of this
+    machine's (EADDRNOTAVAIL, not the port), else ``what`` (e.g. "http port") as not free, with ``busy_hint``."""
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((address, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRNOTAVAIL:
+                raise RuntimeError(f"{address_flag} {address} is not an address of this machine ({exc.strerror}): "
+                                   "give one of its own, or 0.0.0.0 for all") from None
+            raise RuntimeError(f"{what} {address}:{port} is not free ({exc.strerror}): {busy_hint}") from None

@@ -129,8 +129,8 @@ def tokenize_only(grpc_url: str, **inputs: np.ndarray):
 
 def test_tokenize_only_runs_nothing_and_answers_once(grpc_url, server, hf):
     """The KServe input itself: one final response with ``input_ids``, ``input_tokens`` (unless
-    ``return_input_tokens`` is false) and ``num_input_tokens`` (``prompt_text`` for token ids); no request is counted (nor refused ones) or run and no KV page is held; a
-    ``token_channel`` beside it is refused by name."""
+    ``return_input_tokens`` is false) and ``num_input_tokens`` (``prompt_text`` for token ids); no request is counted
+    (nor refused ones) or run and no KV page is held; a ``token_channel`` beside it is refused by name."""
     _, tokenizer = hf
     counted = ("unifiedserve_prompt_tokens_total", "unifiedserve_scheduler_steps_total",
                "unifiedserve_e2e_request_latency_seconds_count")

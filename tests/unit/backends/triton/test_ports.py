@@ -7,6 +7,7 @@ import pytest
 
 import argparse
 
+from backends.openai.process import check_port_free
 from backends.triton.ports import ServerPorts, clashing, port_option
 
 
@@ -43,3 +44,15 @@ def test_an_address_not_of_this_machine_is_named_as_the_address_not_the_port():
     """10.255.255.1 (a fresh admin's try) is no address of a test machine: binding it fails EADDRNOTAVAIL."""
     with pytest.raises(RuntimeError, match=r"^--address 10\.255\.255\.1 is not an address of this machine"):
         ServerPorts(28950, 28951, 28952, "10.255.255.1").check_free()
+
+
+def test_the_openai_apis_check_names_its_own_address_and_port_the_same_way():
+    """``check_port_free`` (the API's) and ``check_free`` share one probe (``ports.check_bindable``)."""
+    with pytest.raises(RuntimeError, match=r"^--openai-address 10\.255\.255\.1 is not an address of this machine"):
+        check_port_free("10.255.255.1", 28953)
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        taken = held.getsockname()[1]
+        with pytest.raises(RuntimeError, match=f"^OpenAI API port 127.0.0.1:{taken} is not free .*--openai-port"):
+            check_port_free("127.0.0.1", taken)
