@@ -30,7 +30,9 @@ class OrchestratorConfig:
     more prompts than decode holds, runs, at most the decoding modalities' TBT targets (``orchestrator.decode_pace``);
     ``fewer_sms_kinds``: the modalities whose steps may run on fewer SMs beside decode (``orchestrator.fewer_sms``);
     ``serial_joins`` (``on``/``off``, default off): decode runs its steps one at a time while a step ends prompts
-    beside it, so their sequences join its next launch (``orchestrator.decode_pace``, "Joining decode").
+    beside it, so their sequences join its next launch (``orchestrator.decode_pace``, "Joining decode");
+    ``hold_joins`` (``on``/``off``, default off): decode waits out a step of text prompts while most of its requests
+    have had no token from it yet (the same module, "Holding a burst's joins").
     ``max_model_len``: prompt + output tokens per request; ``default_max_tokens``: the most output tokens of a request
     that sends ``max_tokens`` null (the OpenAI API's chat without it: ``orchestrator.reply_limit``);
     ``generation``: the checkpoint's generation_config.json defaults (sampling values of requests that do not send
@@ -62,6 +64,7 @@ class OrchestratorConfig:
     default_max_tokens: int = DEFAULT_MAX_TOKENS
     generation: GenerationDefaults = GenerationDefaults()
     serial_joins: bool = False
+    hold_joins: bool = False
 
     @property
     def reply_cap(self) -> int:
@@ -97,4 +100,5 @@ class OrchestratorConfig:
                    int_parameter(given, "decode_pace_ms", 0), kinds_parameter(params),
                    int_parameter(given, "default_max_tokens", DEFAULT_MAX_TOKENS),
                    generation_defaults(model.model_path, given.get("generation_config", "auto").strip()),
-                   choice_value("serial_joins", given.get("serial_joins", "off").strip()) == "on")
+                   *(choice_value(name, given.get(name, "off").strip()) == "on"
+                     for name in ("serial_joins", "hold_joins")))

@@ -33,6 +33,18 @@ came 2-3 decode steps after its first (on the H100, 32 text prompts at once: 13 
 second token comes one step after its first). While a step that ends prompts (a video's not counted) runs beside
 decode, ``joins_decode`` says so and the orchestrator tells decode to run its steps one at a time (a pacing of
 interval 0, or the step's pacing) until those prompts' sequences are admitted, so they join the next launch.
+
+Holding a burst's joins (``hold_joins``): a burst of text questions reaches the orchestrator over 20-40 ms, so it
+is prefilled in two or three steps, and the later steps ran beside the decode steps of the streams the earlier ones
+had just started: on the H100, 32 text requests at once, each of those 17-24 streams had its first two or three
+gaps at 11-31 ms (decode steps beside a 40-60 ms prefill step), 49-72 of the run's 82 gaps over its TBT p99
+(bench/results/peer/twentieth-run-h100-2026-12-06/README.md). While a step that encodes nothing and ends text
+prompts only runs, and most of the requests decoding have had no token from decode yet (the burst's own), decode
+is held for the step (a pacing of interval :data:`PACE_FOR_MS`, ended once the step's sequences are admitted): its
+streams wait the step out in one or two gaps instead of spreading it over three, the step runs alone, and the
+burst's sequences all join decode's next launch. vLLM's streams wait in the same place: its decode tokens go into
+the prefill step's batch. A stream that decode has already served is never the majority this rule needs, so
+established streams (the mixed scenarios' text streams) are not held.
 """
 from __future__ import annotations
 
@@ -68,6 +80,16 @@ class DecodePacer:
         if not PACING_KINDS.intersection(ending) and favours_decode(ending, decoding):
             return 0.0  # a video's prompt ending does not count: its steps are never paced
         return min(self.pace_ms, TARGET_SHARE * self.targets.tightest_tbt_ms(decoding, self.boost))
+
+
+def holds_joins(plan: StepPlan, decoding: Sequence[str], joining: int, kind_of: Callable[[str], str | None]) -> bool:
+    """Whether decode waits ``plan`` out (module docstring, "Holding a burst's joins"): it encodes nothing and ends
+    text prompts only, and ``joining`` (of the requests ``decoding``, their modalities, those with no token from
+    decode yet) are more than half of them."""
+    if plan.num_encode_patches or 2 * joining <= len(decoding):
+        return False
+    ending = ending_kinds(plan, kind_of)
+    return bool(ending) and all(kind == "text" for kind in ending)
 
 
 def joins_decode(plan: StepPlan, decoding: Sequence[str], kind_of: Callable[[str], str | None]) -> bool:

@@ -26,7 +26,7 @@ from flashcodec.families import family_of
 from orchestrator.background import Background, drain
 from orchestrator.budget_policy import BudgetPolicy, Waiting, work_units
 from orchestrator.burst import Arrivals, gather_burst
-from orchestrator.decode_pace import PACE_FOR_MS, DecodePacer, joins_decode
+from orchestrator.decode_pace import PACE_FOR_MS, DecodePacer, holds_joins, joins_decode
 from orchestrator.engine_io import (SHUTTING_DOWN, EngineRequest, Output, Released, RequestState, Tracked,
                                    failure_of)
 from orchestrator.fewer_sms import FewerSms
@@ -51,8 +51,9 @@ class Engine:
     that ends image prompts, or more prompts than decode holds, runs (``orchestrator.decode_pace``; None: never);
     ``fewer_sms`` marks the steps the stage runs on fewer SMs (``orchestrator.fewer_sms``); with ``serial_joins``
     decode runs its steps one at a time while a step ends prompts beside it, until their sequences are admitted
-    (``orchestrator.decode_pace``, "Joining decode"). A paced step's pacing likewise lasts until its first tokens'
-    sequences are admitted."""
+    (``orchestrator.decode_pace``, "Joining decode"); with ``hold_joins`` decode waits out a step of text prompts
+    while most of its requests have had no token from it yet (the same module, "Holding a burst's joins"). A paced
+    step's pacing likewise lasts until its first tokens' sequences are admitted."""
 
     def __init__(self, index: int, scheduler: Scheduler, patch_pages: PagePool, stages: ReplicaStages,
                  media: MediaStage, on_change: Callable[[], None] = lambda: None,
@@ -60,7 +61,7 @@ class Engine:
                  on_release: Callable[[Released], None] = lambda released: None,
                  stopping: Callable[[], bool] = lambda: False, policy: BudgetPolicy | None = None,
                  arrivals: Arrivals | None = None, pacer: DecodePacer | None = None,
-                 fewer_sms: FewerSms = FewerSms(), serial_joins: bool = False):
+                 fewer_sms: FewerSms = FewerSms(), serial_joins: bool = False, hold_joins: bool = False):
         self.index, self.scheduler, self.patch_pages = index, scheduler, patch_pages
         self.stages, self.media = stages, media
         self.on_change, self.on_step, self.on_release, self.server_stopping = on_change, on_step, on_release, stopping
@@ -72,7 +73,7 @@ class Engine:
         self._background = Background()
         self.policy = policy  # each step's budgets, when SLO scheduling is on
         self.arrivals = arrivals or Arrivals()  # requests handed over by Triton (all replicas)
-        self.pacer, self.fewer_sms, self.serial_joins = pacer, fewer_sms, serial_joins
+        self.pacer, self.fewer_sms, self.serial_joins, self.hold_joins = pacer, fewer_sms, serial_joins, hold_joins
         self._last_decode = 0.0  # when the last decode step with sequences arrived (time.monotonic() seconds)
 
     # ---- life -------------------------------------------------------------------------------------------
@@ -225,6 +226,8 @@ class Engine:
                     tracked.scheduled = launched
             kinds = self._decoding_kinds()
             paced = self.pacer.interval_ms(plan, kinds, self._kind_of) if self.pacer else 0.0  # ms; decode_pace.py
+            if self.hold_joins and holds_joins(plan, kinds, self._joining(), self._kind_of):
+                paced = PACE_FOR_MS
             # decode runs its steps one at a time (paced, or interval 0) until the step's first tokens are admitted
             held = bool(paced) or (self.serial_joins and joins_decode(plan, kinds, self._kind_of))
             if held:
@@ -272,6 +275,10 @@ class Engine:
     def _decoding_kinds(self) -> list[str]:
         """The modality of each request in the decode batch."""
         return [tracked.request.kind for tracked in self.requests.values() if tracked.decoding]
+
+    def _joining(self) -> int:
+        """The requests in the decode batch that have had no token from decode yet."""
+        return sum(tracked.decoding and tracked.last_token == tracked.first_token for tracked in self.requests.values())
 
     def _tell_decode(self, interval_ms: float, for_ms: float) -> None:
         """Queue a pacing for decode now (in order with the admits and aborts sent to it); a link that is gone is

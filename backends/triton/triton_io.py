@@ -71,7 +71,8 @@ FLOAT_UPPER_BOUNDS = {"gil_switch_interval_ms": 1000.0}  # a GIL held a second b
 SWITCHES = ("auto", "on", "off")
 CHOICES = {"cuda_graphs": SWITCHES, "compile_layers": SWITCHES, "overlap_steps": SWITCHES, "prefill_graphs": SWITCHES,
            "vision_graphs": SWITCHES,
-           "share_weights": ("on", "off"), "serial_joins": ("on", "off"), "vision_parallel": ("data", "tensor"),
+           "share_weights": ("on", "off"), "serial_joins": ("on", "off"), "hold_joins": ("on", "off"),
+           "vision_parallel": ("data", "tensor"),
            "fewer_sms_kinds": ("video", "image", "video,image", "video,text", "video,image,text"),  # orchestrator.fewer_sms
            "generation_config": ("auto", "none"),  # orchestrator.generation_defaults
            # the served model's (ModelSpec, backends.runtime.loader, checks them at load; the launcher before)

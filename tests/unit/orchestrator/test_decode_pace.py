@@ -3,11 +3,13 @@ engine telling decode before such a step and ending it after its first tokens' a
 (``serial_joins``) (fake stages: ``fake_stages.py``)."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
-from backends.ipc.protocol import PrefillWork, StepPlan
+from backends.ipc.protocol import EncodeWork, PrefillWork, StepPlan
 from orchestrator.budget_policy import SloTargets
-from orchestrator.decode_pace import PACE_FOR_MS, DecodePacer, joins_decode
+from orchestrator.decode_pace import PACE_FOR_MS, DecodePacer, holds_joins, joins_decode
 from tests.unit.orchestrator.test_engine import World, outputs_of, run, settle
 
 
@@ -142,10 +144,56 @@ def test_serial_joins_run_decode_one_step_at_a_time_around_a_step_that_ends_a_pr
     run(body, prefill_budget=32, serial_joins=serial)
 
 
-def test_the_orchestrator_reads_serial_joins_and_names_a_bad_value():
+def image_plan(*works: tuple[int, bool]) -> StepPlan:
+    """As :func:`plan`, the step also encoding 64 patches of r0's image."""
+    return replace(plan(*works), encode=(EncodeWork("r0", 0, 0, (0,), 64, 4),))
+
+
+@pytest.mark.parametrize("step, decoding, joining, kind_of, holds", [
+    (plan(*[(117, True)] * 8), ["text"] * 24, 24, kinds(*["text"] * 8), True),  # the burst's second step
+    (plan(*[(117, True)] * 14), ["text"] * 18, 17, kinds(*["text"] * 14), True),  # a lone stream beside the 17
+    (plan(*[(117, True)] * 8), ["text"] * 24, 12, kinds(*["text"] * 8), False),  # half of them served already
+    (plan((117, True)), ["text"] * 16, 0, kinds("text"), False),       # established streams: never held
+    (plan((117, True)), [], 0, kinds("text"), False),                  # nothing decoding
+    (plan((117, False)), ["text"], 1, kinds("text"), False),           # a chunk that ends nothing
+    (plan((1280, True)), ["image"], 1, kinds("image"), False),         # an image prompt ends
+    (plan((117, True), (2048, True)), ["text"], 1, kinds("text", "video"), False),  # a video's last chunk beside
+    (image_plan((117, True)), ["text"], 1, kinds("text"), False),      # the step encodes
+    (plan((117, True)), ["text"], 1, kinds(), False),                  # its request has gone
+])
+def test_which_steps_hold_decode_for_a_burst(step, decoding, joining, kind_of, holds):
+    assert holds_joins(step, decoding, joining, kind_of) is holds
+
+
+@pytest.mark.parametrize("hold", [True, False])
+def test_hold_joins_holds_decode_while_a_burst_s_later_step_runs(hold):
+    """"a" and "b" arrive together and are prefilled in one step; "c" comes once they have their first tokens and no
+    token from decode yet: with ``hold_joins`` decode is held (a pacing of interval PACE_FOR_MS) around "c"'s step,
+    ended after "c"'s admit; without it decode hears nothing. Once "a" and "b" have had a decode token, "d"'s step
+    is not held."""
+    async def body(w: World):
+        a, b = w.text("a", prompt_len=10, max_tokens=3), w.text("b", prompt_len=10, max_tokens=3)
+        await outputs_of(a, 1)
+        await outputs_of(b, 1)
+        c = w.text("c", prompt_len=10, max_tokens=2)
+        await outputs_of(c, 1)
+        start = w.log.index(("step", ("c",)))
+        held = [("decode_pace", PACE_FOR_MS, PACE_FOR_MS), ("step", ("c",)), ("admit", "c"), ("decode_pace", 0.0, 0.0)]
+        assert (w.log[start - 1:start + 3] == held) is hold
+        w.stages.emit(("a", 8, ""), ("b", 8, ""), ("c", 8, ""))
+        await outputs_of(a, 1)
+        await outputs_of(w.text("d", prompt_len=10, max_tokens=1), 1)
+        assert [entry for entry in w.log if entry[0] == "decode_pace"] == (held[::3] if hold else [])
+        w.stages.emit(("a", 9, "length"), ("b", 9, "length"), ("c", 9, "length"))
+        await settle()
+    run(body, prefill_budget=32, hold_joins=hold)
+
+
+@pytest.mark.parametrize("name", ["serial_joins", "hold_joins"])
+def test_the_orchestrator_reads_the_join_switches_and_names_a_bad_value(name):
     from orchestrator.config import OrchestratorConfig
 
-    assert OrchestratorConfig.from_parameters({}).serial_joins is False
-    assert OrchestratorConfig.from_parameters({"serial_joins": "on"}).serial_joins is True
-    with pytest.raises(ValueError, match="parameter serial_joins must be on or off, got 'yes'"):
-        OrchestratorConfig.from_parameters({"serial_joins": "yes"})
+    assert getattr(OrchestratorConfig.from_parameters({}), name) is False
+    assert getattr(OrchestratorConfig.from_parameters({name: "on"}), name) is True
+    with pytest.raises(ValueError, match=f"parameter {name} must be on or off, got 'yes'"):
+        OrchestratorConfig.from_parameters({name: "yes"})

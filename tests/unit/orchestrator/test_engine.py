@@ -34,14 +34,15 @@ class World:
 
     def __init__(self, kv: int = 32, prefill_budget: int = 2048, policy: BudgetPolicy | None = None,
                  pacer: DecodePacer | None = None, fewer_sms: FewerSms = FewerSms(), burst_wait_ms: int = 0,
-                 arrivals: Arrivals | None = None, serial_joins: bool = False):
+                 arrivals: Arrivals | None = None, serial_joins: bool = False,
+                 hold_joins: bool = False):
         self.log: list = []
         self.kv, self.patch = PrefixCache(PageAllocator(kv, "kv")), PageAllocator(8, "patch")
         self.stages, self.media = FakeStages(self.log), FakeMedia(self.log, self.patch)
         config = SchedulerConfig(prefill_budget=prefill_budget, kv_page_size=PAGE, burst_wait_ms=burst_wait_ms)
         self.engine = Engine(0, Scheduler(config, self.kv, self.patch), self.patch, self.stages, self.media,
                              on_release=self._released, policy=policy, pacer=pacer, fewer_sms=fewer_sms,
-                             arrivals=arrivals, serial_joins=serial_joins)
+                             arrivals=arrivals, serial_joins=serial_joins, hold_joins=hold_joins)
         self.released: dict = {}  # req_id -> its Released record
 
     def _released(self, r: Released) -> None:
