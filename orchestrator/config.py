@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from backends.runtime.families import ServedModel
 from backends.triton.triton_io import choice_value, float_parameter, int_parameter
 from orchestrator.budget_policy import PolicyConfig, SloTargets
+from orchestrator.decode_pace import Joins
 from orchestrator.fewer_sms import DEFAULT_KINDS, kinds_parameter
 from orchestrator.generation_defaults import GenerationDefaults, generation_defaults
 from orchestrator.inputs import InputLimits
@@ -29,10 +30,10 @@ class OrchestratorConfig:
     ``decode_pace_ms`` (default 0, off): the spacing of decode's steps while a step that ends image prompts, or
     more prompts than decode holds, runs, at most the decoding modalities' TBT targets (``orchestrator.decode_pace``);
     ``fewer_sms_kinds``: the modalities whose steps may run on fewer SMs beside decode (``orchestrator.fewer_sms``);
-    ``serial_joins`` (``on``/``off``, default off): decode runs its steps one at a time while a step ends prompts
-    beside it, so their sequences join its next launch (``orchestrator.decode_pace``, "Joining decode");
-    ``hold_joins`` (``on``/``off``, default off): decode waits out a step of text prompts while most of its requests
-    have had no token from it yet (the same module, "Holding a burst's joins").
+    ``joins`` (``orchestrator.decode_pace.Joins``), from ``serial_joins`` (``on``/``off``, default off: decode runs
+    its steps one at a time while a step ends prompts beside it, so their sequences join its next launch) and
+    ``hold_joins`` (``on``/``off``, default off: decode waits out a step of text prompts while most of its requests
+    have had no token from it yet).
     ``max_model_len``: prompt + output tokens per request; ``default_max_tokens``: the most output tokens of a request
     that sends ``max_tokens`` null (the OpenAI API's chat without it: ``orchestrator.reply_limit``);
     ``generation``: the checkpoint's generation_config.json defaults (sampling values of requests that do not send
@@ -63,8 +64,7 @@ class OrchestratorConfig:
     fewer_sms_kinds: frozenset[str] = DEFAULT_KINDS
     default_max_tokens: int = DEFAULT_MAX_TOKENS
     generation: GenerationDefaults = GenerationDefaults()
-    serial_joins: bool = False
-    hold_joins: bool = False
+    joins: Joins = Joins()
 
     @property
     def reply_cap(self) -> int:
@@ -100,5 +100,5 @@ class OrchestratorConfig:
                    int_parameter(given, "decode_pace_ms", 0), kinds_parameter(params),
                    int_parameter(given, "default_max_tokens", DEFAULT_MAX_TOKENS),
                    generation_defaults(model.model_path, given.get("generation_config", "auto").strip()),
-                   *(choice_value(name, given.get(name, "off").strip()) == "on"
-                     for name in ("serial_joins", "hold_joins")))
+                   Joins(*(choice_value(name, given.get(name, "off").strip()) == "on"
+                           for name in ("serial_joins", "hold_joins"))))

@@ -37,14 +37,16 @@ interval 0, or the step's pacing) until those prompts' sequences are admitted, s
 Holding a burst's joins (``hold_joins``): a burst of text questions reaches the orchestrator over 20-40 ms, so it
 is prefilled in two or three steps, and the later steps ran beside the decode steps of the streams the earlier ones
 had just started: on the H100, 32 text requests at once, each of those 17-24 streams had its first two or three
-gaps at 11-31 ms (decode steps beside a 40-60 ms prefill step), 49-72 of the run's 82 gaps over its TBT p99
-(bench/results/peer/twentieth-run-h100-2026-12-06/README.md). While a step that encodes nothing and ends text
-prompts only runs, and most of the requests decoding have had no token from decode yet (the burst's own), decode
+gaps at 11-31 ms (decode steps beside a 40-60 ms prefill step), 53-66 of the run's 82 gaps over its TBT p99
+(bench/results/peer/twentieth-run-h100-2026-12-06/README.md). While a step whose prefill is text prompts alone, one
+of them ending, runs, and most of the requests decoding have had no token from decode yet (the burst's own), decode
 is held for the step (a pacing of interval :data:`PACE_FOR_MS`, ended once the step's sequences are admitted): its
 streams wait the step out in one or two gaps instead of spreading it over three, the step runs alone, and the
 burst's sequences all join decode's next launch. vLLM's streams wait in the same place: its decode tokens go into
 the prefill step's batch. A stream that decode has already served is never the majority this rule needs, so
-established streams (the mixed scenarios' text streams) are not held.
+established streams (the mixed scenarios' text streams) are not held. Measured there, the burst's share of the
+large gaps fell to 16-32 of 82, but the TBT p99 stayed within the spread between passes: the requests' ends, which
+the hold makes coincide, stall the other streams; so it is off by default.
 """
 from __future__ import annotations
 
@@ -83,16 +85,35 @@ class DecodePacer:
 
 
 def holds_joins(plan: StepPlan, decoding: Sequence[str], joining: int, kind_of: Callable[[str], str | None]) -> bool:
-    """Whether decode waits ``plan`` out (module docstring, "Holding a burst's joins"): it encodes nothing and ends
-    text prompts only, and ``joining`` (of the requests ``decoding``, their modalities, those with no token from
-    decode yet) are more than half of them."""
+    """Whether decode waits ``plan`` out (module docstring, "Holding a burst's joins"): it encodes nothing, prefills
+    text prompts only (a video's chunk beside them would hold the streams for its whole step) and ends one, and
+    ``joining`` (of the requests ``decoding``, their modalities, those with no token from decode yet) are more than
+    half of them."""
     if plan.num_encode_patches or 2 * joining <= len(decoding):
         return False
-    ending = ending_kinds(plan, kind_of)
-    return bool(ending) and all(kind == "text" for kind in ending)
+    return bool(ending_kinds(plan, kind_of)) and all(kind_of(work.req_id) == "text" for work in plan.prefill)
 
 
 def joins_decode(plan: StepPlan, decoding: Sequence[str], kind_of: Callable[[str], str | None]) -> bool:
     """Whether ``plan`` ends a prompt other than a video's while requests are ``decoding`` (their modalities): its
     sequence joins a decode loop that holds streams (module docstring, "Joining decode")."""
     return bool(decoding) and any(kind != "video" for kind in ending_kinds(plan, kind_of))
+
+
+@dataclass(frozen=True)
+class Joins:
+    """How decode meets the sequences a step hands it: ``serial`` (``serial_joins``, "Joining decode") and ``hold``
+    (``hold_joins``, "Holding a burst's joins")."""
+
+    serial: bool = False
+    hold: bool = False
+
+    def pacing(self, pacer: DecodePacer | None, plan: StepPlan, decoding: Sequence[str], joining: int,
+               kind_of: Callable[[str], str | None]) -> tuple[float, bool]:
+        """(the interval in ms, 0: none; whether decode is told a pacing) while ``plan`` runs: a hold's, else
+        ``pacer``'s (None: none), told also for ``serial`` joins; ``decoding``/``joining``/``kind_of`` as for
+        :func:`holds_joins`."""
+        if self.hold and holds_joins(plan, decoding, joining, kind_of):
+            return PACE_FOR_MS, True
+        paced = pacer.interval_ms(plan, decoding, kind_of) if pacer else 0.0
+        return paced, bool(paced) or (self.serial and joins_decode(plan, decoding, kind_of))

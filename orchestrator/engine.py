@@ -26,7 +26,7 @@ from flashcodec.families import family_of
 from orchestrator.background import Background, drain
 from orchestrator.budget_policy import BudgetPolicy, Waiting, work_units
 from orchestrator.burst import Arrivals, gather_burst
-from orchestrator.decode_pace import PACE_FOR_MS, DecodePacer, holds_joins, joins_decode
+from orchestrator.decode_pace import PACE_FOR_MS, DecodePacer, Joins
 from orchestrator.engine_io import (SHUTTING_DOWN, EngineRequest, Output, Released, RequestState, Tracked,
                                    failure_of)
 from orchestrator.fewer_sms import FewerSms
@@ -41,19 +41,16 @@ log = logging.getLogger(__name__)
 
 
 class Engine:
-    """Replica ``index``: ``scheduler`` (its KV page table; the shared patch pool ``patch_pages``), ``stages``
-    and the shared ``media`` stage. ``on_change()`` after pages or requests changed (gauges), ``on_step(paced)`` after
-    each executed step, ``on_release(Released)`` per request released; ``stopping()`` says
-    whether the server has begun to stop (a media stream that ends early then fails its request as shutting
-    down, not as bad input); ``policy`` sets each step's budgets from the measured decode gaps and step times
-    (None: the scheduler's configured budgets); ``arrivals``: the requests Triton has handed over, for the rest of
-    which a step may wait (``burst_wait_ms``: ``orchestrator.burst``); ``pacer`` spaces decode's steps while a step
-    that ends image prompts, or more prompts than decode holds, runs (``orchestrator.decode_pace``; None: never);
-    ``fewer_sms`` marks the steps the stage runs on fewer SMs (``orchestrator.fewer_sms``); with ``serial_joins``
-    decode runs its steps one at a time while a step ends prompts beside it, until their sequences are admitted
-    (``orchestrator.decode_pace``, "Joining decode"); with ``hold_joins`` decode waits out a step of text prompts
-    while most of its requests have had no token from it yet (the same module, "Holding a burst's joins"). A paced
-    step's pacing likewise lasts until its first tokens' sequences are admitted."""
+    """Replica ``index``: ``scheduler`` (its KV page table; the shared patch pool ``patch_pages``), ``stages`` and the
+    shared ``media`` stage. ``on_change()`` after pages or requests changed (gauges), ``on_step(paced)`` after each
+    executed step, ``on_release(Released)`` per request released; ``stopping()`` says whether the server has begun to
+    stop (a media stream that ends early then fails its request as shutting down, not as bad input); ``policy`` sets
+    each step's budgets from the measured decode gaps and step times (None: the scheduler's configured budgets);
+    ``arrivals``: the requests Triton has handed over, for the rest of which a step may wait (``burst_wait_ms``:
+    ``orchestrator.burst``); ``pacer`` spaces decode's steps while a step that ends image prompts, or more prompts
+    than decode holds, runs (``orchestrator.decode_pace``; None: never); ``fewer_sms`` marks the steps the stage runs
+    on fewer SMs (``orchestrator.fewer_sms``); ``joins``: how decode meets a step's new sequences
+    (``orchestrator.decode_pace.Joins``). A pacing lasts until the step's first tokens' sequences are admitted."""
 
     def __init__(self, index: int, scheduler: Scheduler, patch_pages: PagePool, stages: ReplicaStages,
                  media: MediaStage, on_change: Callable[[], None] = lambda: None,
@@ -61,7 +58,7 @@ class Engine:
                  on_release: Callable[[Released], None] = lambda released: None,
                  stopping: Callable[[], bool] = lambda: False, policy: BudgetPolicy | None = None,
                  arrivals: Arrivals | None = None, pacer: DecodePacer | None = None,
-                 fewer_sms: FewerSms = FewerSms(), serial_joins: bool = False, hold_joins: bool = False):
+                 fewer_sms: FewerSms = FewerSms(), joins: Joins = Joins()):
         self.index, self.scheduler, self.patch_pages = index, scheduler, patch_pages
         self.stages, self.media = stages, media
         self.on_change, self.on_step, self.on_release, self.server_stopping = on_change, on_step, on_release, stopping
@@ -73,7 +70,7 @@ class Engine:
         self._background = Background()
         self.policy = policy  # each step's budgets, when SLO scheduling is on
         self.arrivals = arrivals or Arrivals()  # requests handed over by Triton (all replicas)
-        self.pacer, self.fewer_sms, self.serial_joins, self.hold_joins = pacer, fewer_sms, serial_joins, hold_joins
+        self.pacer, self.fewer_sms, self.joins = pacer, fewer_sms, joins
         self._last_decode = 0.0  # when the last decode step with sequences arrived (time.monotonic() seconds)
 
     # ---- life -------------------------------------------------------------------------------------------
@@ -225,11 +222,8 @@ class Engine:
                 if (tracked := self.requests.get(new.req_id)) is not None:
                     tracked.scheduled = launched
             kinds = self._decoding_kinds()
-            paced = self.pacer.interval_ms(plan, kinds, self._kind_of) if self.pacer else 0.0  # ms; decode_pace.py
-            if self.hold_joins and holds_joins(plan, kinds, self._joining(), self._kind_of):
-                paced = PACE_FOR_MS
-            # decode runs its steps one at a time (paced, or interval 0) until the step's first tokens are admitted
-            held = bool(paced) or (self.serial_joins and joins_decode(plan, kinds, self._kind_of))
+            joining = sum(tracked.joining for tracked in self.requests.values())
+            paced, held = self.joins.pacing(self.pacer, plan, kinds, joining, self._kind_of)  # ms; decode_pace.py
             if held:
                 self._tell_decode(paced, PACE_FOR_MS)
             try:
@@ -275,10 +269,6 @@ class Engine:
     def _decoding_kinds(self) -> list[str]:
         """The modality of each request in the decode batch."""
         return [tracked.request.kind for tracked in self.requests.values() if tracked.decoding]
-
-    def _joining(self) -> int:
-        """The requests in the decode batch that have had no token from decode yet."""
-        return sum(tracked.decoding and tracked.last_token == tracked.first_token for tracked in self.requests.values())
 
     def _tell_decode(self, interval_ms: float, for_ms: float) -> None:
         """Queue a pacing for decode now (in order with the admits and aborts sent to it); a link that is gone is

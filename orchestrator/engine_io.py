@@ -122,6 +122,11 @@ class Tracked:
         """Decode holds it: handed to decode, with no last row, failure or end of decode's stream yet."""
         return self.in_decode and not self.decode_done
 
+    @property
+    def joining(self) -> bool:
+        """Decode holds it and has sent no token of it yet (``orchestrator.decode_pace``, "Holding a burst's joins")."""
+        return self.decoding and self.last_token == self.first_token
+
 
 def failure_of(exc: Exception, what: str) -> StageFailure:
     """A stage's own failure, or an internal error (logged) that must fail the request, not hang it."""

@@ -154,8 +154,7 @@ class Orchestrator:
                 self.patch_pages, LinkStages(self.links, index), media, on_change=self.gauges.changed,
                 on_step=self._on_step, on_release=self._on_release, stopping=server_stop.announced, policy=policy,
                 arrivals=self.arrivals, pacer=pacer,
-                fewer_sms=FewerSms(slo, boost, self.config.fewer_sms_kinds), serial_joins=self.config.serial_joins,
-                hold_joins=self.config.hold_joins))
+                fewer_sms=FewerSms(slo, boost, self.config.fewer_sms_kinds), joins=self.config.joins))
         await asyncio.gather(*(engine.start() for engine in engines))
         # every link connected before the first request: from then on a call is queued when it is made, so an abort
         # never overtakes the call it stops (decode's is connected by its stream)

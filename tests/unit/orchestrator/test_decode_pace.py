@@ -9,7 +9,7 @@ import pytest
 
 from backends.ipc.protocol import EncodeWork, PrefillWork, StepPlan
 from orchestrator.budget_policy import SloTargets
-from orchestrator.decode_pace import PACE_FOR_MS, DecodePacer, holds_joins, joins_decode
+from orchestrator.decode_pace import PACE_FOR_MS, DecodePacer, Joins, holds_joins, joins_decode
 from tests.unit.orchestrator.test_engine import World, outputs_of, run, settle
 
 
@@ -141,7 +141,7 @@ def test_serial_joins_run_decode_one_step_at_a_time_around_a_step_that_ends_a_pr
         w.stages.emit(("a", 8, ""), ("b", 8, ""))
         w.stages.emit(("a", 9, "length"), ("b", 9, "length"))
         await settle()
-    run(body, prefill_budget=32, serial_joins=serial)
+    run(body, prefill_budget=32, joins=Joins(serial=serial))
 
 
 def image_plan(*works: tuple[int, bool]) -> StepPlan:
@@ -186,14 +186,14 @@ def test_hold_joins_holds_decode_while_a_burst_s_later_step_runs(hold):
         assert [entry for entry in w.log if entry[0] == "decode_pace"] == (held[::3] if hold else [])
         w.stages.emit(("a", 9, "length"), ("b", 9, "length"), ("c", 9, "length"))
         await settle()
-    run(body, prefill_budget=32, hold_joins=hold)
+    run(body, prefill_budget=32, joins=Joins(hold=hold))
 
 
-@pytest.mark.parametrize("name", ["serial_joins", "hold_joins"])
-def test_the_orchestrator_reads_the_join_switches_and_names_a_bad_value(name):
+@pytest.mark.parametrize("name, field", [("serial_joins", "serial"), ("hold_joins", "hold")])
+def test_the_orchestrator_reads_the_join_switches_and_names_a_bad_value(name, field):
     from orchestrator.config import OrchestratorConfig
 
-    assert getattr(OrchestratorConfig.from_parameters({}), name) is False
-    assert getattr(OrchestratorConfig.from_parameters({name: "on"}), name) is True
+    assert OrchestratorConfig.from_parameters({}).joins == Joins()
+    assert OrchestratorConfig.from_parameters({name: "on"}).joins == Joins(**{field: True})
     with pytest.raises(ValueError, match=f"parameter {name} must be on or off, got 'yes'"):
         OrchestratorConfig.from_parameters({name: "yes"})

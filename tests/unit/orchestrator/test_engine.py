@@ -14,7 +14,7 @@ from backends.ipc.protocol import INVALID_INPUT, SERVER_FAULT, MediaDecode, Medi
 from flashcodec.sampling import ImagePlan
 from orchestrator.budget_policy import BudgetPolicy, SloTargets
 from orchestrator.burst import Arrivals
-from orchestrator.decode_pace import DecodePacer
+from orchestrator.decode_pace import DecodePacer, Joins
 from orchestrator.engine import Engine
 from orchestrator.engine_io import SHUTTING_DOWN, EngineRequest, Output, Released, RequestState
 from orchestrator.fewer_sms import FewerSms
@@ -34,15 +34,14 @@ class World:
 
     def __init__(self, kv: int = 32, prefill_budget: int = 2048, policy: BudgetPolicy | None = None,
                  pacer: DecodePacer | None = None, fewer_sms: FewerSms = FewerSms(), burst_wait_ms: int = 0,
-                 arrivals: Arrivals | None = None, serial_joins: bool = False,
-                 hold_joins: bool = False):
+                 arrivals: Arrivals | None = None, joins: Joins = Joins()):
         self.log: list = []
         self.kv, self.patch = PrefixCache(PageAllocator(kv, "kv")), PageAllocator(8, "patch")
         self.stages, self.media = FakeStages(self.log), FakeMedia(self.log, self.patch)
         config = SchedulerConfig(prefill_budget=prefill_budget, kv_page_size=PAGE, burst_wait_ms=burst_wait_ms)
         self.engine = Engine(0, Scheduler(config, self.kv, self.patch), self.patch, self.stages, self.media,
                              on_release=self._released, policy=policy, pacer=pacer, fewer_sms=fewer_sms,
-                             arrivals=arrivals, serial_joins=serial_joins, hold_joins=hold_joins)
+                             arrivals=arrivals, joins=joins)
         self.released: dict = {}  # req_id -> its Released record
 
     def _released(self, r: Released) -> None:
