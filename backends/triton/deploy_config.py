@@ -303,6 +303,11 @@ class DeployConfig:
     pools: Pools = field(default_factory=Pools)
     ipc: Ipc = field(default_factory=Ipc)
 
+    def __post_init__(self):
+        if self.pools.kv_memory_fraction is not None and self.resources.decode.device == "cpu":
+            raise ConfigError("pools.kv_memory_fraction", "sizes the KV pool from free GPU memory, but "
+                                                          "resources.decode.device is cpu: set pools.kv_pages instead")
+
     def set_items(self) -> list[str]:
         """The repository parameters this file sets, as the launcher's ``--set`` items (``MODEL.KEY=VALUE``)."""
         return [item for _, item in self.keyed_items()]

@@ -76,6 +76,8 @@ def test_an_empty_file_changes_nothing(tmp_path):
 @pytest.mark.parametrize("text, key, message", [
     ("pools: {kv_memory_fraction: 1.5}", "pools.kv_memory_fraction", "must be in (0, 1), got 1.5"),
     ("pools: {kv_pages: 10, kv_memory_fraction: 0.5}", "pools.kv_memory_fraction", "not both"),
+    ("resources: {decode: {device: cpu}}\npools: {kv_memory_fraction: 0.5}", "pools.kv_memory_fraction",
+     "sizes the KV pool from free GPU memory, but resources.decode.device is cpu: set pools.kv_pages instead"),
     ("pools: {kv_pages: 0}", "pools.kv_pages", "must be at least 1, got 0"),
     ("pools: {kv_pages: 10.5}", "pools.kv_pages", "must be an integer or null, got 10.5"),
     ("pools: {kv_pages: true}", "pools.kv_pages", "must be an integer or null, got True"),
