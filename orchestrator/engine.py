@@ -49,8 +49,7 @@ class Engine:
     ``arrivals``: the requests Triton has handed over, for the rest of which a step may wait (``burst_wait_ms``:
     ``orchestrator.burst``); ``pacer`` spaces decode's steps while a step that ends image prompts, or more prompts
     than decode holds, runs (``orchestrator.decode_pace``; None: never); ``fewer_sms`` marks the steps the stage runs
-    on fewer SMs (``orchestrator.fewer_sms``); ``joins``: how decode meets a step's new sequences
-    (``orchestrator.decode_pace.Joins``). A pacing lasts until the step's first tokens' sequences are admitted."""
+    on fewer SMs (``orchestrator.fewer_sms``); ``joins``: how decode meets a step's new sequences (``Joins``)."""
 
     def __init__(self, index: int, scheduler: Scheduler, patch_pages: PagePool, stages: ReplicaStages,
                  media: MediaStage, on_change: Callable[[], None] = lambda: None,
@@ -370,7 +369,8 @@ class Engine:
             self.policy.observe_decode_gap((now - self._last_decode) * 1e3)
         self._last_decode = now if step.seq_ids else 0.0
         figures, going = step.logprobs or (None,) * len(step.seq_ids), []
-        for seq_id, token, reason, logprobs in zip(step.seq_ids, step.token_ids, step.finish_reasons, figures):
+        rows = sorted(zip(step.seq_ids, step.token_ids, step.finish_reasons, figures), key=lambda row: bool(row[2]))
+        for seq_id, token, reason, logprobs in rows:  # the ends last: the streams going on get their tokens first
             tracked = self.live(seq_id)
             if tracked is None:
                 continue
