@@ -240,7 +240,8 @@ class Scheduler:
             seq = self._live(work.req_id)
             if seq is not None:
                 group = seq.group(work.item, work.index)
-                self._patch.free(group.patch_pages)
+                if group.patch_pages is not None:  # None: found in a cached prefix meanwhile (_admit defers them)
+                    self._patch.free(group.patch_pages)
                 group.patch_pages = None
                 group.encoded = True
         finished = []
@@ -373,12 +374,15 @@ class Scheduler:
         """Grants the pages that sequences in decode want, then admits waiting ones (``KVGrants.admit``); a group in
         an admitted sequence's cached prefix is not encoded: its patch pages go back."""
         for seq in self._pages.admit():
+            in_flight = self._in_flight_seqs.get(seq.req_id) is seq  # the step in flight may encode its groups
             for group in seq.groups:
                 if seq.in_cached_prefix(group):  # its KV is there: nothing to encode
                     group.encoded = group.cached = True
-                    if group.patch_pages is not None:
+                    if group.patch_pages is not None and in_flight:  # read by that step: back once it completes
+                        self._deferred.append((self._patch, group.patch_pages))
+                    elif group.patch_pages is not None:
                         self._patch.free(group.patch_pages)
-                        group.patch_pages = None
+                    group.patch_pages = None
 
     def _encode_work(self, seq: Sequence, group: Group) -> EncodeWork:
         """The work of encoding ``group``, its embeddings kept in the encoder cache where it makes room."""

@@ -168,3 +168,33 @@ def test_a_block_tables_end_is_evicted_before_the_prefix_it_extends():
     assert kv.lookup([b"h0", b"h1", b"h2"]) == pages[:2]
     kv.grant([], 5, 0, 0)  # one more page needed than is free: the prompt's last idle page is evicted first
     assert kv.lookup([b"h0", b"h1"]) == pages[:1]
+
+
+def test_a_waiting_sequence_admitted_with_a_cached_prefix_while_its_groups_are_encoded_frees_them_after_the_step():
+    """A sequence waiting for KV pages has its groups encoded (encoding runs ahead of admission); another request's
+    end admits it during that step, with the groups in its cached prefix: their patch pages go back once the step
+    has completed (the worker reads them until then), and completing the step does not free them twice. A fresh
+    user's heavy run (the same video in several requests, cancellations) once ended the step loop here with a
+    TypeError (2026-12-06)."""
+    kv, patch = pool(pages=16), PageAllocator(16, "patch")
+    sched = Scheduler(SchedulerConfig(kv_page_size=PAGE), kv, patch)
+    first = video_prompt("first", [5, 6, 7, 8, 9])
+    sched.add(first)
+    run(sched, patch, first)
+    blocker = Sequence("blocker", 4 * (kv.num_free - 1), 1)  # the pages left but for one
+    sched.add(blocker)
+    while not blocker.prefill_done:  # in decode, not in the next step
+        sched.complete(sched.schedule())
+    follow = video_prompt("follow", [5, 6, 3])
+    sched.add(follow)
+    assert follow.block_table is None  # waits for KV pages
+    for group in follow.groups:
+        assert sched.group_ready("follow", 0, group.index, patch.allocate(1)) == "taken"
+    plan = sched.schedule()
+    assert ("follow", 0, 0) in [(w.req_id, w.item, w.index) for w in plan.encode]
+    sched.remove("blocker")  # during the step: "follow" is admitted, its groups in the cached prefix
+    assert follow.num_cached_tokens == 24 and all(g.encoded for g in follow.groups)
+    assert patch.num_free == 16 - 2  # not while the step in flight still reads them
+    sched.complete(plan)
+    assert patch.num_free == 16
+    assert run(sched, patch, follow) == [(24, 25)]

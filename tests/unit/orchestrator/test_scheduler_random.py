@@ -1,7 +1,9 @@
 """Property tests: random workloads (arrivals, media streaming in out of order, cancellations, also mid-step,
-decode writing tokens into KV pages granted as it goes, pausing where none is granted; a third with budgets that
-change every step; a quarter whose prompts share prefixes, with a prefix cache bounded by a random floor and ceiling)
-driven through the scheduler, checking every plan, the KV pages' reference counts and that the pool stays safe.
+decode writing tokens into KV pages granted as it goes, pausing where none is granted, its requests ending while a
+step runs or after it (an end mid-step once admitted a waiting sequence whose groups the step was encoding, and
+freed their patch pages under it: 2026-12-06); a third with budgets that change every step; a quarter whose prompts
+share prefixes, with a prefix cache bounded by a random floor and ceiling) driven through the scheduler, checking
+every plan, the KV pages' reference counts and that the pool stays safe.
 
 As in the server, nothing reserves patch pages ahead: the simulated media stage takes a group's pages
 when it has "decoded" that group (and only if they are free: back-pressure), then reports it. Half the
@@ -227,6 +229,19 @@ def take_grants(sched, live, grants):
         assert granted and table[len(table) - len(granted):] == granted
 
 
+def decode_tokens(sched, live, decoding, config):
+    """One decode step: each sequence of ``decoding`` (req_id -> the tokens it makes in all) makes a token where its
+    KV pages reach, else waits; those done are removed (twice: ``remove`` is idempotent), their pages back."""
+    for req_id in list(decoding):
+        seq = live[req_id]
+        if seq.num_generated >= decoding[req_id]:
+            sched.remove(req_id)
+            sched.remove(req_id)
+            del live[req_id], decoding[req_id]
+        elif seq.prompt_len + seq.num_generated <= len(seq.block_table) * config.kv_page_size:
+            take_grants(sched, live, sched.grow([req_id]))
+
+
 def check_idle(sched, live):
     """schedule() said None: nothing is ready to encode or prefill."""
     for seq in live.values():
@@ -308,17 +323,14 @@ def run_scenario(seed, tmp_path):
             pending = [(r, g) for r, g in pending if r != victim]
         if plan is not None:
             stage_keys.update(w.cache_key for w in plan.encode if w.cache_key is not None)
+        during = rng.random() < 0.5  # decode's tokens and ends come while the step runs, or after it
+        if during:
+            decode_tokens(sched, live, decoding, config)
         for req_id in sched.complete(plan) if plan is not None else []:
             decoding[req_id] = rng.randint(1, live[req_id].max_tokens)  # an end of sequence before max_tokens
             take_grants(sched, live, sched.grow([req_id]))  # its first token, from prefill
-        for req_id in list(decoding):  # decode writes a token's KV where its pages reach, else waits
-            seq = live[req_id]
-            if seq.num_generated >= decoding[req_id]:
-                sched.remove(req_id)
-                sched.remove(req_id)
-                del live[req_id], decoding[req_id]
-            elif seq.prompt_len + seq.num_generated <= len(seq.block_table) * config.kv_page_size:
-                take_grants(sched, live, sched.grow([req_id]))
+        if not during:
+            decode_tokens(sched, live, decoding, config)
         take_grants(sched, live, sched.grow())
         assert all_can_finish(kv.num_free, worst_cases(live, config)), "the KV pool is not safe"
         assert all(len(seq.block_table) <= kv_pages(seq, config) for seq in live.values() if seq.block_table)
@@ -338,5 +350,5 @@ def run_scenario(seed, tmp_path):
 
 @pytest.mark.parametrize("block", range(10))
 def test_random_workloads_keep_the_invariants(block, tmp_path):
-    for seed in range(block * 20, block * 20 + 20):
+    for seed in range(block * 60, block * 60 + 60):
         run_scenario(seed, tmp_path)
