@@ -304,11 +304,24 @@ async def _events(first: tuple[int, ResponsePiece], pieces: AsyncIterator[tuple[
 
 
 async def _chunk_data(shape, item: tuple[int, ResponsePiece], marks: ApiMarks) -> str:
-    """The chunk of ``item`` as JSON text, made on the bulk thread when it holds over ``LARGE_BODY_ENTRIES``
-    log-probability entries (a streamed echo's first chunk carries its prompt's), as ``_whole_body`` makes bodies."""
+    """The chunk of ``item`` as JSON text (:func:`one_line`), made on the bulk thread when it holds over
+    ``LARGE_BODY_ENTRIES`` log-probability entries (a streamed echo's first chunk carries its prompt's), as
+    ``_whole_body`` makes bodies."""
     if shape.chunk_entries(*item) > LARGE_BODY_ENTRIES:
-        return await in_bulk_thread(lambda: sliced_json(_chunk(shape, item, marks)).decode())
-    return _chunk(shape, item, marks).model_dump_json()
+        return await in_bulk_thread(lambda: one_line(sliced_json(_chunk(shape, item, marks)).decode()))
+    return one_line(_chunk(shape, item, marks).model_dump_json())
+
+
+# Line breaks to str.splitlines() but not to the SSE format (whose lines end at CR, LF or CRLF), which pydantic
+# writes as they are: a token's text may hold them.
+_SPLITLINES_ONLY = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
+
+
+def one_line(json_text: str) -> str:
+    """``json_text`` with U+0085, U+2028 and U+2029 written as JSON escapes (they can only be inside its strings,
+    where the escape means the same), so that a client splitting the stream with ``str.splitlines`` (httpx's
+    ``aiter_lines``) still reads each event's JSON whole (a fresh user's client, 2026-12-06)."""
+    return json_text if json_text.isascii() else json_text.translate(_SPLITLINES_ONLY)
 
 
 def _chunk(shape, item: tuple[int, ResponsePiece], marks: ApiMarks) -> ChatCompletionChunk | Completion:
