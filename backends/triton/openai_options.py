@@ -11,7 +11,7 @@ from backends.triton.ports import optional_port_option
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--openai-port", type=optional_port_option, default=9000,
-                        help="the OpenAI-compatible API's port (0: no API)")
+                        help="the OpenAI-compatible API's port (default 9000; 0: no API)")
     parser.add_argument("--openai-address", default=None, help="where the OpenAI API listens (default: --address)")
     parser.add_argument("--openai-allow-http-media", action="store_true",
                         help="let the OpenAI API fetch http(s) image_url / video_url parts (off: refused)")
