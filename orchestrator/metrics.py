@@ -54,6 +54,8 @@ REPLICA_GAUGES = {
     "unifiedserve_replica_requests": "requests on the replica (admitted, not yet released)",
     "unifiedserve_replica_budget_scale": "the factor of the replica's encode and prefill budgets this step "
                                          "(SLO scheduling; 1 without it)",
+    "unifiedserve_replica_serving": "1 while the replica serves; 0 once its decode stream or step loop has ended (its "
+                                    "requests failed; new ones go to other replicas, or fail naming why)",
 }
 SUCCESS = "unifiedserve_request_success_total"
 FINISHED_REASONS = ("stop", "length", "abort", "invalid", "overloaded", "error")  # invalid: refused as bad input;
@@ -65,7 +67,7 @@ COUNTERS = {
     "unifiedserve_generation_tokens_total": "tokens generated and handed to the clients' responses",
     "unifiedserve_scheduler_steps_total": "encode+prefill steps executed",
     "unifiedserve_decode_paced_steps_total": "encode+prefill steps during which decode's launches were spaced "
-                                             "(decode_pace_ms)",
+                                             "(decode_pace_ms) or held (hold_joins)",
     "unifiedserve_prefix_cache_queries_total": "prompt tokens of the requests granted KV pages (looked up in the "
                                                "prefix cache)",
     "unifiedserve_prefix_cache_hits_total": "prompt tokens found in the prefix cache (not computed again)",

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import asyncio
 
+from backends.ipc.protocol import SERVER_FAULT, StageFailure
 from orchestrator.gauges import Gauges
+from tests.unit.orchestrator.test_engine import World, outputs_of, run
 
 
 def test_changes_in_one_pass_of_the_loop_make_one_update():
@@ -22,3 +24,31 @@ def test_changes_in_one_pass_of_the_loop_make_one_update():
         assert updates == [1, 1]
 
     asyncio.run(main())
+
+
+class Recorded:
+    """``Metrics``' setter, recording the last value of each (gauge, replica)."""
+
+    def __init__(self):
+        self.values = {}
+
+    def set(self, name, value, replica=None):
+        self.values[name, replica] = value
+
+    def increment(self, name, by=1, label=None):
+        pass
+
+
+def test_a_replica_whose_decode_stream_ended_shows_as_not_serving():
+    async def body(w: World):
+        metrics = Recorded()
+        gauges = Gauges(metrics, lambda: ([w.engine], w.patch))
+        gauges.update()
+        assert metrics.values["unifiedserve_replica_serving", 0] == 1.0
+        out = w.text("a", max_tokens=100)
+        await outputs_of(out, 1)
+        w.stages.end_decode(StageFailure(SERVER_FAULT, "decode: the stage closed its link"))
+        await outputs_of(out, 1)
+        gauges.update()
+        assert metrics.values["unifiedserve_replica_serving", 0] == 0.0
+    run(body)
