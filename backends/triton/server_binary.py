@@ -74,9 +74,15 @@ def _wheel_server() -> tuple[Path, Path, dict[str, str]]:
     env = {
         "LD_LIBRARY_PATH": ":".join([*libs, os.environ.get("LD_LIBRARY_PATH", "")]).strip(":"),
         # The stub finds its site-packages through the `python3` first on PATH.
-        "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
+        "PATH": first_on_path(str(Path(sys.executable).parent), os.environ.get("PATH", "")),
     }
     return target / "bin" / "tritonserver", target / "backends", env
+
+
+def first_on_path(folder: str, path: str) -> str:
+    """``path`` (a PATH value) with ``folder`` first, once, and no empty entry (one would stand for the working
+    folder)."""
+    return ":".join(dict.fromkeys([folder, *(entry for entry in path.split(":") if entry)]))
 
 
 @contextlib.contextmanager
