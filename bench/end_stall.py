@@ -18,9 +18,9 @@ From the requests' timelines (``orchestrator/timeline.py``; moments placed on on
   of launches around the step that read the ending requests' last tokens (``launch_gap_at_end_ms``: that step's
   launch to the next one's) and elsewhere, and the steps' launch-to-read times.
 
-With ``--py-spy`` each round is profiled (``py-spy record --gil --nonblocking``, raw, ``RATE_HZ``) in the
-orchestrator's and decode's stub processes; the collapsed stacks go to ``DIR/<name>_<process>_<round>.txt`` and their
-top functions into the JSON (``bench.peer.py_spy.top``). On the 2-core CPU machine decode's steps, the API process
+With ``--py-spy`` each round is profiled (``bench.peer.py_spy.Profiles``: ``RATE_HZ``, per thread) in the
+orchestrator's and decode's stub processes; the collapsed stacks go to ``DIR/<name>_py_spy_<round>/<process>.txt`` and
+their top functions into the JSON (``bench.peer.py_spy.top``). On the 2-core CPU machine decode's steps, the API process
 and the orchestrator share two cores: these are CPU figures, compared between commits in one session, not speed
 claims. Writes ``DIR/<name>.json``.
 """
@@ -29,9 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -109,30 +107,6 @@ def analyse(records, ending: int) -> dict:
         "errors": [r.error for r in records if r.error][:3]}
 
 
-def profile(pids: dict[str, int], out: Path, name: str, k: int) -> list[tuple[str, Path, subprocess.Popen]]:
-    """py-spy record of each of ``pids`` (process name -> pid) until stopped (SIGINT)."""
-    spy, started = py_spy.binary(), []
-    for process, pid in pids.items():
-        path = out / f"{name}_{process}_{k}.txt"
-        argv = [spy, "record", "--pid", str(pid), "--rate", str(RATE_HZ), "--format", "raw", "--gil",
-                "--nonblocking", "--threads", "--output", str(path)]
-        started.append((process, path, subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)))
-    time.sleep(1.0)  # py-spy attaches
-    return started
-
-
-def stopped(spies) -> dict:
-    out = {}
-    for process, path, spy in spies:
-        spy.send_signal(2)
-        try:
-            spy.wait(30)
-        except subprocess.TimeoutExpired:
-            spy.kill()
-        out[process] = py_spy.top(path.read_text()) if path.exists() else {"error": spy.stderr.read().decode()[-500:]}
-    return out
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="results folder")
@@ -160,9 +134,10 @@ def main() -> None:
             [(0.0, ChatRequest("text", parts, args.tokens + args.more))] * args.running
         rounds = []
         for k in range(args.rounds):
-            spies = profile(pids, out, args.name, k) if args.py_spy else []
-            records = asyncio.run(open_loop(target, schedule))
-            rounds.append({**analyse(records, args.ending), **({"py_spy": stopped(spies)} if spies else {})})
+            spied = pids if args.py_spy else {}
+            with py_spy.Profiles(spied, out / f"{args.name}_py_spy_{k}", RATE_HZ, threads=True) as profiles:
+                records = asyncio.run(open_loop(target, schedule))
+            rounds.append({**analyse(records, args.ending), **({"py_spy": profiles.result} if spied else {})})
             print({key: value for key, value in rounds[-1].items() if key != "py_spy"}, flush=True)
     finally:
         servers.stop("unifiedserve", work / "state")

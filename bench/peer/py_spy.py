@@ -61,10 +61,11 @@ def top(collapsed: str, n: int = TOP) -> dict:
 
 class Profiles:
     """``with Profiles({name: pid}, folder) as p:`` records each process while the block runs; ``p.result`` is then
-    ``{name: top(...)}`` or ``{name: {"error": ...}}``. The raw stacks stay in ``folder`` (``<name>.txt``)."""
+    ``{name: top(...)}`` or ``{name: {"error": ...}}``. The raw stacks stay in ``folder`` (``<name>.txt``).
+    ``rate_hz``: samples a second; ``threads``: each stack under its thread's id (py-spy's ``--threads``)."""
 
-    def __init__(self, processes: dict[str, int], folder: Path):
-        self.processes, self.folder = processes, folder
+    def __init__(self, processes: dict[str, int], folder: Path, rate_hz: int = RATE_HZ, threads: bool = False):
+        self.processes, self.folder, self.rate_hz, self.threads = processes, folder, rate_hz, threads
         self.running: dict[str, tuple[subprocess.Popen, Path]] = {}
         self.result: dict[str, dict] = {}
 
@@ -78,8 +79,8 @@ class Profiles:
                                               "PATH and in the bin folders beside sys.path"}
                 continue
             out = self.folder / f"{name}.txt"
-            command = [program, "record", "--pid", str(pid), "--rate", str(RATE_HZ), "--nonblocking", "--gil",
-                       "--format", "raw", "--output", str(out)]
+            command = [program, "record", "--pid", str(pid), "--rate", str(self.rate_hz), "--nonblocking", "--gil",
+                       "--format", "raw", *(["--threads"] if self.threads else []), "--output", str(out)]
             self.running[name] = (subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                                    text=True), out)
         return self
