@@ -221,7 +221,7 @@ class Engine:
                 if (tracked := self.requests.get(new.req_id)) is not None:
                     tracked.scheduled = launched
             kinds = self._decoding_kinds()
-            joining = sum(tracked.joining for tracked in self.requests.values())
+            joining = sum(tracked.joining for tracked in self.requests.values()) if self.joins.hold else 0
             paced, held = self.joins.pacing(self.pacer, plan, kinds, joining, self._kind_of)  # ms; decode_pace.py
             if held:
                 self._tell_decode(paced, PACE_FOR_MS)
