@@ -46,7 +46,10 @@ burst's sequences all join decode's next launch. vLLM's streams wait in the same
 the prefill step's batch. A stream that decode has already served is never the majority this rule needs, so
 established streams (the mixed scenarios' text streams) are not held. Measured there, the burst's share of the
 large gaps fell to 16-32 of 82, but the TBT p99 stayed within the spread between passes: the requests' ends, which
-the hold makes coincide, stall the other streams; so it is off by default.
+the hold makes coincide, stall the other streams; so it is off by default. A hold needs :data:`HOLD_MIN_JOINING`
+such streams: on the H100 (bench/results/peer/hold-joins-h100-2026-12-06/) the mixed video's closed-loop text
+streams, down to three decoding near its end, met the majority rule with one or three new ones, and one of them, held
+for two steps in a row, waited 130 ms for its second token (the window max 31 ms without the hold).
 """
 from __future__ import annotations
 
@@ -58,6 +61,7 @@ from orchestrator.budget_policy import SloTargets
 from orchestrator.fewer_sms import ending_kinds, favours_decode
 
 PACE_FOR_MS = 1000.0  # a pacing the orchestrator does not end (a step longer than this) ends itself
+HOLD_MIN_JOINING = 8  # streams with no decode token yet that make a burst worth holding decode for
 TARGET_SHARE = 0.8  # the most of a TBT target a paced gap may take
 PACING_KINDS = frozenset({"image"})  # the modalities whose prompts ending in a step pace decode
 
@@ -88,8 +92,8 @@ def holds_joins(plan: StepPlan, decoding: Sequence[str], joining: int, kind_of: 
     """Whether decode waits ``plan`` out (module docstring, "Holding a burst's joins"): it encodes nothing, prefills
     text prompts only (a video's chunk beside them would hold the streams for its whole step) and ends one, and
     ``joining`` (of the requests ``decoding``, their modalities, those with no token from decode yet) are more than
-    half of them."""
-    if plan.num_encode_patches or 2 * joining <= len(decoding):
+    half of them and at least :data:`HOLD_MIN_JOINING`."""
+    if plan.num_encode_patches or 2 * joining <= len(decoding) or joining < HOLD_MIN_JOINING:
         return False
     return bool(ending_kinds(plan, kind_of)) and all(kind_of(work.req_id) == "text" for work in plan.prefill)
 
