@@ -32,8 +32,8 @@ class OrchestratorConfig:
     ``fewer_sms_kinds``: the modalities whose steps may run on fewer SMs beside decode (``orchestrator.fewer_sms``);
     ``joins`` (``orchestrator.decode_pace.Joins``), from ``serial_joins`` (``on``/``off``, default off: decode runs
     its steps one at a time while a step ends prompts beside it, so their sequences join its next launch) and
-    ``hold_joins`` (``on``/``off``, default off: decode waits out a step of text prompts while most of its requests
-    have had no token from it yet).
+    ``hold_joins`` (``on``/``off``, default on: decode waits out a step of text prompts while most of its requests,
+    and at least ``decode_pace.HOLD_MIN_JOINING``, have had no token from it yet).
     ``max_model_len``: prompt + output tokens per request; ``default_max_tokens``: the most output tokens of a request
     that sends ``max_tokens`` null (the OpenAI API's chat without it: ``orchestrator.reply_limit``);
     ``generation``: the checkpoint's generation_config.json defaults (sampling values of requests that do not send
@@ -100,5 +100,5 @@ class OrchestratorConfig:
                    int_parameter(given, "decode_pace_ms", 0), kinds_parameter(params),
                    int_parameter(given, "default_max_tokens", DEFAULT_MAX_TOKENS),
                    generation_defaults(model.model_path, given.get("generation_config", "auto").strip()),
-                   Joins(*(choice_value(name, given.get(name, "off").strip()) == "on"
-                           for name in ("serial_joins", "hold_joins"))))
+                   Joins(*(choice_value(name, given.get(name, "on" if default else "off").strip()) == "on"
+                           for name, default in (("serial_joins", Joins.serial), ("hold_joins", Joins.hold)))))

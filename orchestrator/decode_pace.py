@@ -44,12 +44,13 @@ is held for the step (a pacing of interval :data:`PACE_FOR_MS`, ended once the s
 streams wait the step out in one or two gaps instead of spreading it over three, the step runs alone, and the
 burst's sequences all join decode's next launch. vLLM's streams wait in the same place: its decode tokens go into
 the prefill step's batch. A stream that decode has already served is never the majority this rule needs, so
-established streams (the mixed scenarios' text streams) are not held. Measured there, the burst's share of the
-large gaps fell to 16-32 of 82, but the TBT p99 stayed within the spread between passes: the requests' ends, which
-the hold makes coincide, stall the other streams; so it is off by default. A hold needs :data:`HOLD_MIN_JOINING`
-such streams: on the H100 (bench/results/peer/hold-joins-h100-2026-12-06/) the mixed video's closed-loop text
-streams, down to three decoding near its end, met the majority rule with one or three new ones, and one of them, held
-for two steps in a row, waited 130 ms for its second token (the window max 31 ms without the hold).
+established streams (the mixed scenarios' text streams) are not held, and a hold needs :data:`HOLD_MIN_JOINING`
+such streams: the mixed video's closed-loop text streams, down to three decoding near its end, met the majority rule
+with one or three new ones, and one of them, held for two steps in a row, waited 130 ms for its second token (the
+window max 31 ms without the hold; bench/results/peer/hold-joins-h100-2026-12-06/). On by default: on one H100 host
+the 32 requests' TBT p99 was 8.15-11.81 ms over seven passes (median 8.91) against 8.82-13.36 (median 11.72) over
+eight with it off, vLLM 7.40-7.96 (the same README); the price is the burst's one longer gap (text_c32's largest,
+52-93 ms against 23-36). The requests' ends, which the hold makes coincide, then hold most of the top 1%.
 """
 from __future__ import annotations
 
@@ -110,7 +111,7 @@ class Joins:
     (``hold_joins``, "Holding a burst's joins")."""
 
     serial: bool = False
-    hold: bool = False
+    hold: bool = True
 
     def pacing(self, pacer: DecodePacer | None, plan: StepPlan, decoding: Sequence[str], joining: int,
                kind_of: Callable[[str], str | None]) -> tuple[float, bool]:

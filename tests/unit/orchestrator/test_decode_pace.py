@@ -203,7 +203,8 @@ def test_a_few_joining_streams_do_not_hold_decode():
 def test_the_orchestrator_reads_the_join_switches_and_names_a_bad_value(name, field):
     from orchestrator.config import OrchestratorConfig
 
-    assert OrchestratorConfig.from_parameters({}).joins == Joins()
-    assert OrchestratorConfig.from_parameters({name: "on"}).joins == Joins(**{field: True})
+    assert OrchestratorConfig.from_parameters({}).joins == Joins() == Joins(serial=False, hold=True)
+    for value in ("on", "off"):
+        assert getattr(OrchestratorConfig.from_parameters({name: value}).joins, field) is (value == "on")
     with pytest.raises(ValueError, match=f"parameter {name} must be on or off, got 'yes'"):
         OrchestratorConfig.from_parameters({name: "yes"})
