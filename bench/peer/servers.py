@@ -16,12 +16,16 @@
 
 A server is started in a session of its own (``setsid``), so it outlives the command that started it (a device
 call): its pid, URL, model name and log are written to ``<state>/<system>.json``, which later commands read and
-``stop`` removes after stopping that process group (SIGTERM, then SIGKILL after ``STOP_TIMEOUT_S``).
+``stop`` removes after stopping that process group (SIGTERM, then SIGKILL after ``STOP_TIMEOUT_S``). UnifiedServe's
+launcher writes tritonserver's output and the OpenAI API's to files of its own (``/tmp/unifiedserve-run-*.log``, named
+in its output): ``stop`` copies their last ``KEPT_LOG_BYTES`` beside the system's log, so that they come back with the
+results (the stages' warnings, e.g. a long garbage collection's pause, are only there).
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -38,6 +42,8 @@ from bench.peer.models import DEFAULT, MODELS, PeerModel
 SYSTEMS = ("unifiedserve", "vllm")
 PORTS = {"unifiedserve": 9000, "vllm": 9001}  # the OpenAI APIs'
 STOP_TIMEOUT_S = 60.0
+KEPT_LOG_BYTES = 4 << 20  # the tail of each log the launcher names, copied beside the system's log at stop
+NAMED_LOG = re.compile(r"\blog:? (/\S+\.log)\b")  # the launcher's "log: PATH" / "log PATH" in its output
 # STUB_SITE emptied: on the device it puts the Triton stub's numpy 1.26 first on any Python's path (device_run.sh)
 VLLM_ENV = {"HF_HUB_OFFLINE": "1", "VLLM_USE_FLASHINFER_SAMPLER": "0", "STUB_SITE": ""}
 # On a card of less memory (an 80-GB H100) vLLM 0.26's default --gpu-memory-utilization (0.92) left too little beside
@@ -169,7 +175,8 @@ def stop(system: str, state: Path) -> None:
     path = state / f"{system}.json"
     if not path.exists():
         return
-    pid = json.loads(path.read_text())["pid"]
+    record = json.loads(path.read_text())
+    pid = record["pid"]
     if _alive(pid):
         os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + STOP_TIMEOUT_S
@@ -177,7 +184,25 @@ def stop(system: str, state: Path) -> None:
             time.sleep(0.5)
         if _group_alive(pid):
             os.killpg(pid, signal.SIGKILL)  # its own session: the group id is its pid
+    keep_named_logs(Path(record["log"]))
     path.unlink()
+
+
+def keep_named_logs(log: Path) -> list[Path]:
+    """Copy each file that ``log`` names as a log (the launcher's ``log: PATH`` and ``log PATH``), its last
+    :data:`KEPT_LOG_BYTES` bytes, beside ``log`` as ``<log's stem>.<its name>``; the copies made. A named file that
+    has gone is skipped."""
+    kept = []
+    text = log.read_text(errors="replace") if log.exists() else ""
+    for named in dict.fromkeys(Path(p) for p in NAMED_LOG.findall(text)):
+        if not named.is_file():
+            continue
+        copy = log.with_name(f"{log.stem}.{named.name}")
+        with open(named, "rb") as source:
+            source.seek(max(0, named.stat().st_size - KEPT_LOG_BYTES))
+            copy.write_bytes(source.read())
+        kept.append(copy)
+    return kept
 
 
 def _alive(pid: int) -> bool:

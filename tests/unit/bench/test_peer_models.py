@@ -139,3 +139,23 @@ def test_passes_below_one_are_refused(monkeypatch, capsys):
     with pytest.raises(SystemExit):
         run.main()
     assert "--passes must be at least 1, got 0" in capsys.readouterr().err
+
+
+def test_stop_keeps_the_logs_the_launcher_names(tmp_path):
+    """The launcher's own lines name tritonserver's log and the OpenAI API's: their tails are copied beside the
+    system's log (a stage's garbage-collection warning is only there); a named file that has gone is skipped."""
+    server_log, api_log = tmp_path / "unifiedserve-run-x.log", tmp_path / "unifiedserve-run-x.openai.log"
+    server_log.write_bytes(b"A" * servers.KEPT_LOG_BYTES + b"decode: a generation-2 garbage collection paused\n")
+    api_log.write_text("api started\n")
+    own = tmp_path / "logs" / "unifiedserve.log"
+    own.parent.mkdir()
+    own.write_text(f"tritonserver starting, log: {server_log}\n"
+                   f"tritonserver ready: gRPC 127.0.0.1:1, HTTP 127.0.0.1:2, log {server_log}, models /tmp/repo\n"
+                   f"OpenAI-compatible API: http://127.0.0.1:9000/v1, log {api_log}\n"
+                   f"a line naming a log that has gone: log: {tmp_path / 'gone.log'}\n")
+    kept = servers.keep_named_logs(own)
+    assert kept == [own.parent / f"unifiedserve.{server_log.name}", own.parent / f"unifiedserve.{api_log.name}"]
+    assert len(kept[0].read_bytes()) == servers.KEPT_LOG_BYTES
+    assert kept[0].read_bytes().endswith(b"garbage collection paused\n")
+    assert kept[1].read_text() == "api started\n"
+    assert servers.keep_named_logs(tmp_path / "no.log") == []
