@@ -6,7 +6,10 @@ fast incremental detokenizer does; about 1 us a token against 14 us for two wind
 CPU machine). Stop strings follow vLLM v1's ``IncrementalDetokenizer.update``:
 they are not looked for while at most ``min_tokens`` tokens are out, and afterwards only where they
 end in text that arrived later, so a stop string wholly inside the first ``min_tokens`` tokens' text
-never ends the output. With ``include_stop_str_in_output`` (vLLM's) a matched stop string stays in the text, which
+never ends the output. Each call looks only where a match could end in the text it brought (vLLM's search of the
+new characters and a stop string's length before them): searched from the start each time, a 16,000-token reply
+with four stop strings cost 37 us a token in its last quarter against 14 in its first on the CPU machine, now 10
+(bench/detokenizer_bench.py; bench/results/detokenizer-cpu-2026-12-06/). With ``include_stop_str_in_output`` (vLLM's) a matched stop string stays in the text, which
 then ends after it, and nothing is held back for one (vLLM's ``stop_buffer_length`` of 0).
 """
 from __future__ import annotations
@@ -35,6 +38,7 @@ class Detokenizer:
         self.include_stop = include_stop
         self.min_tokens = min_tokens
         self._exempt = 0        # characters of _decoded produced within the first min_tokens tokens
+        self._searched = 0      # characters of _decoded in which every stop string has been looked for
         self.ids: list[int] = []
         self.text = ""          # released text
         self._decoded = ""      # all text decoded so far (released + held back)
@@ -78,9 +82,11 @@ class Detokenizer:
         return delta
 
     def _release(self) -> str:
+        searched, self._searched = self._searched, len(self._decoded)
         for s in self.stop:
-            # A match must end after the exempt text (it may start inside it, as in vLLM).
-            at = self._decoded.find(s, max(0, self._exempt - len(s) + 1))
+            # A match must end after the exempt text (it may start inside it, as in vLLM), and after the text
+            # searched before (one ending there would have been found then).
+            at = self._decoded.find(s, max(0, max(self._exempt, searched) - len(s) + 1))
             if at >= 0:
                 self.matched = s
                 end = at + len(s) if self.include_stop else at

@@ -7,6 +7,7 @@ import re
 import pytest
 
 from backends.runtime.tokenizer import build_offline_tokenizer
+from bench.detokenizer_bench import SearchedFromTheStart
 from orchestrator.detokenizer import Detokenizer
 from flashcodec.families import family
 from orchestrator.prompt import build_prompt, build_raw_prompt, token_prompt_text
@@ -105,6 +106,24 @@ def _run(detok, ids):
         if detok.stopped:
             break
     return out
+
+
+def test_stop_strings_are_found_where_a_search_from_the_start_finds_them(tokenizer):
+    """Random texts over a small alphabet, fed in random chunks with random min_tokens and include_stop: the same
+    deltas, match and flush as a search of the whole text each call (matches across chunk boundaries included)."""
+    rng = random.Random(11)
+    for _ in range(300):
+        text = "".join(rng.choice("ab c.\n") for _ in range(rng.randrange(5, 80)))
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        stop = tuple(rng.choice(["ab", "c.", " a", "b c", "..", "abab", "c.\nab"]) for _ in range(rng.randrange(1, 4)))
+        options = dict(stop=stop, min_tokens=rng.randrange(0, 6), include_stop=rng.random() < 0.3)
+        fast, full = Detokenizer(tokenizer, **options), SearchedFromTheStart(tokenizer, **options)
+        at = 0
+        while at < len(ids) and not full.stopped:
+            n = rng.randrange(1, 4)
+            assert fast.add(ids[at:at + n]) == full.add(ids[at:at + n]), (text, options)
+            at += n
+        assert (fast.matched, fast.text, fast.flush()) == (full.matched, full.text, full.flush())
 
 
 def test_detokenizer_ignores_stop_strings_within_min_tokens(tokenizer):
