@@ -46,6 +46,7 @@ GAUGES = {
                                             "needed), all replicas",
     "unifiedserve_encoder_cache_tokens": "visual tokens whose embeddings the encoder cache keeps, all replicas",
 }
+SERVING = "unifiedserve_replica_serving"  # the OpenAI API's /health reads it (backends/openai/replica_health.py)
 # per replica of encode_prefill + decode (label "replica"); the unlabelled gauges above are their sums
 REPLICA_GAUGES = {
     "unifiedserve_replica_kv_pages_free": "KV pages of the replica's pool a request may be granted (free, or idle in "
@@ -54,8 +55,9 @@ REPLICA_GAUGES = {
     "unifiedserve_replica_requests": "requests on the replica (admitted, not yet released)",
     "unifiedserve_replica_budget_scale": "the factor of the replica's encode and prefill budgets this step "
                                          "(SLO scheduling; 1 without it)",
-    "unifiedserve_replica_serving": "1 while the replica serves; 0 once its decode stream or step loop has ended (its "
-                                    "requests failed; new ones go to other replicas, or fail naming why)",
+    SERVING: "1 while the replica serves (from the orchestrator's start: its engine starts on the first request); 0 "
+             "once its decode stream or step loop has ended (its requests failed; new ones go to other replicas, or "
+             "fail naming why)",
 }
 SUCCESS = "unifiedserve_request_success_total"
 FINISHED_REASONS = ("stop", "length", "abort", "invalid", "overloaded", "error")  # invalid: refused as bad input;
@@ -108,9 +110,10 @@ HISTOGRAMS = {spec.name: spec for spec in (
 
 
 class Metrics:
-    """Creates the metric families once (the orchestrator's initialize, with its number of ``replicas``); its own
-    thread sends the gauges that changed soon after they change (at most every ``gauge_period_s`` seconds) and the
-    counters and histograms every ``flush_s`` seconds."""
+    """Creates the metric families once (the orchestrator's initialize, with its number of ``replicas``, whose
+    ``unifiedserve_replica_serving`` it sets to 1 before it returns); its own thread sends the gauges that changed
+    soon after they change (at most every ``gauge_period_s`` seconds) and the counters and histograms every
+    ``flush_s`` seconds."""
 
     def __init__(self, replicas: int = 1, flush_s: float = FLUSH_S, gauge_period_s: float = GAUGE_PERIOD_S):
         pb = triton_io.pb()
@@ -135,6 +138,9 @@ class Metrics:
         self._closed = threading.Event()
         self._gauges_changed = threading.Event()  # wakes the thread
         self._send_lock = threading.Lock()  # one send of gauges at a time (the thread's or a flush's), in order
+        for k in range(replicas):  # a new gauge reads 0, which says "ended" (/health's 503) until the first request
+            self.set(SERVING, 1.0, k)
+        self.send_gauges()  # now: before Triton reports the orchestrator READY
         self._thread = threading.Thread(target=self._run, name="orchestrator-metrics", daemon=True)
         self._thread.start()
 

@@ -9,8 +9,8 @@ import time
 import pytest
 
 from orchestrator.engine_io import Released
-from orchestrator.metrics import (DECODE, E2E, FINISHED_REASONS, HISTOGRAMS, ITL, PREFILL, QUEUE, SUCCESS, TTFT,
-                                  VISUAL, Metrics, RequestTimer, observe_engine_times)
+from orchestrator.metrics import (DECODE, E2E, FINISHED_REASONS, HISTOGRAMS, ITL, PREFILL, QUEUE, SERVING, SUCCESS,
+                                  TTFT, VISUAL, Metrics, RequestTimer, observe_engine_times)
 from tests.unit.backends.triton.fake_metrics import install
 
 PROMPT, GENERATED = "unifiedserve_prompt_tokens_total", "unifiedserve_generation_tokens_total"
@@ -37,6 +37,13 @@ def test_every_series_exists_from_zero(registry, metrics):
     for name in HISTOGRAMS:
         assert count(registry, name) == 0 and registry.value(name + "_bucket", le="+Inf") == 0
     assert registry.value(PROMPT) == registry.value("unifiedserve_scheduler_steps_total") == 0
+
+
+def test_every_replica_reads_as_serving_from_the_start(registry, metrics):
+    """Triton's new gauge reads 0, which would say the replica has ended (the OpenAI API's /health: 503) until the
+    first request starts the engines: set to 1 as the metrics are made, before the orchestrator's initialize
+    returns."""
+    assert registry.value(SERVING, replica="0") == registry.value(SERVING, replica="1") == 1
 
 
 def test_updates_are_summed_and_sent_only_by_a_flush(registry, metrics):
