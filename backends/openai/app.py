@@ -33,6 +33,7 @@ from backends.openai.convert import OrchestratorRequest, chat_request, completio
 from backends.openai.errors import ApiError, install_handlers
 from backends.openai.media_fetch import MediaFetcher, needs_fetch
 from backends.openai.orchestrator_client import OrchestratorClient
+from backends.openai.replica_health import ReplicaHealth
 from backends.openai.responses import ChatShape, CompletionShape, Reply
 from backends.openai.response_schemas import ChatCompletionChunk, Completion, ModelCard, ModelList
 from backends.openai.schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest
@@ -61,13 +62,15 @@ LARGE_BODY_ENTRIES = 2_048  # log-probability entries over which a whole body is
 
 
 class ApiState:
-    """What the routes share: the orchestrator client, the media fetcher and the served model's card."""
+    """What the routes share: the orchestrator client, the media fetcher, the replicas' health (with a metrics URL)
+    and the served model's card."""
 
     def __init__(self, config: ApiConfig):
         self.config = config
         self.orchestrator = OrchestratorClient(config.grpc_url, config.orchestrator_model, config.max_requests,
                                                config.token_channel)
         self.fetcher = MediaFetcher(config.allow_http_media, config.max_http_media_bytes, config.http_media_timeout_s)
+        self.replicas = ReplicaHealth(config.metrics_url) if config.metrics_url else None
         self._card: ModelCard | None = None
 
     async def model_card(self) -> ModelCard:
@@ -80,8 +83,17 @@ class ApiState:
                                    root=root, max_model_len=int(params.get("max_model_len") or 0) or None)
         return self._card
 
+    async def healthy(self) -> bool:
+        """Whether tritonserver and the orchestrator are ready and, with a metrics URL, the metrics do not say that
+        every replica has ended (``replica_health``: metrics that cannot be read leave readiness the answer)."""
+        if not await self.orchestrator.ready():
+            return False
+        return self.replicas is None or await self.replicas.serving() is not False
+
     async def close(self) -> None:
         await self.fetcher.close()
+        if self.replicas is not None:
+            await self.replicas.close()
         await self.orchestrator.close()
 
 
@@ -108,8 +120,9 @@ def create_app(config: ApiConfig) -> FastAPI:
 @router.get("/health")
 @router.api_route("/ping", methods=["GET", "POST"])  # vLLM's too (SageMaker's health check)
 async def health(request: Request) -> Response:
-    """200 when tritonserver and the orchestrator are ready, else 503."""
-    return Response(status_code=200 if await request.app.state.api.orchestrator.ready() else 503)
+    """200 when tritonserver and the orchestrator are ready and, with ``--metrics-url``, some replica still serves
+    (Triton keeps the orchestrator READY once every replica has ended: ``replica_health``), else 503."""
+    return Response(status_code=200 if await request.app.state.api.healthy() else 503)
 
 
 @router.get("/v1/models")

@@ -22,10 +22,12 @@ class ApiConfig:
     the largest request body taken (bytes), larger ones are answered 413 before they are read
     (``backends.openai.body_limit``; the default holds a 3-minute 720p video inline in base64 several times over);
     ``token_channel``: streamed requests' replies over the process's token channel (``backends.openai.token_channel``;
-    off: each request's own stream carries them, one response per token).
+    off: each request's own stream carries them, one response per token); ``metrics_url``: tritonserver's Prometheus
+    metrics (e.g. ``http://127.0.0.1:8002/metrics``), with which ``/health`` also answers 503 once every replica has
+    ended (``backends.openai.replica_health``; None: by readiness alone).
 
     Raises ValueError for a port outside 0..65535, a non-positive size or timeout, a negative ``max_requests``, fewer
-    than one worker.
+    than one worker, a ``metrics_url`` that is not http(s).
     """
 
     grpc_url: str = "127.0.0.1:8001"
@@ -41,6 +43,7 @@ class ApiConfig:
     workers: int = 1
     max_body_bytes: int = 256 * 1024 * 1024
     token_channel: bool = True
+    metrics_url: str | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -53,6 +56,8 @@ class ApiConfig:
             raise ValueError(f"max_requests must be >= 0 (0: no limit), got {self.max_requests}")
         if self.workers < 1:
             raise ValueError(f"workers must be at least 1, got {self.workers}")
+        if self.metrics_url is not None and not self.metrics_url.startswith(("http://", "https://")):
+            raise ValueError(f"metrics_url must be an http(s) URL, got {self.metrics_url!r}")
 
     def to_args(self) -> list[str]:
         """The command line that :func:`parse_args` reads back into this config."""
@@ -68,6 +73,8 @@ class ApiConfig:
             args.append("--allow-http-media")
         if not self.token_channel:
             args.append("--no-token-channel")
+        if self.metrics_url is not None:
+            args += ["--metrics-url", self.metrics_url]
         return args
 
 
@@ -98,10 +105,14 @@ def parse_args(argv: list[str] | None = None) -> ApiConfig:
     parser.add_argument("--no-token-channel", action="store_true",
                         help="each streamed request's tokens on its own gRPC stream, not over the process's token "
                              "channel (one response a step for all its requests)")
+    parser.add_argument("--metrics-url", default=None, metavar="URL",
+                        help="tritonserver's Prometheus metrics, e.g. http://127.0.0.1:8002/metrics: /health and /ping "
+                             "then also answer 503 once every replica has ended (unifiedserve_replica_serving all 0; "
+                             "default: by tritonserver's readiness alone)")
     a = parser.parse_args(argv)
     try:
         return ApiConfig(a.grpc_url, a.host, a.port, a.orchestrator_model, a.served_model_name, a.allow_http_media,
                          a.max_http_media_bytes, a.http_media_timeout, a.shutdown_grace, a.max_requests, a.workers,
-                         a.max_body_bytes, not a.no_token_channel)
+                         a.max_body_bytes, not a.no_token_channel, a.metrics_url)
     except ValueError as exc:
         parser.error(str(exc))

@@ -38,9 +38,12 @@ def check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
 
 def api_config(args: argparse.Namespace) -> ApiConfig:
     """The API's settings: it listens at ``--openai-address`` (else ``--address``) and reaches tritonserver's gRPC
-    port over the loopback when the server listens on every address."""
+    port, and its metrics port for ``/health`` (``backends.openai.replica_health``), over the loopback when the
+    server listens on every address. ``args``: the launcher's, with ``--address`` and its ports."""
     local = "127.0.0.1" if args.address in ("0.0.0.0", "::") else args.address
+    metrics_host = f"[{local}]" if ":" in local else local  # an IPv6 address in a URL
     return ApiConfig(grpc_url=f"{local}:{args.grpc_port}", host=args.openai_address or args.address,
                      port=args.openai_port, allow_http_media=args.openai_allow_http_media,
                      max_requests=args.openai_max_requests, workers=args.openai_workers,
-                     max_body_bytes=args.openai_max_body_bytes, token_channel=not args.openai_no_token_channel)
+                     max_body_bytes=args.openai_max_body_bytes, token_channel=not args.openai_no_token_channel,
+                     metrics_url=f"http://{metrics_host}:{args.metrics_port}/metrics")

@@ -11,6 +11,7 @@ def _parsed(*argv: str) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
     parser = argparse.ArgumentParser()
     parser.add_argument("--address", default="127.0.0.1")
     parser.add_argument("--grpc-port", type=int, default=8001)
+    parser.add_argument("--metrics-port", type=int, default=8002)
     openai_options.add_arguments(parser)
     return parser, parser.parse_args(argv)
 
@@ -22,6 +23,13 @@ def test_the_api_listens_where_asked_and_reaches_a_server_on_every_address_over_
     assert config.workers == 2 and not config.token_channel and not config.allow_http_media
     config = openai_options.api_config(_parsed("--address", "10.0.0.5", "--openai-address", "127.0.0.1")[1])
     assert (config.grpc_url, config.host) == ("10.0.0.5:8001", "127.0.0.1")
+
+
+def test_the_api_reads_the_servers_metrics_for_its_health_over_the_loopback_when_on_every_address():
+    config = openai_options.api_config(_parsed("--address", "0.0.0.0", "--metrics-port", "9102")[1])
+    assert config.metrics_url == "http://127.0.0.1:9102/metrics"
+    assert openai_options.api_config(_parsed("--address", "10.0.0.5")[1]).metrics_url == "http://10.0.0.5:8002/metrics"
+    assert openai_options.api_config(_parsed("--address", "::1")[1]).metrics_url == "http://[::1]:8002/metrics"
 
 
 @pytest.mark.parametrize("option,value", [("--openai-workers", "0"), ("--openai-max-body-bytes", "0"),
