@@ -24,9 +24,10 @@ from orchestrator.inputs import MediaInput
 from orchestrator.media import plan_media
 from orchestrator.prompt import QWEN
 from orchestrator.sampling_params import RequestParams
-from tests.e2e.conftest import read_metrics, settled, wait_for_idle_pools
+from tests.e2e.conftest import metrics_text, read_metrics, settled, wait_for_idle_pools
 from tests.media import make_image, make_video
 from tests.reference import assert_same_or_tie, reference_generate
+from tests.unit.backends.openai.test_replica_health import MetricsEndpoint, metrics_endpoint, replica_gauges
 
 pytestmark = pytest.mark.e2e
 N = 8
@@ -45,9 +46,15 @@ def _api(grpc_port: int, log_path, **settings) -> ApiProcess:
     return ApiProcess(ApiConfig(grpc_url=f"127.0.0.1:{grpc_port}", port=_unused_port(), **settings), log_path)
 
 
+def _metrics_url(server) -> str:
+    return f"http://127.0.0.1:{server.ports.metrics}/metrics"
+
+
 @pytest.fixture(scope="module")
 def api(server, tmp_path_factory):
-    with _api(server.ports.grpc, tmp_path_factory.mktemp("openai") / "api.log") as process:
+    """The API as the launcher starts it: its /health also reads the replicas' gauge on Triton's metrics port."""
+    with _api(server.ports.grpc, tmp_path_factory.mktemp("openai") / "api.log", metrics_url=_metrics_url(server)) \
+            as process:
         yield process
 
 
@@ -94,6 +101,29 @@ def test_models_and_health(sdk, api):
     assert unknown.value.body["code"] == "model_not_found"
     assert urllib.request.urlopen(f"{api.url}/health", timeout=10).status == 200
     assert urllib.request.urlopen(f"{api.url}/ping", timeout=10).status == 200  # vLLM's (SageMaker's) name
+
+
+def test_health_is_503_once_every_replica_has_ended_though_the_orchestrator_is_ready(server):
+    """The real server (ready, its replica serving) with metrics that say what Triton's would once every replica's
+    decode loop had ended (no test can end one on demand): /health and /ping answer 503; one replica left, 200;
+    without a metrics URL, readiness alone (200)."""
+    from fastapi.testclient import TestClient
+
+    from backends.openai.app import create_app
+
+    assert 'unifiedserve_replica_serving{replica="0"} 1' in metrics_text(server)
+    grpc_url = f"127.0.0.1:{server.ports.grpc}"
+
+    def statuses(config: ApiConfig) -> set[int]:
+        with TestClient(create_app(config)) as client:
+            return {client.get("/health").status_code, client.get("/ping").status_code,
+                    client.post("/ping").status_code}
+    assert statuses(ApiConfig(grpc_url=grpc_url, token_channel=False, metrics_url=_metrics_url(server))) == {200}
+    with metrics_endpoint() as metrics_url:
+        for body, expected in ((replica_gauges("0", "1"), {200}), (replica_gauges("0", "0"), {503})):
+            MetricsEndpoint.body = body
+            assert statuses(ApiConfig(grpc_url=grpc_url, token_channel=False, metrics_url=metrics_url)) == expected
+    assert statuses(ApiConfig(grpc_url=grpc_url, token_channel=False)) == {200}
 
 
 def test_text_chat_equals_the_kserve_path(sdk, kserve):

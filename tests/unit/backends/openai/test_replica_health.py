@@ -1,36 +1,32 @@
-"""/health with the replicas' gauge (backends/openai/replica_health.py, app.py): the gauge's samples read from
-Prometheus text, and the app's answers against a tritonserver stand-in (its gRPC readiness calls, grpc's own server)
-and a metrics endpoint (http.server), both on 127.0.0.1: 503 once every replica has ended although Triton keeps the
-orchestrator READY; readiness alone when the metrics cannot be read or hold no such sample."""
+"""The replicas' gauge for /health (backends/openai/replica_health.py): its samples read from Prometheus text, and
+fetched from a metrics endpoint (http.server on 127.0.0.1); unknown, with one warning, when the metrics cannot be
+read or hold no such sample. /health itself against a real tritonserver: tests/e2e/test_openai_api.py."""
 from __future__ import annotations
 
-import concurrent.futures
+import asyncio
+import contextlib
 import http.server
 import logging
 import socket
 import threading
+from typing import Iterator
 
-import grpc
 import pytest
-from fastapi.testclient import TestClient
-from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from backends.openai.app import create_app
-from backends.openai.config import ApiConfig
-from backends.openai.replica_health import replicas_serving
+from backends.openai.replica_health import ReplicaHealth, replicas_serving
 
 HEAD = ("# HELP unifiedserve_replica_serving 1 while the replica serves\n"
         "# TYPE unifiedserve_replica_serving gauge\n")
 
 
-def _text(*values: str) -> str:
+def replica_gauges(*values: str) -> str:
     return HEAD + "".join(f'unifiedserve_replica_serving{{replica="{k}"}} {v}\n' for k, v in enumerate(values))
 
 
 def test_every_replica_at_0_is_not_serving_and_one_at_1_is():
-    assert replicas_serving(_text("0", "0")) is False
-    assert replicas_serving(_text("0", "1")) is True
-    assert replicas_serving(_text("1")) is True
+    assert replicas_serving(replica_gauges("0", "0")) is False
+    assert replicas_serving(replica_gauges("0", "1")) is True
+    assert replicas_serving(replica_gauges("1")) is True
     assert replicas_serving("unifiedserve_replica_serving 0\r\n") is False  # unlabelled, CRLF
     assert replicas_serving('unifiedserve_replica_serving{replica="0"} 1 1733475000000\n') is True  # a timestamp
 
@@ -55,22 +51,10 @@ def test_garbage_and_other_metrics_of_the_same_prefix_are_ignored():
     assert replicas_serving(text + 'unifiedserve_replica_serving{replica="3"} 1.0e0\n') is True
 
 
-class _Triton(service_pb2_grpc.GRPCInferenceServiceServicer):
-    """tritonserver's readiness calls: the server ready, the ``orchestrator`` model while ``model_ready``."""
-
-    model_ready = True
-
-    def ServerReady(self, request, context):  # noqa: N802 (the service's names)
-        return service_pb2.ServerReadyResponse(ready=True)
-
-    def ModelReady(self, request, context):  # noqa: N802
-        return service_pb2.ModelReadyResponse(ready=self.model_ready and request.name == "orchestrator")
-
-
-class _Metrics(http.server.BaseHTTPRequestHandler):
+class MetricsEndpoint(http.server.BaseHTTPRequestHandler):
     """Triton's metrics endpoint: ``/metrics`` answers ``status`` with ``body``."""
 
-    status, body = 200, _text("1")
+    status, body = 200, replica_gauges("1")
 
     def do_GET(self):  # noqa: N802
         payload = self.body.encode()
@@ -84,71 +68,58 @@ class _Metrics(http.server.BaseHTTPRequestHandler):
         pass
 
 
-@pytest.fixture(scope="module")
-def triton():
-    servicer, server = _Triton(), grpc.server(concurrent.futures.ThreadPoolExecutor(4))
-    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    yield servicer, f"127.0.0.1:{port}"
-    server.stop(0)
-
-
-@pytest.fixture(scope="module")
-def metrics_url():
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Metrics)
+@contextlib.contextmanager
+def metrics_endpoint() -> Iterator[str]:
+    """A :class:`MetricsEndpoint` on 127.0.0.1 while the block runs: its URL; its answer set back after it."""
+    answer = (MetricsEndpoint.status, MetricsEndpoint.body)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), MetricsEndpoint)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/metrics"
-    server.shutdown()
-    server.server_close()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/metrics"
+    finally:
+        server.shutdown()
+        server.server_close()
+        MetricsEndpoint.status, MetricsEndpoint.body = answer
 
 
 @pytest.fixture
-def served(triton, monkeypatch):
-    """The stand-ins' state, set back after each test."""
-    servicer, _ = triton
-    for owner, name in ((servicer, "model_ready"), (_Metrics, "status"), (_Metrics, "body")):
-        monkeypatch.setattr(owner, name, getattr(owner, name))
-    return servicer
+def metrics_url():
+    with metrics_endpoint() as url:
+        yield url
 
 
-def _statuses(client: TestClient) -> set[int]:
-    return {client.get("/health").status_code, client.get("/ping").status_code, client.post("/ping").status_code}
+def _serving(health: ReplicaHealth) -> list[bool | None]:
+    async def twice():
+        try:
+            return [await health.serving(), await health.serving()]
+        finally:
+            await health.close()
+    return asyncio.run(twice())
 
 
-def test_health_is_503_once_every_replica_has_ended_though_the_orchestrator_is_ready(triton, metrics_url, served):
-    config = ApiConfig(grpc_url=triton[1], token_channel=False, metrics_url=metrics_url)
-    with TestClient(create_app(config)) as client:
-        assert _statuses(client) == {200}
-        _Metrics.body = _text("0", "1")  # one replica left
-        assert _statuses(client) == {200}
-        _Metrics.body = _text("0", "0")
-        assert _statuses(client) == {503}
-        _Metrics.body = _text("1", "1")
-        served.model_ready = False  # not ready: 503 whatever the gauge says
-        assert _statuses(client) == {503}
-    with TestClient(create_app(ApiConfig(grpc_url=triton[1], token_channel=False))) as client:
-        served.model_ready, _Metrics.body = True, _text("0", "0")
-        assert _statuses(client) == {200}  # no metrics URL: readiness alone
+def test_the_fetched_gauge_says_whether_a_replica_serves(metrics_url):
+    for body, expected in ((replica_gauges("0", "1"), True), (replica_gauges("0", "0"), False)):
+        MetricsEndpoint.body = body
+        assert _serving(ReplicaHealth(metrics_url)) == [expected, expected]
 
 
-def test_metrics_without_the_gauge_or_not_served_leave_readiness_the_answer(triton, metrics_url, served, caplog):
-    config = ApiConfig(grpc_url=triton[1], token_channel=False, metrics_url=metrics_url)
-    with TestClient(create_app(config)) as client, caplog.at_level(logging.WARNING, "backends.openai.replica_health"):
-        _Metrics.body = "# HELP nv_inference_count x\nnv_inference_count 3\n"
-        assert _statuses(client) == {200}
-        _Metrics.status, _Metrics.body = 500, _text("0")
-        assert _statuses(client) == {200}
-    assert len(caplog.records) == 1 and "list no unifiedserve_replica_serving" in caplog.records[0].getMessage()
+def test_metrics_without_the_gauge_or_not_served_are_unknown_with_one_warning(metrics_url, caplog):
+    with caplog.at_level(logging.WARNING, "backends.openai.replica_health"):
+        MetricsEndpoint.body = "# HELP nv_inference_count x\nnv_inference_count 3\n"
+        assert _serving(ReplicaHealth(metrics_url)) == [None, None]
+        MetricsEndpoint.status, MetricsEndpoint.body = 500, replica_gauges("0")
+        assert _serving(ReplicaHealth(metrics_url)) == [None, None]
+    messages = [r.getMessage() for r in caplog.records]  # once per ReplicaHealth (an API process's), not per check
+    assert len(messages) == 2, messages
+    assert messages[0].startswith(f"Triton's metrics at {metrics_url} list no unifiedserve_replica_serving")
+    assert messages[1].startswith(f"cannot read Triton's metrics at {metrics_url} (HTTPStatusError")
 
 
-def test_metrics_that_cannot_be_fetched_leave_readiness_the_answer_with_one_warning(triton, served, caplog):
+def test_metrics_that_cannot_be_fetched_are_unknown(caplog):
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         closed = probe.getsockname()[1]  # nothing listens there once the probe is closed
-    config = ApiConfig(grpc_url=triton[1], token_channel=False, metrics_url=f"http://127.0.0.1:{closed}/metrics")
-    with TestClient(create_app(config)) as client, caplog.at_level(logging.WARNING, "backends.openai.replica_health"):
-        assert _statuses(client) == {200}
-        assert client.get("/health").status_code == 200
-    assert len(caplog.records) == 1, caplog.records  # once per process, not per check
+    with caplog.at_level(logging.WARNING, "backends.openai.replica_health"):
+        assert _serving(ReplicaHealth(f"http://127.0.0.1:{closed}/metrics")) == [None, None]
+    assert len(caplog.records) == 1, caplog.records
     assert caplog.records[0].getMessage().startswith(f"cannot read Triton's metrics at http://127.0.0.1:{closed}/")
