@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 
 class Engine:
     """Replica ``index``: ``scheduler`` (its KV page table; the shared patch pool ``patch_pages``), ``stages`` and the
-    shared ``media`` stage. ``on_change()`` after pages or requests changed (gauges), ``on_step(paced)`` after each
+    shared ``media`` stage. ``on_change(grew)`` after pages or requests changed (gauges), ``on_step(paced)`` after each
     executed step, ``on_release(Released)`` per request released; ``stopping()`` says whether the server has begun to
     stop (a media stream that ends early then fails its request as shutting down, not as bad input); ``policy`` sets
     each step's budgets from the measured decode gaps and step times (None: the scheduler's configured budgets);
@@ -52,7 +52,7 @@ class Engine:
     on fewer SMs (``orchestrator.fewer_sms``); ``joins``: how decode meets a step's new sequences (``Joins``)."""
 
     def __init__(self, index: int, scheduler: Scheduler, patch_pages: PagePool, stages: ReplicaStages,
-                 media: MediaStage, on_change: Callable[[], None] = lambda: None,
+                 media: MediaStage, on_change: Callable[..., None] = lambda grew=False: None,
                  on_step: Callable[[bool], None] = lambda paced: None,
                  on_release: Callable[[Released], None] = lambda released: None,
                  stopping: Callable[[], bool] = lambda: False, policy: BudgetPolicy | None = None,
@@ -395,6 +395,6 @@ class Engine:
         if grants := self.scheduler.grow(decoded):
             grow = DecodeGrow(tuple((req_id, tuple(pages)) for req_id, pages in grants.items()))
             self._background.spawn(drain(self.stages.decode_grow(grow), "decode's KV pages"))
-        if self.scheduler.waiting_for_page != short:  # the gauges (decode's steps alone do not update them)
-            self.on_change()
+        if (waiting := self.scheduler.waiting_for_page != short) or grants:  # the gauges (only grants: soon)
+            self.on_change(grew=not waiting)
 

@@ -18,6 +18,9 @@ _CACHE_COUNTERS = (("prefix_cache_queries", "prefix", "queried_tokens"), ("prefi
                    ("encoder_cache_evictions", "encoder", "evicted_tokens"))
 
 
+GROWTH_WITHIN_S = 0.025  # the pages granted to growing replies show within this (metrics.GAUGE_PERIOD_S: 50 ms)
+
+
 def num_waiting(engines) -> int:
     """Requests waiting for KV pages, all replicas."""
     return sum(e.scheduler.stats().num_waiting for e in engines)
@@ -32,11 +35,14 @@ class Gauges:
         self._counted: dict[str, int] = {}  # the caches' counts already added to the counters
         self._due = False  # an update is queued on the event loop
 
-    def changed(self) -> None:
-        """Something the gauges show changed: update them once this pass of the event loop is done."""
+    def changed(self, grew: bool = False) -> None:
+        """Something the gauges show changed: update them once this pass of the event loop is done; with ``grew``
+        (only KV pages granted to growing replies: a change at one decode step in every page of tokens of each
+        reply, so many more follow) within :data:`GROWTH_WITHIN_S` seconds. An update already queued takes it."""
         if not self._due:
             self._due = True
-            asyncio.get_running_loop().call_soon(self.update)
+            loop = asyncio.get_running_loop()
+            loop.call_later(GROWTH_WITHIN_S, self.update) if grew else loop.call_soon(self.update)
 
     def update(self) -> None:
         """Set every gauge and add the caches' new counts, now."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 import asyncio
 
 from backends.ipc.protocol import SERVER_FAULT, StageFailure
-from orchestrator.gauges import Gauges
+from orchestrator.gauges import GROWTH_WITHIN_S, Gauges
 from tests.unit.orchestrator.test_engine import World, outputs_of, run
 
 
@@ -51,4 +51,30 @@ def test_a_replica_whose_decode_stream_ended_shows_as_not_serving():
         await outputs_of(out, 1)
         gauges.update()
         assert metrics.values["unifiedserve_replica_serving", 0] == 0.0
+    run(body)
+
+
+def test_kv_pages_granted_to_growing_replies_show_in_the_gauges_soon():
+    """A reply's KV pages are granted as it grows, no request waiting for one: the page gauges follow within
+    GROWTH_WITHIN_S (they kept the admission's figures until a request waited for a page or ended: a fresh user's
+    4 replies of 3,000 tokens read 18 pages taken all along), one update for many steps' grants."""
+    async def body(w: World):
+        metrics, updates = Recorded(), []
+        gauges = Gauges(metrics, lambda: ([w.engine], w.patch))
+        update = gauges.update
+        gauges.update = lambda: (updates.append(1), update())
+        w.engine.on_change = gauges.changed
+        out = w.text("a", prompt_len=20, max_tokens=200)
+        await outputs_of(out, 1)
+        await asyncio.sleep(2 * GROWTH_WITHIN_S)
+        admitted, before = metrics.values["unifiedserve_kv_pages_free", None], len(updates)
+        for token in range(100):  # 120 tokens of KV: 8 pages, from the admission's 4 (its prompt's 2 and 2 more)
+            w.stages.emit(("a", token, ""))
+        await outputs_of(out, 100)
+        assert w.kv.num_free < 32 - 4
+        await asyncio.sleep(2 * GROWTH_WITHIN_S)
+        assert metrics.values["unifiedserve_kv_pages_free", None] == w.kv.num_free < admitted
+        assert len(updates) - before <= 2  # the grants of 100 steps in one pass (or two): not an update each
+        w.stages.emit(("a", 100, "length"))
+        await outputs_of(out, 1)
     run(body)
