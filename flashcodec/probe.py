@@ -179,7 +179,9 @@ def _timing(stream: av.video.stream.VideoStream, packets: list[PacketMeta]) -> t
     last = max(packets, key=lambda p: p.pts if p.pts is not None else 0)
     last_duration = (last.duration or 0) * time_base or (deltas[-1] if deltas else 1 / rate if rate else 0.0)
     duration = pts[-1] - pts[0] + last_duration
-    fps = rate or (len(pts) / duration if duration > 0 else 0.0)
+    # one frame: the time it shows is its rate (a 1-frame GIF's stream rate is its time base's, 100 where it lasts
+    # 0.1 s: 10 fps, as a 3-frame GIF of the same frames reads)
+    fps = len(pts) / duration if duration > 0 and (len(pts) == 1 or not rate) else rate
     if fps <= 0:
         raise MediaError("video: frame rate unknown")
     # Timestamps rounded to the time base jitter by a tick or two; a real rate change moves more than 10%.

@@ -139,3 +139,11 @@ def test_only_an_mp4_index_declares_frames_so_an_avis_repeat_slots_are_no_trunca
     info = probe_video(buf.getvalue())
     assert info.num_frames == 20 and info.declared_frames == 0 and not info.truncated
     assert probe_video(make_video(num_frames=12)).declared_frames == 12
+
+
+def test_a_one_frame_clip_s_rate_is_the_time_its_frame_shows():
+    """A 1-frame GIF's stream rate is its time base's (100): its rate is read from its frame's 0.1 s, as a 3-frame
+    GIF's (a fresh user's one-frame GIF reported 200 sampled fps where a one-frame MP4 of 0.1 s reported 20)."""
+    one, three = probe_video(make_image(64, 48, "RGB", "GIF")), probe_video(make_image(64, 48, "RGB", "GIF", frames=3))
+    assert (one.num_frames, one.duration_s, one.fps) == (1, pytest.approx(0.1), pytest.approx(three.fps))
+    assert three.fps == pytest.approx(10.0)
