@@ -23,9 +23,11 @@ import importlib
 import json
 import re
 import sys
+from pathlib import Path
 
 from backends.gc_heap import freeze_startup_heap, watch_collections
 from backends.triton import model_log, server_stop, standalone, triton_io
+from backends.triton.repository import model_wide_conflicts
 
 MODELS = {
     "orchestrator": "orchestrator.triton_model:OrchestratorModel",
@@ -59,10 +61,24 @@ def one_instance(args: dict) -> None:
                          "models runs as one instance (count: 1): add replicas with --set orchestrator.replicas=N")
 
 
+def one_served_model(args: dict) -> None:
+    """Raise ValueError when the models of this model's repository (``args["model_repository"]``: the model's folder,
+    in its repository's) set a key of the served model differently (``repository.model_wide_conflicts``: a
+    repository edited by hand; the launcher's ``--set`` sets every model)."""
+    folder = args.get("model_repository")
+    repository = Path(folder).parent if folder else None
+    conflicts = model_wide_conflicts(repository) if repository is not None and repository.is_dir() else []
+    if conflicts:
+        raise ValueError(f"{args['model_name']}: the models of {repository} must serve one model, but they set "
+                         f"{'; '.join(conflicts)}: give every model the same value (the launcher's --set "
+                         "MODEL.KEY=VALUE sets all of them)")
+
+
 class TritonPythonModel:
     def initialize(self, args):
         model_log.install(args["model_name"])
         one_instance(args)
+        one_served_model(args)
         interval_ms = triton_io.float_parameter(triton_io.parameters(args), "gil_switch_interval_ms")
         if interval_ms is not None:  # before anything exists that a refused value would leave behind
             sys.setswitchinterval(interval_ms / 1e3)

@@ -11,6 +11,7 @@ far as the repository says: a parameter written as an integer takes an integer, 
 """
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -49,6 +50,24 @@ def model_parameters(source: Path = REPOSITORY) -> dict[str, dict[str, str]]:
 # Settings of the served model, not of one stage: the stages must load one model (and decode's shared weights tell
 # encode_prefill whether to hold a language model of its own), so naming one model sets every model that declares it.
 MODEL_WIDE = ("preset", "model_path", "load_format", "dtype", "seed", "share_weights")
+
+
+def model_wide_conflicts(source: Path) -> list[str]:
+    """The :data:`MODEL_WIDE` keys that the models of repository ``source`` set to different values (one line each:
+    ``"KEY: MODEL 'VALUE', ..."``; ``model_path`` compared as a normalized path), or ``[]``. Such a repository was
+    edited by hand (the launcher's ``--set`` sets every model): a stage loading another model, seed or dtype than the
+    other makes wrong tokens, not an error, and a ``share_weights`` of decode's that encode_prefill does not share
+    leaves encode_prefill without the weights it waits for."""
+    values: dict[str, dict[str, str]] = {}
+    for model, params in model_parameters(source).items():
+        for key in MODEL_WIDE:
+            if key in params:
+                values.setdefault(key, {})[model] = params[key].strip()
+
+    def same(key: str, value: str) -> str:
+        return os.path.normpath(value) if key == "model_path" and value else value
+    return [f"{key}: " + ", ".join(f"{model} {value!r}" for model, value in by_model.items())
+            for key, by_model in values.items() if len({same(key, v) for v in by_model.values()}) > 1]
 
 
 def parse_overrides(items: list[str], source: Path = REPOSITORY,

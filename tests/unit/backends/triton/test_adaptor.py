@@ -87,3 +87,29 @@ def test_a_model_refuses_more_than_one_instance_naming_replicas(groups, refused)
         return
     with pytest.raises(ValueError, match="decode: instance_group asks for 2 instances; .* orchestrator.replicas"):
         adaptor.one_instance(args)
+
+
+def test_a_repository_whose_models_serve_different_models_is_refused_naming_the_key(tmp_path, monkeypatch):
+    """A hand-edited repository: decode's seed and model_path (written another way) differ from the other models'.
+    Each model refuses to load, naming the key and every model's value; the shipped repository and a copy the
+    launcher's --set makes (it sets every model) load."""
+    from backends.triton.repository import model_wide_conflicts, parse_overrides, repository_with
+
+    monkeypatch.setattr(adaptor, "model_class", lambda name: lambda args: None)
+    assert model_wide_conflicts(REPO_ROOT / "model_repository") == []
+    copy = repository_with(tmp_path / "set", parse_overrides(["decode.seed=7", "*.model_path=/models/qwen"]))
+    assert model_wide_conflicts(copy) == []
+    adaptor.TritonPythonModel().initialize({"model_name": "decode", "model_config": "{}",
+                                            "model_repository": str(copy / "decode")})
+    config = copy / "decode" / "config.pbtxt"
+    text = config.read_text().replace('"seed" value { string_value: "7" }', '"seed" value { string_value: "8" }')
+    config.unlink()  # the copy links the shipped files: write decode's own
+    config.write_text(text)
+    (conflict,) = model_wide_conflicts(copy)
+    assert conflict.startswith("seed: ") and "decode '8'" in conflict and "encode_prefill '7'" in conflict
+    with pytest.raises(ValueError, match=r"encode_prefill: the models of .* must serve one model, but they set seed: "):
+        adaptor.TritonPythonModel().initialize({"model_name": "encode_prefill", "model_config": "{}",
+                                                "model_repository": str(copy / "encode_prefill")})
+    text = config.read_text().replace('"seed" value { string_value: "8" }', '"seed" value { string_value: "7" }')
+    config.write_text(text.replace('string_value: "/models/qwen"', 'string_value: "/models//qwen/"'))
+    assert model_wide_conflicts(copy) == []  # the same path written another way
