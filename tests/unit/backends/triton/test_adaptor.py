@@ -95,12 +95,13 @@ def test_a_repository_whose_models_serve_different_models_is_refused_naming_the_
     launcher's --set makes (it sets every model) load."""
     from backends.triton.repository import model_wide_conflicts, parse_overrides, repository_with
 
-    monkeypatch.setattr(adaptor, "model_class", lambda name: lambda args: None)
+    monkeypatch.setattr(adaptor, "model_class", lambda name: pytest.fail("the model was built"))
+    monkeypatch.setattr(adaptor.model_log, "install", lambda name: None)
+    monkeypatch.setattr(adaptor.standalone, "adopt", lambda: pytest.fail("a run directory was adopted"))
     assert model_wide_conflicts(REPO_ROOT / "model_repository") == []
     copy = repository_with(tmp_path / "set", parse_overrides(["decode.seed=7", "*.model_path=/models/qwen"]))
     assert model_wide_conflicts(copy) == []
-    adaptor.TritonPythonModel().initialize({"model_name": "decode", "model_config": "{}",
-                                            "model_repository": str(copy / "decode")})
+    adaptor.one_served_model({"model_name": "decode", "model_repository": str(copy / "decode")})
     config = copy / "decode" / "config.pbtxt"
     text = config.read_text().replace('"seed" value { string_value: "7" }', '"seed" value { string_value: "8" }')
     config.unlink()  # the copy links the shipped files: write decode's own
