@@ -71,8 +71,8 @@ def main() -> None:
                                      ("stop_strings_searched_from_the_start", SearchedFromTheStart, stops))}
     for name, quarters in runs.items():
         print(f"{name}: us a token by quarter of the reply {quarters}", flush=True)
-    write(Path(args.out), "detokenizer", {**header(torch.device("cpu"), ("tokenizers",)), "tokens": len(ids), "stop_strings": list(stops),
-                                          "us_per_token_by_quarter": runs})
+    write(Path(args.out), "detokenizer", {**header(torch.device("cpu"), ("tokenizers",)), "tokens": len(ids),
+                                          "stop_strings": list(stops), "us_per_token_by_quarter": runs})
 
 
 if __name__ == "__main__":

@@ -9,8 +9,9 @@ end in text that arrived later, so a stop string wholly inside the first ``min_t
 never ends the output. Each call looks only where a match could end in the text it brought (vLLM's search of the
 new characters and a stop string's length before them): searched from the start each time, a 16,000-token reply
 with four stop strings cost 37 us a token in its last quarter against 14 in its first on the CPU machine, now 10
-(bench/detokenizer_bench.py; bench/results/detokenizer-cpu-2026-12-06/). With ``include_stop_str_in_output`` (vLLM's) a matched stop string stays in the text, which
-then ends after it, and nothing is held back for one (vLLM's ``stop_buffer_length`` of 0).
+(bench/detokenizer_bench.py; bench/results/detokenizer-cpu-2026-12-06/). With ``include_stop_str_in_output``
+(vLLM's) a matched stop string stays in the text, which then ends after it, and nothing is held back for one (vLLM's
+``stop_buffer_length`` of 0).
 """
 from __future__ import annotations
 

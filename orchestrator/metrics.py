@@ -46,7 +46,7 @@ GAUGES = {
                                             "needed), all replicas",
     "unifiedserve_encoder_cache_tokens": "visual tokens whose embeddings the encoder cache keeps, all replicas",
 }
-SERVING = "unifiedserve_replica_serving"  # the OpenAI API's /health reads it (backends/openai/replica_health.py)
+SERVING = "unifiedserve_replica_serving"  # the OpenAI API's /health reads it too (backends/openai/replica_health.py)
 # per replica of encode_prefill + decode (label "replica"); the unlabelled gauges above are their sums
 REPLICA_GAUGES = {
     "unifiedserve_replica_kv_pages_free": "KV pages of the replica's pool a request may be granted (free, or idle in "

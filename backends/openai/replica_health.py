@@ -15,9 +15,10 @@ import re
 
 import httpx
 
+from orchestrator.metrics import SERVING
+
 log = logging.getLogger(__name__)
 
-SERVING = "unifiedserve_replica_serving"
 FETCH_TIMEOUT_S = 2.0  # seconds for the whole fetch (a load balancer's check waits on it)
 # a sample line: the name, its labels if any (to the line's last "}"), then the value (a timestamp may follow)
 _SAMPLE = re.compile(rf"^{SERVING}(?:\{{[^\n]*\}})?[ \t]+(\S+)", re.MULTILINE)
