@@ -11,6 +11,8 @@ From the requests' timelines (``orchestrator/timeline.py``; moments placed on on
 
 * ``final_after_last_ms``: per ending request, its ``final_response`` mark minus its ``last_token`` mark (the
   orchestrator's hold of its end: the response with its timeline built on the channel's send lane);
+* ``ending_last_hold_ms``: per ending request, its last token's ``sent_us`` minus its ``received_us`` (ms): how
+  long the orchestrator held the last token (behind the other ends' upkeep, before 2026-12-06's change);
 * ``running_hold_ms``: for the running requests' tokens received in the ``WINDOW_MS`` after the first ending
   request's last token, ``sent_us`` minus ``received_us`` (ms), beside ``running_hold_elsewhere_ms``, the same for
   their tokens received more than ``WINDOW_MS`` away from the ends (the usual hold);
@@ -97,10 +99,14 @@ def analyse(records, ending: int) -> dict:
                   "read_after_launch_at_end_ms": round(read_after[at], 2),
                   "read_to_last_token_mark_ms": round((end - reads[at]) * 1e3, 2)}
     finals_at = sorted((_event(tl, "final_response") or 0) - end for tl in ends)
+    last_held = [(sent[-1] - received[-1]) * 1e3 for received, sent in
+                 ((_moments(tl, "received_us"), _moments(tl, "sent_us")) for tl in ends)
+                 if received and sent and received[-1] is not None and sent[-1] is not None]
     return {
         "final_after_last_ms": distribution(finals),
         "final_marks_after_first_last_token_ms": [round(x * 1e3, 2) for x in finals_at],
         "last_token_spread_ms": round((max(last) - end) * 1e3, 2),
+        "ending_last_hold_ms": distribution(last_held),
         "running_hold_ms": distribution(near), "running_hold_elsewhere_ms": distribution(far),
         "decode": {"steps": len(launches), "launch_gap_ms": distribution(gaps),
                    "read_after_launch_ms": distribution(read_after), **around},
@@ -142,7 +148,8 @@ def main() -> None:
     finally:
         servers.stop("unifiedserve", work / "state")
     summary = {name: statistics.median(r[name]["p50"] for r in rounds if r.get(name))
-               for name in ("final_after_last_ms", "running_hold_ms", "running_hold_elsewhere_ms")}
+               for name in ("final_after_last_ms", "ending_last_hold_ms", "running_hold_ms",
+                            "running_hold_elsewhere_ms")}
     path = write(out, args.name, {**header(torch.device("cpu")), "server_argv": argv, "pids": pids,
                                   **{k: getattr(args, k) for k in ("ending", "running", "tokens", "more")},
                                   "window_ms": WINDOW_MS, "median_p50s": summary, "rounds": rounds})

@@ -189,12 +189,8 @@ class Engine:
 
     def _end(self, tracked: Tracked, output: Output) -> None:
         """Queue a request's last output and release it."""
-        if tracked.ended:
-            return
-        tracked.ended = True
-        tracked.request.timeline.mark("last_token" if output.failure is None else "failed")
-        tracked.outputs.put_nowait(output)
-        self._background.spawn(self._release(tracked))
+        if tracked.end(output):
+            self._background.spawn(self._release(tracked))
 
     def fail(self, tracked: Tracked, failure: StageFailure) -> None:
         self._end(tracked, Output(failure=failure))
@@ -368,7 +364,7 @@ class Engine:
         if self.policy is not None and step.seq_ids and self._last_decode:
             self.policy.observe_decode_gap((now - self._last_decode) * 1e3)
         self._last_decode = now if step.seq_ids else 0.0
-        figures, going = step.logprobs or (None,) * len(step.seq_ids), []
+        figures, going, ended = step.logprobs or (None,) * len(step.seq_ids), [], []
         rows = sorted(zip(step.seq_ids, step.token_ids, step.finish_reasons, figures), key=lambda row: bool(row[2]))
         for seq_id, token, reason, logprobs in rows:  # the ends last: the streams going on get their tokens first
             tracked = self.live(seq_id)
@@ -382,11 +378,14 @@ class Engine:
             tracked.request.timeline.decoded(step.launched_s, step.read_s, now)
             if reason:
                 tracked.decode_done = True
-                self._end(tracked, Output.last(token, reason, logprobs))
+                if tracked.end(Output.last(token, reason, logprobs)):
+                    ended.append(tracked)
             else:
                 tracked.outputs.put_nowait(Output(token, logprobs=logprobs))
                 going.append(seq_id)
         self._grow(going)
+        for tracked in ended:  # after the streams' wake-ups: every last token goes out before the releases' upkeep
+            self._background.spawn(self._release(tracked))
 
     def _grow(self, decoded: Iterable[str] = ()) -> None:
         """Send decode the KV pages granted since the last call (``Scheduler.grow``: ``decoded`` made one more token

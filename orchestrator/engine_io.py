@@ -127,6 +127,15 @@ class Tracked:
         """Decode holds it and has sent no token of it yet (``orchestrator.decode_pace``, "Holding a burst's joins")."""
         return self.decoding and self.last_token == self.first_token
 
+    def end(self, output: Output) -> bool:
+        """Queue the request's last ``output`` (a finish reason or a failure); False when it had one already."""
+        if self.ended:
+            return False
+        self.ended = True
+        self.request.timeline.mark("last_token" if output.failure is None else "failed")
+        self.outputs.put_nowait(output)
+        return True
+
 
 def failure_of(exc: Exception, what: str) -> StageFailure:
     """A stage's own failure, or an internal error (logged) that must fail the request, not hang it."""

@@ -100,6 +100,9 @@ class OutputProcessor:
                     if reason:
                         yield Piece("".join(deltas) + detok.flush(), ids, reason, tuple(entries), cumulative, prompt,
                                     self._stop_reason(detok, output))
+                        # the other requests that this decode step ended hand over their last pieces before this
+                        # one's release and its consumer's upkeep (the abort below, the final responses)
+                        await asyncio.sleep(0)
                         return
                     output = _next_queued(outputs)
                 if ids:
