@@ -59,7 +59,7 @@ from bench.peer import client_loop, crosscheck, prefix_cache, process_cpu, py_sp
 from bench.peer.checkpoint import write_checkpoint  # noqa: E402
 from bench.peer.figures import figures_line  # noqa: E402
 from bench.peer.gpu_busy import GpuSampler  # noqa: E402
-from bench.peer.load import Target, closed_loop  # noqa: E402
+from bench.peer.load import Target, closed_loop, open_loop  # noqa: E402
 from bench.peer.models import DEFAULT, MODELS  # noqa: E402
 from bench.peer.summary import raw_stem, write_summary  # noqa: E402
 
@@ -125,7 +125,9 @@ def start(args: argparse.Namespace, system: str) -> None:
     (p["state"] / f"{system}.json").write_text(json.dumps(state, indent=1))
     print(f"{system} ready at {state['url']} (model {state['model']}, version {state['version']})", flush=True)
     target = target_of(args, system, state)
-    warm = asyncio.run(closed_loop(target, 1, scenarios.warmup_requests(prepare(args))))
+    inputs = prepare(args)
+    warm = asyncio.run(closed_loop(target, 1, scenarios.warmup_requests(inputs)))
+    warm += asyncio.run(open_loop(target, scenarios.warmup_burst(inputs)))
     for record in warm:
         if record.error:
             print(f"warm-up {record.kind} request failed: {record.error}", flush=True)

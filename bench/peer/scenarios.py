@@ -294,3 +294,16 @@ def warmup_requests(inputs: Inputs) -> list[ChatRequest]:
     workload's other sizes are first seen by its unloaded pass."""
     image = image_request(inputs.images[0], 4)
     return [text_request(inputs, 4), image, image, video_request(inputs.video, 4)]
+
+
+WARMUP_BURST = 32  # text requests sent at once after the warm-up's one-at-a-time requests
+
+
+def warmup_burst(inputs: Inputs) -> list[tuple[float, ChatRequest]]:
+    """Sent at once after :func:`warmup_requests`, not recorded: a server with several API processes (UnifiedServe's
+    4 on a 16-core host, each with a listening socket of its own) has the kernel spread connections over them, and
+    the one-at-a-time warm-up reaches one. The others met their first requests in the first scenario's burst: every
+    start's first text_c32 pass had TTFT p50 108-188 ms against 93-106 later, up to 68 ms of it in an API process's
+    first response (bench/results/peer/twenty-first-run-h100-2026-12-06/README.md). 32 connections leave one of 4
+    processes without a request with a chance of 4 x (3/4)^32, about 4e-4."""
+    return [(0.0, text_request(inputs, 4))] * WARMUP_BURST

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from bench.peer import prefix_cache, scenarios
-from bench.peer.load import Target
+from bench.peer.load import Target, open_loop
 from bench.peer.summary import write_summary
 from bench.serve_bench import SMOKE_SETUP
 from bench.common import write
@@ -58,6 +58,14 @@ def inputs(media_dir):
         make_video(clips[-1], width=64, height=48, num_frames=8 + 2 * k)
     return scenarios.Inputs(SMOKE_SETUP, video, video, tuple(images), {(160, 90): tuple(images[:2])}, video,
                             tuple(clips))
+
+
+def test_the_warm_up_burst_sends_its_requests_at_once_and_each_is_served(target, inputs):
+    """``start``'s second warm-up: every request of the burst sent together (so that each API process meets one)."""
+    records = asyncio.run(open_loop(target, scenarios.warmup_burst(inputs)))
+    assert len(records) == scenarios.WARMUP_BURST == 32
+    assert max(r.sent_s for r in records) < 1.0
+    assert [(r.error, r.output_tokens) for r in records] == [(None, 4)] * 32
 
 
 def test_scenarios_record_every_token_and_the_summary_has_the_issues_keys(server, target, inputs, tmp_path):
