@@ -40,3 +40,15 @@ def test_a_replica_that_can_start_the_request_now_comes_first():
     roomy.scheduler.add(Sequence("waiting", 16 * 62 - 8, 8))  # 62 pages: it leaves 2 of the pool over
     assert not roomy.scheduler.admits_now(64, 16) and roomy.scheduler.admits_now(16, 16)
     assert choose([busy, roomy], 64, 16) is busy  # neither starts it now: by load
+
+
+def test_a_lone_replica_that_fits_is_chosen_without_asking_its_scheduler_about_admission():
+    """Admission's look over every request (``admits_now``) has nothing to choose between with one replica."""
+    alone = replica(0, 64, requests=3, used=60)
+
+    def asked(*_):
+        raise AssertionError("admits_now asked with one replica")
+
+    alone.scheduler.admits_now = asked
+    assert choose([alone], 64, 16) is alone  # it would wait there: there is nowhere else
+    assert choose([alone, replica(1, 4)], 64, 16) is alone  # the other cannot hold it
