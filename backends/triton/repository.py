@@ -11,7 +11,9 @@ far as the repository says: a parameter written as an integer takes an integer, 
 """
 from __future__ import annotations
 
+import importlib.util
 import os
+import py_compile
 import re
 from pathlib import Path
 
@@ -181,7 +183,13 @@ def repository_with(target: Path, parameters: dict[str, dict[str, str]], source:
 
 def _write_model(target: Path, model_dir: Path, name: str, values: dict[str, str]) -> None:
     """``model_dir`` as model ``name`` in ``target``: its config with ``values`` set (and ``name``), links to the
-    rest of its files."""
+    rest of its files, and each linked ``.py`` file's bytecode in the ``__pycache__`` beside it, compiled now by this
+    Python. The stub imports model.py from its version folder and writes that bytecode at the first load unless it
+    is there: the repository then changed under Triton, so ``--model-control-mode=poll`` reloaded all four models at
+    its first poll (their second instances could not bind the stages' sockets, and tritonserver 2.51 crashed), and
+    in explicit mode loading a loaded model again was a real reload that failed (a fresh user's test, 2026-12-06).
+    The stub runs this Python where the launcher found the pip wheel's (its stub is for this version); a stub of
+    another Python version writes its own file at the first load all the same."""
     config = edited_config((model_dir / "config.pbtxt").read_text(), values, name)
     config, renamed = re.subn(r'^name:\s*"[^"]*"', f'name: "{name}"', config, count=1, flags=re.MULTILINE)
     if not renamed:
@@ -194,3 +202,5 @@ def _write_model(target: Path, model_dir: Path, name: str, values: dict[str, str
         link = target / name / path.relative_to(model_dir)
         link.parent.mkdir(parents=True, exist_ok=True)
         link.symlink_to(path.resolve())
+        if link.suffix == ".py":  # checked against the linked file's size and time, as the stub's import checks it
+            py_compile.compile(str(link), cfile=importlib.util.cache_from_source(str(link)), doraise=True)

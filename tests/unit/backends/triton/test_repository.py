@@ -1,7 +1,9 @@
 """backends/triton/repository.py and the launcher's --set: model parameters changed in a copy (no server)."""
 from __future__ import annotations
 
+import importlib.util
 import re
+import sys
 
 import pytest
 
@@ -233,3 +235,22 @@ def test_the_served_models_keys_set_every_stage_that_has_them():
     assert overrides["decode"]["dtype"] == overrides["encode_prefill"]["dtype"] == "bfloat16"
     assert {m for m, values in overrides.items() if values.get("preset") == "internvl3_tiny"} == {
         "decode", "encode_prefill", "flashcodec", "orchestrator"}
+
+
+def test_the_copy_holds_each_model_py_bytecode_so_that_loading_it_writes_nothing_there(tmp_path, monkeypatch):
+    """The stub's import of a version folder's model.py finds its bytecode valid and writes none: the repository does
+    not change under Triton (poll mode reloaded every model when it did). Without the file, the import writes it."""
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)
+    target = repository_with(tmp_path / "repo", {})
+    models = sorted(target.glob("*/1/model.py"))
+    assert len(models) == 4
+    for model_py in models:
+        cache = model_py.parent / "__pycache__"
+        before = {p.name: p.stat().st_mtime_ns for p in cache.iterdir()}
+        spec = importlib.util.spec_from_file_location(f"probe_{model_py.parent.parent.name}", model_py)
+        spec.loader.get_code(spec.name)  # what the stub's import does before running the module
+        assert before and {p.name: p.stat().st_mtime_ns for p in cache.iterdir()} == before
+    for pyc in cache.iterdir():
+        pyc.unlink()
+    spec.loader.get_code(spec.name)
+    assert [p.name for p in cache.iterdir()] == list(before)
