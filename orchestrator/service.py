@@ -90,8 +90,8 @@ class Overloaded(RuntimeError):
     """A request refused for the server's load, not its content (Triton's UNAVAILABLE; HTTP 503): retry later."""
 
 
-def _shutting_down() -> StageError:
-    return StageError(StageFailure(SERVER_FAULT, SHUTTING_DOWN))
+def _shutting_down(why: str = "") -> StageError:
+    return StageError(StageFailure(SERVER_FAULT, f"{SHUTTING_DOWN} ({why})" if why else SHUTTING_DOWN))
 
 
 class Orchestrator:
@@ -109,7 +109,7 @@ class Orchestrator:
         self.links = Links()
         self.engines: list[Engine] = []
         self._ready: asyncio.Future | None = None
-        self.stopping = False  # the server is stopping: no new work, no aborts to the stages
+        self.stopping, self.stop_why = False, ""  # the server is stopping (why, if said): no new work, no aborts
         self.gauges = Gauges(metrics, lambda: (self.engines, self.patch_pages))
         self.reservations = ChoiceReservations()  # places held for requests' later choices (n > 1)
         self.arrivals = Arrivals()  # requests Triton handed over (its execute thread: note_arrivals), admitted since
@@ -172,10 +172,10 @@ class Orchestrator:
         await asyncio.shield(self._ready)
 
     # ---- stopping (the server's stop watch, then finalize) -------------------------------------------------
-    def stop_serving(self, on_drained: Callable[[], None]) -> None:
-        """The server is stopping: fail every request now (its client gets an error and the final flag) and
-        start nothing new. ``on_drained()`` once no request, engine loop or stage call is left."""
-        self.stopping = True
+    def stop_serving(self, on_drained: Callable[[], None], why: str = "") -> None:
+        """The server is stopping: fail every request now (its client gets an error and the final flag), refuse new
+        ones (saying ``why``); ``on_drained()`` once no request, engine loop or stage call is left."""
+        self.stopping, self.stop_why = True, why
         for engine in self.engines:
             engine.stop()
         asyncio.get_running_loop().create_task(self._drain(on_drained))
@@ -249,7 +249,7 @@ class Orchestrator:
         the server is stopping or no replica can serve.
         """
         if self.stopping:
-            raise _shutting_down()
+            raise _shutting_down(self.stop_why)
         params = parsed.params  # the sampler indexes logits by these ids
         for key, ids in (("stop_token_ids", params.stop_token_ids), ("logit_bias's ids", dict(params.logit_bias))):
             if ids and max(ids) >= self.sampled_ids:
@@ -293,7 +293,7 @@ class Orchestrator:
                     f"patches, which need {need} patch pages of {self.patch_page_size}; the patch pool has "
                     f"{self.patch_pages.num_total} pages ({smaller}raise flashcodec's patch_pages)")
         if self.stopping:  # stop_serving ran while this request was being planned
-            raise _shutting_down()
+            raise _shutting_down(self.stop_why)
         if not placed:  # again: requests planned at the same time may have been added meanwhile
             self._refuse_when_overloaded(choices)
         engine = choose(self.engines, len(prompt.input_ids), max_tokens)

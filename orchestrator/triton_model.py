@@ -61,7 +61,10 @@ class OrchestratorModel:
 
     def _stop_serving(self) -> None:  # on the loop
         self.channels.close_all()
-        self.orchestrator.stop_serving(server_stop.mark_drained)
+        why = server_stop.why_stopping()
+        if why:  # a stage's finalize announced it: the server may go on serving nothing
+            log.warning("orchestrator: serving stopped: %s", why)
+        self.orchestrator.stop_serving(server_stop.mark_drained, why)
 
     def finalize(self):
         # Every client stream has its final flag (else Triton would not call this); nothing may touch Triton

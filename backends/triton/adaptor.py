@@ -83,7 +83,8 @@ class TritonPythonModel:
         if interval_ms is not None:  # before anything exists that a refused value would leave behind
             sys.setswitchinterval(interval_ms / 1e3)
         self.run_dir = standalone.adopt()
-        self.stage = _base_name(args["model_name"]) != "orchestrator"
+        self.model_name = args["model_name"]
+        self.stage = _base_name(self.model_name) != "orchestrator"
         try:
             self.model = model_class(args["model_name"])(args)
         except BaseException:  # Triton will not call finalize()
@@ -99,7 +100,7 @@ class TritonPythonModel:
     def finalize(self):
         try:
             if self.stage:  # the orchestrator's requests end before the stage's link does (server_stop)
-                server_stop.drain_before_unload()
+                server_stop.drain_before_unload(self.model_name)
             self.model.finalize()
         finally:
             if self.run_dir is not None:

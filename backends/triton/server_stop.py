@@ -41,9 +41,18 @@ MARKER = "stopping"
 DRAINED = "drained"
 
 
-def announce(run_dir: Path) -> None:
-    """Tell the models of the server using ``run_dir`` that it is about to stop."""
-    (Path(run_dir) / MARKER).touch()
+def announce(run_dir: Path, why: str = "") -> None:
+    """Tell the models of the server using ``run_dir`` that it is about to stop; ``why`` (the marker's text, empty
+    for the launcher's stop) is added to the orchestrator's refusals from then on (:func:`why_stopping`)."""
+    (Path(run_dir) / MARKER).write_text(why)
+
+
+def why_stopping() -> str:
+    """The text :func:`announce` wrote in this server's marker ("" when none, or no marker)."""
+    try:
+        return (run_directory.run_dir() / MARKER).read_text().strip()
+    except FileNotFoundError:
+        return ""
 
 
 def announced() -> bool:
@@ -70,14 +79,17 @@ def wait_drained(run_dir: Path, timeout_s: float) -> bool:
 UNLOAD_DRAIN_S = 5.0  # a stage's wait in its finalize for the orchestrator's drain (a plain tritonserver's stop)
 
 
-def drain_before_unload(timeout_s: float = UNLOAD_DRAIN_S) -> bool:
+def drain_before_unload(model_name: str, timeout_s: float = UNLOAD_DRAIN_S) -> bool:
     """A stage's first step in ``finalize``: unless the orchestrator has drained already (the launcher's stop, or
-    its own finalize), announce the stop in this server's run directory and wait up to ``timeout_s`` seconds for
-    the drain, so that no request is left waiting on this stage when its link closes. True when drained."""
+    its own finalize), announce the stop in this server's run directory, naming ``model_name`` (the unload of one
+    stage by Triton's model control ends the serving too: the orchestrator does not take a stage back), and wait up
+    to ``timeout_s`` seconds for the drain, so that no request is left waiting on this stage when its link closes.
+    True when drained."""
     run_dir = run_directory.run_dir()
     if (run_dir / DRAINED).exists():
         return True
-    announce(run_dir)
+    announce(run_dir, f"its model {model_name} was unloaded; if the server did not stop, a model was unloaded "
+                      "alone: unload all its models and load them again, or restart it")
     return wait_drained(run_dir, timeout_s)
 
 

@@ -52,13 +52,14 @@ def wait_ready(process: subprocess.Popen, ports: ServerPorts, log: Path, timeout
     pytest.fail(f"tritonserver not ready within {timeout_s} s:\n{log.read_text()[-6000:]}")
 
 
-def start_alone(repository: Path, shm_bytes: int, cwd: Path, log: Path) -> tuple[subprocess.Popen, ServerPorts, Path]:
-    """The pip binary as the launcher runs it, but with none of the launcher's environment (run directory, media
-    folders, PYTHONPATH) and from ``cwd``: only what the binary itself needs (its libraries, the stub's python3).
-    Returns the process, its ports and the run directory its models derive."""
+def start_alone(repository: Path, shm_bytes: int, cwd: Path, log: Path,
+                extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen, ServerPorts, Path]:
+    """The pip binary as the launcher runs it, with ``extra`` flags, but with none of the launcher's environment
+    (run directory, media folders, PYTHONPATH) and from ``cwd``: only what the binary itself needs (its libraries,
+    the stub's python3). Returns the process, its ports and the run directory its models derive."""
     binary, backends, binary_env = server_binary()
     ports = ServerPorts.unused()
-    argv = server_command(binary, backends, repository, ports, shm_bytes, 10)
+    argv = [*server_command(binary, backends, repository, ports, shm_bytes, 10), *extra]
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("UNIFIEDSERVE_", "FLASHCODEC_")) and k != "PYTHONPATH"}
     with open(log, "wb") as out:
@@ -163,6 +164,37 @@ def test_a_plain_tritonservers_stop_ends_the_requests_in_flight_with_the_shutdow
         server.send_signal(signal.SIGINT)
         asking.join(60)
         assert errors == ["the server is shutting down"], errors
+        assert server.wait(60) == 0, log.read_text()[-6000:]
+    finally:
+        if server.poll() is None:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+    assert_nothing_left(server, run_dir)
+
+
+def test_a_stage_unloaded_alone_by_model_control_has_the_refusals_name_it(tmp_path):
+    """Triton's explicit model control unloading one stage ends the serving (the orchestrator does not take a stage
+    back, also once it is loaded again): the stage's finalize names it, and the orchestrator's refusals say which
+    model and what to do, where they said only that the server was shutting down while every model read READY (a
+    fresh user's test, 2026-12-06)."""
+    log = tmp_path / "server.log"
+    server, ports, run_dir = start_alone(REPO_ROOT / "model_repository", 16 * 2**20, tmp_path, log,
+                                         ("--model-control-mode=explicit", "--load-model=*"))
+    url = f"http://{ports.address}:{ports.http}/v2/repository/models/decode"
+    try:
+        wait_ready(server, ports, log)
+        for action in ("unload", "load"):
+            assert urllib.request.urlopen(urllib.request.Request(f"{url}/{action}", data=b"{}"), timeout=120).status \
+                == 200
+            if action == "unload":
+                deadline = time.monotonic() + 60
+                while "decode" in stub_processes(server.pid).values() and time.monotonic() < deadline:
+                    time.sleep(0.2)
+        with Client(f"127.0.0.1:{ports.grpc}") as client:
+            with pytest.raises(ServerError, match="its model decode was unloaded.*unload all its models and load"):
+                client.generate("Hi", sampling=GREEDY, timeout_s=60)
+        assert "serving stopped: its model decode was unloaded" in log.read_text(errors="replace")
+        server.send_signal(signal.SIGINT)
         assert server.wait(60) == 0, log.read_text()[-6000:]
     finally:
         if server.poll() is None:

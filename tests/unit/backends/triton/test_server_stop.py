@@ -63,11 +63,22 @@ def test_a_stage_unloading_announces_the_stop_and_waits_for_the_drain(run_dir):
 
     threading.Thread(target=orchestrator, daemon=True).start()
     started = time.monotonic()
-    assert server_stop.drain_before_unload(timeout_s=10) and time.monotonic() - started >= 0.2
+    assert server_stop.drain_before_unload("decode", timeout_s=10) and time.monotonic() - started >= 0.2
     started = time.monotonic()
-    assert server_stop.drain_before_unload(timeout_s=10) and time.monotonic() - started < 0.1
+    assert server_stop.drain_before_unload("decode", timeout_s=10) and time.monotonic() - started < 0.1
     (run_dir / server_stop.DRAINED).unlink()
-    assert not server_stop.drain_before_unload(timeout_s=0.2)
+    assert not server_stop.drain_before_unload("decode", timeout_s=0.2)
+
+
+def test_the_marker_says_which_stage_announced_the_stop_and_the_launcher_s_says_nothing(run_dir):
+    """A stage's finalize names its model (Triton's model control may have unloaded it alone: the orchestrator's
+    refusals say so from then on); the launcher's stop leaves the text empty."""
+    assert server_stop.why_stopping() == ""
+    server_stop.drain_before_unload("flashcodec", timeout_s=0)
+    assert server_stop.why_stopping().startswith("its model flashcodec was unloaded;")
+    assert "unload all its models and load them again, or restart it" in server_stop.why_stopping()
+    server_stop.announce(run_dir)
+    assert server_stop.why_stopping() == ""
 
 
 def test_the_decode_stage_ends_its_stream_when_told_and_at_shutdown(run_dir):
