@@ -3,6 +3,7 @@ entrypoint or a Helm chart starts it), asked by the pip-installed client from an
 serving a deployment file, with its progress lines while the models load."""
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -37,6 +38,21 @@ from tests.media import gradient
 pytestmark = pytest.mark.e2e
 TINY_CPU = REPO_ROOT / "deploy" / "tiny_cpu.yaml"
 GREEDY = {"max_tokens": 4, "temperature": 0, "ignore_eos": True}
+
+
+@contextlib.contextmanager
+def stopped_alone(server: subprocess.Popen, log: Path, run_dir: Path):
+    """Around the work with a server of :func:`start_alone`: then SIGINT (tritonserver alone), which it must obey
+    within 60 s, exiting 0, leaving nothing behind; killed if the work failed."""
+    try:
+        yield
+        server.send_signal(signal.SIGINT)
+        assert server.wait(60) == 0, log.read_text()[-6000:]
+    finally:
+        if server.poll() is None:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+    assert_nothing_left(server, run_dir)
 
 
 def wait_ready(process: subprocess.Popen, ports: ServerPorts, log: Path, timeout_s: float = 300) -> None:
@@ -155,7 +171,7 @@ def test_a_plain_tritonservers_stop_ends_the_requests_in_flight_with_the_shutdow
             except ServerError as exc:
                 errors.append(str(exc))
 
-    try:
+    with stopped_alone(server, log, run_dir):
         wait_ready(server, ports, log)
         started = threading.Event()
         asking = threading.Thread(target=ask)
@@ -164,12 +180,6 @@ def test_a_plain_tritonservers_stop_ends_the_requests_in_flight_with_the_shutdow
         server.send_signal(signal.SIGINT)
         asking.join(60)
         assert errors == ["the server is shutting down"], errors
-        assert server.wait(60) == 0, log.read_text()[-6000:]
-    finally:
-        if server.poll() is None:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
-    assert_nothing_left(server, run_dir)
 
 
 def test_a_stage_unloaded_alone_by_model_control_has_the_refusals_name_it(tmp_path):
@@ -181,7 +191,7 @@ def test_a_stage_unloaded_alone_by_model_control_has_the_refusals_name_it(tmp_pa
     server, ports, run_dir = start_alone(REPO_ROOT / "model_repository", 16 * 2**20, tmp_path, log,
                                          ("--model-control-mode=explicit", "--load-model=*"))
     url = f"http://{ports.address}:{ports.http}/v2/repository/models/decode"
-    try:
+    with stopped_alone(server, log, run_dir):
         wait_ready(server, ports, log)
         for action in ("unload", "load"):
             assert urllib.request.urlopen(urllib.request.Request(f"{url}/{action}", data=b"{}"), timeout=120).status \
@@ -194,13 +204,6 @@ def test_a_stage_unloaded_alone_by_model_control_has_the_refusals_name_it(tmp_pa
             with pytest.raises(ServerError, match="its model decode was unloaded.*unload all its models and load"):
                 client.generate("Hi", sampling=GREEDY, timeout_s=60)
         assert "serving stopped: its model decode was unloaded" in log.read_text(errors="replace")
-        server.send_signal(signal.SIGINT)
-        assert server.wait(60) == 0, log.read_text()[-6000:]
-    finally:
-        if server.poll() is None:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
-    assert_nothing_left(server, run_dir)
 
 
 @pytest.mark.parametrize("edited, reason, run_dir_made", [
