@@ -18,7 +18,7 @@ import uuid
 from dataclasses import dataclass, field, replace
 from typing import AsyncIterator, Callable
 
-from backends.ipc import run_dir, shared_pages
+from backends.ipc import shared_pages
 from backends.ipc.link import StageError
 from backends.ipc.protocol import RESERVED_KV_PAGES, SERVER_FAULT, MediaDecode, MediaGrid, NewRequest, StageFailure
 from backends.triton import server_stop
@@ -47,7 +47,7 @@ from orchestrator.routing import choose
 from orchestrator.sampling_params import InvalidInput
 from orchestrator.scheduler import Scheduler, SchedulerConfig
 from orchestrator.sequence import Group
-from orchestrator.stage_clients import LinkMedia, Links, LinkStages
+from orchestrator.stage_clients import LinkMedia, Links, LinkStages, published
 from orchestrator.timeline import NO_TIMELINE, Timeline
 from orchestrator.token_strings import TokenStrings
 from orchestrator.visual_cap import CapApplied
@@ -116,7 +116,7 @@ class Orchestrator:
 
     # ---- start-up: the stages may still be loading, so the pools and engines start on first use ----------
     async def _start(self) -> None:
-        patch = await asyncio.to_thread(run_dir.describe, "patch_pool")  # [pages, page, 1176]
+        patch = await published("patch_pool", "the flashcodec model is not loaded (it publishes the patch pool)")
         self.patch_page_size = patch["shape"][1]
         # Patch pages are taken by flashcodec as groups are decoded; this process returns them.
         self.patch_pages = await asyncio.to_thread(shared_pages.SharedPageList.attach,
@@ -136,12 +136,10 @@ class Orchestrator:
         """One engine per replica, appended to ``engines`` as made, started, and every stage link connected."""
         for index in range(self.config.replicas):
             pool = replica_name("kv_pool", index)
-            try:
-                kv = await asyncio.to_thread(run_dir.describe, pool)  # [layers, 2, pages, page, h, d]
-            except TimeoutError as exc:
-                raise StageError(StageFailure(SERVER_FAULT, (
-                    f"replicas={self.config.replicas} but replica {index}'s KV pool {pool} is not there: serve "
-                    f"with the launcher, which writes the replicas' models ({exc})"))) from exc
+            missing = (f"the {replica_name('decode', index)} model is not loaded (it publishes {pool})" if not index
+                       else f"replicas={self.config.replicas} but replica {index}'s KV pool {pool} is not there: "
+                            "serve with the launcher, which writes the replicas' models")
+            kv = await published(pool, missing)  # [layers, 2, pages, page, h, d]
             config = replace(self.config.scheduler, kv_page_size=kv["shape"][3])
             kv_pages = self.config.cache.pool(PageAllocator(kv["shape"][2] - RESERVED_KV_PAGES, "kv"))
             slo, boost = self.config.slo, self.config.policy.decode_priority_boost

@@ -12,11 +12,13 @@ decode it stops.
 """
 from __future__ import annotations
 
+import asyncio
 from typing import AsyncIterator, Protocol
 
-from backends.ipc.link import LinkClient
-from backends.ipc.protocol import (DecodeAbort, DecodeAdmit, DecodeAttach, DecodeGrow, DecodePace, DecodeStep,
-                                   GroupReady, MediaAbort, MediaDecode, StepPlan, StepResult)
+from backends.ipc import run_dir
+from backends.ipc.link import LinkClient, StageError
+from backends.ipc.protocol import (SERVER_FAULT, DecodeAbort, DecodeAdmit, DecodeAttach, DecodeGrow, DecodePace,
+                                   DecodeStep, GroupReady, MediaAbort, MediaDecode, StageFailure, StepPlan, StepResult)
 from backends.triton.replicas import replica_name
 
 
@@ -108,3 +110,15 @@ class LinkMedia:
 
     async def abort(self, req_id: str) -> None:
         await self._link.request(MediaAbort(req_id))
+
+
+async def published(pool: str, missing: str) -> dict:
+    """``run_dir.describe(pool)`` (the stage's pool: its shape, dtype), waited for off the loop. Raises StageError
+    when the pool is never published: ``missing`` (which model, what to do: docs/deployment.md, "Model control")
+    and the wait's TimeoutError (a stage that was not loaded with the orchestrator: a fresh user's test; the error
+    quoted the pool's file alone)."""
+    try:
+        return await asyncio.to_thread(run_dir.describe, pool)
+    except TimeoutError as exc:
+        raise StageError(StageFailure(SERVER_FAULT, f"{missing}: load every model of the repository ({exc})")) \
+            from exc

@@ -1,9 +1,11 @@
 """The orchestrator's start on first use: a start that failed (a stage still loading) is tried again by the next
-request instead of failing every later request until a restart."""
+request instead of failing every later request until a restart; a stage never loaded is named."""
 import asyncio
 
 import pytest
 
+from backends.ipc import run_dir
+from backends.ipc.link import StageError
 from orchestrator.config import OrchestratorConfig
 from orchestrator.service import Orchestrator
 
@@ -49,3 +51,16 @@ def test_a_cancelled_start_is_tried_again(monkeypatch):
 
     asyncio.run(requests())
     assert len(attempts) == 2
+
+
+def test_a_start_without_the_stages_names_the_model_to_load(monkeypatch):
+    """An orchestrator loaded alone (Triton's explicit model control): the first request's wait for the patch pool
+    ends naming flashcodec and what to do, not only the pool's file (a fresh user's test, 2026-12-06)."""
+    def describe(name, timeout_s=120.0):
+        raise TimeoutError(f"shared pool {name!r} was not published in /tmp/run within {timeout_s} s")
+
+    monkeypatch.setattr(run_dir, "describe", describe)
+    orchestrator = Orchestrator(OrchestratorConfig.from_parameters({}), metrics=None)
+    with pytest.raises(StageError, match=r"^the flashcodec model is not loaded \(it publishes the patch pool\): load "
+                                         r"every model of the repository \(shared pool 'patch_pool' was not"):
+        asyncio.run(orchestrator.ensure_started())
