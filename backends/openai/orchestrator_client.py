@@ -76,7 +76,9 @@ class OrchestratorClient:
     async def generate(self, request: OrchestratorRequest, reserved: bool = False) -> AsyncIterator[ResponsePiece]:
         """The request's responses, the last one with ``finish_reason``. Close the iterator (``aclosing``) to give
         the request up: it is then cancelled on the server unless it has ended. A streamed request's replies come
-        over the process's token channel (``backends.openai.token_channel``) when the orchestrator has one.
+        over the process's token channel (``backends.openai.token_channel``) when the orchestrator has one; one that
+        the orchestrator refuses for not knowing that channel (it closed it, or was loaded again: a fresh user's
+        test left streamed chats failing until the API restarted) is sent once more on a new channel.
         ``reserved``: counted in flight already (:meth:`reserved`).
 
         Raises ApiError: 503 when ``max_requests`` are in flight; the orchestrator's error
@@ -84,11 +86,18 @@ class OrchestratorClient:
         reached or went away).
         """
         with contextlib.nullcontext() if reserved else self.reserved(1):
-            channel = await self._channel() if request.stream else None
-            pieces = self._own_stream(request) if channel is None else self._on_channel(request, channel)
-            async with contextlib.aclosing(pieces):
-                async for piece in pieces:
-                    yield piece
+            for again in (True, False):
+                channel = await self._channel() if request.stream else None
+                pieces = self._own_stream(request) if channel is None else self._on_channel(request, channel)
+                try:
+                    async with contextlib.aclosing(pieces):
+                        async for piece in pieces:
+                            yield piece
+                    return
+                except ChannelUnknown as exc:  # refused before anything was made: once more, on a new channel
+                    self._forget(channel)
+                    if not again:
+                        raise exc.error from None
 
     async def tokenize(self, request: OrchestratorRequest) -> ResponsePiece:
         """The one response of ``request`` sent with ``tokenize_only`` (its ``input_ids``, ``input_tokens``,
@@ -147,9 +156,9 @@ class OrchestratorClient:
                     if piece.final or piece.finish_reason is not None:
                         queue.put_nowait(_OwnEnd(piece.finish_reason))
             except ApiError as exc:
-                if exc.message.startswith("token_channel: no channel"):  # it closed after this request took it
-                    exc = ApiError(503, "the API's token channel closed (the server is stopping?): try again",
-                                   code="service_unavailable")
+                if exc.message.startswith("token_channel: no channel"):  # closed, or an orchestrator loaded again
+                    exc = ChannelUnknown(ApiError(503, "the API's token channel closed (the server is stopping?): "
+                                                       "try again", code="service_unavailable"))
                 queue.put_nowait(_OwnEnd(None, exc))
             except (Exception, asyncio.CancelledError) as exc:  # anything else ends the request too, never silently
                 if isinstance(exc, asyncio.CancelledError) and asyncio.current_task().cancelling():
@@ -184,6 +193,17 @@ class OrchestratorClient:
             if not done and own is None:
                 watcher.cancel()  # its stream's iterator is closed mid-way: the request is cancelled
 
+    def _forget(self, channel: TokenChannel) -> None:
+        """``channel`` is not the orchestrator's (it closed it, or it was loaded again by Triton's model control and
+        the channel's stream holds its old instance, which cannot unload while it is open): the next streamed
+        request opens another, and this one is closed in the background."""
+        if channel.broken is None:
+            channel.broken = ApiError(503, "the orchestrator does not know the API's token channel",
+                                      code="service_unavailable")
+        closing = asyncio.get_running_loop().create_task(channel.close())
+        self._background.add(closing)
+        closing.add_done_callback(self._background.discard)
+
     async def open_channel(self) -> None:
         """Open the token channel ahead of the first streamed request (the API's start); if the server cannot be
         reached yet, the first streamed request opens it."""
@@ -213,10 +233,19 @@ class OrchestratorClient:
         await self._client.close()
 
 
+class ChannelUnknown(Exception):
+    """A channel request refused because the orchestrator has no channel of that name: nothing was made for it;
+    ``error`` is its answer where a new channel does not serve it either (:meth:`OrchestratorClient.generate`)."""
+
+    def __init__(self, error: ApiError):
+        super().__init__(error.message)
+        self.error = error
+
+
 @dataclass(frozen=True)
 class _OwnEnd:
     """A channel request's own stream ended: ``error`` the orchestrator's or the transport's, else ``reason`` its
     finish reason (None: cancelled on the server)."""
 
     reason: str | None
-    error: ApiError | None = None
+    error: ApiError | ChannelUnknown | None = None

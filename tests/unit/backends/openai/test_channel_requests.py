@@ -1,9 +1,11 @@
 """A streamed request over the API process's token channel (backends/openai/orchestrator_client.py, ``_on_channel``):
 its pieces come from the channel and its end or error from its own stream, in either order; a broken channel fails
-it only once its own stream has ended without its last pieces; a request given up early is cancelled."""
+it only once its own stream has ended without its last pieces; a request given up early is cancelled; one refused
+for a channel the orchestrator does not know goes again on a new channel."""
 from __future__ import annotations
 
 import asyncio
+import functools
 
 import pytest
 
@@ -139,3 +141,45 @@ def test_a_request_cancelled_on_the_server_as_its_channel_closed_fails_at_once()
         return await asyncio.wait_for(asyncio.gather(collecting, return_exceptions=True), 5)
     (error,) = asyncio.run(run())
     assert isinstance(error, ApiError) and error.status == 503 and "token channel closed" in error.message
+
+
+def test_a_request_refused_for_a_channel_the_orchestrator_does_not_know_goes_again_on_a_new_one():
+    """The orchestrator was loaded again (Triton's model control) and knows no channel of the API's: the request,
+    refused before anything was made, is sent again on a newly opened channel, and the old one is closed (its
+    stream held the old orchestrator instance, which could not unload). Refused there too, it fails with 503."""
+    unknown = ApiError(400, "token_channel: no channel 'c' is open (open one with open_token_channel)")
+
+    async def run(refusals: int):
+        client = OrchestratorClient("127.0.0.1:1", "orchestrator")
+        channels, closed, sent_on = [Channel(), Channel()], [], []
+
+        async def close(channel: Channel) -> None:
+            closed.append(channel)
+
+        for channel in channels:
+            channel.broken, channel.close = None, functools.partial(close, channel)
+        opened = iter(channels)
+
+        async def open_channel():
+            return next(opened)
+
+        async def own(request, request_id=None, token_channel=None):
+            sent_on.append(token_channel)
+            if len(sent_on) <= refusals:
+                raise unknown
+            channels[1].put(piece("a", "length"))
+            yield END
+
+        client._channel, client._own_stream = open_channel, own
+        try:
+            return [p.text.decode() async for p in client.generate(REQUEST)], sent_on, closed, channels
+        except ApiError as exc:
+            return exc, sent_on, closed, channels
+        finally:
+            await asyncio.sleep(0.01)
+
+    got, sent_on, closed, channels = asyncio.run(run(1))
+    assert got == ["a"] and sent_on == ["c", "c"] and closed == [channels[0]] and channels[0].broken.status == 503
+    error, sent_on, closed, _ = asyncio.run(run(2))
+    assert isinstance(error, ApiError) and error.status == 503 and "token channel closed" in error.message
+    assert len(sent_on) == 2 and len(closed) == 2
