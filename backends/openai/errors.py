@@ -4,7 +4,8 @@ Over a gRPC stream Triton passes the orchestrator's error message alone, without
 an orchestrator error is classed by its message: bad input is answered with a message that starts with the input
 at fault (``orchestrator.inputs``, ``orchestrator.messages``, ``orchestrator.sampling_params``; docs/design.md,
 invariant 3) and becomes 400; "the server is shutting down" and "the server is overloaded" become 503; anything
-else (a stage's failure, an internal error) 500. A tritonserver that cannot be reached is 503.
+else (a stage's failure, an internal error) 500. A tritonserver that cannot be reached is 503, and so is its answer
+for an orchestrator that is not loaded (or is unloading: Triton's model control).
 """
 from __future__ import annotations
 
@@ -37,6 +38,9 @@ _CHAT_KEY = re.compile(r"^(chat_template_kwargs): (?:(add_generation_prompt|cont
 _PROMPT = re.compile(r"^(?:text_input|prompt[: ]|prompt_token_ids:|the prompt \()")  # else a message's text or media
 # A media item's error: "image_url: ..." (the request's only item) or "video_url (item 2 of 3): ..." (placeholder order)
 _MEDIA_ITEM = re.compile(r"^(image|video)_url(?: \(item (\d+) of \d+\))?: ")
+# Triton's answer (gRPC NOT_FOUND) for a model not loaded, or unloading (model control: "Request for unknown model:
+# 'orchestrator' has no available versions"): the server cannot serve the request now, 503 as for a stop
+_NOT_LOADED = "Request for unknown model"
 
 
 class ApiError(Exception):
@@ -100,13 +104,16 @@ def _at_its_part(message: str, media: Sequence) -> str:
 
 def from_transport(exc: grpc.RpcError | InferenceServerException) -> ApiError:
     """The error for a failed gRPC call to tritonserver (grpc's own error, or tritonclient's wrapping of it): 503 when
-    the server cannot be reached or went away, else 500."""
+    the server cannot be reached or went away, or has no orchestrator loaded (``_NOT_LOADED``), else 500."""
     if isinstance(exc, grpc.RpcError):
         code, details = exc.code().name, exc.details() or ""
     else:
         code, details = (exc.status() or "").removeprefix("StatusCode."), exc.message() or ""
     if code in ("UNAVAILABLE", "CANCELLED"):
         return ApiError(503, f"the inference server is not reachable: {details}", code="service_unavailable")
+    if code == "NOT_FOUND" and details.startswith(_NOT_LOADED):
+        return ApiError(503, f"the orchestrator model is not loaded (or is unloading): {details}",
+                        code="service_unavailable")
     return ApiError(500, f"the inference server failed: {code}: {details}")
 
 

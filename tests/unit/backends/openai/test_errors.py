@@ -6,9 +6,10 @@ import asyncio
 import socket
 
 import pytest
+from tritonclient.utils import InferenceServerException
 
 from backends.openai.convert import MediaRef, OrchestratorRequest
-from backends.openai.errors import ApiError, from_orchestrator
+from backends.openai.errors import ApiError, from_orchestrator, from_transport
 from orchestrator.chat_options import parse_chat_options
 from backends.openai.orchestrator_client import OrchestratorClient
 from backends.runtime.tokenizer import build_offline_tokenizer
@@ -101,6 +102,7 @@ def test_a_media_items_error_names_its_part_of_the_chat():
 
 @pytest.mark.parametrize("message,status", [
     (SHUTTING_DOWN, 503),
+    (f"{SHUTTING_DOWN} (its model decode was unloaded; ...)", 503),  # a stage unloaded alone (server_stop)
     ("flashcodec: RuntimeError: worker died", 500),
     ("decode: the decode step failed", 500),
     ("internal error: KeyError: 'x'", 500),
@@ -133,3 +135,14 @@ def test_an_unreachable_server_is_503():
 
     for error in asyncio.run(attempts()):
         assert error.status == 503 and error.code == "service_unavailable", error.message
+
+
+def test_a_server_without_the_orchestrator_loaded_is_503():
+    """Triton's answer while the orchestrator is unloaded or unloading (explicit model control: a fresh user's test
+    got 500), as tritonclient raises it; another NOT_FOUND stays 500."""
+    missing = InferenceServerException("Request for unknown model: 'orchestrator' has no available versions",
+                                       status="StatusCode.NOT_FOUND")
+    error = from_transport(missing)
+    assert error.status == 503 and error.body()["error"]["code"] == "service_unavailable"
+    assert "orchestrator model is not loaded" in error.message and "no available versions" in error.message
+    assert from_transport(InferenceServerException("something else", status="StatusCode.NOT_FOUND")).status == 500
