@@ -86,7 +86,7 @@ class TritonPythonModel:
         self.model_name = args["model_name"]
         self.stage = _base_name(self.model_name) != "orchestrator"
         try:
-            self.model = model_class(args["model_name"])(args)
+            self.model = model_class(self.model_name)(args)
         except BaseException:  # Triton will not call finalize()
             if self.run_dir is not None:
                 self.run_dir.release()

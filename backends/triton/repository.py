@@ -11,7 +11,6 @@ far as the repository says: a parameter written as an integer takes an integer, 
 """
 from __future__ import annotations
 
-import importlib.util
 import os
 import py_compile
 import re
@@ -203,4 +202,4 @@ def _write_model(target: Path, model_dir: Path, name: str, values: dict[str, str
         link.parent.mkdir(parents=True, exist_ok=True)
         link.symlink_to(path.resolve())
         if link.suffix == ".py":  # checked against the linked file's size and time, as the stub's import checks it
-            py_compile.compile(str(link), cfile=importlib.util.cache_from_source(str(link)), doraise=True)
+            py_compile.compile(str(link), doraise=True)  # into __pycache__ beside it, as the import names it
