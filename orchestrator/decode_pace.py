@@ -49,9 +49,9 @@ of the burst's streams, those joining and the prompts the step ends: the mixed v
 to three decoding near its end, met the majority rule with one or three new ones, and one of them, held for two
 steps in a row, waited 130 ms for its second token (the window max 31 ms without the hold;
 bench/results/peer/hold-joins-h100-2026-12-06/). The prompts the step ends count since 2026-12-06: a burst's second
-step (17 prompts beside its first request's decode) ran its prefill at 28.5 us a token paced beside that one
-stream, 23 alone (the H100 of bench/results/peer/twenty-first-run-h100-2026-12-06/), and those 17 prompts' first
-tokens are the burst's TTFT p50. On by default: on one H100 host
+step (17 prompts beside its first request's decode), whose first tokens are the burst's TTFT p50, took 45.5 and
+46.5 ms held against 51-54 paced on one H100 (bench/results/peer/twenty-second-run-h100-2026-12-06/, where the
+client's TTFT p50 and TBT p99 moved within the spread between passes). On by default: on one H100 host
 the 32 requests' TBT p99 was 8.15-11.81 ms over seven passes (median 8.91) against 8.82-13.36 (median 11.72) over
 eight with it off, vLLM 7.40-7.96 (the same README); the price is the burst's one longer gap (text_c32's largest,
 52-93 ms against 23-36). The requests' ends, which the hold makes coincide, then hold most of the top 1%.
