@@ -69,7 +69,8 @@ class ApiState:
         self.config = config
         self.orchestrator = OrchestratorClient(config.grpc_url, config.orchestrator_model, config.max_requests,
                                                config.token_channel)
-        self.fetcher = MediaFetcher(config.allow_http_media, config.max_http_media_bytes, config.http_media_timeout_s)
+        self.fetcher = MediaFetcher(config.allow_http_media, config.max_http_media_bytes,
+                                    {"image": config.http_image_timeout_s, "video": config.http_video_timeout_s})
         self.replicas = ReplicaHealth(config.metrics_url) if config.metrics_url else None
         self._card: ModelCard | None = None
 

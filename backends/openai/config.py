@@ -13,7 +13,8 @@ class ApiConfig:
     ``orchestrator_model``: the Triton model requests go to; ``served_model_name``: the ``model`` clients name
     (None: the orchestrator's checkpoint folder name, else its preset, read from Triton's model config);
     ``allow_http_media``: fetch http(s) ``image_url``/``video_url`` parts in this process (off: refused), at most
-    ``max_http_media_bytes`` bytes each within ``http_media_timeout_s`` seconds; ``shutdown_grace_s``: seconds
+    ``max_http_media_bytes`` bytes each within ``http_image_timeout_s`` / ``http_video_timeout_s`` seconds (vLLM's
+    ``VLLM_IMAGE_FETCH_TIMEOUT`` and ``VLLM_VIDEO_FETCH_TIMEOUT`` defaults); ``shutdown_grace_s``: seconds
     requests in flight may still run after a stop is asked for; ``max_requests``: requests in flight at once, more
     are answered 503 (0: no limit; the orchestrator queues what its KV pool cannot hold yet), counted per worker;
     ``workers``: processes serving the API on the one port (each with its own listening socket, the kernel
@@ -37,7 +38,8 @@ class ApiConfig:
     served_model_name: str | None = None
     allow_http_media: bool = False
     max_http_media_bytes: int = 64 * 1024 * 1024
-    http_media_timeout_s: float = 30.0
+    http_image_timeout_s: float = 5.0
+    http_video_timeout_s: float = 30.0
     shutdown_grace_s: float = 5.0
     max_requests: int = 0
     workers: int = 1
@@ -50,8 +52,10 @@ class ApiConfig:
             raise ValueError(f"port must be in 0..65535, got {self.port}")
         if self.max_body_bytes < 1:
             raise ValueError(f"max_body_bytes must be at least 1, got {self.max_body_bytes}")
-        if self.max_http_media_bytes < 1 or self.http_media_timeout_s <= 0 or self.shutdown_grace_s < 0:
-            raise ValueError("max_http_media_bytes and http_media_timeout_s must be positive, shutdown_grace_s >= 0")
+        if min(self.http_image_timeout_s, self.http_video_timeout_s) <= 0:
+            raise ValueError("http_image_timeout_s and http_video_timeout_s must be positive")
+        if self.max_http_media_bytes < 1 or self.shutdown_grace_s < 0:
+            raise ValueError("max_http_media_bytes must be positive, shutdown_grace_s >= 0")
         if self.max_requests < 0:
             raise ValueError(f"max_requests must be >= 0 (0: no limit), got {self.max_requests}")
         if self.workers < 1:
@@ -64,7 +68,8 @@ class ApiConfig:
         args = ["--grpc-url", self.grpc_url, "--host", self.host, "--port", str(self.port),
                 "--orchestrator-model", self.orchestrator_model,
                 "--max-http-media-bytes", str(self.max_http_media_bytes),
-                "--http-media-timeout", str(self.http_media_timeout_s), "--shutdown-grace", str(self.shutdown_grace_s),
+                "--http-image-timeout", str(self.http_image_timeout_s),
+                "--http-video-timeout", str(self.http_video_timeout_s), "--shutdown-grace", str(self.shutdown_grace_s),
                 "--max-requests", str(self.max_requests), "--workers", str(self.workers),
                 "--max-body-bytes", str(self.max_body_bytes)]
         if self.served_model_name:
@@ -92,8 +97,10 @@ def parse_args(argv: list[str] | None = None) -> ApiConfig:
     parser.add_argument("--allow-http-media", action="store_true",
                         help="fetch http(s) image_url / video_url parts (off: they are refused)")
     parser.add_argument("--max-http-media-bytes", type=int, default=d.max_http_media_bytes)
-    parser.add_argument("--http-media-timeout", type=float, default=d.http_media_timeout_s,
-                        help="seconds for the whole fetch of one http(s) media item")
+    parser.add_argument("--http-image-timeout", type=float, default=d.http_image_timeout_s,
+                        help="seconds for the whole fetch of one http(s) image (vLLM's VLLM_IMAGE_FETCH_TIMEOUT)")
+    parser.add_argument("--http-video-timeout", type=float, default=d.http_video_timeout_s,
+                        help="seconds for the whole fetch of one http(s) video (vLLM's VLLM_VIDEO_FETCH_TIMEOUT)")
     parser.add_argument("--shutdown-grace", type=float, default=d.shutdown_grace_s,
                         help="seconds requests in flight may run on after SIGTERM")
     parser.add_argument("--max-requests", type=int, default=d.max_requests,
@@ -112,7 +119,7 @@ def parse_args(argv: list[str] | None = None) -> ApiConfig:
     a = parser.parse_args(argv)
     try:
         return ApiConfig(a.grpc_url, a.host, a.port, a.orchestrator_model, a.served_model_name, a.allow_http_media,
-                         a.max_http_media_bytes, a.http_media_timeout, a.shutdown_grace, a.max_requests, a.workers,
+                         a.max_http_media_bytes, a.http_image_timeout, a.http_video_timeout, a.shutdown_grace, a.max_requests, a.workers,
                          a.max_body_bytes, not a.no_token_channel, a.metrics_url)
     except ValueError as exc:
         parser.error(str(exc))

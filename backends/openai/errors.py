@@ -64,17 +64,18 @@ class ApiError(Exception):
         return JSONResponse(self.body(), status_code=self.status)
 
 
-def from_orchestrator(message: str, media: Sequence = ()) -> ApiError:
+def from_orchestrator(message: str, media: Sequence = (), chat: bool = False) -> ApiError:
     """The error for an orchestrator's error message (classed as the module docstring says). ``media``: the chat's
     media parts in placeholder order (``convert.MediaRef``: ``kind``, ``where``), whose item an error names as the
-    chat's part (``messages[1].content[0].image_url: ...`` for ``image_url (item 2 of 3): ...``)."""
+    chat's part (``messages[1].content[0].image_url: ...`` for ``image_url (item 2 of 3): ...``); ``chat``: the
+    request is a chat, whose prompt is its ``messages`` (the ``param`` of an error about the prompt's length)."""
     message = _at_its_part(message, media)
     if message.startswith(_CHOICES):  # the orchestrator's input for a prompt's n (backends/openai/choices.py)
         return ApiError(400, "n: " + message.removeprefix(_CHOICES), param="n")
     if _INVALID.match(message):
-        key, chat = _SAMPLING_KEY.match(message), _CHAT_KEY.match(message)
-        param = key.group(1) if key else (chat.group(2) or chat.group(1)) if chat else \
-            "prompt" if _PROMPT.match(message) else "messages"
+        key, option = _SAMPLING_KEY.match(message), _CHAT_KEY.match(message)
+        param = key.group(1) if key else (option.group(2) or option.group(1)) if option else \
+            "prompt" if _PROMPT.match(message) and not chat else "messages"
         if key and param in MediaOptions.model_fields:  # sent inside mm_processor_kwargs: the field at fault
             param = "mm_processor_kwargs"
         return ApiError(400, _as_sent(message) if key else message, param=param)

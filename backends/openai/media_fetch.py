@@ -16,20 +16,20 @@ from backends.openai.errors import ApiError
 
 class MediaFetcher:
     """Resolves a request's http(s) media. ``allow``: fetch them (else refuse); at most ``max_bytes`` bytes per
-    item, each item's whole fetch (connecting, redirects, every byte) within ``timeout_s`` seconds, as vLLM bounds
-    its fetches (``VLLM_IMAGE_FETCH_TIMEOUT``, ``VLLM_VIDEO_FETCH_TIMEOUT``): httpx's own timeout bounds each network
-    operation only, so a server sending a byte every few seconds held a fetch open for minutes. Redirects are
-    followed (at most 5)."""
+    item, each item's whole fetch (connecting, redirects, every byte) within ``timeouts_s[kind]`` seconds (``image``,
+    ``video``), as vLLM bounds its fetches (``VLLM_IMAGE_FETCH_TIMEOUT``, 5 s, ``VLLM_VIDEO_FETCH_TIMEOUT``, 30 s):
+    httpx's own timeout bounds each network operation only, so a server sending a byte every few seconds held a
+    fetch open for minutes. Redirects are followed (at most 5)."""
 
-    def __init__(self, allow: bool, max_bytes: int, timeout_s: float):
-        self.allow, self.max_bytes, self.timeout_s = allow, max_bytes, timeout_s
-        self._client = httpx.AsyncClient(timeout=timeout_s, follow_redirects=True, max_redirects=5)
+    def __init__(self, allow: bool, max_bytes: int, timeouts_s: dict[str, float]):
+        self.allow, self.max_bytes, self.timeouts_s = allow, max_bytes, timeouts_s
+        self._client = httpx.AsyncClient(follow_redirects=True, max_redirects=5)
 
     async def resolve(self, request: OrchestratorRequest) -> OrchestratorRequest:
         """``request`` with each http(s) URL replaced by a ``data:`` URL of the fetched bytes.
 
         Raises ApiError 400 naming the part (``messages[i].content[j].image_url``): http(s) not allowed, an answer
-        other than 200, over ``max_bytes``, not fetched within ``timeout_s``, or a network failure.
+        other than 200, over ``max_bytes``, not fetched within its kind's timeout, or a network failure.
         """
         if not needs_fetch(request):
             return request
@@ -40,15 +40,16 @@ class MediaFetcher:
             raise ApiError(400, f"{media.where}: http(s) URLs are not fetched by this server (started without "
                                 "--openai-allow-http-media); send a data: URL, or a file:// path under its allowed "
                                 "media folders", param="messages")
+        timeout_s = self.timeouts_s[media.kind]
         try:
-            return await asyncio.wait_for(self._download(media), self.timeout_s)
+            return await asyncio.wait_for(self._download(media, timeout_s), timeout_s)
         except asyncio.TimeoutError:
-            raise ApiError(400, f"{media.where}: could not fetch {media.url[:200]} within {self.timeout_s:g} s (the "
-                                "API's --http-media-timeout)", param="messages") from None
+            raise ApiError(400, f"{media.where}: could not fetch {media.url[:200]} within {timeout_s:g} s (the "
+                                f"API's --http-{media.kind}-timeout)", param="messages") from None
 
-    async def _download(self, media: MediaRef) -> MediaRef:
+    async def _download(self, media: MediaRef, timeout_s: float) -> MediaRef:
         try:
-            async with self._client.stream("GET", media.url) as response:
+            async with self._client.stream("GET", media.url, timeout=timeout_s) as response:
                 if response.status_code != 200:
                     raise ApiError(400, f"{media.where}: fetching {media.url[:200]} answered HTTP "
                                         f"{response.status_code}", param="messages")

@@ -71,6 +71,15 @@ def test_the_orchestrators_validation_messages_are_400_with_the_field():
                                           "code": None}}
 
 
+def test_a_chats_prompt_length_error_names_messages():
+    """A chat has no ``prompt`` field: the orchestrator's errors about the prompt's length name its ``messages``;
+    a completion's name ``prompt`` (a fresh user's test)."""
+    for message in ("prompt too long: its 34052 tokens (34052 text tokens) leave no room for output within "
+                    "max_model_len 32768 (shorten the prompt)", "the prompt (40001 tokens, text and visual) needs 2501 KV pages ..."):
+        assert from_orchestrator(message, chat=True).param == "messages"
+        assert from_orchestrator(message).param == "prompt"
+
+
 def test_a_sampling_keys_message_names_the_field_as_an_openai_client_sent_it():
     """The API sends the request's sampling fields and mm_processor_kwargs as the orchestrator's sampling_parameters:
     a refusal names what the client sent, a media setting under mm_processor_kwargs."""

@@ -68,7 +68,7 @@ def _request(*urls: str) -> OrchestratorRequest:
 def _resolve(request: OrchestratorRequest, allow: bool = True, max_bytes: int = 4096,
              timeout_s: float = 10.0) -> OrchestratorRequest:
     async def run():
-        fetcher = MediaFetcher(allow, max_bytes, timeout_s)
+        fetcher = MediaFetcher(allow, max_bytes, {"image": timeout_s, "video": 10 * timeout_s})
         try:
             return await fetcher.resolve(request)
         finally:
@@ -113,7 +113,18 @@ def test_a_fetch_that_never_ends_is_refused_at_the_deadline(base_url):
         _resolve(_request(f"{base_url}/slow"), max_bytes=1 << 20, timeout_s=1.0)
     assert time.monotonic() - started < 5.0
     assert error.value.status == 400 and "messages[0].content[0].image_url: could not fetch" in error.value.message
-    assert "within 1 s (the API's --http-media-timeout)" in error.value.message, error.value.message
+    assert "within 1 s (the API's --http-image-timeout)" in error.value.message, error.value.message
+
+
+def test_a_video_has_its_own_deadline(base_url):
+    """Images and videos are bounded apart, as vLLM bounds them (5 s and 30 s by default)."""
+    video = OrchestratorRequest(None, "[]", (MediaRef("video", f"{base_url}/slow", "messages[0].content[0].video_url"),),
+                                {}, False, False)
+    started = time.monotonic()
+    with pytest.raises(ApiError) as error:
+        _resolve(video, max_bytes=1 << 20, timeout_s=0.2)  # the video's: 2 s
+    assert 1.5 < time.monotonic() - started < 6.0
+    assert "within 2 s (the API's --http-video-timeout)" in error.value.message, error.value.message
 
 
 class _Leaving:
@@ -129,7 +140,7 @@ class _Leaving:
 
 def test_a_fetch_is_cancelled_when_its_client_leaves(base_url):
     async def run():
-        fetcher = MediaFetcher(True, 1 << 20, 30.0)
+        fetcher = MediaFetcher(True, 1 << 20, {"image": 30.0, "video": 30.0})
         try:
             work = _media_fetched(fetcher, [_request(f"{base_url}/slow")])
             with pytest.raises(ApiError) as error:
