@@ -72,17 +72,32 @@ class ApiState:
         self.fetcher = MediaFetcher(config.allow_http_media, config.max_http_media_bytes,
                                     {"image": config.http_image_timeout_s, "video": config.http_video_timeout_s})
         self.replicas = ReplicaHealth(config.metrics_url) if config.metrics_url else None
-        self._card: ModelCard | None = None
+        self._cards: list[ModelCard] = []
+        self._accepted: frozenset[str] = frozenset()
 
-    async def model_card(self) -> ModelCard:
-        """The served model, from the orchestrator's parameters (read once). Raises ApiError 503 while the server
-        cannot be reached."""
-        if self._card is None:
+    async def model_cards(self) -> list[ModelCard]:
+        """The served model under each of its names, the first the one replies carry (``served_model_names``, else
+        the checkpoint folder's name, else the preset), from the orchestrator's parameters (read once). Raises
+        ApiError 503 while the server cannot be reached."""
+        if not self._cards:
             params = await self.orchestrator.parameters()
             root = params.get("model_path") or params.get("preset", "tiny")
-            self._card = ModelCard(id=self.config.served_model_name or Path(root).name, created=int(time.time()),
-                                   root=root, max_model_len=int(params.get("max_model_len") or 0) or None)
-        return self._card
+            card = ModelCard(id=Path(root).name, created=int(time.time()), root=root,
+                             max_model_len=int(params.get("max_model_len") or 0) or None)
+            names = self.config.served_model_names or (card.id,)
+            # without names given, the path as loaded too: vLLM's default name is its --model as given
+            self._accepted = frozenset(self.config.served_model_names or (card.id, root))
+            self._cards = [card.model_copy(update={"id": name}) for name in names]
+        return self._cards
+
+    async def model_card(self) -> ModelCard:
+        """The served model under the name replies carry (:meth:`model_cards`' first)."""
+        return (await self.model_cards())[0]
+
+    async def serves(self, model: str) -> bool:
+        """Whether ``model`` names the served model (:meth:`model_cards`)."""
+        await self.model_cards()
+        return model in self._accepted
 
     async def healthy(self) -> bool:
         """Whether tritonserver and the orchestrator are ready and, with a metrics URL, the metrics do not say that
@@ -128,17 +143,18 @@ async def health(request: Request) -> Response:
 
 @router.get("/v1/models")
 async def models(request: Request) -> ModelList:
-    """The one served model. 503 while tritonserver cannot be reached."""
-    return ModelList(data=[await request.app.state.api.model_card()])
+    """The served model, a card per served name (vLLM's). 503 while tritonserver cannot be reached."""
+    return ModelList(data=await request.app.state.api.model_cards())
 
 
 @router.get("/v1/models/{model:path}")
 async def model(model: str, request: Request) -> ModelCard:
     """The served model's card when ``model`` names it (the SDK's ``models.retrieve``), else 404 model_not_found."""
-    card = await request.app.state.api.model_card()
-    if model != card.id:
-        raise _unknown_model(model, card.id)
-    return card
+    api = request.app.state.api
+    cards = await api.model_cards()
+    if not await api.serves(model):
+        raise _unknown_model(model, cards[0].id)
+    return next((card for card in cards if card.id == model), cards[0])
 
 
 def _unknown_model(model: str, served: str) -> ApiError:
@@ -219,7 +235,7 @@ async def _served(request: Request, body: GenerationRequest) -> str:
     """The served model's name, which ``body`` must name when it names one (vLLM takes a request without ``model``, or
     with an empty one, as the served model's). Raises ApiError 404 (another model), 503."""
     card = await request.app.state.api.model_card()
-    if body.model and body.model != card.id:
+    if body.model and not await request.app.state.api.serves(body.model):
         raise _unknown_model(body.model, card.id)
     return card.id
 

@@ -10,8 +10,9 @@ class ApiConfig:
     """Where the API listens and which orchestrator it speaks to.
 
     ``grpc_url``: tritonserver's gRPC endpoint (host:port); ``host``/``port``: where the API listens;
-    ``orchestrator_model``: the Triton model requests go to; ``served_model_name``: the ``model`` clients name
-    (None: the orchestrator's checkpoint folder name, else its preset, read from Triton's model config);
+    ``orchestrator_model``: the Triton model requests go to; ``served_model_names``: the ``model`` names clients may
+    send, the first the one replies carry (vLLM's ``--served-model-name``; none: the orchestrator's checkpoint folder
+    name, else its preset, read from Triton's model config, the checkpoint's path as loaded also taken);
     ``allow_http_media``: fetch http(s) ``image_url``/``video_url`` parts in this process (off: refused), at most
     ``max_http_media_bytes`` bytes each within ``http_image_timeout_s`` / ``http_video_timeout_s`` seconds (vLLM's
     ``VLLM_IMAGE_FETCH_TIMEOUT`` and ``VLLM_VIDEO_FETCH_TIMEOUT`` defaults); ``shutdown_grace_s``: seconds
@@ -35,7 +36,7 @@ class ApiConfig:
     host: str = "127.0.0.1"
     port: int = 9000
     orchestrator_model: str = "orchestrator"
-    served_model_name: str | None = None
+    served_model_names: tuple[str, ...] = ()
     allow_http_media: bool = False
     max_http_media_bytes: int = 64 * 1024 * 1024
     http_image_timeout_s: float = 5.0
@@ -58,6 +59,8 @@ class ApiConfig:
             raise ValueError("max_http_media_bytes must be positive, shutdown_grace_s >= 0")
         if self.max_requests < 0:
             raise ValueError(f"max_requests must be >= 0 (0: no limit), got {self.max_requests}")
+        if any(not name.strip() for name in self.served_model_names):
+            raise ValueError(f"served model names must not be empty, got {list(self.served_model_names)}")
         if self.workers < 1:
             raise ValueError(f"workers must be at least 1, got {self.workers}")
         if self.metrics_url is not None and not self.metrics_url.startswith(("http://", "https://")):
@@ -72,8 +75,8 @@ class ApiConfig:
                 "--http-video-timeout", str(self.http_video_timeout_s), "--shutdown-grace", str(self.shutdown_grace_s),
                 "--max-requests", str(self.max_requests), "--workers", str(self.workers),
                 "--max-body-bytes", str(self.max_body_bytes)]
-        if self.served_model_name:
-            args += ["--served-model-name", self.served_model_name]
+        if self.served_model_names:
+            args += ["--served-model-name", *self.served_model_names]
         if self.allow_http_media:
             args.append("--allow-http-media")
         if not self.token_channel:
@@ -92,8 +95,9 @@ def parse_args(argv: list[str] | None = None) -> ApiConfig:
     parser.add_argument("--host", default=d.host, help="0.0.0.0 to serve other machines")
     parser.add_argument("--port", type=int, default=d.port)
     parser.add_argument("--orchestrator-model", default=d.orchestrator_model)
-    parser.add_argument("--served-model-name", default=None,
-                        help="the model name clients send (default: the checkpoint folder's name, else the preset)")
+    parser.add_argument("--served-model-name", nargs="+", default=(), metavar="NAME",
+                        help="the model names clients may send, the first in replies (vLLM's; default: the "
+                             "checkpoint folder's name, or its path as loaded, else the preset)")
     parser.add_argument("--allow-http-media", action="store_true",
                         help="fetch http(s) image_url / video_url parts (off: they are refused)")
     parser.add_argument("--max-http-media-bytes", type=int, default=d.max_http_media_bytes)
@@ -118,7 +122,7 @@ def parse_args(argv: list[str] | None = None) -> ApiConfig:
                              "default: by tritonserver's readiness alone)")
     a = parser.parse_args(argv)
     try:
-        return ApiConfig(a.grpc_url, a.host, a.port, a.orchestrator_model, a.served_model_name, a.allow_http_media,
+        return ApiConfig(a.grpc_url, a.host, a.port, a.orchestrator_model, tuple(a.served_model_name), a.allow_http_media,
                          a.max_http_media_bytes, a.http_image_timeout, a.http_video_timeout, a.shutdown_grace, a.max_requests, a.workers,
                          a.max_body_bytes, not a.no_token_channel, a.metrics_url)
     except ValueError as exc:

@@ -13,6 +13,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--openai-port", type=optional_port_option, default=9000,
                         help="the OpenAI-compatible API's port (default 9000; 0: no API)")
     parser.add_argument("--openai-address", default=None, help="where the OpenAI API listens (default: --address)")
+    parser.add_argument("--served-model-name", nargs="+", default=(), metavar="NAME",
+                        help="the model names the OpenAI API's clients may send, the first in its replies (vLLM's "
+                             "option; default: the checkpoint folder's name, or its path as loaded, else the preset)")
     parser.add_argument("--openai-allow-http-media", action="store_true",
                         help="let the OpenAI API fetch http(s) image_url / video_url parts (off: refused)")
     parser.add_argument("--openai-workers", type=int, default=default_openai_workers(),
@@ -29,6 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Ends the launcher with a usage error for a count below its least (checked at once, not once the models have
     loaded)."""
+    if any(not name.strip() for name in args.served_model_name):
+        parser.error(f"--served-model-name names must not be empty, got {list(args.served_model_name)}")
     for option, value, least in (("--openai-workers", args.openai_workers, 1),
                                  ("--openai-max-body-bytes", args.openai_max_body_bytes, 1),
                                  ("--openai-max-requests", args.openai_max_requests, 0)):
@@ -43,7 +48,8 @@ def api_config(args: argparse.Namespace) -> ApiConfig:
     local = "127.0.0.1" if args.address in ("0.0.0.0", "::") else args.address
     metrics_host = f"[{local}]" if ":" in local else local  # an IPv6 address in a URL
     return ApiConfig(grpc_url=f"{local}:{args.grpc_port}", host=args.openai_address or args.address,
-                     port=args.openai_port, allow_http_media=args.openai_allow_http_media,
+                     port=args.openai_port, served_model_names=tuple(args.served_model_name),
+                     allow_http_media=args.openai_allow_http_media,
                      max_requests=args.openai_max_requests, workers=args.openai_workers,
                      max_body_bytes=args.openai_max_body_bytes, token_channel=not args.openai_no_token_channel,
                      metrics_url=f"http://{metrics_host}:{args.metrics_port}/metrics")

@@ -103,6 +103,19 @@ def test_models_and_health(sdk, api):
     assert urllib.request.urlopen(f"{api.url}/ping", timeout=10).status == 200  # vLLM's (SageMaker's) name
 
 
+def test_served_model_names_are_the_names_clients_send(server, tmp_path):
+    """vLLM's --served-model-name: a card per name, a request naming any of them served, the reply carrying the
+    first; the default name is then refused."""
+    with _api(server.ports.grpc, tmp_path / "api.log", served_model_names=("qwen", "Qwen/Qwen2.5-VL-7B-Instruct")) \
+            as process, openai.OpenAI(base_url=f"{process.url}/v1", api_key="unused", max_retries=0) as client:
+        assert [card.id for card in client.models.list().data] == ["qwen", "Qwen/Qwen2.5-VL-7B-Instruct"]
+        reply = client.chat.completions.create(model="Qwen/Qwen2.5-VL-7B-Instruct", max_tokens=2,
+                                               messages=[{"role": "user", "content": "hi"}])
+        assert reply.model == "qwen" and reply.usage.completion_tokens == 2
+        with pytest.raises(openai.NotFoundError):
+            client.chat.completions.create(model=MODEL, max_tokens=2, messages=[{"role": "user", "content": "hi"}])
+
+
 def test_health_is_503_once_every_replica_has_ended_though_the_orchestrator_is_ready(server):
     """The real server (ready, its replica serving) with metrics that say what Triton's would once every replica's
     decode loop had ended (no test can end one on demand): /health and /ping answer 503; one replica left, 200;

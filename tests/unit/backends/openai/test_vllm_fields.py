@@ -111,5 +111,30 @@ def test_a_model_card_has_vllms_root_parent_and_permission():
     assert {key: value for key, value in permission.items() if key not in ("id", "object", "created")} == {
         "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True, "allow_search_indices": False,
         "allow_view": True, "allow_fine_tuning": False, "organization": "*", "group": None, "is_blocking": False}
-    preset = asyncio.run(card({"preset": "tiny"}, served_model_name="mine"))
+    preset = asyncio.run(card({"preset": "tiny"}, served_model_names=("mine",)))
     assert (preset["id"], preset["root"]) == ("mine", "tiny")
+
+
+@pytest.mark.parametrize("names, listed, taken, refused", [
+    # vLLM's default name is its --model as given: the path as loaded is taken too
+    ((), ["Qwen2.5-VL-3B-Instruct"], ["Qwen2.5-VL-3B-Instruct", "/models/Qwen2.5-VL-3B-Instruct"], ["Qwen"]),
+    # --served-model-name: those names only, a card each, the first in replies
+    (("qwen", "Qwen/Qwen2.5-VL-3B-Instruct"), ["qwen", "Qwen/Qwen2.5-VL-3B-Instruct"],
+     ["qwen", "Qwen/Qwen2.5-VL-3B-Instruct"], ["Qwen2.5-VL-3B-Instruct", "/models/Qwen2.5-VL-3B-Instruct"]),
+])
+def test_the_names_a_client_may_send(names, listed, taken, refused):
+    async def run():
+        state = ApiState(ApiConfig(grpc_url=NOWHERE, served_model_names=names))
+
+        async def parameters():
+            return {"model_path": "/models/Qwen2.5-VL-3B-Instruct"}
+        state.orchestrator.parameters = parameters
+        try:
+            cards = [card.id for card in await state.model_cards()]
+            return cards, (await state.model_card()).id, [await state.serves(m) for m in taken + refused]
+        finally:
+            await state.close()
+
+    cards, first, served = asyncio.run(run())
+    assert cards == listed and first == listed[0]
+    assert served == [True] * len(taken) + [False] * len(refused)

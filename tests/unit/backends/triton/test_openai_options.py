@@ -32,6 +32,19 @@ def test_the_api_reads_the_servers_metrics_for_its_health_over_the_loopback_when
     assert openai_options.api_config(_parsed("--address", "::1")[1]).metrics_url == "http://[::1]:8002/metrics"
 
 
+def test_the_served_model_names_reach_the_api(capsys):
+    """vLLM's --served-model-name, several names: the API takes each, replies with the first; an empty one is a usage
+    error at once."""
+    assert openai_options.api_config(_parsed()[1]).served_model_names == ()
+    parser, args = _parsed("--served-model-name", "qwen", "Qwen/Qwen2.5-VL-7B-Instruct")
+    openai_options.check(parser, args)
+    assert openai_options.api_config(args).served_model_names == ("qwen", "Qwen/Qwen2.5-VL-7B-Instruct")
+    parser, args = _parsed("--served-model-name", "")
+    with pytest.raises(SystemExit):
+        openai_options.check(parser, args)
+    assert "--served-model-name names must not be empty" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("option,value", [("--openai-workers", "0"), ("--openai-max-body-bytes", "0"),
                                           ("--openai-max-requests", "-1")])
 def test_a_count_below_its_least_is_a_usage_error(option, value, capsys):
