@@ -122,8 +122,9 @@ def parse_args(argv: list[str] | None = None) -> ApiConfig:
                              "default: by tritonserver's readiness alone)")
     a = parser.parse_args(argv)
     try:
-        return ApiConfig(a.grpc_url, a.host, a.port, a.orchestrator_model, tuple(a.served_model_name), a.allow_http_media,
-                         a.max_http_media_bytes, a.http_image_timeout, a.http_video_timeout, a.shutdown_grace, a.max_requests, a.workers,
-                         a.max_body_bytes, not a.no_token_channel, a.metrics_url)
+        return ApiConfig(a.grpc_url, a.host, a.port, a.orchestrator_model, tuple(a.served_model_name),
+                         a.allow_http_media, a.max_http_media_bytes, a.http_image_timeout, a.http_video_timeout,
+                         a.shutdown_grace, a.max_requests, a.workers, a.max_body_bytes, not a.no_token_channel,
+                         a.metrics_url)
     except ValueError as exc:
         parser.error(str(exc))

@@ -118,8 +118,8 @@ def test_a_fetch_that_never_ends_is_refused_at_the_deadline(base_url):
 
 def test_a_video_has_its_own_deadline(base_url):
     """Images and videos are bounded apart, as vLLM bounds them (5 s and 30 s by default)."""
-    video = OrchestratorRequest(None, "[]", (MediaRef("video", f"{base_url}/slow", "messages[0].content[0].video_url"),),
-                                {}, False, False)
+    part = MediaRef("video", f"{base_url}/slow", "messages[0].content[0].video_url")
+    video = OrchestratorRequest(None, "[]", (part,), {}, False, False)
     started = time.monotonic()
     with pytest.raises(ApiError) as error:
         _resolve(video, max_bytes=1 << 20, timeout_s=0.2)  # the video's: 2 s
