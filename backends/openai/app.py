@@ -25,6 +25,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 from sse_starlette import EventSourceResponse
 
+from backends.openai.api_keys import ApiKeys
 from backends.openai.body_limit import BodyLimit
 from backends.openai.bulk import in_bulk_thread
 from backends.openai.config import ApiConfig
@@ -130,6 +131,8 @@ def create_app(config: ApiConfig) -> FastAPI:
     install_handlers(app)
     app.include_router(router)
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
+    if config.api_keys:  # added last, so it runs first: a refused request's body is never read
+        app.add_middleware(ApiKeys, keys=config.api_keys)
     return app
 
 

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from backends.openai.api_keys import ENV as API_KEY_ENV, keys_from_env
 
 
 @dataclass(frozen=True)
@@ -26,7 +28,8 @@ class ApiConfig:
     ``token_channel``: streamed requests' replies over the process's token channel (``backends.openai.token_channel``;
     off: each request's own stream carries them, one response per token); ``metrics_url``: tritonserver's Prometheus
     metrics (e.g. ``http://127.0.0.1:8002/metrics``), with which ``/health`` also answers 503 once every replica has
-    ended (``backends.openai.replica_health``; None: by readiness alone).
+    ended (``backends.openai.replica_health``; None: by readiness alone); ``api_keys``: the keys a request must
+    carry one of (``backends.openai.api_keys``; none: any request is served), out of the command line and the repr.
 
     Raises ValueError for a port outside 0..65535, a non-positive size or timeout, a negative ``max_requests``, fewer
     than one worker, a ``metrics_url`` that is not http(s).
@@ -47,6 +50,7 @@ class ApiConfig:
     max_body_bytes: int = 256 * 1024 * 1024
     token_channel: bool = True
     metrics_url: str | None = None
+    api_keys: tuple[str, ...] = field(default=(), repr=False)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -59,6 +63,8 @@ class ApiConfig:
             raise ValueError("max_http_media_bytes must be positive, shutdown_grace_s >= 0")
         if self.max_requests < 0:
             raise ValueError(f"max_requests must be >= 0 (0: no limit), got {self.max_requests}")
+        if any(not key or "," in key for key in self.api_keys):
+            raise ValueError("API keys must be non-empty and hold no comma")
         if any(not name.strip() for name in self.served_model_names):
             raise ValueError(f"served model names must not be empty, got {list(self.served_model_names)}")
         if self.workers < 1:
@@ -67,7 +73,7 @@ class ApiConfig:
             raise ValueError(f"metrics_url must be an http(s) URL, got {self.metrics_url!r}")
 
     def to_args(self) -> list[str]:
-        """The command line that :func:`parse_args` reads back into this config."""
+        """The command line that :func:`parse_args` reads back into this config, with :meth:`env` (the keys)."""
         args = ["--grpc-url", self.grpc_url, "--host", self.host, "--port", str(self.port),
                 "--orchestrator-model", self.orchestrator_model,
                 "--max-http-media-bytes", str(self.max_http_media_bytes),
@@ -84,6 +90,10 @@ class ApiConfig:
         if self.metrics_url is not None:
             args += ["--metrics-url", self.metrics_url]
         return args
+
+    def env(self) -> dict[str, str]:
+        """The environment the API process needs beside :meth:`to_args`: the keys (``api_keys.ENV``), if any."""
+        return {API_KEY_ENV: ",".join(self.api_keys)} if self.api_keys else {}
 
 
 def parse_args(argv: list[str] | None = None) -> ApiConfig:
@@ -116,6 +126,9 @@ def parse_args(argv: list[str] | None = None) -> ApiConfig:
     parser.add_argument("--no-token-channel", action="store_true",
                         help="each streamed request's tokens on its own gRPC stream, not over the process's token "
                              "channel (one response a step for all its requests)")
+    parser.add_argument("--api-key", nargs="+", default=None, metavar="KEY",
+                        help=f"keys a request must carry one of as 'Authorization: Bearer KEY' (vLLM's option; "
+                             f"default: ${API_KEY_ENV}, comma-separated, else none and every request is served)")
     parser.add_argument("--metrics-url", default=None, metavar="URL",
                         help="tritonserver's Prometheus metrics, e.g. http://127.0.0.1:8002/metrics: /health and /ping "
                              "then also answer 503 once every replica has ended (unifiedserve_replica_serving all 0; "
@@ -125,6 +138,6 @@ def parse_args(argv: list[str] | None = None) -> ApiConfig:
         return ApiConfig(a.grpc_url, a.host, a.port, a.orchestrator_model, tuple(a.served_model_name),
                          a.allow_http_media, a.max_http_media_bytes, a.http_image_timeout, a.http_video_timeout,
                          a.shutdown_grace, a.max_requests, a.workers, a.max_body_bytes, not a.no_token_channel,
-                         a.metrics_url)
+                         a.metrics_url, tuple(a.api_key) if a.api_key is not None else keys_from_env())
     except ValueError as exc:
         parser.error(str(exc))

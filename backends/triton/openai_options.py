@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from backends.openai.api_keys import keys_from_env
 from backends.openai.config import ApiConfig
 from backends.openai.process import default_openai_workers
 from backends.triton.ports import optional_port_option
@@ -16,6 +17,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--served-model-name", nargs="+", default=(), metavar="NAME",
                         help="the model names the OpenAI API's clients may send, the first in its replies (vLLM's "
                              "option; default: the checkpoint folder's name, or its path as loaded, else the preset)")
+    parser.add_argument("--api-key", nargs="+", default=(), metavar="KEY",
+                        help="keys an OpenAI API request must carry one of as 'Authorization: Bearer KEY' (vLLM's "
+                             "option; handed to the API by its environment; default: $UNIFIEDSERVE_API_KEY, "
+                             "comma-separated, else none)")
     parser.add_argument("--openai-allow-http-media", action="store_true",
                         help="let the OpenAI API fetch http(s) image_url / video_url parts (off: refused)")
     parser.add_argument("--openai-workers", type=int, default=default_openai_workers(),
@@ -32,6 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Ends the launcher with a usage error for a count below its least (checked at once, not once the models have
     loaded)."""
+    if any(not key or "," in key for key in args.api_key):
+        parser.error("--api-key keys must be non-empty and hold no comma")
     if any(not name.strip() for name in args.served_model_name):
         parser.error(f"--served-model-name names must not be empty, got {list(args.served_model_name)}")
     for option, value, least in (("--openai-workers", args.openai_workers, 1),
@@ -49,6 +56,7 @@ def api_config(args: argparse.Namespace) -> ApiConfig:
     metrics_host = f"[{local}]" if ":" in local else local  # an IPv6 address in a URL
     return ApiConfig(grpc_url=f"{local}:{args.grpc_port}", host=args.openai_address or args.address,
                      port=args.openai_port, served_model_names=tuple(args.served_model_name),
+                     api_keys=tuple(args.api_key) or keys_from_env(),
                      allow_http_media=args.openai_allow_http_media,
                      max_requests=args.openai_max_requests, workers=args.openai_workers,
                      max_body_bytes=args.openai_max_body_bytes, token_channel=not args.openai_no_token_channel,

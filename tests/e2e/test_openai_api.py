@@ -116,6 +116,23 @@ def test_served_model_names_are_the_names_clients_send(server, tmp_path):
             client.chat.completions.create(model=MODEL, max_tokens=2, messages=[{"role": "user", "content": "hi"}])
 
 
+def test_with_api_keys_a_request_needs_one(server, tmp_path):
+    """vLLM's --api-key, handed to the API process by its environment: the SDK's api_key is sent as a Bearer token;
+    a wrong one is the SDK's AuthenticationError; /health needs none."""
+    with _api(server.ports.grpc, tmp_path / "api.log", api_keys=("sk-test", "sk-other")) as process:
+        assert "sk-test" not in " ".join(process.process.args)
+        assert urllib.request.urlopen(f"{process.url}/health", timeout=10).status == 200
+        for key in ("sk-test", "sk-other"):
+            with openai.OpenAI(base_url=f"{process.url}/v1", api_key=key, max_retries=0) as client:
+                reply = client.chat.completions.create(model=MODEL, max_tokens=2,
+                                                       messages=[{"role": "user", "content": "hi"}])
+                assert reply.usage.completion_tokens == 2
+        with openai.OpenAI(base_url=f"{process.url}/v1", api_key="sk-wrong", max_retries=0) as client:
+            with pytest.raises(openai.AuthenticationError) as refused:
+                client.models.list()
+        assert refused.value.body["code"] == "invalid_api_key"
+
+
 def test_health_is_503_once_every_replica_has_ended_though_the_orchestrator_is_ready(server):
     """The real server (ready, its replica serving) with metrics that say what Triton's would once every replica's
     decode loop had ended (no test can end one on demand): /health and /ping answer 503; one replica left, 200;

@@ -45,6 +45,19 @@ def test_the_served_model_names_reach_the_api(capsys):
     assert "--served-model-name names must not be empty" in capsys.readouterr().err
 
 
+def test_the_api_keys_reach_the_api(monkeypatch, capsys):
+    """vLLM's --api-key, else $UNIFIEDSERVE_API_KEY (comma-separated); an empty key is a usage error at once."""
+    monkeypatch.delenv("UNIFIEDSERVE_API_KEY", raising=False)
+    assert openai_options.api_config(_parsed()[1]).api_keys == ()
+    assert openai_options.api_config(_parsed("--api-key", "k1", "k2")[1]).api_keys == ("k1", "k2")
+    monkeypatch.setenv("UNIFIEDSERVE_API_KEY", "k3,k4")
+    assert openai_options.api_config(_parsed()[1]).api_keys == ("k3", "k4")
+    parser, args = _parsed("--api-key", "")
+    with pytest.raises(SystemExit):
+        openai_options.check(parser, args)
+    assert "--api-key keys must be non-empty" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("option,value", [("--openai-workers", "0"), ("--openai-max-body-bytes", "0"),
                                           ("--openai-max-requests", "-1")])
 def test_a_count_below_its_least_is_a_usage_error(option, value, capsys):
