@@ -1,7 +1,8 @@
 """Request bodies of the OpenAI-compatible API (pydantic), as OpenAI's API reference and vLLM's server name them
 (the response bodies: ``backends.openai.response_schemas``).
 
-Fields a client may send that this server does not know are ignored (as vLLM does); fields it knows but cannot
+Fields a client may send that this server does not know are ignored, and named in the API's log
+(``backends.openai.ignored_fields``, as vLLM does); fields it knows but cannot
 honour (``tools``, ``best_of``, vLLM's ``use_beam_search``, ...: ``backends.openai.unsupported``) are refused by
 :meth:`GenerationRequest.refusal` when set to anything but their defaults.
 """
@@ -9,9 +10,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, model_validator
 
 from backends.ipc.protocol import MAX_LOGPROBS
+from backends.openai.ignored_fields import log_unknown
+from backends.openai.response_format import as_structured_outputs, json_schema_of
 from backends.openai.unsupported import Unsupported, unsupported_refusal
 from orchestrator.choice_reservations import MAX_CHOICES  # OpenAI's API's limit on n, and on prompts times n
 from orchestrator.sampling_params import MAX_TOKENS_LIMIT, SEED_LIMIT
@@ -126,6 +129,15 @@ class MediaOptions(_Strict):
 
 class GenerationRequest(_Body):
     model: str | None = None  # None or "": the served model (vLLM's rule)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _log_unknown(cls, data: Any) -> Any:
+        """The request's top-level fields this server does not know, logged (``backends.openai.ignored_fields``)."""
+        if isinstance(data, dict):
+            log_unknown(cls.__name__, data, cls.model_fields)
+        return data
+
     stream: Flag = False
     stream_options: StreamOptions | None = None
     max_tokens: int | None = None
@@ -199,7 +211,7 @@ class GenerationRequest(_Body):
         kind = (self.response_format or {}).get("type", "text")
         if kind not in ("text", "json_object", "json_schema"):
             return "response_format", f"response_format: type must be text, json_object or json_schema, got {kind!r}"
-        if kind == "json_schema" and not isinstance(_json_schema(self.response_format), dict):
+        if kind == "json_schema" and not isinstance(json_schema_of(self.response_format), dict):
             return "response_format", "response_format: json_schema.schema must be a JSON schema (an object)"
         if kind != "text" and self.structured_outputs is not None:
             return "response_format", "response_format: send it or structured_outputs, not both"
@@ -218,7 +230,7 @@ class GenerationRequest(_Body):
             sampling["logprobs"] = self.top_logprobs_asked
         if self.prompt_logprobs_asked is not None:
             sampling["prompt_logprobs"] = self.prompt_logprobs_asked
-        structured = _structured(self.response_format or {}) if self.structured_outputs is None \
+        structured = as_structured_outputs(self.response_format or {}) if self.structured_outputs is None \
             else self.structured_outputs
         if structured is not None:
             sampling["structured_outputs"] = structured
@@ -236,21 +248,6 @@ class GenerationRequest(_Body):
     @property
     def choices_per_prompt(self) -> int:
         return self.n or 1
-
-
-def _structured(response_format: dict[str, Any]) -> dict[str, Any] | None:
-    """OpenAI's ``response_format`` as vLLM's ``structured_outputs`` (None for text), as vLLM converts it."""
-    if response_format.get("type") == "json_object":
-        return {"json_object": True}
-    if response_format.get("type") == "json_schema":
-        return {"json": _json_schema(response_format)}
-    return None
-
-
-def _json_schema(response_format: dict[str, Any]) -> object:
-    """``json_schema.schema`` of a ``response_format``, or None where it has none (refused, read before that)."""
-    spec = response_format.get("json_schema")
-    return spec.get("schema") if isinstance(spec, dict) else None
 
 
 def _count_refusal(field: str, count: int | None) -> tuple[str, str] | None:

@@ -4,6 +4,7 @@ taken, and /v1/models cards carry vLLM's root, parent and permission."""
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
 from fastapi.testclient import TestClient
@@ -138,3 +139,15 @@ def test_the_names_a_client_may_send(names, listed, taken, refused):
     cards, first, served = asyncio.run(run())
     assert cards == listed and first == listed[0]
     assert served == [True] * len(taken) + [False] * len(refused)
+
+
+def test_the_fields_a_request_has_that_this_server_does_not_know_are_logged(caplog):
+    """vLLM warns of them: a misspelt field (max_token), or another server's (guided_choice), shows in the log; vLLM's
+    own that change nothing here (user) do not."""
+    with caplog.at_level(logging.WARNING, logger="backends.openai.ignored_fields"):
+        ChatCompletionRequest.model_validate({"messages": HI, "max_token": 4, "guided_choice": ["a"], "top_k": 2,
+                                              "user": "u1"})
+        CompletionRequest.model_validate({"prompt": "x", "max_tokens": 4})
+    (record,) = caplog.records
+    assert record.getMessage() == "ChatCompletionRequest: fields ignored (unknown to this server): guided_choice, " \
+                                  "max_token"
