@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import AsyncIterator, Awaitable, Callable, TypeVar
 
 from fastapi import APIRouter, FastAPI, Request, Response
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 from sse_starlette import EventSourceResponse
@@ -131,8 +132,11 @@ def create_app(config: ApiConfig) -> FastAPI:
     install_handlers(app)
     app.include_router(router)
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
-    if config.api_keys:  # added last, so it runs first: a refused request's body is never read
+    if config.api_keys:  # added after the body limit, so it runs before it: a refused request's body is never read
         app.add_middleware(ApiKeys, keys=config.api_keys)
+    if config.allowed_origins:  # the outermost: a preflight is answered here, every answer (a 401 too) marked
+        app.add_middleware(CORSMiddleware, allow_origins=list(config.allowed_origins), allow_methods=["*"],
+                           allow_headers=["*"])
     return app
 
 

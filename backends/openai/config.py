@@ -29,7 +29,9 @@ class ApiConfig:
     off: each request's own stream carries them, one response per token); ``metrics_url``: tritonserver's Prometheus
     metrics (e.g. ``http://127.0.0.1:8002/metrics``), with which ``/health`` also answers 503 once every replica has
     ended (``backends.openai.replica_health``; None: by readiness alone); ``api_keys``: the keys a request must
-    carry one of (``backends.openai.api_keys``; none: any request is served), out of the command line and the repr.
+    carry one of (``backends.openai.api_keys``; none: any request is served), out of the command line and the repr;
+    ``allowed_origins``: the origins whose browser pages may call the API (CORS, Starlette's middleware; ``*``: any,
+    vLLM's default; none: no CORS headers, so browsers refuse other origins' calls).
 
     Raises ValueError for a port outside 0..65535, a non-positive size or timeout, a negative ``max_requests``, fewer
     than one worker, a ``metrics_url`` that is not http(s).
@@ -51,6 +53,7 @@ class ApiConfig:
     token_channel: bool = True
     metrics_url: str | None = None
     api_keys: tuple[str, ...] = field(default=(), repr=False)
+    allowed_origins: tuple[str, ...] = ("*",)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -89,7 +92,7 @@ class ApiConfig:
             args.append("--no-token-channel")
         if self.metrics_url is not None:
             args += ["--metrics-url", self.metrics_url]
-        return args
+        return args + ["--allowed-origins", *self.allowed_origins]
 
     def env(self) -> dict[str, str]:
         """The environment the API process needs beside :meth:`to_args`: the keys (``api_keys.ENV``), if any."""
@@ -129,6 +132,9 @@ def parse_args(argv: list[str] | None = None) -> ApiConfig:
     parser.add_argument("--api-key", nargs="+", default=None, metavar="KEY",
                         help=f"keys a request must carry one of as 'Authorization: Bearer KEY' (vLLM's option; "
                              f"default: ${API_KEY_ENV}, comma-separated, else none and every request is served)")
+    parser.add_argument("--allowed-origins", nargs="*", default=d.allowed_origins, metavar="ORIGIN",
+                        help="origins whose browser pages may call the API (CORS; default: any, *, as vLLM's; "
+                             "the option alone: none)")
     parser.add_argument("--metrics-url", default=None, metavar="URL",
                         help="tritonserver's Prometheus metrics, e.g. http://127.0.0.1:8002/metrics: /health and /ping "
                              "then also answer 503 once every replica has ended (unifiedserve_replica_serving all 0; "
@@ -138,6 +144,7 @@ def parse_args(argv: list[str] | None = None) -> ApiConfig:
         return ApiConfig(a.grpc_url, a.host, a.port, a.orchestrator_model, tuple(a.served_model_name),
                          a.allow_http_media, a.max_http_media_bytes, a.http_image_timeout, a.http_video_timeout,
                          a.shutdown_grace, a.max_requests, a.workers, a.max_body_bytes, not a.no_token_channel,
-                         a.metrics_url, tuple(a.api_key) if a.api_key is not None else keys_from_env())
+                         a.metrics_url, tuple(a.api_key) if a.api_key is not None else keys_from_env(),
+                         tuple(a.allowed_origins))
     except ValueError as exc:
         parser.error(str(exc))

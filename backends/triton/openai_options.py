@@ -21,6 +21,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="keys an OpenAI API request must carry one of as 'Authorization: Bearer KEY' (vLLM's "
                              "option; handed to the API by its environment; default: $UNIFIEDSERVE_API_KEY, "
                              "comma-separated, else none)")
+    parser.add_argument("--allowed-origins", nargs="*", default=ApiConfig.allowed_origins, metavar="ORIGIN",
+                        help="origins whose browser pages may call the OpenAI API (CORS, vLLM's option; default: any, "
+                             "*; the option alone: none)")
     parser.add_argument("--openai-allow-http-media", action="store_true",
                         help="let the OpenAI API fetch http(s) image_url / video_url parts (off: refused)")
     parser.add_argument("--openai-workers", type=int, default=default_openai_workers(),
@@ -56,7 +59,7 @@ def api_config(args: argparse.Namespace) -> ApiConfig:
     metrics_host = f"[{local}]" if ":" in local else local  # an IPv6 address in a URL
     return ApiConfig(grpc_url=f"{local}:{args.grpc_port}", host=args.openai_address or args.address,
                      port=args.openai_port, served_model_names=tuple(args.served_model_name),
-                     api_keys=tuple(args.api_key) or keys_from_env(),
+                     api_keys=tuple(args.api_key) or keys_from_env(), allowed_origins=tuple(args.allowed_origins),
                      allow_http_media=args.openai_allow_http_media,
                      max_requests=args.openai_max_requests, workers=args.openai_workers,
                      max_body_bytes=args.openai_max_body_bytes, token_channel=not args.openai_no_token_channel,

@@ -1,5 +1,6 @@
 """The API's keys (backends/openai/api_keys.py): with keys set, a request without one of them is a 401 before its
-body is read; the probes and CORS preflights stay open; the keys travel by the environment, never the command line."""
+body is read; the probes and CORS preflights stay open; the keys travel by the environment, never the command line.
+And CORS (app.py, ``allowed_origins``), which meets them at the preflight."""
 from __future__ import annotations
 
 import pytest
@@ -7,6 +8,7 @@ from fastapi import FastAPI, Request
 from fastapi.testclient import TestClient
 
 from backends.openai.api_keys import ENV, ApiKeys, keys_from_env
+from backends.openai.app import create_app
 from backends.openai.config import ApiConfig, parse_args
 
 
@@ -67,3 +69,29 @@ def test_the_keys_travel_by_the_environment(monkeypatch):
 def test_an_empty_key_or_one_with_a_comma_is_refused(keys):
     with pytest.raises(ValueError, match="API keys must be non-empty and hold no comma"):
         ApiConfig(api_keys=keys)
+
+
+PREFLIGHT = {"Origin": "https://ui.example", "Access-Control-Request-Method": "POST",
+             "Access-Control-Request-Headers": "authorization, content-type"}
+
+
+@pytest.mark.parametrize("origins, allowed", [(("*",), "*"), (("https://ui.example",), "https://ui.example"),
+                                              (("https://other.example",), None), ((), None)])
+def test_browser_pages_of_the_allowed_origins_may_call_the_api(origins, allowed):
+    """CORS as vLLM's server answers it (any origin by default): the preflight is answered before the keys are
+    asked for, and a refusal carries the header too, so that the page can read it."""
+    app = create_app(ApiConfig(grpc_url="127.0.0.1:1", api_keys=("k1",), allowed_origins=origins))
+    with TestClient(app) as client:
+        preflight = client.options("/v1/chat/completions", headers=PREFLIGHT)
+        refused = client.post("/v1/chat/completions", json={}, headers={"Origin": "https://ui.example"})
+    assert refused.status_code == 401
+    assert preflight.headers.get("access-control-allow-origin") == allowed
+    assert refused.headers.get("access-control-allow-origin") == allowed
+    if allowed:
+        assert preflight.status_code == 200 and "authorization" in preflight.headers["access-control-allow-headers"]
+
+
+def test_the_allowed_origins_option():
+    assert parse_args([]).allowed_origins == ("*",) and parse_args(["--allowed-origins"]).allowed_origins == ()
+    config = ApiConfig(allowed_origins=("https://a.example", "https://b.example"))
+    assert parse_args(config.to_args()).allowed_origins == config.allowed_origins

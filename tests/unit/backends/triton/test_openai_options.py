@@ -45,6 +45,13 @@ def test_the_served_model_names_reach_the_api(capsys):
     assert "--served-model-name names must not be empty" in capsys.readouterr().err
 
 
+def test_the_allowed_origins_reach_the_api():
+    assert openai_options.api_config(_parsed()[1]).allowed_origins == ("*",)  # vLLM's default
+    assert openai_options.api_config(_parsed("--allowed-origins")[1]).allowed_origins == ()
+    assert openai_options.api_config(_parsed("--allowed-origins", "https://ui.example")[1]).allowed_origins == (
+        "https://ui.example",)
+
+
 def test_the_api_keys_reach_the_api(monkeypatch, capsys):
     """vLLM's --api-key, else $UNIFIEDSERVE_API_KEY (comma-separated); an empty key is a usage error at once."""
     monkeypatch.delenv("UNIFIEDSERVE_API_KEY", raising=False)
