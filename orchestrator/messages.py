@@ -1,11 +1,13 @@
 """The ``messages`` input: a whole conversation, as JSON, instead of ``text_input`` (no Triton, no torch).
 
 Shape: OpenAI's chat messages with their media parts replaced by placeholders, a JSON array of
-``{"role": "system" | "user" | "assistant", "content": "..." | [part, ...]}`` where a part is
+``{"role": "system" | "user" | "assistant" | "tool", "content": "..." | [part, ...]}`` where a part is
 ``{"type": "text", "text": "..."}``, ``{"type": "image"}`` or ``{"type": "video"}``. The k-th image placeholder
 stands for the request's k-th image (input ``image``, then ``image_url``), the k-th video placeholder for its k-th
-video (``video``, then ``video_url``). Media sit in user messages only, as in OpenAI's API. The prompt is the
-model's chat template over the conversation, then the assistant's turn (``orchestrator.prompt``).
+video (``video``, then ``video_url``). Media sit in user messages only, as in OpenAI's API. A ``tool`` message (a
+tool's answer, OpenAI's) is written as the chat template writes that role (Qwen2.5-VL's and InternVL3's: as any
+other, ``<|im_start|>tool``, as vLLM's prompt has it). The prompt is the model's chat template over the
+conversation, then the assistant's turn (``orchestrator.prompt``).
 """
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from dataclasses import dataclass
 
 from orchestrator.sampling_params import InvalidInput, json_value, unicode_text
 
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")
 MEDIA_KINDS = ("image", "video")
 
 

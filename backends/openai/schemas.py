@@ -90,11 +90,13 @@ ContentPart = Annotated[Union[Annotated[TextPart, Tag("text")], Annotated[ImageU
 
 class ChatMessage(_Body):
     """``developer`` is OpenAI's newer name for ``system`` and is sent as one; ``content`` may be null or left out
-    (OpenAI's assistant messages), a message without parts, as vLLM takes it."""
+    (OpenAI's assistant messages), a message without parts, as vLLM takes it; ``tool``: a tool's answer, its
+    ``tool_call_id`` taken and not written (the served templates do not write it, as on vLLM)."""
 
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_call_id: str | None = None
 
 
 class StreamOptions(_Body):

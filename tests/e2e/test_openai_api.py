@@ -5,6 +5,7 @@ shape with their HTTP status."""
 from __future__ import annotations
 
 import base64
+import json
 import socket
 import time
 import urllib.error
@@ -114,6 +115,20 @@ def test_served_model_names_are_the_names_clients_send(server, tmp_path):
         assert reply.model == "qwen" and reply.usage.completion_tokens == 2
         with pytest.raises(openai.NotFoundError):
             client.chat.completions.create(model=MODEL, max_tokens=2, messages=[{"role": "user", "content": "hi"}])
+
+
+def test_a_tools_answer_in_the_history_is_served(sdk, api):
+    """An agent's history: the assistant's tool call (not written, as Qwen2.5-VL's template leaves it out on vLLM),
+    the tool's answer as a tool message; /tokenize counts the prompt the reply ran."""
+    messages = [{"role": "user", "content": "Weather in Paris?"},
+                {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": "call_1", "type": "function", "function": {"name": "weather", "arguments": "{}"}}]},
+                {"role": "tool", "tool_call_id": "call_1", "content": '{"temp": 21}'}]
+    reply = sdk.chat.completions.create(model=MODEL, max_tokens=2, messages=messages)
+    body = json.dumps({"model": MODEL, "messages": messages}).encode()
+    tokenize = urllib.request.Request(f"{api.url}/tokenize", body, {"Content-Type": "application/json"})
+    counted = json.loads(urllib.request.urlopen(tokenize, timeout=60).read())
+    assert reply.usage.completion_tokens == 2 and reply.usage.prompt_tokens == counted["count"]
 
 
 def test_with_api_keys_a_request_needs_one(server, tmp_path):

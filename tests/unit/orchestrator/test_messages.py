@@ -40,7 +40,10 @@ def test_messages_parse_into_turns():
     (_json({"role": "user"}), "messages: must be a non-empty JSON array"),
     (_json([]), "messages: must be a non-empty JSON array"),
     (_json(["hi"]), "messages[0]: must be an object"),
-    (_json([{"role": "tool", "content": "x"}]), "messages[0]: role must be one of system, user, assistant, got 'tool'"),
+    (_json([{"role": "function", "content": "x"}]),
+     "messages[0]: role must be one of system, user, assistant, tool, got 'function'"),
+    (_json([{"role": "tool", "content": [{"type": "image"}]}]),
+     "messages[0].content[0]: image parts are allowed in user messages only, not in tool messages"),
     (_json([{"role": "user", "content": 3}]),
      "messages[0]: content must be a string, a list of parts or null, got int"),
     (_json([{"role": "user", "content": "a"}, {"role": "assistant", "content": [{"type": "image"}]}]),
@@ -152,6 +155,17 @@ def test_one_user_turn_is_the_text_input_prompt(tokenizer):
     media = [("image", (1, 4, 4), 0.0)]
     turn = Turn("user", (Part("image"), Part("text", "Describe.")))
     assert build_chat_prompt(tokenizer, (turn,), media) == build_prompt(tokenizer, "Describe.", media)
+
+
+def test_a_tools_answer_is_written_as_the_template_writes_its_role(tokenizer):
+    """OpenAI's tool message: the served templates write it as any other role, as vLLM's prompt has it."""
+    turns = (Turn("user", (Part("text", "Weather?"),)), Turn("assistant", ()),
+             Turn("tool", (Part("text", '{"temp": 21}'),)))
+    ids = build_chat_prompt(tokenizer, turns, []).input_ids
+    conversation = [{"role": t.role, "content": [{"type": "text", "text": p.text} for p in t.parts]} for t in turns]
+    assert list(ids) == tokenizer.apply_chat_template(conversation, tokenize=True, add_generation_prompt=True,
+                                                      return_dict=False)
+    assert '<|im_start|>tool\n{"temp": 21}<|im_end|>' in tokenizer.decode(ids)
 
 
 def test_no_message_can_forge_special_tokens(tokenizer):

@@ -34,8 +34,8 @@ def _error(response, status: int) -> dict:
      "max_tokens: Input should be a valid integer"),
     ({"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
      "messages", "messages[0].content[0].image_url.url: Field required"),
-    ({"model": "m", "messages": [{"role": "tool", "content": "x"}]}, "messages",
-     "messages[0].role: Input should be 'system', 'developer', 'user' or 'assistant'"),
+    ({"model": "m", "messages": [{"role": "function", "content": "x"}]}, "messages",
+     "messages[0].role: Input should be 'system', 'developer', 'user', 'assistant' or 'tool'"),
     # values of the wrong JSON type are refused as the orchestrator refuses them, not coerced
     ({"model": "m", "messages": [{"role": "user", "content": "x"}], "ignore_eos": "yes"}, "ignore_eos",
      "ignore_eos: Input should be a valid boolean"),

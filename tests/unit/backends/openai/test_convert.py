@@ -253,7 +253,7 @@ def test_defaults_are_no_refusal():
 
 @pytest.mark.parametrize("messages,where", [
     ([], "messages"),
-    ([{"role": "tool", "content": "x"}], "messages.0.role"),
+    ([{"role": "function", "content": "x"}], "messages.0.role"),
     ([{"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}], "messages.0.content"),
     ([{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}], "messages.0.content"),
 ])
