@@ -15,7 +15,8 @@ would otherwise pause a step for as long as the walk takes (about a second for a
 model's ``gil_switch_interval_ms`` (empty: Python's 5 ms) is its process's ``sys.setswitchinterval``: the longest a
 thread that wants the GIL waits while another thread computes (the orchestrator's Triton thread, event loop and send
 lanes, a stage's step and send threads). A stage's ``finalize`` first lets the orchestrator drain
-(``server_stop.drain_before_unload``: a plain tritonserver unloads every model at once when signalled).
+(``server_stop.drain_before_unload``: a plain tritonserver unloads every model at once when signalled). A model whose
+tritonserver dies without unloading it is ended by a watchdog (``parent_watch``).
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ import sys
 from pathlib import Path
 
 from backends.gc_heap import freeze_startup_heap, watch_collections
-from backends.triton import model_log, server_stop, standalone, triton_io
+from backends.triton import model_log, parent_watch, server_stop, standalone, triton_io
 from backends.triton.repository import model_wide_conflicts
 
 MODELS = {
@@ -82,6 +83,7 @@ class TritonPythonModel:
         interval_ms = triton_io.float_parameter(triton_io.parameters(args), "gil_switch_interval_ms")
         if interval_ms is not None:  # before anything exists that a refused value would leave behind
             sys.setswitchinterval(interval_ms / 1e3)
+        parent_watch.watch()  # before the server's lock is taken, which the watchdog would hold too
         self.run_dir = standalone.adopt()
         self.model_name = args["model_name"]
         self.stage = _base_name(self.model_name) != "orchestrator"

@@ -49,6 +49,10 @@ def load_event(line: str) -> tuple[str, str, str] | None:
 
 def not_unloaded(log: str, models: Iterable[str]) -> str:
     """"model NAME had not unloaded" for those of ``models`` whose unload the log does not show, or "every model
-    had unloaded"."""
+    had unloaded"; where the log shows Triton waiting for HTTP connections until its exit timeout ran out (Triton
+    2.51 waits for them before it unloads anything: an idle keep-alive client is enough), that is said instead."""
+    if re.search(r"Timeout 1: Found \d+ HTTP service connections", log):
+        return ("an HTTP client kept its connection open through Triton's exit timeout, which waits for HTTP "
+                "connections to close before it unloads any model: a keep-alive connection is enough")
     stuck = sorted(model for model in set(models) if f"successfully unloaded '{model}'" not in log)
     return f"model {', '.join(stuck)} had not unloaded" if stuck else "every model had unloaded"

@@ -19,6 +19,7 @@ import urllib.request
 from pathlib import Path
 from types import SimpleNamespace
 
+import httpx
 import numpy as np
 import pytest
 from PIL import ExifTags, Image
@@ -180,6 +181,47 @@ def test_a_plain_tritonservers_stop_ends_the_requests_in_flight_with_the_shutdow
         server.send_signal(signal.SIGINT)
         asking.join(60)
         assert errors == ["the server is shutting down"], errors
+
+
+def test_a_stop_held_by_an_http_keep_alive_client_leaves_no_model_process_or_file(tmp_path):
+    """Triton 2.51 waits out its exit timeout for HTTP connections before it unloads anything (an idle keep-alive
+    connection is enough), then exits at once, its models still loaded (a fresh operator's find: orphan stubs at
+    10-20% CPU, the pools left in /dev/shm). Each model then sees its parent gone (backends/triton/parent_watch.py):
+    within seconds every model process has ended, and the server's run directory and pools are gone."""
+    log = tmp_path / "server.log"
+    server, ports, run_dir = start_alone(REPO_ROOT / "model_repository", 16 * 2**20, tmp_path, log)
+    try:
+        wait_ready(server, ports, log)
+        started, errors = threading.Event(), []
+
+        def ask() -> None:  # a stream in flight through the stop
+            with Client(f"127.0.0.1:{ports.grpc}") as client:
+                try:
+                    client.generate("Tell me a long story.", sampling={"max_tokens": 30000, "ignore_eos": True},
+                                    on_text=lambda _: started.set(), timeout_s=120)
+                except Exception as exc:  # noqa: BLE001 - whatever ends it
+                    errors.append(str(exc))
+
+        asking = threading.Thread(target=ask, daemon=True)
+        asking.start()
+        assert started.wait(60), log.read_text()[-6000:]
+        with httpx.Client() as keep_alive:  # one answered request, its connection kept open
+            assert keep_alive.get(f"http://127.0.0.1:{ports.http}/v2/health/ready").status_code == 200
+            server.send_signal(signal.SIGTERM)
+            server.wait(60)
+            deadline = time.monotonic() + 30
+            while stub_processes(server.pid) and time.monotonic() < deadline:
+                time.sleep(0.2)
+        assert not stub_processes(server.pid), "model processes outlived their server"
+
+        def left() -> list:
+            return [*SHM.glob(f"unifiedserve-{run_dir.name}[-.]*"), *([run_dir] if run_dir.exists() else [])]
+        while left() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not left(), log.read_text()[-6000:]
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.pid, signal.SIGKILL)
 
 
 def test_a_stage_unloaded_alone_by_model_control_has_the_refusals_name_it(tmp_path):

@@ -8,7 +8,7 @@ import pytest
 
 from backends.triton import model_log
 from backends.triton.load_progress import LoadProgress
-from backends.triton.server_log import DEAD_STUB_HINT, load_errors, load_event, still_loading
+from backends.triton.server_log import DEAD_STUB_HINT, load_errors, load_event, not_unloaded, still_loading
 
 # Lines as tritonserver 2.51 writes them (copied from a server log of this project)
 LOADING = 'I1201 15:29:48.334359 10823 model_lifecycle.cc:472] "loading: decode:1"'
@@ -126,3 +126,15 @@ def test_a_stub_that_died_while_loading_is_said_to_have_died():
     assert load_errors(log) == [
         f"model decode did not load: Stub process 'decode_0_0' is not healthy. ({DEAD_STUB_HINT})",
         "model orchestrator did not load: ValueError: bad max_share"]
+
+
+def test_a_stop_held_by_http_connections_is_named_not_the_models():
+    """Triton 2.51 waits for HTTP connections before it unloads anything: where its log shows that wait running out
+    (a keep-alive client), the launcher says so instead of blaming the models (a fresh operator's find)."""
+    held = ('I1206 http_server.cc:248] "Timeout 2: Found 1 HTTP service connections"\n'
+            'I1206 http_server.cc:248] "Timeout 1: Found 1 HTTP service connections"\n'
+            'I1206 server.cc:336] "All models are stopped, unloading models"\n'
+            'E1206 main.cc:535] "failed to stop server: Internal - Exit timeout expired. Exiting immediately."\n')
+    assert not_unloaded(held, ["decode"]).startswith("an HTTP client kept its connection open")
+    assert not_unloaded("successfully unloaded 'decode'", ["decode", "orchestrator"]) == \
+        "model orchestrator had not unloaded"
