@@ -110,7 +110,7 @@ def test_served_model_names_are_the_names_clients_send(server, tmp_path):
     with _api(server.ports.grpc, tmp_path / "api.log", served_model_names=("qwen", "Qwen/Qwen2.5-VL-7B-Instruct")) \
             as process, openai.OpenAI(base_url=f"{process.url}/v1", api_key="unused", max_retries=0) as client:
         assert [card.id for card in client.models.list().data] == ["qwen", "Qwen/Qwen2.5-VL-7B-Instruct"]
-        reply = client.chat.completions.create(model="Qwen/Qwen2.5-VL-7B-Instruct", max_tokens=2,
+        reply = client.chat.completions.create(model="Qwen/Qwen2.5-VL-7B-Instruct", max_tokens=2, extra_body=EXTRA,
                                                messages=[{"role": "user", "content": "hi"}])
         assert reply.model == "qwen" and reply.usage.completion_tokens == 2
         with pytest.raises(openai.NotFoundError):
@@ -124,7 +124,7 @@ def test_a_tools_answer_in_the_history_is_served(sdk, api):
                 {"role": "assistant", "content": None, "tool_calls": [
                     {"id": "call_1", "type": "function", "function": {"name": "weather", "arguments": "{}"}}]},
                 {"role": "tool", "tool_call_id": "call_1", "content": '{"temp": 21}'}]
-    reply = sdk.chat.completions.create(model=MODEL, max_tokens=2, messages=messages)
+    reply = sdk.chat.completions.create(model=MODEL, max_tokens=2, messages=messages, extra_body=EXTRA)
     body = json.dumps({"model": MODEL, "messages": messages}).encode()
     tokenize = urllib.request.Request(f"{api.url}/tokenize", body, {"Content-Type": "application/json"})
     counted = json.loads(urllib.request.urlopen(tokenize, timeout=60).read())
@@ -139,9 +139,9 @@ def test_with_api_keys_a_request_needs_one(server, tmp_path):
         assert urllib.request.urlopen(f"{process.url}/health", timeout=10).status == 200
         for key in ("sk-test", "sk-other"):
             with openai.OpenAI(base_url=f"{process.url}/v1", api_key=key, max_retries=0) as client:
-                reply = client.chat.completions.create(model=MODEL, max_tokens=2,
+                reply = client.chat.completions.create(model=MODEL, max_tokens=2, extra_body=EXTRA,
                                                        messages=[{"role": "user", "content": "hi"}])
-                assert reply.usage.completion_tokens == 2
+                assert reply.usage.completion_tokens == 2  # ignore_eos: a sampled end token would end it sooner
         with openai.OpenAI(base_url=f"{process.url}/v1", api_key="sk-wrong", max_retries=0) as client:
             with pytest.raises(openai.AuthenticationError) as refused:
                 client.models.list()
