@@ -62,7 +62,8 @@ class ApiProcess:
         try:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "backends.openai", *self.config.to_args()], cwd=REPO_ROOT,
-                env={**os.environ, "PYTHONPATH": str(REPO_ROOT), **self.config.env()}, stdout=log, stderr=subprocess.STDOUT,
+                env={**os.environ, "PYTHONPATH": str(REPO_ROOT), **self.config.env()}, stdout=log,
+                stderr=subprocess.STDOUT,
                 start_new_session=True,  # Ctrl-C reaches the launcher alone, which stops this in its turn
                 preexec_fn=ends_with_parent() if self.ends_with_launcher else None)
         finally:

@@ -75,7 +75,8 @@ def test_a_chats_prompt_length_error_names_messages():
     """A chat has no ``prompt`` field: the orchestrator's errors about the prompt's length name its ``messages``;
     a completion's name ``prompt`` (a fresh user's test)."""
     for message in ("prompt too long: its 34052 tokens (34052 text tokens) leave no room for output within "
-                    "max_model_len 32768 (shorten the prompt)", "the prompt (40001 tokens, text and visual) needs 2501 KV pages ..."):
+                    "max_model_len 32768 (shorten the prompt)",
+                    "the prompt (40001 tokens, text and visual) needs 2501 KV pages ..."):
         assert from_orchestrator(message, chat=True).param == "messages"
         assert from_orchestrator(message).param == "prompt"
 
