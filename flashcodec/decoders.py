@@ -37,8 +37,11 @@ class FrameDecoder(Protocol):
         ...
 
 
+PATHS = ("nvdec", "cpu_parallel", "cpu")  # the decode paths a video may take (`FrameDecoder.path`)
+
+
 class DecodePaths:
-    """Thread-safe counts of videos per decode path ("nvdec", "cpu_parallel" or "cpu", exposed as a metric), and of
+    """Thread-safe counts of videos per decode path (one of :data:`PATHS`, exposed as a metric), and of
     fallbacks: videos decoded on a slower path than the decoder chosen for them, per (path, reason).
 
     `count(path)` counts the path that decoded a video (logged at DEBUG); `count(path, reason)` also records it

@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 from typing import Callable
 
+from orchestrator.metrics import BUDGET_SCALE
+
 _CACHE_COUNTERS = (("prefix_cache_queries", "prefix", "queried_tokens"), ("prefix_cache_hits", "prefix", "hit_tokens"),
                    ("prefix_cache_evictions", "prefix", "evictions"),
                    ("encoder_cache_queries", "encoder", "queried_tokens"),
@@ -72,5 +74,5 @@ class Gauges:
             m.set("unifiedserve_replica_kv_pages_free", e.scheduler.kv_pages_free, e.index)
             m.set("unifiedserve_replica_kv_pages_total", e.scheduler.kv_pages_total, e.index)
             m.set("unifiedserve_replica_requests", len(e.requests), e.index)
-            m.set("unifiedserve_replica_budget_scale", e.policy.scale if e.policy is not None else 1.0, e.index)
+            m.set(BUDGET_SCALE, e.policy.scale if e.policy is not None else 1.0, e.index)
             m.set("unifiedserve_replica_serving", float(e.decode_ended is None), e.index)

@@ -46,6 +46,7 @@ GAUGES = {
                                             "needed), all replicas",
     "unifiedserve_encoder_cache_tokens": "visual tokens whose embeddings the encoder cache keeps, all replicas",
 }
+BUDGET_SCALE = "unifiedserve_replica_budget_scale"
 SERVING = "unifiedserve_replica_serving"  # the OpenAI API's /health reads it too (backends/openai/replica_health.py)
 # per replica of encode_prefill + decode (label "replica"); the unlabelled gauges above are their sums
 REPLICA_GAUGES = {
@@ -53,7 +54,7 @@ REPLICA_GAUGES = {
                                           "its prefix cache above the floor)",
     "unifiedserve_replica_kv_pages_total": "KV pages in the replica's pool, less the prefix cache's floor",
     "unifiedserve_replica_requests": "requests on the replica (admitted, not yet released)",
-    "unifiedserve_replica_budget_scale": "the factor of the replica's encode and prefill budgets this step "
+    BUDGET_SCALE: "the factor of the replica's encode and prefill budgets this step "
                                          "(SLO scheduling; 1 without it)",
     SERVING: "1 while the replica serves (from the orchestrator's start: its engine starts on the first request); 0 "
              "once its decode stream or step loop has ended (its requests failed; new ones go to other replicas, or "
@@ -138,8 +139,9 @@ class Metrics:
         self._closed = threading.Event()
         self._gauges_changed = threading.Event()  # wakes the thread
         self._send_lock = threading.Lock()  # one send of gauges at a time (the thread's or a flush's), in order
-        for k in range(replicas):  # a new gauge reads 0, which says "ended" (/health's 503) until the first request
-            self.set(SERVING, 1.0, k)
+        for k in range(replicas):  # a new gauge reads 0 until the first request starts the engines: 0 would say
+            self.set(SERVING, 1.0, k)  # "ended" (/health's 503), and a budget factor of 0 none that is ever applied
+            self.set(BUDGET_SCALE, 1.0, k)
         self.send_gauges()  # now: before Triton reports the orchestrator READY
         self._thread = threading.Thread(target=self._run, name="orchestrator-metrics", daemon=True)
         self._thread.start()

