@@ -214,8 +214,8 @@ def _checked_bytes(kind: str, data: bytes, limits: InputLimits, name: str) -> Me
     if name == "image" and _BASE64_TEXT.fullmatch(data[:4096]):
         data = _base64_image(data)
     elif name == kind and _BASE64_TEXT.fullmatch(data[:4096]):
-        raise InvalidInput(f"{name}: got text, not the file's bytes; to send base64, put a data: URL in "
-                           f"'{kind}_url' (a JSON body cannot carry file bytes)")
+        raise InvalidInput(f"{name}: got text (its first bytes letters, digits and spaces only), not a {kind} file's "
+                           f"bytes; base64 goes in a data: URL in '{kind}_url'")
     if len(data) > limits.max_media_bytes:
         raise InvalidInput(f"{name}: {len(data)} bytes, over the limit of {limits.max_media_bytes}")
     return MediaInput(kind, data=data, input=name)

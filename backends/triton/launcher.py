@@ -278,9 +278,8 @@ class TritonServer:
 
 
 def _stop_signal(signum, frame) -> None:
-    """The first SIGINT or SIGTERM: a KeyboardInterrupt, which stops the server; the later ones are ignored, so that a
-    second Ctrl-C, sent while the stop takes its few seconds, cannot cut the stop short and leave tritonserver (in its
-    own session) running. The stop ends by itself: its steps have timeouts, then the server is killed."""
+    """The first SIGINT or SIGTERM: a KeyboardInterrupt, which stops the server; later ones are ignored: a second Ctrl-C
+    cannot cut the stop short and leave tritonserver (its own session) running. The stop's steps have timeouts."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise KeyboardInterrupt
@@ -375,7 +374,7 @@ def _serve(args: argparse.Namespace, repository: Path, plan: launch_options.Serv
             print(f"{died}{where}: stopping, exit status {STAGE_DIED} for a supervisor to start the server again",
                   file=sys.stderr, flush=True)
     except KeyboardInterrupt:
-        pass
+        print("stopping: the models end the requests in flight and unload", file=sys.stderr, flush=True)
     except (RuntimeError, ValueError) as exc:  # the API did not start, or its settings are wrong
         print(exc, file=sys.stderr, flush=True)
         api_failed = True
@@ -393,6 +392,7 @@ def _serve(args: argparse.Namespace, repository: Path, plan: launch_options.Serv
         where = "" if args.log_stdout else f"; see {server.log_path}"
         print(f"tritonserver {killed}{where}", file=sys.stderr, flush=True)
         return 0
+    print("tritonserver stopped" if not died else "tritonserver stopped after a stage's end", file=sys.stderr)
     return STAGE_DIED if died else server.process.returncode or 0
 
 

@@ -296,6 +296,7 @@ def test_the_launcher_serves_a_deployment_file_and_shows_the_models_loading():
         _, err = launcher.communicate(timeout=90)
     assert launcher.returncode == 0, err
     lines = err.splitlines()
+    assert lines[-2:] == ["stopping: the models end the requests in flight and unload", "tritonserver stopped"], err
     log = re.fullmatch(r"tritonserver starting, log: (/\S+\.log)", lines[0])
     assert log, err  # the log's path comes first
     for model in ("orchestrator", "flashcodec", "encode_prefill", "decode"):

@@ -106,7 +106,8 @@ def test_dotdot_cannot_escape_the_allowed_folder(limits, tmp_path):
 
 def test_base64_text_in_video_points_to_the_url_input(limits):
     with pytest.raises(InvalidInput,
-                       match="video: got text, not the file's bytes; to send base64, put a data: URL in 'video_url'"):
+                       match=r"video: got text \(its first bytes letters, digits and spaces only\), not a video "
+                             "file's bytes; base64 goes in a data: URL in 'video_url'"):
         parse_request(raw(video=[b"AAAAIGZ0eXBpc29tAAACAGlzb21pc28y\n" * 8]), limits)
 
 
