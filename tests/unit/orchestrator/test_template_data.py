@@ -26,8 +26,9 @@ TOOLS_TEMPLATE = (
     "{% if message.tool_call_id %} [{{ message.tool_call_id }}]{% endif %}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
-TOOLS = [{"type": "function", "function": {"name": "weather", "description": "Today's weather.",
-                                           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+TOOLS = [{"type": "function", "function": {
+    "name": "weather", "description": "Today's weather.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
 HISTORY = [{"role": "user", "content": "Weather in Paris?"},
            {"role": "assistant", "content": None, "tool_calls": [
                {"id": "call_1", "type": "function", "function": {"name": "weather", "arguments": '{"city": "Paris"}'}},
