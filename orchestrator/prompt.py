@@ -29,6 +29,7 @@ _TEXT_MARK_RE = re.compile("\x00unifiedserve-text-(\\d+)\x00")
 # transformers' encode(split_special_tokens=...) sets that flag on the tokenizer's one shared Rust object, and
 # prompts are built in worker threads: unserialised, a template's "<|image_pad|>" can be split into text.
 _ENCODE_LOCK = threading.Lock()
+_CACHED_PIECE = 16_384  # characters of a template piece whose ids are cached (_template_ids)
 QWEN = family("qwen2_5_vl")
 
 
@@ -201,10 +202,17 @@ def _refuse_placed_tokens(turns: tuple[Turn, ...], options: ChatOptions, family:
             raise InvalidInput(f"{where}: holds {found[0]}, which only the server places")
 
 
-@functools.lru_cache(maxsize=1024)
 def _template_ids(tokenizer, piece: str) -> list[int]:
     """The ids of a piece of the template's text (media expansions in it), cached: the same pieces come back in every
-    prompt of a shape. Called under ``_ENCODE_LOCK``; the caller copies the list it gets (``ids += ...``)."""
+    prompt of a shape; one of over ``_CACHED_PIECE`` characters (the tools, tool calls: tens of KiB) is not. Called
+    under ``_ENCODE_LOCK``; the caller copies the list it gets (``ids += ...``)."""
+    if len(piece) > _CACHED_PIECE:
+        return tokenizer.encode(piece, add_special_tokens=False)
+    return _cached_ids(tokenizer, piece)
+
+
+@functools.lru_cache(maxsize=1024)
+def _cached_ids(tokenizer, piece: str) -> list[int]:
     return tokenizer.encode(piece, add_special_tokens=False)
 
 

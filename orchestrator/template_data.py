@@ -16,6 +16,7 @@ import json
 from orchestrator.sampling_params import InvalidInput, json_value, unicode_text
 
 MAX_DEPTH = 64  # nesting of a tool's schema or a call's arguments (the template's tojson recurses through it)
+MAX_TOOLS_BYTES = 960 << 10  # the tools' JSON (UTF-8), within chat_template_kwargs' 1 MiB
 
 
 def template_json(where: str, value: object) -> str:
@@ -38,14 +39,18 @@ def template_json(where: str, value: object) -> str:
 def parse_tools(value: object) -> str | None:
     """``chat_template_kwargs``' ``tools`` (null: none), a list of tool objects (OpenAI's ``{"type": "function",
     "function": {"name", "description", "parameters"}}``, handed to the template as they are), as JSON text. Raises
-    InvalidInput naming ``chat_template_kwargs: tools``."""
+    InvalidInput naming ``chat_template_kwargs: tools``: not such a list, over ``MAX_TOOLS_BYTES``, or as
+    :func:`template_json` says."""
     if value is None:
         return None
     where = "chat_template_kwargs: tools"
     if not isinstance(value, list) or not all(isinstance(tool, dict) for tool in value):
         raise InvalidInput(f"{where} must be a list of tool objects ({{\"type\": \"function\", \"function\": "
                            f"{{\"name\": ...}}}}), got {json.dumps(value)[:80]}")
-    return template_json(where, value)
+    text = template_json(where, value)
+    if (size := len(text.encode())) > MAX_TOOLS_BYTES:
+        raise InvalidInput(f"{where}: {size} bytes of JSON, over the limit of {MAX_TOOLS_BYTES}")
+    return text
 
 
 def message_fields(where: str, role: str, message: dict) -> tuple[tuple[str, str], ...]:

@@ -77,7 +77,7 @@ def _parsed_calls(text: str) -> list[tuple[str, object]]:
     [] where the reply is not one (the whole of it, as vLLM drops it)."""
     try:
         items = json.loads(text)
-    except ValueError:  # cut by max_tokens (or a stop string): not JSON
+    except (ValueError, RecursionError):  # cut by max_tokens (or a stop string): not JSON; nested past the parser
         return []
     if not isinstance(items, list) or not all(
             isinstance(item, dict) and isinstance(item.get("name"), str)

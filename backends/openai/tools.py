@@ -12,11 +12,13 @@ a parser refuses them too ("requires --tool-call-parser"): this server has no pa
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from backends.openai.bodies import Body
 from orchestrator.shown import shown
+from orchestrator.template_data import MAX_TOOLS_BYTES
 
 EMPTY_PARAMETERS = {"type": "object", "properties": {}}  # vLLM's schema for a function without parameters
 _NAMED_FORM = '{"type": "function", "function": {"name": ...}}'
@@ -84,6 +86,8 @@ def tool_refusal(tools: list[Tool] | None, choice: object, structured_outputs: o
     differently is refused, as vLLM refuses it."""
     if tools == []:
         return "tools", "tools: must not be an empty list (send at least one tool, or leave tools out)"
+    if tools and (size := len(json.dumps(template_tools(tools), ensure_ascii=False).encode())) > MAX_TOOLS_BYTES:
+        return "tools", f"tools: {size} bytes of JSON, over the limit of {MAX_TOOLS_BYTES} (the chat template's)"
     if not chooses or choice == "none" or (choice in (None, "auto") and not tools):
         return None
     if choice in (None, "auto"):

@@ -73,6 +73,7 @@ def test_template_variables_it_reads_are_passed_and_others_dropped(tokenizer):
     ([b'{"tools": [{"a": "\\u0000"}]}'], "tools: holds a NUL character"),
     ([b'{"tools": [{"a": "\\ud800"}]}'], "tools: not valid Unicode text"),
     ([b'{"tools": [' + b'{"a": ' * 70 + b"1" + b"}" * 70 + b"]}"], "tools: nested more than 64 deep"),
+    ([b'{"tools": [{"a": "' + b"x" * (960 << 10) + b'"}]}'], "tools: 983051 bytes of JSON, over the limit of 983040"),
 ])
 def test_bad_values_are_refused_naming_the_input(values, words):
     with pytest.raises(InvalidInput, match="^chat_template_kwargs: ") as caught:

@@ -30,6 +30,8 @@ def _refusal(**fields):
 
 @pytest.mark.parametrize("fields, param, words", [
     (dict(tools=[]), "tools", "tools: must not be an empty list"),
+    (dict(tools=[{"function": {"name": "f", "description": "x" * (960 << 10)}}], tool_choice="none"), "tools",
+     "tools: 983128 bytes of JSON, over the limit of 983040 (the chat template's)"),
     (dict(tools=[WEATHER]), "tool_choice", 'tool_choice: "auto" (the default with tools) needs a tool-call parser'),
     (dict(tools=[WEATHER], tool_choice="auto"), "tool_choice", 'tool_choice: "auto" (the default with tools)'),
     (dict(tools=[WEATHER], tool_choice="sometimes"), "tool_choice",
