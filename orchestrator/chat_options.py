@@ -3,9 +3,11 @@
 
 A JSON object: ``add_generation_prompt`` (boolean, default true: the prompt ends with the assistant's turn opened),
 ``continue_final_message`` (boolean, default false: the prompt ends inside the conversation's final message, which the
-model continues: a "prefilled" answer; transformers' ``apply_chat_template`` rule, which vLLM applies), and any other
-key, a variable of the model's chat template (Qwen2.5-VL's ``add_vision_id``: "Picture 1: " before each image).
-Keys the template does not read are ignored, as vLLM ignores them (``resolve_chat_template_kwargs``).
+model continues: a "prefilled" answer; transformers' ``apply_chat_template`` rule, which vLLM applies), ``tools``
+(a list of tool definitions, OpenAI's, handed to the template as ``apply_chat_template``'s ``tools``, where vLLM
+puts a chat request's ``tools``: ``orchestrator.template_data``), and any other key, a variable of the model's chat
+template (Qwen2.5-VL's ``add_vision_id``: "Picture 1: " before each image). Keys the template does not read are
+ignored, as vLLM ignores them (``resolve_chat_template_kwargs``).
 """
 from __future__ import annotations
 
@@ -18,20 +20,22 @@ from transformers.utils.chat_template_utils import _compile_jinja_template
 
 from orchestrator.messages import Turn
 from orchestrator.sampling_params import InvalidInput, json_value
+from orchestrator.template_data import parse_tools
 
-MAX_BYTES = 65_536
+MAX_BYTES = 1 << 20  # a request's tools are sent here (an agent's tool list may run to tens of KiB)
 # apply_chat_template's own arguments (or the conversation itself): not template settings (vLLM refuses the last two)
-RESERVED = ("messages", "conversation", "tools", "documents", "chat_template", "tokenize")
+RESERVED = ("messages", "conversation", "documents", "chat_template", "tokenize")
 
 
 @dataclass(frozen=True)
 class ChatOptions:
     """How the template is applied. ``template_kwargs``: (name, value as JSON text) pairs, sorted by name (hashable:
-    prompts are cached by them)."""
+    prompts are cached by them); ``tools``: the tool definitions as JSON text, or None."""
 
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     template_kwargs: tuple[tuple[str, str], ...] = ()
+    tools: str | None = None
 
     def kwargs_for(self, template: str) -> dict:
         """The template variables to pass: ``template_kwargs`` that ``template`` reads (jinja2's undeclared
@@ -51,7 +55,7 @@ class ChatOptions:
 def parse_chat_options(values: list[bytes]) -> ChatOptions:
     """The ``chat_template_kwargs`` input (none: the defaults). Raises InvalidInput naming it: not one UTF-8 JSON
     object of at most ``MAX_BYTES``, ``add_generation_prompt`` or ``continue_final_message`` not a boolean, both true
-    (vLLM's rule), a key of ``RESERVED``."""
+    (vLLM's rule), a key of ``RESERVED``, ``tools`` not a list of objects (``template_data.parse_tools``)."""
     if not values:
         return ChatOptions()
     if len(values) != 1 or len(values[0]) > MAX_BYTES:
@@ -71,8 +75,9 @@ def parse_chat_options(values: list[bytes]) -> ChatOptions:
     if reserved:
         raise InvalidInput(f"chat_template_kwargs: {reserved[0]} is not a template setting (not one of "
                            f"{', '.join(RESERVED)})")
+    tools = parse_tools(raw.pop("tools", None))
     kwargs = tuple(sorted((name, json.dumps(value)) for name, value in raw.items()))
-    return ChatOptions(flags["add_generation_prompt"], flags["continue_final_message"], kwargs)
+    return ChatOptions(flags["add_generation_prompt"], flags["continue_final_message"], kwargs, tools)
 
 
 @functools.lru_cache(maxsize=16)

@@ -6,14 +6,16 @@ Shape: OpenAI's chat messages with their media parts replaced by placeholders, a
 stands for the request's k-th image (input ``image``, then ``image_url``), the k-th video placeholder for its k-th
 video (``video``, then ``video_url``). Media sit in user messages only, as in OpenAI's API. A ``tool`` message (a
 tool's answer, OpenAI's) is written as the chat template writes that role (Qwen2.5-VL's and InternVL3's: as any
-other, ``<|im_start|>tool``, as vLLM's prompt has it). The prompt is the model's chat template over the
-conversation, then the assistant's turn (``orchestrator.prompt``).
+other, ``<|im_start|>tool``, as vLLM's prompt has it). An assistant message's ``tool_calls`` and a tool message's
+``tool_call_id`` are handed to the template as vLLM hands them (``orchestrator.template_data``). The prompt is the
+model's chat template over the conversation, then the assistant's turn (``orchestrator.prompt``).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from orchestrator.sampling_params import InvalidInput, json_value, unicode_text
+from orchestrator.template_data import message_fields
 
 ROLES = ("system", "user", "assistant", "tool")
 MEDIA_KINDS = ("image", "video")
@@ -29,10 +31,12 @@ class Part:
 
 @dataclass(frozen=True)
 class Turn:
-    """One message of the conversation: ``role`` one of :data:`ROLES`, its parts in order."""
+    """One message of the conversation: ``role`` one of :data:`ROLES`, its parts in order, and its ``fields`` for
+    the template besides them ((name, JSON text) pairs: ``template_data.message_fields``)."""
 
     role: str
     parts: tuple[Part, ...]
+    fields: tuple[tuple[str, str], ...] = ()
 
 
 def user_turn(text: str, media_kinds: list[str]) -> Turn:
@@ -55,7 +59,7 @@ def parse_messages(raw: bytes, max_bytes: int) -> tuple[Turn, ...]:
     Raises InvalidInput naming the problem and where: ``messages`` (not JSON, not a non-empty array, over the size
     limit), ``messages[i]`` (not an object, unknown role, content neither a string, a list nor null, text that is
     not Unicode), ``messages[i].content[j]`` (a part that is not a text part or a placeholder, media outside a user
-    message).
+    message), ``messages[i].tool_calls...`` (``template_data.message_fields``).
     """
     if len(raw) > max_bytes:
         raise InvalidInput(f"messages: {len(raw)} bytes, over the limit of {max_bytes}")
@@ -72,14 +76,15 @@ def _turn(i: int, message: object) -> Turn:
     role, content = message.get("role"), message.get("content")
     if role not in ROLES:
         raise InvalidInput(f"{where}: role must be one of {', '.join(ROLES)}, got {_shown(role)}")
+    fields = message_fields(where, role, message)
     if isinstance(content, str):
-        return Turn(role, (Part("text", unicode_text(f"{where}.content", content)),))
+        return Turn(role, (Part("text", unicode_text(f"{where}.content", content)),), fields)
     if content is None:
-        return Turn(role, ())
+        return Turn(role, (), fields)
     if not isinstance(content, list):
         raise InvalidInput(f"{where}: content must be a string, a list of parts or null, got "
                            f"{type(content).__name__}")
-    return Turn(role, tuple(_part(f"{where}.content[{j}]", role, part) for j, part in enumerate(content)))
+    return Turn(role, tuple(_part(f"{where}.content[{j}]", role, part) for j, part in enumerate(content)), fields)
 
 
 def _part(where: str, role: str, part: object) -> Part:

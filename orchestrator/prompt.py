@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import functools
 import itertools
+import json
 import re
 import threading
 from dataclasses import dataclass
+
+import jinja2
 
 from flashcodec.families import Family, family
 from orchestrator.chat_options import ChatOptions
@@ -26,6 +29,7 @@ _TEXT_MARK_RE = re.compile("\x00unifiedserve-text-(\\d+)\x00")
 # transformers' encode(split_special_tokens=...) sets that flag on the tokenizer's one shared Rust object, and
 # prompts are built in worker threads: unserialised, a template's "<|image_pad|>" can be split into text.
 _ENCODE_LOCK = threading.Lock()
+_CACHED_PIECE = 16_384  # characters of a template piece whose ids are cached (_template_ids)
 QWEN = family("qwen2_5_vl")
 
 
@@ -116,12 +120,15 @@ def build_chat_prompt(tokenizer, turns: tuple[Turn, ...], media: list[tuple[str,
 
     ``media``: (kind, grid_thw in patches, second_per_grid_t in seconds; 0 for images), one per placeholder of
     ``turns``, in the same order. Each run of visual tokens is tokenized as one special token and then repeated (the
-    ids equal tokenizing the processor's text, without tokenizing thousands of pads). Raises RuntimeError when the
-    template drops or repeats a text or a placeholder.
+    ids equal tokenizing the processor's text, without tokenizing thousands of pads). The tools and the messages'
+    tool calls are the template's to write (``orchestrator.template_data``). Raises InvalidInput when they hold a
+    token only the server places or the template raises (its ``raise_exception``: the conversation is the client's),
+    RuntimeError when the template drops or repeats a text or a placeholder.
     """
+    _refuse_placed_tokens(turns, options, family)
     texts = [part.text for turn in turns for part in turn.parts if part.kind == "text"]
-    templated = _templated(tokenizer, tuple((turn.role, tuple(part.kind for part in turn.parts)) for turn in turns),
-                           options)
+    templated = _templated(tokenizer, tuple((turn.role, tuple(part.kind for part in turn.parts), turn.fields)
+                                            for turn in turns), options)
     pieces = _TEXT_MARK_RE.split(templated)  # template, text index, template, text index, ..., template
     if sorted(int(i) for i in pieces[1::2]) != list(range(len(texts))):
         raise RuntimeError("the chat template dropped or repeated a message's text")
@@ -154,31 +161,58 @@ def build_chat_prompt(tokenizer, turns: tuple[Turn, ...], media: list[tuple[str,
     return Prompt(*_place_runs(ids, runs, media))
 
 
-def _templated(tokenizer, shape: tuple[tuple[str, tuple[str, ...]], ...], options: ChatOptions) -> str:
-    """The chat template applied as ``options`` say to the conversation of ``shape`` ((role, part kinds) per message;
-    message text k written as ``_TEXT_MARK`` k: with ``continue_final_message`` the text ends at the last mark, so
-    the final text is tokenized whole), cached by both unless the template reads the clock (``strftime_now``)."""
-    if "strftime_now" in (tokenizer.chat_template or ""):
-        return _templated_shape.__wrapped__(tokenizer, shape, options)
-    return _templated_shape(tokenizer, shape, options)
+Shape = tuple[tuple[str, tuple[str, ...], tuple[tuple[str, str], ...]], ...]  # (role, part kinds, fields) a message
+
+
+def _templated(tokenizer, shape: Shape, options: ChatOptions) -> str:
+    """The chat template applied as ``options`` say to the conversation of ``shape`` (message text k written as
+    ``_TEXT_MARK`` k: with ``continue_final_message`` the text ends at the last mark, so the final text is tokenized
+    whole), cached by both unless the template reads the clock (``strftime_now``) or the request has tools or tool
+    calls (an agent's tool list, tens of KiB, would make each cached prompt as large)."""
+    uncached = "strftime_now" in (tokenizer.chat_template or "") or options.tools or any(f for _, _, f in shape)
+    try:
+        return (_templated_shape.__wrapped__ if uncached else _templated_shape)(tokenizer, shape, options)
+    except jinja2.TemplateSyntaxError:  # the server's template is broken: not the client's error
+        raise
+    except jinja2.TemplateError as exc:
+        raise InvalidInput(f"messages: the chat template refused the conversation ({exc})") from None
 
 
 @functools.lru_cache(maxsize=256)
-def _templated_shape(tokenizer, shape: tuple[tuple[str, tuple[str, ...]], ...], options: ChatOptions) -> str:
+def _templated_shape(tokenizer, shape: Shape, options: ChatOptions) -> str:
     texts = itertools.count()
     conversation = [{"role": role, "content": [{"type": "text", "text": _TEXT_MARK.format(next(texts))}
-                                               if kind == "text" else {"type": kind} for kind in kinds]}
-                    for role, kinds in shape]
-    return tokenizer.apply_chat_template(conversation, tokenize=False,
-                                         add_generation_prompt=options.add_generation_prompt,
+                                               if kind == "text" else {"type": kind} for kind in kinds],
+                     **{name: json.loads(value) for name, value in fields}}
+                    for role, kinds, fields in shape]
+    return tokenizer.apply_chat_template(conversation, tools=json.loads(options.tools) if options.tools else None,
+                                         tokenize=False, add_generation_prompt=options.add_generation_prompt,
                                          continue_final_message=options.continue_final_message,
                                          **options.kwargs_for(tokenizer.chat_template or ""))
 
 
-@functools.lru_cache(maxsize=1024)
+def _refuse_placed_tokens(turns: tuple[Turn, ...], options: ChatOptions, family: Family) -> None:
+    """Raises InvalidInput where the tools (``chat_template_kwargs: tools``) or a message's fields
+    (``messages[i].tool_calls``) hold one of ``family.reserved_tokens``: the template writes them as they are, and the
+    prompt's media are placed by those tokens."""
+    data = [("chat_template_kwargs: tools", options.tools or "")]
+    data += [(f"messages[{i}].{name}", text) for i, turn in enumerate(turns) for name, text in turn.fields]
+    for where, text in data:
+        if found := [token for token in family.reserved_tokens if token in text]:
+            raise InvalidInput(f"{where}: holds {found[0]}, which only the server places")
+
+
 def _template_ids(tokenizer, piece: str) -> list[int]:
     """The ids of a piece of the template's text (media expansions in it), cached: the same pieces come back in every
-    prompt of a shape. Called under ``_ENCODE_LOCK``; the caller copies the list it gets (``ids += ...``)."""
+    prompt of a shape; one of over ``_CACHED_PIECE`` characters (the tools, tool calls: tens of KiB) is not. Called
+    under ``_ENCODE_LOCK``; the caller copies the list it gets (``ids += ...``)."""
+    if len(piece) > _CACHED_PIECE:
+        return tokenizer.encode(piece, add_special_tokens=False)
+    return _cached_ids(tokenizer, piece)
+
+
+@functools.lru_cache(maxsize=1024)
+def _cached_ids(tokenizer, piece: str) -> list[int]:
     return tokenizer.encode(piece, add_special_tokens=False)
 
 

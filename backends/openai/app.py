@@ -40,6 +40,7 @@ from backends.openai.responses import ChatShape, CompletionShape, Reply
 from backends.openai.response_schemas import ChatCompletionChunk, Completion, ModelCard, ModelList
 from backends.openai.schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest
 from backends.openai.sliced_json import sliced_json
+from backends.openai.tool_calls import ToolReplies, schema_error
 from backends.openai.tokenize_schemas import (DetokenizeRequest, DetokenizeResponse, TokenizeRequest,
                                               TokenizeResponse)
 from backends.openai.timing import ApiMarks
@@ -224,9 +225,13 @@ async def _prompt_tokens(request: Request, body, prompt: OrchestratorRequest) ->
 @router.post("/v1/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, request: Request):
     """A chat completion, whole or streamed (the module docstring); errors as ``errors`` says."""
+    choice = body.tool_choice_asked
     shape = ChatShape(await _served(request, body), body.return_token_ids, body.top_logprobs_asked,
-                      body.choices_per_prompt, body.continuous_usage, body.echoed)
-    return await _generate(request, body, [chat_request(body)], shape)
+                      body.choices_per_prompt, body.continuous_usage, body.echoed, choice and ToolReplies(choice))
+    try:
+        return await _generate(request, body, [chat_request(body)], shape)
+    except ApiError as exc:  # the reply's schema is the tools' (backends/openai/tools.py)
+        raise schema_error(exc, body.tools, choice) from None
 
 
 @router.post("/v1/completions")
@@ -327,9 +332,10 @@ async def _events(first: tuple[int, ResponsePiece], pieces: AsyncIterator[tuple[
     piece with the request's timeline (choice 0's last) gets ``marks`` joined to it."""
     try:
         marks.mark("api_first_chunk")
-        yield {"data": await _chunk_data(shape, first, marks)}
+        yield {"data": await _chunk_data(shape, first, marks)}  # a choice's first chunk: always one
         async for item in pieces:
-            yield {"data": await _chunk_data(shape, item, marks)}
+            if (data := await _chunk_data(shape, item, marks)) is not None:
+                yield {"data": data}
         counts = shape.streamed_usage()
         if include_usage and counts is not None:
             yield {"data": shape.usage_chunk(counts).model_dump_json()}
@@ -340,13 +346,20 @@ async def _events(first: tuple[int, ResponsePiece], pieces: AsyncIterator[tuple[
     yield {"data": "[DONE]"}
 
 
-async def _chunk_data(shape, item: tuple[int, ResponsePiece], marks: ApiMarks) -> str:
+async def _chunk_data(shape, item: tuple[int, ResponsePiece], marks: ApiMarks) -> str | None:
     """The chunk of ``item`` as JSON text (:func:`one_line`), made on the bulk thread when it holds over
     ``LARGE_BODY_ENTRIES`` log-probability entries (a streamed echo's first chunk carries its prompt's), as
-    ``_whole_body`` makes bodies."""
+    ``_whole_body`` makes bodies; None where ``shape`` sends no chunk for it (a tool call's text not yet a call's)."""
     if shape.chunk_entries(*item) > LARGE_BODY_ENTRIES:
-        return await in_bulk_thread(lambda: one_line(sliced_json(_chunk(shape, item, marks)).decode()))
-    return one_line(_chunk(shape, item, marks).model_dump_json())
+        return await in_bulk_thread(lambda: _line(_chunk(shape, item, marks), sliced=True))
+    return _line(_chunk(shape, item, marks), sliced=False)
+
+
+def _line(chunk: BaseModel | None, sliced: bool) -> str | None:
+    """``chunk``'s JSON text (``sliced``: by ``sliced_json``) on one line, or None for no chunk."""
+    if chunk is None:
+        return None
+    return one_line(sliced_json(chunk).decode() if sliced else chunk.model_dump_json())
 
 
 # Line breaks to str.splitlines() but not to the SSE format (whose lines end at CR, LF or CRLF), which pydantic
@@ -361,7 +374,7 @@ def one_line(json_text: str) -> str:
     return json_text if json_text.isascii() else json_text.translate(_SPLITLINES_ONLY)
 
 
-def _chunk(shape, item: tuple[int, ResponsePiece], marks: ApiMarks) -> ChatCompletionChunk | Completion:
+def _chunk(shape, item: tuple[int, ResponsePiece], marks: ApiMarks) -> ChatCompletionChunk | Completion | None:
     index, piece = item
     if index == 0:  # the timeline is choice 0's
         marks.chunk(len(piece.token_ids))  # with return_timeline the orchestrator sends them (convert.py)

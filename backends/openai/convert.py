@@ -17,6 +17,7 @@ import numpy as np
 from tritonclient.grpc import InferInput
 
 from backends.openai.schemas import ChatCompletionRequest, CompletionRequest, ImageUrlPart, TextPart
+from backends.openai.tools import history_fields
 
 
 @dataclass(frozen=True)
@@ -118,12 +119,14 @@ def _strings(values: list[str]) -> np.ndarray:
 
 def chat_request(request: ChatCompletionRequest) -> OrchestratorRequest:
     """The orchestrator's request for a chat (the module docstring says how); ``developer`` messages go as
-    ``system``."""
+    ``system``; an assistant's tool calls and a tool's ``tool_call_id`` go with their messages, and the tools in
+    ``chat_template_kwargs`` (``ChatCompletionRequest.template_kwargs``)."""
     messages, media = [], []
     for i, message in enumerate(request.messages):
         role = "system" if message.role == "developer" else message.role
+        fields = history_fields(role, message.tool_calls, message.tool_call_id)
         if message.content is None or isinstance(message.content, str):  # null: a message without parts
-            messages.append({"role": role, "content": message.content})
+            messages.append({"role": role, "content": message.content, **fields})
             continue
         parts = []
         for j, part in enumerate(message.content):
@@ -134,7 +137,7 @@ def chat_request(request: ChatCompletionRequest) -> OrchestratorRequest:
             url = part.image_url.url if isinstance(part, ImageUrlPart) else part.video_url.url
             media.append(MediaRef(kind, url, f"messages[{i}].content[{j}].{kind}_url"))
             parts.append({"type": kind})
-        messages.append({"role": role, "content": parts})
+        messages.append({"role": role, "content": parts, **fields})
     kwargs = request.template_kwargs
     return OrchestratorRequest(None, json.dumps(messages), tuple(media), request.sampling_parameters(),
                                request.stream, request.return_token_ids, request.return_timeline,

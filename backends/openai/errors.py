@@ -34,7 +34,7 @@ _INVALID = re.compile(r"^(?:(?:text_input|messages|prompt|prompt_token_ids|image
 _SAMPLING = "sampling_parameters"
 _CHOICES = "choices: "
 _SAMPLING_KEY = re.compile(rf"^{_SAMPLING}: (?:unknown key ')?(\w+)")
-_CHAT_KEY = re.compile(r"^(chat_template_kwargs): (?:(add_generation_prompt|continue_final_message)\b)?")
+_CHAT_KEY = re.compile(r"^(chat_template_kwargs): (?:(add_generation_prompt|continue_final_message|tools)\b)?")
 _PROMPT = re.compile(r"^(?:text_input|prompt[: ]|prompt_token_ids:|the prompt \()")  # else a message's text or media
 # A media item's error: "image_url: ..." (the request's only item) or "video_url (item 2 of 3): ..." (placeholder order)
 _MEDIA_ITEM = re.compile(r"^(image|video)_url(?: \(item (\d+) of \d+\))?: ")
@@ -78,6 +78,8 @@ def from_orchestrator(message: str, media: Sequence = (), chat: bool = False) ->
             "prompt" if _PROMPT.match(message) and not chat else "messages"
         if key and param in MediaOptions.model_fields:  # sent inside mm_processor_kwargs: the field at fault
             param = "mm_processor_kwargs"
+        if param == "tools":  # the request's tools, which the API sends in chat_template_kwargs
+            message = message.removeprefix("chat_template_kwargs: ")
         return ApiError(400, _as_sent(message) if key else message, param=param)
     if SHUTTING_DOWN in message or message.startswith(OVERLOADED):
         return ApiError(503, message, code="service_unavailable")

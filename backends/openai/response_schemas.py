@@ -31,9 +31,38 @@ class Usage(BaseModel):
     prompt_tokens_details: PromptTokensDetails | None = None
 
 
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str  # JSON text
+
+
+class ToolCall(BaseModel):
+    """A reply's call of a tool (OpenAI's; its id vLLM's ``chatcmpl-tool-`` and 16 hex digits)."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str
+    tool_calls: list[ToolCall] | None = _extra()  # left out where none, as vLLM leaves an empty list out
+
+
+class DeltaFunctionCall(BaseModel):
+    name: str | None = _extra()  # a call's first delta's
+    arguments: str | None = _extra()
+
+
+class DeltaToolCall(BaseModel):
+    """A streamed piece of a tool call: its first carries ``id``, ``type`` and the function's name, every one a
+    piece of its ``arguments``; ``index``: which of the reply's calls (vLLM's ``DeltaToolCall``)."""
+
+    id: str | None = _extra()
+    type: Literal["function"] | None = _extra()
+    index: int
+    function: DeltaFunctionCall
 
 
 class TopLogprob(BaseModel):
@@ -93,6 +122,7 @@ class ChatCompletion(BaseModel):
 class Delta(BaseModel):
     role: Literal["assistant"] | None = _extra()  # a choice's first chunk's
     content: str | None = _extra()
+    tool_calls: list[DeltaToolCall] | None = _extra()
 
 
 class ChatChunkChoice(BaseModel):

@@ -13,6 +13,7 @@ from backends.openai.logprobs import chat_logprobs, completion_logprobs, prompt_
 from backends.openai.response_schemas import (AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion,
                                               ChatCompletionChunk, ChatLogprobs, Completion, CompletionChoice,
                                               CompletionLogprobs, Delta, PromptTokensDetails, Usage)
+from backends.openai.tool_calls import ToolReplies
 from client.pieces import ResponsePiece
 
 
@@ -148,30 +149,50 @@ class _Shape:
 class ChatShape(_Shape):
     """``chat.completion`` and ``chat.completion.chunk`` bodies; each choice's first chunk carries the assistant's
     role. ``echo``: the text each choice's message starts with (vLLM's chat ``echo``: ``ChatCompletionRequest.
-    echoed``), else empty."""
+    echoed``), else empty. ``tools``: the replies are tool calls (a named function's or "required"'s:
+    ``backends.openai.tool_calls``), else None."""
 
     prefix = "chatcmpl"
 
     def __init__(self, model: str, return_token_ids: bool, top_logprobs: int | None = None, n: int = 1,
-                 continuous_usage: bool = False, echo: str = ""):
+                 continuous_usage: bool = False, echo: str = "", tools: ToolReplies | None = None):
         super().__init__(model, return_token_ids, top_logprobs, n, continuous_usage)
         self.echo = echo
+        self.tools = tools
 
     def whole(self, replies: list[Reply]) -> ChatCompletion:
-        choices = [ChatChoice(index=index, message=AssistantMessage(content=self.echo + reply.text),
-                              logprobs=self._logprobs(reply.logprobs), finish_reason=reply.finish_reason,
-                              stop_reason=reply.stop_reason, token_ids=self._ids(reply.token_ids))
+        choices = [ChatChoice(index=index, message=self._message(reply), logprobs=self._logprobs(reply.logprobs),
+                              finish_reason=self.tools.finish_reason(reply.finish_reason) if self.tools
+                              else reply.finish_reason, stop_reason=reply.stop_reason,
+                              token_ids=self._ids(reply.token_ids))
                    for index, reply in enumerate(replies)]
         first = replies[0]
         return ChatCompletion(id=self.id, created=self.created, model=self.model, choices=choices,
                               usage=self._whole_usage(replies), visual_cap=first.visual_cap, media=first.media,
                               timeline=first.timeline, prompt_logprobs=prompt_logprobs(first.prompt_logprobs))
 
-    def chunk(self, index: int, piece: ResponsePiece) -> ChatCompletionChunk:
+    def _message(self, reply: Reply) -> AssistantMessage:
+        if self.tools is None:
+            return AssistantMessage(content=self.echo + reply.text)
+        return AssistantMessage(content=self.echo, tool_calls=self.tools.calls(reply.text))
+
+    def chunk(self, index: int, piece: ResponsePiece) -> ChatCompletionChunk | None:
+        """Choice ``index``'s chunk of ``piece``; None for a tool-call reply's chunk that carries nothing (its text
+        not yet a call's: vLLM sends none)."""
         role = "assistant" if self._first_chunk(index, piece) else None
-        delta = Delta(role=role, content=(self.echo if role else "") + piece.text.decode("utf-8", errors="replace"))
+        text = piece.text.decode("utf-8", errors="replace")
+        if self.tools is None:
+            delta = Delta(role=role, content=(self.echo if role else "") + text)
+            reason = piece.finish_reason
+        else:
+            delta = Delta(role=role, content=self.echo if role and self.echo else None,
+                          tool_calls=self.tools.deltas(index, text))
+            reason = self.tools.streamed_finish_reason(index, piece.finish_reason)
+            if not (role or delta.tool_calls or reason or self.return_token_ids or self.continuous_usage
+                    or self.top_logprobs is not None):
+                return None
         choice = ChatChunkChoice(index=index, delta=delta, logprobs=self._logprobs(piece.logprobs or []),
-                                 finish_reason=piece.finish_reason, stop_reason=piece.stop_reason,
+                                 finish_reason=reason, stop_reason=piece.stop_reason,
                                  token_ids=self._ids(piece.token_ids))
         extras = {} if index else {"visual_cap": piece.visual_cap, "media": piece.media, "timeline": piece.timeline}
         return ChatCompletionChunk(id=self.id, created=self.created, model=self.model, choices=[choice],

@@ -3,18 +3,21 @@
 
 Fields a client may send that this server does not know are ignored, and named in the API's log
 (``backends.openai.ignored_fields``, as vLLM does); fields it knows but cannot
-honour (``tools``, ``best_of``, vLLM's ``use_beam_search``, ...: ``backends.openai.unsupported``) are refused by
+honour (``best_of``, vLLM's ``use_beam_search``, ...: ``backends.openai.unsupported``) are refused by
 :meth:`GenerationRequest.refusal` when set to anything but their defaults.
 """
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, ClassVar, Literal, Union
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, model_validator
+from pydantic import BeforeValidator, Discriminator, Field, Tag, model_validator
 
 from backends.ipc.protocol import MAX_LOGPROBS
+from backends.openai.bodies import Body, Flag, StrictBody
 from backends.openai.ignored_fields import log_unknown
 from backends.openai.response_format import as_structured_outputs, json_schema_of
+from backends.openai.tools import (AssistantToolCall, Tool, ToolChoice, reply_schema, template_tools, tool_choice_of,
+                                   tool_refusal)
 from backends.openai.unsupported import Unsupported, unsupported_refusal
 from orchestrator.choice_reservations import MAX_CHOICES  # OpenAI's API's limit on n, and on prompts times n
 from orchestrator.sampling_params import MAX_TOKENS_LIMIT, SEED_LIMIT
@@ -24,22 +27,8 @@ MAX_PROMPTS = 128  # a completion's prompts per request
 TOKEN_ID_LIMIT = 2**63  # a token-id prompt's ids travel as INT64 (the orchestrator then checks the vocabulary)
 
 
-class _Body(BaseModel):
-    # strict: a value of the wrong JSON type is refused (400) as the orchestrator refuses it, not coerced
-    # ("yes" is no boolean, true no number)
-    model_config = ConfigDict(extra="ignore", strict=True)
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-
-# a flag that may be sent as null, which means its default, false (OpenAI's API takes "stream": null)
-Flag = Annotated[bool, BeforeValidator(lambda value: False if value is None else value)]
-
-
 # ---- requests ---------------------------------------------------------------------------------------------------
-class MediaUrl(_Body):
+class MediaUrl(Body):
     """``url``: a ``data:`` URL (base64), a ``file://`` URL or path under the server's allowed media folders, or an
     http(s) URL where the operator allows them. ``detail`` is accepted and ignored (the size follows max_pixels)."""
 
@@ -51,17 +40,17 @@ class MediaUrl(_Body):
 Media = Annotated[MediaUrl, BeforeValidator(lambda value: {"url": value} if isinstance(value, str) else value)]
 
 
-class TextPart(_Body):
+class TextPart(Body):
     type: Literal["text"]
     text: str
 
 
-class ImageUrlPart(_Body):
+class ImageUrlPart(Body):
     type: Literal["image_url"] = "image_url"
     image_url: Media
 
 
-class VideoUrlPart(_Body):
+class VideoUrlPart(Body):
     type: Literal["video_url"] = "video_url"
     video_url: Media
 
@@ -88,18 +77,20 @@ ContentPart = Annotated[Union[Annotated[TextPart, Tag("text")], Annotated[ImageU
                         BeforeValidator(_null_type_left_out)]
 
 
-class ChatMessage(_Body):
+class ChatMessage(Body):
     """``developer`` is OpenAI's newer name for ``system`` and is sent as one; ``content`` may be null or left out
-    (OpenAI's assistant messages), a message without parts, as vLLM takes it; ``tool``: a tool's answer, its
-    ``tool_call_id`` taken and not written (the served templates do not write it, as on vLLM)."""
+    (OpenAI's assistant messages), a message without parts, as vLLM takes it; ``tool``: a tool's answer. An
+    assistant's ``tool_calls`` and a tool's ``tool_call_id`` go to the chat template as vLLM hands them
+    (``backends.openai.tools.history_fields``; the served templates do not write them, as on vLLM)."""
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_call_id: str | None = None
+    tool_calls: list[AssistantToolCall] | None = None
 
 
-class StreamOptions(_Body):
+class StreamOptions(Body):
     """OpenAI's ``include_usage`` (a last chunk with the usage) and vLLM's ``continuous_usage_stats`` (with it, every
     chunk carries its choice's usage so far); others (OpenAI's ``include_obfuscation``) are ignored."""
 
@@ -107,7 +98,7 @@ class StreamOptions(_Body):
     continuous_usage_stats: Flag = False
 
 
-class MediaOptions(_Strict):
+class MediaOptions(StrictBody):
     """vLLM's ``mm_processor_kwargs``, the keys the orchestrator takes (``orchestrator.sampling_params``; which apply is
     the served family's): frames sampled per second of video, the largest and smallest resized frame or image area in
     pixels (Qwen2.5-VL), the segments a video is cut into, the most and fewest tiles of an image's grid and whether it
@@ -129,7 +120,7 @@ class MediaOptions(_Strict):
     crop_to_patches: bool | None = None
 
 
-class GenerationRequest(_Body):
+class GenerationRequest(Body):
     model: str | None = None  # None or "": the served model (vLLM's rule)
 
     @model_validator(mode="before")
@@ -268,8 +259,9 @@ class ChatCompletionRequest(GenerationRequest):
     max_completion_tokens: int | None = None
     logprobs: Flag = False
     top_logprobs: int | None = None
-    tools: list[Any] | None = None
-    tool_choice: Any = None
+    tools: list[Tool] | None = None
+    tool_choice: Any = None  # checked by backends.openai.tools.tool_refusal, with vLLM's rules
+    parallel_tool_calls: bool | None = None  # vLLM's default: true (false: a reply's first tool call alone)
     functions: list[Any] | None = None  # OpenAI's older tools: refused as they are
     function_call: Any = None
     echo: bool = False  # vLLM's: the reply starts with the last message's text where it has the reply's role
@@ -280,13 +272,22 @@ class ChatCompletionRequest(GenerationRequest):
     media_io_kwargs: Annotated[dict[str, Any] | None, Unsupported(
         "not supported by this server (mm_processor_kwargs sets the frames and sizes)")] = None
 
+    chooses_tools: ClassVar[bool] = True  # the reply follows tool_choice (vLLM's /tokenize takes tools alone)
+
     @property
     def template_kwargs(self) -> dict[str, Any] | None:
-        """The orchestrator's ``chat_template_kwargs`` (None: the defaults, nothing to send)."""
-        if not self.chat_template_kwargs and self.add_generation_prompt and not self.continue_final_message:
-            return None
-        return {**(self.chat_template_kwargs or {}), "add_generation_prompt": self.add_generation_prompt,
-                "continue_final_message": self.continue_final_message}
+        """The orchestrator's ``chat_template_kwargs`` (None: the defaults, nothing to send), with the ``tools`` the
+        template gets (also with ``tool_choice`` "none": vLLM's ``exclude_tools_when_tool_choice_none`` is off by
+        default; a ``tools`` key of ``chat_template_kwargs`` wins, as vLLM merges them)."""
+        kwargs = {**({"tools": template_tools(self.tools)} if self.tools else {}), **(self.chat_template_kwargs or {}),
+                  "add_generation_prompt": self.add_generation_prompt,
+                  "continue_final_message": self.continue_final_message}
+        return None if kwargs == {"add_generation_prompt": True, "continue_final_message": False} else kwargs
+
+    @property
+    def tool_choice_asked(self) -> ToolChoice | None:
+        """What the tools ask of the reply (a named function's arguments, or "required"'s calls), or None."""
+        return tool_choice_of(self.tools, self.tool_choice, self.parallel_tool_calls) if self.chooses_tools else None
 
     @property
     def top_logprobs_asked(self) -> int | None:
@@ -309,11 +310,11 @@ class ChatCompletionRequest(GenerationRequest):
             return out_of_range
         if self.top_logprobs and not self.logprobs:  # as OpenAI's API and vLLM answer
             return "top_logprobs", "top_logprobs: only allowed when logprobs is true"
-        if self.tools or self.tool_choice not in (None, "none", "auto"):
-            return "tools", "tools: tool calls are not supported by this server"
+        if (refused := tool_refusal(self.tools, self.tool_choice, self.structured_outputs, self.chooses_tools)):
+            return refused
         if self.functions or self.function_call not in (None, "none", "auto"):
             return "functions", "functions: function calls are not supported by this server"
-        if self.chat_template is not None:  # vLLM 0.26 refuses it too, unless started with --trust-request-chat-template
+        if self.chat_template is not None:  # vLLM 0.26 refuses it too, unless run with --trust-request-chat-template
             return "chat_template", "chat_template: this server applies the model's own chat template only"
         if self.max_completion_tokens is not None and not 0 < self.max_completion_tokens < MAX_TOKENS_LIMIT:
             # the orchestrator would name max_tokens, which this request did not send
@@ -329,6 +330,8 @@ class ChatCompletionRequest(GenerationRequest):
         if self.max_completion_tokens is not None:
             sampling["max_tokens"] = self.max_completion_tokens
         sampling.setdefault("max_tokens", None)
+        if (choice := self.tool_choice_asked) is not None:  # it holds the reply, not response_format (vLLM's rule)
+            sampling["structured_outputs"] = {"json": reply_schema(self.tools, choice)}
         return sampling
 
 

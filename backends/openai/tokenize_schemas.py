@@ -8,13 +8,14 @@ around a prompt (no BOS), with it or without.
 """
 from __future__ import annotations
 
-from typing import Annotated, Union
+from typing import Annotated, ClassVar, Union
 
 from pydantic import BaseModel, Discriminator, Field, Tag
 
 from backends.openai.convert import OrchestratorRequest, chat_request, completion_requests
 from backends.openai.errors import BODY_KINDS
-from backends.openai.schemas import TOKEN_ID_LIMIT, ChatCompletionRequest, CompletionRequest, Flag, _Body
+from backends.openai.bodies import Body, Flag
+from backends.openai.schemas import TOKEN_ID_LIMIT, ChatCompletionRequest, CompletionRequest
 from orchestrator.shown import shown
 
 
@@ -35,6 +36,7 @@ class TokenizeChatRequest(ChatCompletionRequest):
 
     add_special_tokens: bool = False
     return_token_strs: Flag = False
+    chooses_tools: ClassVar[bool] = False  # vLLM's takes tools (the template's), no tool_choice
 
     def orchestrator_request(self) -> OrchestratorRequest:
         return chat_request(self)
@@ -53,7 +55,7 @@ TokenizeRequest = Annotated[Union[Annotated[TokenizeCompletionRequest, Tag(COMPL
                                   Annotated[TokenizeChatRequest, Tag(CHAT)]], Discriminator(_kind)]
 
 
-class DetokenizeRequest(_Body):
+class DetokenizeRequest(Body):
     model: str | None = None
     tokens: list[int]
 

@@ -62,12 +62,18 @@ def test_template_variables_it_reads_are_passed_and_others_dropped(tokenizer):
     ([b"\xff"], "not valid UTF-8"),
     ([b'{"a": ' + b"[" * 30000], "nested thousands deep"),  # json raises RecursionError, not ValueError
     ([b"{}", b"{}"], "expected one JSON object"),
-    ([b'{"x": "' + b"a" * 70_000 + b'"}'], "expected one JSON object of at most 65536 bytes"),
+    ([b'{"x": "' + b"a" * (1 << 20) + b'"}'], "expected one JSON object of at most 1048576 bytes"),
     ([b'{"add_generation_prompt": "no"}'], 'add_generation_prompt must be true or false, got "no"'),
     ([b'{"continue_final_message": 1}'], "continue_final_message must be true or false, got 1"),
     ([b'{"continue_final_message": true}'], "add_generation_prompt and continue_final_message cannot both be true"),
     ([b'{"tokenize": true}'], "tokenize is not a template setting"),
     ([b'{"messages": []}'], "messages is not a template setting"),
+    ([b'{"tools": {"type": "function"}}'], "tools must be a list of tool objects"),
+    ([b'{"tools": [1]}'], "tools must be a list of tool objects"),
+    ([b'{"tools": [{"a": "\\u0000"}]}'], "tools: holds a NUL character"),
+    ([b'{"tools": [{"a": "\\ud800"}]}'], "tools: not valid Unicode text"),
+    ([b'{"tools": [' + b'{"a": ' * 70 + b"1" + b"}" * 70 + b"]}"], "tools: nested more than 64 deep"),
+    ([b'{"tools": [{"a": "' + b"x" * (960 << 10) + b'"}]}'], "tools: 983051 bytes of JSON, over the limit of 983040"),
 ])
 def test_bad_values_are_refused_naming_the_input(values, words):
     with pytest.raises(InvalidInput, match="^chat_template_kwargs: ") as caught:

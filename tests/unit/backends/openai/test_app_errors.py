@@ -48,6 +48,17 @@ def _error(response, status: int) -> dict:
      "messages[0].content: Input should be a valid string or list (got 5)"),
     ({"model": "m", "messages": [{"role": "user", "content": "x"}], "stop": 5}, "stop",
      "stop: Input should be a valid string or list (got 5)"),
+    # a malformed tool, or tool call of the history (backends/openai/tools.py)
+    ({"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": [
+        {"type": "function", "function": {"name": "f"}}, {"type": "function", "function": {}}]}, "tools",
+     "tools[1].function.name: Field required"),
+    ({"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": [
+        {"type": "code", "function": {"name": "f"}}]}, "tools", "tools[0].type: Input should be 'function'"),
+    ({"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": [
+        {"function": {"name": "f", "parameters": "{}"}}]}, "tools",
+     "tools[0].function.parameters: Input should be a valid dictionary"),
+    ({"model": "m", "messages": [{"role": "assistant", "tool_calls": [{"function": {"arguments": "{}"}}]}]},
+     "messages", "messages[0].tool_calls[0].function.name: Field required"),
 ])
 def test_a_body_that_fails_validation_is_400(client, body, param, words):
     error = _error(client.post("/v1/chat/completions", json=body), 400)
