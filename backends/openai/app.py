@@ -13,9 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import importlib.metadata
 import json
-import re
 import time
 from pathlib import Path
 from typing import AsyncIterator, Awaitable, Callable, TypeVar
@@ -44,22 +42,12 @@ from backends.openai.tool_calls import ToolReplies, schema_error
 from backends.openai.tokenize_schemas import (DetokenizeRequest, DetokenizeResponse, TokenizeRequest,
                                               TokenizeResponse)
 from backends.openai.timing import ApiMarks
+from backends.openai.version import VERSION
 from client.pieces import ResponsePiece
 
 T = TypeVar("T")
 
 
-def _version() -> str:
-    """The ``unifiedserve`` project's version: its installed metadata, or in a checkout run in place (not installed:
-    ``make test``) pyproject.toml's ``version`` line."""
-    try:
-        return importlib.metadata.version("unifiedserve")
-    except importlib.metadata.PackageNotFoundError:
-        pyproject = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
-        return re.search(r'^version = "([^"]+)"$', pyproject, re.MULTILINE).group(1)
-
-
-VERSION = _version()
 router = APIRouter()
 LARGE_BODY_ENTRIES = 2_048  # log-probability entries over which a whole body is made off the event loop
 
@@ -357,9 +345,7 @@ async def _chunk_data(shape, item: tuple[int, ResponsePiece], marks: ApiMarks) -
 
 def _line(chunk: BaseModel | None, sliced: bool) -> str | None:
     """``chunk``'s JSON text (``sliced``: by ``sliced_json``) on one line, or None for no chunk."""
-    if chunk is None:
-        return None
-    return one_line(sliced_json(chunk).decode() if sliced else chunk.model_dump_json())
+    return None if chunk is None else one_line(sliced_json(chunk).decode() if sliced else chunk.model_dump_json())
 
 
 # Line breaks to str.splitlines() but not to the SSE format (whose lines end at CR, LF or CRLF), which pydantic
