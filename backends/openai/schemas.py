@@ -16,8 +16,8 @@ from backends.ipc.protocol import MAX_LOGPROBS
 from backends.openai.bodies import Body, Flag, StrictBody
 from backends.openai.ignored_fields import log_unknown
 from backends.openai.response_format import as_structured_outputs, json_schema_of
-from backends.openai.tools import (AssistantToolCall, Tool, ToolChoice, reply_schema, template_tools, tool_choice_of,
-                                   tool_refusal)
+from backends.openai.tools import (AssistantToolCall, Tool, ToolChoice, held_by, reply_schema, template_tools,
+                                   tool_choice_of, tool_refusal)
 from backends.openai.unsupported import Unsupported, unsupported_refusal
 from orchestrator.choice_reservations import MAX_CHOICES  # OpenAI's API's limit on n, and on prompts times n
 from orchestrator.sampling_params import MAX_TOKENS_LIMIT, SEED_LIMIT
@@ -262,8 +262,8 @@ class ChatCompletionRequest(GenerationRequest):
     tools: list[Tool] | None = None
     tool_choice: Any = None  # checked by backends.openai.tools.tool_refusal, with vLLM's rules
     parallel_tool_calls: bool | None = None  # vLLM's default: true (false: a reply's first tool call alone)
-    functions: list[Any] | None = None  # OpenAI's older tools: refused as they are
-    function_call: Any = None
+    functions: Annotated[list[Any] | None, Unsupported("not supported (OpenAI's older tools: send tools)")] = None
+    function_call: Annotated[Any, Unsupported("not supported (OpenAI's older tool_choice: send tool_choice)")] = None
     echo: bool = False  # vLLM's: the reply starts with the last message's text where it has the reply's role
     add_generation_prompt: bool = True
     continue_final_message: bool = False
@@ -310,10 +310,9 @@ class ChatCompletionRequest(GenerationRequest):
             return out_of_range
         if self.top_logprobs and not self.logprobs:  # as OpenAI's API and vLLM answer
             return "top_logprobs", "top_logprobs: only allowed when logprobs is true"
-        if (refused := tool_refusal(self.tools, self.tool_choice, self.structured_outputs, self.chooses_tools)):
+        held = held_by(self.structured_outputs, self.response_format)
+        if (refused := tool_refusal(self.tools, self.tool_choice, held, self.chooses_tools)):
             return refused
-        if self.functions or self.function_call not in (None, "none", "auto"):
-            return "functions", "functions: function calls are not supported by this server"
         if self.chat_template is not None:  # vLLM 0.26 refuses it too, unless run with --trust-request-chat-template
             return "chat_template", "chat_template: this server applies the model's own chat template only"
         if self.max_completion_tokens is not None and not 0 < self.max_completion_tokens < MAX_TOKENS_LIMIT:
@@ -330,7 +329,7 @@ class ChatCompletionRequest(GenerationRequest):
         if self.max_completion_tokens is not None:
             sampling["max_tokens"] = self.max_completion_tokens
         sampling.setdefault("max_tokens", None)
-        if (choice := self.tool_choice_asked) is not None:  # it holds the reply, not response_format (vLLM's rule)
+        if (choice := self.tool_choice_asked) is not None:  # the reply's only schema (tool_refusal: held_by)
             sampling["structured_outputs"] = {"json": reply_schema(self.tools, choice)}
         return sampling
 

@@ -28,7 +28,7 @@ from backends.openai.errors import ApiError
 from backends.openai.response_schemas import DeltaFunctionCall, DeltaToolCall, FunctionCall, ToolCall
 from backends.openai.tools import Tool, ToolChoice
 
-_REQUIRED_PLACE = re.compile(r"^items\.anyOf\[(\d+)\]\.properties\.parameters(?=[.:\[])")
+_REQUIRED_PLACE = re.compile(r"^: items\.anyOf\[(\d+)\]\.properties\.parameters(?=[.:\[])")
 
 
 def tool_call_id() -> str:
@@ -214,16 +214,22 @@ def _text(raw: str) -> str | None:
 
 
 def schema_error(exc: ApiError, tools: list[Tool] | None, choice: ToolChoice | None) -> ApiError:
-    """``exc`` with an error about the reply's schema (the orchestrator names it ``structured_outputs.json``) naming
-    the tool's parameters it comes from (``tools[k].function.parameters...``), where the request asked for tool calls;
-    else ``exc``."""
-    prefix = "structured_outputs.json: "
-    if choice is None or not tools or exc.param != "structured_outputs" or not exc.message.startswith(prefix):
+    """``exc`` naming what the request sent, where it asked for tool calls: an error about the reply's schema (the
+    orchestrator names it ``structured_outputs.json``) names the tool's parameters it comes from
+    (``tools[k].function.parameters...``), and one about an option ``structured_outputs`` excludes (``min_tokens``)
+    names the ``tool_choice``; else ``exc``."""
+    prefix, beside = "structured_outputs.json", " with structured_outputs"
+    if choice is None or not tools:
         return exc
-    rest = exc.message.removeprefix(prefix)
+    if beside in exc.message:
+        what = '"required"' if choice.required else f"function {choice.name!r}"
+        return ApiError(exc.status, exc.message.replace(beside, f" with tool_choice {what}"), param=exc.param)
+    if exc.param != "structured_outputs" or not exc.message.startswith(prefix):
+        return exc
+    rest = exc.message.removeprefix(prefix)  # ": why", or " is N characters long..."
     if choice.name is not None:
         k = next(k for k, tool in enumerate(tools) if tool.function.name == choice.name)
-        return ApiError(400, f"tools[{k}].function.parameters: {rest}", param="tools")
+        return ApiError(400, f"tools[{k}].function.parameters{rest}", param="tools")
     if (place := _REQUIRED_PLACE.match(rest)) is not None:
         return ApiError(400, f"tools[{place.group(1)}].function.parameters{rest[place.end():]}", param="tools")
-    return ApiError(400, f"tools: the tool calls' schema (tool_choice \"required\"): {rest}", param="tools")
+    return ApiError(400, f"tools: the tool calls' schema (tool_choice \"required\"){rest}", param="tools")

@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from backends.openai.bodies import Body
 from orchestrator.shown import shown
+from orchestrator.structured_outputs import DATA
 from orchestrator.template_data import MAX_TOOLS_BYTES
 
 EMPTY_PARAMETERS = {"type": "object", "properties": {}}  # vLLM's schema for a function without parameters
@@ -74,20 +75,25 @@ class ToolChoice:
     parallel: bool = True
 
 
-def tool_refusal(tools: list[Tool] | None, choice: object, structured_outputs: object,
+def tool_refusal(tools: list[Tool] | None, choice: object, held: str | None,
                  chooses: bool = True) -> tuple[str, str] | None:
     """(field, message) for tools or a ``tool_choice`` this server does not take, else None. ``chooses``: the
     request's reply follows ``tool_choice`` (vLLM's ``/tokenize`` takes tools alone). vLLM's rules
     (``ChatCompletionRequest.check_tool_usage``, ``check_structured_outputs_count``, ``render_chat``): an empty
     ``tools``; a ``tool_choice`` that is none of "none", "auto", "required" and a named function; "required" or a
-    name without tools; a name not among the tools; a name beside ``structured_outputs``' json, regex or choice;
-    "auto" with tools (also tools without ``tool_choice``: needs a tool-call parser). "auto" without tools is taken,
-    as before this server served tools (vLLM refuses it). "required" with two tools defining one ``$defs`` name
-    differently is refused, as vLLM refuses it."""
+    name without tools; a name not among the tools; "auto" with tools (also tools without ``tool_choice``: needs a
+    tool-call parser). "auto" without tools is taken, as before this server served tools (vLLM refuses it).
+    "required" with two tools defining one ``$defs`` name differently is refused, as vLLM refuses it. Refused here
+    and not by vLLM: a tool with an empty name or one another tool has (a name picks its schema), and ``held``, the
+    field that would hold the reply too (``structured_outputs``, or a ``response_format`` other than text), beside a
+    named function or "required" (vLLM refuses a name beside json, regex or choice, and lets the tools' schema
+    replace the rest unsaid)."""
     if tools == []:
         return "tools", "tools: must not be an empty list (send at least one tool, or leave tools out)"
     if tools and (size := len(json.dumps(template_tools(tools), ensure_ascii=False).encode())) > MAX_TOOLS_BYTES:
         return "tools", f"tools: {size} bytes of JSON, over the limit of {MAX_TOOLS_BYTES} (the chat template's)"
+    if tools and (refused := _names_refusal(tools)) is not None:
+        return refused
     if not chooses or choice == "none" or (choice in (None, "auto") and not tools):
         return None
     if choice in (None, "auto"):
@@ -97,10 +103,6 @@ def tool_refusal(tools: list[Tool] | None, choice: object, structured_outputs: o
     if isinstance(choice, dict):
         if (refused := _named_refusal(tools, choice)) is not None:
             return refused
-        if isinstance(structured_outputs, dict) and any(structured_outputs.get(key) is not None
-                                                        for key in ("json", "regex", "choice")):
-            return "structured_outputs", ("structured_outputs: its json, regex or choice cannot hold a reply that "
-                                          "tool_choice holds to a function's parameters: send one or the other")
     elif choice != "required":
         return "tool_choice", f"tool_choice: must be {_CHOICES}, got {shown(choice)}"
     if not tools:
@@ -108,6 +110,30 @@ def tool_refusal(tools: list[Tool] | None, choice: object, structured_outputs: o
         return "tool_choice", f"tool_choice: {what} needs tools (the functions it calls)"
     if choice == "required" and (conflict := _defs_conflict(tools)) is not None:
         return "tools", conflict
+    if held is not None:
+        what = '"required"' if choice == "required" else f"function {choice['function']['name']!r}"
+        return held, (f"{held}: tool_choice {what} holds the reply to the tools' schema, which {held} cannot hold "
+                      "too: send one or the other")
+    return None
+
+
+def held_by(structured_outputs: object, response_format: dict | None) -> str | None:
+    """The field that holds a request's reply to a grammar or schema, or None: ``structured_outputs``, or a
+    ``response_format`` other than text."""
+    if structured_outputs is not None:
+        return "structured_outputs"
+    return "response_format" if (response_format or {}).get("type", "text") != "text" else None
+
+
+def _names_refusal(tools: list[Tool]) -> tuple[str, str] | None:
+    """("tools", message) for a tool whose name is empty or another tool's, else None."""
+    first: dict[str, int] = {}
+    for k, tool in enumerate(tools):
+        if not tool.function.name:
+            return "tools", f"tools[{k}].function.name: must not be empty"
+        if (j := first.setdefault(tool.function.name, k)) != k:
+            return "tools", (f"tools[{k}].function.name: {tool.function.name!r} is tools[{j}]'s name too (a call "
+                             "names its tool)")
     return None
 
 
@@ -159,21 +185,44 @@ def reply_schema(tools: list[Tool], choice: ToolChoice) -> dict:
     """The JSON schema the reply is held to (vLLM's ``get_json_schema_from_tools``): a named function's
     ``parameters`` (none: an object without properties; vLLM would hold the reply to nothing), or for "required" an
     array of at least one call, each ``{"name": <a tool's name>, "parameters": <that tool's parameters>}``, with every
-    tool's ``$defs`` moved to the array's (their ``$ref`` point at the root)."""
+    tool's ``$defs`` moved to the array's (their ``$ref`` point at the root); a tool whose schema refers to its own
+    root (``#``, ``#/properties/...``) has its parameters moved there too, as ``tool<k>_parameters``, and those
+    references pointed at them (:func:`rerooted`; a pointer cannot step into the array of calls: xgrammar follows
+    object keys only). vLLM moves the ``$defs`` alone, which leaves such a reference pointing at the array."""
     if choice.name is not None:
-        params = next(tool.function.parameters for tool in tools if tool.function.name == choice.name)
-        return EMPTY_PARAMETERS if params is None else params
+        return next(tool.function.parameters for tool in tools if tool.function.name == choice.name) or EMPTY_PARAMETERS
     defs: dict = {}
     calls = []
-    for tool in tools:
-        defs.update(_defs(tool))
-        params = {key: value for key, value in (tool.function.parameters or EMPTY_PARAMETERS).items()
-                  if key != "$defs" or not isinstance(value, dict)}
+    taken = {name for tool in tools for name in _defs(tool)}
+    for k, tool in enumerate(tools):
+        own = {key: value for key, value in (tool.function.parameters or EMPTY_PARAMETERS).items()
+               if key != "$defs" or not isinstance(value, dict)}
+        name = next(f"tool{k}_parameters{'_' * n}" for n in range(len(taken) + 1)
+                    if f"tool{k}_parameters{'_' * n}" not in taken)
+        tool_defs = {key: rerooted(sub, f"#/$defs/{name}") for key, sub in _defs(tool).items()}
+        params = rerooted(own, f"#/$defs/{name}")
+        if params != own or tool_defs != _defs(tool):  # it refers to its own root: moved where a pointer reaches
+            tool_defs[name], params = params, {"$ref": f"#/$defs/{name}"}
+        defs.update({key: sub for key, sub in tool_defs.items() if key not in defs})
         calls.append({"properties": {"name": {"type": "string", "enum": [tool.function.name]},
                                      "parameters": params or EMPTY_PARAMETERS},
                       "required": ["name", "parameters"]})
     schema = {"type": "array", "minItems": 1, "items": {"type": "object", "anyOf": calls}}
     return {**schema, "$defs": defs} if defs else schema
+
+
+def rerooted(node: object, base: str) -> object:
+    """``node`` (part of a tool's ``parameters``) with each ``$ref`` into the parameters (``#``, ``#/properties/...``,
+    ``#/definitions/...``) pointing below ``base`` instead of the root; ``#/$defs/...`` (the root's in both) and the
+    values of data keywords (``enum``, ``const``, ...) as they are."""
+    if isinstance(node, list):
+        return [rerooted(value, base) for value in node]
+    if not isinstance(node, dict):
+        return node
+    ref = node.get("$ref")
+    moved = isinstance(ref, str) and (ref == "#" or ref.startswith("#/")) and not ref.startswith("#/$defs/")
+    return {key: (base + ref[1:] if key == "$ref" and moved else value if key in DATA else rerooted(value, base))
+            for key, value in node.items()}
 
 
 def template_tools(tools: list[Tool]) -> list[dict]:

@@ -101,6 +101,28 @@ def test_a_reply_cut_by_max_tokens_is_answered_as_vllm_answers_it(sdk):
     assert streamed == [] and reasons[-1] == "length"  # no call begun: the reply's reason
 
 
+def test_required_follows_a_tools_references_to_its_own_root(sdk):
+    """A recursive tool (``$ref`` ``#``, as a tree's children) and one into its properties: each call's arguments
+    are JSON that fits the tool's own schema, not the array of calls'."""
+    node = {"type": "function", "function": {"name": "node", "parameters": {
+        "type": "object", "properties": {"leaf": {"type": "boolean"}, "same": {"$ref": "#/properties/leaf"},
+                                         "kids": {"type": "array", "items": {"$ref": "#"}, "maxItems": 1}},
+        "required": ["leaf", "same"], "additionalProperties": False}}}
+    reply = sdk.chat.completions.create(**{**ASK, "tools": [node], "max_tokens": 400}, tool_choice="required")
+
+    def fits(value: object) -> None:
+        assert isinstance(value, dict) and set(value) <= {"leaf", "same", "kids"}, value
+        assert isinstance(value["leaf"], bool) and isinstance(value["same"], bool), value
+        for kid in value.get("kids", []):
+            fits(kid)
+
+    (choice,) = reply.choices
+    assert choice.finish_reason == "tool_calls", choice  # the reply closed its JSON
+    for call in choice.message.tool_calls:
+        assert call.function.name == "node"
+        fits(json.loads(call.function.arguments))
+
+
 def test_tool_choice_none_renders_the_tools_and_answers_in_text(sdk, api):
     """Qwen2.5-VL's template writes no tools (as on vLLM): the prompt is the one without them."""
     plain = {"model": MODEL, "messages": USER, "max_tokens": 2, "extra_body": {"ignore_eos": True}}
@@ -125,6 +147,10 @@ def test_tool_choice_none_renders_the_tools_and_answers_in_text(sdk, api):
     (dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "x"}}}],
           tool_choice={"type": "function", "function": {"name": "f"}}), "tools",
      'tools[0].function.parameters: Unsupported type "x"'),  # xgrammar's refusal, named at the tool
+    (dict(tools=[WEATHER], tool_choice="required", response_format={"type": "json_object"}), "response_format",
+     "response_format: tool_choice \"required\" holds the reply to the tools' schema"),
+    (dict(tools=[WEATHER], tool_choice=NAMED, extra_body={"min_tokens": 5}), "min_tokens",
+     "with tool_choice function 'weather'"),
 ])
 def test_what_is_refused_is_a_400_naming_the_field(sdk, fields, param, words):
     with pytest.raises(openai.BadRequestError) as refused:

@@ -39,7 +39,8 @@ def compiled(compiler: xgr.GrammarCompiler, spec: StructuredOutput) -> xgr.Compi
             return compiler.compile_regex(spec.text)
         return compiler.compile_grammar(spec.text)
     except Exception as exc:  # xgrammar raises RuntimeError (and its own errors) from C++
-        raise ValueError(_LOCATION.sub("", str(exc).strip())) from None
+        raise ValueError(_LOCATION.sub("", str(exc).strip()) or "xgrammar could not compile it and gave no reason (a "
+                         "number too long for it is one such case)") from None
 
 
 @functools.cache

@@ -8,12 +8,14 @@ from __future__ import annotations
 import json
 
 import pytest
+import xgrammar as xgr
 
 from backends.openai.convert import chat_request
 from backends.openai.errors import ApiError, from_orchestrator
 from backends.openai.tokenize_schemas import TokenizeChatRequest
 from backends.openai.tool_calls import schema_error
 from backends.openai.tools import EMPTY_PARAMETERS, ToolChoice, reply_schema
+from backends.runtime.sampling.grammar import _byte_compiler, compiled
 from orchestrator.inputs import InputLimits, parse_request
 from tests.unit.backends.openai.test_convert import _chat, _raw
 
@@ -47,7 +49,16 @@ def _refusal(**fields):
     (dict(tools=[WEATHER], tool_choice={"type": "code", "function": {"name": "weather"}}), "tool_choice",
      'tool_choice.type: must be "function"'),
     (dict(tools=[WEATHER], tool_choice=NAMED, structured_outputs={"regex": "a+"}), "structured_outputs",
-     "structured_outputs: its json, regex or choice cannot hold a reply that tool_choice holds"),
+     "structured_outputs: tool_choice function 'weather' holds the reply to the tools' schema, which "
+     "structured_outputs cannot hold too"),
+    (dict(tools=[WEATHER], tool_choice="required", structured_outputs={"disable_any_whitespace": True}),
+     "structured_outputs", 'structured_outputs: tool_choice "required" holds the reply to the tools\' schema'),
+    (dict(tools=[WEATHER], tool_choice=NAMED, response_format={"type": "json_object"}), "response_format",
+     "response_format: tool_choice function 'weather' holds the reply"),
+    (dict(tools=[{"function": {"name": ""}}], tool_choice="none"), "tools",
+     "tools[0].function.name: must not be empty"),
+    (dict(tools=[WEATHER, TIME, {"function": {"name": "time", "parameters": {"type": "object"}}}], tool_choice="none"),
+     "tools", "tools[2].function.name: 'time' is tools[1]'s name too"),
     (dict(tools=[{"function": {"name": "a", "parameters": {"$defs": {"X": {"type": "string"}}}}},
                  {"function": {"name": "b", "parameters": {"$defs": {"X": {"type": "integer"}}}}}],
           tool_choice="required"), "tools", "tools[1].function.parameters.$defs.X: another tool defines 'X'"),
@@ -61,16 +72,16 @@ def test_what_vllm_refuses_is_a_400_naming_the_field(fields, param, words):
     dict(tools=[WEATHER], tool_choice="none"), dict(tool_choice="auto"), dict(tool_choice="none"),
     dict(tools=[WEATHER, TIME], tool_choice="required"), dict(tools=[WEATHER], tool_choice=NAMED),
     dict(tools=[WEATHER], tool_choice={"function": {"name": "weather"}}),  # vLLM's type default
-    dict(tools=[WEATHER], tool_choice="required", structured_outputs={"regex": "a+"}),  # the tools' schema wins
+    dict(tools=[WEATHER], tool_choice="none", structured_outputs={"regex": "a+"}),  # nothing holds it but that
+    dict(tools=[WEATHER], tool_choice="required", response_format={"type": "text"}),
 ])
 def test_what_vllm_takes_is_taken(fields):
     assert _refusal(**fields) is None
 
 
 def test_a_named_function_holds_the_reply_to_its_parameters_and_the_tools_reach_the_template():
-    request = chat_request(_chat(messages=USER, tools=[WEATHER, TIME], tool_choice=NAMED,
-                                 response_format={"type": "json_object"}))
-    assert request.sampling["structured_outputs"] == {"json": WEATHER["function"]["parameters"]}  # not json_object
+    request = chat_request(_chat(messages=USER, tools=[WEATHER, TIME], tool_choice=NAMED))
+    assert request.sampling["structured_outputs"] == {"json": WEATHER["function"]["parameters"]}
     kwargs = json.loads(request.chat_template_kwargs)
     assert kwargs["tools"] == [WEATHER, {"type": "function", "function": {"name": "time", "description": None,
                                                                            "parameters": None}}]  # vLLM's dump
@@ -79,25 +90,40 @@ def test_a_named_function_holds_the_reply_to_its_parameters_and_the_tools_reach_
     assert parsed.params.structured_outputs.kind == "json"
 
 
-def test_a_named_function_without_parameters_is_held_to_an_empty_object():
-    assert reply_schema([_chat(messages=USER, tools=[TIME]).tools[0]], ToolChoice(name="time")) == EMPTY_PARAMETERS
+@pytest.mark.parametrize("parameters", [None, {}])
+def test_a_named_function_without_parameters_is_held_to_an_empty_object(parameters):
+    """Also ``{}`` (the empty schema, which any JSON value would meet: a bare number as arguments), as "required"
+    holds it."""
+    tool = {"type": "function", "function": {"name": "time", "parameters": parameters}}
+    assert reply_schema([_chat(messages=USER, tools=[tool]).tools[0]], ToolChoice(name="time")) == EMPTY_PARAMETERS
 
 
-def test_required_holds_the_reply_to_vllms_array_of_calls():
-    defs_tool = {"function": {"name": "where", "parameters": {
-        "type": "object", "properties": {"at": {"$ref": "#/$defs/Place"}}, "$defs": {"Place": {"type": "string"}}}}}
-    request = chat_request(_chat(messages=USER, tools=[WEATHER, TIME, defs_tool], tool_choice="required"))
-    schema = request.sampling["structured_outputs"]["json"]
-    assert schema == {"type": "array", "minItems": 1, "$defs": {"Place": {"type": "string"}}, "items": {
-        "type": "object", "anyOf": [
-            {"properties": {"name": {"type": "string", "enum": ["weather"]},
-                            "parameters": WEATHER["function"]["parameters"]}, "required": ["name", "parameters"]},
-            {"properties": {"name": {"type": "string", "enum": ["time"]}, "parameters": EMPTY_PARAMETERS},
-             "required": ["name", "parameters"]},
-            {"properties": {"name": {"type": "string", "enum": ["where"]}, "parameters": {
-                "type": "object", "properties": {"at": {"$ref": "#/$defs/Place"}}}},
-             "required": ["name", "parameters"]}]}}
-    assert parse_request(_raw(request), InputLimits()).params.structured_outputs.kind == "json"  # xgrammar takes it
+def test_required_points_each_tools_references_into_its_own_parameters():
+    """A tool whose ``$ref`` start at its parameters' root (``#``, ``#/properties/...``, ``#/definitions/...``) has
+    its parameters moved to the root's ``$defs``, those references pointed there; ``#/$defs/...`` as it is; data as
+    sent; a tool without such references stays in place."""
+    tree = {"function": {"name": "tree", "parameters": {
+        "type": "object", "properties": {"v": {"type": "boolean"}, "same": {"$ref": "#/properties/v"},
+                                         "kids": {"type": "array", "items": {"$ref": "#"}, "maxItems": 2},
+                                         "at": {"$ref": "#/definitions/P"}, "d": {"$ref": "#/$defs/D"},
+                                         "tag": {"const": {"$ref": "#"}}},
+        "required": ["v"], "definitions": {"P": {"type": "string", "enum": ["x"]}},
+        "$defs": {"D": {"$ref": "#/properties/v"}, "tool1_parameters": {"type": "null"}}}}}
+    schema = reply_schema(_chat(messages=USER, tools=[WEATHER, tree]).tools, ToolChoice(required=True))
+    base = "#/$defs/tool1_parameters_"  # the name the tool's own $defs took
+    assert schema["items"]["anyOf"][0]["properties"]["parameters"] == WEATHER["function"]["parameters"]
+    assert schema["items"]["anyOf"][1]["properties"]["parameters"] == {"$ref": base}
+    assert schema["$defs"]["tool1_parameters_"]["properties"] == {
+        "v": {"type": "boolean"}, "same": {"$ref": f"{base}/properties/v"},
+        "kids": {"type": "array", "items": {"$ref": base}, "maxItems": 2}, "at": {"$ref": f"{base}/definitions/P"},
+        "d": {"$ref": "#/$defs/D"}, "tag": {"const": {"$ref": "#"}}}
+    assert schema["$defs"]["D"] == {"$ref": f"{base}/properties/v"}
+    assert schema["$defs"]["tool1_parameters"] == {"type": "null"}
+    spec = parse_request(_raw(chat_request(_chat(messages=USER, tools=[WEATHER, tree], tool_choice="required"))),
+                         InputLimits()).params.structured_outputs
+    matcher = xgr.GrammarMatcher(compiled(_byte_compiler(), spec))  # xgrammar follows the references
+    reply = '[{"name": "tree", "parameters": {"v": true, "same": false, "kids": [{"v": false}], "at": "x"}}]'
+    assert all(matcher.accept_token(byte) for byte in reply.encode()) and matcher.is_completed()
 
 
 def test_none_renders_the_tools_and_holds_nothing():
@@ -137,6 +163,10 @@ def test_tokenize_takes_tools_and_no_tool_choice_as_vllms():
      "tools[0].function.parameters: bad"),
     (ToolChoice(required=True), 'structured_outputs.json: Unsupported type "x"',
      'tools: the tool calls\' schema (tool_choice "required"): Unsupported type "x"'),
+    (ToolChoice(required=True), "structured_outputs.json is 294362 characters long, at most 65536",
+     'tools: the tool calls\' schema (tool_choice "required") is 294362 characters long, at most 65536'),
+    (ToolChoice(name="weather"), "structured_outputs.json holds a number beyond a double's range",
+     "tools[0].function.parameters holds a number beyond a double's range"),
 ])
 def test_the_orchestrators_schema_errors_name_the_tools_parameters(choice, message, expected):
     tools = _chat(messages=USER, tools=[WEATHER, TIME]).tools
@@ -144,6 +174,15 @@ def test_the_orchestrators_schema_errors_name_the_tools_parameters(choice, messa
     assert (error.status, error.param, error.message) == (400, "tools", expected)
     other = ApiError(400, "top_k: must be ...", param="top_k")
     assert schema_error(other, tools, choice) is other and schema_error(error, tools, None) is error
+
+
+@pytest.mark.parametrize("choice, named", [(ToolChoice(name="weather"), "function 'weather'"),
+                                           (ToolChoice(required=True), '"required"')])
+def test_an_option_structured_outputs_excludes_names_the_tool_choice(choice, named):
+    """The request sent no structured_outputs: the error names what holds its reply."""
+    error = schema_error(from_orchestrator("sampling_parameters: min_tokens must be 0 with structured_outputs, got 5"),
+                         _chat(messages=USER, tools=[WEATHER]).tools, choice)
+    assert (error.param, error.message) == ("min_tokens", f"min_tokens must be 0 with tool_choice {named}, got 5")
 
 
 def test_the_orchestrators_errors_about_the_tools_name_them():
