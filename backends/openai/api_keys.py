@@ -13,7 +13,8 @@ import os
 from backends.openai.errors import ApiError
 
 ENV = "UNIFIEDSERVE_API_KEY"  # the keys, comma-separated (vLLM's VLLM_API_KEY)
-PUBLIC_PATHS = ("/health", "/ping", "/version", "/docs", "/redoc", "/openapi.json")  # as vLLM leaves them open
+# as vLLM leaves them open
+PUBLIC_PATHS = ("/health", "/ping", "/version", "/metrics", "/docs", "/redoc", "/openapi.json")
 
 
 def keys_from_env() -> tuple[str, ...]:

@@ -24,6 +24,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 from sse_starlette import EventSourceResponse
 
+from backends.openai import metrics_route
 from backends.openai.api_keys import ApiKeys
 from backends.openai.body_limit import BodyLimit
 from backends.openai.bulk import in_bulk_thread
@@ -120,6 +121,7 @@ def create_app(config: ApiConfig) -> FastAPI:
     app = FastAPI(title="UnifiedServe OpenAI-compatible API", lifespan=lifespan)
     install_handlers(app)
     app.include_router(router)
+    app.include_router(metrics_route.router)
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
     if config.api_keys:  # added after the body limit, so it runs before it: a refused request's body is never read
         app.add_middleware(ApiKeys, keys=config.api_keys)

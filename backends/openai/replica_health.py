@@ -50,16 +50,22 @@ class ReplicaHealth:
         self._client = httpx.AsyncClient(timeout=timeout_s, trust_env=False)
         self._warned = False
 
+    async def text(self) -> str:
+        """The metrics text fetched now (Prometheus' text exposition). Raises httpx.HTTPError when it cannot be
+        fetched: no connection, a timeout, a status other than 2xx."""
+        response = await self._client.get(self.url)
+        response.raise_for_status()
+        return response.text
+
     async def serving(self) -> bool | None:
         """:func:`replicas_serving` of the metrics fetched now; None when they cannot be fetched (no connection, a
         timeout, a status other than 2xx) or hold no such sample. Raises nothing."""
         try:
-            response = await self._client.get(self.url)
-            response.raise_for_status()
+            text = await self.text()
         except httpx.HTTPError as exc:
             self._warn(f"cannot read Triton's metrics at {self.url} ({exc!r})")
             return None
-        serving = replicas_serving(response.text)
+        serving = replicas_serving(text)
         if serving is None:
             self._warn(f"Triton's metrics at {self.url} list no {SERVING}")
         return serving

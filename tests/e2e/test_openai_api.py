@@ -102,6 +102,10 @@ def test_models_and_health(sdk, api):
     assert unknown.value.body["code"] == "model_not_found"
     assert urllib.request.urlopen(f"{api.url}/health", timeout=10).status == 200
     assert urllib.request.urlopen(f"{api.url}/ping", timeout=10).status == 200  # vLLM's (SageMaker's) name
+    metrics = urllib.request.urlopen(f"{api.url}/metrics", timeout=10)  # where vLLM's are: Triton's metrics port's
+    text = metrics.read().decode()
+    assert metrics.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+    assert "unifiedserve_kv_pages_total" in text and 'nv_inference_count{model="orchestrator"' in text
 
 
 def test_served_model_names_are_the_names_clients_send(server, tmp_path):
@@ -133,10 +137,13 @@ def test_a_tools_answer_in_the_history_is_served(sdk, api):
 
 def test_with_api_keys_a_request_needs_one(server, tmp_path):
     """vLLM's --api-key, handed to the API process by its environment: the SDK's api_key is sent as a Bearer token;
-    a wrong one is the SDK's AuthenticationError; /health needs none."""
+    a wrong one is the SDK's AuthenticationError; /health and /metrics need none."""
     with _api(server.ports.grpc, tmp_path / "api.log", api_keys=("sk-test", "sk-other")) as process:
         assert "sk-test" not in " ".join(process.process.args)
         assert urllib.request.urlopen(f"{process.url}/health", timeout=10).status == 200
+        with pytest.raises(urllib.error.HTTPError) as no_url:  # open (vLLM's too), here without --metrics-url
+            urllib.request.urlopen(f"{process.url}/metrics", timeout=10)
+        assert no_url.value.code == 404 and "--metrics-url" in json.loads(no_url.value.read())["error"]["message"]
         for key in ("sk-test", "sk-other"):
             with openai.OpenAI(base_url=f"{process.url}/v1", api_key=key, max_retries=0) as client:
                 reply = client.chat.completions.create(model=MODEL, max_tokens=2, extra_body=EXTRA,
