@@ -8,6 +8,7 @@ honour (``best_of``, vLLM's ``use_beam_search``, ...: ``backends.openai.unsuppor
 """
 from __future__ import annotations
 
+import functools
 from typing import Annotated, Any, ClassVar, Literal, Union
 
 from pydantic import BeforeValidator, Discriminator, Field, Tag, model_validator
@@ -284,9 +285,9 @@ class ChatCompletionRequest(GenerationRequest):
                   "continue_final_message": self.continue_final_message}
         return None if kwargs == {"add_generation_prompt": True, "continue_final_message": False} else kwargs
 
-    @property
+    @functools.cached_property
     def tool_choice_asked(self) -> ToolChoice | None:
-        """What the tools ask of the reply (a named function's arguments, or "required"'s calls), or None."""
+        """What the tools ask of the reply (a named function's arguments or "required"'s calls), or None; found once."""
         return tool_choice_of(self.tools, self.tool_choice, self.parallel_tool_calls) if self.chooses_tools else None
 
     @property
