@@ -176,8 +176,9 @@ async def tokenize(body: TokenizeRequest, request: Request) -> Response:
     write on the CPU machine, a pause of every stream the process serves."""
     card = await request.app.state.api.model_card()
     await _served(request, body)
+    _refuse(body)
     prompt = dataclasses.replace(body.orchestrator_request(), input_tokens=body.return_token_strs)
-    piece = await _prompt_tokens(request, body, prompt)
+    piece = await _prompt_tokens(request, prompt)
     return await _model_body(lambda: TokenizeResponse(
         count=len(piece.input_ids), max_model_len=card.max_model_len, tokens=list(piece.input_ids),
         token_strs=list(piece.input_tokens) if body.return_token_strs else None),
@@ -189,24 +190,22 @@ async def detokenize(body: DetokenizeRequest, request: Request) -> DetokenizeRes
     """vLLM's: the text that token ids decode to (special tokens kept). Raises ApiError 400 for an id outside the
     vocabulary, 404, 503."""
     await _served(request, body)
+    _refuse(body)
     if not body.tokens:
         return DetokenizeResponse(prompt="")
     ids = OrchestratorRequest(None, None, (), {}, False, False, prompt_token_ids=tuple(body.tokens), input_tokens=False)
     try:
-        return DetokenizeResponse(prompt=(await _prompt_tokens(request, body, ids)).prompt_text)
+        return DetokenizeResponse(prompt=(await _prompt_tokens(request, ids)).prompt_text)
     except ApiError as exc:  # the orchestrator names its input, which this request sent as tokens
         if exc.status != 400 or not exc.message.startswith("prompt_token_ids: "):
             raise
         raise ApiError(400, "tokens: " + exc.message.removeprefix("prompt_token_ids: "), param="tokens") from None
 
 
-async def _prompt_tokens(request: Request, body, prompt: OrchestratorRequest) -> ResponsePiece:
-    """The orchestrator's ``tokenize_only`` response to ``prompt`` (its http(s) media fetched first), once ``body``'s
-    fields are checked (``refusal``). Raises ApiError (400, 503, 499 when the client went away)."""
+async def _prompt_tokens(request: Request, prompt: OrchestratorRequest) -> ResponsePiece:
+    """The orchestrator's ``tokenize_only`` response to ``prompt`` (its http(s) media fetched first). Raises ApiError
+    (400, 503, 499 when the client went away)."""
     state: ApiState = request.app.state.api
-    refusal = body.refusal()
-    if refusal is not None:
-        raise ApiError(400, refusal[1], param=refusal[0])
     if needs_fetch(prompt):
         prompt, = await _unless_disconnected(request, _media_fetched(state.fetcher, [prompt]))
     return await _unless_disconnected(request, state.orchestrator.tokenize(prompt))
@@ -215,8 +214,10 @@ async def _prompt_tokens(request: Request, body, prompt: OrchestratorRequest) ->
 @router.post("/v1/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, request: Request):
     """A chat completion, whole or streamed (the module docstring); errors as ``errors`` says."""
+    served = await _served(request, body)
+    _refuse(body)
     choice = body.tool_choice_asked
-    shape = ChatShape(await _served(request, body), body.return_token_ids, body.top_logprobs_asked,
+    shape = ChatShape(served, body.return_token_ids, body.top_logprobs_asked,
                       body.choices_per_prompt, body.continuous_usage, body.echoed, choice and ToolReplies(choice))
     try:
         return await _generate(request, body, [chat_request(body)], shape)
@@ -227,10 +228,18 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
 @router.post("/v1/completions")
 async def completions(body: CompletionRequest, request: Request):
     """A completion of one or more text prompts, whole or streamed."""
-    shape = CompletionShape(await _served(request, body), body.return_token_ids, body.top_logprobs_asked,
+    served = await _served(request, body)
+    _refuse(body)
+    shape = CompletionShape(served, body.return_token_ids, body.top_logprobs_asked,
                             body.choices_per_prompt, body.prompts if body.echo else None, body.echo_only,
                             body.continuous_usage)
     return await _generate(request, body, completion_requests(body), shape)
+
+
+def _refuse(body: GenerationRequest | TokenizeRequest | DetokenizeRequest) -> None:
+    """Raises ApiError 400 naming the field ``body.refusal()`` refuses, before anything is built from ``body``."""
+    if (refusal := body.refusal()) is not None:
+        raise ApiError(400, refusal[1], param=refusal[0])
 
 
 async def _served(request: Request, body: GenerationRequest) -> str:
@@ -244,13 +253,10 @@ async def _served(request: Request, body: GenerationRequest) -> str:
 
 async def _generate(request: Request, body: GenerationRequest, prompts: list[OrchestratorRequest],
                     shape: ChatShape | CompletionShape):
-    """Check the fields, fetch http(s) media, send the prompts' requests (once per choice: ``choices``), answer in
-    ``shape``'s bodies. Raises ApiError (400 refused fields or bad input, 503, 500)."""
+    """Fetch http(s) media, send the prompts' requests (once per choice: ``choices``), answer in ``shape``'s bodies
+    (``body``'s fields checked: ``_refuse``). Raises ApiError (400 bad input, 503, 500)."""
     state: ApiState = request.app.state.api
     marks = ApiMarks(per_token=body.return_timeline)
-    refusal = body.refusal()
-    if refusal is not None:
-        raise ApiError(400, refusal[1], param=refusal[0])
     if 0 < state.config.max_requests < len(prompts) * shape.n:  # its choices run at once, or not at all (choices)
         what, param = ("choices", "n") if shape.n > 1 else ("prompts", "prompt")
         raise ApiError(400, f"{param}: {len(prompts) * shape.n} {what} at once, more than the "

@@ -222,8 +222,8 @@ def schema_error(exc: ApiError, tools: list[Tool] | None, choice: ToolChoice | N
     if choice is None or not tools:
         return exc
     if beside in exc.message:
-        what = '"required"' if choice.required else f"function {choice.name!r}"
-        return ApiError(exc.status, exc.message.replace(beside, f" with tool_choice {what}"), param=exc.param)
+        return ApiError(exc.status, exc.message.replace(beside, f" with tool_choice {choice.described}"),
+                        param=exc.param)
     if exc.param != "structured_outputs" or not exc.message.startswith(prefix):
         return exc
     rest = exc.message.removeprefix(prefix)  # ": why", or " is N characters long..."

@@ -74,6 +74,11 @@ class ToolChoice:
     required: bool = False
     parallel: bool = True
 
+    @property
+    def described(self) -> str:
+        """How messages name this choice: '"required"' or "function 'name'"."""
+        return '"required"' if self.required else f"function {self.name!r}"
+
 
 def tool_refusal(tools: list[Tool] | None, choice: object, held: str | None,
                  chooses: bool = True) -> tuple[str, str] | None:
@@ -111,8 +116,7 @@ def tool_refusal(tools: list[Tool] | None, choice: object, held: str | None,
     if choice == "required" and (conflict := _defs_conflict(tools)) is not None:
         return "tools", conflict
     if held is not None:
-        what = '"required"' if choice == "required" else f"function {choice['function']['name']!r}"
-        return held, (f"{held}: tool_choice {what} holds the reply to the tools' schema, which {held} cannot hold "
+        return held, (f"{held}: tool_choice {_valid_choice(choice, None).described} holds the reply to the tools' schema, which {held} cannot hold "
                       "too: send one or the other")
     return None
 
@@ -174,11 +178,16 @@ def _defs(tool: Tool) -> dict:
 def tool_choice_of(tools: list[Tool] | None, choice: object, parallel: bool | None) -> ToolChoice | None:
     """The request's :class:`ToolChoice`, or None where its reply is plain text (no tools, or "none") or its tools
     are refused (:func:`tool_refusal`, which the request's check answers)."""
-    if tool_refusal(tools, choice, None) is not None:
+    if tool_refusal(tools, choice, None) is not None or not (isinstance(choice, dict) or choice == "required"):
         return None
+    return _valid_choice(choice, parallel)
+
+
+def _valid_choice(choice: dict | str, parallel: bool | None) -> ToolChoice:
+    """The :class:`ToolChoice` of a named function or "required" that :func:`tool_refusal` took."""
     if isinstance(choice, dict):
         return ToolChoice(name=choice["function"]["name"], parallel=parallel is not False)
-    return ToolChoice(required=True, parallel=parallel is not False) if choice == "required" else None
+    return ToolChoice(required=True, parallel=parallel is not False)
 
 
 def reply_schema(tools: list[Tool], choice: ToolChoice) -> dict:
