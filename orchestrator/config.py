@@ -16,6 +16,7 @@ from orchestrator.prefix_cache import CacheConfig
 from orchestrator.reply_limit import DEFAULT_MAX_TOKENS
 from orchestrator.sampling_params import RequestParams
 from orchestrator.scheduler import SchedulerConfig
+from orchestrator.served_template import load_chat_template
 
 
 @dataclass(frozen=True)
@@ -47,7 +48,8 @@ class OrchestratorConfig:
     ``cache``: the prefix cache (``orchestrator.prefix_cache.CacheConfig``);
     ``model``: the served model (``backends.runtime.families.ServedModel``: its config.json, read once here), whose
     family's media rules, prompt text and tokenizer the orchestrator uses; ``media_defaults``: the server's media
-    settings a request's own override (``orchestrator.media.media_defaults``)."""
+    settings a request's own override (``orchestrator.media.media_defaults``); ``chat_template``: the server's chat
+    template, None for the checkpoint's (``orchestrator.served_template``)."""
 
     scheduler: SchedulerConfig
     limits: InputLimits
@@ -65,6 +67,7 @@ class OrchestratorConfig:
     default_max_tokens: int = DEFAULT_MAX_TOKENS
     generation: GenerationDefaults = GenerationDefaults()
     joins: Joins = Joins()
+    chat_template: str | None = None
 
     @property
     def reply_cap(self) -> int:
@@ -101,4 +104,5 @@ class OrchestratorConfig:
                    int_parameter(given, "default_max_tokens", DEFAULT_MAX_TOKENS),
                    generation_defaults(model.model_path, given.get("generation_config", "auto").strip()),
                    Joins(*(choice_value(name, given.get(name, "on" if default else "off").strip()) == "on"
-                           for name, default in (("serial_joins", Joins.serial), ("hold_joins", Joins.hold)))))
+                           for name, default in (("serial_joins", Joins.serial), ("hold_joins", Joins.hold)))),
+                   load_chat_template(params.get("chat_template", "")))

@@ -48,6 +48,7 @@ from orchestrator.sampling_params import InvalidInput
 from orchestrator.scheduler import Scheduler, SchedulerConfig
 from orchestrator.sequence import Group
 from orchestrator.stage_clients import LinkMedia, Links, LinkStages, published
+from orchestrator.served_template import with_template
 from orchestrator.timeline import NO_TIMELINE, Timeline
 from orchestrator.token_strings import TokenStrings
 from orchestrator.visual_cap import CapApplied
@@ -103,7 +104,7 @@ class Orchestrator:
         self.config = config
         self.metrics = metrics
         self.family = config.model.family  # its media rules and prompt text
-        self.tokenizer = model_tokenizer(config.model)
+        self.tokenizer = with_template(model_tokenizer(config.model), config.chat_template)
         self.sampled_ids = sampled_ids(config.model, self.tokenizer)  # stop_token_ids' bound
         self.outputs, self.token_strings = OutputProcessor(self.tokenizer), TokenStrings(self.tokenizer)
         self.links = Links()

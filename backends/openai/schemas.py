@@ -315,7 +315,7 @@ class ChatCompletionRequest(GenerationRequest):
         if (refused := tool_refusal(self.tools, self.tool_choice, held, self.chooses_tools)):
             return refused
         if self.chat_template is not None:  # vLLM 0.26 refuses it too, unless run with --trust-request-chat-template
-            return "chat_template", "chat_template: this server applies the model's own chat template only"
+            return "chat_template", "chat_template: this server applies its own template only (see --chat-template)"
         if self.max_completion_tokens is not None and not 0 < self.max_completion_tokens < MAX_TOKENS_LIMIT:
             # the orchestrator would name max_tokens, which this request did not send
             return "max_completion_tokens", (f"max_completion_tokens: must be a positive integer below 2**31, got "

@@ -1,5 +1,5 @@
 """The launcher's options that decide what is served: ``--config`` (a deployment file, ``deploy_config``),
-``--model`` (every model's checkpoint), then ``--set`` (each later one wins over what came before),
+``--model`` (every model's checkpoint), ``--chat-template`` (the orchestrator's ``chat_template``), then ``--set`` (each later one wins over what came before),
 ``--gpu-sharing`` (over the file's ``resources.gpu_sharing``), and ``--render DIR`` (write the repository and the
 tritonserver command that serves it as the launcher would, and start nothing).
 """
@@ -19,6 +19,7 @@ from backends.triton.mps import CONTROL, GPU_SHARING
 from backends.triton.ports import ServerPorts
 from backends.triton.repository import parse_overrides, repository_with
 from backends.triton.server_binary import HEAP_ENV, THREAD_STACK_BYTES, server_binary, server_command
+from orchestrator.served_template import load_chat_template
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a deployment file (deploy/*.yaml): resources, budgets, SLOs, pools, IPC buffer")
     parser.add_argument("--model", type=Path, metavar="PATH",
                         help="a local Qwen2.5-VL or InternVL3 checkpoint directory: the model_path of every model")
+    parser.add_argument("--chat-template", metavar="FILE|TEMPLATE",
+                        help="the chat template of every chat, instead of the checkpoint's, as vLLM's --chat-template: "
+                             "a Jinja file, or the template itself; it must read a message's content as a list of "
+                             "parts, as the model's own does")
     parser.add_argument("--gpu-sharing", choices=GPU_SHARING,
                         help="how the model processes share a GPU: time_slicing (CUDA's default) or mps (CUDA MPS "
                              "started for the server, SM shares from each stage's sm_share); default: the "
@@ -63,10 +68,25 @@ def admin_header_option(text: str) -> tuple[str, str]:
     return name.lower(), value
 
 
+def template_option(value: str) -> str:
+    """``--chat-template``'s value for the orchestrator's ``chat_template`` parameter: a file's absolute path (the
+    server's working folder differs), or a template as it is. Raises ValueError naming the option where the value
+    looks like a file path (``served_template.JINJA_CHARS``) and is no file, or the template does not compile."""
+    path = Path(value)
+    if path.is_file():
+        value = str(path.resolve())
+    try:
+        load_chat_template(value)
+    except ValueError as exc:
+        raise ValueError(f"--chat-template: {str(exc).removeprefix('parameter chat_template: ')}") from None
+    return value
+
+
 def serve_plan(args: argparse.Namespace, source: Path) -> ServePlan:
     """The plan from ``args`` (``--config``, ``--model``, ``--set`` as ``args.overrides``) for the repository
     ``source``. Raises ValueError naming the option at fault: a deployment file that does not check
-    (``deploy_config.ConfigError``), a ``--model`` that is not a directory, a ``--set`` item that
+    (``deploy_config.ConfigError``), a ``--model`` that is not a directory, a ``--chat-template`` that
+    :func:`template_option` refuses, a ``--set`` item that
     ``parse_overrides`` refuses (a file's value that the repository refuses names the file's key)."""
     config = DeployConfig.load(args.config) if args.config else DeployConfig()
     keyed = [(f"{args.config}: {key}", item) for key, item in config.keyed_items()]
@@ -74,6 +94,8 @@ def serve_plan(args: argparse.Namespace, source: Path) -> ServePlan:
         if not args.model.is_dir():
             raise ValueError(f"--model {args.model}: not a directory (a local Qwen2.5-VL or InternVL3 checkpoint)")
         keyed.append(("--model", f"*.model_path={args.model.resolve()}"))  # the server's working folder differs
+    if args.chat_template:
+        keyed.append(("--chat-template", f"orchestrator.chat_template={template_option(args.chat_template)}"))
     keyed += [(None, item) for item in args.overrides]  # named as --set items
     sharing = args.gpu_sharing or config.resources.gpu_sharing or "time_slicing"
     overrides = parse_overrides([item for _, item in keyed], source, [origin for origin, _ in keyed])

@@ -136,7 +136,8 @@ def check_value(model: str, key: str, current: str, value: str) -> None:
 
 
 def _quoted(value: str) -> str:
-    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    """``value`` as a protobuf text-format string (a line break escaped: the format's strings hold none)."""
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\r", "\\r") + '"'
 
 
 def edited_config(config: str, values: dict[str, str], model: str = "model") -> str:

@@ -97,7 +97,7 @@ def test_version_is_the_projects(api):
     ("/tokenize", {}, "prompt", "prompt: Field required"),
     ("/tokenize", {"prompt": ["a", "b"]}, "prompt", "prompt: Input should be a valid string"),
     ("/tokenize", {"messages": [{"role": "user", "content": "x"}], "chat_template": "{{ x }}"}, "chat_template",
-     "chat_template: this server applies the model's own chat template only"),
+     "chat_template: this server applies its own template only (see --chat-template)"),
     ("/tokenize", {"messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]},
      "messages", "messages[0].content[0].image_url: not a decodable image"),

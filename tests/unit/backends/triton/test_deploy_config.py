@@ -23,7 +23,8 @@ def write(tmp_path, text: str):
 
 
 def args(**given) -> argparse.Namespace:
-    return argparse.Namespace(**{"config": None, "model": None, "overrides": [], "gpu_sharing": None, **given})
+    defaults = {"config": None, "model": None, "chat_template": None, "overrides": [], "gpu_sharing": None}
+    return argparse.Namespace(**{**defaults, **given})
 
 
 def test_the_examples_check_and_every_item_is_a_repository_parameter():
