@@ -1,9 +1,9 @@
 """Big replies are read and written off the API process's event loop (its other requests' tokens wait for nothing
-there): a whole body with many log-probability entries (backends/openai/app.py, ``_whole_body``: in a thread, written
-in slices with pydantic's bytes, ``sliced_json``, sent a MiB at a time), a gRPC response with large outputs
-(orchestrator_client, ``client.pieces.response_bytes``), a token channel's large items (token_channel, ``_pieces``), a
-JSON array written one element a line (``client.pieces.json_entries``). Small ones stay on the loop (a thread hop
-costs each request)."""
+there): a whole body with many log-probability entries (backends/openai/generation.py, ``whole_body``: in a
+thread, written in slices with pydantic's bytes, ``sliced_json``, sent a MiB at a time), a gRPC response with large
+outputs (orchestrator_client, ``client.pieces.response_bytes``), a token channel's large items (token_channel,
+``_pieces``), a JSON array written one element a line (``client.pieces.json_entries``). Small ones stay on the loop
+(a thread hop costs each request)."""
 from __future__ import annotations
 
 import asyncio
@@ -18,7 +18,7 @@ from pydantic import BaseModel
 from pydantic_core import to_json
 from tritonclient.grpc import service_pb2
 
-from backends.openai import app
+from backends.openai import generation
 from backends.openai.responses import CompletionShape, Reply
 from backends.openai import sliced_json as sliced_json_module
 from backends.openai.sliced_json import SLICE, sliced_json
@@ -46,12 +46,12 @@ def _reply(prompt_tokens: int) -> Reply:
     return reply
 
 
-@pytest.mark.parametrize("tokens, off_loop", [(8, False), (app.LARGE_BODY_ENTRIES + 1, True)])
+@pytest.mark.parametrize("tokens, off_loop", [(8, False), (generation.LARGE_BODY_ENTRIES + 1, True)])
 def test_a_whole_body_is_written_by_pydantic_and_off_the_loop_when_it_is_big(tokens, off_loop):
     shape = RecordingShape("tiny", False, top_logprobs=1, echo=["p"])
 
     async def answer() -> tuple[Response, bytes]:
-        response = await app._whole_body(shape, [_reply(tokens)])
+        response = await generation.whole_body(shape, [_reply(tokens)])
         if isinstance(response, StreamingResponse):  # a big one: sent a MiB at a time, its length said
             content = b"".join([bytes(piece) async for piece in response.body_iterator])
             assert int(response.headers["content-length"]) == len(content)
@@ -69,7 +69,7 @@ def test_a_whole_body_is_written_by_pydantic_and_off_the_loop_when_it_is_big(tok
 
 @pytest.mark.parametrize("strs", [True, False])
 def test_a_big_tokenize_body_is_made_off_the_loop_with_pydantics_bytes(strs):
-    ids = list(range(app.LARGE_BODY_ENTRIES + 1))
+    ids = list(range(generation.LARGE_BODY_ENTRIES + 1))
     threads = []
 
     def make() -> TokenizeResponse:
@@ -78,7 +78,7 @@ def test_a_big_tokenize_body_is_made_off_the_loop_with_pydantics_bytes(strs):
                                 token_strs=[f"t\u00e9{i}" for i in ids] if strs else None)
 
     async def answer() -> bytes:
-        response = await app._model_body(make, large=True)
+        response = await generation.model_body(make, large=True)
         return b"".join([bytes(piece) async for piece in response.body_iterator])
     assert asyncio.run(answer()) == make().model_dump_json().encode()
     assert threads[0] is not threading.main_thread()

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from backends.openai.app import _media_fetched, _unless_disconnected
+from backends.openai.generation import media_fetched, unless_disconnected
 from backends.openai.convert import MediaRef, OrchestratorRequest
 from backends.openai.errors import ApiError
 from backends.openai.media_fetch import MediaFetcher
@@ -128,7 +128,7 @@ def test_a_video_has_its_own_deadline(base_url):
 
 
 class _Leaving:
-    """A request whose client goes away after ``after_s`` seconds (the ASGI messages ``_unless_disconnected`` reads)."""
+    """A request whose client goes away after ``after_s`` seconds (the ASGI messages ``unless_disconnected`` reads)."""
 
     def __init__(self, after_s: float):
         self.after_s = after_s
@@ -142,9 +142,9 @@ def test_a_fetch_is_cancelled_when_its_client_leaves(base_url):
     async def run():
         fetcher = MediaFetcher(True, 1 << 20, {"image": 30.0, "video": 30.0})
         try:
-            work = _media_fetched(fetcher, [_request(f"{base_url}/slow")])
+            work = media_fetched(fetcher, [_request(f"{base_url}/slow")])
             with pytest.raises(ApiError) as error:
-                await _unless_disconnected(_Leaving(0.5), work)
+                await unless_disconnected(_Leaving(0.5), work)
             return error.value.status
         finally:
             await fetcher.close()

@@ -1,6 +1,6 @@
 """A streamed chunk's JSON stays on one line for clients that split the stream with ``str.splitlines`` (httpx's
 ``aiter_lines``): U+0085, U+2028 and U+2029, which a token's text may hold and pydantic writes as they are, go out as
-JSON escapes (backends/openai/app.py, ``one_line``)."""
+JSON escapes (backends/openai/generation.py, ``one_line``)."""
 from __future__ import annotations
 
 import asyncio
@@ -10,7 +10,7 @@ import pytest
 from httpx._decoders import LineDecoder
 from sse_starlette.sse import ServerSentEvent
 
-from backends.openai.app import _chunk_data, one_line
+from backends.openai.generation import _chunk_data, one_line
 from backends.openai.responses import ChatShape
 from backends.openai.timing import ApiMarks
 from client.pieces import ResponsePiece
