@@ -22,7 +22,7 @@ from starlette.exceptions import HTTPException
 from tritonclient.utils import InferenceServerException
 
 from backends.openai.response_schemas import ErrorInfo, ErrorResponse
-from backends.openai.schemas import MediaOptions
+from backends.openai.sampling_fields import MediaOptions
 from orchestrator.engine_io import SHUTTING_DOWN
 from orchestrator.service import OVERLOADED
 

@@ -11,12 +11,12 @@ from __future__ import annotations
 import functools
 from typing import Annotated, Any, ClassVar, Literal, Union
 
-from pydantic import BeforeValidator, Discriminator, Field, Tag, model_validator
+from pydantic import BeforeValidator, Discriminator, Field, Tag
 
 from backends.ipc.protocol import MAX_LOGPROBS
-from backends.openai.bodies import Body, Flag, StrictBody
-from backends.openai.ignored_fields import log_unknown
+from backends.openai.bodies import Body, Flag
 from backends.openai.response_format import as_structured_outputs, json_schema_of
+from backends.openai.sampling_fields import MediaIoKwargs, SamplingRequest
 from backends.openai.tools import (AssistantToolCall, Tool, ToolChoice, held_by, reply_schema, template_tools,
                                    tool_choice_of, tool_refusal)
 from backends.openai.unsupported import Unsupported, unsupported_refusal
@@ -99,70 +99,22 @@ class StreamOptions(Body):
     continuous_usage_stats: Flag = False
 
 
-class MediaOptions(StrictBody):
-    """vLLM's ``mm_processor_kwargs``, the keys the orchestrator takes (``orchestrator.sampling_params``; which apply is
-    the served family's): frames sampled per second of video, the largest and smallest resized frame or image area in
-    pixels (Qwen2.5-VL), the segments a video is cut into, the most and fewest tiles of an image's grid and whether it
-    is tiled at all (InternVL3; also under vLLM's InternVL names ``max_dynamic_patch``, ``min_dynamic_patch`` and
-    transformers' ``max_patches``, ``min_patches``, ``crop_to_patches``, passed on as they are: the orchestrator's
-    ``orchestrator.sampling_aliases.ALIASES`` read them as its keys)."""
+class GenerationRequest(SamplingRequest):
+    """A chat's or a completion's body: :class:`SamplingRequest`'s fields and the two routes' own."""
 
-    fps: float | None = None
-    max_pixels: int | None = None
-    min_pixels: int | None = None
-    num_frames: int | None = None
-    max_tiles: int | None = None
-    min_tiles: int | None = None
-    dynamic_image_size: bool | None = None
-    max_dynamic_patch: int | None = None
-    min_dynamic_patch: int | None = None
-    max_patches: int | None = None
-    min_patches: int | None = None
-    crop_to_patches: bool | None = None
-
-
-class GenerationRequest(Body):
-    model: str | None = None  # None or "": the served model (vLLM's rule)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _log_unknown(cls, data: Any) -> Any:
-        """The request's top-level fields this server does not know, logged (``backends.openai.ignored_fields``)."""
-        if isinstance(data, dict):
-            log_unknown(cls.__name__, data, cls.model_fields)
-        return data
-
-    stream: Flag = False
     stream_options: StreamOptions | None = None
     max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
     # vLLM's extra parameters
-    top_k: int | None = None
     min_p: float | None = None
     min_tokens: int | None = None
-    ignore_eos: bool | None = None
-    repetition_penalty: float | None = None
     stop_token_ids: list[int] | None = None
-    include_stop_str_in_output: bool | None = None
-    skip_special_tokens: bool | None = None
     return_token_ids: Flag = False
     return_timeline: Flag = False  # ours: the reply (the last streamed chunk) carries the request's `timeline`
-    mm_processor_kwargs: MediaOptions | None = None
-    logit_bias: dict[str, float] | None = None  # token id (a JSON key) -> bias in [-100, 100]
     n: int | None = None  # choices per prompt (backends/openai/choices.py)
     response_format: dict[str, Any] | None = None  # OpenAI's: text, json_object, json_schema
-    structured_outputs: dict[str, Any] | str | None = None  # vLLM's: json, json_object, regex, choice, grammar
     prompt_logprobs: int | None = None  # vLLM's: the prompt tokens' log probabilities, top tokens each (no stream)
     # vLLM's fields that this server cannot honour: refused unless left at their defaults (backends/openai/unsupported)
     use_beam_search: Annotated[Flag, Unsupported("beam search is not supported by this server")] = False
-    priority: Annotated[int, Unsupported(
-        "got {value} but priority scheduling is not enabled (requests are served first come, first served, as "
-        "vLLM's default fcfs policy serves them)")] = 0
     watermarking: Annotated[Flag, Unsupported("watermarking is not supported by this server")] = False
     truncate_prompt_tokens: Annotated[int | None, Unsupported("prompt truncation is not supported by this server")] \
         = None
@@ -270,8 +222,7 @@ class ChatCompletionRequest(GenerationRequest):
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
     chat_template: str | None = None  # vLLM's own template for the request: refused (refusal)
-    media_io_kwargs: Annotated[dict[str, Any] | None, Unsupported(
-        "not supported by this server (mm_processor_kwargs sets the frames and sizes)")] = None
+    media_io_kwargs: MediaIoKwargs = None
 
     chooses_tools: ClassVar[bool] = True  # the reply follows tool_choice (vLLM's /tokenize takes tools alone)
 
