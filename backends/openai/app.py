@@ -1,6 +1,7 @@
 """The OpenAI-compatible HTTP API (FastAPI): ``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``,
 ``/health``, and vLLM's ``/tokenize``, ``/detokenize``, ``/version``, in front of the orchestrator model of a
-tritonserver (``orchestrator_client``).
+tritonserver (``orchestrator_client``); ``/v1/responses`` (``responses_api.route``) and ``/metrics``
+(``metrics_route``) are routers of their own.
 
 The generation routes' common path (the model's name and the fields checked, media fetched, the orchestrator's
 responses answered whole or streamed): ``generation``.
@@ -28,6 +29,7 @@ from backends.openai.media_fetch import MediaFetcher, needs_fetch
 from backends.openai.orchestrator_client import OrchestratorClient
 from backends.openai.replica_health import ReplicaHealth
 from backends.openai.responses import ChatShape, CompletionShape
+from backends.openai.responses_api import route as responses_route
 from backends.openai.response_schemas import ModelCard, ModelList
 from backends.openai.schemas import ChatCompletionRequest, CompletionRequest
 from backends.openai.tool_calls import ToolReplies, schema_error
@@ -109,6 +111,7 @@ def create_app(config: ApiConfig) -> FastAPI:
     install_handlers(app)
     app.include_router(router)
     app.include_router(metrics_route.router)
+    app.include_router(responses_route.router)
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
     if config.api_keys:  # added after the body limit, so it runs before it: a refused request's body is never read
         app.add_middleware(ApiKeys, keys=config.api_keys)

@@ -1,12 +1,14 @@
-"""What the generation routes share (``/v1/chat/completions``, ``/v1/completions``): the model's name checked, a
-body's fields checked, its http(s) media fetched, its requests sent to the orchestrator (``choices``) and their
-responses answered as a whole body or as server-sent events (``sse-starlette``).
+"""What the generation routes share (``/v1/chat/completions``, ``/v1/completions``, ``/v1/responses``): the
+model's name checked, a body's fields checked, its http(s) media fetched, its requests sent to the orchestrator
+(``choices``) and their responses answered in a shape's bodies (``responses``' chat and completion shapes,
+``responses_api.shape``), whole or as server-sent events (``sse-starlette``).
 
-A streamed request is answered with one chunk per orchestrator response, then, with ``stream_options.include_usage``,
-a chunk with the usage alone, then ``data: [DONE]``. Its HTTP status is decided by its first response: an error that
-comes before any token (bad input, a server stopping) is answered as a plain error with its status; one that comes
-later is sent as an ``{"error": ...}`` event before ``[DONE]``, as vLLM does. A client that goes away has its request
-cancelled on the server.
+A streamed request is answered with each orchestrator response's chunk (or, from a Responses API shape, events, each
+named by its type), then, with ``stream_options.include_usage``, a chunk with the usage alone, then the shape's end
+(``data: [DONE]`` after chat and completion chunks; none after Responses API events). Its HTTP status is decided by
+its first response: an error that comes before any token (bad input, a server stopping) is answered as a plain error
+with its status; one that comes later is sent as an ``{"error": ...}`` event, as vLLM does. A client that goes away
+has its request cancelled on the server.
 """
 from __future__ import annotations
 
@@ -27,6 +29,8 @@ from backends.openai.convert import OrchestratorRequest
 from backends.openai.errors import ApiError
 from backends.openai.media_fetch import MediaFetcher, needs_fetch
 from backends.openai.responses import ChatShape, CompletionShape, Reply
+from backends.openai.responses_api.schemas import StreamEvent
+from backends.openai.responses_api.shape import ResponsesShape
 from backends.openai.response_schemas import ChatCompletionChunk, Completion
 from backends.openai.schemas import GenerationRequest
 from backends.openai.sliced_json import sliced_json
@@ -39,6 +43,7 @@ if TYPE_CHECKING:
     from backends.openai.app import ApiState
 
 T = TypeVar("T")
+Shape = ChatShape | CompletionShape | ResponsesShape
 LARGE_BODY_ENTRIES = 2_048  # log-probability entries over which a whole body is made off the event loop
 
 
@@ -63,7 +68,7 @@ async def served(request: Request, body: GenerationRequest) -> str:
 
 
 async def generate(request: Request, body: GenerationRequest, prompts: list[OrchestratorRequest],
-                   shape: ChatShape | CompletionShape):
+                   shape: Shape):
     """Fetch http(s) media, send the prompts' requests (once per choice: ``choices``), answer in ``shape``'s bodies
     (``body``'s fields checked: ``refuse``). Raises ApiError (400 bad input, 503, 500)."""
     state: ApiState = request.app.state.api
@@ -97,7 +102,7 @@ async def media_fetched(fetcher: MediaFetcher, prompts: list[OrchestratorRequest
     return [await fetcher.resolve(prompt) for prompt in prompts]
 
 
-async def whole_body(shape: ChatShape | CompletionShape, replies: list[Reply]) -> Response:
+async def whole_body(shape: Shape, replies: list[Reply]) -> Response:
     """The whole body of ``replies`` in ``shape``, written by pydantic (in Rust; FastAPI's own encoding of a returned
     model walks it in Python: 855 ms against 36 for a 4,096-token prompt echoed with 20 top tokens a token, 10 MB);
     when they hold over ``LARGE_BODY_ENTRIES`` log-probability entries, on the bulk thread (``bulk``) and in slices
@@ -133,38 +138,44 @@ async def _gathered(pieces: AsyncIterator[tuple[int, ResponsePiece]], choices: i
     return replies
 
 
-async def _events(first: tuple[int, ResponsePiece], pieces: AsyncIterator[tuple[int, ResponsePiece]], shape,
+async def _events(first: tuple[int, ResponsePiece], pieces: AsyncIterator[tuple[int, ResponsePiece]], shape: Shape,
                   include_usage: bool, marks: ApiMarks):
-    """The stream's events (dicts for sse-starlette); closing it (the client went away) cancels the request. The
+    """The stream's events (dicts for sse-starlette): each response's (``_chunk_events``), the usage chunk where
+    asked, then ``shape.done`` where the shape has one; closing it (the client went away) cancels the request. The
     piece with the request's timeline (choice 0's last) gets ``marks`` joined to it."""
     try:
         marks.mark("api_first_chunk")
-        yield {"data": await _chunk_data(shape, first, marks)}  # a choice's first chunk: always one
+        for event in await _chunk_events(shape, first, marks):  # a choice's first chunk: never none
+            yield event
         async for item in pieces:
-            if (data := await _chunk_data(shape, item, marks)) is not None:
-                yield {"data": data}
-        counts = shape.streamed_usage()
-        if include_usage and counts is not None:
+            for event in await _chunk_events(shape, item, marks):
+                yield event
+        if include_usage and (counts := shape.streamed_usage()) is not None:
             yield {"data": shape.usage_chunk(counts).model_dump_json()}
     except ApiError as exc:
         yield {"data": json.dumps(exc.body())}
     finally:
         await pieces.aclose()
-    yield {"data": "[DONE]"}
+    if shape.done is not None:
+        yield {"data": shape.done}
 
 
-async def _chunk_data(shape, item: tuple[int, ResponsePiece], marks: ApiMarks) -> str | None:
-    """The chunk of ``item`` as JSON text (:func:`one_line`), made on the bulk thread when it holds over
-    ``LARGE_BODY_ENTRIES`` log-probability entries (a streamed echo's first chunk carries its prompt's), as
-    ``whole_body`` makes bodies; None where ``shape`` sends no chunk for it (a tool call's text not yet a call's)."""
+async def _chunk_events(shape: Shape, item: tuple[int, ResponsePiece], marks: ApiMarks) -> list[dict]:
+    """The events of ``item``'s chunk (``_sse``), made on the bulk thread when it holds over ``LARGE_BODY_ENTRIES``
+    log-probability entries (a streamed echo's first chunk carries its prompt's), as ``whole_body`` makes bodies;
+    none where ``shape`` sends no chunk for it (a tool call's text not yet a call's)."""
     if shape.chunk_entries(*item) > LARGE_BODY_ENTRIES:
-        return await in_bulk_thread(lambda: _line(_chunk(shape, item, marks), sliced=True))
-    return _line(_chunk(shape, item, marks), sliced=False)
+        return await in_bulk_thread(lambda: _sse(_chunk(shape, item, marks), sliced=True))
+    return _sse(_chunk(shape, item, marks), sliced=False)
 
 
-def _line(chunk: BaseModel | None, sliced: bool) -> str | None:
-    """``chunk``'s JSON text (``sliced``: by ``sliced_json``) on one line, or None for no chunk."""
-    return None if chunk is None else one_line(sliced_json(chunk).decode() if sliced else chunk.model_dump_json())
+def _sse(chunk: BaseModel | list[StreamEvent] | None, sliced: bool) -> list[dict]:
+    """The SSE events of a shape's chunk: none, the chunk, or each event of a list (the Responses API's, each named
+    by its ``type`` as OpenAI and vLLM name them), its JSON text (``sliced``: by ``sliced_json``) on one line."""
+    chunks = [] if chunk is None else chunk if isinstance(chunk, list) else [chunk]
+    lines = [one_line(sliced_json(c).decode() if sliced else c.model_dump_json()) for c in chunks]
+    return [{"event": c.type, "data": line} if isinstance(c, StreamEvent) else {"data": line}
+            for c, line in zip(chunks, lines)]
 
 
 # Line breaks to str.splitlines() but not to the SSE format (whose lines end at CR, LF or CRLF), which pydantic
@@ -179,7 +190,8 @@ def one_line(json_text: str) -> str:
     return json_text if json_text.isascii() else json_text.translate(_SPLITLINES_ONLY)
 
 
-def _chunk(shape, item: tuple[int, ResponsePiece], marks: ApiMarks) -> ChatCompletionChunk | Completion | None:
+def _chunk(shape: Shape, item: tuple[int, ResponsePiece], marks: ApiMarks
+           ) -> ChatCompletionChunk | Completion | list[StreamEvent] | None:
     index, piece = item
     if index == 0:  # the timeline is choice 0's
         marks.chunk(len(piece.token_ids))  # with return_timeline the orchestrator sends them (convert.py)

@@ -85,6 +85,7 @@ class _Shape:
     ``k`` is prompt ``k // n``'s; the request-wide extras (``visual_cap``, ``media``, ``timeline``) are choice 0's."""
 
     prefix = ""
+    done = "[DONE]"  # a stream's last event after its chunks (``generation``)
 
     def __init__(self, model: str, return_token_ids: bool, top_logprobs: int | None = None, n: int = 1,
                  continuous_usage: bool = False):

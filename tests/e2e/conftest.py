@@ -132,6 +132,21 @@ def wait_for_idle_pools(server, timeout_s: float = 60.0) -> dict[str, float]:
         time.sleep(0.2)
 
 
+def assert_closing_cancels(server, stream) -> None:
+    """Close ``stream`` (an SDK stream, its request running on ``server``) once the request is counted running:
+    its request is cancelled, every page free again within 10 s (an HTTP client that goes away)."""
+    deadline = time.monotonic() + 10  # gauges reach Triton within GAUGE_PERIOD_S (orchestrator/metrics.py)
+    while read_metrics(server)["unifiedserve_requests_running"] < 1:
+        assert time.monotonic() < deadline, "the streaming request is not counted as running"
+        time.sleep(0.02)
+    stream.close()
+    started = time.monotonic()
+    m = wait_for_idle_pools(server, timeout_s=30)
+    assert m["unifiedserve_requests_running"] == 0
+    assert m["unifiedserve_kv_pages_free"] == m["unifiedserve_kv_pages_total"]
+    assert time.monotonic() - started < 10, "the dropped stream's request ran on"
+
+
 def metrics_text(server) -> str:
     """The Prometheus endpoint's whole text."""
     return urllib.request.urlopen(f"http://127.0.0.1:{server.ports.metrics}/metrics", timeout=10).read().decode()

@@ -10,7 +10,7 @@ import pytest
 from httpx._decoders import LineDecoder
 from sse_starlette.sse import ServerSentEvent
 
-from backends.openai.generation import _chunk_data, one_line
+from backends.openai.generation import _chunk_events, one_line
 from backends.openai.responses import ChatShape
 from backends.openai.timing import ApiMarks
 from client.pieces import ResponsePiece
@@ -19,7 +19,8 @@ from client.pieces import ResponsePiece
 @pytest.mark.parametrize("text", ["a\u2028b", "a\x85b", "a\u2029b", "\u2028\u2028", "plain", "caf\u00e9 \u4e2d"])
 def test_a_chunk_with_a_splitlines_break_in_its_text_is_one_sse_data_line(text):
     piece = ResponsePiece(text.encode(), (7,), num_input_tokens=3, num_output_tokens=1)
-    data = asyncio.run(_chunk_data(ChatShape("tiny", False), (0, piece), ApiMarks()))
+    (event,) = asyncio.run(_chunk_events(ChatShape("tiny", False), (0, piece), ApiMarks()))
+    data = event["data"]
     lines = [line for line in LineDecoder().decode(ServerSentEvent(data=data, sep="\n").encode().decode()) if line]
     assert len(lines) == 1 and lines[0].startswith("data: ")
     assert json.loads(lines[0][len("data: "):])["choices"][0]["delta"]["content"] == text
