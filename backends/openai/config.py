@@ -7,6 +7,22 @@ from dataclasses import dataclass, field
 from backends.openai.api_keys import ENV as API_KEY_ENV, keys_from_env
 
 
+class FieldError(ValueError):
+    """A setting :class:`ApiConfig` refuses: ``name`` (its field) and ``why`` ("must be at least 1, got 0"), so
+    that each command line names its own option (:data:`FLAGS`, ``backends.triton.openai_options``)."""
+
+    def __init__(self, name: str, why: str):
+        super().__init__(f"{name} {why}")
+        self.name, self.why = name, why
+
+
+# this process's option for each field a FieldError may name
+FLAGS = {"port": "--port", "max_http_media_bytes": "--max-http-media-bytes", "max_requests": "--max-requests",
+         "http_image_timeout_s": "--http-image-timeout", "http_video_timeout_s": "--http-video-timeout",
+         "shutdown_grace_s": "--shutdown-grace", "api_keys": "--api-key", "served_model_names": "--served-model-name",
+         "workers": "--workers", "max_body_bytes": "--max-body-bytes", "metrics_url": "--metrics-url"}
+
+
 @dataclass(frozen=True)
 class ApiConfig:
     """Where the API listens and which orchestrator it speaks to.
@@ -33,8 +49,9 @@ class ApiConfig:
     ``allowed_origins``: the origins whose browser pages may call the API (CORS, Starlette's middleware; ``*``: any,
     vLLM's default; none: no CORS headers, so browsers refuse other origins' calls).
 
-    Raises ValueError for a port outside 0..65535, a non-positive size or timeout, a negative ``max_requests``, fewer
-    than one worker, a ``metrics_url`` that is not http(s).
+    Raises FieldError (a ValueError) naming the field: a port outside 0..65535, a size, timeout or count below its
+    least, an empty API key or one holding a comma, an empty served model name, a ``metrics_url`` that is not
+    http(s).
     """
 
     grpc_url: str = "127.0.0.1:8001"
@@ -57,23 +74,20 @@ class ApiConfig:
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
-            raise ValueError(f"port must be in 0..65535, got {self.port}")
-        if self.max_body_bytes < 1:
-            raise ValueError(f"max_body_bytes must be at least 1, got {self.max_body_bytes}")
-        if min(self.http_image_timeout_s, self.http_video_timeout_s) <= 0:
-            raise ValueError("http_image_timeout_s and http_video_timeout_s must be positive")
-        if self.max_http_media_bytes < 1 or self.shutdown_grace_s < 0:
-            raise ValueError("max_http_media_bytes must be positive, shutdown_grace_s >= 0")
-        if self.max_requests < 0:
-            raise ValueError(f"max_requests must be >= 0 (0: no limit), got {self.max_requests}")
+            raise FieldError("port", f"must be in 0..65535, got {self.port}")
+        for name, least in (("max_body_bytes", 1), ("max_http_media_bytes", 1), ("workers", 1), ("max_requests", 0),
+                            ("shutdown_grace_s", 0)):
+            if getattr(self, name) < least:
+                raise FieldError(name, f"must be at least {least}, got {getattr(self, name)}")
+        for name in ("http_image_timeout_s", "http_video_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise FieldError(name, f"must be positive, got {getattr(self, name)}")
         if any(not key or "," in key for key in self.api_keys):
-            raise ValueError("API keys must be non-empty and hold no comma")
+            raise FieldError("api_keys", "must be non-empty and hold no comma")
         if any(not name.strip() for name in self.served_model_names):
-            raise ValueError(f"served model names must not be empty, got {list(self.served_model_names)}")
-        if self.workers < 1:
-            raise ValueError(f"workers must be at least 1, got {self.workers}")
+            raise FieldError("served_model_names", f"must not be empty, got {list(self.served_model_names)}")
         if self.metrics_url is not None and not self.metrics_url.startswith(("http://", "https://")):
-            raise ValueError(f"metrics_url must be an http(s) URL, got {self.metrics_url!r}")
+            raise FieldError("metrics_url", f"must be an http(s) URL, got {self.metrics_url!r}")
 
     def to_args(self) -> list[str]:
         """The command line that :func:`parse_args` reads back into this config, with :meth:`env` (the keys)."""
@@ -146,5 +160,5 @@ def parse_args(argv: list[str] | None = None) -> ApiConfig:
                          a.shutdown_grace, a.max_requests, a.workers, a.max_body_bytes, not a.no_token_channel,
                          a.metrics_url, tuple(a.api_key) if a.api_key is not None else keys_from_env(),
                          tuple(a.allowed_origins))
-    except ValueError as exc:
-        parser.error(str(exc))
+    except FieldError as exc:
+        parser.error(f"{FLAGS[exc.name]} {exc.why}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from backends.openai.api_keys import keys_from_env
-from backends.openai.config import ApiConfig
+from backends.openai.config import ApiConfig, FieldError
 from backends.openai.process import default_openai_workers
 from backends.triton.ports import optional_port_option
 
@@ -38,17 +38,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Ends the launcher with a usage error for a count below its least (checked at once, not once the models have
-    loaded)."""
-    if any(not key or "," in key for key in args.api_key):
-        parser.error("--api-key keys must be non-empty and hold no comma")
-    if any(not name.strip() for name in args.served_model_name):
-        parser.error(f"--served-model-name names must not be empty, got {list(args.served_model_name)}")
-    for option, value, least in (("--openai-workers", args.openai_workers, 1),
-                                 ("--openai-max-body-bytes", args.openai_max_body_bytes, 1),
-                                 ("--openai-max-requests", args.openai_max_requests, 0)):
-        if value < least:
-            parser.error(f"{option} must be at least {least}, got {value}")
+    """Ends the launcher with a usage error naming its option for a setting the API's config refuses
+    (``ApiConfig``: checked at once, not once the models have loaded)."""
+    try:
+        api_config(args)
+    except FieldError as exc:
+        parser.error(f"{FLAGS[exc.name]} {exc.why}")
+
+
+# the launcher's option for each API setting it passes that a FieldError may name
+FLAGS = {"port": "--openai-port", "api_keys": "--api-key", "served_model_names": "--served-model-name",
+         "workers": "--openai-workers", "max_body_bytes": "--openai-max-body-bytes",
+         "max_requests": "--openai-max-requests"}
 
 
 def api_config(args: argparse.Namespace) -> ApiConfig:

@@ -67,7 +67,7 @@ def test_the_keys_travel_by_the_environment(monkeypatch):
 
 @pytest.mark.parametrize("keys", [("",), ("a,b",)])
 def test_an_empty_key_or_one_with_a_comma_is_refused(keys):
-    with pytest.raises(ValueError, match="API keys must be non-empty and hold no comma"):
+    with pytest.raises(ValueError, match="api_keys must be non-empty and hold no comma"):
         ApiConfig(api_keys=keys)
 
 

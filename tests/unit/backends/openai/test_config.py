@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from backends.openai.config import ApiConfig, parse_args
+from backends.openai.config import FLAGS, ApiConfig, FieldError, parse_args
 
 
 def test_the_command_line_reads_back_the_config():
@@ -19,7 +19,14 @@ def test_the_command_line_reads_back_the_config():
 @pytest.mark.parametrize("settings", [dict(port=70000), dict(max_http_media_bytes=0), dict(http_image_timeout_s=0),
                                       dict(http_video_timeout_s=-1), dict(shutdown_grace_s=-1),
                                       dict(served_model_names=("qwen", " ")), dict(max_requests=-1), dict(workers=0),
-                                      dict(metrics_url="127.0.0.1:8002/metrics"), dict(metrics_url="")])
-def test_bad_settings_are_refused(settings):
-    with pytest.raises(ValueError):
+                                      dict(metrics_url="127.0.0.1:8002/metrics"), dict(metrics_url=""),
+                                      dict(max_body_bytes=0), dict(api_keys=("a,b",))])
+def test_bad_settings_are_refused_and_the_command_line_names_its_option(settings, capsys):
+    (name, value), = settings.items()
+    with pytest.raises(FieldError) as refused:
         ApiConfig(**settings)
+    assert refused.value.name == name
+    words = list(value) if isinstance(value, tuple) else [str(value)]
+    with pytest.raises(SystemExit):
+        parse_args([FLAGS[name], *words])
+    assert f"error: {FLAGS[name]} {refused.value.why}" in capsys.readouterr().err

@@ -42,7 +42,7 @@ def test_the_served_model_names_reach_the_api(capsys):
     parser, args = _parsed("--served-model-name", "")
     with pytest.raises(SystemExit):
         openai_options.check(parser, args)
-    assert "--served-model-name names must not be empty" in capsys.readouterr().err
+    assert "--served-model-name must not be empty" in capsys.readouterr().err
 
 
 def test_the_allowed_origins_reach_the_api():
@@ -62,7 +62,7 @@ def test_the_api_keys_reach_the_api(monkeypatch, capsys):
     parser, args = _parsed("--api-key", "")
     with pytest.raises(SystemExit):
         openai_options.check(parser, args)
-    assert "--api-key keys must be non-empty" in capsys.readouterr().err
+    assert "--api-key must be non-empty and hold no comma" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("option,value", [("--openai-workers", "0"), ("--openai-max-body-bytes", "0"),
