@@ -123,7 +123,9 @@ def test_a_trailing_item_waits_while_more_items_come():
 
 def test_a_trailing_item_waits_one_round_at_most_on_a_busy_lane():
     """Items arriving faster than the lane sends them keep its queue from ever being empty: a timeline still goes
-    out after the items queued while the tokens before it were sent, not after all that come later."""
+    out after the items queued while the tokens before it were sent, not after all that come later. Each round's
+    items are queued while the lane is held in the first send of the round before (no timing: a lane that fell
+    behind would otherwise take more items in its first round, and the timeline's place would move with them)."""
     log, go = [], threading.Event()
     lanes = SendLanes(1)
     lane = lanes.lane()
@@ -131,16 +133,22 @@ def test_a_trailing_item_waits_one_round_at_most_on_a_busy_lane():
     lanes.send(lane, a, Piece((1,)))
     assert a.waiting.wait(5)  # the lane is in a's first send
     lanes.send(lane, a, Piece(("a-timeline",), flags=1, trailing=True))
-    go.set()
-    for k in range(200):  # other requests' tokens, one every 0.5 ms; each send takes 1 ms or more
-        lanes.send(lane, Sender(log, f"b{k}"), Piece((k,)))
-        time.sleep(0.0005)
+    rounds = [[Sender(log, f"b{r}.{k}", go=threading.Event() if k == 0 else None) for k in range(5)]
+              for r in range(3)]  # other requests' tokens
+    held = a
+    for senders in rounds:
+        for k, sender in enumerate(senders):
+            lanes.send(lane, sender, Piece((k,)))
+        held.go.set()
+        held = senders[0]
+        assert held.waiting.wait(5)  # the lane sends this round's first item; the next round's come meanwhile
+    held.go.set()
     lanes.close()
     names = [name for name, *_ in log]
-    assert len(names) == 202 and names[0] == "a"
     assert [r for name, r, _, _ in log if name == "a"] == [[1], ["a-timeline"]]
-    # after b0 and what came while b0 was sent (a few items; without the one-round rule: after all 200)
-    assert names.index("a", 1) < 100, names
+    # after the items queued with it (round 0) and those queued while they were sent (round 1), before round 2
+    # (without the one-round rule: after all of them)
+    assert names == ["a", *(s.name for s in rounds[0] + rounds[1]), "a", *(s.name for s in rounds[2])], names
 
 
 def test_a_failed_send_does_not_stop_the_lane_and_only_what_was_handed_over_is_noted_as_sent():

@@ -96,12 +96,18 @@ def test_waiters_of_one_process_are_served_in_arrival_order(pages):
     def wait(name, n):
         got[name] = pages.wait_allocate(n, cancelled=lambda: False)
 
+    def queued(n: int) -> None:  # until n waiters are in line (a sleep could end before a thread got there)
+        deadline = time.monotonic() + 5
+        while len(pages._queue) < n:
+            assert time.monotonic() < deadline, "no waiter in line"
+            time.sleep(0.005)
+
     first = threading.Thread(target=wait, args=("first", 2))
     first.start()
-    time.sleep(0.05)
+    queued(1)
     second = threading.Thread(target=wait, args=("second", 1))
     second.start()
-    time.sleep(0.05)
+    queued(2)
     pages.free([0])  # enough for the second, not the first: the second must not pass it
     time.sleep(0.1)
     assert got == {}

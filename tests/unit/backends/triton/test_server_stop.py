@@ -64,8 +64,8 @@ def test_a_stage_unloading_announces_the_stop_and_waits_for_the_drain(run_dir):
     threading.Thread(target=orchestrator, daemon=True).start()
     started = time.monotonic()
     assert server_stop.drain_before_unload("decode", timeout_s=10) and time.monotonic() - started >= 0.2
-    started = time.monotonic()
-    assert server_stop.drain_before_unload("decode", timeout_s=10) and time.monotonic() - started < 0.1
+    started = time.monotonic()  # at once, not after waiting out the 10 s (loose for a paused test process)
+    assert server_stop.drain_before_unload("decode", timeout_s=10) and time.monotonic() - started < 5
     (run_dir / server_stop.DRAINED).unlink()
     assert not server_stop.drain_before_unload("decode", timeout_s=0.2)
 
