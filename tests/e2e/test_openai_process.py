@@ -23,6 +23,7 @@ from tests.e2e.test_openai_api import EXTRA, MODEL, _api, _unused_port
 from tests.processes import running
 
 pytestmark = pytest.mark.e2e
+STREAMS = 32  # held at once over --workers 2: all on one worker by chance has odds of 1 in 2 ** 31 (12: 1 in 2,048)
 
 
 def _connections(pids: set[str], port: int) -> dict[str, int]:
@@ -58,10 +59,17 @@ def test_several_workers_serve_one_port_and_stop_together(server, tmp_path):
             with ThreadPoolExecutor(8) as pool:
                 assert set(pool.map(ask, range(16))) <= {"length", "stop"}
         time.sleep(0.5)  # its connections closed
-        workers = set(re.findall(r"Started server process \[(\d+)\]", (tmp_path / "api.log").read_text()))
+
+        def started() -> set[str]:
+            return set(re.findall(r"Started server process \[(\d+)\]", (tmp_path / "api.log").read_text()))
+        # /health answered once one worker served: the other may still be loading the app (it listens before that)
+        deadline = time.monotonic() + 60
+        while len(started()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        workers = started()
         assert len(workers) == 2, (tmp_path / "api.log").read_text()[-3000:]
 
-        opened, counted = threading.Barrier(13), threading.Event()
+        opened, counted = threading.Barrier(STREAMS + 1), threading.Event()
 
         def hold() -> None:  # a stream on a connection of its own (kept alive after the stream) until counted
             with openai.OpenAI(base_url=f"{process.url}/v1", api_key="unused", max_retries=0, timeout=60) as own:
@@ -71,15 +79,15 @@ def test_several_workers_serve_one_port_and_stop_together(server, tmp_path):
                 opened.wait()
                 counted.wait(60)
                 stream.close()
-        with ThreadPoolExecutor(12) as pool:
-            held = [pool.submit(hold) for _ in range(12)]
+        with ThreadPoolExecutor(STREAMS) as pool:
+            held = [pool.submit(hold) for _ in range(STREAMS)]
             opened.wait(60)
             per_worker = _connections(workers, process.config.port)
             counted.set()
             for future in held:
                 future.result()
-        # the kernel hashes each connection to a worker's socket: all 12 on one has odds of 1 in 2048
-        assert sum(per_worker.values()) >= 12 and min(per_worker.values()) > 0, per_worker
+        # the kernel hashes each connection to a worker's socket: all STREAMS on one has odds of 2 in 2 ** STREAMS
+        assert sum(per_worker.values()) >= STREAMS and min(per_worker.values()) > 0, per_worker
     for pid in workers:  # gone with the API
         assert not running(pid)
 
@@ -194,10 +202,12 @@ def test_the_launcher_serves_the_api_and_stops_it_first():
                 except Exception as exc:  # the long one: openai.APIError; any other is the test's failure
                     outcomes[max_tokens] = exc
 
-            asking = [threading.Thread(target=ask, args=(n,)) for n in streaming]
-            for thread in asking:
+            # the long one first, then the short one once the long one streams: the short one's 60 tokens (a quarter
+            # of a second on the CPU) need only outlast this thread's wake-up and the signal, not the long one's start
+            asking = [threading.Thread(target=ask, args=(n,)) for n in (20000, 60)]
+            for thread, n in zip(asking, (20000, 60)):
                 thread.start()
-            assert all(event.wait(120) for event in streaming.values()), "a streaming request produced no token"
+                assert streaming[n].wait(120), f"the {n}-token streaming request produced no token"
             launcher.send_signal(signal.SIGTERM)
             assert 60 not in outcomes, "the short stream ended before the stop: it tests nothing"
             for thread in asking:

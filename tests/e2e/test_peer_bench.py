@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 
 import pytest
 
@@ -15,7 +14,7 @@ from bench.peer.load import Target, open_loop
 from bench.peer.summary import write_summary
 from bench.serve_bench import SMOKE_SETUP
 from bench.common import write
-from orchestrator.metrics import FLUSH_S
+from tests.e2e.conftest import settled
 from tests.e2e.test_openai_api import MODEL, _api
 from tests.media import make_image, make_video
 
@@ -64,8 +63,10 @@ def test_the_warm_up_burst_sends_its_requests_at_once_and_each_is_served(target,
     """``start``'s second warm-up: every request of the burst sent together (so that each API process meets one)."""
     records = asyncio.run(open_loop(target, scenarios.warmup_burst(inputs)))
     assert len(records) == scenarios.WARMUP_BURST == 32
-    assert max(r.sent_s for r in records) < 1.0
     assert [(r.error, r.output_tokens) for r in records] == [(None, 4)] * 32
+    # every one sent before any had been answered (one after another, each would wait for the last to end); a
+    # bound on the send times instead would also measure how fast a loaded machine's event loop runs
+    assert max(r.sent_s for r in records) < min(r.sent_s + r.done_s for r in records)
 
 
 def test_scenarios_record_every_token_and_the_summary_has_the_issues_keys(server, target, inputs, tmp_path):
@@ -73,19 +74,22 @@ def test_scenarios_record_every_token_and_the_summary_has_the_issues_keys(server
              "followup", "multiturn"]
     state = {"argv": ["--metrics-port", str(server.ports.metrics)], "url": target.url}  # as bench.peer.servers keeps
     by_name = {}
+
+    def counters() -> dict[str, float] | None:
+        return prefix_cache.read("unifiedserve", state)
     for name in names:
-        before = prefix_cache.read("unifiedserve", state)
+        # the orchestrator sends its counters once a second (FLUSH_S): around a cache scenario, wait for the last ones
+        before = settled(counters) if name in scenarios.CACHED else counters()
         records = asyncio.run(scenarios.run(name, target, inputs, requests=3, questions=3, streams=2))
         assert records and all(r.error is None for r in records), [r.error for r in records]
         for r in records:  # ignore_eos: every requested token arrives, each with its own arrival time
             assert r.output_tokens == len(r.token_s) > 0 and r.prompt_tokens > 0
         by_name[name] = records
-        if name in scenarios.CACHED:  # the orchestrator sends its counters once a second: wait for the last ones
-            time.sleep(2 * FLUSH_S)
+        after = settled(counters) if name in scenarios.CACHED else counters()
         write(tmp_path / "raw" / "unifiedserve", name.replace("@", "_at_"),
               {"system": "unifiedserve", "scenario": name, "date": "today", "device": "cpu", "versions": {},
                "server_version": None, "records": [r.to_json() for r in records],
-               "prefix_cache": prefix_cache.increase(before, prefix_cache.read("unifiedserve", state))})
+               "prefix_cache": prefix_cache.increase(before, after)})
     first, alone, chat = by_name["followup"]
     assert (first.kind, alone.kind, chat.kind) == ("first", "followup", "followup_chat")
     assert first.sent_s + first.done_s <= alone.sent_s  # the follow-up waits for the first answer

@@ -156,7 +156,9 @@ def test_beyond_max_waiting_requests_a_request_is_refused_at_once_as_overloaded(
     started = time.monotonic()
     with Client(url) as client, pytest.raises(ServerError) as refused:
         client.generate("One more.", sampling={"max_tokens": 4})
-    assert time.monotonic() - started < 1.0
+    # at once: while the first request still holds the pages the others wait for (a queued request would wait for
+    # them); the time bound is loose, for a loaded 2-core machine (it was 1 s)
+    assert threads[0].is_alive() and time.monotonic() - started < 5.0, "the refusal waited for pages"
     assert "the server is overloaded: 2 requests wait for KV pages" in str(refused.value)
     assert "max_waiting_requests" in str(refused.value)
     for thread in threads:
