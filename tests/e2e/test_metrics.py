@@ -62,8 +62,11 @@ def test_latency_histograms_count_the_requests_and_token_counters_add_up(server,
         assert all(a <= b for (_, a), (_, b) in zip(now, now[1:])), (name, now)  # cumulative
         assert now[-1][1] == after[(name + "_count", ())], name  # +Inf is the count
         assert {types[name + suffix] for suffix in ("_bucket", "_sum", "_count")} == {"counter"}
-    # one gap per response after the first (each streamed response carries its token ids)
-    assert grown(before, after, ITL + "_count") == sum(r.num_responses - 1 for r in results)
+    # one gap per output after the first, an output carrying the tokens that came since the last: no more gaps than
+    # tokens after the first, and no fewer than responses after the first (a send lane that fell behind merges
+    # outputs into one response, as in about 2% of 8-token streams on a loaded 2-core machine)
+    assert sum(r.num_responses - 1 for r in results) <= grown(before, after, ITL + "_count") \
+        <= sum(r.num_output_tokens - 1 for r in results)
     # per request: the gaps span its first output to its last, inside its end-to-end time after the first token;
     # its queue and prefill time end at the engine's first token, before that token leaves
     ttft, e2e = grown(before, after, TTFT + "_sum"), grown(before, after, E2E + "_sum")
