@@ -24,7 +24,7 @@ from orchestrator.sampling_params import InvalidInput
 
 MERGE = 2  # patches per token side: Qwen2.5-VL's spatial_merge_size, InternVL3's pixel shuffle (0.5)
 # Stands for message text k while the template is applied (NUL bytes: no template writes them).
-_TEXT_MARK = "\x00unifiedserve-text-{}\x00"
+TEXT_MARK = "\x00unifiedserve-text-{}\x00"
 _TEXT_MARK_RE = re.compile("\x00unifiedserve-text-(\\d+)\x00")
 # transformers' encode(split_special_tokens=...) sets that flag on the tokenizer's one shared Rust object, and
 # prompts are built in worker threads: unserialised, a template's "<|image_pad|>" can be split into text.
@@ -121,17 +121,20 @@ def build_chat_prompt(tokenizer, turns: tuple[Turn, ...], media: list[tuple[str,
     ``media``: (kind, grid_thw in patches, second_per_grid_t in seconds; 0 for images), one per placeholder of
     ``turns``, in the same order. Each run of visual tokens is tokenized as one special token and then repeated (the
     ids equal tokenizing the processor's text, without tokenizing thousands of pads). The tools and the messages'
-    tool calls are the template's to write (``orchestrator.template_data``). Raises InvalidInput when they hold a
-    token only the server places or the template raises (its ``raise_exception``: the conversation is the client's),
-    RuntimeError when the template drops or repeats a text or a placeholder.
+    tool calls are the template's to write (``orchestrator.template_data``). A text the template leaves out (a
+    server template that skips system messages) is left out; one it writes twice is written twice. Raises
+    InvalidInput when they or the template's variables hold a token only the server places or the template raises
+    (its ``raise_exception``: the conversation is the client's), RuntimeError when the template changes a text's mark
+    (it writes texts through a filter) or drops, repeats or reorders a placeholder.
     """
     _refuse_placed_tokens(turns, options, family)
     texts = [part.text for turn in turns for part in turn.parts if part.kind == "text"]
-    templated = _templated(tokenizer, tuple((turn.role, tuple(part.kind for part in turn.parts), turn.fields)
-                                            for turn in turns), options)
+    templated = templated_text(tokenizer, tuple((turn.role, tuple(part.kind for part in turn.parts), turn.fields)
+                                                for turn in turns), options)
     pieces = _TEXT_MARK_RE.split(templated)  # template, text index, template, text index, ..., template
-    if sorted(int(i) for i in pieces[1::2]) != list(range(len(texts))):
-        raise RuntimeError("the chat template dropped or repeated a message's text")
+    if any("\x00" in piece for piece in pieces[::2]):
+        raise RuntimeError("the chat template changed a message's text as it wrote it (a filter on the text?): the "
+                           "server's template must write each text part as it is")
     kinds = {token: kind for kind, token in family.placeholders.items()}
     placeholder_re = re.compile("|".join(map(re.escape, kinds)))
     pending = list(media)
@@ -164,9 +167,9 @@ def build_chat_prompt(tokenizer, turns: tuple[Turn, ...], media: list[tuple[str,
 Shape = tuple[tuple[str, tuple[str, ...], tuple[tuple[str, str], ...]], ...]  # (role, part kinds, fields) a message
 
 
-def _templated(tokenizer, shape: Shape, options: ChatOptions) -> str:
+def templated_text(tokenizer, shape: Shape, options: ChatOptions) -> str:
     """The chat template applied as ``options`` say to the conversation of ``shape`` (message text k written as
-    ``_TEXT_MARK`` k: with ``continue_final_message`` the text ends at the last mark, so the final text is tokenized
+    ``TEXT_MARK`` k: with ``continue_final_message`` the text ends at the last mark, so the final text is tokenized
     whole), cached by both unless the template reads the clock (``strftime_now``) or the request has tools or tool
     calls (an agent's tool list, tens of KiB, would make each cached prompt as large)."""
     uncached = "strftime_now" in (tokenizer.chat_template or "") or options.tools or any(f for _, _, f in shape)
@@ -181,7 +184,7 @@ def _templated(tokenizer, shape: Shape, options: ChatOptions) -> str:
 @functools.lru_cache(maxsize=256)
 def _templated_shape(tokenizer, shape: Shape, options: ChatOptions) -> str:
     texts = itertools.count()
-    conversation = [{"role": role, "content": [{"type": "text", "text": _TEXT_MARK.format(next(texts))}
+    conversation = [{"role": role, "content": [{"type": "text", "text": TEXT_MARK.format(next(texts))}
                                                if kind == "text" else {"type": kind} for kind in kinds],
                      **{name: json.loads(value) for name, value in fields}}
                     for role, kinds, fields in shape]
@@ -192,10 +195,11 @@ def _templated_shape(tokenizer, shape: Shape, options: ChatOptions) -> str:
 
 
 def _refuse_placed_tokens(turns: tuple[Turn, ...], options: ChatOptions, family: Family) -> None:
-    """Raises InvalidInput where the tools (``chat_template_kwargs: tools``) or a message's fields
-    (``messages[i].tool_calls``) hold one of ``family.reserved_tokens``: the template writes them as they are, and the
-    prompt's media are placed by those tokens."""
+    """Raises InvalidInput where the tools (``chat_template_kwargs: tools``), the template's variables or a message's
+    fields (``messages[i].tool_calls``) hold one of ``family.reserved_tokens``: the template writes them as they are,
+    and the prompt's media are placed by those tokens."""
     data = [("chat_template_kwargs: tools", options.tools or "")]
+    data += [(f"chat_template_kwargs: {name}", value) for name, value in options.template_kwargs]
     data += [(f"messages[{i}].{name}", text) for i, turn in enumerate(turns) for name, text in turn.fields]
     for where, text in data:
         if found := [token for token in family.reserved_tokens if token in text]:

@@ -6,15 +6,24 @@ that can be opened is read; otherwise a value with none of :data:`JINJA_CHARS` l
 and any other value is the template itself, its backslash escapes decoded (``\\n`` written on a command line is a
 line break). The template is compiled as transformers compiles it, and must take a message's content as a list of
 parts (``{"type": "text", "text": ...}``, ``{"type": "image"}``), as Qwen2.5-VL's and InternVL3's own do (vLLM's
-"openai" content format): the prompt's text and media are placed by those parts (``orchestrator.prompt``).
+"openai" content format): the prompt's text and media are placed by those parts (``orchestrator.prompt``). The
+server tokenizes each text part on its own (so that no text can bring in a special token), so the template must write
+a text as it is: a filter on it (``trim``, cutting a ``<think>`` part out of an assistant's text) does not apply. A
+text the template leaves out (a system message it skips) is left out of the prompt, as on vLLM.
 """
 from __future__ import annotations
+
+import re
 
 import jinja2
 from transformers.utils.chat_template_utils import _compile_jinja_template
 
+from flashcodec.families import Family
+from orchestrator.chat_options import ChatOptions
+from orchestrator.prompt import TEXT_MARK, templated_text
+from orchestrator.sampling_params import InvalidInput
+
 JINJA_CHARS = "{}\n"  # vLLM's test of a value that is a template and not a file path
-_PROBE = "\x00chat-template-probe\x00"  # a text part's text, which a template of string contents writes inside a list
 
 
 def load_chat_template(value: str) -> str | None:
@@ -42,22 +51,44 @@ def load_chat_template(value: str) -> str | None:
     return template
 
 
-def with_template(tokenizer, template: str | None):
+def with_template(tokenizer, template: str | None, family: Family):
     """``tokenizer`` (transformers') with ``template`` (:func:`load_chat_template`'s) as its chat template, or as it
-    is for None. Raises ValueError naming the parameter ``chat_template`` where the template writes a message's
-    content as a string: it wrote a probe conversation's list of parts as Python's text of a list, or raised on it.
-    A template that drops the text passes here; the prompt's own check refuses it per request."""
+    is for None. The template is tried on probe conversations first (a system message, a user message with one part
+    of each of ``family``'s media kinds and a text, an assistant's and a user's text; then the user's message alone):
+    it must write the last user text and each media part's placeholder once, in order, and read the parts (not write
+    the list as a string). A probe the template refuses itself (``raise_exception``: it wants other conversations)
+    is skipped. Raises ValueError naming the parameter ``chat_template`` for a template that fails a probe."""
     if template is None:
         return tokenizer
     tokenizer.chat_template = template
-    conversation = [{"role": "user", "content": [{"type": "text", "text": _PROBE}]}]
-    try:
-        written = tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
-    except Exception as exc:  # noqa: BLE001 - whatever the template raised (a jinja2 error, a TypeError) is its fault
-        raise ValueError(f"parameter chat_template: the template cannot write a message whose content is a list of "
-                         f"parts ({type(exc).__name__}: {exc})") from None
-    if repr(_PROBE) in written:
+    asking = ("user", (*family.placeholders, "text"), ())
+    for shape in ((("system", ("text",), ()), asking, ("assistant", ("text",), ()), ("user", ("text",), ())),
+                  (asking,)):
+        try:
+            written = templated_text(tokenizer, shape, ChatOptions())
+        except InvalidInput:  # the template's own refusal of this conversation
+            continue
+        except Exception as exc:  # noqa: BLE001 - whatever the template raised (a TypeError on a list) is its fault
+            raise ValueError(f"parameter chat_template: the template cannot write a message whose content is a list "
+                             f"of parts ({type(exc).__name__}: {exc})") from None
+        _check_written(written, sum(kinds.count("text") for _, kinds, _ in shape) - 1, family)
+    return tokenizer
+
+
+def _check_written(written: str, last_text: int, family: Family) -> None:
+    """Raises ValueError (module docstring's rules) for a probe's ``written`` prompt, ``last_text`` the index of its
+    last text's mark."""
+    if "'type': 'text'" in written:
         raise ValueError("parameter chat_template: the template writes a message's content as a string; this server "
                          "needs one that reads its parts ({'type': 'text', 'text': ...}, {'type': 'image'}), as the "
                          "model's own template does (vLLM's 'openai' content format)")
-    return tokenizer
+    if TEXT_MARK.format(last_text) not in written:
+        raise ValueError("parameter chat_template: the template does not write the user's text as it is (the server "
+                         "tokenizes each text part on its own: a template may not change it)")
+    tokens = {token: kind for kind, token in family.placeholders.items()}
+    found = re.findall("|".join(map(re.escape, tokens)), written)
+    if found != list(family.placeholders.values()):
+        raise ValueError(f"parameter chat_template: for a message with one part of each media kind "
+                         f"({', '.join(family.placeholders)}) the template must write "
+                         f"{' then '.join(family.placeholders.values())} once each, in order; it wrote "
+                         f"{found or 'none'} ({family.name}'s chat template places its media by these tokens)")

@@ -104,7 +104,7 @@ class Orchestrator:
         self.config = config
         self.metrics = metrics
         self.family = config.model.family  # its media rules and prompt text
-        self.tokenizer = with_template(model_tokenizer(config.model), config.chat_template)
+        self.tokenizer = with_template(model_tokenizer(config.model), config.chat_template, self.family)
         self.sampled_ids = sampled_ids(config.model, self.tokenizer)  # stop_token_ids' bound
         self.outputs, self.token_strings = OutputProcessor(self.tokenizer), TokenStrings(self.tokenizer)
         self.links = Links()

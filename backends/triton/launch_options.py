@@ -71,10 +71,15 @@ def admin_header_option(text: str) -> tuple[str, str]:
 def template_option(value: str) -> str:
     """``--chat-template``'s value for the orchestrator's ``chat_template`` parameter: a file's absolute path (the
     server's working folder differs), or a template as it is. Raises ValueError naming the option where the value
-    looks like a file path (``served_template.JINJA_CHARS``) and is no file, or the template does not compile."""
-    path = Path(value)
-    if path.is_file():
-        value = str(path.resolve())
+    is empty or looks like a file path (``served_template.JINJA_CHARS``) and is no file, or the template does not
+    compile."""
+    if not value.strip():
+        raise ValueError("--chat-template: empty (name a template file, or leave the option out for the model's own)")
+    try:
+        if Path(value).is_file():
+            value = str(Path(value).resolve())
+    except OSError:  # a template longer than a file name may be: the template itself
+        pass
     try:
         load_chat_template(value)
     except ValueError as exc:
@@ -94,7 +99,7 @@ def serve_plan(args: argparse.Namespace, source: Path) -> ServePlan:
         if not args.model.is_dir():
             raise ValueError(f"--model {args.model}: not a directory (a local Qwen2.5-VL or InternVL3 checkpoint)")
         keyed.append(("--model", f"*.model_path={args.model.resolve()}"))  # the server's working folder differs
-    if args.chat_template:
+    if args.chat_template is not None:
         keyed.append(("--chat-template", f"orchestrator.chat_template={template_option(args.chat_template)}"))
     keyed += [(None, item) for item in args.overrides]  # named as --set items
     sharing = args.gpu_sharing or config.resources.gpu_sharing or "time_slicing"

@@ -7,10 +7,18 @@ import pytest
 from backends.runtime.tokenizer import load_tokenizer
 from backends.triton import launch_options
 from backends.triton.repository import REPOSITORY, edited_config
+from flashcodec.families import family
+from orchestrator.chat_options import ChatOptions
+from orchestrator.messages import Part, Turn
+from orchestrator.prompt import build_chat_prompt
+from orchestrator.sampling_params import InvalidInput
 from orchestrator.served_template import load_chat_template, with_template
 
-SHORT = "{% for m in messages %}<|im_start|>{{ m.role }}\n{% for p in m.content %}{{ p.text }}{% endfor %}<|im_end|>\n" \
-        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+QWEN = family("qwen2_5_vl")
+
+SHORT = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{% for p in m.content %}{% if p.type == 'text' %}{{ p.text }}"
+         "{% else %}<|vision_start|><|{{ p.type }}_pad|><|vision_end|>{% endif %}{% endfor %}<|im_end|>\n{% endfor %}"
+         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")  # Qwen2.5-VL's, shortened
 
 
 def test_a_file_is_read_and_a_template_is_taken_as_it_is_with_its_escapes_decoded(tmp_path):
@@ -39,16 +47,58 @@ def test_a_file_that_is_not_utf8_is_refused(tmp_path):
         load_chat_template(str(path))
 
 
-def test_the_template_writes_the_prompt_and_one_of_string_contents_is_refused():
-    tokenizer = with_template(load_tokenizer(None), SHORT)
-    conversation = [{"role": "user", "content": [{"type": "text", "text": "Hi."}]}]
-    assert tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True) == \
-        "<|im_start|>user\nHi.<|im_end|>\n<|im_start|>assistant\n"
-    assert with_template(tokenizer, None) is tokenizer  # None: the template it has
-    with pytest.raises(ValueError, match="writes a message's content as a string; this server needs one that reads"):
-        with_template(load_tokenizer(None), "{% for m in messages %}{{ m.content }}{% endfor %}")
-    with pytest.raises(ValueError, match="cannot write a message whose content is a list of parts"):
-        with_template(load_tokenizer(None), "{% for m in messages %}{{ m.content + 'x' }}{% endfor %}")
+QWEN_OWN = load_tokenizer(None).chat_template
+
+
+def _prompt(template: str, turns, media=(), options=ChatOptions()) -> str:
+    tokenizer = with_template(load_tokenizer(None), template, QWEN)
+    return tokenizer.decode(build_chat_prompt(tokenizer, turns, list(media), QWEN, options).input_ids)
+
+
+def test_the_template_writes_every_prompt_and_may_leave_a_text_out():
+    hi = Turn("user", (Part("text", "Hi."),))
+    assert _prompt(SHORT, (hi,)) == "<|im_start|>user\nHi.<|im_end|>\n<|im_start|>assistant\n"
+    tokenizer = load_tokenizer(None)
+    assert with_template(tokenizer, None, QWEN) is tokenizer  # None: the template it has
+    no_system = QWEN_OWN.replace("{% for message in messages %}",
+                                 "{% for message in messages if message['role'] != 'system' %}")
+    system = Turn("system", (Part("text", "Be terse."),))
+    asking = Turn("user", (Part("image"), Part("text", "And this?")))
+    written = _prompt(no_system, (system, hi, asking), [("image", (1, 4, 4), 0.0)])
+    assert "Be terse." not in written and "Hi." in written and written.count("<|image_pad|>") == 4
+
+
+@pytest.mark.parametrize("template, says", [
+    ("{% for m in messages %}{{ m.content }}{% endfor %}", "writes a message's content as a string"),
+    ("{% for m in messages %}{{ m.content + 'x' }}{% endfor %}", "cannot write a message whose content is a list"),
+    ("{% for m in messages %}{% for p in m.content %}{{ p.text | upper }}{% endfor %}{% endfor %}",
+     "does not write the user's text as it is"),
+    ("", "does not write the user's text as it is"),
+    (QWEN_OWN.replace("<|vision_start|><|image_pad|><|vision_end|>", ""),
+     "must write <|image_pad|> then <|video_pad|> once each, in order; it wrote ['<|video_pad|>']"),
+    (QWEN_OWN.replace("<|image_pad|>", "<|image_pad|><|image_pad|>"), "it wrote ['<|image_pad|>', '<|image_pad|>',"),
+])
+def test_a_template_that_fails_the_probes_stops_the_load_naming_the_parameter(template, says):
+    with pytest.raises(ValueError) as refused:
+        with_template(load_tokenizer(None), template, QWEN)
+    assert str(refused.value).startswith("parameter chat_template: ") and says in str(refused.value), refused.value
+
+
+def test_a_text_changed_as_it_is_written_is_the_servers_fault_where_the_probes_did_not_show_it():
+    shouting = SHORT.replace("{{ p.text }}", "{{ p.text | upper if m.role == 'assistant' else p.text }}")
+    hi = Turn("user", (Part("text", "Hi."),))
+    with pytest.raises(RuntimeError, match="changed a message's text as it wrote it .*must write each text part as"):
+        _prompt(shouting, (hi, Turn("assistant", (Part("text", "Hello."),)), hi))
+
+
+def test_a_template_that_refuses_conversations_itself_is_taken_and_answers_each_with_a_400():
+    strict = "{% if messages[0]['role'] != 'system' %}{{ raise_exception('A system message first.') }}{% endif %}" \
+             + QWEN_OWN
+    with pytest.raises(InvalidInput, match="the chat template refused the conversation .*A system message first"):
+        _prompt(strict, (Turn("user", (Part("text", "Hi."),)),))
+    with pytest.raises(InvalidInput, match="^chat_template_kwargs: greeting: holds <|image_pad|>"):
+        _prompt(QWEN_OWN, (Turn("user", (Part("text", "Hi."),)),),
+                options=ChatOptions(template_kwargs=(("greeting", '"<|image_pad|>"'),)))
 
 
 def test_the_launcher_option_passes_a_files_absolute_path_or_the_template_through_the_config(tmp_path, monkeypatch):
@@ -58,6 +108,9 @@ def test_the_launcher_option_passes_a_files_absolute_path_or_the_template_throug
                                                         overrides=[], gpu_sharing=None), REPOSITORY)
     assert plan.overrides["orchestrator"]["chat_template"] == str(tmp_path / "t.jinja")
     assert launch_options.template_option(SHORT) == SHORT
+    assert launch_options.template_option(QWEN_OWN) == QWEN_OWN  # longer than a file name may be
+    with pytest.raises(ValueError, match="^--chat-template: empty"):
+        launch_options.template_option(" ")
     with pytest.raises(ValueError, match="^--chat-template: 'nope.jinja' looks like a file path"):
         launch_options.template_option("nope.jinja")
     # the template itself goes into config.pbtxt on one line, its line breaks escaped as the text format has them
