@@ -4,6 +4,7 @@ import argparse
 
 import pytest
 
+from backends.runtime.families.registry import offline_tokenizer
 from backends.runtime.tokenizer import load_tokenizer
 from backends.triton import launch_options
 from backends.triton.repository import REPOSITORY, edited_config
@@ -117,3 +118,10 @@ def test_the_launcher_option_passes_a_files_absolute_path_or_the_template_throug
     config = 'parameters { key: "chat_template" value { string_value: "" } }\n'
     assert edited_config(config, {"chat_template": 'a\n"b"\\'}) == \
         'parameters { key: "chat_template" value { string_value: "a\\n\\"b\\"\\\\" } }\n'
+
+
+def test_each_familys_own_template_passes_the_probes_and_another_familys_does_not():
+    internvl3 = offline_tokenizer("internvl3_tiny")
+    assert with_template(internvl3, internvl3.chat_template, family("internvl3")) is internvl3
+    with pytest.raises(ValueError, match="must write <IMG_CONTEXT> then <video> once each"):
+        with_template(offline_tokenizer("internvl3_tiny"), QWEN_OWN, family("internvl3"))
