@@ -54,19 +54,27 @@ def parse_tools(value: object) -> str | None:
 
 
 def message_fields(where: str, role: str, message: dict) -> tuple[tuple[str, str], ...]:
-    """Message ``message``'s fields for the template besides role and content, as (name, JSON text) pairs: an
-    assistant message's non-empty ``tool_calls``, a tool message's ``tool_call_id`` (a string); vLLM ignores them
-    on other roles. Raises InvalidInput naming ``where.tool_calls[j]...``: not a list of objects, a call not of type
-    "function" or without a function name, arguments neither a JSON string nor an object, arguments not JSON."""
+    """Message ``message``'s fields for the template besides role and content, as (name, JSON text) pairs, as
+    vLLM's ``_parse_chat_message_content`` hands them: a ``name`` (a string) on any role; an assistant message's
+    ``reasoning`` (or ``reasoning_content``, its older name: the template gets both) and non-empty ``tool_calls``;
+    a tool message's ``tool_call_id`` (a string); vLLM ignores the rest. Raises InvalidInput naming
+    ``where.tool_calls[j]...``: not a list of objects, a call not of type "function" or without a function name,
+    arguments neither a JSON string nor an object, arguments not JSON."""
+    fields = {}
+    if isinstance(message.get("name"), str):
+        fields["name"] = message["name"]
     if role == "tool" and isinstance(message.get("tool_call_id"), str):
-        return (("tool_call_id", template_json(f"{where}.tool_call_id", message["tool_call_id"])),)
-    calls = message.get("tool_calls")
-    if role != "assistant" or calls is None or calls == []:  # vLLM drops an empty list: a plain assistant turn
-        return ()
-    if not isinstance(calls, list):
-        raise InvalidInput(f"{where}.tool_calls: must be a list of tool calls, got {type(calls).__name__}")
-    parsed = [_tool_call(f"{where}.tool_calls[{j}]", call) for j, call in enumerate(calls)]
-    return (("tool_calls", template_json(f"{where}.tool_calls", parsed)),)
+        fields["tool_call_id"] = message["tool_call_id"]
+    if role == "assistant":
+        reasoning = message.get("reasoning") or message.get("reasoning_content")
+        if isinstance(reasoning, str):
+            fields["reasoning"] = fields["reasoning_content"] = reasoning
+        calls = message.get("tool_calls")
+        if calls is not None and calls != []:  # vLLM drops an empty list: a plain assistant turn
+            if not isinstance(calls, list):
+                raise InvalidInput(f"{where}.tool_calls: must be a list of tool calls, got {type(calls).__name__}")
+            fields["tool_calls"] = [_tool_call(f"{where}.tool_calls[{j}]", call) for j, call in enumerate(calls)]
+    return tuple((name, template_json(f"{where}.{name}", value)) for name, value in fields.items())
 
 
 def _tool_call(where: str, call: object) -> dict:

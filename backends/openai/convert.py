@@ -17,7 +17,6 @@ import numpy as np
 from tritonclient.grpc import InferInput
 
 from backends.openai.schemas import ChatCompletionRequest, CompletionRequest, ImageUrlPart, TextPart
-from backends.openai.tools import history_fields
 
 
 @dataclass(frozen=True)
@@ -119,12 +118,12 @@ def _strings(values: list[str]) -> np.ndarray:
 
 def chat_request(request: ChatCompletionRequest) -> OrchestratorRequest:
     """The orchestrator's request for a chat (the module docstring says how); ``developer`` messages go as
-    ``system``; an assistant's tool calls and a tool's ``tool_call_id`` go with their messages, and the tools in
+    ``system``; a message's fields for the template go with it (``ChatMessage.template_fields``), and the tools in
     ``chat_template_kwargs`` (``ChatCompletionRequest.template_kwargs``)."""
     messages, media = [], []
     for i, message in enumerate(request.messages):
         role = "system" if message.role == "developer" else message.role
-        fields = history_fields(role, message.tool_calls, message.tool_call_id)
+        fields = message.template_fields(role)
         if message.content is None or isinstance(message.content, str):  # null: a message without parts
             messages.append({"role": role, "content": message.content, **fields})
             continue

@@ -17,8 +17,8 @@ from backends.ipc.protocol import MAX_LOGPROBS
 from backends.openai.bodies import Body, Flag
 from backends.openai.response_format import as_structured_outputs, json_schema_of
 from backends.openai.sampling_fields import MediaIoKwargs, SamplingRequest
-from backends.openai.tools import (AssistantToolCall, Tool, ToolChoice, held_by, reply_schema, template_tools,
-                                   tool_choice_of, tool_refusal)
+from backends.openai.tools import (AssistantToolCall, Tool, ToolChoice, held_by, history_fields, reply_schema,
+                                   template_tools, tool_choice_of, tool_refusal)
 from backends.openai.unsupported import Unsupported, unsupported_refusal
 from orchestrator.choice_reservations import MAX_CHOICES  # OpenAI's API's limit on n, and on prompts times n
 from orchestrator.sampling_params import MAX_TOKENS_LIMIT, SEED_LIMIT
@@ -80,15 +80,26 @@ ContentPart = Annotated[Union[Annotated[TextPart, Tag("text")], Annotated[ImageU
 
 class ChatMessage(Body):
     """``developer`` is OpenAI's newer name for ``system`` and is sent as one; ``content`` may be null or left out
-    (OpenAI's assistant messages), a message without parts, as vLLM takes it; ``tool``: a tool's answer. An
-    assistant's ``tool_calls`` and a tool's ``tool_call_id`` go to the chat template as vLLM hands them
-    (``backends.openai.tools.history_fields``; the served templates do not write them, as on vLLM)."""
+    (OpenAI's assistant messages), a message without parts, as vLLM takes it; ``tool``: a tool's answer. A
+    message's ``name``, an assistant's ``reasoning`` (vLLM's; ``reasoning_content`` its older name) and
+    ``tool_calls`` and a tool's ``tool_call_id`` go to the chat template as vLLM hands them (:meth:`template_fields`;
+    the served templates do not write them, as on vLLM)."""
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_call_id: str | None = None
     tool_calls: list[AssistantToolCall] | None = None
+    reasoning: str | None = None
+    reasoning_content: str | None = None
+
+    def template_fields(self, role: str) -> dict:
+        """The message's fields for the orchestrator besides role and content (``role`` as sent to it), which its
+        ``template_data.message_fields`` hands to the template."""
+        fields = {"name": self.name} if self.name is not None else {}
+        if role == "assistant" and (reasoning := self.reasoning or self.reasoning_content) is not None:
+            fields["reasoning"] = reasoning
+        return {**fields, **history_fields(role, self.tool_calls, self.tool_call_id)}
 
 
 class StreamOptions(Body):

@@ -17,7 +17,10 @@ from client.pieces import piece_from_grpc
 
 pytestmark = pytest.mark.e2e
 DEFAULT, BRIEF = "You are a helpful assistant.", "You answer briefly."
-TEMPLATE = load_tokenizer(None).chat_template.replace(DEFAULT, BRIEF) + '{{- "" }}'  # a quote to carry
+ROLE = "<|im_start|>{{ message['role'] }}\n"  # the role line, to which the template below adds what vLLM hands it
+TEMPLATE = load_tokenizer(None).chat_template.replace(DEFAULT, BRIEF).replace(ROLE, (
+    "<|im_start|>{{ message['role'] }}{{ ' (' + message.name + ')' if message.name else '' }}\n"
+    "{{ '<think>' + message.reasoning + '</think>' if message.reasoning else '' }}")) + '{{- "" }}'  # a quote
 MESSAGES = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is in it?"}]}]
 
 
@@ -29,9 +32,10 @@ def custom(media_dir, tmp_path_factory):
         yield srv
 
 
-def _prompt(grpc_url: str) -> tuple[int, ...]:
-    result, error = tokenize_only(grpc_url, messages=np.array([json.dumps(MESSAGES).encode()], dtype=np.object_),
-                                  image=np.array([png(np.full((56, 84, 3), 90, np.uint8))], dtype=np.object_))
+def _prompt(grpc_url: str, messages: list[dict] = MESSAGES) -> tuple[int, ...]:
+    image = [png(np.full((56, 84, 3), 90, np.uint8))] if messages is MESSAGES else []
+    result, error = tokenize_only(grpc_url, messages=np.array([json.dumps(messages).encode()], dtype=np.object_),
+                                  **({"image": np.array(image, dtype=np.object_)} if image else {}))
     assert error is None, error
     return piece_from_grpc(result).input_ids
 
@@ -42,3 +46,14 @@ def test_every_chat_is_written_by_the_servers_template(custom, server):
     mine, default = _prompt(f"127.0.0.1:{custom.ports.grpc}"), _prompt(f"127.0.0.1:{server.ports.grpc}")
     assert DEFAULT in tokenizer.decode(default)  # the checkpoint's template, with the image's tokens
     assert tokenizer.decode(mine) == tokenizer.decode(default).replace(DEFAULT, BRIEF)
+
+
+def test_a_messages_name_and_an_assistants_reasoning_reach_the_template(custom):
+    """vLLM hands them to the template: ``name`` on any message, ``reasoning`` (or ``reasoning_content``) on an
+    assistant's."""
+    messages = [{"role": "user", "content": "Hi.", "name": "Bob"},
+                {"role": "assistant", "content": "Hello.", "reasoning_content": "greet back"},
+                {"role": "user", "content": "Bye."}]
+    written = load_tokenizer(None).decode(_prompt(f"127.0.0.1:{custom.ports.grpc}", messages))
+    assert "<|im_start|>user (Bob)\nHi." in written and "<|im_start|>assistant\n<think>greet back</think>Hello." \
+        in written

@@ -98,6 +98,20 @@ def test_tool_calls_on_other_roles_are_ignored_as_vllm_ignores_them():
     assert turn.fields == ()
 
 
+def test_names_and_an_assistants_reasoning_reach_the_template_as_vllm_hands_them():
+    """vLLM's ``_parse_chat_message_content``: ``name`` on any role, an assistant's ``reasoning`` (or
+    ``reasoning_content``) as both; ``reasoning`` on other roles ignored."""
+    messages = [{"role": "user", "content": "x", "name": "Bob", "reasoning": "no"},
+                {"role": "assistant", "content": "y", "reasoning_content": "mulling"}]
+    user, assistant = parse_messages(json.dumps(messages).encode(), 1 << 20)
+    assert user.fields == (("name", '"Bob"'),)
+    assert assistant.fields == (("reasoning", '"mulling"'), ("reasoning_content", '"mulling"'))
+    named = TOOLS_TEMPLATE.replace("<|im_start|>{{ message.role }}\n", "<|im_start|>{{ message.role }} "
+                                   "{{ message.name }}{{ message.reasoning }}\n")
+    prompt = _prompt(build_offline_tokenizer(chat_template=named), messages)
+    assert "<|im_start|>user Bob\nx" in prompt and "<|im_start|>assistant mulling\ny" in prompt
+
+
 @pytest.mark.parametrize("where", ["tools", "tool_calls"])
 def test_a_media_token_in_tool_data_is_refused(tokenizer, where):
     """The template writes them as they are: a media token there would be taken for a placeholder."""

@@ -69,6 +69,16 @@ def test_a_chat_becomes_placeholders_and_urls_in_order(tmp_path):
     assert parsed.stream and parsed.exclude_input_in_output and not parsed.return_output_ids
 
 
+def test_a_messages_name_and_an_assistants_reasoning_go_with_it():
+    request = chat_request(_chat(messages=[
+        {"role": "developer", "content": "Be brief.", "name": "ops"},
+        {"role": "user", "content": "Hi", "name": "Bob", "reasoning": "not an assistant's"},
+        {"role": "assistant", "content": "Hello.", "reasoning_content": "greet back"}]))
+    assert json.loads(request.messages) == [
+        {"role": "system", "content": "Be brief.", "name": "ops"}, {"role": "user", "content": "Hi", "name": "Bob"},
+        {"role": "assistant", "content": "Hello.", "reasoning": "greet back"}]
+
+
 def test_sampling_fields_take_vllm_names():
     request = chat_request(_chat(
         messages=[{"role": "user", "content": "hi"}], max_tokens=99, max_completion_tokens=7, temperature=0,
