@@ -28,9 +28,11 @@ from orchestrator.service import OVERLOADED
 
 # The orchestrator's validation messages: "<input>: ...", "<input>[i]...: ...", "image 0: ...", and the two about
 # the prompt's length (orchestrator.prompt, orchestrator.service).
+# The orchestrator's messages that the prompt is too long (orchestrator.prompt, orchestrator.service)
+PROMPT_TOO_LONG = ("prompt too long", "the prompt (")
 _INVALID = re.compile(r"^(?:(?:text_input|messages|prompt|prompt_token_ids|image_url|video_url|image|video|"
                       r"sampling_parameters|chat_template_kwargs)"
-                      r"[\[:. ]|prompt too long|the prompt \()")
+                      r"[\[:. ]|" + "|".join(map(re.escape, PROMPT_TOO_LONG)) + ")")
 _SAMPLING = "sampling_parameters"
 _CHOICES = "choices: "
 _SAMPLING_KEY = re.compile(rf"^{_SAMPLING}: (?:unknown key ')?(\w+)")
@@ -54,11 +56,18 @@ class ApiError(Exception):
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
 
+    @property
+    def kind(self) -> str:
+        """OpenAI's error ``type``: "invalid_request_error" (a status below 500) or "server_error"."""
+        return "invalid_request_error" if self.status < 500 else "server_error"
+
+    def model(self) -> ErrorResponse:
+        """The body, ``{"error": {...}}``, as its model."""
+        return ErrorResponse(error=ErrorInfo(message=self.message, type=self.kind, param=self.param, code=self.code))
+
     def body(self) -> dict:
         """The JSON body, ``{"error": {...}}``."""
-        kind = "invalid_request_error" if self.status < 500 else "server_error"
-        info = ErrorInfo(message=self.message, type=kind, param=self.param, code=self.code)
-        return ErrorResponse(error=info).model_dump()
+        return self.model().model_dump()
 
     def response(self) -> JSONResponse:
         return JSONResponse(self.body(), status_code=self.status)
@@ -122,13 +131,14 @@ def from_transport(exc: grpc.RpcError | InferenceServerException) -> ApiError:
 
 def _where(loc: tuple) -> str:
     """Pydantic's error location as ``messages[0].content[1].image_url.url``: without the body's own prefix, the
-    union branch tried (``str``, ``list[...]``), a tagged union's tag (the part's type, repeated as its field) and a
-    body's kind where a route takes two (``/tokenize``: ``BODY_KINDS``)."""
+    union branch tried (``str``, ``list[...]``), a tagged union's tag (the part's type, repeated as its field, or a
+    tag marked by :func:`unplaced`) and a body's kind where a route takes two (``/tokenize``: ``BODY_KINDS``)."""
     where = ""
     for i, item in enumerate(loc):
         if isinstance(item, int):
             where += f"[{item}]"
         elif not (i == 0 and item == "body") and "[" not in item and item not in _BRANCHES \
+                and not item.startswith(_UNPLACED) \
                 and not (i == 1 and loc[0] == "body" and item in BODY_KINDS) \
                 and (i + 1 == len(loc) or loc[i + 1] != item):
             where += f".{item}" if where else item
@@ -136,6 +146,14 @@ def _where(loc: tuple) -> str:
 
 
 _BRANCHES = {"str", "int", "float", "bool", "list", "dict"}
+_UNPLACED = "~"
+
+
+def unplaced(tag: str) -> str:
+    """``tag``, a tagged union's (pydantic puts the tag of the branch it tried in an error's location), marked to be
+    left out of the place an error names (:func:`_where`): for a tag that is no field of the body."""
+    return _UNPLACED + tag
+
 BODY_KINDS = ("chat", "completion")  # the tags of a route's body that is one of two requests (tokenize_schemas)
 
 

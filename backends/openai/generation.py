@@ -7,15 +7,15 @@ A streamed request is answered with each orchestrator response's chunk (or, from
 named by its type), then, with ``stream_options.include_usage``, a chunk with the usage alone, then the shape's end
 (``data: [DONE]`` after chat and completion chunks; none after Responses API events). Its HTTP status is decided by
 its first response: an error that comes before any token (bad input, a server stopping) is answered as a plain error
-with its status; one that comes later is sent as an ``{"error": ...}`` event, as vLLM does. A client that goes away
-has its request cancelled on the server.
+with its status; one that comes later is sent as the shape's error event (``shape.error``: the chat's and the
+completion's ``{"error": ...}``, as vLLM sends it; the Responses API's ``error`` event), and ends the stream. A client
+that goes away has its request cancelled on the server.
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import dataclasses
-import json
 from typing import TYPE_CHECKING, AsyncIterator, Awaitable, Callable, TypeVar
 
 from fastapi import Request, Response
@@ -141,8 +141,9 @@ async def _gathered(pieces: AsyncIterator[tuple[int, ResponsePiece]], choices: i
 async def _events(first: tuple[int, ResponsePiece], pieces: AsyncIterator[tuple[int, ResponsePiece]], shape: Shape,
                   include_usage: bool, marks: ApiMarks):
     """The stream's events (dicts for sse-starlette): each response's (``_chunk_events``), the usage chunk where
-    asked, then ``shape.done`` where the shape has one; closing it (the client went away) cancels the request. The
-    piece with the request's timeline (choice 0's last) gets ``marks`` joined to it."""
+    asked, then ``shape.done`` where the shape has one; an error on the way is sent as ``shape.error``'s event in
+    their place. Closing it (the client went away) cancels the request. The piece with the request's timeline
+    (choice 0's last) gets ``marks`` joined to it."""
     try:
         marks.mark("api_first_chunk")
         for event in await _chunk_events(shape, first, marks):  # a choice's first chunk: never none
@@ -153,7 +154,8 @@ async def _events(first: tuple[int, ResponsePiece], pieces: AsyncIterator[tuple[
         if include_usage and (counts := shape.streamed_usage()) is not None:
             yield {"data": shape.usage_chunk(counts).model_dump_json()}
     except ApiError as exc:
-        yield {"data": json.dumps(exc.body())}
+        for event in _sse(shape.error(exc), sliced=False):
+            yield event
     finally:
         await pieces.aclose()
     if shape.done is not None:
@@ -170,8 +172,9 @@ async def _chunk_events(shape: Shape, item: tuple[int, ResponsePiece], marks: Ap
 
 
 def _sse(chunk: BaseModel | list[StreamEvent] | None, sliced: bool) -> list[dict]:
-    """The SSE events of a shape's chunk: none, the chunk, or each event of a list (the Responses API's, each named
-    by its ``type`` as OpenAI and vLLM name them), its JSON text (``sliced``: by ``sliced_json``) on one line."""
+    """The SSE events of a shape's chunk (or error): none, the chunk, or each event of a list (the Responses API's,
+    each named by its ``type`` as OpenAI and vLLM name them), its JSON text (``sliced``: by ``sliced_json``) on one
+    line."""
     chunks = [] if chunk is None else chunk if isinstance(chunk, list) else [chunk]
     lines = [one_line(sliced_json(c).decode() if sliced else c.model_dump_json()) for c in chunks]
     return [{"event": c.type, "data": line} if isinstance(c, StreamEvent) else {"data": line}

@@ -9,10 +9,11 @@ from __future__ import annotations
 import time
 import uuid
 
+from backends.openai.errors import ApiError
 from backends.openai.logprobs import chat_logprobs, completion_logprobs, prompt_logprobs
 from backends.openai.response_schemas import (AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion,
                                               ChatCompletionChunk, ChatLogprobs, Completion, CompletionChoice,
-                                              CompletionLogprobs, Delta, PromptTokensDetails, Usage)
+                                              CompletionLogprobs, Delta, ErrorResponse, PromptTokensDetails, Usage)
 from backends.openai.tool_calls import ToolReplies
 from client.pieces import ResponsePiece
 
@@ -104,6 +105,11 @@ class _Shape:
         self._started: set[int] = set()  # the choices whose first chunk is made
         self._usages: dict[int, Usage] = {}  # streamed choices' usage, from their last chunks
         self._made: dict[int, int] = {}  # with continuous_usage: each choice's tokens streamed so far
+
+    def error(self, exc: ApiError) -> ErrorResponse:
+        """What a stream sends for an error after its first chunk: the error's body, ``{"error": {...}}``, on its
+        ``data:`` line (vLLM's ``create_streaming_error_response``)."""
+        return exc.model()
 
     def _ids(self, token_ids) -> list[int] | None:
         return list(token_ids) if self.return_token_ids else None

@@ -154,7 +154,7 @@ class GenerationRequest(SamplingRequest):
         """(field, message) of the first field set to something this server cannot do, or None."""
         if (unsupported := unsupported_refusal(self)) is not None:
             return unsupported
-        if (out_of_range := _count_refusal("prompt_logprobs", self.prompt_logprobs)) is not None:
+        if (out_of_range := count_refusal("prompt_logprobs", self.prompt_logprobs)) is not None:
             return out_of_range
         if self.prompt_logprobs is not None and self.stream:  # vLLM refuses values above 0 (0 too here)
             return "prompt_logprobs", "prompt_logprobs: not available when stream is true"
@@ -207,8 +207,9 @@ class GenerationRequest(SamplingRequest):
         return self.n or 1
 
 
-def _count_refusal(field: str, count: int | None) -> tuple[str, str] | None:
-    """(field, message) for a log probabilities' top-token count outside [0, MAX_LOGPROBS], else None."""
+def count_refusal(field: str, count: int | None) -> tuple[str, str] | None:
+    """(field, message) for a log probabilities' top-token count outside [0, MAX_LOGPROBS], else None: OpenAI's API
+    reference's range for ``top_logprobs`` (0-20), vLLM's default ``max_logprobs``."""
     if count is not None and not 0 <= count <= MAX_LOGPROBS:
         return field, f"{field}: must be in [0, {MAX_LOGPROBS}], got {count}"
     return None
@@ -269,7 +270,7 @@ class ChatCompletionRequest(GenerationRequest):
         return "\n".join(part.text for part in last.content if isinstance(part, TextPart))
 
     def refusal(self) -> tuple[str, str] | None:
-        if (out_of_range := _count_refusal("top_logprobs", self.top_logprobs)) is not None:
+        if (out_of_range := count_refusal("top_logprobs", self.top_logprobs)) is not None:
             return out_of_range
         if self.top_logprobs and not self.logprobs:  # as OpenAI's API and vLLM answer
             return "top_logprobs", "top_logprobs: only allowed when logprobs is true"
@@ -334,7 +335,7 @@ class CompletionRequest(GenerationRequest):
         return self.prompt_logprobs
 
     def refusal(self) -> tuple[str, str] | None:
-        if (out_of_range := _count_refusal("logprobs", self.logprobs)) is not None:
+        if (out_of_range := count_refusal("logprobs", self.logprobs)) is not None:
             return out_of_range
         if isinstance(self.prompt, list) and not 1 <= len(self.prompts) <= MAX_PROMPTS:
             return "prompt", f"prompt: a list of 1 to {MAX_PROMPTS} prompts is taken, got {len(self.prompts)}"

@@ -1,22 +1,28 @@
 """The Responses API (``POST /v1/responses``) through a real tritonserver, driven with the ``openai`` SDK as a user
 drives it (``responses.create``, ``responses.stream``): a response is the chat completion of its messages (the same
 greedy text and token counts), its stream's events reassemble to the whole reply, images and structured outputs
-are served as a chat's, a client going away cancels its request, and what vLLM 0.26 refuses, or this server cannot
-serve, is an error naming the field."""
+are served as a chat's, a client going away cancels its request, a stream that fails midway ends with OpenAI's
+``error`` event, and what vLLM 0.26 refuses, or this server cannot serve (stored responses too), is an error naming
+the field."""
 from __future__ import annotations
 
 import json
+import operator
+import threading
 import urllib.request
 
+import httpx
 import openai
 import pytest
 
-from tests.e2e.conftest import assert_closing_cancels
-from tests.e2e.test_openai_api import MODEL, _data_url, api, sdk  # noqa: F401 - the module's API process and SDK
+from tests.e2e import test_openai_api as shared
+from tests.e2e.conftest import assert_closing_cancels, serve
+from tests.e2e.test_openai_api import MODEL, _api, _data_url
 from tests.media import make_image
 
 pytestmark = pytest.mark.e2e
 N = 8
+api, sdk = shared.api, shared.sdk  # fixtures: the module's API process and SDK client
 GREEDY = {"temperature": 0, "extra_body": {"ignore_eos": True}}  # random weights: counts and text asserted only so
 
 
@@ -118,9 +124,58 @@ def test_a_client_that_goes_away_has_its_response_cancelled(sdk, server):
      openai.BadRequestError, "input", "input[0].content[0].image_url: "),
     ({"input": [{"type": "function_call_output", "call_id": "c1", "output": "21"}]}, openai.BadRequestError,
      "input", "only message items are served"),
+    ({"conversation": "conv_1"}, openai.BadRequestError, "conversation", "stores no conversations"),
+    ({"tool_choice": "bogus"}, openai.BadRequestError, "tool_choice", "must be"),
+    ({"top_logprobs": -1}, openai.BadRequestError, "top_logprobs", "must be in [0, 20]"),
 ])
 def test_what_is_not_served_is_an_error_naming_the_field(sdk, fields, error, param, words):
     with pytest.raises(error) as refused:
         sdk.responses.create(**{"model": MODEL, "input": "Hi", "max_output_tokens": 2, **fields})
     body = refused.value.body
     assert body["param"] == param and words in body["message"], body
+
+
+@pytest.mark.parametrize("call", ["retrieve", "delete", "cancel", "input_items.list"])
+def test_a_stored_response_is_not_found(sdk, call):
+    """Nothing is stored (vLLM 0.26's default): the SDK's calls on a stored response raise NotFoundError."""
+    with pytest.raises(openai.NotFoundError) as missing:
+        operator.attrgetter(call)(sdk.responses)("resp_1")
+    assert missing.value.body["message"].startswith("Response with id 'resp_1' not found"), missing.value.body
+
+
+def test_a_stream_that_fails_midway_ends_with_an_error_event(media_dir, tmp_path):
+    """A stream in flight when its tritonserver stops (as the launcher stops it on SIGINT) ends with OpenAI's
+    ``error`` event, named on its SSE line and numbered after the events before it, with the orchestrator's
+    "shutting down" error; nothing follows it."""
+    lines: list[str] = []
+    outcome: dict[str, object] = {}
+    streaming = threading.Event()
+    body = {"model": MODEL, "input": "Tell me everything.", "max_output_tokens": 20000, "stream": True,
+            "temperature": 0, "ignore_eos": True}
+    with serve(media_dir, idle_at_exit=False) as srv, _api(srv.ports.grpc, tmp_path / "api.log") as process:
+
+        def read() -> None:
+            try:
+                with httpx.stream("POST", f"{process.url}/v1/responses", json=body, timeout=60) as answer:
+                    outcome["status"] = answer.status_code
+                    for line in answer.iter_lines():
+                        lines.append(line)
+                        if line == "event: response.output_text.delta":
+                            streaming.set()
+            except httpx.HTTPError as exc:
+                outcome["error"] = exc
+
+        reading = threading.Thread(target=read)
+        reading.start()
+        assert streaming.wait(120), f"the stream brought no text: {outcome} {lines[:8]}"
+        srv.stop()
+        reading.join(timeout=30)
+        assert not reading.is_alive(), "the stream did not end when the server stopped"
+    assert outcome == {"status": 200}, outcome  # the stream ended cleanly
+    names = [line.removeprefix("event: ") for line in lines if line.startswith("event: ")]
+    data = [json.loads(line.removeprefix("data: ")) for line in lines if line.startswith("data: ")]
+    assert names == [event["type"] for event in data] and names[-1] == "error" and "response.completed" not in names
+    assert [event["sequence_number"] for event in data] == list(range(len(data)))
+    error = data[-1]
+    assert error["code"] == "service_unavailable" and "shutting down" in error["message"], error
+    assert set(error) == {"type", "sequence_number", "code", "message", "param"}

@@ -4,16 +4,18 @@ renders a response's ``instructions`` and ``input`` through its chat path too (`
 ``construct_input_messages``: the instructions as a system message first, then the input's messages).
 
 Served: ``input`` (a string, a user message, or a list of message items: ``role`` user, system, developer or
-assistant; ``content`` a string or parts, ``input_text`` / ``output_text`` and ``input_image``), ``instructions``,
-``max_output_tokens``, ``text.format`` (as a chat's ``response_format``), ``include`` of
-``message.output_text.logprobs`` (with ``top_logprobs``), ``reasoning.effort`` (to the chat template, as vLLM hands
-it), a last item whose ``status`` is ``in_progress`` or ``incomplete`` (continued, vLLM's
-``should_continue_final_message``), and :class:`SamplingRequest`'s fields. ``store`` is taken and nothing is stored:
-vLLM 0.26 ignores it unless started with ``VLLM_ENABLE_RESPONSES_API_STORE=1`` (``serving.py``), so a
-``previous_response_id`` names nothing (vLLM's 404). Refused (a 400 naming the field, :meth:`ResponsesRequest.refusal`):
-what vLLM refuses without its store (``background``), or at all (``prompt``), and what this server cannot serve
-(``tools``, auto ``truncation``, items other than messages, files). A chat's own parts (``text``, ``image_url``,
-``video_url``) are refused, as vLLM's validation of OpenAI's input types refuses them.
+assistant; ``content`` a string or parts, ``input_text`` / ``output_text`` / ``refusal`` and ``input_image``),
+``instructions``, ``max_output_tokens``, ``text.format`` (as a chat's ``response_format``), ``include`` of
+``message.output_text.logprobs`` (with ``top_logprobs``, 0-20 as OpenAI's API reference says, checked also where not
+asked), ``reasoning.effort`` (to the chat template, as vLLM hands it), a last item whose ``status`` is
+``in_progress`` or ``incomplete`` (continued, vLLM's ``should_continue_final_message``), and
+:class:`SamplingRequest`'s fields; null as a field left out. ``store`` is taken and nothing is stored: vLLM 0.26
+ignores it unless started with ``VLLM_ENABLE_RESPONSES_API_STORE=1`` (``serving.py``), so a ``previous_response_id``
+names nothing (vLLM's 404). Refused (a 400 naming the field, :meth:`ResponsesRequest.refusal`): what vLLM refuses
+without its store (``background``), or at all (``prompt``), and what this server cannot serve (``tools``, auto
+``truncation``, items other than messages, files, a stored ``conversation``, which vLLM 0.26 does not know). A chat's
+own parts (``text``, ``image_url``, ``video_url``) are refused, as vLLM's validation of OpenAI's input types refuses
+them.
 """
 from __future__ import annotations
 
@@ -24,14 +26,16 @@ from pydantic import BeforeValidator, Discriminator, Field, Tag
 from pydantic_core import PydanticCustomError
 
 from backends.openai.bodies import Body, Flag
-from backends.openai.errors import ApiError
+from backends.openai.errors import PROMPT_TOO_LONG, ApiError, unplaced
 from backends.openai.sampling_fields import MediaIoKwargs, SamplingRequest
-from backends.openai.schemas import ChatCompletionRequest, ChatMessage, ImageUrlPart, MediaUrl, TextPart
+from backends.openai.schemas import (ChatCompletionRequest, ChatMessage, ImageUrlPart, MediaUrl, TextPart,
+                                     count_refusal)
 from backends.openai.unsupported import Unsupported, unsupported_refusal
 from orchestrator.shown import shown
 
 LOGPROBS = "message.output_text.logprobs"  # the one `include` that changes the reply here
 CONTINUED = ("in_progress", "incomplete")  # a last item's status that asks for it to be continued (vLLM's rule)
+BOTH = "instructions, input"  # the param of a prompt too long that both make
 
 
 class InputText(Body):
@@ -53,7 +57,18 @@ class InputImage(Body):
     detail: str | None = None
 
 
-_PART_TAGS = {"input_text": "text", "output_text": "text", "input_image": "image"}
+class InputRefusal(Body):
+    """A ``refusal`` part (OpenAI's ``ResponseOutputRefusal``, an assistant turn's as a former reply has it): its
+    ``refusal`` is the message's text, as the assistant said it (vLLM 0.26 takes the part, as its output message's,
+    and reads the text of an assistant message's first part alone, which a refusal part has none of)."""
+
+    type: Literal["refusal"]
+    refusal: str
+
+
+# the parts' tags, which errors leave out of a field's place (errors.unplaced)
+_PART_TAGS = {"input_text": unplaced("text"), "output_text": unplaced("text"), "refusal": unplaced("refusal"),
+              "input_image": unplaced("image")}
 
 
 def _part_tag(part: object) -> str | None:
@@ -61,10 +76,12 @@ def _part_tag(part: object) -> str | None:
     return _PART_TAGS.get(kind) if isinstance(kind, str) else None
 
 
-InputPart = Annotated[Union[Annotated[InputText, Tag("text")], Annotated[InputImage, Tag("image")]],
+InputPart = Annotated[Union[Annotated[InputText, Tag(_PART_TAGS["input_text"])],
+                            Annotated[InputRefusal, Tag(_PART_TAGS["refusal"])],
+                            Annotated[InputImage, Tag(_PART_TAGS["input_image"])]],
                       Discriminator(_part_tag, custom_error_type="part_type", custom_error_message=(
-                          "Input should be a part of type 'input_text', 'output_text' or 'input_image' (files and "
-                          "audio are not served)"))]
+                          "Input should be a part of type 'input_text', 'output_text', 'refusal' or 'input_image' "
+                          "(files and audio are not served)"))]
 
 
 def _message_item(item: object) -> object:
@@ -90,8 +107,10 @@ class InputMessage(Body):
 
 
 class TextFormat(Body):
-    """``text.format``: ``text``, ``json_object``, or ``json_schema`` with its ``schema`` (and ``name``, ``strict``,
-    ``description``, taken), held as a chat's ``response_format`` is (``response_format``: vLLM's
+    """``text.format``: ``text``, ``json_object``, or ``json_schema`` with its ``schema`` and ``name`` (both
+    required, as by vLLM 0.26's type, OpenAI's ``ResponseFormatTextJSONSchemaConfig``; the name's pattern in OpenAI's
+    API reference, ``^[a-zA-Z0-9_-]{1,64}$``, is not checked, as vLLM does not check it) and ``strict``,
+    ``description`` (taken), held as a chat's ``response_format`` is (``response_format``: vLLM's
     ``extract_structured_outputs``)."""
 
     type: Literal["text", "json_object", "json_schema"]
@@ -134,16 +153,19 @@ class ResponsesRequest(SamplingRequest):
     tool_choice: Any = "auto"
     parallel_tool_calls: bool | None = True
     max_tool_calls: int | None = None
-    metadata: dict[str, str] | None = None
+    metadata: dict[str, str] | None = None  # OpenAI's limits (16 keys, 64 and 512 characters) unchecked, as by vLLM
     user: str | None = None
     store: bool | None = True  # taken; nothing is stored (vLLM 0.26's default: the module docstring)
     service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = "auto"
     previous_response_id: str | None = None  # nothing is stored: a 404 (the route)
+    conversation: Annotated[str | dict[str, Any] | None, Unsupported(
+        "not supported: this server stores no conversations (vLLM 0.26 does not know the field); send the "
+        "conversation's items in input")] = None
     prompt_cache_key: str | None = None  # OpenAI's cache routing hint, ignored as by vLLM
     request_id: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     media_io_kwargs: MediaIoKwargs = None
-    tools: Annotated[list[Any], Unsupported(
+    tools: Annotated[list[Any] | None, Unsupported(
         "not supported by this server's Responses API (a tool call is told from the reply's text by a tool-call "
         "parser, which this server does not have; /v1/chat/completions serves tool_choice required or a named "
         "function)")] = []
@@ -180,13 +202,18 @@ class ResponsesRequest(SamplingRequest):
         """
         if (unsupported := unsupported_refusal(self)) is not None:
             return unsupported
-        if self.tool_choice not in ("auto", "none", None):  # vLLM: "required" and a named function need tools
-            return "tool_choice", f"tool_choice: {shown(self.tool_choice)} needs tools, which this server's " \
-                                  "Responses API does not serve (auto or none is taken)"
+        if (out_of_range := count_refusal("top_logprobs", self.top_logprobs)) is not None:  # also unasked
+            return out_of_range
+        if (refused := self._tool_choice_refusal()) is not None:
+            return refused
         if self.format is not None and self.structured_outputs is not None:  # vLLM's rule (also for text)
             return "structured_outputs", "structured_outputs: send it or text.format, not both"
-        if self.format is not None and self.format.type == "json_schema" and self.format.schema_ is None:
-            return "text.format", "text.format: type json_schema needs its schema (a JSON schema object)"
+        if self.format is not None and self.format.type == "json_schema":  # both required by vLLM's type
+            if self.format.schema_ is None:
+                return "text", "text.format.schema: Field required (type json_schema needs its schema, a JSON schema " \
+                               "object)"
+            if self.format.name is None:
+                return "text", "text.format.name: Field required (type json_schema needs its schema's name)"
         if not self.instructions and self.input == []:
             return "input", "input: no message to answer (an empty list, and no instructions)"
         for i, item in enumerate(self.input if isinstance(self.input, list) else ()):
@@ -195,6 +222,19 @@ class ResponsesRequest(SamplingRequest):
                     what = "files are not served by this server" if part.file_id is not None else "Field required"
                     return "input", f"input[{i}].content[{j}].image_url: {what} (send the image's URL, or a data: URL)"
         return None
+
+    def _tool_choice_refusal(self) -> tuple[str, str] | None:
+        """``tool_choice`` "required" or an object (a named tool) needs tools (vLLM's ``check_tool_usage``), which
+        this server's Responses API does not serve; a value that is none of OpenAI's ``ToolChoice`` forms (vLLM's
+        type) is named as such."""
+        choice = self.tool_choice
+        if choice in ("auto", "none", None):
+            return None
+        if choice != "required" and not (isinstance(choice, dict) and isinstance(choice.get("type"), str)):
+            return "tool_choice", ('tool_choice: must be "none", "auto", "required" or an object naming a tool '
+                                   f'({{"type": "function", "name": ...}}), got {shown(choice)}')
+        return "tool_choice", f"tool_choice: {shown(choice)} needs tools, which this server's Responses API does " \
+                              "not serve (auto or none is taken)"
 
     def chat_request(self) -> ChatCompletionRequest:
         """The chat completion this request runs as: the instructions (where not empty, as vLLM adds them) as a system
@@ -233,8 +273,9 @@ class ResponsesRequest(SamplingRequest):
     def named(self, exc: ApiError) -> ApiError:
         """``exc``, raised for :meth:`chat_request`'s chat, naming what it names as this request sent it: a message
         ``messages[k]`` as ``instructions`` or ``input[i]`` (``input`` for a string input), ``max_tokens`` as
-        ``max_output_tokens``, ``structured_outputs`` as ``text.format`` where that was sent, a continued last
-        message as ``input``."""
+        ``max_output_tokens``, ``structured_outputs`` as ``text.format`` where that was sent (``param`` ``text``, as
+        its other errors), a continued last message as ``input``, a prompt too long as what makes it
+        (:meth:`_prompt_fields`)."""
         message, param = exc.message, exc.param
         if (found := _MESSAGE.match(message)) is not None:
             message = self._where(int(found.group(1)), found.group(2)) + message[found.end():]
@@ -243,12 +284,23 @@ class ResponsesRequest(SamplingRequest):
         if param == "max_tokens":
             message, param = re.sub(r"\bmax_tokens\b", "max_output_tokens", message), "max_output_tokens"
         elif param == "structured_outputs" and self.format is not None:
-            message, param = "text.format" + message.removeprefix("structured_outputs"), "text.format"
+            message, param = "text.format" + message.removeprefix("structured_outputs"), "text"
+        elif param == "messages" and message.startswith(PROMPT_TOO_LONG):
+            if (param := self._prompt_fields(message)) == BOTH:
+                message += " (the prompt is the instructions and the input: shorten either)"
         elif param == "continue_final_message":
             message = message.replace("chat_template_kwargs: continue_final_message",
                                       f"input: a last item whose status is {' or '.join(CONTINUED)} (continued)")
         param = {"messages": "input", "continue_final_message": "input"}.get(param, param)
         return ApiError(exc.status, message, param, exc.code)
+
+    def _prompt_fields(self, message: str) -> str:
+        """What makes the prompt of a "prompt too long" ``message``: ``input`` (vLLM's ``param`` for it), also where
+        its images' visual tokens are what does not fit; ``instructions`` where the input is empty; else both
+        (``BOTH``)."""
+        if not self.instructions or "visual tokens fit" in message:
+            return "input"
+        return "instructions" if self.input == [] else BOTH
 
     def _where(self, k: int, rest: str) -> str:
         """Where chat message ``k`` (``rest``: what follows ``messages[k]``) came from in this request."""
@@ -262,8 +314,10 @@ class ResponsesRequest(SamplingRequest):
 _MESSAGE = re.compile(r"^messages\[(\d+)\]((?:\.content)?(?:\[\d+\])?(?:\.\w+)?)")
 
 
-def _chat_part(part: InputText | InputImage) -> TextPart | ImageUrlPart:
-    """A Responses content part as the chat's."""
+def _chat_part(part: InputText | InputRefusal | InputImage) -> TextPart | ImageUrlPart:
+    """A Responses content part as the chat's (a refusal as its text)."""
     if isinstance(part, InputText):
         return TextPart(type="text", text=part.text)
+    if isinstance(part, InputRefusal):
+        return TextPart(type="text", text=part.refusal)
     return ImageUrlPart(image_url=MediaUrl(url=part.image_url, detail=part.detail))

@@ -133,3 +133,12 @@ class TextDoneEvent(StreamEvent):
     content_index: int = 0
     text: str
     logprobs: list[TokenLogprob] = []
+
+
+class ErrorEvent(StreamEvent):
+    """``error`` (OpenAI's ``ResponseErrorEvent``): a failure after the stream's first events, its ``code`` (or its
+    kind, e.g. ``server_error``, where it has none), ``message`` and ``param``; it ends the stream."""
+
+    code: str | None = None
+    message: str
+    param: str | None = None

@@ -14,18 +14,20 @@ Streamed, as vLLM 0.26's ``responses_stream_generator`` and OpenAI send them: ``
 ``response.output_item.done`` and ``response.completed`` with the whole response: also an incomplete one (its
 ``status`` says so), as vLLM sends it, and as the ``openai`` SDK's ``responses.stream()`` needs for its final
 response (OpenAI sends ``response.incomplete`` instead). The first events go with the first orchestrator response,
-which decides the HTTP status (``generation``). No ``[DONE]`` follows (:attr:`ResponsesShape.done`).
+which decides the HTTP status (``generation``). No ``[DONE]`` follows (:attr:`ResponsesShape.done`). A failure after
+them (a server stopping) ends the stream with OpenAI's ``error`` event (:meth:`ResponsesShape.error`).
 """
 from __future__ import annotations
 
 import time
 import uuid
 
+from backends.openai.errors import ApiError
 from backends.openai.logprobs import chat_logprobs
 from backends.openai.response_schemas import TokenLogprob, Usage
 from backends.openai.responses import Reply, usage
 from backends.openai.responses_api.request import ResponsesRequest
-from backends.openai.responses_api.schemas import (ContentPartEvent, IncompleteDetails, InputTokensDetails,
+from backends.openai.responses_api.schemas import (ContentPartEvent, ErrorEvent, IncompleteDetails, InputTokensDetails,
                                                    OutputItemEvent, OutputMessage, OutputText, OutputTokensDetails,
                                                    ResponseEvent, ResponseObject, ResponseUsage, StreamEvent,
                                                    TextDeltaEvent, TextDoneEvent)
@@ -84,6 +86,15 @@ class ResponsesShape:
             events += self._closing(self._response("".join(self._text), self._logprobs, piece.finish_reason,
                                                    usage(piece)))
         return events
+
+    def error(self, exc: ApiError) -> list[StreamEvent]:
+        """The event for a failure after the stream's first events: OpenAI's ``error`` event (its API reference's
+        ``ResponseErrorEvent``: ``code``, here the error's code or else its kind, ``message``, ``param``, numbered
+        after the others). vLLM 0.26 means to send its chat's error body there (``serving.py``,
+        ``_convert_generation_error_to_streaming_response``), which none of its event types takes: its stream breaks
+        off instead."""
+        return [ErrorEvent(type="error", sequence_number=self._next(), code=exc.code or exc.kind,
+                           message=exc.message, param=exc.param)]
 
     def _opening(self) -> list[StreamEvent]:
         started = self._response_at(status="in_progress")

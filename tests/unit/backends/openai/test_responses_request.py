@@ -51,12 +51,14 @@ def test_message_items_and_their_parts_become_the_chats():
             {"type": "input_text", "text": "What is it?"}, {"type": "input_image", "image_url": IMAGE, "detail": "low"},
             {"type": "input_image", "image_url": "file:///data/b.png"}]},
         {"role": "assistant", "content": [{"type": "output_text", "text": "Un chat.", "annotations": []}]},
-        {"role": "user", "content": "And now?"}])
+        {"role": "user", "content": "And now?"},
+        {"role": "assistant", "content": [{"type": "refusal", "refusal": "I can't."}]}])
     assert json.loads(sent.messages) == [  # empty instructions add no message (vLLM's rule)
         {"role": "system", "content": "Answer in French."},
         {"role": "user", "content": [{"type": "text", "text": "What is it?"}, {"type": "image"}, {"type": "image"}]},
         {"role": "assistant", "content": [{"type": "text", "text": "Un chat."}]},
-        {"role": "user", "content": "And now?"}]
+        {"role": "user", "content": "And now?"},
+        {"role": "assistant", "content": [{"type": "text", "text": "I can't."}]}]  # a refusal: the assistant's text
     assert [(m.kind, m.url) for m in sent.media] == [("image", IMAGE), ("image", "file:///data/b.png")]
 
 
@@ -104,7 +106,14 @@ def test_include_logprobs_asks_for_the_top_tokens():
     ({"tool_choice": {"type": "function", "name": "f"}}, "tool_choice", "needs tools"),
     ({"text": {"format": {"type": "json_object"}}, "structured_outputs": {"regex": "a+"}}, "structured_outputs",
      "not both"),
-    ({"text": {"format": {"type": "json_schema", "name": "r"}}}, "text.format", "needs its schema"),
+    ({"text": {"format": {"type": "json_schema", "name": "r"}}}, "text", "text.format.schema: Field required"),
+    ({"text": {"format": {"type": "json_schema", "schema": {}}}}, "text", "text.format.name: Field required"),
+    ({"top_logprobs": -1}, "top_logprobs", "must be in [0, 20], got -1"),  # also without include (OpenAI's range)
+    ({"top_logprobs": 21, "include": ["message.output_text.logprobs"]}, "top_logprobs", "must be in [0, 20]"),
+    ({"tool_choice": "bogus"}, "tool_choice", "tool_choice: must be \"none\", \"auto\", \"required\" or an object"),
+    ({"tool_choice": {"name": "f"}}, "tool_choice", "got {'name': 'f'}"),
+    ({"conversation": "conv_1"}, "conversation", "stores no conversations"),
+    ({"conversation": {"id": "conv_1"}}, "conversation", "send the conversation's items in input"),
     ({"input": []}, "input", "no message to answer"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "file_id": "file-1"}]}]}, "input",
      "input[0].content[0].image_url: files are not served"),
@@ -121,6 +130,15 @@ def test_what_changes_nothing_here_is_taken():
     assert body.refusal() is None and body.chat_request().refusal() is None
 
 
+def test_null_is_unset_and_vllms_unchecked_limits_are_taken():
+    """``tools`` and ``conversation`` null as left out; OpenAI's limits that vLLM 0.26 does not check (metadata's 16
+    keys of 64 and values of 512 characters, a json_schema name's pattern) are not checked either."""
+    body = _body(tools=None, conversation=None, tool_choice=None, top_logprobs=None,
+                 metadata={f"{'k' * 70}{i}": "v" * 600 for i in range(17)},
+                 text={"format": {"type": "json_schema", "name": "not a valid name!" * 5, "schema": {}}})
+    assert body.refusal() is None and body.chat_request().refusal() is None
+
+
 @pytest.mark.parametrize("fields, message, param, said, named", [
     ({"instructions": "Hi"}, "messages[0].content: holds <|image_pad|>", "messages",
      "instructions: holds <|image_pad|>", "input"),
@@ -133,9 +151,15 @@ def test_what_changes_nothing_here_is_taken():
     ({}, "prompt too long: 40000 tokens", "messages", "prompt too long: 40000 tokens", "input"),
     ({"max_output_tokens": 0}, "max_tokens must be at least 1, got 0", "max_tokens",
      "max_output_tokens must be at least 1, got 0", "max_output_tokens"),
-    ({"text": {"format": {"type": "json_schema", "schema": {"type": "x"}}}},
-     'structured_outputs: Unsupported type "x"', "structured_outputs", 'text.format: Unsupported type "x"',
-     "text.format"),
+    ({"text": {"format": {"type": "json_schema", "name": "r", "schema": {"type": "x"}}}},
+     'structured_outputs: Unsupported type "x"', "structured_outputs", 'text.format: Unsupported type "x"', "text"),
+    ({"instructions": "Be brief." * 9000}, "prompt too long: its 40000 tokens (...)", "messages",
+     "prompt too long: its 40000 tokens (...) (the prompt is the instructions and the input: shorten either)",
+     "instructions, input"),
+    ({"instructions": "Be brief." * 9000, "input": []}, "the prompt (40000 tokens, text and visual) needs", "messages",
+     "the prompt (40000 tokens", "instructions"),
+    ({"instructions": "Be brief."}, "prompt too long: its 40000 tokens (...) (at most 9 visual tokens fit: ...)",
+     "messages", "prompt too long", "input"),
     ({"structured_outputs": {"regex": "("}}, "structured_outputs: bad regex", "structured_outputs",
      "structured_outputs: bad regex", "structured_outputs"),
     ({"input": [{"role": "assistant", "content": [], "status": "in_progress"}]},
@@ -165,7 +189,14 @@ def client():
      "input[0].content[0]: Input should be a part of type 'input_text'"),
     # a chat's own parts: vLLM validates the input as OpenAI's types, which have none of them
     ({"input": [{"role": "user", "content": [{"type": "video_url", "video_url": {"url": "file:///a.mp4"}}]}]},
-     "input", "input[0].content[0]: Input should be a part of type 'input_text', 'output_text' or 'input_image'"),
+     "input", "input[0].content[0]: Input should be a part of type 'input_text', 'output_text', 'refusal' or "
+              "'input_image'"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": {"url": IMAGE}}]}]}, "input",
+     "input[0].content[0].image_url: Input should be a valid string"),  # no union tag in the place
+    ({"input": [{"role": "assistant", "content": [{"type": "refusal", "text": "x"}]}]}, "input",
+     "input[0].content[0].refusal: Field required"),
+    ({"input": "x", "text": {"format": {"type": "json_schema", "name": "r", "schema": "x"}}}, "text",
+     "text.format.schema: Input should be a valid dictionary"),
     ({"input": [{"role": "tool", "content": "x"}]}, "input", "input[0].role: Input should be 'user'"),
     ({"input": "x", "include": ["everything"]}, "include", "include[0]: Input should be"),
     ({"input": "x", "text": {"format": {"type": "grammar"}}}, "text", "text.format.type: Input should be"),
@@ -176,6 +207,24 @@ def test_a_body_that_fails_validation_is_400_naming_the_field(client, body, para
     assert answer.status_code == 400, answer.text
     error = answer.json()["error"]
     assert error["param"] == param and error["message"].startswith(words), error
+
+
+def test_tools_null_is_taken_as_left_out(client):
+    answer = client.post("/v1/responses", json={"input": "x", "tools": None, "conversation": None})
+    assert answer.status_code == 503, answer.text  # past the body's validation, to the tritonserver not there
+
+
+@pytest.mark.parametrize("method, path", [("GET", "/v1/responses/resp_1"), ("DELETE", "/v1/responses/resp_1"),
+                                          ("POST", "/v1/responses/resp_1/cancel"),
+                                          ("GET", "/v1/responses/resp_1/input_items")])
+def test_the_routes_of_stored_responses_answer_not_found(client, method, path):
+    """vLLM 0.26's answer without its store (its retrieve and cancel routes), in OpenAI's error shape."""
+    answer = client.request(method, path)
+    assert answer.status_code == 404, answer.text
+    error = answer.json()["error"]
+    assert error["message"].startswith("Response with id 'resp_1' not found: this server stores no responses")
+    assert (error["type"], error["param"], error["code"]) == ("invalid_request_error", "response_id",
+                                                              "response_not_found")
 
 
 def test_the_body_limit_and_api_keys_guard_the_route(client):

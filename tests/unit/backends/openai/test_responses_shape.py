@@ -1,15 +1,17 @@
 """The orchestrator's responses -> the Responses API's bodies (backends/openai/responses_api/shape.py): the whole
 Response object (read back with the ``openai`` SDK's own types, as the SDK reads a reply), and the stream's events
-in OpenAI's and vLLM's order, numbered, named on their SSE lines, without ``[DONE]``."""
+in OpenAI's and vLLM's order, numbered, named on their SSE lines, without ``[DONE]``; an error after the first
+events is OpenAI's ``error`` event (the chat's stays its ``{"error": ...}`` body)."""
 from __future__ import annotations
 
 import asyncio
 import json
 
 from openai._models import construct_type
-from openai.types.responses import Response, ResponseStreamEvent
+from openai.types.responses import Response, ResponseErrorEvent, ResponseStreamEvent
 
-from backends.openai.generation import _chunk_events
+from backends.openai.errors import ApiError
+from backends.openai.generation import _chunk_events, _events
 from backends.openai.responses import ChatShape, Reply
 from backends.openai.responses_api.request import ResponsesRequest
 from backends.openai.responses_api.shape import ResponsesShape
@@ -120,3 +122,31 @@ def test_each_event_is_an_sse_event_named_by_its_type_and_a_chat_chunk_is_not():
     (chunk,) = asyncio.run(_chunk_events(ChatShape("tiny", False), (0, PIECES[0]), ApiMarks()))
     assert set(chunk) == {"data"}
     assert ResponsesShape.done is None and ChatShape.done == "[DONE]"  # OpenAI's and vLLM's Responses streams: none
+
+
+async def _stream_failing_after(shape, failure: ApiError) -> list[dict]:
+    """The SSE events ``generation`` sends for a stream whose second orchestrator response is ``failure``."""
+    async def pieces():
+        yield 0, PIECES[1]
+        raise failure
+
+    return [event async for event in _events((0, PIECES[0]), pieces(), shape, False, ApiMarks())]
+
+
+def test_an_error_after_the_first_events_is_openais_error_event_numbered_after_them():
+    stopping = ApiError(503, "the server is shutting down", code="service_unavailable")
+    events = asyncio.run(_stream_failing_after(_shape(), stopping))
+    assert [e.get("event") for e in events] == ORDER[:5] + ["error"]  # nothing after it: no [DONE], no completed
+    error = construct_type(type_=ResponseStreamEvent, value=json.loads(events[-1]["data"]))  # as the SDK reads it
+    assert isinstance(error, ResponseErrorEvent) and error.sequence_number == 5
+    assert json.loads(events[-1]["data"]) == {"type": "error", "sequence_number": 5, "code": "service_unavailable",
+                                              "message": "the server is shutting down", "param": None}
+    (failed,) = _shape().error(ApiError(500, "a stage failed"))  # no code: its kind
+    assert (failed.code, failed.message, failed.sequence_number) == ("server_error", "a stage failed", 0)
+
+
+def test_a_chats_error_after_its_first_chunk_stays_its_error_body_then_done():
+    events = asyncio.run(_stream_failing_after(ChatShape("tiny", False), ApiError(500, "a stage failed")))
+    assert all(set(e) == {"data"} for e in events) and events[-1] == {"data": "[DONE]"}
+    assert json.loads(events[-2]["data"]) == {"error": {"message": "a stage failed", "type": "server_error",
+                                                        "param": None, "code": None}}
