@@ -26,10 +26,10 @@ from backends.openai.sampling_fields import MediaOptions
 from orchestrator.engine_io import SHUTTING_DOWN
 from orchestrator.service import OVERLOADED
 
-# The orchestrator's validation messages: "<input>: ...", "<input>[i]...: ...", "image 0: ...", and the two about
-# the prompt's length (orchestrator.prompt, orchestrator.service).
 # The orchestrator's messages that the prompt is too long (orchestrator.prompt, orchestrator.service)
 PROMPT_TOO_LONG = ("prompt too long", "the prompt (")
+# The orchestrator's validation messages: "<input>: ...", "<input>[i]...: ...", "image 0: ...", and the two about
+# the prompt's length.
 _INVALID = re.compile(r"^(?:(?:text_input|messages|prompt|prompt_token_ids|image_url|video_url|image|video|"
                       r"sampling_parameters|chat_template_kwargs)"
                       r"[\[:. ]|" + "|".join(map(re.escape, PROMPT_TOO_LONG)) + ")")

@@ -35,9 +35,8 @@ from backends.openai.response_schemas import ChatCompletionChunk, Completion
 from backends.openai.schemas import GenerationRequest
 from backends.openai.sliced_json import sliced_json
 from backends.openai.timing import ApiMarks
-from client.pieces import ResponsePiece
-
 from backends.openai.tokenize_schemas import DetokenizeRequest, TokenizeRequest
+from client.pieces import ResponsePiece
 
 if TYPE_CHECKING:
     from backends.openai.app import ApiState

@@ -116,8 +116,8 @@ def tool_refusal(tools: list[Tool] | None, choice: object, held: str | None,
     if choice == "required" and (conflict := _defs_conflict(tools)) is not None:
         return "tools", conflict
     if held is not None:
-        return held, (f"{held}: tool_choice {_valid_choice(choice, None).described} holds the reply to the tools' schema, which {held} cannot hold "
-                      "too: send one or the other")
+        return held, (f"{held}: tool_choice {_valid_choice(choice, None).described} holds the reply to the tools' "
+                      f"schema, which {held} cannot hold too: send one or the other")
     return None
 
 

@@ -1,7 +1,8 @@
 """The launcher's options that decide what is served: ``--config`` (a deployment file, ``deploy_config``),
-``--model`` (every model's checkpoint), ``--chat-template`` (the orchestrator's ``chat_template``), then ``--set`` (each later one wins over what came before),
-``--gpu-sharing`` (over the file's ``resources.gpu_sharing``), and ``--render DIR`` (write the repository and the
-tritonserver command that serves it as the launcher would, and start nothing).
+``--model`` (every model's checkpoint), ``--chat-template`` (the orchestrator's ``chat_template``), then ``--set``
+(each later one wins over what came before), ``--gpu-sharing`` (over the file's ``resources.gpu_sharing``), and
+``--render DIR`` (write the repository and the tritonserver command that serves it as the launcher would, and start
+nothing).
 """
 from __future__ import annotations
 

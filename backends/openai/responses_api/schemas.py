@@ -105,32 +105,31 @@ class OutputItemEvent(StreamEvent):
     item: OutputMessage
 
 
-class ContentPartEvent(StreamEvent):
-    """``response.content_part.added`` (the part, empty) and ``.done`` (the part whole)."""
+class PartEvent(StreamEvent):
+    """An event about a part of an output item: the item's id and where the part is (one item of one part here)."""
 
     item_id: str
     output_index: int = 0
     content_index: int = 0
+
+
+class ContentPartEvent(PartEvent):
+    """``response.content_part.added`` (the part, empty) and ``.done`` (the part whole)."""
+
     part: OutputText
 
 
-class TextDeltaEvent(StreamEvent):
+class TextDeltaEvent(PartEvent):
     """``response.output_text.delta``: the text one orchestrator response brings, with its tokens' log
     probabilities where asked."""
 
-    item_id: str
-    output_index: int = 0
-    content_index: int = 0
     delta: str
     logprobs: list[TokenLogprob] = []
 
 
-class TextDoneEvent(StreamEvent):
+class TextDoneEvent(PartEvent):
     """``response.output_text.done``: the part's whole text."""
 
-    item_id: str
-    output_index: int = 0
-    content_index: int = 0
     text: str
     logprobs: list[TokenLogprob] = []
 

@@ -17,8 +17,9 @@ from orchestrator.served_template import load_chat_template, with_template
 
 QWEN = family("qwen2_5_vl")
 
-SHORT = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{% for p in m.content %}{% if p.type == 'text' %}{{ p.text }}"
-         "{% else %}<|vision_start|><|{{ p.type }}_pad|><|vision_end|>{% endif %}{% endfor %}<|im_end|>\n{% endfor %}"
+SHORT = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{% for p in m.content %}"
+         "{% if p.type == 'text' %}{{ p.text }}{% else %}<|vision_start|><|{{ p.type }}_pad|><|vision_end|>{% endif %}"
+         "{% endfor %}<|im_end|>\n{% endfor %}"
          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")  # Qwen2.5-VL's, shortened
 
 
