@@ -27,6 +27,17 @@ from orchestrator.token_channels import MAX_OPEN, TokenChannels
 log = logging.getLogger(__name__)
 
 
+def _started(start: concurrent.futures.Future) -> None:
+    """Logs how the start at load ended; one that failed (a stage not loaded yet) is tried again by the first
+    request (``Orchestrator.ensure_started``)."""
+    if start.cancelled():
+        return
+    if start.exception() is None:
+        log.info("orchestrator: engines started, stage links connected")
+    else:
+        log.info("orchestrator: engines not started at load (the first request tries again): %s", start.exception())
+
+
 class OrchestratorModel:
     def __init__(self, args: dict):
         triton_io.enable_stack_dumps()
@@ -48,6 +59,8 @@ class OrchestratorModel:
         self.thread.start()
         self.pending = set()  # futures of requests in flight (asyncio keeps only weak references to tasks)
         self.watch = server_stop.StopWatch(lambda: self.loop.call_soon_threadsafe(self._stop_serving))
+        # the engines start now, not at the first request: it does not wait for them, and the KV gauges show the pool
+        asyncio.run_coroutine_threadsafe(self.orchestrator.ensure_started(), self.loop).add_done_callback(_started)
 
     def execute(self, requests):
         arrived = time.monotonic()  # latencies count from here: the loop may pick a request up later

@@ -26,6 +26,16 @@ def small_pool_server(media_dir, tmp_path_factory):
         yield server
 
 
+def test_the_kv_gauges_show_the_pool_before_any_request(small_pool_server):
+    """The orchestrator starts its engines at load (the first test of the module: no request was sent yet)."""
+    deadline = time.monotonic() + 30
+    while (m := read_metrics(small_pool_server))["unifiedserve_kv_pages_total"] == 0:
+        assert time.monotonic() < deadline, "the KV gauges read 0 with no request sent"
+        time.sleep(0.1)
+    assert m["unifiedserve_kv_pages_total"] == m["unifiedserve_kv_pages_free"] == 64  # decode.kv_pages
+    assert m["unifiedserve_patch_pages_total"] > 0
+
+
 def test_a_request_larger_than_the_kv_pool_names_its_prompt_and_max_tokens(small_pool_server):
     with Client(f"127.0.0.1:{small_pool_server.ports.grpc}") as client:
         with pytest.raises(ServerError) as error:

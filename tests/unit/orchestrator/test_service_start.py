@@ -6,6 +6,7 @@ import pytest
 
 from backends.ipc import run_dir
 from backends.ipc.link import StageError
+from orchestrator import stage_clients
 from orchestrator.config import OrchestratorConfig
 from orchestrator.service import Orchestrator
 
@@ -60,7 +61,9 @@ def test_a_start_without_the_stages_names_the_model_to_load(monkeypatch):
         raise TimeoutError(f"shared pool {name!r} was not published in /tmp/run within {timeout_s} s")
 
     monkeypatch.setattr(run_dir, "describe", describe)
+    monkeypatch.setattr(stage_clients, "PUBLISH_WAIT_S", 0.2)
     orchestrator = Orchestrator(OrchestratorConfig.from_parameters({}), metrics=None)
     with pytest.raises(StageError, match=r"^the flashcodec model is not loaded \(it publishes the patch pool\): load "
-                                         r"every model of the repository \(shared pool 'patch_pool' was not"):
+                                         r"every model of the repository \(shared pool 'patch_pool' was not published "
+                                         r"within 0.2 s\)"):
         asyncio.run(orchestrator.ensure_started())
