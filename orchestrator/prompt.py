@@ -19,6 +19,7 @@ import jinja2
 
 from flashcodec.families import Family, family
 from orchestrator.chat_options import ChatOptions
+from orchestrator.content_format import STRING, content_format, string_content
 from orchestrator.messages import Turn, user_turn
 from orchestrator.sampling_params import InvalidInput
 
@@ -130,7 +131,7 @@ def build_chat_prompt(tokenizer, turns: tuple[Turn, ...], media: list[tuple[str,
     _refuse_placed_tokens(turns, options, family)
     texts = [part.text for turn in turns for part in turn.parts if part.kind == "text"]
     templated = templated_text(tokenizer, tuple((turn.role, tuple(part.kind for part in turn.parts), turn.fields)
-                                                for turn in turns), options)
+                                                for turn in turns), options, family)
     pieces = _TEXT_MARK_RE.split(templated)  # template, text index, template, text index, ..., template
     if any("\x00" in piece for piece in pieces[::2]):
         raise RuntimeError("the chat template changed a message's text as it wrote it (a filter on the text?): the "
@@ -167,14 +168,17 @@ def build_chat_prompt(tokenizer, turns: tuple[Turn, ...], media: list[tuple[str,
 Shape = tuple[tuple[str, tuple[str, ...], tuple[tuple[str, str], ...]], ...]  # (role, part kinds, fields) a message
 
 
-def templated_text(tokenizer, shape: Shape, options: ChatOptions) -> str:
+def templated_text(tokenizer, shape: Shape, options: ChatOptions, family: Family = QWEN) -> str:
     """The chat template applied as ``options`` say to the conversation of ``shape`` (message text k written as
     ``TEXT_MARK`` k: with ``continue_final_message`` the text ends at the last mark, so the final text is tokenized
-    whole), cached by both unless the template reads the clock (``strftime_now``) or the request has tools or tool
-    calls (an agent's tool list, tens of KiB, would make each cached prompt as large)."""
+    whole), each content a list of parts or, for a template that takes it as one string, that string
+    (``orchestrator.content_format``, its media parts ``family.part_texts``); cached unless the template reads the
+    clock (``strftime_now``) or the request has tools or tool calls (an agent's tool list, tens of KiB, would make
+    each cached prompt as large)."""
     uncached = "strftime_now" in (tokenizer.chat_template or "") or options.tools or any(f for _, _, f in shape)
+    part_texts = tuple(family.part_texts.items())
     try:
-        return (_templated_shape.__wrapped__ if uncached else _templated_shape)(tokenizer, shape, options)
+        return (_templated_shape.__wrapped__ if uncached else _templated_shape)(tokenizer, shape, options, part_texts)
     except jinja2.TemplateSyntaxError:  # the server's template is broken: not the client's error
         raise
     except jinja2.TemplateError as exc:
@@ -182,12 +186,17 @@ def templated_text(tokenizer, shape: Shape, options: ChatOptions) -> str:
 
 
 @functools.lru_cache(maxsize=256)
-def _templated_shape(tokenizer, shape: Shape, options: ChatOptions) -> str:
+def _templated_shape(tokenizer, shape: Shape, options: ChatOptions, part_texts: tuple[tuple[str, str], ...]) -> str:
     texts = itertools.count()
-    conversation = [{"role": role, "content": [{"type": "text", "text": TEXT_MARK.format(next(texts))}
-                                               if kind == "text" else {"type": kind} for kind in kinds],
-                     **{name: json.loads(value) for name, value in fields}}
-                    for role, kinds, fields in shape]
+    contents = [[(kind, TEXT_MARK.format(next(texts)) if kind == "text" else "") for kind in kinds]
+                for _, kinds, _ in shape]
+    if content_format(tokenizer.chat_template) == STRING:
+        contents = [string_content(parts, dict(part_texts)) for parts in contents]
+    else:
+        contents = [[{"type": "text", "text": text} if kind == "text" else {"type": kind} for kind, text in parts]
+                    for parts in contents]
+    conversation = [{"role": role, "content": content, **{name: json.loads(value) for name, value in fields}}
+                    for (role, _, fields), content in zip(shape, contents)]
     return tokenizer.apply_chat_template(conversation, tools=json.loads(options.tools) if options.tools else None,
                                          tokenize=False, add_generation_prompt=options.add_generation_prompt,
                                          continue_final_message=options.continue_final_message,

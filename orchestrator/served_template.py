@@ -4,12 +4,14 @@ the launcher's ``--chat-template`` sets, replaces the checkpoint's template for 
 The value is read as vLLM 0.26 reads its flag (``vllm/entrypoints/chat_utils.py``, ``load_chat_template``): a file
 that can be opened is read; otherwise a value with none of :data:`JINJA_CHARS` looks like a path and is refused,
 and any other value is the template itself, its backslash escapes decoded (``\\n`` written on a command line is a
-line break). The template is compiled as transformers compiles it, and must take a message's content as a list of
-parts (``{"type": "text", "text": ...}``, ``{"type": "image"}``), as Qwen2.5-VL's and InternVL3's own do (vLLM's
-"openai" content format): the prompt's text and media are placed by those parts (``orchestrator.prompt``). The
-server tokenizes each text part on its own (so that no text can bring in a special token), so the template must write
-a text as it is: a filter on it (``trim``, cutting a ``<think>`` part out of an assistant's text) does not apply. A
-text the template leaves out (a system message it skips) is left out of the prompt, as on vLLM.
+line break). The template is compiled as transformers compiles it. It takes a message's content as a list of parts
+(``{"type": "text", "text": ...}``, ``{"type": "image"}``), as Qwen2.5-VL's and InternVL3's own do (vLLM's "openai"
+content format), or as one string, each media part's placeholder on a line of its own before the texts (vLLM's
+"string" format, told apart as vLLM does: ``orchestrator.content_format``); the prompt's text and media are placed
+by those parts (``orchestrator.prompt``). The server tokenizes each text part on its own (so that no text can bring
+in a special token), so the template must write a text as it is: a filter on it (``trim``, cutting a ``<think>``
+part out of an assistant's text) does not apply. A text the template leaves out (a system message it skips) is left
+out of the prompt, as on vLLM.
 """
 from __future__ import annotations
 
@@ -55,9 +57,10 @@ def with_template(tokenizer, template: str | None, family: Family):
     """``tokenizer`` (transformers') with ``template`` (:func:`load_chat_template`'s) as its chat template, or as it
     is for None. The template is tried on probe conversations first (a system message, a user message with one part
     of each of ``family``'s media kinds and a text, an assistant's and a user's text; then the user's message alone):
-    it must write the last user text and each media part's placeholder once, in order, and read the parts (not write
-    the list as a string). A probe the template refuses itself (``raise_exception``: it wants other conversations)
-    is skipped. Raises ValueError naming the parameter ``chat_template`` for a template that fails a probe."""
+    it must write the last user text and each media part's placeholder once, in order, and, where it loops over a
+    message's content (``orchestrator.content_format``), read the parts (not write the list as a string). A probe
+    the template refuses itself (``raise_exception``: it wants other conversations) is skipped. Raises ValueError
+    naming the parameter ``chat_template`` for a template that fails a probe."""
     if template is None:
         return tokenizer
     tokenizer.chat_template = template
@@ -65,7 +68,7 @@ def with_template(tokenizer, template: str | None, family: Family):
     for shape in ((("system", ("text",), ()), asking, ("assistant", ("text",), ()), ("user", ("text",), ())),
                   (asking,)):
         try:
-            written = templated_text(tokenizer, shape, ChatOptions())
+            written = templated_text(tokenizer, shape, ChatOptions(), family)
         except InvalidInput:  # the template's own refusal of this conversation
             continue
         except Exception as exc:  # noqa: BLE001 - whatever the template raised (a TypeError on a list) is its fault
@@ -79,9 +82,10 @@ def _check_written(written: str, last_text: int, family: Family) -> None:
     """Raises ValueError (module docstring's rules) for a probe's ``written`` prompt, ``last_text`` the index of its
     last text's mark."""
     if "'type': 'text'" in written:
-        raise ValueError("parameter chat_template: the template writes a message's content as a string; this server "
-                         "needs one that reads its parts ({'type': 'text', 'text': ...}, {'type': 'image'}), as the "
-                         "model's own template does (vLLM's 'openai' content format)")
+        raise ValueError("parameter chat_template: the template loops over a message's content but writes it as a "
+                         "string somewhere; it should read its parts ({'type': 'text', 'text': ...}, "
+                         "{'type': 'image'}), as the model's own template does, or never loop over it (vLLM's 'string' "
+                         "content format: orchestrator/content_format.py)")
     if TEXT_MARK.format(last_text) not in written:
         raise ValueError("parameter chat_template: the template does not write the user's text as it is (the server "
                          "tokenizes each text part on its own: a template may not change it)")

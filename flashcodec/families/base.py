@@ -118,6 +118,9 @@ class Family(Protocol):
     # fills none of them when a request sets one (a request's max_pixels is not held below the server's min_pixels)
     size_settings: tuple[str, ...]
     placeholders: dict[str, str]  # media kind -> the chat template's placeholder for it
+    # media kind -> the text standing for a media part in a message whose content a chat template takes as one string
+    # (orchestrator.content_format; vLLM 0.26's get_placeholder_str of the model), holding its placeholder
+    part_texts: dict[str, str]
     reserved_tokens: tuple[str, ...]  # tokens only the server may place in a prompt
     fewer_tokens: dict[str, tuple[str, ...]]  # media kind -> the request settings that lower its visual tokens
 

@@ -190,6 +190,7 @@ class InternVL3:
     frame_settings = ("num_frames", "fps")  # num_frames segments, else fps's (plan_video)
     size_settings = ("max_tiles", "min_tiles")  # an image's grid (dynamic_image_size, its own setting, is not)
     placeholders = {"image": CONTEXT, "video": VIDEO}  # what the chat template writes for an image / a video
+    part_texts = placeholders
     reserved_tokens = (START_IMAGE, END_IMAGE, CONTEXT, VIDEO)
     fewer_tokens = {"image": ("max_tiles", "min_tiles"), "video": ("num_frames",)}
 

@@ -30,6 +30,7 @@ class Qwen25VL:
     frame_settings = ("fps",)
     size_settings = ("max_pixels", "min_pixels")
     placeholders = {"image": IMAGE_PAD, "video": VIDEO_PAD}
+    part_texts = {kind: f"<|vision_start|>{pad}<|vision_end|>" for kind, pad in placeholders.items()}
     # M-RoPE's positions (transformers' get_rope_index) are read from these, so a prompt may not bring its own
     reserved_tokens = ("<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", IMAGE_PAD, VIDEO_PAD)
     fewer_tokens = {"image": ("max_pixels",), "video": ("fps", "max_pixels")}

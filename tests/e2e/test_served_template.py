@@ -57,3 +57,16 @@ def test_a_messages_name_and_an_assistants_reasoning_reach_the_template(custom):
     written = load_tokenizer(None).decode(_prompt(f"127.0.0.1:{custom.ports.grpc}", messages))
     assert "<|im_start|>user (Bob)\nHi." in written and "<|im_start|>assistant\n<think>greet back</think>Hello." \
         in written
+
+
+def test_a_template_that_takes_each_content_as_a_string_serves_an_image_as_vllm_writes_it(media_dir, tmp_path):
+    """A ChatML template written for text chats (vLLM's "string" content format, orchestrator/content_format.py):
+    the image's placeholder on a line before the text, as vLLM hands it to such a template."""
+    chatml = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+              "'<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    repository = repository_with(tmp_path / "repository", {"orchestrator": {"chat_template": chatml}})
+    with serve(media_dir, repository) as srv:
+        written = load_tokenizer(None).decode(_prompt(f"127.0.0.1:{srv.ports.grpc}"))
+    pads = written.count("<|image_pad|>")
+    assert pads > 0 and written == ("<|im_start|>user\n<|vision_start|>" + "<|image_pad|>" * pads
+                                    + "<|vision_end|>\nWhat is in it?<|im_end|>\n<|im_start|>assistant\n")

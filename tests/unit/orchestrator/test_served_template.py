@@ -71,8 +71,9 @@ def test_the_template_writes_every_prompt_and_may_leave_a_text_out():
 
 
 @pytest.mark.parametrize("template, says", [
-    ("{% for m in messages %}{{ m.content }}{% endfor %}", "writes a message's content as a string"),
-    ("{% for m in messages %}{{ m.content + 'x' }}{% endfor %}", "cannot write a message whose content is a list"),
+    ("{% for m in messages %}{% for p in m.content %}{% endfor %}{{ m.content }}{% endfor %}",
+     "loops over a message's content but writes it as a string somewhere"),
+    ("{% for m in messages %}{% for p in m.content %}{% endfor %}{{ m.content + 'x' }}{% endfor %}", "cannot write a message whose content is a list"),
     ("{% for m in messages %}{% for p in m.content %}{{ p.text | upper }}{% endfor %}{% endfor %}",
      "does not write the user's text as it is"),
     ("", "does not write the user's text as it is"),
