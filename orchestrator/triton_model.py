@@ -27,15 +27,24 @@ from orchestrator.token_channels import MAX_OPEN, TokenChannels
 log = logging.getLogger(__name__)
 
 
-def _started(start: concurrent.futures.Future) -> None:
-    """Logs how the start at load ended; one that failed (a stage not loaded yet) is tried again by the first
-    request (``Orchestrator.ensure_started``)."""
-    if start.cancelled():
+START_RETRY_S = 1.0  # between the tries of the start at load
+
+
+async def start_at_load(orchestrator: Orchestrator) -> None:
+    """Start ``orchestrator``'s engines now, not at the first request, so that it does not wait for them and the KV
+    and patch gauges show the pools: tried until it succeeds (each try waits for the stages' pools and links, which
+    may load for minutes, as ``Orchestrator.ensure_started`` does for a request) or the orchestrator stops."""
+    tries = 0
+    while not orchestrator.stopping:
+        tries += 1
+        try:
+            await orchestrator.ensure_started()
+        except Exception as exc:  # noqa: BLE001 - a stage not loaded yet (or not at all: model control)
+            log.debug("orchestrator: start at load, try %d: %s", tries, exc)
+            await asyncio.sleep(START_RETRY_S)
+            continue
+        log.info("orchestrator: engines started and stage links connected (try %d)", tries)
         return
-    if start.exception() is None:
-        log.info("orchestrator: engines started, stage links connected")
-    else:
-        log.info("orchestrator: engines not started at load (the first request tries again): %s", start.exception())
 
 
 class OrchestratorModel:
@@ -59,8 +68,7 @@ class OrchestratorModel:
         self.thread.start()
         self.pending = set()  # futures of requests in flight (asyncio keeps only weak references to tasks)
         self.watch = server_stop.StopWatch(lambda: self.loop.call_soon_threadsafe(self._stop_serving))
-        # the engines start now, not at the first request: it does not wait for them, and the KV gauges show the pool
-        asyncio.run_coroutine_threadsafe(self.orchestrator.ensure_started(), self.loop).add_done_callback(_started)
+        self.starting = asyncio.run_coroutine_threadsafe(start_at_load(self.orchestrator), self.loop)
 
     def execute(self, requests):
         arrived = time.monotonic()  # latencies count from here: the loop may pick a request up later
@@ -83,6 +91,7 @@ class OrchestratorModel:
         # Every client stream has its final flag (else Triton would not call this); nothing may touch Triton
         # objects once this returns. Each wait is bounded: after a drained stop (launcher) none of them waits.
         self.watch.close()
+        self.starting.cancel()
         concurrent.futures.wait(list(self.pending), timeout=5)  # handlers finishing after their final flag
         self.lanes.close()  # their responses sent
         self.cancels.close()

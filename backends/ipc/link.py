@@ -323,7 +323,12 @@ class LinkClient:
 
     async def connect(self) -> None:
         """Connect now, not at the first call (which, until then, is queued only when it is first read): raises
-        StageError as a call would."""
+        StageError as a call would. The wait for the stage's socket to appear is polled on the loop (a cancel ends it
+        at once: the orchestrator starts at load, beside stages that may load for minutes), the connection made on a
+        thread."""
+        deadline = time.monotonic() + self.connect_timeout_s
+        while self.conn is None and not os.path.exists(address(self.name)) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
         if self.conn is None:
             await asyncio.to_thread(self._connect)
 
