@@ -11,6 +11,7 @@ import contextlib
 import importlib.util
 import os
 import resource
+import secrets
 import shutil
 import sys
 import sysconfig
@@ -102,15 +103,19 @@ def thread_stacks(nbytes: int = THREAD_STACK_BYTES):
         resource.setrlimit(resource.RLIMIT_STACK, (soft, hard))
 
 
-RESTRICTED_APIS = "logging,trace"  # what any client could change otherwise: the server's log and trace settings
+# what any client could use otherwise: the server's log and trace settings, and shared memory (a client may register
+# any /dev/shm region, the stages' pools' and the Python backend's with every request's tensors among them, and read
+# or write it through its requests: Triton 2.51 checks no name, the class of CVE-2025-23319, fixed in Triton 25.07)
+RESTRICTED_APIS = "logging,trace,shared-memory"
+SHM_HEADER = "x-unifiedserve-shared-memory"  # the header shared memory asks for without --admin-header
 
 
 def restricted_api_flags(admin_header: tuple[str, str] | None) -> list[str]:
     """Triton's flags that keep ``RESTRICTED_APIS`` (HTTP and gRPC) to requests carrying the header ``admin_header``
-    (name, value); none without one (any client may use them, Triton's default)."""
-    if admin_header is None:
-        return []
-    rule = f"{RESTRICTED_APIS}:{admin_header[0]}={admin_header[1]}"
+    (name, value); without one, shared memory alone, to :data:`SHM_HEADER` with a value made here and told nobody
+    (no client may register a region; the log and trace settings stay open, Triton's default)."""
+    name, value = admin_header or (SHM_HEADER, secrets.token_hex(16))
+    rule = f"{RESTRICTED_APIS if admin_header else 'shared-memory'}:{name}={value}"
     return [f"--http-restricted-api={rule}", f"--grpc-restricted-protocol={rule}"]
 
 

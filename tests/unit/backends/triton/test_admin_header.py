@@ -6,18 +6,25 @@ import pytest
 
 from backends.triton.launch_options import admin_header_option
 from backends.triton.ports import ServerPorts
-from backends.triton.server_binary import restricted_api_flags, server_command
+from backends.triton.server_binary import SHM_HEADER, restricted_api_flags, server_command
 
 
-def test_a_header_restricts_the_log_and_trace_apis_over_http_and_grpc():
-    assert restricted_api_flags(None) == []
-    assert restricted_api_flags(("x-admin", "s3cret")) == ["--http-restricted-api=logging,trace:x-admin=s3cret",
-                                                           "--grpc-restricted-protocol=logging,trace:x-admin=s3cret"]
+def test_a_header_restricts_the_log_trace_and_shared_memory_apis_over_http_and_grpc():
+    rule = "logging,trace,shared-memory:x-admin=s3cret"
+    assert restricted_api_flags(("x-admin", "s3cret")) == [f"--http-restricted-api={rule}",
+                                                           f"--grpc-restricted-protocol={rule}"]
     command = server_command(Path("tritonserver"), Path("backends"), Path("repo"), ServerPorts(), 1 << 20, 10,
                              ("x-admin", "s3cret"))
     assert command[-2:] == restricted_api_flags(("x-admin", "s3cret"))
-    assert not any("restricted" in arg for arg in server_command(Path("t"), Path("b"), Path("r"), ServerPorts(),
-                                                                 1 << 20, 10))
+
+
+def test_without_a_header_shared_memory_alone_asks_for_a_value_nobody_is_told():
+    http, grpc = restricted_api_flags(None)
+    secret = http.removeprefix(f"--http-restricted-api=shared-memory:{SHM_HEADER}=")
+    assert len(secret) == 32 and grpc == f"--grpc-restricted-protocol=shared-memory:{SHM_HEADER}={secret}"
+    assert restricted_api_flags(None)[0] != http  # made for each command
+    command = server_command(Path("t"), Path("b"), Path("r"), ServerPorts(), 1 << 20, 10)
+    assert [arg.partition("=")[0] for arg in command[-2:]] == ["--http-restricted-api", "--grpc-restricted-protocol"]
 
 
 def test_the_name_is_lower_cased_as_grpc_sends_it():
