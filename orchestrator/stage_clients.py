@@ -12,7 +12,6 @@ decode it stops.
 """
 from __future__ import annotations
 
-import asyncio
 from typing import AsyncIterator, Protocol
 
 from backends.ipc import run_dir
@@ -113,22 +112,15 @@ class LinkMedia:
 
 
 PUBLISH_WAIT_S = 120.0  # the longest the orchestrator waits for a stage to publish its pool
-PUBLISH_POLL_S = 0.05
 
 
 async def published(pool: str, missing: str) -> dict:
-    """``run_dir.describe(pool)`` (the stage's pool: its shape, dtype), polled on the loop every
-    :data:`PUBLISH_POLL_S` seconds for up to :data:`PUBLISH_WAIT_S` (a wait that the orchestrator's close cancels at
-    once: one on a thread held a model process that Triton unloaded for up to its 120 s). Raises StageError when the
-    pool is never published: ``missing`` (which model, what to do: docs/deployment.md, "Model control") and what was
-    awaited (a stage that was not loaded with the orchestrator: a fresh user's test; the error quoted the pool's file
-    alone)."""
-    deadline = asyncio.get_running_loop().time() + PUBLISH_WAIT_S
-    while True:
-        try:
-            return run_dir.describe(pool, timeout_s=0.0)
-        except TimeoutError as exc:
-            if asyncio.get_running_loop().time() >= deadline:
-                raise StageError(StageFailure(SERVER_FAULT, f"{missing}: load every model of the repository (shared "
-                                              f"pool {pool!r} was not published within {PUBLISH_WAIT_S:g} s)")) from exc
-        await asyncio.sleep(PUBLISH_POLL_S)
+    """``run_dir.describe(pool)`` (the stage's pool: its shape, dtype), waited for on the loop for up to
+    :data:`PUBLISH_WAIT_S` (``run_dir.appeared``: the orchestrator's close cancels it at once). Raises StageError
+    when the pool is never published: ``missing`` (which model, what to do: docs/deployment.md, "Model control") and
+    what was awaited (a stage that was not loaded with the orchestrator: a fresh user's test; the error quoted the
+    pool's file alone)."""
+    if not await run_dir.appeared(run_dir.meta_path(pool), PUBLISH_WAIT_S):
+        raise StageError(StageFailure(SERVER_FAULT, f"{missing}: load every model of the repository (shared pool "
+                                      f"{pool!r} was not published within {PUBLISH_WAIT_S:g} s)"))
+    return run_dir.describe(pool, timeout_s=0.0)

@@ -26,7 +26,7 @@ from multiprocessing.connection import Connection, answer_challenge, deliver_cha
 from typing import Any, AsyncIterator, Callable
 
 from backends.ipc.protocol import INVALID_INPUT, SERVER_FAULT, Call, StageFailure
-from backends.ipc.run_dir import run_dir
+from backends.ipc.run_dir import appeared, run_dir
 from backends.triton.internal_token import internal_token
 
 log = logging.getLogger(__name__)
@@ -323,14 +323,12 @@ class LinkClient:
 
     async def connect(self) -> None:
         """Connect now, not at the first call (which, until then, is queued only when it is first read): raises
-        StageError as a call would. The wait for the stage's socket to appear is polled on the loop (a cancel ends it
-        at once: the orchestrator starts at load, beside stages that may load for minutes), the connection made on a
-        thread."""
-        deadline = time.monotonic() + self.connect_timeout_s
-        while self.conn is None and not os.path.exists(address(self.name)) and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
+        StageError as a call would. The wait for the stage's socket to appear is on the loop (``run_dir.appeared``: a
+        cancel ends it at once; the orchestrator starts at load, beside stages that may load for minutes), the
+        connection made on a thread."""
         if self.conn is None:
-            await asyncio.to_thread(self._connect)
+            await appeared(address(self.name), self.connect_timeout_s)
+            await asyncio.to_thread(self._connect)  # a no-op where another caller connected meanwhile
 
     def _fail(self, reason: str) -> None:
         """The link is gone: every open call fails with ``reason``, later ones at once; the socket is shut down, so

@@ -6,6 +6,7 @@ from the server process there (``backends.triton.standalone``, at the start of i
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import time
@@ -24,16 +25,32 @@ def run_dir() -> Path:
     return Path(value)
 
 
+def meta_path(name: str) -> Path:
+    """Where shared pool ``name``'s metadata appears once its owner has published it."""
+    return run_dir() / f"{name}.json"
+
+
+async def appeared(path: Path | str, timeout_s: float, poll_s: float = 0.05) -> bool:
+    """Whether ``path`` exists within ``timeout_s`` seconds, polled every ``poll_s`` seconds on the event loop: a
+    cancel ends the wait at once (a wait on a thread ran on, holding its process, e.g. one Triton was unloading)."""
+    deadline = time.monotonic() + timeout_s
+    while not os.path.exists(path):
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(poll_s)
+    return True
+
+
 def describe(name: str, timeout_s: float = 120.0) -> dict:
     """The published metadata of shared pool ``name`` (``shape``, ``dtype``, ``device``, and what its owner
     added), without mapping it (``backends.ipc.shared_tensor.create`` publishes it).
 
     Waits up to ``timeout_s`` seconds for the owner; raises TimeoutError when it never publishes.
     """
-    meta_path = run_dir() / f"{name}.json"
+    path = meta_path(name)
     deadline = time.monotonic() + timeout_s
-    while not meta_path.exists():
+    while not path.exists():
         if time.monotonic() > deadline:
-            raise TimeoutError(f"shared pool {name!r} was not published in {meta_path.parent} within {timeout_s} s")
+            raise TimeoutError(f"shared pool {name!r} was not published in {path.parent} within {timeout_s} s")
         time.sleep(0.05)
-    return json.loads(meta_path.read_text())
+    return json.loads(path.read_text())

@@ -54,13 +54,10 @@ def test_a_cancelled_start_is_tried_again(monkeypatch):
     assert len(attempts) == 2
 
 
-def test_a_start_without_the_stages_names_the_model_to_load(monkeypatch):
+def test_a_start_without_the_stages_names_the_model_to_load(monkeypatch, tmp_path):
     """An orchestrator loaded alone (Triton's explicit model control): the first request's wait for the patch pool
     ends naming flashcodec and what to do, not only the pool's file (a fresh user's test, 2026-12-06)."""
-    def describe(name, timeout_s=120.0):
-        raise TimeoutError(f"shared pool {name!r} was not published in /tmp/run within {timeout_s} s")
-
-    monkeypatch.setattr(run_dir, "describe", describe)
+    monkeypatch.setenv(run_dir.RUN_DIR_ENV, str(tmp_path))  # a run directory where no stage publishes
     monkeypatch.setattr(stage_clients, "PUBLISH_WAIT_S", 0.2)
     orchestrator = Orchestrator(OrchestratorConfig.from_parameters({}), metrics=None)
     with pytest.raises(StageError, match=r"^the flashcodec model is not loaded \(it publishes the patch pool\): load "
