@@ -364,7 +364,7 @@ def parse_sampling_parameters(text: str | None, keys: tuple[str, ...] = tuple(_C
     orchestrator's `media_defaults` takes the media settings alone) and their aliases; `defaults` (values of
     `RequestParams` fields, e.g. the checkpoint's: `orchestrator.generation_defaults`) stand for keys it does not send.
 
-    None or an empty string gives the defaults. Integers are accepted for floats; integer-valued
+    None, an empty string or JSON null gives the defaults. Integers are accepted for floats; integer-valued
     floats for integers; numeric strings for both (genai-perf's form); "true"/"false" for booleans;
     a string or a list of strings for `stop`; a list of integers for `stop_token_ids`; null for `seed`, `fps`,
     `max_pixels`, `min_pixels`, `num_frames`, `max_tiles`, `min_tiles`, `dynamic_image_size`, `logprobs` and
@@ -380,6 +380,8 @@ def parse_sampling_parameters(text: str | None, keys: tuple[str, ...] = tuple(_C
     if text is None or not text.strip():
         return RequestParams(**defaults)
     raw = json_value(_PREFIX, text)
+    if raw is None:
+        return RequestParams(**defaults)
     if not isinstance(raw, dict):
         raise InvalidInput(f"{_PREFIX}: must be a JSON object, got {type(raw).__name__}")
     known = [*keys, *aliases_of(keys)]

@@ -7,7 +7,7 @@ from flashcodec.families import MediaOptions
 from orchestrator.sampling_params import InvalidInput, RequestParams, parse_sampling_parameters
 
 
-@pytest.mark.parametrize("text", [None, "", "  ", "{}"])
+@pytest.mark.parametrize("text", [None, "", "  ", "{}", "null", " null "])
 def test_missing_or_empty_gives_defaults(text):
     assert parse_sampling_parameters(text) == RequestParams()
 
@@ -181,6 +181,7 @@ def test_message_states_rule_and_value():
     assert str(info.value) == "sampling_parameters: max_tokens must be a positive integer below 2**31, got 0"
 
 
+
 @pytest.mark.parametrize("text, words", [
     ("{not json", "not valid JSON"),
     ("[1, 2]", "must be a JSON object"),
@@ -213,9 +214,9 @@ def test_stop_strings_are_bounded():
 
 
 @pytest.mark.parametrize("text, words", [
-    ('{"temperature": 1' + "0" * 400 + "}", "temperature must be a finite number, got 1000"),  # beyond float
+    ('{"temperature": 1' + "0" * 400 + "}", "temperature must be a finite number, got 1.000e400 (an integer of 401 digits)"),
     ('{"top_p": 1' + "0" * 400 + "}", "top_p must be a finite number"),
-    ('{"max_tokens": 1e300}', "max_tokens must be a positive integer below 2**31, got 1000"),
+    ('{"max_tokens": 1e300}', "max_tokens must be a positive integer below 2**31, got 1.000e300 (an integer of 301"),
     ('{"max_tokens": "1_000"}', "max_tokens must be an integer, got '1_000'"),  # Python's int() takes it
     ('{"temperature": "1_0"}', "temperature must be a finite number, got '1_0'"),
     ('{"min_tokens": "4.5"}', "min_tokens must be an integer, got '4.5'"),
@@ -223,7 +224,7 @@ def test_stop_strings_are_bounded():
 def test_numbers_python_would_take_or_overflow_on_are_named(text, words):
     with pytest.raises(InvalidInput) as info:
         parse_sampling_parameters(text)
-    assert words in str(info.value) and len(str(info.value)) < 200
+    assert words in str(info.value) and len(str(info.value)) < 120
 
 
 def test_an_integer_valued_string_counts_as_an_integer():
