@@ -49,7 +49,8 @@ class OrchestratorConfig:
     ``model``: the served model (``backends.runtime.families.ServedModel``: its config.json, read once here), whose
     family's media rules, prompt text and tokenizer the orchestrator uses; ``media_defaults``: the server's media
     settings a request's own override (``orchestrator.media.media_defaults``); ``chat_template``: the server's chat
-    template, None for the checkpoint's (``orchestrator.served_template``)."""
+    template, None for the checkpoint's (``orchestrator.served_template``); ``content_format``: how the template takes
+    a message's content, ``auto``, ``openai`` or ``string`` (``orchestrator.content_format``)."""
 
     scheduler: SchedulerConfig
     limits: InputLimits
@@ -68,6 +69,7 @@ class OrchestratorConfig:
     generation: GenerationDefaults = GenerationDefaults()
     joins: Joins = Joins()
     chat_template: str | None = None
+    content_format: str = "auto"
 
     @property
     def reply_cap(self) -> int:
@@ -105,4 +107,5 @@ class OrchestratorConfig:
                    generation_defaults(model.model_path, given.get("generation_config", "auto").strip()),
                    Joins(*(choice_value(name, given.get(name, "on" if default else "off").strip()) == "on"
                            for name, default in (("serial_joins", Joins.serial), ("hold_joins", Joins.hold)))),
-                   load_chat_template(params.get("chat_template", "")))
+                   load_chat_template(params.get("chat_template", "")),
+                   choice_value("chat_template_content_format", given.get("chat_template_content_format", "auto")))

@@ -6,6 +6,9 @@ placeholders first, one a line, then the texts joined by line breaks (``_get_ful
 placeholder being the model's (``get_placeholder_str``: ``Family.part_texts``), so a template written for text chats
 (ChatML) serves images and videos.
 
+The orchestrator's ``chat_template_content_format`` (the launcher's ``--chat-template-content-format``, vLLM's flag)
+sets either format instead (:func:`chosen_format`).
+
 One difference: vLLM groups a message's placeholders by kind (every image's, then every video's, when an image came
 first); here they keep the parts' order, which is the order of the request's media items.
 """
@@ -18,7 +21,7 @@ import jinja2
 from jinja2 import nodes
 from transformers.utils.chat_template_utils import _compile_jinja_template
 
-OPENAI, STRING = "openai", "string"
+AUTO, OPENAI, STRING = "auto", "openai", "string"
 
 
 @functools.lru_cache(maxsize=16)
@@ -36,6 +39,12 @@ def content_format(template: str | None) -> str:
                 if isinstance(assign.target, nodes.Name) and _reads_content(assign.node, set())}
     loops = tree.find_all(nodes.For)
     return OPENAI if any(_reads_content(loop.iter, contents) for loop in loops) else STRING
+
+
+def chosen_format(template: str | None, chosen: str = AUTO) -> str:
+    """``chosen`` (the orchestrator's ``chat_template_content_format``, vLLM's ``--chat-template-content-format``):
+    :data:`OPENAI` or :data:`STRING` as it is, :data:`AUTO` what :func:`content_format` tells from ``template``."""
+    return content_format(template) if chosen == AUTO else chosen
 
 
 def _reads_content(expression: nodes.Node, contents: set[str]) -> bool:

@@ -19,7 +19,7 @@ import jinja2
 
 from flashcodec.families import Family, family
 from orchestrator.chat_options import ChatOptions
-from orchestrator.content_format import STRING, content_format, string_content
+from orchestrator.content_format import AUTO, STRING, chosen_format, string_content
 from orchestrator.messages import Turn, user_turn
 from orchestrator.sampling_params import InvalidInput
 
@@ -114,7 +114,7 @@ def build_prompt(tokenizer, text: str, media: list[tuple[str, tuple[int, int, in
 
 
 def build_chat_prompt(tokenizer, turns: tuple[Turn, ...], media: list[tuple[str, tuple[int, int, int], float]],
-                      family: Family = QWEN, options: ChatOptions = ChatOptions()) -> Prompt:
+                      family: Family = QWEN, options: ChatOptions = ChatOptions(), content: str = AUTO) -> Prompt:
     """Apply the model's chat template to a conversation (then, by default, the assistant's turn: ``options``) and
     put each media item's text and visual tokens in place of its placeholder (``family.expand``: the text its
     processor writes there).
@@ -122,7 +122,8 @@ def build_chat_prompt(tokenizer, turns: tuple[Turn, ...], media: list[tuple[str,
     ``media``: (kind, grid_thw in patches, second_per_grid_t in seconds; 0 for images), one per placeholder of
     ``turns``, in the same order. Each run of visual tokens is tokenized as one special token and then repeated (the
     ids equal tokenizing the processor's text, without tokenizing thousands of pads). The tools and the messages'
-    tool calls are the template's to write (``orchestrator.template_data``). A text the template leaves out (a
+    tool calls are the template's to write (``orchestrator.template_data``); ``content``: how the template takes a
+    message's content (``orchestrator.content_format.chosen_format``). A text the template leaves out (a
     server template that skips system messages) is left out; one it writes twice is written twice. Raises
     InvalidInput when they or the template's variables hold a token only the server places or the template raises
     (its ``raise_exception``: the conversation is the client's), RuntimeError when the template changes a text's mark
@@ -131,7 +132,7 @@ def build_chat_prompt(tokenizer, turns: tuple[Turn, ...], media: list[tuple[str,
     _refuse_placed_tokens(turns, options, family)
     texts = [part.text for turn in turns for part in turn.parts if part.kind == "text"]
     templated = templated_text(tokenizer, tuple((turn.role, tuple(part.kind for part in turn.parts), turn.fields)
-                                                for turn in turns), options, family)
+                                                for turn in turns), options, family, content)
     pieces = _TEXT_MARK_RE.split(templated)  # template, text index, template, text index, ..., template
     if any("\x00" in piece for piece in pieces[::2]):
         raise RuntimeError("the chat template changed a message's text as it wrote it (a filter on the text?): the "
@@ -168,17 +169,19 @@ def build_chat_prompt(tokenizer, turns: tuple[Turn, ...], media: list[tuple[str,
 Shape = tuple[tuple[str, tuple[str, ...], tuple[tuple[str, str], ...]], ...]  # (role, part kinds, fields) a message
 
 
-def templated_text(tokenizer, shape: Shape, options: ChatOptions, family: Family = QWEN) -> str:
+def templated_text(tokenizer, shape: Shape, options: ChatOptions, family: Family = QWEN,
+                   content: str = AUTO) -> str:
     """The chat template applied as ``options`` say to the conversation of ``shape`` (message text k written as
     ``TEXT_MARK`` k: with ``continue_final_message`` the text ends at the last mark, so the final text is tokenized
     whole), each content a list of parts or, for a template that takes it as one string, that string
-    (``orchestrator.content_format``, its media parts ``family.part_texts``); cached unless the template reads the
-    clock (``strftime_now``) or the request has tools or tool calls (an agent's tool list, tens of KiB, would make
-    each cached prompt as large)."""
+    (``orchestrator.content_format.chosen_format`` of ``content``, its media parts ``family.part_texts``); cached
+    unless the template reads the clock (``strftime_now``) or the request has tools or tool calls (an agent's tool
+    list, tens of KiB, would make each cached prompt as large)."""
     uncached = "strftime_now" in (tokenizer.chat_template or "") or options.tools or any(f for _, _, f in shape)
     part_texts = tuple(family.part_texts.items())
     try:
-        return (_templated_shape.__wrapped__ if uncached else _templated_shape)(tokenizer, shape, options, part_texts)
+        return (_templated_shape.__wrapped__ if uncached else _templated_shape)(tokenizer, shape, options, part_texts,
+                                                                                 content)
     except jinja2.TemplateSyntaxError:  # the server's template is broken: not the client's error
         raise
     except jinja2.TemplateError as exc:
@@ -186,11 +189,12 @@ def templated_text(tokenizer, shape: Shape, options: ChatOptions, family: Family
 
 
 @functools.lru_cache(maxsize=256)
-def _templated_shape(tokenizer, shape: Shape, options: ChatOptions, part_texts: tuple[tuple[str, str], ...]) -> str:
+def _templated_shape(tokenizer, shape: Shape, options: ChatOptions, part_texts: tuple[tuple[str, str], ...],
+                     content: str) -> str:
     texts = itertools.count()
     contents = [[(kind, TEXT_MARK.format(next(texts)) if kind == "text" else "") for kind in kinds]
                 for _, kinds, _ in shape]
-    if content_format(tokenizer.chat_template) == STRING:
+    if chosen_format(tokenizer.chat_template, content) == STRING:
         contents = [string_content(parts, dict(part_texts)) for parts in contents]
     else:
         contents = [[{"type": "text", "text": text} if kind == "text" else {"type": kind} for kind, text in parts]

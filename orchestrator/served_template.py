@@ -22,6 +22,7 @@ from transformers.utils.chat_template_utils import _compile_jinja_template
 
 from flashcodec.families import Family
 from orchestrator.chat_options import ChatOptions
+from orchestrator.content_format import AUTO, STRING, chosen_format
 from orchestrator.prompt import TEXT_MARK, templated_text
 from orchestrator.sampling_params import InvalidInput
 
@@ -53,46 +54,51 @@ def load_chat_template(value: str) -> str | None:
     return template
 
 
-def with_template(tokenizer, template: str | None, family: Family):
+def with_template(tokenizer, template: str | None, family: Family, content: str = AUTO):
     """``tokenizer`` (transformers') with ``template`` (:func:`load_chat_template`'s) as its chat template, or as it
-    is for None. The template is tried on probe conversations first (a system message, a user message with one part
-    of each of ``family``'s media kinds and a text, an assistant's and a user's text; then the user's message alone):
-    it must write the last user text and each media part's placeholder once, in order, and, where it loops over a
-    message's content (``orchestrator.content_format``), read the parts (not write the list as a string). A probe
+    is for None; ``content``: how the template takes a message's content (``orchestrator.content_format``). The
+    template (the checkpoint's too, where ``content`` is not ``auto``) is tried on probe conversations first (a system
+    message, a user message with one part of each of ``family``'s media kinds and a text, an assistant's and a user's
+    text; then the user's message alone): it must write the last user text and each media part's placeholder once,
+    in order, and, where it takes the content as a list, read the parts (not write the list as a string). A probe
     the template refuses itself (``raise_exception``: it wants other conversations) is skipped. Raises ValueError
-    naming the parameter ``chat_template`` for a template that fails a probe."""
-    if template is None:
+    naming the parameter ``chat_template`` (or ``chat_template_content_format``, where it is set) for a template that
+    fails a probe."""
+    if template is None and content == AUTO:
         return tokenizer
-    tokenizer.chat_template = template
+    if template is not None:
+        tokenizer.chat_template = template
+    where = "parameter chat_template" if content == AUTO else f"parameter chat_template_content_format {content!r}"
     asking = ("user", (*family.placeholders, "text"), ())
     for shape in ((("system", ("text",), ()), asking, ("assistant", ("text",), ()), ("user", ("text",), ())),
                   (asking,)):
         try:
-            written = templated_text(tokenizer, shape, ChatOptions(), family)
+            written = templated_text(tokenizer, shape, ChatOptions(), family, content)
         except InvalidInput:  # the template's own refusal of this conversation
             continue
         except Exception as exc:  # noqa: BLE001 - whatever the template raised (a TypeError on a list) is its fault
-            raise ValueError(f"parameter chat_template: the template cannot write a message whose content is a list "
-                             f"of parts ({type(exc).__name__}: {exc})") from None
-        _check_written(written, sum(kinds.count("text") for _, kinds, _ in shape) - 1, family)
+            taken = "one string" if chosen_format(tokenizer.chat_template, content) == STRING else "a list of parts"
+            raise ValueError(f"{where}: the template cannot write a message whose content is {taken} "
+                             f"({type(exc).__name__}: {exc})") from None
+        _check_written(written, sum(kinds.count("text") for _, kinds, _ in shape) - 1, family, where)
     return tokenizer
 
 
-def _check_written(written: str, last_text: int, family: Family) -> None:
-    """Raises ValueError (module docstring's rules) for a probe's ``written`` prompt, ``last_text`` the index of its
-    last text's mark."""
+def _check_written(written: str, last_text: int, family: Family, where: str) -> None:
+    """Raises ValueError (module docstring's rules) naming ``where`` for a probe's ``written`` prompt, ``last_text``
+    the index of its last text's mark."""
     if "'type': 'text'" in written:
-        raise ValueError("parameter chat_template: the template loops over a message's content but writes it as a "
-                         "string somewhere; it should read its parts ({'type': 'text', 'text': ...}, "
-                         "{'type': 'image'}), as the model's own template does, or never loop over it (vLLM's 'string' "
-                         "content format: orchestrator/content_format.py)")
+        raise ValueError(f"{where}: the template writes a message's content, a list of parts, as a string; it should "
+                         "read its parts ({'type': 'text', 'text': ...}, {'type': 'image'}), as the model's own "
+                         "template does, or take the content as one string (vLLM's 'string' content format: "
+                         "orchestrator/content_format.py)")
     if TEXT_MARK.format(last_text) not in written:
-        raise ValueError("parameter chat_template: the template does not write the user's text as it is (the server "
-                         "tokenizes each text part on its own: a template may not change it)")
+        raise ValueError(f"{where}: the template does not write the user's text as it is (the server tokenizes each "
+                         "text part on its own: a template may not change it)")
     tokens = {token: kind for kind, token in family.placeholders.items()}
     found = re.findall("|".join(map(re.escape, tokens)), written)
     if found != list(family.placeholders.values()):
-        raise ValueError(f"parameter chat_template: for a message with one part of each media kind "
+        raise ValueError(f"{where}: for a message with one part of each media kind "
                          f"({', '.join(family.placeholders)}) the template must write "
                          f"{' then '.join(family.placeholders.values())} once each, in order; it wrote "
                          f"{found or 'none'} ({family.name}'s chat template places its media by these tokens)")

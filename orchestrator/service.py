@@ -101,10 +101,9 @@ class Orchestrator:
         from backends.runtime.families.registry import model_tokenizer, sampled_ids
         from backends.runtime.sampling import grammar  # noqa: F401
 
-        self.config = config
-        self.metrics = metrics
+        self.config, self.metrics, self.content = config, metrics, config.content_format
         self.family = config.model.family  # its media rules and prompt text
-        self.tokenizer = with_template(model_tokenizer(config.model), config.chat_template, self.family)
+        self.tokenizer = with_template(model_tokenizer(config.model), config.chat_template, self.family, self.content)
         self.sampled_ids = sampled_ids(config.model, self.tokenizer)  # stop_token_ids' bound
         self.outputs, self.token_strings = OutputProcessor(self.tokenizer), TokenStrings(self.tokenizer)
         self.links = Links()
@@ -342,7 +341,7 @@ class Orchestrator:
             prompt = build_raw_prompt(self.tokenizer, parsed.text, self.family)
         else:
             media = [(m.kind, p.grid_thw, getattr(p, "second_per_grid_t", 0.0)) for m, p in zip(parsed.media, plans)]
-            prompt = build_chat_prompt(self.tokenizer, parsed.turns, media, self.family, parsed.chat)
+            prompt = build_chat_prompt(self.tokenizer, parsed.turns, media, self.family, parsed.chat, self.content)
         return infos, plans, cap, prompt, probed, text
 
     def _identify(self, parsed: ParsedRequest, plans: list, prompt: Prompt, config: SchedulerConfig

@@ -1,6 +1,7 @@
 """The launcher's options that decide what is served: ``--config`` (a deployment file, ``deploy_config``),
-``--model`` (every model's checkpoint), ``--chat-template`` (the orchestrator's ``chat_template``), then ``--set``
-(each later one wins over what came before), ``--gpu-sharing`` (over the file's ``resources.gpu_sharing``), and
+``--model`` (every model's checkpoint), ``--chat-template`` and ``--chat-template-content-format`` (the orchestrator's
+``chat_template`` and ``chat_template_content_format``), then ``--set`` (each later one wins over what came before),
+``--gpu-sharing`` (over the file's ``resources.gpu_sharing``), and
 ``--render DIR`` (write the repository and the tritonserver command that serves it as the launcher would, and start
 nothing).
 """
@@ -20,6 +21,7 @@ from backends.triton.mps import CONTROL, GPU_SHARING
 from backends.triton.ports import ServerPorts
 from backends.triton.repository import parse_overrides, repository_with
 from backends.triton.server_binary import HEAP_ENV, THREAD_STACK_BYTES, server_binary, server_command
+from backends.triton.triton_io import CHOICES
 from orchestrator.served_template import load_chat_template
 
 
@@ -41,8 +43,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a local Qwen2.5-VL or InternVL3 checkpoint directory: the model_path of every model")
     parser.add_argument("--chat-template", metavar="FILE|TEMPLATE",
                         help="the chat template of every chat, instead of the checkpoint's, as vLLM's --chat-template: "
-                             "a Jinja file, or the template itself; it must read a message's content as a list of "
-                             "parts, as the model's own does")
+                             "a Jinja file, or the template itself; it reads a message's content as a list of parts, "
+                             "as the model's own does, or as one string (--chat-template-content-format)")
+    parser.add_argument("--chat-template-content-format", choices=CHOICES["chat_template_content_format"],
+                        help="how the chat template takes a message's content, as vLLM's flag: openai (a list of "
+                             "parts), string (one string: each image's or video's placeholder on a line, then the "
+                             "texts) or auto (told from the template: a loop over the content takes parts; default)")
     parser.add_argument("--gpu-sharing", choices=GPU_SHARING,
                         help="how the model processes share a GPU: time_slicing (CUDA's default) or mps (CUDA MPS "
                              "started for the server, SM shares from each stage's sm_share); default: the "
@@ -102,6 +108,9 @@ def serve_plan(args: argparse.Namespace, source: Path) -> ServePlan:
         keyed.append(("--model", f"*.model_path={args.model.resolve()}"))  # the server's working folder differs
     if args.chat_template is not None:
         keyed.append(("--chat-template", f"orchestrator.chat_template={template_option(args.chat_template)}"))
+    if args.chat_template_content_format is not None:
+        keyed.append(("--chat-template-content-format",
+                      f"orchestrator.chat_template_content_format={args.chat_template_content_format}"))
     keyed += [(None, item) for item in args.overrides]  # named as --set items
     sharing = args.gpu_sharing or config.resources.gpu_sharing or "time_slicing"
     overrides = parse_overrides([item for _, item in keyed], source, [origin for origin, _ in keyed])

@@ -75,6 +75,7 @@ CHOICES = {"cuda_graphs": SWITCHES, "compile_layers": SWITCHES, "overlap_steps":
            "vision_parallel": ("data", "tensor"),
            "fewer_sms_kinds": ("video", "image", "video,image", "video,text", "video,image,text"),  # orchestrator.fewer_sms
            "generation_config": ("auto", "none"),  # orchestrator.generation_defaults
+           "chat_template_content_format": ("auto", "string", "openai"),  # orchestrator.content_format
            # the served model's (ModelSpec, backends.runtime.loader, checks them at load; the launcher before)
            "preset": tuple(sorted(PRESETS)), "dtype": DTYPES, "load_format": LOAD_FORMATS}
 

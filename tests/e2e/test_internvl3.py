@@ -40,7 +40,8 @@ CLIP = make_video(None, 88, 72, 12, 10)
 @pytest.fixture(scope="module")
 def internvl_server(media_dir, tmp_path_factory):
     args = argparse.Namespace(config=REPO_ROOT / "deploy" / "internvl3_tiny_cpu.yaml", model=None, gpu_sharing=None,
-                              chat_template=None, overrides=[f"*.preset={PRESET}"])
+                              chat_template=None, chat_template_content_format=None,
+                              overrides=[f"*.preset={PRESET}"])
     plan = launch_options.serve_plan(args, REPOSITORY)
     assert {models.get("preset") for models in plan.overrides.values()} >= {PRESET}
     repository = repository_with(tmp_path_factory.mktemp("internvl3") / "repository", plan.overrides)

@@ -6,7 +6,8 @@ import pytest
 from backends.runtime.families.registry import offline_tokenizer
 from backends.runtime.tokenizer import load_tokenizer
 from flashcodec.families import family
-from orchestrator.content_format import OPENAI, STRING, content_format, string_content
+from orchestrator.config import OrchestratorConfig
+from orchestrator.content_format import AUTO, OPENAI, STRING, chosen_format, content_format, string_content
 from orchestrator.messages import Part, Turn
 from orchestrator.prompt import build_chat_prompt
 from orchestrator.served_template import with_template
@@ -54,3 +55,35 @@ def test_a_chatml_template_serves_an_image_as_vllm_writes_its_prompt():
 def test_a_chatml_template_passes_the_probes_of_internvl3():
     tokenizer = with_template(offline_tokenizer("internvl3_tiny"), CHATML, INTERNVL3)
     assert content_format(tokenizer.chat_template) == STRING
+
+
+@pytest.mark.parametrize("template", [CHATML, load_tokenizer(None).chat_template, None])
+def test_a_chosen_format_stands_and_auto_tells_it_from_the_template(template):
+    assert chosen_format(template, STRING) == STRING and chosen_format(template, OPENAI) == OPENAI
+    assert chosen_format(template, AUTO) == content_format(template)
+
+
+def test_string_chosen_for_the_models_own_template_writes_vllms_string_prompt():
+    """Qwen2.5-VL's own template writes a string content as it is (its ``content is string`` branch): with "string"
+    chosen (``--chat-template-content-format string``) the prompt is vLLM's for that flag, the placeholder first."""
+    tokenizer = with_template(load_tokenizer(None), None, QWEN, STRING)
+    turns = (Turn("user", (Part("text", "What is"), Part("image"))),)
+    prompt = build_chat_prompt(tokenizer, turns, [("image", (1, 4, 4), 0.0)], QWEN, content=STRING)
+    chosen = tokenizer.decode(list(prompt.input_ids))
+    assert "<|vision_start|>" + "<|image_pad|>" * 4 + "<|vision_end|>\nWhat is<|im_end|>" in chosen
+    parts = tokenizer.decode(list(build_chat_prompt(tokenizer, turns, [("image", (1, 4, 4), 0.0)], QWEN).input_ids))
+    assert "What is<|vision_start|>" in parts  # auto: the parts in their order
+
+
+def test_openai_chosen_for_a_template_that_takes_a_string_stops_the_load_naming_the_parameter():
+    with pytest.raises(ValueError, match="^parameter chat_template_content_format 'openai': the template cannot "
+                                         "write a message whose content is a list of parts \\(TypeError"):
+        with_template(load_tokenizer(None), CHATML, QWEN, OPENAI)
+
+
+def test_the_orchestrator_parameter_takes_the_three_words_and_names_itself_for_another():
+    assert OrchestratorConfig.from_parameters({}).content_format == AUTO
+    assert OrchestratorConfig.from_parameters({"chat_template_content_format": "string"}).content_format == STRING
+    with pytest.raises(ValueError, match="^parameter chat_template_content_format must be auto, string or openai, "
+                                         "got 'strings'"):
+        OrchestratorConfig.from_parameters({"chat_template_content_format": "strings"})

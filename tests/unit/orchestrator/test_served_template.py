@@ -72,7 +72,7 @@ def test_the_template_writes_every_prompt_and_may_leave_a_text_out():
 
 @pytest.mark.parametrize("template, says", [
     ("{% for m in messages %}{% for p in m.content %}{% endfor %}{{ m.content }}{% endfor %}",
-     "loops over a message's content but writes it as a string somewhere"),
+     "writes a message's content, a list of parts, as a string"),
     ("{% for m in messages %}{% for p in m.content %}{% endfor %}{{ m.content + 'x' }}{% endfor %}", "cannot write a message whose content is a list"),
     ("{% for m in messages %}{% for p in m.content %}{{ p.text | upper }}{% endfor %}{% endfor %}",
      "does not write the user's text as it is"),
@@ -108,8 +108,10 @@ def test_the_launcher_option_passes_a_files_absolute_path_or_the_template_throug
     (tmp_path / "t.jinja").write_text(SHORT)
     monkeypatch.chdir(tmp_path)
     plan = launch_options.serve_plan(argparse.Namespace(config=None, model=None, chat_template="t.jinja",
-                                                        overrides=[], gpu_sharing=None), REPOSITORY)
+                                                        chat_template_content_format="string", overrides=[],
+                                                        gpu_sharing=None), REPOSITORY)
     assert plan.overrides["orchestrator"]["chat_template"] == str(tmp_path / "t.jinja")
+    assert plan.overrides["orchestrator"]["chat_template_content_format"] == "string"
     assert launch_options.template_option(SHORT) == SHORT
     assert launch_options.template_option(QWEN_OWN) == QWEN_OWN  # longer than a file name may be
     with pytest.raises(ValueError, match="^--chat-template: empty"):

@@ -23,7 +23,8 @@ def write(tmp_path, text: str):
 
 
 def args(**given) -> argparse.Namespace:
-    defaults = {"config": None, "model": None, "chat_template": None, "overrides": [], "gpu_sharing": None}
+    defaults = {"config": None, "model": None, "chat_template": None, "chat_template_content_format": None,
+                "overrides": [], "gpu_sharing": None}
     return argparse.Namespace(**{**defaults, **given})
 
 
