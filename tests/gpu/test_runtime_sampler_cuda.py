@@ -204,6 +204,34 @@ def test_cuda_grammar_masks_equal_the_cpus_without_a_sync():
     assert int((expected[0] > -torch.inf).sum()) == 2  # "a" and "b"
 
 
+def _built_kernels(kernel) -> int:
+    """How many variants of a Triton kernel are built in this process (Triton 3's per-device caches)."""
+    caches = getattr(kernel, "device_caches", None)
+    if caches is not None:
+        return sum(len(cache[0]) for cache in caches.values())
+    return sum(len(cache) for cache in kernel.cache.values())
+
+
+def test_the_grammar_mask_kernel_is_built_at_start_for_any_number_of_rows():
+    """xgrammar's mask kernel is a Triton kernel, built per specialization of the rows (1, a multiple of 16, any
+    other): each is built when the stage starts, so a step of any size builds none (a build stalls its step)."""
+    from xgrammar.kernels.apply_token_bitmask_inplace_triton import apply_token_bitmask_inplace_kernel
+
+    from backends.ipc.protocol import StructuredOutput
+    from backends.runtime.loader import ModelSpec, load_model
+    from backends.runtime.sampling.grammar import Grammars
+    from backends.runtime.tokenizer import eos_token_ids
+
+    _, tokenizer = load_model(ModelSpec())
+    grammars = Grammars(tokenizer, VOCAB, eos_token_ids(tokenizer), torch.device("cuda"))
+    built = _built_kernels(apply_token_bitmask_inplace_kernel)
+    for rows in (1, 3, 16, 17, 32, 64):
+        matchers = [grammars.matcher(StructuredOutput("regex", "[ab]+c"))] * rows
+        grammars.mask(torch.zeros(rows, VOCAB, device="cuda"), matchers)
+    torch.cuda.synchronize()
+    assert _built_kernels(apply_token_bitmask_inplace_kernel) == built
+
+
 def test_cuda_prompt_log_probabilities_equal_the_cpus_without_a_sync():
     """``prompt_logprobs``' figures (``logprobs.prompt_figures``) of a prefill chunk on CUDA, a few rows at a time:
     the CPU's (float32 head and hidden states, so that ranks among 151,936 logits compare: in bfloat16 a random

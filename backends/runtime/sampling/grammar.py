@@ -25,6 +25,10 @@ _LOCATION = re.compile(r"^\[[^\]]*\] [^:\s]+:\d+: (Check failed: .*? is false: )
 ANY_OBJECT = '{"type": "object"}'  # json_object: "a JSON object" (OpenAI's), compiled as vLLM compiles it
 CACHE_BYTES = 512 << 20  # each process's compiled grammars (vLLM's default xgrammar cache: about 1000 schemas)
 _BYTES = 256  # the check's vocabulary: one token per byte, so any tokenizer's outputs are its strings
+# Triton builds a kernel per specialization of its integer arguments: the rows (a step's sequences) on being 1 and on
+# being a multiple of 16; one built on first use stalls the step that needs it (the likely part of a 32-prompt burst's
+# 295-ms first step under text_c32_structured, about 50 without grammars: bench/results/peer/README.md; not measured)
+WARM_ROWS = (1, 2, 16)
 
 
 def compiled(compiler: xgr.GrammarCompiler, spec: StructuredOutput) -> xgr.CompiledGrammar:
@@ -65,14 +69,15 @@ class Grammars:
     """One stage process's grammars: xgrammar's view of the tokenizer (``vocab_size`` the logits' width, the rows
     past the tokenizer's ids never allowed; ``eos_ids`` the tokens that end a whole match) and its compiler. On a
     CUDA ``device`` the mask's kernel (xgrammar's, a Triton kernel compiled on first use) is built here, before a
-    request needs it."""
+    request needs it, in each of its specializations (:data:`WARM_ROWS`)."""
 
     def __init__(self, tokenizer, vocab_size: int, eos_ids: Sequence[int], device: torch.device | None = None):
         self.vocab_size = vocab_size
         info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=list(eos_ids))
         self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_limit_bytes=CACHE_BYTES)
         if device is not None and device.type == "cuda":
-            self._apply(torch.zeros(1, vocab_size, device=device), xgr.allocate_token_bitmask(1, vocab_size))
+            for rows in WARM_ROWS:  # float32, as the stages' logits
+                self._apply(torch.zeros(rows, vocab_size, device=device), xgr.allocate_token_bitmask(rows, vocab_size))
 
     def matcher(self, spec: StructuredOutput) -> xgr.GrammarMatcher:
         """A new matcher at the start of ``spec``'s grammar (compiled once per grammar text in this process, which
