@@ -175,7 +175,7 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     return message, field or None
 
 
-_VALID_TYPE = re.compile(r"Input should be a valid (\w+)$")
+_VALID_TYPE = re.compile(r"Input should be a valid (\w+)(,.*)?$")  # a lax branch's reason after the comma
 
 
 def _one_message(messages: list[str], value: object) -> str:

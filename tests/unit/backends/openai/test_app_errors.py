@@ -36,12 +36,12 @@ def _error(response, status: int) -> dict:
      "messages", "messages[0].content[0].image_url.url: Field required"),
     ({"model": "m", "messages": [{"role": "function", "content": "x"}]}, "messages",
      "messages[0].role: Input should be 'system', 'developer', 'user', 'assistant' or 'tool'"),
-    # values of the wrong JSON type are refused as the orchestrator refuses them, not coerced
-    ({"model": "m", "messages": [{"role": "user", "content": "x"}], "ignore_eos": "yes"}, "ignore_eos",
-     "ignore_eos: Input should be a valid boolean"),
-    ({"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": True}, "max_tokens",
-     "max_tokens: Input should be a valid integer"),
-    ({"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": "true"}, "stream",
+    # values vLLM's request models cannot convert either (pydantic's lax mode)
+    ({"model": "m", "messages": [{"role": "user", "content": "x"}], "ignore_eos": "maybe"}, "ignore_eos",
+     "ignore_eos: Input should be a valid boolean, unable to interpret input"),
+    ({"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2.5}, "max_tokens",
+     "max_tokens: Input should be a valid integer, got a number with a fractional part"),
+    ({"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": [True]}, "stream",
      "stream: Input should be a valid boolean"),
     # a union's branches said once, with what came
     ({"model": "m", "messages": [{"role": "user", "content": 5}]}, "messages",
@@ -69,7 +69,7 @@ def test_a_body_that_fails_validation_is_400(client, body, param, words):
 @pytest.mark.parametrize("prompt,words", [
     (None, "prompt: Input should be a valid string or list (got null)"),
     ([1.5], "prompt[0]: Input should be a valid string, integer or list (got 1.5)"),
-    ([[1, "a"]], "prompt[0][1]: Input should be a valid integer"),
+    ([[1, "a"]], "prompt[0][1]: Input should be a valid integer, unable to parse string as an integer"),
 ])
 def test_a_bad_prompt_is_told_once_what_it_should_be(client, prompt, words):
     error = _error(client.post("/v1/completions", json={"model": "m", "prompt": prompt}), 400)

@@ -122,14 +122,14 @@ def test_vllms_internvl_name_max_dynamic_patch_is_the_orchestrators_to_judge():
 def test_internvls_other_tile_settings_go_on_as_they_are_sent():
     """min_tiles and dynamic_image_size, and vLLM's (min_dynamic_patch) and transformers' (max_patches, min_patches,
     crop_to_patches) names, reach the orchestrator as sent, which reads them as its keys; a value of the wrong JSON
-    type is a 400 from the schema (strict, as the orchestrator would refuse it), naming the field."""
+    type that vLLM cannot convert either is a 400 from the schema, naming the field."""
     kwargs = {"min_tiles": 2, "min_dynamic_patch": 2, "min_patches": 2, "max_patches": 6, "dynamic_image_size": True,
               "crop_to_patches": True}
     request = chat_request(_chat(messages=[{"role": "user", "content": "hi"}], mm_processor_kwargs=kwargs))
     assert request.sampling == {**kwargs, "max_tokens": None}
     params = parse_sampling_parameters(json.dumps(request.sampling))
     assert (params.min_tiles, params.max_tiles, params.dynamic_image_size) == (2, 6, True)
-    for field, value in (("crop_to_patches", "no"), ("min_tiles", 1.5)):
+    for field, value in (("crop_to_patches", "maybe"), ("min_tiles", 1.5)):
         with pytest.raises(ValidationError, match=f"mm_processor_kwargs.{field}"):
             _chat(messages=[{"role": "user", "content": "hi"}], mm_processor_kwargs={field: value})
 
@@ -283,7 +283,7 @@ def test_stream_options_take_openais_and_vllms_keys_and_ignore_others():
     assert not options(continuous_usage_stats=True).continuous_usage  # vLLM's: only beside include_usage
     assert not options(include_obfuscation=False).include_usage  # OpenAI's, which the SDK sends: ignored
     with pytest.raises(ValidationError, match="include_usage"):
-        options(include_usage="yes")
+        options(include_usage="maybe")
 
 
 def test_continuous_usage_asks_each_response_for_the_prompts_tokens_and_the_ids():
@@ -330,14 +330,23 @@ def test_a_null_or_absent_content_is_a_message_without_parts_as_the_orchestrator
                                                            ("assistant", ()), ("user", (Part("text", "Go on."),))]
 
 
-def test_flags_sent_as_null_are_false_and_other_types_are_refused():
+def test_flags_sent_as_null_are_false_and_other_types_are_refused_unless_vllm_converts_them():
     request = _chat(messages=[{"role": "user", "content": "x"}], stream=None, return_token_ids=None,
                     return_timeline=None)
     assert (request.stream, request.return_token_ids, request.return_timeline) == (False, False, False)
     assert not _raw(chat_request(request)).stream
-    for value in ("yes", 1, [True]):
+    for value in ("maybe", 2, [True]):
         with pytest.raises(ValidationError, match="return_timeline"):
             _chat(messages=[{"role": "user", "content": "x"}], return_timeline=value)
+
+
+def test_values_are_converted_as_vllms_request_models_convert_them():
+    """vLLM 0.26's request models validate in pydantic's lax mode: numeric strings and whole floats are numbers,
+    "true" / "false" booleans, as a client written for vLLM may send them."""
+    request = _chat(messages=[{"role": "user", "content": "x"}], max_tokens="5", temperature="0.5", n="2",
+                    seed=3.0, stream="false", logprobs="true", top_logprobs=2.0)
+    assert (request.max_tokens, request.temperature, request.n, request.seed) == (5, 0.5, 2, 3)
+    assert (request.stream, request.logprobs, request.top_logprobs) == (False, True, 2)
 
 
 def test_return_timeline_goes_to_the_orchestrator_with_the_output_ids():
