@@ -39,7 +39,8 @@ class OrchestratorRequest:
     count, where not 0); ``continuous_usage``: every response brings the prompt's token count and the token ids
     (``stream_options.continuous_usage_stats``: each chunk's usage so far); ``request_id``: the Triton request id to
     send it with (None: a new one); ``choices`` over 1: the request is the first of that many choices, admitted as
-    one (``orchestrator.choice_reservations``), which name its ``request_id`` in ``choice_of``."""
+    one (``orchestrator.choice_reservations``), which name its ``request_id`` in ``choice_of``; ``structured_as``:
+    the field the request sent its ``sampling``'s ``structured_outputs`` as (``response_format``), which errors name."""
 
     prompt: str | None
     messages: str | None
@@ -57,6 +58,7 @@ class OrchestratorRequest:
     request_id: str | None = None
     choices: int = 1
     choice_of: str | None = None
+    structured_as: str = "structured_outputs"
 
     def with_media(self, media: tuple[MediaRef, ...]) -> "OrchestratorRequest":
         return dataclasses.replace(self, media=media)
@@ -142,7 +144,7 @@ def chat_request(request: ChatCompletionRequest) -> OrchestratorRequest:
                                request.stream, request.return_token_ids, request.return_timeline,
                                request.top_logprobs_asked is not None,
                                chat_template_kwargs=None if kwargs is None else json.dumps(kwargs),
-                               continuous_usage=request.continuous_usage)
+                               continuous_usage=request.continuous_usage, structured_as=request.structured_field)
 
 
 def completion_requests(request: CompletionRequest) -> list[OrchestratorRequest]:
@@ -153,5 +155,5 @@ def completion_requests(request: CompletionRequest) -> list[OrchestratorRequest]
                                 request.return_token_ids, request.return_timeline,
                                 request.top_logprobs_asked is not None,
                                 None if isinstance(prompt, str) else tuple(prompt),
-                                continuous_usage=request.continuous_usage)
+                                continuous_usage=request.continuous_usage, structured_as=request.structured_field)
             for prompt in request.prompts]

@@ -34,6 +34,8 @@ _INVALID = re.compile(r"^(?:(?:text_input|messages|prompt|prompt_token_ids|image
                       r"sampling_parameters|chat_template_kwargs)"
                       r"[\[:. ]|" + "|".join(map(re.escape, PROMPT_TOO_LONG)) + ")")
 _SAMPLING = "sampling_parameters"
+_STRUCTURED = "structured_outputs"
+_SCHEMA = re.compile(rf"^{_STRUCTURED}\.json\b")  # a response_format's json_schema.schema, as the orchestrator names it
 _CHOICES = "choices: "
 _SAMPLING_KEY = re.compile(rf"^{_SAMPLING}: (?:unknown key ')?(\w+)")
 _CHAT_KEY = re.compile(r"^(chat_template_kwargs): (?:(add_generation_prompt|continue_final_message|tools)\b)?")
@@ -73,11 +75,14 @@ class ApiError(Exception):
         return JSONResponse(self.body(), status_code=self.status)
 
 
-def from_orchestrator(message: str, media: Sequence = (), chat: bool = False) -> ApiError:
+def from_orchestrator(message: str, media: Sequence = (), chat: bool = False,
+                      structured_as: str = _STRUCTURED) -> ApiError:
     """The error for an orchestrator's error message (classed as the module docstring says). ``media``: the chat's
     media parts in placeholder order (``convert.MediaRef``: ``kind``, ``where``), whose item an error names as the
     chat's part (``messages[1].content[0].image_url: ...`` for ``image_url (item 2 of 3): ...``); ``chat``: the
-    request is a chat, whose prompt is its ``messages`` (the ``param`` of an error about the prompt's length)."""
+    request is a chat, whose prompt is its ``messages`` (the ``param`` of an error about the prompt's length);
+    ``structured_as``: the field the request sent its ``structured_outputs`` as: ``response_format`` is named for it
+    (``structured_outputs.json`` as ``response_format.json_schema.schema``)."""
     message = _at_its_part(message, media)
     if message.startswith(_CHOICES):  # the orchestrator's input for a prompt's n (backends/openai/choices.py)
         return ApiError(400, "n: " + message.removeprefix(_CHOICES), param="n")
@@ -89,7 +94,13 @@ def from_orchestrator(message: str, media: Sequence = (), chat: bool = False) ->
             param = "mm_processor_kwargs"
         if param == "tools":  # the request's tools, which the API sends in chat_template_kwargs
             message = message.removeprefix("chat_template_kwargs: ")
-        return ApiError(400, _as_sent(message) if key else message, param=param)
+        message = _as_sent(message) if key else message
+        if param == _STRUCTURED and structured_as != _STRUCTURED:  # named as the request sent it
+            schema = _SCHEMA.match(message)
+            message = (f"{structured_as}.json_schema.schema{message[schema.end():]}" if schema else
+                       structured_as + message.removeprefix(_STRUCTURED))
+            param = structured_as
+        return ApiError(400, message, param=param)
     if SHUTTING_DOWN in message or message.startswith(OVERLOADED):
         return ApiError(503, message, code="service_unavailable")
     return ApiError(500, message)

@@ -127,7 +127,8 @@ class OrchestratorClient:
             async for result, error in responses:
                 if error is not None:
                     finished = True
-                    raise from_orchestrator(error.message(), request.media, chat=request.messages is not None)
+                    raise from_orchestrator(error.message(), request.media, chat=request.messages is not None,
+                                            structured_as=request.structured_as)
                 piece = (await in_bulk_thread(piece_from_grpc, result)
                          if response_bytes(result) > LARGE_RESPONSE_BYTES else piece_from_grpc(result))
                 finished = piece.finish_reason is not None or piece.final

@@ -174,6 +174,13 @@ class GenerationRequest(SamplingRequest):
             return "response_format", "response_format: send it or structured_outputs, not both"
         return None
 
+    @property
+    def structured_field(self) -> str:
+        """The field whose output rule goes as the orchestrator's ``structured_outputs``: ``response_format`` where
+        that holds one, else ``structured_outputs``."""
+        held = self.structured_outputs is None and as_structured_outputs(self.response_format or {}) is not None
+        return "response_format" if held else "structured_outputs"
+
     def sampling_parameters(self) -> dict[str, Any]:
         """The orchestrator's ``sampling_parameters`` (vLLM's names): the fields set, ``max_completion_tokens`` as
         ``max_tokens``; the orchestrator checks every value and refuses keys it does not know yet."""

@@ -113,4 +113,5 @@ def test_a_bad_response_format_is_400_naming_it(sdk):
         sdk.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=4,
                                     response_format={"type": "json_schema",
                                                      "json_schema": {"name": "r", "schema": {"type": "x"}}})
-    assert error.value.body["param"] == "structured_outputs" and 'Unsupported type "x"' in error.value.body["message"]
+    assert error.value.body["param"] == "response_format"
+    assert error.value.body["message"] == 'response_format.json_schema.schema: Unsupported type "x"'

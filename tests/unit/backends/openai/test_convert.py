@@ -379,3 +379,11 @@ def test_max_completion_tokens_out_of_range_is_refused_under_its_own_name():
 def test_a_requests_own_chat_template_is_refused_naming_it():
     field, message = _chat(messages=[{"role": "user", "content": "hi"}], chat_template="{{ 'X' }}").refusal()
     assert field == "chat_template" and "its own template only" in message
+
+
+def test_the_field_that_holds_the_output_rule_goes_with_the_request():
+    def held(**fields):
+        return chat_request(_chat(messages=[{"role": "user", "content": "x"}], **fields)).structured_as
+    assert held(response_format={"type": "json_object"}) == "response_format"
+    assert held(structured_outputs={"regex": "a+"}) == held() == held(response_format={"type": "text"}) == \
+        "structured_outputs"

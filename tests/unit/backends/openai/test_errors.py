@@ -94,6 +94,20 @@ def test_a_sampling_keys_message_names_the_field_as_an_openai_client_sent_it():
         assert error.param == ("top_k" if "top_k" in body else "mm_processor_kwargs"), error.param
 
 
+def test_a_structured_output_sent_as_response_format_is_named_as_sent():
+    """A chat's response_format goes as the orchestrator's structured_outputs: its refusal names response_format
+    (the schema as response_format.json_schema.schema); a request that sent structured_outputs keeps that name."""
+    schema = 'sampling_parameters: structured_outputs.json: Unsupported type "foo"'
+    error = from_orchestrator(schema, structured_as="response_format")
+    assert (error.param, error.message) == ("response_format",
+                                            'response_format.json_schema.schema: Unsupported type "foo"')
+    error = from_orchestrator("sampling_parameters: structured_outputs: no output can match it",
+                              structured_as="response_format")
+    assert (error.param, error.message) == ("response_format", "response_format: no output can match it")
+    error = from_orchestrator(schema)
+    assert (error.param, error.message) == ("structured_outputs", 'structured_outputs.json: Unsupported type "foo"')
+
+
 def test_a_media_items_error_names_its_part_of_the_chat():
     """The orchestrator numbers a request's items in placeholder order, as the chat's media are: ``image_url (item 2
     of 3)`` is the second part with media; a request's only item has no number; a number that does not fit (or a
