@@ -68,7 +68,8 @@ def with_template(tokenizer, template: str | None, family: Family, content: str 
         return tokenizer
     if template is not None:
         tokenizer.chat_template = template
-    where = "parameter chat_template" if content == AUTO else f"parameter chat_template_content_format {content!r}"
+    where = "parameter chat_template" if content == AUTO else \
+        f"parameter chat_template_content_format {content} (the launcher's --chat-template-content-format)"
     asking = ("user", (*family.placeholders, "text"), ())
     for shape in ((("system", ("text",), ()), asking, ("assistant", ("text",), ()), ("user", ("text",), ())),
                   (asking,)):

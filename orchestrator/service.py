@@ -47,6 +47,7 @@ from orchestrator.routing import choose
 from orchestrator.sampling_params import InvalidInput
 from orchestrator.scheduler import Scheduler, SchedulerConfig
 from orchestrator.sequence import Group
+from orchestrator.shown import shown
 from orchestrator.stage_clients import LinkMedia, Links, LinkStages, published
 from orchestrator.served_template import with_template
 from orchestrator.timeline import NO_TIMELINE, Timeline
@@ -252,7 +253,7 @@ class Orchestrator:
         for key, ids in (("stop_token_ids", params.stop_token_ids), ("logit_bias's ids", dict(params.logit_bias))):
             if ids and max(ids) >= self.sampled_ids:
                 raise InvalidInput(f"sampling_parameters: {key} must be below the vocabulary size "
-                                   f"{self.sampled_ids}, got {max(ids)}")
+                                   f"{self.sampled_ids}, got {shown(max(ids))}")
         self._check_choices(choices, choice_of, request_id)
         await self.ensure_started()
         placed = bool(choice_of) and self.reservations.take(choice_of)  # a later choice: a place is held for it

@@ -227,6 +227,7 @@ def test_special_tokens_have_their_text_only_when_skip_special_tokens_is_false(g
     ({"stop_token_ids": "7"}, "sampling_parameters: stop_token_ids must be a list of integers"),
     ({"stop_token_ids": [-1]}, "sampling_parameters: stop_token_ids must hold at most 256 token ids >= 0"),
     ({"stop_token_ids": [10**6]}, "sampling_parameters: stop_token_ids must be below the vocabulary size"),
+    ({"stop_token_ids": [1e300]}, "must be below the vocabulary size 282, got 1.000e300 (an integer of 301 digits)"),
     ({"logit_bias": {"1000000": 1}}, "sampling_parameters: logit_bias's ids must be below the vocabulary size"),
     ({"logprobs": 21}, "sampling_parameters: logprobs must be in [0, 20], got 21"),
 ])

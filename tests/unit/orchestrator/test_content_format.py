@@ -76,8 +76,9 @@ def test_string_chosen_for_the_models_own_template_writes_vllms_string_prompt():
 
 
 def test_openai_chosen_for_a_template_that_takes_a_string_stops_the_load_naming_the_parameter():
-    with pytest.raises(ValueError, match="^parameter chat_template_content_format 'openai': the template cannot "
-                                         "write a message whose content is a list of parts \\(TypeError"):
+    with pytest.raises(ValueError, match="^parameter chat_template_content_format openai \\(the launcher's "
+                                         "--chat-template-content-format\\): the template cannot write a message "
+                                         "whose content is a list of parts \\(TypeError"):
         with_template(load_tokenizer(None), CHATML, QWEN, OPENAI)
 
 
