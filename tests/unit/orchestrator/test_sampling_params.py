@@ -214,7 +214,8 @@ def test_stop_strings_are_bounded():
 
 
 @pytest.mark.parametrize("text, words", [
-    ('{"temperature": 1' + "0" * 400 + "}", "temperature must be a finite number, got 1.000e400 (an integer of 401 digits)"),
+    ('{"temperature": 1' + "0" * 400 + "}",  # beyond float
+     "temperature must be a finite number, got 1.000e400 (an integer of 401 digits)"),
     ('{"top_p": 1' + "0" * 400 + "}", "top_p must be a finite number"),
     ('{"max_tokens": 1e300}', "max_tokens must be a positive integer below 2**31, got 1.000e300 (an integer of 301"),
     ('{"max_tokens": "1_000"}', "max_tokens must be an integer, got '1_000'"),  # Python's int() takes it
