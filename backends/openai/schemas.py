@@ -177,9 +177,8 @@ class GenerationRequest(SamplingRequest):
     @property
     def structured_field(self) -> str:
         """The field whose output rule goes as the orchestrator's ``structured_outputs``: ``response_format`` where
-        that holds one, else ``structured_outputs``."""
-        held = self.structured_outputs is None and as_structured_outputs(self.response_format or {}) is not None
-        return "response_format" if held else "structured_outputs"
+        that holds one (``tools.held_by``), else ``structured_outputs``."""
+        return held_by(self.structured_outputs, self.response_format) or "structured_outputs"
 
     def sampling_parameters(self) -> dict[str, Any]:
         """The orchestrator's ``sampling_parameters`` (vLLM's names): the fields set, ``max_completion_tokens`` as
