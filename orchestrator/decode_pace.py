@@ -24,8 +24,8 @@ the 21 streams decoding beside it got 72 of the run's 81 largest gaps (its top 1
 while those 11 prompts' TTFT lay beyond the p50 either way; without pacing such steps the seventh run's p99 was
 11.0 ms (bench/results/peer/seventh-run-2026-12-03/README.md).
 The same burst's step before it, 17 prompts beside the first one's decode (97 ms against about 60 alone; the ninth
-run, bench/results/peer/ninth-run-2026-12-03/README.md), was paced (the waiting prompts outnumber the streams whose
-gaps grow); it is held now ("Holding a burst's joins").
+run, bench/results/peer/ninth-run-2026-12-03/README.md), is paced: the waiting prompts outnumber the streams whose
+gaps grow, and a lone stream's few paced gaps are far from the TBT p99 of all of them.
 
 Joining decode (``serial_joins``): decode's loop launches its next step before it reads the one in flight, so a
 sequence admitted while a step runs waits for that step and for the one already queued behind it: its second token
@@ -45,13 +45,16 @@ streams wait the step out in one or two gaps instead of spreading it over three,
 burst's sequences all join decode's next launch. vLLM's streams wait in the same place: its decode tokens go into
 the prefill step's batch. A stream that decode has already served is never the majority this rule needs, so
 established streams (the mixed scenarios' text streams) are not held, and a hold needs :data:`HOLD_MIN_JOINING`
-of the burst's streams, those joining and the prompts the step ends: the mixed video's closed-loop text streams, down
-to three decoding near its end, met the majority rule with one or three new ones, and one of them, held for two
-steps in a row, waited 130 ms for its second token (the window max 31 ms without the hold;
-bench/results/peer/hold-joins-h100-2026-12-06/). The prompts the step ends count since 2026-12-06: a burst's second
-step (17 prompts beside its first request's decode), whose first tokens are the burst's TTFT p50, took 45.5 and
-46.5 ms held against 51-54 paced on one H100 (bench/results/peer/twenty-second-run-h100-2026-12-06/, where the
-client's TTFT p50 and TBT p99 moved within the spread between passes). On by default: on one H100 host
+such streams: the mixed video's closed-loop text streams, down to three decoding near its end, met the majority rule
+with one or three new ones, and one of them, held for two steps in a row, waited 130 ms for its second token (the
+window max 31 ms without the hold; bench/results/peer/hold-joins-h100-2026-12-06/). From 2026-12-06 to 12-07 the
+prompts the step ended counted toward the eight too (a burst's second step, 17 prompts beside its first request's
+decode, was held: its prefill 45.5-53.9 ms against 51.3-54.4 paced, the client's TTFT p50 and TBT p99 within the
+spread between passes; bench/results/peer/twenty-second-run-h100-2026-12-06/). It held the mixed video's text
+streams when their closed loop restarted them together and the orchestrator split them over two steps (4-6, then
+9-10 prompts): the first ones waited out the second step, 55-58 ms, and the window's max gap was 54.6-69.7 ms in all
+three passes against 23-43 before (bench/results/peer/twenty-fourth-run-h100-2026-12-07/README.md).
+On by default: on one H100 host
 the 32 requests' TBT p99 was 8.15-11.81 ms over seven passes (median 8.91) against 8.82-13.36 (median 11.72) over
 eight with it off, vLLM 7.40-7.96 (the same README); the price is the burst's one longer gap (text_c32's largest,
 52-93 ms against 23-36). The requests' ends, which the hold makes coincide, then hold most of the top 1%.
@@ -66,7 +69,7 @@ from orchestrator.budget_policy import SloTargets
 from orchestrator.fewer_sms import ending_kinds, favours_decode
 
 PACE_FOR_MS = 1000.0  # a pacing the orchestrator does not end (a step longer than this) ends itself
-HOLD_MIN_JOINING = 8  # a burst's streams (no decode token yet, or ending in the step) worth holding decode for
+HOLD_MIN_JOINING = 8  # streams with no decode token yet that make a burst worth holding decode for
 TARGET_SHARE = 0.8  # the most of a TBT target a paced gap may take
 PACING_KINDS = frozenset({"image"})  # the modalities whose prompts ending in a step pace decode
 
@@ -95,14 +98,12 @@ class DecodePacer:
 
 def holds_joins(plan: StepPlan, decoding: Sequence[str], joining: int, kind_of: Callable[[str], str | None]) -> bool:
     """Whether decode waits ``plan`` out (module docstring, "Holding a burst's joins"): it encodes nothing, prefills
-    text prompts only (a video's chunk beside them would hold the streams for its whole step) and ends one;
+    text prompts only (a video's chunk beside them would hold the streams for its whole step) and ends one, and
     ``joining`` (of the requests ``decoding``, their modalities, those with no token from decode yet) are more than
-    half of them; and they and the prompts the step ends (the burst's streams) are at least
-    :data:`HOLD_MIN_JOINING`."""
-    ending = ending_kinds(plan, kind_of)
-    if plan.num_encode_patches or 2 * joining <= len(decoding) or joining + len(ending) < HOLD_MIN_JOINING:
+    half of them and at least :data:`HOLD_MIN_JOINING`."""
+    if plan.num_encode_patches or 2 * joining <= len(decoding) or joining < HOLD_MIN_JOINING:
         return False
-    return bool(ending) and all(kind_of(work.req_id) == "text" for work in plan.prefill)
+    return bool(ending_kinds(plan, kind_of)) and all(kind_of(work.req_id) == "text" for work in plan.prefill)
 
 
 def joins_decode(plan: StepPlan, decoding: Sequence[str], kind_of: Callable[[str], str | None]) -> bool:
