@@ -125,14 +125,16 @@ def build_chat_prompt(tokenizer, turns: tuple[Turn, ...], media: list[tuple[str,
     tool calls are the template's to write (``orchestrator.template_data``); ``content``: how the template takes a
     message's content (``orchestrator.content_format.chosen_format``). A text the template leaves out (a
     server template that skips system messages) is left out; one it writes twice is written twice. Raises
-    InvalidInput when they or the template's variables hold a token only the server places or the template raises
-    (its ``raise_exception``: the conversation is the client's), RuntimeError when the template changes a text's mark
+    InvalidInput when they or the template's variables hold a token only the server places, the template raises
+    (its ``raise_exception``: the conversation is the client's) or writes no placeholder for a kind of ``media`` (a
+    template for images only, as a server's own may be), RuntimeError when the template changes a text's mark
     (it writes texts through a filter) or drops, repeats or reorders a placeholder.
     """
     _refuse_placed_tokens(turns, options, family)
     texts = [part.text for turn in turns for part in turn.parts if part.kind == "text"]
     templated = templated_text(tokenizer, tuple((turn.role, tuple(part.kind for part in turn.parts), turn.fields)
                                                 for turn in turns), options, family, content)
+    _refuse_unplaced_kinds(media, templated, family)
     pieces = _TEXT_MARK_RE.split(templated)  # template, text index, template, text index, ..., template
     if any("\x00" in piece for piece in pieces[::2]):
         raise RuntimeError("the chat template changed a message's text as it wrote it (a filter on the text?): the "
@@ -167,6 +169,16 @@ def build_chat_prompt(tokenizer, turns: tuple[Turn, ...], media: list[tuple[str,
 
 
 Shape = tuple[tuple[str, tuple[str, ...], tuple[tuple[str, str], ...]], ...]  # (role, part kinds, fields) a message
+
+
+def _refuse_unplaced_kinds(media: list, templated: str, family: Family) -> None:
+    """Raises InvalidInput where the ``templated`` conversation has no placeholder at all for a kind of its
+    ``media`` (a server template for images only, asked about a video): the server cannot take that kind in a chat."""
+    for kind in dict.fromkeys(item[0] for item in media):
+        if family.placeholders[kind] not in templated:
+            raise InvalidInput(f"messages: this server's chat template (the launcher's --chat-template) writes no "
+                               f"placeholder for a {kind} ({family.placeholders[kind]}), so it cannot take a {kind} "
+                               f"in a message; send it to a server whose template places {kind}s")
 
 
 def templated_text(tokenizer, shape: Shape, options: ChatOptions, family: Family = QWEN,

@@ -59,8 +59,10 @@ def with_template(tokenizer, template: str | None, family: Family, content: str 
     is for None; ``content``: how the template takes a message's content (``orchestrator.content_format``). The
     template (the checkpoint's too, where ``content`` is not ``auto``) is tried on probe conversations first (a system
     message, a user message with one part of each of ``family``'s media kinds and a text, an assistant's and a user's
-    text; then the user's message alone): it must write the last user text and each media part's placeholder once,
-    in order, and, where it takes the content as a list, read the parts (not write the list as a string). A probe
+    text; then the user's message alone): it must write the last user text and the placeholder of one media kind at
+    least, each it writes once and in order, and, where it takes the content as a list, read the parts (not write the
+    list as a string). A kind whose placeholder it never writes (a template for images only, as vLLM takes one) is
+    refused per request (``orchestrator.prompt.build_chat_prompt``). A probe
     the template refuses itself (``raise_exception``: it wants other conversations) is skipped. Raises ValueError
     naming the parameter ``chat_template`` (or ``chat_template_content_format``, where it is set) for a template that
     fails a probe."""
@@ -96,10 +98,10 @@ def _check_written(written: str, last_text: int, family: Family, where: str) -> 
     if TEXT_MARK.format(last_text) not in written:
         raise ValueError(f"{where}: the template does not write the user's text as it is (the server tokenizes each "
                          "text part on its own: a template may not change it)")
-    tokens = {token: kind for kind, token in family.placeholders.items()}
-    found = re.findall("|".join(map(re.escape, tokens)), written)
-    if found != list(family.placeholders.values()):
+    order = list(family.placeholders.values())
+    found = re.findall("|".join(map(re.escape, order)), written)
+    if not found or found != [token for token in order if token in found]:
         raise ValueError(f"{where}: for a message with one part of each media kind "
-                         f"({', '.join(family.placeholders)}) the template must write "
-                         f"{' then '.join(family.placeholders.values())} once each, in order; it wrote "
-                         f"{found or 'none'} ({family.name}'s chat template places its media by these tokens)")
+                         f"({', '.join(family.placeholders)}) the template must write {' then '.join(order)}, "
+                         f"or some of them, once each and in order; it wrote {found or 'none'} ({family.name}'s chat "
+                         "template places its media by these tokens)")

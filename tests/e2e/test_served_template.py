@@ -1,7 +1,7 @@
 """The server's own chat template (the orchestrator's ``chat_template`` parameter, which the launcher's
 ``--chat-template`` sets; orchestrator/served_template.py) through a real tritonserver: the template itself, line
 breaks and quotes included, goes through config.pbtxt, and every chat's prompt, its image's visual tokens placed by
-the template's parts, is the one it writes."""
+the template's parts, is the one it writes; a video, for which this template writes no placeholder, is refused."""
 from __future__ import annotations
 
 import json
@@ -13,6 +13,7 @@ from backends.runtime.tokenizer import load_tokenizer
 from tests.e2e.conftest import repository_with, serve
 from tests.e2e.test_ops import png
 from tests.e2e.test_tokenize import tokenize_only
+from tests.media import make_video
 from client.pieces import piece_from_grpc
 
 pytestmark = pytest.mark.e2e
@@ -20,7 +21,8 @@ DEFAULT, BRIEF = "You are a helpful assistant.", "You answer briefly."
 ROLE = "<|im_start|>{{ message['role'] }}\n"  # the role line, to which the template below adds what vLLM hands it
 TEMPLATE = load_tokenizer(None).chat_template.replace(DEFAULT, BRIEF).replace(ROLE, (
     "<|im_start|>{{ message['role'] }}{{ ' (' + message.name + ')' if message.name else '' }}\n"
-    "{{ '<think>' + message.reasoning + '</think>' if message.reasoning else '' }}")) + '{{- "" }}'  # a quote
+    "{{ '<think>' + message.reasoning + '</think>' if message.reasoning else '' }}")).replace(
+    "<|vision_start|><|video_pad|><|vision_end|>", "") + '{{- "" }}'  # a quote; images only: no video's placeholder
 MESSAGES = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is in it?"}]}]
 
 
@@ -70,3 +72,16 @@ def test_a_template_that_takes_each_content_as_a_string_serves_an_image_as_vllm_
     pads = written.count("<|image_pad|>")
     assert pads > 0 and written == ("<|im_start|>user\n<|vision_start|>" + "<|image_pad|>" * pads
                                     + "<|vision_end|>\nWhat is in it?<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_a_template_for_images_only_is_served_and_refuses_a_video_naming_it(custom):
+    """vLLM starts with such a template too; the video is the client's problem: an error naming the kind (the
+    orchestrator's InvalidInput, INVALID_ARG / HTTP 400), and the server answers the next chat."""
+    messages = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "What happens?"}]}]
+    result, error = tokenize_only(f"127.0.0.1:{custom.ports.grpc}",
+                                  messages=np.array([json.dumps(messages).encode()], dtype=np.object_),
+                                  video=np.array([make_video(None, 64, 48, 8, 10)], dtype=np.object_))
+    assert result is None, result
+    says = "messages: this server's chat template (the launcher's --chat-template) writes no placeholder for a video"
+    assert error.message().startswith(says), error.message()
+    assert _prompt(f"127.0.0.1:{custom.ports.grpc}")  # the image's chat still served

@@ -77,14 +77,31 @@ def test_the_template_writes_every_prompt_and_may_leave_a_text_out():
     ("{% for m in messages %}{% for p in m.content %}{{ p.text | upper }}{% endfor %}{% endfor %}",
      "does not write the user's text as it is"),
     ("", "does not write the user's text as it is"),
-    (QWEN_OWN.replace("<|vision_start|><|image_pad|><|vision_end|>", ""),
-     "must write <|image_pad|> then <|video_pad|> once each, in order; it wrote ['<|video_pad|>']"),
+    (SHORT.replace("<|vision_start|><|{{ p.type }}_pad|><|vision_end|>", ""),
+     "must write <|image_pad|> then <|video_pad|>, or some of them, once each and in order; it wrote none"),
     (QWEN_OWN.replace("<|image_pad|>", "<|image_pad|><|image_pad|>"), "it wrote ['<|image_pad|>', '<|image_pad|>',"),
+    (SHORT.replace("{% for p in m.content %}", "{% for p in m.content | reverse %}"),
+     "it wrote ['<|video_pad|>', '<|image_pad|>']"),
 ])
 def test_a_template_that_fails_the_probes_stops_the_load_naming_the_parameter(template, says):
     with pytest.raises(ValueError) as refused:
         with_template(load_tokenizer(None), template, QWEN)
     assert str(refused.value).startswith("parameter chat_template: ") and says in str(refused.value), refused.value
+
+
+@pytest.mark.parametrize("dropped, kept", [("video", "image"), ("image", "video")])
+def test_a_template_for_one_media_kind_is_taken_and_a_request_with_the_other_is_refused(dropped, kept):
+    """vLLM starts with a template that places images only (or videos only) and fails the other kind's requests: so
+    does the server, its 400 naming the kind (a mixed request too), while the kind it places is served."""
+    template = QWEN_OWN.replace(f"<|vision_start|><|{dropped}_pad|><|vision_end|>", "")
+    asking = Turn("user", (Part(kept), Part("text", "And this?")))
+    grid = {"image": ("image", (1, 4, 4), 0.0), "video": ("video", (2, 4, 4), 1.0)}
+    assert f"<|{kept}_pad|>" in _prompt(template, (asking,), [grid[kept]])
+    both = Turn("user", (Part("video"), Part("image"), Part("text", "And these?")))
+    says = rf"^messages: this server's chat template \(the launcher's --chat-template\) writes no placeholder for a " \
+           rf"{dropped} \(<\|{dropped}_pad\|>\), so it cannot take a {dropped} in a message"
+    with pytest.raises(InvalidInput, match=says):
+        _prompt(template, (both,), [grid["video"], grid["image"]])
 
 
 def test_a_text_changed_as_it_is_written_is_the_servers_fault_where_the_probes_did_not_show_it():
@@ -127,5 +144,5 @@ def test_the_launcher_option_passes_a_files_absolute_path_or_the_template_throug
 def test_each_familys_own_template_passes_the_probes_and_another_familys_does_not():
     internvl3 = offline_tokenizer("internvl3_tiny")
     assert with_template(internvl3, internvl3.chat_template, family("internvl3")) is internvl3
-    with pytest.raises(ValueError, match="must write <IMG_CONTEXT> then <video> once each"):
+    with pytest.raises(ValueError, match="must write <IMG_CONTEXT> then <video>, or some of them, once each"):
         with_template(offline_tokenizer("internvl3_tiny"), QWEN_OWN, family("internvl3"))
