@@ -1,7 +1,8 @@
 """``python -m backends.openai [--grpc-url 127.0.0.1:8001] [--port 9000] [--workers 1] ...``: the OpenAI-compatible
 API, served by uvicorn until SIGTERM or Ctrl-C (then requests in flight get ``--shutdown-grace`` seconds to end). The
-app is built by :func:`app_from_env` from the command line passed on in ``CONFIG_ENV``, so that with ``--workers N``
-each of the N processes on the port (``backends.openai.workers``) builds its own."""
+app is built by :func:`app_from_env` from the command line passed on in ``CONFIG_ENV`` (and the keys of ``--api-key``
+in ``api_keys.ENV``), so that with ``--workers N`` each of the N processes on the port (``backends.openai.workers``)
+builds its own."""
 from __future__ import annotations
 
 import json
@@ -29,7 +30,8 @@ def app_from_env():
 
 def main(argv: list[str] | None = None) -> None:
     config = parse_args(argv)
-    os.environ[CONFIG_ENV] = json.dumps(config.to_args())  # workers are new processes: they read it there
+    # workers are new processes: they read the command line there, and the keys (--api-key), which it leaves out
+    os.environ.update({CONFIG_ENV: json.dumps(config.to_args()), **config.env()})
     if config.workers > 1:  # a listening socket each (backends.openai.workers), not uvicorn's shared one
         try:
             sys.exit(workers.serve(config))

@@ -13,10 +13,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
 
-from backends.openai.process import check_port_free
+from backends.openai.api_keys import ENV as API_KEY_ENV
+from backends.openai.config import ApiConfig
+from backends.openai.process import REPO_ROOT, check_port_free
 from backends.triton.ports import ServerPorts
 from tests.e2e.conftest import serve
 from tests.e2e.test_openai_api import EXTRA, MODEL, _api, _unused_port
@@ -90,6 +93,39 @@ def test_several_workers_serve_one_port_and_stop_together(server, tmp_path):
         assert sum(per_worker.values()) >= STREAMS and min(per_worker.values()) > 0, per_worker
     for pid in workers:  # gone with the API
         assert not running(pid)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_the_api_key_flag_of_the_api_started_alone_guards_every_worker(server, tmp_path, workers):
+    """``python -m backends.openai --api-key KEY`` (not the launcher, which passes its keys by the environment):
+    every worker answers 401 without the key or with another, 200 with it (before, the flag was dropped on the way
+    to the workers and nothing was guarded). Each request on a new connection, so both workers are asked."""
+    config = ApiConfig(grpc_url=f"127.0.0.1:{server.ports.grpc}", port=_unused_port(), workers=workers)
+    env = {name: value for name, value in os.environ.items() if name != API_KEY_ENV}
+    with open(tmp_path / "api.log", "wb") as log:
+        process = subprocess.Popen([sys.executable, "-m", "backends.openai", *config.to_args(), "--api-key", "k1"],
+                                   cwd=REPO_ROOT, env={**env, "PYTHONPATH": str(REPO_ROOT)}, stdout=log,
+                                   stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{config.port}"
+    try:
+        deadline = time.monotonic() + 60
+        while not _answers(f"{url}/health"):
+            assert process.poll() is None and time.monotonic() < deadline, (tmp_path / "api.log").read_text()
+            time.sleep(0.2)
+        for _ in range(8):
+            assert httpx.get(f"{url}/v1/models").status_code == 401
+            assert httpx.get(f"{url}/v1/models", headers={"Authorization": "Bearer WRONG"}).status_code == 401
+            assert httpx.get(f"{url}/v1/models", headers={"Authorization": "Bearer k1"}).status_code == 200
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=30)
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 def test_requests_over_the_limit_are_503(server, tmp_path):
