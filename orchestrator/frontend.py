@@ -29,6 +29,7 @@ from backends.ipc.link import StageError
 from backends.triton import triton_io as io
 from orchestrator.cancel_watch import CancelWatch
 from orchestrator.choice_reservations import choice_of_input, choices_input
+from orchestrator import request_parameters
 from orchestrator.inputs import ParsedRequest, RawRequest, builds_a_grammar, parse_request
 from orchestrator.metrics import RequestTimer
 from orchestrator.off_loop import INLINE_TOKEN_IDS
@@ -60,6 +61,7 @@ def read_request(request) -> RawRequest:
         stream=io.boolean(arrays, "stream", False), tokenize_only=io.boolean(arrays, "tokenize_only", False),
         return_input_tokens=io.boolean(arrays, "return_input_tokens", True),
         exclude_input_in_output=io.boolean(arrays, "exclude_input_in_output", False),
+        parameters=request_parameters.sampling_text(request.parameters()) or "",
         **{flag: io.boolean(arrays, flag, False) for flag in _RETURN_FLAGS})
 
 

@@ -6,7 +6,8 @@ it is, without the chat template, as the vLLM backend's ``text_input`` and OpenA
 ``prompt_token_ids``, such a prompt as token ids), ``image``
 (file bytes, or the file base64-encoded as that backend takes it), ``video`` (file bytes), ``image_url``/
 ``video_url`` (a path or ``file://`` URL under an allowed folder, or a ``data:`` URL), ``sampling_parameters``
-(JSON), ``stream``, ``exclude_input_in_output``, ``return_output_ids``, and that backend's ``return_*`` flags
+(JSON; without it, the request's own parameters: ``orchestrator.request_parameters``), ``stream``,
+``exclude_input_in_output``, ``return_output_ids``, and that backend's ``return_*`` flags
 (``return_logprobs`` with ``sampling_parameters``' ``logprobs``, and ``return_cumulative_logprob``), plus our
 ``return_timeline`` (``orchestrator.timeline``) and ``chat_template_kwargs`` (``orchestrator.chat_options``). Every
 problem raises
@@ -26,6 +27,7 @@ from types import MappingProxyType
 from typing import Callable, Mapping
 
 from backends.triton.triton_io import int_parameter
+from orchestrator import request_parameters
 from orchestrator.chat_options import ChatOptions, parse_chat_options
 from orchestrator.messages import Turn, media_kinds, parse_messages, user_turn
 from orchestrator.sampling_params import InvalidInput, RequestParams, parse_sampling_parameters
@@ -85,6 +87,7 @@ class RawRequest:
     return_input_tokens: bool = True  # a tokenize_only response's input_tokens (False: left out)
     choices: list[int] | None = None  # a request's choices admitted as one (orchestrator.choice_reservations)
     choice_of: list[bytes] = field(default_factory=list)
+    parameters: str = ""  # the sampling keys of the request's Triton parameters, JSON (orchestrator.request_parameters)
 
 
 @dataclass(frozen=True)
@@ -258,7 +261,8 @@ def one_name(values: list[bytes], input_name: str, what: str) -> str:
 def builds_a_grammar(raw: RawRequest) -> bool:
     """Whether :func:`parse_request` will check a structured output (xgrammar compiles it, for up to a second, with
     the GIL released): the orchestrator parses such a request on a thread, not on its event loop."""
-    return any(b"structured_outputs" in text or b"guided_decoding" in text for text in raw.sampling_parameters)
+    return any(b"structured_outputs" in text or b"guided_decoding" in text
+               for text in (*raw.sampling_parameters, raw.parameters.encode()))
 
 
 def parse_request(raw: RawRequest, limits: InputLimits,
@@ -279,7 +283,12 @@ def parse_request(raw: RawRequest, limits: InputLimits,
         sampling_text = raw.sampling_parameters[0].decode("utf-8") if raw.sampling_parameters else None
     except UnicodeDecodeError:
         raise InvalidInput("sampling_parameters: not valid UTF-8") from None
-    params = parse_sampling_parameters(sampling_text, defaults=sampling_defaults)
+    from_parameters = sampling_text is None and bool(raw.parameters)
+    sampling_text = raw.parameters if from_parameters else sampling_text
+    try:
+        params = parse_sampling_parameters(sampling_text, defaults=sampling_defaults)
+    except InvalidInput as exc:
+        raise (request_parameters.renamed(exc) if from_parameters else exc) from None
     params = replace(params, logprobs=_logprobs_asked(raw, params.logprobs))
     count = sum(map(len, (raw.image, raw.image_url, raw.video, raw.video_url)))
     if count > limits.max_media_items:  # before any is decoded or read

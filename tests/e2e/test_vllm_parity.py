@@ -42,16 +42,17 @@ def vllm_request(grpc_url: str, text: str, sampling: dict, stream: bool = True, 
     return kserve_request(grpc_url, tensors, timeout_s)
 
 
-def kserve_request(grpc_url: str, tensors: list[tuple[str, np.ndarray, str]], timeout_s: float = 120
-                   ) -> list[grpcclient.InferResult]:
-    """One request of these input ``tensors`` (``(name, array, Triton type)``) over gRPC's stream; returns its
-    responses with outputs, in order. Raises ServerError with the server's message."""
+def kserve_request(grpc_url: str, tensors: list[tuple[str, np.ndarray, str]], timeout_s: float = 120,
+                   parameters: dict | None = None) -> list[grpcclient.InferResult]:
+    """One request of these input ``tensors`` (``(name, array, Triton type)``) and request ``parameters`` over gRPC's
+    stream; returns its responses with outputs, in order. Raises ServerError with the server's message."""
     responses: queue.Queue = queue.Queue()
     results = []
     with grpcclient.InferenceServerClient(grpc_url) as client:
         client.start_stream(callback=lambda result, error: responses.put((result, error)))
         try:
-            client.async_stream_infer("orchestrator", grpc_inputs(tensors), enable_empty_final_response=True)
+            client.async_stream_infer("orchestrator", grpc_inputs(tensors), enable_empty_final_response=True,
+                                      parameters=parameters)
             while True:
                 result, error = responses.get(timeout=timeout_s)
                 if error is not None:
@@ -160,6 +161,30 @@ def test_an_http_json_body_carries_a_base64_image_and_the_flags(http_url, grpc_u
         expected_ids = client.generate("Describe.", image=image, sampling=sampling, return_output_ids=True).token_ids
     assert answer["finish_reason"] == "length" and answer["num_output_tokens"] == N
     assert answer["output_ids"] == expected_ids
+
+
+def test_request_parameters_are_the_sampling_parameters_where_that_input_is_absent(http_url, grpc_url):
+    """As the vLLM backend reads them (its ``utils/request.py``): a generate body's ``parameters`` object (its
+    ``stream`` key left to the input) and tritonclient's ``parameters=``; the ``sampling_parameters`` input wins
+    where both come; an unknown key is refused naming ``parameters``."""
+    body = {"text_input": PROMPT, "exclude_input_in_output": True, "return_output_ids": True,
+            "parameters": {**GREEDY, "max_tokens": 5, "stream": False}}
+    request = urllib.request.Request(f"http://{http_url}/v2/models/orchestrator/generate", method="POST",
+                                     data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    answer = json.loads(urllib.request.urlopen(request, timeout=120).read())
+    with Client(grpc_url) as client:
+        expected = client.generate(PROMPT, sampling={**GREEDY, "max_tokens": 5}, return_output_ids=True).token_ids
+    assert answer["output_ids"] == expected and len(expected) == 5
+    text = [("text_input", np.array([PROMPT.encode()], dtype=np.object_), "BYTES"),
+            ("return_num_output_tokens", np.array([True]), "BOOL")]
+    counted = kserve_request(grpc_url, text, parameters={**GREEDY, "max_tokens": 3, "temperature": 0.0, "top_p": 0.5})
+    assert sum(int(r.as_numpy("num_output_tokens")[0]) for r in counted) == 3
+    both = text + [("sampling_parameters", np.array([json.dumps({**GREEDY, "max_tokens": 4}).encode()],
+                                                    dtype=np.object_), "BYTES")]
+    assert sum(int(r.as_numpy("num_output_tokens")[0]) for r in kserve_request(grpc_url, both,
+                                                                                parameters={"max_tokens": 2})) == 4
+    with pytest.raises(ServerError, match="parameters: unknown key 'foo' \\(known: "):
+        kserve_request(grpc_url, text, parameters={"max_tokens": 3, "foo": 1})
 
 
 @pytest.mark.parametrize("penalties", [  # the dummy model's greedy reply repeats no token: a penalty above 1 leaves it

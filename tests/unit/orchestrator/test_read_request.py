@@ -22,6 +22,9 @@ class FakeRequest:
         self.calls += 1
         return list(self._tensors)
 
+    def parameters(self) -> str:
+        return "{}"
+
 
 def test_inputs_are_read_in_one_pass_with_absent_ones_at_their_defaults():
     request = FakeRequest(messages=np.array([b'[{"role": "user"}]'], dtype=np.object_),
