@@ -360,15 +360,20 @@ def _conversation(raw: RawRequest, limits: InputLimits) -> tuple[Turn, ...]:
 
 def _placeholder_order(turns: tuple[Turn, ...], given: list[str]) -> list[int]:
     """The indices of the media items of kinds ``given`` (in input order) in the order of the conversation's
-    placeholders (the k-th image placeholder is the k-th image). Raises InvalidInput when a kind's placeholders and
-    items differ in number."""
+    placeholders (the k-th image placeholder is the k-th image). Raises InvalidInput naming each kind whose
+    placeholders and items differ in number."""
     kinds = media_kinds(turns)
     by_kind = {kind: [k for k, g in enumerate(given) if g == kind] for kind in ("image", "video")}
-    for kind, items in by_kind.items():
-        if kinds.count(kind) != len(items):
-            raise InvalidInput(f"messages: {kinds.count(kind)} {kind} placeholders, but the request has "
-                               f"{len(items)} {kind}s (inputs {kind} and {kind}_url)")
+    wrong = [f"{_counted(kinds.count(kind), kind + ' placeholder')}, but the request has "
+             f"{_counted(len(items), kind)} (inputs {kind} and {kind}_url)"
+             for kind, items in by_kind.items() if kinds.count(kind) != len(items)]
+    if wrong:
+        raise InvalidInput(f"messages: {'; '.join(wrong)}")
     return [by_kind[kind].pop(0) for kind in kinds]
+
+
+def _counted(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def _placed(check: Callable[[], MediaInput], position: str) -> MediaInput:

@@ -103,9 +103,13 @@ def test_text_input_is_one_user_turn_with_its_media_first():
 
 @pytest.mark.parametrize("raw,words", [
     (RawRequest(text_input=[], messages=[_json([{"role": "user", "content": [{"type": "image"}]}])]),
-     "messages: 1 image placeholders, but the request has 0 images (inputs image and image_url)"),
+     "messages: 1 image placeholder, but the request has 0 images (inputs image and image_url)"),
     (RawRequest(text_input=[], messages=[_json([{"role": "user", "content": "hi"}])], image_url=[_data_url(b"x")]),
-     "messages: 0 image placeholders, but the request has 1 images"),
+     "messages: 0 image placeholders, but the request has 1 image (inputs image and image_url)"),
+    (RawRequest(text_input=[], messages=[_json([{"role": "user", "content": [{"type": "video"}]}])],
+                image_url=[_data_url(b"x")]),
+     "messages: 0 image placeholders, but the request has 1 image (inputs image and image_url); 1 video placeholder, "
+     "but the request has 0 videos (inputs video and video_url)"),
     (RawRequest(text_input=[b"hi"], messages=[_json([{"role": "user", "content": "hi"}])]),
      "text_input, messages, prompt, prompt_token_ids: send exactly one of them"),
     (RawRequest(text_input=[b"hi"], prompt=[b"hi"]),

@@ -86,6 +86,9 @@ def test_qwen2_5_vls_own_template_writes_no_tools_as_on_vllm():
      "messages[0].tool_calls[0].function.arguments: must be a JSON string or an object, got 5"),
     ([{"role": "assistant", "tool_calls": [{"function": {"name": "f\u0000"}}]}],
      "messages[0].tool_calls: holds a NUL character"),
+    ([{"role": "user", "content": "x", "name": json.loads("[" * 100 + "]" * 100)}],
+     "messages[0].name: must be a string, got list"),  # was dropped without a word
+    ([{"role": "tool", "content": "x", "tool_call_id": 7}], "messages[0].tool_call_id: must be a string, got int"),
 ])
 def test_bad_tool_calls_are_refused_naming_them(messages, words):
     with pytest.raises(InvalidInput) as caught:
