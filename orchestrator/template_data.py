@@ -59,8 +59,8 @@ def message_fields(where: str, role: str, message: dict) -> tuple[tuple[str, str
     ``reasoning`` (or ``reasoning_content``, its older name: the template gets both) and non-empty ``tool_calls``;
     a tool message's ``tool_call_id`` (a string); vLLM ignores the rest. Raises InvalidInput naming
     ``where.name`` or ``where.tool_call_id`` that is not a string (null: none; OpenAI's and vLLM's request models
-    take strings alone), or ``where.tool_calls[j]...``: not a list of objects, a call not of type "function" or without a function name,
-    arguments neither a JSON string nor an object, arguments not JSON."""
+    take strings alone), or ``where.tool_calls[j]...``: not a list of objects, a call not of type "function" or
+    without a function name, arguments neither a JSON string nor an object, arguments not JSON."""
     fields = {}
     for key in ("name", "tool_call_id"):
         if message.get(key) is not None and not isinstance(message[key], str):
