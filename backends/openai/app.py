@@ -122,7 +122,8 @@ def create_app(config: ApiConfig) -> FastAPI:
 
 
 @router.get("/health")
-@router.api_route("/ping", methods=["GET", "POST"])  # vLLM's too (SageMaker's health check)
+@router.get("/ping")  # vLLM's too (SageMaker's health check); a route per method, each with its own operation id
+@router.post("/ping")
 async def health(request: Request) -> Response:
     """200 when tritonserver and the orchestrator are ready and, with ``--metrics-url``, some replica still serves
     (Triton keeps the orchestrator READY once every replica has ended: ``replica_health``), else 503."""
