@@ -91,6 +91,7 @@ class Engine:
         for tracked in list(self.requests.values()):
             self.fail(tracked, StageFailure(SERVER_FAULT, SHUTTING_DOWN))
         self.wake.set()
+        self.on_change()  # its replica_serving gauge goes to 0 (orchestrator.gauges)
 
     def busy(self) -> bool:
         """A request, a loop or a release is still going."""

@@ -19,6 +19,11 @@ log = logging.getLogger("orchestrator.engine")
 SHUTTING_DOWN = "the server is shutting down"
 
 
+def shutting_down(why: str = "") -> StageError:
+    """The error of a request refused or ended because the server is stopping (``why``, if said)."""
+    return StageError(StageFailure(SERVER_FAULT, f"{SHUTTING_DOWN} ({why})" if why else SHUTTING_DOWN))
+
+
 class RequestState(enum.Enum):
     WAITING = "waiting"
     ENCODING = "encoding"

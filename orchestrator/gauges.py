@@ -75,4 +75,4 @@ class Gauges:
             m.set("unifiedserve_replica_kv_pages_total", e.scheduler.kv_pages_total, e.index)
             m.set("unifiedserve_replica_requests", len(e.requests), e.index)
             m.set(BUDGET_SCALE, e.policy.scale if e.policy is not None else 1.0, e.index)
-            m.set("unifiedserve_replica_serving", float(e.decode_ended is None), e.index)
+            m.set("unifiedserve_replica_serving", float(e.decode_ended is None and not e.stopping), e.index)

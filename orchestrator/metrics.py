@@ -56,9 +56,9 @@ REPLICA_GAUGES = {
     "unifiedserve_replica_requests": "requests on the replica (admitted, not yet released)",
     BUDGET_SCALE: "the factor of the replica's encode and prefill budgets this step "
                                          "(SLO scheduling; 1 without it)",
-    SERVING: "1 while the replica serves (from the orchestrator's start: its engine starts on the first request); 0 "
-             "once its decode stream or step loop has ended (its requests failed; new ones go to other replicas, or "
-             "fail naming why)",
+    SERVING: "1 while the replica serves (its engine starts once the orchestrator is loaded); 0 once its decode "
+             "stream or step loop has ended (its requests failed; new ones go to other replicas, or fail naming why) "
+             "or the server stops (a stage unloaded alone included)",
 }
 SUCCESS = "unifiedserve_request_success_total"
 FINISHED_REASONS = ("stop", "length", "abort", "invalid", "overloaded", "error")  # invalid: refused as bad input;

@@ -28,7 +28,7 @@ from orchestrator.burst import Arrivals
 from orchestrator.config import OrchestratorConfig
 from orchestrator.decode_pace import DecodePacer
 from orchestrator.engine import Engine
-from orchestrator.engine_io import SHUTTING_DOWN, EngineRequest, Released, RequestCounts
+from orchestrator.engine_io import EngineRequest, Released, RequestCounts, shutting_down
 from orchestrator.fewer_sms import FewerSms
 from orchestrator.gauges import Gauges, num_waiting
 from orchestrator.choice_reservations import ChoiceReservations
@@ -90,10 +90,6 @@ OVERLOADED = "the server is overloaded"
 
 class Overloaded(RuntimeError):
     """A request refused for the server's load, not its content (Triton's UNAVAILABLE; HTTP 503): retry later."""
-
-
-def _shutting_down(why: str = "") -> StageError:
-    return StageError(StageFailure(SERVER_FAULT, f"{SHUTTING_DOWN} ({why})" if why else SHUTTING_DOWN))
 
 
 class Orchestrator:
@@ -248,7 +244,7 @@ class Orchestrator:
         the server is stopping or no replica can serve.
         """
         if self.stopping:
-            raise _shutting_down(self.stop_why)
+            raise shutting_down(self.stop_why)
         params = parsed.params  # the sampler indexes logits by these ids
         for key, ids in (("stop_token_ids", params.stop_token_ids), ("logit_bias's ids", dict(params.logit_bias))):
             if ids and max(ids) >= self.sampled_ids:
@@ -292,7 +288,7 @@ class Orchestrator:
                     f"patches, which need {need} patch pages of {self.patch_page_size}; the patch pool has "
                     f"{self.patch_pages.num_total} pages ({smaller}raise flashcodec's patch_pages)")
         if self.stopping:  # stop_serving ran while this request was being planned
-            raise _shutting_down(self.stop_why)
+            raise shutting_down(self.stop_why)
         if not placed:  # again: requests planned at the same time may have been added meanwhile
             self._refuse_when_overloaded(choices)
         engine = choose(self.engines, len(prompt.input_ids), max_tokens)

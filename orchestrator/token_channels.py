@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from backends.triton import triton_io as io
+from orchestrator.engine_io import shutting_down
 from orchestrator.inputs import one_name
 from orchestrator.replies import Built, Reply
 from orchestrator.sampling_params import InvalidInput
@@ -125,11 +126,14 @@ class TokenChannels:
             raise ValueError(f"parameter max_token_channels must be at least 1, got {max_open}")
         self.max_open = max_open
         self._open: dict[str, Channel] = {}
-        self._stopping = False
+        self._stopping: str | None = None  # the server stops (why, if said): close_all ran
 
     def get(self, name: str) -> Channel:
-        """The open channel ``name``; raises InvalidInput when none is open by that name."""
+        """The open channel ``name``; raises InvalidInput when none is open by that name, StageError (the server is
+        shutting down) when the server stops: the channels closed for that, and none is opened again."""
         channel = self._open.get(name)
+        if channel is None and self._stopping is not None:
+            raise shutting_down(self._stopping)
         if channel is None:
             raise InvalidInput(f"token_channel: no channel {name!r} is open (open one with open_token_channel)")
         return channel
@@ -138,7 +142,8 @@ class TokenChannels:
         """The open channel ``name`` that a request naming it in ``token_channel`` has its replies sent on, its
         ``request_id`` (Triton's) in flight there until its final response (:func:`routed`); None for a request not
         streamed, whose one response goes on its own stream. Raises InvalidInput when no channel ``name`` is open
-        (streamed or not), or for a streamed request without an id or whose id is in flight on the channel."""
+        (streamed or not), or for a streamed request without an id or whose id is in flight on the channel; StageError
+        as :meth:`get`."""
         channel = self.get(name)
         if not stream:
             return None
@@ -161,7 +166,7 @@ class TokenChannels:
             raise Overloaded(f"open_token_channel: {len(self._open)} token channels are open, the server's limit "
                              "(parameter max_token_channels): send requests on their own streams, or retry later")
         channel = self._open[name] = Channel(name, sender, lanes.lane())
-        if self._stopping:
+        if self._stopping is not None:
             channel.closed.set()
         loop = asyncio.get_running_loop()
         watched = cancels.watch(sender.is_cancelled, lambda: loop.call_soon_threadsafe(channel.closed.set))
@@ -177,9 +182,9 @@ class TokenChannels:
             # not an empty final response: tritonclient's asyncio client would not hand it over
             lanes.send(channel.lane, sender, ChannelItem((), io.pb().TRITONSERVER_RESPONSE_COMPLETE_FINAL))
 
-    def close_all(self) -> None:
-        """The server stops: every channel, and any opened later, gets its final flag."""
-        self._stopping = True
+    def close_all(self, why: str = "") -> None:
+        """The server stops (``why``, if said): every channel, and any opened later, gets its final flag."""
+        self._stopping = why
         for channel in self._open.values():
             channel.closed.set()
 

@@ -81,8 +81,8 @@ class OrchestratorModel:
         return None
 
     def _stop_serving(self) -> None:  # on the loop
-        self.channels.close_all()
         why = server_stop.why_stopping()
+        self.channels.close_all(why)
         if why:  # a stage's finalize announced it: the server may go on serving nothing
             log.warning("orchestrator: serving stopped: %s", why)
         self.orchestrator.stop_serving(server_stop.mark_drained, why)

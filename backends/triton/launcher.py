@@ -392,7 +392,7 @@ def _serve(args: argparse.Namespace, repository: Path, plan: launch_options.Serv
         where = "" if args.log_stdout else f"; see {server.log_path}"
         print(f"tritonserver {killed}{where}", file=sys.stderr, flush=True)
         return 0
-    print("tritonserver stopped" if not died else "tritonserver stopped after a stage's end", file=sys.stderr)
+    print("tritonserver stopped" if not died else "tritonserver stopped (after the end above)", file=sys.stderr)
     return STAGE_DIED if died else server.process.returncode or 0
 
 

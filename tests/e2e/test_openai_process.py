@@ -286,6 +286,7 @@ def test_an_api_that_dies_makes_the_launcher_stop_the_server_and_exit_3():
         assert time.monotonic() - started < 15
         err = launcher.stderr.read()
         assert "the OpenAI API was killed by SIGKILL" in err and "exit status 3" in err, err
+        assert err.strip().splitlines()[-1] == "tritonserver stopped (after the end above)", err  # not "a stage's"
         assert not [pid for pid in server_pids if Path(f"/proc/{pid}").exists()], "tritonserver left running"
     finally:
         if launcher.poll() is None:

@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 from PIL import ExifTags, Image
 
+from backends.openai.replica_health import replicas_serving
 from backends.triton import server_stop
 from backends.triton.launcher import REPO_ROOT
 from backends.triton.ports import ServerPorts
@@ -232,7 +233,7 @@ def test_a_stage_unloaded_alone_by_model_control_has_the_refusals_name_it(tmp_pa
     """Triton's explicit model control unloading one stage ends the serving (the orchestrator does not take a stage
     back, also once it is loaded again): the stage's finalize names it, and the orchestrator's refusals say which
     model and what to do, where they said only that the server was shutting down while every model read READY (a
-    fresh user's test, 2026-12-06)."""
+    fresh user's test, 2026-12-06); the replica's serving gauge reads 0 (2026-12-07)."""
     log = tmp_path / "server.log"
     server, ports, run_dir = start_alone(REPO_ROOT / "model_repository", 16 * 2**20, tmp_path, log,
                                          ("--model-control-mode=explicit", "--load-model=*"))
@@ -250,6 +251,8 @@ def test_a_stage_unloaded_alone_by_model_control_has_the_refusals_name_it(tmp_pa
             with pytest.raises(ServerError, match="its model decode was unloaded.*unload all its models and load"):
                 client.generate("Hi", sampling=GREEDY, timeout_s=60)
         assert "serving stopped: its model decode was unloaded" in log.read_text(errors="replace")
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{ports.metrics}/metrics", timeout=10).read().decode()
+        assert replicas_serving(metrics) is False  # the OpenAI API's /health reads 503 by it (it stayed 1)
 
 
 @pytest.mark.parametrize("edited, reason, run_dir_made", [

@@ -54,6 +54,17 @@ def test_a_replica_whose_decode_stream_ended_shows_as_not_serving():
     run(body)
 
 
+def test_a_replica_shows_as_not_serving_once_the_server_stops():
+    """The server's stop (a stage unloaded alone by Triton's model control, too: the orchestrator serves nothing
+    after it) takes the replica's gauge to 0, so the OpenAI API's /health answers 503 (it stayed 1)."""
+    async def body(w: World):
+        metrics = Recorded()
+        w.engine.on_change = lambda grew=False: Gauges(metrics, lambda: ([w.engine], w.patch)).update()
+        w.engine.stop()
+        assert metrics.values["unifiedserve_replica_serving", 0] == 0.0
+    run(body)
+
+
 def test_kv_pages_granted_to_growing_replies_show_in_the_gauges_soon():
     """A reply's KV pages are granted as it grows, no request waiting for one: the page gauges follow within
     GROWTH_WITHIN_S (they kept the admission's figures until a request waited for a page or ended: a fresh user's

@@ -7,6 +7,7 @@ import threading
 
 import pytest
 
+from backends.ipc.link import StageError
 from orchestrator.replies import Reply
 from orchestrator.sampling_params import InvalidInput
 from orchestrator.send_lanes import merged
@@ -258,3 +259,17 @@ def test_channels_beyond_the_limit_are_refused_as_overloaded_until_one_closes():
     asyncio.run(run())
     with pytest.raises(ValueError, match="max_token_channels must be at least 1, got 0"):
         TokenChannels(max_open=0)
+
+
+def test_a_request_naming_a_channel_once_the_server_stops_is_told_so():
+    """The channels closed because the server stops (a stage unloaded alone, say): a request naming one is refused
+    as the server's stop (the OpenAI API's 503 "shutting down", saying why), not as an unknown channel, which the
+    API took for a channel to open again."""
+    async def run():
+        channels, lanes = TokenChannels(), Lanes()
+        serving = await _open(channels, "c", lanes)
+        channels.close_all("its model decode was unloaded")
+        await serving
+        with pytest.raises(StageError, match=r"^the server is shutting down \(its model decode was unloaded\)"):
+            channels.claim("c", "r1", stream=True)
+    asyncio.run(run())
