@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import json
 
-from orchestrator.sampling_params import InvalidInput
+from orchestrator.sampling_params import INPUT, InvalidInput
 
 NOT_SAMPLING = frozenset({"stream"})
 RESERVED_PREFIX = "triton_"  # Triton's own parameters
-INPUT = "sampling_parameters"
 
 
 def sampling_text(parameters: str) -> str | None:

@@ -31,7 +31,7 @@ MAX_LOGIT_BIAS_ENTRIES = 300  # OpenAI's limit; bounds the work one request's lo
 MAX_PENALTY = 2.0  # presence_penalty and frequency_penalty lie in [-2, 2] (vLLM's, after OpenAI's)
 MAX_TOKENS_LIMIT = 1 << 31  # max_tokens and token ids below it: far beyond any vocabulary or max_model_len
 SEED_LIMIT = 2**63  # seeds go into an int64 generator seed
-_PREFIX = "sampling_parameters"
+INPUT = "sampling_parameters"  # the input these parameters come in, which every message names first
 
 
 class InvalidInput(ValueError):
@@ -151,7 +151,7 @@ class RequestParams:
             _fail("stop", "must hold non-empty strings", self.stop)
         # Every new token is matched against every stop string: bound the work one request can cause.
         if len(self.stop) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_CHARS for s in self.stop):
-            raise InvalidInput(f"{_PREFIX}: stop must hold at most {MAX_STOP_STRINGS} strings of at most "
+            raise InvalidInput(f"{INPUT}: stop must hold at most {MAX_STOP_STRINGS} strings of at most "
                                f"{MAX_STOP_CHARS} characters, got {len(self.stop)} strings, the longest "
                                f"{max(map(len, self.stop))} characters")
         object.__setattr__(self, "stop_token_ids", tuple(dict.fromkeys(self.stop_token_ids)))
@@ -193,7 +193,7 @@ class RequestParams:
 
 
 def _fail(key: str, rule: str, value: object) -> None:
-    raise InvalidInput(f"{_PREFIX}: {key} {rule}, got {shown(value)}")
+    raise InvalidInput(f"{INPUT}: {key} {rule}, got {shown(value)}")
 
 
 def _numeric_text(value: object) -> str | None:
@@ -218,7 +218,7 @@ def _as_int(key: str, value: object) -> int:
                 pass
     if isinstance(number, float) and number.is_integer():
         return int(number)
-    raise InvalidInput(f"{_PREFIX}: {key} must be an integer, got {shown(value)}")
+    raise InvalidInput(f"{INPUT}: {key} must be an integer, got {shown(value)}")
 
 
 def _as_float(key: str, value: object) -> float:
@@ -231,7 +231,7 @@ def _as_float(key: str, value: object) -> float:
     except (ValueError, OverflowError):
         pass
     if not math.isfinite(number):
-        raise InvalidInput(f"{_PREFIX}: {key} must be a finite number, got {shown(value)}")
+        raise InvalidInput(f"{INPUT}: {key} must be a finite number, got {shown(value)}")
     return number
 
 
@@ -241,7 +241,7 @@ def _as_bool(key: str, value: object) -> bool:
     # Strings are spelled out: the vLLM backend's bool("false") is True, a trap we do not copy.
     if isinstance(value, str) and value.strip().lower() in ("true", "false"):
         return value.strip().lower() == "true"
-    raise InvalidInput(f"{_PREFIX}: {key} must be a boolean, got {value!r}")
+    raise InvalidInput(f"{INPUT}: {key} must be a boolean, got {value!r}")
 
 
 def json_value(where: str, raw: bytes | str) -> object:
@@ -274,10 +274,10 @@ def _as_stop(key: str, value: object) -> tuple[str, ...]:
     if value is None:  # none, as the OpenAI API's and vLLM's null
         return ()
     if isinstance(value, str):
-        return (unicode_text(f"{_PREFIX}: {key}", value),)
+        return (unicode_text(f"{INPUT}: {key}", value),)
     if isinstance(value, list) and all(isinstance(s, str) for s in value):
-        return tuple(unicode_text(f"{_PREFIX}: {key}[{k}]", s) for k, s in enumerate(value))
-    raise InvalidInput(f"{_PREFIX}: {key} must be a string or a list of strings, got {value!r}")
+        return tuple(unicode_text(f"{INPUT}: {key}[{k}]", s) for k, s in enumerate(value))
+    raise InvalidInput(f"{INPUT}: {key} must be a string or a list of strings, got {value!r}")
 
 
 def _as_token_ids(key: str, value: object) -> tuple[int, ...]:
@@ -288,7 +288,7 @@ def _as_token_ids(key: str, value: object) -> tuple[int, ...]:
             return tuple(_as_int(key, v) for v in value)
         except InvalidInput:
             pass
-    raise InvalidInput(f"{_PREFIX}: {key} must be a list of integers, got {shown(value)}")
+    raise InvalidInput(f"{INPUT}: {key} must be a list of integers, got {shown(value)}")
 
 
 def _as_logit_bias(key: str, value: object) -> tuple[tuple[int, float], ...]:
@@ -297,20 +297,20 @@ def _as_logit_bias(key: str, value: object) -> tuple[tuple[int, float], ...]:
     if value is None:
         return ()
     if not isinstance(value, dict):
-        raise InvalidInput(f"{_PREFIX}: {key} must be an object of token ids to biases, got {shown(value)}")
+        raise InvalidInput(f"{INPUT}: {key} must be an object of token ids to biases, got {shown(value)}")
     if len(value) > MAX_LOGIT_BIAS_ENTRIES:
-        raise InvalidInput(f"{_PREFIX}: {key} has {len(value)} entries, at most {MAX_LOGIT_BIAS_ENTRIES}")
+        raise InvalidInput(f"{INPUT}: {key} has {len(value)} entries, at most {MAX_LOGIT_BIAS_ENTRIES}")
     out: dict[int, float] = {}
     keys: dict[int, object] = {}
     for token, bias in value.items():
         where = f"{key}[{shown(token)}]"
         token_id = _as_int(f"{where}'s key", token)
         if not 0 <= token_id < MAX_TOKENS_LIMIT:
-            raise InvalidInput(f"{_PREFIX}: {where}'s key must be a token id, in [0, 2**31)")
+            raise InvalidInput(f"{INPUT}: {where}'s key must be a token id, in [0, 2**31)")
         if token_id in out:
-            raise InvalidInput(f"{_PREFIX}: {key} names token {token_id} twice ({keys[token_id]!r} and {token!r})")
+            raise InvalidInput(f"{INPUT}: {key} names token {token_id} twice ({keys[token_id]!r} and {token!r})")
         if isinstance(bias, bool):
-            raise InvalidInput(f"{_PREFIX}: {where} must be a number, got {bias!r}")
+            raise InvalidInput(f"{INPUT}: {where} must be a number, got {bias!r}")
         out[token_id] = min(max(_as_float(where, bias), -MAX_LOGIT_BIAS), MAX_LOGIT_BIAS)
         keys[token_id] = token
     return tuple(out.items())
@@ -320,7 +320,7 @@ def _as_structured_outputs(key: str, value: object) -> StructuredOutput | None:
     try:
         return parse_structured_outputs(key, value)
     except ValueError as exc:
-        raise InvalidInput(f"{_PREFIX}: {exc}") from None
+        raise InvalidInput(f"{INPUT}: {exc}") from None
 
 
 def _optional(convert: Callable[[str, object], object]) -> Callable[[str, object], object]:
@@ -379,18 +379,18 @@ def parse_sampling_parameters(text: str | None, keys: tuple[str, ...] = tuple(_C
     """
     if text is None or not text.strip():
         return RequestParams(**defaults)
-    raw = json_value(_PREFIX, text)
+    raw = json_value(INPUT, text)
     if raw is None:
         return RequestParams(**defaults)
     if not isinstance(raw, dict):
-        raise InvalidInput(f"{_PREFIX}: must be a JSON object, got {type(raw).__name__}")
+        raise InvalidInput(f"{INPUT}: must be a JSON object, got {type(raw).__name__}")
     known = [*keys, *aliases_of(keys)]
     unknown = sorted(set(raw) - set(known))
     if unknown:
-        raise InvalidInput(f"{_PREFIX}: unknown key {unknown[0]!r} (known: {', '.join(known)})")
+        raise InvalidInput(f"{INPUT}: unknown key {unknown[0]!r} (known: {', '.join(known)})")
     values = {key: _CONVERTERS[key_of(key)](key, value) for key, value in raw.items()}
     try:
         values = by_key(values)
     except ValueError as exc:  # two names of one setting with different values
-        raise InvalidInput(f"{_PREFIX}: {exc}") from None
+        raise InvalidInput(f"{INPUT}: {exc}") from None
     return RequestParams(**{**defaults, **values})
