@@ -65,9 +65,9 @@ def message_fields(where: str, role: str, message: dict) -> tuple[tuple[str, str
     for key in ("name", "tool_call_id"):
         if message.get(key) is not None and not isinstance(message[key], str):
             raise InvalidInput(f"{where}.{key}: must be a string, got {type(message[key]).__name__}")
-    if isinstance(message.get("name"), str):
+    if message.get("name") is not None:  # a string: checked above
         fields["name"] = message["name"]
-    if role == "tool" and isinstance(message.get("tool_call_id"), str):
+    if role == "tool" and message.get("tool_call_id") is not None:
         fields["tool_call_id"] = message["tool_call_id"]
     if role == "assistant":
         reasoning = message.get("reasoning") or message.get("reasoning_content")
