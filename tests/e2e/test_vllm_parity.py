@@ -64,6 +64,13 @@ def kserve_request(grpc_url: str, tensors: list[tuple[str, np.ndarray, str]], ti
             client.stop_stream()
 
 
+def http_generate(http_url: str, body: dict) -> dict:
+    """Triton's HTTP ``generate`` of the orchestrator with JSON ``body``: its one JSON answer."""
+    request = urllib.request.Request(f"http://{http_url}/v2/models/orchestrator/generate", method="POST",
+                                     data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    return json.loads(urllib.request.urlopen(request, timeout=120).read())
+
+
 def test_return_flags_put_their_outputs_on_every_response_as_the_vllm_backend_does(grpc_url):
     """Each response carries the outputs asked for: ``finish_reason`` ("None" until the last, vLLM's
     ``str(finish_reason)``), ``num_input_tokens`` and ``num_output_tokens`` (that response's tokens: one per
@@ -154,9 +161,7 @@ def test_an_http_json_body_carries_a_base64_image_and_the_flags(http_url, grpc_u
     body = {"text_input": "Describe.", "image": [base64.b64encode(image).decode()], "stream": False,
             "exclude_input_in_output": True, "return_finish_reason": True, "return_num_output_tokens": True,
             "return_output_ids": True, "sampling_parameters": json.dumps(sampling)}
-    request = urllib.request.Request(f"http://{http_url}/v2/models/orchestrator/generate", method="POST",
-                                     data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    answer = json.loads(urllib.request.urlopen(request, timeout=120).read())
+    answer = http_generate(http_url, body)
     with Client(grpc_url) as client:
         expected_ids = client.generate("Describe.", image=image, sampling=sampling, return_output_ids=True).token_ids
     assert answer["finish_reason"] == "length" and answer["num_output_tokens"] == N
@@ -169,9 +174,7 @@ def test_request_parameters_are_the_sampling_parameters_where_that_input_is_abse
     where both come; an unknown key is refused naming ``parameters``."""
     body = {"text_input": PROMPT, "exclude_input_in_output": True, "return_output_ids": True,
             "parameters": {**GREEDY, "max_tokens": 5, "stream": False}}
-    request = urllib.request.Request(f"http://{http_url}/v2/models/orchestrator/generate", method="POST",
-                                     data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    answer = json.loads(urllib.request.urlopen(request, timeout=120).read())
+    answer = http_generate(http_url, body)
     with Client(grpc_url) as client:
         expected = client.generate(PROMPT, sampling={**GREEDY, "max_tokens": 5}, return_output_ids=True).token_ids
     assert answer["output_ids"] == expected and len(expected) == 5
