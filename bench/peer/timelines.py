@@ -3,8 +3,9 @@ back (``return_timeline``; orchestrator/timeline.py).
 
 ``<out>/timelines.json``: per scenario, where each kind of request's time to first token went (:func:`ttft_parts`),
 at which hop the gaps between tokens open (:func:`token_gaps`), where in the replies the largest gaps fall
-(:func:`gap_places`), and for those of ``SCENARIOS`` the server's
-encode_prefill steps rebuilt from the timelines of all its requests (:func:`steps_of`);
+(:func:`gap_places`), in the mixed scenarios the text streams' gaps by the phase of the encode_prefill step they
+ended in (:func:`gap_phases`), and for those of ``SCENARIOS`` the server's encode_prefill steps rebuilt from the
+timelines of all its requests (:func:`steps_of`);
 ``<out>/gantt_<scenario>.png``: the first request's Gantt chart (``bench/timeline_chart.py``); the raw records keep
 every timeline. Each request's timeline names only its own share of a step (its groups and prompt tokens), so a step
 is the set of shares with the same worker time, launched at about the same time (each request's clock starts at its
@@ -20,6 +21,7 @@ from bench.peer import client_loop
 from bench.timeline_chart import gantt_chart, spans
 
 SCENARIOS = ("video", "images16", "text_c32")
+MIXED = ("mixed_video", "mixed_images")  # the scenarios whose text gaps :func:`gap_phases` places
 SAME_STEP_S = 0.05  # shares of one step: the same worker time, launch times apart by the requests' clock offsets
 
 
@@ -167,6 +169,43 @@ def gap_places(records: list[dict]) -> dict | None:
     return {"gaps": len(places), "p99_ms": p99, "large_at": large}
 
 
+def gap_phases(records: list[dict]) -> dict | None:
+    """The text streams' gaps between decode steps by what encode_prefill was doing when the later step was read:
+    its ``encode`` phase, its ``prefill`` phase (a step's span from its launch: ``encode_ms`` then the rest of its
+    ``worker_ms``, :func:`steps_of`; a step without phase times counts as prefill), or ``no_step``. Each gap is
+    decode's read of a text record's token minus its read of the token before (``decode_read_us``), placed on the
+    scenario's clock as :func:`steps_of` places the steps (each record's clock starts at its own arrival: both are
+    a few ms off, alike). Per phase: ``gaps``, ``p50_ms``, ``p99_ms``, ``max_ms`` and ``at_p99``: how many of the
+    gaps at or above the p99 of all of them (ms, nearest rank: ``p99_ms`` at the top) fall there. None without a
+    text record with decode's reads."""
+    spans = [(s["launched_s"], s["launched_s"] + s.get("encode_ms", 0.0) / 1e3,
+              s["launched_s"] + s["worker_ms"] / 1e3) for s in steps_of(records)]
+
+    def phase(at_s: float) -> str:
+        for start, encoded, end in spans:
+            if start <= at_s < end:
+                return "encode" if at_s < encoded else "prefill"
+        return "no_step"
+
+    found: dict[str, list[float]] = {}
+    for r in records:
+        if r["kind"] != "text":
+            continue
+        reads = ((r.get("timeline") or {}).get("tokens") or {}).get("decode_read_us") or ()
+        for before, after in zip(reads, reads[1:]):
+            if before is not None and after is not None:
+                found.setdefault(phase(r["sent_s"] + after / 1e6), []).append((after - before) / 1e3)
+    if not found:
+        return None
+    p99 = _p99(sorted(g for gaps in found.values() for g in gaps))
+    out: dict = {"p99_ms": p99}
+    for name, gaps in sorted(found.items()):
+        gaps.sort()
+        out[name] = {"gaps": len(gaps), "p50_ms": statistics.median(gaps), "p99_ms": _p99(gaps), "max_ms": gaps[-1],
+                     "at_p99": sum(g >= p99 for g in gaps)}
+    return out
+
+
 def _p99(ordered: list[float]) -> float:
     """The 99th percentile of ``ordered`` (sorted, not empty) by nearest rank: a value of the list."""
     return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
@@ -185,6 +224,8 @@ def write_timelines(out: Path, runs: dict[str, dict]) -> list[Path]:
             found[name]["token_gaps"] = gaps
         if (places := gap_places(records)) is not None:
             found[name]["gap_places"] = places
+        if name in MIXED and (phases := gap_phases(records)) is not None:
+            found[name]["gap_phases"] = phases
         if name not in SCENARIOS:
             continue
         found[name]["steps"] = steps_of(records)

@@ -12,7 +12,7 @@ from bench.peer import figures, slo
 from bench.peer.crosscheck import our_metrics
 from bench.peer.load import RequestRecord, poisson_times
 from bench.peer.summary import median_figures, raw_stem, write_summary
-from bench.peer.timelines import gap_places, steps_of, token_gaps, ttft_parts
+from bench.peer.timelines import gap_phases, gap_places, steps_of, token_gaps, ttft_parts
 
 
 def record(kind: str, sent_s: float, ttft_s: float, gap_s: float | list[float], tokens: int = 5,
@@ -287,3 +287,21 @@ def test_gap_places_count_the_largest_gaps_by_their_place_in_each_reply():
     assert places["large_at"] == {"first": 20, "second": 0, "last_six": 2, "other": 0}
     assert gap_places([record("text", 0.0, 0.1, [], tokens=1)]) is None  # one token: no gap
 
+
+
+def test_gap_phases_place_each_text_gap_in_the_phase_of_the_step_it_ended_in():
+    """One image step launched at 1.0 s: 40 ms of encode, then 60 of prefill. A text stream sent at 0.9 s whose
+    decode reads come 10-15 ms apart, but 30 ms apart inside the step's prefill phase (1.04 to 1.1 s)."""
+    step = {"event": "step", "ms": 200.0, "launched_ms": 100.0, "worker_ms": 100.0, "encode_groups": 1,
+            "encode_patches": 4784, "prefill_tokens": 1278, "encode_ms": 40.0, "prefill_ms": 58.0}
+    image = {**record("image", 0.9, 0.3, 0.01), "timeline": {"events": [step]}}
+    reads_ms = [50.0, 60.0, 70.0, 80.0, 90.0, 105.0, 115.0, 125.0, 135.0, 165.0, 195.0, 210.0, 220.0]
+    text = {**record("text", 0.9, 0.05, 0.01, tokens=len(reads_ms)),
+            "timeline": {"events": [], "tokens": {"decode_read_us": [round(ms * 1e3) for ms in reads_ms]}}}
+    phases = gap_phases([image, text])
+    assert phases["p99_ms"] == pytest.approx(30.0)
+    assert phases["encode"]["gaps"] == 4 and phases["encode"]["max_ms"] == pytest.approx(15.0)  # reads at 105-135
+    assert phases["prefill"] == {"gaps": 2, "p50_ms": pytest.approx(30.0), "p99_ms": pytest.approx(30.0),
+                                 "max_ms": pytest.approx(30.0), "at_p99": 2}  # reads at 165 and 195
+    assert phases["no_step"]["gaps"] == 6 and phases["no_step"]["at_p99"] == 0
+    assert gap_phases([image]) is None  # no text stream
