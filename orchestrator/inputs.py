@@ -174,7 +174,10 @@ def _resolve_url(kind: str, url: str, limits: InputLimits) -> MediaInput:
         except (binascii.Error, ValueError) as exc:
             raise InvalidInput(f"{name}: invalid base64 in data: URL ({exc})") from None
         return _checked_bytes(kind, data, limits, name)
-    parsed = urllib.parse.urlparse(url)
+    try:
+        parsed = urllib.parse.urlparse(url)
+    except ValueError as exc:  # a bracketed host that is no IPv6 address ("file://[x")
+        raise InvalidInput(f"{name}: not a valid URL ({exc})") from None
     if parsed.scheme in ("http", "https"):
         raise InvalidInput(f"{name}: http(s) URLs are not fetched by this server; send the bytes in '{kind}', "
                            "a data: URL, or a path under an allowed folder")

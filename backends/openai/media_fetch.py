@@ -65,7 +65,8 @@ class MediaFetcher:
                     raise ApiError(400, f"{media.where}: {media.url[:200]} is over the limit of {self.max_bytes} "
                                         "bytes", param="messages")
                 mime = response.headers.get("content-type", "application/octet-stream").split(";")[0].strip()
-        except httpx.HTTPError as exc:  # some carry no message (a ReadTimeout's is empty): the name alone then
+        except (httpx.HTTPError, httpx.InvalidURL, ValueError) as exc:  # InvalidURL ("http://[::1", a port "abc") is
+            # no HTTPError; some carry no message (a ReadTimeout's is empty): the name alone then
             reason = ": ".join(part for part in (type(exc).__name__, str(exc)) if part)
             raise ApiError(400, f"{media.where}: could not fetch {media.url[:200]}: {reason}",
                            param="messages") from None

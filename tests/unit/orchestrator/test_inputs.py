@@ -71,6 +71,8 @@ def test_file_url_under_allowed_folder(limits, tmp_path):
     assert parsed.media[0].path.endswith("b c.mp4")  # RFC 8089: "localhost" is this machine
     with pytest.raises(InvalidInput, match=r"video_url: a file URL on host 'evil.example' is not on this machine"):
         parse_request(raw(video_url=[f"file://evil.example{tmp_path}/b%20c.mp4".encode()]), limits)
+    with pytest.raises(InvalidInput, match=r"^video_url: not a valid URL \(Invalid IPv6 URL\)"):  # was a 500
+        parse_request(raw(video_url=[b"file://[x"]), limits)
 
 
 @pytest.mark.parametrize("kwargs,words", [

@@ -105,6 +105,16 @@ def test_an_unreachable_host_is_a_400_naming_the_part():
     assert error.value.status == 400 and "could not fetch" in error.value.message
 
 
+@pytest.mark.parametrize("url", ["http://[::1", "http://[zz]/x", "https://example.com:abc/"])
+def test_a_malformed_url_is_a_400_naming_the_part(url):
+    """httpx refuses these with InvalidURL (or the standard library's ValueError), which are no httpx.HTTPError: they
+    were a bare 500 (text/plain), which OpenAI's SDK retried twice."""
+    with pytest.raises(ApiError) as error:
+        _resolve(_request(url))
+    assert error.value.status == 400, error.value.message
+    assert error.value.message.startswith(f"messages[0].content[0].image_url: could not fetch {url}: ")
+
+
 def test_a_fetch_that_never_ends_is_refused_at_the_deadline(base_url):
     """httpx's timeout bounds each read; the fetcher bounds the whole fetch (a trickling server once held one open
     for minutes)."""
