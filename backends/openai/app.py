@@ -31,7 +31,7 @@ from backends.openai.replica_health import ReplicaHealth
 from backends.openai.responses import ChatShape, CompletionShape
 from backends.openai.responses_api import route as responses_route
 from backends.openai.response_schemas import ModelCard, ModelList
-from backends.openai.schemas import ChatCompletionRequest, CompletionRequest
+from backends.openai.schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest
 from backends.openai.tool_calls import ToolReplies, schema_error
 from backends.openai.tokenize_schemas import (DetokenizeRequest, DetokenizeResponse, TokenizeRequest,
                                               TokenizeResponse)
@@ -197,6 +197,12 @@ async def _prompt_tokens(request: Request, prompt: OrchestratorRequest) -> Respo
     return await unless_disconnected(request, state.orchestrator.tokenize(prompt))
 
 
+def request_id(request: Request, body: GenerationRequest) -> str | None:
+    """The reply's id after its ``chatcmpl-``/``cmpl-``, as vLLM's ``_base_request_id``: the ``X-Request-Id`` header,
+    else the body's ``request_id``, else None (a random one)."""
+    return request.headers.get("X-Request-Id", body.request_id)
+
+
 @router.post("/v1/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, request: Request):
     """A chat completion, whole or streamed (``generation``); errors as ``errors`` says."""
@@ -204,7 +210,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     refuse(body)
     choice = body.tool_choice_asked
     shape = ChatShape(name, body.return_token_ids, body.top_logprobs_asked,
-                      body.choices_per_prompt, body.continuous_usage, body.echoed, choice and ToolReplies(choice))
+                      body.choices_per_prompt, body.continuous_usage, body.echoed, choice and ToolReplies(choice),
+                      request_id=request_id(request, body))
     try:
         return await generate(request, body, [chat_request(body)], shape)
     except ApiError as exc:  # the reply's schema is the tools' (backends/openai/tools.py)
@@ -218,5 +225,5 @@ async def completions(body: CompletionRequest, request: Request):
     refuse(body)
     shape = CompletionShape(name, body.return_token_ids, body.top_logprobs_asked,
                             body.choices_per_prompt, body.prompts if body.echo else None, body.echo_only,
-                            body.continuous_usage)
+                            body.continuous_usage, request_id=request_id(request, body))
     return await generate(request, body, completion_requests(body), shape)

@@ -10,7 +10,7 @@ log = logging.getLogger(__name__)
 
 KNOWN_IGNORED = frozenset({
     "length_penalty", "truncation_side", "add_special_tokens", "spaces_between_special_tokens", "documents",
-    "reasoning_effort", "include_reasoning", "thinking_token_budget", "request_id", "session_id", "stream_interval",
+    "reasoning_effort", "include_reasoning", "thinking_token_budget", "session_id", "stream_interval",
     "kv_transfer_params", "vllm_xargs", "user", "cache_salt"})
 
 

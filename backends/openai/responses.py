@@ -89,12 +89,13 @@ class _Shape:
     done = "[DONE]"  # a stream's last event after its chunks (``generation``)
 
     def __init__(self, model: str, return_token_ids: bool, top_logprobs: int | None = None, n: int = 1,
-                 continuous_usage: bool = False):
+                 continuous_usage: bool = False, *, request_id: str | None = None):
         """``top_logprobs``: the request's log probabilities (the top tokens' count; None: not asked); ``n``: choices
         a prompt; ``continuous_usage``: every chunk carries its choice's usage so far (vLLM's
         ``stream_options.continuous_usage_stats``; the orchestrator's responses then bring the prompt's token count
-        and the token ids, ``convert.OrchestratorRequest``)."""
-        self.id = f"{self.prefix}-{uuid.uuid4().hex}"
+        and the token ids, ``convert.OrchestratorRequest``); ``request_id``: the bodies' ``id`` after the prefix
+        (``app.request_id``; None: a random one)."""
+        self.id = f"{self.prefix}-{uuid.uuid4().hex if request_id is None else request_id}"
         self.created = int(time.time())
         self.model = model
         self.return_token_ids = return_token_ids
@@ -162,8 +163,9 @@ class ChatShape(_Shape):
     prefix = "chatcmpl"
 
     def __init__(self, model: str, return_token_ids: bool, top_logprobs: int | None = None, n: int = 1,
-                 continuous_usage: bool = False, echo: str = "", tools: ToolReplies | None = None):
-        super().__init__(model, return_token_ids, top_logprobs, n, continuous_usage)
+                 continuous_usage: bool = False, echo: str = "", tools: ToolReplies | None = None, *,
+                 request_id: str | None = None):
+        super().__init__(model, return_token_ids, top_logprobs, n, continuous_usage, request_id=request_id)
         self.echo = echo
         self.tools = tools
 
@@ -222,8 +224,9 @@ class CompletionShape(_Shape):
     prefix = "cmpl"
 
     def __init__(self, model: str, return_token_ids: bool, top_logprobs: int | None = None, n: int = 1,
-                 echo: list[str | list[int]] | None = None, echo_only: bool = False, continuous_usage: bool = False):
-        super().__init__(model, return_token_ids, top_logprobs, n, continuous_usage)
+                 echo: list[str | list[int]] | None = None, echo_only: bool = False, continuous_usage: bool = False, *,
+                 request_id: str | None = None):
+        super().__init__(model, return_token_ids, top_logprobs, n, continuous_usage, request_id=request_id)
         self.echo = echo
         self.echo_only = echo_only
         self._offsets: dict[int, int] = {}  # each choice's streamed text so far: where its next chunk's text starts

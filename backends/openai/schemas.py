@@ -116,6 +116,7 @@ class GenerationRequest(SamplingRequest):
     stream_options: StreamOptions | None = None
     max_tokens: int | None = None
     # vLLM's extra parameters
+    request_id: str | None = None  # the reply's id after chatcmpl-/cmpl- (an X-Request-Id header wins: app.request_id)
     min_p: float | None = None
     min_tokens: int | None = None
     stop_token_ids: list[int] | None = None
@@ -147,8 +148,9 @@ class GenerationRequest(SamplingRequest):
     @property
     def prompt_logprobs_asked(self) -> int | None:
         """How many most likely tokens each prompt token's log probabilities come with (``sampling_parameters``'
-        ``prompt_logprobs``), or None when none are asked."""
-        return self.prompt_logprobs
+        ``prompt_logprobs``), or None when none are asked or none would show: a stream's chunks carry none (vLLM
+        takes ``prompt_logprobs`` 0 in a stream and shows nothing)."""
+        return None if self.stream else self.prompt_logprobs
 
     def refusal(self) -> tuple[str, str] | None:
         """(field, message) of the first field set to something this server cannot do, or None."""
@@ -156,7 +158,7 @@ class GenerationRequest(SamplingRequest):
             return unsupported
         if (out_of_range := count_refusal("prompt_logprobs", self.prompt_logprobs)) is not None:
             return out_of_range
-        if self.prompt_logprobs is not None and self.stream:  # vLLM refuses values above 0 (0 too here)
+        if self.prompt_logprobs and self.stream:  # as vLLM: a value above 0 (-1, its "all", is out of range here)
             return "prompt_logprobs", "prompt_logprobs: not available when stream is true"
         if self.n is not None and not 1 <= self.n <= MAX_CHOICES:
             return "n", f"n: must be in [1, {MAX_CHOICES}], got {self.n}"
@@ -336,9 +338,9 @@ class CompletionRequest(GenerationRequest):
 
     @property
     def prompt_logprobs_asked(self) -> int | None:
-        if self.prompt_logprobs is None and self.echo:  # vLLM's rule: echo's log probabilities hold the prompt's
-            return self.logprobs
-        return self.prompt_logprobs
+        if self.echo:  # vLLM's rule: echo's log probabilities hold the prompt's, streamed too
+            return self.logprobs if self.prompt_logprobs is None else self.prompt_logprobs
+        return super().prompt_logprobs_asked
 
     def refusal(self) -> tuple[str, str] | None:
         if (out_of_range := count_refusal("logprobs", self.logprobs)) is not None:

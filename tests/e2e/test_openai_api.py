@@ -191,6 +191,21 @@ def test_text_chat_equals_the_kserve_path(sdk, kserve):
     assert ours.model_extra.get("media") is None and theirs.media is None  # no media, no report
 
 
+def test_a_replys_id_is_the_x_request_id_header_else_the_bodys_request_id(sdk):
+    """As vLLM's ``_base_request_id``: the header wins over the body's ``request_id``; without either, random."""
+    messages = [{"role": "user", "content": "hi"}]
+    chat = sdk.chat.completions.create(model=MODEL, messages=messages, max_tokens=1, extra_body={"request_id": "b-1"},
+                                       extra_headers={"X-Request-Id": "job-7"})
+    assert chat.id == "chatcmpl-job-7"
+    chunks = list(sdk.chat.completions.create(model=MODEL, messages=messages, max_tokens=2, stream=True,
+                                              extra_body={"request_id": "b-1"}))
+    assert {chunk.id for chunk in chunks} == {"chatcmpl-b-1"}
+    assert sdk.completions.create(model=MODEL, prompt="hi", max_tokens=1,
+                                  extra_headers={"X-Request-Id": "job-8"}).id == "cmpl-job-8"
+    plain = {sdk.chat.completions.create(model=MODEL, messages=messages, max_tokens=1).id for _ in range(2)}
+    assert len(plain) == 2 and all(len(i) == len("chatcmpl-") + 32 for i in plain)
+
+
 @pytest.mark.parametrize("simple", [False, True], ids=["url-object", "url-string"])
 def test_streamed_image_chat_equals_the_kserve_path(sdk, kserve, simple):
     """Also with the URL as a plain string (vLLM's simple image part), taken as ``{"url": ...}``."""

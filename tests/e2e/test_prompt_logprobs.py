@@ -186,6 +186,10 @@ def test_vllms_prompt_logprobs_field_is_none_first_then_each_tokens_entry(sdk, h
     with pytest.raises(openai.BadRequestError, match="prompt_logprobs: not available when stream is true"):
         sdk.completions.create(model=MODEL, prompt=prompt, max_tokens=2, stream=True,
                                extra_body={"prompt_logprobs": 1})
+    streamed = list(sdk.chat.completions.create(model=MODEL, messages=messages, max_tokens=2, temperature=0,
+                                                stream=True, extra_body={"prompt_logprobs": 0}))  # 0: taken, as vLLM
+    assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == chat.choices[0].message.content
+    assert all("prompt_logprobs" not in (c.model_extra or {}) for c in streamed)  # a stream shows none (vLLM's)
 
 
 def test_the_http_generate_endpoint_gives_them_as_json(http_url, hf):

@@ -257,6 +257,12 @@ def test_defaults_are_no_refusal():
     assert "prompt_logprobs" not in CompletionRequest(model="m", prompt="p", logprobs=1).sampling_parameters()
     assert ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "p"}], prompt_logprobs=0
                                  ).sampling_parameters()["prompt_logprobs"] == 0
+    streamed = CompletionRequest(model="m", prompt="p", prompt_logprobs=0, stream=True)  # taken, as vLLM takes it
+    assert streamed.refusal() is None and "prompt_logprobs" not in streamed.sampling_parameters()  # none would show
+    assert CompletionRequest(model="m", prompt="p", echo=True, logprobs=2, prompt_logprobs=0, stream=True
+                             ).sampling_parameters()["prompt_logprobs"] == 0  # the streamed echo shows them
+    assert ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "p"}], prompt_logprobs=0,
+                                 stream=True).refusal() is None
     for body, refusal in ((dict(prompt_logprobs=21), "prompt_logprobs: must be in [0, 20], got 21"),
                           (dict(prompt_logprobs=-1), "prompt_logprobs: must be in [0, 20], got -1"),
                           (dict(prompt_logprobs=1, stream=True), "prompt_logprobs: not available when stream is true")):
