@@ -31,7 +31,8 @@ from backends.openai.replica_health import ReplicaHealth
 from backends.openai.responses import ChatShape, CompletionShape
 from backends.openai.responses_api import route as responses_route
 from backends.openai.response_schemas import ModelCard, ModelList
-from backends.openai.schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest
+from backends.openai.request_ids import RequestIdHeaders, reply_id
+from backends.openai.schemas import ChatCompletionRequest, CompletionRequest
 from backends.openai.tool_calls import ToolReplies, schema_error
 from backends.openai.tokenize_schemas import (DetokenizeRequest, DetokenizeResponse, TokenizeRequest,
                                               TokenizeResponse)
@@ -115,9 +116,11 @@ def create_app(config: ApiConfig) -> FastAPI:
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
     if config.api_keys:  # added after the body limit, so it runs before it: a refused request's body is never read
         app.add_middleware(ApiKeys, keys=config.api_keys)
-    if config.allowed_origins:  # the outermost: a preflight is answered here, every answer (a 401 too) marked
+    if config.allowed_origins:  # a preflight is answered here, every answer (a 401 too) marked
         app.add_middleware(CORSMiddleware, allow_origins=list(config.allowed_origins), allow_methods=["*"],
                            allow_headers=["*"])
+    if config.request_id_headers:  # the outermost: every answer, a 401 or a preflight's too
+        app.add_middleware(RequestIdHeaders)
     return app
 
 
@@ -197,12 +200,6 @@ async def _prompt_tokens(request: Request, prompt: OrchestratorRequest) -> Respo
     return await unless_disconnected(request, state.orchestrator.tokenize(prompt))
 
 
-def request_id(request: Request, body: GenerationRequest) -> str | None:
-    """The reply's id after its ``chatcmpl-``/``cmpl-``, as vLLM's ``_base_request_id``: the ``X-Request-Id`` header,
-    else the body's ``request_id``, else None (a random one)."""
-    return request.headers.get("X-Request-Id", body.request_id)
-
-
 @router.post("/v1/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, request: Request):
     """A chat completion, whole or streamed (``generation``); errors as ``errors`` says."""
@@ -211,7 +208,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     choice = body.tool_choice_asked
     shape = ChatShape(name, body.return_token_ids, body.top_logprobs_asked,
                       body.choices_per_prompt, body.continuous_usage, body.echoed, choice and ToolReplies(choice),
-                      request_id=request_id(request, body))
+                      request_id=reply_id(request, body.request_id))
     try:
         return await generate(request, body, [chat_request(body)], shape)
     except ApiError as exc:  # the reply's schema is the tools' (backends/openai/tools.py)
@@ -225,5 +222,5 @@ async def completions(body: CompletionRequest, request: Request):
     refuse(body)
     shape = CompletionShape(name, body.return_token_ids, body.top_logprobs_asked,
                             body.choices_per_prompt, body.prompts if body.echo else None, body.echo_only,
-                            body.continuous_usage, request_id=request_id(request, body))
+                            body.continuous_usage, request_id=reply_id(request, body.request_id))
     return await generate(request, body, completion_requests(body), shape)

@@ -47,7 +47,9 @@ class ApiConfig:
     ended (``backends.openai.replica_health``; None: by readiness alone); ``api_keys``: the keys a request must
     carry one of (``backends.openai.api_keys``; none: any request is served), out of the command line and the repr;
     ``allowed_origins``: the origins whose browser pages may call the API (CORS, Starlette's middleware; ``*``: any,
-    vLLM's default; none: no CORS headers, so browsers refuse other origins' calls).
+    vLLM's default; none: no CORS headers, so browsers refuse other origins' calls); ``request_id_headers``: every
+    answer carries an ``X-Request-Id`` header, the request's own or a random one (vLLM's
+    ``--enable-request-id-headers``: ``backends.openai.request_ids``).
 
     Raises FieldError (a ValueError) naming the field: a port outside 0..65535, a size, timeout or count below its
     least, an empty API key or one holding a comma, an empty served model name, a ``metrics_url`` that is not
@@ -71,6 +73,7 @@ class ApiConfig:
     metrics_url: str | None = None
     api_keys: tuple[str, ...] = field(default=(), repr=False)
     allowed_origins: tuple[str, ...] = ("*",)
+    request_id_headers: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -106,6 +109,8 @@ class ApiConfig:
             args.append("--no-token-channel")
         if self.metrics_url is not None:
             args += ["--metrics-url", self.metrics_url]
+        if self.request_id_headers:
+            args.append("--enable-request-id-headers")
         return args + ["--allowed-origins", *self.allowed_origins]
 
     def env(self) -> dict[str, str]:
@@ -153,12 +158,14 @@ def parse_args(argv: list[str] | None = None) -> ApiConfig:
                         help="tritonserver's Prometheus metrics, e.g. http://127.0.0.1:8002/metrics: /health and /ping "
                              "then also answer 503 once every replica has ended (unifiedserve_replica_serving all 0; "
                              "default: by tritonserver's readiness alone)")
+    parser.add_argument("--enable-request-id-headers", action="store_true",
+                        help="an X-Request-Id header on every answer: the request's own, else a random one (vLLM's)")
     a = parser.parse_args(argv)
     try:
         return ApiConfig(a.grpc_url, a.host, a.port, a.orchestrator_model, tuple(a.served_model_name),
                          a.allow_http_media, a.max_http_media_bytes, a.http_image_timeout, a.http_video_timeout,
                          a.shutdown_grace, a.max_requests, a.workers, a.max_body_bytes, not a.no_token_channel,
                          a.metrics_url, tuple(a.api_key) if a.api_key is not None else keys_from_env(),
-                         tuple(a.allowed_origins))
+                         tuple(a.allowed_origins), a.enable_request_id_headers)
     except FieldError as exc:
         parser.error(f"{FLAGS[exc.name]} {exc.why}")

@@ -24,6 +24,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--allowed-origins", nargs="*", default=ApiConfig.allowed_origins, metavar="ORIGIN",
                         help="origins whose browser pages may call the OpenAI API (CORS, vLLM's option; default: any, "
                              "*; the option alone: none)")
+    parser.add_argument("--enable-request-id-headers", action="store_true",
+                        help="an X-Request-Id header on every OpenAI API answer: the request's own, else a random "
+                             "one (vLLM's option)")
     parser.add_argument("--openai-allow-http-media", action="store_true",
                         help="let the OpenAI API fetch http(s) image_url / video_url parts (off: refused)")
     parser.add_argument("--openai-workers", type=int, default=default_openai_workers(),
@@ -61,6 +64,7 @@ def api_config(args: argparse.Namespace) -> ApiConfig:
     return ApiConfig(grpc_url=f"{local}:{args.grpc_port}", host=args.openai_address or args.address,
                      port=args.openai_port, served_model_names=tuple(args.served_model_name),
                      api_keys=tuple(args.api_key) or keys_from_env(), allowed_origins=tuple(args.allowed_origins),
+                     request_id_headers=args.enable_request_id_headers,
                      allow_http_media=args.openai_allow_http_media,
                      max_requests=args.openai_max_requests, workers=args.openai_workers,
                      max_body_bytes=args.openai_max_body_bytes, token_channel=not args.openai_no_token_channel,

@@ -11,7 +11,7 @@ def test_the_command_line_reads_back_the_config():
                        served_model_names=("qwen", "Qwen/Qwen2.5-VL-7B-Instruct"), allow_http_media=True,
                        max_http_media_bytes=1000, http_image_timeout_s=2.5, http_video_timeout_s=12.0,
                        shutdown_grace_s=1.0, max_requests=8, workers=3, token_channel=False,
-                       metrics_url="http://127.0.0.1:8102/metrics")
+                       metrics_url="http://127.0.0.1:8102/metrics", request_id_headers=True)
     assert parse_args(config.to_args()) == config
     assert parse_args(ApiConfig().to_args()) == ApiConfig()
 

@@ -52,6 +52,11 @@ def test_the_allowed_origins_reach_the_api():
         "https://ui.example",)
 
 
+def test_request_id_headers_reach_the_api():
+    assert not openai_options.api_config(_parsed()[1]).request_id_headers  # vLLM's default: off
+    assert openai_options.api_config(_parsed("--enable-request-id-headers")[1]).request_id_headers
+
+
 def test_the_api_keys_reach_the_api(monkeypatch, capsys):
     """vLLM's --api-key, else $UNIFIEDSERVE_API_KEY (comma-separated); an empty key is a usage error at once."""
     monkeypatch.delenv("UNIFIEDSERVE_API_KEY", raising=False)
