@@ -4,10 +4,14 @@ has no ``sampling_parameters`` input, that backend builds its sampling settings 
 (``{"text_input": "...", "parameters": {"temperature": 0, "max_tokens": 5}}``) or ``tritonclient``'s
 ``parameters=`` argument. The ``sampling_parameters`` input wins where both are sent, as on that backend.
 
-Keys that are not sampling settings are left out: ``stream`` (Triton's generate examples put it there; the
-``stream`` input decides, as on the vLLM backend) and Triton's reserved ``triton_`` keys. Every other key is read
-as a ``sampling_parameters`` key would be, an unknown one refused (the vLLM backend drops the whole set, logging its
-error, and samples with its defaults).
+Triton's HTTP generate endpoint hands the model every top-level field of the body that is not an input as a
+parameter too (``{"id": "r1", "text_input": "Hi", "max_tokens": 5}`` brings ``id`` and ``max_tokens``), beside the
+``parameters`` object's keys. Keys that are not sampling settings are left out: the request's own fields, which
+Triton acts on (:data:`NOT_SAMPLING`: ``id``, the request id it answers with; ``priority``, ``timeout`` and the
+sequence keys, which only a model's scheduler applies: docs/operations.md), ``stream`` (Triton's generate examples
+put it there; the ``stream`` input decides, as on the vLLM backend) and Triton's reserved ``triton_`` keys. Every
+other key is read as a ``sampling_parameters`` key would be, an unknown one refused naming it (the vLLM backend
+fails such a request too: its ``TritonSamplingParams.from_dict`` logs the error and returns None).
 """
 from __future__ import annotations
 
@@ -15,7 +19,8 @@ import json
 
 from orchestrator.sampling_params import INPUT, InvalidInput
 
-NOT_SAMPLING = frozenset({"stream"})
+NOT_SAMPLING = frozenset({"id", "priority", "timeout", "sequence_id", "sequence_start", "sequence_end",
+                          "stream"})
 RESERVED_PREFIX = "triton_"  # Triton's own parameters
 
 

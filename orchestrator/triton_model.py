@@ -67,6 +67,7 @@ class OrchestratorModel:
         self.thread = threading.Thread(target=self.loop.run_forever, name="orchestrator-loop", daemon=True)
         self.thread.start()
         self.pending = set()  # futures of requests in flight (asyncio keeps only weak references to tasks)
+        server_stop.serving_again()  # loaded again alone: its last finalize's mark is not this one's
         self.watch = server_stop.StopWatch(lambda: self.loop.call_soon_threadsafe(self._stop_serving))
         self.starting = asyncio.run_coroutine_threadsafe(start_at_load(self.orchestrator), self.loop)
 

@@ -23,7 +23,8 @@ A plain tritonserver (no launcher) signalled to stop unloads its models at once,
 them), whose links closing under the orchestrator's requests failed those with "decode: the stage closed its link".
 So a stage's ``finalize`` first announces the stop itself and waits for the orchestrator's drain
 (:func:`drain_before_unload`): the requests end with "the server is shutting down", as under the launcher. The
-orchestrator marks ``drained`` at its own ``finalize`` too, so that a stage unloading after it does not wait.
+orchestrator marks ``drained`` at its own ``finalize`` too, so that a stage unloading after it does not wait, and
+takes the mark back when it loads again (:func:`serving_again`: Triton's model control may reload it alone).
 """
 from __future__ import annotations
 
@@ -64,6 +65,13 @@ def announced() -> bool:
 def mark_drained() -> None:
     """The orchestrator's word that no request and no stage stream is left (this server's run directory)."""
     (run_directory.run_dir() / DRAINED).touch()
+
+
+def serving_again() -> None:
+    """The orchestrator's word, as it loads, that it has not drained: a ``drained`` mark its last ``finalize`` left
+    (Triton's model control unloaded and loaded it alone) would let a stage unloading later skip the announcement
+    and the drain, and the requests then ended with "decode: the stage closed its link"."""
+    (run_directory.run_dir() / DRAINED).unlink(missing_ok=True)
 
 
 def wait_drained(run_dir: Path, timeout_s: float) -> bool:

@@ -233,20 +233,29 @@ def test_a_stage_unloaded_alone_by_model_control_has_the_refusals_name_it(tmp_pa
     """Triton's explicit model control unloading one stage ends the serving (the orchestrator does not take a stage
     back, also once it is loaded again): the stage's finalize names it, and the orchestrator's refusals say which
     model and what to do, where they said only that the server was shutting down while every model read READY (a
-    fresh user's test, 2026-12-06); the replica's serving gauge reads 0 (2026-12-07)."""
+    fresh user's test, 2026-12-06); the replica's serving gauge reads 0 (2026-12-07). So it does after the
+    orchestrator alone was unloaded and loaded again first, whose last finalize's drained mark made the stage's
+    unload skip the announcement (2026-12-07: the refusals said "decode: the stage closed its link")."""
     log = tmp_path / "server.log"
     server, ports, run_dir = start_alone(REPO_ROOT / "model_repository", 16 * 2**20, tmp_path, log,
                                          ("--model-control-mode=explicit", "--load-model=*"))
-    url = f"http://{ports.address}:{ports.http}/v2/repository/models/decode"
-    with stopped_alone(server, log, run_dir):
-        wait_ready(server, ports, log)
+
+    def reload(model: str) -> None:
+        url = f"http://{ports.address}:{ports.http}/v2/repository/models/{model}"
         for action in ("unload", "load"):
             assert urllib.request.urlopen(urllib.request.Request(f"{url}/{action}", data=b"{}"), timeout=120).status \
                 == 200
             if action == "unload":
                 deadline = time.monotonic() + 60
-                while "decode" in stub_processes(server.pid).values() and time.monotonic() < deadline:
+                while model in stub_processes(server.pid).values() and time.monotonic() < deadline:
                     time.sleep(0.2)
+
+    with stopped_alone(server, log, run_dir):
+        wait_ready(server, ports, log)
+        reload("orchestrator")
+        with Client(f"127.0.0.1:{ports.grpc}") as client:
+            assert client.generate("Hi", sampling=GREEDY, timeout_s=60).text  # serving again
+        reload("decode")
         with Client(f"127.0.0.1:{ports.grpc}") as client:
             with pytest.raises(ServerError, match="its model decode was unloaded.*unload all its models and load"):
                 client.generate("Hi", sampling=GREEDY, timeout_s=60)

@@ -170,14 +170,18 @@ def test_an_http_json_body_carries_a_base64_image_and_the_flags(http_url, grpc_u
 
 def test_request_parameters_are_the_sampling_parameters_where_that_input_is_absent(http_url, grpc_url):
     """As the vLLM backend reads them (its ``utils/request.py``): a generate body's ``parameters`` object (its
-    ``stream`` key left to the input) and tritonclient's ``parameters=``; the ``sampling_parameters`` input wins
-    where both come; an unknown key is refused naming ``parameters``."""
-    body = {"text_input": PROMPT, "exclude_input_in_output": True, "return_output_ids": True,
-            "parameters": {**GREEDY, "max_tokens": 5, "stream": False}}
+    ``stream`` key left to the input) and its top-level fields that are no inputs, tritonclient's ``parameters=``;
+    a generate body's ``id`` is the request id, not a sampling key, nor are ``priority`` and ``timeout``; the
+    ``sampling_parameters`` input wins where both come; an unknown key is refused naming ``parameters``."""
+    body = {"id": "r-1", "text_input": PROMPT, "exclude_input_in_output": True, "return_output_ids": True,
+            "parameters": {**GREEDY, "max_tokens": 5, "stream": False, "priority": 1, "timeout": 10**9}}
     answer = http_generate(http_url, body)
     with Client(grpc_url) as client:
         expected = client.generate(PROMPT, sampling={**GREEDY, "max_tokens": 5}, return_output_ids=True).token_ids
-    assert answer["output_ids"] == expected and len(expected) == 5
+    assert answer["output_ids"] == expected and len(expected) == 5 and answer["id"] == "r-1"
+    top_level = {"id": "r-2", "text_input": PROMPT, "exclude_input_in_output": True, "return_output_ids": True,
+                 **GREEDY, "max_tokens": 3}
+    assert http_generate(http_url, top_level)["output_ids"] == expected[:3]
     text = [("text_input", np.array([PROMPT.encode()], dtype=np.object_), "BYTES"),
             ("return_num_output_tokens", np.array([True]), "BOOL")]
     counted = kserve_request(grpc_url, text, parameters={**GREEDY, "max_tokens": 3, "temperature": 0.0, "top_p": 0.5})

@@ -14,6 +14,9 @@ from orchestrator.sampling_params import InvalidInput
 def test_the_sampling_keys_are_kept_and_stream_and_tritons_own_left_out():
     assert sampling_text("{}") is None and sampling_text("") is None
     assert sampling_text('{"stream": true, "triton_enable_empty_final_response": true}') is None
+    # a generate body's id (the request id) and the keys only a model's scheduler applies
+    assert sampling_text('{"id": "r1", "priority": 1, "timeout": 100, "sequence_id": 7, "sequence_start": true, '
+                         '"sequence_end": false}') is None
     assert json.loads(sampling_text('{"stream": false, "max_tokens": 5, "temperature": 0.5}')) == \
         {"max_tokens": 5, "temperature": 0.5}
 

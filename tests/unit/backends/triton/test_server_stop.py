@@ -66,8 +66,10 @@ def test_a_stage_unloading_announces_the_stop_and_waits_for_the_drain(run_dir):
     assert server_stop.drain_before_unload("decode", timeout_s=10) and time.monotonic() - started >= 0.2
     started = time.monotonic()  # at once, not after waiting out the 10 s (loose for a paused test process)
     assert server_stop.drain_before_unload("decode", timeout_s=10) and time.monotonic() - started < 5
-    (run_dir / server_stop.DRAINED).unlink()
+    server_stop.serving_again()  # the orchestrator loaded again (Triton's model control): its old mark goes
+    assert not (run_dir / server_stop.DRAINED).exists()
     assert not server_stop.drain_before_unload("decode", timeout_s=0.2)
+    server_stop.serving_again()  # no mark: nothing to take back
 
 
 def test_the_marker_says_which_stage_announced_the_stop_and_the_launcher_s_says_nothing(run_dir):
