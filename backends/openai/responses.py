@@ -94,7 +94,7 @@ class _Shape:
         a prompt; ``continuous_usage``: every chunk carries its choice's usage so far (vLLM's
         ``stream_options.continuous_usage_stats``; the orchestrator's responses then bring the prompt's token count
         and the token ids, ``convert.OrchestratorRequest``); ``request_id``: the bodies' ``id`` after the prefix
-        (``app.request_id``; None: a random one)."""
+        (``request_ids.reply_id``; None: a random one)."""
         self.id = f"{self.prefix}-{uuid.uuid4().hex if request_id is None else request_id}"
         self.created = int(time.time())
         self.model = model

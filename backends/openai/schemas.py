@@ -116,7 +116,7 @@ class GenerationRequest(SamplingRequest):
     stream_options: StreamOptions | None = None
     max_tokens: int | None = None
     # vLLM's extra parameters
-    request_id: str | None = None  # the reply's id after chatcmpl-/cmpl- (an X-Request-Id header wins: app.request_id)
+    request_id: str | None = None  # the reply's id after chatcmpl-/cmpl- (an X-Request-Id header wins: request_ids)
     min_p: float | None = None
     min_tokens: int | None = None
     stop_token_ids: list[int] | None = None
