@@ -24,6 +24,9 @@ MAX_PIXELS = 16384 * 28 * 28
 MAX_FPS = 60.0
 MAX_FRAMES = 1024  # num_frames: segments of a video (InternVL3: 256 tokens each)
 MAX_TILES = 64  # max_tiles, min_tiles: tiles of an image's grid (InternVL3's checkpoints use 1 to 12)
+# the family taking each setting, named in its range's refusal (the family check comes later, at admission: media.py)
+FAMILY_OF = {"max_pixels": "a Qwen2.5-VL", "min_pixels": "a Qwen2.5-VL", "max_tiles": "an InternVL3",
+             "min_tiles": "an InternVL3"}
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 256
 MAX_STOP_TOKEN_IDS = 256
@@ -168,7 +171,8 @@ class RequestParams:
                                ("max_pixels", MIN_PIXELS, MAX_PIXELS), ("min_pixels", MIN_PIXELS, MAX_PIXELS),
                                ("logprobs", 0, MAX_LOGPROBS), ("prompt_logprobs", 0, MAX_LOGPROBS)):
             if getattr(self, key) is not None and not low <= getattr(self, key) <= high:
-                _fail(key, f"must be in [{low}, {high}]", getattr(self, key))
+                whose = f" ({FAMILY_OF[key]} setting)" if key in FAMILY_OF else ""
+                _fail(key, f"must be in [{low}, {high}]{whose}", getattr(self, key))
         ids, biases = [t for t, _ in self.logit_bias], [b for _, b in self.logit_bias]
         if len(ids) > MAX_LOGIT_BIAS_ENTRIES or len(set(ids)) != len(ids) or not all(
                 0 <= t < MAX_TOKENS_LIMIT for t in ids) or not all(

@@ -86,7 +86,8 @@ def test_a_sampling_keys_message_names_the_field_as_an_openai_client_sent_it():
     a refusal names what the client sent, a media setting under mm_processor_kwargs."""
     for body, words in (('{"fps": 100}', "mm_processor_kwargs.fps must be in (0, 60], got 100"),
                         ('{"max_pixels": 10}', "mm_processor_kwargs.max_pixels must be"),
-                        ('{"min_patches": 0}', "mm_processor_kwargs.min_tiles must be in [1, 64], got 0"),
+                        ('{"min_patches": 0}',
+                         "mm_processor_kwargs.min_tiles must be in [1, 64] (an InternVL3 setting), got 0"),
                         ('{"crop_to_patches": "x"}', "mm_processor_kwargs.crop_to_patches must be a boolean"),
                         ('{"top_k": -5}', "top_k must be")):
         error = from_orchestrator(_message(lambda: parse_sampling_parameters(body)))
