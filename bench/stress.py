@@ -197,7 +197,7 @@ def soak(args: argparse.Namespace, repository: Path, out: Path, record: Record) 
             gauges = wait_for_idle_pools(server, timeout_s=120)
             data["pages_at_end"] = {name.removeprefix("unifiedserve_"): gauges[f"unifiedserve_{name}"] for name in
                                     ("kv_pages_free", "kv_pages_total", "patch_pages_free", "patch_pages_total",
-                                     "requests_running")}
+                                     "num_requests_running")}
             data["idle_memory_mb"] = server_memory_mb(server)
         else:
             keep_log_tail(server, out / "server-log-tail.txt")

@@ -57,8 +57,8 @@ class Gauges:
         m.set("unifiedserve_kv_cache_usage_perc", 1 - kv_free / kv_total if kv_total else 0.0)
         m.set("unifiedserve_patch_pages_free", patch_pages.num_free)
         m.set("unifiedserve_patch_pages_total", patch_pages.num_total)
-        m.set("unifiedserve_requests_running", sum(len(e.requests) for e in engines))
-        m.set("unifiedserve_requests_waiting", num_waiting(engines))
+        m.set("unifiedserve_num_requests_running", sum(len(e.requests) for e in engines))
+        m.set("unifiedserve_num_requests_waiting", num_waiting(engines))
         m.set("unifiedserve_requests_waiting_for_page", sum(e.scheduler.stats().num_waiting_for_page for e in engines))
         stats = {"prefix": [e.scheduler.cache_stats() for e in engines],
                  "encoder": [e.scheduler.encoder_cache.stats() for e in engines]}

@@ -36,10 +36,10 @@ GAUGES = {
     "unifiedserve_patch_pages_total": "patch pages in the pool",
     "unifiedserve_patch_pages_peak_last_request": "most patch pages the last finished request with media held at "
                                                   "once (taken as groups are decoded, returned as they are encoded)",
-    "unifiedserve_requests_running": "requests in the server and not finished (those waiting for KV pages too)",
+    "unifiedserve_num_requests_running": "requests in the server and not finished (those waiting for KV pages too)",
     "unifiedserve_requests_waiting_for_page": "requests in decode whose next token waits for a KV page (granted where "
                                               "every request could still reach its max_tokens)",
-    "unifiedserve_requests_waiting": "requests not yet admitted: their prompt's KV pages not granted (a request is "
+    "unifiedserve_num_requests_waiting": "requests not yet admitted: their prompt's KV pages not granted (a request is "
                                      "admitted where every request could still reach its max_tokens)",
     "unifiedserve_prefix_cache_pages": "KV pages in the prefix cache (held by requests or idle), all replicas",
     "unifiedserve_prefix_cache_idle_pages": "prefix-cache pages no request holds (evicted first when pages are "

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from tritonclient.grpc import InferInput
 
-from backends.openai.schemas import ChatCompletionRequest, CompletionRequest, ImageUrlPart, TextPart
+from backends.openai.schemas import TEXT_PARTS, ChatCompletionRequest, CompletionRequest, ImageUrlPart
 
 
 @dataclass(frozen=True)
@@ -131,7 +131,7 @@ def chat_request(request: ChatCompletionRequest) -> OrchestratorRequest:
             continue
         parts = []
         for j, part in enumerate(message.content):
-            if isinstance(part, TextPart):
+            if isinstance(part, TEXT_PARTS):
                 parts.append({"type": "text", "text": part.text})
                 continue
             kind = "image" if isinstance(part, ImageUrlPart) else "video"

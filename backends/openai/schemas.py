@@ -42,8 +42,26 @@ Media = Annotated[MediaUrl, BeforeValidator(lambda value: {"url": value} if isin
 
 
 class TextPart(Body):
-    type: Literal["text"]
+    """A text part; ``input_text`` and ``output_text`` (the Responses API's names) are read as ``text``, as vLLM
+    reads them."""
+
+    type: Literal["text", "input_text", "output_text"]
     text: str
+
+
+class RefusalPart(Body):
+    """An assistant's refusal, as OpenAI's SDK sends one back in a conversation: its text, as vLLM reads it."""
+
+    type: Literal["refusal"]
+    refusal: str
+
+    @property
+    def text(self) -> str:
+        return self.refusal
+
+
+TEXT_PARTS = (TextPart, RefusalPart)  # the parts whose ``text`` goes to the chat template as text
+_TEXT_TYPES = ("input_text", "output_text")  # read as "text" parts (TextPart)
 
 
 class ImageUrlPart(Body):
@@ -60,8 +78,10 @@ def _part_type(part: object) -> object:
     """A content part's ``type``; without one, ``image_url`` or ``video_url`` where the part holds that key (vLLM's
     simple parts, ``{"image_url": "https://..."}``), else None (refused: no type)."""
     if not isinstance(part, dict):
-        return getattr(part, "type", None)
-    return part.get("type", next((key for key in ("image_url", "video_url") if key in part), None))
+        kind = getattr(part, "type", None)
+    else:
+        kind = part.get("type", next((key for key in ("image_url", "video_url") if key in part), None))
+    return "text" if kind in _TEXT_TYPES else kind
 
 
 def _null_type_left_out(part: object) -> object:
@@ -71,10 +91,10 @@ def _null_type_left_out(part: object) -> object:
     return part
 
 
-ContentPart = Annotated[Union[Annotated[TextPart, Tag("text")], Annotated[ImageUrlPart, Tag("image_url")],
-                              Annotated[VideoUrlPart, Tag("video_url")]],
+ContentPart = Annotated[Union[Annotated[TextPart, Tag("text")], Annotated[RefusalPart, Tag("refusal")],
+                              Annotated[ImageUrlPart, Tag("image_url")], Annotated[VideoUrlPart, Tag("video_url")]],
                         Discriminator(_part_type, custom_error_type="part_type", custom_error_message=(
-                            "Input should be a part of type 'text', 'image_url' or 'video_url'")),
+                            "Input should be a part of type 'text', 'image_url', 'video_url' or 'refusal'")),
                         BeforeValidator(_null_type_left_out)]
 
 
@@ -275,7 +295,7 @@ class ChatCompletionRequest(GenerationRequest):
             return ""
         if last.content is None or isinstance(last.content, str):
             return last.content or ""
-        return "\n".join(part.text for part in last.content if isinstance(part, TextPart))
+        return "\n".join(part.text for part in last.content if isinstance(part, TEXT_PARTS))
 
     def refusal(self) -> tuple[str, str] | None:
         if (out_of_range := count_refusal("top_logprobs", self.top_logprobs)) is not None:

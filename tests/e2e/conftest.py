@@ -126,7 +126,7 @@ def wait_for_idle_pools(server, timeout_s: float = 60.0) -> dict[str, float]:
         m = read_metrics(server)
         idle = (m["unifiedserve_kv_pages_free"] == m["unifiedserve_kv_pages_total"]
                 and m["unifiedserve_patch_pages_free"] == m["unifiedserve_patch_pages_total"]
-                and m["unifiedserve_requests_running"] == 0)
+                and m["unifiedserve_num_requests_running"] == 0)
         if idle or time.monotonic() > deadline:
             return m
         time.sleep(0.2)
@@ -136,13 +136,13 @@ def assert_closing_cancels(server, stream) -> None:
     """Close ``stream`` (an SDK stream, its request running on ``server``) once the request is counted running:
     its request is cancelled, every page free again within 10 s (an HTTP client that goes away)."""
     deadline = time.monotonic() + 10  # gauges reach Triton within GAUGE_PERIOD_S (orchestrator/metrics.py)
-    while read_metrics(server)["unifiedserve_requests_running"] < 1:
+    while read_metrics(server)["unifiedserve_num_requests_running"] < 1:
         assert time.monotonic() < deadline, "the streaming request is not counted as running"
         time.sleep(0.02)
     stream.close()
     started = time.monotonic()
     m = wait_for_idle_pools(server, timeout_s=30)
-    assert m["unifiedserve_requests_running"] == 0
+    assert m["unifiedserve_num_requests_running"] == 0
     assert m["unifiedserve_kv_pages_free"] == m["unifiedserve_kv_pages_total"]
     assert time.monotonic() - started < 10, "the dropped stream's request ran on"
 

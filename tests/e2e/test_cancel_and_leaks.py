@@ -76,7 +76,7 @@ def test_a_lone_cancelled_request_stops_generating(server, grpc_url):
         client.generate("Go on.", sampling={**LONG, "max_tokens": 3000}, cancel_after_responses=2)
     started = time.monotonic()
     m = wait_for_idle_pools(server, timeout_s=30)
-    assert m["unifiedserve_requests_running"] == 0 and time.monotonic() - started < 10, m
+    assert m["unifiedserve_num_requests_running"] == 0 and time.monotonic() - started < 10, m
 
 
 def test_every_server_process_has_the_fixed_mmap_threshold(server):

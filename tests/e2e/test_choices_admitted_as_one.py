@@ -65,10 +65,10 @@ def test_a_later_choice_takes_the_place_its_first_choice_holds(small_pool_server
         return thread
 
     first = run("first", "Go on.", 800, request_id="lead-1", choices=2)
-    while read_metrics(small_pool_server)["unifiedserve_requests_running"] < 1 and first.is_alive():
+    while read_metrics(small_pool_server)["unifiedserve_num_requests_running"] < 1 and first.is_alive():
         time.sleep(0.02)
     second = run("second", LONG_PROMPT, 100)  # waits for pages: with the held place, the queue is full
-    while read_metrics(small_pool_server)["unifiedserve_requests_waiting"] < 1 and first.is_alive():
+    while read_metrics(small_pool_server)["unifiedserve_num_requests_waiting"] < 1 and first.is_alive():
         time.sleep(0.02)
     assert first.is_alive(), "the first request ended before the second waited"
     no_room = _generate(url, "Two choices.", 4, request_id="lead-2", choices=2)  # the held place counts

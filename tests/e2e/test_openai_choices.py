@@ -66,7 +66,7 @@ def test_a_prompts_other_choices_share_its_pages_through_the_prefix_cache(sdk, s
     assert after["prefix_cache_hits_total"] - before["prefix_cache_hits_total"] >= 2 * shared > 0
     assert reply.choices[0].token_ids == reply.choices[1].token_ids == reply.choices[2].token_ids
     m = wait_for_idle_pools(server, timeout_s=30)
-    assert m["unifiedserve_requests_running"] == 0
+    assert m["unifiedserve_num_requests_running"] == 0
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])

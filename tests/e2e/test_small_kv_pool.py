@@ -92,7 +92,7 @@ def test_replies_whose_worst_cases_overfill_the_pool_all_start_and_make_what_the
         thread.start()
     while any(thread.is_alive() for thread in threads):
         m = read_metrics(small_pool_server)
-        seen.append((m["unifiedserve_requests_waiting"], m["unifiedserve_requests_running"],
+        seen.append((m["unifiedserve_num_requests_waiting"], m["unifiedserve_num_requests_running"],
                      m["unifiedserve_requests_waiting_for_page"]))
         time.sleep(0.05)
     assert (0, 3, 0) in seen and all(waiting == 0 for waiting, _, _ in seen), seen
@@ -103,7 +103,7 @@ def test_replies_whose_worst_cases_overfill_the_pool_all_start_and_make_what_the
 
 def test_a_request_that_does_not_fit_yet_waits_is_counted_and_a_short_one_goes_ahead(small_pool_server):
     """The first request may come to hold 51 of the 64 pages (prompt + 800 tokens); the second, a prompt of 44
-    pages, would leave it short of them, so it waits: `unifiedserve_requests_waiting` reads 1 while `_running`
+    pages, would leave it short of them, so it waits: `unifiedserve_num_requests_waiting` reads 1 while `_running`
     counts both, and it runs once the first has ended. A short request sent meanwhile does not wait behind it (its
     worst case fits in what the pool leaves over beside the second's)."""
     url = f"127.0.0.1:{small_pool_server.ports.grpc}"
@@ -116,14 +116,14 @@ def test_a_request_that_does_not_fit_yet_waits_is_counted_and_a_short_one_goes_a
 
     first = threading.Thread(target=generate, args=("first", "Go on.", 800))
     first.start()
-    while read_metrics(small_pool_server)["unifiedserve_requests_running"] < 1 and first.is_alive():
+    while read_metrics(small_pool_server)["unifiedserve_num_requests_running"] < 1 and first.is_alive():
         time.sleep(0.02)
     second = threading.Thread(target=generate, args=("second", LONG_PROMPT, 100))
     second.start()
     seen = []
     while first.is_alive():
         m = read_metrics(small_pool_server)
-        seen.append((m["unifiedserve_requests_waiting"], m["unifiedserve_requests_running"]))
+        seen.append((m["unifiedserve_num_requests_waiting"], m["unifiedserve_num_requests_running"]))
         time.sleep(0.05)
         if seen[-1] == (1, 2) and "short" not in results:
             with Client(url) as client:
@@ -135,7 +135,7 @@ def test_a_request_that_does_not_fit_yet_waits_is_counted_and_a_short_one_goes_a
     assert results["short"].num_output_tokens == 4 and short_done_while_first_ran
     assert results["first"].num_output_tokens == 800 and results["second"].num_output_tokens == 100
     m = wait_for_idle_pools(small_pool_server)
-    assert m["unifiedserve_requests_waiting"] == 0 and m["unifiedserve_requests_running"] == 0, m
+    assert m["unifiedserve_num_requests_waiting"] == 0 and m["unifiedserve_num_requests_running"] == 0, m
 
 
 def test_beyond_max_waiting_requests_a_request_is_refused_at_once_as_overloaded(small_pool_server):
@@ -156,11 +156,11 @@ def test_beyond_max_waiting_requests_a_request_is_refused_at_once_as_overloaded(
     threads = [threading.Thread(target=generate, args=args)
                for args in (("first", "Go on.", 800), ("second", LONG_PROMPT, 100), ("third", LONG_PROMPT, 100))]
     threads[0].start()
-    while read_metrics(small_pool_server)["unifiedserve_requests_running"] < 1 and threads[0].is_alive():
+    while read_metrics(small_pool_server)["unifiedserve_num_requests_running"] < 1 and threads[0].is_alive():
         time.sleep(0.02)
     for thread in threads[1:]:
         thread.start()
-    while read_metrics(small_pool_server)["unifiedserve_requests_waiting"] < 2 and threads[0].is_alive():
+    while read_metrics(small_pool_server)["unifiedserve_num_requests_waiting"] < 2 and threads[0].is_alive():
         time.sleep(0.02)
     assert threads[0].is_alive(), "the first request ended before the others waited"
     started = time.monotonic()

@@ -111,18 +111,18 @@ def test_gauges_are_sent_soon_by_the_thread_not_by_the_caller(registry, metrics)
 def test_a_burst_of_changes_costs_one_send_per_gauge_and_repeats_none(registry):
     metrics = Metrics(flush_s=3600.0, gauge_period_s=1.0)
     try:
-        metrics.set("unifiedserve_requests_running", 1)
-        _sent(registry, "unifiedserve_requests_running", 1)
+        metrics.set("unifiedserve_num_requests_running", 1)
+        _sent(registry, "unifiedserve_num_requests_running", 1)
         before = registry.calls
         for n in range(2, 50):  # within the period after that send: they wait for the next one
-            metrics.set("unifiedserve_requests_running", n)
+            metrics.set("unifiedserve_num_requests_running", n)
         metrics.set("unifiedserve_kv_pages_free", 7)
         metrics.set("unifiedserve_kv_pages_free", 7)
-        _sent(registry, "unifiedserve_requests_running", 49)
+        _sent(registry, "unifiedserve_num_requests_running", 49)
         _sent(registry, "unifiedserve_kv_pages_free", 7)
         assert registry.calls - before == 2
-        metrics.set("unifiedserve_requests_running", 5)
-        metrics.set("unifiedserve_requests_running", 49)  # back to what Triton has: nothing to send
+        metrics.set("unifiedserve_num_requests_running", 5)
+        metrics.set("unifiedserve_num_requests_running", 49)  # back to what Triton has: nothing to send
         metrics.flush()
         assert registry.calls - before == 2
     finally:
@@ -178,8 +178,8 @@ def test_a_gauge_send_lets_go_of_the_gil_after_every_set(registry, metrics, monk
     yields = []
     monkeypatch.setattr("backends.triton.triton_io.yield_gil", lambda: yields.append(registry.calls))
     before = registry.calls
-    for k, name in enumerate(("unifiedserve_kv_pages_free", "unifiedserve_requests_running",
-                              "unifiedserve_requests_waiting")):
+    for k, name in enumerate(("unifiedserve_kv_pages_free", "unifiedserve_num_requests_running",
+                              "unifiedserve_num_requests_waiting")):
         metrics.set(name, 7 + k)
     metrics.send_gauges()
     assert registry.calls == before + 3 and yields == [before + 1, before + 2, before + 3]

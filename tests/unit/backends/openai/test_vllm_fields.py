@@ -4,6 +4,7 @@ taken, and /v1/models cards carry vLLM's root, parent and permission."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 
 import pytest
@@ -71,6 +72,21 @@ def test_vllms_simple_media_parts_are_taken_as_their_url():
         in request.messages
 
 
+def test_refusal_input_text_and_output_text_parts_are_text():
+    """As vLLM's chat parser reads them: a ``refusal`` part (OpenAI's SDK sends an assistant's refusal back so) is its
+    ``refusal``'s text, ``input_text`` and ``output_text`` parts (the Responses API's names) their ``text``; an echo
+    repeats them."""
+    messages = [{"role": "user", "content": [{"type": "input_text", "text": "Hi"}]},
+                {"role": "assistant", "content": [{"type": "refusal", "refusal": "No."},
+                                                  {"type": "output_text", "text": "Sorry."}]}]
+    body = ChatCompletionRequest.model_validate({"model": "m", "messages": messages, "echo": True,
+                                                 "add_generation_prompt": False})
+    assert json.loads(chat_request(body).messages) == [
+        {"role": "user", "content": [{"type": "text", "text": "Hi"}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "No."}, {"type": "text", "text": "Sorry."}]}]
+    assert body.echoed == "No.\nSorry."
+
+
 @pytest.fixture(scope="module")
 def client():
     with TestClient(create_app(ApiConfig(grpc_url=NOWHERE))) as c:
@@ -79,8 +95,10 @@ def client():
 
 @pytest.mark.parametrize("part,words", [
     ({"type": "input_audio", "input_audio": {}}, "messages[0].content[0]: Input should be a part of type 'text', "
-                                                 "'image_url' or 'video_url'"),
-    ({"text": "no type"}, "messages[0].content[0]: Input should be a part of type 'text', 'image_url' or 'video_url'"),
+                                                 "'image_url', 'video_url' or 'refusal'"),
+    ({"text": "no type"}, "messages[0].content[0]: Input should be a part of type 'text', 'image_url', 'video_url' "
+                          "or 'refusal'"),
+    ({"type": "refusal"}, "messages[0].content[0].refusal: Field required"),
     ({"type": "image_url", "image_url": {}}, "messages[0].content[0].image_url.url: Field required"),
 ])
 def test_a_part_of_no_known_type_is_400_naming_it(client, part, words):
