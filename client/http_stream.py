@@ -11,6 +11,7 @@ first); a request rejected before inference is a plain 400 JSON ``{"error": "...
 """
 from __future__ import annotations
 
+import dataclasses
 import http.client
 import json
 import time
@@ -63,7 +64,12 @@ def piece_from_event(event: dict) -> ResponsePiece:
         text = "".join(str(t) for t in text)
     ids = event.get("output_ids")
     ids = () if ids is None else tuple(int(i) for i in ids) if isinstance(ids, list) else (int(ids),)
-    return piece_from_outputs(str(text).encode(), ids, False, lambda name: _one(event.get(name)))
+    piece = piece_from_outputs(str(text).encode(), ids, False, lambda name: _one(event.get(name)))
+    prompt_ids = event.get("input_ids")  # return_input_ids' first response, a tokenize_only request's
+    if prompt_ids is None:
+        return piece
+    return dataclasses.replace(piece, input_ids=tuple(int(i) for i in (
+        prompt_ids if isinstance(prompt_ids, list) else [prompt_ids])))
 
 
 def request_body(

@@ -30,7 +30,7 @@ class ResponsePiece:
     prompt_logprobs: list[dict] | None = None  # sampling's prompt_logprobs: first response only
     prompt_text: str | None = None  # a prompt_token_ids request's prompt as text: first response only
     stop_reason: int | str | None = None  # last response: the stop string or stop token id that ended the output
-    input_ids: tuple[int, ...] | None = None  # a tokenize_only request's response: the prompt's token ids
+    input_ids: tuple[int, ...] | None = None  # the prompt's ids: tokenize_only's response, return_input_ids' first
     input_tokens: tuple[str, ...] | None = None  # and each one's token string
 
     @property

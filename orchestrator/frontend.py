@@ -43,7 +43,7 @@ from orchestrator.token_channels import TokenChannels, channel_name, routed
 log = logging.getLogger(__name__)
 
 _RETURN_FLAGS = ("return_output_ids", "return_finish_reason", "return_num_input_tokens", "return_num_output_tokens",
-                 "return_logprobs", "return_cumulative_logprob", "return_timeline")
+                 "return_logprobs", "return_cumulative_logprob", "return_timeline", "return_input_ids")
 
 
 def read_request(request) -> RawRequest:
@@ -203,6 +203,8 @@ async def _send_tokens(admitted: Admitted, tokens, send, timer: RequestTimer, ti
     texts, ids, entries, first = [], [], [], True
     cap = None if admitted.visual_cap is None else admitted.visual_cap.to_json()
     head = first_outputs(visual_cap=cap, media=admitted.media, prompt_text=admitted.prompt_text)
+    if parsed.extra_outputs.input_ids:  # the prompt as it runs: chat template applied, visual placeholders expanded
+        head += (("input_ids", list(admitted.prompt.input_ids)),)
     num_input = len(admitted.prompt.input_ids)
     async for delta, token_ids, reason, logprobs, cumulative, prompt_logprobs, stop_reason in tokens:
         if prompt_logprobs is not None:  # on the first item (JSON already): the first response's

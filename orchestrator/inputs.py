@@ -9,9 +9,9 @@ it is, without the chat template, as the vLLM backend's ``text_input`` and OpenA
 (JSON; without it, the request's own parameters: ``orchestrator.request_parameters``), ``stream``,
 ``exclude_input_in_output``, ``return_output_ids``, and that backend's ``return_*`` flags
 (``return_logprobs`` with ``sampling_parameters``' ``logprobs``, and ``return_cumulative_logprob``), plus our
-``return_timeline`` (``orchestrator.timeline``) and ``chat_template_kwargs`` (``orchestrator.chat_options``). Every
-problem raises
-:class:`~orchestrator.sampling_params.InvalidInput` with a message naming the input at fault.
+``return_timeline`` (``orchestrator.timeline``), ``return_input_ids`` and ``chat_template_kwargs``
+(``orchestrator.chat_options``). Every problem raises :class:`~orchestrator.sampling_params.InvalidInput` naming the
+input at fault.
 """
 from __future__ import annotations
 
@@ -79,6 +79,7 @@ class RawRequest:
     messages: list[bytes] = field(default_factory=list)
     prompt: list[bytes] = field(default_factory=list)
     return_timeline: bool = False
+    return_input_ids: bool = False  # the first response's input_ids (orchestrator.frontend)
     prompt_token_ids: list[int] | None = None  # a prompt given as token ids (None: not given)
     open_token_channel: list[bytes] = field(default_factory=list)  # orchestrator.token_channels
     token_channel: list[bytes] = field(default_factory=list)
@@ -101,6 +102,7 @@ class ExtraOutputs:
     timeline: bool = False  # ours, not the vLLM backend's: the final response's ``timeline`` (orchestrator.timeline)
     logprobs: bool = False  # each token's log probabilities (orchestrator.output_processor.Piece)
     cumulative_logprob: bool = False
+    input_ids: bool = False  # ours: the first response's ``input_ids``, the prompt as it runs
 
 
 @dataclass(frozen=True)
@@ -322,7 +324,7 @@ def parse_request(raw: RawRequest, limits: InputLimits,
     return ParsedRequest(text, tuple(media), params, raw.stream, raw.exclude_input_in_output, raw.return_output_ids,
                          turns, ExtraOutputs(raw.return_finish_reason, raw.return_num_input_tokens,
                                              raw.return_num_output_tokens, raw.return_timeline, raw.return_logprobs,
-                                             raw.return_cumulative_logprob),
+                                             raw.return_cumulative_logprob, raw.return_input_ids),
                          raw=bool(raw.prompt) or ids is not None,
                          token_ids=None if ids is None else tuple(ids), chat=chat)
 

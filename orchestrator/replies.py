@@ -23,7 +23,7 @@ from orchestrator.timeline import NO_TIMELINE, Timeline
 log = logging.getLogger(__name__)
 
 _NUMBER_OUTPUTS = {"output_ids": np.int64, "num_input_tokens": np.uint32, "num_output_tokens": np.uint32,
-                   "num_cached_tokens": np.uint32, "cumulative_logprob": np.float32}
+                   "num_cached_tokens": np.uint32, "cumulative_logprob": np.float32, "input_ids": np.int64}
 
 
 def first_outputs(**values) -> tuple[tuple[str, str], ...]:
@@ -39,7 +39,8 @@ class Reply:
     """One response with tokens: ``text`` (the delta when streaming), ``ids`` the token ids it brings, ``reason``
     the finish reason (None: more follow), ``num_output`` the tokens of the whole output so far, ``flags`` the
     Triton send flags (final with a reason), ``first_outputs`` the (output name, JSON text) pairs of the request's
-    first response only (:func:`first_outputs`); the last carries the request's ``timeline`` when it asked for it.
+    first response only (:func:`first_outputs`; and ``input_ids``, a list, with ``return_input_ids``); the last
+    carries the request's ``timeline`` when it asked for it.
     ``logprobs``: per token of ``ids``, its entry of the ``logprobs`` output (``orchestrator.output_processor``),
     where the request asked for them (``return_logprobs``); ``cumulative_logprob``: the sum of the whole output's
     token log probabilities so far (``return_cumulative_logprob``); ``stop_reason``: on the last, the stop string or
@@ -52,7 +53,7 @@ class Reply:
     num_input: int
     num_output: int
     flags: int = 0
-    first_outputs: tuple[tuple[str, str], ...] = ()
+    first_outputs: tuple[tuple[str, str | list[int]], ...] = ()
     timeline: Timeline = NO_TIMELINE
     num_cached: int = 0
     logprobs: tuple[dict, ...] = ()

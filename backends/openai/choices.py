@@ -50,16 +50,17 @@ def _named(exc: Exception, prompt: int, prompts: int) -> Exception:
 
 def sample_requests(prompt: OrchestratorRequest, n: int) -> list[OrchestratorRequest]:
     """``prompt``'s request once per sample, streamed (a whole reply's first response is its last: module docstring),
-    sample ``i``'s ``seed`` (where set) raised by ``i``; only sample 0 asks for the prompt's log probabilities (the
-    others' are the same: the API's bodies copy them), so the others share its cached pages. With ``n`` over 1,
-    sample 0 has a request id of its own and asks for ``n`` choices; the others name it in ``choice_of``."""
+    sample ``i``'s ``seed`` (where set) raised by ``i``; only sample 0 asks for the prompt's log probabilities and
+    token ids (the others' are the same: the API's bodies copy them), so the others share its cached pages. With
+    ``n`` over 1, sample 0 has a request id of its own and asks for ``n`` choices; the others name it in
+    ``choice_of``."""
     prompt = dataclasses.replace(prompt, stream=True)
     if n == 1:
         return [prompt]
     first = dataclasses.replace(prompt, request_id=uuid.uuid4().hex, choices=n)
     seed = prompt.sampling.get("seed")
     others = {key: value for key, value in prompt.sampling.items() if key != "prompt_logprobs"}
-    return [first] + [dataclasses.replace(prompt, choice_of=first.request_id,
+    return [first] + [dataclasses.replace(prompt, choice_of=first.request_id, return_prompt_ids=False,
                                           sampling=others if seed is None else {**others, "seed": seed + i})
                       for i in range(1, n)]
 

@@ -40,7 +40,9 @@ class OrchestratorRequest:
     (``stream_options.continuous_usage_stats``: each chunk's usage so far); ``request_id``: the Triton request id to
     send it with (None: a new one); ``choices`` over 1: the request is the first of that many choices, admitted as
     one (``orchestrator.choice_reservations``), which name its ``request_id`` in ``choice_of``; ``structured_as``:
-    the field the request sent its ``sampling``'s ``structured_outputs`` as (``response_format``), which errors name."""
+    the field the request sent its ``sampling``'s ``structured_outputs`` as (``response_format``), which errors name;
+    ``return_prompt_ids``: the first response brings the prompt's token ids (``return_input_ids``: vLLM's
+    ``prompt_token_ids`` with ``return_token_ids``)."""
 
     prompt: str | None
     messages: str | None
@@ -59,6 +61,7 @@ class OrchestratorRequest:
     choices: int = 1
     choice_of: str | None = None
     structured_as: str = "structured_outputs"
+    return_prompt_ids: bool = False
 
     def with_media(self, media: tuple[MediaRef, ...]) -> "OrchestratorRequest":
         return dataclasses.replace(self, media=media)
@@ -87,6 +90,8 @@ class OrchestratorRequest:
             tensors.append(("return_output_ids", np.array([True])))
         if self.continuous_usage:
             tensors.append(("return_num_input_tokens", np.array([True])))
+        if self.return_prompt_ids:
+            tensors.append(("return_input_ids", np.array([True])))
         if self.return_timeline:
             tensors.append(("return_timeline", np.array([True])))
         if self.return_logprobs:
@@ -144,7 +149,8 @@ def chat_request(request: ChatCompletionRequest) -> OrchestratorRequest:
                                request.stream, request.return_token_ids, request.return_timeline,
                                request.top_logprobs_asked is not None,
                                chat_template_kwargs=None if kwargs is None else json.dumps(kwargs),
-                               continuous_usage=request.continuous_usage, structured_as=request.structured_field)
+                               continuous_usage=request.continuous_usage, structured_as=request.structured_field,
+                               return_prompt_ids=request.return_token_ids)
 
 
 def completion_requests(request: CompletionRequest) -> list[OrchestratorRequest]:
@@ -155,5 +161,6 @@ def completion_requests(request: CompletionRequest) -> list[OrchestratorRequest]
                                 request.return_token_ids, request.return_timeline,
                                 request.top_logprobs_asked is not None,
                                 None if isinstance(prompt, str) else tuple(prompt),
-                                continuous_usage=request.continuous_usage, structured_as=request.structured_field)
+                                continuous_usage=request.continuous_usage, structured_as=request.structured_field,
+                                return_prompt_ids=request.return_token_ids)
             for prompt in request.prompts]

@@ -117,6 +117,7 @@ class ChatCompletion(BaseModel):
     media: list[dict] | None = _extra()  # ours: what was done with each image and video (docs/requests.md)
     timeline: dict | None = _extra()  # ours, with return_timeline: where the request's time went (docs/requests.md)
     prompt_logprobs: PromptLogprobs | None = _extra()  # vLLM's, with prompt_logprobs
+    prompt_token_ids: list[int] | None = _extra()  # vLLM's, with return_token_ids: the prompt as it ran
 
 
 class Delta(BaseModel):
@@ -144,6 +145,7 @@ class ChatCompletionChunk(BaseModel):
     visual_cap: dict | None = _extra()  # on the first chunk, as on ChatCompletion
     media: list[dict] | None = _extra()  # on the first chunk, as on ChatCompletion
     timeline: dict | None = _extra()  # on the last chunk with a choice, as on ChatCompletion
+    prompt_token_ids: list[int] | None = _extra()  # on choice 0's first chunk, as on ChatCompletion
 
 
 class CompletionChoice(BaseModel):
@@ -154,6 +156,7 @@ class CompletionChoice(BaseModel):
     stop_reason: int | str | None = None  # as ChatChoice's
     token_ids: list[int] | None = _extra()
     prompt_logprobs: PromptLogprobs | None = _extra()  # vLLM's, with prompt_logprobs
+    prompt_token_ids: list[int] | None = _extra()  # vLLM's, with return_token_ids (streamed: a choice's first chunk)
 
 
 class Completion(BaseModel):

@@ -48,7 +48,8 @@ class Reply:
     ``usage``, ``visual_cap`` (what max_visual_tokens lowered, or None), ``media`` (what was done with each image
     and video, or None without media), ``timeline`` (with ``return_timeline``, or None), ``logprobs`` (the
     orchestrator's entries, one per token, where asked), ``prompt_logprobs`` (its entries of the prompt's tokens,
-    where asked), ``prompt_text`` (a token-id prompt's text)."""
+    where asked), ``prompt_text`` (a token-id prompt's text), ``prompt_ids`` (the prompt's token ids as it ran, where
+    asked: ``return_input_ids``)."""
 
     def __init__(self):
         self._text: list[str] = []
@@ -62,6 +63,7 @@ class Reply:
         self.timeline: dict | None = None
         self.prompt_logprobs: list[dict] | None = None
         self.prompt_text: str | None = None
+        self.prompt_ids: tuple[int, ...] | None = None
 
     def add(self, piece: ResponsePiece) -> None:
         self._text.append(piece.text.decode("utf-8", errors="replace"))
@@ -75,6 +77,7 @@ class Reply:
         self.timeline = piece.timeline or self.timeline
         self.prompt_logprobs = piece.prompt_logprobs or self.prompt_logprobs
         self.prompt_text = piece.prompt_text or self.prompt_text
+        self.prompt_ids = piece.input_ids or self.prompt_ids
 
     @property
     def text(self) -> str:
@@ -103,6 +106,7 @@ class _Shape:
         self.n = n
         self.continuous_usage = continuous_usage
         self._prompts: dict[int, list[dict]] = {}  # each prompt's log probabilities' entries, from its first choice
+        self._prompt_ids: dict[int, list[int]] = {}  # with return_token_ids: each prompt's token ids, likewise
         self._started: set[int] = set()  # the choices whose first chunk is made
         self._usages: dict[int, Usage] = {}  # streamed choices' usage, from their last chunks
         self._made: dict[int, int] = {}  # with continuous_usage: each choice's tokens streamed so far
@@ -146,6 +150,16 @@ class _Shape:
         prompt = piece.prompt_logprobs or (self._prompts.get(index // self.n) if index not in self._started else None)
         return len(piece.logprobs or ()) + len(prompt or ())
 
+    def _prompt_token_ids(self, index: int, ids: tuple[int, ...] | None) -> list[int] | None:
+        """With ``return_token_ids``, choice ``index``'s prompt's token ids (vLLM's ``prompt_token_ids``): ``ids``,
+        which a prompt's first choice brings (``Reply.prompt_ids``, ``ResponsePiece.input_ids``: its others do not
+        ask, ``choices.sample_requests``), noted for the others; else None."""
+        if not self.return_token_ids:
+            return None
+        if ids is not None:
+            self._prompt_ids[index // self.n] = list(ids)
+        return self._prompt_ids.get(index // self.n)
+
     def _prompt_entries(self, index: int, reply: Reply | ResponsePiece) -> list[dict] | None:
         """The orchestrator's entries of choice ``index``'s prompt (None where not asked): ``reply``'s, which a
         prompt's first choice brings (its others do not ask: ``choices.sample_requests``), noted for the others."""
@@ -178,7 +192,8 @@ class ChatShape(_Shape):
         first = replies[0]
         return ChatCompletion(id=self.id, created=self.created, model=self.model, choices=choices,
                               usage=self._whole_usage(replies), visual_cap=first.visual_cap, media=first.media,
-                              timeline=first.timeline, prompt_logprobs=prompt_logprobs(first.prompt_logprobs))
+                              timeline=first.timeline, prompt_logprobs=prompt_logprobs(first.prompt_logprobs),
+                              prompt_token_ids=self._prompt_token_ids(0, first.prompt_ids))
 
     def _message(self, reply: Reply) -> AssistantMessage:
         if self.tools is None:
@@ -203,7 +218,8 @@ class ChatShape(_Shape):
         choice = ChatChunkChoice(index=index, delta=delta, logprobs=self._logprobs(piece.logprobs or []),
                                  finish_reason=reason, stop_reason=piece.stop_reason,
                                  token_ids=self._ids(piece.token_ids))
-        extras = {} if index else {"visual_cap": piece.visual_cap, "media": piece.media, "timeline": piece.timeline}
+        extras = {} if index else {"visual_cap": piece.visual_cap, "media": piece.media, "timeline": piece.timeline,
+                                   "prompt_token_ids": self._prompt_token_ids(0, piece.input_ids) if role else None}
         return ChatCompletionChunk(id=self.id, created=self.created, model=self.model, choices=[choice],
                                    usage=self._running_usage(index, piece), **extras)
 
@@ -240,20 +256,23 @@ class CompletionShape(_Shape):
                 index=index, text=self._echoed(index, reply) + text,
                 logprobs=self._logprobs(self._echoed_logprobs(prompt) + entries, 0),
                 finish_reason=reply.finish_reason, stop_reason=reply.stop_reason, token_ids=self._ids(ids),
-                prompt_logprobs=prompt_logprobs(prompt)))
+                prompt_logprobs=prompt_logprobs(prompt),
+                prompt_token_ids=self._prompt_token_ids(index, reply.prompt_ids)))
         return Completion(id=self.id, created=self.created, model=self.model, choices=choices,
                           usage=self._whole_usage(replies), timeline=replies[0].timeline)
 
     def chunk(self, index: int, piece: ResponsePiece) -> Completion:
         text, ids, entries = self._generated(piece.text.decode("utf-8", errors="replace"), piece.token_ids,
                                              piece.logprobs or [])
+        prompt_ids = None
         if self._first_chunk(index, piece):
             prompt = self._prompt_entries(index, piece)  # a prompt's first choice's first piece comes first
             text, entries = self._echoed(index, piece) + text, self._echoed_logprobs(prompt) + entries
+            prompt_ids = self._prompt_token_ids(index, piece.input_ids)
         offset = self._offsets.get(index, 0)
         choice = CompletionChoice(index=index, text=text, logprobs=self._logprobs(entries, offset),
                                   finish_reason=piece.finish_reason, stop_reason=piece.stop_reason,
-                                  token_ids=self._ids(ids))
+                                  token_ids=self._ids(ids), prompt_token_ids=prompt_ids)
         self._offsets[index] = offset + len(text)  # each chunk's offsets start at its own text, as vLLM anchors them
         return Completion(id=self.id, created=self.created, model=self.model, choices=[choice],
                           usage=self._running_usage(index, piece), timeline=None if index else piece.timeline)

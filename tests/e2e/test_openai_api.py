@@ -324,6 +324,7 @@ def test_a_conversation_equals_transformers_on_the_chat_template(sdk, hf):
     visual = plan.grid_thw[1] * plan.grid_thw[2] // 4
     ids = [t for token in ids for t in ([token] * visual if token == pad else [token])]
     assert ours.usage.prompt_tokens == len(ids)
+    assert ours.model_extra["prompt_token_ids"] == ids  # vLLM's, with return_token_ids: the prompt as it ran
     assert_same_or_tie(ours.choices[0].token_ids,
                        *reference_generate(model, ids, N, image=(image_group(image, plan), plan.grid_thw, 0.0)))
 
@@ -341,11 +342,16 @@ def test_completions_complete_the_prompt_as_it_is(sdk, hf, stream):
         ids = [i for c in chunks if c.choices for i in c.choices[0].token_ids]
         reason = [c.choices[0].finish_reason for c in chunks if c.choices][-1]
         usage = chunks[-1].usage
+        ran = [c.choices[0].model_extra.get("prompt_token_ids") for c in chunks if c.choices]
+        assert all(r is None for r in ran[1:])  # on the choice's first chunk only, as vLLM's
+        ran = ran[0]
     else:
         (choice,) = reply.choices
         ids, reason, usage = choice.token_ids, choice.finish_reason, reply.usage
+        ran = choice.model_extra["prompt_token_ids"]
     prompt_ids = tokenizer.encode(prompt)
     assert prompt_ids[0] == tokenizer.convert_tokens_to_ids("<|im_start|>")
+    assert ran == prompt_ids  # vLLM's prompt_token_ids, with return_token_ids
     assert (usage.prompt_tokens, reason) == (len(prompt_ids), "length")
     assert_same_or_tie(ids, *reference_generate(model, prompt_ids, N))
 

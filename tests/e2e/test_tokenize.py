@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import queue
 import re
+import urllib.request
 from pathlib import Path
 
 import httpx
@@ -16,6 +17,7 @@ import tritonclient.grpc as grpcclient
 
 from backends.openai.process import ApiProcess
 from client.api import grpc_inputs
+from client.http_stream import iter_sse_data, piece_from_event
 from client.pieces import is_final, piece_from_grpc
 from orchestrator.inputs import MediaInput
 from orchestrator.media import plan_media
@@ -160,3 +162,25 @@ def test_tokenize_only_runs_nothing_and_answers_once(grpc_url, server, hf):
     _, error = tokenize_only(grpc_url, text_input=np.array([b"x"], dtype=np.object_),
                              token_channel=np.array([b"any"], dtype=np.object_))
     assert error is not None and "token_channel: a tokenize_only request is answered on its own stream" in str(error)
+
+
+def test_return_input_ids_puts_the_prompt_as_it_runs_on_the_first_response(grpc_url, http_url):
+    """``return_input_ids`` (vLLM's ``prompt_token_ids``, which the OpenAI API's ``return_token_ids`` asks for): an
+    HTTP generate_stream's first event carries ``input_ids``, the ids ``tokenize_only`` gives for the same inputs
+    (chat template, the image's visual tokens expanded), and no later event does."""
+    image = _data_url(make_image(96, 64, "RGB", "PNG"), "image/png")
+    inputs = {"text_input": TEXT, "image_url": [image]}
+    result, error = tokenize_only(grpc_url, **{name: np.array([v.encode() for v in ([value] if isinstance(
+        value, str) else value)], dtype=np.object_) for name, value in inputs.items()})
+    assert error is None
+    expected = piece_from_grpc(result).input_ids
+    body = {**inputs, "return_input_ids": True, "sampling_parameters": json.dumps({"max_tokens": 3,
+                                                                                   "ignore_eos": True}),
+            "stream": True}
+    request = urllib.request.Request(f"http://{http_url}/v2/models/orchestrator/generate_stream",
+                                     data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=120) as answer:
+        pieces = [piece_from_event(json.loads(data)) for data in iter_sse_data(answer)]
+    assert len(pieces) >= 2 and len(expected) > 60 and pieces[0].input_ids == expected
+    assert all(piece.input_ids is None for piece in pieces[1:])

@@ -5,6 +5,7 @@ import dataclasses
 import json
 import threading
 
+import numpy as np
 import pytest
 
 from orchestrator.inputs import ExtraOutputs, ParsedRequest
@@ -111,6 +112,18 @@ def test_the_first_response_carries_media_and_visual_cap_only_where_the_request_
     assert json.loads(first.build().outputs()["media"][0]) == MEDIA
     assert first.merge(later).build().outputs()["media"] == [json.dumps(MEDIA)]  # a merged first response keeps it
     assert later.build().outputs() == {"text_output": ["x"]}
+
+
+def test_the_prompts_ids_go_as_int64_input_ids_on_the_first_response_and_a_merge_keeps_them():
+    """``return_input_ids``: the head's ``input_ids`` (a list) is an INT64 tensor (the ``tokenize_only`` response's
+    output), on the first response only; on a token channel it is a JSON list (``Reply.fields``)."""
+    first, later = (Reply(parsed(output_ids=False, input_ids=True), "x", [k], None, 7, k + 1, 0,
+                          (("input_ids", [151644, 8948, 5]),) if k == 0 else ()) for k in range(2))
+    assert first.build().outputs() == {"text_output": ["x"], "input_ids": [151644, 8948, 5]}
+    assert [t.as_numpy().dtype for t in first.build().output_tensors if t.name() == "input_ids"] == [np.int64]
+    assert first.merge(later).build().outputs()["input_ids"] == [151644, 8948, 5]
+    assert "input_ids" not in later.build().outputs()
+    assert json.loads(json.dumps(first.fields()))["input_ids"] == [151644, 8948, 5]
 
 
 def test_errors_and_the_abort_are_never_merged():

@@ -198,4 +198,6 @@ def test_a_prompts_first_sample_asks_for_its_choices_as_one_and_the_others_name_
         t.name() for t in others[0].inputs()}
     alone, = sample_requests(_request("p"), 1)
     assert (alone.request_id, alone.choices, alone.choice_of) == (None, 1, None)
+    asking = dataclasses.replace(_request("p"), return_prompt_ids=True)  # return_token_ids: the first sample asks
+    assert [r.return_prompt_ids for r in sample_requests(asking, 3)] == [True, False, False]
     assert not {"choices", "choice_of"} & {t.name() for t in alone.inputs()}

@@ -41,7 +41,8 @@ def _raw(request) -> RawRequest:
                       image_url=strings("image_url"),
                       video_url=strings("video_url"), sampling_parameters=strings("sampling_parameters"),
                       stream=flag("stream"), exclude_input_in_output=flag("exclude_input_in_output"),
-                      return_output_ids=flag("return_output_ids"), chat_template_kwargs=strings("chat_template_kwargs"))
+                      return_output_ids=flag("return_output_ids"), chat_template_kwargs=strings("chat_template_kwargs"),
+                      return_input_ids=flag("return_input_ids"))
 
 
 def test_a_chat_becomes_placeholders_and_urls_in_order(tmp_path):
@@ -92,6 +93,7 @@ def test_sampling_fields_take_vllm_names():
     assert (params.max_tokens, params.top_k, params.stop, params.max_pixels) == (7, 3, ("x", "y"), 50176)
     parsed = parse_request(_raw(request), InputLimits())
     assert parsed.return_output_ids and not parsed.stream
+    assert parsed.extra_outputs.input_ids  # the reply's prompt_token_ids (vLLM's, with return_token_ids)
 
 
 def test_a_chat_without_max_tokens_asks_for_the_rest_of_the_context_and_a_completion_for_16():

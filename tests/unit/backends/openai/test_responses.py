@@ -177,3 +177,26 @@ def test_echo_with_max_tokens_0_is_the_prompt_alone_and_token_id_prompts_echo_th
     assert (chunk.text, chunk.token_ids, chunk.logprobs.token_logprobs) == ("ab", [], [None, -0.5])
     shape = CompletionShape("tiny", return_token_ids=True, top_logprobs=1, echo=[[5, 7]])
     assert shape.whole([_reply([piece])]).choices[0].text == "abc"
+
+
+def test_return_token_ids_puts_the_prompts_ids_on_the_reply_and_the_first_chunk_as_vllm_does():
+    """vLLM's ``prompt_token_ids`` with ``return_token_ids``: a chat's on the reply and on choice 0's first chunk; a
+    completion's on each choice (streamed: its first chunk), a prompt's other choices taking its first choice's (only
+    that one asks: ``choices.sample_requests``); left out without ``return_token_ids``."""
+    first = [dataclasses.replace(PIECES[0], input_ids=(9, 8, 7)), *PIECES[1:]]
+    reply = Reply()
+    for piece in first:
+        reply.add(piece)
+    assert reply.prompt_ids == (9, 8, 7)
+    assert sent(ChatShape("tiny", return_token_ids=True).whole([reply]))["prompt_token_ids"] == [9, 8, 7]
+    assert "prompt_token_ids" not in sent(ChatShape("tiny", return_token_ids=False).whole([reply]))
+    chunks = [sent(ChatShape("tiny", return_token_ids=True).chunk(0, piece)) for piece in first]
+    assert chunks[0]["prompt_token_ids"] == [9, 8, 7] and all("prompt_token_ids" not in c for c in chunks[1:])
+    other = Reply()
+    for piece in PIECES:  # choice 1 of the same prompt: no ids of its own
+        other.add(piece)
+    body = sent(CompletionShape("tiny", return_token_ids=True, n=2).whole([reply, other]))
+    assert [c["prompt_token_ids"] for c in body["choices"]] == [[9, 8, 7], [9, 8, 7]]
+    shape = CompletionShape("tiny", return_token_ids=True, n=2)
+    streamed = [sent(shape.chunk(index, piece)) for index, piece in ((0, first[0]), (1, PIECES[0]), (0, first[1]))]
+    assert [c["choices"][0].get("prompt_token_ids") for c in streamed] == [[9, 8, 7], [9, 8, 7], None]
