@@ -16,17 +16,22 @@ model's ``gil_switch_interval_ms`` (empty: Python's 5 ms) is its process's ``sys
 thread that wants the GIL waits while another thread computes (the orchestrator's Triton thread, event loop and send
 lanes, a stage's step and send threads). A stage's ``finalize`` first lets the orchestrator drain
 (``server_stop.drain_before_unload``: a plain tritonserver unloads every model at once when signalled). A model whose
-tritonserver dies without unloading it is ended by a watchdog (``parent_watch``).
+tritonserver dies without unloading it is ended by a watchdog (``parent_watch``). A model's instance holds a lock in the
+run directory while it serves (:func:`serving_lock`), so that Triton's reload of a loaded model with a new
+configuration, which starts the new instance beside the old one, is refused instead of running two.
 """
 from __future__ import annotations
 
+import fcntl
 import importlib
 import json
+import os
 import re
 import sys
 from pathlib import Path
 
 from backends.gc_heap import freeze_startup_heap, watch_collections
+from backends.ipc.run_dir import run_dir
 from backends.triton import model_log, parent_watch, server_stop, standalone, triton_io
 from backends.triton.repository import model_wide_conflicts
 
@@ -75,6 +80,27 @@ def one_served_model(args: dict) -> None:
                          "MODEL.KEY=VALUE sets all of them)")
 
 
+def serving_lock(model_name: str) -> int:
+    """Take model ``model_name``'s lock in the run directory (``<model>.serving``, a POSIX record lock: a process
+    this one starts later does not hold it, and it goes with this process) and return its file descriptor, which
+    holds it until closed. Raises ValueError when another process holds it: an instance of the model serves in this
+    server already. Triton's load of a loaded model with a new configuration (``parameters.config`` of
+    ``/v2/repository/models/<model>/load``) starts the new instance while the old one serves; two orchestrators (or
+    two of a stage) would share the stages' links and pools, and tritonserver aborted ("malloc(): unaligned fastbin
+    chunk detected") after requests hung (a fresh Triton user's test, 2026-12-07). Refused, the reload fails and
+    Triton keeps the old instance serving (its documented rule for a reload that fails)."""
+    fd = os.open(run_dir() / f"{model_name}.serving", os.O_CREAT | os.O_RDWR, 0o600)
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise ValueError(f"{model_name}: an instance of this model serves in this server already (Triton loads a "
+                         "model's new configuration beside the old instance, and two cannot share the stages' links "
+                         f"and pools): unload {model_name} (a stage: every model) first, then load it with the new "
+                         "configuration; the instance loaded serves on") from None
+    return fd
+
+
 class TritonPythonModel:
     def initialize(self, args):
         model_log.install(args["model_name"])
@@ -87,11 +113,12 @@ class TritonPythonModel:
         self.run_dir = standalone.adopt()
         self.model_name = args["model_name"]
         self.stage = _base_name(self.model_name) != "orchestrator"
+        self.lock = None
         try:
+            self.lock = serving_lock(self.model_name)
             self.model = model_class(self.model_name)(args)
         except BaseException:  # Triton will not call finalize()
-            if self.run_dir is not None:
-                self.run_dir.release()
+            self._let_go()
             raise
         freeze_startup_heap()
         watch_collections(args["model_name"], refreeze=self.stage)
@@ -105,5 +132,12 @@ class TritonPythonModel:
                 server_stop.drain_before_unload(self.model_name)
             self.model.finalize()
         finally:
-            if self.run_dir is not None:
-                self.run_dir.release()
+            self._let_go()
+
+    def _let_go(self) -> None:
+        """The serving lock, then the run directory (a server's without the launcher)."""
+        if self.lock is not None:
+            os.close(self.lock)
+            self.lock = None
+        if self.run_dir is not None:
+            self.run_dir.release()

@@ -15,6 +15,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 from types import SimpleNamespace
@@ -262,6 +263,37 @@ def test_a_stage_unloaded_alone_by_model_control_has_the_refusals_name_it(tmp_pa
         assert "serving stopped: its model decode was unloaded" in log.read_text(errors="replace")
         metrics = urllib.request.urlopen(f"http://127.0.0.1:{ports.metrics}/metrics", timeout=10).read().decode()
         assert replicas_serving(metrics) is False  # the OpenAI API's /health reads 503 by it (it stayed 1)
+
+
+def test_a_reload_with_a_new_configuration_is_refused_and_the_loaded_model_serves_on(tmp_path):
+    """Triton's load of a loaded model with a new configuration starts the new instance beside the old one: two
+    orchestrators hung requests and then aborted tritonserver (a fresh Triton user's test, 2026-12-07). The new one
+    is refused, naming what to do, and the loaded one serves on (Triton's rule for a reload that fails). Triton 2.51
+    then counts the refused load as a live model at its stop, which waits out ``--exit-timeout-secs`` and exits 1
+    (any model's failed reload does: docs/deployment.md); nothing is left behind."""
+    log = tmp_path / "server.log"
+    server, ports, run_dir = start_alone(REPO_ROOT / "model_repository", 16 * 2**20, tmp_path, log,
+                                         ("--model-control-mode=explicit", "--load-model=*"))
+    try:
+        wait_ready(server, ports, log)
+        base = f"http://{ports.address}:{ports.http}/v2"
+        config = json.loads(urllib.request.urlopen(f"{base}/models/orchestrator/config", timeout=30).read())
+        config["parameters"]["max_media_items"] = {"string_value": "2"}
+        body = json.dumps({"parameters": {"config": json.dumps(config)}}).encode()
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(urllib.request.Request(f"{base}/repository/models/orchestrator/load", data=body),
+                                   timeout=120)
+        assert "orchestrator: an instance of this model serves in this server already" in refused.value.read().decode()
+        with Client(f"127.0.0.1:{ports.grpc}") as client:
+            assert client.generate("Hi", sampling=GREEDY, timeout_s=60).text
+        assert "serving stopped" not in log.read_text(errors="replace")
+        server.send_signal(signal.SIGINT)
+        assert server.wait(60) in (0, 1), log.read_text()[-6000:]
+    finally:
+        if server.poll() is None:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+    assert_nothing_left(server, run_dir)
 
 
 @pytest.mark.parametrize("edited, reason, run_dir_made", [

@@ -1,6 +1,8 @@
 """Every model.py is the same adaptor; the class comes from the model's name (replicas too)."""
 import gc
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -12,6 +14,32 @@ from backends.triton import adaptor
 from backends.triton.adaptor import model_class
 from backends.triton.launcher import REPO_ROOT
 from orchestrator.triton_model import OrchestratorModel
+
+
+@pytest.fixture(autouse=True)
+def run_dir(tmp_path, monkeypatch):
+    """The run directory a model process finds named (the launcher's): where its serving lock goes."""
+    monkeypatch.setenv("UNIFIEDSERVE_RUN_DIR", str(tmp_path))
+    return tmp_path
+
+
+def test_a_model_that_serves_already_is_refused_a_second_instance_until_it_lets_go(run_dir):
+    """Triton's reload with a new configuration starts the new instance beside the old one: its ``serving_lock`` is
+    refused, naming what to do, while another process holds the model's; once that one has let go, it is taken."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "from backends.triton.adaptor import serving_lock; serving_lock('orchestrator'); "
+                               "print('held', flush=True); input()"],
+        cwd=REPO_ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        env={**os.environ, "UNIFIEDSERVE_RUN_DIR": str(run_dir)})
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(ValueError, match="orchestrator: an instance of this model serves in this server already "
+                                             ".* unload orchestrator .* the instance loaded serves on"):
+            adaptor.serving_lock("orchestrator")
+        os.close(adaptor.serving_lock("decode"))  # another model's is its own
+    finally:
+        holder.communicate("\n", timeout=30)
+    os.close(adaptor.serving_lock("orchestrator"))
 
 
 def test_the_class_follows_the_model_name_and_replicas_share_their_stage_class():
