@@ -28,6 +28,7 @@ import json
 import os
 import re
 import sys
+import time
 from pathlib import Path
 
 from backends.gc_heap import freeze_startup_heap, watch_collections
@@ -80,25 +81,34 @@ def one_served_model(args: dict) -> None:
                          "MODEL.KEY=VALUE sets all of them)")
 
 
-def serving_lock(model_name: str) -> int:
+SERVING_LOCK_WAIT_S = 30.0  # how long a model's new instance waits for its old one to let go (unloaded just before)
+
+
+def serving_lock(model_name: str, wait_s: float = SERVING_LOCK_WAIT_S) -> int:
     """Take model ``model_name``'s lock in the run directory (``<model>.serving``, a POSIX record lock: a process
     this one starts later does not hold it, and it goes with this process) and return its file descriptor, which
-    holds it until closed. Raises ValueError when another process holds it: an instance of the model serves in this
-    server already. Triton's load of a loaded model with a new configuration (``parameters.config`` of
+    holds it until closed. Waits up to ``wait_s`` seconds for another process holding it to let go (an unload
+    returns before the old instance has finished, and a load may follow at once); raises ValueError when it still
+    holds it: an instance of the model serves in this server. Triton's load of a loaded model with a new configuration (``parameters.config`` of
     ``/v2/repository/models/<model>/load``) starts the new instance while the old one serves; two orchestrators (or
     two of a stage) would share the stages' links and pools, and tritonserver aborted ("malloc(): unaligned fastbin
     chunk detected") after requests hung (a fresh Triton user's test, 2026-12-07). Refused, the reload fails and
     Triton keeps the old instance serving (its documented rule for a reload that fails)."""
     fd = os.open(run_dir() / f"{model_name}.serving", os.O_CREAT | os.O_RDWR, 0o600)
-    try:
-        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except OSError:
+            if time.monotonic() < deadline:
+                time.sleep(0.1)
+                continue
         os.close(fd)
         raise ValueError(f"{model_name}: an instance of this model serves in this server already (Triton loads a "
                          "model's new configuration beside the old instance, and two cannot share the stages' links "
                          f"and pools): unload {model_name} (a stage: every model) first, then load it with the new "
                          "configuration; the instance loaded serves on") from None
-    return fd
 
 
 class TritonPythonModel:

@@ -25,7 +25,8 @@ def run_dir(tmp_path, monkeypatch):
 
 def test_a_model_that_serves_already_is_refused_a_second_instance_until_it_lets_go(run_dir):
     """Triton's reload with a new configuration starts the new instance beside the old one: its ``serving_lock`` is
-    refused, naming what to do, while another process holds the model's; once that one has let go, it is taken."""
+    refused, naming what to do, while another process holds the model's past the wait; a holder that lets go within
+    it (an instance unloaded just before) hands it over."""
     holder = subprocess.Popen(
         [sys.executable, "-c", "from backends.triton.adaptor import serving_lock; serving_lock('orchestrator'); "
                                "print('held', flush=True); input()"],
@@ -35,11 +36,13 @@ def test_a_model_that_serves_already_is_refused_a_second_instance_until_it_lets_
         assert holder.stdout.readline().strip() == "held"
         with pytest.raises(ValueError, match="orchestrator: an instance of this model serves in this server already "
                                              ".* unload orchestrator .* the instance loaded serves on"):
-            adaptor.serving_lock("orchestrator")
-        os.close(adaptor.serving_lock("decode"))  # another model's is its own
+            adaptor.serving_lock("orchestrator", wait_s=0.3)
+        os.close(adaptor.serving_lock("decode", wait_s=0))  # another model's is its own
+        holder.stdin.write("\n")
+        holder.stdin.flush()  # the holder exits now, while the next take waits
+        os.close(adaptor.serving_lock("orchestrator", wait_s=30))
     finally:
-        holder.communicate("\n", timeout=30)
-    os.close(adaptor.serving_lock("orchestrator"))
+        holder.communicate(timeout=30)
 
 
 def test_the_class_follows_the_model_name_and_replicas_share_their_stage_class():
