@@ -41,7 +41,7 @@ from backends.triton.deploy_config import DEFAULT_SHM_BYTES
 from backends.triton.load_progress import LoadProgress
 from backends.triton.mps import MpsDaemon
 from backends.triton.parent_death import ends_with_parent
-from backends.triton.ports import WILDCARDS, ServerPorts, clashing, port_option
+from backends.triton.ports import WILDCARDS, ServerPorts, clashing, listens_on, port_option
 from backends.triton.repository import repository_with
 from backends.triton.server_binary import (HEAP_ENV, TRITON_EXIT_TIMEOUT_S, server_binary, server_command,
                                            thread_stacks)
@@ -138,11 +138,10 @@ class TritonServer:
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RuntimeError(self._not_started(f"tritonserver exited with {self.process.returncode}"))
-            try:
-                if urllib.request.urlopen(url, timeout=2).status == 200:
+            with contextlib.suppress(OSError):  # ready, and its own answer (another server may hold the port)
+                if urllib.request.urlopen(url, timeout=2).status == 200 and listens_on(self.process.pid,
+                                                                                       self.ports.http) is not False:
                     return
-            except OSError:
-                pass
             time.sleep(0.5)
         raise RuntimeError(self._not_started(f"tritonserver not ready within {self.ready_timeout_s} s"))
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
+import os
 import socket
 from dataclasses import dataclass
 
@@ -80,3 +81,27 @@ def check_bindable(address: str, port: int, what: str, address_flag: str, busy_h
                 raise RuntimeError(f"{address_flag} {address} is not an address of this machine ({exc.strerror}): "
                                    "give one of its own, or 0.0.0.0 for all") from None
             raise RuntimeError(f"{what} {address}:{port} is not free ({exc.strerror}): {busy_hint}") from None
+
+
+def listens_on(pid: int, port: int) -> bool | None:
+    """Whether process ``pid`` holds a listening TCP socket on ``port`` (any address, IPv4 or IPv6), read from
+    Linux's ``/proc/net/tcp``, ``tcp6`` (the LISTEN sockets' inodes) and ``/proc/<pid>/fd``; None where /proc cannot
+    tell (another system, or the process's descriptors not readable). A launcher whose port another server took
+    between its check and its server's bind (two launchers started at once: the first binds only once its models have
+    loaded) finds that server's health answering 200 while its own never binds: a fresh user's test, 2026-12-07."""
+    listening = set()
+    try:
+        for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+            with contextlib.suppress(FileNotFoundError), open(table) as rows:
+                for row in list(rows)[1:]:
+                    fields = row.split()  # sl, local address:port (hex), remote, state (0A: LISTEN), ..., inode
+                    if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                        listening.add(f"socket:[{fields[9]}]")
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return None
+    for fd in fds:
+        with contextlib.suppress(OSError):  # closed since it was listed (the listing's own, for one)
+            if os.readlink(f"/proc/{pid}/fd/{fd}") in listening:
+                return True
+    return False

@@ -1,14 +1,16 @@
 """The launcher refuses ports another process listens on, before it starts a server (otherwise that
 process's answers would pass for the new server's)."""
+import argparse
 import dataclasses
+import os
 import socket
+import subprocess
+import sys
 
 import pytest
 
-import argparse
-
 from backends.openai.process import check_port_free
-from backends.triton.ports import ServerPorts, clashing, port_option
+from backends.triton.ports import ServerPorts, clashing, listens_on, port_option
 
 
 def test_a_taken_port_is_named():
@@ -56,3 +58,22 @@ def test_the_openai_apis_check_names_its_own_address_and_port_the_same_way():
         taken = held.getsockname()[1]
         with pytest.raises(RuntimeError, match=f"^OpenAI API port 127.0.0.1:{taken} is not free .*--openai-port"):
             check_port_free("127.0.0.1", taken)
+
+
+def test_listens_on_tells_the_process_holding_a_port_from_another():
+    """The launcher's readiness asks whether its own tritonserver holds the HTTP port: another server answering on
+    it (two launchers started at once) is not its server ready."""
+    with socket.socket() as mine:
+        mine.bind(("127.0.0.1", 0))
+        mine.listen()
+        port = mine.getsockname()[1]
+        assert listens_on(os.getpid(), port) is True
+        other = subprocess.Popen([sys.executable, "-c", "import socket, sys; s = socket.socket(); "
+                                  "s.bind(('127.0.0.1', 0)); s.listen(); print(s.getsockname()[1], flush=True); "
+                                  "sys.stdin.read()"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        try:
+            theirs = int(other.stdout.readline())
+            assert listens_on(os.getpid(), theirs) is False and listens_on(other.pid, theirs) is True
+        finally:
+            other.communicate("", timeout=30)
+    assert listens_on(os.getpid(), port) is False  # closed
