@@ -89,11 +89,12 @@ def serving_lock(model_name: str, wait_s: float = SERVING_LOCK_WAIT_S) -> int:
     this one starts later does not hold it, and it goes with this process) and return its file descriptor, which
     holds it until closed. Waits up to ``wait_s`` seconds for another process holding it to let go (an unload
     returns before the old instance has finished, and a load may follow at once); raises ValueError when it still
-    holds it: an instance of the model serves in this server. Triton's load of a loaded model with a new configuration (``parameters.config`` of
-    ``/v2/repository/models/<model>/load``) starts the new instance while the old one serves; two orchestrators (or
-    two of a stage) would share the stages' links and pools, and tritonserver aborted ("malloc(): unaligned fastbin
-    chunk detected") after requests hung (a fresh Triton user's test, 2026-12-07). Refused, the reload fails and
-    Triton keeps the old instance serving (its documented rule for a reload that fails)."""
+    holds it: an instance of the model serves in this server. Triton's load of a loaded model with a new
+    configuration (``parameters.config`` of ``/v2/repository/models/<model>/load``) starts the new instance while
+    the old one serves; two orchestrators (or two of a stage) would share the stages' links and pools, and
+    tritonserver aborted ("malloc(): unaligned fastbin chunk detected") after requests hung (a fresh Triton user's
+    test, 2026-12-07). Refused, the reload fails and Triton keeps the old instance serving (its documented rule for
+    a reload that fails)."""
     fd = os.open(run_dir() / f"{model_name}.serving", os.O_CREAT | os.O_RDWR, 0o600)
     deadline = time.monotonic() + wait_s
     while True:
