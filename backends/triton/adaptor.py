@@ -106,10 +106,11 @@ def serving_lock(model_name: str, wait_s: float = SERVING_LOCK_WAIT_S) -> int:
                 time.sleep(0.1)
                 continue
         os.close(fd)
-        raise ValueError(f"{model_name}: an instance of this model serves in this server already (Triton loads a "
-                         "model's new configuration beside the old instance, and two cannot share the stages' links "
-                         f"and pools): unload {model_name} (a stage: every model) first, then load it with the new "
-                         "configuration; the instance loaded serves on") from None
+        raise ValueError(f"{model_name}: another instance of this model still runs in this server after {wait_s:g} "
+                         "s (two cannot share the stages' links and pools): a load with a new configuration while "
+                         "the model is loaded (Triton starts the new instance beside the old one, which serves on), "
+                         "or an unload whose requests have not ended yet; unload the model (a stage: every model), "
+                         "wait until it is unloaded, then load it") from None
 
 
 class TritonPythonModel:

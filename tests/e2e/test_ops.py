@@ -283,7 +283,8 @@ def test_a_reload_with_a_new_configuration_is_refused_and_the_loaded_model_serve
         with pytest.raises(urllib.error.HTTPError) as refused:
             urllib.request.urlopen(urllib.request.Request(f"{base}/repository/models/orchestrator/load", data=body),
                                    timeout=120)
-        assert "orchestrator: an instance of this model serves in this server already" in refused.value.read().decode()
+        assert "orchestrator: another instance of this model still runs in this server" in \
+            refused.value.read().decode()
         with Client(f"127.0.0.1:{ports.grpc}") as client:
             assert client.generate("Hi", sampling=GREEDY, timeout_s=60).text
         assert "serving stopped" not in log.read_text(errors="replace")

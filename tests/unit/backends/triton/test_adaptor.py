@@ -34,8 +34,8 @@ def test_a_model_that_serves_already_is_refused_a_second_instance_until_it_lets_
         env={**os.environ, "UNIFIEDSERVE_RUN_DIR": str(run_dir)})
     try:
         assert holder.stdout.readline().strip() == "held"
-        with pytest.raises(ValueError, match="orchestrator: an instance of this model serves in this server already "
-                                             ".* unload orchestrator .* the instance loaded serves on"):
+        with pytest.raises(ValueError, match="orchestrator: another instance of this model still runs in this "
+                                             "server after 0.3 s .* unload the model .* then load it"):
             adaptor.serving_lock("orchestrator", wait_s=0.3)
         os.close(adaptor.serving_lock("decode", wait_s=0))  # another model's is its own
         holder.stdin.write("\n")
