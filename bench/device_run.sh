@@ -191,7 +191,15 @@ nvdec() {
   python3 bench/flashcodec_bench.py --out "$OUT" ${FLASHCODEC_ARGS:-} 2>&1 | tee "$OUT/flashcodec_bench.log" || status=1
 }
 
+stub_numpy() {  # a step that starts tritonserver: the stub's numpy 1.26 must be in $STUBSITE (the video bundle's)
+  ls -d "$STUBSITE"/numpy-1.*.dist-info >/dev/null 2>&1 && return 0
+  echo "no numpy 1.x in $STUBSITE: install the video bundle (.devwheels/video carries the Triton stub's numpy 1.26;" \
+    "under the machine's numpy 2 the 2.51 stub reads string inputs wrongly and aborts, 2026-12-07)" >&2
+  exit 1
+}
+
 e2e() {
+  stub_numpy
   # Not UNIFIEDSERVE_DUMP_STACKS=1: faulthandler's dump of all threads at every stop can crash a stub whose
   # thread is inside a torch.compile'd frame (bench/RESULTS.md, "stack dumps and compiled frames")
   STUB_SITE=$STUB_PATH UNIFIEDSERVE_TEST_SERVER_LOG="$OUT/tritonserver.log" run_pytest e2e_gpu ${E2E_TESTS:-tests/e2e}
@@ -204,11 +212,13 @@ gpu_tests() {  # the GPU tests no other step runs
 }
 
 serve_bench() {
+  stub_numpy
   STUB_SITE=$STUB_PATH python3 bench/serve_bench.py --out "$OUT" ${SERVE_ARGS:-} 2>&1 | tee "$OUT/serve_bench.log" \
     || status=1
 }
 
 perf_analyzer_bench() {  # the perf-analyzer wheel's binary (.devwheels/pa), installed to $SITE
+  stub_numpy
   local binary=$SITE/perf_analyzer/bin/perf_analyzer
   chmod +x "$binary"
   STUB_SITE=$STUB_PATH python3 bench/perf_analyzer_bench.py --out "$OUT" --perf-analyzer "$binary" ${PA_ARGS:-} 2>&1 \
@@ -239,6 +249,7 @@ vllm_unpack() {
 }
 
 peer() {  # the servers it starts (setsid) read STUB_SITE too; PEER_OUT: a results folder under /tmp/peer
+  stub_numpy
   local out=/tmp/peer/${PEER_OUT:-results}
   STUB_SITE=$STUB_PATH python3 -m bench.peer.run ${PEER_ARGS:-all} --work /tmp/peer --out "$out" 2>&1 \
     | tee -a "$OUT/peer.log"
