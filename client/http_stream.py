@@ -11,7 +11,6 @@ first); a request rejected before inference is a plain 400 JSON ``{"error": "...
 """
 from __future__ import annotations
 
-import dataclasses
 import http.client
 import json
 import time
@@ -20,7 +19,7 @@ import urllib.request
 from typing import Callable, Iterable, Iterator, Sequence
 
 from client.api import DEFAULT_MODEL, GenerationResult, ServerError, _Collector
-from client.pieces import ResponsePiece, piece_from_outputs
+from client.pieces import ResponsePiece, piece_from_outputs, with_prompt
 
 DEFAULT_HTTP_URL = "127.0.0.1:8000"
 
@@ -66,10 +65,7 @@ def piece_from_event(event: dict) -> ResponsePiece:
     ids = () if ids is None else tuple(int(i) for i in ids) if isinstance(ids, list) else (int(ids),)
     piece = piece_from_outputs(str(text).encode(), ids, False, lambda name: _one(event.get(name)))
     prompt_ids = event.get("input_ids")  # return_input_ids' first response, a tokenize_only request's
-    if prompt_ids is None:
-        return piece
-    return dataclasses.replace(piece, input_ids=tuple(int(i) for i in (
-        prompt_ids if isinstance(prompt_ids, list) else [prompt_ids])))
+    return with_prompt(piece, prompt_ids if prompt_ids is None or isinstance(prompt_ids, list) else [prompt_ids])
 
 
 def request_body(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterable
 
 import tritonclient.grpc as grpcclient
 
@@ -93,12 +93,19 @@ def piece_from_grpc(result: grpcclient.InferResult) -> ResponsePiece:
         b"".join(x if isinstance(x, bytes) else str(x).encode() for x in text.reshape(-1)) if text is not None else b"",
         tuple(int(i) for i in ids.reshape(-1)) if ids is not None else (), is_final(result),
         lambda name: _scalar(result, name))
-    prompt_ids = result.as_numpy("input_ids")
+    prompt_ids, tokens = result.as_numpy("input_ids"), result.as_numpy("input_tokens")
+    return with_prompt(piece, None if prompt_ids is None else prompt_ids.reshape(-1),
+                       None if tokens is None else tokens.reshape(-1))
+
+
+def with_prompt(piece: ResponsePiece, prompt_ids: Iterable | None, tokens: Iterable | None = None) -> ResponsePiece:
+    """``piece`` with the prompt's ``input_ids`` (a ``tokenize_only`` response's, or ``return_input_ids``' first
+    response's) and their ``input_tokens`` (UTF-8 bytes or text) where the response brought them, as either
+    transport reads them (``client.http_stream`` reads events); ``piece`` itself without ids."""
     if prompt_ids is None:
         return piece
-    tokens = result.as_numpy("input_tokens")
-    return dataclasses.replace(piece, input_ids=tuple(int(i) for i in prompt_ids.reshape(-1)), input_tokens=(
-        None if tokens is None else tuple(t.decode("utf-8", "replace") for t in tokens.reshape(-1))))
+    return dataclasses.replace(piece, input_ids=tuple(int(i) for i in prompt_ids), input_tokens=None if tokens is None
+                               else tuple(t.decode("utf-8", "replace") if isinstance(t, bytes) else t for t in tokens))
 
 
 _JSON_OUTPUTS = ("visual_cap", "media", "timeline", "logprobs", "prompt_logprobs", "prompt_text", "stop_reason")
