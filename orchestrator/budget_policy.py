@@ -9,7 +9,12 @@ configured budgets by one factor ``scale`` in [``min_scale``, ``max_scale``]:
   budgets measured on the H200: bench/RESULTS.md);
 * the largest of the last ``window`` decode gaps over the TBT target (the tightest ``tbt_ms`` of the modalities
   decoding, divided by ``decode_priority_boost``): halved (multiplicative decrease, as TCP's congestion control
-  backs off);
+  backs off), and the halving judged by the gaps after it: where their largest is not at least 10% under the one
+  that set it off (``SHRINK``), the gaps do not follow the budgets, so the halving is undone and the factor goes no
+  lower until the gaps fall under half the target or nothing decodes. Beside decode paced at 80% of a 15-ms target
+  (``orchestrator.decode_pace``) 16 images' steps stretched decode's steps to 20-35 ms at every factor tried: the
+  policy without this rule fell to ``min_scale`` within four steps and made the images 1.6-2.2x later for no shorter
+  gap (bench/results/peer/mixed-images-settings-h100-2026-12-07/);
 * under half the target, and a waiting request whose remaining work, at the measured cost per unit of work and
   the current scale, would pass its TTFT target: doubled; under half the target otherwise: x1.25; else kept.
 
@@ -26,6 +31,7 @@ from typing import Iterable
 from backends.triton.triton_io import MODALITIES, float_parameter
 
 DEFAULT_TBT_MS = 50.0  # the per-request p99 TBT SLO of the peer benchmark (issue 19)
+SHRINK = 0.9  # a halving is kept where the largest gap after it is under this share of the one before it
 
 
 def work_units(tokens: int, patches: int) -> float:
@@ -93,6 +99,9 @@ class BudgetPolicy:
         self.base = (encode_budget, prefill_budget)
         self.targets, self.config = targets, config
         self.scale = 1.0
+        self._floor = config.min_scale  # raised to a factor whose halving left the gaps as they were
+        # the last halving: the factor before it, the gap that set it off
+        self._halving: tuple[float, float] | None = None
         self._gaps: deque[float] = deque(maxlen=config.window)
         self._ms_per_unit: float | None = None  # measured, exponentially averaged
 
@@ -111,17 +120,26 @@ class BudgetPolicy:
         decode batch; ``waiting``: the requests not yet at their first token."""
         c = self.config
         if not decoding:
-            self.scale = c.max_scale
+            self.scale, self._floor, self._halving = c.max_scale, c.min_scale, None
             self._gaps.clear()  # gaps of another batch say nothing about the next one
         elif self._gaps:
-            target = self.targets.tightest_tbt_ms(decoding, c.decode_priority_boost)
-            worst = max(self._gaps)
-            if worst > target:
-                self.scale = max(c.min_scale, self.scale / 2)
-                self._gaps.clear()  # judge the new scale by its own gaps
-            elif worst < target / 2:
-                self.scale = min(c.max_scale, self.scale * (2 if self._at_risk(waiting) else 1.25))
+            self._judge(self.targets.tightest_tbt_ms(decoding, c.decode_priority_boost), max(self._gaps), waiting)
         return tuple(max(1, round(b * self.scale)) for b in self.base)
+
+    def _judge(self, target: float, worst: float, waiting: list[Waiting]) -> None:
+        """The factor from ``worst``, the largest recent decode gap (ms), against ``target`` (ms): the module
+        docstring's rule."""
+        halving, self._halving = self._halving, None
+        if worst > target:
+            if halving is not None and worst >= SHRINK * halving[1]:  # the gaps did not follow the budgets
+                self.scale = self._floor = halving[0]
+            elif self.scale > self._floor:
+                self._halving = (self.scale, worst)
+                self.scale = max(self._floor, self.scale / 2)
+            self._gaps.clear()  # judge the new scale by its own gaps
+        elif worst < target / 2:
+            self._floor = self.config.min_scale
+            self.scale = min(self.config.max_scale, self.scale * (2 if self._at_risk(waiting) else 1.25))
 
     def _at_risk(self, waiting: list[Waiting]) -> bool:
         """A waiting request would pass its TTFT target: its age plus its work at the measured cost per unit, stretched

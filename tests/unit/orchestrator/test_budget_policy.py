@@ -23,11 +23,41 @@ def test_gaps_over_the_tbt_target_halve_the_budgets_down_to_the_floor():
     p.scale = 1.0
     scales = []
     for _ in range(5):
-        p.observe_decode_gap(45.0)  # over the video target (40 ms), under the text one
+        p.observe_decode_gap(180.0 * p.scale)  # the gaps follow the budgets, over the video target (40 ms)
         p.budgets({"text", "video"}, [])
         scales.append(p.scale)
     assert scales == [0.5, 0.25, 0.25, 0.25, 0.25]
     assert p.budgets({"text"}, []) == (2560, 512)  # no gap judged since the last decrease: kept
+
+
+def test_a_halving_that_leaves_the_gaps_as_they_were_is_undone_and_not_tried_again():
+    """Decode paced beside image steps: its gaps pass the target whatever the budgets (bench/results/peer/
+    mixed-images-settings-h100-2026-12-07/); the factor comes back and stays until the gaps fall under half the
+    target."""
+    p = policy()
+    p.scale = 2.0
+    scales = []
+    for gap in (60, 57, 60, 45, 80, 15, 60, 40, 60):  # ms; the target: 50 (text)
+        p.observe_decode_gap(gap)
+        p.budgets({"text"}, [])
+        scales.append(p.scale)
+    # 60: halved; 57 (over 0.9 x 60): undone, 2 the floor; 60, 45, 80: kept at 2 (45: within the target);
+    # 15 (under half): x1.25 and the floor cleared; 60: halved; 40 (shrank, within the target): kept; 60: halved
+    assert scales == [1.0, 2.0, 2.0, 2.0, 2.0, 2.5, 1.25, 1.25, 0.625]
+
+
+def test_nothing_decoding_forgets_the_floor():
+    p = policy()
+    p.scale = 1.0
+    for gap in (60, 60):
+        p.observe_decode_gap(gap)
+        p.budgets({"text"}, [])
+    assert p.scale == 1.0  # undone: the floor is 1
+    p.budgets(set(), [])
+    p.scale = 1.0
+    p.observe_decode_gap(100.0)
+    p.budgets({"text"}, [])
+    assert p.scale == 0.5
 
 
 def test_headroom_raises_the_budgets_faster_when_a_ttft_is_at_risk():
