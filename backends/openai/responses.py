@@ -105,8 +105,7 @@ class _Shape:
         self.top_logprobs = top_logprobs
         self.n = n
         self.continuous_usage = continuous_usage
-        self._prompts: dict[int, list[dict]] = {}  # each prompt's log probabilities' entries, from its first choice
-        self._prompt_ids: dict[int, list[int]] = {}  # with return_token_ids: each prompt's token ids, likewise
+        self._noted: dict[int, dict[str, list]] = {}  # per prompt, what its first choice brought (_from_first_choice)
         self._started: set[int] = set()  # the choices whose first chunk is made
         self._usages: dict[int, Usage] = {}  # streamed choices' usage, from their last chunks
         self._made: dict[int, int] = {}  # with continuous_usage: each choice's tokens streamed so far
@@ -147,7 +146,8 @@ class _Shape:
     def chunk_entries(self, index: int, piece: ResponsePiece) -> int:
         """How many log-probability entries choice ``index``'s chunk of ``piece`` carries: its tokens', and on a
         choice's first chunk its prompt's (``piece``'s, or its prompt's first choice's: ``_prompt_entries``)."""
-        prompt = piece.prompt_logprobs or (self._prompts.get(index // self.n) if index not in self._started else None)
+        prompt = piece.prompt_logprobs or (self._from_first_choice(index, "logprobs", None)
+                                           if index not in self._started else None)
         return len(piece.logprobs or ()) + len(prompt or ())
 
     def _prompt_token_ids(self, index: int, ids: tuple[int, ...] | None) -> list[int] | None:
@@ -156,16 +156,21 @@ class _Shape:
         ask, ``choices.sample_requests``), noted for the others; else None."""
         if not self.return_token_ids:
             return None
-        if ids is not None:
-            self._prompt_ids[index // self.n] = list(ids)
-        return self._prompt_ids.get(index // self.n)
+        return self._from_first_choice(index, "ids", None if ids is None else list(ids))
 
     def _prompt_entries(self, index: int, reply: Reply | ResponsePiece) -> list[dict] | None:
         """The orchestrator's entries of choice ``index``'s prompt (None where not asked): ``reply``'s, which a
         prompt's first choice brings (its others do not ask: ``choices.sample_requests``), noted for the others."""
-        if reply.prompt_logprobs is not None:
-            self._prompts[index // self.n] = reply.prompt_logprobs
-        return self._prompts.get(index // self.n)
+        return self._from_first_choice(index, "logprobs", reply.prompt_logprobs)
+
+    def _from_first_choice(self, index: int, name: str, value: list | None) -> list | None:
+        """A figure of choice ``index``'s prompt named ``name`` that only the prompt's first choice brings (its others
+        do not ask: ``choices.sample_requests``): ``value`` where given, noted for the others; else the noted one
+        (None: not noted)."""
+        noted = self._noted.setdefault(index // self.n, {})
+        if value is not None:
+            noted[name] = value
+        return noted.get(name)
 
 
 class ChatShape(_Shape):
