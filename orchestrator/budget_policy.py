@@ -14,7 +14,8 @@ configured budgets by one factor ``scale`` in [``min_scale``, ``max_scale``]:
   lower until the gaps fall under half the target or nothing decodes. Beside decode paced at 80% of a 15-ms target
   (``orchestrator.decode_pace``) 16 images' steps stretched decode's steps to 20-35 ms at every factor tried: the
   policy without this rule fell to ``min_scale`` within four steps and made the images 1.6-2.2x later for no shorter
-  gap (bench/results/peer/mixed-images-settings-h100-2026-12-07/);
+  gap (bench/results/peer/mixed-images-settings-h100-2026-12-07/). Steps run one after another, so the first gap
+  after a judgement over the target spans the end of the step planned before it: it is not judged;
 * under half the target, and a waiting request whose remaining work, at the measured cost per unit of work and
   the current scale, would pass its TTFT target: doubled; under half the target otherwise: x1.25; else kept.
 
@@ -103,10 +104,14 @@ class BudgetPolicy:
         # the last halving: the factor before it, the gap that set it off
         self._halving: tuple[float, float] | None = None
         self._gaps: deque[float] = deque(maxlen=config.window)
+        self._straddling = False  # the next gap began before the budgets changed: not judged
         self._ms_per_unit: float | None = None  # measured, exponentially averaged
 
     def observe_decode_gap(self, ms: float) -> None:
         """The time between two decode steps that had sequences (ms): the TBT the streams see."""
+        if self._straddling:  # it spans the end of the last step, planned with the budgets before
+            self._straddling = False
+            return
         self._gaps.append(ms)
 
     def observe_step(self, ms: float, units: float) -> None:
@@ -120,7 +125,7 @@ class BudgetPolicy:
         decode batch; ``waiting``: the requests not yet at their first token."""
         c = self.config
         if not decoding:
-            self.scale, self._floor, self._halving = c.max_scale, c.min_scale, None
+            self.scale, self._floor, self._halving, self._straddling = c.max_scale, c.min_scale, None, False
             self._gaps.clear()  # gaps of another batch say nothing about the next one
         elif self._gaps:
             self._judge(self.targets.tightest_tbt_ms(decoding, c.decode_priority_boost), max(self._gaps), waiting)
@@ -137,6 +142,7 @@ class BudgetPolicy:
                 self._halving = (self.scale, worst)
                 self.scale = max(self._floor, self.scale / 2)
             self._gaps.clear()  # judge the new scale by its own gaps
+            self._straddling = True
         elif worst < target / 2:
             self._floor = self.config.min_scale
             self.scale = min(self.config.max_scale, self.scale * (2 if self._at_risk(waiting) else 1.25))

@@ -13,6 +13,15 @@ def policy(**config) -> BudgetPolicy:
     return BudgetPolicy(10240, 2048, TARGETS, PolicyConfig(**config))
 
 
+def step(p: BudgetPolicy, gap_ms: float, decoding=frozenset({"text"})) -> float:
+    """One encode/prefill step beside decode: two decode gaps of ``gap_ms`` (the first spans the step before's end),
+    then the next step's budgets; returns the factor."""
+    p.observe_decode_gap(gap_ms)
+    p.observe_decode_gap(gap_ms)
+    p.budgets(set(decoding), [])
+    return p.scale
+
+
 def test_nothing_decoding_gives_the_largest_budgets():
     p = policy()
     assert p.budgets(set(), []) == (8 * 10240, 8 * 2048)
@@ -21,11 +30,8 @@ def test_nothing_decoding_gives_the_largest_budgets():
 def test_gaps_over_the_tbt_target_halve_the_budgets_down_to_the_floor():
     p = policy()
     p.scale = 1.0
-    scales = []
-    for _ in range(5):
-        p.observe_decode_gap(180.0 * p.scale)  # the gaps follow the budgets, over the video target (40 ms)
-        p.budgets({"text", "video"}, [])
-        scales.append(p.scale)
+    # the gaps follow the budgets, over the video target (40 ms)
+    scales = [step(p, 180.0 * p.scale, {"text", "video"}) for _ in range(5)]
     assert scales == [0.5, 0.25, 0.25, 0.25, 0.25]
     assert p.budgets({"text"}, []) == (2560, 512)  # no gap judged since the last decrease: kept
 
@@ -36,11 +42,7 @@ def test_a_halving_that_leaves_the_gaps_as_they_were_is_undone_and_not_tried_aga
     target."""
     p = policy()
     p.scale = 2.0
-    scales = []
-    for gap in (60, 57, 60, 45, 80, 15, 60, 40, 60):  # ms; the target: 50 (text)
-        p.observe_decode_gap(gap)
-        p.budgets({"text"}, [])
-        scales.append(p.scale)
+    scales = [step(p, gap) for gap in (60, 57, 60, 45, 80, 15, 60, 40, 60)]  # ms; the target: 50 (text)
     # 60: halved; 57 (over 0.9 x 60): undone, 2 the floor; 60, 45, 80: kept at 2 (45: within the target);
     # 15 (under half): x1.25 and the floor cleared; 60: halved; 40 (shrank, within the target): kept; 60: halved
     assert scales == [1.0, 2.0, 2.0, 2.0, 2.0, 2.5, 1.25, 1.25, 0.625]
@@ -49,15 +51,20 @@ def test_a_halving_that_leaves_the_gaps_as_they_were_is_undone_and_not_tried_aga
 def test_nothing_decoding_forgets_the_floor():
     p = policy()
     p.scale = 1.0
-    for gap in (60, 60):
-        p.observe_decode_gap(gap)
-        p.budgets({"text"}, [])
-    assert p.scale == 1.0  # undone: the floor is 1
+    assert [step(p, 60), step(p, 60)] == [0.5, 1.0]  # undone: the floor is 1
     p.budgets(set(), [])
     p.scale = 1.0
-    p.observe_decode_gap(100.0)
+    assert step(p, 100) == 0.5
+
+
+def test_the_gap_that_spans_the_step_before_is_not_judged():
+    p = policy()
+    p.scale = 1.0
+    assert step(p, 60) == 0.5
+    p.observe_decode_gap(70.0)  # decode's step beside the end of the step planned at 1.0
+    p.observe_decode_gap(30.0)  # the halved step's own: within the target
     p.budgets({"text"}, [])
-    assert p.scale == 0.5
+    assert p.scale == 0.5  # kept, not undone
 
 
 def test_headroom_raises_the_budgets_faster_when_a_ttft_is_at_risk():

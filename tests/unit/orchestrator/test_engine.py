@@ -316,7 +316,8 @@ def test_an_slo_policy_sets_each_steps_budgets(with_policy):
         assert [p.num_prefill_tokens for p in w.stages.plans] == ([100] if with_policy else [16] * 6 + [4])
         if with_policy:
             for gap in (800, 400, 200, 100, 51):  # ms between decode steps, over the 50-ms target and shrinking
-                policy.observe_decode_gap(gap)  # with the budgets: 8 halved five times
+                policy.observe_decode_gap(gap)  # with the budgets: 8 halved five times (the first gap of each
+                policy.observe_decode_gap(gap)  # step spans the step before: not judged)
                 w.engine._budgets()
             assert policy.scale == 0.25
             w.stages.plans.clear()
