@@ -16,7 +16,7 @@ import av
 import numpy as np
 
 from flashcodec.errors import MediaError
-from flashcodec.probe import Source, clockwise_turn, open_container, read_packets
+from flashcodec.probe import Source, clockwise_turn, open_container, read_packets, unwrapped_pts
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +115,8 @@ class CpuDecoder:
 
     Demuxes the file once to map indices to PTS (the sort order of `probe_video`), then decodes only the GOPs
     that hold sampled frames and stops after the last one. Frames are matched to indices by PTS, so frames
-    lost to damage do not shift the rest. Packets without PTS are matched by output order instead.
+    lost to damage do not shift the rest. Packets without PTS, and streams whose timestamps restart (joined clips:
+    `probe.unwrapped_pts`), are matched by output order instead, decoding every packet.
     """
 
     threads: int = 0
@@ -135,7 +136,8 @@ class CpuDecoder:
             packets = read_packets(container)  # the packets probe_video counted
             if indices[-1] >= len(packets):
                 raise MediaError(f"video: frame index {indices[-1]} is past the last frame ({len(packets)} frames)")
-            by_pts = all(p.pts is not None for p in packets)
+            ticks = [p.pts for p in packets]
+            by_pts = None not in ticks and unwrapped_pts(packets) == ticks
             if by_pts:
                 order = sorted(p.pts for p in packets)
                 targets = [order[i] for i in indices]

@@ -13,7 +13,8 @@ from fractions import Fraction
 
 import av
 
-from flashcodec.probe import PacketMeta, Source, VideoInfo, info_from_packets, open_container, scan_packets
+from flashcodec.probe import (PacketMeta, Source, VideoInfo, info_from_packets, open_container, scan_packets,
+                             unwrapped_pts)
 
 
 @dataclass(frozen=True)
@@ -55,8 +56,8 @@ class BitstreamMap:
     none), `packet_gop` (its GOP's index). `frame_packet[i]`: the decode-order packet of presentation index i
     (the order of `info.frame_pts_s`). `packet_disposable`: per packet, no other picture references it (read
     from the NAL headers of MP4/MKV-style H.264 and HEVC; always False for other codecs and Annex B streams).
-    `exact_timestamps`: every packet has a PTS and no two share one, so frames can be matched to packets by
-    PTS; when False the GOP decoders fall back to a sequential decode.
+    `exact_timestamps`: every packet has a PTS, no two share one and they never restart (`probe.unwrapped_pts`), so
+    frames can be matched to packets by PTS; when False the GOP decoders fall back to a sequential decode.
     """
 
     info: VideoInfo
@@ -160,7 +161,8 @@ def analyse_bitstream(source: Source) -> BitstreamMap:
         info = info_from_packets(stream, packets, first)
         time_base = stream.time_base or Fraction(0)
         pts = [p.pts for p in packets]
-        order = _presentation_order(pts)
+        shown = unwrapped_pts(packets)
+        order = _presentation_order(shown)
         frame_of_packet = [0] * len(packets)
         for frame, packet in enumerate(order):
             frame_of_packet[packet] = frame
@@ -179,7 +181,7 @@ def analyse_bitstream(source: Source) -> BitstreamMap:
             packet_gop=tuple(packet_gop),
             frame_packet=tuple(order),
             packet_disposable=tuple(p.flag for p in packets),
-            exact_timestamps=None not in pts and len(set(pts)) == len(pts),
+            exact_timestamps=None not in pts and len(set(pts)) == len(pts) and shown == pts,
         )
 
 

@@ -10,7 +10,7 @@ peer-copied there from the GPU that decoded them. A task's packets are read with
 leaving out disposable pictures that are not sampled, which NVDEC then never decodes (about half the frames of a
 B-frame stream). `unsupported_reason` sends to the CPU decoder given as `fallback`: streams NVDEC cannot take
 (codec, chroma format, bit depth or size outside `GetDecoderCaps` of any of the GPUs, e.g. 4:4:4 H.264 or AV1 on
-H100/H200) and packets without unique timestamps (frames are matched by PTS); so do NVDEC errors, including a
+H100/H200) and packets without unique, unbroken timestamps (frames are matched by PTS); so do NVDEC errors, including a
 sampled frame NVDEC never returned. Every fallback is logged at WARNING with its reason, kept in
 `NvdecDecoder.fallbacks` and counted per reason in `DecodePaths`; the video is counted under the path that decoded
 it.

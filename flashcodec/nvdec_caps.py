@@ -58,7 +58,7 @@ def unsupported_reason(bmap: BitstreamMap, caps: dict | None, caps_error: str = 
     info = bmap.info
     fmt = f"{info.codec} {bmap.pix_fmt}"
     if not bmap.exact_timestamps:
-        return "packets without unique timestamps"
+        return "packets without unique, unbroken timestamps"
     if info.codec not in CODECS:
         return f"codec {info.codec} is not one FlashCodec decodes on NVDEC"
     if caps_error or not caps:

@@ -71,7 +71,7 @@ class ParallelCpuDecoder:
         if bmap is None:
             return
         if not bmap.exact_timestamps:
-            self.paths.count("cpu", "packets without unique timestamps cannot be split into GOP tasks")
+            self.paths.count("cpu", "packets without unique, unbroken timestamps cannot be split into GOP tasks")
             yield from CpuDecoder().decode(source, indices)
             return
         self.paths.count(self.path)

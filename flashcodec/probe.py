@@ -8,7 +8,7 @@ import contextlib
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Callable, Iterator, Union
+from typing import BinaryIO, Callable, Iterator, Sequence, Union
 
 import av
 from PIL import ExifTags, Image, UnidentifiedImageError
@@ -165,18 +165,44 @@ def _first_frame(stream: av.video.stream.VideoStream, packets: list[av.Packet]) 
     return None
 
 
+def unwrapped_pts(packets: Sequence[PacketMeta | av.Packet]) -> list[int | None]:
+    """Each packet's PTS (decode order, ticks of the stream's time base) on one timeline. Where a keyframe's PTS is at
+    or below the largest PTS before it, the stream's timestamps restart (clips joined without remuxing, e.g. MPEG-TS
+    files concatenated with ``cat``): that keyframe and every packet after it move to start one frame (the keyframe
+    packet's duration, else the median step between the frames so far, else one tick) after that largest PTS, so the
+    clips play one after the other, as they decode (and as a frame-index reader such as OpenCV's, vLLM's video
+    loader, reads them). Without a PTS on every packet, the PTS as they are (decode order is the presentation
+    order then: `_timing`)."""
+    pts = [p.pts for p in packets]
+    if None in pts:
+        return pts
+    out: list[int] = []
+    shift, top = 0, None
+    for packet, t in zip(packets, pts):
+        if top is not None and packet.is_keyframe and t + shift <= top:
+            shown = sorted(out)
+            steps = sorted(b - a for a, b in zip(shown, shown[1:]) if b > a)
+            step = packet.duration or (steps[len(steps) // 2] if steps else 1)
+            shift = top + step - t
+        out.append(t + shift)
+        top = out[-1] if top is None else max(top, out[-1])
+    return out
+
+
 def _timing(stream: av.video.stream.VideoStream, packets: list[PacketMeta]) -> tuple[list[float], float, float, bool]:
-    """(sorted PTS in s, average fps, duration in s, variable frame rate?) of a stream's complete packets."""
+    """(sorted PTS in s, average fps, duration in s, variable frame rate?) of a stream's complete packets, their
+    timestamps unwrapped where they restart (`unwrapped_pts`)."""
     time_base = float(stream.time_base or 0)
     rate = float(stream.average_rate or stream.guessed_rate or 0)
-    pts = sorted(p.pts * time_base for p in packets if p.pts is not None)
+    ticks = unwrapped_pts(packets)
+    pts = sorted(t * time_base for t in ticks if t is not None)
     if len(pts) != len(packets):
         if not rate:
             raise MediaError("video: no timestamps and no frame rate")
         pts = [i / rate for i in range(len(packets))]
     deltas = [b - a for a, b in zip(pts, pts[1:])]
     # the last frame lasts its packet's duration, else as long as the frame before it
-    last = max(packets, key=lambda p: p.pts if p.pts is not None else 0)
+    last = packets[max(range(len(packets)), key=lambda i: ticks[i] if ticks[i] is not None else 0)]
     last_duration = (last.duration or 0) * time_base or (deltas[-1] if deltas else 1 / rate if rate else 0.0)
     duration = pts[-1] - pts[0] + last_duration
     # one frame: the time it shows is its rate (a 1-frame GIF's stream rate is its time base's, 100 where it lasts

@@ -58,17 +58,18 @@ def make_video(
     pattern: str | Pattern = "gradient",
     times_s: Sequence[float] | None = None,
     faststart: bool = False,
+    container_format: str | None = None,
 ) -> bytes:
     """Encode `num_frames` synthetic frames and return the file's bytes (also written to `path` if given).
 
     Container: WebM for VP8/VP9, MP4 otherwise. `times_s` gives each frame's presentation time (variable frame
     rate; times must be multiples of 1/`fps`, which becomes the time base); by default frame i is at i/fps.
-    `faststart` moves the MP4 index (moov) to the front.
+    `faststart` moves the MP4 index (moov) to the front. `container_format`: another container (e.g. "mpegts").
     """
     times = list(times_s) if times_s is not None else [i / fps for i in range(num_frames)]
     draw = PATTERNS[pattern] if isinstance(pattern, str) else pattern
     rate = Fraction(fps).limit_denominator(1001)
-    fmt = _CONTAINERS.get(codec, "mp4")
+    fmt = container_format or _CONTAINERS.get(codec, "mp4")
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / f"v.{fmt}"
         options = {"movflags": "faststart"} if faststart else {}

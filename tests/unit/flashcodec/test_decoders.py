@@ -9,6 +9,7 @@ import pytest
 
 from flashcodec.decoders import CpuDecoder
 from flashcodec.errors import MediaError
+from flashcodec.gop import analyse_bitstream
 from flashcodec.pipeline import iter_video_groups
 from flashcodec.probe import probe_video
 from flashcodec.sampling import plan_video
@@ -146,3 +147,23 @@ def test_cut_before_the_index_is_a_clear_error():
     data = make_video(None, 320, 240, 100, 25, gop=25)
     result = _answer(data[: int(len(data) * 0.6)])
     assert isinstance(result, MediaError) and "truncated" in str(result)
+
+
+def test_clips_joined_with_restarting_timestamps_play_one_after_the_other():
+    """Two MPEG-TS clips joined with `cat` (a fresh user's case, 2026-12-07): the second's timestamps restart at 0.
+    The probe puts it after the first (4 s, every frame), the GOP map sends it to a sequential decode, and the
+    frames sampled over the whole time come from both clips, dark then light, as they decode."""
+    def clip(level: int) -> bytes:
+        return make_video(num_frames=20, fps=10, pattern=lambda i, t, h, w: np.full((h, w, 3), level, np.uint8),
+                          container_format="mpegts")
+
+    joined = clip(40) + clip(210)
+    assert len(all_frames(joined)) == 40
+    info = probe_video(joined)
+    assert info.duration_s == pytest.approx(4.0, abs=0.15)
+    assert list(info.frame_pts_s) == sorted(set(info.frame_pts_s))  # one timeline, no time shown twice
+    assert not analyse_bitstream(joined).exact_timestamps
+    plan = plan_video(info, fps=2.0)
+    frames = list(CpuDecoder().decode(joined, plan.frame_indices))
+    levels = [round(float(f.mean())) for f in frames]
+    assert len(levels) == 8 and all(abs(v - 40) < 8 for v in levels[:4]) and all(abs(v - 210) < 8 for v in levels[4:])

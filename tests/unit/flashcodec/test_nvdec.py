@@ -39,11 +39,12 @@ def test_decode_paths_count_fallbacks_by_reason(caplog):
     paths = DecodePaths()
     with caplog.at_level(logging.WARNING, logger="flashcodec.decoders"):
         paths.count("nvdec")
-        paths.count("cpu", "packets without unique timestamps")
+        paths.count("cpu", "packets without unique, unbroken timestamps")
         paths.fallback("cpu_parallel", "open GOPs", "clip.mp4")
         paths.fallback("cpu_parallel", "open GOPs", "other.mp4")
     assert paths.snapshot() == {"nvdec": 1, "cpu": 1}  # a fallback alone counts no path: the next decoder does
-    assert paths.fallbacks() == {("cpu", "packets without unique timestamps"): 1, ("cpu_parallel", "open GOPs"): 2}
+    assert paths.fallbacks() == {("cpu", "packets without unique, unbroken timestamps"): 1,
+                                 ("cpu_parallel", "open GOPs"): 2}
     assert [r.levelno for r in caplog.records] == [logging.WARNING] * 3 and "other.mp4" in caplog.records[-1].message
 
 

