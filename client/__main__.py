@@ -149,6 +149,10 @@ def main(argv: list[str] | None = None) -> int:
         if note := sent_as_url_note(args, str(e)):
             print(note, file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # Ctrl-C: the request is cancelled as the client closes (no traceback)
+        printer.end_line()
+        print("interrupted: the request was cancelled", file=sys.stderr)
+        return 130
     printer.end_line()
     for line in media_lines(result):
         print(line, file=sys.stderr)

@@ -51,6 +51,15 @@ def test_unreachable_server_exits_1_with_message(capsys):
     assert "error:" in capsys.readouterr().err
 
 
+def test_ctrl_c_exits_130_without_a_traceback(monkeypatch, capsys):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("client.__main__.generate_stream_http", interrupted)
+    assert main(["--http", "127.0.0.1:1", "Q"]) == 130
+    assert capsys.readouterr().err.strip() == "interrupted: the request was cancelled"
+
+
 def test_summary_line():
     r = GenerationResult(text="x", num_output_tokens=3, finish_reason="stop", ttft_ms=123.44, tbt_ms=[5.0, 6.2])
     assert summary_line(r) == "TTFT 123.4 ms, mean TBT 5.6 ms, 3 output tokens, finish_reason=stop"
