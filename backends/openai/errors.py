@@ -34,6 +34,7 @@ _INVALID = re.compile(r"^(?:(?:text_input|messages|prompt|prompt_token_ids|image
                       r"sampling_parameters|chat_template_kwargs)"
                       r"[\[:. ]|" + "|".join(map(re.escape, PROMPT_TOO_LONG)) + ")")
 _SAMPLING = "sampling_parameters"
+_REQUEST_ID = re.compile(r" \[request id: [^\]]*\]$")  # the id the orchestrator names (triton_io.naming_request)
 _STRUCTURED = "structured_outputs"
 _SCHEMA = re.compile(rf"^{_STRUCTURED}\.json\b")  # a response_format's json_schema.schema, as the orchestrator names it
 _CHOICES = "choices: "
@@ -83,7 +84,7 @@ def from_orchestrator(message: str, media: Sequence = (), chat: bool = False,
     request is a chat, whose prompt is its ``messages`` (the ``param`` of an error about the prompt's length);
     ``structured_as``: the field the request sent its ``structured_outputs`` as: ``response_format`` is named for it
     (``structured_outputs.json`` as ``response_format.json_schema.schema``)."""
-    message = _at_its_part(message, media)
+    message = _at_its_part(_REQUEST_ID.sub("", message), media)  # the API's own id: vLLM's messages do not name it
     if message.startswith(_CHOICES):  # the orchestrator's input for a prompt's n (backends/openai/choices.py)
         return ApiError(400, "n: " + message.removeprefix(_CHOICES), param="n")
     if _INVALID.match(message):

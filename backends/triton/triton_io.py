@@ -218,6 +218,15 @@ class InternalModel:
         return [error(INTERNAL_ONLY) for _ in requests]
 
 
+def naming_request(message: str, request_id: str) -> str:
+    """``message`` followed by `` [request id: <id>]`` where the client gave its request an id, else as it is. Triton
+    2.51 passes a decoupled model's error on a gRPC stream without the request's id, so a client that sends several
+    requests on one stream (tritonclient's ``start_stream``) could not tell whose error it is; Triton's own errors
+    name it in the same words (before the message: here after it, so that a message still starts with the input at
+    fault, docs/design.md invariant 3)."""
+    return f"{message} [request id: {request_id}]" if request_id else message
+
+
 def error(message: str, invalid_argument: bool = True, unavailable: bool = False):
     """An InferenceResponse carrying a TritonError: UNAVAILABLE when ``unavailable`` (overloaded: retry later),
     else INVALID_ARG for bad input, INTERNAL otherwise."""

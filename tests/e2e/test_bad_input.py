@@ -72,6 +72,28 @@ def test_bad_input_is_named_and_the_next_request_succeeds(grpc_url, what, kwargs
         assert client.generate("Still there?", sampling=OK).finish_reason in ("length", "stop")
 
 
+def test_errors_on_one_grpc_stream_name_their_request(grpc_url):
+    """Several requests on one stream (tritonclient's start_stream): Triton 2.51 passes an error without its request's
+    id, so the message names it (a fresh user's case, 2026-12-07)."""
+    import queue
+
+    import tritonclient.grpc as grpcclient
+
+    from client.api import grpc_inputs, request_tensors
+
+    errors: queue.Queue = queue.Queue()
+    bad = {"bad-video": dict(video=b"\x00" * 5000), "bad-image": dict(image=b"\x89PNG\r\n\x1a\n" + b"\x00" * 64)}
+    with grpcclient.InferenceServerClient(grpc_url) as triton:
+        triton.start_stream(callback=lambda result, error: errors.put(error))
+        for request_id, media in bad.items():
+            triton.async_stream_infer("orchestrator", grpc_inputs(request_tensors("Describe.", sampling=OK, **media)),
+                                      request_id=request_id)
+        messages = sorted(errors.get(timeout=60).message() for _ in bad)
+        triton.stop_stream()
+    assert messages[0].startswith("image: ") and messages[0].endswith(" [request id: bad-image]"), messages
+    assert messages[1].startswith("video: ") and messages[1].endswith(" [request id: bad-video]"), messages
+
+
 def test_data_url_scheme_is_case_insensitive(grpc_url):
     import base64
 

@@ -13,6 +13,7 @@ from backends.openai.errors import ApiError, from_orchestrator, from_transport
 from orchestrator.chat_options import parse_chat_options
 from backends.openai.orchestrator_client import OrchestratorClient
 from backends.runtime.tokenizer import build_offline_tokenizer
+from backends.triton.triton_io import naming_request
 from flashcodec.families import MediaOptions, family
 from flashcodec.probe import ImageInfo
 from orchestrator.engine_io import SHUTTING_DOWN
@@ -61,7 +62,8 @@ def _orchestrator_messages() -> list[tuple[str, str]]:
 
 def test_the_orchestrators_validation_messages_are_400_with_the_field():
     for message, param in _orchestrator_messages():
-        error = from_orchestrator(message)
+        # the orchestrator names the API's request id after its message (triton_io.naming_request): not answered
+        error = from_orchestrator(naming_request(message, "4f0c"))
         media = param in ("max_tiles", "min_tiles")  # sent in mm_processor_kwargs, the field named
         param = "mm_processor_kwargs" if media else param
         assert (error.status, error.param) == (400, param), message
