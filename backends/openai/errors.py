@@ -102,7 +102,9 @@ def from_orchestrator(message: str, media: Sequence = (), chat: bool = False,
                        structured_as + message.removeprefix(_STRUCTURED))
             param = structured_as
         return ApiError(400, message, param=param)
-    if SHUTTING_DOWN in message or message.startswith(OVERLOADED):
+    if message.startswith(OVERLOADED):  # the KV pool's waiting queue is full: as the API's own limit, retry later
+        return ApiError(503, message, code="overloaded")
+    if SHUTTING_DOWN in message:
         return ApiError(503, message, code="service_unavailable")
     return ApiError(500, message)
 

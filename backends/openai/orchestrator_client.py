@@ -28,6 +28,21 @@ from backends.openai.token_channel import ChannelRefused, TokenChannel
 from client.pieces import LARGE_RESPONSE_BYTES, ResponsePiece, piece_from_grpc, response_bytes
 
 log = logging.getLogger(__name__)
+# gRPC retries a lost connection after an exponential backoff up to 120 s by default; a restarted tritonserver was
+# answered 503 ("not reachable") for about 10 s after it was ready (a fresh user's test, 2026-12-07). At most 1 s
+# here, beside tritonclient's own default options (which channel_args replaces).
+_KEEPALIVE = grpc_aio.KeepAliveOptions()
+_CHANNEL_ARGS = [
+    ("grpc.max_send_message_length", grpc_aio.MAX_GRPC_MESSAGE_SIZE),
+    ("grpc.max_receive_message_length", grpc_aio.MAX_GRPC_MESSAGE_SIZE),
+    ("grpc.keepalive_time_ms", _KEEPALIVE.keepalive_time_ms),
+    ("grpc.keepalive_timeout_ms", _KEEPALIVE.keepalive_timeout_ms),
+    ("grpc.keepalive_permit_without_calls", _KEEPALIVE.keepalive_permit_without_calls),
+    ("grpc.http2.max_pings_without_data", _KEEPALIVE.http2_max_pings_without_data),
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.min_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
 
 
 class OrchestratorClient:
@@ -38,7 +53,7 @@ class OrchestratorClient:
     def __init__(self, grpc_url: str, model: str, max_requests: int = 0, token_channel: bool = True):
         self.model, self.max_requests = model, max_requests
         self.in_flight = 0
-        self._client = grpc_aio.InferenceServerClient(grpc_url)
+        self._client = grpc_aio.InferenceServerClient(grpc_url, channel_args=_CHANNEL_ARGS)
         self._token_channel: TokenChannel | None = None
         self._opening = asyncio.Lock()
         self._refused = not token_channel  # asked not to, or the orchestrator opens none

@@ -17,6 +17,7 @@ from backends.triton.triton_io import naming_request
 from flashcodec.families import MediaOptions, family
 from flashcodec.probe import ImageInfo
 from orchestrator.engine_io import SHUTTING_DOWN
+from orchestrator.service import OVERLOADED
 from orchestrator.inputs import InputLimits, MediaInput, RawRequest, parse_request
 from orchestrator.media import check_media_settings, plan_media
 from orchestrator.prompt import QWEN, build_prompt, build_raw_prompt
@@ -140,6 +141,13 @@ def test_server_faults_are_5xx(message, status):
     assert error.status == status and error.body()["error"]["type"] == "server_error"
 
 
+def test_a_full_waiting_queue_is_overloaded_as_the_apis_own_limit_and_a_stop_is_unavailable():
+    """A client backing off on ``overloaded`` and failing over on ``service_unavailable`` (a fresh user's case)."""
+    full = from_orchestrator(f"{OVERLOADED}: 16 requests wait for KV pages, of at most 16 (...)")
+    assert (full.status, full.code) == (503, "overloaded")
+    assert from_orchestrator(SHUTTING_DOWN).code == "service_unavailable"
+
+
 def _unused_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -173,3 +181,14 @@ def test_a_server_without_the_orchestrator_loaded_is_503():
     assert error.status == 503 and error.body()["error"]["code"] == "service_unavailable"
     assert "orchestrator model is not loaded" in error.message and "no available versions" in error.message
     assert from_transport(InferenceServerException("something else", status="StatusCode.NOT_FOUND")).status == 500
+
+
+def test_the_channel_retries_a_lost_tritonserver_within_a_second():
+    """gRPC's default reconnect backoff grows to 120 s: the standalone API answered 503 for 7.4 s after a
+    tritonserver that came up after it was ready, 0.4 s with these options (by hand, 2026-12-07); tritonclient's own
+    options kept beside them."""
+    from backends.openai.orchestrator_client import _CHANNEL_ARGS
+
+    args = dict(_CHANNEL_ARGS)
+    assert args["grpc.max_reconnect_backoff_ms"] <= 1000 and args["grpc.initial_reconnect_backoff_ms"] <= 1000
+    assert args["grpc.max_receive_message_length"] == 2**31 - 1 and "grpc.keepalive_timeout_ms" in args
