@@ -125,18 +125,18 @@ async def handle(orchestrator: Orchestrator, request, lanes: SendLanes, cancels:
             await _send_tokens(admitted, tokens, send, timer, timeline, trail_timeline=channel is not None)
     except InvalidInput as exc:
         timer.finished("invalid")
-        send(Built(io.error(io.naming_request(str(exc), request.request_id())), final))
+        send(Built(io.error(str(exc), request_id=request.request_id()), final))
     except Overloaded as exc:
         timer.finished("overloaded")
-        send(Built(io.error(io.naming_request(str(exc), request.request_id()), unavailable=True), final))
+        send(Built(io.error(str(exc), unavailable=True, request_id=request.request_id()), final))
     except StageError as exc:
         timer.finished("error")
-        send(Built(io.error(io.naming_request(str(exc), request.request_id()), invalid_argument=False), final))
+        send(Built(io.error(str(exc), invalid_argument=False, request_id=request.request_id()), final))
     except Exception as exc:  # a bug must not leave the client hanging or kill the model
         log.exception("orchestrator: request failed")
         timer.finished("error")
-        message = io.naming_request(f"internal error: {type(exc).__name__}: {exc}", request.request_id())
-        send(Built(io.error(message, invalid_argument=False), final))
+        send(Built(io.error(f"internal error: {type(exc).__name__}: {exc}", invalid_argument=False,
+                            request_id=request.request_id()), final))
     finally:
         if admitting:  # refused, failed or cancelled before it was admitted
             orchestrator.admission_ended()

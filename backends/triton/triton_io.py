@@ -227,13 +227,13 @@ def naming_request(message: str, request_id: str) -> str:
     return f"{message} [request id: {request_id}]" if request_id else message
 
 
-def error(message: str, invalid_argument: bool = True, unavailable: bool = False):
+def error(message: str, invalid_argument: bool = True, unavailable: bool = False, request_id: str = ""):
     """An InferenceResponse carrying a TritonError: UNAVAILABLE when ``unavailable`` (overloaded: retry later),
-    else INVALID_ARG for bad input, INTERNAL otherwise."""
+    else INVALID_ARG for bad input, INTERNAL otherwise; its message names ``request_id`` (:func:`naming_request`)."""
     p = pb()
     code = p.TritonError.UNAVAILABLE if unavailable else (
         p.TritonError.INVALID_ARG if invalid_argument else p.TritonError.INTERNAL)
-    return p.InferenceResponse(error=p.TritonError(message, code))
+    return p.InferenceResponse(error=p.TritonError(naming_request(message, request_id), code))
 
 
 class WeightsGauge:
