@@ -53,3 +53,28 @@ def read_regular(path: str | Path, kind: str) -> bytes:
     """The whole of the regular file ``path`` (``open_regular``; raises as it does)."""
     with open_regular(path, kind) as f:
         return f.read()
+
+
+FileStamp = tuple[int, int, int, int, int]  # (device, inode, size in bytes, modification ns, status-change ns)
+
+
+def file_stamp(status: os.stat_result) -> FileStamp:
+    """What names a file's content from its ``os.stat`` result: the file itself (device, inode) and its last write
+    (size, modification and status-change times in ns). A file replaced (renamed over) or rewritten gets another,
+    even with its old size and modification time put back (``cp -p``, ``tar x``): no user can set the
+    status-change time."""
+    return status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns, status.st_ctime_ns
+
+
+def changed_since(path: str | Path, stamp: FileStamp, kind: str) -> str | None:
+    """None while ``path`` is still the file ``stamp`` (`file_stamp`) was taken of; else the error to give a
+    request that was planned from that file ("video: the file changed ..."), since its plan (frames, sizes, tokens)
+    no longer fits what would be decoded."""
+    try:
+        now = file_stamp(os.stat(path))
+    except OSError as exc:
+        return f"{kind}: the file cannot be read any more ({exc.strerror}): it was removed while the request ran"
+    if now != stamp:
+        return (f"{kind}: the file changed while the request ran (replaced or rewritten after it was checked): "
+                "send the request again once it is written")
+    return None

@@ -3,15 +3,14 @@
 Names follow the vLLM backend's (Triton's vllm_backend ``model.json``), so its clients work unchanged: ``text_input``
 (one user turn; or ``messages``, a whole conversation: ``orchestrator.messages``; or ``prompt``, text completed as
 it is, without the chat template, as the vLLM backend's ``text_input`` and OpenAI's completions are; or
-``prompt_token_ids``, such a prompt as token ids), ``image``
-(file bytes, or the file base64-encoded as that backend takes it), ``video`` (file bytes), ``image_url``/
-``video_url`` (a path or ``file://`` URL under an allowed folder, or a ``data:`` URL), ``sampling_parameters``
-(JSON; without it, the request's own parameters: ``orchestrator.request_parameters``), ``stream``,
-``exclude_input_in_output``, ``return_output_ids``, and that backend's ``return_*`` flags
-(``return_logprobs`` with ``sampling_parameters``' ``logprobs``, and ``return_cumulative_logprob``), plus our
-``return_timeline`` (``orchestrator.timeline``), ``return_input_ids`` and ``chat_template_kwargs``
-(``orchestrator.chat_options``). Every problem raises :class:`~orchestrator.sampling_params.InvalidInput` naming the
-input at fault.
+``prompt_token_ids``, such a prompt as token ids), ``image`` (file bytes, or the file base64-encoded as that backend
+takes it), ``video`` (file bytes), ``image_url``/``video_url`` (a path or ``file://`` URL under an allowed folder, or
+a ``data:`` URL), ``sampling_parameters`` (JSON; without it, the request's own parameters:
+``orchestrator.request_parameters``), ``stream``, ``exclude_input_in_output``, ``return_output_ids``, and that
+backend's ``return_*`` flags (``return_logprobs`` with ``sampling_parameters``' ``logprobs``, and
+``return_cumulative_logprob``), plus our ``return_timeline`` (``orchestrator.timeline``), ``return_input_ids`` and
+``chat_template_kwargs`` (``orchestrator.chat_options``). Every problem raises
+:class:`~orchestrator.sampling_params.InvalidInput` naming the input at fault.
 """
 from __future__ import annotations
 
@@ -20,6 +19,7 @@ import binascii
 import functools
 import os
 import re
+import stat
 import urllib.parse
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -27,6 +27,7 @@ from types import MappingProxyType
 from typing import Callable, Mapping
 
 from backends.triton.triton_io import int_parameter
+from flashcodec.files import FileStamp, file_stamp
 from orchestrator import request_parameters
 from orchestrator.chat_options import ChatOptions, parse_chat_options
 from orchestrator.messages import Turn, media_kinds, parse_messages, user_turn
@@ -37,19 +38,19 @@ MAX_NAME_BYTES = 256  # a token channel's name, a request id in choice_of
 
 @dataclass(frozen=True)
 class MediaInput:
-    """One image or video: file bytes, or a checked path (``path`` set, ``data`` empty). ``input``: the
-    request input it came from ("image", "video", "image_url", "video_url"), which errors name."""
+    """One image or video: file bytes, or a checked path (``path``, ``data`` empty; ``stamp``: the file's
+    ``flashcodec.files.file_stamp`` then, checked again by its decode). ``input``: its input, which errors name."""
 
     kind: str  # "image" | "video"
     data: bytes = b""
     path: str | None = None
     input: str = ""
     position: str = ""  # "item K of N" in a request of several media items (prompt order), else ""
+    stamp: FileStamp | None = None
 
     @property
     def input_name(self) -> str:
-        """What errors about this item name: its input, and its place when the request has several items, e.g.
-        ``image_url (item 2 of 3)``."""
+        """What errors name it: its input, and its place among several items, e.g. ``image_url (item 2 of 3)``."""
         name = self.input or self.kind
         return f"{name} ({self.position})" if self.position else name
 
@@ -196,18 +197,17 @@ def _resolve_url(kind: str, url: str, limits: InputLimits) -> MediaInput:
         raise InvalidInput(f"{name}: {url!r} is outside the allowed media folders "
                            f"({', '.join(map(str, limits.allowed_media_dirs)) or 'none configured'})")
     try:
-        exists, regular = path.exists(), path.is_file()
+        status = path.stat()
+    except (FileNotFoundError, NotADirectoryError):
+        raise InvalidInput(f"{name}: no such file: {url[:200]!r}") from None
     except (OSError, ValueError) as exc:
         raise InvalidInput(f"{name}: not a usable path ({type(exc).__name__})") from None
-    if not exists:
-        raise InvalidInput(f"{name}: no such file: {url[:200]!r}")
-    if not regular:
+    if not stat.S_ISREG(status.st_mode):
         raise InvalidInput(f"{name}: not a regular file (a folder or device): {url[:200]!r}")
-    if not (size := path.stat().st_size):
-        raise InvalidInput(f"{name}: empty file (0 bytes): {url[:200]!r}")
-    if size > limits.max_media_bytes:
-        raise InvalidInput(f"{name}: file is {size} bytes, over the limit of {limits.max_media_bytes}")
-    return MediaInput(kind, path=str(path), input=name)
+    if not status.st_size or status.st_size > limits.max_media_bytes:
+        raise InvalidInput(f"{name}: file is {status.st_size} bytes, over the limit of {limits.max_media_bytes}"
+                           if status.st_size else f"{name}: empty file (0 bytes): {url[:200]!r}")
+    return MediaInput(kind, path=str(path), input=name, stamp=file_stamp(status))
 
 
 # File bytes never start with 4 KiB of base64 alphabet (every image and video container has binary header bytes).

@@ -15,24 +15,24 @@ from __future__ import annotations
 import hashlib
 import os
 
+from flashcodec.files import file_stamp
 from flashcodec.sampling import ImagePlan, VideoPlan
 from orchestrator.inputs import MediaInput
 from orchestrator.sampling_params import InvalidInput
 
 
 def file_key(item: MediaInput) -> tuple[str, int, int, int, int, int]:
-    """The content of ``item``'s file (``path`` set) as the module docstring names it: (resolved path, device,
-    inode, size in bytes, modification time in ns, status-change time in ns).
+    """The content of ``item``'s file (``path`` set) as the module docstring names it: its resolved path, then its
+    ``flashcodec.files.file_stamp`` now (device, inode, size in bytes, modification and status-change times in ns).
 
     Raises:
         InvalidInput: naming the item's input, the file can no longer be read (it was checked with the request).
     """
     path = os.path.realpath(item.path)
     try:
-        stat = os.stat(path)
+        return path, *file_stamp(os.stat(path))
     except OSError as exc:
         raise InvalidInput(f"{item.input_name}: {item.path} cannot be read ({exc.strerror})") from None
-    return path, stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns
 
 
 def media_identity(item: MediaInput, plan: VideoPlan | ImagePlan) -> bytes:

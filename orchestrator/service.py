@@ -308,7 +308,7 @@ class Orchestrator:
                         layout.patches_per_group,
                         cache_key=group_key(identities[item], g) if cache.encoder_tokens else None)
                   for item, layout in enumerate(prompt.media) for g in range(layout.num_groups)),
-            tuple(MediaDecode(req_id, plan, data=media.data or None, path=media.path)
+            tuple(MediaDecode(req_id, plan, data=media.data or None, path=media.path, stamp=media.stamp)
                   for media, plan in zip(parsed.media, plans)),
             tuple(layout.num_groups for layout in prompt.media), timeline, hashes,
             media_names=tuple(m.input_name for m in parsed.media))

@@ -377,12 +377,13 @@ class DecodeStep:
 class MediaDecode(Call):
     """Decode one media item of ``req_id`` by ``plan`` (a family's image or video plan,
     ``flashcodec.families.MediaPlan``: its ``family`` says whose rules decode it) from ``path`` (checked by the
-    orchestrator) when set, else from ``data`` (the file's bytes)."""
+    orchestrator, ``stamp``: the file then, ``flashcodec.files.file_stamp``) when set, else from ``data`` (bytes)."""
 
     req_id: str
     plan: MediaPlan
     data: bytes | None = None
     path: str | None = None
+    stamp: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)

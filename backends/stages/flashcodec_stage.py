@@ -54,7 +54,8 @@ class FlashCodecStage(triton_io.InternalModel):
                 if not reply.send(GroupReady(index, tuple(pages))):  # the worker takes the pages back
                     raise ConnectionError("the orchestrator has gone: the group's patch pages go back to the pool")
 
-            self.worker.submit(message.req_id, message.path or message.data, message.plan, on_group, on_done)
+            self.worker.submit(message.req_id, message.path or message.data, message.plan, on_group, on_done,
+                               message.stamp)
         else:
             reply.end(StageFailure(SERVER_FAULT, f"flashcodec: no such call {type(message).__name__}"))
 

@@ -27,7 +27,7 @@ from backends.ipc.protocol import INVALID_INPUT, SERVER_FAULT, StageFailure
 from flashcodec.errors import MediaError
 from flashcodec.fair_queue import FairQueue
 from flashcodec.patch_pool import pages_needed, write_group
-from flashcodec.files import read_regular
+from flashcodec.files import FileStamp, changed_since, read_regular
 from flashcodec.pipeline import iter_image_groups, iter_video_groups, make_decoder
 from flashcodec.families import MediaPlan
 
@@ -42,6 +42,21 @@ class _Item:
     plan: MediaPlan
     on_group: Callable[[int, list[int]], None]
     on_done: Callable[[StageFailure | None], None]
+    stamp: FileStamp | None
+
+    def changed(self) -> str | None:
+        """The error (``files.changed_since``) when the item is a path that is no longer the file the orchestrator
+        checked and planned, else None: its plan's frames and sizes would be taken from another file, wrongly or,
+        past that file's end, with a misleading error (a fresh user's test replaced a video by rename while
+        requests named it: 19 of 120 failed with "frame index 29 is past the last frame")."""
+        if self.stamp is None or isinstance(self.media, bytes):
+            return None
+        return changed_since(self.media, self.stamp, self.plan.kind)
+
+    def check_unchanged(self) -> None:
+        """Raises MediaError with `changed`'s error, if any."""
+        if (changed := self.changed()) is not None:
+            raise MediaError(changed)
 
 
 class FlashCodecWorker:
@@ -67,15 +82,16 @@ class FlashCodecWorker:
         self.futures: set[Future] = set()  # decodes submitted and not finished
 
     def submit(self, request_id: str, media: bytes | str, plan: MediaPlan,
-               on_group: Callable[[int, list[int]], None], on_done: Callable[[StageFailure | None], None]) -> None:
-        """Decode ``media`` (bytes, or a path the orchestrator checked) by ``plan``; ``on_group(g, pages)``
-        once group g is written into ``pages`` of the patch pool (from then on the caller's to free);
-        ``on_done(failure or None)`` last (``invalid_input`` when the media would not decode). The item waits
-        for a decode thread in its request's queue (``flashcodec.fair_queue``), after the request's earlier
-        items."""
+               on_group: Callable[[int, list[int]], None], on_done: Callable[[StageFailure | None], None],
+               stamp: FileStamp | None = None) -> None:
+        """Decode ``media`` (bytes, or a path the orchestrator checked: ``stamp`` the file then, ``files.file_stamp``)
+        by ``plan``; ``on_group(g, pages)`` once group g is written into ``pages`` of the patch pool (from then on
+        the caller's to free); ``on_done(failure or None)`` last (``invalid_input`` when the media would not decode,
+        or the file was replaced or rewritten after its check, before or while it was decoded). The item waits for a
+        decode thread in its request's queue (``flashcodec.fair_queue``), after the request's earlier items."""
         with self.lock:
             self.running[request_id] = self.running.get(request_id, 0) + 1
-            self.queue.put(request_id, _Item(media, plan, on_group, on_done))
+            self.queue.put(request_id, _Item(media, plan, on_group, on_done, stamp))
         self._dispatch()
 
     def _dispatch(self) -> None:
@@ -123,6 +139,7 @@ class FlashCodecWorker:
         try:
             if self.closing:
                 return
+            item.check_unchanged()
             if item.plan.kind == "video":
                 groups = iter_video_groups(item.media, item.plan, self.choice.decoder)
             else:  # an image_url arrives as a path the orchestrator checked
@@ -131,8 +148,10 @@ class FlashCodecWorker:
             for index, patches in groups:
                 if not self._write(request_id, index, patches, item.on_group):
                     break  # aborted, or the server is stopping: the stream just ends
-        except MediaError as exc:
-            failure = StageFailure(INVALID_INPUT, str(exc))
+            else:  # a video's GOP readers open the path again as they run
+                item.check_unchanged()
+        except MediaError as exc:  # one a changed file caused is told as that
+            failure = StageFailure(INVALID_INPUT, item.changed() or str(exc))
         except Exception as exc:  # never kill the worker: report and go on
             log.exception("flashcodec failed on %s", request_id)
             failure = StageFailure(SERVER_FAULT, f"flashcodec: {type(exc).__name__}: {exc}")

@@ -5,6 +5,7 @@ import base64
 
 import pytest
 
+from flashcodec.files import file_stamp
 from flashcodec.sampling import VIDEO_MIN_PIXELS
 from orchestrator.inputs import InputLimits, MediaInput, RawRequest, parse_request
 from orchestrator.media import plan_media
@@ -29,6 +30,7 @@ def test_good_request_with_path_and_data_url(limits, tmp_path):
                                stream=True), limits)
     assert [m.kind for m in parsed.media] == ["image", "video"]  # images first, as in the prompt
     assert parsed.media[0].data == b"png-bytes" and parsed.media[1].path == str(tmp_path / "a.mp4")
+    assert parsed.media[1].stamp == file_stamp((tmp_path / "a.mp4").stat()) and parsed.media[0].stamp is None
     assert parsed.stream and parsed.params.max_tokens == 16
 
 

@@ -3,6 +3,7 @@ while the pool is full (back-pressure), and an abort stops that wait; its decode
 between requests, and aborts and failures give them back."""
 from __future__ import annotations
 
+import os
 import queue
 import threading
 
@@ -186,3 +187,47 @@ def test_failed_items_give_their_thread_back(held):
     assert ends.get(timeout=30).kind == SERVER_FAULT
     assert all(held.ends[f"ok{i}"].get(timeout=30) is None for i in range(3))
     assert held.worker.queue.busy == 0 and not held.worker.running and held.worker.free_pages.num_free == 16
+
+
+def _drain(groups, done, worker):
+    """Free each reported group's pages, as the orchestrator does, until the item ends; returns its final
+    callback's argument."""
+    while done.empty() or not groups.empty():
+        try:
+            worker.free_pages.free(groups.get(timeout=0.1)[1])
+        except queue.Empty:
+            pass
+    return done.get()
+
+
+@pytest.mark.parametrize("when", ["unchanged", "before the decode", "while it decodes", "removed"])
+def test_a_video_file_replaced_after_its_check_fails_its_request_saying_so(worker, video, tmp_path, when):
+    """The orchestrator planned the request from the file it checked (``stamp``); a file renamed over it (or
+    removed) before or while the item is decoded fails the request naming that, not with another file's frames or
+    a misleading "frame index past the last frame"."""
+    from flashcodec.files import file_stamp
+
+    data, plan = video
+    path, other = tmp_path / "clip.mp4", tmp_path / "other.mp4"
+    path.write_bytes(data)
+    other.write_bytes(make_video(None, 320, 240, 20, 10))  # fewer frames than the plan samples
+    stamp = file_stamp(path.stat())
+    if when == "before the decode":
+        os.replace(other, path)
+    elif when == "removed":
+        path.unlink()
+    groups, done = queue.Queue(), queue.Queue()
+    worker.submit("r1", str(path), plan, lambda g, pages: groups.put((g, pages)), done.put, stamp)
+    if when == "while it decodes":
+        worker.free_pages.free(groups.get(timeout=30)[1])  # the first group is out; the second waits for pages
+        os.replace(other, path)
+    failure = _drain(groups, done, worker)
+    if when == "unchanged":
+        assert failure is None
+    else:
+        assert failure.kind == INVALID_INPUT
+        assert failure.message == ("video: the file cannot be read any more (No such file or directory): it was "
+                                   "removed while the request ran" if when == "removed" else
+                                   "video: the file changed while the request ran (replaced or rewritten after it "
+                                   "was checked): send the request again once it is written")
+    assert worker.free_pages.num_free == 3 and not worker.running
