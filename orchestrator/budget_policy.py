@@ -6,7 +6,12 @@ it: the gap between decode steps (the TBT every stream sees) grows with the step
 configured budgets by one factor ``scale`` in [``min_scale``, ``max_scale``]:
 
 * nothing decoding: ``max_scale`` (no stream to protect; a lone video reaches its first token sooner, as larger
-  budgets measured on the H200: bench/RESULTS.md);
+  budgets measured on the H200: bench/RESULTS.md), halved while the step, at the measured cost per unit of work,
+  would end past the TTFT target of a waiting request that it would finish (down to 1: 16 text prompts that came
+  while a video was prefilled waited out its 8x steps of 1.8-3.0 s, whose ends found nothing decoding: the same
+  run); once something decodes again, 1: the configured budgets, those
+  tuned beside decode (the factor of an idle GPU kept beside 16 text streams let 13 images' step run 727 ms, every
+  stream stalled as long: bench/results/peer/h100-run-2026-12-07/);
 * the largest of the last ``window`` decode gaps over the TBT target (the tightest ``tbt_ms`` of the modalities
   decoding, divided by ``decode_priority_boost``): halved (multiplicative decrease, as TCP's congestion control
   backs off), and the halving judged by the gaps after it: where their largest is not at least 10% under the one
@@ -16,8 +21,10 @@ configured budgets by one factor ``scale`` in [``min_scale``, ``max_scale``]:
   policy without this rule fell to ``min_scale`` within four steps and made the images 1.6-2.2x later for no shorter
   gap (bench/results/peer/mixed-images-settings-h100-2026-12-07/). Steps run one after another, so the first gap
   after a judgement over the target spans the end of the step planned before it: it is not judged;
-* under half the target, and a waiting request whose remaining work, at the measured cost per unit of work and
-  the current scale, would pass its TTFT target: doubled; under half the target otherwise: x1.25; else kept.
+* under half the target after a step that used at least half its budgets (``FULL``: the gaps say how such a
+  step weighs on decode; small steps say nothing of it), and a waiting request whose remaining work, at the
+  measured cost per unit of work and the current scale, would pass its TTFT target: doubled; under half the target
+  after such a step otherwise: x1.25; else kept. Each raise is judged by the gaps after it, as a halving is.
 
 Budgets never fall below one patch and one token, and the scheduler's fairness rules are unchanged, so every
 request still progresses. A unit of work is one prefill token or four encode patches (one visual token after the
@@ -33,6 +40,7 @@ from backends.triton.triton_io import MODALITIES, float_parameter
 
 DEFAULT_TBT_MS = 50.0  # the per-request p99 TBT SLO of the peer benchmark (issue 19)
 SHRINK = 0.9  # a halving is kept where the largest gap after it is under this share of the one before it
+FULL = 0.5  # a step with this share of its budgets' work (or more) tells whether the budgets may grow
 
 
 def work_units(tokens: int, patches: int) -> float:
@@ -100,11 +108,13 @@ class BudgetPolicy:
         self.base = (encode_budget, prefill_budget)
         self.targets, self.config = targets, config
         self.scale = 1.0
+        self._idle = False  # the last budgets were asked with nothing decoding
         self._floor = config.min_scale  # raised to a factor whose halving left the gaps as they were
         # the last halving: the factor before it, the gap that set it off
         self._halving: tuple[float, float] | None = None
         self._gaps: deque[float] = deque(maxlen=config.window)
         self._straddling = False  # the next gap began before the budgets changed: not judged
+        self._full = False  # a step of at least FULL of the budgets' work ran since they last changed
         self._ms_per_unit: float | None = None  # measured, exponentially averaged
 
     def observe_decode_gap(self, ms: float) -> None:
@@ -119,6 +129,8 @@ class BudgetPolicy:
         if units > 0:
             cost = ms / units
             self._ms_per_unit = cost if self._ms_per_unit is None else 0.8 * self._ms_per_unit + 0.2 * cost
+        encode, prefill = self._budgets()
+        self._full = self._full or units >= FULL * work_units(prefill, encode)
 
     def budgets(self, decoding: set[str], waiting: list[Waiting]) -> tuple[int, int]:
         """(encode patches, prefill tokens) for the next step; ``decoding``: the modalities of the sequences in the
@@ -126,10 +138,35 @@ class BudgetPolicy:
         c = self.config
         if not decoding:
             self.scale, self._floor, self._halving, self._straddling = c.max_scale, c.min_scale, None, False
+            self.scale = self._idle_scale(waiting)
             self._gaps.clear()  # gaps of another batch say nothing about the next one
+        elif self._idle:
+            self._changed(1.0)
         elif self._gaps:
             self._judge(self.targets.tightest_tbt_ms(decoding, c.decode_priority_boost), max(self._gaps), waiting)
+        self._idle = not decoding
+        return self._budgets()
+
+    def _idle_scale(self, waiting: list[Waiting]) -> float:
+        """The factor of a step with nothing decoding: ``max_scale`` halved while the step would end past the TTFT
+        target of a waiting request whose remaining work it holds (the module docstring), at least 1."""
+        scale, total = self.config.max_scale, sum(w.units for w in waiting)
+        encode, prefill = self.base
+        while scale > 1 and self._ms_per_unit is not None:
+            units = min(total, scale * work_units(prefill, encode))
+            if all(w.age_ms + units * self._ms_per_unit <= target for w in waiting
+                   if w.units <= units and (target := self.targets.ttft_ms.get(w.kind)) is not None):
+                break
+            scale /= 2
+        return max(1.0, scale)
+
+    def _budgets(self) -> tuple[int, int]:
         return tuple(max(1, round(b * self.scale)) for b in self.base)
+
+    def _changed(self, scale: float) -> None:
+        """The factor is now ``scale``: judge it by its own gaps, from the first that begins after this step."""
+        self.scale, self._full, self._straddling = scale, False, True
+        self._gaps.clear()
 
     def _judge(self, target: float, worst: float, waiting: list[Waiting]) -> None:
         """The factor from ``worst``, the largest recent decode gap (ms), against ``target`` (ms): the module
@@ -137,15 +174,16 @@ class BudgetPolicy:
         halving, self._halving = self._halving, None
         if worst > target:
             if halving is not None and worst >= SHRINK * halving[1]:  # the gaps did not follow the budgets
-                self.scale = self._floor = halving[0]
+                self._floor = halving[0]
+                self._changed(halving[0])
             elif self.scale > self._floor:
                 self._halving = (self.scale, worst)
-                self.scale = max(self._floor, self.scale / 2)
-            self._gaps.clear()  # judge the new scale by its own gaps
-            self._straddling = True
-        elif worst < target / 2:
+                self._changed(max(self._floor, self.scale / 2))
+            else:
+                self._changed(self.scale)
+        elif worst < target / 2 and self._full:
             self._floor = self.config.min_scale
-            self.scale = min(self.config.max_scale, self.scale * (2 if self._at_risk(waiting) else 1.25))
+            self._changed(min(self.config.max_scale, self.scale * (2 if self._at_risk(waiting) else 1.25)))
 
     def _at_risk(self, waiting: list[Waiting]) -> bool:
         """A waiting request would pass its TTFT target: its age plus its work at the measured cost per unit, stretched

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from orchestrator.budget_policy import DEFAULT_TBT_MS, BudgetPolicy, PolicyConfig, SloTargets, Waiting
+from orchestrator.budget_policy import DEFAULT_TBT_MS, BudgetPolicy, PolicyConfig, SloTargets, Waiting, work_units
 
 TARGETS = SloTargets(ttft_ms={"text": 500, "video": 15_000}, tbt_ms={"text": 50, "video": 40})
 
@@ -14,8 +14,10 @@ def policy(**config) -> BudgetPolicy:
 
 
 def step(p: BudgetPolicy, gap_ms: float, decoding=frozenset({"text"})) -> float:
-    """One encode/prefill step beside decode: two decode gaps of ``gap_ms`` (the first spans the step before's end),
-    then the next step's budgets; returns the factor."""
+    """One encode/prefill step beside decode, using its budgets whole: two decode gaps of ``gap_ms`` (the first
+    spans the step before's end), then the next step's budgets; returns the factor."""
+    encode, prefill = p.budgets(set(decoding), [])
+    p.observe_step(100.0, work_units(prefill, encode))
     p.observe_decode_gap(gap_ms)
     p.observe_decode_gap(gap_ms)
     p.budgets(set(decoding), [])
@@ -48,13 +50,25 @@ def test_a_halving_that_leaves_the_gaps_as_they_were_is_undone_and_not_tried_aga
     assert scales == [1.0, 2.0, 2.0, 2.0, 2.0, 2.5, 1.25, 1.25, 0.625]
 
 
-def test_nothing_decoding_forgets_the_floor():
+def test_nothing_decoding_forgets_the_floor_and_decoding_again_starts_from_the_configured_budgets():
     p = policy()
     p.scale = 1.0
     assert [step(p, 60), step(p, 60)] == [0.5, 1.0]  # undone: the floor is 1
-    p.budgets(set(), [])
-    p.scale = 1.0
-    assert step(p, 100) == 0.5
+    assert p.budgets(set(), []) == (8 * 10240, 8 * 2048)
+    assert p.budgets({"text"}, []) == (10240, 2048)  # streams decode again: not the idle GPU's factor
+    assert step(p, 100) == 0.5  # judged by the gaps after it
+
+
+def test_small_steps_do_not_raise_the_budgets():
+    """16 text streams' short prompts beside decode say nothing of what an image step would do to it (h100-run-
+    2026-12-07: the factor had reached 8 by the time 16 images came, and their first step stalled every stream)."""
+    p = policy()
+    p.budgets({"text"}, [])
+    for _ in range(10):
+        p.observe_step(50.0, 117)  # one text prompt's prefill
+        p.observe_decode_gap(6.0)  # well under half the target
+        assert p.budgets({"text"}, []) == (10240, 2048)
+    assert step(p, 6.0) == 1.25  # a step of the budgets' size with the gaps as short
 
 
 def test_the_gap_that_spans_the_step_before_is_not_judged():
@@ -71,7 +85,7 @@ def test_headroom_raises_the_budgets_faster_when_a_ttft_is_at_risk():
     calm, urgent = policy(), policy()
     for p in (calm, urgent):
         p.scale = 1.0
-        p.observe_step(100.0, 1000)  # 0.1 ms per unit of work
+        p.observe_step(400.0, 4000)  # 0.1 ms per unit of work, most of the budgets
         p.observe_decode_gap(10.0)  # well under 50 ms
     calm.budgets({"text"}, [Waiting("text", age_ms=10, units=100)])  # 10 + 10 ms: in time
     urgent.budgets({"text"}, [Waiting("text", age_ms=450, units=1000)])  # 450 + 100 ms > 500 ms
@@ -121,3 +135,16 @@ def test_targets_come_from_the_parameters():
 def test_bad_settings_are_refused(config, words):
     with pytest.raises(ValueError, match=words):
         PolicyConfig(**config)
+
+
+def test_nothing_decoding_keeps_the_step_within_the_ttft_of_the_requests_it_would_finish():
+    """The 8x step of a video with text prompts waiting (h100-run-2026-12-07's SLO start: 1.8-3.0 s steps, the
+    text prompts behind each): halved until the step ends within their TTFT target (500 ms for text)."""
+    p = policy()
+    assert p.budgets(set(), [Waiting("text", 100, 117)]) == (8 * 10240, 8 * 2048)  # no cost measured yet
+    p.observe_step(100.0, 2000)  # 0.05 ms per unit; 1x budgets hold 4,608 units (230 ms)
+    video = Waiting("video", 0, 100_000)
+    assert p.budgets(set(), [video]) == (8 * 10240, 8 * 2048)  # it cannot end in one step anyway
+    assert p.budgets(set(), [video, Waiting("text", 20, 117)]) == (2 * 10240, 2 * 2048)  # 20 + 461 ms <= 500
+    assert p.budgets(set(), [video, Waiting("text", 400, 117)]) == (10240, 2048)  # late already: no larger step
+    assert p.budgets(set(), [Waiting("text", 400, 117) for _ in range(16)]) == (8 * 10240, 8 * 2048)  # 94 ms
