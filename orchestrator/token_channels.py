@@ -27,6 +27,12 @@ The protocol (inputs and outputs of the orchestrator's ``config.pbtxt``):
   INVALID_ARG, and so is a streamed request without an id or with the id of one in flight on the channel (their
   entries could not be told apart); an id is free again once its request's final response is sent, however it ended
   (a cancelled or failed request's entries already queued may still follow on the channel).
+  A reply's ``input_ids`` (``return_input_ids``' first reply) are not in its entry's JSON: the entry holds their
+  count, and the ids are the next that many of the channel response's ``input_ids`` output (INT64), in entry order.
+  JSON took 6-9 ms to write and 10-15 to read on the CPU machine for a 3-minute video's 107,002 ids, and the other
+  requests' entries merged into that response waited for both: the streams on the video's OpenAI API process
+  stalled 53-67 ms at its first token (an H100 host, bench/results/peer/h100-run-2026-12-07/); as one tensor, about
+  2 ms to write.
   A request not streamed keeps its one response on its own stream.
 * When a channel closes, the requests bound to it are cancelled (no client reads their replies any more): their own
   streams end with ``abort``, their pages are freed.
@@ -34,6 +40,7 @@ The protocol (inputs and outputs of the orchestrator's ``config.pbtxt``):
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 from dataclasses import dataclass, field
@@ -106,8 +113,17 @@ class ChannelItem:
     def build(self):
         """The response with ``channel_items``; a non-final INTERNAL error response if building it failed."""
         try:
-            items = json.dumps([{"id": request_id, **reply.fields()} for request_id, reply in self.entries])
-            return io.pb().InferenceResponse([io.str_tensor("channel_items", [items])])
+            entries, prompts = [], []
+            for request_id, reply in self.entries:
+                fields = reply.fields()
+                if "input_ids" in fields:  # their count here, the ids in the response's input_ids (the docstring)
+                    prompts.append(fields["input_ids"])
+                    fields["input_ids"] = len(prompts[-1])
+                entries.append({"id": request_id, **fields})
+            outputs = [io.str_tensor("channel_items", [json.dumps(entries)])]
+            if prompts:
+                outputs.append(io.number_tensor("input_ids", list(itertools.chain.from_iterable(prompts))))
+            return io.pb().InferenceResponse(outputs)
         except Exception as exc:
             log.exception("orchestrator: a channel response could not be built")
             return io.error(f"internal error: {type(exc).__name__}: {exc}", invalid_argument=False)

@@ -23,7 +23,7 @@ from tritonclient.grpc import InferInput
 from tritonclient.utils import InferenceServerException
 
 from backends.openai.errors import ApiError, from_orchestrator, from_transport
-from client.pieces import LARGE_RESPONSE_BYTES, ResponsePiece, is_final
+from client.pieces import LARGE_RESPONSE_BYTES, ResponsePiece, is_final, with_prompt
 from client.http_stream import piece_from_event
 
 
@@ -103,9 +103,11 @@ class TokenChannel:
             async for result, error in self._responses:
                 if error is not None:
                     raise from_orchestrator(error.message())
-                items = result.as_numpy("channel_items")
+                items, prompts = result.as_numpy("channel_items"), result.as_numpy("input_ids")
                 raw = b"" if items is None else items.reshape(-1)[0]
-                pieces = await asyncio.to_thread(_pieces, raw) if len(raw) > LARGE_RESPONSE_BYTES else _pieces(raw)
+                prompts = None if prompts is None else prompts.reshape(-1)
+                pieces = await asyncio.to_thread(_pieces, raw, prompts) if len(raw) > LARGE_RESPONSE_BYTES \
+                    else _pieces(raw, prompts)
                 for request_id, piece in pieces:
                     queue = self._queues.get(request_id)
                     if queue is not None:
@@ -132,9 +134,20 @@ class TokenChannel:
                 queue.put_nowait(self.broken)
 
 
-def _pieces(raw: bytes) -> list[tuple[str | None, ResponsePiece]]:
-    """A channel response's ``channel_items`` (JSON text; empty: none) as (request id, piece) in order; read in a
-    worker thread when over ``LARGE_RESPONSE_BYTES`` (a streamed echo's prompt log probabilities): the channel's
-    other requests wait for it either way, the process's others do not. Raises ServerError for an error entry,
-    ValueError for text that is not JSON."""
-    return [(entry.pop("id", None), piece_from_event(entry)) for entry in json.loads(raw)] if len(raw) else []
+def _pieces(raw: bytes, prompts: np.ndarray | None = None) -> list[tuple[str | None, ResponsePiece]]:
+    """A channel response's ``channel_items`` (JSON text; empty: none) as (request id, piece) in order, an entry's
+    ``input_ids`` (a count) taken from ``prompts``, the response's ``input_ids`` (``orchestrator.token_channels``);
+    read in a worker thread when over ``LARGE_RESPONSE_BYTES`` (a streamed echo's prompt log probabilities): the
+    channel's other requests wait for it either way, the process's others do not. Raises ServerError for an error
+    entry, ValueError for text that is not JSON or counts past ``prompts``' end."""
+    pieces, taken = [], 0
+    for entry in json.loads(raw) if len(raw) else ():
+        count = entry.pop("input_ids", None)
+        piece = piece_from_event(entry)
+        if count is not None:
+            if prompts is None or taken + count > len(prompts):
+                raise ValueError(f"an entry takes {count} input_ids past the {0 if prompts is None else len(prompts)} "
+                                 "the channel response carries")
+            piece, taken = with_prompt(piece, prompts[taken:taken + count]), taken + count
+        pieces.append((entry.pop("id", None), piece))
+    return pieces

@@ -2,6 +2,7 @@
 each entry the outputs its reply would have had on its request's own stream; a channel answers at once, closes on
 its client's cancellation or the server's stop with a final response, and names are checked."""
 import asyncio
+import dataclasses
 import json
 import threading
 
@@ -273,3 +274,16 @@ def test_a_request_naming_a_channel_once_the_server_stops_is_told_so():
         with pytest.raises(StageError, match=r"^the server is shutting down \(its model decode was unloaded\)"):
             channels.claim("c", "r1", stream=True)
     asyncio.run(run())
+
+
+def test_prompt_ids_travel_as_one_int64_output_each_entry_holding_its_count():
+    """A 3-minute video's 107,002 ids as JSON stalled the other streams merged into its response
+    (bench/results/peer/h100-run-2026-12-07/): the entries hold counts, the ids one tensor in entry order."""
+    a, b = replies(parsed(input_ids=True), ["A0", "A1"]), replies(parsed(), ["B0"])
+    first = dataclasses.replace(a[0], first_outputs=a[0].first_outputs + (("input_ids", [5, 6, 7]),))
+    other = dataclasses.replace(b[0], first_outputs=b[0].first_outputs + (("input_ids", [8]),))
+    response = ChannelItem((("a", first), ("b", other), ("a", a[1]))).build()
+    sent = entries(response)
+    assert [(e["id"], e.get("input_ids")) for e in sent] == [("a", 3), ("b", 1), ("a", None)]
+    assert list(response.outputs()["input_ids"]) == [5, 6, 7, 8]
+    assert "input_ids" not in ChannelItem((("a", a[1]),)).build().outputs()  # none without a prompt's ids

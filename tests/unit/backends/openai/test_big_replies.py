@@ -10,6 +10,7 @@ import asyncio
 import json
 import threading
 
+import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 from fastapi import Response
@@ -96,6 +97,17 @@ def test_channel_items_become_pieces_in_order_with_their_ids():
     assert [(request_id, piece.text, piece.token_ids, piece.finish_reason) for request_id, piece in pieces] == [
         ("a", b"x", (1,), None), ("b", b"y", (2,), "stop")]
     assert _pieces(b"") == [] and _pieces(b"[]") == []
+
+
+def test_channel_entries_take_their_prompt_ids_from_the_responses_input_ids():
+    raw = json.dumps([{"id": "a", "text_output": "x", "input_ids": 3}, {"id": "b", "text_output": "y"},
+                      {"id": "c", "text_output": "z", "input_ids": 1}]).encode()
+    pieces = _pieces(raw, np.array([5, 6, 7, 8], dtype=np.int64))
+    assert [(request_id, piece.input_ids) for request_id, piece in pieces] == [("a", (5, 6, 7)), ("b", None),
+                                                                               ("c", (8,))]
+    assert all(type(i) is int for i in pieces[0][1].input_ids)
+    with pytest.raises(ValueError, match="an entry takes 3 input_ids past the 2 the channel response carries"):
+        _pieces(raw, np.array([5, 6], dtype=np.int64))
 
 
 def test_sliced_json_writes_pydantics_bytes_by_short_calls(monkeypatch):
