@@ -8,10 +8,10 @@ configured budgets by one factor ``scale`` in [``min_scale``, ``max_scale``]:
 * nothing decoding: ``max_scale`` (no stream to protect; a lone video reaches its first token sooner, as larger
   budgets measured on the H200: bench/RESULTS.md), halved while the step, at the measured cost per unit of work,
   would end past the TTFT target of a waiting request that it would finish (down to 1: 16 text prompts that came
-  while a video was prefilled waited out its 8x steps of 1.8-3.0 s, whose ends found nothing decoding: the same
-  run); once something decodes again, 1: the configured budgets, those
-  tuned beside decode (the factor of an idle GPU kept beside 16 text streams let 13 images' step run 727 ms, every
-  stream stalled as long: bench/results/peer/h100-run-2026-12-07/);
+  while a video was prefilled waited out its 8x steps of 1.8-3.0 s, whose ends found nothing decoding:
+  bench/results/peer/h100-run-2026-12-07/); once something decodes again, 1: the configured budgets, those tuned
+  beside decode (the idle factor kept beside 16 text streams let 13 images' step run 727 ms, every stream stalled
+  as long: the same run);
 * the largest of the last ``window`` decode gaps over the TBT target (the tightest ``tbt_ms`` of the modalities
   decoding, divided by ``decode_priority_boost``): halved (multiplicative decrease, as TCP's congestion control
   backs off), and the halving judged by the gaps after it: where their largest is not at least 10% under the one
@@ -137,7 +137,7 @@ class BudgetPolicy:
         decode batch; ``waiting``: the requests not yet at their first token."""
         c = self.config
         if not decoding:
-            self.scale, self._floor, self._halving, self._straddling = c.max_scale, c.min_scale, None, False
+            self._floor, self._halving, self._straddling = c.min_scale, None, False
             self.scale = self._idle_scale(waiting)
             self._gaps.clear()  # gaps of another batch say nothing about the next one
         elif self._idle:
