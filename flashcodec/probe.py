@@ -102,7 +102,8 @@ def _video_container(file: BinaryIO) -> av.container.InputContainer:
     """PyAV's container of the open `file` (left open: the caller closes it). Raises MediaError as `open_container`."""
     try:
         container = av.open(file, metadata_errors="ignore")
-    except av.FFmpegError as exc:  # strerror: FFmpeg's words without the errno and the file's name
+    except (av.FFmpegError, OSError) as exc:  # strerror: FFmpeg's words without the errno and the file's name; an
+        # OSError: the file's own seek or read, e.g. EINVAL for a file truncated while FFmpeg reads it
         raise MediaError("video: not a decodable video file, or truncated before its index "
                          f"({exc.strerror or exc})") from exc
     name = container.format.name
@@ -150,7 +151,7 @@ def iter_packets(container: av.container.InputContainer) -> Iterator[av.Packet]:
         for packet in container.demux(container.streams.video[0]):
             if packet.size and not packet.is_corrupt:
                 yield packet
-    except av.FFmpegError:
+    except (av.FFmpegError, OSError):  # OSError: the file's own read or seek (it shrank while it was read)
         return  # damage: keep what was read; the caller decides whether that is enough
 
 

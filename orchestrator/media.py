@@ -12,6 +12,7 @@ from PIL import Image
 from flashcodec.errors import MediaError, TooManyPixels
 from flashcodec.families import Family, MediaOptions, MediaPlan
 from flashcodec.families.cap import plan_tokens
+from flashcodec.files import changed_since
 from flashcodec.probe import ImageInfo, VideoInfo, probe_image, probe_video
 from orchestrator.inputs import MediaInput
 from orchestrator.media_identity import file_key
@@ -29,13 +30,17 @@ MEDIA_SETTINGS = tuple(f.name for f in fields(MediaOptions))  # the sampling_par
 
 @contextlib.contextmanager
 def _named(item: MediaInput):
-    """flashcodec's errors as InvalidInput naming the input the item came from (``image_url``, not ``image``), and
-    a sampling value out of range for it as naming ``sampling_parameters``."""
+    """flashcodec's errors as InvalidInput naming the input the item came from (``image_url``, not ``image``), told
+    as the file's change where the file is no longer the one the request's check saw (``flashcodec.files.
+    changed_since``: a file truncated while it was probed failed to open, or to seek: a fresh user's test), and a
+    sampling value out of range for it as naming ``sampling_parameters``."""
     try:
         yield
     except MediaError as exc:
-        message = str(exc).removeprefix(f"{item.kind}: ")
-        raise InvalidInput(f"{item.input_name}: {message}") from None
+        message = str(exc)
+        if item.path is not None and item.stamp is not None:
+            message = changed_since(item.path, item.stamp, item.kind) or message
+        raise InvalidInput(f"{item.input_name}: {message.removeprefix(f'{item.kind}: ')}") from None
     except ValueError as exc:  # a media setting out of range for this item (the message names the key)
         raise InvalidInput(f"sampling_parameters: {exc}") from None
 

@@ -153,8 +153,11 @@ class FlashCodecWorker:
         except MediaError as exc:  # one a changed file caused is told as that
             failure = StageFailure(INVALID_INPUT, item.changed() or str(exc))
         except Exception as exc:  # never kill the worker: report and go on
-            log.exception("flashcodec failed on %s", request_id)
-            failure = StageFailure(SERVER_FAULT, f"flashcodec: {type(exc).__name__}: {exc}")
+            if (changed := item.changed()) is not None:  # the file changed under the decoder: the client's fault
+                failure = StageFailure(INVALID_INPUT, changed)
+            else:
+                log.exception("flashcodec failed on %s", request_id)
+                failure = StageFailure(SERVER_FAULT, f"flashcodec: {type(exc).__name__}: {exc}")
         finally:
             with self.lock:
                 self.queue.done(request_id)  # the thread is free: the next item may start

@@ -165,3 +165,38 @@ def _packets(pts, keys, duration=None):
 ])
 def test_unwrapped_pts(pts, keys, duration, expected):
     assert unwrapped_pts(_packets(pts, [bool(k) for k in keys], duration)) == expected
+
+
+class _Shrinking(io.BytesIO):
+    """A file whose reads or seeks fail with EINVAL from the ``fail_at``-th call on, as a file truncated while FFmpeg
+    reads it fails (a fresh user's test: a 500 naming OSError before)."""
+
+    def __init__(self, data: bytes, fail_at: int):
+        super().__init__(data)
+        self.calls, self.fail_at = 0, fail_at
+
+    def _count(self):
+        self.calls += 1
+        if self.calls >= self.fail_at:
+            raise OSError(22, "Invalid argument")
+
+    def read(self, *args):
+        self._count()
+        return super().read(*args)
+
+    def seek(self, *args):
+        self._count()
+        return super().seek(*args)
+
+
+def test_a_file_whose_read_fails_is_a_media_error_or_the_packets_read_before():
+    from flashcodec.probe import _video_container, read_packets
+
+    data = make_video(None, 640, 480, 120, 30)  # larger than FFmpeg's read buffer: read as the demux goes
+    with pytest.raises(MediaError, match=r"^video: not a decodable video file, or truncated before its index "):
+        _video_container(_Shrinking(data, fail_at=1))
+    whole = len(read_packets(av.open(io.BytesIO(data))))
+    opened = _Shrinking(data, fail_at=10**9)
+    container = _video_container(opened)
+    opened.fail_at = opened.calls + 3  # a few more reads, then the file fails
+    assert 0 <= len(read_packets(container)) < whole

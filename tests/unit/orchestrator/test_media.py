@@ -38,6 +38,21 @@ def test_a_video_files_probe_is_kept_until_the_file_changes(tmp_path, monkeypatc
     assert probes[-1] == b"bytes"
 
 
+def test_a_probe_that_fails_on_a_file_changed_since_its_check_says_it_changed(tmp_path):
+    from flashcodec.files import file_stamp
+
+    path = tmp_path / "clip.mp4"
+    make_video(path, num_frames=6)
+    media._probe_video_file.cache_clear()
+    item = MediaInput("video", path=str(path), input="video_url", stamp=file_stamp(path.stat()))
+    path.write_bytes(b"not a video any more")  # rewritten after the request's check
+    with pytest.raises(InvalidInput, match=r"^video_url: the file changed while the request ran \(replaced or "):
+        media.probe_media(item)
+    unchecked = MediaInput("video", path=str(path), input="video_url")  # no stamp: the probe's own words
+    with pytest.raises(InvalidInput, match=r"^video_url: not a decodable video file"):
+        media.probe_media(unchecked)
+
+
 def test_a_video_file_swapped_for_a_fifo_after_its_check_is_refused_at_once(tmp_path):
     path = tmp_path / "clip.mp4"
     make_video(path, num_frames=6)

@@ -231,3 +231,34 @@ def test_a_video_file_replaced_after_its_check_fails_its_request_saying_so(worke
                                    "video: the file changed while the request ran (replaced or rewritten after it "
                                    "was checked): send the request again once it is written")
     assert worker.free_pages.num_free == 3 and not worker.running
+
+
+def test_a_decoder_fault_on_a_file_changed_since_its_check_is_the_clients(worker, video, tmp_path, monkeypatch):
+    """An exception other than a media error (an OSError of the file's own read, say) is a server fault, unless the
+    file changed under the decoder: then the request's input is at fault, told as the change."""
+    from backends.stages import flashcodec_worker
+    from flashcodec.files import file_stamp
+
+    data, plan = video
+    path = tmp_path / "clip.mp4"
+    path.write_bytes(data)
+    stamp = file_stamp(path.stat())
+
+    calls = []
+
+    def failing(*args):
+        if not calls:
+            path.write_bytes(data[: len(data) // 2])  # truncated while it is read
+        calls.append(args)
+        raise OSError(22, "Invalid argument")
+        yield
+
+    monkeypatch.setattr(flashcodec_worker, "iter_video_groups", failing)
+    groups, done = queue.Queue(), queue.Queue()
+    worker.submit("r1", str(path), plan, lambda g, pages: groups.put((g, pages)), done.put, stamp)
+    failure = done.get(timeout=30)
+    assert (failure.kind, failure.message) == (INVALID_INPUT, "video: the file changed while the request ran "
+                                               "(replaced or rewritten after it was checked): send the request "
+                                               "again once it is written")
+    worker.submit("r2", str(path), plan, lambda g, pages: groups.put((g, pages)), done.put, file_stamp(path.stat()))
+    assert done.get(timeout=30).kind == SERVER_FAULT  # the same fault on an unchanged file
