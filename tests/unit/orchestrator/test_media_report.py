@@ -60,3 +60,8 @@ def test_internvl3_plans_report_the_same_fields_and_no_fps_in_the_requests_order
 def test_every_item_needs_its_plan():
     with pytest.raises(ValueError):
         media_report([cfr_info(64, 48, 1, 10.0)], [])
+
+
+def test_a_sparse_clips_rate_keeps_three_significant_digits_instead_of_rounding_to_zero():
+    (item,) = report(QWEN, cfr_info(64, 48, 4, 0.0002))  # a frame every 5,000 s
+    assert item["fps"] == 0.0002 and item["frames"] == 4
