@@ -288,8 +288,7 @@ def parse_request(raw: RawRequest, limits: InputLimits,
         sampling_text = raw.sampling_parameters[0].decode("utf-8") if raw.sampling_parameters else None
     except UnicodeDecodeError:
         raise InvalidInput("sampling_parameters: not valid UTF-8") from None
-    from_parameters = sampling_text is None and bool(raw.parameters)
-    sampling_text = raw.parameters if from_parameters else sampling_text
+    from_parameters, sampling_text = request_parameters.chosen(sampling_text, raw.parameters)
     try:
         params = parse_sampling_parameters(sampling_text, defaults=sampling_defaults)
     except InvalidInput as exc:

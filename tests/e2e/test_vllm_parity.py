@@ -192,6 +192,8 @@ def test_request_parameters_are_the_sampling_parameters_where_that_input_is_abse
                                                                                 parameters={"max_tokens": 2})) == 4
     with pytest.raises(ServerError, match="parameters: unknown key 'foo' \\(known: "):
         kserve_request(grpc_url, text, parameters={"max_tokens": 3, "foo": 1})
+    with pytest.raises(ServerError, match="parameters: unknown key 'video_urls': not an input of this model"):
+        kserve_request(grpc_url, both, parameters={"video_urls": "clip.mp4"})  # beside sampling_parameters too
 
 
 @pytest.mark.parametrize("penalties", [  # the dummy model's greedy reply repeats no token: a penalty above 1 leaves it

@@ -39,6 +39,17 @@ def test_a_bad_key_is_refused_naming_the_parameters(given, says):
     assert str(refused.value).startswith(says), refused.value
 
 
+def test_beside_sampling_parameters_a_parameter_that_is_no_sampling_key_is_refused():
+    """Triton's generate endpoint passes a misspelled input (``video_urls``) on as a parameter: it is refused, not
+    dropped; the parameters' sampling keys (even bad values of them) are not read, as the vLLM backend's."""
+    def parsed(parameters: str):
+        return parse_request(RawRequest(text_input=[b"Hi"], parameters=sampling_text(parameters),
+                                        sampling_parameters=[b'{"max_tokens": 7}']), InputLimits())
+    with pytest.raises(InvalidInput, match=r"^parameters: unknown key 'video_urls': not an input of this model "):
+        parsed('{"video_urls": "/media/clip.mp4", "max_tokens": 5}')
+    assert parsed('{"max_tokens": -1, "max_patches": 3, "stream": true, "id": "r1"}').params.max_tokens == 7
+
+
 def test_a_structured_output_in_the_parameters_is_parsed_off_the_event_loop():
     raw = RawRequest(text_input=[b"Hi"], parameters=sampling_text('{"structured_outputs": {"regex": "a+"}}'))
     assert builds_a_grammar(raw)
