@@ -49,8 +49,8 @@ class GenerationResult:
     ``visual_cap``: what the server's ``max_visual_tokens`` changed in the request's media (its ``visual_cap``
     output: ``max_visual_tokens``, ``requested_visual_tokens``, ``visual_tokens``, ``fps``, ``max_pixels``), or
     None when nothing was. ``media``: what the server did with each image and video, in the prompt's order (its
-    ``media`` output, docs/requests.md: ``kind``, ``grid_thw``, ``visual_tokens``; an image's ``width``, ``height``;
-    a video's ``frames_in_file``, ``duration_s``, ``frames`` used, ``sampled_frames``, ``fps``), None without media.
+    ``media`` output, docs/requests.md: ``kind``, ``grid_thw``, ``visual_tokens``, ``width``, ``height``; a
+    video's ``frames_in_file``, ``duration_s``, ``frames`` used, ``sampled_frames``, ``fps``), None without media.
     ``timeline``: the server's record of where the request's time went (``return_timeline``;
     ``{"arrived_monotonic_s": ..., "events": [{"ms": ..., "event": ..., ...}], "tokens": {...}}``, docs/requests.md,
     orchestrator/timeline.py), else None.

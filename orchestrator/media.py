@@ -167,19 +167,22 @@ def media_report(infos: list[VideoInfo | ImageInfo], plans: list[MediaPlan]) -> 
     Every item: ``kind`` ("image" or "video"); ``grid_thw`` [t, h, w], the plan's grid (Qwen2.5-VL: 14-px patches,
     t = sampled frames / 2; InternVL3: tiles or frames, 32, 32); ``visual_tokens``, the LLM tokens it takes
     (``plan_tokens``). An image: ``width``, ``height``, its pixels as displayed (``ImageInfo``, from its header).
-    A video: ``frames_in_file`` (``VideoInfo.num_frames``); ``duration_s``, seconds to the millisecond
+    A video: ``width``, ``height``, its frames as displayed (``VideoInfo``: after its rotation);
+    ``frames_in_file`` (``VideoInfo.num_frames``); ``duration_s``, seconds to the millisecond
     (``VideoInfo.duration_s``); ``frames``, the file's distinct frames used; ``sampled_frames``, the frames the model
     sees, repeats counted (Qwen2.5-VL's temporal patch of 2 takes a 1-frame clip's frame twice: frames 1,
     sampled_frames 2); ``fps``, the sample's frames per second to 1/1000, under that to 3 significant digits (not
     0.0; Qwen2.5-VL's ``sampled_fps``), null where the family samples by segments (InternVL3); and where the file
     was cut short after its index (``VideoInfo.truncated``: its frames up to the cut are used) ``truncated`` true and
-    ``frames_declared``, the frames its index declares. Raises ValueError when ``infos`` and ``plans`` differ in length."""
+    ``frames_declared``, the frames its index declares. Raises ValueError when ``infos`` and ``plans`` differ in
+    length."""
     report = []
     for info, plan in zip(infos, plans, strict=True):
         item = {"kind": plan.kind, "grid_thw": list(plan.grid_thw), "visual_tokens": plan_tokens(plan)}
         if isinstance(info, VideoInfo):
             fps = getattr(plan, "sampled_fps", None)
-            item.update(frames_in_file=info.num_frames, duration_s=round(info.duration_s, 3),
+            item.update(width=info.width, height=info.height, frames_in_file=info.num_frames,
+                        duration_s=round(info.duration_s, 3),
                         frames=len(set(plan.frame_indices)), sampled_frames=len(plan.frame_indices),
                         fps=None if fps is None else round(fps, 3) or float(f"{fps:.3g}"))
             if info.truncated:

@@ -27,7 +27,8 @@ def test_a_qwen_image_reports_its_size_grid_and_tokens():
 def test_a_one_frame_clip_reports_one_frame_seen_twice():
     """Qwen2.5-VL's temporal patch of 2: the only frame is repeated (sampled_frames 2), but the file has one."""
     assert report(QWEN, cfr_info(64, 48, 1, 10.0)) == [
-        {"kind": "video", "grid_thw": [1, 20, 28], "visual_tokens": 140, "frames_in_file": 1, "duration_s": 0.1,
+        {"kind": "video", "grid_thw": [1, 20, 28], "visual_tokens": 140, "width": 64, "height": 48,
+         "frames_in_file": 1, "duration_s": 0.1,
          "frames": 1, "sampled_frames": 2, "fps": 20.0}]
 
 
@@ -52,7 +53,8 @@ def test_a_truncated_file_says_so_with_the_frames_its_index_declares():
 def test_internvl3_plans_report_the_same_fields_and_no_fps_in_the_requests_order():
     """Segments, not a rate: fps is null; an image's grid counts its tiles (2 and the thumbnail)."""
     video, image = report(INTERNVL, cfr_info(640, 360, 300, 30.0), ImageInfo(1000, 500, "RGB", "PNG"))
-    assert video == {"kind": "video", "grid_thw": [8, 32, 32], "visual_tokens": 2048, "frames_in_file": 300,
+    assert video == {"kind": "video", "grid_thw": [8, 32, 32], "visual_tokens": 2048, "width": 640, "height": 360,
+                     "frames_in_file": 300,
                      "duration_s": 10.0, "frames": 8, "sampled_frames": 8, "fps": None}
     assert image == {"kind": "image", "grid_thw": [3, 32, 32], "visual_tokens": 768, "width": 1000, "height": 500}
 
@@ -65,3 +67,10 @@ def test_every_item_needs_its_plan():
 def test_a_sparse_clips_rate_keeps_three_significant_digits_instead_of_rounding_to_zero():
     (item,) = report(QWEN, cfr_info(64, 48, 4, 0.0002))  # a frame every 5,000 s
     assert item["fps"] == 0.0002 and item["frames"] == 4
+
+
+def test_a_turned_videos_size_is_its_upright_one():
+    """A phone's portrait clip stored landscape with a 90-degree display matrix (case C5): the size it is shown at."""
+    turned = dataclasses.replace(cfr_info(640, 360, 30, 30.0), width=360, height=640, rotation=90)
+    (item,) = report(QWEN, turned)
+    assert (item["width"], item["height"]) == (360, 640) and item["grid_thw"][1] > item["grid_thw"][2]
