@@ -204,9 +204,10 @@ def _resolve_url(kind: str, url: str, limits: InputLimits) -> MediaInput:
         raise InvalidInput(f"{name}: not a usable path ({type(exc).__name__})") from None
     if not stat.S_ISREG(status.st_mode):
         raise InvalidInput(f"{name}: not a regular file (a folder, device or pipe): {url[:200]!r}")
-    if not status.st_size or status.st_size > limits.max_media_bytes:
-        raise InvalidInput(f"{name}: file is {status.st_size} bytes, over the limit of {limits.max_media_bytes}"
-                           if status.st_size else f"{name}: empty file (0 bytes): {url[:200]!r}")
+    if not status.st_size:
+        raise InvalidInput(f"{name}: empty file (0 bytes): {url[:200]!r}")
+    if status.st_size > limits.max_media_bytes:
+        raise InvalidInput(f"{name}: file is {status.st_size} bytes, over the limit of {limits.max_media_bytes}")
     return MediaInput(kind, path=str(path), input=name, stamp=file_stamp(status))
 
 

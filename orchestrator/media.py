@@ -38,7 +38,7 @@ def _named(item: MediaInput):
         yield
     except MediaError as exc:
         message = str(exc)
-        if item.path is not None and item.stamp is not None:
+        if item.stamp is not None:  # a path's, as checked
             message = changed_since(item.path, item.stamp, item.kind) or message
         raise InvalidInput(f"{item.input_name}: {message.removeprefix(f'{item.kind}: ')}") from None
     except ValueError as exc:  # a media setting out of range for this item (the message names the key)

@@ -17,15 +17,13 @@ has ``sampling_parameters``, its parameters' sampling keys are not read, and any
 from __future__ import annotations
 
 import json
-from dataclasses import fields
 
 from orchestrator.sampling_aliases import aliases_of
-from orchestrator.sampling_params import INPUT, InvalidInput, RequestParams
+from orchestrator.sampling_params import INPUT, KEYS, InvalidInput
 
 NOT_SAMPLING = frozenset({"id", "priority", "timeout", "sequence_id", "sequence_start", "sequence_end",
                           "stream"})
 RESERVED_PREFIX = "triton_"  # Triton's own parameters
-KEYS = tuple(f.name for f in fields(RequestParams))  # the sampling keys (sampling_parameters'), aliases aside
 
 
 def sampling_text(parameters: str) -> str | None:

@@ -360,9 +360,10 @@ _CONVERTERS = {
     "logit_bias": _as_logit_bias,
     "structured_outputs": _as_structured_outputs,
 }
+KEYS = tuple(_CONVERTERS)  # the sampling keys, their aliases aside (orchestrator.sampling_aliases)
 
 
-def parse_sampling_parameters(text: str | None, keys: tuple[str, ...] = tuple(_CONVERTERS),
+def parse_sampling_parameters(text: str | None, keys: tuple[str, ...] = KEYS,
                               defaults: Mapping[str, object] = MappingProxyType({})) -> RequestParams:
     """Parses the `sampling_parameters` input (a JSON object in a string) that may hold `keys` (all, by default; the
     orchestrator's `media_defaults` takes the media settings alone) and their aliases; `defaults` (values of
@@ -378,8 +379,7 @@ def parse_sampling_parameters(text: str | None, keys: tuple[str, ...] = tuple(_C
     naming two.
 
     Raises:
-        InvalidInput: invalid JSON, not an object, an unknown key, a wrong type or an out-of-range
-            value; the message names the key.
+        InvalidInput: invalid JSON, not an object, an unknown key, a wrong type or an out-of-range value, named.
     """
     if text is None or not text.strip():
         return RequestParams(**defaults)

@@ -150,11 +150,10 @@ class FlashCodecWorker:
                     break  # aborted, or the server is stopping: the stream just ends
             else:  # a video's GOP readers open the path again as they run
                 item.check_unchanged()
-        except MediaError as exc:  # one a changed file caused is told as that
-            failure = StageFailure(INVALID_INPUT, item.changed() or str(exc))
         except Exception as exc:  # never kill the worker: report and go on
-            if (changed := item.changed()) is not None:  # the file changed under the decoder: the client's fault
-                failure = StageFailure(INVALID_INPUT, changed)
+            # a media error, or any fault on a file changed under the decoder (told as that change): the client's
+            if (changed := item.changed()) is not None or isinstance(exc, MediaError):
+                failure = StageFailure(INVALID_INPUT, changed or str(exc))
             else:
                 log.exception("flashcodec failed on %s", request_id)
                 failure = StageFailure(SERVER_FAULT, f"flashcodec: {type(exc).__name__}: {exc}")
