@@ -1,8 +1,13 @@
 """The error type FlashCodec raises for bad media, and its case for an image too large to open."""
 from PIL import Image
 
-# What Pillow cannot identify (its own message is a Python repr of the BytesIO it was given).
-NOT_AN_IMAGE = "image: not a decodable image (JPEG, PNG, WebP, ...)"
+# The image formats served (Pillow's names): raster formats that Pillow decodes itself. Any other plugin is never
+# tried: Pillow's EPS plugin runs Ghostscript (`gs`, where the host has one) on the client's PostScript at decode
+# (a fresh user's break test, 2026-12-07: its errors were 500s naming temporary files, and a render that never ends
+# held a flashcodec decode thread until it did).
+IMAGE_FORMATS = ("JPEG", "MPO", "PNG", "WEBP", "GIF", "BMP", "TIFF", "AVIF", "ICO", "PPM")
+# What Pillow cannot identify among them (its own message is a Python repr of the BytesIO it was given).
+NOT_AN_IMAGE = "image: not a decodable image (JPEG, PNG, WebP, GIF, BMP, TIFF, AVIF, ICO or PPM)"
 
 
 class MediaError(ValueError):

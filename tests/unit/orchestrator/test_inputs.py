@@ -5,6 +5,7 @@ import base64
 
 import pytest
 
+from flashcodec.errors import NOT_AN_IMAGE
 from flashcodec.files import file_stamp
 from flashcodec.sampling import VIDEO_MIN_PIXELS
 from orchestrator.inputs import InputLimits, MediaInput, RawRequest, parse_request
@@ -224,7 +225,7 @@ def _media_error(limits, **kwargs) -> str:
 def test_media_errors_name_the_input_the_item_came_from(tmp_path):
     limits = InputLimits(allowed_media_dirs=(tmp_path.resolve(),))
     video = make_video(tmp_path / "v.mp4", 96, 64, 4, 24, codec="libx264")
-    not_an_image = "not a decodable image (JPEG, PNG, WebP, ...)"
+    not_an_image = NOT_AN_IMAGE.removeprefix("image: ")
     assert _media_error(limits, image_url=[str(tmp_path / "v.mp4").encode()]) == f"image_url: {not_an_image}"
     data_url = "data:image/png;base64," + base64.b64encode(video).decode()
     assert _media_error(limits, image_url=[data_url.encode()]) == f"image_url: {not_an_image}"
