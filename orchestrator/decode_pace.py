@@ -53,7 +53,11 @@ decode, was held: its prefill 45.5-53.9 ms against 51.3-54.4 paced, the client's
 spread between passes; bench/results/peer/twenty-second-run-h100-2026-12-06/). It held the mixed video's text
 streams when their closed loop restarted them together and the orchestrator split them over two steps (4-6, then
 9-10 prompts): the first ones waited out the second step, 55-58 ms, and the window's max gap was 54.6-69.7 ms in all
-three passes against 23-43 before (bench/results/peer/twenty-fourth-run-h100-2026-12-07/README.md).
+three passes against 23-43 before (bench/results/peer/twenty-fourth-run-h100-2026-12-07/README.md). The step held
+must itself end :data:`HOLD_MIN_ENDING` prompts (a burst's later part, not a trickle): the mixed video's streams,
+restarted 11 in one step and 3 in the next, were held for the second (49 ms on an H100) and the 11 got their second
+token 60-64 ms after their first, the window's max in both passes (44.8, 63.6 ms; target 50), where the 3 prompts'
+gain was one step's wait (bench/results/peer/h100-run2-2026-12-07/README.md).
 On by default: on one H100 host
 the 32 requests' TBT p99 was 8.15-11.81 ms over seven passes (median 8.91) against 8.82-13.36 (median 11.72) over
 eight with it off, vLLM 7.40-7.96 (the same README); the price is the burst's one longer gap (text_c32's largest,
@@ -70,6 +74,7 @@ from orchestrator.fewer_sms import ending_kinds, favours_decode
 
 PACE_FOR_MS = 1000.0  # a pacing the orchestrator does not end (a step longer than this) ends itself
 HOLD_MIN_JOINING = 8  # streams with no decode token yet that make a burst worth holding decode for
+HOLD_MIN_ENDING = 8  # prompts the held step must end: the burst's later part
 TARGET_SHARE = 0.8  # the most of a TBT target a paced gap may take
 PACING_KINDS = frozenset({"image"})  # the modalities whose prompts ending in a step pace decode
 
@@ -98,12 +103,13 @@ class DecodePacer:
 
 def holds_joins(plan: StepPlan, decoding: Sequence[str], joining: int, kind_of: Callable[[str], str | None]) -> bool:
     """Whether decode waits ``plan`` out (module docstring, "Holding a burst's joins"): it encodes nothing, prefills
-    text prompts only (a video's chunk beside them would hold the streams for its whole step) and ends one, and
-    ``joining`` (of the requests ``decoding``, their modalities, those with no token from decode yet) are more than
-    half of them and at least :data:`HOLD_MIN_JOINING`."""
+    text prompts only (a video's chunk beside them would hold the streams for its whole step) and ends at least
+    :data:`HOLD_MIN_ENDING` of them, and ``joining`` (of the requests ``decoding``, their modalities, those with no
+    token from decode yet) are more than half of them and at least :data:`HOLD_MIN_JOINING`."""
     if plan.num_encode_patches or 2 * joining <= len(decoding) or joining < HOLD_MIN_JOINING:
         return False
-    return bool(ending_kinds(plan, kind_of)) and all(kind_of(work.req_id) == "text" for work in plan.prefill)
+    return (len(ending_kinds(plan, kind_of)) >= HOLD_MIN_ENDING
+            and all(kind_of(work.req_id) == "text" for work in plan.prefill))
 
 
 def joins_decode(plan: StepPlan, decoding: Sequence[str], kind_of: Callable[[str], str | None]) -> bool:

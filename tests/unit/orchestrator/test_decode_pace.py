@@ -9,7 +9,8 @@ import pytest
 
 from backends.ipc.protocol import EncodeWork, PrefillWork, StepPlan
 from orchestrator.budget_policy import SloTargets
-from orchestrator.decode_pace import HOLD_MIN_JOINING, PACE_FOR_MS, DecodePacer, Joins, holds_joins, joins_decode
+from orchestrator.decode_pace import (HOLD_MIN_ENDING, HOLD_MIN_JOINING, PACE_FOR_MS, DecodePacer, Joins, holds_joins,
+                                     joins_decode)
 from tests.unit.orchestrator.test_engine import World, outputs_of, run, settle
 
 
@@ -155,6 +156,7 @@ def image_plan(*works: tuple[int, bool]) -> StepPlan:
     (plan(*[(117, True)] * 8), ["text"] * 24, 12, kinds(*["text"] * 8), False),  # half of them served already
     (plan(*[(117, True)] * 17), ["text"], 1, kinds(*["text"] * 17), False),  # the 17 beside the burst's first: paced
     (plan(*[(117, True)] * 10), ["text"] * 5, 5, kinds(*["text"] * 10), False),  # a closed loop's restart, 5 then 10
+    (plan(*[(117, True)] * 3), ["text"] * 14, 11, kinds(*["text"] * 3), False),  # ... 11 then 3: a trickle, paced
     (plan((117, True)), ["text"] * 16, 0, kinds("text"), False),       # established streams: never held
     (plan((117, True)), [], 0, kinds("text"), False),                  # nothing decoding
     (plan((117, False)), ["text"], 1, kinds("text"), False),           # a chunk that ends nothing
@@ -169,36 +171,42 @@ def test_which_steps_hold_decode_for_a_burst(step, decoding, joining, kind_of, h
 
 @pytest.mark.parametrize("hold", [True, False])
 def test_hold_joins_holds_decode_while_a_burst_s_later_step_runs(hold):
-    """A burst of HOLD_MIN_JOINING requests arrives together and is prefilled in one step; "c" comes once they have
-    their first tokens and no token from decode yet: with ``hold_joins`` decode is held (a pacing of interval
-    PACE_FOR_MS) around "c"'s step, ended after "c"'s admit; without it decode hears nothing. Once the burst has had
-    a decode token, "d"'s step is not held."""
+    """A burst of HOLD_MIN_JOINING requests arrives together and is prefilled in one step; its later part, the
+    HOLD_MIN_ENDING requests "c*", comes once they have their first tokens and no token from decode yet: with
+    ``hold_joins`` decode is held (a pacing of interval PACE_FOR_MS) around their step, ended after their admits;
+    without it decode hears nothing. Once the burst has had a decode token, the "d*" step is not held."""
     burst = [f"a{i}" for i in range(HOLD_MIN_JOINING)]
+    later = tuple(f"c{i}" for i in range(HOLD_MIN_ENDING))
 
     async def body(w: World):
         outs = [w.text(name, prompt_len=10, max_tokens=3) for name in burst]
         for out in outs:
             await outputs_of(out, 1)
-        c = w.text("c", prompt_len=10, max_tokens=2)
-        await outputs_of(c, 1)
-        start = w.log.index(("step", ("c",)))
-        held = [("decode_pace", PACE_FOR_MS, PACE_FOR_MS), ("step", ("c",)), ("admit", "c"), ("decode_pace", 0.0, 0.0)]
-        assert (w.log[start - 1:start + 3] == held) is hold
-        w.stages.emit(*[(name, 8, "") for name in burst], ("c", 8, ""))
+        cs = [w.text(name, prompt_len=10, max_tokens=2) for name in later]
+        for c in cs:
+            await outputs_of(c, 1)
+        start = w.log.index(("step", later))
+        held = [("decode_pace", PACE_FOR_MS, PACE_FOR_MS), ("step", later),
+                *[("admit", name) for name in later], ("decode_pace", 0.0, 0.0)]
+        assert (w.log[start - 1:start + len(held) - 1] == held) is hold
+        w.stages.emit(*[(name, 8, "") for name in burst + list(later)])
         await outputs_of(outs[0], 1)
-        await outputs_of(w.text("d", prompt_len=10, max_tokens=1), 1)
-        assert [entry for entry in w.log if entry[0] == "decode_pace"] == (held[::3] if hold else [])
-        w.stages.emit(*[(name, 9, "length") for name in burst], ("c", 9, "length"))
+        ds = [w.text(f"d{i}", prompt_len=10, max_tokens=1) for i in range(HOLD_MIN_ENDING)]
+        for d in ds:
+            await outputs_of(d, 1)
+        assert [entry for entry in w.log if entry[0] == "decode_pace"] == ([held[0], held[-1]] if hold else [])
+        w.stages.emit(*[(name, 9, "length") for name in burst + list(later)])
         await settle()
-    run(body, prefill_budget=10 * HOLD_MIN_JOINING, joins=Joins(hold=hold))
+    run(body, prefill_budget=10 * (HOLD_MIN_JOINING + HOLD_MIN_ENDING), joins=Joins(hold=hold))
 
 
 def test_a_few_joining_streams_do_not_hold_decode():
     """Three streams new to decode beside none established (a closed loop's restarts near a scenario's end) are a
     majority but not a burst: holding decode for their later steps kept one stream's second token 130 ms on the
     H100."""
-    assert not holds_joins(plan((117, True)), ["text"] * 3, 3, kinds("text"))
-    assert holds_joins(plan((117, True)), ["text"] * HOLD_MIN_JOINING, HOLD_MIN_JOINING, kinds("text"))
+    burst = plan(*[(117, True)] * HOLD_MIN_ENDING)
+    assert not holds_joins(burst, ["text"] * 3, 3, kinds(*["text"] * HOLD_MIN_ENDING))
+    assert holds_joins(burst, ["text"] * HOLD_MIN_JOINING, HOLD_MIN_JOINING, kinds(*["text"] * HOLD_MIN_ENDING))
 
 
 @pytest.mark.parametrize("name, field", [("serial_joins", "serial"), ("hold_joins", "hold")])
