@@ -13,7 +13,7 @@ before its first token with prompt tokens left, also one waiting for KV pages or
 request alone is never held, and a burst's first request goes alone, in a prefill CUDA graph where one fits), until
 the waiting prompts fill the step's prefill budget (``idle_budget_scale`` times it while nothing decodes; more would
 not go in the step anyway), or no request is being admitted and none has reached the orchestrator for
-its quiet time (:meth:`Arrivals.quiet_s`: the burst is over), or ``wait_s`` has passed. A slow admission (a media probe) holds such a step for
+:data:`QUIET_S` (the burst is over), or ``wait_s`` has passed. A slow admission (a media probe) holds such a step for
 up to ``wait_s``, as it did under the rule before.
 
 The rule before (2026-12-03) waited while any request was being admitted, from the first step on: on the H200 the
@@ -26,12 +26,7 @@ import asyncio
 import time
 from typing import Callable
 
-QUIET_S = 0.003  # s without a new request after which a burst is over, at least: about 3x the H200's 1.1-ms spacing
-# ... or this many times the burst's own mean spacing so far, up to MAX_QUIET_S: on a slower H100 host (2026-12-07)
-# text_c32's requests came about 2 ms apart and a 4-ms hole ended the wait, steps of 1, 17 and 14 prompts
-# (bench/results/peer/h100-run-2026-12-07/README.md)
-QUIET_SPACINGS = 3
-MAX_QUIET_S = 0.010
+QUIET_S = 0.003  # s without a new request after which a burst is over: about 3x the H200's 1.1-ms hand-over spacing
 
 
 class Arrivals:
@@ -42,23 +37,11 @@ class Arrivals:
         self.arrived = 0
         self.settled = 0
         self.last_s = float("-inf")  # time.monotonic() of the last hand-over
-        self.burst_first_s = float("-inf")  # ... of the current burst's first hand-over
-        self.burst_count = 0  # hand-overs in the current burst
 
     def note(self, n: int) -> None:
         if n > 0:
-            now = time.monotonic()
-            if now - self.last_s >= self.quiet_s():
-                self.burst_first_s, self.burst_count = now, 0
             self.arrived += n
-            self.burst_count += 1
-            self.last_s = now
-
-    def quiet_s(self) -> float:
-        """Seconds without a hand-over after which the current burst is over: :data:`QUIET_SPACINGS` times its mean
-        spacing so far, at most :data:`MAX_QUIET_S`, and at least :data:`QUIET_S`."""
-        spacing = (self.last_s - self.burst_first_s) / (self.burst_count - 1) if self.burst_count > 1 else 0.0
-        return max(QUIET_S, min(MAX_QUIET_S, QUIET_SPACINGS * spacing))
+            self.last_s = time.monotonic()
 
     def settle(self) -> None:
         self.settled += 1
@@ -69,8 +52,8 @@ class Arrivals:
 
     def coming(self, now: float) -> bool:
         """Whether more of a burst may be on its way at ``now`` (s, ``time.monotonic()``): a request is being
-        admitted, or one was handed over less than :meth:`quiet_s` ago."""
-        return self.admitting() > 0 or now - self.last_s < self.quiet_s()
+        admitted, or one was handed over less than :data:`QUIET_S` ago."""
+        return self.admitting() > 0 or now - self.last_s < QUIET_S
 
 
 async def gather_burst(wake: asyncio.Event, arrivals: Arrivals, waiting: Callable[[], tuple[int, int]],
@@ -86,7 +69,7 @@ async def gather_burst(wake: asyncio.Event, arrivals: Arrivals, waiting: Callabl
         if prompts < 2 or tokens >= budget:
             return
         # an admission's end sets wake; else the quiet time after the last hand-over ends the wait, unless one comes
-        until = deadline if arrivals.admitting() > 0 else min(deadline, arrivals.last_s + arrivals.quiet_s())
+        until = deadline if arrivals.admitting() > 0 else min(deadline, arrivals.last_s + QUIET_S)
         wake.clear()
         try:
             await asyncio.wait_for(wake.wait(), until - now)
