@@ -5,13 +5,30 @@ requests share them: the model's name, ``stream``, the sampling parameters passe
 """
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any
 
-from pydantic import model_validator
+from pydantic import BeforeValidator, model_validator
+from pydantic_core import PydanticCustomError
 
 from backends.openai.bodies import Body, Flag, StrictBody
 from backends.openai.ignored_fields import log_unknown
 from backends.openai.unsupported import Unsupported
+
+
+def _spelled_bool(value: Any) -> Any:
+    """A media flag as JSON spells a boolean, or "true" / "false" (as the orchestrator reads one): pydantic's lax
+    "no", "off" or 0 are refused, not read as false, since vLLM hands ``mm_processor_kwargs`` to the processor
+    unconverted, where a non-empty string is true. Raises PydanticCustomError (a 400 naming the field)."""
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    raise PydanticCustomError("bool_spelled", "Input should be true or false (got {value})",
+                              {"value": json.dumps(value, default=str)})
+
+
+MediaFlag = Annotated[bool | None, BeforeValidator(_spelled_bool)]
 
 
 class MediaOptions(StrictBody):
@@ -28,12 +45,12 @@ class MediaOptions(StrictBody):
     num_frames: int | None = None
     max_tiles: int | None = None
     min_tiles: int | None = None
-    dynamic_image_size: bool | None = None
+    dynamic_image_size: MediaFlag = None
     max_dynamic_patch: int | None = None
     min_dynamic_patch: int | None = None
     max_patches: int | None = None
     min_patches: int | None = None
-    crop_to_patches: bool | None = None
+    crop_to_patches: MediaFlag = None
 
 
 # vLLM's media_io_kwargs (a chat's and a response's): refused when set (backends/openai/unsupported)

@@ -124,14 +124,16 @@ def test_vllms_internvl_name_max_dynamic_patch_is_the_orchestrators_to_judge():
 def test_internvls_other_tile_settings_go_on_as_they_are_sent():
     """min_tiles and dynamic_image_size, and vLLM's (min_dynamic_patch) and transformers' (max_patches, min_patches,
     crop_to_patches) names, reach the orchestrator as sent, which reads them as its keys; a value of the wrong JSON
-    type that vLLM cannot convert either is a 400 from the schema, naming the field."""
+    type that vLLM cannot convert either is a 400 from the schema, naming the field, and so is a flag spelled "no",
+    "off" or 0, which pydantic's lax mode would read as false where vLLM's processor takes the string as true."""
     kwargs = {"min_tiles": 2, "min_dynamic_patch": 2, "min_patches": 2, "max_patches": 6, "dynamic_image_size": True,
               "crop_to_patches": True}
     request = chat_request(_chat(messages=[{"role": "user", "content": "hi"}], mm_processor_kwargs=kwargs))
     assert request.sampling == {**kwargs, "max_tokens": None}
     params = parse_sampling_parameters(json.dumps(request.sampling))
     assert (params.min_tiles, params.max_tiles, params.dynamic_image_size) == (2, 6, True)
-    for field, value in (("crop_to_patches", "maybe"), ("min_tiles", 1.5)):
+    for field, value in (("crop_to_patches", "maybe"), ("min_tiles", 1.5), ("dynamic_image_size", "no"),
+                         ("crop_to_patches", 0), ("dynamic_image_size", "off")):
         with pytest.raises(ValidationError, match=f"mm_processor_kwargs.{field}"):
             _chat(messages=[{"role": "user", "content": "hi"}], mm_processor_kwargs={field: value})
 
