@@ -295,7 +295,8 @@ def probe_image(data: Source) -> ImageInfo:
     (`images.load_image`): width and height swapped for an orientation that turns the image on its side.
 
     Raises MediaError if Pillow cannot identify the bytes as one of `image_formats`, the image exceeds Pillow's
-    decompression-bomb limit, or a path is not a regular file by the time it is opened (`files.open_regular`: a FIFO would block the reader).
+    decompression-bomb limit, or a path is not a regular file by the time it is opened (`files.open_regular`: a
+    FIFO would block the reader).
     """
     source = open_source(data, "image")
     try:
