@@ -239,10 +239,10 @@ def _as_float(key: str, value: object) -> float:
     return number
 
 
-def _as_bool(key: str, value: object) -> bool:
+def as_bool(key: str, value: object) -> bool:
+    """A JSON boolean, or "true"/"false" (the vLLM backend's bool("false") is True). Raises InvalidInput naming key."""
     if isinstance(value, bool):
         return value
-    # Strings are spelled out: the vLLM backend's bool("false") is True, a trap we do not copy.
     if isinstance(value, str) and value.strip().lower() in ("true", "false"):
         return value.strip().lower() == "true"
     raise InvalidInput(f"{INPUT}: {key} must be a boolean, got {value!r}")
@@ -335,15 +335,15 @@ def _optional(convert: Callable[[str, object], object]) -> Callable[[str, object
 _CONVERTERS = {
     "max_tokens": _optional(_as_int),
     "min_tokens": _as_int,
-    "ignore_eos": _as_bool,
+    "ignore_eos": as_bool,
     "temperature": _as_float,
     "top_p": _as_float,
     "top_k": _as_int,
     "min_p": _as_float,
     "seed": _optional(_as_int),
     "stop": _as_stop,
-    "include_stop_str_in_output": _as_bool,
-    "skip_special_tokens": _as_bool,
+    "include_stop_str_in_output": as_bool,
+    "skip_special_tokens": as_bool,
     "stop_token_ids": _as_token_ids,
     "repetition_penalty": _as_float,
     "presence_penalty": _as_float,
@@ -354,7 +354,7 @@ _CONVERTERS = {
     "num_frames": _optional(_as_int),
     "max_tiles": _optional(_as_int),
     "min_tiles": _optional(_as_int),
-    "dynamic_image_size": _optional(_as_bool),
+    "dynamic_image_size": _optional(as_bool),
     "logprobs": _optional(_as_int),
     "prompt_logprobs": _optional(_as_int),
     "logit_bias": _as_logit_bias,

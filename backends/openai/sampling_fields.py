@@ -14,18 +14,21 @@ from pydantic_core import PydanticCustomError
 from backends.openai.bodies import Body, Flag, StrictBody
 from backends.openai.ignored_fields import log_unknown
 from backends.openai.unsupported import Unsupported
+from orchestrator.sampling_params import InvalidInput, as_bool
 
 
-def _spelled_bool(value: Any) -> Any:
-    """A media flag as JSON spells a boolean, or "true" / "false" (as the orchestrator reads one): pydantic's lax
-    "no", "off" or 0 are refused, not read as false, since vLLM hands ``mm_processor_kwargs`` to the processor
-    unconverted, where a non-empty string is true. Raises PydanticCustomError (a 400 naming the field)."""
-    if value is None or isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
-        return value.strip().lower() == "true"
-    raise PydanticCustomError("bool_spelled", "Input should be true or false (got {value})",
-                              {"value": json.dumps(value, default=str)})
+def _spelled_bool(value: Any) -> bool | None:
+    """A media flag as the orchestrator reads one (``orchestrator.sampling_params.as_bool``: a JSON boolean, or
+    "true" / "false"): pydantic's lax "no", "off" or 0 are refused, not read as false, since vLLM hands
+    ``mm_processor_kwargs`` to the processor unconverted, where a non-empty string is true. Raises
+    PydanticCustomError (a 400 naming the field)."""
+    if value is None:
+        return None
+    try:
+        return as_bool("", value)
+    except InvalidInput:
+        raise PydanticCustomError("bool_spelled", "Input should be true or false (got {value})",
+                                  {"value": json.dumps(value, default=str)}) from None
 
 
 MediaFlag = Annotated[bool | None, BeforeValidator(_spelled_bool)]
